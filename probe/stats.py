@@ -1,0 +1,207 @@
+"""Per-head attention statistics of ``shared/METRICS.md``, as pure functions on tensors.
+
+Definitions follow Clark et al. 2019 ("What Does BERT Look At?", sections 3-4), Kovaleva et al.
+2019 and Voita et al. 2019; the exact per-row definitions are in the docstring of
+:func:`row_statistics`. Corpus values are token-weighted means over real query rows, kept as
+running sums and counts (:class:`HeadStatistics`) so memory does not grow with the corpus and
+partial results merge across batches, processes or machines.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+#: The statistics, in report order. Units: probabilities (0..1) except ``entropy`` (nats),
+#: ``norm_entropy`` (0..1) and ``distance`` (tokens).
+STATISTICS: tuple[str, ...] = (
+    "self", "prev", "next", "first", "sep", "punct",
+    "entropy", "norm_entropy", "distance", "long", "max_weight",
+)
+
+#: Keys farther than this many tokens count as long-range (``long``).
+LONG_RANGE = 4
+
+
+@dataclass
+class TokenFeatures:
+    """Per-token facts of one padded batch, shared by every layer and head.
+
+    Attributes:
+        real: [batch, T] bool, True for real tokens (a prefix of each row: right padding).
+        sep: [batch, T] bool, True where the token is the tokenizer's sep token.
+        punct: [batch, T] bool, True where the token is punctuation (METRICS.md ``punct``).
+        has_sep: whether the tokenizer has a sep token at all (``sep`` is undefined otherwise).
+        causal: decoder-only model (``next`` undefined; ``norm_entropy`` uses k_i = i + 1).
+    """
+
+    real: torch.Tensor
+    sep: torch.Tensor
+    punct: torch.Tensor
+    has_sep: bool
+    causal: bool
+
+
+def is_punctuation(text: str) -> bool:
+    """True if ``text`` (a token's surface form) with whitespace and subword markers removed is
+    non-empty and made only of Unicode punctuation (categories Pc, Pd, Pe, Pf, Pi, Po, Ps)."""
+    s = text.strip()
+    if s.startswith("##"):
+        s = s[2:]
+    s = "".join(ch for ch in s if not ch.isspace() and ch not in "\u2581\u0120\u010a")
+    return bool(s) and all(unicodedata.category(ch).startswith("P") for ch in s)
+
+
+class TokenClassifier:
+    """Maps token ids to sep/punctuation flags for one tokenizer (cached per vocabulary id)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.sep_id = tokenizer.sep_token_id if getattr(tokenizer, "sep_token", None) is not None else None
+        self._special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self._punct: dict[int, bool] = {}
+
+    def surface(self, token_id: int) -> str:
+        """The text a token stands for (byte-level BPE decoded; WordPiece '##' kept)."""
+        tok = self.tokenizer.convert_ids_to_tokens(int(token_id))
+        try:
+            text = self.tokenizer.convert_tokens_to_string([tok])
+        except Exception:  # noqa: BLE001 - some tokenizers cannot decode lone tokens
+            text = tok
+        if tok.startswith("##") and not text.startswith("##"):
+            text = "##" + text
+        return text
+
+    def is_punct(self, token_id: int) -> bool:
+        token_id = int(token_id)
+        if token_id not in self._punct:
+            self._punct[token_id] = token_id not in self._special and is_punctuation(self.surface(token_id))
+        return self._punct[token_id]
+
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, causal: bool) -> TokenFeatures:
+        """Token features of a right-padded batch.
+
+        Args:
+            input_ids: [batch, T] token ids.
+            attention_mask: [batch, T] 1 for real tokens, 0 for padding (a prefix of ones per row).
+
+        Raises:
+            ValueError: padding is not on the right (real tokens must be a prefix).
+        """
+        real = attention_mask.bool()
+        if real.shape[1] > 1 and bool((real[:, 1:] & ~real[:, :-1]).any()):
+            raise ValueError("attention statistics need right padding (real tokens first in each row)")
+        ids = input_ids.tolist()
+        punct = torch.tensor([[self.is_punct(t) for t in row] for row in ids], dtype=torch.bool) & real
+        if self.sep_id is None:
+            sep = torch.zeros_like(real)
+        else:
+            sep = (input_ids == self.sep_id) & real
+        return TokenFeatures(real=real, sep=sep, punct=punct, has_sep=self.sep_id is not None, causal=causal)
+
+
+def row_statistics(attn: torch.Tensor, feats: TokenFeatures) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per-row values of every statistic, with the rows where each is defined.
+
+    With A = attention probabilities of one head on one sequence of T real tokens (row i = query,
+    column j = key), the per-row values are (METRICS.md):
+
+    - ``self`` A[i, i]; ``prev`` A[i, i-1] (i >= 1); ``next`` A[i, i+1] (i <= T-2, encoders only);
+    - ``first`` A[i, 0]; ``sep`` sum of A[i, j] over sep positions j (only if the tokenizer has a
+      sep token); ``punct`` sum of A[i, j] over punctuation positions j;
+    - ``entropy`` -sum_j A[i, j] ln A[i, j] (nats, 0 ln 0 = 0); ``norm_entropy`` entropy / ln(k_i)
+      with k_i = T (encoder) or i + 1 (causal), rows with k_i >= 2;
+    - ``distance`` sum_j A[i, j] |i - j| (tokens); ``long`` sum of A[i, j] over |i - j| > 4,
+      j not 0 and not a sep position; ``max_weight`` max_j A[i, j].
+
+    Args:
+        attn: [batch, heads, T, T] attention probabilities of one layer (padding rows/columns allowed).
+        feats: token features of the same batch.
+
+    Returns:
+        name -> (values [batch, heads, T] float32, valid [batch, T] bool).
+    """
+    a = attn.float()
+    B, H, T, _ = a.shape
+    real = feats.real.to(a.device)
+    pos = torch.arange(T, device=a.device)
+    lengths = real.sum(1)  # [batch]
+    zeros = a.new_zeros(B, H, 1)
+    none = torch.zeros_like(real)
+
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    out["self"] = (a.diagonal(dim1=-2, dim2=-1), real)
+    # diagonal(offset=-1)[t] = A[t+1, t]: the previous-token weight of row t+1.
+    out["prev"] = (torch.cat([zeros, a.diagonal(offset=-1, dim1=-2, dim2=-1)], -1), real & (pos >= 1))
+    if feats.causal:
+        out["next"] = (a.new_zeros(B, H, T), none)
+    else:
+        out["next"] = (torch.cat([a.diagonal(offset=1, dim1=-2, dim2=-1), zeros], -1),
+                       real & (pos[None, :] <= lengths[:, None] - 2))
+    out["first"] = (a[..., 0], real)
+    key_flags = torch.stack([feats.sep, feats.punct], -1).to(a)  # [batch, T(key), 2]
+    sep_punct = torch.einsum("bhqk,bkc->bhqc", a, key_flags)
+    out["sep"] = (sep_punct[..., 0], real if feats.has_sep else none)
+    out["punct"] = (sep_punct[..., 1], real)
+    entropy = -torch.special.xlogy(a, a).sum(-1)
+    out["entropy"] = (entropy, real)
+    k = (pos + 1)[None, :].expand(B, T) if feats.causal else lengths[:, None].expand(B, T)
+    log_k = torch.log(k.clamp(min=2).to(a.dtype))
+    out["norm_entropy"] = (entropy / log_k[:, None, :], real & (k >= 2))
+    offset = (pos[:, None] - pos[None, :]).abs()  # [T(query), T(key)]
+    out["distance"] = ((a * offset.to(a.dtype)).sum(-1), real)
+    far = (offset > LONG_RANGE)[None] & (pos != 0)[None, None, :] & ~feats.sep.to(a.device)[:, None, :]
+    out["long"] = ((a * far[:, None].to(a.dtype)).sum(-1), real)
+    out["max_weight"] = (a.amax(-1), real)
+    return out
+
+
+class HeadStatistics:
+    """Running sums and counts of every statistic for every (layer, head).
+
+    ``sums`` is [layers, heads, statistics] float64 and ``counts`` [layers, statistics] int64 (every
+    head of a layer sees the same rows). Corpus values (:meth:`means`) are sums / counts, the
+    token-weighted mean over real query rows of METRICS.md. Instances merge with :meth:`merge`.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int) -> None:
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.sums = torch.zeros(n_layers, n_heads, len(STATISTICS), dtype=torch.float64)
+        self.counts = torch.zeros(n_layers, len(STATISTICS), dtype=torch.int64)
+
+    def update(self, layer: int, attn: torch.Tensor, feats: TokenFeatures) -> None:
+        """Add one batch of one layer: ``attn`` is [batch, heads, T, T] probabilities."""
+        rows = row_statistics(attn, feats)
+        for s, name in enumerate(STATISTICS):
+            values, valid = rows[name]
+            values = torch.where(valid[:, None, :], values, values.new_zeros(()))
+            self.sums[layer, :, s] += values.sum((0, 2)).double().cpu()
+            self.counts[layer, s] += int(valid.sum())
+
+    def merge(self, other: "HeadStatistics") -> "HeadStatistics":
+        """Add another accumulator's sums and counts into this one (in place); returns self."""
+        if (other.n_layers, other.n_heads) != (self.n_layers, self.n_heads):
+            raise ValueError("cannot merge statistics of models with different layer/head counts")
+        self.sums += other.sums
+        self.counts += other.counts
+        return self
+
+    def means(self) -> np.ndarray:
+        """[layers, heads, statistics] corpus values; NaN where a statistic had no defined row."""
+        counts = self.counts[:, None, :].double()
+        means = self.sums / counts.clamp(min=1)
+        means[(counts == 0).expand_as(means)] = float("nan")
+        return means.numpy()
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per head: columns ``layer``, ``head`` and one per statistic."""
+        means = self.means()
+        L, H, _ = means.shape
+        frame = pd.DataFrame(means.reshape(L * H, -1), columns=list(STATISTICS))
+        frame.insert(0, "head", np.tile(np.arange(H), L))
+        frame.insert(0, "layer", np.repeat(np.arange(L), H))
+        return frame
