@@ -122,12 +122,15 @@ class Encoded:
         return tokenizer.convert_ids_to_tokens(self.input_ids[row, :n].tolist())
 
 
-def encode(lm: LoadedModel, texts: Sequence[str], max_length: int | None = None) -> Encoded:
-    """Tokenize texts into one right-padded batch, truncating to ``max_length`` tokens.
+def tokenize(lm: LoadedModel, texts: Sequence[str], max_length: int | None = None) -> tuple[list[dict], int]:
+    """Tokenize texts (no padding), truncating each to ``max_length`` tokens.
 
     Args:
         texts: the sequences (special tokens are added as the tokenizer does by default).
-        max_length: token limit (default and upper bound: the model's limit).
+        max_length: token limit (default and upper bound: the model's limit ``lm.max_length``).
+
+    Returns:
+        (one dict of token lists per text, number of texts that were truncated).
 
     Raises:
         InputError: no texts, or a text that yields no tokens.
@@ -141,8 +144,28 @@ def encode(lm: LoadedModel, texts: Sequence[str], max_length: int | None = None)
         if len(ids) == 0:
             raise InputError(f"text yields no tokens: {text[:40]!r}")
     truncated = sum(len(ids) > limit for ids in full)
-    enc = tok(list(texts), return_tensors="pt", padding=True, truncation=True, max_length=limit)
+    if truncated:
+        enc = tok(list(texts), truncation=True, max_length=limit)
+    else:
+        enc = tok(list(texts))
+    keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
+    return [{k: enc[k][i] for k in keys} for i in range(len(texts))], truncated
+
+
+def pad(lm: LoadedModel, features: Sequence[dict], truncated: int = 0) -> Encoded:
+    """Right-pad tokenized sequences (from :func:`tokenize`) into one batch."""
+    enc = lm.tokenizer.pad(list(features), padding=True, return_tensors="pt")
     return Encoded(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids"), truncated)
+
+
+def encode(lm: LoadedModel, texts: Sequence[str], max_length: int | None = None) -> Encoded:
+    """Tokenize texts into one right-padded batch (:func:`tokenize` then :func:`pad`).
+
+    Raises:
+        InputError: no texts, or a text that yields no tokens.
+    """
+    features, truncated = tokenize(lm, texts, max_length)
+    return pad(lm, features, truncated)
 
 
 @dataclass

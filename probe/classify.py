@@ -1,0 +1,93 @@
+"""Head labels from per-head statistics (shared/METRICS.md "Default labels"), and clusters.
+
+A head gets every label whose rule ``statistic >= threshold`` holds; its primary label is the one
+whose statistic is highest relative to its threshold; a head with no label is ``mixed``
+(Kovaleva et al. 2019's "heterogeneous" pattern). Clusters group heads with similar statistic
+profiles (k-means on standardized statistics, scikit-learn), following Clark et al. 2019 sec. 6.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+#: label -> (statistic, default threshold). Thresholds are configurable and recorded with results.
+LABEL_RULES: dict[str, tuple[str, float]] = {
+    "previous-token": ("prev", 0.5),
+    "next-token": ("next", 0.5),
+    "self": ("self", 0.5),
+    "first-token": ("first", 0.5),
+    "sep": ("sep", 0.5),
+    "punctuation": ("punct", 0.5),
+    "broad": ("norm_entropy", 0.8),
+    "long-range": ("long", 0.5),
+}
+
+MIXED = "mixed"
+
+
+def default_thresholds() -> dict[str, float]:
+    """label -> threshold, the METRICS.md defaults."""
+    return {label: thr for label, (_, thr) in LABEL_RULES.items()}
+
+
+def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None) -> pd.DataFrame:
+    """Add ``label`` (primary) and ``labels`` (all, separated by ';') columns.
+
+    Args:
+        heads: one row per head with the statistic columns of :data:`probe.stats.STATISTICS`.
+        thresholds: label -> threshold overriding the defaults (unknown labels raise ValueError).
+
+    Returns:
+        A copy of ``heads`` with ``label`` and ``labels`` inserted after ``head``. A statistic that
+        is NaN (undefined for this model, e.g. ``next`` for a decoder) never gives its label.
+    """
+    thr = default_thresholds()
+    for name, value in (thresholds or {}).items():
+        if name not in thr:
+            raise ValueError(f"unknown label {name!r}; labels: {', '.join(thr)}")
+        if not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"threshold of {name!r} must be a positive number, got {value!r}")
+        thr[name] = float(value)
+    primaries, alls = [], []
+    for _, row in heads.iterrows():
+        held = []
+        for label, (stat, _) in LABEL_RULES.items():
+            value = row[stat]
+            if not (isinstance(value, float) and math.isnan(value)) and value >= thr[label]:
+                held.append((value / thr[label], label))
+        if held:
+            primaries.append(max(held)[1])
+            alls.append(";".join(label for _, label in sorted(held, reverse=True)))
+        else:
+            primaries.append(MIXED)
+            alls.append(MIXED)
+    out = heads.copy()
+    pos = list(out.columns).index("head") + 1 if "head" in out.columns else 0
+    out.insert(pos, "labels", alls)
+    out.insert(pos, "label", primaries)
+    return out
+
+
+def cluster_heads(heads: pd.DataFrame, statistics: list[str], n_clusters: int = 6,
+                  seed: int = 0) -> np.ndarray:
+    """Group heads with similar statistic profiles (k-means on z-scored statistics).
+
+    Args:
+        heads: one row per head.
+        statistics: the statistic columns to use (columns that are NaN everywhere are dropped).
+        n_clusters: clusters wanted (capped at the number of heads).
+
+    Returns:
+        [heads] int cluster ids.
+    """
+    from sklearn.cluster import KMeans
+    from sklearn.preprocessing import StandardScaler
+
+    cols = [c for c in statistics if heads[c].notna().any()]
+    x = heads[cols].fillna(heads[cols].mean()).to_numpy(dtype=float)
+    k = max(1, min(n_clusters, len(heads)))
+    x = StandardScaler().fit_transform(x)
+    return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(x)
