@@ -160,6 +160,73 @@ def row_statistics(attn: torch.Tensor, feats: TokenFeatures) -> dict[str, tuple[
     return out
 
 
+#: Statistics whose per-row value is a weighted sum of the row's probabilities.
+LINEAR: tuple[str, ...] = ("self", "prev", "next", "first", "sep", "punct", "distance", "long")
+_INDEX = {name: i for i, name in enumerate(STATISTICS)}
+
+
+@dataclass
+class ContractionWeights:
+    """Per-batch weights turning one layer's probabilities into statistic sums by contraction.
+
+    Attributes:
+        linear: [batch, T*T, len(LINEAR)]: weight of A[b, :, q, k] in each linear statistic's sum
+            over valid rows (row validity folded in).
+        entropy: [batch, T*T, 2]: weights of A ln A for ``entropy`` and ``norm_entropy``
+            (the latter 1 / ln k_q on rows with k_q >= 2).
+        real_rows: [batch, T] float, 1 on real query rows (for ``max_weight``).
+        counts: [len(STATISTICS)] int64 valid rows per statistic.
+    """
+
+    linear: torch.Tensor
+    entropy: torch.Tensor
+    real_rows: torch.Tensor
+    counts: torch.Tensor
+
+
+def contraction_weights(feats: TokenFeatures, T: int) -> ContractionWeights:
+    """Build (once per batch, cached on ``feats``) the weights used by :meth:`HeadStatistics.update`."""
+    cached = getattr(feats, "_weights", None)
+    if cached is not None and cached.real_rows.shape[1] == T:
+        return cached
+    real = feats.real
+    B = real.shape[0]
+    pos = torch.arange(T)
+    lengths = real.sum(1)
+    realf = real.float()
+    q, k = pos[:, None], pos[None, :]
+    offset = (q - k).abs().float()  # [T, T]
+    sep = feats.sep.float()
+    far = ((q - k).abs() > LONG_RANGE)[None] & (pos != 0)[None, None, :] & ~feats.sep[:, None, :]
+    next_rows = torch.zeros_like(real) if feats.causal else real & (pos[None, :] <= lengths[:, None] - 2)
+    row = realf[:, :, None]  # [B, T(query), 1]
+    chans = {
+        "self": (q == k).float()[None] * row,
+        "prev": (k == q - 1).float()[None] * row,
+        "next": (k == q + 1).float()[None] * next_rows.float()[:, :, None],
+        "first": (k == 0).float()[None] * row,
+        "sep": sep[:, None, :] * (row if feats.has_sep else torch.zeros_like(row)),
+        "punct": feats.punct.float()[:, None, :] * row,
+        "distance": offset[None] * row,
+        "long": far.float() * row,
+    }
+    linear = torch.stack([chans[n].expand(B, T, T) for n in LINEAR], -1).reshape(B, T * T, len(LINEAR))
+    kq = (pos + 1)[None, :].expand(B, T).float() if feats.causal else lengths[:, None].expand(B, T).float()
+    inv_log_k = torch.where(kq >= 2, 1.0 / torch.log(kq.clamp(min=2)), torch.zeros(())) * realf
+    ent = torch.stack([realf[:, :, None].expand(B, T, T), inv_log_k[:, :, None].expand(B, T, T)], -1)
+    counts = torch.zeros(len(STATISTICS), dtype=torch.int64)
+    n_real = int(real.sum())
+    for name in STATISTICS:
+        counts[_INDEX[name]] = n_real
+    counts[_INDEX["prev"]] = int((real & (pos >= 1)).sum())
+    counts[_INDEX["next"]] = int(next_rows.sum())
+    counts[_INDEX["sep"]] = n_real if feats.has_sep else 0
+    counts[_INDEX["norm_entropy"]] = int((real & (kq >= 2)).sum())
+    w = ContractionWeights(linear.contiguous(), ent.reshape(B, T * T, 2).contiguous(), realf, counts)
+    feats._weights = w
+    return w
+
+
 class HeadStatistics:
     """Running sums and counts of every statistic for every (layer, head).
 
@@ -174,7 +241,31 @@ class HeadStatistics:
         self.counts = torch.zeros(n_layers, len(STATISTICS), dtype=torch.int64)
 
     def update(self, layer: int, attn: torch.Tensor, feats: TokenFeatures) -> None:
-        """Add one batch of one layer: ``attn`` is [batch, heads, T, T] probabilities."""
+        """Add one batch of one layer: ``attn`` is [batch, heads, T, T] probabilities.
+
+        Every statistic except ``max_weight`` is linear in A (or in A ln A), so its sum over valid
+        rows is one contraction of A with a per-batch weight tensor built once for all layers
+        (:func:`contraction_weights`); the result equals summing :func:`row_statistics` over its
+        valid rows.
+        """
+        w = contraction_weights(feats, attn.shape[-1])
+        a = attn.float()
+        B, H, T, _ = a.shape
+        flat = a.reshape(B, H, T * T)
+        linear = torch.bmm(flat, w.linear).sum(0)  # [heads, len(LINEAR)]
+        ent = -torch.bmm(torch.special.xlogy(a, a).reshape(B, H, T * T), w.entropy).sum(0)  # [heads, 2]
+        mx = (a.amax(-1) * w.real_rows[:, None, :]).sum((0, 2))  # [heads]
+        sums = torch.empty(H, len(STATISTICS), dtype=torch.float64)
+        for c, name in enumerate(LINEAR):
+            sums[:, _INDEX[name]] = linear[:, c].double().cpu()
+        sums[:, _INDEX["entropy"]] = ent[:, 0].double().cpu()
+        sums[:, _INDEX["norm_entropy"]] = ent[:, 1].double().cpu()
+        sums[:, _INDEX["max_weight"]] = mx.double().cpu()
+        self.sums[layer] += sums
+        self.counts[layer] += w.counts
+
+    def update_rows(self, layer: int, attn: torch.Tensor, feats: TokenFeatures) -> None:
+        """Same result as :meth:`update`, computed from :func:`row_statistics` (slower, plainer)."""
         rows = row_statistics(attn, feats)
         for s, name in enumerate(STATISTICS):
             values, valid = rows[name]
