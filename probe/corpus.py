@@ -6,10 +6,14 @@ sample shipped in ``probe/data/sample.txt`` (written for the package) is used.
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
 from .errors import InputError
+
+#: A CoNLL-U sentence-text comment: ``# text = ...``.
+_TEXT_LINE = re.compile(r"#\s*text\s*=(.*)")
 
 
 def sample_texts() -> list[str]:
@@ -59,7 +63,8 @@ def read_corpus(path: str | Path, limit: int | None = None) -> list[str]:
         text = text[1:]
     lines = text.splitlines()
     if _is_conllu(p, lines):
-        texts = [ln.split("=", 1)[1].strip() for ln in lines if ln.startswith("# text")]
+        # "# text = ..." only: not "# text_en = ..." (translations) or other "# text..." keys.
+        texts = [m.group(1).strip() for m in map(_TEXT_LINE.match, lines) if m]
         texts = [t for t in texts if t]
     else:
         texts = [ln.strip() for ln in lines if ln.strip()]
