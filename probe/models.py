@@ -317,6 +317,9 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
 def _max_length(config, tokenizer) -> int:
     limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions")
               if isinstance(getattr(config, a, None), int)]
+    if getattr(config, "model_type", None) == "roberta" and limits:
+        # RoBERTa numbers positions from pad_token_id + 1, so pad_token_id + 1 positions never hold a token.
+        limits.append(config.max_position_embeddings - (config.pad_token_id or 0) - 1)
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
         limits.append(tok_max)
