@@ -1,0 +1,258 @@
+"""Attention capture: shared/CASES.md F01 and F02, train mode, and hook hygiene."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import DECODERS, FAMILIES, hook_snapshot, no_hooks, tiny_model
+from probe.analysis import analyze
+from probe.capture import attention_hooks, capture_attention, encode, ensure_eager, tokenize
+from probe.errors import CaptureError, InputError
+from probe.models import from_pretrained_objects
+
+#: Six tokens with both tokenizers: SmolLM2's BPE (no special tokens added) and MiniLM's
+#: WordPiece ([CLS] the cat sat on [SEP]).
+SIX = {"bpe": "The cat sat on the mat", "wordpiece": "the cat sat on"}
+
+
+def _eager_reference(model, enc):
+    """The model's own eager forward with output_attentions / output_hidden_states."""
+    ref = copy.deepcopy(model)
+    ref.set_attn_implementation("eager")
+    ref.eval()
+    with torch.no_grad():
+        return ref(**enc.model_inputs(), output_attentions=True, output_hidden_states=True, use_cache=False)
+
+
+# --------------------------------------------------------------------------- F01
+
+@pytest.mark.parametrize("family,tokenizer", [
+    ("gpt2", "bpe"), ("gpt2", "wordpiece"), ("llama", "bpe"), ("qwen2", "bpe"),
+])
+def test_f01_causal_mask_kept_on_unpadded_sequence(family, tokenizer):
+    """F01: decoder, one unpadded 6-token sequence, loaded with sdpa: weights above the diagonal
+    are exactly 0, and weights and hidden states equal the eager run (fp32, atol 1e-5)."""
+    model, tok = tiny_model(family, tokenizer, attn_implementation="sdpa", wrap=False)
+    assert model.config._attn_implementation == "sdpa"
+    lm = from_pretrained_objects(model, tok)
+    lm.model.set_attn_implementation("sdpa")  # as a user could do after loading
+    enc = encode(lm, [SIX[tokenizer]])
+    assert enc.input_ids.shape == (1, 6) and int(enc.attention_mask.sum()) == 6  # unpadded
+    ref = _eager_reference(lm.model, enc)
+
+    captured = capture_attention(lm, SIX[tokenizer])
+    assert any("eager" in n for n in captured.notes)
+    assert len(captured.attentions) == 2
+    above = torch.triu(torch.ones(6, 6, dtype=torch.bool), diagonal=1)
+    for layer, probs in enumerate(captured.attentions):
+        assert probs.shape == (1, 4, 6, 6)
+        assert probs.dtype == torch.float32
+        assert torch.count_nonzero(probs[..., above]) == 0
+        torch.testing.assert_close(probs, ref.attentions[layer], atol=1e-5, rtol=0)
+    torch.testing.assert_close(captured.outputs.logits, ref.logits, atol=1e-5, rtol=0)
+
+    # hidden states of the forward pass that probe's hooks watched
+    maps = {}
+    with torch.no_grad(), attention_hooks(lm, lambda layer, p: maps.__setitem__(layer, p)):
+        out = lm.model(**enc.model_inputs(), output_hidden_states=True, use_cache=False)
+    assert len(out.hidden_states) == len(ref.hidden_states) == 3
+    for got, want in zip(out.hidden_states, ref.hidden_states):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    for layer in range(2):
+        assert torch.count_nonzero(maps[layer][..., above]) == 0
+
+
+@pytest.mark.slow
+def test_f01_smollm2(smollm2):
+    """F01 on the real LLaMA-style model, switched to sdpa by the user before capture."""
+    smollm2.model.set_attn_implementation("sdpa")
+    enc = encode(smollm2, [SIX["bpe"]])
+    assert enc.input_ids.shape == (1, 6)
+    captured = capture_attention(smollm2, SIX["bpe"])
+    assert smollm2.model.config._attn_implementation == "eager"
+    assert any("eager" in n for n in captured.notes)
+    assert len(captured.attentions) == 30
+    above = torch.triu(torch.ones(6, 6, dtype=torch.bool), diagonal=1)
+    with torch.no_grad():
+        ref = smollm2.model(**enc.model_inputs(), output_attentions=True, use_cache=False)
+    for layer, probs in enumerate(captured.attentions):
+        assert probs.shape == (1, 9, 6, 6)
+        assert torch.count_nonzero(probs[..., above]) == 0
+        torch.testing.assert_close(probs, ref.attentions[layer], atol=1e-5, rtol=0)
+    torch.testing.assert_close(captured.outputs.logits, ref.logits, atol=1e-4, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- F02
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_f02_sdpa_model_is_switched_to_eager_when_wrapped(family):
+    model, tok = tiny_model(family, attn_implementation="sdpa", wrap=False)
+    assert model.config._attn_implementation == "sdpa"
+    lm = from_pretrained_objects(model, tok)
+    assert lm.model.config._attn_implementation == "eager"
+    assert len(lm.notes) == 1 and "sdpa" in lm.notes[0] and "eager" in lm.notes[0]
+    captured = capture_attention(lm, ["A first sentence, a bit longer.", "Short."])
+    T = captured.encoded.input_ids.shape[1]
+    assert len(captured.attentions) == lm.geometry.n_layers == 2
+    for probs in captured.attentions:
+        assert probs is not None and probs.numel() > 0
+        assert probs.shape == (2, 4, T, T)
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert", "gpt2", "llama"])
+def test_f02_capture_switches_sdpa_to_eager_and_says_so(family, caplog):
+    lm = tiny_model(family)
+    lm.model.set_attn_implementation("sdpa")
+    with caplog.at_level("WARNING", logger="probe.capture"):
+        captured = capture_attention(lm, ["One sentence here.", "Two."])
+    assert lm.model.config._attn_implementation == "eager"
+    assert any("'sdpa'" in n and "'eager'" in n for n in captured.notes)
+    assert any("eager" in r.getMessage() for r in caplog.records)
+    T = captured.encoded.input_ids.shape[1]
+    assert [tuple(p.shape) for p in captured.attentions] == [(2, 4, T, T)] * 2
+    real = captured.attentions[0][1, :, : int(captured.encoded.lengths[1]), :]
+    torch.testing.assert_close(real.sum(-1), torch.ones_like(real.sum(-1)), atol=1e-5, rtol=0)
+
+    lm.model.set_attn_implementation("sdpa")
+    result = analyze(lm, ["One sentence here.", "Two."], n_examples=1)
+    assert any("eager" in n for n in result.notes)
+    assert result.examples[0].attentions.shape[:2] == (2, 4)
+    assert result.heads[["self", "first", "entropy"]].notna().all().all()
+
+
+def test_ensure_eager_is_a_no_op_on_eager_models():
+    lm = tiny_model("bert")
+    assert ensure_eager(lm.model) is None
+    assert lm.notes == []
+
+
+def test_f02_layer_without_probabilities_is_a_clear_error():
+    """If a layer still returns no probabilities, capture stops with a CaptureError naming the layer."""
+    lm = tiny_model("bert")
+    attn = lm.model.encoder.layer[1].attention.self
+    drop = attn.register_forward_hook(lambda m, a, out: (out[0], None))
+    try:
+        with pytest.raises(CaptureError, match="layer 1 returned no attention probabilities"):
+            capture_attention(lm, "Some text.")
+    finally:
+        drop.remove()
+    assert no_hooks(lm.model)
+
+
+# --------------------------------------------------------------------------- train mode
+
+def test_train_mode_with_dropout_captures_eval_weights_and_restores_mode():
+    lm = tiny_model("bert", dropout=0.5)
+    texts = ["Dropout must not touch the captured attention.", "Second."]
+    enc = encode(lm, texts)
+    eval_maps = capture_attention(lm, texts).attentions
+
+    lm.model.train()
+    # sanity: in train mode the model's own attention probabilities do change (dropout is on)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        noisy = lm.model(**enc.model_inputs(), output_attentions=True).attentions
+    assert not torch.allclose(noisy[0], eval_maps[0])
+
+    captured = capture_attention(lm, texts)
+    assert lm.model.training
+    assert all(m.training for m in lm.model.modules())
+    assert any("train mode" in n for n in captured.notes)
+    for got, want in zip(captured.attentions, eval_maps):
+        assert torch.equal(got, want)
+
+    result = analyze(lm, texts, n_examples=0)
+    assert lm.model.training
+    lm.model.eval()
+    expected = analyze(lm, texts, n_examples=0)
+    assert result.heads[["self", "prev", "entropy"]].equals(expected.heads[["self", "prev", "entropy"]])
+
+
+# --------------------------------------------------------------------------- hooks
+
+def test_hooks_removed_after_capture():
+    lm = tiny_model("llama")
+    assert no_hooks(lm.model)
+    seen = []
+    with torch.no_grad(), attention_hooks(lm, lambda layer, p: seen.append((layer, tuple(p.shape)))) as notes:
+        attn = [layer.self_attn for layer in lm.model.model.layers]
+        assert all(len(m._forward_hooks) == 1 for m in attn)
+        lm.model(**encode(lm, ["Hooks are global state."]).model_inputs(), use_cache=False)
+    assert notes == []
+    assert [s[0] for s in seen] == [0, 1]
+    assert no_hooks(lm.model)
+    capture_attention(lm, "Again.")
+    analyze(lm, ["And once more."], n_examples=1, n_clusters=2)
+    assert no_hooks(lm.model)
+
+
+def test_hooks_removed_and_mode_restored_on_exception_in_body():
+    lm = tiny_model("gpt2")
+    lm.model.train()
+    with pytest.raises(RuntimeError, match="boom"):
+        with attention_hooks(lm, lambda layer, p: None):
+            assert not no_hooks(lm.model)
+            assert not lm.model.training
+            raise RuntimeError("boom")
+    assert no_hooks(lm.model)
+    assert lm.model.training
+
+
+def test_hooks_removed_on_exception_in_callback():
+    lm = tiny_model("distilbert")
+
+    def fail(layer, probs):
+        if layer == 1:
+            raise ValueError("callback failed")
+
+    with pytest.raises(ValueError, match="callback failed"):
+        with torch.no_grad(), attention_hooks(lm, fail):
+            lm.model(**encode(lm, ["Text."]).model_inputs())
+    assert no_hooks(lm.model)
+    assert not lm.model.training
+
+
+@pytest.mark.slow
+def test_capture_keeps_transformers_own_hooks(minilm):
+    """Capture removes its own hooks and leaves any other hook of the model alone."""
+    with torch.no_grad():
+        minilm.model(**encode(minilm, ["x"]).model_inputs(), output_attentions=True)
+    before = hook_snapshot(minilm.model)
+    capture_attention(minilm, ["A sentence.", "Another one, longer than the first."])
+    assert hook_snapshot(minilm.model) == before
+
+
+# --------------------------------------------------------------------------- tokenization
+
+def test_encode_right_pads_and_counts_truncation():
+    lm = tiny_model("bert")
+    enc = encode(lm, ["one two three four five", "one"], max_length=4)
+    assert enc.truncated == 1
+    assert enc.input_ids.shape == (2, 4)
+    assert enc.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    assert enc.lengths.tolist() == [4, 3]
+    assert enc.tokens(lm.tokenizer, 1) == ["[CLS]", "one", "[SEP]"]
+    assert enc.tokens(lm.tokenizer, 0)[-1] == "[SEP]"  # truncation keeps the special tokens
+    assert enc.token_type_ids is not None
+
+
+def test_tokenize_rejects_empty_input():
+    lm = tiny_model("llama")
+    with pytest.raises(InputError):
+        tokenize(lm, [])
+    with pytest.raises(InputError, match="no tokens"):
+        tokenize(lm, [""])  # the BPE tokenizer adds no special tokens: nothing to attend
+    with pytest.raises(InputError):
+        analyze(lm, ["fine", "  "])
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_decoder_padding_side_is_right(family):
+    lm = tiny_model(family)
+    assert lm.tokenizer.padding_side == "right"
+    assert lm.tokenizer.pad_token is not None
+    enc = encode(lm, ["a b c d e f g", "a"])
+    assert enc.attention_mask[1].tolist()[0] == 1 and enc.attention_mask[1].tolist()[-1] == 0

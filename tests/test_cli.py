@@ -1,0 +1,369 @@
+"""The ``probe`` command line and corpus reading."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import probe.models as pm
+from conftest import SHARED_DATA
+from probe.cli import main
+from probe.corpus import check_texts, read_corpus, sample_texts
+from probe.errors import InputError
+from probe.stats import STATISTICS
+
+UD_DEV = SHARED_DATA / "ud-ewt" / "en_ewt-ud-dev.conllu"
+NASTY = "Look: <script>alert(1)</script> & <b>bold</b> text."
+
+
+def run(*args, **kwargs):
+    return CliRunner().invoke(main, list(args), **kwargs)
+
+
+def assert_clean_error(result, *fragments):
+    """Exit code != 0, one 'Error: ...' line naming every fragment, no traceback."""
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # not an uncaught error
+    assert "Traceback" not in result.output
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+# --------------------------------------------------------------------------- a successful run
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    result = run("analyze", "--text", "The cat sat on the mat, and then it slept.",
+                 "--text", NASTY, "--text", "Short one.", "--out", str(out), "--no-progress")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert f"Report: {out / 'index.html'}" in result.stdout
+    assert "72 heads" in result.stdout
+    return out
+
+
+@pytest.mark.slow
+def test_analyze_writes_the_three_files(run_dir):
+    assert sorted(p.name for p in run_dir.iterdir()) == ["heads.csv", "index.html", "run.json"]
+
+
+@pytest.mark.slow
+def test_heads_csv(run_dir):
+    with open(run_dir / "heads.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 72
+    columns = list(rows[0])
+    assert columns[:4] == ["layer", "head", "label", "labels"]
+    assert set(STATISTICS) <= set(columns)
+    assert [(int(r["layer"]), int(r["head"])) for r in rows] == [(l, h) for l in range(6) for h in range(12)]
+    for r in rows:
+        assert r["label"] in r["labels"].split(";")
+        for name in STATISTICS:
+            assert np.isfinite(float(r[name]))  # an encoder with [SEP]: every statistic defined
+        for name in ("self", "prev", "next", "first", "sep", "punct", "norm_entropy", "long", "max_weight"):
+            assert -1e-6 <= float(r[name]) <= 1 + 1e-6
+
+
+@pytest.mark.slow
+def test_run_json(run_dir):
+    rec = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    for key in ("model", "settings", "thresholds", "counts", "versions", "timings_s"):
+        assert key in rec, key
+    assert rec["model"]["name"] == "minilm"
+    assert (rec["model"]["layers"], rec["model"]["heads"]) == (6, 12)
+    assert rec["settings"]["batch_size"] == 16 and rec["settings"]["input"] == "--text"
+    assert rec["thresholds"]["previous-token"] == {"statistic": "prev", "threshold": 0.5}
+    assert rec["thresholds"]["broad"] == {"statistic": "norm_entropy", "threshold": 0.8}
+    assert rec["counts"]["sequences"] == 3 and rec["counts"]["truncated"] == 0
+    assert rec["counts"]["tokens"] > 20
+    assert set(rec["versions"]) >= {"probe", "python", "torch", "transformers"}
+    assert rec["timings_s"]["total_s"] > 0
+    assert sum(rec["label_counts"].values()) == 72
+
+
+@pytest.mark.slow
+def test_index_html_is_self_contained_and_escaped(run_dir):
+    html = (run_dir / "index.html").read_text(encoding="utf-8")
+    assert html.lstrip().lower().startswith("<!doctype html>")
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.I)
+    assert not re.search(r"""@import|url\(\s*["']?\s*(?:https?:)?//""", html, re.I)
+    assert "<script>alert(1)</script>" not in html
+    assert "<b>bold</b>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in html
+    assert "data:image/png;base64," in html  # figures are inline
+
+
+@pytest.mark.slow
+def test_out_folder_not_overwritten_without_force(run_dir):
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    result = run("analyze", "--text", "Other text.", "--out", str(run_dir))
+    assert_clean_error(result, "--force", str(run_dir))
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+@pytest.mark.slow
+def test_force_overwrites_probe_files_and_keeps_others(tmp_path, minilm, monkeypatch):
+    monkeypatch.setattr(pm, "load_model", lambda name, **kw: minilm)  # reuse the loaded model
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    (out / "heads.csv").write_text("stale", encoding="utf-8")
+    result = run("analyze", "--text", "Hello there.", "--out", str(out))
+    assert_clean_error(result, "not empty", "--force")
+    assert (out / "heads.csv").read_text(encoding="utf-8") == "stale"
+    assert not (out / "run.json").exists()
+
+    result = run("analyze", "--text", "Hello there.", "--out", str(out), "--force",
+                 "--threshold", "previous-token=0.3", "--batch-size", "2")
+    assert result.exit_code == 0, result.output
+    assert (out / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert (out / "heads.csv").read_text(encoding="utf-8").startswith("layer,head,label,labels,")
+    rec = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    assert rec["thresholds"]["previous-token"]["threshold"] == 0.3
+    assert rec["settings"]["batch_size"] == 2
+
+
+@pytest.mark.slow
+def test_default_out_is_a_new_reports_folder(tmp_path, minilm, monkeypatch):
+    monkeypatch.setattr(pm, "load_model", lambda name, **kw: minilm)
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        result = run("analyze", "--text", "One.", "--text", "Two, three.", "--limit", "1")
+        assert result.exit_code == 0, result.output
+    runs = sorted((tmp_path / "reports").iterdir())
+    assert len(runs) == 2 and all(p.name.startswith("minilm-") for p in runs)
+    for p in runs:
+        assert sorted(f.name for f in p.iterdir()) == ["heads.csv", "index.html", "run.json"]
+        assert json.loads((p / "run.json").read_text(encoding="utf-8"))["counts"]["sequences"] == 1
+
+
+# --------------------------------------------------------------------------- bad input
+
+@pytest.fixture
+def out(tmp_path):
+    return tmp_path / "never-written"
+
+
+def test_empty_text(out):
+    assert_clean_error(run("analyze", "--text", "", "--out", str(out)), "empty")
+    assert_clean_error(run("analyze", "--text", "ok", "--text", "   ", "--out", str(out)), "text 2 is empty")
+    assert not out.exists()
+
+
+def test_empty_corpus_file(tmp_path, out):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n\n", encoding="utf-8")
+    assert_clean_error(run("analyze", "--corpus", str(empty), "--out", str(out)), "no text", str(empty))
+    assert not out.exists()
+
+
+def test_missing_corpus_file(tmp_path, out):
+    missing = tmp_path / "nope.txt"
+    assert_clean_error(run("analyze", "--corpus", str(missing), "--out", str(out)), "not found", str(missing))
+    assert not out.exists()
+
+
+def test_non_utf8_corpus_names_file_and_line(tmp_path, out):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("First line.\nSecond line.\nCaf\u00e9 au lait.\n".encode("latin-1"))
+    line = assert_clean_error(run("analyze", "--corpus", str(bad), "--out", str(out)), str(bad), "line 3")
+    assert "UTF-8" in line
+    assert not out.exists()
+
+
+def test_text_and_corpus_together(tmp_path, out):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("A line.\n", encoding="utf-8")
+    assert_clean_error(run("analyze", "--text", "x", "--corpus", str(corpus), "--out", str(out)), "either")
+
+
+@pytest.mark.parametrize("limit", ["0", "-1"])
+def test_bad_limit(limit, out):
+    assert_clean_error(run("analyze", "--text", "Fine text.", "--limit", limit, "--out", str(out)),
+                       "--limit", "at least 1")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args", [["--batch-size", "0"], ["--max-length", "1"], ["--threshold", "bogus=0.5"],
+                                  ["--threshold", "self=-1"], ["--threshold", "self=abc"]])
+def test_usage_errors(args, out):
+    result = run("analyze", "--text", "Fine.", "--out", str(out), *args)
+    assert result.exit_code == 2
+    assert isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_unknown_model_name_offline(out):
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    line = assert_clean_error(run("analyze", "--model", "no-such-model-xyz", "--text", "Hi.", "--out", str(out)),
+                              "no-such-model-xyz")
+    assert "minilm" in line and "smollm2" in line
+    assert not out.exists()
+
+
+def test_unknown_model_name_subprocess(tmp_path):
+    """Through the real entry point: one line on stderr, exit code 1, no traceback."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "probe.cli", "analyze", "--model", "acme/not-a-model",
+                           "--text", "Hi.", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr + proc.stdout
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and "acme/not-a-model" in errors[0]
+    assert "minilm" in errors[0] and "smollm2" in errors[0]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("model_type", ["t5", "bloom"])
+def test_unsupported_model_type_folder(tmp_path, out, model_type):
+    folder = tmp_path / f"{model_type}-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}), encoding="utf-8")
+    line = assert_clean_error(run("analyze", "--model", str(folder), "--text", "Hi.", "--out", str(out)),
+                              repr(model_type))
+    for supported in ("bert", "distilbert", "gpt2", "llama", "roberta"):
+        assert supported in line
+    assert not out.exists()
+
+
+def test_folder_with_unknown_model_type_or_no_config(tmp_path, out):
+    folder = tmp_path / "weird"
+    folder.mkdir()
+    assert_clean_error(run("analyze", "--model", str(folder), "--text", "Hi.", "--out", str(out)),
+                       "no config.json")
+    (folder / "config.json").write_text(json.dumps({"model_type": "no-such-type"}), encoding="utf-8")
+    assert_clean_error(run("analyze", "--model", str(folder), "--text", "Hi.", "--out", str(out)), str(folder))
+    assert_clean_error(run("analyze", "--model", str(tmp_path / "absent"), "--text", "Hi.", "--out", str(out)),
+                       "not found")
+    assert not out.exists()
+
+
+def test_models_lists_embedded_as_installed():
+    result = run("models")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    for alias in ("minilm", "smollm2"):
+        line = next(ln for ln in lines if ln.startswith(alias))
+        assert re.search(r"\bembedded\s+installed\b", line), line
+    assert any(ln.startswith("minilm (default)") for ln in lines)
+    assert any(ln.startswith("bert-base") and "Hub" in ln for ln in lines)
+
+
+# --------------------------------------------------------------------------- corpus reading
+
+CONLLU = """\
+# newdoc id = test
+# sent_id = s1
+# text = I don't know.
+1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_
+1\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\t_
+2\tdo\tdo\tAUX\tVBP\t_\t3\taux\t_\t_
+3\tn't\tnot\tPART\tRB\t_\t4\tadvmod\t_\t_
+4\tknow\tknow\tVERB\tVB\t_\t0\troot\t_\tSpaceAfter=No
+5\t.\t.\tPUNCT\t.\t_\t4\tpunct\t_\t_
+
+# sent_id = s2
+# text = Vámonos al mar.
+# text_en = Let's go to the sea.
+1-2\tVámonos\t_\t_\t_\t_\t_\t_\t_\t_
+1\tVamos\tir\tVERB\t_\t_\t0\troot\t_\t_
+2\tnos\tnosotros\tPRON\t_\t_\t1\tobj\t_\t_
+3-4\tal\t_\t_\t_\t_\t_\t_\t_\t_
+3\ta\ta\tADP\t_\t_\t5\tcase\t_\t_
+4\tel\tel\tDET\t_\t_\t5\tdet\t_\t_
+5\tmar\tmar\tNOUN\t_\t_\t1\tobl\t_\tSpaceAfter=No
+5.1\tx\tx\tX\t_\t_\t_\t_\t1:dep\t_
+6\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_
+
+# sent_id = s3
+# text = Third = last.
+1\tThird\tthird\tADJ\t_\t_\t0\troot\t_\t_
+"""
+
+
+def test_read_conllu(tmp_path):
+    path = tmp_path / "tiny.conllu"
+    path.write_text(CONLLU, encoding="utf-8")
+    assert read_corpus(path) == ["I don't know.", "Vámonos al mar.", "Third = last."]
+    assert read_corpus(path, limit=2) == ["I don't know.", "Vámonos al mar."]
+
+
+def test_read_conllu_detected_by_content(tmp_path):
+    path = tmp_path / "tiny.txt"
+    path.write_text("\ufeff" + CONLLU, encoding="utf-8")  # with a byte-order mark
+    assert read_corpus(path) == ["I don't know.", "Vámonos al mar.", "Third = last."]
+
+
+def test_read_plain_text(tmp_path):
+    path = tmp_path / "plain.txt"
+    path.write_text("First sentence.\n\n   \n  Second one, indented.  \r\nThird # not a comment\n",
+                    encoding="utf-8")
+    assert read_corpus(path) == ["First sentence.", "Second one, indented.", "Third # not a comment"]
+    assert read_corpus(path, limit=1) == ["First sentence."]
+    with pytest.raises(InputError, match="at least 1"):
+        read_corpus(path, limit=0)
+    with pytest.raises(InputError, match="folder"):
+        read_corpus(tmp_path)
+
+
+def test_check_texts_and_sample():
+    assert check_texts(["a", "b", "c"], limit=2) == ["a", "b"]
+    with pytest.raises(InputError):
+        check_texts([])
+    texts = sample_texts()
+    assert len(texts) == 20 and all(t.strip() == t and t for t in texts)
+
+
+def test_corpus_file_through_cli_reaches_the_model(tmp_path, monkeypatch):
+    """A CoNLL-U corpus with --limit reaches analyze as the # text = sentences (model stubbed)."""
+    path = tmp_path / "tiny.conllu"
+    path.write_text(CONLLU, encoding="utf-8")
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_load(name, **kw):
+        seen["model"] = name
+        raise Stop
+
+    monkeypatch.setattr(pm, "load_model", fake_load)
+    result = run("analyze", "--model", "minilm", "--corpus", str(path), "--limit", "2",
+                 "--out", str(tmp_path / "o"))
+    assert isinstance(result.exception, Stop) and seen["model"] == "minilm"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not UD_DEV.exists(), reason=f"shared UD EWT data not found at {UD_DEV}")
+def test_ud_ewt_50_sentences(minilm):
+    from probe.analysis import analyze
+
+    texts = read_corpus(UD_DEV, limit=50)
+    assert len(texts) == 50 and all(t.strip() for t in texts)
+    result = analyze(minilm, texts, batch_size=16, n_examples=2)
+    heads = result.heads
+    assert len(heads) == 72
+    assert result.counts["sequences"] == 50 and result.counts["batches"] == 4
+    assert result.counts["tokens"] == sum(len(minilm.tokenizer(t)["input_ids"]) for t in texts)
+    assert not heads[list(STATISTICS)].isna().any().any()
+    for name in ("self", "prev", "next", "first", "sep", "punct", "norm_entropy", "long", "max_weight"):
+        assert heads[name].between(-1e-6, 1 + 1e-6).all(), name
+    assert (heads["entropy"] >= 0).all() and (heads["distance"] >= 0).all()
+    assert set(heads["label"]) <= {"previous-token", "next-token", "self", "first-token", "sep",
+                                   "punctuation", "broad", "long-range", "mixed"}
+    # BERT-like encoders have specialised heads: not every head is mixed (Clark et al. 2019)
+    assert (heads["label"] != "mixed").sum() >= 5
+    assert [ex.attentions.shape[:2] for ex in result.examples] == [(6, 12)] * 2
