@@ -28,6 +28,12 @@ LABEL_COLORS = {
     MIXED: "#FFFFFF",
 }
 
+#: Short texts of the primary labels inside the grid cells.
+LABEL_SHORT = {
+    "previous-token": "prev", "next-token": "next", "self": "self", "first-token": "1st", "sep": "sep",
+    "punctuation": "punc", "broad": "brd", "long-range": "long", MIXED: "",
+}
+
 OUTPUT_FILES = ("index.html", "heads.csv", "run.json")
 
 
@@ -127,6 +133,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         tip = "; ".join(f"{s}={_fmt(row[s])}" for s in STATISTICS if _fmt(row[s]))
         grid[int(row["layer"])][int(row["head"])] = {
             "label": row["label"], "labels": row["labels"], "color": LABEL_COLORS.get(row["label"], "#fff"),
+            "short": LABEL_SHORT.get(row["label"], ""),
             "tip": f"L{int(row['layer'])} H{int(row['head'])}: {row['labels']} | {tip}",
         }
     figures = []
