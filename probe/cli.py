@@ -148,5 +148,14 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     click.echo(f"Report: {path / 'index.html'}")
 
 
+def _register() -> None:
+    from .verify import verify_command
+
+    main.add_command(verify_command, "verify")
+
+
+_register()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
