@@ -463,6 +463,8 @@ class ReferenceAttention(nn.Module):
         k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
         v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
 
+        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0  # tokens already cached
+
         # 2. rotary position embedding on q and k (Su et al. 2021)
         if self.spec.rotary:
             if self.inv_freq is not None:
@@ -470,7 +472,6 @@ class ReferenceAttention(nn.Module):
                 if positions is None and self.context.active:
                     positions = self.context.position_ids
                 if positions is None:
-                    past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
                     positions = torch.arange(past, past + T, device=q.device)[None]  # (1, T)
                 cos, sin = rope_cos_sin(self.inv_freq, positions, q.dtype)  # (B|1, T, hs)
             else:
@@ -480,15 +481,18 @@ class ReferenceAttention(nn.Module):
         # 3. key/value cache: append the new keys/values, get all of them back
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)  # (B, nkv, Tk, hs), Tk = past + T
-        Tk = k.size(-2)
+        Tk = k.size(-2)  # a sliding-window cache returns only the last Tk <= past + T positions
 
         # 4. grouped-query attention: each KV head serves nh / nkv query heads (Ainslie et al. 2023)
         if nkv != nh:
-            k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, Tk, hs)
-            v = v.repeat_interleave(nh // nkv, dim=1)  # (B, nh, Tk, hs)
+            rep = nh // nkv  # query heads per KV head; KV head j serves query heads j*rep .. j*rep + rep - 1
+            k = k[:, :, None].expand(B, nkv, rep, Tk, hs).reshape(B, nh, Tk, hs)  # (B, nh, Tk, hs)
+            v = v[:, :, None].expand(B, nkv, rep, Tk, hs).reshape(B, nh, Tk, hs)  # (B, nh, Tk, hs)
 
         # 5. softmax(q k^T * scale + mask) v
-        padding = self._padding_keep(kw, B, Tk)  # (B, Tk) or None
+        padding = self._padding_keep(kw, B, past + T)  # (B, past + T) or None
+        if padding is not None and Tk < past + T:
+            padding = padding[:, -Tk:]  # (B, Tk): the positions the cache returned
         y, att = attention(
             q, k, v, mask=padding,
             causal=self.is_causal and self.mutant not in _CAUSAL_MUTANTS,
