@@ -376,6 +376,14 @@ class ReferenceAttention(nn.Module):
             self.add_module(name, original.get_submodule(rel))
             self._names[role] = name
 
+        # Head counts from the projections' widths (so a layer with physically pruned heads works).
+        if "qkv" in self._names:  # Conv1D weight [in, 3 * heads * d_head]
+            width = getattr(self, self._names["qkv"]).weight.shape[1] // 3
+            self.n_head = self.n_kv_head = width // self.d_head
+        else:  # nn.Linear weight [out, in]
+            self.n_head = getattr(self, self._names["q"]).weight.shape[0] // self.d_head
+            self.n_kv_head = getattr(self, self._names["k"]).weight.shape[0] // self.d_head
+
         # Score scale: 1/sqrt(d_head) (Vaswani et al. 2017, sec. 3.2.1) or the architecture's option.
         self.model_scale = _model_scaling(config, spec, self.d_head, layer_idx)
         own = getattr(original, "scaling", None)
@@ -412,8 +420,8 @@ class ReferenceAttention(nn.Module):
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [batch, T, d_model] -> q [batch, T, heads*d_head], k, v [batch, T, kv_heads*d_head]."""
-        if "qkv" in self._names:  # GPT-2: one Conv1D, x @ W[in, 3*d_model] + b, q | k | v along the last dim
-            return getattr(self, self._names["qkv"])(x).split(self.d_model, dim=2)
+        if "qkv" in self._names:  # GPT-2: one Conv1D, x @ W[in, 3*nh*hs] + b, q | k | v along the last dim
+            return getattr(self, self._names["qkv"])(x).split(self.n_head * self.d_head, dim=2)
         return (getattr(self, self._names["q"])(x), getattr(self, self._names["k"])(x),
                 getattr(self, self._names["v"])(x))
 

@@ -214,6 +214,48 @@ def test_swapped_module_works_when_the_original_runs_sdpa(tokenizer_folder):
     assert torch.allclose(out.logits, eager_out.logits, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
+def test_generate_with_left_padding_is_unchanged(kind, tokenizer_folder):
+    """generate() runs through the swap (2D mask, position ids and cache handled each step)."""
+    lm = _lm(kind, tokenizer_folder)
+    lm.tokenizer.padding_side = "left"
+    enc = lm.tokenizer(["Hello there my good friend", "A b"], return_tensors="pt", padding=True,
+                       return_token_type_ids=False)
+    assert not bool(enc["attention_mask"].all())
+    original = lm.model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with swap_attention(lm):
+        swapped = lm.model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert original.shape == (2, enc["input_ids"].shape[1] + 12)
+    assert torch.equal(swapped, original)
+
+
+def test_mistral_sliding_window_is_applied(tokenizer_folder):
+    lm = _lm("mistral", tokenizer_folder)  # sliding_window = 8
+    ids = torch.randint(1000, 5000, (1, 20))
+    _, _, original = _capture(lm.model, lm.spec, input_ids=ids, use_cache=False)
+    with swap_attention(lm) as swapped:
+        assert [m.window for m in swapped.modules] == [8, 8]
+        probs, _, out = _capture(lm.model, lm.spec, input_ids=ids, use_cache=False)
+        assert torch.allclose(out.logits, original.logits, atol=1e-5, rtol=0)
+        assert torch.count_nonzero(probs[0][0, :, 19, :12]) == 0  # key 12 is the oldest of query 19's window
+        assert bool((probs[0][0, :, 19, 12:] > 0).all())
+        for m in swapped.modules:
+            m.window = None  # without the window the outputs change
+        _, _, no_window = _capture(lm.model, lm.spec, input_ids=ids, use_cache=False)
+    assert not torch.allclose(no_window.logits, original.logits, atol=1e-3)
+
+
+def test_verify_runs_eager_for_the_original_and_restores_sdpa(tokenizer_folder):
+    lm = _lm("bert", tokenizer_folder)
+    lm.model.set_attn_implementation("sdpa")
+    result = verify(lm, cases=["sentence", "right-padded"])
+    assert result.passed and [c.name for c in result.cases] == ["sentence", "right-padded"]
+    assert any("switched attention implementation from 'sdpa' to 'eager'" in n for n in result.notes)
+    assert lm.model.config._attn_implementation == "sdpa"
+    with pytest.raises(ProbeError, match="unknown case"):
+        verify(lm, cases=["kv-cache"])  # decoders only
+
+
 # ---------------------------------------------------------------------------------------------
 # CASES.md
 # ---------------------------------------------------------------------------------------------
@@ -526,6 +568,12 @@ def test_cli_verify_on_a_local_folder(tmp_path, tokenizer_folder):
     assert bad.exit_code == 1
     data = json.loads(bad.output)
     assert data["passed"] is False and data["mutant"] == "no-causal-mask" and len(data["per_layer"]) == 3
+    encoder = tmp_path / "bert"
+    _build("bert").save_pretrained(encoder)
+    _tok(tokenizer_folder).save_pretrained(encoder)
+    moot = runner.invoke(verify_command, ["--model", str(encoder), "--mutant", "causal-inverted"])
+    assert moot.exit_code == 1
+    assert moot.output.strip() == f"Error: mutant 'causal-inverted' cannot change {encoder}: causal-inverted applies to decoders only"
     missing = runner.invoke(verify_command, ["--model", str(tmp_path / "nope")])
     assert missing.exit_code == 1
     assert missing.output.startswith("Error: ") and len(missing.output.strip().splitlines()) == 1
