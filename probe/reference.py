@@ -451,7 +451,7 @@ class ReferenceAttention(nn.Module):
         if keep.dim() != 2 or keep.shape != (batch, n_key):
             raise MaskError(f"padding mask of shape {tuple(mask.shape)} does not cover the {n_key} keys of "
                             f"batch {batch} (with a key/value cache it must cover the cached and the new tokens)")
-        return keep
+        return None if bool(keep.all()) else keep  # no padding: nothing to mask
 
     # -- forward ----------------------------------------------------------------------------------
 
