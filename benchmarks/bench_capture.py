@@ -59,10 +59,33 @@ def child(model: str, n: int, batch_size: int) -> None:
 
     lm = load_model(model)
     texts, _ = corpus(n)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    analyze(lm, texts, batch_size=batch_size, n_examples=3)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"n": n, "peak_mib": peak / 1024, "before_mib": base / 1024}))
+    base = _rss_kib("VmRSS")
+    reset = _reset_peak()  # so the peak is that of the analysis, not of loading the model
+    res = analyze(lm, texts, batch_size=batch_size, n_examples=3)
+    longest = max(len(f) for f in lm.tokenizer(texts)["input_ids"])
+    peak = _rss_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"n": n, "peak_mib": peak / 1024, "before_mib": base / 1024, "peak_reset": reset,
+                      "tokens": res.counts["tokens"], "longest": longest}))
+
+
+def _rss_kib(field: str) -> float:
+    """A memory figure of this process from /proc/self/status (KiB); ru_maxrss where /proc is missing."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return float(line.split()[1])
+    except OSError:
+        pass
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def _reset_peak() -> bool:
+    """Reset the peak-RSS mark (Linux: write 5 to /proc/self/clear_refs); False if unsupported."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
 
 def main() -> None:
@@ -114,8 +137,10 @@ def main() -> None:
                                  capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         for row in rows:
-            print(f"peak RSS analysing {row['n']:>5} sequences: {row['peak_mib']:.0f} MiB "
-                  f"(after loading: {row['before_mib']:.0f} MiB)")
+            print(f"peak RSS while analysing {row['n']:>5} sequences: {row['peak_mib']:.0f} MiB "
+                  f"(after loading the model: {row['before_mib']:.0f} MiB; growth "
+                  f"{row['peak_mib'] - row['before_mib']:.0f} MiB; {row['tokens']} tokens, longest sequence "
+                  f"{row['longest']} tokens)")
         print(f"peak ratio 1000 / 100 sequences: {rows[1]['peak_mib'] / rows[0]['peak_mib']:.3f} (flat = ~1.0)")
 
 

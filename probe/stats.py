@@ -253,7 +253,8 @@ class HeadStatistics:
         B, H, T, _ = a.shape
         flat = a.reshape(B, H, T * T)
         linear = torch.bmm(flat, w.linear).sum(0)  # [heads, len(LINEAR)]
-        ent = -torch.bmm(torch.special.xlogy(a, a).reshape(B, H, T * T), w.entropy).sum(0)  # [heads, 2]
+        # entr(x) = -x ln x with entr(0) = 0 (about twice as fast as xlogy on CPU)
+        ent = torch.bmm(torch.special.entr(a).reshape(B, H, T * T), w.entropy).sum(0)  # [heads, 2]
         mx = (a.amax(-1) * w.real_rows[:, None, :]).sum((0, 2))  # [heads]
         sums = torch.empty(H, len(STATISTICS), dtype=torch.float64)
         for c, name in enumerate(LINEAR):
