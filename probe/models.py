@@ -139,13 +139,36 @@ def _alternatives() -> str:
     return "use an embedded model (minilm, smollm2) or a local folder"
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub endpoint answers a TCP connection within ``timeout`` seconds.
+
+    False at once when ``HF_HUB_OFFLINE`` is set. Used so an offline machine fails in seconds
+    (loading from the local cache only) instead of after the Hub client's retries.
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def _hub_error(name: str, exc: Exception) -> ModelLoadError:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if any(s in str(exc) for s in ("couldn't connect", "offline", "HF_HUB_OFFLINE", "Name or service",
-                                     "cached files", "ConnectError", "timed out")):
-        return ModelLoadError(
-            f"cannot load {name!r}: the Hugging Face Hub is not reachable and the model is not cached; "
-            + _alternatives())
+                                     "cached files", "ConnectError", "timed out", "local_files_only")):
+        what = (f"{name!r} ({HUB_ALIASES[name]}):" if name in HUB_ALIASES
+                else f"{name!r}: not an alias ('probe models' lists them), and")
+        return ModelLoadError(f"cannot load {what} the Hugging Face Hub is not reachable and there is no cached "
+                              "copy; " + _alternatives())
     if "is not a local folder and is not a valid model identifier" in str(exc) or "404" in str(exc):
         return ModelLoadError(f"unknown model {name!r}: not an alias, local folder or Hub model; "
                               "run 'probe models' for the aliases")
@@ -261,6 +284,8 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
             source = str(path)
         elif Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
             path = Path(name).expanduser()
+            if path.is_file():
+                raise ModelLoadError(f"{name} is a file, not a model folder or a .gguf file")
             if not path.is_dir():
                 raise ModelLoadError(f"model folder not found: {name}")
             if not (path / "config.json").exists():
@@ -274,8 +299,11 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
             source = str(path)
         else:
             hub_id = HUB_ALIASES.get(name, name)
+            offline = {} if hub_reachable() else {"local_files_only": True}
+            if offline:
+                notes.append("the Hugging Face Hub is not reachable: loading from the local cache only")
             try:
-                model, tokenizer = _load_folder(hub_id, dtype)
+                model, tokenizer = _load_folder(hub_id, dtype, **offline)
             except ProbeError:
                 raise
             except Exception as exc:  # noqa: BLE001 - OSError, HTTP errors, ValueError ...

@@ -383,6 +383,9 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
     """
     if mutant is not None and mutant not in MUTANTS:
         raise ProbeError(f"unknown mutant {mutant!r}; choose from {', '.join(MUTANTS)}")
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ProbeError(f"{name} must be a finite number >= 0, got {value!r}")
     notes = list(lm.notes)
     impl = getattr(lm.model.config, "_attn_implementation", "eager")
     note = ensure_eager(lm.model)
@@ -473,6 +476,9 @@ def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: flo
 
     if atol is None:
         atol = FP32_ATOL if dtype == "float32" else BF16_ATOL
+    for name, value in (("--atol", atol), ("--rtol", rtol)):
+        if not (math.isfinite(value) and value >= 0):
+            raise click.ClickException(f"{name} must be a finite number >= 0, got {value!r}")
     try:
         lm = load_model(model_name, dtype=_DTYPES[dtype])
         if mutant is not None:

@@ -88,7 +88,9 @@ def test_run_json(run_dir):
     assert rec["counts"]["sequences"] == 3 and rec["counts"]["truncated"] == 0
     assert rec["counts"]["tokens"] > 20
     assert set(rec["versions"]) >= {"probe", "python", "torch", "transformers"}
-    assert rec["timings_s"]["total_s"] > 0
+    assert rec["timings_s"]["analyze_s"] > 0
+    assert rec["timings_s"]["report_s"] > 0
+    assert rec["timings_s"]["model_load_s"] > 0
     assert sum(rec["label_counts"].values()) == 72
 
 
@@ -196,13 +198,53 @@ def test_bad_limit(limit, out):
 
 
 @pytest.mark.parametrize("args", [["--batch-size", "0"], ["--max-length", "1"], ["--threshold", "bogus=0.5"],
-                                  ["--threshold", "self=-1"], ["--threshold", "self=abc"]])
+                                  ["--threshold", "self=-1"], ["--threshold", "self=abc"],
+                                  ["--threshold", "previous-token=1.5"]])
 def test_usage_errors(args, out):
     result = run("analyze", "--text", "Fine.", "--out", str(out), *args)
     assert result.exit_code == 2
     assert isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_usage_error_is_one_line_through_the_entry_point(tmp_path):
+    """click's usage errors come out as one 'Error: ...' line (exit code 2), not a usage block."""
+    proc = subprocess.run([sys.executable, "-m", "probe.cli", "analyze", "--batch-size", "0", "--text", "Hi."],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:") and "--batch-size" in lines[0], proc.stderr
+    assert "probe analyze --help" in lines[0]
+
+
+@pytest.mark.parametrize("text", ["\u200b", "   \u200b  "])
+def test_text_with_only_special_tokens(text, out):
+    assert_clean_error(run("analyze", "--text", text, "--out", str(out)), "no tokens besides special tokens")
+    assert not out.exists()
+
+
+def test_model_path_that_is_a_file(tmp_path, out):
+    f = tmp_path / "corpus.txt"
+    f.write_text("not a model\n")
+    assert_clean_error(run("analyze", "--model", str(f), "--text", "Hi.", "--out", str(out)),
+                       "is a file, not a model folder")
+
+
+def test_hub_unreachable_without_offline_flag_fails_fast_and_quietly(tmp_path):
+    """No HF_HUB_OFFLINE: probe sees the Hub endpoint is unreachable and loads from the cache only,
+    so the user gets one line, not the Hub client's retry messages."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # discard port: connection refused at once
+    env["HF_HOME"] = str(tmp_path / "hf")  # an empty cache
+    proc = subprocess.run([sys.executable, "-m", "probe.cli", "analyze", "--model", "bert-base",
+                           "--text", "Hi.", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "google-bert/bert-base-uncased" in lines[0] and "not reachable" in lines[0]
+    assert "minilm" in lines[0]
 
 
 def test_unknown_model_name_offline(out):
@@ -367,3 +409,30 @@ def test_ud_ewt_50_sentences(minilm):
     # BERT-like encoders have specialised heads: not every head is mixed (Clark et al. 2019)
     assert (heads["label"] != "mixed").sum() >= 5
     assert [ex.attentions.shape[:2] for ex in result.examples] == [(6, 12)] * 2
+
+
+@pytest.mark.slow
+def test_long_and_non_latin_examples_stay_readable(tmp_path):
+    """A truncated example is drawn on its first 64 tokens and marked truncated; glyphs missing
+    from the plotting font produce no warning flood; the transformers over-length warning is gone."""
+    out = tmp_path / "run"
+    long_text = " ".join(["word"] * 900)
+    result = run("analyze", "--text", long_text, "--text", "日本語のテキスト 🙂 and some English.",
+                 "--out", str(out), "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "Glyph" not in result.stderr and "Token indices sequence length" not in result.stderr
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["counts"]["truncated"] == 1
+    html = (out / "index.html").read_text()
+    assert "first 64 of 512 tokens" in html
+    assert re.search(r"Example 1 \(512 tokens, truncated\): word word .* \[\.\.\.\]</blockquote>", html)
+
+
+def test_tiny_corpus_gets_a_note(minilm):
+    from probe.analysis import MIN_TOKENS, analyze
+
+    res = analyze(minilm, ["Hi."], n_examples=0)
+    assert res.counts["tokens"] == 4 < MIN_TOKENS  # [CLS] hi . [SEP]
+    assert any("labels are unreliable" in n for n in res.notes)
+    big = analyze(minilm, [" ".join(["word"] * MIN_TOKENS)], n_examples=0)
+    assert not any("labels are unreliable" in n for n in big.notes)

@@ -103,7 +103,7 @@ def test_unknown_label_raises(thresholds):
         label_heads(frame({}), thresholds)
 
 
-@pytest.mark.parametrize("value", [0, -0.5, "0.5", None, float("nan")])
+@pytest.mark.parametrize("value", [0, -0.5, "0.5", None, float("nan"), 1.5])
 def test_bad_threshold_value_raises(value):
     with pytest.raises(ValueError):
         label_heads(frame({}), {"self": value})

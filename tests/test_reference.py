@@ -577,6 +577,11 @@ def test_cli_verify_on_a_local_folder(tmp_path, tokenizer_folder):
     missing = runner.invoke(verify_command, ["--model", str(tmp_path / "nope")])
     assert missing.exit_code == 1
     assert missing.output.startswith("Error: ") and len(missing.output.strip().splitlines()) == 1
+    for option, value in (("--atol", "-1"), ("--rtol", "-0.5"), ("--atol", "nan")):
+        bad_tol = runner.invoke(verify_command, ["--model", str(tmp_path), option, value])
+        assert bad_tol.exit_code == 1
+        assert bad_tol.output.strip().startswith(f"Error: {option} must be a finite number >= 0")
+        assert "PASS" not in bad_tol.output and "FAIL" not in bad_tol.output  # nothing ran
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import datetime as _dt
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,9 @@ LABEL_SHORT = {
 }
 
 OUTPUT_FILES = ("index.html", "heads.csv", "run.json")
+
+#: Attention heatmaps of longer examples show their first this many tokens (labels stay readable).
+MAX_HEATMAP_TOKENS = 64
 
 
 def default_run_dir(model_name: str, root: str | Path = "reports") -> Path:
@@ -97,6 +101,16 @@ def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> 
     return chosen[:limit]
 
 
+def _example_view(tokenizer, ex) -> dict:
+    """Text of an example as analysed (the decoded tokens when truncation cut it)."""
+    analysed = tokenizer.convert_tokens_to_string(
+        [t for t in ex.tokens if t not in getattr(tokenizer, "all_special_tokens", [])]).strip()
+    full = " ".join(ex.text.split())
+    truncated = len(analysed) < len(full) * 0.9
+    return {"text": analysed + " [...]" if truncated else ex.text, "n_tokens": len(ex.tokens),
+            "truncated": truncated}
+
+
 def _fmt(value) -> str:
     if isinstance(value, (float, np.floating)):
         return "" if math.isnan(value) else f"{value:.3f}"
@@ -139,11 +153,13 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
     figures = []
     for layer, head, label, reason in choose_heads(result):
         for i, ex in enumerate(result.examples[:2]):
-            tokens = [display_token(tokenizer, t) for t in ex.tokens]
+            n = min(len(ex.tokens), MAX_HEATMAP_TOKENS)
+            tokens = [display_token(tokenizer, t) for t in ex.tokens[:n]]
+            crop = f", first {n} of {len(ex.tokens)} tokens" if n < len(ex.tokens) else ""
             figures.append({
-                "layer": layer, "head": head, "label": label, "reason": reason, "example": i + 1,
-                "img": plots.attention_heatmap(ex.attentions[layer, head], tokens,
-                                               f"layer {layer} head {head} ({label}), example {i + 1}"),
+                "layer": layer, "head": head, "label": label, "reason": reason, "example": i + 1, "crop": crop,
+                "img": plots.attention_heatmap(ex.attentions[layer, head, :n, :n], tokens,
+                                               f"layer {layer} head {head} ({label}), example {i + 1}{crop}"),
             })
     table_cols = ["layer", "head", "label", "labels", *STATISTICS, "cluster"]
     table = [[_fmt(row[c]) for c in table_cols] for _, row in heads.iterrows()]
@@ -151,7 +167,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         result=result, record=record, grid=grid, colors=LABEL_COLORS,
         label_counts=result.label_counts(), stat_img=plots.statistic_heatmaps(heads),
         figures=figures, table_cols=table_cols, table=table, verification=verification,
-        examples=[{"text": ex.text, "n_tokens": len(ex.tokens)} for ex in result.examples],
+        examples=[_example_view(tokenizer, ex) for ex in result.examples],
     )
 
 
@@ -171,7 +187,9 @@ def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, 
     """
     path = prepare_run_dir(out, result.model["name"], force)
     record = run_record(result, {"verification": verification} if verification else None)
+    start = time.perf_counter()
     html = render_html(result, tokenizer, record, verification)
+    record["timings_s"] = {**record["timings_s"], "report_s": round(time.perf_counter() - start, 4)}
     path.mkdir(parents=True, exist_ok=True)
     record["output"] = {name: str(path / name) for name in OUTPUT_FILES}
     result.heads.to_csv(path / "heads.csv", index=False, float_format="%.6g")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import warnings
 
 import matplotlib
 
@@ -21,9 +22,15 @@ UNITS = {"entropy": "nats", "distance": "tokens"}
 
 
 def to_data_uri(fig) -> str:
-    """Render a figure to a base64 PNG data URI and close it."""
+    """Render a figure to a base64 PNG data URI and close it.
+
+    Glyphs missing from the installed fonts (e.g. CJK or emoji tokens) are drawn as boxes without
+    a warning per glyph.
+    """
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -62,8 +69,10 @@ def attention_heatmap(attn: np.ndarray, tokens: list[str], title: str) -> str:
     T = len(tokens)
     size = min(9.0, max(3.5, 0.28 * T + 1.5))
     fig, ax = plt.subplots(figsize=(size + 0.8, size))
-    sns.heatmap(attn, ax=ax, cmap="Blues", vmin=0.0, vmax=1.0, square=True,
-                xticklabels=tokens, yticklabels=tokens, cbar_kws={"shrink": 0.6})
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
+        sns.heatmap(attn, ax=ax, cmap="Blues", vmin=0.0, vmax=1.0, square=True,
+                    xticklabels=tokens, yticklabels=tokens, cbar_kws={"shrink": 0.6})
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
     ax.tick_params(axis="both", labelsize=7 if T > 30 else 8)
