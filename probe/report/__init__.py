@@ -165,7 +165,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
     table = [[_fmt(row[c]) for c in table_cols] for _, row in heads.iterrows()]
     return env.get_template("report.html.j2").render(
         result=result, record=record, grid=grid, colors=LABEL_COLORS,
-        label_counts=result.label_counts(), stat_img=plots.statistic_heatmaps(heads),
+        label_counts=result.label_counts(), stat_figs=plots.statistic_heatmaps(heads),
         figures=figures, table_cols=table_cols, table=table, verification=verification,
         examples=[_example_view(tokenizer, ex) for ex in result.examples],
     )

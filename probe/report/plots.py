@@ -35,39 +35,41 @@ def to_data_uri(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def statistic_heatmaps(heads: pd.DataFrame) -> str:
-    """One layer x head heatmap per statistic, in a grid (statistics undefined for the model are
-    drawn blank with "n/a")."""
+def statistic_heatmaps(heads: pd.DataFrame) -> list[dict]:
+    """One layer x head heatmap per statistic, each its own small figure.
+
+    (One figure per statistic: seaborn redraws the whole figure for every heatmap it adds, so a
+    grid of subplots costs quadratic time.)
+
+    Returns:
+        [{"statistic", "title", "img" (PNG data URI) or None where the statistic is undefined for
+        this model (e.g. ``next`` for a decoder)}], in :data:`probe.stats.STATISTICS` order.
+    """
     n_layers = int(heads["layer"].max()) + 1
     n_heads = int(heads["head"].max()) + 1
-    cols = 4
-    rows = math.ceil(len(STATISTICS) / cols)
-    cell_w = max(2.6, 0.28 * n_heads + 1.2)
-    cell_h = max(2.2, 0.16 * n_layers + 1.0)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * cell_w, rows * cell_h), squeeze=False)
-    for ax, stat in zip(axes.flat, STATISTICS):
+    width = max(2.8, 0.26 * n_heads + 1.4)
+    height = max(2.4, 0.13 * n_layers + 1.0)
+    out = []
+    for stat in STATISTICS:
         grid = heads.pivot(index="layer", columns="head", values=stat).to_numpy(dtype=float)
         title = f"{stat} ({UNITS[stat]})" if stat in UNITS else stat
         if np.isnan(grid).all():
-            ax.text(0.5, 0.5, "n/a for this model", ha="center", va="center")
-            ax.set_axis_off()
-        else:
-            vmax = None if stat in UNITS else 1.0
-            sns.heatmap(grid, ax=ax, cmap="viridis", vmin=0.0, vmax=vmax, cbar=True,
-                        xticklabels=max(1, n_heads // 6), yticklabels=max(1, n_layers // 10))
-            ax.set_xlabel("head")
-            ax.set_ylabel("layer")
+            out.append({"statistic": stat, "title": title, "img": None})
+            continue
+        fig, ax = plt.subplots(figsize=(width, height))
+        sns.heatmap(grid, ax=ax, cmap="viridis", vmin=0.0, vmax=None if stat in UNITS else 1.0, cbar=True,
+                    xticklabels=max(1, n_heads // 6), yticklabels=max(1, n_layers // 10))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
         ax.set_title(title, fontsize=10)
-    for ax in list(axes.flat)[len(STATISTICS):]:
-        ax.set_axis_off()
-    fig.tight_layout()
-    return to_data_uri(fig)
+        out.append({"statistic": stat, "title": title, "img": to_data_uri(fig)})
+    return out
 
 
 def attention_heatmap(attn: np.ndarray, tokens: list[str], title: str) -> str:
     """Heatmap of one head's [T, T] attention probabilities with token labels (query rows, key columns)."""
     T = len(tokens)
-    size = min(9.0, max(3.5, 0.28 * T + 1.5))
+    size = min(9.0, max(6.0, 0.28 * T + 1.5))  # same font scale for short and long examples
     fig, ax = plt.subplots(figsize=(size + 0.8, size))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
