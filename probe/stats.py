@@ -56,6 +56,18 @@ def is_punctuation(text: str) -> bool:
     return bool(s) and all(unicodedata.category(ch).startswith("P") for ch in s)
 
 
+def token_surface(tokenizer, token: str) -> str:
+    """The text a token string stands for: byte-level BPE bytes decoded ('Ġ.' -> ' .'),
+    sentencepiece markers turned into spaces; a WordPiece continuation keeps its '##'."""
+    try:
+        text = tokenizer.convert_tokens_to_string([token])
+    except Exception:  # noqa: BLE001 - some tokenizers cannot decode lone tokens
+        text = token
+    if token.startswith("##") and not text.startswith("##"):
+        text = "##" + text
+    return text
+
+
 class TokenClassifier:
     """Maps token ids to sep/punctuation flags for one tokenizer (cached per vocabulary id)."""
 
@@ -66,15 +78,8 @@ class TokenClassifier:
         self._punct: dict[int, bool] = {}
 
     def surface(self, token_id: int) -> str:
-        """The text a token stands for (byte-level BPE decoded; WordPiece '##' kept)."""
-        tok = self.tokenizer.convert_ids_to_tokens(int(token_id))
-        try:
-            text = self.tokenizer.convert_tokens_to_string([tok])
-        except Exception:  # noqa: BLE001 - some tokenizers cannot decode lone tokens
-            text = tok
-        if tok.startswith("##") and not text.startswith("##"):
-            text = "##" + text
-        return text
+        """The text a token id stands for (see :func:`token_surface`)."""
+        return token_surface(self.tokenizer, self.tokenizer.convert_ids_to_tokens(int(token_id)))
 
     def is_punct(self, token_id: int) -> bool:
         token_id = int(token_id)

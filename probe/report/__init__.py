@@ -19,7 +19,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from ..analysis import AnalysisResult, versions
 from ..classify import LABEL_RULES, MIXED
 from ..errors import InputError
-from ..stats import STATISTICS
+from ..stats import STATISTICS, token_surface
 from . import plots
 
 #: Colors of the primary labels in the layer x head grid (colour-blind-safe Okabe-Ito palette + greys).
@@ -73,13 +73,7 @@ def display_token(tokenizer, token: str) -> str:
     """A readable label for a token string: byte-level BPE decoded, sentencepiece marker dropped."""
     if token in getattr(tokenizer, "all_special_tokens", []):
         return token
-    try:
-        text = tokenizer.convert_tokens_to_string([token])
-    except Exception:  # noqa: BLE001
-        text = token
-    if token.startswith("##") and not text.startswith("##"):
-        text = "##" + text
-    text = text.replace("\n", "\\n").strip()
+    text = token_surface(tokenizer, token).replace("\n", "\\n").strip()
     return text or repr(token)
 
 
