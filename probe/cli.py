@@ -182,7 +182,8 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
                f"{result.counts['tokens']} tokens{trunc}{verdict} in {time.perf_counter() - start:.1f} s "
                f"(model load {t['model_load_s']:.1f} s, analysis {t['analyze_s']:.1f} s)")
     for note in result.notes:
-        click.echo(f"note: {note}", err=True)
+        if note not in lm.notes:  # loading notes (e.g. "loaded the cached copy") stay in run.json
+            click.echo(f"note: {note}", err=True)
     click.echo(f"Report: {path / 'index.html'}")
 
 
