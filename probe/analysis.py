@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from .capture import attention_hooks, pad, tokenize
-from .classify import cluster_heads, default_thresholds, label_heads
+from .classify import cluster_heads, default_thresholds, label_heads, validate_thresholds
 from .errors import InputError
 from .models import LoadedModel
 from .stats import STATISTICS, HeadStatistics, TokenClassifier
@@ -33,11 +33,13 @@ class Example:
         text: the input text.
         tokens: the T token strings (special tokens included).
         attentions: [layers, heads, T, T] float32 attention probabilities.
+        truncated: the text was cut to the token limit (``tokens`` are what was analysed).
     """
 
     text: str
     tokens: list[str]
     attentions: np.ndarray
+    truncated: bool = False
 
 
 @dataclass
@@ -110,7 +112,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 16, max_
         InputError: no text, an empty text, batch_size < 1 or max_length < 2.
         CaptureError: attention probabilities could not be captured.
     """
-    texts = list(texts)
+    texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts:
         raise InputError("no text given")
     if any(not t or not t.strip() for t in texts):
@@ -119,11 +121,16 @@ def analyze(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 16, max_
         raise InputError(f"batch size must be at least 1, got {batch_size}")
     if max_length is not None and max_length < 2:
         raise InputError(f"max length must be at least 2 tokens, got {max_length}")
+    try:
+        validate_thresholds(thresholds)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     thresholds_used = default_thresholds()
-    thresholds_used.update(thresholds or {})
+    thresholds_used.update({k: float(v) for k, v in (thresholds or {}).items()})
 
     t0 = time.perf_counter()
-    features, truncated = tokenize(lm, texts, max_length)
+    features, truncated_flags = tokenize(lm, texts, max_length, per_text=True)
+    truncated = sum(truncated_flags)
     t_tok = time.perf_counter() - t0
     order = sorted(range(len(texts)), key=lambda i: len(features[i]["input_ids"]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
@@ -171,7 +178,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 16, max_
     for idx in range(n_examples):
         ids = features[idx]["input_ids"]
         examples.append(Example(texts[idx], lm.tokenizer.convert_ids_to_tokens(ids),
-                                np.stack(example_maps[idx])))
+                                np.stack(example_maps[idx]), bool(truncated_flags[idx])))
     return AnalysisResult(
         model=model_summary(lm),
         heads=heads,

@@ -52,7 +52,7 @@ def attention_hooks(lm: LoadedModel, callback: Callable[[int, torch.Tensor], Non
 
     ``probs`` is [batch, heads, query, key] (query = key = T without a cache). Inside the context
     the model runs eager attention in eval mode; on exit (also on exceptions) every hook is removed
-    and the train/eval mode is restored.
+    and the attention implementation and train/eval mode are restored.
 
     Yields:
         Notes on what was changed to make capture correct (attention implementation, train mode).
@@ -62,9 +62,10 @@ def attention_hooks(lm: LoadedModel, callback: Callable[[int, torch.Tensor], Non
     """
     model = lm.model
     notes = []
+    impl = getattr(model.config, "_attn_implementation", "eager")
     note = ensure_eager(model)
     if note:
-        notes.append(note)
+        notes.append(note + " (restored afterwards)")
     was_training = model.training
     if was_training:
         notes.append("model was in train mode; captured in eval mode (attention dropout off) and restored")
@@ -87,6 +88,8 @@ def attention_hooks(lm: LoadedModel, callback: Callable[[int, torch.Tensor], Non
             yield notes
     finally:
         model.train(was_training)
+        if note:
+            model.set_attn_implementation(impl)
 
 
 @dataclass
@@ -122,21 +125,26 @@ class Encoded:
         return tokenizer.convert_ids_to_tokens(self.input_ids[row, :n].tolist())
 
 
-def tokenize(lm: LoadedModel, texts: Sequence[str], max_length: int | None = None) -> tuple[list[dict], int]:
+def tokenize(lm: LoadedModel, texts: Sequence[str], max_length: int | None = None, *,
+             per_text: bool = False) -> tuple[list[dict], int | list[bool]]:
     """Tokenize texts (no padding), truncating each to ``max_length`` tokens.
 
     Args:
         texts: the sequences (special tokens are added as the tokenizer does by default).
-        max_length: token limit (default and upper bound: the model's limit ``lm.max_length``).
+        max_length: token limit, >= 2 (default and upper bound: the model's limit ``lm.max_length``).
+        per_text: return one truncated flag per text instead of the count.
 
     Returns:
-        (one dict of token lists per text, number of texts that were truncated).
+        (one dict of token lists per text, number of texts that were truncated, or the flags).
 
     Raises:
-        InputError: no texts, or a text that yields no tokens.
+        InputError: no texts, max_length below 2, or a text with no token besides the special
+            tokens (an unknown-word token counts as a token).
     """
     if not texts:
         raise InputError("no text given")
+    if max_length is not None and max_length < 2:
+        raise InputError(f"max length must be at least 2 tokens, got {max_length}")
     limit = min(max_length or lm.max_length, lm.max_length)
     tok = lm.tokenizer
     from transformers.utils import logging as tlog
@@ -147,22 +155,24 @@ def tokenize(lm: LoadedModel, texts: Sequence[str], max_length: int | None = Non
         full = tok(list(texts), add_special_tokens=True)["input_ids"]
     finally:
         tlog.set_verbosity(level)
-    special = set(getattr(tok, "all_special_ids", []) or [])
+    special = set(getattr(tok, "all_special_ids", []) or []) - {getattr(tok, "unk_token_id", None)}
     for i, (text, ids) in enumerate(zip(texts, full)):
         if not any(t not in special for t in ids):
             raise InputError(f"text {i + 1} has no tokens besides special tokens: {text[:40]!r}")
-    truncated = sum(len(ids) > limit for ids in full)
+    flags = [len(ids) > limit for ids in full]
+    truncated = sum(flags)
     if truncated:
         enc = tok(list(texts), truncation=True, max_length=limit)
     else:
         enc = tok(list(texts))
     keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
-    return [{k: enc[k][i] for k in keys} for i in range(len(texts))], truncated
+    return [{k: enc[k][i] for k in keys} for i in range(len(texts))], (flags if per_text else truncated)
 
 
 def pad(lm: LoadedModel, features: Sequence[dict], truncated: int = 0) -> Encoded:
-    """Right-pad tokenized sequences (from :func:`tokenize`) into one batch."""
-    enc = lm.tokenizer.pad(list(features), padding=True, return_tensors="pt")
+    """Right-pad tokenized sequences (from :func:`tokenize`) into one batch (whatever the
+    tokenizer's own ``padding_side``: the statistics need real tokens first)."""
+    enc = lm.tokenizer.pad(list(features), padding=True, padding_side="right", return_tensors="pt")
     return Encoded(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids"), truncated)
 
 
@@ -201,8 +211,17 @@ def capture_attention(lm: LoadedModel, texts: Sequence[str] | str, max_length: i
     Keeps every map in memory: for corpora use :func:`probe.analysis.analyze`, which reduces each
     layer to statistics as it goes.
 
+    Args:
+        lm: a loaded model.
+        texts: one text or a list of texts (one batch, right-padded).
+        max_length: token limit per text, >= 2 (default: the model's limit).
+
+    Returns:
+        :class:`Captured`: ``attentions[layer]`` is [batch, heads, T, T] (rows of real query tokens
+        sum to 1; padded keys get exactly 0), with the tokenized batch and the model's outputs.
+
     Raises:
-        InputError: empty input. CaptureError: attention probabilities missing.
+        InputError: empty input or max_length below 2. CaptureError: attention probabilities missing.
     """
     if isinstance(texts, str):
         texts = [texts]

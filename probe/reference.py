@@ -135,7 +135,7 @@ def causal_keep_mask(n_query: int, n_key: int, device=None, window: int | None =
     return keep
 
 
-def _broadcast_keep(mask: torch.Tensor, batch: int, n_query: int, n_key: int) -> torch.Tensor:
+def _broadcast_keep(mask: torch.Tensor, batch: int, n_query: int, n_key: int, n_heads: int | None = None) -> torch.Tensor:
     """A keep-mask given as [batch, key], [batch, query, key] or [batch|1, heads|1, query, key] -> 4D."""
     keep = as_keep_mask(mask)
     if keep.size(-1) != n_key:
@@ -147,9 +147,10 @@ def _broadcast_keep(mask: torch.Tensor, batch: int, n_query: int, n_key: int) ->
         keep = keep[:, None, :, :]  # (B, 1, Tq, Tk)
     elif keep.dim() != 4:
         raise MaskError(f"attention mask must have 2, 3 or 4 dimensions; got shape {tuple(mask.shape)}")
-    if keep.size(0) not in (1, batch) or keep.size(-2) not in (1, n_query):
+    if (keep.size(0) not in (1, batch) or keep.size(-2) not in (1, n_query)
+            or (n_heads is not None and keep.size(1) not in (1, n_heads))):
         raise MaskError(f"attention mask of shape {tuple(mask.shape)} does not fit batch {batch}, "
-                        f"{n_query} queries, {n_key} keys")
+                        f"{n_heads} heads, {n_query} queries, {n_key} keys")
     return keep
 
 
@@ -199,7 +200,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     # Which (query, key) pairs may interact: padding and causality as one boolean keep-mask.
     keep = None
     if mask is not None:
-        keep = _broadcast_keep(mask.to(q.device), B, Tq, Tk)  # (B|1, nh|1, Tq|1, Tk)
+        keep = _broadcast_keep(mask.to(q.device), B, Tq, Tk, nh)  # (B|1, nh|1, Tq|1, Tk)
     if causal or causal_inverted:
         tri = causal_keep_mask(Tq, Tk, q.device, window, inverted=causal_inverted)  # (Tq, Tk)
         keep = tri if keep is None else keep & tri  # (B|1, nh|1, Tq, Tk)

@@ -46,12 +46,17 @@ class TokenFeatures:
     causal: bool
 
 
-def is_punctuation(text: str) -> bool:
+def is_punctuation(text: str, continuation_prefix: str | None = "##") -> bool:
     """True if ``text`` (a token's surface form) with whitespace and subword markers removed is
-    non-empty and made only of Unicode punctuation (categories Pc, Pd, Pe, Pf, Pi, Po, Ps)."""
+    non-empty and made only of Unicode punctuation (categories Pc, Pd, Pe, Pf, Pi, Po, Ps).
+
+    ``continuation_prefix`` is the tokenizer's subword-continuation marker ("##" for WordPiece),
+    stripped once from the front; None for tokenizers without one (byte-level BPE, where "##"
+    is two '#' characters, i.e. punctuation).
+    """
     s = text.strip()
-    if s.startswith("##"):
-        s = s[2:]
+    if continuation_prefix and s.startswith(continuation_prefix):
+        s = s[len(continuation_prefix):]
     s = "".join(ch for ch in s if not ch.isspace() and ch not in "\u2581\u0120\u010a")
     return bool(s) and all(unicodedata.category(ch).startswith("P") for ch in s)
 
@@ -63,8 +68,8 @@ def token_surface(tokenizer, token: str) -> str:
         text = tokenizer.convert_tokens_to_string([token])
     except Exception:  # noqa: BLE001 - some tokenizers cannot decode lone tokens
         text = token
-    if token.startswith("##") and not text.startswith("##"):
-        text = "##" + text
+    if token.startswith("##") and not text.lstrip().startswith("##"):
+        text = "##" + text.lstrip()
     return text
 
 
@@ -76,15 +81,22 @@ class TokenClassifier:
         self.sep_id = tokenizer.sep_token_id if getattr(tokenizer, "sep_token", None) is not None else None
         self._special = set(getattr(tokenizer, "all_special_ids", []) or [])
         self._punct: dict[int, bool] = {}
+        backend = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+        prefix = getattr(backend, "continuing_subword_prefix", None)
+        if backend is None:  # slow tokenizer: WordPiece ones (BERT family) use '##'
+            prefix = "##" if hasattr(tokenizer, "wordpiece_tokenizer") else None
+        self.continuation_prefix = prefix or None
 
     def surface(self, token_id: int) -> str:
         """The text a token id stands for (see :func:`token_surface`)."""
         return token_surface(self.tokenizer, self.tokenizer.convert_ids_to_tokens(int(token_id)))
 
     def is_punct(self, token_id: int) -> bool:
+        """Whether a token id is punctuation in the sense of METRICS.md ``punct`` (cached)."""
         token_id = int(token_id)
         if token_id not in self._punct:
-            self._punct[token_id] = token_id not in self._special and is_punctuation(self.surface(token_id))
+            self._punct[token_id] = token_id not in self._special and is_punctuation(
+                self.surface(token_id), self.continuation_prefix)
         return self._punct[token_id]
 
     def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, causal: bool) -> TokenFeatures:

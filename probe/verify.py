@@ -399,6 +399,10 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
     lm.model.eval()
     try:
         battery = _battery(lm)
+        if isinstance(cases, str):
+            cases = [cases]
+        if cases is not None and len(cases) == 0:
+            raise ProbeError("no verification case selected (cases=[]): nothing would be compared")
         if cases is not None:
             unknown = set(cases) - {c.name for c in battery}
             if unknown:

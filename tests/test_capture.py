@@ -72,8 +72,9 @@ def test_f01_smollm2(smollm2):
     enc = encode(smollm2, [SIX["bpe"]])
     assert enc.input_ids.shape == (1, 6)
     captured = capture_attention(smollm2, SIX["bpe"])
-    assert smollm2.model.config._attn_implementation == "eager"
-    assert any("eager" in n for n in captured.notes)
+    assert smollm2.model.config._attn_implementation == "sdpa"  # the user's choice is restored
+    smollm2.model.set_attn_implementation("eager")  # the reference run below needs probabilities
+    assert any("eager" in n and "restored" in n for n in captured.notes)
     assert len(captured.attentions) == 30
     above = torch.triu(torch.ones(6, 6, dtype=torch.bool), diagonal=1)
     with torch.no_grad():
@@ -108,7 +109,7 @@ def test_f02_capture_switches_sdpa_to_eager_and_says_so(family, caplog):
     lm.model.set_attn_implementation("sdpa")
     with caplog.at_level("WARNING", logger="probe.capture"):
         captured = capture_attention(lm, ["One sentence here.", "Two."])
-    assert lm.model.config._attn_implementation == "eager"
+    assert lm.model.config._attn_implementation == "sdpa"  # switched for the capture, then restored
     assert any("'sdpa'" in n and "'eager'" in n for n in captured.notes)
     assert any("eager" in r.getMessage() for r in caplog.records)
     T = captured.encoded.input_ids.shape[1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -59,9 +60,16 @@ def prepare_run_dir(out: str | Path | None, model_name: str, force: bool = False
     Raises:
         InputError: ``out`` exists and is not empty and ``force`` is False, or ``out`` is a file.
     """
+    path = default_run_dir(model_name) if out is None else Path(out)
+    for parent in path.parents:  # the nearest existing ancestor must be a writable folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"cannot create output folder {path}: {parent} is a file")
+            if not os.access(parent, os.W_OK):
+                raise InputError(f"cannot create output folder {path}: {parent} is not writable")
+            break
     if out is None:
-        return default_run_dir(model_name)
-    path = Path(out)
+        return path
     if path.exists() and not path.is_dir():
         raise InputError(f"output path exists and is not a folder: {out}")
     if path.exists() and any(path.iterdir()) and not force:
@@ -97,12 +105,11 @@ def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> 
 
 def _example_view(tokenizer, ex) -> dict:
     """Text of an example as analysed (the decoded tokens when truncation cut it)."""
+    if not ex.truncated:
+        return {"text": ex.text, "n_tokens": len(ex.tokens), "truncated": False}
     analysed = tokenizer.convert_tokens_to_string(
         [t for t in ex.tokens if t not in getattr(tokenizer, "all_special_tokens", [])]).strip()
-    full = " ".join(ex.text.split())
-    truncated = len(analysed) < len(full) * 0.9
-    return {"text": analysed + " [...]" if truncated else ex.text, "n_tokens": len(ex.tokens),
-            "truncated": truncated}
+    return {"text": analysed + " [...]", "n_tokens": len(ex.tokens), "truncated": True}
 
 
 def _fmt(value) -> str:
@@ -184,11 +191,14 @@ def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, 
     start = time.perf_counter()
     html = render_html(result, tokenizer, record, verification)
     record["timings_s"] = {**record["timings_s"], "report_s": round(time.perf_counter() - start, 4)}
-    path.mkdir(parents=True, exist_ok=True)
-    record["output"] = {name: str(path / name) for name in OUTPUT_FILES}
-    result.heads.to_csv(path / "heads.csv", index=False, float_format="%.6g")
-    (path / "run.json").write_text(json.dumps(record, indent=2, default=_json_default) + "\n", encoding="utf-8")
-    (path / "index.html").write_text(html, encoding="utf-8")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        record["output"] = {name: str(path / name) for name in OUTPUT_FILES}
+        result.heads.to_csv(path / "heads.csv", index=False, float_format="%.6g")
+        (path / "run.json").write_text(json.dumps(record, indent=2, default=_json_default) + "\n", encoding="utf-8")
+        (path / "index.html").write_text(html, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write the run folder {path}: {exc.strerror or exc}") from None
     return path
 
 

@@ -69,6 +69,7 @@ def statistic_heatmaps(heads: pd.DataFrame) -> list[dict]:
 def attention_heatmap(attn: np.ndarray, tokens: list[str], title: str) -> str:
     """Heatmap of one head's [T, T] attention probabilities with token labels (query rows, key columns)."""
     T = len(tokens)
+    tokens = [t.replace("$", r"\$") for t in tokens]  # '$...$' would be parsed as mathtext
     size = min(9.0, max(6.0, 0.28 * T + 1.5))  # same font scale for short and long examples
     fig, ax = plt.subplots(figsize=(size + 0.8, size))
     with warnings.catch_warnings():
