@@ -111,9 +111,11 @@ class Encoded:
 
     @property
     def lengths(self) -> torch.Tensor:
+        """[batch] number of real tokens per row (tokens)."""
         return self.attention_mask.sum(1)
 
     def model_inputs(self) -> dict:
+        """Keyword arguments for the model's forward: input_ids, attention_mask (, token_type_ids)."""
         kw = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         if self.token_type_ids is not None:
             kw["token_type_ids"] = self.token_type_ids

@@ -93,6 +93,7 @@ class LoadedModel:
 
     @property
     def model_type(self) -> str:
+        """The Hugging Face ``config.model_type`` (``bert``, ``gpt2``, ``llama`` ...)."""
         return self.model.config.model_type
 
 
@@ -339,7 +340,9 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
 def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -> LoadedModel:
     """Wrap an already built ``transformers`` model and tokenizer (e.g. a random-init config).
 
-    The model is put in eval mode and switched to eager attention if it was not.
+    Changes the objects passed in: the model is put in eval mode and switched to eager attention
+    if it was not (noted in ``notes``); the tokenizer gets a pad token if it had none (its eos or
+    unk token) and right padding.
 
     Raises:
         UnsupportedArchitectureError: the model type is not supported.
