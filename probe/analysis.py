@@ -109,7 +109,8 @@ def analyze(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 16, max_
         An :class:`AnalysisResult`.
 
     Raises:
-        InputError: no text, an empty text, batch_size < 1 or max_length < 2.
+        InputError: no text, an empty text, batch_size < 1, max_length < 2 (from
+            :func:`probe.capture.tokenize`) or a bad threshold.
         CaptureError: attention probabilities could not be captured.
     """
     texts = [texts] if isinstance(texts, str) else list(texts)
@@ -119,8 +120,6 @@ def analyze(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 16, max_
         raise InputError("empty text in input")
     if batch_size < 1:
         raise InputError(f"batch size must be at least 1, got {batch_size}")
-    if max_length is not None and max_length < 2:
-        raise InputError(f"max length must be at least 2 tokens, got {max_length}")
     try:
         validate_thresholds(thresholds)
     except ValueError as exc:

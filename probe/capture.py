@@ -23,7 +23,7 @@ import torch
 from .architectures import attention_modules
 from .errors import CaptureError, InputError
 from .hooks import Hooks
-from .models import LoadedModel
+from .models import LoadedModel, quiet_transformers
 
 log = logging.getLogger(__name__)
 
@@ -149,14 +149,8 @@ def tokenize(lm: LoadedModel, texts: Sequence[str], max_length: int | None = Non
         raise InputError(f"max length must be at least 2 tokens, got {max_length}")
     limit = min(max_length or lm.max_length, lm.max_length)
     tok = lm.tokenizer
-    from transformers.utils import logging as tlog
-
-    level = tlog.get_verbosity()
-    tlog.set_verbosity_error()  # the over-length warning is moot: probe truncates and counts
-    try:
+    with quiet_transformers(progress_bars=True):  # the over-length warning is moot: probe truncates and counts
         full = tok(list(texts), add_special_tokens=True)["input_ids"]
-    finally:
-        tlog.set_verbosity(level)
     special = set(getattr(tok, "all_special_ids", []) or []) - {getattr(tok, "unk_token_id", None)}
     for i, (text, ids) in enumerate(zip(texts, full)):
         if not any(t not in special for t in ids):

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -275,8 +276,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
         raise ModelLoadError("no model given; run 'probe models' for the aliases")
     start = time.perf_counter()
     notes: list[str] = []
-    quiet = _quiet_transformers()
-    try:
+    with quiet_transformers():
         if name in EMBEDDED:
             emb = EMBEDDED[name]
             folder = embedded_folder(name)
@@ -325,8 +325,6 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
             except Exception as exc:  # noqa: BLE001 - OSError, HTTP errors, ValueError ...
                 raise _hub_error(name, exc) from None
             source = hub_id
-    finally:
-        _restore_transformers(quiet)
     model.eval()
     _finish_tokenizer(tokenizer)
     spec = get_spec(model.config)
@@ -372,21 +370,20 @@ def _max_length(config, tokenizer) -> int:
     return min(limits) if limits else 512
 
 
-def _quiet_transformers():
-    """Silence transformers' progress bars and info logs during loading; returns what to restore."""
+@contextmanager
+def quiet_transformers(progress_bars: bool = False):
+    """Context manager: transformers logs only errors inside (and, unless ``progress_bars``, shows
+    no progress bar); the previous settings are restored on exit."""
     from transformers.utils import logging as tlog
 
     level = tlog.get_verbosity()
-    tlog.set_verbosity_error()
     bars = tlog.is_progress_bar_enabled()
-    tlog.disable_progress_bar()
-    return level, bars
-
-
-def _restore_transformers(state) -> None:
-    from transformers.utils import logging as tlog
-
-    level, bars = state
-    tlog.set_verbosity(level)
-    if bars:
-        tlog.enable_progress_bar()
+    tlog.set_verbosity_error()
+    if not progress_bars:
+        tlog.disable_progress_bar()
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(level)
+        if bars:
+            tlog.enable_progress_bar()
