@@ -2,7 +2,7 @@
 
 Definitions follow Clark et al. 2019 ("What Does BERT Look At?", sections 3-4), Kovaleva et al.
 2019 and Voita et al. 2019; the exact per-row definitions are in the docstring of
-:func:`row_statistics`. Corpus values are token-weighted means over real query rows, kept as
+:func:`contraction_weights`. Corpus values are token-weighted means over real query rows, kept as
 running sums and counts (:class:`HeadStatistics`) so memory does not grow with the corpus and
 partial results merge across batches, processes or machines.
 """
@@ -121,62 +121,6 @@ class TokenClassifier:
         return TokenFeatures(real=real, sep=sep, punct=punct, has_sep=self.sep_id is not None, causal=causal)
 
 
-def row_statistics(attn: torch.Tensor, feats: TokenFeatures) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per-row values of every statistic, with the rows where each is defined.
-
-    With A = attention probabilities of one head on one sequence of T real tokens (row i = query,
-    column j = key), the per-row values are (METRICS.md):
-
-    - ``self`` A[i, i]; ``prev`` A[i, i-1] (i >= 1); ``next`` A[i, i+1] (i <= T-2, encoders only);
-    - ``first`` A[i, 0]; ``sep`` sum of A[i, j] over sep positions j (only if the tokenizer has a
-      sep token); ``punct`` sum of A[i, j] over punctuation positions j;
-    - ``entropy`` -sum_j A[i, j] ln A[i, j] (nats, 0 ln 0 = 0); ``norm_entropy`` entropy / ln(k_i)
-      with k_i = T (encoder) or i + 1 (causal), rows with k_i >= 2;
-    - ``distance`` sum_j A[i, j] |i - j| (tokens); ``long`` sum of A[i, j] over |i - j| > 4,
-      j not 0 and not a sep position; ``max_weight`` max_j A[i, j].
-
-    Args:
-        attn: [batch, heads, T, T] attention probabilities of one layer (padding rows/columns allowed).
-        feats: token features of the same batch.
-
-    Returns:
-        name -> (values [batch, heads, T] float32, valid [batch, T] bool).
-    """
-    a = attn.float()
-    B, H, T, _ = a.shape
-    real = feats.real.to(a.device)
-    pos = torch.arange(T, device=a.device)
-    lengths = real.sum(1)  # [batch]
-    zeros = a.new_zeros(B, H, 1)
-    none = torch.zeros_like(real)
-
-    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    out["self"] = (a.diagonal(dim1=-2, dim2=-1), real)
-    # diagonal(offset=-1)[t] = A[t+1, t]: the previous-token weight of row t+1.
-    out["prev"] = (torch.cat([zeros, a.diagonal(offset=-1, dim1=-2, dim2=-1)], -1), real & (pos >= 1))
-    if feats.causal:
-        out["next"] = (a.new_zeros(B, H, T), none)
-    else:
-        out["next"] = (torch.cat([a.diagonal(offset=1, dim1=-2, dim2=-1), zeros], -1),
-                       real & (pos[None, :] <= lengths[:, None] - 2))
-    out["first"] = (a[..., 0], real)
-    key_flags = torch.stack([feats.sep, feats.punct], -1).to(a)  # [batch, T(key), 2]
-    sep_punct = torch.einsum("bhqk,bkc->bhqc", a, key_flags)
-    out["sep"] = (sep_punct[..., 0], real if feats.has_sep else none)
-    out["punct"] = (sep_punct[..., 1], real)
-    entropy = -torch.special.xlogy(a, a).sum(-1)
-    out["entropy"] = (entropy, real)
-    k = (pos + 1)[None, :].expand(B, T) if feats.causal else lengths[:, None].expand(B, T)
-    log_k = torch.log(k.clamp(min=2).to(a.dtype))
-    out["norm_entropy"] = (entropy / log_k[:, None, :], real & (k >= 2))
-    offset = (pos[:, None] - pos[None, :]).abs()  # [T(query), T(key)]
-    out["distance"] = ((a * offset.to(a.dtype)).sum(-1), real)
-    far = (offset > LONG_RANGE)[None] & (pos != 0)[None, None, :] & ~feats.sep.to(a.device)[:, None, :]
-    out["long"] = ((a * far[:, None].to(a.dtype)).sum(-1), real)
-    out["max_weight"] = (a.amax(-1), real)
-    return out
-
-
 #: Statistics whose per-row value is a weighted sum of the row's probabilities.
 LINEAR: tuple[str, ...] = ("self", "prev", "next", "first", "sep", "punct", "distance", "long")
 _INDEX = {name: i for i, name in enumerate(STATISTICS)}
@@ -202,7 +146,27 @@ class ContractionWeights:
 
 
 def contraction_weights(feats: TokenFeatures, T: int) -> ContractionWeights:
-    """Build (once per batch, cached on ``feats``) the weights used by :meth:`HeadStatistics.update`."""
+    """Build (once per batch, cached on ``feats``) the weights used by :meth:`HeadStatistics.update`.
+
+    With A = attention probabilities of one head on one sequence of T real tokens (row i = query,
+    column j = key), the per-row values are (METRICS.md):
+
+    - ``self`` A[i, i]; ``prev`` A[i, i-1] (i >= 1); ``next`` A[i, i+1] (i <= T-2, encoders only);
+    - ``first`` A[i, 0]; ``sep`` sum of A[i, j] over sep positions j (only if the tokenizer has a
+      sep token); ``punct`` sum of A[i, j] over punctuation positions j;
+    - ``entropy`` -sum_j A[i, j] ln A[i, j] (nats, 0 ln 0 = 0); ``norm_entropy`` entropy / ln(k_i)
+      with k_i = T (encoder) or i + 1 (causal), rows with k_i >= 2;
+    - ``distance`` sum_j A[i, j] |i - j| (tokens); ``long`` sum of A[i, j] over |i - j| > 4,
+      j not 0 and not a sep position; ``max_weight`` max_j A[i, j].
+
+    Each of these except ``max_weight`` is a weighted sum of the row's A (or of -A ln A), so its sum
+    over the valid rows of a batch is A contracted with one weight tensor, built here once for
+    all layers of the batch.
+
+    Args:
+        feats: token features of the batch (real / sep / punctuation positions).
+        T: padded sequence length of the batch.
+    """
     cached = getattr(feats, "_weights", None)
     if cached is not None and cached.real_rows.shape[1] == T:
         return cached
@@ -262,8 +226,7 @@ class HeadStatistics:
 
         Every statistic except ``max_weight`` is linear in A (or in A ln A), so its sum over valid
         rows is one contraction of A with a per-batch weight tensor built once for all layers
-        (:func:`contraction_weights`); the result equals summing :func:`row_statistics` over its
-        valid rows.
+        (:func:`contraction_weights`).
         """
         w = contraction_weights(feats, attn.shape[-1])
         a = attn.float()
@@ -281,15 +244,6 @@ class HeadStatistics:
         sums[:, _INDEX["max_weight"]] = mx.double().cpu()
         self.sums[layer] += sums
         self.counts[layer] += w.counts
-
-    def update_rows(self, layer: int, attn: torch.Tensor, feats: TokenFeatures) -> None:
-        """Same result as :meth:`update`, computed from :func:`row_statistics` (slower, plainer)."""
-        rows = row_statistics(attn, feats)
-        for s, name in enumerate(STATISTICS):
-            values, valid = rows[name]
-            values = torch.where(valid[:, None, :], values, values.new_zeros(()))
-            self.sums[layer, :, s] += values.sum((0, 2)).double().cpu()
-            self.counts[layer, s] += int(valid.sum())
 
     def merge(self, other: "HeadStatistics") -> "HeadStatistics":
         """Add another accumulator's sums and counts into this one (in place); returns self."""
