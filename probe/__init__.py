@@ -5,23 +5,33 @@ Public API (the CLI is a thin layer over it)::
     from probe import load_model, capture_attention, analyze, verify
     lm = load_model("minilm")                  # embedded all-MiniLM-L6-v2
     captured = capture_attention(lm, "The cat sat on the mat.")
+    captured[0]                                 # site 0 (encoder.0.self): [batch, heads, query, key]
     result = analyze(lm, ["First sentence.", "Second one."])
     result.heads                                # pandas DataFrame, one row per (layer, head)
     verify(lm).passed                           # from-scratch attention reproduces the model
 """
 
-from .errors import ProbeError
-from .models import LoadedModel, list_models, load_model, from_pretrained_objects
-from .capture import capture_attention, attention_hooks, ensure_eager
-from .stats import STATISTICS, HeadStatistics
-from .analysis import analyze
-from .reference import attention, swap_attention
-from .verify import verify
+import time as _time
+
+#: perf_counter() when probe was first imported (the CLI reports the time spent importing).
+IMPORT_STARTED = _time.perf_counter()
+
+from .accumulators import Accumulator  # noqa: E402
+from .analysis import analyze, run  # noqa: E402
+from .capture import attention_hooks, capture_attention  # noqa: E402
+from .errors import ProbeError  # noqa: E402
+from .hooks import Hooks, ensure_eager, measuring  # noqa: E402
+from .inputs import Text  # noqa: E402
+from .models import LoadedModel, from_pretrained_objects, list_models, load_model  # noqa: E402
+from .reference import attention, swap_attention  # noqa: E402
+from .sites import Site  # noqa: E402
+from .stats import STATISTICS, HeadStatistics  # noqa: E402
+from .verify import verify  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ProbeError", "LoadedModel", "list_models", "load_model", "from_pretrained_objects",
-    "capture_attention", "attention_hooks", "ensure_eager", "STATISTICS", "HeadStatistics",
-    "analyze", "attention", "swap_attention", "verify",
+    "ProbeError", "Site", "LoadedModel", "list_models", "load_model", "from_pretrained_objects", "Hooks",
+    "ensure_eager", "measuring", "Text", "capture_attention", "attention_hooks", "Accumulator", "STATISTICS",
+    "HeadStatistics", "analyze", "run", "attention", "swap_attention", "verify",
 ]

@@ -1,45 +1,66 @@
-"""``analyze``: run a corpus through a model under hooks and measure every head.
+"""The analysis loop: batches -> model under hooks -> accumulators -> result.
 
-Data flow (one direction): texts -> tokenizer -> model with hooks -> per-head statistics
-accumulated as sums and counts (:class:`probe.stats.HeadStatistics`) -> labels and clusters
-(:mod:`probe.classify`) -> :class:`AnalysisResult` (DataFrame + a few example maps). Each layer's
-attention probabilities are reduced as soon as the layer has run, so memory does not grow with
-the corpus; only ``n_examples`` sequences keep their full maps, for the report.
+Data flow (one direction): texts -> :func:`probe.inputs.iter_batches` -> :func:`run` (the model
+under attention hooks; each site's probabilities handed to every accumulator as soon as the layer
+has run) -> accumulators' results -> labels and clusters (:mod:`probe.classify`) ->
+:class:`AnalysisResult`. Memory does not grow with the corpus: statistics are sums and counts,
+and example maps are cropped to what is shown.
 """
 
 from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from .capture import attention_hooks, pad, tokenize
-from .classify import cluster_heads, default_thresholds, label_heads, validate_thresholds
-from .errors import InputError
+from . import validate
+from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts
+from .capture import attention_hooks, forward
+from .classify import cluster_heads, default_thresholds, label_heads
+from .inputs import Batch, Text, as_texts, iter_batches
 from .models import LoadedModel
-from .stats import STATISTICS, HeadStatistics, TokenClassifier
+from .stats import STATISTICS, HeadStatistics
 
 
-@dataclass
-class Example:
-    """One example sequence with its full attention maps.
+def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
+        progress=None) -> list[str]:
+    """Run every batch through the model and hand each site's probabilities to every accumulator.
 
-    Attributes:
-        text: the input text.
-        tokens: the T token strings (special tokens included).
-        attentions: [layers, heads, T, T] float32 attention probabilities.
-        truncated: the text was cut to the token limit (``tokens`` are what was analysed).
+    Args:
+        lm: a loaded model (measured in eager attention and eval mode; restored afterwards).
+        batches: right-padded batches (:func:`probe.inputs.iter_batches`).
+        accumulators: objects with ``begin_batch``/``update``/``end_batch``
+            (:class:`probe.accumulators.Accumulator`).
+        progress: a tqdm-like bar (``update(n)``) advanced by the sequences of each batch, or None.
+
+    Returns:
+        Notes on what capture changed (attention implementation, train mode), restored on exit.
+
+    Raises:
+        CaptureError: a site returned no attention probabilities.
     """
+    state: dict = {}
 
-    text: str
-    tokens: list[str]
-    attentions: np.ndarray
-    truncated: bool = False
+    def on_site(site, probs):
+        for acc in accumulators:
+            acc.update(site, probs, state["batch"])
+
+    with torch.no_grad(), attention_hooks(lm, on_site) as notes:
+        for batch in batches:
+            state["batch"] = batch
+            for acc in accumulators:
+                acc.begin_batch(batch)
+            forward(lm, batch)
+            for acc in accumulators:
+                acc.end_batch(batch)
+            if progress is not None:
+                progress.update(len(batch))
+    return notes
 
 
 @dataclass
@@ -47,16 +68,19 @@ class AnalysisResult:
     """Everything ``analyze`` measured.
 
     Attributes:
+        model: name, source, type, geometry and parameter count (:func:`model_summary`).
         heads: one row per (layer, head): ``layer``, ``head``, ``label`` (primary), ``labels``
             (all, ';'-separated), one column per statistic of :data:`probe.stats.STATISTICS`,
             and ``cluster``.
         stats: the raw running sums and counts (mergeable with another run's).
         thresholds: label -> threshold used.
-        counts: sequences, tokens (real, special included), truncated sequences, batches.
-        examples: a few sequences with their full maps.
-        settings: batch size, max length, example count.
-        timings: seconds spent tokenizing, in forward + statistics, and in total.
-        notes: what probe changed to capture correctly (attention implementation, train mode).
+        counts: sequences, tokens (real, special included), truncated sequences, batches,
+            unknown-word tokens, longest sequence.
+        examples: a few sequences with their attention maps (cropped to ``settings["example_tokens"]``).
+        settings: batch size, max length, example count and crop ...
+        timings: seconds (``analyze_s`` in all, of which ``forward_and_statistics_s``).
+        notes: what probe changed to capture correctly, and what the user should know.
+        results: results of any extra accumulators, by their ``name``.
     """
 
     model: dict
@@ -68,6 +92,7 @@ class AnalysisResult:
     settings: dict
     timings: dict
     notes: list[str] = field(default_factory=list)
+    results: dict = field(default_factory=dict)
 
     def label_counts(self) -> dict[str, int]:
         """Primary label -> number of heads."""
@@ -82,14 +107,16 @@ def model_summary(lm: LoadedModel) -> dict:
         "class": type(lm.model).__name__, "family": lm.spec.family, "causal": lm.causal,
         "layers": g.n_layers, "heads": g.n_heads, "kv_heads": g.n_kv_heads, "d_head": g.d_head,
         "d_model": g.d_model, "max_length": lm.max_length,
+        "windows": sorted({s.window for s in lm.sites if s.window is not None}),
         "parameters": int(sum(p.numel() for p in lm.model.parameters())),
         "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
     }
 
 
-def analyze(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 16, max_length: int | None = None,
-            n_examples: int = 3, thresholds: dict[str, float] | None = None, n_clusters: int = 6,
-            progress: bool = False) -> AnalysisResult:
+def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: int = 16,
+            max_length: int | None = None, n_examples: int = 3, example_tokens: int | None = 64,
+            thresholds: dict[str, float] | None = None, n_clusters: int = 6, progress: bool = False,
+            parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = ()) -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
 
     Sequences are sorted by length into batches (less padding); padding never enters a statistic,
@@ -97,111 +124,85 @@ def analyze(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 16, max_
     (default: the model's limit) are truncated and counted.
 
     Args:
-        texts: the sequences.
+        texts: the sequences (strings or :class:`probe.inputs.Text`).
         batch_size: sequences per forward pass (>= 1).
         max_length: token limit per sequence (<= the model's limit).
-        n_examples: how many of the first texts keep full [layers, heads, T, T] maps.
+        n_examples: how many of the first texts keep their attention maps.
+        example_tokens: tokens per side kept of each example's maps (default 64, what the report
+            draws; None keeps whole maps, e.g. for a notebook).
         thresholds: label thresholds overriding METRICS.md's defaults.
         n_clusters: k of the k-means grouping of heads.
         progress: show a tqdm progress bar.
+        parse_special_tokens: let typed special-token strings become special tokens (F23).
+        accumulators: extra accumulators run in the same pass (results in ``results[acc.name]``).
 
     Returns:
         An :class:`AnalysisResult`.
 
     Raises:
-        InputError: no text, an empty text, batch_size < 1, max_length < 2 (from
-            :func:`probe.capture.tokenize`) or a bad threshold.
+        InputError: no text, an empty text, batch_size < 1, max_length < 2 or a bad threshold.
         CaptureError: attention probabilities could not be captured.
     """
-    texts = [texts] if isinstance(texts, str) else list(texts)
-    if not texts:
-        raise InputError("no text given")
-    if any(not t or not t.strip() for t in texts):
-        raise InputError("empty text in input")
-    if batch_size < 1:
-        raise InputError(f"batch size must be at least 1, got {batch_size}")
-    try:
-        validate_thresholds(thresholds)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-    thresholds_used = default_thresholds()
-    thresholds_used.update({k: float(v) for k, v in (thresholds or {}).items()})
-
     t0 = time.perf_counter()
-    features, truncated_flags = tokenize(lm, texts, max_length, per_text=True)
-    truncated = sum(truncated_flags)
-    t_tok = time.perf_counter() - t0
-    order = sorted(range(len(texts)), key=lambda i: len(features[i]["input_ids"]))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    g = lm.geometry
-    acc = HeadStatistics(g.n_layers, g.n_heads)
-    classifier = TokenClassifier(lm.tokenizer)
-    n_examples = max(0, min(n_examples, len(texts)))
-    example_maps: dict[int, list[np.ndarray]] = {i: [None] * g.n_layers for i in range(n_examples)}
+    items = as_texts(validate.texts(texts))
+    validate.positive_int("batch size", batch_size)
+    validate.max_length(max_length, lm.max_length)
+    thresholds_used = {**default_thresholds(), **validate.thresholds(thresholds)}
+    n_examples = max(0, min(n_examples, len(items)))
+    if example_tokens is not None:
+        validate.positive_int("example tokens", example_tokens, 2)
 
-    state = {}
-
-    def on_layer(layer: int, probs: torch.Tensor) -> None:
-        acc.update(layer, probs, state["feats"])
-        for row, idx in state["examples"]:
-            n = state["lengths"][row]
-            example_maps[idx][layer] = probs[row, :, :n, :n].float().cpu().numpy()
-
+    stats = HeadStatistics(lm.sites, lm.geometry.n_heads, lm.tokenizer)
+    examples = ExampleMaps(range(n_examples), lm.sites, example_tokens)
+    counts = TokenCounts(getattr(lm.tokenizer, "unk_token_id", None))
+    batches = iter_batches(lm, items, batch_size=batch_size, max_length=max_length,
+                           parse_special_tokens=parse_special_tokens)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(texts), unit="seq", desc="analyze", leave=False)
-    n_tokens = 0
+        bar = tqdm(total=len(items), unit="seq", desc="analyze", leave=False)
     t1 = time.perf_counter()
-    with torch.no_grad(), attention_hooks(lm, on_layer) as notes:
-        for batch in batches:
-            enc = pad(lm, [features[i] for i in batch])
-            state["feats"] = classifier.features(enc.input_ids, enc.attention_mask, lm.causal)
-            state["lengths"] = enc.lengths.tolist()
-            state["examples"] = [(row, idx) for row, idx in enumerate(batch) if idx < n_examples]
-            kwargs = enc.model_inputs()
-            if lm.causal:
-                kwargs["use_cache"] = False
-            lm.model(**kwargs)
-            n_tokens += int(enc.attention_mask.sum())
-            if bar is not None:
-                bar.update(len(batch))
-    if bar is not None:
-        bar.close()
+    try:
+        notes = run(lm, batches, [stats, examples, counts, *accumulators], progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     t_run = time.perf_counter() - t1
 
-    heads = label_heads(acc.to_frame(), thresholds_used)
+    heads = label_heads(stats.result(), thresholds_used)
     heads["cluster"] = cluster_heads(heads, list(STATISTICS), n_clusters=n_clusters)
-    examples = []
-    for idx in range(n_examples):
-        ids = features[idx]["input_ids"]
-        examples.append(Example(texts[idx], lm.tokenizer.convert_ids_to_tokens(ids),
-                                np.stack(example_maps[idx]), bool(truncated_flags[idx])))
+    c = counts.result()
     return AnalysisResult(
-        model=model_summary(lm),
-        heads=heads,
-        stats=acc,
-        thresholds=thresholds_used,
-        counts={"sequences": len(texts), "tokens": n_tokens, "truncated": truncated, "batches": len(batches)},
-        examples=examples,
-        settings={"batch_size": batch_size, "max_length": min(max_length or lm.max_length, lm.max_length),
-                  "n_examples": n_examples, "n_clusters": n_clusters},
-        timings={"model_load_s": round(lm.load_seconds, 4), "tokenize_s": round(t_tok, 4),
-                 "forward_and_statistics_s": round(t_run, 4), "analyze_s": round(time.perf_counter() - t0, 4)},
-        notes=list(lm.notes) + list(notes) + _size_notes(n_tokens, len(texts)),
+        model=model_summary(lm), heads=heads, stats=stats, thresholds=thresholds_used, counts=c.as_dict(),
+        examples=examples.result(),
+        settings={"batch_size": batch_size, "max_length": validate.max_length(max_length, lm.max_length),
+                  "n_examples": n_examples, "example_tokens": example_tokens, "n_clusters": n_clusters,
+                  "parse_special_tokens": parse_special_tokens},
+        timings={"forward_and_statistics_s": round(t_run, 4), "analyze_s": round(time.perf_counter() - t0, 4)},
+        notes=list(lm.notes) + list(notes) + input_notes(c, lm.tokenizer),
+        results={acc.name: acc.result() for acc in accumulators},
     )
 
 
 #: Fewer real tokens than this in the whole corpus and the labels rest on too little text.
 MIN_TOKENS = 50
+#: A larger share of unknown-word tokens than this gets a note.
+UNKNOWN_SHARE = 0.01
 
 
-def _size_notes(n_tokens: int, n_sequences: int) -> list[str]:
-    if n_tokens >= MIN_TOKENS:
-        return []
-    return [f"only {n_tokens} tokens in {n_sequences} sequence(s): per-head statistics of so little text "
-            f"are dominated by special tokens and the first positions; labels are unreliable"]
+def input_notes(counts, tokenizer) -> list[str]:
+    """Notes on the input a user should know: too little text, many unknown-word tokens."""
+    notes = []
+    if counts.tokens < MIN_TOKENS:
+        notes.append(f"only {counts.tokens} tokens in {counts.sequences} sequence(s): per-head statistics of so "
+                     "little text are dominated by special tokens and the first positions; labels are unreliable")
+    if counts.tokens and counts.unknown / counts.tokens > UNKNOWN_SHARE:
+        unk = getattr(tokenizer, "unk_token", None) or "the unknown-word token"
+        notes.append(f"{counts.unknown} of {counts.tokens} tokens ({100 * counts.unknown / counts.tokens:.1f}%) "
+                     f"are {unk}: the tokenizer has no piece for some characters (emoji, rare scripts), so "
+                     f"attention to them is measured on {unk}")
+    return notes
 
 
 def versions() -> dict:

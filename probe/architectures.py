@@ -1,87 +1,279 @@
-"""Per-architecture knowledge: the only module that knows Hugging Face attribute paths.
+"""Per-architecture knowledge: the only module that knows Hugging Face attribute paths and behaviour.
 
 Every supported ``model_type`` maps to one :class:`ArchSpec` saying where the transformer layers,
 the attention module (the module whose ``forward`` returns ``(attn_output, attn_probs)``), the
-query/key/value projections and the output projection live, and whether the model is causal,
-rotary or uses grouped key/value heads. Everything else in ``probe`` asks this module instead of
-hard-coding attribute names, so adding an architecture is one entry in :data:`SPECS`.
+query/key/value projections and the output projection live, and how the architecture computes
+attention: its score scale, softmax precision, sliding windows, rotary layout, logit soft-capping,
+query/key norms, position offset, and the module attributes that hold head counts (for pruning).
+Everything else in ``probe`` asks this module instead of branching on the family, so adding an
+architecture is one entry in :data:`SPECS` (plus a tiny-model test).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from .errors import UnsupportedArchitectureError
+from .sites import Site
+
+#: How the query/key/value projections are stored (see :attr:`ArchSpec.qkv_layout`).
+QKV_LAYOUTS = ("separate", "conv1d", "per_head", "stacked")
+
+
+def _inverse_sqrt_head(config, d_head: int, layer: int) -> float:
+    """1/sqrt(d_head): Vaswani et al. 2017, sec. 3.2.1."""
+    return d_head ** -0.5
+
+
+def _gpt2_scaling(config, d_head: int, layer: int) -> float:
+    """GPT-2: 1/sqrt(d_head) if ``scale_attn_weights`` (else 1), divided by (layer + 1) if
+    ``scale_attn_by_inverse_layer_idx`` (the Mistral/GPT-2 "stability" option)."""
+    scale = d_head ** -0.5 if config.scale_attn_weights else 1.0
+    if config.scale_attn_by_inverse_layer_idx:
+        scale /= float(layer + 1)
+    return scale
+
+
+def _query_pre_attn_scaling(config, d_head: int, layer: int) -> float:
+    """Gemma 2/3: 1/sqrt(query_pre_attn_scalar), a config value that need not equal d_head
+    (Gemma Team 2024, "Gemma 2", sec. 2)."""
+    return float(config.query_pre_attn_scalar) ** -0.5
+
+
+def _no_window(config, layer: int) -> int | None:
+    return None
+
+
+def _window_every_layer(config, layer: int) -> int | None:
+    """Mistral, Phi-3: ``config.sliding_window`` (None = full causal attention) in every layer."""
+    return getattr(config, "sliding_window", None)
+
+
+def _window_by_layer_type(config, layer: int) -> int | None:
+    """Qwen2/3, Gemma 2/3: ``config.sliding_window`` only in layers whose ``layer_types`` entry is
+    ``"sliding_attention"``."""
+    types = getattr(config, "layer_types", None)
+    if types and types[layer] == "sliding_attention":
+        return getattr(config, "sliding_window", None)
+    return None
+
+
+def _rope_single(config, layer: int) -> dict:
+    """The config's RoPE settings as one dict (``rope_parameters``; older configs' ``rope_theta`` /
+    ``rope_scaling`` / ``partial_rotary_factor`` folded in)."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if "rope_theta" not in params:
+        params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
+    scaling = getattr(config, "rope_scaling", None)
+    if isinstance(scaling, dict):
+        params = {**scaling, **params}
+    if "partial_rotary_factor" not in params and isinstance(getattr(config, "partial_rotary_factor", None), float):
+        params["partial_rotary_factor"] = config.partial_rotary_factor
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def _rope_by_layer_type(config, layer: int) -> dict:
+    """Gemma 3: one RoPE setting per layer type (local sliding layers and global layers differ)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    types = getattr(config, "layer_types", None)
+    if types and isinstance(params.get(types[layer]), dict):
+        return _rope_single(type("C", (), {"rope_parameters": params[types[layer]]})(), layer)
+    return _rope_single(config, layer)
+
+
+def _no_upcast(config) -> bool:
+    return False
+
+
+def _gpt2_upcast(config) -> bool:
+    """GPT-2's ``reorder_and_upcast_attn``: scores and softmax in float32."""
+    return bool(getattr(config, "reorder_and_upcast_attn", False))
+
+
+def _no_softcap(config) -> float | None:
+    return None
+
+
+def _gemma2_softcap(config) -> float | None:
+    """Gemma 2: scores become cap * tanh(scores / cap) before masking (``attn_logit_softcapping``)."""
+    return getattr(config, "attn_logit_softcapping", None)
+
+
+def _no_offset(config) -> int:
+    return 0
+
+
+def _roberta_offset(config) -> int:
+    """RoBERTa numbers positions from ``pad_token_id + 1``: that many rows of the position table
+    never hold a token."""
+    return (config.pad_token_id or 0) + 1
 
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """Where the attention pieces of one architecture family live.
+    """Where the attention pieces of one architecture family live, and how it computes attention.
 
     Paths are dotted attribute paths. ``layers`` is relative to the base model
     (``model.base_model``); every other path is relative to one layer.
 
     Attributes:
-        family: ``"bert"``, ``"distilbert"``, ``"gpt2"`` or ``"llama"``.
+        family: display name of the family (``"bert"``, ``"gpt2"``, ``"llama"``, ``"gpt_neox"`` ...).
         layers: path of the ``nn.ModuleList`` of transformer blocks.
         attention: path of the attention module whose forward returns
             ``(attn_output, attn_probs)`` with ``attn_probs`` shaped [batch, heads, query, key].
-        q, k, v: paths of separate query/key/value ``nn.Linear`` projections, or ``None`` when fused.
-        qkv: path of a fused GPT-2 ``Conv1D`` (weight [in, 3 * hidden]) holding q, k, v in that order.
-        o: path of the output projection (input [batch, seq, heads * d_head]).
-        o_in_attention: whether the output projection is applied inside ``attention``
-            (GPT-2, LLaMA, DistilBERT) or after it, in a sibling module (BERT's ``attention.output.dense``).
+        o: path of the output projection; its input is [batch, seq, heads * d_head] (the place
+            where head gates act). It lies inside ``attention`` (GPT-2, LLaMA ...) or in a sibling
+            module (BERT's ``attention.output.dense``): see :attr:`o_inside_attention`.
+        qkv_layout: how queries, keys and values are projected:
+            ``"separate"`` three ``nn.Linear`` (paths ``q``, ``k``, ``v``);
+            ``"conv1d"`` one GPT-2 ``Conv1D`` (path ``qkv``, weight [in, 3 * heads * d_head], output
+            q | k | v along the last dimension);
+            ``"per_head"`` one ``nn.Linear`` whose output is laid out per head, [heads, 3, d_head]
+            (GPT-NeoX ``query_key_value``);
+            ``"stacked"`` one ``nn.Linear`` whose output is q (heads * d_head) | k | v
+            (kv_heads * d_head each) (Phi-3 ``qkv_proj``).
+        q, k, v, qkv: the projection paths the layout uses (others None).
+        conv1d: projections are GPT-2 ``Conv1D`` modules (``y = x @ W + b``, W is [in, out]), the
+            output projection included; False for ``nn.Linear`` (W is [out, in]).
         causal: decoder-only (causal self-attention).
-        rotary: rotary position embedding applied to q and k (Su et al. 2021, RoFormer).
-        conv1d: projections are GPT-2 ``Conv1D`` modules (``y = x @ W + b``, W is [in, out]).
+        stack: name of the layer stack in :class:`~probe.sites.Site` (``"encoder"`` or ``"decoder"``).
+        rotary: rotary position embedding applied to q and k (Su et al. 2021, RoFormer), in the
+            "rotate half" layout on the first ``partial_rotary_factor * d_head`` dimensions.
+        q_norm, k_norm: paths of per-head RMS norms applied to q and k before RoPE (Gemma 3, Qwen3),
+            or None.
+        scaling: ``(config, d_head, layer) -> float``, the multiplier of q k^T.
+        softmax_dtype: dtype the original's eager softmax runs in (float32 for the LLaMA-style
+            families, which upcast; None = the scores' dtype).
+        upcast: ``config -> bool``: scores as well as softmax in float32 (GPT-2 option).
+        window: ``(config, layer) -> int | None``: keys a query may see under a sliding window
+            (itself included), None for no window.
+        rope: ``(config, layer) -> dict``: RoPE settings of a layer (``rope_type``, ``rope_theta``,
+            ``partial_rotary_factor`` and the type's own keys).
+        softcap: ``config -> float | None``: logit soft-capping cap (Gemma 2), None for none.
+        position_offset: ``config -> int``: position-table rows before the first token (RoBERTa).
+        head_count_attrs: attributes of the attention module equal to its number of query heads
+            (what head pruning must update; empty where the module infers it from the weights).
+        width_attrs: attributes equal to heads * d_head (the width of q and of the output
+            projection's input).
+        kv_group_attr: attribute holding query heads per key/value head (grouped-query attention),
+            or None.
+        config_head_attrs: config attributes a module reads the head count from at run time
+            (Phi-3 splits its fused projection by ``config.num_attention_heads``), which pruning must
+            give the module its own value of.
+        cache_kwargs: names under which the attention module receives the key/value cache.
     """
 
     family: str
     layers: str
     attention: str
     o: str
+    qkv_layout: str = "separate"
     q: str | None = None
     k: str | None = None
     v: str | None = None
     qkv: str | None = None
-    o_in_attention: bool = True
+    conv1d: bool = False
     causal: bool = False
     rotary: bool = False
-    conv1d: bool = False
+    q_norm: str | None = None
+    k_norm: str | None = None
+    scaling: Callable[..., float] = _inverse_sqrt_head
+    softmax_dtype: torch.dtype | None = None
+    upcast: Callable[..., bool] = _no_upcast
+    window: Callable[..., int | None] = _no_window
+    rope: Callable[..., dict] = _rope_single
+    softcap: Callable[..., float | None] = _no_softcap
+    position_offset: Callable[..., int] = _no_offset
+    head_count_attrs: tuple[str, ...] = ()
+    width_attrs: tuple[str, ...] = ()
+    kv_group_attr: str | None = None
+    config_head_attrs: tuple[str, ...] = ()
+    cache_kwargs: tuple[str, ...] = ("cache", "past_key_values")
+
+    def __post_init__(self) -> None:
+        if self.qkv_layout not in QKV_LAYOUTS:
+            raise ValueError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
+
+    @property
+    def stack(self) -> str:
+        """``"decoder"`` for causal models, ``"encoder"`` otherwise."""
+        return "decoder" if self.causal else "encoder"
+
+    @property
+    def o_inside_attention(self) -> bool:
+        """The output projection is a child of the attention module (GPT-2, LLaMA, DistilBERT ...)."""
+        return self.o.startswith(self.attention + ".")
+
+    def relative(self, path: str | None) -> str | None:
+        """A layer-relative path made relative to the attention module (None if outside it)."""
+        if path is None or not path.startswith(self.attention + "."):
+            return None
+        return path[len(self.attention) + 1:]
 
 
 _BERT = ArchSpec(
     family="bert", layers="encoder.layer", attention="attention.self",
     q="attention.self.query", k="attention.self.key", v="attention.self.value",
-    o="attention.output.dense", o_in_attention=False,
+    o="attention.output.dense",
+    head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
 )
+_ROBERTA = replace(_BERT, family="roberta", position_offset=_roberta_offset)
 _DISTILBERT = ArchSpec(
     family="distilbert", layers="transformer.layer", attention="attention",
     q="attention.q_lin", k="attention.k_lin", v="attention.v_lin", o="attention.out_lin",
+    head_count_attrs=("n_heads",),
 )
 _GPT2 = ArchSpec(
-    family="gpt2", layers="h", attention="attn", qkv="attn.c_attn", o="attn.c_proj",
-    causal=True, conv1d=True,
+    family="gpt2", layers="h", attention="attn", qkv_layout="conv1d", qkv="attn.c_attn", o="attn.c_proj",
+    conv1d=True, causal=True, scaling=_gpt2_scaling, upcast=_gpt2_upcast,
+    head_count_attrs=("num_heads",), width_attrs=("split_size", "embed_dim"),
 )
 _LLAMA = ArchSpec(
     family="llama", layers="layers", attention="self_attn",
     q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
-    causal=True, rotary=True,
+    causal=True, rotary=True, softmax_dtype=torch.float32, kv_group_attr="num_key_value_groups",
 )
+_MISTRAL = replace(_LLAMA, family="mistral", window=_window_every_layer)
+_QWEN2 = replace(_LLAMA, family="qwen2", window=_window_by_layer_type)
+_QWEN3 = replace(_QWEN2, family="qwen3", q_norm="self_attn.q_norm",
+                     k_norm="self_attn.k_norm")
+_GPT_NEOX = ArchSpec(
+    family="gpt_neox", layers="layers", attention="attention", qkv_layout="per_head",
+    qkv="attention.query_key_value", o="attention.dense", causal=True, rotary=True,
+    softmax_dtype=torch.float32, cache_kwargs=("layer_past", "cache", "past_key_values"),
+)
+_PHI3 = ArchSpec(
+    family="phi3", layers="layers", attention="self_attn", qkv_layout="stacked", qkv="self_attn.qkv_proj",
+    o="self_attn.o_proj", causal=True, rotary=True, softmax_dtype=torch.float32, window=_window_every_layer,
+    kv_group_attr="num_key_value_groups", config_head_attrs=("num_attention_heads",),
+)
+_GEMMA = replace(_LLAMA, family="gemma")
+_GEMMA2 = replace(_LLAMA, family="gemma2", scaling=_query_pre_attn_scaling,
+                      window=_window_by_layer_type, softcap=_gemma2_softcap)
+_GEMMA3 = replace(_GEMMA2, family="gemma3", softcap=_no_softcap,
+                      q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", rope=_rope_by_layer_type)
 
 #: model_type (``config.model_type``) -> spec. The supported architectures.
 SPECS: dict[str, ArchSpec] = {
     "bert": _BERT,
-    "roberta": _BERT,
+    "roberta": _ROBERTA,
     "electra": _BERT,
     "distilbert": _DISTILBERT,
     "gpt2": _GPT2,
     "llama": _LLAMA,
-    "qwen2": _LLAMA,
-    "mistral": _LLAMA,
+    "qwen2": _QWEN2,
+    "qwen3": _QWEN3,
+    "mistral": _MISTRAL,
+    "gpt_neox": _GPT_NEOX,
+    "phi3": _PHI3,
+    "gemma": _GEMMA,
+    "gemma2": _GEMMA2,
+    "gemma3_text": _GEMMA3,
 }
 
 
@@ -89,8 +281,9 @@ def get_spec(config) -> ArchSpec:
     """Return the :class:`ArchSpec` for a Hugging Face config.
 
     Raises:
-        UnsupportedArchitectureError: ``config.model_type`` is not in :data:`SPECS`; the message
-            names the supported types.
+        UnsupportedArchitectureError: ``config.model_type`` is not in :data:`SPECS` (the message
+            names the supported types), or a configuration probe cannot measure (an encoder
+            family configured as a decoder, a Gemma model with bidirectional attention).
     """
     model_type = getattr(config, "model_type", None)
     if model_type not in SPECS:
@@ -101,6 +294,9 @@ def get_spec(config) -> ArchSpec:
         raise UnsupportedArchitectureError(
             f"{model_type} configured as a decoder (is_decoder=True) is not supported; use it as an encoder"
         )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise UnsupportedArchitectureError(
+            f"{model_type} with use_bidirectional_attention=True is not supported (probe treats it as causal)")
     return SPECS[model_type]
 
 
@@ -133,6 +329,23 @@ def head_geometry(config) -> HeadGeometry:
     return HeadGeometry(int(n_layers), int(n_heads), int(n_kv), int(d_head), int(d_model))
 
 
+def sites(config) -> list[Site]:
+    """Every attention site of a model, in forward order, with its causal flag and sliding window."""
+    spec = get_spec(config)
+    n_layers = head_geometry(config).n_layers
+    return [Site(spec.stack, layer, "self", causal=spec.causal, window=spec.window(config, layer))
+            for layer in range(n_layers)]
+
+
+def max_positions(config) -> int | None:
+    """Longest sequence the position table allows (tokens), or None where nothing limits it."""
+    limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions")
+              if isinstance(getattr(config, a, None), int)]
+    if not limits:
+        return None
+    return min(limits) - get_spec(config).position_offset(config)
+
+
 def base_model(model: nn.Module) -> nn.Module:
     """The bare transformer inside a model with a task head (``GPT2LMHeadModel.transformer`` ...)."""
     return getattr(model, "base_model", model)
@@ -148,8 +361,8 @@ def attention_modules(model: nn.Module, spec: ArchSpec) -> list[nn.Module]:
     return [layer.get_submodule(spec.attention) for layer in layer_modules(model, spec)]
 
 
-def attention_path(spec: ArchSpec, layer: int) -> tuple[str, str]:
-    """(parent path relative to the layer, attribute name) of layer ``layer``'s attention module."""
+def attention_path(spec: ArchSpec) -> tuple[str, str]:
+    """(parent path relative to a layer, attribute name) of the attention module."""
     parent, _, name = spec.attention.rpartition(".")
     return parent, name
 

@@ -1,24 +1,30 @@
 """The ``probe`` command line: a thin layer over the Python API.
 
-Errors a user can cause end in one line (``Error: ...``) on stderr and exit code 1; usage errors
-(unknown option, a value out of range) are one line too and exit 2, as click's do.
+Errors a user can cause end in one line (``Error: ...``) on stderr and exit status 1; a malformed
+option (unknown option, a value out of range) is one line too and exits with status 2, as click's
+usage errors do. The library never imports click; only this module does.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
 import sys
 import time
 
 import click
 
+from . import IMPORT_STARTED, validate
 from .errors import ProbeError
 from .models import DEFAULT_MODEL
+from .reference.mutants import MUTANTS
+from .util import process_age
 
 
 def user_errors(fn):
-    """Turn :class:`ProbeError` into click's one-line ``Error: ...`` with exit code 1."""
+    """Turn :class:`ProbeError` into click's one-line ``Error: ...`` with exit status 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -88,113 +94,222 @@ def models_command() -> None:
     click.echo("Also accepted: any Hugging Face Hub id, a local model folder, or a .gguf file.")
 
 
-def _parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:
-    from .classify import LABEL_RULES
-
+def _parse_thresholds(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
     out = {}
     for item in values:
         label, sep, number = item.partition("=")
-        if not sep or label not in LABEL_RULES:
-            raise click.BadParameter(f"{item!r}: expected LABEL=VALUE with LABEL one of {', '.join(LABEL_RULES)}",
-                                     param_hint="--threshold")
         try:
             value = float(number)
         except ValueError:
-            raise click.BadParameter(f"{item!r}: {number!r} is not a number", param_hint="--threshold") from None
-        if not 0 < value <= 1:
-            raise click.BadParameter(f"{item!r}: thresholds are probabilities (or normalized entropy) in (0, 1]",
-                                     param_hint="--threshold")
+            raise click.BadParameter(f"{item!r}: expected LABEL=VALUE with a number VALUE") from None
+        if not sep:
+            raise click.BadParameter(f"{item!r}: expected LABEL=VALUE")
         out[label] = value
-    return out
+    try:
+        return validate.thresholds(out)
+    except ProbeError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _model_option(fn):
+    return click.option("--model", "-m", "model_name", default=DEFAULT_MODEL, show_default=True,
+                        help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")(fn)
 
 
 @main.command("analyze")
-@click.option("--model", "-m", "model_name", default=DEFAULT_MODEL, show_default=True,
-              help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")
+@_model_option
 @click.option("--text", "-t", "texts", multiple=True, help="A sequence to analyze (repeatable).")
 @click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Plain text (one sequence a line) or CoNLL-U (# text = lines).")
-@click.option("--limit", "-n", type=int, default=None, help="Use at most N sequences.")
+@click.option("--limit", "-n", type=int, default=None, callback=validate.click_callback(validate.limit),
+              help="Use at most N sequences.")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=None,
               help="Truncate sequences to this many tokens [default: the model's limit].")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
 @click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out folder.")
-@click.option("--examples", type=click.IntRange(min=1, max=20), default=3, show_default=True,
-              help="Sequences whose full attention maps are kept for the report.")
-@click.option("--threshold", "thresholds", multiple=True, metavar="LABEL=VALUE",
+@click.option("--examples", type=click.IntRange(min=0, max=20), default=3, show_default=True,
+              help="Sequences whose attention maps are kept for the report.")
+@click.option("--threshold", "thresholds", multiple=True, metavar="LABEL=VALUE", callback=_parse_thresholds,
               help="Override a label threshold, e.g. previous-token=0.4 (repeatable).")
+@click.option("--parse-special-tokens", is_flag=True,
+              help="Let typed special-token strings such as '[SEP]' become special tokens "
+                   "(default: typed text is text).")
 @click.option("--verify", "run_verify", is_flag=True,
               help="Also verify the from-scratch attention against the model and add it to the report.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
 @user_errors
 def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, out, force, examples,
-                    thresholds, run_verify, progress) -> None:
+                    thresholds, parse_special_tokens, run_verify, progress) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
     Without --text or --corpus, a small built-in English sample is used.
     """
+    from .analysis import analyze
     from .corpus import check_texts, read_corpus, sample_texts
     from .errors import InputError
+    from .models import load_model
     from .report import prepare_run_dir, write_run
 
-    start = time.perf_counter()
-    thr = _parse_thresholds(thresholds)
+    age = process_age()
+    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
+    timings = {"startup_s": time.perf_counter() - started}
+    t = time.perf_counter()
     if texts and corpus:
         raise InputError("give either --text or --corpus, not both")
-    if limit is not None and limit < 1:
-        raise InputError(f"--limit must be at least 1, got {limit}")
     if corpus:
-        seqs = read_corpus(corpus, limit)
-        source = corpus
+        seqs, source = read_corpus(corpus, limit), corpus
     elif texts:
-        seqs = check_texts(list(texts), limit)
-        source = "--text"
+        seqs, source = check_texts(list(texts), limit), "--text"
     else:
-        seqs = check_texts(sample_texts(), limit)
-        source = "built-in sample"
+        seqs, source = check_texts(sample_texts(), limit), "built-in sample"
     prepare_run_dir(out, model_name, force)  # fail before loading a model if the folder is taken
-
-    from .analysis import analyze
-    from .models import load_model
+    timings["input_s"] = time.perf_counter() - t
 
     lm = load_model(model_name)
+    timings["model_load_s"] = lm.load_seconds
     show = sys.stderr.isatty() if progress is None else progress
     click.echo(f"Analyzing {len(seqs)} sequences ({source}) with {lm.name}: "
                f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
     result = analyze(lm, seqs, batch_size=batch_size, max_length=max_length, n_examples=examples,
-                     thresholds=thr, progress=show)
+                     thresholds=thresholds, progress=show, parse_special_tokens=parse_special_tokens)
+    timings["analyze_s"] = result.timings["analyze_s"]
     verification = None
     if run_verify:
         from .verify import verify
 
-        verification = verify(lm).to_json()
+        t = time.perf_counter()
+        verification = verify(lm, progress=_verify_progress if show else None).to_json()
+        timings["verify_s"] = time.perf_counter() - t
     result.settings["input"] = source
-    path = write_run(result, lm.tokenizer, out, force=force, verification=verification)
+    path = write_run(result, lm.tokenizer, out, force=force, verification=verification,
+                     timings=timings, started=started)
     counts = ", ".join(f"{n} {label}" for label, n in result.label_counts().items())
     trunc = f", {result.counts['truncated']} truncated" if result.counts["truncated"] else ""
-    verdict = ""
-    if verification is not None:
-        verdict = f"; verify {'PASS' if verification['passed'] else 'FAIL'}"
+    verdict = "" if verification is None else f"; verify {'PASS' if verification['passed'] else 'FAIL'}"
     t = result.timings
+    parts = [("start-up", t["startup_s"] + t["input_s"]), ("model load", t["model_load_s"]),
+             ("analysis", t["analyze_s"])]
+    if "verify_s" in t:
+        parts.append(("verify", t["verify_s"]))
+    parts += [("report", t["report_s"]), ("other", t["other_s"])]
+    shown = _rounded_parts([v for _, v in parts], t["total_s"])
     click.echo(f"{len(result.heads)} heads ({counts}) from {result.counts['sequences']} sequences, "
-               f"{result.counts['tokens']} tokens{trunc}{verdict} in {time.perf_counter() - start:.1f} s "
-               f"(model load {t['model_load_s']:.1f} s, analysis {t['analyze_s']:.1f} s)")
+               f"{result.counts['tokens']} tokens{trunc}{verdict} in {t['total_s']:.1f} s "
+               f"({', '.join(f'{name} {value:.1f} s' for (name, _), value in zip(parts, shown))})")
     for note in result.notes:
         if note not in lm.notes:  # loading notes (e.g. "loaded the cached copy") stay in run.json
             click.echo(f"note: {note}", err=True)
     click.echo(f"Report: {path / 'index.html'}")
 
 
-def _register() -> None:
-    from .verify import verify_command
+def _rounded_parts(values: list[float], total: float) -> list[float]:
+    """Round parts to 0.1 s so that the shown parts add up to the shown total (largest remainder)."""
+    tenths = [v * 10 for v in values]
+    shown = [int(x) for x in tenths]
+    missing = round(total * 10) - sum(shown)
+    for i in sorted(range(len(values)), key=lambda i: tenths[i] - shown[i], reverse=True)[:max(0, missing)]:
+        shown[i] += 1
+    return [x / 10 for x in shown]
 
-    main.add_command(verify_command, "verify")
+
+# ---------------------------------------------------------------------------------------------
+# probe verify
+# ---------------------------------------------------------------------------------------------
+
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
-_register()
+def format_table(result) -> str:
+    """The human-readable verification report: one row per layer, then the output and the cases."""
+    lines = [f"probe verify: {result.model} ({result.dtype}), atol {result.atol:g}"
+             + (f", rtol {result.rtol:g}" if result.rtol else "")
+             + (f", mutant {result.mutant}" if result.mutant else "")]
+    lines.append(f"{'layer':>5}  {'attn max abs':>12}  {'attn max rel':>12}  {'hidden max abs':>14}  "
+                 f"{'hidden max rel':>14}  result")
+    for r in result.per_layer:
+        lines.append(f"{r.layer:>5}  {r.attn_max_abs:>12.3e}  {r.attn_max_rel:>12.3e}  {r.hidden_max_abs:>14.3e}  "
+                     f"{r.hidden_max_rel:>14.3e}  {'PASS' if r.passed else 'FAIL'}")
+    lines.append(f"output ({result.output_name}): max abs {result.output_max_abs:.3e}, "
+                 f"max rel {result.output_max_rel:.3e}")
+    lines.append("cases:")
+    for c in result.cases:
+        extra = ""
+        if c.padding_max_abs is not None:
+            extra = f"; padded vs alone {c.padding_max_abs:.3e} (batching noise {c.batching_noise:.3e})"
+        lines.append(f"  {c.name:<18} {str(c.shape):<11} max abs {c.max_abs_diff:.3e}  {c.seconds:6.1f} s  "
+                     f"{'PASS' if c.passed else 'FAIL'}  ({c.description}{extra})")
+    for note in result.notes:
+        lines.append(f"note: {note}")
+    lines.append(f"{'PASS' if result.passed else 'FAIL'}: max abs diff {result.max_abs_diff:.3e}")
+    return "\n".join(lines)
+
+
+def _verify_progress(index: int, total: int, name: str, result) -> None:
+    if result is None:
+        click.echo(f"verify: case {index + 1}/{total} {name} ...", err=True)
+    else:
+        click.echo(f"verify: case {index + 1}/{total} {name}: {'PASS' if result.passed else 'FAIL'} "
+                   f"in {result.seconds:.1f} s", err=True)
+
+
+@main.command("verify")
+@_model_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
+@click.option("--atol", type=float, default=None,
+              callback=validate.click_callback(lambda v: validate.tolerance("--atol", v)),
+              help="Absolute tolerance [default: 1e-05 for float32, 0.01 for bfloat16/float16].")
+@click.option("--rtol", type=float, default=0.0, show_default=True,
+              callback=validate.click_callback(lambda v: validate.tolerance("--rtol", v)), help="Relative tolerance.")
+@click.option("--mutant", type=click.Choice(sorted(MUTANTS)),
+              default=None, help="Verify a deliberately broken attention instead (expected to FAIL).")
+@click.option("--dtype", type=click.Choice(_DTYPES), default="float32", show_default=True,
+              help="Parameter dtype to load the model in.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Say which case runs (on stderr).")
+@user_errors
+def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: float, mutant: str | None,
+                   dtype: str, progress: bool) -> None:
+    """Check that probe's from-scratch attention reproduces the model (exit status 1 on FAIL)."""
+    import torch
+
+    from .models import load_model
+    from .reference import mutant_applies
+    from .verify import BF16_ATOL, FP32_ATOL, verify
+
+    if atol is None:
+        atol = FP32_ATOL if dtype == "float32" else BF16_ATOL
+    lm = load_model(model_name, dtype=getattr(torch, dtype))
+    if mutant is not None:
+        applies, why = mutant_applies(mutant, lm)
+        if not applies:
+            raise ProbeError(f"mutant {mutant!r} cannot change {model_name}: {why}")
+    result = verify(lm, atol=atol, mutant=mutant, rtol=rtol, progress=_verify_progress if progress else None)
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else format_table(result))
+    if not result.passed:
+        click.get_current_context().exit(1)
+
+
+def entry() -> None:
+    """The ``probe`` console script and ``python -m probe``: run the command, then leave at once.
+
+    Tearing down the interpreter after torch and transformers are loaded takes about a second on
+    two cores and would be wall time the user waits for nothing, so after the command has written
+    everything and flushed its output, the process exits without that teardown.
+    """
+    code = 0
+    try:
+        main(prog_name="probe")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            click.echo(str(exc.code), err=True)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main(prog_name="probe")
+    entry()

@@ -10,16 +10,30 @@ import re
 from importlib import resources
 from pathlib import Path
 
+from . import validate
 from .errors import InputError
 
 #: A CoNLL-U sentence-text comment: ``# text = ...``.
 _TEXT_LINE = re.compile(r"#\s*text\s*=(.*)")
 
 
+#: Line ends of a text corpus: only these end a sequence (not U+2028, U+2029, U+0085, form feed or
+#: vertical tab, which str.splitlines() also splits on; shared/CASES.md F22).
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def split_lines(text: str) -> list[str]:
+    """Split on \\n, \\r\\n and \\r only; other Unicode line separators stay inside a line."""
+    lines = _LINE_END.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 def sample_texts() -> list[str]:
     """The built-in English sample (20 sentences written for probe)."""
     text = resources.files("probe").joinpath("data/sample.txt").read_text(encoding="utf-8")
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    return [line.strip() for line in split_lines(text) if line.strip()]
 
 
 def _is_conllu(path: Path, lines: list[str]) -> bool:
@@ -32,8 +46,9 @@ def _is_conllu(path: Path, lines: list[str]) -> bool:
 def read_corpus(path: str | Path, limit: int | None = None) -> list[str]:
     """Read sequences from a file.
 
-    Plain text: one sequence a line, blank lines skipped. CoNLL-U (``.conllu`` or files with
-    ``# text =`` / ``# sent_id`` comments): one sequence per sentence, from its ``# text =`` line.
+    Plain text: one sequence a line (lines end only at \\n, \\r\\n or \\r), blank lines skipped.
+    CoNLL-U (``.conllu`` or files with ``# text =`` / ``# sent_id`` comments): one sequence per
+    sentence, from its ``# text =`` line.
 
     Args:
         path: the file.
@@ -43,8 +58,7 @@ def read_corpus(path: str | Path, limit: int | None = None) -> list[str]:
         InputError: missing or unreadable file, non-UTF-8 bytes (file and line named), a file with
             no sequence, or a limit below 1.
     """
-    if limit is not None and limit < 1:
-        raise InputError(f"--limit must be at least 1, got {limit}")
+    validate.limit(limit)
     p = Path(path)
     if not p.exists():
         raise InputError(f"corpus file not found: {path}")
@@ -58,16 +72,20 @@ def read_corpus(path: str | Path, limit: int | None = None) -> list[str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise InputError(f"{path}: line {line} is not valid UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+        raise InputError(f"{path}: line {line} is not valid UTF-8 "
+                         f"(byte {raw[exc.start]:#04x} at offset {exc.start})") from None
     if text.startswith("\ufeff"):
         text = text[1:]
-    lines = text.splitlines()
+    lines = split_lines(text)
     if _is_conllu(p, lines):
         # "# text = ..." only: not "# text_en = ..." (translations) or other "# text..." keys.
         texts = [m.group(1).strip() for m in map(_TEXT_LINE.match, lines) if m]
         texts = [t for t in texts if t]
     else:
         texts = [ln.strip() for ln in lines if ln.strip()]
+    if not texts and _is_conllu(p, lines):
+        raise InputError(f"no '# text =' line found in CoNLL-U file {path}: probe reads each sentence's text from "
+                         "its '# text = ...' comment")
     if not texts:
         raise InputError(f"corpus file has no text: {path}")
     return texts[:limit] if limit else texts
@@ -79,11 +97,6 @@ def check_texts(texts: list[str], limit: int | None = None) -> list[str]:
     Raises:
         InputError: no text, an empty or whitespace-only text, or a limit below 1.
     """
-    if limit is not None and limit < 1:
-        raise InputError(f"--limit must be at least 1, got {limit}")
-    if not texts:
-        raise InputError("no text given")
-    for i, t in enumerate(texts):
-        if not t or not t.strip():
-            raise InputError(f"text {i + 1} is empty")
+    validate.limit(limit)
+    texts = validate.texts(texts)
     return list(texts[:limit] if limit else texts)

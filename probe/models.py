@@ -13,15 +13,17 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .architectures import ArchSpec, HeadGeometry, get_spec, head_geometry
+from .architectures import ArchSpec, HeadGeometry, get_spec, head_geometry, max_positions, sites
 from .errors import ModelLoadError, ProbeError
+from .hooks import ensure_eager
+from .sites import Site
+from .util import quiet_transformers
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,11 @@ class LoadedModel:
     def causal(self) -> bool:
         """True for decoder-only (causal) models."""
         return self.spec.causal
+
+    @property
+    def sites(self) -> list[Site]:
+        """Every attention site of the model, in forward order (see :mod:`probe.sites`)."""
+        return sites(self.model.config)
 
     @property
     def model_type(self) -> str:
@@ -205,6 +212,10 @@ def _load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
 
     if cached is not None and (cached / "config.json").exists():
         return _load_folder(cached, dtype)
+    if cached is not None:
+        log.warning("first use of %s: de-quantizing its GGUF weights to float32 and caching them in %s "
+                    "(a one-time step of about 30 s; later runs load the cached copy in seconds)",
+                    gguf_file, cached)
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
         get_spec(config)
@@ -345,8 +356,6 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
     Raises:
         UnsupportedArchitectureError: the model type is not supported.
     """
-    from .capture import ensure_eager
-
     spec = get_spec(model.config)
     notes = []
     note = ensure_eager(model)
@@ -359,31 +368,9 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
 
 
 def _max_length(config, tokenizer) -> int:
-    limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions")
-              if isinstance(getattr(config, a, None), int)]
-    if getattr(config, "model_type", None) == "roberta" and limits:
-        # RoBERTa numbers positions from pad_token_id + 1, so pad_token_id + 1 positions never hold a token.
-        limits.append(config.max_position_embeddings - (config.pad_token_id or 0) - 1)
+    """Longest sequence in tokens: the position table's limit and the tokenizer's, whichever is lower."""
+    limits = [n for n in (max_positions(config),) if n]
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
         limits.append(tok_max)
     return min(limits) if limits else 512
-
-
-@contextmanager
-def quiet_transformers(progress_bars: bool = False):
-    """Context manager: transformers logs only errors inside (and, unless ``progress_bars``, shows
-    no progress bar); the previous settings are restored on exit."""
-    from transformers.utils import logging as tlog
-
-    level = tlog.get_verbosity()
-    bars = tlog.is_progress_bar_enabled()
-    tlog.set_verbosity_error()
-    if not progress_bars:
-        tlog.disable_progress_bar()
-    try:
-        yield
-    finally:
-        tlog.set_verbosity(level)
-        if bars:
-            tlog.enable_progress_bar()

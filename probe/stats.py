@@ -1,4 +1,4 @@
-"""Per-head attention statistics of ``shared/METRICS.md``, as pure functions on tensors.
+"""Per-head attention statistics of ``shared/METRICS.md``, as an accumulator.
 
 Definitions follow Clark et al. 2019 ("What Does BERT Look At?", sections 3-4), Kovaleva et al.
 2019 and Voita et al. 2019; the exact per-row definitions are in the docstring of
@@ -9,12 +9,15 @@ partial results merge across batches, processes or machines.
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
+
+from .accumulators import Accumulator
+from .inputs import Batch, punctuation_mask
+from .sites import Site, visible_keys
 
 #: The statistics, in report order. Units: probabilities (0..1) except ``entropy`` (nats),
 #: ``norm_entropy`` (0..1) and ``distance`` (tokens).
@@ -29,96 +32,36 @@ LONG_RANGE = 4
 
 @dataclass
 class TokenFeatures:
-    """Per-token facts of one padded batch, shared by every layer and head.
+    """Per-token facts of one right-padded batch, shared by every site and head.
 
     Attributes:
         real: [batch, T] bool, True for real tokens (a prefix of each row: right padding).
         sep: [batch, T] bool, True where the token is the tokenizer's sep token.
-        punct: [batch, T] bool, True where the token is punctuation (METRICS.md ``punct``).
+        punct: [batch, T] bool, True where the token covers only punctuation (METRICS.md ``punct``).
         has_sep: whether the tokenizer has a sep token at all (``sep`` is undefined otherwise).
-        causal: decoder-only model (``next`` undefined; ``norm_entropy`` uses k_i = i + 1).
     """
 
     real: torch.Tensor
     sep: torch.Tensor
     punct: torch.Tensor
     has_sep: bool
-    causal: bool
 
 
-def is_punctuation(text: str, continuation_prefix: str | None = "##") -> bool:
-    """True if ``text`` (a token's surface form) with whitespace and subword markers removed is
-    non-empty and made only of Unicode punctuation (categories Pc, Pd, Pe, Pf, Pi, Po, Ps).
+def token_features(batch: Batch, tokenizer) -> TokenFeatures:
+    """The :class:`TokenFeatures` of a batch (computed once per batch and cached on it).
 
-    ``continuation_prefix`` is the tokenizer's subword-continuation marker ("##" for WordPiece),
-    stripped once from the front; None for tokenizers without one (byte-level BPE, where "##"
-    is two '#' characters, i.e. punctuation).
+    Raises:
+        ValueError: padding is not on the right (real tokens must be a prefix of each row).
     """
-    s = text.strip()
-    if continuation_prefix and s.startswith(continuation_prefix):
-        s = s[len(continuation_prefix):]
-    s = "".join(ch for ch in s if not ch.isspace() and ch not in "\u2581\u0120\u010a")
-    return bool(s) and all(unicodedata.category(ch).startswith("P") for ch in s)
-
-
-def token_surface(tokenizer, token: str) -> str:
-    """The text a token string stands for: byte-level BPE bytes decoded ('Ġ.' -> ' .'),
-    sentencepiece markers turned into spaces; a WordPiece continuation keeps its '##'."""
-    try:
-        text = tokenizer.convert_tokens_to_string([token])
-    except Exception:  # noqa: BLE001 - some tokenizers cannot decode lone tokens
-        text = token
-    if token.startswith("##") and not text.lstrip().startswith("##"):
-        text = "##" + text.lstrip()
-    return text
-
-
-class TokenClassifier:
-    """Maps token ids to sep/punctuation flags for one tokenizer (cached per vocabulary id)."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.sep_id = tokenizer.sep_token_id if getattr(tokenizer, "sep_token", None) is not None else None
-        self._special = set(getattr(tokenizer, "all_special_ids", []) or [])
-        self._punct: dict[int, bool] = {}
-        backend = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
-        prefix = getattr(backend, "continuing_subword_prefix", None)
-        if backend is None:  # slow tokenizer: WordPiece ones (BERT family) use '##'
-            prefix = "##" if hasattr(tokenizer, "wordpiece_tokenizer") else None
-        self.continuation_prefix = prefix or None
-
-    def surface(self, token_id: int) -> str:
-        """The text a token id stands for (see :func:`token_surface`)."""
-        return token_surface(self.tokenizer, self.tokenizer.convert_ids_to_tokens(int(token_id)))
-
-    def is_punct(self, token_id: int) -> bool:
-        """Whether a token id is punctuation in the sense of METRICS.md ``punct`` (cached)."""
-        token_id = int(token_id)
-        if token_id not in self._punct:
-            self._punct[token_id] = token_id not in self._special and is_punctuation(
-                self.surface(token_id), self.continuation_prefix)
-        return self._punct[token_id]
-
-    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, causal: bool) -> TokenFeatures:
-        """Token features of a right-padded batch.
-
-        Args:
-            input_ids: [batch, T] token ids.
-            attention_mask: [batch, T] 1 for real tokens, 0 for padding (a prefix of ones per row).
-
-        Raises:
-            ValueError: padding is not on the right (real tokens must be a prefix).
-        """
-        real = attention_mask.bool()
+    def build() -> TokenFeatures:
+        real = batch.real
         if real.shape[1] > 1 and bool((real[:, 1:] & ~real[:, :-1]).any()):
             raise ValueError("attention statistics need right padding (real tokens first in each row)")
-        ids = input_ids.tolist()
-        punct = torch.tensor([[self.is_punct(t) for t in row] for row in ids], dtype=torch.bool) & real
-        if self.sep_id is None:
-            sep = torch.zeros_like(real)
-        else:
-            sep = (input_ids == self.sep_id) & real
-        return TokenFeatures(real=real, sep=sep, punct=punct, has_sep=self.sep_id is not None, causal=causal)
+        sep_id = tokenizer.sep_token_id if getattr(tokenizer, "sep_token", None) is not None else None
+        sep = torch.zeros_like(real) if sep_id is None else (batch.input_ids.cpu() == sep_id) & real.cpu()
+        return TokenFeatures(real=real.cpu(), sep=sep, punct=punctuation_mask(batch, tokenizer) & real.cpu(),
+                             has_sep=sep_id is not None)
+    return batch.cached("token_features", build)
 
 
 #: Statistics whose per-row value is a weighted sum of the row's probabilities.
@@ -128,12 +71,12 @@ _INDEX = {name: i for i, name in enumerate(STATISTICS)}
 
 @dataclass
 class ContractionWeights:
-    """Per-batch weights turning one layer's probabilities into statistic sums by contraction.
+    """Per-batch weights turning one site's probabilities into statistic sums by contraction.
 
     Attributes:
         linear: [batch, T*T, len(LINEAR)]: weight of A[b, :, q, k] in each linear statistic's sum
             over valid rows (row validity folded in).
-        entropy: [batch, T*T, 2]: weights of A ln A for ``entropy`` and ``norm_entropy``
+        entropy: [batch, T*T, 2]: weights of -A ln A for ``entropy`` and ``norm_entropy``
             (the latter 1 / ln k_q on rows with k_q >= 2).
         real_rows: [batch, T] float, 1 on real query rows (for ``max_weight``).
         counts: [len(STATISTICS)] int64 valid rows per statistic.
@@ -145,31 +88,25 @@ class ContractionWeights:
     counts: torch.Tensor
 
 
-def contraction_weights(feats: TokenFeatures, T: int) -> ContractionWeights:
-    """Build (once per batch, cached on ``feats``) the weights used by :meth:`HeadStatistics.update`.
+def contraction_weights(feats: TokenFeatures, site: Site, T: int) -> ContractionWeights:
+    """The weights used by :meth:`HeadStatistics.update` for one batch and one kind of site.
 
     With A = attention probabilities of one head on one sequence of T real tokens (row i = query,
     column j = key), the per-row values are (METRICS.md):
 
-    - ``self`` A[i, i]; ``prev`` A[i, i-1] (i >= 1); ``next`` A[i, i+1] (i <= T-2, encoders only);
+    - ``self`` A[i, i]; ``prev`` A[i, i-1] (i >= 1); ``next`` A[i, i+1] (i <= T-2, non-causal sites);
     - ``first`` A[i, 0]; ``sep`` sum of A[i, j] over sep positions j (only if the tokenizer has a
       sep token); ``punct`` sum of A[i, j] over punctuation positions j;
     - ``entropy`` -sum_j A[i, j] ln A[i, j] (nats, 0 ln 0 = 0); ``norm_entropy`` entropy / ln(k_i)
-      with k_i = T (encoder) or i + 1 (causal), rows with k_i >= 2;
+      with k_i the keys row i may see under the site's own mask (:func:`probe.sites.visible_keys`:
+      T, i + 1, or min(i + 1, W) under a sliding window of W keys), rows with k_i >= 2;
     - ``distance`` sum_j A[i, j] |i - j| (tokens); ``long`` sum of A[i, j] over |i - j| > 4,
       j not 0 and not a sep position; ``max_weight`` max_j A[i, j].
 
     Each of these except ``max_weight`` is a weighted sum of the row's A (or of -A ln A), so its sum
-    over the valid rows of a batch is A contracted with one weight tensor, built here once for
-    all layers of the batch.
-
-    Args:
-        feats: token features of the batch (real / sep / punctuation positions).
-        T: padded sequence length of the batch.
+    over the valid rows of a batch is A contracted with one weight tensor, built once per batch for
+    all sites that share the same visible keys.
     """
-    cached = getattr(feats, "_weights", None)
-    if cached is not None and cached.real_rows.shape[1] == T:
-        return cached
     real = feats.real
     B = real.shape[0]
     pos = torch.arange(T)
@@ -179,7 +116,7 @@ def contraction_weights(feats: TokenFeatures, T: int) -> ContractionWeights:
     offset = (q - k).abs().float()  # [T, T]
     sep = feats.sep.float()
     far = ((q - k).abs() > LONG_RANGE)[None] & (pos != 0)[None, None, :] & ~feats.sep[:, None, :]
-    next_rows = torch.zeros_like(real) if feats.causal else real & (pos[None, :] <= lengths[:, None] - 2)
+    next_rows = torch.zeros_like(real) if site.causal else real & (pos[None, :] <= lengths[:, None] - 2)
     row = realf[:, :, None]  # [B, T(query), 1]
     chans = {
         "self": (q == k).float()[None] * row,
@@ -192,7 +129,7 @@ def contraction_weights(feats: TokenFeatures, T: int) -> ContractionWeights:
         "long": far.float() * row,
     }
     linear = torch.stack([chans[n].expand(B, T, T) for n in LINEAR], -1).reshape(B, T * T, len(LINEAR))
-    kq = (pos + 1)[None, :].expand(B, T).float() if feats.causal else lengths[:, None].expand(B, T).float()
+    kq = visible_keys(site, lengths, T).float()  # [B, T]
     inv_log_k = torch.where(kq >= 2, 1.0 / torch.log(kq.clamp(min=2)), torch.zeros(())) * realf
     ent = torch.stack([realf[:, :, None].expand(B, T, T), inv_log_k[:, :, None].expand(B, T, T)], -1)
     counts = torch.zeros(len(STATISTICS), dtype=torch.int64)
@@ -203,68 +140,90 @@ def contraction_weights(feats: TokenFeatures, T: int) -> ContractionWeights:
     counts[_INDEX["next"]] = int(next_rows.sum())
     counts[_INDEX["sep"]] = n_real if feats.has_sep else 0
     counts[_INDEX["norm_entropy"]] = int((real & (kq >= 2)).sum())
-    w = ContractionWeights(linear.contiguous(), ent.reshape(B, T * T, 2).contiguous(), realf, counts)
-    feats._weights = w
-    return w
+    return ContractionWeights(linear.contiguous(), ent.reshape(B, T * T, 2).contiguous(), realf, counts)
 
 
-class HeadStatistics:
-    """Running sums and counts of every statistic for every (layer, head).
+class HeadStatistics(Accumulator):
+    """Running sums and counts of every statistic for every (site, head).
 
-    ``sums`` is [layers, heads, statistics] float64 and ``counts`` [layers, statistics] int64 (every
-    head of a layer sees the same rows). Corpus values (:meth:`means`) are sums / counts, the
+    ``sums`` is [sites, heads, statistics] float64 and ``counts`` [sites, statistics] int64 (every
+    head of a site sees the same rows). Corpus values (:meth:`means`) are sums / counts, the
     token-weighted mean over real query rows of METRICS.md. Instances merge with :meth:`merge`.
+
+    Args:
+        sites: the model's attention sites (``lm.sites``), in order.
+        n_heads: query heads per site.
+        tokenizer: the model's tokenizer (its sep token, and token surfaces where offsets are missing).
     """
 
-    def __init__(self, n_layers: int, n_heads: int) -> None:
-        self.n_layers, self.n_heads = n_layers, n_heads
-        self.sums = torch.zeros(n_layers, n_heads, len(STATISTICS), dtype=torch.float64)
-        self.counts = torch.zeros(n_layers, len(STATISTICS), dtype=torch.int64)
+    name = "statistics"
 
-    def update(self, layer: int, attn: torch.Tensor, feats: TokenFeatures) -> None:
-        """Add one batch of one layer: ``attn`` is [batch, heads, T, T] probabilities.
+    def __init__(self, sites: list[Site], n_heads: int, tokenizer=None) -> None:
+        self.sites = list(sites)
+        self.n_heads = n_heads
+        self.tokenizer = tokenizer
+        self._row = {site: i for i, site in enumerate(self.sites)}
+        self.sums = torch.zeros(len(self.sites), n_heads, len(STATISTICS), dtype=torch.float64)
+        self.counts = torch.zeros(len(self.sites), len(STATISTICS), dtype=torch.int64)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.sites)
+
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
+        """Add one batch of one site: ``probs`` is [batch, heads, T, T] attention probabilities.
 
         Every statistic except ``max_weight`` is linear in A (or in A ln A), so its sum over valid
-        rows is one contraction of A with a per-batch weight tensor built once for all layers
-        (:func:`contraction_weights`).
+        rows is one contraction of A with a per-batch weight tensor (:func:`contraction_weights`).
         """
-        w = contraction_weights(feats, attn.shape[-1])
-        a = attn.float()
+        feats = token_features(batch, self.tokenizer)
+        T = probs.shape[-1]
+        w = batch.cached(("contraction", site.causal, site.window, T),
+                         lambda: contraction_weights(feats, site, T))
+        a = probs.float()
+        dev = a.device
         B, H, T, _ = a.shape
         flat = a.reshape(B, H, T * T)
-        linear = torch.bmm(flat, w.linear).sum(0)  # [heads, len(LINEAR)]
+        linear = torch.bmm(flat, w.linear.to(dev)).sum(0)  # [heads, len(LINEAR)]
         # entr(x) = -x ln x with entr(0) = 0 (about twice as fast as xlogy on CPU)
-        ent = torch.bmm(torch.special.entr(a).reshape(B, H, T * T), w.entropy).sum(0)  # [heads, 2]
-        mx = (a.amax(-1) * w.real_rows[:, None, :]).sum((0, 2))  # [heads]
+        ent = torch.bmm(torch.special.entr(a).reshape(B, H, T * T), w.entropy.to(dev)).sum(0)  # [heads, 2]
+        mx = (a.amax(-1) * w.real_rows.to(dev)[:, None, :]).sum((0, 2))  # [heads]
         sums = torch.empty(H, len(STATISTICS), dtype=torch.float64)
         for c, name in enumerate(LINEAR):
             sums[:, _INDEX[name]] = linear[:, c].double().cpu()
         sums[:, _INDEX["entropy"]] = ent[:, 0].double().cpu()
         sums[:, _INDEX["norm_entropy"]] = ent[:, 1].double().cpu()
         sums[:, _INDEX["max_weight"]] = mx.double().cpu()
-        self.sums[layer] += sums
-        self.counts[layer] += w.counts
+        i = self._row[site]
+        self.sums[i] += sums
+        self.counts[i] += w.counts
 
-    def merge(self, other: "HeadStatistics") -> "HeadStatistics":
-        """Add another accumulator's sums and counts into this one (in place); returns self."""
-        if (other.n_layers, other.n_heads) != (self.n_layers, self.n_heads):
-            raise ValueError("cannot merge statistics of models with different layer/head counts")
+    def merge(self, other: HeadStatistics) -> HeadStatistics:
+        """Add another accumulator's sums and counts into this one (in place); returns self.
+
+        Raises:
+            ValueError: the other has different sites or head counts.
+        """
+        if other.sites != self.sites or other.n_heads != self.n_heads:
+            raise ValueError("cannot merge statistics of models with different sites or head counts")
         self.sums += other.sums
         self.counts += other.counts
         return self
 
     def means(self) -> np.ndarray:
-        """[layers, heads, statistics] corpus values; NaN where a statistic had no defined row."""
+        """[sites, heads, statistics] corpus values; NaN where a statistic had no defined row."""
         counts = self.counts[:, None, :].double()
         means = self.sums / counts.clamp(min=1)
         means[(counts == 0).expand_as(means)] = float("nan")
         return means.numpy()
 
-    def to_frame(self) -> pd.DataFrame:
+    def result(self) -> pd.DataFrame:
         """One row per head: columns ``layer``, ``head`` and one per statistic."""
         means = self.means()
-        L, H, _ = means.shape
-        frame = pd.DataFrame(means.reshape(L * H, -1), columns=list(STATISTICS))
-        frame.insert(0, "head", np.tile(np.arange(H), L))
-        frame.insert(0, "layer", np.repeat(np.arange(L), H))
+        S, H, _ = means.shape
+        frame = pd.DataFrame(means.reshape(S * H, -1), columns=list(STATISTICS))
+        frame.insert(0, "head", np.tile(np.arange(H), S))
+        frame.insert(0, "layer", np.repeat([s.layer for s in self.sites], H))
         return frame
+
+    to_frame = result

@@ -1,4 +1,4 @@
-"""``probe verify``: check that the from-scratch attention reproduces the original model.
+"""``verify``: check that the from-scratch attention reproduces the original model.
 
 The model is run twice on a battery of inputs, once as loaded (eager attention) and once with every
 layer's attention module swapped for :class:`probe.reference.ReferenceAttention`, and the two runs
@@ -10,7 +10,12 @@ Battery (shared/CASES.md):
 
 * ``sentence`` - one sentence;
 * ``right-padded`` - a batch of three sentences of unequal length, padded on the right;
-* ``left-padded`` - (decoders) the same batch padded on the left;
+* ``left-padded`` - (decoders) the same batch padded on the left, position ids from the mask;
+* ``padding-invariance`` - one prompt alone and padded by 1, 3 and 8 tokens (on the left for
+  decoders, position ids from the mask; on the right for encoders): besides original vs swapped,
+  the real tokens' attention and hidden states of each padded row are compared with the prompt
+  run alone (F24), against a bound set by the float32 batching noise measured on identical
+  unpadded rows;
 * ``kv-cache`` - (decoders) a 6-token prefix, then 3 single-token steps with the key/value cache (F09);
 * ``max-length`` - one sequence of min(model limit, 1024) tokens;
 * ``sentence-pair`` - (encoders) two segments with token type ids.
@@ -26,30 +31,35 @@ embedded models (minilm, smollm2) are exactly 0, in float32 and in bfloat16.
 
 from __future__ import annotations
 
-import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-import click
 import torch
 
+from . import validate
 from .architectures import layer_modules
-from .capture import attention_hooks, ensure_eager
+from .capture import add_attention_hooks
 from .errors import ProbeError
-from .hooks import Hooks
-from .models import DEFAULT_MODEL, LoadedModel
-from .reference import MUTANTS, mutant_applies, swap_attention
+from .hooks import measuring
+from .models import LoadedModel
+from .reference import mutant_applies, swap_attention
 
-__all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "verify_command", "BF16_ATOL", "FP32_ATOL"]
+__all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "case_names"]
 
 #: Default absolute tolerance for float32 (probabilities and hidden states).
 FP32_ATOL = 1e-5
 #: Suggested absolute tolerance for bfloat16 runs (see the module docstring).
 BF16_ATOL = 1e-2
+#: Padding invariance passes when the padded rows differ from the prompt alone by at most
+#: max(atol, this many times the batching noise of identical unpadded rows).
+NOISE_FACTOR = 4.0
 
 #: Longest sequence of the ``max-length`` case, in tokens.
 MAX_CASE_TOKENS = 1024
+#: Padding added to the prompt in the ``padding-invariance`` case (tokens).
+PADDINGS = (1, 3, 8)
 
 SENTENCE = "The quick brown fox jumps over the lazy dog because it wanted to see the river."
 BATCH = [
@@ -89,12 +99,8 @@ class _Max:
         if not math.isfinite(diff) or not bool(torch.isfinite(a).all()):
             self.diff, self.ok = math.inf, False
             return False
-        ref = float(b.abs().max())
-        self.diff, self.ref = max(self.diff, diff), max(self.ref, ref)
-        if rtol == 0:
-            within = diff <= atol
-        else:
-            within = bool((d <= atol + rtol * b.abs()).all())
+        self.diff, self.ref = max(self.diff, diff), max(self.ref, float(b.abs().max()))
+        within = diff <= atol if rtol == 0 else bool((d <= atol + rtol * b.abs()).all())
         self.ok &= within
         return within
 
@@ -135,11 +141,15 @@ class CaseResult:
         name: case name (``sentence``, ``right-padded`` ...).
         description: what the input is.
         shape: [batch, tokens] of the (first) forward pass.
-        attn_max_abs / hidden_max_abs / output_max_abs: max absolute differences.
+        attn_max_abs / hidden_max_abs / output_max_abs: max absolute differences, swapped vs original.
         output_max_rel: output_max_abs / max |original output|.
         max_abs_diff: the largest of the three.
         passed: every compared value within tolerance.
         seconds: wall time of both runs (seconds).
+        padding_max_abs: (``padding-invariance``) max |padded row - prompt alone| over real tokens'
+            attention probabilities and hidden states, both models; None for other cases.
+        batching_noise: (``padding-invariance``) max |row of a batch of identical unpadded prompts
+            - prompt alone|: the float32 noise of batching itself.
     """
 
     name: str
@@ -152,6 +162,8 @@ class CaseResult:
     max_abs_diff: float
     passed: bool
     seconds: float
+    padding_max_abs: float | None = None
+    batching_noise: float | None = None
 
 
 @dataclass
@@ -182,15 +194,14 @@ class VerifyResult:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        """A JSON-serialisable dict: ``{"model", "passed", "max_abs_diff", "per_layer": [...], "cases": [...], ...}``."""
-        out = {"model": self.model, "passed": self.passed, "max_abs_diff": _finite(self.max_abs_diff),
-               "per_layer": [{k: _finite(v) for k, v in asdict(r).items()} for r in self.per_layer],
-               "cases": [{k: _finite(v) for k, v in asdict(c).items()} for c in self.cases],
-               "output": {"name": self.output_name, "max_abs": _finite(self.output_max_abs),
-                          "max_rel": _finite(self.output_max_rel)},
-               "atol": self.atol, "rtol": self.rtol, "mutant": self.mutant, "dtype": self.dtype,
-               "notes": list(self.notes)}
-        return out
+        """A JSON-serialisable dict: ``{"model", "passed", "max_abs_diff", "per_layer", "cases", ...}``."""
+        return {"model": self.model, "passed": self.passed, "max_abs_diff": _finite(self.max_abs_diff),
+                "per_layer": [{k: _finite(v) for k, v in asdict(r).items()} for r in self.per_layer],
+                "cases": [{k: _finite(v) for k, v in asdict(c).items()} for c in self.cases],
+                "output": {"name": self.output_name, "max_abs": _finite(self.output_max_abs),
+                           "max_rel": _finite(self.output_max_rel)},
+                "atol": self.atol, "rtol": self.rtol, "mutant": self.mutant, "dtype": self.dtype,
+                "notes": list(self.notes)}
 
 
 def _finite(x):
@@ -217,6 +228,7 @@ class _Case:
     description: str
     passes: list[_Pass]
     use_cache: bool = False
+    invariance: bool = False  # padding-invariance case: pass 0 is the prompt alone
 
 
 def _tokenize(lm: LoadedModel, texts, side: str = "right", **kw) -> dict:
@@ -234,19 +246,52 @@ def _tokenize(lm: LoadedModel, texts, side: str = "right", **kw) -> dict:
     return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
 
-def _single_pass(inputs: dict) -> _Pass:
+def _positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids [batch, T] counting real tokens only (left padding: the first real token is 0)."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _single_pass(inputs: dict, causal: bool = False) -> _Pass:
     keep = inputs["attention_mask"].bool()
+    if causal and not bool(keep.all()):
+        inputs = {**inputs, "position_ids": _positions_from_mask(inputs["attention_mask"])}
     return _Pass(inputs, keep, keep)
+
+
+def _padded(inputs: dict, pad: int, pad_id: int, left: bool, causal: bool) -> _Pass:
+    """One prompt (batch 1) padded by ``pad`` tokens on the left or right."""
+    def extend(t, value):
+        fill = torch.full((t.shape[0], pad), value, dtype=t.dtype)
+        return torch.cat([fill, t] if left else [t, fill], 1)
+    out = {"input_ids": extend(inputs["input_ids"], pad_id), "attention_mask": extend(inputs["attention_mask"], 0)}
+    if "token_type_ids" in inputs:
+        out["token_type_ids"] = extend(inputs["token_type_ids"], 0)
+    return _single_pass(out, causal)
+
+
+def _invariance_case(lm: LoadedModel) -> _Case:
+    prompt = _tokenize(lm, [CACHE_TEXTS[0]])
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    passes = [_single_pass(prompt, lm.causal)]
+    twice = {k: torch.cat([v, v]) for k, v in prompt.items()}  # two identical unpadded rows: batching noise
+    passes.append(_single_pass(twice, lm.causal))
+    passes += [_padded(prompt, p, pad_id, left=lm.causal, causal=lm.causal) for p in PADDINGS]
+    side = "left, position ids from the mask" if lm.causal else "right"
+    return _Case("padding-invariance", f"one prompt alone, twice in a batch, and padded by "
+                 f"{', '.join(map(str, PADDINGS))} tokens ({side})", passes, invariance=True)
 
 
 def _battery(lm: LoadedModel) -> list[_Case]:
     cases = [
         _Case("sentence", "one sentence", [_single_pass(_tokenize(lm, [SENTENCE]))]),
-        _Case("right-padded", "3 sentences of unequal length, right padding", [_single_pass(_tokenize(lm, BATCH))]),
+        _Case("right-padded", "3 sentences of unequal length, right padding",
+              [_single_pass(_tokenize(lm, BATCH))]),
     ]
     if lm.causal:
-        cases.append(_Case("left-padded", "3 sentences of unequal length, left padding",
-                           [_single_pass(_tokenize(lm, BATCH, side="left"))]))
+        cases.append(_Case("left-padded", "3 sentences of unequal length, left padding, position ids from the mask",
+                           [_single_pass(_tokenize(lm, BATCH, side="left"), causal=True)]))
+    cases.append(_invariance_case(lm))
+    if lm.causal:
         enc = _tokenize(lm, CACHE_TEXTS, truncation=True, max_length=9)
         ids = enc["input_ids"]
         if ids.shape[1] < 9 or not bool(enc["attention_mask"].all()):
@@ -269,6 +314,11 @@ def _battery(lm: LoadedModel) -> list[_Case]:
     return cases
 
 
+def case_names(lm: LoadedModel) -> list[str]:
+    """The names of the battery's cases for this model, in order."""
+    return [c.name for c in _battery(lm)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Running and comparing
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +330,7 @@ def _output_tensor(output) -> tuple[str, torch.Tensor]:
     return "last_hidden_state", output.last_hidden_state
 
 
-def _run_case(lm: LoadedModel, case: _Case, on_attn, on_hidden, on_output) -> None:
+def _run_case(lm: LoadedModel, case: _Case, hooks, on_attn, on_hidden, on_output) -> None:
     """Run every pass of a case; callbacks get (pass index, layer, tensor) / (pass index, name, tensor)."""
     model = lm.model
     cache = None
@@ -295,9 +345,10 @@ def _run_case(lm: LoadedModel, case: _Case, on_attn, on_hidden, on_output) -> No
             on_hidden(state["pass"], layer, output[0] if isinstance(output, tuple) else output)
         return hook
 
-    with attention_hooks(lm, lambda layer, probs: on_attn(state["pass"], layer, probs)), Hooks() as hooks:
-        for i, layer in enumerate(layer_modules(model, lm.spec)):
-            hooks.forward(layer, hidden_hook(i))
+    add_attention_hooks(hooks, lm, lambda site, probs: on_attn(state["pass"], site.layer, probs))
+    for i, layer in enumerate(layer_modules(model, lm.spec)):
+        hooks.forward(layer, hidden_hook(i))
+    try:
         for index, p in enumerate(case.passes):
             state["pass"] = index
             kwargs = dict(p.inputs)
@@ -305,73 +356,122 @@ def _run_case(lm: LoadedModel, case: _Case, on_attn, on_hidden, on_output) -> No
                 kwargs["use_cache"] = case.use_cache
                 if cache is not None:
                     kwargs["cache"] = cache
-            output = model(**kwargs)
-            on_output(index, *_output_tensor(output))
+            on_output(index, *_output_tensor(model(**kwargs)))
+    finally:
+        hooks.remove()
+
+
+def _record(case: _Case, hooks, lm, on_attn=None, on_hidden=None, keep: bool = True) -> tuple[dict, dict, dict]:
+    """Run a case; keep every probability, hidden state and output (``keep``), after handing each
+    to ``on_attn(i, layer, probs)`` / ``on_hidden(i, layer, h)`` where given."""
+    attn, hidden, out = {}, {}, {}
+
+    def got_attn(i, layer, probs):
+        if on_attn is not None:
+            on_attn(i, layer, probs)
+        if keep:
+            attn[(i, layer)] = probs
+
+    def got_hidden(i, layer, h):
+        if on_hidden is not None:
+            on_hidden(i, layer, h)
+        if keep:
+            hidden[(i, layer)] = h
+
+    _run_case(lm, case, hooks, got_attn, got_hidden, lambda i, name, o: out.__setitem__(i, (name, o)))
+    return attn, hidden, out
+
+
+def _invariance(case: _Case, attn: dict, hidden: dict) -> tuple[float, float]:
+    """(max |padded row - alone| over real tokens, max |identical unpadded row in a batch - alone|)."""
+    alone_keep = case.passes[0].query_keep[0]
+    n = int(alone_keep.sum())
+
+    def rows(i):  # [query rows, key cols] indices of the real tokens of pass i (batch row 0 or 1)
+        keep = case.passes[i].query_keep[-1]
+        return keep.nonzero().flatten()
+
+    layers = sorted({layer for (_, layer) in attn})
+    noise, padded = 0.0, 0.0
+    for i in range(1, len(case.passes)):
+        idx = rows(i)
+        row = 1 if i == 1 else 0
+        d = 0.0
+        for layer in layers:
+            a, a0 = attn[(i, layer)][row][:, idx][:, :, idx], attn[(0, layer)][0]
+            h, h0 = hidden[(i, layer)][row][idx], hidden[(0, layer)][0]
+            assert a.shape[-1] == n
+            d = max(d, float((a.float() - a0.float()).abs().max()), float((h.float() - h0.float()).abs().max()))
+        if i == 1:
+            noise = d
+        else:
+            padded = max(padded, d)
+    return padded, noise
 
 
 @torch.no_grad()
 def _verify_case(lm: LoadedModel, case: _Case, mutant, atol, rtol, layer_attn, layer_hidden,
-                 notes: list[str]) -> tuple[CaseResult, str, _Max]:
+                 hooks, notes: list[str]) -> tuple[CaseResult, str, _Max]:
     start = time.perf_counter()
-    ref_attn: dict = {}
-    ref_hidden: dict = {}
-    ref_out: dict = {}
-    _run_case(lm, case,
-              lambda i, layer, probs: ref_attn.__setitem__((i, layer), probs),
-              lambda i, layer, h: ref_hidden.__setitem__((i, layer), h),
-              lambda i, name, out: ref_out.__setitem__(i, out))
-
+    ref_attn, ref_hidden, ref_out = _record(case, hooks, lm)
     attn, hidden, out = _Max(), _Max(), _Max()
     ok = [True]
 
-    def cmp_attn(i, layer, probs):
+    def compare_attn(i, layer, probs):  # on the fly, dropping the original's tensor (memory: one copy)
         p = case.passes[i]
-        ref = ref_attn.pop((i, layer))
+        ref = ref_attn[(i, layer)] if case.invariance else ref_attn.pop((i, layer))
         if probs.shape != ref.shape:
             raise ProbeError(f"{case.name}: layer {layer} probabilities have shape {tuple(probs.shape)}, "
                              f"the original's {tuple(ref.shape)}")
         if bool(p.query_keep.all()) and bool(p.key_keep.all()):
             a, b = probs, ref  # no padding: compare everything without copying
         else:
-            sel = p.query_keep[:, None, :, None] & p.key_keep[:, None, None, :]  # (B, 1, Tq, Tk)
-            sel = sel.expand_as(probs)
+            sel = (p.query_keep[:, None, :, None] & p.key_keep[:, None, None, :]).expand_as(probs)
             a, b = probs[sel], ref[sel]
         ok[0] &= attn.add(a, b, atol, rtol) & layer_attn[layer].add(a, b, atol, rtol)
 
-    def cmp_hidden(i, layer, h):
+    def compare_hidden(i, layer, h):
         keep = case.passes[i].query_keep
-        a, b = h[keep], ref_hidden.pop((i, layer))[keep]
+        ref = ref_hidden[(i, layer)] if case.invariance else ref_hidden.pop((i, layer))
+        a, b = h[keep], ref[keep]
         ok[0] &= hidden.add(a, b, atol, rtol) & layer_hidden[layer].add(a, b, atol, rtol)
-
-    name_holder = {}
-
-    def cmp_out(i, name, o):
-        name_holder["name"] = name
-        keep = case.passes[i].query_keep
-        ok[0] &= out.add(o[keep], ref_out.pop(i)[keep], atol, rtol)
 
     with swap_attention(lm, mutant) as swapped:
         notes.extend(n for n in swapped.notes if n not in notes)
-        _run_case(lm, case, cmp_attn, cmp_hidden, cmp_out)
+        new_attn, new_hidden, new_out = _record(case, hooks, lm, compare_attn, compare_hidden, keep=case.invariance)
+    name = next(iter(new_out.values()))[0] if new_out else "output"
+    for i, (_, o) in new_out.items():
+        keep = case.passes[i].query_keep
+        ok[0] &= out.add(o[keep], ref_out[i][1][keep], atol, rtol)
+    padding = noise = None
+    if case.invariance:
+        padded_ref, noise_ref = _invariance(case, ref_attn, ref_hidden)
+        padded_new, noise_new = _invariance(case, new_attn, new_hidden)
+        padding, noise = max(padded_ref, padded_new), max(noise_ref, noise_new)
+        ok[0] &= padding <= max(atol, NOISE_FACTOR * noise)
     shape = list(case.passes[0].inputs["input_ids"].shape)
     result = CaseResult(case.name, case.description, shape, attn.diff, hidden.diff, out.diff, out.rel,
-                        max(attn.diff, hidden.diff, out.diff), bool(ok[0]), time.perf_counter() - start)
-    return result, name_holder.get("name", "output"), out
+                        max(attn.diff, hidden.diff, out.diff), bool(ok[0]), time.perf_counter() - start,
+                        padding, noise)
+    return result, name, out
 
 
 def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, *, rtol: float = 0.0,
-           cases: list[str] | None = None) -> VerifyResult:
+           cases: list[str] | None = None,
+           progress: Callable[[int, int, str, CaseResult | None], None] | None = None) -> VerifyResult:
     """Run the original and the from-scratch attention on a battery of inputs and compare them.
 
     Args:
         lm: a loaded model (see :func:`probe.load_model` / :func:`probe.from_pretrained_objects`).
-            It is switched to eager attention (noted) so the original returns probabilities.
+            It is measured in eager attention and eval mode (noted) and restored afterwards.
         atol: absolute tolerance (probabilities are in [0, 1]; hidden states and logits in the
             model's units). Default 1e-5 for float32; use :data:`BF16_ATOL` (1e-2) for bfloat16.
         mutant: None, or a name from :data:`probe.reference.MUTANTS` to verify a deliberately
             broken variant (expected to FAIL; a note says when it cannot change anything).
         rtol: relative tolerance: a value passes when ``|swapped - original| <= atol + rtol * |original|``.
         cases: run only these case names (default: the whole battery).
+        progress: called as ``progress(i, n, case_name, None)`` before case i of n and
+            ``progress(i, n, case_name, result)`` after it.
 
     Returns:
         :class:`VerifyResult` with per-layer differences of attention probabilities [batch, heads,
@@ -379,51 +479,44 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
         results, the final outputs' difference and the pass/fail verdict.
 
     Raises:
-        ProbeError: unknown mutant or case name; a tokenizer that does not fit the model.
+        InputError: unknown mutant, negative or non-finite tolerance.
+        ProbeError: unknown case name or no case; a tokenizer that does not fit the model.
     """
-    if mutant is not None and mutant not in MUTANTS:
-        raise ProbeError(f"unknown mutant {mutant!r}; choose from {', '.join(MUTANTS)}")
-    for name, value in (("atol", atol), ("rtol", rtol)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ProbeError(f"{name} must be a finite number >= 0, got {value!r}")
+    validate.mutant(mutant)
+    atol, rtol = validate.tolerance("atol", atol), validate.tolerance("rtol", rtol)
     notes = list(lm.notes)
-    impl = getattr(lm.model.config, "_attn_implementation", "eager")
-    note = ensure_eager(lm.model)
-    if note:
-        notes.append(note + " for the original run (restored afterwards)")
     if mutant is not None:
         applies, why = mutant_applies(mutant, lm)
         if not applies:
             notes.append(f"mutant {mutant!r} cannot change this model: {why}")
-    was_training = lm.model.training
-    lm.model.eval()
-    try:
-        battery = _battery(lm)
-        if isinstance(cases, str):
-            cases = [cases]
-        if cases is not None and len(cases) == 0:
-            raise ProbeError("no verification case selected (cases=[]): nothing would be compared")
-        if cases is not None:
-            unknown = set(cases) - {c.name for c in battery}
-            if unknown:
-                raise ProbeError(f"unknown case(s) {', '.join(sorted(unknown))}; "
-                                 f"choose from {', '.join(c.name for c in battery)}")
-            battery = [c for c in battery if c.name in cases]
-        n_layers = lm.geometry.n_layers
-        layer_attn = [_Max() for _ in range(n_layers)]
-        layer_hidden = [_Max() for _ in range(n_layers)]
-        results = []
-        swap_notes: list[str] = []
-        output_name, out_total = "output", _Max()
-        for case in battery:
-            res, output_name, out = _verify_case(lm, case, mutant, atol, rtol, layer_attn, layer_hidden, swap_notes)
+    battery = _battery(lm)
+    if isinstance(cases, str):
+        cases = [cases]
+    if cases is not None and len(cases) == 0:
+        raise ProbeError("no verification case selected (cases=[]): nothing would be compared")
+    if cases is not None:
+        unknown = set(cases) - {c.name for c in battery}
+        if unknown:
+            raise ProbeError(f"unknown case(s) {', '.join(sorted(unknown))}; "
+                             f"choose from {', '.join(c.name for c in battery)}")
+        battery = [c for c in battery if c.name in cases]
+    n_layers = lm.geometry.n_layers
+    layer_attn = [_Max() for _ in range(n_layers)]
+    layer_hidden = [_Max() for _ in range(n_layers)]
+    results, swap_notes = [], []
+    output_name, out_total = "output", _Max()
+    with measuring(lm.model) as state:
+        notes.extend(state.notes)
+        for index, case in enumerate(battery):
+            if progress is not None:
+                progress(index, len(battery), case.name, None)
+            res, output_name, out = _verify_case(lm, case, mutant, atol, rtol, layer_attn, layer_hidden,
+                                                 state.hooks, swap_notes)
             results.append(res)
             out_total.diff = max(out_total.diff, out.diff)
             out_total.ref = max(out_total.ref, out.ref)
-    finally:
-        lm.model.train(was_training)
-        if note:
-            lm.model.set_attn_implementation(impl)
+            if progress is not None:
+                progress(index, len(battery), case.name, res)
     notes.extend(n for n in swap_notes if n not in notes)
     per_layer = [LayerResult(i, a.diff, a.rel, h.diff, h.rel, a.ok and h.ok)
                  for i, (a, h) in enumerate(zip(layer_attn, layer_hidden))]
@@ -432,66 +525,3 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
     dtype = str(next(lm.model.parameters()).dtype).replace("torch.", "")
     return VerifyResult(lm.name, passed, max_abs, per_layer, results, output_name, out_total.diff, out_total.rel,
                         atol, rtol, mutant, dtype, notes)
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------------------------
-
-def format_table(result: VerifyResult) -> str:
-    """The human-readable report: one row per layer, then the output and the cases."""
-    lines = [f"probe verify: {result.model} ({result.dtype}), atol {result.atol:g}"
-             + (f", rtol {result.rtol:g}" if result.rtol else "")
-             + (f", mutant {result.mutant}" if result.mutant else "")]
-    lines.append(f"{'layer':>5}  {'attn max abs':>12}  {'attn max rel':>12}  {'hidden max abs':>14}  "
-                 f"{'hidden max rel':>14}  result")
-    for r in result.per_layer:
-        lines.append(f"{r.layer:>5}  {r.attn_max_abs:>12.3e}  {r.attn_max_rel:>12.3e}  {r.hidden_max_abs:>14.3e}  "
-                     f"{r.hidden_max_rel:>14.3e}  {'PASS' if r.passed else 'FAIL'}")
-    lines.append(f"output ({result.output_name}): max abs {result.output_max_abs:.3e}, max rel {result.output_max_rel:.3e}")
-    lines.append("cases:")
-    for c in result.cases:
-        lines.append(f"  {c.name:<14} {str(c.shape):<11} max abs {c.max_abs_diff:.3e}  {c.seconds:6.1f} s  "
-                     f"{'PASS' if c.passed else 'FAIL'}  ({c.description})")
-    for note in result.notes:
-        lines.append(f"note: {note}")
-    lines.append(f"{'PASS' if result.passed else 'FAIL'}: max abs diff {result.max_abs_diff:.3e}")
-    return "\n".join(lines)
-
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@click.command("verify")
-@click.option("--model", "-m", "model_name", default=DEFAULT_MODEL, show_default=True,
-              help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
-@click.option("--atol", type=float, default=None,
-              help=f"Absolute tolerance [default: {FP32_ATOL:g} for float32, {BF16_ATOL:g} for bfloat16/float16].")
-@click.option("--rtol", type=float, default=0.0, show_default=True, help="Relative tolerance.")
-@click.option("--mutant", type=click.Choice(sorted(MUTANTS)), default=None,
-              help="Verify a deliberately broken attention instead (expected to FAIL).")
-@click.option("--dtype", type=click.Choice(sorted(_DTYPES)), default="float32", show_default=True,
-              help="Parameter dtype to load the model in.")
-def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: float, mutant: str | None,
-                   dtype: str) -> None:
-    """Check that probe's from-scratch attention reproduces the model (exit code 1 on FAIL)."""
-    from .models import load_model
-
-    if atol is None:
-        atol = FP32_ATOL if dtype == "float32" else BF16_ATOL
-    for name, value in (("--atol", atol), ("--rtol", rtol)):
-        if not (math.isfinite(value) and value >= 0):
-            raise click.ClickException(f"{name} must be a finite number >= 0, got {value!r}")
-    try:
-        lm = load_model(model_name, dtype=_DTYPES[dtype])
-        if mutant is not None:
-            applies, why = mutant_applies(mutant, lm)
-            if not applies:
-                raise ProbeError(f"mutant {mutant!r} cannot change {model_name}: {why}")
-        result = verify(lm, atol=atol, mutant=mutant, rtol=rtol)
-    except ProbeError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps(result.to_json(), indent=2) if as_json else format_table(result))
-    if not result.passed:
-        click.get_current_context().exit(1)

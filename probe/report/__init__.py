@@ -1,5 +1,10 @@
 """Report writer: a run folder with ``index.html`` (self-contained, offline), ``heads.csv`` and ``run.json``.
 
+The page carries its data inline (one JSON block) and draws every heatmap on a ``<canvas>`` with a
+small inline script (``static/heatmap.js``): no image is rendered in Python, no library or font is
+fetched, and a strict Content-Security-Policy (``default-src 'none'``; inline script and style
+only) forbids any network request. Token labels are escaped wherever they appear.
+
 A run folder never overwrites an earlier one unless ``force`` is given; the default folder is a
 new ``reports/<model>-<timestamp>`` under the current directory.
 """
@@ -12,16 +17,17 @@ import math
 import os
 import re
 import time
+from functools import cache, lru_cache
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
-from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis import AnalysisResult, versions
 from ..classify import LABEL_RULES, MIXED
 from ..errors import InputError
-from ..stats import STATISTICS, token_surface
-from . import plots
+from ..inputs import display_tokens
+from ..stats import STATISTICS
 
 #: Colors of the primary labels in the layer x head grid (colour-blind-safe Okabe-Ito palette + greys).
 LABEL_COLORS = {
@@ -38,8 +44,14 @@ LABEL_SHORT = {
 
 OUTPUT_FILES = ("index.html", "heads.csv", "run.json")
 
-#: Attention heatmaps of longer examples show their first this many tokens (labels stay readable).
+#: Attention heatmaps show at most this many tokens of an example (labels stay readable).
 MAX_HEATMAP_TOKENS = 64
+
+#: Units of the statistics shown in titles.
+UNITS = {"entropy": "nats", "distance": "tokens"}
+
+#: The page's Content-Security-Policy: nothing may be loaded; inline script and style only.
+CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 
 
 def default_run_dir(model_name: str, root: str | Path = "reports") -> Path:
@@ -77,14 +89,6 @@ def prepare_run_dir(out: str | Path | None, model_name: str, force: bool = False
     return path
 
 
-def display_token(tokenizer, token: str) -> str:
-    """A readable label for a token string: byte-level BPE decoded, sentencepiece marker dropped."""
-    if token in getattr(tokenizer, "all_special_tokens", []):
-        return token
-    text = token_surface(tokenizer, token).replace("\n", "\\n").strip()
-    return text or repr(token)
-
-
 def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> list[tuple[int, int, str, str]]:
     """Heads to draw: the strongest head of each primary label (statistic / threshold), then the
     most focused ``mixed`` head. Returns (layer, head, label, reason) tuples."""
@@ -106,10 +110,9 @@ def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> 
 def _example_view(tokenizer, ex) -> dict:
     """Text of an example as analysed (the decoded tokens when truncation cut it)."""
     if not ex.truncated:
-        return {"text": ex.text, "n_tokens": len(ex.tokens), "truncated": False}
-    analysed = tokenizer.convert_tokens_to_string(
-        [t for t in ex.tokens if t not in getattr(tokenizer, "all_special_tokens", [])]).strip()
-    return {"text": analysed + " [...]", "n_tokens": len(ex.tokens), "truncated": True}
+        return {"text": ex.text, "n_tokens": ex.n_tokens, "truncated": False}
+    end = max((e for (s, e), sp in zip(ex.offsets, ex.special) if not sp), default=0)
+    return {"text": ex.text[:end] + " [...]", "n_tokens": ex.n_tokens, "truncated": True}
 
 
 def _fmt(value) -> str:
@@ -137,43 +140,100 @@ def run_record(result: AnalysisResult, extra: dict | None = None) -> dict:
     return rec
 
 
+def _stat_figures(heads) -> tuple[dict, list[dict]]:
+    """One layer x head heatmap per statistic (data for the page's canvas renderer)."""
+    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    figures, blocks = {}, []
+    for stat in STATISTICS:
+        grid = heads.pivot(index="layer", columns="head", values=stat).to_numpy(dtype=float)
+        title = f"{stat} ({UNITS[stat]})" if stat in UNITS else stat
+        if np.isnan(grid).all():
+            blocks.append({"id": None, "title": title})
+            continue
+        vmax = float(np.nanmax(grid)) if stat in UNITS else 1.0
+        fid = f"stat-{stat}"
+        figures[fid] = {
+            "rows": n_layers, "cols": n_heads, "scale": 10000, "vmin": 0.0, "vmax": vmax or 1.0,
+            "cmap": "viridis", "title": title, "unit": UNITS.get(stat, ""),
+            "values": [None if math.isnan(v) else int(round(v * 10000)) for v in grid.ravel()],
+            "rowLabels": [str(i) for i in range(n_layers)], "colLabels": [str(i) for i in range(n_heads)],
+            "xLabel": "head", "yLabel": "layer",
+        }
+        blocks.append({"id": fid, "title": title})
+    return figures, blocks
+
+
+def _attention_figures(result: AnalysisResult, tokenizer) -> tuple[dict, list[dict]]:
+    """Heatmaps of the chosen heads on the first two examples (data for the canvas renderer)."""
+    figures, blocks = {}, []
+    labels = {}
+    for i, ex in enumerate(result.examples[:2]):
+        labels[i] = display_tokens(tokenizer, ex.text, ex.ids, ex.offsets, ex.special)
+    for layer, head, label, reason in choose_heads(result):
+        for i, ex in enumerate(result.examples[:2]):
+            n = min(ex.probs.shape[-1], MAX_HEATMAP_TOKENS)
+            crop = f", first {n} of {ex.n_tokens} tokens" if n < ex.n_tokens else ""
+            fid = f"attn-{layer}-{head}-{i}"
+            tokens = labels[i][:n]
+            values = np.rint(ex.probs[layer, head, :n, :n] * 1000).astype(int).ravel().tolist()
+            figures[fid] = {
+                "rows": n, "cols": n, "scale": 1000, "vmin": 0.0, "vmax": 1.0, "cmap": "blues",
+                "title": f"layer {layer} head {head} ({label}), example {i + 1}{crop}", "values": values,
+                "rowLabels": tokens, "colLabels": tokens, "xLabel": "key (attended to)", "yLabel": "query (attending)",
+            }
+            blocks.append({"id": fid, "layer": layer, "head": head, "label": label, "reason": reason,
+                           "example": i + 1, "crop": crop})
+    return figures, blocks
+
+
+def _json_for_script(data) -> str:
+    """JSON safe inside a <script> element (no '<', '>' or '&' that could close it)."""
+    text = json.dumps(data, separators=(",", ":"), default=_json_default)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+@lru_cache(maxsize=1)
+def _environment():
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    return Environment(loader=PackageLoader("probe", "report/templates"), autoescape=select_autoescape(["html", "j2"]))
+
+
+@cache
+def static_text(name: str) -> str:
+    """A file of ``probe/report/static`` (inlined into pages)."""
+    return resources.files("probe").joinpath(f"report/static/{name}").read_text(encoding="utf-8")
+
+
 def render_html(result: AnalysisResult, tokenizer, record: dict, verification: dict | None = None) -> str:
-    """The self-contained report page (all figures inline, no external resources, input escaped)."""
-    env = Environment(loader=PackageLoader("probe", "report/templates"),
-                      autoescape=select_autoescape(["html", "j2"]))
+    """The self-contained report page (data inline, heatmaps drawn by inline script, input escaped)."""
     heads = result.heads
     n_layers, n_heads = result.model["layers"], result.model["heads"]
     grid = [[None] * n_heads for _ in range(n_layers)]
-    for _, row in heads.iterrows():
+    for row in heads.to_dict("records"):
         tip = "; ".join(f"{s}={_fmt(row[s])}" for s in STATISTICS if _fmt(row[s]))
         grid[int(row["layer"])][int(row["head"])] = {
             "label": row["label"], "labels": row["labels"], "color": LABEL_COLORS.get(row["label"], "#fff"),
             "short": LABEL_SHORT.get(row["label"], ""),
             "tip": f"L{int(row['layer'])} H{int(row['head'])}: {row['labels']} | {tip}",
         }
-    figures = []
-    for layer, head, label, reason in choose_heads(result):
-        for i, ex in enumerate(result.examples[:2]):
-            n = min(len(ex.tokens), MAX_HEATMAP_TOKENS)
-            tokens = [display_token(tokenizer, t) for t in ex.tokens[:n]]
-            crop = f", first {n} of {len(ex.tokens)} tokens" if n < len(ex.tokens) else ""
-            figures.append({
-                "layer": layer, "head": head, "label": label, "reason": reason, "example": i + 1, "crop": crop,
-                "img": plots.attention_heatmap(ex.attentions[layer, head, :n, :n], tokens,
-                                               f"layer {layer} head {head} ({label}), example {i + 1}{crop}"),
-            })
+    stat_figs, stat_blocks = _stat_figures(heads)
+    attn_figs, attn_blocks = _attention_figures(result, tokenizer)
     table_cols = ["layer", "head", "label", "labels", *STATISTICS, "cluster"]
-    table = [[_fmt(row[c]) for c in table_cols] for _, row in heads.iterrows()]
-    return env.get_template("report.html.j2").render(
-        result=result, record=record, grid=grid, colors=LABEL_COLORS,
-        label_counts=result.label_counts(), stat_figs=plots.statistic_heatmaps(heads),
-        figures=figures, table_cols=table_cols, table=table, verification=verification,
+    table = [[_fmt(row[c]) for c in table_cols] for row in heads.to_dict("records")]
+    return _environment().get_template("report.html.j2").render(
+        result=result, record=record, grid=grid, colors=LABEL_COLORS, csp=CSP,
+        label_counts=result.label_counts(), stat_blocks=stat_blocks, attn_blocks=attn_blocks,
+        table_cols=table_cols, table=table, verification=verification,
         examples=[_example_view(tokenizer, ex) for ex in result.examples],
+        data_json=_json_for_script({"figures": {**stat_figs, **attn_figs}}),
+        script=static_text("heatmap.js"),
     )
 
 
 def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, *, force: bool = False,
-              verification: dict | None = None) -> Path:
+              verification: dict | None = None, timings: dict | None = None,
+              started: float | None = None) -> Path:
     """Write ``index.html``, ``heads.csv`` and ``run.json`` to a run folder; return the folder.
 
     Args:
@@ -182,21 +242,32 @@ def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, 
         out: the folder (default: a new ``reports/<model>-<timestamp>``).
         force: overwrite probe's files in an existing, non-empty ``out`` (other files are kept).
         verification: optional ``probe.verify`` JSON record, shown as a section of the report.
+        timings: the caller's phase timings in seconds (start-up, model load ...), merged into
+            ``result.timings``; with ``started`` (a ``time.perf_counter()`` value), ``total_s`` and
+            ``other_s`` (the rest of the wall time) are added so the phases add up to the total.
 
     Raises:
-        InputError: ``out`` exists and is not empty and ``force`` is False.
+        InputError: ``out`` exists and is not empty and ``force`` is False, or cannot be written.
     """
-    path = prepare_run_dir(out, result.model["name"], force)
-    record = run_record(result, {"verification": verification} if verification else None)
     start = time.perf_counter()
+    path = prepare_run_dir(out, result.model["name"], force)
+    result.timings.update({k: round(v, 4) for k, v in (timings or {}).items()})
+    record = run_record(result, {"verification": verification} if verification else None)
     html = render_html(result, tokenizer, record, verification)
-    record["timings_s"] = {**record["timings_s"], "report_s": round(time.perf_counter() - start, 4)}
     try:
         path.mkdir(parents=True, exist_ok=True)
         record["output"] = {name: str(path / name) for name in OUTPUT_FILES}
         result.heads.to_csv(path / "heads.csv", index=False, float_format="%.6g")
-        (path / "run.json").write_text(json.dumps(record, indent=2, default=_json_default) + "\n", encoding="utf-8")
         (path / "index.html").write_text(html, encoding="utf-8")
+        now = time.perf_counter()
+        result.timings["report_s"] = round(now - start, 4)
+        if started is not None:
+            result.timings["total_s"] = round(now - started, 4)
+            phases = ("startup_s", "input_s", "model_load_s", "analyze_s", "verify_s", "report_s")
+            result.timings["other_s"] = round(max(0.0, result.timings["total_s"] - sum(
+                result.timings.get(k, 0.0) for k in phases)), 4)
+        record["timings_s"] = result.timings
+        (path / "run.json").write_text(json.dumps(record, indent=2, default=_json_default) + "\n", encoding="utf-8")
     except OSError as exc:
         raise InputError(f"cannot write the run folder {path}: {exc.strerror or exc}") from None
     return path

@@ -1,0 +1,5 @@
+"""``python -m probe ...`` (also under ``torchrun -m probe`` and ``accelerate launch -m probe``)."""
+
+from .cli import entry
+
+entry()

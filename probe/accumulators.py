@@ -1,0 +1,207 @@
+"""The accumulator protocol of the analysis loop, and the small accumulators every run uses.
+
+:func:`probe.analysis.run` hands each site's attention probabilities, batch by batch, to a list of
+accumulators::
+
+    acc.begin_batch(batch)                 # optional, before the forward pass
+    acc.update(site, probs, batch)         # every site; probs [batch, heads, query, key]
+    acc.end_batch(batch)                   # optional, after the forward pass
+    acc.merge(other)                       # add another accumulator of the same kind (in place)
+    acc.result()                           # what it measured
+
+Merging is addition (or union), so batches, processes and machines combine the same way. The
+per-head statistics (:class:`probe.stats.HeadStatistics`), the example maps
+(:class:`ExampleMaps`) and the token counts (:class:`TokenCounts`) are accumulators; the coming
+analyses (word-level attention, coreference, syntax, head distances) are more of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .inputs import Batch
+from .sites import Site
+
+
+class Accumulator:
+    """Base class: override :meth:`update`, :meth:`merge` and :meth:`result`.
+
+    Attributes:
+        name: key of the result in :attr:`probe.analysis.AnalysisResult.results`.
+    """
+
+    name: str = "accumulator"
+
+    def begin_batch(self, batch: Batch) -> None:
+        """Called before the forward pass of each batch."""
+
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
+        """Fold in one site's attention probabilities [batch, heads, query, key] for ``batch``."""
+        raise NotImplementedError
+
+    def end_batch(self, batch: Batch) -> None:
+        """Called after the forward pass of each batch."""
+
+    def merge(self, other: Accumulator) -> Accumulator:
+        """Add ``other`` (same kind, same model) into this one, in place; return self."""
+        raise NotImplementedError
+
+    def result(self):
+        """What was measured."""
+        raise NotImplementedError
+
+
+@dataclass
+class Example:
+    """One example sequence with its attention maps, cropped to what is shown.
+
+    Attributes:
+        index: position of the text in the corpus.
+        text: the input text.
+        ids: token ids of the whole sequence as analysed (special tokens included).
+        offsets: characters each token covers in ``text``.
+        special: per token, whether the tokenizer added it.
+        probs: [sites, heads, n, n] float32 attention probabilities of the first n = min(T, crop)
+            tokens (query rows, key columns), in site order.
+        truncated: the text was cut to the model's token limit.
+    """
+
+    index: int
+    text: str
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+    special: list[bool]
+    probs: np.ndarray
+    truncated: bool = False
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the sequence as analysed (may exceed the cropped map)."""
+        return len(self.ids)
+
+    @property
+    def cropped(self) -> bool:
+        """The maps cover fewer tokens than the sequence."""
+        return self.probs.shape[-1] < len(self.ids)
+
+
+class ExampleMaps(Accumulator):
+    """Keeps the attention maps of a few chosen texts, cropped to their first ``crop`` tokens.
+
+    Memory is bounded by what is shown (shared/CASES.md F20): sites x heads x crop x crop floats per
+    example, whatever the text's length. ``crop=None`` keeps whole maps (Python API only: a
+    1,024-token SmolLM2 text then takes 30 x 9 x 1024^2 x 4 bytes = 1.1 GB).
+
+    Args:
+        indices: corpus positions of the texts to keep (e.g. ``range(3)``).
+        sites: the model's sites, in order.
+        crop: tokens kept per side (default 64, what the report draws), or None for all.
+    """
+
+    name = "examples"
+
+    def __init__(self, indices, sites: list[Site], crop: int | None = 64) -> None:
+        self.indices = set(int(i) for i in indices)
+        self.sites = list(sites)
+        self._site_pos = {s: i for i, s in enumerate(self.sites)}
+        self.crop = crop
+        self._maps: dict[int, list[np.ndarray | None]] = {}
+        self._meta: dict[int, dict] = {}
+        self._rows: list[tuple[int, int, int]] = []
+
+    def begin_batch(self, batch: Batch) -> None:
+        self._rows = []
+        lengths = batch.lengths.tolist()
+        for row, idx in enumerate(batch.index):
+            if idx in self.indices and idx not in self._meta:
+                n = lengths[row] if self.crop is None else min(lengths[row], self.crop)
+                self._rows.append((row, idx, n))
+                self._maps[idx] = [None] * len(self.sites)
+                self._meta[idx] = {
+                    "text": batch.texts[row].text, "ids": batch.input_ids[row, :lengths[row]].tolist(),
+                    "offsets": [tuple(o) for o in batch.offsets[row, :lengths[row]].tolist()],
+                    "special": batch.special[row, :lengths[row]].tolist(), "truncated": batch.truncated[row],
+                }
+
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
+        for row, idx, n in self._rows:
+            self._maps[idx][self._site_pos[site]] = probs[row, :, :n, :n].float().cpu().numpy()
+
+    def merge(self, other: ExampleMaps) -> ExampleMaps:
+        for idx, maps in other._maps.items():
+            if idx not in self._maps:
+                self._maps[idx], self._meta[idx] = maps, other._meta[idx]
+        self.indices |= other.indices
+        return self
+
+    def result(self) -> list[Example]:
+        """The kept examples, in corpus order."""
+        out = []
+        for idx in sorted(self._maps):
+            m = self._meta[idx]
+            out.append(Example(idx, m["text"], m["ids"], m["offsets"], m["special"],
+                               np.stack(self._maps[idx]), m["truncated"]))
+        return out
+
+
+@dataclass
+class Counts:
+    """What went through the loop.
+
+    Attributes:
+        sequences, tokens (real, special included), truncated (sequences cut to the limit),
+        batches, unknown (tokens that are the tokenizer's unknown-word token), longest (tokens of
+        the longest sequence).
+    """
+
+    sequences: int = 0
+    tokens: int = 0
+    truncated: int = 0
+    batches: int = 0
+    unknown: int = 0
+    longest: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"sequences": self.sequences, "tokens": self.tokens, "truncated": self.truncated,
+                "batches": self.batches, "unknown_tokens": self.unknown, "longest": self.longest, **self.extra}
+
+
+class TokenCounts(Accumulator):
+    """Counts sequences, tokens, truncations and unknown-word tokens (for the run's record)."""
+
+    name = "counts"
+
+    def __init__(self, unk_id: int | None = None) -> None:
+        self.unk_id = unk_id
+        self.counts = Counts()
+
+    def begin_batch(self, batch: Batch) -> None:
+        c = self.counts
+        lengths = batch.lengths
+        c.sequences += len(batch)
+        c.tokens += int(lengths.sum())
+        c.truncated += sum(batch.truncated)
+        c.batches += 1
+        c.longest = max(c.longest, int(lengths.max()))
+        if self.unk_id is not None:
+            c.unknown += int(((batch.input_ids == self.unk_id) & batch.real).sum())
+
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
+        pass
+
+    def merge(self, other: TokenCounts) -> TokenCounts:
+        a, b = self.counts, other.counts
+        a.sequences += b.sequences
+        a.tokens += b.tokens
+        a.truncated += b.truncated
+        a.batches += b.batches
+        a.unknown += b.unknown
+        a.longest = max(a.longest, b.longest)
+        return self
+
+    def result(self) -> Counts:
+        return self.counts

@@ -1,0 +1,419 @@
+"""From text to batches: tokenization with character offsets, word alignment, padding.
+
+Data flow: texts (:class:`Text`, or plain strings) -> :func:`tokenize` (one :class:`Tokenized` per
+text: token ids, character offsets, special-token flags, word index of each token, truncation)
+-> :func:`iter_batches` (length-sorted, right-padded :class:`Batch` objects) -> the model.
+
+Typed text stays text (shared/CASES.md F23): a user's "[SEP]" or "<|endoftext|>" is tokenized
+as characters, like the tokenizer's ``split_special_tokens``; only the special tokens the
+tokenizer adds itself are special. ``parse_special_tokens=True`` keeps the old behaviour for users
+who mean it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from . import validate
+from .errors import InputError
+from .util import quiet_transformers
+
+
+@dataclass
+class Text:
+    """One input sequence.
+
+    Attributes:
+        text: the characters given to the tokenizer.
+        words: character spans ``(start, end)`` of its words, in order; None = split on whitespace.
+            Analyses that bring their own words (CoNLL-U tokens, GAP mentions) pass them here.
+        meta: anything an analysis needs about this text (gold heads, mentions ...); probe's loop
+            passes it through untouched.
+        pair: an optional second segment (sentence pairs: BERT's [SEP]-joined input).
+    """
+
+    text: str
+    words: list[tuple[int, int]] | None = None
+    meta: dict = field(default_factory=dict)
+    pair: str | None = None
+
+    def word_spans(self) -> list[tuple[int, int]]:
+        """Character spans of the words: the given ones, or the whitespace-separated runs of ``text``."""
+        if self.words is not None:
+            return list(self.words)
+        spans, start = [], None
+        for i, ch in enumerate(self.text):
+            if ch.isspace():
+                if start is not None:
+                    spans.append((start, i))
+                    start = None
+            elif start is None:
+                start = i
+        if start is not None:
+            spans.append((start, len(self.text)))
+        return spans
+
+
+def as_texts(texts: Iterable[str | Text] | str | Text) -> list[Text]:
+    """Wrap strings as :class:`Text` (one string is one text)."""
+    if isinstance(texts, (str, Text)):
+        texts = [texts]
+    return [t if isinstance(t, Text) else Text(t) for t in texts]
+
+
+@dataclass
+class Tokenized:
+    """One text after tokenization.
+
+    Attributes:
+        index: position of the text in the corpus.
+        ids: token ids (special tokens included).
+        offsets: per token, the ``(start, end)`` characters of ``text`` it covers ((0, 0) for
+            special tokens the tokenizer added). Byte-level pieces of one character all cover
+            that character.
+        special: per token, whether the tokenizer added it ([CLS], [SEP], BOS ...).
+        word_ids: per token, the index of the word (:meth:`Text.word_spans`) holding its first
+            non-space character, or -1 (special tokens, whitespace-only tokens).
+        token_type_ids: segment ids, or None.
+        truncated: the text was cut to the token limit.
+    """
+
+    index: int
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+    special: list[bool]
+    word_ids: list[int]
+    token_type_ids: list[int] | None
+    truncated: bool
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _word_ids(text: str, offsets: list[tuple[int, int]], special: list[bool],
+              spans: list[tuple[int, int]]) -> list[int]:
+    """Index of the word holding each token's first non-space character (-1 if none)."""
+    starts = [s for s, _ in spans]
+    out = []
+
+    for (s, e), sp in zip(offsets, special):
+        if sp or e <= s:
+            out.append(-1)
+            continue
+        first = next((i for i in range(s, e) if not text[i].isspace()), None)
+        if first is None:
+            out.append(-1)
+            continue
+        w = bisect.bisect_right(starts, first) - 1
+        out.append(w if w >= 0 and spans[w][0] <= first < spans[w][1] else -1)
+    return out
+
+
+def tokenize(lm, texts: Sequence[Text], max_length: int | None = None, *,
+             parse_special_tokens: bool = False, start_index: int = 0) -> list[Tokenized]:
+    """Tokenize texts (no padding), truncating each to ``max_length`` tokens.
+
+    Args:
+        lm: a :class:`~probe.models.LoadedModel`.
+        texts: the sequences (special tokens are added as the tokenizer does by default).
+        max_length: token limit, >= 2 (default and upper bound: the model's limit ``lm.max_length``).
+        parse_special_tokens: let typed special-token strings become special tokens (F23; default:
+            they are text).
+        start_index: corpus index of ``texts[0]``.
+
+    Returns:
+        One :class:`Tokenized` per text.
+
+    Raises:
+        InputError: no texts, max_length below 2, or a text with no token besides the special
+            tokens (an unknown-word token counts as a token).
+    """
+    if not texts:
+        raise InputError("no text given")
+    limit = validate.max_length(max_length, lm.max_length)
+    tok = lm.tokenizer
+    fast = bool(getattr(tok, "is_fast", False))
+    kw = dict(add_special_tokens=True, return_special_tokens_mask=True,
+              split_special_tokens=not parse_special_tokens, return_offsets_mapping=fast)
+    firsts = [t.text for t in texts]
+    pairs = [t.pair for t in texts]
+    has_pairs = any(p is not None for p in pairs)
+    if has_pairs and not all(p is not None for p in pairs):
+        raise InputError("either every text has a pair or none does")
+    args = (firsts, pairs) if has_pairs else (firsts,)
+    with quiet_transformers(progress_bars=True):  # the over-length warning is moot: probe truncates and counts
+        enc = tok(*args, **kw)
+        over = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > limit]
+        cut = None
+        if over:
+            sub = [[firsts[i] for i in over]] + ([[pairs[i] for i in over]] if has_pairs else [])
+            cut = tok(*sub, truncation=True, max_length=limit, **kw)
+    out = []
+    where = {i: j for j, i in enumerate(over)}
+    for i, text in enumerate(texts):
+        src, row = (cut, where[i]) if i in where else (enc, i)
+        ids = list(src["input_ids"][row])
+        special = [bool(s) for s in src["special_tokens_mask"][row]]
+        offsets = [tuple(o) for o in src["offset_mapping"][row]] if fast else [(0, 0)] * len(ids)
+        if has_pairs:  # offsets of the second segment refer to the pair text: shift past text + 1
+            tt = src.get("token_type_ids")
+            seg = list(tt[row]) if tt is not None else None
+            offsets = _pair_offsets(offsets, special, seg, len(text.text))
+        if all(special):
+            raise InputError(f"text {start_index + i + 1} has no tokens besides special tokens: {text.text[:40]!r}")
+        full = text.text if not has_pairs else text.text + " " + text.pair
+        tt = src.get("token_type_ids")
+        out.append(Tokenized(
+            index=start_index + i, ids=ids, offsets=offsets, special=special,
+            word_ids=_word_ids(full, offsets, special, text.word_spans()) if fast else [-1] * len(ids),
+            token_type_ids=list(tt[row]) if tt is not None else None, truncated=i in where,
+        ))
+    return out
+
+
+def _pair_offsets(offsets, special, segments, n_first: int):
+    """Offsets of a sentence pair as positions in ``first + " " + second``."""
+    if segments is None:  # tokenizers without segment ids: the second run of non-special tokens
+        seen_gap, segments = False, []
+        started = False
+        for sp in special:
+            if not sp:
+                started = True
+            elif started:
+                seen_gap = True
+            segments.append(1 if seen_gap and not sp else 0)
+    return [(s + n_first + 1, e + n_first + 1) if seg == 1 and not sp else (s, e)
+            for (s, e), sp, seg in zip(offsets, special, segments)]
+
+
+@dataclass
+class Batch:
+    """A right-padded batch and everything analyses need about its tokens.
+
+    Attributes:
+        input_ids: [batch, T] token ids (padding after the real tokens).
+        attention_mask: [batch, T] 1 for real tokens.
+        token_type_ids: [batch, T] segment ids, or None.
+        offsets: [batch, T, 2] characters each token covers in its text ((0, 0) for special and
+            padding tokens).
+        special: [batch, T] bool, tokens the tokenizer added ([CLS], [SEP], BOS ...).
+        word_ids: [batch, T] word index of each token (-1: special, padding, whitespace).
+        texts: the :class:`Text` of each row.
+        index: corpus position of each row.
+        truncated: per row, whether the text was cut to the token limit.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor | None
+    offsets: torch.Tensor
+    special: torch.Tensor
+    word_ids: torch.Tensor
+    texts: list[Text]
+    index: list[int]
+    truncated: list[bool]
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def real(self) -> torch.Tensor:
+        """[batch, T] bool, True for real (non-padding) tokens; a prefix of each row."""
+        return self.attention_mask.bool()
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[batch] number of real tokens per row (tokens)."""
+        return self.attention_mask.sum(1)
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def model_inputs(self) -> dict:
+        """Keyword arguments for the model's forward: input_ids, attention_mask (, token_type_ids)."""
+        kw = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.token_type_ids is not None:
+            kw["token_type_ids"] = self.token_type_ids
+        return kw
+
+    def covered_text(self, row: int, position: int) -> str:
+        """The characters token ``position`` of ``row`` covers (empty for special/padding tokens)."""
+        s, e = self.offsets[row, position].tolist()
+        t = self.texts[row]
+        full = t.text if t.pair is None else t.text + " " + t.pair
+        return full[s:e]
+
+    def cached(self, key, build):
+        """A per-batch value computed once and shared by every layer and accumulator."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def to(self, device) -> Batch:
+        """The model inputs moved to ``device`` (other fields stay on the CPU)."""
+        self.input_ids = self.input_ids.to(device)
+        self.attention_mask = self.attention_mask.to(device)
+        if self.token_type_ids is not None:
+            self.token_type_ids = self.token_type_ids.to(device)
+        return self
+
+
+def collate(lm, items: Sequence[Tokenized], texts: Sequence[Text]) -> Batch:
+    """Right-pad tokenized texts into one :class:`Batch` (whatever the tokenizer's padding side:
+    the statistics need real tokens first)."""
+    B, T = len(items), max(len(t) for t in items)
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    offsets = torch.zeros(B, T, 2, dtype=torch.long)
+    special = torch.zeros(B, T, dtype=torch.bool)
+    word_ids = torch.full((B, T), -1, dtype=torch.long)
+    has_tt = items[0].token_type_ids is not None
+    tt = torch.zeros(B, T, dtype=torch.long) if has_tt else None
+    for r, t in enumerate(items):
+        n = len(t)
+        ids[r, :n] = torch.tensor(t.ids)
+        mask[r, :n] = 1
+        offsets[r, :n] = torch.tensor(t.offsets, dtype=torch.long).reshape(n, 2)
+        special[r, :n] = torch.tensor(t.special)
+        word_ids[r, :n] = torch.tensor(t.word_ids)
+        if has_tt:
+            tt[r, :n] = torch.tensor(t.token_type_ids)
+    return Batch(ids, mask, tt, offsets, special, word_ids, list(texts), [t.index for t in items],
+                 [t.truncated for t in items])
+
+
+#: Texts tokenized together and sorted by length into batches (bounds memory on huge corpora).
+CHUNK = 4096
+
+
+def iter_batches(lm, texts: Iterable[Text], *, batch_size: int = 16, max_length: int | None = None,
+                 parse_special_tokens: bool = False, chunk: int = CHUNK,
+                 on_tokenized=None) -> Iterator[Batch]:
+    """Yield right-padded batches of ``texts``, sorted by length within chunks of ``chunk`` texts
+    (less padding; padding never enters a statistic, so the order does not change a result).
+
+    Args:
+        texts: any iterable of :class:`Text` (read lazily, ``chunk`` at a time).
+        on_tokenized: called with each chunk's list of :class:`Tokenized` (for counts).
+
+    Raises:
+        InputError: as :func:`tokenize`; batch_size below 1.
+    """
+    validate.positive_int("batch size", batch_size)
+    buf: list[Text] = []
+    start = 0
+
+    def flush(buf, start):
+        items = tokenize(lm, buf, max_length, parse_special_tokens=parse_special_tokens, start_index=start)
+        if on_tokenized is not None:
+            on_tokenized(items)
+        order = sorted(range(len(items)), key=lambda i: len(items[i]))
+        for i in range(0, len(order), batch_size):
+            rows = order[i:i + batch_size]
+            yield collate(lm, [items[r] for r in rows], [buf[r] for r in rows])
+
+    for text in texts:
+        buf.append(text)
+        if len(buf) >= chunk:
+            yield from flush(buf, start)
+            start += len(buf)
+            buf = []
+    if buf:
+        yield from flush(buf, start)
+
+
+# ---------------------------------------------------------------------------------------------
+# Token classes: punctuation (METRICS.md ``punct``) and display labels
+# ---------------------------------------------------------------------------------------------
+
+def is_punctuation_text(text: str) -> bool:
+    """True if ``text`` with whitespace removed is non-empty and made only of Unicode punctuation
+    (general categories Pc, Pd, Pe, Pf, Pi, Po, Ps): METRICS.md ``punct``, applied to the
+    characters a token covers in the input."""
+    s = "".join(ch for ch in text if not ch.isspace())
+    return bool(s) and all(unicodedata.category(ch).startswith("P") for ch in s)
+
+
+def punctuation_mask(batch: Batch, tokenizer=None) -> torch.Tensor:
+    """[batch, T] bool: real, non-special tokens whose covered characters are punctuation.
+
+    A byte-level piece of a punctuation character (byte-level BPE splits 「 or ¿ into pieces)
+    covers that character and counts (F21). Tokenizers without character offsets (slow ones)
+    fall back to the token's decoded surface form (a WordPiece '##' marker removed).
+    """
+    B, T = batch.input_ids.shape
+    offsets, special = batch.offsets.tolist(), batch.special.tolist()
+    ids, lengths = batch.input_ids.tolist(), batch.lengths.tolist()
+    has_offsets = bool((batch.offsets[..., 1] > batch.offsets[..., 0]).any())
+    out = [[False] * T for _ in range(B)]
+    for r in range(B):
+        t = batch.texts[r]
+        full = t.text if t.pair is None else t.text + " " + t.pair
+        for p in range(lengths[r]):
+            if special[r][p]:
+                continue
+            if has_offsets:
+                s, e = offsets[r][p]
+                out[r][p] = is_punctuation_text(full[s:e])
+            elif tokenizer is not None:
+                surface = token_surface(tokenizer, tokenizer.convert_ids_to_tokens(ids[r][p]))
+                out[r][p] = is_punctuation_text(surface[2:] if surface.startswith("##") and len(surface) > 2
+                                                else surface)
+    return torch.tensor(out, dtype=torch.bool)
+
+
+def token_surface(tokenizer, token: str) -> str:
+    """The text a token string stands for: byte-level BPE bytes decoded ('Ġ.' -> ' .'),
+    sentencepiece markers turned into spaces; a WordPiece continuation keeps its '##'."""
+    try:
+        text = tokenizer.convert_tokens_to_string([token])
+    except Exception:  # noqa: BLE001 - some tokenizers cannot decode lone tokens
+        text = token
+    if token.startswith("##") and not text.lstrip().startswith("##"):
+        text = "##" + text.lstrip()
+    return text
+
+
+def display_tokens(tokenizer, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]],
+                   special: Sequence[bool]) -> list[str]:
+    """Readable labels of a sequence's tokens (for reports and views).
+
+    Special tokens show as themselves; other tokens as their decoded surface with whitespace
+    shown as nothing and newlines as ``\\n``. A byte-level piece of a character (an emoji or CJK
+    punctuation split into several tokens, whose lone decoding is the replacement character)
+    shows the character it belongs to, marked as a part: ``💩 (1/3)``, ``💩 (2/3)``, ``💩 (3/3)``
+    (shared/CASES.md F21). Labels of pieces of one character are distinct.
+    """
+    tokens = tokenizer.convert_ids_to_tokens(list(ids))
+    labels: list[str] = []
+    # groups of consecutive tokens that cover the same characters (pieces of one character)
+    covered = [text[s:e].strip() if e > s else "" for s, e in offsets]
+    i = 0
+    n = len(ids)
+    while i < n:
+        if special[i]:
+            labels.append(tokens[i])
+            i += 1
+            continue
+        surface = token_surface(tokenizer, tokens[i])
+        if "\ufffd" not in surface or not covered[i]:
+            label = surface.replace("\n", "\\n").strip()
+            labels.append(label or repr(tokens[i]))
+            i += 1
+            continue
+        # a piece: find the run of tokens whose covered characters overlap this one's
+        j = i + 1
+        end = offsets[i][1]
+        while j < n and not special[j] and offsets[j][0] < end and "\ufffd" in token_surface(tokenizer, tokens[j]):
+            end = max(end, offsets[j][1])
+            j += 1
+        char = text[offsets[i][0]:end].strip()
+        k = j - i
+        for m in range(k):
+            labels.append(f"{char} ({m + 1}/{k})" if k > 1 else f"{char} (part)")
+        i = j
+    return labels

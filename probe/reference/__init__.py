@@ -1,0 +1,34 @@
+"""A from-scratch attention module, swapped into a pretrained model to check it reproduces the original.
+
+Scaled dot-product attention written from the formula (Vaswani et al. 2017, "Attention Is All You
+Need", sec. 3.2.1-3.2.2)::
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_head) + M) V
+
+with multi-head split/merge, rotary position embedding (Su et al. 2021, RoFormer, sec. 3.4) and
+grouped key/value heads (Ainslie et al. 2023, GQA). The only things taken from the model are its own
+projection modules (by reference, never copied) and its config.
+
+* :mod:`~probe.reference.op` - :func:`attention`, the bare operation on [batch, heads, T, d_head]
+  tensors, and the one mask convention checked at the door (shared/CASES.md F04, F06, F07, F19);
+* :mod:`~probe.reference.rotary` - RoPE frequencies from the config (every rope_type the supported
+  families use, partial rotary included);
+* :mod:`~probe.reference.module` - :class:`ReferenceAttention`, a drop-in for one layer's attention
+  module, one small method per step;
+* :mod:`~probe.reference.mutants` - deliberately broken variants, one overridden step each;
+* :mod:`~probe.reference.swap` - :func:`swap_attention`, reversible.
+
+No preprocessing of weights happens anywhere (F17): no folding of layer norms, no centring of the
+unembedding, no re-ordering of projection rows.
+"""
+
+from .module import ForwardContext, ReferenceAttention
+from .mutants import MUTANTS, mutant_applies, mutant_class
+from .op import MaskError, as_keep_mask, attention
+from .rotary import ROPE_TYPES, Rope, RopeError, apply_rope
+from .swap import Swapped, swap_attention
+
+__all__ = [
+    "MUTANTS", "MaskError", "ForwardContext", "ReferenceAttention", "Swapped", "Rope", "RopeError",
+    "ROPE_TYPES", "as_keep_mask", "attention", "apply_rope", "mutant_applies", "mutant_class", "swap_attention",
+]

@@ -1,0 +1,248 @@
+"""``ReferenceAttention``: one layer's attention written from the formula, around the model's own
+projection modules. Each step is a small method, in forward order, so a deliberately broken
+variant (:mod:`probe.reference.mutants`) overrides exactly one of them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..architectures import ArchSpec, head_geometry
+from ..errors import ProbeError
+from ..sites import causal_keep
+from .op import MaskError, as_keep_mask, attention
+from .rotary import Rope, apply_rope
+
+
+@dataclass
+class ForwardContext:
+    """What the reference modules of one model read about the current forward pass.
+
+    Filled by a forward pre-hook on the base model (see :func:`probe.reference.swap_attention`) from
+    the arguments the caller passed, before Hugging Face turns them into a 4D mask that already
+    contains causality.
+
+    Attributes:
+        active: a forward pass of the swapped model is running.
+        attention_mask: [batch, past + T] keep-mask (bool) of the current pass, or None (no padding).
+        position_ids: [batch, T] (or [1, T]) positions, or None (then counted from the cache).
+    """
+
+    active: bool = False
+    attention_mask: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+
+
+class ReferenceAttention(nn.Module):
+    """One layer's attention, from the formula, using the original module's projections.
+
+    The projection modules are the original ones (same objects, registered under the same names, so
+    ``state_dict`` keys and hooks on them are unchanged); nothing is copied or transformed, and no
+    weight is preprocessed (shared/CASES.md F17).
+
+    Forward: ``hidden_states`` [batch, T, d_model] (plus whatever the Hugging Face layer passes:
+    cache, ``position_ids`` ...) -> ``(attn_output, attn_probs)``: attn_output [batch, T, d_model]
+    (after the output projection where the architecture has it inside the attention module;
+    BERT's stays in ``BertSelfOutput``), attn_probs [batch, heads, T, past + T]. Hugging Face's 4D
+    ``attention_mask`` is ignored: the padding keep-mask comes from the :class:`ForwardContext` (or
+    the ``padding_mask`` keyword, [batch, past + T]); the causal mask is built here. No dropout.
+
+    Raises (at forward):
+        MaskError: called outside a swapped model's forward with a Hugging Face mask but no
+            ``padding_mask``; a padding mask whose length is not past + T (F09).
+        ProbeError: cross-attention (``encoder_hidden_states``) requested.
+    """
+
+    #: The deliberately broken step, for mutants (None: this is the correct module).
+    mutant: str | None = None
+
+    def __init__(self, original: nn.Module, spec: ArchSpec, config, layer_idx: int,
+                 context: ForwardContext | None = None) -> None:
+        super().__init__()
+        geo = head_geometry(config)
+        self.spec, self.config, self.layer_idx = spec, config, layer_idx
+        self.d_head, self.d_model = geo.d_head, geo.d_model
+        self.context = context if context is not None else ForwardContext()
+        self.notes: list[str] = []
+        self._signature = inspect.signature(original.forward)
+
+        # The original projections (and q/k norms), by reference, under their original attribute names.
+        self._names: dict[str, str] = {}
+        for role in ("q", "k", "v", "qkv", "o", "q_norm", "k_norm"):
+            rel = spec.relative(getattr(spec, role))
+            if rel is not None:
+                name = rel.replace(".", "_")
+                self.add_module(name, original.get_submodule(rel))
+                self._names[role] = name
+        self.n_head, self.n_kv_head = self._head_counts(original, config)
+
+        self.scale = spec.scaling(config, self.d_head, layer_idx)  # multiplier of q k^T
+        own = getattr(original, "scaling", None)
+        if isinstance(own, float) and abs(own - self.scale) > 1e-6 * abs(self.scale):
+            self.notes.append(f"layer {layer_idx}: the model's own scaling attribute {own} differs from "
+                              f"the architecture's rule {self.scale}")
+        self.is_causal = spec.causal
+        self.window = spec.window(config, layer_idx)
+        self.softmax_dtype = spec.softmax_dtype
+        self.upcast = spec.upcast(config)
+        self.softcap = spec.softcap(config)
+        self.rope = None
+        if spec.rotary:
+            self.rope = Rope.from_config(spec.rope(config, layer_idx), self.d_head,
+                                         getattr(config, "max_position_embeddings", None))
+
+    def _head_counts(self, original: nn.Module, config) -> tuple[int, int]:
+        """Query and key/value heads, from the projections' widths (so physically pruned heads work)."""
+        hs = self.d_head
+        layout = self.spec.qkv_layout
+        if layout == "conv1d":  # Conv1D weight [in, 3 * heads * d_head]
+            n = self._module("qkv").weight.shape[1] // 3 // hs
+            return n, n
+        if layout == "per_head":  # Linear weight [heads * 3 * d_head, in]
+            n = self._module("qkv").weight.shape[0] // (3 * hs)
+            return n, n
+        if layout == "stacked":  # Linear weight [(heads + 2 * kv_heads) * d_head, in]
+            total = self._module("qkv").weight.shape[0] // hs
+            n_kv = int(getattr(original, "num_key_value_heads", None) or head_geometry(config).n_kv_heads)
+            return total - 2 * n_kv, n_kv
+        return self._module("q").weight.shape[0] // hs, self._module("k").weight.shape[0] // hs
+
+    def _module(self, role: str) -> nn.Module:
+        return getattr(self, self._names[role])
+
+    def extra_repr(self) -> str:
+        return (f"heads={self.n_head}, kv_heads={self.n_kv_head}, d_head={self.d_head}, scale={self.scale:.6g}, "
+                f"causal={self.is_causal}, window={self.window}, rope={self.rope.rope_type if self.rope else None}, "
+                f"mutant={self.mutant}")
+
+    # -- the steps, in forward order ----------------------------------------------------------------
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [batch, T, d_model] -> q [batch, heads, T, d_head], k, v [batch, kv_heads, T, d_head]."""
+        B, T, _ = x.shape
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.d_head
+        layout = self.spec.qkv_layout
+        if layout == "conv1d":  # GPT-2: x @ W[in, 3*nh*hs] + b, q | k | v along the last dim
+            q, k, v = self._module("qkv")(x).split(nh * hs, dim=2)  # (B, T, nh*hs) each
+        elif layout == "per_head":  # GPT-NeoX: the output is [nh, 3, hs] per token
+            qkv = self._module("qkv")(x).view(B, T, nh, 3 * hs).transpose(1, 2)  # (B, nh, T, 3*hs)
+            return qkv.chunk(3, dim=-1)  # (B, nh, T, hs) each
+        elif layout == "stacked":  # Phi-3: q (nh*hs) | k (nkv*hs) | v (nkv*hs)
+            qkv = self._module("qkv")(x)  # (B, T, (nh + 2*nkv)*hs)
+            q, k, v = qkv[..., :nh * hs], qkv[..., nh * hs:(nh + nkv) * hs], qkv[..., (nh + nkv) * hs:]
+        else:
+            q, k, v = self._module("q")(x), self._module("k")(x), self._module("v")(x)
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        return q, k, v
+
+    def normalize(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head RMS norms of q and k (Gemma 3, Qwen3), where the architecture has them."""
+        if "q_norm" in self._names:
+            q, k = self._module("q_norm")(q), self._module("k_norm")(k)
+        return q, k
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary position embedding on q and k (Su et al. 2021); positions [batch|1, T]."""
+        if self.rope is None:
+            return q, k
+        cos, sin = self.rope.cos_sin(positions, q.dtype)  # (B|1, T, d_rot)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    def repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """Grouped-query attention: each key/value head serves nh / nkv query heads (Ainslie et al.
+        2023); key/value head j serves query heads j*rep .. j*rep + rep - 1. [B, nkv, Tk, hs] -> [B, nh, Tk, hs]."""
+        B, nkv, Tk, hs = x.shape
+        if nkv == self.n_head:
+            return x
+        rep = self.n_head // nkv
+        return x[:, :, None].expand(B, nkv, rep, Tk, hs).reshape(B, self.n_head, Tk, hs)
+
+    def score_scale(self) -> float:
+        """The multiplier of q k^T: the architecture's rule (1/sqrt(d_head), Vaswani et al. sec. 3.2.1)."""
+        return self.scale
+
+    def causal_mask(self, n_query: int, n_key: int, device) -> torch.Tensor | None:
+        """[query, key] keep-mask of the site's causality and sliding window (None for encoders)."""
+        if not self.is_causal:
+            return None
+        return causal_keep(n_query, n_key, window=self.window, device=device)
+
+    def padding_mask(self, padding: torch.Tensor | None) -> torch.Tensor | None:
+        """[batch, key] keep-mask of real keys (None: no padding)."""
+        return padding
+
+    def merge(self, y: torch.Tensor) -> torch.Tensor:
+        """Merge heads: [B, nh, T, hs] -> [B, T, nh, hs] -> [B, T, nh*hs]."""
+        B, nh, T, hs = y.shape
+        return y.transpose(1, 2).contiguous().view(B, T, nh * hs)
+
+    # -- forward ------------------------------------------------------------------------------------
+
+    def _arguments(self, hidden_states, args, kwargs) -> dict:
+        """The call's arguments by name, whatever order the Hugging Face layer passed them in."""
+        if not args:
+            return kwargs
+        bound = self._signature.bind_partial(hidden_states, *args, **kwargs).arguments
+        extra = {}
+        for name, param in self._signature.parameters.items():
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                extra = bound.pop(name, {})
+        bound.pop("hidden_states", None)
+        return {**bound, **extra}
+
+    def _padding_keep(self, kw: dict, batch: int, n_key: int) -> torch.Tensor | None:
+        """[batch, key] boolean keep-mask of the current pass, or None."""
+        mask = kw.get("padding_mask")
+        if mask is None and self.context.active:
+            mask = self.context.attention_mask
+        elif mask is None and kw.get("attention_mask") is not None:
+            raise MaskError("the reference attention builds its own causal mask and needs the 2D padding mask: "
+                            "run it through the model inside swap_attention(), or pass padding_mask=[batch, key]")
+        if mask is None:
+            return None
+        keep = as_keep_mask(mask)
+        if keep.dim() != 2 or keep.shape != (batch, n_key):
+            raise MaskError(f"padding mask of shape {tuple(mask.shape)} does not cover the {n_key} keys of "
+                            f"batch {batch} (with a key/value cache it must cover the cached and the new tokens)")
+        return None if bool(keep.all()) else keep  # no padding: nothing to mask
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        kw = self._arguments(hidden_states, args, kwargs)
+        if kw.get("encoder_hidden_states") is not None:
+            raise ProbeError("cross-attention (encoder_hidden_states) is not supported by the reference attention")
+        cache = next((kw[n] for n in self.spec.cache_kwargs if kw.get(n) is not None), None)
+        if cache is not None and hasattr(cache, "self_attention_cache"):
+            cache = cache.self_attention_cache  # EncoderDecoderCache: the self-attention half
+        B, T, _ = hidden_states.shape  # batch, new tokens, d_model
+        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0  # tokens already cached
+
+        q, k, v = self.project(hidden_states)  # (B, nh, T, hs), (B, nkv, T, hs), (B, nkv, T, hs)
+        q, k = self.normalize(q, k)
+        positions = kw.get("position_ids")
+        if positions is None and self.context.active:
+            positions = self.context.position_ids
+        if positions is None:
+            positions = torch.arange(past, past + T, device=q.device)[None]  # (1, T)
+        q, k = self.rotate(q, k, positions)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)  # (B, nkv, Tk, hs), Tk = past + T
+        Tk = k.size(-2)  # a sliding-window cache returns only the last Tk <= past + T positions
+        k, v = self.repeat_kv(k), self.repeat_kv(v)  # (B, nh, Tk, hs)
+
+        padding = self.padding_mask(self._padding_keep(kw, B, past + T))  # (B, past + T) or None
+        keep = None if padding is None else padding[:, -Tk:][:, None, None, :]  # (B, 1, 1, Tk)
+        tri = self.causal_mask(T, Tk, q.device)  # (T, Tk) or None
+        if tri is not None:
+            keep = tri[None, None] if keep is None else keep & tri  # (B|1, 1, T, Tk)
+        y, probs = attention(q, k, v, mask=keep, scale=self.score_scale(), softmax_dtype=self.softmax_dtype,
+                             upcast=self.upcast, softcap=self.softcap)  # (B, nh, T, hs), (B, nh, T, Tk)
+        y = self.merge(y)  # (B, T, nh*hs)
+        if "o" in self._names:
+            y = self._module("o")(y)  # (B, T, d_model)
+        return y, probs

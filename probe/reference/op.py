@@ -1,0 +1,138 @@
+"""The attention operation, from the formula (Vaswani et al. 2017, "Attention Is All You Need",
+sec. 3.2.1), and the one mask convention it accepts::
+
+    Attention(Q, K, V) = softmax(Q K^T * scale, masked) V
+
+Nothing here calls transformers' attention functions or ``scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ProbeError
+from ..sites import causal_keep
+
+
+class MaskError(ProbeError, ValueError):
+    """An attention mask that cannot be interpreted safely (wrong values, wrong length, wrong rank)."""
+
+
+# Additive masks may use -inf or the most negative finite value of any float dtype.
+_ADDITIVE_MIN = {float(torch.finfo(d).min) for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+
+
+def as_keep_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Turn any accepted mask into a boolean keep-mask (True = this key may be attended to).
+
+    Accepted (shared/CASES.md F04), all meaning the same thing: boolean (True = keep); integer or
+    float holding only 0 and 1 (at least one 1; 1 = keep); float additive with values in
+    {0, -inf, finfo(d).min of any float dtype d}, at least one not 0 (0 = keep).
+
+    Raises:
+        MaskError: any other values (0.5, -1e4, 2 ...), or a float mask of zeros only, which is
+            ambiguous (additive "keep all" or 0/1 "keep none"): pass a boolean mask then.
+    """
+    if mask.dtype == torch.bool:
+        return mask
+    values = torch.unique(mask.detach()).double().tolist()
+    if not mask.is_floating_point():
+        if not set(values) <= {0.0, 1.0}:
+            raise MaskError(f"integer attention mask must hold only 0 (masked) and 1 (keep); got values {values[:6]}")
+        return mask != 0
+    if set(values) <= {0.0, 1.0} and 1.0 in values:
+        return mask != 0  # 0/1 keep-mask
+    if set(values) <= {0.0, -math.inf} | _ADDITIVE_MIN and values != [0.0]:
+        return mask == 0  # additive 0 / -inf mask
+    if values == [0.0]:
+        raise MaskError("float attention mask of zeros only is ambiguous (additive 'keep all' or 0/1 'keep none'); "
+                        "pass a boolean keep-mask instead")
+    raise MaskError("float attention mask must be a 0/1 keep-mask or an additive 0/-inf (or 0/finfo.min) mask; "
+                    f"got values {values[:6]}")
+
+
+def broadcast_keep(mask: torch.Tensor, batch: int, n_heads: int, n_query: int, n_key: int) -> torch.Tensor:
+    """A keep-mask given as [batch, key], [batch, query, key] or [batch|1, heads|1, query, key] -> 4D bool.
+
+    Raises:
+        MaskError: a shape that does not fit (a mask covering only the new tokens when a cache holds
+            past ones, F09), or values :func:`as_keep_mask` rejects.
+    """
+    keep = as_keep_mask(mask)
+    if keep.size(-1) != n_key:
+        raise MaskError(f"attention mask covers {keep.size(-1)} keys but there are {n_key} "
+                        "(with a key/value cache the mask must cover the cached and the new tokens)")
+    if keep.dim() == 2:
+        keep = keep[:, None, None, :]  # (B, 1, 1, Tk): key padding
+    elif keep.dim() == 3:
+        keep = keep[:, None, :, :]  # (B, 1, Tq, Tk)
+    elif keep.dim() != 4:
+        raise MaskError(f"attention mask must have 2, 3 or 4 dimensions; got shape {tuple(mask.shape)}")
+    if keep.size(0) not in (1, batch) or keep.size(1) not in (1, n_heads) or keep.size(2) not in (1, n_query):
+        raise MaskError(f"attention mask of shape {tuple(mask.shape)} does not fit batch {batch}, "
+                        f"{n_heads} heads, {n_query} queries, {n_key} keys")
+    return keep
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+              causal: bool = False, scale: float | None = None, *, window: int | None = None,
+              softmax_dtype: torch.dtype | None = None, upcast: bool = False,
+              softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention: ``probs = softmax(q k^T * scale, masked)``, ``out = probs v``.
+
+    Args:
+        q: queries [batch, heads, query, d_head]; k, v: keys/values [batch, heads, key, d_head]
+            (repeat grouped key/value heads first).
+        mask: keep-mask [batch, key], [batch, query, key] or [batch|1, heads|1, query, key]: boolean,
+            0/1 or additive 0/-inf (:func:`as_keep_mask`).
+        causal: also mask keys after each query; the queries are the last ``query`` of the ``key``
+            positions (true with a key/value cache). ``window``: a sliding window of that many keys.
+        scale: multiplier of the scores; default ``d_head ** -0.5`` (sec. 3.2.1).
+        softmax_dtype: dtype the softmax runs in (LLaMA-style models: float32); default the scores'.
+        upcast: scores and softmax in float32 (GPT-2's ``reorder_and_upcast_attn``).
+        softcap: scores become ``softcap * tanh(scores / softcap)`` before masking (Gemma 2).
+
+    Returns:
+        ``(out, probs)``: out [batch, heads, query, d_head] and probs [batch, heads, query, key], both
+        in v's dtype. Masked keys get exactly 0, in every dtype: masked scores are set to -inf, so
+        even a real score that overflowed to -inf (fp16, F19) never loses to a masked key. A query
+        row with no finite score (every key masked, F07; or every real score -inf from overflow,
+        F19) gets probabilities 0 and output 0, never NaN, as PyTorch's own
+        scaled_dot_product_attention returns for a fully masked row.
+
+    Raises:
+        MaskError: a mask with values other than the accepted conventions, or a shape that does not fit.
+        ValueError: q, k, v shapes that do not fit together.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be [batch, heads, T, d_head]; "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, nh, Tq, hs = q.shape
+    Tk = k.size(-2)
+    if k.shape != v.shape[:-1] + (hs,) or k.size(1) != nh or v.size(-2) != Tk:
+        raise ValueError(f"q, k, v shapes do not fit: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    scale = hs ** -0.5 if scale is None else scale
+
+    keep = None  # (B|1, nh|1, Tq|1, Tk): which (query, key) pairs may interact
+    if mask is not None:
+        keep = broadcast_keep(mask.to(q.device), B, nh, Tq, Tk)
+    if causal:
+        tri = causal_keep(Tq, Tk, window=window, device=q.device)  # (Tq, Tk)
+        keep = tri if keep is None else keep & tri
+
+    if upcast:
+        q, k = q.float(), k.float()
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, Tq, hs) x (B, nh, hs, Tk) -> (B, nh, Tq, Tk)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if keep is not None:
+        scores = scores.masked_fill(~keep, -math.inf)  # set, not added: cannot overflow (F06, F19)
+    probs = F.softmax(scores, dim=-1, dtype=softmax_dtype).to(v.dtype)  # (B, nh, Tq, Tk), rows sum to 1
+    empty = probs.sum(dim=-1, keepdim=True).isnan()  # (B, nh, Tq, 1): rows without a finite score (F07, F19)
+    if bool(empty.any()):
+        probs = probs.masked_fill(empty, 0.0)
+    out = probs @ v  # (B, nh, Tq, Tk) x (B, nh, Tk, hs) -> (B, nh, Tq, hs)
+    return out, probs

@@ -1,0 +1,122 @@
+"""``swap_attention``: put :class:`ReferenceAttention` into every layer, reversibly."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..architectures import attention_path, base_model, get_spec, layer_modules
+from ..hooks import Hooks
+from .module import ForwardContext, ReferenceAttention
+from .mutants import mutant_class
+from .op import MaskError, as_keep_mask
+
+
+@dataclass
+class Swapped:
+    """What :func:`swap_attention` put in place.
+
+    Attributes:
+        modules: the :class:`ReferenceAttention` of every layer, in order.
+        originals: the original attention modules, in order (restored on exit).
+        context: the shared :class:`ForwardContext`.
+        notes: anything worth knowing about the swap (e.g. a model in train mode).
+    """
+
+    modules: list[ReferenceAttention]
+    originals: list[nn.Module]
+    context: ForwardContext
+    notes: list[str] = field(default_factory=list)
+
+
+def _binder(module: nn.Module):
+    signature = inspect.signature(module.forward)
+
+    def bind(args, kwargs) -> dict:
+        arguments = signature.bind_partial(*args, **kwargs).arguments
+        for name, param in signature.parameters.items():
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                arguments.update(arguments.pop(name, {}))
+        return arguments
+    return bind
+
+
+@contextmanager
+def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | None = None) -> Iterator[Swapped]:
+    """Context manager: every layer's attention module replaced by a :class:`ReferenceAttention`.
+
+    Inside the context, forward passes of the model (also ``generate``) run the from-scratch
+    attention; the weights are untouched (the reference modules hold the original projection
+    modules). A forward pre-hook on the base model records the 2D padding keep-mask
+    ([batch, past + T]) and ``position_ids`` of each pass into a shared :class:`ForwardContext`.
+    On exit, also on exceptions, the originals are back and the hooks gone.
+
+    Args:
+        model_or_lm: a :class:`~probe.models.LoadedModel` or a Hugging Face model of a supported type.
+        mutant: None, or a name from :data:`probe.reference.mutants.MUTANTS` (a deliberately broken variant).
+        hooks: a :class:`~probe.hooks.Hooks` to register into (e.g. the one of
+            :func:`probe.hooks.measuring`); default a private one, removed on exit.
+
+    Yields:
+        :class:`Swapped`.
+
+    Raises:
+        ProbeError: unknown mutant. UnsupportedArchitectureError: unsupported model type.
+        RopeError: a RoPE type the reference does not compute.
+        MaskError (at forward): a 4D attention mask passed by the caller (the reference module must
+            build causality itself), or a 2D mask whose length is not past + T (F09).
+    """
+    model = getattr(model_or_lm, "model", model_or_lm)
+    spec = get_spec(model.config)
+    cls = mutant_class(mutant)
+    context = ForwardContext()
+    base = base_model(model)
+    bind = _binder(base)
+
+    def pre_hook(module, args, kwargs):
+        arguments = bind(args, kwargs)
+        mask = arguments.get("attention_mask")
+        new = next((arguments[n] for n in ("input_ids", "inputs_embeds") if arguments.get(n) is not None), None)
+        cache = next((arguments[n] for n in ("cache", "past_key_values") if arguments.get(n) is not None), None)
+        past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+        if mask is not None:
+            if mask.dim() != 2:
+                raise MaskError(f"the reference attention takes a 2D [batch, key] padding mask; got shape "
+                                f"{tuple(mask.shape)} (it builds the causal mask itself)")
+            if new is not None and mask.shape[1] != past + new.shape[1]:
+                raise MaskError(f"attention_mask has {mask.shape[1]} columns but the keys are {past + new.shape[1]} "
+                                f"({past} cached + {new.shape[1]} new tokens); pass a mask covering the cached and "
+                                "new tokens")
+            mask = as_keep_mask(mask)
+        context.attention_mask = mask
+        context.position_ids = arguments.get("position_ids")
+        context.active = True
+
+    def post_hook(module, args, kwargs, output):
+        context.active = False
+        context.attention_mask = context.position_ids = None
+
+    layers = layer_modules(model, spec)
+    parent_path, name = attention_path(spec)
+    originals = [layer.get_submodule(spec.attention) for layer in layers]
+    modules = [cls(orig, spec, model.config, i, context) for i, orig in enumerate(originals)]
+    notes = sorted({n.split(": ", 1)[1] for m in modules for n in m.notes})
+    if model.training:
+        notes.append("the model is in train mode; the reference attention applies no dropout")
+    own = hooks is None
+    hooks = Hooks() if own else hooks
+    try:
+        hooks.forward_pre(base, pre_hook, with_kwargs=True)
+        hooks.forward(base, post_hook, with_kwargs=True, always_call=True)
+        for layer, module in zip(layers, modules):
+            hooks.replace(layer.get_submodule(parent_path) if parent_path else layer, name, module)
+        yield Swapped(modules, originals, context, notes)
+    finally:
+        if own:
+            hooks.remove()
+        context.active = False
+        context.attention_mask = context.position_ids = None

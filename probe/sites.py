@@ -1,0 +1,90 @@
+"""Attention sites: the unit every capture callback and every accumulator is keyed by.
+
+A site is one place in a model that produces attention probabilities: one layer of one stack, of
+one kind. Its tensor always has one canonical shape and name (as TransformerLens' ``hook_pattern``)::
+
+    probs  # [batch, heads, query, key]: attention probabilities, each real query row sums to 1
+
+Today's models have self-attention sites only (``encoder.<layer>.self`` for encoders,
+``decoder.<layer>.self`` for decoder-only models); encoder-decoder models add
+``decoder.<layer>.cross`` (queries from the target, keys from the source).
+
+:func:`visible_keys` is the one place that says which keys a query row may see under a site's own
+mask (causal, sliding window): the statistics (``norm_entropy``'s k_i, METRICS.md) and the
+from-scratch attention's causal mask both take it from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+STACKS = ("encoder", "decoder")
+KINDS = ("self", "cross")
+
+
+@dataclass(frozen=True)
+class Site:
+    """One attention site.
+
+    Attributes:
+        stack: ``"encoder"`` or ``"decoder"``.
+        layer: layer index within its stack (0-based).
+        kind: ``"self"`` or ``"cross"``.
+        causal: queries see only keys at or before their own position.
+        window: sliding-window size (a query sees at most this many keys, itself included), or
+            None for no window.
+    """
+
+    stack: str
+    layer: int
+    kind: str = "self"
+    causal: bool = False
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.stack not in STACKS or self.kind not in KINDS:
+            raise ValueError(f"bad site {self.stack!r}/{self.kind!r}; stacks {STACKS}, kinds {KINDS}")
+
+    @property
+    def name(self) -> str:
+        """Canonical name, ``"<stack>.<layer>.<kind>"`` (e.g. ``"decoder.3.self"``)."""
+        return f"{self.stack}.{self.layer}.{self.kind}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def causal_keep(n_query: int, n_key: int, *, window: int | None = None, device=None) -> torch.Tensor:
+    """Boolean [query, key] mask of a causal site: query i keeps key j <= its position (and within
+    the window). The queries are the last ``n_query`` of ``n_key`` positions (true with a key/value
+    cache), so query i sits at position ``n_key - n_query + i``.
+
+    Args:
+        window: sliding-window size W: a query keeps the W keys ending at itself (Mistral; the rule
+            ``key > query - W`` of transformers' masks). None: no window.
+    """
+    q_pos = torch.arange(n_key - n_query, n_key, device=device)[:, None]  # (Tq, 1)
+    k_pos = torch.arange(n_key, device=device)[None, :]  # (1, Tk)
+    keep = k_pos <= q_pos  # (Tq, Tk)
+    if window is not None:
+        keep = keep & (k_pos > q_pos - window)
+    return keep
+
+
+def visible_keys(site: Site, lengths: torch.Tensor, T: int) -> torch.Tensor:
+    """[batch, T] number of keys k_i each query row may see under the site's own mask.
+
+    ``lengths`` [batch] are the real tokens of each right-padded row: an encoder row sees every
+    real token (k_i = length), a causal row sees positions 0..i (k_i = i + 1), and a sliding window
+    of W keys caps that at W (k_i = min(i + 1, W)). Padded rows get the same formula; callers mask
+    them out.
+    """
+    pos = torch.arange(T, device=lengths.device)
+    if not site.causal:
+        return lengths[:, None].expand(-1, T)
+    k = pos + 1
+    if site.window is not None:
+        k = k.clamp(max=site.window)
+    return k[None, :].expand(lengths.shape[0], T)
