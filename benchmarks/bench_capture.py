@@ -105,15 +105,12 @@ def main() -> None:
         return
 
     from probe.analysis import analyze
-    from probe.capture import pad, tokenize
+    from probe.inputs import as_texts, iter_batches
     from probe.models import load_model
 
     lm = load_model(args.model)
     texts, source = corpus(args.n)
-    features, _ = tokenize(lm, texts)
-    order = sorted(range(len(texts)), key=lambda i: len(features[i]["input_ids"]))
-    batches = [pad(lm, [features[i] for i in order[j:j + args.batch_size]])
-               for j in range(0, len(order), args.batch_size)]
+    batches = list(iter_batches(lm, as_texts(texts), batch_size=args.batch_size))
     print(f"model {args.model}: {lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads; "
           f"{len(texts)} sequences from {source}; {len(batches)} batches of <= {args.batch_size}; "
           f"torch threads {torch.get_num_threads()}")

@@ -1,5 +1,5 @@
-"""Shared fixtures: the embedded models (session-scoped) and tiny random-init models of every
-supported architecture family, built offline with a fixed seed.
+"""Shared fixtures: the embedded models (session-scoped) and ONE builder of tiny random-init models
+of every supported architecture (and its variants), built offline with a fixed seed.
 
 No test may reach the Hugging Face Hub: HF_HUB_OFFLINE is set here, before anything imports
 ``huggingface_hub`` (which reads it once, at import time).
@@ -22,12 +22,21 @@ import probe.models as pm  # noqa: E402
 #: The shared, read-only data folder (``../shared/data`` from the repository root).
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
-#: Architecture families the tiny-model builder knows.
-FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2")
-ENCODERS = ("bert", "roberta", "distilbert")
-DECODERS = ("gpt2", "llama", "qwen2")
-
 HIDDEN, HEADS, KV_HEADS, LAYERS, MAX_POS = 64, 4, 2, 2, 64
+
+#: Every kind the builder knows: architecture families and their variants.
+KINDS = (
+    "bert", "roberta", "electra", "distilbert",
+    "gpt2", "gpt2-unscaled", "gpt2-layer-scaled", "gpt2-unscaled-layer-scaled", "gpt2-upcast",
+    "llama", "llama-linear", "llama-llama3", "llama-dynamic", "llama-yarn", "llama-longrope",
+    "qwen2", "qwen2-window", "qwen3", "mistral",
+    "gpt_neox", "phi3", "gemma", "gemma2", "gemma3",
+)
+ENCODERS = ("bert", "roberta", "electra", "distilbert")
+#: One kind per family (for tests that need every family once).
+FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "mistral", "gpt_neox", "phi3",
+            "gemma", "gemma2", "gemma3", "qwen3")
+DECODERS = tuple(k for k in FAMILIES if k not in ENCODERS)
 
 
 # --------------------------------------------------------------------------- tokenizers
@@ -69,69 +78,135 @@ def make_tokenizer(kind: str):
 
 # --------------------------------------------------------------------------- tiny models
 
-def tiny_config(family: str, vocab_size: int, *, dropout: float = 0.0, init: float = 0.3,
-                attn_implementation: str = "eager", max_positions: int = MAX_POS):
-    """A 2-layer, 4-head, 64-wide config of ``family``.
+def _rope(kind: str) -> dict | None:
+    return {
+        "llama-linear": {"rope_type": "linear", "factor": 2.0},
+        "llama-llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 32},
+        "llama-dynamic": {"rope_type": "dynamic", "factor": 2.0},
+        "llama-yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+        "llama-longrope": {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                           "long_factor": [1.0, 1.5, 2.2, 3.0, 4.0, 5.2, 6.6, 8.2],
+                           "original_max_position_embeddings": 16},
+    }.get(kind)
+
+
+def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float = 0.3,
+                attn_implementation: str = "eager", max_positions: int = MAX_POS, layers: int = LAYERS):
+    """A ``layers``-layer, 4-head, 64-wide config of ``kind`` (see :data:`KINDS`).
 
     ``init`` (the initializer range) is much larger than the usual 0.02 so that random heads are
-    far from uniform and the statistics differ from head to head.
+    far from uniform and the statistics differ from head to head; a wrong scale or mask shows.
     """
     import transformers as tr
 
     common = dict(vocab_size=vocab_size, initializer_range=init, attn_implementation=attn_implementation)
-    if family in ("bert", "roberta"):
-        cls = tr.BertConfig if family == "bert" else tr.RobertaConfig
-        extra = {"pad_token_id": 0} if family == "roberta" else {}
-        return cls(hidden_size=HIDDEN, num_attention_heads=HEADS, num_hidden_layers=LAYERS,
+    rotary_common = dict(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, num_hidden_layers=layers,
+                         max_position_embeddings=max_positions, attention_dropout=dropout, **common)
+    if kind in ("bert", "roberta", "electra"):
+        cls = {"bert": tr.BertConfig, "roberta": tr.RobertaConfig, "electra": tr.ElectraConfig}[kind]
+        extra = {"pad_token_id": 0} if kind == "roberta" else {}
+        if kind == "electra":
+            extra["embedding_size"] = HIDDEN
+        return cls(hidden_size=HIDDEN, num_attention_heads=HEADS, num_hidden_layers=layers,
                    intermediate_size=2 * HIDDEN,
-                   max_position_embeddings=max_positions + (2 if family == "roberta" else 0),
+                   max_position_embeddings=max_positions + (2 if kind == "roberta" else 0),
                    hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, **extra, **common)
-    if family == "distilbert":
-        return tr.DistilBertConfig(dim=HIDDEN, n_heads=HEADS, n_layers=LAYERS, hidden_dim=2 * HIDDEN,
+    if kind == "distilbert":
+        return tr.DistilBertConfig(dim=HIDDEN, n_heads=HEADS, n_layers=layers, hidden_dim=2 * HIDDEN,
                                    max_position_embeddings=max_positions, dropout=dropout,
                                    attention_dropout=dropout, **common)
-    if family == "gpt2":
-        return tr.GPT2Config(n_embd=HIDDEN, n_head=HEADS, n_layer=LAYERS, n_positions=max_positions,
+    if kind.startswith("gpt2"):
+        opts = {"gpt2": {}, "gpt2-unscaled": {"scale_attn_weights": False},
+                "gpt2-layer-scaled": {"scale_attn_by_inverse_layer_idx": True},
+                "gpt2-unscaled-layer-scaled": {"scale_attn_weights": False, "scale_attn_by_inverse_layer_idx": True},
+                "gpt2-upcast": {"reorder_and_upcast_attn": True}}[kind]
+        return tr.GPT2Config(n_embd=HIDDEN, n_head=HEADS, n_layer=layers, n_positions=max_positions,
                              resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-                             bos_token_id=None, eos_token_id=None, **common)
-    if family in ("llama", "qwen2"):
-        cls = tr.LlamaConfig if family == "llama" else tr.Qwen2Config
-        return cls(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_attention_heads=HEADS,
-                   num_key_value_heads=KV_HEADS, num_hidden_layers=LAYERS,
-                   max_position_embeddings=max_positions, attention_dropout=dropout,
-                   tie_word_embeddings=False, **common)
-    raise ValueError(f"unknown family {family!r}")
+                             bos_token_id=None, eos_token_id=None, **opts, **common)
+    if kind.startswith("llama"):
+        rope = _rope(kind)
+        extra = {"rope_scaling": rope} if rope else {}
+        return tr.LlamaConfig(tie_word_embeddings=False, **extra, **rotary_common)
+    if kind in ("qwen2", "qwen2-window"):
+        window = dict(use_sliding_window=True, sliding_window=4, max_window_layers=1) if kind == "qwen2-window" else {}
+        return tr.Qwen2Config(tie_word_embeddings=False, **window, **{**rotary_common, "num_key_value_heads": 1})
+    if kind == "qwen3":
+        return tr.Qwen3Config(tie_word_embeddings=False, head_dim=HIDDEN // HEADS, **rotary_common)
+    if kind == "mistral":
+        return tr.MistralConfig(sliding_window=8, tie_word_embeddings=False, **rotary_common)
+    if kind == "gpt_neox":
+        return tr.GPTNeoXConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, num_hidden_layers=layers,
+                                intermediate_size=2 * HIDDEN, max_position_embeddings=max_positions,
+                                rotary_pct=0.25, attention_dropout=dropout, hidden_dropout=dropout,
+                                tie_word_embeddings=False, use_parallel_residual=True, **common)
+    if kind == "phi3":
+        return tr.Phi3Config(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                             resid_pdrop=dropout, embd_pdrop=dropout, partial_rotary_factor=0.5, **rotary_common)
+    if kind == "gemma":
+        return tr.GemmaConfig(head_dim=24, **rotary_common)
+    if kind == "gemma2":
+        return tr.Gemma2Config(head_dim=24, query_pre_attn_scalar=20, sliding_window=4, attn_logit_softcapping=5.0,
+                               final_logit_softcapping=None, **rotary_common)
+    if kind == "gemma3":
+        cfg = tr.Gemma3TextConfig(head_dim=24, query_pre_attn_scalar=20, sliding_window=4,
+                                  layer_types=["sliding_attention", "full_attention"][:layers] * (layers // 2 or 1),
+                                  final_logit_softcapping=None, **rotary_common)
+        return cfg
+    raise ValueError(f"unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
 
 
-def tiny_model(family: str, tokenizer: str | None = None, *, seed: int = 0, wrap: bool = True, **config_kw):
-    """A random-init model of ``family`` with ``torch.manual_seed(seed)``.
+_CLASSES = {
+    "bert": "BertModel", "roberta": "RobertaModel", "electra": "ElectraModel", "distilbert": "DistilBertModel",
+    "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
+    "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+
+
+def family_of(kind: str) -> str:
+    """The family of a kind: ``"gpt2-upcast"`` -> ``"gpt2"``, ``"qwen2-window"`` -> ``"qwen2"``."""
+    return kind if kind in _CLASSES else kind.split("-")[0]
+
+
+def tiny_model(kind: str, tokenizer: str | None = None, *, seed: int = 0, wrap: bool = True, **config_kw):
+    """A random-init model of ``kind`` with ``torch.manual_seed(seed)``, eager attention, eval mode.
 
     Args:
+        kind: a family or variant from :data:`KINDS`.
         tokenizer: ``"wordpiece"`` (MiniLM's, vocab 30522, has [SEP]) or ``"bpe"`` (SmolLM2's, vocab
             49152, no sep token); default wordpiece for encoders, bpe for decoders.
         wrap: return a probe :class:`~probe.models.LoadedModel` (via ``from_pretrained_objects``);
             else ``(model, tokenizer)``.
-        config_kw: passed to :func:`tiny_config` (dropout, init, attn_implementation, max_positions).
+        config_kw: passed to :func:`tiny_config` (dropout, init, attn_implementation, max_positions, layers).
     """
     import transformers as tr
 
-    kind = tokenizer or ("wordpiece" if family in ENCODERS else "bpe")
-    tok = make_tokenizer(kind)
-    config = tiny_config(family, len(tok), **config_kw)
-    cls = {"bert": tr.BertModel, "roberta": tr.RobertaModel, "distilbert": tr.DistilBertModel,
-           "gpt2": tr.GPT2LMHeadModel, "llama": tr.LlamaForCausalLM, "qwen2": tr.Qwen2ForCausalLM}[family]
+    tok_kind = tokenizer or ("wordpiece" if kind in ENCODERS else "bpe")
+    tok = make_tokenizer(tok_kind)
+    config = tiny_config(kind, len(tok), **config_kw)
     torch.manual_seed(seed)
-    model = cls(config)
+    model = getattr(tr, _CLASSES[family_of(kind)])(config)
     model.eval()
     if not wrap:
         return model, tok
-    return pm.from_pretrained_objects(model, tok, name=f"tiny-{family}-{kind}")
+    return pm.from_pretrained_objects(model, tok, name=f"tiny-{kind}-{tok_kind}")
 
 
 @pytest.fixture(scope="session")
 def make_tiny():
-    """The tiny-model builder (a function: ``make_tiny(family, tokenizer=None, **kw)``)."""
+    """The tiny-model builder (a function: ``make_tiny(kind, tokenizer=None, **kw)``)."""
     return tiny_model
+
+
+def save_tiny(kind: str, folder: Path, tokenizer: str | None = None, **kw) -> Path:
+    """Save a tiny model and its tokenizer to ``folder`` (a model folder ``probe --model`` loads)."""
+    model, tok = tiny_model(kind, tokenizer, wrap=False, **kw)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
 
 
 # --------------------------------------------------------------------------- embedded models
@@ -166,3 +241,9 @@ def hook_snapshot(model) -> set:
     """
     return {(name, kind, key) for name, m in model.named_modules()
             for kind, hooks in (("fwd", m._forward_hooks), ("pre", m._forward_pre_hooks)) for key in hooks}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Fast tests first, then the ones marked ``slow`` (real embedded models): a quick failure
+    shows in the first minute, and CI's single run of the README's test command covers both."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)

@@ -21,9 +21,16 @@ def test_notebook_runs(path, monkeypatch):
     scope: dict = {}
     for i, cell in enumerate(cells):
         exec(compile("".join(cell["source"]), f"{path.name}[cell {i}]", "exec"), scope)
-    # the quick start ends with a written report folder holding the three run files
-    if "path" in scope:
-        assert sorted(p.name for p in scope["path"].iterdir()) == ["heads.csv", "index.html", "run.json"]
-    if "attn" in scope:
-        sums = scope["attn"].sum(-1)
-        assert float((sums - 1).abs().max()) < 1e-5
+    CHECKS[path.name](scope)
+
+
+def _quickstart(scope: dict) -> None:
+    """The quick start captures one sentence (rows sum to 1) and ends with a written run folder."""
+    assert sorted(p.name for p in scope["path"].iterdir()) == ["heads.csv", "index.html", "run.json"]
+    sums = scope["attn"].sum(-1)
+    assert float((sums - 1).abs().max()) < 1e-5
+    assert len(scope["heads"]) == 72
+
+
+#: notebook -> what it must have computed (every notebook has an entry: a new one without checks fails).
+CHECKS = {"quickstart.ipynb": _quickstart}

@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import DECODERS, hook_snapshot, tiny_model
+from conftest import hook_snapshot, tiny_model
 from probe.analysis import analyze
 from probe.capture import capture_attention
-from probe.stats import STATISTICS, HeadStatistics, TokenClassifier, is_punctuation
+from probe.stats import STATISTICS, HeadStatistics
 
 ATOL, RTOL = 1e-6, 1e-5
 
@@ -53,21 +53,21 @@ SHORT = [
 
 # --------------------------------------------------------------------------- the reference
 
-def reference_punct(text: str) -> bool:
-    """METRICS.md punct: with whitespace and subword markers removed, non-empty and all P*."""
-    s = text
-    for marker in ("\u2581", "\u0120", "\u010a"):  # sentencepiece, byte-level space / newline
-        s = s.replace(marker, "")
-    s = "".join(ch for ch in s if not ch.isspace())
-    if s.startswith("##"):
-        s = s[2:]
+def reference_punct(covered: str) -> bool:
+    """METRICS.md punct: the characters a token covers, whitespace removed, non-empty and all P*."""
+    s = "".join(ch for ch in covered if not ch.isspace())
     return len(s) > 0 and all(unicodedata.category(ch)[0] == "P" for ch in s)
 
 
-def token_is_punct(tokenizer, token_id: int) -> bool:
-    if token_id in set(tokenizer.all_special_ids):
-        return False
-    return reference_punct(tokenizer.decode([token_id], clean_up_tokenization_spaces=False))
+def reference_window(model, layer: int) -> int | None:
+    """The sliding window of a layer as the model itself applies it (its attention module's
+    ``sliding_window`` attribute, or the config's for models that window every layer)."""
+    attn = [m for m in model.modules() if type(m).__name__.endswith("Attention")][layer]
+    if hasattr(attn, "sliding_window"):
+        return attn.sliding_window
+    if model.config.model_type in ("mistral", "phi3"):
+        return getattr(model.config, "sliding_window", None)
+    return None
 
 
 def reference_heads(lm, texts, max_length: int | None = None) -> pd.DataFrame:
@@ -88,16 +88,21 @@ def reference_heads(lm, texts, max_length: int | None = None) -> pd.DataFrame:
         counts[l, h, k] += 1
 
     for text in texts:
-        enc = tok(text, truncation=True, max_length=limit, return_tensors="pt")
+        enc = tok(text, truncation=True, max_length=limit, return_tensors="pt", return_offsets_mapping=True,
+                  return_special_tokens_mask=True, split_special_tokens=True)
+        offsets = enc.pop("offset_mapping")[0].tolist()
+        special = enc.pop("special_tokens_mask")[0].tolist()
         ids = enc["input_ids"][0].tolist()
         T = len(ids)
         kwargs = {"use_cache": False} if causal else {}
         with torch.no_grad():
             out = model(**enc, output_attentions=True, **kwargs)
         assert len(out.attentions) == L
-        punct_pos = np.array([token_is_punct(tok, i) for i in ids], dtype=bool)
+        punct_pos = np.array([not sp and reference_punct(text[a:b]) for (a, b), sp in zip(offsets, special)],
+                             dtype=bool)
         sep_pos = np.array([has_sep and i == sep_id for i in ids], dtype=bool)
         for l in range(L):
+            window = reference_window(model, l)
             maps = out.attentions[l][0].double().numpy()
             assert maps.shape == (H, T, T)
             for h in range(H):
@@ -117,7 +122,7 @@ def reference_heads(lm, texts, max_length: int | None = None) -> pd.DataFrame:
                     p = row[row > 0]
                     entropy = float(-(p * np.log(p)).sum())
                     add(l, h, "entropy", entropy)
-                    k_i = i + 1 if causal else T
+                    k_i = (i + 1 if window is None else min(i + 1, window)) if causal else T
                     if k_i >= 2:
                         add(l, h, "norm_entropy", entropy / math.log(k_i))
                     add(l, h, "distance", (row * np.abs(i - j)).sum())
@@ -171,8 +176,10 @@ def test_smollm2_statistics_match_reference(smollm2):
 
 
 @pytest.mark.parametrize("family,tokenizer", [
-    ("bert", None), ("roberta", None), ("distilbert", None),
+    ("bert", None), ("roberta", None), ("distilbert", None), ("electra", None),
     ("gpt2", "wordpiece"), ("gpt2", "bpe"), ("llama", "bpe"), ("llama", "wordpiece"), ("qwen2", "bpe"),
+    ("qwen2-window", "bpe"), ("mistral", "bpe"), ("gpt_neox", "bpe"), ("phi3", "bpe"), ("gemma", "bpe"),
+    ("gemma2", "bpe"), ("gemma3", "bpe"), ("qwen3", "bpe"),
 ])
 def test_tiny_models_match_reference(family, tokenizer):
     lm = tiny_model(family, tokenizer)
@@ -180,7 +187,7 @@ def test_tiny_models_match_reference(family, tokenizer):
     expected = reference_heads(lm, SHORT)
     assert_heads_match(result.heads, expected)
     heads = result.heads
-    if family in DECODERS:
+    if lm.causal:
         assert heads["next"].isna().all()
         assert "next-token" not in set(heads["label"])
     else:
@@ -202,11 +209,11 @@ def test_truncation_to_model_limit_is_counted(family, limit):
     assert lm.max_length == limit
     long_text = " ".join(["word"] * 100)
     texts = [long_text, "Short one."]
-    result = analyze(lm, texts, n_examples=1)
+    result = analyze(lm, texts, n_examples=1, example_tokens=None)
     assert result.counts["truncated"] == 1
     short_len = len(lm.tokenizer("Short one.")["input_ids"])
     assert result.counts["tokens"] == limit + short_len
-    assert result.examples[0].attentions.shape == (2, 4, limit, limit)
+    assert result.examples[0].probs.shape == (2, 4, limit, limit)
     assert_heads_match(result.heads, reference_heads(lm, texts))
 
 
@@ -243,9 +250,9 @@ def test_tiny_batched_equals_one_at_a_time(family):
 
 
 def _check_invariants(captured, causal: bool):
-    lengths = captured.encoded.lengths.tolist()
+    lengths = captured.batch.lengths.tolist()
     assert len(set(lengths)) > 1, "the batch must be padded for this check"
-    for probs in captured.attentions:
+    for probs in captured.probs:
         for b, n in enumerate(lengths):
             real = probs[b, :, :n, :]  # real query rows, every key
             torch.testing.assert_close(real.sum(-1), torch.ones_like(real.sum(-1)), atol=1e-5, rtol=0)
@@ -256,11 +263,12 @@ def _check_invariants(captured, causal: bool):
                 assert bool((real[..., :n].diagonal(dim1=-2, dim2=-1) > 0).all())
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "gpt_neox",
+                                    "phi3", "gemma2", "gemma3"])
 def test_captured_map_invariants_tiny(family):
     lm = tiny_model(family)
     captured = capture_attention(lm, SHORT)
-    assert len(captured.attentions) == 2
+    assert len(captured.probs) == 2
     _check_invariants(captured, lm.causal)
 
 
@@ -298,49 +306,6 @@ def test_single_token_sequence():
     np.testing.assert_allclose(heads[["entropy", "distance", "long"]].to_numpy(), 0.0, atol=1e-6)
 
 
-# --------------------------------------------------------------------------- punctuation
-
-@pytest.mark.parametrize("token,expected", [
-    (".", True), ("##,", True), ("\u0120.", True), ("\u2581!", True), ("...", True), ('"', True),
-    ("\u2013", True),  # en dash, Pd
-    ("(", True), ("\u00ab", True), ("@", True), ("#", True), (" ;", True),
-    ("a.", False), ("", False), ("[CLS]", False), ("$", False),  # $ is Sc, a symbol
-    ("+", False), ("\u0120", False), ("##", False), ("##ing", False), ("5", False), ("\u0120the", False),
-])
-def test_is_punctuation(token, expected):
-    assert is_punctuation(token) is expected
-    assert reference_punct(token) is expected
-
-
-@pytest.mark.slow
-def test_token_classifier_on_real_tokenizers(minilm, smollm2):
-    bert = TokenClassifier(minilm.tokenizer)
-    assert bert.sep_id == minilm.tokenizer.convert_tokens_to_ids("[SEP]") == 102
-    ids = minilm.tokenizer("Well... \"quoted\" \u2013 dash, (paren) $5 café!")["input_ids"]
-    toks = minilm.tokenizer.convert_ids_to_tokens(ids)
-    flags = {t: bert.is_punct(i) for t, i in zip(toks, ids)}
-    assert flags["."] and flags['"'] and flags["\u2013"] and flags[","] and flags["("] and flags["!"]
-    assert not flags["[CLS]"] and not flags["[SEP]"] and not flags["$"] and not flags["well"]
-
-    bpe = TokenClassifier(smollm2.tokenizer)
-    assert bpe.sep_id is None
-    ids = smollm2.tokenizer("Well... \"quoted\" \u2013 dash, $5!")["input_ids"]
-    toks = smollm2.tokenizer.convert_ids_to_tokens(ids)
-    flags = {t: bpe.is_punct(i) for t, i in zip(toks, ids)}
-    assert flags["..."] and flags["\u0120\""] and flags["\u0120\u00e2\u0122\u0135"] and flags[","] and flags["!"]
-    assert not flags["Well"] and not flags["\u0120$"] and not flags["\u0120dash"]
-    feats = bpe.features(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), causal=True)
-    assert feats.sep.sum() == 0 and not feats.has_sep
-    assert feats.punct[0].tolist() == [token_is_punct(smollm2.tokenizer, i) for i in ids]
-
-
-def test_features_reject_left_padding():
-    clf = TokenClassifier(tiny_model("bert", wrap=False)[1])
-    ids = torch.tensor([[0, 101, 2000, 102]])
-    with pytest.raises(ValueError, match="right padding"):
-        clf.features(ids, torch.tensor([[0, 1, 1, 1]]), causal=False)
-
-
 # --------------------------------------------------------------------------- accumulators
 
 def test_merge_of_two_halves_equals_whole():
@@ -360,7 +325,7 @@ def test_merge_of_two_halves_equals_whole():
     batched = analyze(lm, SHORT, batch_size=4, n_examples=0).stats
     np.testing.assert_allclose(merged.means(), batched.means(), atol=1e-6, rtol=0, equal_nan=True)
     with pytest.raises(ValueError):
-        HeadStatistics(2, 4).merge(HeadStatistics(3, 4))
+        HeadStatistics(lm.sites, 4).merge(HeadStatistics(lm.sites[:1], 4))
 
 
 def test_head_statistics_counts_rows():
@@ -373,5 +338,65 @@ def test_head_statistics_counts_rows():
     assert c["self"] == c["first"] == c["entropy"] == c["max_weight"] == c["sep"] == total
     assert c["prev"] == c["next"] == total - len(SHORT)
     assert c["norm_entropy"] == total  # every sequence has T >= 2 ([CLS] ... [SEP])
-    fresh = HeadStatistics(2, 4)
+    fresh = HeadStatistics(lm.sites, 4)
     assert np.isnan(fresh.means()).all()
+
+
+# --------------------------------------------------------------------------- sliding windows (F18)
+
+def _uniform_queries(lm):
+    """Zero every query projection: every row becomes uniform over the keys it may see."""
+    from probe.architectures import attention_modules
+
+    with torch.no_grad():
+        for module in attention_modules(lm.model, lm.spec):
+            module.q_proj.weight.zero_()
+            if module.q_proj.bias is not None:
+                module.q_proj.bias.zero_()
+    return lm
+
+
+LONG = ["one two three four five six seven eight nine ten eleven twelve thirteen",
+        "alpha beta gamma delta epsilon zeta eta theta"]
+
+
+@pytest.mark.parametrize("kind,windowed", [("mistral", [0, 1]), ("qwen2-window", [1]), ("gemma3", [0])])
+def test_f18_norm_entropy_uses_the_sliding_window(kind, windowed):
+    """F18: with uniform rows, norm_entropy = entropy / ln(k_i) is exactly 1 when k_i counts the
+    keys the window lets a row see (min(i + 1, W)), in every windowed layer; label broad."""
+    overrides = {"sliding_window": 4} if kind == "mistral" else {}
+    lm = _uniform_queries(tiny_model(kind))
+    for key, value in overrides.items():
+        setattr(lm.model.config, key, value)
+    assert [i for i, s in enumerate(lm.sites) if s.window is not None] == windowed
+    assert all(lm.sites[i].window == 4 for i in windowed)
+    captured = capture_attention(lm, LONG)
+    n = int(captured.batch.lengths[0])
+    assert n > 8
+    for i in windowed:  # rows really are uniform over min(i + 1, 4) keys
+        row = captured.probs[i][0, 0, n - 1, :n]
+        assert int((row > 0).sum()) == 4
+        torch.testing.assert_close(row[row > 0], torch.full((4,), 0.25), atol=1e-6, rtol=0)
+    heads = analyze(lm, LONG, n_examples=0, n_clusters=1).heads
+    np.testing.assert_allclose(heads["norm_entropy"], 1.0, atol=1e-6)
+    assert (heads["labels"].str.contains("broad")).all()
+    assert_heads_match(heads, reference_heads(lm, LONG))
+    # the same architecture without a window: still 1.0 (k_i = i + 1)
+    plain = _uniform_queries(tiny_model({"mistral": "mistral", "qwen2-window": "qwen2", "gemma3": "gemma"}[kind]))
+    if kind == "mistral":
+        plain.model.config.sliding_window = None
+    assert all(s.window is None for s in plain.sites)
+    full = analyze(plain, LONG, n_examples=0, n_clusters=1).heads
+    np.testing.assert_allclose(full["norm_entropy"], 1.0, atol=1e-6)
+
+
+def test_f18_ignoring_the_window_would_be_caught():
+    """The check above can fail: dividing by ln(i + 1) in a windowed layer gives norm_entropy < 1."""
+    lm = _uniform_queries(tiny_model("mistral"))
+    lm.model.config.sliding_window = 4
+    captured = capture_attention(lm, LONG[:1])
+    probs = captured.probs[0][0, 0].double()
+    n = probs.shape[0]
+    ent = -(probs * probs.clamp(min=1e-300).log()).sum(-1)
+    wrong = (ent[1:] / torch.log(torch.arange(2, n + 1, dtype=torch.float64))).mean()
+    assert float(wrong) < 0.9

@@ -1,0 +1,176 @@
+"""The analysis loop and its accumulators: the protocol, example maps bounded by what is shown
+(shared/CASES.md F20), counts and notes, and input checks before any forward pass."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_model
+from probe.accumulators import Accumulator, ExampleMaps
+from probe.analysis import analyze, run
+from probe.capture import capture_attention
+from probe.errors import InputError
+from probe.inputs import as_texts, iter_batches
+from probe.stats import HeadStatistics
+
+TEXTS = ["The quick brown fox, which was very quick, jumped over the lazy dog.", "Hello world!",
+         "A (small) test: does it work? Yes; it does.", "One two three."]
+
+
+class Recorder(Accumulator):
+    """Records every call it gets (for checking the loop's protocol)."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.calls = []
+
+    def begin_batch(self, batch):
+        self.calls.append(("begin", tuple(batch.index)))
+
+    def update(self, site, probs, batch):
+        self.calls.append(("update", site.name, tuple(probs.shape), tuple(batch.index)))
+
+    def end_batch(self, batch):
+        self.calls.append(("end", tuple(batch.index)))
+
+    def merge(self, other):
+        self.calls += other.calls
+        return self
+
+    def result(self):
+        return list(self.calls)
+
+
+def test_every_accumulator_gets_every_site_of_every_batch_in_order():
+    lm = tiny_model("llama")
+    rec = Recorder()
+    res = analyze(lm, TEXTS, batch_size=2, n_examples=0, accumulators=[rec])
+    calls = res.results["recorder"]
+    batches = [c[1] for c in calls if c[0] == "begin"]
+    assert sorted(i for b in batches for i in b) == [0, 1, 2, 3]
+    for b in batches:
+        i = calls.index(("begin", b))
+        block = calls[i:i + 4]
+        assert [c[0] for c in block] == ["begin", "update", "update", "end"]
+        assert [c[1] for c in block[1:3]] == ["decoder.0.self", "decoder.1.self"]
+        assert all(c[3] == b and c[2][:2] == (len(b), 4) for c in block[1:3])
+
+
+def test_run_is_the_same_loop_the_analysis_uses():
+    """run() with a HeadStatistics accumulator gives the statistics analyze reports."""
+    lm = tiny_model("bert")
+    stats = HeadStatistics(lm.sites, lm.geometry.n_heads, lm.tokenizer)
+    notes = run(lm, iter_batches(lm, as_texts(TEXTS), batch_size=3), [stats])
+    assert notes == []
+    expected = analyze(lm, TEXTS, batch_size=3, n_examples=0).stats
+    assert torch.equal(stats.counts, expected.counts)
+    torch.testing.assert_close(stats.sums, expected.sums, atol=1e-12, rtol=0)
+
+
+def test_f20_example_maps_are_cropped_to_what_is_shown():
+    """F20: an example keeps sites x heads x crop x crop probabilities, whatever its length; the
+    full map comes on request (example_tokens=None) and equals the captured one."""
+    lm = tiny_model("gpt2", max_positions=256)
+    long_text = " ".join(f"word{i}" for i in range(120))
+    res = analyze(lm, [long_text, "Short."], n_examples=2)
+    big, small = res.examples
+    assert big.n_tokens > 200 and big.probs.shape == (2, 4, 64, 64) and big.cropped
+    assert small.probs.shape[-1] == small.n_tokens < 64 and not small.cropped
+    full = analyze(lm, [long_text], n_examples=1, example_tokens=None).examples[0]
+    assert full.probs.shape == (2, 4, big.n_tokens, big.n_tokens)
+    captured = capture_attention(lm, long_text)
+    for i in range(2):
+        np.testing.assert_array_equal(full.probs[i], captured.probs[i][0].numpy())
+        np.testing.assert_array_equal(big.probs[i], full.probs[i][:, :64, :64])
+    assert res.settings["example_tokens"] == 64
+
+
+@pytest.mark.slow
+def test_f20_smollm2_1024_tokens_keeps_64x64_per_head(smollm2):
+    text = ("Attention lets every token look at every other token of the sequence. " * 120)
+    res = analyze(smollm2, [text], max_length=1024)
+    [ex] = res.examples
+    assert ex.n_tokens == 1024
+    assert ex.probs.shape == (30, 9, 64, 64) and ex.probs.dtype == np.float32
+    assert ex.probs.nbytes == 30 * 9 * 64 * 64 * 4  # 4.4 MB instead of 1.1 GB for the whole map
+
+
+def test_example_maps_merge_by_union():
+    lm = tiny_model("bert")
+    a, b = ExampleMaps([0], lm.sites), ExampleMaps([1], lm.sites)
+    run(lm, iter_batches(lm, as_texts(TEXTS[:2]), batch_size=1), [a, b])
+    merged = a.merge(b).result()
+    assert [e.index for e in merged] == [0, 1] and [e.text for e in merged] == TEXTS[:2]
+
+
+def test_analyze_takes_one_string_as_one_text():
+    lm = tiny_model("bert")
+    res = analyze(lm, "Hello there, world.", n_examples=1)
+    assert res.counts["sequences"] == 1
+    assert res.examples[0].text == "Hello there, world."
+
+
+def test_a_left_padding_tokenizer_gives_the_same_statistics():
+    lm = tiny_model("bert")
+    right = analyze(lm, TEXTS, batch_size=4).heads
+    lm.tokenizer.padding_side = "left"
+    left = analyze(lm, TEXTS, batch_size=4).heads
+    num = right.select_dtypes("number").columns
+    np.testing.assert_allclose(left[num].to_numpy(), right[num].to_numpy(), atol=1e-7, equal_nan=True)
+
+
+def test_input_is_checked_before_any_forward_pass(monkeypatch):
+    lm = tiny_model("bert")
+    calls = []
+    monkeypatch.setattr(lm.model, "forward", lambda *a, **k: calls.append(1))
+    for kwargs, match in (({"thresholds": {"self": 2.0}}, "must be in"),
+                          ({"thresholds": {"induction": 0.5}}, "unknown label"),
+                          ({"batch_size": 0}, "batch size must be at least 1"),
+                          ({"max_length": 1}, "at least 2"),
+                          ({"example_tokens": 1}, "at least 2")):
+        with pytest.raises(InputError, match=match):
+            analyze(lm, ["Hi there."], **kwargs)
+    with pytest.raises(InputError, match="text 2 is empty"):
+        analyze(lm, ["fine", "  "])
+    with pytest.raises(InputError, match="no text"):
+        analyze(lm, [])
+    assert calls == []
+    monkeypatch.undo()
+    res = analyze(lm, ["Hi there, you."], thresholds={"self": np.float32(0.25)})
+    assert res.thresholds["self"] == 0.25
+
+
+def test_unknown_word_tokens_are_counted_and_noted():
+    """A text of one emoji becomes [UNK] in a WordPiece vocabulary: counted, and a note says so."""
+    lm = tiny_model("bert")
+    res = analyze(lm, ["\U0001F600", "A normal sentence here."], n_examples=1)
+    assert res.counts["tokens"] == 3 + 7  # [CLS] [UNK] [SEP] + [CLS] a normal sentence here . [SEP]
+    assert res.counts["unknown_tokens"] == 1
+    assert lm.tokenizer.convert_ids_to_tokens(res.examples[0].ids) == ["[CLS]", "[UNK]", "[SEP]"]
+    note = next(n for n in res.notes if "[UNK]" in n)
+    assert note.startswith("1 of 10 tokens (10.0%) are [UNK]")
+    assert math.isfinite(res.heads["self"].sum())
+    clean = analyze(lm, ["A normal sentence here."] * 3, n_examples=0)
+    assert clean.counts["unknown_tokens"] == 0 and not any("[UNK]" in n for n in clean.notes)
+
+
+def test_tiny_corpus_gets_a_note():
+    from probe.analysis import MIN_TOKENS
+
+    lm = tiny_model("bert")
+    res = analyze(lm, ["Hi."], n_examples=0)
+    assert res.counts["tokens"] == 4 < MIN_TOKENS  # [CLS] hi . [SEP]
+    assert any("labels are unreliable" in n for n in res.notes)
+    big = analyze(lm, [" ".join(["word"] * MIN_TOKENS)], n_examples=0)
+    assert not any("labels are unreliable" in n for n in big.notes)
+
+
+def test_model_summary_lists_windows():
+    assert analyze(tiny_model("mistral"), TEXTS[:1], n_examples=0).model["windows"] == [8]
+    assert analyze(tiny_model("gemma2"), TEXTS[:1], n_examples=0).model["windows"] == [4]
+    assert analyze(tiny_model("llama"), TEXTS[:1], n_examples=0).model["windows"] == []

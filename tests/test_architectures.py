@@ -1,0 +1,104 @@
+"""Per-architecture behaviour lives in one place: the spec table, sites and their windows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import KINDS, family_of, tiny_config, tiny_model
+from probe.architectures import SPECS, attention_modules, get_spec, head_geometry, output_projections, sites
+from probe.errors import UnsupportedArchitectureError
+from probe.sites import Site, causal_keep, visible_keys
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_spec_path_exists_and_fits_the_head_geometry(kind):
+    lm = tiny_model(kind)
+    spec, geo = lm.spec, lm.geometry
+    attn = attention_modules(lm.model, spec)
+    outs = output_projections(lm.model, spec)
+    assert len(attn) == len(outs) == geo.n_layers
+    o = outs[0]
+    in_width = o.weight.shape[0] if spec.conv1d else o.weight.shape[1]
+    assert in_width == geo.n_heads * geo.d_head  # the output projection's input: heads * d_head
+    for role in ("q", "k", "v", "qkv", "q_norm", "k_norm"):
+        path = getattr(spec, role)
+        if path is not None:
+            lm.model.base_model.get_submodule(spec.layers)[0].get_submodule(path)
+    for name in spec.head_count_attrs:
+        assert getattr(attn[0], name) == geo.n_heads, name
+    for name in spec.width_attrs:
+        assert getattr(attn[0], name) == geo.n_heads * geo.d_head, name
+    if spec.kv_group_attr:
+        assert getattr(attn[0], spec.kv_group_attr) == geo.n_heads // geo.n_kv_heads
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("gpt2", [0.25, 0.25]), ("gpt2-layer-scaled", [0.25, 0.125]), ("gpt2-unscaled", [1.0, 1.0]),
+    ("gpt2-unscaled-layer-scaled", [1.0, 0.5]), ("llama", [0.25, 0.25]), ("gemma", [24 ** -0.5] * 2),
+    ("gemma2", [20 ** -0.5] * 2), ("gemma3", [20 ** -0.5] * 2), ("bert", [0.25, 0.25]),
+])
+def test_scaling_rule_matches_the_models_own_attribute(kind, expected):
+    lm = tiny_model(kind)
+    spec, geo = lm.spec, lm.geometry
+    got = [spec.scaling(lm.model.config, geo.d_head, i) for i in range(geo.n_layers)]
+    assert got == pytest.approx(expected, rel=1e-12)
+    own = [getattr(m, "scaling", None) for m in attention_modules(lm.model, spec)]
+    assert all(o is None or math.isclose(o, g, rel_tol=1e-9) for o, g in zip(own, got))
+
+
+@pytest.mark.parametrize("kind,windows", [("mistral", [8, 8]), ("qwen2-window", [None, 4]), ("gemma2", [4, None]),
+                                          ("gemma3", [4, None]), ("llama", [None, None]), ("phi3", [None, None])])
+def test_windows_per_layer_match_the_model(kind, windows):
+    lm = tiny_model(kind)
+    assert [s.window for s in lm.sites] == windows
+    for site, module in zip(lm.sites, attention_modules(lm.model, lm.spec)):
+        own = getattr(module, "sliding_window", getattr(lm.model.config, "sliding_window", None))
+        assert own == site.window
+
+
+def test_sites_are_named_and_carry_causality():
+    enc = sites(tiny_config("bert", 100))
+    dec = sites(tiny_config("mistral", 100))
+    assert [s.name for s in enc] == ["encoder.0.self", "encoder.1.self"] and not enc[0].causal
+    assert [s.name for s in dec] == ["decoder.0.self", "decoder.1.self"] and dec[0].causal and dec[0].window == 8
+    with pytest.raises(ValueError):
+        Site("middle", 0)
+
+
+def test_visible_keys_is_the_one_rule():
+    import torch
+
+    lengths = torch.tensor([5, 3])
+    assert visible_keys(Site("encoder", 0), lengths, 5).tolist() == [[5] * 5, [3] * 5]
+    assert visible_keys(Site("decoder", 0, causal=True), lengths, 5)[0].tolist() == [1, 2, 3, 4, 5]
+    windowed = Site("decoder", 0, causal=True, window=2)
+    assert visible_keys(windowed, lengths, 5)[0].tolist() == [1, 2, 2, 2, 2]
+    keep = causal_keep(5, 5, window=2)
+    assert keep.sum(-1).tolist() == visible_keys(windowed, lengths, 5)[0].tolist()
+
+
+def test_every_supported_family_has_a_tiny_kind():
+    families = {get_spec(tiny_config(k, 100)).family for k in KINDS}
+    assert families >= {"bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gpt_neox",
+                        "phi3", "gemma", "gemma2", "gemma3"}
+    assert set(SPECS) == {"bert", "roberta", "electra", "distilbert", "gpt2", "llama", "qwen2", "qwen3", "mistral",
+                          "gpt_neox", "phi3", "gemma", "gemma2", "gemma3_text"}
+    assert {family_of(k) for k in KINDS} <= {c.replace("gemma3", "gemma3") for c in (
+        "bert", "roberta", "electra", "distilbert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gpt_neox", "phi3",
+        "gemma", "gemma2", "gemma3")}
+
+
+def test_unsupported_type_names_the_supported_ones():
+    class Config:
+        model_type = "t5"
+
+    with pytest.raises(UnsupportedArchitectureError, match="unsupported architecture 't5'.*gpt_neox.*phi3"):
+        get_spec(Config())
+
+
+def test_head_geometry_reads_every_family():
+    assert head_geometry(tiny_config("gemma", 100)).d_head == 24
+    assert head_geometry(tiny_config("phi3", 100)).n_kv_heads == 2
+    assert head_geometry(tiny_config("distilbert", 100)).n_heads == 4

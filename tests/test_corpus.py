@@ -1,0 +1,105 @@
+"""Reading corpora: plain text and CoNLL-U, line ends (shared/CASES.md F22), clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from probe.corpus import check_texts, read_corpus, sample_texts, split_lines
+from probe.errors import InputError
+
+CONLLU = """\
+# newdoc id = test
+# sent_id = s1
+# text = I don't know.
+1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_
+1\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\t_
+2\tdo\tdo\tAUX\tVBP\t_\t3\taux\t_\t_
+3\tn't\tnot\tPART\tRB\t_\t4\tadvmod\t_\t_
+4\tknow\tknow\tVERB\tVB\t_\t0\troot\t_\tSpaceAfter=No
+5\t.\t.\tPUNCT\t.\t_\t4\tpunct\t_\t_
+
+# sent_id = s2
+# text = Vámonos al mar.
+# text_en = Let's go to the sea.
+1-2\tVámonos\t_\t_\t_\t_\t_\t_\t_\t_
+1\tVamos\tir\tVERB\t_\t_\t0\troot\t_\t_
+2\tnos\tnosotros\tPRON\t_\t_\t1\tobj\t_\t_
+3-4\tal\t_\t_\t_\t_\t_\t_\t_\t_
+3\ta\ta\tADP\t_\t_\t5\tcase\t_\t_
+4\tel\tel\tDET\t_\t_\t5\tdet\t_\t_
+5\tmar\tmar\tNOUN\t_\t_\t1\tobl\t_\tSpaceAfter=No
+5.1\tx\tx\tX\t_\t_\t_\t_\t1:dep\t_
+6\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_
+
+# sent_id = s3
+# text = Third = last.
+1\tThird\tthird\tADJ\t_\t_\t0\troot\t_\t_
+"""
+
+
+def test_read_conllu(tmp_path):
+    path = tmp_path / "tiny.conllu"
+    path.write_text(CONLLU, encoding="utf-8")
+    assert read_corpus(path) == ["I don't know.", "Vámonos al mar.", "Third = last."]
+    assert read_corpus(path, limit=2) == ["I don't know.", "Vámonos al mar."]
+
+
+def test_read_conllu_detected_by_content(tmp_path):
+    path = tmp_path / "tiny.txt"
+    path.write_text("\ufeff" + CONLLU, encoding="utf-8")  # with a byte-order mark
+    assert read_corpus(path) == ["I don't know.", "Vámonos al mar.", "Third = last."]
+
+
+def test_read_plain_text(tmp_path):
+    path = tmp_path / "plain.txt"
+    path.write_text("First sentence.\n\n   \n  Second one, indented.  \r\nThird # not a comment\n",
+                    encoding="utf-8")
+    assert read_corpus(path) == ["First sentence.", "Second one, indented.", "Third # not a comment"]
+    assert read_corpus(path, limit=1) == ["First sentence."]
+    with pytest.raises(InputError, match="at least 1"):
+        read_corpus(path, limit=0)
+    with pytest.raises(InputError, match="folder"):
+        read_corpus(tmp_path)
+
+
+def test_check_texts_and_sample():
+    assert check_texts(["a", "b", "c"], limit=2) == ["a", "b"]
+    with pytest.raises(InputError):
+        check_texts([])
+    texts = sample_texts()
+    assert len(texts) == 20 and all(t.strip() == t and t for t in texts)
+
+
+def test_f22_only_newline_carriage_return_and_crlf_end_a_line(tmp_path):
+    """F22: U+2028, U+2029, U+0085, form feed and vertical tab stay inside their line."""
+    path = tmp_path / "seps.txt"
+    text = ("First line with a\u2028line separator inside.\n"
+            "Second\x0cwith a form feed, a\x0bvertical tab, a\u0085next line and a\u2029paragraph separator.\r\n"
+            "Third line.\r")
+    path.write_text(text, encoding="utf-8", newline="")
+    got = read_corpus(path)
+    assert len(got) == 3
+    assert got[0] == "First line with a\u2028line separator inside."
+    assert got[1] == ("Second\x0cwith a form feed, a\x0bvertical tab, a\u0085next line and a\u2029paragraph "
+                      "separator.")
+    assert got[2] == "Third line."
+    assert len(text.splitlines()) == 8  # what str.splitlines() would have made of it
+    assert split_lines("a\rb\r\nc\nd") == ["a", "b", "c", "d"]
+    assert split_lines("a\n") == ["a"] and split_lines("") == []
+
+
+def test_f22_conllu_text_lines_keep_unicode_separators(tmp_path):
+    path = tmp_path / "s.conllu"
+    path.write_text("# text = One\u2028two.\n1\tOne\t_\t_\t_\t_\t0\troot\t_\t_\n\n", encoding="utf-8")
+    assert read_corpus(path) == ["One\u2028two."]
+
+
+def test_conllu_without_text_lines_says_so(tmp_path):
+    path = tmp_path / "notext.conllu"
+    path.write_text("# sent_id = 1\n1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"no '# text =' line found in CoNLL-U file .*notext\.conllu"):
+        read_corpus(path)
+    plain = tmp_path / "blank.txt"
+    plain.write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(InputError, match="corpus file has no text"):
+        read_corpus(plain)

@@ -1,0 +1,147 @@
+"""The run folder and its HTML report: self-contained, escaped, fast to write, and drawn right in a
+real browser (headless Chromium through Playwright; skipped with the reason where either is missing)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import tiny_model
+from probe.analysis import analyze
+from probe.report import CSP, MAX_HEATMAP_TOKENS, write_run
+
+NASTY = "Look: <script>alert(1)</script> & <b>bold</b> $x^2$ </script><script>alert(2)</script> text."
+TEXTS = ["The cat sat on the mat, and then it slept.", NASTY, "Short one."]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    lm = tiny_model("bert")
+    res = analyze(lm, TEXTS, n_examples=3)
+    return write_run(res, lm.tokenizer, tmp_path_factory.mktemp("report") / "run", timings={"model_load_s": 0.5}), res
+
+
+def _data(html: str) -> dict:
+    m = re.search(r'<script type="application/json" id="probe-data">(.*?)</script>', html, re.S)
+    assert m, "no data block"
+    return json.loads(m.group(1))
+
+
+def test_files_and_timings(run_dir):
+    path, res = run_dir
+    assert sorted(p.name for p in path.iterdir()) == ["heads.csv", "index.html", "run.json"]
+    rec = json.loads((path / "run.json").read_text(encoding="utf-8"))
+    t = rec["timings_s"]
+    assert t["report_s"] > 0 and t["model_load_s"] == 0.5 and t["analyze_s"] > 0
+    assert rec["counts"]["sequences"] == 3 and rec["settings"]["example_tokens"] == 64
+
+
+def test_index_html_is_self_contained_and_escaped(run_dir):
+    html = (run_dir[0] / "index.html").read_text(encoding="utf-8")
+    assert html.lstrip().lower().startswith("<!doctype html>")
+    assert f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' in html.replace("&#39;", "'")
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.I)
+    assert not re.search(r"""@import|url\(\s*["']?\s*(?:https?:)?//""", html, re.I)
+    assert "<script>alert(1)</script>" not in html and "<script>alert(2)</script>" not in html
+    assert "<b>bold</b>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in html
+    # exactly two script elements: the data block and the renderer; token text cannot close them
+    assert len(re.findall(r"<script\b", html)) == 2
+    assert len(re.findall(r"</script>", html)) == 2
+
+
+def test_figure_data_matches_the_result(run_dir):
+    """Every canvas has its data; the attention data are the example's probabilities rounded to
+    1e-3 (stored as integers /1000), the statistic grids the heads' values rounded to 1e-4."""
+    path, res = run_dir
+    html = (path / "index.html").read_text(encoding="utf-8")
+    data = _data(html)["figures"]
+    ids = re.findall(r'<canvas data-fig="([^"]+)"', html)
+    assert ids and set(ids) == set(data)
+    stat = data["stat-prev"]
+    grid = res.heads.pivot(index="layer", columns="head", values="prev").to_numpy()
+    np.testing.assert_allclose(np.array(stat["values"]).reshape(grid.shape) / 10000, grid, atol=5e-5)
+    attn = [k for k in data if k.startswith("attn-")]
+    assert attn
+    layer, head, ex = map(int, attn[0].split("-")[1:])
+    fig = data[attn[0]]
+    n = fig["rows"]
+    probs = res.examples[ex].probs[layer, head, :n, :n]
+    np.testing.assert_allclose(np.array(fig["values"]).reshape(n, n) / 1000, probs, atol=5e-4)
+    assert fig["rowLabels"][0] == "[CLS]" and len(fig["rowLabels"]) == n <= MAX_HEATMAP_TOKENS
+
+
+def test_report_with_an_infinite_verification_difference(tmp_path):
+    lm = tiny_model("bert")
+    res = analyze(lm, ["The cat sat on the mat."], n_examples=1)
+    record = {"model": "m", "passed": False, "max_abs_diff": "inf", "per_layer": [], "cases": []}
+    path = write_run(res, lm.tokenizer, tmp_path / "run", verification=record)
+    assert "max absolute difference inf" in (path / "index.html").read_text()
+
+
+def test_long_example_is_cropped_and_marked(tmp_path):
+    lm = tiny_model("bert")
+    res = analyze(lm, [" ".join(["word"] * 200)], n_examples=1, max_length=64)
+    html = (write_run(res, lm.tokenizer, tmp_path / "r") / "index.html").read_text()
+    assert re.search(r"Example 1 \(64 tokens, truncated\): word word .* \[\.\.\.\]</blockquote>", html)
+
+
+# --------------------------------------------------------------------------- in a real browser
+
+def _browser():
+    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium)")
+    return playwright, chromium
+
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+def test_report_draws_every_figure_offline_in_chromium(run_dir):
+    """Every canvas is drawn, the page makes no request beyond itself and logs no error, and the
+    tooltip of an attention cell shows that cell's probability from the data."""
+    sync_api, chromium = _browser()
+    path, res = run_dir
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            messages, requests = [], []
+            page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto((path / "index.html").as_uri())
+            page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
+            n = int(page.evaluate("document.body.getAttribute('data-figures-drawn')"))
+            assert n == len(_data((path / "index.html").read_text())["figures"]) > 11
+            assert page.evaluate("document.querySelectorAll('canvas[data-drawn]').length") == n
+            assert messages == []
+            assert requests == [(path / "index.html").as_uri()]
+            # an attention canvas: hover the cell (row 2, col 1) and read the tooltip back
+            fid = page.evaluate("document.querySelector('canvas[data-fig^=attn]').getAttribute('data-fig')")
+            layer, head, ex = map(int, fid.split("-")[1:])
+            box = page.evaluate(f"""(() => {{ const c = document.querySelector('canvas[data-fig="{fid}"]');
+                c.scrollIntoView(); const r = c.getBoundingClientRect(); const g = c._geom;
+                return {{x: r.left + g.left + 1.5 * g.cell, y: r.top + g.top + 2.5 * g.cell}}; }})()""")
+            page.mouse.move(box["x"], box["y"])
+            tip = page.evaluate("document.querySelector('.tip').textContent")
+            expected = res.examples[ex].probs[layer, head, 2, 1]
+            value = float(re.search(r": ([\d.]+)$", tip).group(1))
+            assert abs(value - expected) <= 5e-4, (tip, expected)
+            # the canvas pixel under that cell has the colour the renderer assigns to the value
+            colour = page.evaluate(f"""(() => {{ const c = document.querySelector('canvas[data-fig="{fid}"]');
+                const g = c._geom, d = window.devicePixelRatio || 1;
+                const px = c.getContext('2d').getImageData(Math.round((g.left + 1.5 * g.cell) * d),
+                    Math.round((g.top + 2.5 * g.cell) * d), 1, 1).data;
+                return [px[0], px[1], px[2], window.probeHeatmap.color('blues', {round(float(expected), 3)})]; }})()""")
+            want = [int(x) for x in re.findall(r"\d+", colour[3])]
+            assert all(abs(a - b) <= 2 for a, b in zip(colour[:3], want)), colour
+        finally:
+            browser.close()
