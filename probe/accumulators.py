@@ -53,6 +53,17 @@ class Accumulator:
         """What was measured."""
         raise NotImplementedError
 
+    def columns(self):
+        """Per-head columns for ``heads.csv`` (a DataFrame with ``layer`` and ``head`` plus its own
+        columns), or None. :func:`probe.analysis.analyze` merges them into ``result.heads``."""
+        return None
+
+    def head_labels(self) -> list[tuple[int, int, str, float]]:
+        """Labels this analysis gives heads: ``(layer, head, label, strength)`` with strength the
+        ratio of the head's value to the label's bar (>= 1 when it holds; the primary label is the
+        strongest). Default: none."""
+        return []
+
 
 @dataclass
 class Example:

@@ -71,6 +71,7 @@ class AnalysisResult:
         model: name, source, type, geometry and parameter count (:func:`model_summary`).
         heads: one row per (layer, head): ``layer``, ``head``, ``label`` (primary), ``labels``
             (all, ';'-separated), one column per statistic of :data:`probe.stats.STATISTICS`,
+            the columns extra accumulators add (:meth:`~probe.accumulators.Accumulator.columns`),
             and ``cluster``.
         stats: the raw running sums and counts (mergeable with another run's).
         thresholds: label -> threshold used.
@@ -170,7 +171,12 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             bar.close()
     t_run = time.perf_counter() - t1
 
-    heads = label_heads(stats.result(), thresholds_used)
+    heads = stats.result()
+    for acc in accumulators:
+        extra = acc.columns()
+        if extra is not None:
+            heads = heads.merge(extra, on=["layer", "head"], how="left", validate="one_to_one")
+    heads = label_heads(heads, thresholds_used, [lab for acc in accumulators for lab in acc.head_labels()])
     heads["cluster"] = cluster_heads(heads, list(STATISTICS), n_clusters=n_clusters)
     c = counts.result()
     return AnalysisResult(

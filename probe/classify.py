@@ -49,12 +49,17 @@ def validate_thresholds(thresholds: dict[str, float] | None) -> None:
                              f"probability or a normalized entropy), got {value!r}")
 
 
-def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None) -> pd.DataFrame:
+def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None,
+                extra: list[tuple[int, int, str, float]] = ()) -> pd.DataFrame:
     """Add ``label`` (primary) and ``labels`` (all, separated by ';') columns.
 
     Args:
-        heads: one row per head with the statistic columns of :data:`probe.stats.STATISTICS`.
+        heads: one row per head with the statistic columns of :data:`probe.stats.STATISTICS`
+            (a rule whose statistic column is absent never holds).
         thresholds: label -> threshold overriding the defaults (unknown labels raise ValueError).
+        extra: labels other analyses give, ``(layer, head, label, strength)`` (see
+            :meth:`probe.accumulators.Accumulator.head_labels`), ranked with the rules' value /
+            threshold ratios.
 
     Returns:
         A copy of ``heads`` with ``label`` and ``labels`` inserted after ``head``. A statistic that
@@ -63,11 +68,14 @@ def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None)
     validate_thresholds(thresholds)
     thr = default_thresholds()
     thr.update({name: float(value) for name, value in (thresholds or {}).items()})
+    given: dict[tuple[int, int], list[tuple[float, str]]] = {}
+    for layer, head, label, strength in extra:
+        given.setdefault((int(layer), int(head)), []).append((float(strength), label))
     primaries, alls = [], []
     for _, row in heads.iterrows():
-        held = []
+        held = list(given.get((int(row["layer"]), int(row["head"])), [])) if "layer" in row else []
         for label, (stat, _) in LABEL_RULES.items():
-            value = row[stat]
+            value = row.get(stat, float("nan"))
             if not (isinstance(value, float) and math.isnan(value)) and value >= thr[label]:
                 held.append((value / thr[label], label))
         if held:

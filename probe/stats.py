@@ -16,8 +16,9 @@ import pandas as pd
 import torch
 
 from .accumulators import Accumulator
-from .inputs import Batch, punctuation_mask
+from .inputs import Batch
 from .sites import Site, visible_keys
+from .tokens import punctuation_mask
 
 #: The statistics, in report order. Units: probabilities (0..1) except ``entropy`` (nats),
 #: ``norm_entropy`` (0..1) and ``distance`` (tokens).

@@ -174,3 +174,45 @@ def test_model_summary_lists_windows():
     assert analyze(tiny_model("mistral"), TEXTS[:1], n_examples=0).model["windows"] == [8]
     assert analyze(tiny_model("gemma2"), TEXTS[:1], n_examples=0).model["windows"] == [4]
     assert analyze(tiny_model("llama"), TEXTS[:1], n_examples=0).model["windows"] == []
+
+
+class FirstTokenShare(Accumulator):
+    """A toy analysis: a per-head column and a label for heads whose column passes a bar."""
+
+    name = "toy"
+
+    def __init__(self, sites, n_heads):
+        self.sums = torch.zeros(len(sites), n_heads, dtype=torch.float64)
+        self.sites = {s: i for i, s in enumerate(sites)}
+
+    def update(self, site, probs, batch):
+        self.sums[self.sites[site]] += probs[:, :, 0, 0].sum(0).double()  # row 0's attention to itself
+
+    def merge(self, other):
+        self.sums += other.sums
+        return self
+
+    def result(self):
+        return self.sums
+
+    def columns(self):
+        import pandas as pd
+
+        L, H = self.sums.shape
+        return pd.DataFrame({"layer": np.repeat(range(L), H), "head": np.tile(range(H), L),
+                             "toy": self.sums.flatten().numpy()})
+
+    def head_labels(self):
+        return [(0, 1, "toy-label", 99.0)]
+
+
+def test_accumulators_add_columns_and_labels():
+    lm = tiny_model("bert")
+    toy = FirstTokenShare(lm.sites, 4)
+    res = analyze(lm, TEXTS, n_examples=0, accumulators=[toy])
+    heads = res.heads
+    assert "toy" in heads.columns and heads["toy"].notna().all()
+    assert res.results["toy"] is toy.sums
+    row = heads[(heads.layer == 0) & (heads["head"] == 1)].iloc[0]
+    assert row["label"] == "toy-label" and row["labels"].split(";")[0] == "toy-label"
+    assert (heads["label"] == "toy-label").sum() == 1

@@ -145,3 +145,34 @@ def test_report_draws_every_figure_offline_in_chromium(run_dir):
             assert all(abs(a - b) <= 2 for a, b in zip(colour[:3], want)), colour
         finally:
             browser.close()
+
+
+def toy_section(result, tokenizer):
+    """A section builder for the test below: present only when the toy result is."""
+    from probe.report.sections import Section, render_fragment
+
+    if "toy" not in result.results:
+        return None
+    html = render_fragment("section_table.html.j2", columns=["a", "b"], rows=[["<x>", 1]], caption="toy & co")
+    fig = {"rows": 1, "cols": 2, "scale": 1, "vmin": 0, "vmax": 1, "cmap": "viridis", "values": [0, 1],
+           "title": "toy"}
+    return Section("toy", "A toy section", html, figures={"toy-fig": fig}, files={"toy.csv": "a,b\n1,2\n"},
+                   record={"rows": 1}, order=10)
+
+
+def test_sections_add_html_figures_files_and_record(tmp_path, monkeypatch):
+    import probe.report.sections as sections
+
+    monkeypatch.setattr(sections, "BUILDERS", ["test_report:toy_section"])
+    lm = tiny_model("bert")
+    res = analyze(lm, TEXTS[:1], n_examples=1)
+    plain = write_run(res, lm.tokenizer, tmp_path / "plain")
+    assert not (plain / "toy.csv").exists() and "A toy section" not in (plain / "index.html").read_text()
+    res.results["toy"] = object()
+    path = write_run(res, lm.tokenizer, tmp_path / "with")
+    html = (path / "index.html").read_text()
+    assert '<h2 id="toy">A toy section</h2>' in html and "&lt;x&gt;" in html and "toy &amp; co" in html
+    assert "toy-fig" in _data(html)["figures"]
+    assert (path / "toy.csv").read_text() == "a,b\n1,2\n"
+    rec = json.loads((path / "run.json").read_text())
+    assert rec["toy"] == {"rows": 1} and rec["output"]["toy.csv"].endswith("toy.csv")

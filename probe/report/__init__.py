@@ -26,8 +26,8 @@ import numpy as np
 from ..analysis import AnalysisResult, versions
 from ..classify import LABEL_RULES, MIXED
 from ..errors import InputError
-from ..inputs import display_tokens
 from ..stats import STATISTICS
+from ..tokens import display_tokens
 
 #: Colors of the primary labels in the layer x head grid (colour-blind-safe Okabe-Ito palette + greys).
 LABEL_COLORS = {
@@ -205,8 +205,17 @@ def static_text(name: str) -> str:
     return resources.files("probe").joinpath(f"report/static/{name}").read_text(encoding="utf-8")
 
 
-def render_html(result: AnalysisResult, tokenizer, record: dict, verification: dict | None = None) -> str:
-    """The self-contained report page (data inline, heatmaps drawn by inline script, input escaped)."""
+def render_html(result: AnalysisResult, tokenizer, record: dict, verification: dict | None = None,
+                sections: list | None = None) -> str:
+    """The self-contained report page (data inline, heatmaps drawn by inline script, input escaped).
+
+    Args:
+        sections: extra :class:`~probe.report.sections.Section` objects (default: those the
+            builders make from ``result``).
+    """
+    from .sections import build_sections
+
+    sections = build_sections(result, tokenizer) if sections is None else sections
     heads = result.heads
     n_layers, n_heads = result.model["layers"], result.model["heads"]
     grid = [[None] * n_heads for _ in range(n_layers)]
@@ -226,7 +235,9 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         label_counts=result.label_counts(), stat_blocks=stat_blocks, attn_blocks=attn_blocks,
         table_cols=table_cols, table=table, verification=verification,
         examples=[_example_view(tokenizer, ex) for ex in result.examples],
-        data_json=_json_for_script({"figures": {**stat_figs, **attn_figs}}),
+        sections=sections,
+        data_json=_json_for_script({"figures": {**stat_figs, **attn_figs,
+                                                **{k: v for sec in sections for k, v in sec.figures.items()}}}),
         script=static_text("heatmap.js"),
     )
 
@@ -249,15 +260,28 @@ def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, 
     Raises:
         InputError: ``out`` exists and is not empty and ``force`` is False, or cannot be written.
     """
+    from .sections import build_sections
+
     start = time.perf_counter()
     path = prepare_run_dir(out, result.model["name"], force)
     result.timings.update({k: round(v, 4) for k, v in (timings or {}).items()})
-    record = run_record(result, {"verification": verification} if verification else None)
-    html = render_html(result, tokenizer, record, verification)
+    sections = build_sections(result, tokenizer)
+    extra = {"verification": verification} if verification else {}
+    extra.update({sec.id: sec.record for sec in sections if sec.record is not None})
+    record = run_record(result, extra)
+    html = render_html(result, tokenizer, record, verification, sections)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        record["output"] = {name: str(path / name) for name in OUTPUT_FILES}
+        names = list(OUTPUT_FILES) + [name for sec in sections for name in sec.files]
+        record["output"] = {name: str(path / name) for name in names}
         result.heads.to_csv(path / "heads.csv", index=False, float_format="%.6g")
+        for sec in sections:
+            for name, content in sec.files.items():
+                target = path / name
+                if isinstance(content, bytes):
+                    target.write_bytes(content)
+                else:
+                    target.write_text(content, encoding="utf-8")
         (path / "index.html").write_text(html, encoding="utf-8")
         now = time.perf_counter()
         result.timings["report_s"] = round(now - start, 4)
