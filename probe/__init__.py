@@ -26,7 +26,7 @@ from .models import LoadedModel, from_pretrained_objects, list_models, load_mode
 from .reference import attention, swap_attention  # noqa: E402
 from .sites import Site  # noqa: E402
 from .stats import STATISTICS, HeadStatistics  # noqa: E402
-from .verify import verify  # noqa: E402
+from .verification import verify  # noqa: E402
 
 __version__ = "0.1.0"
 

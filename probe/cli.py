@@ -177,7 +177,7 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     timings["analyze_s"] = result.timings["analyze_s"]
     verification = None
     if run_verify:
-        from .verify import verify
+        from .verification import verify
 
         t = time.perf_counter()
         verification = verify(lm, progress=_verify_progress if show else None).to_json()
@@ -276,7 +276,7 @@ def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: flo
 
     from .models import load_model
     from .reference import mutant_applies
-    from .verify import BF16_ATOL, FP32_ATOL, verify
+    from .verification import BF16_ATOL, FP32_ATOL, verify
 
     if atol is None:
         atol = FP32_ATOL if dtype == "float32" else BF16_ATOL

@@ -10,9 +10,9 @@ import torch
 from conftest import DECODERS, FAMILIES, hook_snapshot, no_hooks, tiny_model
 from probe.analysis import analyze
 from probe.capture import attention_hooks, capture_attention, encode
+from probe.errors import CaptureError, InputError
 from probe.hooks import ensure_eager
 from probe.inputs import as_texts, tokenize
-from probe.errors import CaptureError, InputError
 from probe.models import from_pretrained_objects
 
 #: Six tokens with both tokenizers: SmolLM2's BPE (no special tokens added) and MiniLM's

@@ -17,7 +17,6 @@ import probe.models as pm
 from conftest import SHARED_DATA
 from probe.cli import main
 from probe.corpus import read_corpus
-from probe.errors import InputError
 from probe.stats import STATISTICS
 
 UD_DEV = SHARED_DATA / "ud-ewt" / "en_ewt-ud-dev.conllu"
@@ -428,7 +427,7 @@ def test_tiny_corpus_gets_a_note(minilm):
 def test_out_below_a_file_fails_before_the_analysis(tmp_path):
     blocker = tmp_path / "afile"
     blocker.write_text("keep me\n")
-    result = run(["analyze", "--text", "The cat sat.", "--out", str(blocker / "run")])
+    result = run("analyze", "--text", "The cat sat.", "--out", str(blocker / "run"))
     assert result.exit_code == 1
     assert result.output.strip().startswith("Error: cannot create output folder") and "is a file" in result.output
     assert "Analyzing" not in result.output  # no model was loaded

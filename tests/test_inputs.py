@@ -123,14 +123,14 @@ def test_f23_typed_special_tokens_stay_text_wordpiece():
     sep_pos = [len(toks) - 1]
     probs = default.examples[0].probs
     expected = probs[:, :, :, sep_pos].sum(-1).mean(-1).ravel()
-    torch.testing.assert_close(torch.tensor(default.heads["sep"].to_numpy()), torch.tensor(expected, dtype=torch.float64),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.tensor(default.heads["sep"].to_numpy()),
+                               torch.tensor(expected, dtype=torch.float64), atol=1e-6, rtol=0)
     old_probs = old.examples[0].probs
     old_toks = lm.tokenizer.convert_ids_to_tokens(parsed.input_ids[0])
     old_sep = [i for i, t in enumerate(old_toks) if t == "[SEP]"]
     expected_old = old_probs[:, :, :, old_sep].sum(-1).mean(-1).ravel()
-    torch.testing.assert_close(torch.tensor(old.heads["sep"].to_numpy()), torch.tensor(expected_old, dtype=torch.float64),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.tensor(old.heads["sep"].to_numpy()),
+                               torch.tensor(expected_old, dtype=torch.float64), atol=1e-6, rtol=0)
     assert old.settings["parse_special_tokens"] and not default.settings["parse_special_tokens"]
 
 

@@ -14,8 +14,9 @@ Battery (shared/CASES.md):
 * ``padding-invariance`` - one prompt alone and padded by 1, 3 and 8 tokens (on the left for
   decoders, position ids from the mask; on the right for encoders): besides original vs swapped,
   the real tokens' attention and hidden states of each padded row are compared with the prompt
-  run alone (F24), against a bound set by the float32 batching noise measured on identical
-  unpadded rows;
+  run alone (F24), against a bound set by the float batching noise measured on the same prompt
+  twice in a batch and, for decoders, right-padded to the same lengths (causality leaves its
+  real tokens unchanged, so what differs there is rounding that depends on the length);
 * ``kv-cache`` - (decoders) a 6-token prefix, then 3 single-token steps with the key/value cache (F09);
 * ``max-length`` - one sequence of min(model limit, 1024) tokens;
 * ``sentence-pair`` - (encoders) two segments with token type ids.
@@ -40,6 +41,7 @@ import torch
 
 from . import validate
 from .architectures import layer_modules
+from .battery import Case, battery, case_names
 from .capture import add_attention_hooks
 from .errors import ProbeError
 from .hooks import measuring
@@ -53,32 +55,8 @@ FP32_ATOL = 1e-5
 #: Suggested absolute tolerance for bfloat16 runs (see the module docstring).
 BF16_ATOL = 1e-2
 #: Padding invariance passes when the padded rows differ from the prompt alone by at most
-#: max(atol, this many times the batching noise of identical unpadded rows).
+#: max(atol, this many times the batching noise; see :class:`CaseResult`).
 NOISE_FACTOR = 4.0
-
-#: Longest sequence of the ``max-length`` case, in tokens.
-MAX_CASE_TOKENS = 1024
-#: Padding added to the prompt in the ``padding-invariance`` case (tokens).
-PADDINGS = (1, 3, 8)
-
-SENTENCE = "The quick brown fox jumps over the lazy dog because it wanted to see the river."
-BATCH = [
-    "The cat sat on the mat.",
-    "A much longer sentence, which has quite a few more tokens than the first one does, follows here.",
-    "Short one here.",
-]
-PAIR = ("Where did the cat sit this morning?", "The cat sat on the mat near the door.")
-CACHE_TEXTS = [
-    "Once upon a time there was a little robot who loved to read books about the sea.",
-    "In the middle of the night the old clock in the hall struck twelve times and stopped.",
-]
-LONG_TEXT = (
-    "Attention lets every token look at every other token of the sequence and take a weighted average "
-    "of their values, the weights coming from a softmax over scaled dot products of queries and keys. "
-    "Some heads look at the previous token, some at the first token, some at punctuation, and some "
-    "spread their attention broadly over the whole sentence. "
-)
-
 
 @dataclass
 class _Max:
@@ -148,8 +126,10 @@ class CaseResult:
         seconds: wall time of both runs (seconds).
         padding_max_abs: (``padding-invariance``) max |padded row - prompt alone| over real tokens'
             attention probabilities and hidden states, both models; None for other cases.
-        batching_noise: (``padding-invariance``) max |row of a batch of identical unpadded prompts
-            - prompt alone|: the float32 noise of batching itself.
+        batching_noise: (``padding-invariance``) the float noise of batching itself: max |row -
+            prompt alone| over the prompt twice in a batch and, for decoders, the prompt
+            right-padded (same shapes as the padded runs; causality leaves the real tokens'
+            values unchanged, so any difference is length-dependent rounding).
     """
 
     name: str
@@ -210,116 +190,6 @@ def _finite(x):
 
 
 # ---------------------------------------------------------------------------------------------
-# The battery
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class _Pass:
-    """One forward pass: model inputs, and which query rows / keys are real tokens."""
-
-    inputs: dict
-    query_keep: torch.Tensor  # [batch, T] bool
-    key_keep: torch.Tensor  # [batch, past + T] bool
-
-
-@dataclass
-class _Case:
-    name: str
-    description: str
-    passes: list[_Pass]
-    use_cache: bool = False
-    invariance: bool = False  # padding-invariance case: pass 0 is the prompt alone
-
-
-def _tokenize(lm: LoadedModel, texts, side: str = "right", **kw) -> dict:
-    tok = lm.tokenizer
-    old = tok.padding_side
-    tok.padding_side = side
-    try:
-        enc = tok(texts, return_tensors="pt", padding=True, **kw)
-    finally:
-        tok.padding_side = old
-    vocab = lm.model.config.vocab_size
-    if int(enc["input_ids"].max()) >= vocab:
-        raise ProbeError(f"the tokenizer yields ids up to {int(enc['input_ids'].max())} but the model's vocabulary "
-                         f"has {vocab} entries")
-    return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-
-
-def _positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids [batch, T] counting real tokens only (left padding: the first real token is 0)."""
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def _single_pass(inputs: dict, causal: bool = False) -> _Pass:
-    keep = inputs["attention_mask"].bool()
-    if causal and not bool(keep.all()):
-        inputs = {**inputs, "position_ids": _positions_from_mask(inputs["attention_mask"])}
-    return _Pass(inputs, keep, keep)
-
-
-def _padded(inputs: dict, pad: int, pad_id: int, left: bool, causal: bool) -> _Pass:
-    """One prompt (batch 1) padded by ``pad`` tokens on the left or right."""
-    def extend(t, value):
-        fill = torch.full((t.shape[0], pad), value, dtype=t.dtype)
-        return torch.cat([fill, t] if left else [t, fill], 1)
-    out = {"input_ids": extend(inputs["input_ids"], pad_id), "attention_mask": extend(inputs["attention_mask"], 0)}
-    if "token_type_ids" in inputs:
-        out["token_type_ids"] = extend(inputs["token_type_ids"], 0)
-    return _single_pass(out, causal)
-
-
-def _invariance_case(lm: LoadedModel) -> _Case:
-    prompt = _tokenize(lm, [CACHE_TEXTS[0]])
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    passes = [_single_pass(prompt, lm.causal)]
-    twice = {k: torch.cat([v, v]) for k, v in prompt.items()}  # two identical unpadded rows: batching noise
-    passes.append(_single_pass(twice, lm.causal))
-    passes += [_padded(prompt, p, pad_id, left=lm.causal, causal=lm.causal) for p in PADDINGS]
-    side = "left, position ids from the mask" if lm.causal else "right"
-    return _Case("padding-invariance", f"one prompt alone, twice in a batch, and padded by "
-                 f"{', '.join(map(str, PADDINGS))} tokens ({side})", passes, invariance=True)
-
-
-def _battery(lm: LoadedModel) -> list[_Case]:
-    cases = [
-        _Case("sentence", "one sentence", [_single_pass(_tokenize(lm, [SENTENCE]))]),
-        _Case("right-padded", "3 sentences of unequal length, right padding",
-              [_single_pass(_tokenize(lm, BATCH))]),
-    ]
-    if lm.causal:
-        cases.append(_Case("left-padded", "3 sentences of unequal length, left padding, position ids from the mask",
-                           [_single_pass(_tokenize(lm, BATCH, side="left"), causal=True)]))
-    cases.append(_invariance_case(lm))
-    if lm.causal:
-        enc = _tokenize(lm, CACHE_TEXTS, truncation=True, max_length=9)
-        ids = enc["input_ids"]
-        if ids.shape[1] < 9 or not bool(enc["attention_mask"].all()):
-            raise ProbeError("the kv-cache case needs two texts of at least 9 tokens")
-        passes = []
-        for end in (6, 7, 8, 9):  # a 6-token prefix, then 3 one-token steps
-            start = 0 if end == 6 else end - 1
-            mask = torch.ones(ids.shape[0], end, dtype=torch.long)  # covers cached + new tokens
-            passes.append(_Pass({"input_ids": ids[:, start:end], "attention_mask": mask},
-                                torch.ones(ids.shape[0], end - start, dtype=torch.bool), mask.bool()))
-        cases.append(_Case("kv-cache", "6-token prefix, then 3 single-token steps with the key/value cache",
-                           passes, use_cache=True))
-    else:
-        cases.append(_Case("sentence-pair", "two segments with token type ids",
-                           [_single_pass(_tokenize(lm, [PAIR[0]], text_pair=[PAIR[1]]))]))
-    n = min(lm.max_length, MAX_CASE_TOKENS)
-    text = LONG_TEXT * (4 * n // 40 + 1)
-    cases.append(_Case("max-length", f"one sequence of {n} tokens (min(model limit, {MAX_CASE_TOKENS}))",
-                       [_single_pass(_tokenize(lm, [text], truncation=True, max_length=n))]))
-    return cases
-
-
-def case_names(lm: LoadedModel) -> list[str]:
-    """The names of the battery's cases for this model, in order."""
-    return [c.name for c in _battery(lm)]
-
-
-# ---------------------------------------------------------------------------------------------
 # Running and comparing
 # ---------------------------------------------------------------------------------------------
 
@@ -330,7 +200,7 @@ def _output_tensor(output) -> tuple[str, torch.Tensor]:
     return "last_hidden_state", output.last_hidden_state
 
 
-def _run_case(lm: LoadedModel, case: _Case, hooks, on_attn, on_hidden, on_output) -> None:
+def _run_case(lm: LoadedModel, case: Case, hooks, on_attn, on_hidden, on_output) -> None:
     """Run every pass of a case; callbacks get (pass index, layer, tensor) / (pass index, name, tensor)."""
     model = lm.model
     cache = None
@@ -361,16 +231,16 @@ def _run_case(lm: LoadedModel, case: _Case, hooks, on_attn, on_hidden, on_output
         hooks.remove()
 
 
-def _record(case: _Case, hooks, lm, on_attn=None, on_hidden=None, keep: bool = True) -> tuple[dict, dict, dict]:
+def _record(case: Case, hooks, lm, on_attn=None, on_hidden=None, keep: bool = True) -> tuple[dict, dict, dict]:
     """Run a case; keep every probability, hidden state and output (``keep``), after handing each
     to ``on_attn(i, layer, probs)`` / ``on_hidden(i, layer, h)`` where given."""
-    attn, hidden, out = {}, {}, {}
+    probs_by, hidden, out = {}, {}, {}
 
     def got_attn(i, layer, probs):
         if on_attn is not None:
             on_attn(i, layer, probs)
         if keep:
-            attn[(i, layer)] = probs
+            probs_by[(i, layer)] = probs
 
     def got_hidden(i, layer, h):
         if on_hidden is not None:
@@ -379,38 +249,31 @@ def _record(case: _Case, hooks, lm, on_attn=None, on_hidden=None, keep: bool = T
             hidden[(i, layer)] = h
 
     _run_case(lm, case, hooks, got_attn, got_hidden, lambda i, name, o: out.__setitem__(i, (name, o)))
-    return attn, hidden, out
+    return probs_by, hidden, out
 
 
-def _invariance(case: _Case, attn: dict, hidden: dict) -> tuple[float, float]:
-    """(max |padded row - alone| over real tokens, max |identical unpadded row in a batch - alone|)."""
-    alone_keep = case.passes[0].query_keep[0]
-    n = int(alone_keep.sum())
-
-    def rows(i):  # [query rows, key cols] indices of the real tokens of pass i (batch row 0 or 1)
-        keep = case.passes[i].query_keep[-1]
-        return keep.nonzero().flatten()
-
-    layers = sorted({layer for (_, layer) in attn})
-    noise, padded = 0.0, 0.0
-    for i in range(1, len(case.passes)):
-        idx = rows(i)
-        row = 1 if i == 1 else 0
-        d = 0.0
-        for layer in layers:
-            a, a0 = attn[(i, layer)][row][:, idx][:, :, idx], attn[(0, layer)][0]
-            h, h0 = hidden[(i, layer)][row][idx], hidden[(0, layer)][0]
-            assert a.shape[-1] == n
-            d = max(d, float((a.float() - a0.float()).abs().max()), float((h.float() - h0.float()).abs().max()))
-        if i == 1:
-            noise = d
-        else:
-            padded = max(padded, d)
-    return padded, noise
+def _invariance(case: Case, probs: dict, hidden: dict) -> tuple[float, float]:
+    """(max |padded row - alone|, max |noise row - alone|) over the real tokens' attention
+    probabilities and hidden states of every layer."""
+    n = int(case.passes[0].query_keep[0].sum())
+    layers = sorted({layer for (_, layer) in probs})
+    worst = {"noise": 0.0, "padded": 0.0}
+    for i, role in enumerate(case.roles):
+        if role == "alone":
+            continue
+        for row in range(case.passes[i].query_keep.shape[0]):
+            idx = case.passes[i].query_keep[row].nonzero().flatten()  # positions of the real tokens
+            assert len(idx) == n
+            for layer in layers:
+                p, p0 = probs[(i, layer)][row][:, idx][:, :, idx], probs[(0, layer)][0]
+                h, h0 = hidden[(i, layer)][row][idx], hidden[(0, layer)][0]
+                worst[role] = max(worst[role], float((p.float() - p0.float()).abs().max()),
+                                  float((h.float() - h0.float()).abs().max()))
+    return worst["padded"], worst["noise"]
 
 
 @torch.no_grad()
-def _verify_case(lm: LoadedModel, case: _Case, mutant, atol, rtol, layer_attn, layer_hidden,
+def _verify_case(lm: LoadedModel, case: Case, mutant, atol, rtol, layer_attn, layer_hidden,
                  hooks, notes: list[str]) -> tuple[CaseResult, str, _Max]:
     start = time.perf_counter()
     ref_attn, ref_hidden, ref_out = _record(case, hooks, lm)
@@ -489,17 +352,17 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
         applies, why = mutant_applies(mutant, lm)
         if not applies:
             notes.append(f"mutant {mutant!r} cannot change this model: {why}")
-    battery = _battery(lm)
+    selected = battery(lm)
     if isinstance(cases, str):
         cases = [cases]
     if cases is not None and len(cases) == 0:
         raise ProbeError("no verification case selected (cases=[]): nothing would be compared")
     if cases is not None:
-        unknown = set(cases) - {c.name for c in battery}
+        unknown = set(cases) - {c.name for c in selected}
         if unknown:
             raise ProbeError(f"unknown case(s) {', '.join(sorted(unknown))}; "
-                             f"choose from {', '.join(c.name for c in battery)}")
-        battery = [c for c in battery if c.name in cases]
+                             f"choose from {', '.join(c.name for c in selected)}")
+        selected = [c for c in selected if c.name in cases]
     n_layers = lm.geometry.n_layers
     layer_attn = [_Max() for _ in range(n_layers)]
     layer_hidden = [_Max() for _ in range(n_layers)]
@@ -507,16 +370,16 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
     output_name, out_total = "output", _Max()
     with measuring(lm.model) as state:
         notes.extend(state.notes)
-        for index, case in enumerate(battery):
+        for index, case in enumerate(selected):
             if progress is not None:
-                progress(index, len(battery), case.name, None)
+                progress(index, len(selected), case.name, None)
             res, output_name, out = _verify_case(lm, case, mutant, atol, rtol, layer_attn, layer_hidden,
                                                  state.hooks, swap_notes)
             results.append(res)
             out_total.diff = max(out_total.diff, out.diff)
             out_total.ref = max(out_total.ref, out.ref)
             if progress is not None:
-                progress(index, len(battery), case.name, res)
+                progress(index, len(selected), case.name, res)
     notes.extend(n for n in swap_notes if n not in notes)
     per_layer = [LayerResult(i, a.diff, a.rel, h.diff, h.rel, a.ok and h.ok)
                  for i, (a, h) in enumerate(zip(layer_attn, layer_hidden))]
