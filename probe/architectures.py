@@ -115,6 +115,51 @@ def _roberta_offset(config) -> int:
 
 
 @dataclass(frozen=True)
+class SiteSpec:
+    """Where one kind of attention site lives: a layer list and, in each layer, an attention module.
+
+    Paths: ``layers`` and ``stack_module`` are relative to the base model; every other path is
+    relative to one layer.
+
+    Attributes:
+        stack: ``"encoder"`` or ``"decoder"`` (:class:`~probe.sites.Site`).
+        kind: ``"self"`` or ``"cross"`` (queries from the decoder, keys and values from the encoder).
+        layers: path of the ``nn.ModuleList`` of this stack's blocks.
+        attention: path of the attention module in a block.
+        o: path of the output projection (its input is [batch, seq, heads * d_head]).
+        q, k, v, qkv: projection paths (as :class:`ArchSpec`).
+        causal: queries see only keys at or before their own position.
+        stack_module: path of the module whose forward receives this stack's 2D padding mask
+            (``"encoder"``/``"decoder"`` of an encoder-decoder model; ``""`` = the base model).
+        n_layers: ``config -> int`` layers of this stack (None: :func:`head_geometry`'s count).
+    """
+
+    stack: str
+    kind: str
+    layers: str
+    attention: str
+    o: str
+    q: str | None = None
+    k: str | None = None
+    v: str | None = None
+    qkv: str | None = None
+    causal: bool = False
+    stack_module: str = ""
+    n_layers: Callable[..., int] | None = None
+
+    def relative(self, path: str | None) -> str | None:
+        """A layer-relative path made relative to the attention module (None if outside it)."""
+        if path is None or not path.startswith(self.attention + "."):
+            return None
+        return path[len(self.attention) + 1:]
+
+    @property
+    def o_inside_attention(self) -> bool:
+        """The output projection is a child of the attention module."""
+        return self.o.startswith(self.attention + ".")
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     """Where the attention pieces of one architecture family live, and how it computes attention.
 
@@ -166,6 +211,16 @@ class ArchSpec:
             (Phi-3 splits its fused projection by ``config.num_attention_heads``), which pruning must
             give the module its own value of.
         cache_kwargs: names under which the attention module receives the key/value cache.
+        sites_override: the site kinds of an encoder-decoder model (:class:`SiteSpec`); empty for
+            single-stack models, whose one site kind the fields above describe.
+        probs_index: position of the attention probabilities in the attention module's output
+            tuple (1; T5's modules return ``(output, position_bias, probs)``: 2).
+        position_bias: a bias added to the scores: ``"alibi"`` (BLOOM; Press et al. 2022) or
+            ``"t5"`` (bucketed relative positions, Raffel et al. 2020), else None.
+        relative_bias: T5: path, relative to the first block of a stack, of the embedding holding
+            that stack's learned relative position bias [buckets, heads].
+        residual_in_attention: the attention module adds its input's residual to its output
+            (BLOOM's ``dropout_add(output, residual)``).
     """
 
     family: str
@@ -194,15 +249,36 @@ class ArchSpec:
     kv_group_attr: str | None = None
     config_head_attrs: tuple[str, ...] = ()
     cache_kwargs: tuple[str, ...] = ("cache", "past_key_values")
+    sites_override: tuple[SiteSpec, ...] = ()
+    probs_index: int = 1
+    position_bias: str | None = None
+    relative_bias: str | None = None
+    residual_in_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
             raise ValueError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
+        if self.position_bias not in (None, "alibi", "t5"):
+            raise ValueError(f"position_bias must be None, 'alibi' or 't5', got {self.position_bias!r}")
 
     @property
     def stack(self) -> str:
-        """``"decoder"`` for causal models, ``"encoder"`` otherwise."""
+        """``"decoder"`` for causal models, ``"encoder"`` otherwise (single-stack models)."""
         return "decoder" if self.causal else "encoder"
+
+    @property
+    def site_specs(self) -> tuple[SiteSpec, ...]:
+        """The kinds of attention site, in forward order within a layer: one self-attention stack
+        (from ``layers``, ``attention`` ...) unless ``sites_override`` lists several."""
+        if self.sites_override:
+            return self.sites_override
+        return (SiteSpec(self.stack, "self", self.layers, self.attention, self.o, self.q, self.k, self.v,
+                         self.qkv, self.causal, ""),)
+
+    @property
+    def encoder_decoder(self) -> bool:
+        """An encoder-decoder model (it has cross-attention sites)."""
+        return any(s.kind == "cross" for s in self.site_specs)
 
     @property
     def o_inside_attention(self) -> bool:
@@ -258,6 +334,50 @@ _GEMMA2 = replace(_LLAMA, family="gemma2", scaling=_query_pre_attn_scaling,
 _GEMMA3 = replace(_GEMMA2, family="gemma3", softcap=_no_softcap,
                       q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", rope=_rope_by_layer_type)
 
+def _t5_no_scaling(config, d_head: int, layer: int) -> float:
+    """T5: scores are not scaled (the 1/sqrt(d) is folded into the initialisation; Raffel et al.
+    2020, and Mesh TensorFlow's attention)."""
+    return 1.0
+
+
+def _bart_sites(prefix_q: str = "q_proj", out: str = "out_proj") -> tuple[SiteSpec, ...]:
+    def site(stack, kind, module, causal):
+        return SiteSpec(stack, kind, f"{stack}.layers", module, f"{module}.{out}", q=f"{module}.{prefix_q}",
+                        k=f"{module}.k_proj", v=f"{module}.v_proj", causal=causal, stack_module=stack,
+                        n_layers=lambda c, s=stack: getattr(c, f"{s}_layers"))
+    return (site("encoder", "self", "self_attn", False), site("decoder", "self", "self_attn", True),
+            site("decoder", "cross", "encoder_attn", False))
+
+
+def _t5_sites() -> tuple[SiteSpec, ...]:
+    def site(stack, kind, module, causal):
+        return SiteSpec(stack, kind, f"{stack}.block", module, f"{module}.o", q=f"{module}.q", k=f"{module}.k",
+                        v=f"{module}.v", causal=causal, stack_module=stack,
+                        n_layers=lambda c, s=stack: c.num_layers if s == "encoder" else c.num_decoder_layers)
+    return (site("encoder", "self", "layer.0.SelfAttention", False),
+            site("decoder", "self", "layer.0.SelfAttention", True),
+            site("decoder", "cross", "layer.1.EncDecAttention", False))
+
+
+_BART = ArchSpec(
+    family="bart", layers="decoder.layers", attention="self_attn", o="self_attn.out_proj",
+    q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", causal=True,
+    sites_override=_bart_sites(), head_count_attrs=("num_heads",), width_attrs=("embed_dim",),
+)
+_T5 = ArchSpec(
+    family="t5", layers="decoder.block", attention="layer.0.SelfAttention", o="layer.0.SelfAttention.o",
+    q="layer.0.SelfAttention.q", k="layer.0.SelfAttention.k", v="layer.0.SelfAttention.v", causal=True,
+    sites_override=_t5_sites(), scaling=_t5_no_scaling, probs_index=2, position_bias="t5",
+    relative_bias="layer.0.SelfAttention.relative_attention_bias", head_count_attrs=("n_heads",),
+    width_attrs=("inner_dim",),
+)
+_BLOOM = ArchSpec(
+    family="bloom", layers="h", attention="self_attention", qkv_layout="per_head",
+    qkv="self_attention.query_key_value", o="self_attention.dense", causal=True, softmax_dtype=torch.float32,
+    position_bias="alibi", residual_in_attention=True, cache_kwargs=("layer_past", "cache", "past_key_values"),
+    head_count_attrs=("num_heads",), width_attrs=("hidden_size", "split_size"),
+)
+
 #: model_type (``config.model_type``) -> spec. The supported architectures.
 SPECS: dict[str, ArchSpec] = {
     "bert": _BERT,
@@ -274,6 +394,10 @@ SPECS: dict[str, ArchSpec] = {
     "gemma": _GEMMA,
     "gemma2": _GEMMA2,
     "gemma3_text": _GEMMA3,
+    "bloom": _BLOOM,
+    "bart": _BART,
+    "marian": _BART,
+    "t5": _T5,
 }
 
 
@@ -320,21 +444,71 @@ class HeadGeometry:
 
 
 def head_geometry(config) -> HeadGeometry:
-    """Read layer/head counts and sizes from a Hugging Face config (any supported family)."""
+    """Read layer/head counts and sizes from a Hugging Face config (any supported family).
+
+    Encoder-decoder models: ``n_layers`` is the encoder's (:func:`sites` counts each stack's own).
+
+    Raises:
+        UnsupportedArchitectureError: an encoder-decoder model whose stacks have different head counts.
+    """
     n_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", None) or config.n_layer
     n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or config.n_head
     d_model = getattr(config, "hidden_size", None) or getattr(config, "dim", None) or config.n_embd
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
-    d_head = getattr(config, "head_dim", None) or d_model // n_heads
+    d_head = getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or d_model // n_heads
+    decoder_heads = getattr(config, "decoder_attention_heads", None)
+    if decoder_heads is not None and decoder_heads != n_heads:
+        raise UnsupportedArchitectureError(
+            f"encoder and decoder have different head counts ({n_heads} and {decoder_heads}); probe needs one")
     return HeadGeometry(int(n_layers), int(n_heads), int(n_kv), int(d_head), int(d_model))
 
 
 def sites(config) -> list[Site]:
-    """Every attention site of a model, in forward order, with its causal flag and sliding window."""
+    """Every attention site of a model, in forward order (an encoder's layers, then each decoder
+    layer's self- and cross-attention), with its causal flag and sliding window."""
     spec = get_spec(config)
-    n_layers = head_geometry(config).n_layers
-    return [Site(spec.stack, layer, "self", causal=spec.causal, window=spec.window(config, layer))
-            for layer in range(n_layers)]
+    default = head_geometry(config).n_layers
+    out = []
+    for stack in ("encoder", "decoder"):
+        kinds = [s for s in spec.site_specs if s.stack == stack]
+        if not kinds:
+            continue
+        n = kinds[0].n_layers(config) if kinds[0].n_layers else default
+        for layer in range(n):
+            for s in kinds:
+                window = spec.window(config, layer) if s.kind == "self" else None
+                out.append(Site(stack, layer, s.kind, causal=s.causal, window=window))
+    return out
+
+
+def site_spec(spec: ArchSpec, site: Site) -> SiteSpec:
+    """The :class:`SiteSpec` of a site."""
+    for s in spec.site_specs:
+        if s.stack == site.stack and s.kind == site.kind:
+            return s
+    raise KeyError(f"{spec.family} has no {site.stack} {site.kind}-attention")
+
+
+def site_modules(model: nn.Module, spec: ArchSpec | None = None) -> list[tuple[Site, nn.Module]]:
+    """Every site of ``model`` with the attention module in place now, in forward order."""
+    spec = spec or get_spec(model.config)
+    base = base_model(model)
+    out = []
+    for site in sites(model.config):
+        ss = site_spec(spec, site)
+        out.append((site, base.get_submodule(ss.layers)[site.layer].get_submodule(ss.attention)))
+    return out
+
+
+def stack_layers(model: nn.Module, spec: ArchSpec | None = None) -> dict[str, list[nn.Module]]:
+    """The blocks of each stack (``{"encoder": [...], "decoder": [...]}``; one entry for
+    single-stack models)."""
+    spec = spec or get_spec(model.config)
+    base = base_model(model)
+    out: dict[str, list[nn.Module]] = {}
+    for s in spec.site_specs:
+        out.setdefault(s.stack, list(base.get_submodule(s.layers)))
+    return out
 
 
 def max_positions(config) -> int | None:

@@ -190,9 +190,12 @@ def _hub_error(name: str, exc: Exception) -> ModelLoadError:
 
 
 def _model_class(config):
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    return AutoModelForCausalLM if get_spec(config).causal else AutoModel
+    spec = get_spec(config)
+    if spec.encoder_decoder:
+        return AutoModelForSeq2SeqLM
+    return AutoModelForCausalLM if spec.causal else AutoModel
 
 
 def _finish_tokenizer(tokenizer) -> None:
