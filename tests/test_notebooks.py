@@ -26,7 +26,7 @@ def test_notebook_runs(path, monkeypatch):
 
 def _quickstart(scope: dict) -> None:
     """The quick start captures one sentence (rows sum to 1) and ends with a written run folder."""
-    assert sorted(p.name for p in scope["path"].iterdir()) == ["heads.csv", "index.html", "run.json"]
+    assert sorted(p.name for p in scope["path"].iterdir()) == ["examples.npz", "heads.csv", "index.html", "run.json"]
     sums = scope["attn"].sum(-1)
     assert float((sums - 1).abs().max()) < 1e-5
     assert len(scope["heads"]) == 72
