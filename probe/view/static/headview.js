@@ -20,7 +20,7 @@
   "use strict";
   var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf", "#393b79", "#ad494a"];
-  var FONT = "12px sans-serif", ROW = 18, MAX_H = 520, STRIP = 12, LABEL_CHARS = 24;
+  var FONT = "12px sans-serif", ROW = 18, MAX_H = 520, STRIP = 12, STRIP_LEFT = 26, LABEL_CHARS = 24;
 
   function headColor(h) {
     if (h < PALETTE.length) return PALETTE[h];
@@ -214,29 +214,36 @@
     }
 
     function drawStrip(heads, mats, f, m) {
-      var g = geom, ctx = strip.getContext("2d"), cw = g.W / m;
+      var g = geom, ctx = strip.getContext("2d"), x0 = STRIP_LEFT, cw = (g.W - x0) / m;
       ctx.setTransform(g.dpr, 0, 0, g.dpr, 0, 0);
       ctx.clearRect(0, 0, g.W, strip.height / g.dpr);
+      ctx.font = "10px sans-serif"; ctx.textBaseline = "middle"; ctx.textAlign = "left";
       lastStrip = {};
       if (!f || !heads.length) {
-        ctx.fillStyle = "#888"; ctx.font = FONT; ctx.textBaseline = "middle";
+        ctx.fillStyle = "#888"; ctx.font = FONT;
         ctx.fillText(heads.length ? "hover a token to see its whole row here" : "no head selected", 4, STRIP / 2 + 1);
         return;
       }
       for (var hi = 0; hi < heads.length; hi++) {
         var y0 = hi * STRIP, vals = [];
-        ctx.fillStyle = "#f2f2f2"; ctx.fillRect(0, y0, g.W, STRIP - 2);
+        ctx.fillStyle = headColor(heads[hi]); ctx.fillText("h" + heads[hi], 2, y0 + STRIP / 2);
+        ctx.fillStyle = "#f2f2f2"; ctx.fillRect(x0, y0, g.W - x0, STRIP - 2);
         ctx.fillStyle = headColor(heads[hi]);
         for (var j = 0; j < m; j++) {
           var w = weight(mats[hi], f.side, f.i, j);
           vals.push(w);
-          if (w > 0) { ctx.globalAlpha = Math.min(1, w); ctx.fillRect(j * cw, y0, Math.max(1, cw), STRIP - 2); }
+          if (w > 0) { ctx.globalAlpha = Math.min(1, w); ctx.fillRect(x0 + j * cw, y0, Math.max(1, cw), STRIP - 2); }
         }
         ctx.globalAlpha = 1;
         lastStrip[heads[hi]] = vals;
       }
       ctx.fillStyle = "#000";
-      ctx.fillRect(f.i * cw + Math.max(1, cw) / 2 - 0.5, heads.length * STRIP, 1, 4);
+      ctx.fillRect(x0 + f.i * cw + Math.max(1, cw) / 2 - 0.5, heads.length * STRIP, 1, 4);
+    }
+
+    function stripIndex(e) {
+      var rect = strip.getBoundingClientRect(), j = Math.floor((e.clientX - rect.left - STRIP_LEFT) / ((geom.W - STRIP_LEFT) / size()));
+      return j >= 0 && j < size() ? j : -1;
     }
 
     var pending = false;
@@ -291,16 +298,14 @@
     });
     scroller.addEventListener("scroll", schedule);
     strip.addEventListener("mousemove", function (e) {
-      var f = focus(), rect = strip.getBoundingClientRect();
-      if (!f) { tip.style.display = "none"; return; }
-      var j = Math.floor((e.clientX - rect.left) / (geom.W / size()));
-      if (j < 0 || j >= size()) { tip.style.display = "none"; return; }
+      var f = focus(), j = stripIndex(e);
+      if (!f || j < 0) { tip.style.display = "none"; return; }
       showTip(e, {side: f.side === "q" ? "k" : "q", i: j});
     });
     strip.addEventListener("mouseleave", function () { tip.style.display = "none"; });
     strip.addEventListener("click", function (e) {
-      var rect = strip.getBoundingClientRect(), j = Math.floor((e.clientX - rect.left) / (geom.W / size()));
-      scroller.scrollTop = Math.max(0, j * ROW - geom.vh / 2);
+      var j = stripIndex(e);
+      if (j >= 0) scroller.scrollTop = Math.max(0, j * ROW - geom.vh / 2);
     });
     layerSel.addEventListener("change", function () {
       S.layer = Number(layerSel.value);
@@ -346,6 +351,7 @@
         var want = Math.max(0, i * ROW - geom.vh / 2);
         if (scroller.scrollTop !== want) { scroller.scrollTop = want; draw(); }
         var rect = canvas.getBoundingClientRect();
+        if (rect.top < 0 || rect.bottom > window.innerHeight) { canvas.scrollIntoView({block: "center"}); rect = canvas.getBoundingClientRect(); }
         return {x: rect.left + (side === "q" ? geom.labelW / 2 : geom.W - geom.labelW / 2),
                 y: rect.top + i * ROW - scroller.scrollTop + ROW / 2};
       },
