@@ -46,6 +46,8 @@ def render_fragment(data: dict, view_id: str | None = None) -> str:
 
     view_id = view_id or f"probe-hv-{uuid.uuid4().hex[:12]}"
     return (f'<div class="probe-hv" id="{html.escape(view_id)}"><style>{view_static("headview.css")}</style>'
+            f'<div class="hv-fallback">probe head view: its script has not run (in Jupyter, run the cell or trust '
+            f'the notebook).</div>'
             f'<script type="application/json" class="probe-hv-data">{_json_for_script(data)}</script>'
             f'<script>{view_static("headview.js")}</script></div>')
 

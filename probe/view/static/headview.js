@@ -47,7 +47,8 @@
     var t0 = performance.now();
     var node = root.querySelector("script.probe-hv-data");
     if (!node) return null;
-    var data = JSON.parse(node.textContent);
+    var data = JSON.parse(node.textContent), fallback = root.querySelector(".hv-fallback");
+    if (fallback) root.removeChild(fallback);
     var n = data.n, H = data.heads, hasWords = !!data.units;
     var S = {layer: data.initial.layer, heads: data.initial.heads.slice(), mode: "tokens", hover: null, pin: null,
              threshold: data.threshold};
