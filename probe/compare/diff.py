@@ -45,7 +45,8 @@ NOT_PROBABILITY = {"entropy", "distance"}
 STATUSES = ("both", "removed in A", "removed in B", "removed in both", "only in A", "only in B")
 
 
-def _as_result(run):
+def as_result(run):
+    """An analysis result as given, or a run folder read with :func:`probe.compare.load_run`."""
     from .runs import load_run
 
     return load_run(run) if isinstance(run, (str, Path)) else run
@@ -96,7 +97,7 @@ def compare_runs(a, b) -> pd.DataFrame:
     Raises:
         InputError: a folder that is not a run folder.
     """
-    a, b = _as_result(a), _as_result(b)
+    a, b = as_result(a), as_result(b)
     (la, ha), (lb, hb) = geometry(a), geometry(b)
     layer_map = align_layers(la, lb)
     cols = compared_columns(a.heads, b.heads)
@@ -154,7 +155,7 @@ def layer_summary(a, b, df: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per aligned layer: each run's mean of every compared statistic over its own present heads,
     and the difference (B - A). Columns ``layer``, ``layer_b``, then ``<stat>_a``, ``<stat>_b``,
     ``delta_<stat>``."""
-    a, b = _as_result(a), _as_result(b)
+    a, b = as_result(a), as_result(b)
     df = compare_runs(a, b) if df is None else df
     cols = df.attrs["statistics"]
 
@@ -182,7 +183,7 @@ def most_changed(df: pd.DataFrame, k: int = 4) -> pd.DataFrame:
 
 def label_counts(a, b) -> pd.DataFrame:
     """Primary labels: number of heads in A and in B, each from its own whole heads table."""
-    a, b = _as_result(a), _as_result(b)
+    a, b = as_result(a), as_result(b)
     out = pd.concat([a.heads["label"].value_counts().rename("A"), b.heads["label"].value_counts().rename("B")],
                     axis=1).fillna(0).astype(int)
     out.index.name = "label"

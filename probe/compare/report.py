@@ -16,10 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis import versions
 from ..errors import InputError
+from ..report import CSP, _environment, _json_for_script, prepare_run_dir, static_text
 from ..stats import STATISTICS
 from ..tokens import display_tokens
-from .diff import NOT_PROBABILITY, _as_result, compare_runs, geometry, label_counts, layer_summary, most_changed
+from .diff import NOT_PROBABILITY, as_result, compare_runs, geometry, label_counts, layer_summary, most_changed
 
 #: Tokens per side of the side-by-side attention heatmaps.
 MAX_TOKENS = 64
@@ -136,10 +138,7 @@ def write_compare(a, b, out: str | Path | None = None, *, force: bool = False, t
     Raises:
         InputError: a folder that is not a run folder, or ``out`` taken (without ``force``).
     """
-    from ..analysis import versions
-    from ..report import _environment, _json_for_script, prepare_run_dir, static_text
-
-    a, b = _as_result(a), _as_result(b)
+    a, b = as_result(a), as_result(b)
     name_a, name_b = a.model.get("name", "A"), b.model.get("name", "B")
     path = prepare_run_dir(out, f"compare-{Path(str(name_a)).name}-vs-{Path(str(name_b)).name}", force)
     df = compare_runs(a, b)
@@ -167,7 +166,7 @@ def write_compare(a, b, out: str | Path | None = None, *, force: bool = False, t
         "shared_example": None if pair is None else pair[0].text, "versions": versions(),
     }
     page = _environment().get_template("compare.html.j2").render(
-        a=record["a"], b=record["b"], notes=notes, record=record, csp=_csp(),
+        a=record["a"], b=record["b"], notes=notes, record=record, csp=CSP,
         label_counts=label_counts(a, b).to_dict("records"), grid=_status_grid(df, layers_a, width),
         row_labels=row_labels, width=width, colors=STATUS_COLORS, delta_blocks=delta_blocks, pair_blocks=pair_blocks,
         shared=None if pair is None else pair[0].text,
@@ -191,8 +190,3 @@ def write_compare(a, b, out: str | Path | None = None, *, force: bool = False, t
 def _first_text(result) -> str:
     return result.examples[0].text[:60] if result.examples else "(none kept)"
 
-
-def _csp() -> str:
-    from ..report import CSP
-
-    return CSP

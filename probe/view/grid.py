@@ -3,8 +3,6 @@ statistic as a colour gradient)."""
 
 from __future__ import annotations
 
-import pandas as pd
-
 from ..errors import InputError
 
 
@@ -34,8 +32,3 @@ def label_grid(source, value: str = "label"):
         return grid.style.map(lambda v: f"background-color: {LABEL_COLORS.get(v, '#ffffff')}; font-size: 11px")
     grid = grid.astype(float)
     return grid.style.background_gradient(cmap="viridis", axis=None).format("{:.3f}", na_rep="")
-
-
-def heads_frame(source) -> pd.DataFrame:
-    """The heads DataFrame of a result (or the DataFrame itself)."""
-    return source.heads if hasattr(source, "heads") else source

@@ -16,9 +16,8 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import InputError
+from ..report import _json_for_script
 from ..tokens import display_tokens
 from .data import LINE_THRESHOLD, MAX_VALUES, budget_note, choose_layers, view_data
 
@@ -42,8 +41,6 @@ def render_fragment(data: dict, view_id: str | None = None) -> str:
         data: :func:`probe.view.data.view_data`'s dict.
         view_id: the element id (default: a new unique ``probe-hv-<hex>``).
     """
-    from ..report import _json_for_script
-
     view_id = view_id or f"probe-hv-{uuid.uuid4().hex[:12]}"
     return (f'<div class="probe-hv" id="{html.escape(view_id)}"><style>{view_static("headview.css")}</style>'
             f'<div class="hv-fallback">probe head view: its script has not run (in Jupyter, run the cell or trust '
@@ -206,10 +203,3 @@ def _show_text(lm, text, layers, max_length, max_values, words, kw) -> HeadView:
                      layer_names=[s.name for s in sites], causal=lm.causal, note=note,
                      title=f"{lm.name}: {n} tokens{trunc}", **kw)
     return HeadView(data)
-
-
-def example_arrays(view: HeadView, layer_index: int) -> np.ndarray:
-    """[heads, n, n] probabilities of one included layer as the page holds them (tests, notebooks)."""
-    from .data import decoded_map
-
-    return np.stack([decoded_map(view.data, layer_index, h) for h in range(view.data["heads"])])

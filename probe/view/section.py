@@ -10,6 +10,10 @@ float16) so that :func:`probe.compare.load_run` can show and compare the example
 
 from __future__ import annotations
 
+from ..compare.runs import EXAMPLES_FILE, examples_bytes
+from ..report import choose_heads
+from ..report.sections import Section
+from ..report.sections import render_fragment as render_template
 from ..tokens import display_tokens
 from .data import MAX_VALUES, SCALE, choose_layers
 from .html import HeadView, render_fragment
@@ -17,11 +21,6 @@ from .html import HeadView, render_fragment
 
 def head_view_section(result, tokenizer):
     """The "Interactive head view" section of the report, or None without examples."""
-    from ..compare.runs import EXAMPLES_FILE, examples_bytes
-    from ..report import choose_heads
-    from ..report.sections import Section
-    from ..report.sections import render_fragment as render_template
-
     if not result.examples:
         return None
     labels = [ex.labels or display_tokens(tokenizer, ex.text, ex.ids, ex.offsets, ex.special)
