@@ -42,327 +42,361 @@
     return out;
   }
 
-  function mount(root) {
-    if (root.probeView) return root.probeView;
-    var t0 = performance.now();
-    var node = root.querySelector("script.probe-hv-data");
-    if (!node) return null;
-    var data = JSON.parse(node.textContent), fallback = root.querySelector(".hv-fallback");
-    if (fallback) root.removeChild(fallback);
-    var n = data.n, H = data.heads, hasWords = !!data.units;
-    var S = {layer: data.initial.layer, heads: data.initial.heads.slice(), mode: "tokens", hover: null, pin: null,
-             threshold: data.threshold};
-    var cache = {}, lastLines = [], lastStrip = {}, geom = {};
-    var timings = {mountMs: 0, firstDrawMs: null, firstDrawAt: null, lastDrawMs: null, draws: 0};
+  function View(root, data, t0) {
+    this.root = root; this.data = data; this.t0 = t0; this.n = data.n;
+    this.S = {layer: data.initial.layer, heads: data.initial.heads.slice(), mode: "tokens", hover: null, pin: null,
+              threshold: data.threshold};
+    this.cache = {}; this.lastLines = []; this.lastStrip = {}; this.geom = {}; this.pending = false;
+    this.timings = {mountMs: 0, firstDrawMs: null, firstDrawAt: null, lastDrawMs: null, draws: 0};
+  }
+  var V = View.prototype;
 
-    // ---------------------------------------------------------------- data
-    function tokenMatrix(li, h) {
-      var key = li + ":" + h + ":t";
-      if (!cache[key]) cache[key] = data.maps[li][h] === null ? null : decode(data.maps[li][h], n * n, data.scale);
-      return cache[key];
+  // ------------------------------------------------------------------ data
+  V.tokenMatrix = function (li, h) {
+    var key = li + ":" + h + ":t", enc = this.data.maps[li][h];
+    if (this.cache[key] === undefined) this.cache[key] = enc === null ? null : decode(enc, this.n * this.n, this.data.scale);
+    return this.cache[key];
+  };
+  V.wordMatrix = function (li, h) {  // to a unit: sum over its tokens; from a unit: mean over its tokens
+    var key = li + ":" + h + ":w";
+    if (this.cache[key] !== undefined) return this.cache[key];
+    var a = this.tokenMatrix(li, h), n = this.n;
+    if (a === null) return (this.cache[key] = null);
+    var units = this.data.units, U = this.data.unitLabels.length, w = new Float32Array(U * U), count = new Float32Array(U);
+    for (var q = 0; q < n; q++) {
+      var uq = units[q] * U, row = q * n;
+      count[units[q]] += 1;
+      for (var k = 0; k < n; k++) w[uq + units[k]] += a[row + k];
     }
-    function wordMatrix(li, h) {
-      var key = li + ":" + h + ":w";
-      if (cache[key] !== undefined) return cache[key];
-      var a = tokenMatrix(li, h);
-      if (a === null) return (cache[key] = null);
-      var units = data.units, U = data.unitLabels.length, w = new Float32Array(U * U), count = new Float32Array(U);
-      for (var q = 0; q < n; q++) {
-        var uq = units[q] * U, row = q * n;
-        count[units[q]] += 1;
-        for (var k = 0; k < n; k++) w[uq + units[k]] += a[row + k];
-      }
-      for (var u = 0; u < U; u++) for (var v = 0; v < U; v++) w[u * U + v] /= count[u];
-      return (cache[key] = w);
-    }
-    function matrix(li, h) { return S.mode === "words" ? wordMatrix(li, h) : tokenMatrix(li, h); }
-    function labels() { return S.mode === "words" ? data.unitLabels : data.tokens; }
-    function size() { return labels().length; }
-    function weight(m, side, f, j) { var M = size(); return side === "q" ? m[f * M + j] : m[j * M + f]; }
+    for (var u = 0; u < U; u++) for (var v = 0; v < U; v++) w[u * U + v] /= count[u];
+    return (this.cache[key] = w);
+  };
+  V.matrix = function (li, h) { return this.S.mode === "words" ? this.wordMatrix(li, h) : this.tokenMatrix(li, h); };
+  V.labels = function () { return this.S.mode === "words" ? this.data.unitLabels : this.data.tokens; };
+  V.size = function () { return this.labels().length; };
+  V.weight = function (m, side, f, j) { var M = this.size(); return side === "q" ? m[f * M + j] : m[j * M + f]; };
+  V.focus = function () { return this.S.pin || this.S.hover; };
+  V.shown = function () {  // selected heads that are there, and their matrices
+    var self = this, heads = this.S.heads.filter(function (h) { return self.matrix(self.S.layer, h) !== null; });
+    return {heads: heads, mats: heads.map(function (h) { return self.matrix(self.S.layer, h); })};
+  };
 
-    // ---------------------------------------------------------------- DOM
+  // ------------------------------------------------------------------ DOM
+  function option(text, value) { var o = el("option", null, text); o.value = value; return o; }
+  function labelled(text, control) {
+    var s = el("label"); s.appendChild(document.createTextNode(text + " ")); s.appendChild(control); return s;
+  }
+  V.build = function () {
+    var data = this.data, root = this.root, self = this;
     if (data.title) root.appendChild(el("div", "hv-title", data.title));
     (data.notes || []).forEach(function (t) { root.appendChild(el("div", "hv-note", t)); });
-    var bar = el("div", "hv-bar"), layerSel = el("select"), modeSel = el("select"), thrSel = el("select");
+    var bar = el("div", "hv-bar");
+    this.layerSel = el("select"); this.modeSel = el("select"); this.thrSel = el("select");
     data.layers.forEach(function (l, i) {
-      var o = el("option", null, "layer " + l); o.value = String(i); o.title = data.layerNames[i]; layerSel.appendChild(o);
+      var o = option("layer " + l, String(i)); o.title = data.layerNames[i]; self.layerSel.appendChild(o);
     });
-    [["tokens", "tokens"], ["words", "words"]].forEach(function (m) {
-      var o = el("option", null, m[1]); o.value = m[0]; o.disabled = m[0] === "words" && !hasWords; modeSel.appendChild(o);
+    ["tokens", "words"].forEach(function (m) {
+      var o = option(m, m); o.disabled = m === "words" && !data.units; self.modeSel.appendChild(o);
     });
     var thresholds = [0.001, 0.01, 0.05, 0.1, 0.2];
     if (thresholds.indexOf(data.threshold) < 0) thresholds.push(data.threshold);
     thresholds.sort(function (a, b) { return a - b; }).forEach(function (t) {
-      var o = el("option", null, "\u2265 " + t); o.value = String(t); thrSel.appendChild(o);
+      self.thrSel.appendChild(option("\u2265 " + t, String(t)));
     });
-    thrSel.value = String(data.threshold);
-    function labelled(text, control) { var s = el("label"); s.appendChild(document.createTextNode(text + " ")); s.appendChild(control); return s; }
-    bar.appendChild(labelled("layer", layerSel));
-    var headsBox = el("span", "hv-heads");
-    bar.appendChild(headsBox);
-    var allBtn = el("button", null, "all"), noneBtn = el("button", null, "none");
-    allBtn.type = noneBtn.type = "button";
-    bar.appendChild(allBtn); bar.appendChild(noneBtn);
-    bar.appendChild(labelled("units", modeSel));
-    bar.appendChild(labelled("lines", thrSel));
+    this.thrSel.value = String(data.threshold);
+    this.headsBox = el("span", "hv-heads");
+    this.allBtn = el("button", null, "all"); this.noneBtn = el("button", null, "none");
+    this.allBtn.type = this.noneBtn.type = "button";
+    [labelled("layer", this.layerSel), this.headsBox, this.allBtn, this.noneBtn, labelled("units", this.modeSel),
+     labelled("lines", this.thrSel)].forEach(function (e) { bar.appendChild(e); });
     root.appendChild(bar);
-    var strip = el("canvas", "hv-strip"), scroller = el("div", "hv-scroll"), canvas = el("canvas"), spacer = el("div");
-    canvas.tabIndex = 0;
-    scroller.appendChild(canvas); scroller.appendChild(spacer);
-    var status = el("div", "hv-status"), tip = el("div", "hv-tip");
-    root.appendChild(strip); root.appendChild(scroller); root.appendChild(status); root.appendChild(tip);
+    this.strip = el("canvas", "hv-strip"); this.scroller = el("div", "hv-scroll");
+    this.canvas = el("canvas"); this.spacer = el("div");
+    this.canvas.tabIndex = 0;
+    this.scroller.appendChild(this.canvas); this.scroller.appendChild(this.spacer);
+    this.status = el("div", "hv-status"); this.tip = el("div", "hv-tip");
+    [this.strip, this.scroller, this.status, this.tip].forEach(function (e) { root.appendChild(e); });
     root.appendChild(el("div", "hv-status", "Hover a token: on the left, where it attends (its row); on the right, " +
       "what attends to it (its column). Click to pin, arrow keys to move, Esc to unpin. Lines for probabilities " +
       "at or above the line threshold; the strip above shows every key of the row, one band per head."));
+  };
+  V.buildHeads = function () {
+    var data = this.data, S = this.S, box = this.headsBox, self = this;
+    while (box.firstChild) box.removeChild(box.firstChild);
+    for (var h = 0; h < data.heads; h++) {
+      var removed = data.removed[S.layer][h], lab = el("label", "hv-head" + (removed ? " hv-removed" : ""));
+      var input = el("input"), sw = el("span", "hv-sw"), name = data.headLabels[S.layer][h];
+      input.type = "checkbox"; input.value = String(h); input.checked = S.heads.indexOf(h) >= 0; input.disabled = removed;
+      sw.style.background = headColor(h);
+      lab.title = "layer " + data.layers[S.layer] + " head " + h + (removed ? ": removed" : name ? ": " + name : "");
+      lab.appendChild(input); lab.appendChild(sw); lab.appendChild(document.createTextNode(String(h)));
+      input.addEventListener("change", function () { self.readHeads(); });
+      box.appendChild(lab);
+    }
+  };
+  V.readHeads = function () {
+    var heads = [];
+    this.headsBox.querySelectorAll("input").forEach(function (b) { if (b.checked) heads.push(Number(b.value)); });
+    this.S.heads = heads;
+    this.draw();
+  };
 
-    function buildHeads() {
-      while (headsBox.firstChild) headsBox.removeChild(headsBox.firstChild);
-      for (var h = 0; h < H; h++) {
-        var removed = data.removed[S.layer][h], lab = el("label", "hv-head" + (removed ? " hv-removed" : ""));
-        var box = el("input"), sw = el("span", "hv-sw"), name = data.headLabels[S.layer][h];
-        box.type = "checkbox"; box.value = String(h); box.checked = S.heads.indexOf(h) >= 0; box.disabled = removed;
-        sw.style.background = headColor(h);
-        lab.title = "layer " + data.layers[S.layer] + " head " + h + (removed ? ": removed" : name ? ": " + name : "");
-        lab.appendChild(box); lab.appendChild(sw); lab.appendChild(document.createTextNode(String(h)));
-        box.addEventListener("change", onHeadToggle);
-        headsBox.appendChild(lab);
+  // ------------------------------------------------------------------ layout and drawing
+  V.stripHeight = function () { return Math.max(1, this.S.heads.length) * STRIP + 4; };
+  V.layout = function () {
+    var dpr = window.devicePixelRatio || 1, ctx = this.canvas.getContext("2d"), labs = this.labels(), m = labs.length;
+    ctx.font = FONT;
+    var lw = 0;
+    for (var i = 0; i < m; i++) lw = Math.max(lw, ctx.measureText(short(labs[i], LABEL_CHARS)).width);
+    var labelW = Math.min(190, Math.ceil(lw) + 14), avail = this.root.clientWidth || 720;
+    var W = Math.max(2 * labelW + 100, Math.min(avail - 4, 2 * labelW + 360)), total = m * ROW, vh = Math.min(total, MAX_H);
+    var sh = this.stripHeight();
+    this.geom = {W: W, vh: vh, labelW: labelW, total: total, dpr: dpr, m: m, avail: avail, sh: sh};
+    sizeCanvas(this.canvas, W, vh, dpr); sizeCanvas(this.strip, W, sh, dpr);
+    this.scroller.style.height = vh + "px"; this.scroller.style.width = (W + 2) + "px";
+    this.spacer.style.height = Math.max(0, total - vh) + "px";
+  };
+  function sizeCanvas(canvas, w, h, dpr) {
+    canvas.width = Math.round(w * dpr); canvas.height = Math.round(h * dpr);
+    canvas.style.width = w + "px"; canvas.style.height = h + "px";
+  }
+  V.y = function (r) { return r * ROW - this.scroller.scrollTop + ROW / 2; };
+
+  V.draw = function () {
+    var t = performance.now(), g, f = this.focus(), sel = this.shown();
+    if (this.geom.m !== this.size() || this.geom.sh !== this.stripHeight()) this.layout();
+    g = this.geom;
+    var ctx = this.canvas.getContext("2d");
+    ctx.setTransform(g.dpr, 0, 0, g.dpr, 0, 0);
+    ctx.clearRect(0, 0, g.W, g.vh);
+    this.drawLines(ctx, sel, f);
+    this.drawLabels(ctx, sel, f);
+    this.drawStrip(sel, f);
+    var labs = this.labels();
+    this.status.textContent = f ? (f.side === "q" ? "query " : "key ") + JSON.stringify(labs[f.i]) + " (" + f.i + ")" +
+      (this.S.pin ? ", pinned" : "") + ": " + this.lastLines.length + " line(s)" : "";
+    this.root.setAttribute("data-focus", f ? f.side + ":" + f.i : "");
+    var tm = this.timings, now = performance.now();
+    tm.draws += 1; tm.lastDrawMs = now - t;
+    if (tm.firstDrawMs === null) { tm.firstDrawMs = now - this.t0; tm.firstDrawAt = now; }
+    this.root.setAttribute("data-draws", String(tm.draws));
+  };
+  V.drawLines = function (ctx, sel, f) {  // lines from the focused token, weights >= threshold
+    this.lastLines = [];
+    if (!f) return;
+    var g = this.geom, m = this.size(), x1 = g.labelW, x2 = g.W - g.labelW;
+    ctx.lineWidth = 2;
+    for (var hi = 0; hi < sel.heads.length; hi++) {
+      ctx.strokeStyle = headColor(sel.heads[hi]);
+      for (var j = 0; j < m; j++) {
+        var w = this.weight(sel.mats[hi], f.side, f.i, j);
+        if (!(w >= this.S.threshold)) continue;
+        var q = f.side === "q" ? f.i : j, k = f.side === "q" ? j : f.i;
+        this.lastLines.push({head: sel.heads[hi], query: q, key: k, weight: w});
+        ctx.globalAlpha = Math.min(1, 0.15 + 0.85 * w);
+        ctx.beginPath(); ctx.moveTo(x1, this.y(q)); ctx.lineTo(x2, this.y(k)); ctx.stroke();
       }
     }
-    function onHeadToggle() {
-      S.heads = [];
-      headsBox.querySelectorAll("input").forEach(function (b) { if (b.checked) S.heads.push(Number(b.value)); });
-      draw();
-    }
-
-    // ---------------------------------------------------------------- layout and drawing
-    function layout() {
-      var dpr = window.devicePixelRatio || 1, ctx = canvas.getContext("2d"), labs = labels(), m = labs.length;
-      ctx.font = FONT;
-      var lw = 0;
-      for (var i = 0; i < m; i++) lw = Math.max(lw, ctx.measureText(short(labs[i], LABEL_CHARS)).width);
-      var labelW = Math.min(190, Math.ceil(lw) + 14), avail = root.clientWidth || 720;
-      var W = Math.max(2 * labelW + 100, Math.min(avail - 4, 2 * labelW + 360)), total = m * ROW, vh = Math.min(total, MAX_H);
-      geom = {W: W, vh: vh, labelW: labelW, total: total, dpr: dpr, m: m, avail: avail};
-      canvas.width = Math.round(W * dpr); canvas.height = Math.round(vh * dpr);
-      canvas.style.width = W + "px"; canvas.style.height = vh + "px";
-      scroller.style.height = vh + "px"; scroller.style.width = (W + 2) + "px";
-      spacer.style.height = Math.max(0, total - vh) + "px";
-      var sh = Math.max(1, S.heads.length) * STRIP + 4;
-      strip.width = Math.round(W * dpr); strip.height = Math.round(sh * dpr);
-      strip.style.width = W + "px"; strip.style.height = sh + "px";
-    }
-
-    function focus() { return S.pin || S.hover; }
-
-    function draw() {
-      var t = performance.now();
-      if (geom.m !== size() || strip.height !== Math.round((Math.max(1, S.heads.length) * STRIP + 4) * geom.dpr)) layout();
-      var g = geom, ctx = canvas.getContext("2d"), labs = labels(), m = labs.length, f = focus();
-      ctx.setTransform(g.dpr, 0, 0, g.dpr, 0, 0);
-      ctx.clearRect(0, 0, g.W, g.vh);
-      ctx.font = FONT; ctx.textBaseline = "middle";
-      var top = scroller.scrollTop, r0 = Math.max(0, Math.floor(top / ROW)), r1 = Math.min(m - 1, Math.ceil((top + g.vh) / ROW));
-      var heads = S.heads.filter(function (h) { return matrix(S.layer, h) !== null; });
-      var mats = heads.map(function (h) { return matrix(S.layer, h); });
-      function y(r) { return r * ROW - top + ROW / 2; }
-      var x1 = g.labelW, x2 = g.W - g.labelW;
-      lastLines = [];
-      if (f) {
-        ctx.lineWidth = 2;
-        for (var hi = 0; hi < heads.length; hi++) {
-          ctx.strokeStyle = headColor(heads[hi]);
-          for (var j = 0; j < m; j++) {
-            var w = weight(mats[hi], f.side, f.i, j);
-            if (!(w >= S.threshold)) continue;
-            var q = f.side === "q" ? f.i : j, k = f.side === "q" ? j : f.i;
-            lastLines.push({head: heads[hi], query: q, key: k, weight: w});
-            ctx.globalAlpha = Math.min(1, 0.15 + 0.85 * w);
-            ctx.beginPath(); ctx.moveTo(x1, y(q)); ctx.lineTo(x2, y(k)); ctx.stroke();
+    ctx.globalAlpha = 1;
+  };
+  V.drawLabels = function (ctx, sel, f) {  // visible rows only; the other side shaded by the strongest head
+    var g = this.geom, labs = this.labels(), m = labs.length, top = this.scroller.scrollTop, x2 = g.W - g.labelW;
+    var r0 = Math.max(0, Math.floor(top / ROW)), r1 = Math.min(m - 1, Math.ceil((top + g.vh) / ROW));
+    ctx.font = FONT; ctx.textBaseline = "middle";
+    for (var r = r0; r <= r1; r++) {
+      var text = short(labs[r], LABEL_CHARS), y = this.y(r);
+      for (var side = 0; side < 2; side++) {
+        var isQ = side === 0, x0 = isQ ? 0 : x2, here = f && f.i === r && (f.side === "q") === isQ;
+        if (here) {
+          ctx.fillStyle = "#333"; ctx.fillRect(x0 + 2, y - ROW / 2 + 1, g.labelW - 4, ROW - 2);
+        } else if (f && (f.side === "q") !== isQ) {
+          var best = 0, bh = -1;
+          for (var hi = 0; hi < sel.heads.length; hi++) {
+            var v = this.weight(sel.mats[hi], f.side, f.i, r);
+            if (v > best) { best = v; bh = sel.heads[hi]; }
+          }
+          if (bh >= 0) {
+            ctx.globalAlpha = Math.min(1, best); ctx.fillStyle = headColor(bh);
+            ctx.fillRect(x0 + 2, y - ROW / 2 + 1, g.labelW - 4, ROW - 2); ctx.globalAlpha = 1;
           }
         }
-        ctx.globalAlpha = 1;
+        ctx.fillStyle = here ? "#fff" : "#222";
+        ctx.textAlign = isQ ? "right" : "left";
+        ctx.fillText(text, isQ ? g.labelW - 6 : x2 + 6, y);
       }
-      for (var r = r0; r <= r1; r++) {
-        var text = short(labs[r], LABEL_CHARS);
-        for (var side = 0; side < 2; side++) {
-          var isQ = side === 0, x0 = isQ ? 0 : x2, here = f && f.i === r && (f.side === "q") === isQ;
-          if (here) {
-            ctx.fillStyle = "#333"; ctx.fillRect(x0 + 2, y(r) - ROW / 2 + 1, g.labelW - 4, ROW - 2);
-          } else if (f && (f.side === "q") !== isQ) {
-            var best = 0, bh = -1;
-            for (hi = 0; hi < heads.length; hi++) {
-              var v = weight(mats[hi], f.side, f.i, r);
-              if (v > best) { best = v; bh = heads[hi]; }
-            }
-            if (bh >= 0) {
-              ctx.globalAlpha = Math.min(1, best); ctx.fillStyle = headColor(bh);
-              ctx.fillRect(x0 + 2, y(r) - ROW / 2 + 1, g.labelW - 4, ROW - 2); ctx.globalAlpha = 1;
-            }
-          }
-          ctx.fillStyle = here ? "#fff" : "#222";
-          ctx.textAlign = isQ ? "right" : "left";
-          ctx.fillText(text, isQ ? g.labelW - 6 : x2 + 6, y(r));
-        }
-      }
-      drawStrip(heads, mats, f, m);
-      status.textContent = f ? (f.side === "q" ? "query " : "key ") + JSON.stringify(labs[f.i]) + " (" + f.i + ")" +
-        (S.pin ? ", pinned" : "") + ": " + lastLines.length + " line(s)" : "";
-      root.setAttribute("data-focus", f ? f.side + ":" + f.i : "");
-      timings.draws += 1;
-      timings.lastDrawMs = performance.now() - t;
-      if (timings.firstDrawMs === null) { timings.firstDrawMs = performance.now() - t0; timings.firstDrawAt = performance.now(); }
-      root.setAttribute("data-draws", String(timings.draws));
     }
+  };
+  V.drawStrip = function (sel, f) {  // the focused token's whole row (or column), one band per head
+    var g = this.geom, m = this.size(), ctx = this.strip.getContext("2d"), x0 = STRIP_LEFT, cw = (g.W - x0) / m;
+    ctx.setTransform(g.dpr, 0, 0, g.dpr, 0, 0);
+    ctx.clearRect(0, 0, g.W, g.sh);
+    ctx.font = "10px sans-serif"; ctx.textBaseline = "middle"; ctx.textAlign = "left";
+    this.lastStrip = {};
+    if (!f || !sel.heads.length) {
+      ctx.fillStyle = "#888"; ctx.font = FONT;
+      ctx.fillText(sel.heads.length ? "hover a token to see its whole row here" : "no head selected", 4, STRIP / 2 + 1);
+      return;
+    }
+    for (var hi = 0; hi < sel.heads.length; hi++) {
+      var y0 = hi * STRIP, vals = [], color = headColor(sel.heads[hi]);
+      ctx.fillStyle = color; ctx.fillText("h" + sel.heads[hi], 2, y0 + STRIP / 2);
+      ctx.fillStyle = "#f2f2f2"; ctx.fillRect(x0, y0, g.W - x0, STRIP - 2);
+      ctx.fillStyle = color;
+      for (var j = 0; j < m; j++) {
+        var w = this.weight(sel.mats[hi], f.side, f.i, j);
+        vals.push(w);
+        if (w > 0) { ctx.globalAlpha = Math.min(1, w); ctx.fillRect(x0 + j * cw, y0, Math.max(1, cw), STRIP - 2); }
+      }
+      ctx.globalAlpha = 1;
+      this.lastStrip[sel.heads[hi]] = vals;
+    }
+    ctx.fillStyle = "#000";
+    ctx.fillRect(x0 + f.i * cw + Math.max(1, cw) / 2 - 0.5, sel.heads.length * STRIP, 1, 4);
+  };
+  V.schedule = function () {
+    var self = this;
+    if (!this.pending) { this.pending = true; requestAnimationFrame(function () { self.pending = false; self.draw(); }); }
+  };
 
-    function drawStrip(heads, mats, f, m) {
-      var g = geom, ctx = strip.getContext("2d"), x0 = STRIP_LEFT, cw = (g.W - x0) / m;
-      ctx.setTransform(g.dpr, 0, 0, g.dpr, 0, 0);
-      ctx.clearRect(0, 0, g.W, strip.height / g.dpr);
-      ctx.font = "10px sans-serif"; ctx.textBaseline = "middle"; ctx.textAlign = "left";
-      lastStrip = {};
-      if (!f || !heads.length) {
-        ctx.fillStyle = "#888"; ctx.font = FONT;
-        ctx.fillText(heads.length ? "hover a token to see its whole row here" : "no head selected", 4, STRIP / 2 + 1);
-        return;
-      }
-      for (var hi = 0; hi < heads.length; hi++) {
-        var y0 = hi * STRIP, vals = [];
-        ctx.fillStyle = headColor(heads[hi]); ctx.fillText("h" + heads[hi], 2, y0 + STRIP / 2);
-        ctx.fillStyle = "#f2f2f2"; ctx.fillRect(x0, y0, g.W - x0, STRIP - 2);
-        ctx.fillStyle = headColor(heads[hi]);
-        for (var j = 0; j < m; j++) {
-          var w = weight(mats[hi], f.side, f.i, j);
-          vals.push(w);
-          if (w > 0) { ctx.globalAlpha = Math.min(1, w); ctx.fillRect(x0 + j * cw, y0, Math.max(1, cw), STRIP - 2); }
-        }
-        ctx.globalAlpha = 1;
-        lastStrip[heads[hi]] = vals;
-      }
-      ctx.fillStyle = "#000";
-      ctx.fillRect(x0 + f.i * cw + Math.max(1, cw) / 2 - 0.5, heads.length * STRIP, 1, 4);
+  // ------------------------------------------------------------------ events
+  V.at = function (e) {  // the token under the mouse: {side: "q" | "k", i} or null
+    var rect = this.canvas.getBoundingClientRect(), x = e.clientX - rect.left;
+    var i = Math.floor((e.clientY - rect.top + this.scroller.scrollTop) / ROW);
+    if (i < 0 || i >= this.size()) return null;
+    if (x < this.geom.labelW) return {side: "q", i: i};
+    if (x > this.geom.W - this.geom.labelW) return {side: "k", i: i};
+    return null;
+  };
+  V.stripIndex = function (e) {
+    var rect = this.strip.getBoundingClientRect(), m = this.size();
+    var j = Math.floor((e.clientX - rect.left - STRIP_LEFT) / ((this.geom.W - STRIP_LEFT) / m));
+    return j >= 0 && j < m ? j : -1;
+  };
+  V.showTip = function (e, p) {
+    var tip = this.tip, f = this.focus(), self = this;
+    if (!p) { tip.style.display = "none"; return; }
+    var lines = [JSON.stringify(this.labels()[p.i]) + " (" + (p.side === "q" ? "query " : "key ") + p.i + ")"];
+    if (f && f.side !== p.side) {
+      this.S.heads.forEach(function (h) {
+        var mat = self.matrix(self.S.layer, h);
+        if (mat !== null) lines.push("head " + h + ": " + self.weight(mat, f.side, f.i, p.i).toFixed(3));
+      });
     }
-
-    function stripIndex(e) {
-      var rect = strip.getBoundingClientRect(), j = Math.floor((e.clientX - rect.left - STRIP_LEFT) / ((geom.W - STRIP_LEFT) / size()));
-      return j >= 0 && j < size() ? j : -1;
-    }
-
-    var pending = false;
-    function schedule() { if (!pending) { pending = true; requestAnimationFrame(function () { pending = false; draw(); }); } }
-
-    // ---------------------------------------------------------------- events
-    function at(e) {
-      var rect = canvas.getBoundingClientRect(), x = e.clientX - rect.left, yy = e.clientY - rect.top;
-      var i = Math.floor((yy + scroller.scrollTop) / ROW);
-      if (i < 0 || i >= size()) return null;
-      if (x < geom.labelW) return {side: "q", i: i};
-      if (x > geom.W - geom.labelW) return {side: "k", i: i};
-      return null;
-    }
-    function showTip(e, p) {
-      if (!p) { tip.style.display = "none"; return; }
-      var labs = labels(), lines = [JSON.stringify(labs[p.i]) + " (" + (p.side === "q" ? "query " : "key ") + p.i + ")"];
-      var f = focus();
-      if (f && f.side !== p.side) {
-        S.heads.forEach(function (h) {
-          var mat = matrix(S.layer, h);
-          if (mat !== null) lines.push("head " + h + ": " + weight(mat, f.side, f.i, p.i).toFixed(3));
-        });
-      }
-      var box = root.getBoundingClientRect();
-      tip.textContent = lines.join("\n");
-      tip.style.display = "block";
-      tip.style.left = (e.clientX - box.left + 14) + "px"; tip.style.top = (e.clientY - box.top + 14) + "px";
-    }
-    canvas.addEventListener("mousemove", function (e) {
-      var p = at(e);
-      showTip(e, p);
-      if (p && (!S.hover || S.hover.side !== p.side || S.hover.i !== p.i)) { S.hover = p; if (!S.pin) draw(); }
+    var box = this.root.getBoundingClientRect();
+    tip.textContent = lines.join("\n");
+    tip.style.display = "block";
+    tip.style.left = (e.clientX - box.left + 14) + "px"; tip.style.top = (e.clientY - box.top + 14) + "px";
+  };
+  V.key = function (e) {  // Esc unpins; arrow keys move the pinned (or hovered) token
+    var S = this.S, f = S.pin || S.hover, sc = this.scroller;
+    if (e.key === "Escape") { S.pin = null; this.draw(); return; }
+    if (!f || (e.key !== "ArrowUp" && e.key !== "ArrowDown")) return;
+    e.preventDefault();
+    var i = Math.max(0, Math.min(this.size() - 1, f.i + (e.key === "ArrowUp" ? -1 : 1)));
+    S.pin = {side: f.side, i: i};
+    if (i * ROW < sc.scrollTop || (i + 1) * ROW > sc.scrollTop + this.geom.vh) sc.scrollTop = i * ROW - this.geom.vh / 2;
+    this.draw();
+  };
+  V.bind = function () {
+    var self = this, S = this.S, data = this.data, tip = this.tip;
+    this.canvas.addEventListener("mousemove", function (e) {
+      var p = self.at(e);
+      self.showTip(e, p);
+      if (p && (!S.hover || S.hover.side !== p.side || S.hover.i !== p.i)) { S.hover = p; if (!S.pin) self.draw(); }
     });
-    canvas.addEventListener("mouseleave", function () { tip.style.display = "none"; S.hover = null; if (!S.pin) draw(); });
-    canvas.addEventListener("click", function (e) {
-      var p = at(e);
+    this.canvas.addEventListener("mouseleave", function () {
+      tip.style.display = "none"; S.hover = null; if (!S.pin) self.draw();
+    });
+    this.canvas.addEventListener("click", function (e) {
+      var p = self.at(e);
       if (!p) return;
       S.pin = S.pin && S.pin.side === p.side && S.pin.i === p.i ? null : p;
       S.hover = p;
-      draw();
+      self.draw();
     });
-    canvas.addEventListener("keydown", function (e) {
-      var f = S.pin || S.hover;
-      if (e.key === "Escape") { S.pin = null; draw(); return; }
-      if (!f || (e.key !== "ArrowUp" && e.key !== "ArrowDown")) return;
-      e.preventDefault();
-      var i = Math.max(0, Math.min(size() - 1, f.i + (e.key === "ArrowUp" ? -1 : 1)));
-      S.pin = {side: f.side, i: i};
-      if (i * ROW < scroller.scrollTop || (i + 1) * ROW > scroller.scrollTop + geom.vh) scroller.scrollTop = i * ROW - geom.vh / 2;
-      draw();
-    });
-    scroller.addEventListener("scroll", schedule);
-    strip.addEventListener("mousemove", function (e) {
-      var f = focus(), j = stripIndex(e);
+    this.canvas.addEventListener("keydown", function (e) { self.key(e); });
+    this.scroller.addEventListener("scroll", function () { self.schedule(); });
+    this.strip.addEventListener("mousemove", function (e) {
+      var f = self.focus(), j = self.stripIndex(e);
       if (!f || j < 0) { tip.style.display = "none"; return; }
-      showTip(e, {side: f.side === "q" ? "k" : "q", i: j});
+      self.showTip(e, {side: f.side === "q" ? "k" : "q", i: j});
     });
-    strip.addEventListener("mouseleave", function () { tip.style.display = "none"; });
-    strip.addEventListener("click", function (e) {
-      var j = stripIndex(e);
-      if (j >= 0) scroller.scrollTop = Math.max(0, j * ROW - geom.vh / 2);
+    this.strip.addEventListener("mouseleave", function () { tip.style.display = "none"; });
+    this.strip.addEventListener("click", function (e) {
+      var j = self.stripIndex(e);
+      if (j >= 0) self.scroller.scrollTop = Math.max(0, j * ROW - self.geom.vh / 2);
     });
-    layerSel.addEventListener("change", function () {
-      S.layer = Number(layerSel.value);
+    this.layerSel.addEventListener("change", function () {
+      S.layer = Number(self.layerSel.value);
       S.heads = S.heads.filter(function (h) { return !data.removed[S.layer][h]; });
-      buildHeads(); draw();
+      self.buildHeads(); self.draw();
     });
-    modeSel.addEventListener("change", function () { S.mode = modeSel.value; S.hover = S.pin = null; layout(); draw(); });
-    thrSel.addEventListener("change", function () { S.threshold = Number(thrSel.value); draw(); });
-    allBtn.addEventListener("click", function () {
-      S.heads = []; for (var h = 0; h < H; h++) if (!data.removed[S.layer][h]) S.heads.push(h);
-      buildHeads(); draw();
+    this.modeSel.addEventListener("change", function () {
+      S.mode = self.modeSel.value; S.hover = S.pin = null; self.layout(); self.draw();
     });
-    noneBtn.addEventListener("click", function () { S.heads = []; buildHeads(); draw(); });
+    this.thrSel.addEventListener("change", function () { S.threshold = Number(self.thrSel.value); self.draw(); });
+    this.allBtn.addEventListener("click", function () {
+      S.heads = [];
+      for (var h = 0; h < data.heads; h++) if (!data.removed[S.layer][h]) S.heads.push(h);
+      self.buildHeads(); self.draw();
+    });
+    this.noneBtn.addEventListener("click", function () { S.heads = []; self.buildHeads(); self.draw(); });
     if (window.ResizeObserver) {
-      new ResizeObserver(function () { if ((root.clientWidth || 720) !== geom.avail) { layout(); schedule(); } }).observe(root);
+      new ResizeObserver(function () {
+        if ((self.root.clientWidth || 720) !== self.geom.avail) { self.layout(); self.schedule(); }
+      }).observe(this.root);
     }
+  };
 
-    // ---------------------------------------------------------------- API (tests, notebooks)
-    var api = {
-      data: data, timings: timings,
+  // ------------------------------------------------------------------ API (tests, notebooks): element.probeView
+  V.api = function () {
+    var self = this, S = this.S;
+    function copy(a) { return Array.prototype.slice.call(a); }
+    return {
+      data: this.data, timings: this.timings,
       state: function () {
-        var f = focus();
-        return {layer: data.layers[S.layer], layerIndex: S.layer, heads: S.heads.slice(), mode: S.mode,
-                threshold: S.threshold, focus: f ? {side: f.side, i: f.i} : null, pinned: !!S.pin, units: size()};
+        var f = self.focus();
+        return {layer: self.data.layers[S.layer], layerIndex: S.layer, heads: S.heads.slice(), mode: S.mode,
+                threshold: S.threshold, focus: f ? {side: f.side, i: f.i} : null, pinned: !!S.pin, units: self.size()};
       },
-      lines: function () { return lastLines.map(function (l) { return {head: l.head, query: l.query, key: l.key, weight: l.weight}; }); },
-      strip: function () { var o = {}; Object.keys(lastStrip).forEach(function (h) { o[h] = Array.prototype.slice.call(lastStrip[h]); }); return o; },
-      matrix: function (layerIndex, h, mode) {
-        var saved = S.mode; S.mode = mode || S.mode;
-        var m = matrix(layerIndex, h), M = size();
-        S.mode = saved;
-        if (m === null) return null;
-        var rows = [];
-        for (var i = 0; i < M; i++) rows.push(Array.prototype.slice.call(m.subarray(i * M, (i + 1) * M)));
-        return rows;
+      lines: function () {
+        return self.lastLines.map(function (l) { return {head: l.head, query: l.query, key: l.key, weight: l.weight}; });
       },
-      setLayer: function (i) { layerSel.value = String(i); layerSel.dispatchEvent(new Event("change")); },
-      setHeads: function (hs) { S.heads = hs.slice(); buildHeads(); draw(); },
-      setMode: function (m) { modeSel.value = m; modeSel.dispatchEvent(new Event("change")); },
-      setThreshold: function (t) { S.threshold = t; draw(); },
-      focus: function (side, i, pin) { S.hover = {side: side, i: i}; S.pin = pin ? S.hover : null; draw(); },
-      point: function (side, i) {
-        var want = Math.max(0, i * ROW - geom.vh / 2);
-        if (scroller.scrollTop !== want) { scroller.scrollTop = want; draw(); }
-        var rect = canvas.getBoundingClientRect();
-        if (rect.top < 0 || rect.bottom > window.innerHeight) { canvas.scrollIntoView({block: "center"}); rect = canvas.getBoundingClientRect(); }
-        return {x: rect.left + (side === "q" ? geom.labelW / 2 : geom.W - geom.labelW / 2),
-                y: rect.top + i * ROW - scroller.scrollTop + ROW / 2};
+      strip: function () {
+        var o = {};
+        Object.keys(self.lastStrip).forEach(function (h) { o[h] = copy(self.lastStrip[h]); });
+        return o;
       },
-      redraw: draw
+      setLayer: function (i) { self.layerSel.value = String(i); self.layerSel.dispatchEvent(new Event("change")); },
+      setHeads: function (hs) { S.heads = hs.slice(); self.buildHeads(); self.draw(); },
+      setMode: function (m) { self.modeSel.value = m; self.modeSel.dispatchEvent(new Event("change")); },
+      setThreshold: function (t) { S.threshold = t; self.draw(); },
+      focus: function (side, i, pin) { S.hover = {side: side, i: i}; S.pin = pin ? S.hover : null; self.draw(); },
+      point: function (side, i) { return self.point(side, i); },
+      redraw: function () { self.draw(); }
     };
-    buildHeads();
-    layout();
-    timings.mountMs = performance.now() - t0;
-    draw();
-    return api;
+  };
+  V.point = function (side, i) {  // client coordinates of a token's label, scrolled into view
+    var want = Math.max(0, i * ROW - this.geom.vh / 2), g = this.geom;
+    if (this.scroller.scrollTop !== want) { this.scroller.scrollTop = want; this.draw(); }
+    var rect = this.canvas.getBoundingClientRect();
+    if (rect.top < 0 || rect.bottom > window.innerHeight) {
+      this.canvas.scrollIntoView({block: "center"});
+      rect = this.canvas.getBoundingClientRect();
+    }
+    return {x: rect.left + (side === "q" ? g.labelW / 2 : g.W - g.labelW / 2), y: rect.top + this.y(i)};
+  };
+
+  function mount(root) {
+    if (root.probeView) return root.probeView;
+    var t0 = performance.now(), node = root.querySelector("script.probe-hv-data");
+    if (!node) return null;
+    var view = new View(root, JSON.parse(node.textContent), t0), fallback = root.querySelector(".hv-fallback");
+    if (fallback) root.removeChild(fallback);
+    view.build(); view.buildHeads(); view.bind(); view.layout();
+    view.timings.mountMs = performance.now() - t0;
+    view.draw();
+    return view.api();
   }
 
   var host = script && script.parentNode;
