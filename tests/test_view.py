@@ -287,6 +287,34 @@ def test_two_views_on_one_page_mount_separately(browser, tmp_path):
     pg.clean()
 
 
+def test_view_mounts_when_a_notebook_inserts_it(browser, tmp_path):
+    """JupyterLab renders an HTML output with innerHTML (scripts inert), then replaces each script by
+    a fresh copy, possibly before the output is attached to the page: the view mounts when attached."""
+    lm = tiny_model("bert")
+    view = show(lm, "The cat sat on the mat.")
+    path = tmp_path / "empty.html"
+    path.write_text(render_page(show(lm, "Another one.").data), encoding="utf-8")
+    pg = Page(browser, path)
+    mounted = pg.page.evaluate("""(html) => {
+        const host = document.createElement('div');
+        host.innerHTML = html;                                   // detached: nothing runs yet
+        for (const old of Array.from(host.getElementsByTagName('script'))) {
+            const s = document.createElement('script');
+            for (const a of Array.from(old.attributes)) s.setAttribute(a.name, a.value);
+            s.textContent = old.textContent;
+            old.parentNode.replaceChild(s, old);
+        }
+        const before = !!host.querySelector('.probe-hv').probeView;
+        document.body.appendChild(host);                         // attached: the script runs now
+        return [before, !!host.querySelector('.probe-hv').probeView];
+    }""", view._repr_html_())
+    assert mounted == [False, True]
+    lines = pg.hover("q", 2, k=1)
+    m = np.stack([decoded_map(view.data, 0, h) for h in range(4)])
+    assert as_dict(lines).keys() == expected_lines(m, range(4), "q", 2, view.data["threshold"]).keys()
+    pg.clean()
+
+
 def test_report_view_shows_the_first_examples_attention(browser, tmp_path):
     """The report's section: the initial head, hovered, draws the example's probabilities (the
     analysis' own float32 maps, rounded to 1e-3) under the report's CSP."""

@@ -190,7 +190,7 @@
       ctx.strokeStyle = headColor(sel.heads[hi]);
       for (var j = 0; j < m; j++) {
         var w = this.weight(sel.mats[hi], f.side, f.i, j);
-        if (!(w >= this.S.threshold)) continue;
+        if (!(w + 1e-6 >= this.S.threshold)) continue;  // float32 data: 0.01 is stored as 0.0099999998
         var q = f.side === "q" ? f.i : j, k = f.side === "q" ? j : f.i;
         this.lastLines.push({head: sel.heads[hi], query: q, key: k, weight: w});
         ctx.globalAlpha = Math.min(1, 0.15 + 0.85 * w);
