@@ -344,3 +344,22 @@ def test_head_view_object_saves_a_page(tmp_path):
     assert path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert "probe-hv-data" in render_fragment(view.data, "fixed-id") and 'id="fixed-id"' in render_fragment(
         view.data, "fixed-id")
+
+
+def test_label_grid_for_notebooks():
+    from probe.report import LABEL_COLORS
+    from probe.view import label_grid
+
+    lm = tiny_model("bert")
+    res = analyze(lm, ["The cat sat on the mat.", "A second sentence, with a comma."])
+    styler = label_grid(res)
+    expected = res.heads.pivot(index="layer", columns="head", values="label")
+    assert styler.data.equals(expected)
+    html = styler.to_html()
+    for label in set(expected.to_numpy().ravel()):
+        assert f"background-color: {LABEL_COLORS[label]}" in html
+    prev = label_grid(res.heads, "prev")
+    np.testing.assert_array_equal(prev.data.to_numpy(), res.heads.pivot(index="layer", columns="head",
+                                                                       values="prev").to_numpy())
+    with pytest.raises(InputError, match="no column 'nope'"):
+        label_grid(res, "nope")
