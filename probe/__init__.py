@@ -9,6 +9,8 @@ Public API (the CLI is a thin layer over it)::
     result = analyze(lm, ["First sentence.", "Second one."])
     result.heads                                # pandas DataFrame, one row per (layer, head)
     verify(lm).passed                           # from-scratch attention reproduces the model
+    show(lm, "The cat sat on the mat.")         # interactive head view (Jupyter; offline)
+    compare_runs(result, load_run("reports/smollm2-..."))  # per-head differences, B - A
 """
 
 import time as _time
@@ -19,6 +21,7 @@ IMPORT_STARTED = _time.perf_counter()
 from .accumulators import Accumulator  # noqa: E402
 from .analysis import analyze, run  # noqa: E402
 from .capture import attention_hooks, capture_attention  # noqa: E402
+from .compare import compare_runs, load_run  # noqa: E402
 from .errors import ProbeError  # noqa: E402
 from .hooks import Hooks, ensure_eager, measuring  # noqa: E402
 from .inputs import Text  # noqa: E402
@@ -27,6 +30,7 @@ from .reference import attention, swap_attention  # noqa: E402
 from .sites import Site  # noqa: E402
 from .stats import STATISTICS, HeadStatistics  # noqa: E402
 from .verification import verify  # noqa: E402
+from .view import HeadView, show  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -34,4 +38,5 @@ __all__ = [
     "ProbeError", "Site", "LoadedModel", "list_models", "load_model", "from_pretrained_objects", "Hooks",
     "ensure_eager", "measuring", "Text", "capture_attention", "attention_hooks", "Accumulator", "STATISTICS",
     "HeadStatistics", "analyze", "run", "attention", "swap_attention", "verify",
+    "show", "HeadView", "load_run", "compare_runs",
 ]

@@ -78,6 +78,10 @@ class Example:
         probs: [sites, heads, n, n] float32 attention probabilities of the first n = min(T, crop)
             tokens (query rows, key columns), in site order.
         truncated: the text was cut to the model's token limit.
+        word_ids: per token, the index of its word (:attr:`probe.inputs.Batch.word_ids`; -1 for
+            special and whitespace-only tokens), or None where unknown.
+        labels: readable token labels (:func:`probe.tokens.display_tokens`) where they were stored
+            with the example (a run folder read back by :func:`probe.compare.load_run`), else None.
     """
 
     index: int
@@ -87,6 +91,8 @@ class Example:
     special: list[bool]
     probs: np.ndarray
     truncated: bool = False
+    word_ids: list[int] | None = None
+    labels: list[str] | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -135,6 +141,7 @@ class ExampleMaps(Accumulator):
                     "text": batch.texts[row].text, "ids": batch.input_ids[row, :lengths[row]].tolist(),
                     "offsets": [tuple(o) for o in batch.offsets[row, :lengths[row]].tolist()],
                     "special": batch.special[row, :lengths[row]].tolist(), "truncated": batch.truncated[row],
+                    "word_ids": batch.word_ids[row, :lengths[row]].tolist(),
                 }
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
@@ -154,7 +161,7 @@ class ExampleMaps(Accumulator):
         for idx in sorted(self._maps):
             m = self._meta[idx]
             out.append(Example(idx, m["text"], m["ids"], m["offsets"], m["special"],
-                               np.stack(self._maps[idx]), m["truncated"]))
+                               np.stack(self._maps[idx]), m["truncated"], m["word_ids"]))
         return out
 
 

@@ -53,8 +53,8 @@ def run_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_analyze_writes_the_three_files(run_dir):
-    assert sorted(p.name for p in run_dir.iterdir()) == ["heads.csv", "index.html", "run.json"]
+def test_analyze_writes_the_run_files(run_dir):
+    assert sorted(p.name for p in run_dir.iterdir()) == ["examples.npz", "heads.csv", "index.html", "run.json"]
 
 
 @pytest.mark.slow
@@ -133,7 +133,7 @@ def test_default_out_is_a_new_reports_folder(tmp_path, minilm, monkeypatch):
     runs = sorted((tmp_path / "reports").iterdir())
     assert len(runs) == 2 and all(p.name.startswith("minilm-") for p in runs)
     for p in runs:
-        assert sorted(f.name for f in p.iterdir()) == ["heads.csv", "index.html", "run.json"]
+        assert sorted(f.name for f in p.iterdir()) == ["examples.npz", "heads.csv", "index.html", "run.json"]
         assert json.loads((p / "run.json").read_text(encoding="utf-8"))["counts"]["sequences"] == 1
 
 

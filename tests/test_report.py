@@ -33,7 +33,7 @@ def _data(html: str) -> dict:
 
 def test_files_and_timings(run_dir):
     path, res = run_dir
-    assert sorted(p.name for p in path.iterdir()) == ["heads.csv", "index.html", "run.json"]
+    assert sorted(p.name for p in path.iterdir()) == ["examples.npz", "heads.csv", "index.html", "run.json"]
     rec = json.loads((path / "run.json").read_text(encoding="utf-8"))
     t = rec["timings_s"]
     assert t["report_s"] > 0 and t["model_load_s"] == 0.5 and t["analyze_s"] > 0
@@ -49,9 +49,12 @@ def test_index_html_is_self_contained_and_escaped(run_dir):
     assert "<script>alert(1)</script>" not in html and "<script>alert(2)</script>" not in html
     assert "<b>bold</b>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in html
-    # exactly two script elements: the data block and the renderer; token text cannot close them
-    assert len(re.findall(r"<script\b", html)) == 2
-    assert len(re.findall(r"</script>", html)) == 2
+    # exactly four script elements: the data block and the heatmap renderer, the head view's data
+    # and its script; token text cannot close them
+    opened = re.findall(r"<script\b[^>]*>", html)
+    assert opened == ['<script type="application/json" class="probe-hv-data">', "<script>",
+                      '<script type="application/json" id="probe-data">', "<script>"]
+    assert len(re.findall(r"</script>", html)) == 4
 
 
 def test_figure_data_matches_the_result(run_dir):

@@ -1,0 +1,190 @@
+"""Two runs head by head: per-head differences of every statistic, label changes, removed heads.
+
+Alignment (stated in every comparison's notes):
+
+- Layers: runs of equal depth compare layer i with layer i. Otherwise by relative depth: layer i
+  of A (L_A layers) is compared with layer round(i * (L_B - 1) / (L_A - 1)) of B (rounded half up;
+  a one-layer A is matched to B's layer 0). Rows follow A's layers: when B is deeper, some of B's
+  layers are not compared; when A is deeper, a layer of B is compared with several of A's.
+- Heads: by index within the matched layers (head h of A with head h of B). Heads of two
+  different models have no natural correspondence; per-layer means (:func:`layer_summary`) and
+  label counts are the meaningful comparison there. A head index only one model has is
+  ``only in A`` / ``only in B``.
+- Removed heads (a physically pruned model, :mod:`probe.pruning`): a head whose heads.csv row is
+  missing, or whose label is ``removed``, is removed; its statistics are not compared (NaN).
+
+Columns of :func:`compare_runs`: ``layer``, ``head``, ``layer_b``, ``status`` (``both``,
+``removed in A``, ``removed in B``, ``removed in both``, ``only in A``, ``only in B``),
+``label_a``, ``label_b``, ``label_changed``, ``change`` (the mean |difference| over the
+statistics in probability units: all of :data:`probe.stats.STATISTICS` but ``entropy`` (nats)
+and ``distance`` (tokens)), then ``delta_<statistic>`` = B - A for each compared statistic, then
+``<statistic>_a`` and ``<statistic>_b``. Compared statistics: those of STATISTICS both runs have,
+then every other numeric column both heads tables have (importance, coreference accuracy ...),
+except :data:`NOT_COMPARED`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..stats import STATISTICS
+
+#: heads.csv columns that are identifiers or arbitrary ids, never differenced.
+NOT_COMPARED = {"layer", "head", "layer_b", "cluster", "group"}
+
+#: The label of a physically removed head (probe.pruning writes it into heads.csv).
+REMOVED = "removed"
+
+#: Statistics not in probability units, left out of ``change``.
+NOT_PROBABILITY = {"entropy", "distance"}
+
+STATUSES = ("both", "removed in A", "removed in B", "removed in both", "only in A", "only in B")
+
+
+def as_result(run):
+    """An analysis result as given, or a run folder read with :func:`probe.compare.load_run`."""
+    from .runs import load_run
+
+    return load_run(run) if isinstance(run, (str, Path)) else run
+
+
+def align_layers(n_a: int, n_b: int) -> list[int]:
+    """The layer of B compared with each layer of A: round(i * (n_b - 1) / (n_a - 1)), half up.
+
+    >>> align_layers(6, 30)
+    [0, 6, 12, 17, 23, 29]
+    """
+    if n_a < 1 or n_b < 1:
+        raise ValueError("both runs need at least one layer")
+    if n_a == 1:
+        return [0]
+    return [int(math.floor(i * (n_b - 1) / (n_a - 1) + 0.5)) for i in range(n_a)]
+
+
+def geometry(result) -> tuple[int, int]:
+    """(layers, heads per layer) of a run: from its model record, else from its heads table."""
+    heads = result.heads
+    layers = int(result.model.get("layers") or (heads["layer"].max() + 1))
+    n_heads = int(result.model.get("heads") or (heads["head"].max() + 1))
+    return layers, n_heads
+
+
+def compared_columns(heads_a: pd.DataFrame, heads_b: pd.DataFrame) -> list[str]:
+    """Statistics both tables have (STATISTICS order first), then their other shared numeric columns."""
+    shared = [c for c in heads_a.columns if c in heads_b.columns and c not in NOT_COMPARED]
+    types = pd.api.types
+    numeric = [c for c in shared if types.is_numeric_dtype(heads_a[c]) and types.is_numeric_dtype(heads_b[c])
+               and not types.is_bool_dtype(heads_a[c])]
+    return [s for s in STATISTICS if s in numeric] + [c for c in numeric if c not in STATISTICS]
+
+
+def compare_runs(a, b) -> pd.DataFrame:
+    """Compare two runs head by head (B - A).
+
+    Args:
+        a, b: analysis results (:class:`probe.analysis.AnalysisResult`) or run folders
+            (read with :func:`probe.compare.load_run`).
+
+    Returns:
+        One row per (layer of A, head index), columns as in the module docstring; ``.attrs``
+        holds ``layer_map`` (B's layer per A layer), ``statistics`` (compared columns), ``notes``
+        (alignment and what is not comparable) and ``names`` (A's and B's model names).
+
+    Raises:
+        InputError: a folder that is not a run folder.
+    """
+    a, b = as_result(a), as_result(b)
+    (la, ha), (lb, hb) = geometry(a), geometry(b)
+    layer_map = align_layers(la, lb)
+    cols = compared_columns(a.heads, b.heads)
+    width = max(ha, hb)
+    grid = pd.DataFrame([(i, layer_map[i], h) for i in range(la) for h in range(width)],
+                        columns=["layer", "layer_b", "head"])
+    side_a = a.heads[["layer", "head", "label", *cols]].rename(
+        columns={"label": "label_a", **{c: f"{c}_a" for c in cols}})
+    side_b = b.heads[["layer", "head", "label", *cols]].rename(
+        columns={"layer": "layer_b", "label": "label_b", **{c: f"{c}_b" for c in cols}})
+    df = grid.merge(side_a, on=["layer", "head"], how="left").merge(side_b, on=["layer_b", "head"], how="left")
+    in_a, in_b = df["head"] < ha, df["head"] < hb
+    gone_a = in_a & (df["label_a"].isna() | (df["label_a"] == REMOVED))
+    gone_b = in_b & (df["label_b"].isna() | (df["label_b"] == REMOVED))
+    status = np.select([~in_b, ~in_a, gone_a & gone_b, gone_a, gone_b],
+                       ["only in A", "only in B", "removed in both", "removed in A", "removed in B"], "both")
+    df["status"] = status
+    df["label_a"] = np.where(gone_a, REMOVED, df["label_a"].fillna(""))
+    df["label_b"] = np.where(gone_b, REMOVED, df["label_b"].fillna(""))
+    both = df["status"] == "both"
+    df["label_changed"] = both & (df["label_a"] != df["label_b"])
+    for c in cols:
+        df.loc[~both, [f"{c}_a", f"{c}_b"]] = np.nan
+        df[f"delta_{c}"] = df[f"{c}_b"] - df[f"{c}_a"]
+    prob = [f"delta_{c}" for c in cols if c in STATISTICS and c not in NOT_PROBABILITY]
+    df["change"] = df[prob].abs().mean(axis=1, skipna=True) if prob else np.nan
+    order = ["layer", "head", "layer_b", "status", "label_a", "label_b", "label_changed", "change"]
+    df = df[order + [f"delta_{c}" for c in cols] + [f"{c}_{s}" for c in cols for s in "ab"]]
+    df.attrs.update({"layer_map": layer_map, "statistics": cols, "notes": alignment_notes(a, b, la, ha, lb, hb),
+                     "names": [a.model.get("name", "A"), b.model.get("name", "B")]})
+    return df
+
+
+def alignment_notes(a, b, la: int, ha: int, lb: int, hb: int) -> list[str]:
+    """What the alignment did, in sentences for the report."""
+    notes = []
+    if la != lb:
+        pairs = "; ".join(f"{i}->{j}" for i, j in enumerate(align_layers(la, lb)))
+        unused = lb - len(set(align_layers(la, lb)))
+        notes.append(f"A has {la} layers and B {lb}: layers are aligned by relative depth, layer i of A compared "
+                     f"with layer round(i * {lb - 1} / {max(la - 1, 1)}) of B ({pairs})"
+                     + (f"; {unused} of B's layers are not compared" if unused else ""))
+    if ha != hb:
+        notes.append(f"A has {ha} heads per layer and B {hb}: heads are compared by index, and heads of different "
+                     "models have no natural correspondence; read the per-layer means and label counts")
+    elif a.model.get("name") != b.model.get("name") or a.model.get("source") != b.model.get("source"):
+        notes.append("A and B are different models: heads are compared by index within each layer")
+    if a.model.get("causal") != b.model.get("causal"):
+        notes.append("one run is an encoder and the other a decoder: next-token and [SEP] statistics exist "
+                     "only for one of them, and a decoder's rows see fewer keys")
+    return notes
+
+
+def layer_summary(a, b, df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per aligned layer: each run's mean of every compared statistic over its own present heads,
+    and the difference (B - A). Columns ``layer``, ``layer_b``, then ``<stat>_a``, ``<stat>_b``,
+    ``delta_<stat>``."""
+    a, b = as_result(a), as_result(b)
+    df = compare_runs(a, b) if df is None else df
+    cols = df.attrs["statistics"]
+
+    def means(heads):
+        keep = heads[heads["label"] != REMOVED] if "label" in heads else heads
+        return keep.groupby("layer")[cols].mean()
+
+    ma, mb = means(a.heads), means(b.heads)
+    rows = []
+    for i, j in enumerate(df.attrs["layer_map"]):
+        row = {"layer": i, "layer_b": j}
+        for c in cols:
+            va = ma[c].get(i, np.nan) if c in ma else np.nan
+            vb = mb[c].get(j, np.nan) if c in mb else np.nan
+            row.update({f"{c}_a": va, f"{c}_b": vb, f"delta_{c}": vb - va})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def most_changed(df: pd.DataFrame, k: int = 4) -> pd.DataFrame:
+    """The k heads present in both runs with the largest ``change`` (ties: lower layer, head first)."""
+    both = df[(df["status"] == "both") & df["change"].notna()]
+    return both.sort_values(["change", "layer", "head"], ascending=[False, True, True], kind="stable").head(k)
+
+
+def label_counts(a, b) -> pd.DataFrame:
+    """Primary labels: number of heads in A and in B, each from its own whole heads table."""
+    a, b = as_result(a), as_result(b)
+    out = pd.concat([a.heads["label"].value_counts().rename("A"), b.heads["label"].value_counts().rename("B")],
+                    axis=1).fillna(0).astype(int)
+    out.index.name = "label"
+    return out.sort_index().reset_index()

@@ -1,0 +1,241 @@
+"""Data of the interactive head view: one example's attention probabilities, rounded and packed.
+
+What the page receives (JSON, inlined; :func:`view_data`):
+
+- ``tokens``: readable labels (:func:`probe.tokens.display_tokens`), drawn as canvas text (never
+  parsed as HTML).
+- ``maps[l][h]``: the [query, key] attention probabilities of head ``h`` of included layer ``l``,
+  row-major, **rounded to 3 decimals and stored as integers in thousandths** (``scale`` = 1000, the
+  precision of the report's heatmaps), with every run of zeros written as one negative number
+  (-k = k zeros: the upper triangle of a causal map and the empty keys of a focused head cost one
+  number per run). ``None`` marks a head that is not there (a removed head: its probabilities are
+  NaN, :mod:`probe.pruning`).
+- ``units`` (word-level mode): per token, the index of its unit; a unit is a word (all tokens with
+  the same word id, :attr:`probe.inputs.Batch.word_ids`) or a token with no word (special tokens,
+  whitespace-only tokens), each its own unit, so word-level rows still sum to 1 (METRICS.md
+  "Word-level attention"). The page aggregates: attention *to* a unit is the sum over its tokens,
+  attention *from* a unit the mean over its tokens (:func:`word_attention` is the same in Python).
+
+Size: the page holds layers x heads x n^2 numbers. A 512-token example of a 6 x 12 model is 19 M
+numbers (about 40 MB of JSON), so a view keeps at most ``max_values`` numbers (default
+:data:`MAX_VALUES`, at most about 8 MB of page): when all layers do not fit, it includes evenly
+spaced layers (first and last among them, at least one) and says so in the view.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import InputError
+
+#: Probabilities are stored as integers in units of 1 / SCALE (3 decimals).
+SCALE = 1000
+
+#: Most numbers (layers x heads x n^2) one view holds; more layers than fit are left out (evenly spaced).
+MAX_VALUES = 4_000_000
+
+#: Lines are drawn for attention probabilities at or above this (the heatmap strip shows every weight).
+LINE_THRESHOLD = 0.01
+
+
+def zero_runs(values: np.ndarray) -> list[int]:
+    """Encode non-negative integers with each run of zeros written as -(its length).
+
+    Example: ``[5, 0, 0, 0, 7, 0]`` -> ``[5, -3, 7, -1]``. Decoding (the page's ``decode``): a
+    non-negative number is one value, -k is k zeros.
+    """
+    x = np.asarray(values, dtype=np.int64).ravel()
+    if x.size == 0:
+        return []
+    zero = x == 0
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], zero.view(np.int8), [0]))))
+    starts, ends = edges[0::2], edges[1::2]
+    out = x.copy()
+    out[starts] = -(ends - starts)
+    keep = ~zero
+    keep[starts] = True
+    return out[keep].tolist()
+
+
+def decode_zero_runs(encoded: Sequence[int], size: int) -> np.ndarray:
+    """Inverse of :func:`zero_runs`: [size] int array."""
+    out = np.zeros(size, dtype=np.int64)
+    p = 0
+    for v in encoded:
+        if v < 0:
+            p -= v
+        else:
+            out[p] = v
+            p += 1
+    if p != size:
+        raise ValueError(f"encoded data cover {p} values, expected {size}")
+    return out
+
+
+def word_units(word_ids: Sequence[int], labels: Sequence[str], text: str | None = None,
+               offsets: Sequence[tuple[int, int]] | None = None) -> tuple[list[int], list[str]]:
+    """Group tokens into units for word-level attention.
+
+    Args:
+        word_ids: per token, its word index (-1: no word: special or whitespace-only tokens).
+        labels: per token, its display label (the label of a unit that is one token).
+        text, offsets: the text and each token's characters, to label a word by the text it spans
+            (else its tokens' labels are joined, WordPiece '##' markers removed).
+
+    Returns:
+        ``(unit_of_token, unit_labels)``: units numbered in order of their first token; every
+        word is one unit, every token without a word its own unit.
+    """
+    unit_of_token: list[int] = []
+    unit_labels: list[str] = []
+    unit_of_word: dict[int, int] = {}
+    members: list[list[int]] = []
+    for t, w in enumerate(word_ids):
+        w = int(w)
+        if w >= 0 and w in unit_of_word:
+            u = unit_of_word[w]
+            members[u].append(t)
+        else:
+            u = len(members)
+            members.append([t])
+            if w >= 0:
+                unit_of_word[w] = u
+        unit_of_token.append(u)
+    for toks in members:
+        if int(word_ids[toks[0]]) < 0 or len(toks) == 1:
+            unit_labels.append(labels[toks[0]])
+            continue
+        label = ""
+        if text is not None and offsets is not None:
+            start = min(offsets[t][0] for t in toks)
+            end = max(offsets[t][1] for t in toks)
+            label = text[start:end].strip()
+        unit_labels.append(label or "".join(labels[t].removeprefix("##") for t in toks))
+    return unit_of_token, unit_labels
+
+
+def word_attention(probs: np.ndarray, unit_of_token: Sequence[int]) -> np.ndarray:
+    """Word-level attention of one head (METRICS.md "Word-level attention", Clark et al. 2019).
+
+    Args:
+        probs: [query, key] attention probabilities (token level).
+        unit_of_token: per token, its unit (:func:`word_units`).
+
+    Returns:
+        [units, units]: attention from unit u to unit v = mean over u's tokens (queries) of the sum
+        over v's tokens (keys). Rows still sum to 1 when the token rows do.
+    """
+    units = np.asarray(unit_of_token)
+    n_units = int(units.max()) + 1
+    onehot = np.zeros((len(units), n_units))
+    onehot[np.arange(len(units)), units] = 1.0
+    to_units = np.asarray(probs, dtype=np.float64) @ onehot          # [query tokens, units]: sum over keys
+    return (onehot.T @ to_units) / onehot.sum(0)[:, None]             # mean over the unit's queries
+
+
+def choose_layers(n_layers: int, n_heads: int, n_tokens: int, max_values: int = MAX_VALUES) -> list[int]:
+    """Layers a view can hold within ``max_values`` numbers: all if they fit, else evenly spaced
+    layers (first and last included when two or more fit; at least one)."""
+    per_layer = max(1, n_heads * n_tokens * n_tokens)
+    k = max(1, min(n_layers, max_values // per_layer))
+    if k >= n_layers:
+        return list(range(n_layers))
+    if k == 1:
+        return [0]
+    return sorted({int(round(i * (n_layers - 1) / (k - 1))) for i in range(k)})
+
+
+def budget_note(layers: Sequence[int], n_layers: int, n_heads: int, n: int, max_values: int) -> str:
+    """The note a view shows when it holds only some layers."""
+    return (f"layers {', '.join(map(str, layers))} of {n_layers} included: all layers of {n} tokens would be "
+            f"{n_layers * n_heads * n * n:,} numbers (the view holds at most {max_values:,}); "
+            "choose others with layers=[...]")
+
+
+def view_data(probs, tokens: Sequence[str], *, word_ids: Sequence[int] | None = None,
+              text: str | None = None, offsets: Sequence[tuple[int, int]] | None = None,
+              layers: Sequence[int] | None = None, layer_names: Sequence[str] | None = None,
+              head_labels: dict[tuple[int, int], str] | None = None, layer: int | None = None,
+              heads: Sequence[int] | None = None, max_values: int = MAX_VALUES,
+              threshold: float = LINE_THRESHOLD, title: str = "", note: str = "", causal: bool = False) -> dict:
+    """The JSON-ready data of one head view.
+
+    Args:
+        probs: per layer (site), the [heads, n, n] attention probabilities of one example (query
+            rows, key columns; NaN for a removed head): a [layers, heads, n, n] array, or a list
+            with None for layers that are not included.
+        tokens: n display labels.
+        word_ids: per token, its word index (-1: none); None disables word-level mode.
+        text, offsets: the example's text and token offsets (to label words by their text).
+        layers: layers to include (default: all that fit in ``max_values``, :func:`choose_layers`).
+        layer_names: a name per layer (e.g. the site name ``encoder.3.self``), shown as a tooltip.
+        head_labels: (layer, head) -> label (e.g. ``previous-token``), shown beside each head.
+        layer, heads: the initial selection (default: the first included layer, all its heads).
+        max_values: most numbers held (layers x heads x n^2), when ``layers`` is not given.
+        threshold: lines are drawn for probabilities >= this (0 < threshold <= 1).
+        title, note: shown above the view.
+        causal: the model is a decoder (keys after the query are masked).
+
+    Returns:
+        A dict (see the module docstring); ``values`` counts the numbers held.
+
+    Raises:
+        InputError: an included layer's map is not [heads, n, n] with n = len(tokens), a layer or
+            head out of range, or a threshold outside (0, 1].
+    """
+    n_layers, n = len(probs), len(tokens)
+    present = [x for x in range(n_layers) if probs[x] is not None]
+    if not present:
+        raise InputError("no attention probabilities to show")
+    n_heads = int(np.shape(probs[present[0]])[0])
+    if not (isinstance(threshold, (int, float)) and 0 < threshold <= 1):
+        raise InputError(f"line threshold must be in (0, 1], got {threshold!r}")
+    notes = [note] if note else []
+    if layers is None:
+        layers = [x for x in choose_layers(n_layers, n_heads, n, max_values) if x in present] or present[:1]
+        if len(layers) < n_layers:
+            notes.append(budget_note(layers, n_layers, n_heads, n, max_values))
+    layers = [int(x) for x in layers]
+    if not layers or any(not 0 <= x < n_layers or probs[x] is None for x in layers):
+        raise InputError(f"layers must be among {present}, got {list(layers)}")
+    if layer is not None and int(layer) not in layers:
+        raise InputError(f"layer {layer} is not among the included layers {layers}")
+    first = layers.index(int(layer)) if layer is not None else 0
+    chosen = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+    if any(not 0 <= h < n_heads for h in chosen):
+        raise InputError(f"heads must be in 0..{n_heads - 1}, got {list(heads)}")
+    maps, removed = [], []
+    for li in layers:
+        block = np.asarray(probs[li])
+        if block.shape != (n_heads, n, n):
+            raise InputError(f"attention probabilities of layer {li} must be [heads, n, n] = {[n_heads, n, n]}, "
+                             f"got {list(block.shape)}")
+        gone = np.isnan(block).all(axis=(1, 2))
+        q = np.clip(np.rint(np.nan_to_num(block.astype(np.float64), nan=0.0) * SCALE), 0, SCALE).astype(np.int64)
+        maps.append([None if gone[h] else zero_runs(q[h]) for h in range(n_heads)])
+        removed.append([bool(g) for g in gone])
+    units = unit_labels = None
+    if word_ids is not None and any(int(w) >= 0 for w in word_ids):
+        units, unit_labels = word_units(word_ids, tokens, text, offsets)
+    head_labels = head_labels or {}
+    return {
+        "version": 1, "n": n, "tokens": list(tokens), "layers": layers, "heads": n_heads, "scale": SCALE,
+        "layerNames": [str(layer_names[x]) if layer_names else f"layer {x}" for x in layers],
+        "headLabels": [[head_labels.get((x, h), "") for h in range(n_heads)] for x in layers],
+        "maps": maps, "removed": removed, "units": units, "unitLabels": unit_labels,
+        "initial": {"layer": first, "heads": [h for h in chosen if not removed[first][h]]},
+        "threshold": float(threshold), "title": title, "notes": notes, "causal": bool(causal),
+        "values": len(layers) * n_heads * n * n,
+    }
+
+
+def decoded_map(data: dict, layer_index: int, head: int) -> np.ndarray:
+    """[n, n] probabilities of one head as the page holds them (rounded to 1 / SCALE); NaN if removed."""
+    n = data["n"]
+    enc = data["maps"][layer_index][head]
+    if enc is None:
+        return np.full((n, n), math.nan)
+    return decode_zero_runs(enc, n * n).reshape(n, n) / data["scale"]

@@ -1,0 +1,34 @@
+"""The layer x head grid for notebooks: a pandas Styler (labels in the report's colours, or one
+statistic as a colour gradient)."""
+
+from __future__ import annotations
+
+from ..errors import InputError
+
+
+def label_grid(source, value: str = "label"):
+    """The layer x head grid of one column of the heads table, coloured.
+
+    Args:
+        source: an analysis result (``.heads``) or a heads DataFrame (``layer``, ``head``, ...).
+        value: ``"label"`` (primary labels, coloured as in the report) or a numeric column such
+            as ``"prev"`` (a viridis gradient, 3 decimals).
+
+    Returns:
+        A ``pandas.io.formats.style.Styler`` (rows: layers, columns: heads); ``.data`` is the
+        plain DataFrame.
+
+    Raises:
+        InputError: ``value`` is not a column of the heads table.
+    """
+    from ..report import LABEL_COLORS
+
+    heads = source.heads if hasattr(source, "heads") else source
+    if value not in heads.columns:
+        raise InputError(f"no column {value!r} in the heads table; columns: {', '.join(map(str, heads.columns))}")
+    grid = heads.pivot(index="layer", columns="head", values=value)
+    grid.index.name, grid.columns.name = "layer", "head"
+    if value == "label":
+        return grid.style.map(lambda v: f"background-color: {LABEL_COLORS.get(v, '#ffffff')}; font-size: 11px")
+    grid = grid.astype(float)
+    return grid.style.background_gradient(cmap="viridis", axis=None).format("{:.3f}", na_rep="")
