@@ -293,11 +293,13 @@ def _verify_progress(index: int, total: int, name: str, result) -> None:
               default=None, help="Verify a deliberately broken attention instead (expected to FAIL).")
 @click.option("--dtype", type=click.Choice(_DTYPES), default="float32", show_default=True,
               help="Parameter dtype to load the model in.")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
+              help="Where the model runs [default: cpu; auto: cuda when present].")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Say which case runs (on stderr).")
 @user_errors
 def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: float, mutant: str | None,
-                   dtype: str, progress: bool) -> None:
+                   dtype: str, device: str | None, progress: bool) -> None:
     """Check that probe's from-scratch attention reproduces the model (exit status 1 on FAIL)."""
     import torch
 
@@ -307,7 +309,7 @@ def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: flo
 
     if atol is None:
         atol = FP32_ATOL if dtype == "float32" else BF16_ATOL
-    lm = load_model(model_name, dtype=getattr(torch, dtype))
+    lm = load_model(model_name, dtype=getattr(torch, dtype), device=device)
     if mutant is not None:
         applies, why = mutant_applies(mutant, lm)
         if not applies:
