@@ -34,6 +34,15 @@ class Accumulator:
     """
 
     name: str = "accumulator"
+    #: attributes not sent to other processes when accumulators are gathered (a tokenizer, a
+    #: model): merging reads only the measured state.
+    transient: tuple[str, ...] = ()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for key in self.transient:
+            state[key] = None
+        return state
 
     def begin_batch(self, batch: Batch) -> None:
         """Called before the forward pass of each batch."""

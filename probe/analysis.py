@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +22,8 @@ from . import validate
 from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts
 from .capture import attention_hooks, forward
 from .classify import cluster_heads, default_thresholds, label_heads
-from .inputs import Batch, Text, as_texts, iter_batches
+from .errors import InputError
+from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .models import LoadedModel
 from .stats import STATISTICS, HeadStatistics
 
@@ -117,7 +118,8 @@ def model_summary(lm: LoadedModel) -> dict:
 def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: int = 16,
             max_length: int | None = None, n_examples: int = 3, example_tokens: int | None = 64,
             thresholds: dict[str, float] | None = None, n_clusters: int = 6, progress: bool = False,
-            parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = ()) -> AnalysisResult:
+            parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = (),
+            reduce: Callable[[list[Accumulator]], None] | None = None) -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
 
     Sequences are sorted by length into batches (less padding); padding never enters a statistic,
@@ -125,7 +127,9 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     (default: the model's limit) are truncated and counted.
 
     Args:
-        texts: the sequences (strings or :class:`probe.inputs.Text`).
+        texts: the sequences (strings or :class:`probe.inputs.Text`): a list, or any iterable (a
+            corpus streamed from disk: read and tokenized a chunk at a time, so memory stays flat;
+            the progress bar then counts sequences without a total).
         batch_size: sequences per forward pass (>= 1).
         max_length: token limit per sequence (<= the model's limit).
         n_examples: how many of the first texts keep their attention maps.
@@ -136,6 +140,8 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         progress: show a tqdm progress bar.
         parse_special_tokens: let typed special-token strings become special tokens (F23).
         accumulators: extra accumulators run in the same pass (results in ``results[acc.name]``).
+        reduce: called with every accumulator after the pass, to merge in those of other
+            processes (data parallelism: :func:`probe.distributed.reducer`); None in one process.
 
     Returns:
         An :class:`AnalysisResult`.
@@ -145,11 +151,12 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         CaptureError: attention probabilities could not be captured.
     """
     t0 = time.perf_counter()
-    items = as_texts(validate.texts(texts))
+    sized = isinstance(texts, (str, Text)) or hasattr(texts, "__len__")
+    items = as_texts(validate.texts(texts)) if sized else stream_texts(texts)
     validate.positive_int("batch size", batch_size)
     validate.max_length(max_length, lm.max_length)
     thresholds_used = {**default_thresholds(), **validate.thresholds(thresholds)}
-    n_examples = max(0, min(n_examples, len(items)))
+    n_examples = max(0, min(n_examples, len(items)) if sized else n_examples)
     if example_tokens is not None:
         validate.positive_int("example tokens", example_tokens, 2)
 
@@ -162,14 +169,19 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(items), unit="seq", desc="analyze", leave=False)
+        bar = tqdm(total=len(items) if sized else None, unit="seq", desc="analyze", leave=False)
     t1 = time.perf_counter()
+    everything = [stats, examples, counts, *accumulators]
     try:
-        notes = run(lm, batches, [stats, examples, counts, *accumulators], progress=bar)
+        notes = run(lm, batches, everything, progress=bar)
     finally:
         if bar is not None:
             bar.close()
     t_run = time.perf_counter() - t1
+    if reduce is not None:
+        reduce(everything)
+    if counts.result().sequences == 0:
+        raise InputError("no text given")
 
     heads = stats.result()
     for acc in accumulators:

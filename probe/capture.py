@@ -74,9 +74,18 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback) -> Iterator[list[st
         yield m.notes
 
 
+def input_device(model) -> torch.device:
+    """Where a model's inputs go: its embeddings' device (a model spread by a device map moves
+    them on itself from the CPU when its embeddings are offloaded)."""
+    weight = model.get_input_embeddings().weight
+    return torch.device("cpu") if weight.device.type == "meta" else weight.device
+
+
 def forward(lm: LoadedModel, batch: Batch, **kwargs):
-    """Run the model on a batch (decoders without building a key/value cache)."""
-    inputs = batch.model_inputs()
+    """Run the model on a batch (decoders without building a key/value cache), its inputs moved to
+    the model's input device."""
+    device = input_device(lm.model)
+    inputs = {k: v.to(device) for k, v in batch.model_inputs().items()}
     if lm.causal:
         inputs["use_cache"] = False
     inputs.update(kwargs)

@@ -111,6 +111,20 @@ def _parse_thresholds(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
         raise click.BadParameter(str(exc)) from None
 
 
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _placement_options(fn):
+    """--device, --dtype and --device-map (where and how the weights sit)."""
+    fn = click.option("--device-map", type=click.Choice(["auto"]), default=None,
+                      help="Spread the layers over the devices present, offloading to CPU and disk what "
+                           "does not fit (accelerate).")(fn)
+    fn = click.option("--dtype", type=click.Choice(_DTYPES), default="float32", show_default=True,
+                      help="Parameter dtype to load the model in.")(fn)
+    return click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
+                        help="Where the model runs [default: cpu; auto: cuda when present].")(fn)
+
+
 def _model_option(fn):
     return click.option("--model", "-m", "model_name", default=DEFAULT_MODEL, show_default=True,
                         help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")(fn)
@@ -139,15 +153,21 @@ def _model_option(fn):
 @click.option("--verify", "run_verify", is_flag=True,
               help="Also verify the from-scratch attention against the model and add it to the report.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
+@_placement_options
 @user_errors
 def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, out, force, examples,
-                    thresholds, parse_special_tokens, run_verify, progress) -> None:
+                    thresholds, parse_special_tokens, run_verify, progress, device, dtype, device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
-    Without --text or --corpus, a small built-in English sample is used.
+    Without --text or --corpus, a small built-in English sample is used. A corpus is read as it is
+    analysed (memory does not grow with it). Under torchrun or accelerate launch, each process
+    analyses its share of the corpus and rank 0 writes the one report.
     """
+    from contextlib import nullcontext
+
+    from . import distributed
     from .analysis import analyze
-    from .corpus import check_texts, read_corpus, sample_texts
+    from .corpus import check_texts, iter_corpus, peek, sample_texts
     from .errors import InputError
     from .models import load_model
     from .report import prepare_run_dir, write_run
@@ -159,7 +179,7 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     if texts and corpus:
         raise InputError("give either --text or --corpus, not both")
     if corpus:
-        seqs, source = read_corpus(corpus, limit), corpus
+        seqs, source = peek(iter_corpus(corpus, limit)), corpus
     elif texts:
         seqs, source = check_texts(list(texts), limit), "--text"
     else:
@@ -167,13 +187,23 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     prepare_run_dir(out, model_name, force)  # fail before loading a model if the folder is taken
     timings["input_s"] = time.perf_counter() - t
 
-    lm = load_model(model_name)
+    world = distributed.detect()
+    import torch
+
+    lm = load_model(model_name, dtype=getattr(torch, dtype), device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
-    show = sys.stderr.isatty() if progress is None else progress
-    click.echo(f"Analyzing {len(seqs)} sequences ({source}) with {lm.name}: "
+    show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
+    how_many = f"{len(seqs)} sequences" if hasattr(seqs, "__len__") else "the sequences"
+    share = (f", process {world.rank} of {world.size}: sequences {world.rank}, {world.rank + world.size}, ..."
+             if world else "")
+    click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
                f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
-    result = analyze(lm, seqs, batch_size=batch_size, max_length=max_length, n_examples=examples,
-                     thresholds=thresholds, progress=show, parse_special_tokens=parse_special_tokens)
+    with distributed.process_group(world) if world else nullcontext():
+        result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
+                         max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
+                         parse_special_tokens=parse_special_tokens, reduce=distributed.reducer(world))
+    if world is not None and not world.main:
+        return  # rank 0 writes the one report
     timings["analyze_s"] = result.timings["analyze_s"]
     verification = None
     if run_verify:
@@ -217,9 +247,6 @@ def _rounded_parts(values: list[float], total: float) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 # probe verify
 # ---------------------------------------------------------------------------------------------
-
-_DTYPES = ("float32", "bfloat16", "float16")
-
 
 def format_table(result) -> str:
     """The human-readable verification report: one row per layer, then the output and the cases."""
@@ -266,11 +293,13 @@ def _verify_progress(index: int, total: int, name: str, result) -> None:
               default=None, help="Verify a deliberately broken attention instead (expected to FAIL).")
 @click.option("--dtype", type=click.Choice(_DTYPES), default="float32", show_default=True,
               help="Parameter dtype to load the model in.")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
+              help="Where the model runs [default: cpu; auto: cuda when present].")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Say which case runs (on stderr).")
 @user_errors
 def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: float, mutant: str | None,
-                   dtype: str, progress: bool) -> None:
+                   dtype: str, device: str | None, progress: bool) -> None:
     """Check that probe's from-scratch attention reproduces the model (exit status 1 on FAIL)."""
     import torch
 
@@ -280,7 +309,7 @@ def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: flo
 
     if atol is None:
         atol = FP32_ATOL if dtype == "float32" else BF16_ATOL
-    lm = load_model(model_name, dtype=getattr(torch, dtype))
+    lm = load_model(model_name, dtype=getattr(torch, dtype), device=device)
     if mutant is not None:
         applies, why = mutant_applies(mutant, lm)
         if not applies:

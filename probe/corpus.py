@@ -6,7 +6,9 @@ sample shipped in ``probe/data/sample.txt`` (written for the package) is used.
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -43,52 +45,86 @@ def _is_conllu(path: Path, lines: list[str]) -> bool:
     return bool(head) and any(ln.startswith("# text =") or ln.startswith("# sent_id") for ln in head)
 
 
-def read_corpus(path: str | Path, limit: int | None = None) -> list[str]:
-    """Read sequences from a file.
-
-    Plain text: one sequence a line (lines end only at \\n, \\r\\n or \\r), blank lines skipped.
-    CoNLL-U (``.conllu`` or files with ``# text =`` / ``# sent_id`` comments): one sequence per
-    sentence, from its ``# text =`` line.
-
-    Args:
-        path: the file.
-        limit: keep at most this many sequences (must be >= 1).
-
-    Raises:
-        InputError: missing or unreadable file, non-UTF-8 bytes (file and line named), a file with
-            no sequence, or a limit below 1.
-    """
-    validate.limit(limit)
+def _open_checked(path: str | Path) -> Path:
     p = Path(path)
     if not p.exists():
         raise InputError(f"corpus file not found: {path}")
     if p.is_dir():
         raise InputError(f"corpus is a folder, not a file: {path}")
+    return p
+
+
+def _lines(p: Path) -> Iterator[str]:
+    """The file's lines, decoded one at a time (only \\n, \\r\\n and \\r end a line; a byte-order
+    mark dropped); a line that is not UTF-8 is named exactly."""
     try:
-        raw = p.read_bytes()
+        fh = p.open("rb")
     except OSError as exc:
-        raise InputError(f"cannot read corpus file {path}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise InputError(f"{path}: line {line} is not valid UTF-8 "
-                         f"(byte {raw[exc.start]:#04x} at offset {exc.start})") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    lines = split_lines(text)
-    if _is_conllu(p, lines):
-        # "# text = ..." only: not "# text_en = ..." (translations) or other "# text..." keys.
-        texts = [m.group(1).strip() for m in map(_TEXT_LINE.match, lines) if m]
-        texts = [t for t in texts if t]
-    else:
-        texts = [ln.strip() for ln in lines if ln.strip()]
-    if not texts and _is_conllu(p, lines):
+        raise InputError(f"cannot read corpus file {p}: {exc.strerror or exc}") from None
+    offset = 0
+    with fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{p}: line {number} is not valid UTF-8 "
+                                 f"(byte {raw[exc.start]:#04x} at offset {offset + exc.start})") from None
+            offset += len(raw)
+            if number == 1 and text.startswith("\ufeff"):
+                text = text[1:]
+            yield from split_lines(text) if "\r" in text else [text.rstrip("\n")]
+
+
+def iter_corpus(path: str | Path, limit: int | None = None) -> Iterator[str]:
+    """Read sequences from a file lazily, one at a time (memory does not grow with the file).
+
+    Plain text: one sequence a line (lines end only at \\n, \\r\\n or \\r), blank lines skipped.
+    CoNLL-U (``.conllu`` or files with ``# text =`` / ``# sent_id`` comments in their first 50
+    non-blank lines): one sequence per sentence, from its ``# text =`` line.
+
+    Args:
+        path: the file.
+        limit: yield at most this many sequences (must be >= 1).
+
+    Raises:
+        InputError: missing or unreadable file, a limit below 1; while iterating, non-UTF-8 bytes
+            (file and line named); a file with no sequence (when the end is reached without one).
+    """
+    validate.limit(limit)
+    p = _open_checked(path)
+    lines = _lines(p)
+    head = list(itertools.islice(lines, 200))
+    conllu = _is_conllu(p, head)
+    count = 0
+    for line in itertools.chain(head, lines):
+        if conllu:
+            m = _TEXT_LINE.match(line)  # "# text = ..." only, not "# text_en = ..." (translations)
+            text = m.group(1).strip() if m else ""
+        else:
+            text = line.strip()
+        if not text:
+            continue
+        yield text
+        count += 1
+        if limit and count >= limit:
+            return
+    if count == 0 and conllu:
         raise InputError(f"no '# text =' line found in CoNLL-U file {path}: probe reads each sentence's text from "
                          "its '# text = ...' comment")
-    if not texts:
+    if count == 0:
         raise InputError(f"corpus file has no text: {path}")
-    return texts[:limit] if limit else texts
+
+
+def read_corpus(path: str | Path, limit: int | None = None) -> list[str]:
+    """All sequences of a file as a list (:func:`iter_corpus`, which see)."""
+    return list(iter_corpus(path, limit))
+
+
+def peek(texts: Iterator[str]) -> Iterator[str]:
+    """The same sequence of texts, after reading its first one (so a file with no text, or an
+    unreadable one, fails before anything slow starts)."""
+    first = next(texts)
+    return itertools.chain([first], texts)
 
 
 def check_texts(texts: list[str], limit: int | None = None) -> list[str]:

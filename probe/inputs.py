@@ -34,12 +34,15 @@ class Text:
         meta: anything an analysis needs about this text (gold heads, mentions ...); probe's loop
             passes it through untouched.
         pair: an optional second segment (sentence pairs: BERT's [SEP]-joined input).
+        index: its position in the whole corpus, where a reader or a data-parallel shard knows it
+            (None: counted from the first text given to :func:`tokenize` / :func:`iter_batches`).
     """
 
     text: str
     words: list[tuple[int, int]] | None = None
     meta: dict = field(default_factory=dict)
     pair: str | None = None
+    index: int | None = None
 
     def word_spans(self) -> list[tuple[int, int]]:
         """Character spans of the words: the given ones, or the whitespace-separated runs of ``text``."""
@@ -63,6 +66,19 @@ def as_texts(texts: Iterable[str | Text] | str | Text) -> list[Text]:
     if isinstance(texts, (str, Text)):
         texts = [texts]
     return [t if isinstance(t, Text) else Text(t) for t in texts]
+
+
+def stream_texts(texts: Iterable[str | Text]) -> Iterator[Text]:
+    """Wrap strings as :class:`Text` lazily (for corpora read as they are analysed), checking each.
+
+    Raises (while iterating):
+        InputError: an empty or whitespace-only text (numbered from 1).
+    """
+    for i, t in enumerate(texts):
+        t = t if isinstance(t, Text) else Text(t)
+        if not isinstance(t.text, str) or not t.text.strip():
+            raise InputError(f"text {(t.index if t.index is not None else i) + 1} is empty")
+        yield t
 
 
 @dataclass
@@ -163,12 +179,13 @@ def tokenize(lm, texts: Sequence[Text], max_length: int | None = None, *,
             tt = src.get("token_type_ids")
             seg = list(tt[row]) if tt is not None else None
             offsets = _pair_offsets(offsets, special, seg, len(text.text))
+        index = text.index if text.index is not None else start_index + i
         if all(special):
-            raise InputError(f"text {start_index + i + 1} has no tokens besides special tokens: {text.text[:40]!r}")
+            raise InputError(f"text {index + 1} has no tokens besides special tokens: {text.text[:40]!r}")
         full = text.text if not has_pairs else text.text + " " + text.pair
         tt = src.get("token_type_ids")
         out.append(Tokenized(
-            index=start_index + i, ids=ids, offsets=offsets, special=special,
+            index=index, ids=ids, offsets=offsets, special=special,
             word_ids=_word_ids(full, offsets, special, text.word_spans()) if fast else [-1] * len(ids),
             token_type_ids=list(tt[row]) if tt is not None else None, truncated=i in where,
         ))

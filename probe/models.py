@@ -256,6 +256,10 @@ def _load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
     return model, tokenizer
 
 
+#: How the weights are placed (see :func:`load_model`); set for one load by :func:`_placing`.
+_PLACEMENT: dict = {}
+
+
 def _load_folder(source, dtype, **kw):
     from transformers import AutoConfig, AutoTokenizer
 
@@ -263,12 +267,54 @@ def _load_folder(source, dtype, **kw):
     get_spec(config)
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
     model = _model_class(config).from_pretrained(
-        source, attn_implementation="eager", trust_remote_code=False, dtype=dtype or torch.float32, **kw)
+        source, attn_implementation="eager", trust_remote_code=False, dtype=dtype or torch.float32,
+        **_PLACEMENT, **kw)
     return model, tokenizer
 
 
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def resolve_device(device: str | None) -> str | None:
+    """``"auto"`` -> ``"cuda"`` where a GPU is present, else ``"cpu"``; under a data-parallel
+    launcher, ``"cuda"`` means this rank's GPU (``LOCAL_RANK``).
+
+    Raises:
+        ModelLoadError: an unknown device, or ``"cuda"`` without a GPU.
+    """
+    if device is None:
+        return None
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise ModelLoadError(f"unknown device {device!r}; choose from {', '.join(DEVICES)}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ModelLoadError("--device cuda: no CUDA device is available")
+        if device == "cuda" and os.environ.get("LOCAL_RANK"):
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    return device
+
+
+def _place(model: nn.Module, device: str | None, device_map: str | None) -> list[str]:
+    """Put the weights where asked (after loading, for models not loaded with a device map)."""
+    notes = []
+    if device_map is not None and getattr(model, "hf_device_map", None) is None:
+        from accelerate import dispatch_model, infer_auto_device_map
+
+        placement = infer_auto_device_map(model, no_split_module_classes=getattr(model, "_no_split_modules", None))
+        offload = cache_dir() / "offload"
+        dispatch_model(model, device_map=placement, offload_dir=str(offload))
+    if getattr(model, "hf_device_map", None) is not None:
+        where = sorted({str(v) for v in model.hf_device_map.values()})
+        notes.append(f"layers spread over {', '.join(where)} (device map {device_map})")
+    elif device is not None:
+        model.to(device)
+    return notes
+
+
 def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
-               use_cache: bool = True) -> LoadedModel:
+               use_cache: bool = True, device: str | None = None, device_map: str | None = None) -> LoadedModel:
     """Load a model for probing.
 
     Args:
@@ -276,6 +322,10 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
             a Hugging Face Hub id, a local folder, or a ``.gguf`` file.
         dtype: parameter dtype (default float32).
         use_cache: for GGUF models, reuse/write the dequantized copy under :func:`cache_dir`.
+        device: ``"cpu"``, ``"cuda"`` (this rank's GPU under a launcher), ``"auto"`` or None (CPU).
+        device_map: ``"auto"``: accelerate spreads the layers over the GPUs present and offloads
+            what does not fit to the CPU, then to disk (under :func:`cache_dir`); hooks and
+            statistics work whatever device each layer sits on.
 
     Returns:
         A :class:`LoadedModel` in eval mode with eager attention. Decoder-only models are loaded
@@ -288,8 +338,31 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
     """
     if not isinstance(name, str) or not name.strip():
         raise ModelLoadError("no model given; run 'probe models' for the aliases")
+    if device_map not in (None, "auto"):
+        raise ModelLoadError(f"unknown device map {device_map!r}; use 'auto'")
+    device = resolve_device(device)
     start = time.perf_counter()
     notes: list[str] = []
+    _PLACEMENT.clear()
+    if device_map is not None:
+        _PLACEMENT.update(device_map=device_map, offload_folder=str(cache_dir() / "offload"))
+    try:
+        model, tokenizer, source = _load_by_name(name, dtype, use_cache, notes)
+    finally:
+        _PLACEMENT.clear()
+    notes += _place(model, device, device_map)
+    model.eval()
+    _finish_tokenizer(tokenizer)
+    spec = get_spec(model.config)
+    geometry = head_geometry(model.config)
+    max_length = _max_length(model.config, tokenizer)
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
+                       source=source, max_length=max_length,
+                       load_seconds=time.perf_counter() - start, notes=notes)
+
+
+def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str]):
+    """(model, tokenizer, source) for an alias, a .gguf file, a folder or a Hub id."""
     with quiet_transformers():
         if name in EMBEDDED:
             emb = EMBEDDED[name]
@@ -339,14 +412,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
             except Exception as exc:  # noqa: BLE001 - OSError, HTTP errors, ValueError ...
                 raise _hub_error(name, exc) from None
             source = hub_id
-    model.eval()
-    _finish_tokenizer(tokenizer)
-    spec = get_spec(model.config)
-    geometry = head_geometry(model.config)
-    max_length = _max_length(model.config, tokenizer)
-    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
-                       source=source, max_length=max_length,
-                       load_seconds=time.perf_counter() - start, notes=notes)
+    return model, tokenizer, source
 
 
 def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -> LoadedModel:

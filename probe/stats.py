@@ -88,6 +88,12 @@ class ContractionWeights:
     real_rows: torch.Tensor
     counts: torch.Tensor
 
+    def to(self, device) -> ContractionWeights:
+        """The weights on ``device`` (the device of the layer whose probabilities they reduce);
+        ``counts`` stay on the CPU."""
+        return ContractionWeights(self.linear.to(device), self.entropy.to(device), self.real_rows.to(device),
+                                  self.counts)
+
 
 def contraction_weights(feats: TokenFeatures, site: Site, T: int) -> ContractionWeights:
     """The weights used by :meth:`HeadStatistics.update` for one batch and one kind of site.
@@ -158,6 +164,7 @@ class HeadStatistics(Accumulator):
     """
 
     name = "statistics"
+    transient = ("tokenizer",)
 
     def __init__(self, sites: list[Site], n_heads: int, tokenizer=None) -> None:
         self.sites = list(sites)
@@ -179,16 +186,16 @@ class HeadStatistics(Accumulator):
         """
         feats = token_features(batch, self.tokenizer)
         T = probs.shape[-1]
-        w = batch.cached(("contraction", site.causal, site.window, T),
-                         lambda: contraction_weights(feats, site, T))
         a = probs.float()
         dev = a.device
+        w = batch.cached(("contraction", site.causal, site.window, T, str(dev)),
+                         lambda: contraction_weights(feats, site, T).to(dev))  # built once per batch and device
         B, H, T, _ = a.shape
         flat = a.reshape(B, H, T * T)
-        linear = torch.bmm(flat, w.linear.to(dev)).sum(0)  # [heads, len(LINEAR)]
+        linear = torch.bmm(flat, w.linear).sum(0)  # [heads, len(LINEAR)]
         # entr(x) = -x ln x with entr(0) = 0 (about twice as fast as xlogy on CPU)
-        ent = torch.bmm(torch.special.entr(a).reshape(B, H, T * T), w.entropy.to(dev)).sum(0)  # [heads, 2]
-        mx = (a.amax(-1) * w.real_rows.to(dev)[:, None, :]).sum((0, 2))  # [heads]
+        ent = torch.bmm(torch.special.entr(a).reshape(B, H, T * T), w.entropy).sum(0)  # [heads, 2]
+        mx = (a.amax(-1) * w.real_rows[:, None, :]).sum((0, 2))  # [heads]
         sums = torch.empty(H, len(STATISTICS), dtype=torch.float64)
         for c, name in enumerate(LINEAR):
             sums[:, _INDEX[name]] = linear[:, c].double().cpu()

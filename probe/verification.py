@@ -42,7 +42,7 @@ import torch
 from . import validate
 from .architectures import stack_layers
 from .battery import Case, battery, case_names
-from .capture import add_attention_hooks
+from .capture import add_attention_hooks, input_device
 from .errors import ProbeError
 from .hooks import measuring
 from .models import LoadedModel
@@ -219,22 +219,24 @@ def _run_case(lm: LoadedModel, case: Case, hooks, on_attn, on_hidden, on_output)
 
     def hidden_hook(key):
         def hook(module, args, output):
-            on_hidden(state["pass"], key, output[0] if isinstance(output, tuple) else output)
+            on_hidden(state["pass"], key, (output[0] if isinstance(output, tuple) else output).cpu())
         return hook
 
-    add_attention_hooks(hooks, lm, lambda site, probs: on_attn(state["pass"], site, probs))
+    add_attention_hooks(hooks, lm, lambda site, probs: on_attn(state["pass"], site, probs.cpu()))
+    device = input_device(model)
     for stack, layers in stack_layers(model, lm.spec).items():
         for i, layer in enumerate(layers):
             hooks.forward(layer, hidden_hook((stack, i)))
     try:
         for index, p in enumerate(case.passes):
             state["pass"] = index
-            kwargs = dict(p.inputs)
+            kwargs = {k: v.to(device) for k, v in p.inputs.items()}
             if lm.causal:
                 kwargs["use_cache"] = case.use_cache
                 if cache is not None:
                     kwargs["cache"] = cache
-            on_output(index, *_output_tensor(model(**kwargs)))
+            name, output = _output_tensor(model(**kwargs))
+            on_output(index, name, output.cpu())
     finally:
         hooks.remove()
 

@@ -7,6 +7,8 @@ No test may reach the Hugging Face Hub: HF_HUB_OFFLINE is set here, before anyth
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -267,3 +269,16 @@ def pytest_collection_modifyitems(config, items):
     """Fast tests first, then the ones marked ``slow`` (real embedded models): a quick failure
     shows in the first minute, and CI's single run of the README's test command covers both."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+
+
+@contextlib.contextmanager
+def notes(caplog, name: str):
+    """Capture the warnings of logger ``name`` whatever the order of tests: the CLI (run in-process by other
+    tests) stops "probe" propagating to the root logger, where caplog listens."""
+    logger = logging.getLogger(name)
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("WARNING", logger=name):
+            yield
+    finally:
+        logger.removeHandler(caplog.handler)

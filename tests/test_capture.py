@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from conftest import DECODERS, FAMILIES, hook_snapshot, no_hooks, tiny_model
+from conftest import DECODERS, FAMILIES, hook_snapshot, no_hooks, notes, tiny_model
 from probe.analysis import analyze
 from probe.capture import attention_hooks, capture_attention, encode
 from probe.errors import CaptureError, InputError
@@ -113,7 +113,7 @@ def test_f02_sdpa_model_is_switched_to_eager_when_wrapped(family):
 def test_f02_capture_switches_sdpa_to_eager_and_says_so(family, caplog):
     lm = tiny_model(family)
     lm.model.set_attn_implementation("sdpa")
-    with caplog.at_level("WARNING", logger="probe.hooks"):
+    with notes(caplog, "probe.hooks"):
         captured = capture_attention(lm, ["One sentence here.", "Two."])
     assert lm.model.config._attn_implementation == "sdpa"  # switched for the capture, then restored
     assert any("'sdpa'" in n and "'eager'" in n for n in captured.notes)
