@@ -25,7 +25,7 @@ from .classify import cluster_heads, default_thresholds, label_heads
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .models import LoadedModel
-from .stats import STATISTICS, HeadStatistics
+from .stats import HeadStatistics
 
 
 def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
@@ -112,6 +112,9 @@ def model_summary(lm: LoadedModel) -> dict:
         "windows": sorted({s.window for s in lm.sites if s.window is not None}),
         "parameters": int(sum(p.numel() for p in lm.model.parameters())),
         "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
+        **({"stacks": {stack: sum(1 for s in lm.sites if s.stack == stack and s.kind == "self")
+                       for stack in ("encoder", "decoder")}, "encoder_decoder": True}
+           if lm.spec.encoder_decoder else {}),
     }
 
 
@@ -119,7 +122,8 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             max_length: int | None = None, n_examples: int = 3, example_tokens: int | None = 64,
             thresholds: dict[str, float] | None = None, n_clusters: int = 6, progress: bool = False,
             parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = (),
-            reduce: Callable[[list[Accumulator]], None] | None = None) -> AnalysisResult:
+            reduce: Callable[[list[Accumulator]], None] | None = None,
+            generate: int | None = None) -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
 
     Sequences are sorted by length into batches (less padding); padding never enters a statistic,
@@ -142,6 +146,12 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         accumulators: extra accumulators run in the same pass (results in ``results[acc.name]``).
         reduce: called with every accumulator after the pass, to merge in those of other
             processes (data parallelism: :func:`probe.distributed.reducer`); None in one process.
+        generate: encoder-decoder models: the model writes each source's target itself (greedy, at
+            most this many new tokens: :func:`probe.seq2seq.with_generated_targets`). Without it,
+            every text of an encoder-decoder model needs its target in :attr:`Text.pair`.
+
+    An encoder-decoder model's heads come per site: ``heads`` then has ``stack`` and ``kind``
+    columns and the cross-attention statistic ``aligned`` (:mod:`probe.stats`).
 
     Returns:
         An :class:`AnalysisResult`.
@@ -157,6 +167,15 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     validate.max_length(max_length, lm.max_length)
     thresholds_used = {**default_thresholds(), **validate.thresholds(thresholds)}
     n_examples = max(0, min(n_examples, len(items)) if sized else n_examples)
+    if generate is not None:
+        from .seq2seq import with_generated_targets
+
+        if not lm.spec.encoder_decoder:
+            raise InputError("--generate writes targets for encoder-decoder models (BART, Marian, T5); "
+                             f"{lm.name} is not one")
+        validate.positive_int("--generate", generate)
+        items = with_generated_targets(lm, items, generate)
+        items = list(items) if sized else items
     if example_tokens is not None:
         validate.positive_int("example tokens", example_tokens, 2)
 
@@ -187,9 +206,10 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     for acc in accumulators:
         extra = acc.columns()
         if extra is not None:
-            heads = heads.merge(extra, on=["layer", "head"], how="left", validate="one_to_one")
+            keys = [c for c in ("stack", "kind", "layer", "head") if c in heads and c in extra]
+            heads = heads.merge(extra, on=keys, how="left", validate="one_to_one")
     heads = label_heads(heads, thresholds_used, [lab for acc in accumulators for lab in acc.head_labels()])
-    heads["cluster"] = cluster_heads(heads, list(STATISTICS), n_clusters=n_clusters)
+    heads["cluster"] = cluster_heads(heads, list(stats.statistics), n_clusters=n_clusters)
     c = counts.result()
     return AnalysisResult(
         model=model_summary(lm), heads=heads, stats=stats, thresholds=thresholds_used, counts=c.as_dict(),
