@@ -140,8 +140,8 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int,
       real source key); ``max_weight`` as above;
     - ``distance`` sum_j A[i, j] |i S / T - j| (source tokens): the distance from the position
       proportional to the query's place in the target;
-    - ``aligned`` sum of A[i, j] over |j - d_i| <= 1 with d_i = round(i (S-1) / (T-1)) (d_0 = 0
-      when T = 1): attention within one source position of the diagonal, the monotonic alignment
+    - ``aligned`` sum of A[i, j] over |j - d_i| <= 1 with d_i = round(i (S-1) / (T-1)), halves
+      rounded up (d_0 = 0 when T = 1): attention within one source position of the diagonal, the monotonic alignment
       of translation heads (Voita et al. 2019, section 5; Bahdanau et al. 2015, figure 3);
     - ``self``, ``prev``, ``next`` and ``long`` are undefined (they compare positions of one sequence).
 
@@ -210,7 +210,8 @@ def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site) -> Con
     i = torch.arange(Tq, dtype=torch.float64)[None, :, None]
     j = torch.arange(Tk, dtype=torch.float64)[None, None, :]
     offset = (i * S / T - j).abs().float()  # [B, T, S]
-    diag = torch.where(T > 1, torch.round(i * (S - 1) / (T - 1).clamp(min=1)), torch.zeros(()))
+    # d_i = round(i (S-1) / (T-1)), halves rounded up (torch.round would round them to even)
+    diag = torch.where(T > 1, torch.floor(i * (S - 1) / (T - 1).clamp(min=1) + 0.5), torch.zeros(()))
     aligned = ((j - diag).abs() <= ALIGN_WINDOW).float()
     row = realf[:, :, None]
     zero = torch.zeros(1, Tq, Tk)
