@@ -68,3 +68,27 @@ def test_t5_bias_looks_up_the_table():
     buckets = t5_buckets(torch.arange(4)[None] - (torch.arange(2)[:, None] + 2), False, 8, 8)
     for h in range(3):
         torch.testing.assert_close(bias[0, h], table[buckets, h])
+
+
+@pytest.mark.parametrize("wrong", ["bidirectional", "buckets"])
+def test_verify_catches_a_t5_bias_computed_wrong(monkeypatch, wrong):
+    """The from-scratch module computes T5's bias from the config (never copies the model's): a
+    bucket rule broken on purpose (buckets of one direction only, or half the buckets) must
+    break parity on tiny T5."""
+    import probe.reference.module as module
+    from conftest import tiny_model
+    from probe.verification import verify
+
+    lm = tiny_model("t5")
+    assert verify(lm, cases=["sentence"]).passed
+
+    def broken(table, n_query, n_key, past, bidirectional, buckets, max_distance):
+        if wrong == "bidirectional":
+            bidirectional = not bidirectional
+        else:
+            buckets //= 2
+        return t5_bias(table, n_query, n_key, past, bidirectional, buckets, max_distance)
+
+    monkeypatch.setattr(module, "t5_bias", broken)
+    result = verify(lm, cases=["sentence"])
+    assert not result.passed and result.max_abs_diff > 1e-3

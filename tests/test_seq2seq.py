@@ -236,7 +236,7 @@ def test_report_draws_grids_per_site_kind_and_cross_heatmaps(tmp_path):
 def test_cli_pairs_and_generate(tmp_path):
     from probe.cli import main
 
-    folder = save_tiny(tmp_path / "t5", "t5")
+    folder = save_tiny("t5", tmp_path / "t5")
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS), encoding="utf-8")
     runner = CliRunner()
