@@ -146,6 +146,9 @@ def run_record(result: AnalysisResult, extra: dict | None = None) -> dict:
 SITE_GROUPS = {("encoder", "self"): "encoder self-attention", ("decoder", "self"): "decoder self-attention",
                ("decoder", "cross"): "cross-attention (decoder queries, encoder keys)"}
 
+#: Short names of the site kinds in figure titles.
+GROUP_SHORT = {title: short for title, short in zip(SITE_GROUPS.values(), ("enc self", "dec self", "cross"))}
+
 
 def site_groups(heads) -> list[tuple[str | None, str, object]]:
     """(title, id, rows) per kind of site: one group (title None) for a one-stack model, else one
@@ -182,8 +185,8 @@ def _stat_figure(heads, stat: str, group: str | None) -> dict | None:
     n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
     grid = heads.pivot(index="layer", columns="head", values=stat).to_numpy(dtype=float)
     title = f"{stat} ({UNITS[stat]})" if stat in UNITS else stat
-    if group is not None:
-        title = f"{group.split(' (')[0]}: {title}"
+    if group is not None:  # short: the title must fit a small grid's canvas
+        title = f"{GROUP_SHORT.get(group, group)}: {title}"
     if np.isnan(grid).all():
         return None
     vmax = float(np.nanmax(grid)) if stat in UNITS else 1.0
