@@ -43,6 +43,34 @@ def _is_conllu(path: Path, lines: list[str]) -> bool:
     return bool(head) and any(ln.startswith("# text =") or ln.startswith("# sent_id") for ln in head)
 
 
+def read_text_file(path: str | Path, what: str = "file") -> str:
+    """The text of a UTF-8 file (a leading byte-order mark removed).
+
+    Args:
+        path: the file.
+        what: how error messages name it (``"corpus file"``, ``"CoNLL-U file"`` ...).
+
+    Raises:
+        InputError: missing file, a folder, unreadable, or non-UTF-8 bytes (line and byte named).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{what} not found: {path}")
+    if p.is_dir():
+        raise InputError(f"{what} is a folder, not a file: {path}")
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise InputError(f"{path}: line {line} is not valid UTF-8 "
+                         f"(byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
 def read_corpus(path: str | Path, limit: int | None = None) -> list[str]:
     """Read sequences from a file.
 
@@ -60,22 +88,7 @@ def read_corpus(path: str | Path, limit: int | None = None) -> list[str]:
     """
     validate.limit(limit)
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"corpus file not found: {path}")
-    if p.is_dir():
-        raise InputError(f"corpus is a folder, not a file: {path}")
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read corpus file {path}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise InputError(f"{path}: line {line} is not valid UTF-8 "
-                         f"(byte {raw[exc.start]:#04x} at offset {exc.start})") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
+    text = read_text_file(p, "corpus file")
     lines = split_lines(text)
     if _is_conllu(p, lines):
         # "# text = ..." only: not "# text_en = ..." (translations) or other "# text..." keys.
