@@ -139,12 +139,20 @@ def _model_option(fn):
 @click.option("--verify", "run_verify", is_flag=True,
               help="Also verify the from-scratch attention against the model and add it to the report.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
+@click.option("--coref", is_flag=False, flag_value="builtin", default=None, metavar="[FILE|builtin]",
+              help="Score coreference heads on a GAP TSV file (no value or 'builtin': the built-in probe set); "
+                   "the examples are the analysed text. Writes coref.csv.")
+@click.option("--syntax", "syntax_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              metavar="FILE.conllu", help="Score syntactic heads on the dependency trees of a CoNLL-U file; its "
+                                          "sentences are the analysed text. Writes syntax.csv.")
 @user_errors
 def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, out, force, examples,
-                    thresholds, parse_special_tokens, run_verify, progress) -> None:
+                    thresholds, parse_special_tokens, run_verify, progress, coref, syntax_file) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
-    Without --text or --corpus, a small built-in English sample is used.
+    Without --text or --corpus, a small built-in English sample is used. With --coref and/or
+    --syntax, the annotated text is the analysed text (--limit applies to each file) and cannot be
+    combined with --text or --corpus.
     """
     from .analysis import analyze
     from .corpus import check_texts, read_corpus, sample_texts
@@ -158,7 +166,15 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     t = time.perf_counter()
     if texts and corpus:
         raise InputError("give either --text or --corpus, not both")
-    if corpus:
+    annotated = None
+    if (coref is not None or syntax_file is not None) and (texts or corpus):
+        raise InputError("--coref and --syntax analyse their own annotated text; leave out --text and --corpus")
+    if coref is not None or syntax_file is not None:
+        from .linguistic import annotated_input
+
+        annotated = annotated_input(coref, syntax_file, limit)
+        seqs, source = annotated.texts, annotated.source
+    elif corpus:
         seqs, source = read_corpus(corpus, limit), corpus
     elif texts:
         seqs, source = check_texts(list(texts), limit), "--text"
@@ -173,7 +189,8 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     click.echo(f"Analyzing {len(seqs)} sequences ({source}) with {lm.name}: "
                f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
     result = analyze(lm, seqs, batch_size=batch_size, max_length=max_length, n_examples=examples,
-                     thresholds=thresholds, progress=show, parse_special_tokens=parse_special_tokens)
+                     thresholds=thresholds, progress=show, parse_special_tokens=parse_special_tokens,
+                     accumulators=annotated.accumulators(lm) if annotated is not None else ())
     timings["analyze_s"] = result.timings["analyze_s"]
     verification = None
     if run_verify:
@@ -198,6 +215,11 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     click.echo(f"{len(result.heads)} heads ({counts}) from {result.counts['sequences']} sequences, "
                f"{result.counts['tokens']} tokens{trunc}{verdict} in {t['total_s']:.1f} s "
                f"({', '.join(f'{name} {value:.1f} s' for (name, _), value in zip(parts, shown))})")
+    if annotated is not None:
+        from .linguistic.report import summary_lines
+
+        for line in summary_lines(result):
+            click.echo(line)
     for note in result.notes:
         if note not in lm.notes:  # loading notes (e.g. "loaded the cached copy") stay in run.json
             click.echo(f"note: {note}", err=True)

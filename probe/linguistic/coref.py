@@ -225,6 +225,7 @@ class CorefAccumulator(Accumulator):
                                           np.zeros((len(self.sites), self.n_heads, len(text.word_spans())),
                                                    dtype=np.float32))))
         self.views.extend(v for _, v in keep)
+        keep = [(i, v, (token_word[i][:, None] == torch.arange(v.rows.shape[-1])).float()) for i, v in keep]
         return {"rows": torch.tensor(rows), "from": f, "a": mask("a"), "b": mask("b"), "token_word": token_word,
                 "truth_a": torch.tensor([it["truth_a"] for it in items]), "keep": keep}
 
@@ -239,11 +240,8 @@ class CorefAccumulator(Accumulator):
         correct = (att_a > att_b).cpu() == w["truth_a"][:, None]
         i = self._site_pos[site]
         self.correct[i] += correct.sum(0).numpy()
-        for b, view in w["keep"]:
-            n_words = view.rows.shape[-1]
-            ids = torch.arange(n_words)
-            to = (w["token_word"][b][:, None] == ids).float().to(a.device)  # [T, words]
-            view.rows[i] = (row[b] @ to).cpu().numpy()
+        for b, view, to in w["keep"]:  # to: [T, words], token t belongs to word w
+            view.rows[i] = (row[b] @ to.to(a.device)).cpu().numpy()
 
     def end_batch(self, batch: Batch) -> None:
         self._batch = None

@@ -43,7 +43,7 @@ from ..accumulators import Accumulator
 from ..inputs import Batch
 from ..sites import Site
 from .intervals import accuracy, wilson
-from .words import batch_words, word_matrix
+from .words import batch_words, pooling, word_matrix
 
 DIRECTIONS = ("dep->head", "head->dep")
 #: Offsets of the fixed-offset baseline.
@@ -154,18 +154,20 @@ class SyntaxAccumulator(Accumulator):
                 self.left[r, 1] += d < g
         if pairs:
             words = batch_words(batch)
+            n_words = torch.tensor([words.n_words[r] for r in rows])
+            token_word = words.token_word[rows]
             self._batch = {"rows": torch.tensor(rows), "pairs": torch.tensor(pairs, dtype=torch.long),
-                           "token_word": words.token_word[rows],
-                           "n_words": torch.tensor([words.n_words[r] for r in rows])}
+                           "token_word": token_word, "n_words": n_words,
+                           "pooled": pooling(token_word, int(n_words.max())),
+                           "allowed": {causal: candidates(n_words, causal) for causal in (False, True)}}
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
         w = self._batch
         if w is None:
             return
         dev = probs.device
-        n_max = int(w["n_words"].max())
-        m = word_matrix(probs[w["rows"].to(dev)], w["token_word"], n_max)  # [b, heads, N, N]
-        pred = predictions(m, w["n_words"].to(dev), site.causal).cpu()  # [b, heads, N]
+        m = word_matrix(probs[w["rows"].to(dev)], w["token_word"], int(w["n_words"].max()), w["pooled"])
+        pred = predictions(m, w["allowed"][site.causal].to(dev)).cpu()  # [b, heads, N]
         b, d, g, r = w["pairs"].unbind(1)
         dep_head = pred[b, :, d] == g[:, None]  # [pairs, heads]
         head_dep = pred[b, :, g] == d[:, None]
@@ -277,14 +279,21 @@ class SyntaxAccumulator(Accumulator):
                              "syntax_gain": top["gain"].astype(float)})
 
 
-def predictions(m: torch.Tensor, n_words: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Most-attended other word of each word: [batch, heads, N] from word-level attention
-    [batch, heads, N, N]; -1 where the row sees no other word (the first word of a causal site)."""
-    N = m.shape[-1]
-    idx = torch.arange(N, device=m.device)
-    allowed = (idx[None, :] != idx[:, None])[None] & (idx[None, None, :] < n_words[:, None, None])  # [b, N, N]
+def candidates(n_words: torch.Tensor, causal: bool) -> torch.Tensor:
+    """[batch, N, N] bool: word j may be word i's prediction: another word of the sentence, and in
+    a causal site one before i."""
+    N = int(n_words.max())
+    idx = torch.arange(N)
+    allowed = (idx[None, :] != idx[:, None])[None] & (idx[None, None, :] < n_words[:, None, None])
     if causal:
         allowed = allowed & (idx[None, :] < idx[:, None])[None]
+    return allowed
+
+
+def predictions(m: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Most-attended other word of each word: [batch, heads, N] from word-level attention
+    [batch, heads, N, N] and :func:`candidates` [batch, N, N]; -1 where a row has no candidate
+    (the first word of a causal site). Ties go to the leftmost word."""
     scores = m.masked_fill(~allowed[:, None], float("-inf"))
     best, pred = scores.max(-1)
     return torch.where(torch.isinf(best), torch.full_like(pred, -1), pred)

@@ -140,7 +140,8 @@ def pooling(token_word: torch.Tensor, n_words: int) -> tuple[torch.Tensor, torch
     return to, frm
 
 
-def word_matrix(probs: torch.Tensor, token_word: torch.Tensor, n_words: int) -> torch.Tensor:
+def word_matrix(probs: torch.Tensor, token_word: torch.Tensor, n_words: int,
+                pooled: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Word-to-word attention: [batch, heads, words, words] from probs [batch, heads, query, key].
 
     Row w, column v = mean over w's tokens q of the sum over v's tokens k of probs[q, k]. The columns
@@ -151,10 +152,12 @@ def word_matrix(probs: torch.Tensor, token_word: torch.Tensor, n_words: int) -> 
         probs: [batch, heads, T, T] attention probabilities.
         token_word: [batch, T] word of each token (:class:`BatchWords`).
         n_words: words per row (the batch's largest; rows with fewer have zero rows/columns).
+        pooled: ``pooling(token_word, n_words)`` when the caller already has it (once per batch,
+            not once per site).
     """
-    to, frm = pooling(token_word.to(probs.device), n_words)
+    to, frm = pooled if pooled is not None else pooling(token_word, n_words)
     a = probs.float()
-    return frm[:, None] @ a @ to[:, None]
+    return frm.to(a.device)[:, None] @ a @ to.to(a.device)[:, None]
 
 
 def units(token_word: list[int]) -> tuple[list[int], list[int]]:

@@ -41,7 +41,10 @@ class Section:
 
 #: Section builders, ``"module:function"``; each is called as ``fn(result, tokenizer)`` and returns
 #: a :class:`Section` or None.
-BUILDERS: list[str] = []
+BUILDERS: list[str] = [
+    "probe.linguistic.report:coref_section",
+    "probe.linguistic.report:syntax_section",
+]
 
 
 def render_fragment(template: str, **context) -> Markup:
