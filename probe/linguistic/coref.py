@@ -64,16 +64,22 @@ def baseline_answers(pronoun: list[int], a: list[int], b: list[int]) -> dict[str
     return {"nearest": nearest_a, "first": min(a) < min(b)}
 
 
-def prepare(meta: dict, preceding_only: bool) -> tuple[str | None, dict]:
-    """Check one example's ``meta["coref"]``: (skip reason or None, the example's word indices)."""
+def prepare(meta: dict, preceding_only: bool, group: list[int] | None = None) -> tuple[str | None, dict]:
+    """Check one example's ``meta["coref"]``: (skip reason or None, the example's word indices).
+
+    ``group`` maps each word to its word unit (:class:`probe.linguistic.words.BatchWords`); the
+    attention is read from units, the baselines and the causal rule from the words themselves.
+    """
     p, a, b = list(meta["pronoun"]), list(meta["a"]), list(meta["b"])
-    if not p or not a or not b or set(p) & set(a) or set(p) & set(b) or set(a) & set(b):
+    unit = (lambda ws: sorted({group[w] for w in ws})) if group is not None else sorted
+    pu, au, bu = unit(p), unit(a), unit(b)
+    if not p or not a or not b or set(pu) & set(au) or set(pu) & set(bu) or set(au) & set(bu):
         return "overlapping mentions", {}
     if bool(meta["a_coref"]) == bool(meta["b_coref"]):
         return "no single antecedent", {}
     if preceding_only and max(a + b) >= min(p):
         return "candidate after the pronoun", {}
-    return None, {"pronoun": p, "a": a, "b": b, "truth_a": bool(meta["a_coref"]),
+    return None, {"pronoun": pu, "a": au, "b": bu, "truth_a": bool(meta["a_coref"]),
                   "baselines": baseline_answers(p, a, b), "id": meta.get("id", "")}
 
 
@@ -84,7 +90,8 @@ class CorefView:
     Attributes:
         id, text: the example.
         words: the text's words (strings).
-        pronoun, a, b: word indices of the mentions.
+        pronoun, a, b: the mentions' word units (:class:`probe.linguistic.words.BatchWords`; the
+            index of each unit's first word).
         truth_a: A is the antecedent.
         baselines: baseline -> answers A.
         rows: [sites, heads, words] attention from the pronoun to each word (float32; special
@@ -188,11 +195,11 @@ class CorefAccumulator(Accumulator):
             if meta is None:
                 continue
             self.seen += 1
-            status = batch_words(batch).status[row]
-            if status is not None:
-                self.unaligned[status] += 1
+            words = batch_words(batch)
+            if words.status[row] is not None:
+                self.unaligned[words.status[row]] += 1
                 continue
-            why, item = prepare(meta, self.preceding_only)
+            why, item = prepare(meta, self.preceding_only, words.group[row])
             if why is not None:
                 self.skipped[why] += 1
                 continue

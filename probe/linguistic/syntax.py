@@ -19,9 +19,10 @@ Decisions:
   word and is not scored. Relations with fewer than ``min_count`` (100) dependencies are not
   reported on their own (they still count in ``all``).
 - Words are surface tokens (:mod:`probe.linguistic.conllu`): the two syntactic words of a
-  multiword token share one word-level row and column. A dependency inside one surface token
-  (n't -> did in "didn't") cannot be scored and is counted as ``within one token``; positions and
-  offsets are counted in surface words.
+  multiword token share one word-level row and column, and so do words that one model token joins
+  (:mod:`probe.linguistic.words`: ".)" in byte-level BPE). A dependency inside one such unit
+  (n't -> did in "didn't") cannot be scored and is counted (``within_one_unit``); positions and
+  the baseline's offsets are counted in surface words.
 - Ties in the argmax go to the leftmost word. In a causal site a word sees only the words before it:
   the argmax is over those, and the first word (which sees no other word) predicts nothing, so a
   decoder cannot find a head to the right of its dependent (``reachable`` says how often the gold
@@ -65,7 +66,8 @@ class SyntaxResult:
             ``layer``, ``head`` (empty for baselines), ``offset`` (baselines: the best k), ``n``,
             ``accuracy``, ``ci_low``, ``ci_high`` (95% Wilson); relations with >= ``min_count``
             dependencies and ``all``.
-        counts: sentences seen/aligned/unaligned by reason, dependencies scored, left out.
+        counts: sentences seen/aligned/unaligned by reason, words joined into another word's unit by
+            a token (``merged_words``), dependencies scored and left out inside one unit.
         best: per relation and direction, the best head next to the baseline (Clark et al.'s Table 1).
         reachable: per relation and direction, the share of dependencies whose target word is left of
             the query word (the most a causal model can get right).
@@ -108,7 +110,8 @@ class SyntaxAccumulator(Accumulator):
         self.left = np.zeros((0, 2), dtype=np.int64)  # target word left of the query word
         self.unaligned: Counter = Counter(unaligned or {})
         self.prior = sum(self.unaligned.values())  # sentences left out before reaching the loop
-        self.seen = self.aligned = self.within_token = 0
+        self.seen = self.aligned = self.merged_words = 0
+        self.within_unit: Counter = Counter()  # relation -> dependencies inside one word unit
         self._batch: dict | None = None
 
     def _rel_id(self, rel: str) -> int:
@@ -130,23 +133,24 @@ class SyntaxAccumulator(Accumulator):
             if meta is None:
                 continue
             self.seen += 1
-            status = batch_words(batch).status[row]
-            if status is not None:
-                self.unaligned[status] += 1
+            words = batch_words(batch)
+            if words.status[row] is not None:
+                self.unaligned[words.status[row]] += 1
                 continue
             self.aligned += 1
+            self.merged_words += words.merged(row)
             sub = len(rows)
             rows.append(row)
-            surface = meta["surface"]
+            surface, group = meta["surface"], words.group[row]
             for i, (h, rel) in enumerate(zip(meta["heads"], meta["relations"])):
                 if h < 0:
                     continue
-                d, g = surface[i], surface[h]
-                if d == g:
-                    self.within_token += 1
+                d, g = surface[i], surface[h]  # surface words: positions and offsets
+                if group[d] == group[g]:
+                    self.within_unit[rel] += 1
                     continue
                 r = self._rel_id(rel)
-                pairs.append((sub, d, g, r))
+                pairs.append((sub, group[d], group[g], r))
                 self.n[r] += 1
                 if -MAX_OFFSET <= g - d <= MAX_OFFSET:
                     self.offset_counts[r, OFFSETS.index(g - d)] += 1
@@ -156,10 +160,13 @@ class SyntaxAccumulator(Accumulator):
             words = batch_words(batch)
             n_words = torch.tensor([words.n_words[r] for r in rows])
             token_word = words.token_word[rows]
+            names = torch.zeros(len(rows), int(n_words.max()), dtype=torch.bool)  # words naming a unit
+            for i, r in enumerate(rows):
+                names[i, :n_words[i]] = torch.tensor([g == w for w, g in enumerate(words.group[r])])
             self._batch = {"rows": torch.tensor(rows), "pairs": torch.tensor(pairs, dtype=torch.long),
                            "token_word": token_word, "n_words": n_words,
                            "pooled": pooling(token_word, int(n_words.max())),
-                           "allowed": {causal: candidates(n_words, causal) for causal in (False, True)}}
+                           "allowed": {causal: candidates(names, causal) for causal in (False, True)}}
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
         w = self._batch
@@ -192,7 +199,8 @@ class SyntaxAccumulator(Accumulator):
         self.seen += other.seen
         self.prior += other.prior
         self.aligned += other.aligned
-        self.within_token += other.within_token
+        self.merged_words += other.merged_words
+        self.within_unit.update(other.within_unit)
         return self
 
     def _reported(self) -> list[tuple[str, np.ndarray, int, np.ndarray, np.ndarray]]:
@@ -240,9 +248,10 @@ class SyntaxAccumulator(Accumulator):
 
     def counts(self) -> dict:
         """Sentences seen, aligned and unaligned (by reason); dependencies scored and left out."""
-        return {"sentences": self.seen + self.prior,
+        return {"sentences": self.seen + self.prior, "merged_words": self.merged_words,
                 "aligned": self.aligned, "unaligned": dict(self.unaligned),
-                "dependencies": int(self.n.sum()), "within_one_token": self.within_token,
+                "dependencies": int(self.n.sum()), "within_one_unit": sum(self.within_unit.values()),
+                "within_one_unit_by_relation": dict(self.within_unit.most_common()),
                 "relations": len(self.relations),
                 "reported_relations": int((self.n >= self.min_count).sum())}
 
@@ -279,12 +288,12 @@ class SyntaxAccumulator(Accumulator):
                              "syntax_gain": top["gain"].astype(float)})
 
 
-def candidates(n_words: torch.Tensor, causal: bool) -> torch.Tensor:
-    """[batch, N, N] bool: word j may be word i's prediction: another word of the sentence, and in
-    a causal site one before i."""
-    N = int(n_words.max())
+def candidates(names: torch.Tensor, causal: bool) -> torch.Tensor:
+    """[batch, N, N] bool: word unit j may be word i's prediction: another unit of the sentence
+    (``names`` [batch, N]: word j names its unit), and in a causal site one before i."""
+    N = names.shape[1]
     idx = torch.arange(N)
-    allowed = (idx[None, :] != idx[:, None])[None] & (idx[None, None, :] < n_words[:, None, None])
+    allowed = (idx[None, :] != idx[:, None])[None] & names[:, None, :]
     if causal:
         allowed = allowed & (idx[None, :] < idx[:, None])[None]
     return allowed
