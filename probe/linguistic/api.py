@@ -59,14 +59,15 @@ def _run(lm, texts: list[Text], acc, batch_size: int, max_length: int | None, pr
     return acc.result()
 
 
-def coreference(lm, source: str | Path | None = "builtin", *, limit: int | None = None, batch_size: int = 16,
+def coreference(lm, source: str | Path | CorefSet | None = "builtin", *, limit: int | None = None, batch_size: int = 16,
                 max_length: int | None = None, preceding_only: bool | None = None,
                 progress: bool = False) -> CorefResult:
     """Score every head of ``lm`` on coreference examples (see :mod:`probe.linguistic.coref`).
 
     Args:
         lm: a loaded model.
-        source: ``"builtin"`` (or None) for the built-in probe set, or a GAP TSV file.
+        source: ``"builtin"`` (or None) for the built-in probe set, a GAP TSV file, or a
+            :class:`~probe.linguistic.gap.CorefSet` of your own examples.
         limit: use the first ``limit`` examples.
         batch_size, max_length: as :func:`probe.analysis.analyze`.
         preceding_only: leave out examples with a candidate after the pronoun (default: for causal

@@ -163,7 +163,12 @@ def parse_conllu(data: str, limit: int | None = None, source: str = "CoNLL-U inp
         parsed = conllu.parse(data)
     except Exception as exc:  # conllu raises ParseException and ValueError subclasses
         raise InputError(f"{source} is not valid CoNLL-U: {str(exc).splitlines()[0]}") from None
-    parsed = [s for s in parsed if any(isinstance(t["id"], int) for t in s)]
+    parsed = [s for s in parsed if any(isinstance(t.get("id"), int) for t in s)]
+    for s in parsed:
+        short = next((t for t in s if isinstance(t.get("id"), int) and not {"head", "deprel"} <= set(t.keys())), None)
+        if short is not None:
+            raise InputError(f"{source} is not valid CoNLL-U: word {short.get('id')} ({short.get('form')!r}) has "
+                             "no HEAD/DEPREL column (expected 10 tab-separated columns)")
     if not parsed:
         raise InputError(f"{source} has no CoNLL-U sentence (expected lines of 10 tab-separated columns)")
     if limit:

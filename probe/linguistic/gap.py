@@ -161,12 +161,11 @@ def parse_gap(data: str, limit: int | None = None, source: str = "GAP input") ->
         for name, col in (("pronoun", "Pronoun"), ("a", "A"), ("b", "B")):
             start = _offset(row[f"{col}-offset"], f"{col}-offset", i, source)
             spans[name] = (start, start + len(row[col]))
+        a_coref, b_coref = _bool(row["A-coref"], "A-coref", i, source), _bool(row["B-coref"], "B-coref", i, source)
         if any(text[s:e] != row[col] or s == e for (s, e), col in zip(spans.values(), ("Pronoun", "A", "B"))):
             mismatched.append(row["ID"])
             continue
-        examples.append(CorefExample(row["ID"], text, spans["pronoun"], spans["a"], spans["b"],
-                                     _bool(row["A-coref"], "A-coref", i, source),
-                                     _bool(row["B-coref"], "B-coref", i, source)))
+        examples.append(CorefExample(row["ID"], text, spans["pronoun"], spans["a"], spans["b"], a_coref, b_coref))
     return CorefSet(examples, len(frame), mismatched, source)
 
 
@@ -218,12 +217,16 @@ def builtin_examples(limit: int | None = None) -> CorefSet:
     return CorefSet(examples, len(examples), [], "built-in probe set")
 
 
-def read_coref(source: str | Path | None = "builtin", limit: int | None = None) -> CorefSet:
-    """Coreference examples from ``"builtin"`` (or None) or a GAP TSV file.
+def read_coref(source: str | Path | CorefSet | None = "builtin", limit: int | None = None) -> CorefSet:
+    """Coreference examples from ``"builtin"`` (or None), a GAP TSV file, or a :class:`CorefSet`
+    (returned as it is, cut to ``limit``).
 
     Raises:
         InputError: as :func:`read_gap`.
     """
+    if isinstance(source, CorefSet):
+        kept = source.examples[:limit] if limit else source.examples
+        return CorefSet(list(kept), len(kept), list(source.mismatched), source.source)
     if source is None or str(source) == "builtin":
         return builtin_examples(limit)
     return read_gap(source, limit)
