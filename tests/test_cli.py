@@ -462,7 +462,7 @@ def tiny_bert_folder(tmp_path_factory):
 
 
 def test_coref_and_syntax_write_their_files(tiny_bert_folder, tmp_path):
-    from probe.linguistic import coreference, syntax
+    from probe.linguistic import coref_heads, syntax_heads
     from probe.models import load_model
 
     conllu = tmp_path / "two.conllu"
@@ -477,14 +477,14 @@ def test_coref_and_syntax_write_their_files(tiny_bert_folder, tmp_path):
     assert {"coref.csv", "syntax.csv"} <= {p.name for p in out.iterdir()}
     lm = load_model(str(tiny_bert_folder))
     coref_csv = pd.read_csv(out / "coref.csv")
-    api = coreference(lm)
+    api = coref_heads(lm)
     assert coref_csv["kind"].tolist() == api.table["kind"].tolist()
     np.testing.assert_allclose(coref_csv["accuracy"], api.table["accuracy"], rtol=1e-5)
     syntax_csv = pd.read_csv(out / "syntax.csv")
     assert list(syntax_csv.columns) == ["relation", "direction", "kind", "layer", "head", "offset", "n", "accuracy",
                                         "ci_low", "ci_high"]
     assert set(syntax_csv["relation"]) == {"all"}  # no relation reaches 100 dependencies in two sentences
-    np.testing.assert_allclose(syntax_csv["accuracy"], syntax(lm, conllu).table["accuracy"], rtol=1e-5)
+    np.testing.assert_allclose(syntax_csv["accuracy"], syntax_heads(lm, conllu).table["accuracy"], rtol=1e-5)
     record = json.loads((out / "run.json").read_text())
     assert record["coreference"]["counts"]["scored"] == 67 and record["syntax"]["counts"]["sentences"] == 2
     heads = pd.read_csv(out / "heads.csv")

@@ -170,13 +170,13 @@ def _independent_accuracy(lm, examples):
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
 def test_accumulator_equals_an_independent_computation(kind):
-    from probe.linguistic import coreference
+    from probe.linguistic import coref_heads
 
     lm = tiny_model(kind)
     examples = builtin_examples(limit=24).examples
     examples.append(parse_marked("[A Anna] said [P she] saw [B Clara] there.", "A", "after"))  # decoders skip it
     right, n = _independent_accuracy(lm, examples)
-    res = coreference(lm, CorefSet(examples, len(examples), [], "test"), batch_size=5)
+    res = coref_heads(lm, CorefSet(examples, len(examples), [], "test"), batch_size=5)
     heads = res.heads
     assert res.counts["scored"] == n == (24 if lm.causal else 25)
     np.testing.assert_array_equal(heads["accuracy"].to_numpy() * n, right.ravel())

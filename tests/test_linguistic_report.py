@@ -131,3 +131,24 @@ def test_page_with_sections_draws_every_figure_in_chromium(run_dir):
             assert messages == []
         finally:
             browser.close()
+
+
+def test_sections_when_nothing_could_be_scored(tmp_path):
+    """A decoder on an example whose name follows the pronoun, and no CoNLL-U sentence: the
+    sections say so; nothing is NaN in run.json."""
+    from probe.linguistic import CorefAccumulator, SyntaxAccumulator
+    from probe.linguistic.gap import parse_marked
+
+    lm = tiny_model("llama")
+    ex = parse_marked("[A Anna] said [P she] saw [B Clara] there.", "A", "after")
+    res = analyze(lm, [ex.to_text(), "Plain text here."],
+                  accumulators=[CorefAccumulator(lm.sites, 4), SyntaxAccumulator(lm.sites, 4)])
+    path = write_run(res, lm.tokenizer, tmp_path / "run")
+    record = json.loads((path / "run.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in run.json"))
+    assert record["coreference"]["best_heads"] == [] and record["coreference"]["baselines"]["first"]["accuracy"] is None
+    assert record["syntax"]["best"] == [] and record["syntax"]["counts"]["dependencies"] == 0
+    html = (path / "index.html").read_text()
+    assert "1 left out: candidate after the pronoun" in html
+    assert summary_lines(res) == [
+        "coreference: 0 of 1 examples scored (1 left out: 1 candidate after the pronoun)",
+        "syntax: 0 of 0 sentences aligned; 0 dependencies; relations with a syntactic head: none"]

@@ -203,14 +203,14 @@ def _independent(lm, sentences):
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
 def test_accumulator_equals_an_independent_computation(kind, tmp_path):
-    from probe.linguistic import syntax
+    from probe.linguistic import syntax_heads
 
     text = DIDNT + DOGS + COMPANY
     lm = tiny_model(kind)
     right, n = _independent(lm, parse_conllu(text).sentences)
     path = tmp_path / "t.conllu"
     path.write_text(text)
-    res = syntax(lm, path, min_count=1, batch_size=2)
+    res = syntax_heads(lm, path, min_count=1, batch_size=2)
     t = res.table
     assert res.counts["dependencies"] == n
     for k, direction in enumerate(("dep->head", "head->dep")):

@@ -8,7 +8,7 @@ Modules: :mod:`.words` (token -> word attention, alignment), :mod:`.conllu` and 
 :mod:`.report` (report sections).
 """
 
-from .api import AnnotatedInput, annotated_input, coreference, syntax
+from .api import AnnotatedInput, annotated_input, coref_heads, syntax_heads
 from .conllu import Sentence, Treebank, parse_conllu, read_conllu
 from .coref import CorefAccumulator, CorefResult
 from .gap import CorefExample, CorefSet, builtin_examples, parse_gap, read_coref, read_gap
@@ -18,6 +18,6 @@ from .words import align_row, batch_words, word_attention, word_matrix
 __all__ = [
     "AnnotatedInput", "CorefAccumulator", "CorefExample", "CorefResult", "CorefSet", "Sentence",
     "SyntaxAccumulator", "SyntaxResult", "Treebank", "align_row", "annotated_input", "batch_words",
-    "builtin_examples", "coreference", "parse_conllu", "parse_gap", "read_conllu", "read_coref", "read_gap",
-    "syntax", "word_attention", "word_matrix",
+    "builtin_examples", "coref_heads", "parse_conllu", "parse_gap", "read_conllu", "read_coref", "read_gap",
+    "syntax_heads", "word_attention", "word_matrix",
 ]

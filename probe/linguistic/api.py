@@ -2,12 +2,12 @@
 ``probe analyze --coref/--syntax``.
 
     from probe import load_model
-    from probe.linguistic import coreference, syntax
+    from probe.linguistic import coref_heads, syntax_heads
 
     lm = load_model("minilm")
-    coref = coreference(lm)                      # built-in probe set; or a GAP .tsv path
+    coref = coref_heads(lm)                      # built-in probe set; or a GAP .tsv path
     coref.table                                  # DataFrame: the rows of coref.csv
-    tree = syntax(lm, "en_ewt-ud-dev.conllu")
+    tree = syntax_heads(lm, "en_ewt-ud-dev.conllu")
     tree.best                                    # Clark et al.'s Table 1 shape; tree.table = syntax.csv
 
 Both run only their own accumulator in probe's one analysis loop (:func:`probe.analysis.run`);
@@ -59,7 +59,7 @@ def _run(lm, texts: list[Text], acc, batch_size: int, max_length: int | None, pr
     return acc.result()
 
 
-def coreference(lm, source: str | Path | CorefSet | None = "builtin", *, limit: int | None = None, batch_size: int = 16,
+def coref_heads(lm, source: str | Path | CorefSet | None = "builtin", *, limit: int | None = None, batch_size: int = 16,
                 max_length: int | None = None, preceding_only: bool | None = None,
                 progress: bool = False) -> CorefResult:
     """Score every head of ``lm`` on coreference examples (see :mod:`probe.linguistic.coref`).
@@ -84,7 +84,7 @@ def coreference(lm, source: str | Path | CorefSet | None = "builtin", *, limit: 
     return _run(lm, examples.texts(), acc, batch_size, max_length, progress)
 
 
-def syntax(lm, source: str | Path, *, limit: int | None = None, batch_size: int = 16,
+def syntax_heads(lm, source: str | Path, *, limit: int | None = None, batch_size: int = 16,
            max_length: int | None = None, min_count: int = MIN_COUNT, progress: bool = False) -> SyntaxResult:
     """Score every head of ``lm`` on the dependency trees of a CoNLL-U file (see
     :mod:`probe.linguistic.syntax`).

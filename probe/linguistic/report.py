@@ -23,6 +23,11 @@ def _pct(value) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}"
 
 
+def _num(value) -> float | None:
+    """A JSON-ready number (None for NaN)."""
+    return None if value is None or math.isnan(float(value)) else float(value)
+
+
 def _interval(low, high) -> str:
     return f"[{_pct(low)}, {_pct(high)}]"
 
@@ -88,7 +93,7 @@ def coref_section(result, tokenizer) -> Section | None:
     heads = res.heads
     n_heads = int(heads["head"].max()) + 1 if len(heads) else 0
     figures = _grid(heads, "coreference accuracy per head", "coref-accuracy") if res.counts["scored"] else {}
-    best = res.best(5)
+    best = res.best(5) if res.counts["scored"] else res.heads.iloc[:0]
     rows = [[f"layer {int(r.layer)} head {int(r.head)}", r.n, _pct(r.accuracy), _interval(r.ci_low, r.ci_high)]
             for r in best.itertuples()]
     rows += [[f"baseline: {kind}", r.n, _pct(r.accuracy), _interval(r.ci_low, r.ci_high)]
@@ -107,10 +112,10 @@ def coref_section(result, tokenizer) -> Section | None:
         preceding_only=res.preceding_only, best_baseline=_pct(res.best_baseline()), example=example,
         has_grid="coref-accuracy" in figures)
     record = {"counts": res.counts, "preceding_only": res.preceding_only,
-              "baselines": {k: {"accuracy": r.accuracy, "ci_low": r.ci_low, "ci_high": r.ci_high}
+              "baselines": {k: {"accuracy": _num(r.accuracy), "ci_low": _num(r.ci_low), "ci_high": _num(r.ci_high)}
                             for k, r in res.baselines.iterrows()},
-              "best_heads": [{"layer": int(r.layer), "head": int(r.head), "accuracy": r.accuracy,
-                              "ci_low": r.ci_low, "ci_high": r.ci_high} for r in best.itertuples()],
+              "best_heads": [{"layer": int(r.layer), "head": int(r.head), "accuracy": _num(r.accuracy),
+                              "ci_low": _num(r.ci_low), "ci_high": _num(r.ci_high)} for r in best.itertuples()],
               "labelled": labelled, "multi_word_names": "sum over the name's words"}
     return Section("coreference", "Coreference heads", html, figures,
                    {"coref.csv": res.table.to_csv(index=False, float_format="%.6g")}, record, order=60)

@@ -205,6 +205,8 @@ class SyntaxAccumulator(Accumulator):
 
     def _reported(self) -> list[tuple[str, np.ndarray, int, np.ndarray, np.ndarray]]:
         """(relation, correct [sites, 2, heads], n, offset counts, left [2]) for each reported relation."""
+        if not self.n.sum():
+            return []
         out = [(ALL, self.correct.sum(1), int(self.n.sum()), self.offset_counts.sum(0), self.left.sum(0))]
         order = sorted(range(len(self.relations)), key=lambda i: (-self.n[i], self.relations[i]))
         out += [(self.relations[i], self.correct[:, i], int(self.n[i]), self.offset_counts[i], self.left[i])
