@@ -122,7 +122,7 @@ def _model_option(fn):
 @click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Plain text (one sequence a line) or CoNLL-U (# text = lines).")
 @click.option("--limit", "-n", type=int, default=None, callback=validate.click_callback(validate.limit),
-              help="Use at most N sequences.")
+              help="Use at most N sequences (with --coref/--syntax: N of each file).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=None,
               help="Truncate sequences to this many tokens [default: the model's limit].")

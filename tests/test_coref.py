@@ -11,6 +11,7 @@ from wordsupport import batch_of, wilson_by_hand
 
 from conftest import bert_tokenizer, tiny_model
 from probe.capture import capture_attention
+from probe.linguistic import coref_heads
 from probe.linguistic.coref import CorefAccumulator, baseline_answers
 from probe.linguistic.gap import CorefExample, CorefSet, builtin_examples, parse_marked, split_words
 from probe.linguistic.intervals import wilson
@@ -170,8 +171,6 @@ def _independent_accuracy(lm, examples):
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
 def test_accumulator_equals_an_independent_computation(kind):
-    from probe.linguistic import coref_heads
-
     lm = tiny_model(kind)
     examples = builtin_examples(limit=24).examples
     examples.append(parse_marked("[A Anna] said [P she] saw [B Clara] there.", "A", "after"))  # decoders skip it
@@ -180,3 +179,12 @@ def test_accumulator_equals_an_independent_computation(kind):
     heads = res.heads
     assert res.counts["scored"] == n == (24 if lm.causal else 25)
     np.testing.assert_array_equal(heads["accuracy"].to_numpy() * n, right.ravel())
+
+
+@pytest.mark.slow
+def test_minilm_builtin_equals_an_independent_computation(minilm):
+    examples = builtin_examples(limit=20).examples
+    right, n = _independent_accuracy(minilm, examples)
+    res = coref_heads(minilm, CorefSet(examples, len(examples), [], "test"))
+    assert res.counts["scored"] == n == 20
+    np.testing.assert_array_equal(np.rint(res.heads["accuracy"].to_numpy() * n).astype(int), right.ravel())
