@@ -92,7 +92,7 @@ def coref_section(result, tokenizer) -> Section | None:
         return None
     heads = res.heads
     n_heads = int(heads["head"].max()) + 1 if len(heads) else 0
-    figures = _grid(heads, "coreference accuracy per head", "coref-accuracy") if res.counts["scored"] else {}
+    figures = _grid(heads, "coreference accuracy", "coref-accuracy") if res.counts["scored"] else {}
     best = res.best(5) if res.counts["scored"] else res.heads.iloc[:0]
     rows = [[f"layer {int(r.layer)} head {int(r.head)}", r.n, _pct(r.accuracy), _interval(r.ci_low, r.ci_high)]
             for r in best.itertuples()]
@@ -146,7 +146,7 @@ def syntax_section(result, tokenizer) -> Section | None:
         return None
     t = res.table
     pooled = t[(t["relation"] == ALL) & (t["direction"] == DIRECTIONS[0]) & (t["kind"] == "head")]
-    figures = _grid(pooled, "dependency accuracy per head (all relations, dep->head)", "syntax-all") \
+    figures = _grid(pooled, "all relations, dep->head", "syntax-all") \
         if len(pooled) else {}
     labelled = sorted({f"{r['relation']}" for _, r in res.best.iterrows()
                        if r["relation"] != ALL and r["gain"] >= res.margin - 1e-9})
