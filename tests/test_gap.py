@@ -35,10 +35,11 @@ def _tsv(rows=ROWS, header=HEADER) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_split_words_splits_outer_punctuation_only():
-    text = '"Cassidy," said (U.S.) well-known don\'t — x'
+def test_split_words_splits_outer_punctuation_and_clitics():
+    text = '"Cassidy," said (U.S.) well-known don\'t — x Lily\'s she’d'
     words = [text[s:e] for s, e in split_words(text)]
-    assert words == ['"', "Cassidy", ',"', "said", "(", "U.S", ".)", "well-known", "don't", "—", "x"]
+    assert words == ['"', "Cassidy", ',"', "said", "(", "U.S", ".)", "well-known", "don't", "—", "x",
+                     "Lily", "'s", "she", "’d"]
 
 
 def test_parse_gap_offsets_booleans_and_words():
@@ -111,8 +112,14 @@ def test_gap_development_reads_whole():
     lines = GAP_DEV.read_text(encoding="utf-8").splitlines()
     gap = read_gap(GAP_DEV)
     assert gap.total == len(lines) - 1 == len(gap.examples) and gap.mismatched == []
+    exact = 0
     for ex in gap.examples:
         spans = split_words(ex.text)
-        for which in ("pronoun", "a", "b"):  # every mention's words cover exactly its characters' words
-            idx = overlapping(spans, getattr(ex, which))
-            assert idx and spans[idx[0]][0] <= getattr(ex, which)[0] and getattr(ex, which)[1] <= spans[idx[-1]][1]
+        for which in ("pronoun", "a", "b"):
+            start, end = getattr(ex, which)
+            idx = overlapping(spans, (start, end))
+            assert idx and spans[idx[0]][0] <= start and end <= spans[idx[-1]][1]
+            exact += (spans[idx[0]][0], spans[idx[-1]][1]) == (start, end)
+    # the mentions' words are the mentions ("Lily" in "Lily's", "she" in "she'd"), but for a few
+    # joined by "--" or GAP's "*" for non-ASCII letters ("Beyonc*,")
+    assert exact >= 0.99 * 3 * len(gap.examples)

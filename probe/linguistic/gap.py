@@ -6,11 +6,13 @@ splits the text into words (:func:`split_words`) and stores the word indices of 
 names in ``Text.meta["coref"]`` for :class:`probe.linguistic.coref.CorefAccumulator`.
 
 Words of a coreference text: whitespace-separated runs, with a leading and a trailing run of
-non-alphanumeric characters split off ('"Cassidy,"' -> '"', 'Cassidy', ',"'), so that a name's words
-are the name and a pronoun's word is the pronoun; inner punctuation stays ("don't", "U.S",
-"well-known"). No tokenizer splits a word boundary of this kind inside one of its tokens (WordPiece
-splits at every punctuation character, byte-level BPE at letter/punctuation changes), so the words
-align with the tokens of both families.
+non-alphanumeric characters split off ('"Cassidy,"' -> '"', 'Cassidy', ',"') and a final English
+clitic too ("Lily's" -> "Lily", "'s"; "she'd" -> "she", "'d"), so that a name's words are the name
+and a pronoun's word is the pronoun (GAP marks "Lily" in "Lily's"); other inner punctuation stays
+("don't", "U.S", "well-known"). Both tokenizer families split at these boundaries (WordPiece at
+every punctuation character, byte-level BPE at letter/punctuation changes and before 's 'd 'll
+'re 've 'm), so the words align with their tokens; where one token still covers two words, they
+become one unit (:mod:`probe.linguistic.words`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class CorefExample:
 
 
 _RUN = re.compile(r"\S+")
+#: An English clitic at the end of a word: possessive 's and 's 'd 'll 're 've 'm ("Lily's", "she'd").
+_CLITIC = re.compile(r"['\u2019](?:s|d|ll|re|ve|m)$", re.IGNORECASE)
 
 
 def split_words(text: str) -> list[tuple[int, int]]:
@@ -84,7 +88,9 @@ def split_words(text: str) -> list[tuple[int, int]]:
         core_e = e
         while not text[core_e - 1].isalnum():
             core_e -= 1
-        spans.extend(p for p in ((s, core_s), (core_s, core_e), (core_e, e)) if p[1] > p[0])
+        clitic = _CLITIC.search(text, core_s, core_e)
+        cut = clitic.start() if clitic and clitic.start() > core_s else core_e
+        spans.extend(p for p in ((s, core_s), (core_s, cut), (cut, core_e), (core_e, e)) if p[1] > p[0])
     return spans
 
 
