@@ -438,7 +438,7 @@ def test_out_below_a_file_fails_before_the_analysis(tmp_path):
 
 # --------------------------------------------------------------------------- --coref and --syntax
 
-CONLLU = """# text = I didn't go.
+TREES = """# text = I didn't go.
 1	I	I	PRON	PRP	_	4	nsubj	_	_
 2-3	didn't	_	_	_	_	_	_	_	_
 2	did	do	AUX	VBD	_	4	aux	_	_
@@ -466,7 +466,7 @@ def test_coref_and_syntax_write_their_files(tiny_bert_folder, tmp_path):
     from probe.models import load_model
 
     conllu = tmp_path / "two.conllu"
-    conllu.write_text(CONLLU)
+    conllu.write_text(TREES)
     out = tmp_path / "run"
     result = run("analyze", "--model", str(tiny_bert_folder), "--coref", "--syntax", str(conllu), "--out", str(out),
                  "--no-progress")
