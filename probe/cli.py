@@ -136,7 +136,7 @@ def _model_option(fn):
 @click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Plain text (one sequence a line) or CoNLL-U (# text = lines).")
 @click.option("--limit", "-n", type=int, default=None, callback=validate.click_callback(validate.limit),
-              help="Use at most N sequences.")
+              help="Use at most N sequences (with --coref/--syntax: N of each file).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=None,
               help="Truncate sequences to this many tokens [default: the model's limit].")
@@ -153,15 +153,24 @@ def _model_option(fn):
 @click.option("--verify", "run_verify", is_flag=True,
               help="Also verify the from-scratch attention against the model and add it to the report.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
+@click.option("--coref", is_flag=False, flag_value="builtin", default=None, metavar="[FILE|builtin]",
+              help="Score coreference heads on a GAP TSV file (no value or 'builtin': the built-in probe set); "
+                   "the examples are the analysed text. Writes coref.csv.")
+@click.option("--syntax", "syntax_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              metavar="FILE.conllu", help="Score syntactic heads on the dependency trees of a CoNLL-U file; its "
+                                          "sentences are the analysed text. Writes syntax.csv.")
 @_placement_options
 @user_errors
 def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, out, force, examples,
-                    thresholds, parse_special_tokens, run_verify, progress, device, dtype, device_map) -> None:
+                    thresholds, parse_special_tokens, run_verify, progress, coref, syntax_file, device, dtype,
+                    device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
     Without --text or --corpus, a small built-in English sample is used. A corpus is read as it is
-    analysed (memory does not grow with it). Under torchrun or accelerate launch, each process
-    analyses its share of the corpus and rank 0 writes the one report.
+    analysed (memory does not grow with it). With --coref and/or --syntax, the annotated text is the
+    analysed text (--limit applies to each file) and cannot be combined with --text or --corpus.
+    Under torchrun or accelerate launch, each process analyses its share of the corpus and rank 0
+    writes the one report.
     """
     from contextlib import nullcontext
 
@@ -178,7 +187,15 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     t = time.perf_counter()
     if texts and corpus:
         raise InputError("give either --text or --corpus, not both")
-    if corpus:
+    annotated = None
+    if (coref is not None or syntax_file is not None) and (texts or corpus):
+        raise InputError("--coref and --syntax analyse their own annotated text; leave out --text and --corpus")
+    if coref is not None or syntax_file is not None:
+        from .linguistic import annotated_input
+
+        annotated = annotated_input(coref, syntax_file, limit)
+        seqs, source = annotated.texts, annotated.source
+    elif corpus:
         seqs, source = peek(iter_corpus(corpus, limit)), corpus
     elif texts:
         seqs, source = check_texts(list(texts), limit), "--text"
@@ -198,10 +215,12 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
              if world else "")
     click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
                f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
+    extra = annotated.accumulators(lm) if annotated is not None else ()
     with distributed.process_group(world) if world else nullcontext():
         result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
                          max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
-                         parse_special_tokens=parse_special_tokens, reduce=distributed.reducer(world))
+                         parse_special_tokens=parse_special_tokens, accumulators=extra,
+                         reduce=distributed.reducer(world))
     if world is not None and not world.main:
         return  # rank 0 writes the one report
     timings["analyze_s"] = result.timings["analyze_s"]
@@ -228,6 +247,11 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     click.echo(f"{len(result.heads)} heads ({counts}) from {result.counts['sequences']} sequences, "
                f"{result.counts['tokens']} tokens{trunc}{verdict} in {t['total_s']:.1f} s "
                f"({', '.join(f'{name} {value:.1f} s' for (name, _), value in zip(parts, shown))})")
+    if annotated is not None:
+        from .linguistic.report import summary_lines
+
+        for line in summary_lines(result):
+            click.echo(line)
     for note in result.notes:
         if note not in lm.notes:  # loading notes (e.g. "loaded the cached copy") stay in run.json
             click.echo(f"note: {note}", err=True)

@@ -45,22 +45,22 @@ def _is_conllu(path: Path, lines: list[str]) -> bool:
     return bool(head) and any(ln.startswith("# text =") or ln.startswith("# sent_id") for ln in head)
 
 
-def _open_checked(path: str | Path) -> Path:
+def _open_checked(path: str | Path, what: str = "corpus file") -> Path:
     p = Path(path)
     if not p.exists():
-        raise InputError(f"corpus file not found: {path}")
+        raise InputError(f"{what} not found: {path}")
     if p.is_dir():
-        raise InputError(f"corpus is a folder, not a file: {path}")
+        raise InputError(f"{what} is a folder, not a file: {path}")
     return p
 
 
-def _lines(p: Path) -> Iterator[str]:
+def _lines(p: Path, what: str = "corpus file") -> Iterator[str]:
     """The file's lines, decoded one at a time (only \\n, \\r\\n and \\r end a line; a byte-order
     mark dropped); a line that is not UTF-8 is named exactly."""
     try:
         fh = p.open("rb")
     except OSError as exc:
-        raise InputError(f"cannot read corpus file {p}: {exc.strerror or exc}") from None
+        raise InputError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
     offset = 0
     with fh:
         for number, raw in enumerate(fh, start=1):
@@ -73,6 +73,26 @@ def _lines(p: Path) -> Iterator[str]:
             if number == 1 and text.startswith("\ufeff"):
                 text = text[1:]
             yield from split_lines(text) if "\r" in text else [text.rstrip("\n")]
+
+
+def iter_lines(path: str | Path, what: str = "file") -> Iterator[str]:
+    """The lines of a UTF-8 file, read lazily (line ends removed; only \\n, \\r\\n and \\r end a
+    line; a leading byte-order mark removed). The readers of annotated files use it.
+
+    Args:
+        path: the file.
+        what: how error messages name it (``"corpus file"``, ``"CoNLL-U file"`` ...).
+
+    Raises:
+        InputError: missing file or a folder (at once); while iterating, an unreadable file or
+            non-UTF-8 bytes (line and byte named).
+    """
+    return _lines(_open_checked(path, what), what)
+
+
+def read_text_file(path: str | Path, what: str = "file") -> str:
+    """The whole text of a UTF-8 file, its lines ended by \\n (:func:`iter_lines`, which see)."""
+    return "".join(line + "\n" for line in iter_lines(path, what))
 
 
 def iter_corpus(path: str | Path, limit: int | None = None) -> Iterator[str]:

@@ -21,8 +21,9 @@ import torch  # noqa: E402
 
 import probe.models as pm  # noqa: E402
 
-#: The shared, read-only data folder (``../shared/data`` from the repository root).
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+#: The shared, read-only data folder (``../shared/data`` from the repository root; a checkout
+#: elsewhere, such as a git worktree, points ``PROBE_SHARED_DATA`` at it).
+SHARED_DATA = Path(os.environ.get("PROBE_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, MAX_POS = 64, 4, 2, 2, 64
 

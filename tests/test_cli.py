@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -432,3 +433,104 @@ def test_out_below_a_file_fails_before_the_analysis(tmp_path):
     assert result.output.strip().startswith("Error: cannot create output folder") and "is a file" in result.output
     assert "Analyzing" not in result.output  # no model was loaded
     assert blocker.read_text() == "keep me\n"
+
+
+# --------------------------------------------------------------------------- --coref and --syntax
+
+TREES = """# text = I didn't go.
+1	I	I	PRON	PRP	_	4	nsubj	_	_
+2-3	didn't	_	_	_	_	_	_	_	_
+2	did	do	AUX	VBD	_	4	aux	_	_
+3	n't	not	PART	RB	_	4	advmod	_	_
+4	go	go	VERB	VB	_	0	root	_	SpaceAfter=No
+5	.	.	PUNCT	.	_	4	punct	_	_
+
+# text = Dogs bark.
+1	Dogs	dog	NOUN	NNS	_	2	nsubj	_	_
+2	bark	bark	VERB	VBP	_	0	root	_	SpaceAfter=No
+3	.	.	PUNCT	.	_	2	punct	_	_
+
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_folder(tmp_path_factory):
+    from conftest import save_tiny
+
+    return save_tiny("bert", tmp_path_factory.mktemp("tiny") / "bert")
+
+
+def test_coref_and_syntax_write_their_files(tiny_bert_folder, tmp_path):
+    from probe.linguistic import coref_heads, syntax_heads
+    from probe.models import load_model
+
+    conllu = tmp_path / "two.conllu"
+    conllu.write_text(TREES)
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(tiny_bert_folder), "--coref", "--syntax", str(conllu), "--out", str(out),
+                 "--no-progress")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert "(coreference: built-in probe set, 67 examples; syntax: " in result.stderr
+    assert "coreference: 67 of 67 examples scored; best head" in result.stdout
+    assert "syntax: 2 of 2 sentences aligned; 6 dependencies;" in result.stdout
+    assert {"coref.csv", "syntax.csv"} <= {p.name for p in out.iterdir()}
+    lm = load_model(str(tiny_bert_folder))
+    coref_csv = pd.read_csv(out / "coref.csv")
+    api = coref_heads(lm)
+    assert coref_csv["kind"].tolist() == api.table["kind"].tolist()
+    np.testing.assert_allclose(coref_csv["accuracy"], api.table["accuracy"], rtol=1e-5)
+    syntax_csv = pd.read_csv(out / "syntax.csv")
+    assert list(syntax_csv.columns) == ["relation", "direction", "kind", "layer", "head", "offset", "n", "accuracy",
+                                        "ci_low", "ci_high"]
+    assert set(syntax_csv["relation"]) == {"all"}  # no relation reaches 100 dependencies in two sentences
+    np.testing.assert_allclose(syntax_csv["accuracy"], syntax_heads(lm, conllu).table["accuracy"], rtol=1e-5)
+    record = json.loads((out / "run.json").read_text())
+    assert record["coreference"]["counts"]["scored"] == 67 and record["syntax"]["counts"]["sentences"] == 2
+    heads = pd.read_csv(out / "heads.csv")
+    np.testing.assert_allclose(heads["coref_accuracy"], api.heads["accuracy"], rtol=1e-5)
+    assert record["settings"]["input"].startswith("coreference: built-in probe set")
+
+
+def test_coref_value_builtin_and_limit(tiny_bert_folder, tmp_path):
+    result = run("analyze", "--model", str(tiny_bert_folder), "--coref", "builtin", "--limit", "5",
+                 "--out", str(tmp_path / "run"), "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "coreference: 5 of 5 examples scored" in result.stdout
+    assert not (tmp_path / "run" / "syntax.csv").exists()
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda p: p / "missing.tsv", "GAP file not found"),
+    (lambda p: (p / "cols.tsv", (p / "cols.tsv").write_text("ID\tText\n1\tx\n"))[0], "missing column(s) Pronoun"),
+    (lambda p: (p / "head.tsv", (p / "head.tsv").write_text(
+        "ID\tText\tPronoun\tPronoun-offset\tA\tA-offset\tA-coref\tB\tB-offset\tB-coref\n"))[0], "has no examples"),
+])
+def test_bad_coref_file_is_one_error_before_loading(tmp_path, make, fragment):
+    path = make(tmp_path)
+    result = run("analyze", "--coref", str(path), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 1
+    assert_clean_error(result, fragment, str(path))
+    assert "Analyzing" not in result.output and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("", "no CoNLL-U sentence"),
+    ("1\tI\n\n", "no HEAD/DEPREL column"),
+    ("# text = Hello world\n1\tHello\t_\t_\t_\t_\t0\troot\t_\t_\n2\tthere\t_\t_\t_\t_\t1\tdep\t_\t_\n\n",
+     "no sentence whose words could be found"),
+])
+def test_bad_syntax_file_is_one_error_before_loading(tmp_path, content, fragment):
+    path = tmp_path / "bad.conllu"
+    path.write_text(content)
+    result = run("analyze", "--syntax", str(path), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 1
+    assert_clean_error(result, fragment)
+    assert "Analyzing" not in result.output
+
+
+def test_annotated_text_is_the_corpus(tmp_path):
+    result = run("analyze", "--coref", "--text", "Some text.", "--out", str(tmp_path / "run"))
+    assert result.exit_code == 1
+    assert_clean_error(result, "--coref and --syntax analyse their own annotated text")
+    missing = run("analyze", "--syntax", str(tmp_path / "nope.conllu"), "--out", str(tmp_path / "run"))
+    assert_clean_error(missing, "CoNLL-U file not found")

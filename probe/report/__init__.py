@@ -33,14 +33,25 @@ from ..tokens import display_tokens
 LABEL_COLORS = {
     "previous-token": "#E69F00", "next-token": "#56B4E9", "self": "#009E73", "first-token": "#0072B2",
     "sep": "#D55E00", "punctuation": "#CC79A7", "broad": "#F0E442", "long-range": "#999999",
+    "coreference": "#882255", "syntactic": "#44AA99",
     MIXED: "#FFFFFF",
 }
+
+#: Labels given by optional analyses: shown in the legend only when a head has one.
+OPTIONAL_LABELS = ("coreference", "syntactic")
 
 #: Short texts of the primary labels inside the grid cells.
 LABEL_SHORT = {
     "previous-token": "prev", "next-token": "next", "self": "self", "first-token": "1st", "sep": "sep",
-    "punctuation": "punc", "broad": "brd", "long-range": "long", MIXED: "",
+    "punctuation": "punc", "broad": "brd", "long-range": "long", "coreference": "coref", "syntactic": "syn",
+    MIXED: "",
 }
+
+
+def label_family(label: str) -> str:
+    """The colour key of a label: ``"syntactic:nsubj"`` -> ``"syntactic"``."""
+    return label.split(":", 1)[0]
+
 
 OUTPUT_FILES = ("index.html", "heads.csv", "run.json")
 
@@ -222,17 +233,22 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
     for row in heads.to_dict("records"):
         tip = "; ".join(f"{s}={_fmt(row[s])}" for s in STATISTICS if _fmt(row[s]))
         grid[int(row["layer"])][int(row["head"])] = {
-            "label": row["label"], "labels": row["labels"], "color": LABEL_COLORS.get(row["label"], "#fff"),
-            "short": LABEL_SHORT.get(row["label"], ""),
+            "label": row["label"], "labels": row["labels"],
+            "color": LABEL_COLORS.get(label_family(row["label"]), "#fff"),
+            "short": LABEL_SHORT.get(label_family(row["label"]), ""),
             "tip": f"L{int(row['layer'])} H{int(row['head'])}: {row['labels']} | {tip}",
         }
+    families: dict[str, int] = {}
+    for label, n in result.label_counts().items():
+        families[label_family(label)] = families.get(label_family(label), 0) + n
     stat_figs, stat_blocks = _stat_figures(heads)
     attn_figs, attn_blocks = _attention_figures(result, tokenizer)
     table_cols = ["layer", "head", "label", "labels", *STATISTICS, "cluster"]
     table = [[_fmt(row[c]) for c in table_cols] for row in heads.to_dict("records")]
     return _environment().get_template("report.html.j2").render(
-        result=result, record=record, grid=grid, colors=LABEL_COLORS, csp=CSP,
-        label_counts=result.label_counts(), stat_blocks=stat_blocks, attn_blocks=attn_blocks,
+        result=result, record=record, grid=grid, csp=CSP,
+        colors={k: v for k, v in LABEL_COLORS.items() if k not in OPTIONAL_LABELS or families.get(k)},
+        label_counts=families, stat_blocks=stat_blocks, attn_blocks=attn_blocks,
         table_cols=table_cols, table=table, verification=verification,
         examples=[_example_view(tokenizer, ex) for ex in result.examples],
         sections=sections,

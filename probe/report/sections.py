@@ -43,6 +43,8 @@ class Section:
 #: a :class:`Section` or None.
 BUILDERS: list[str] = [
     "probe.view.section:head_view_section",
+    "probe.linguistic.report:coref_section",
+    "probe.linguistic.report:syntax_section",
 ]
 
 
