@@ -215,7 +215,8 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
              if world else "")
     click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
                f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
-    extra = annotated.accumulators(lm) if annotated is not None else ()
+    # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
+    extra = annotated.accumulators(lm, prior=world is None or world.main) if annotated is not None else ()
     with distributed.process_group(world) if world else nullcontext():
         result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
                          max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,

@@ -30,16 +30,19 @@ COREF_MISMATCH = "offsets do not match the names"
 SYNTAX_MISMATCH = "text mismatch"
 
 
-def coref_accumulator(lm, examples: CorefSet, **kw) -> CorefAccumulator:
-    """A :class:`CorefAccumulator` for ``lm`` that also counts the rows ``examples`` left out."""
-    prior = {COREF_MISMATCH: len(examples.mismatched)} if examples.mismatched else None
-    return CorefAccumulator(lm.sites, lm.geometry.n_heads, unaligned=prior, **kw)
+def coref_accumulator(lm, examples: CorefSet, prior: bool = True, **kw) -> CorefAccumulator:
+    """A :class:`CorefAccumulator` for ``lm`` that also counts the rows ``examples`` left out
+    (unless ``prior`` is False: the other processes of a data-parallel run, whose accumulators are
+    added to the one that counts them)."""
+    left_out = {COREF_MISMATCH: len(examples.mismatched)} if examples.mismatched and prior else None
+    return CorefAccumulator(lm.sites, lm.geometry.n_heads, unaligned=left_out, **kw)
 
 
-def syntax_accumulator(lm, bank: Treebank, **kw) -> SyntaxAccumulator:
-    """A :class:`SyntaxAccumulator` for ``lm`` that also counts the sentences ``bank`` left out."""
-    prior = {SYNTAX_MISMATCH: len(bank.mismatched)} if bank.mismatched else None
-    return SyntaxAccumulator(lm.sites, lm.geometry.n_heads, unaligned=prior, **kw)
+def syntax_accumulator(lm, bank: Treebank, prior: bool = True, **kw) -> SyntaxAccumulator:
+    """A :class:`SyntaxAccumulator` for ``lm`` that also counts the sentences ``bank`` left out
+    (unless ``prior`` is False, as :func:`coref_accumulator`)."""
+    left_out = {SYNTAX_MISMATCH: len(bank.mismatched)} if bank.mismatched and prior else None
+    return SyntaxAccumulator(lm.sites, lm.geometry.n_heads, unaligned=left_out, **kw)
 
 
 def _run(lm, texts: list[Text], acc, batch_size: int, max_length: int | None, progress: bool):
@@ -123,13 +126,14 @@ class AnnotatedInput:
     coref: CorefSet | None = None
     treebank: Treebank | None = None
 
-    def accumulators(self, lm) -> list:
-        """The analyses to run next to the per-head statistics."""
+    def accumulators(self, lm, prior: bool = True) -> list:
+        """The analyses to run next to the per-head statistics (``prior``: count the rows the
+        readers left out; only one process of a data-parallel run does)."""
         out = []
         if self.coref is not None:
-            out.append(coref_accumulator(lm, self.coref))
+            out.append(coref_accumulator(lm, self.coref, prior))
         if self.treebank is not None:
-            out.append(syntax_accumulator(lm, self.treebank))
+            out.append(syntax_accumulator(lm, self.treebank, prior))
         return out
 
 
