@@ -99,3 +99,17 @@ def test_ud_ewt_dev_reads_whole():
     for s in bank.sentences:  # every surface span holds its form; every word has a head or is a root
         assert all(s.text[a:b].strip() == s.text[a:b] != "" for a, b in s.spans)
         assert s.heads.count(-1) >= 1 and all(-1 <= h < len(s.forms) for h in s.heads)
+
+
+def test_a_limit_stops_reading(tmp_path):
+    """With a limit the file is read a sentence at a time and no further: bytes after the limit's
+    last sentence (here not UTF-8) are never decoded; without a limit they are an error."""
+    path = tmp_path / "long.conllu"
+    path.write_bytes(SAMPLE.encode("utf-8") + b"# text = caf\xe9\n1\tcaf\xe9\t_\t_\t_\t_\t0\troot\t_\t_\n")
+    bank = read_conllu(path, limit=2)
+    assert bank.total == 2 and [s.sent_id for s in bank.sentences] == ["s1", "s2"]
+    with pytest.raises(InputError, match="line 22 is not valid UTF-8"):
+        read_conllu(path)
+    assert parse_conllu(SAMPLE + "1\tbroken\n", limit=3).total == 3  # the malformed line after s3 is not parsed
+    with pytest.raises(InputError, match="no HEAD/DEPREL column"):
+        parse_conllu(SAMPLE + "1\tbroken\n")

@@ -123,3 +123,15 @@ def test_gap_development_reads_whole():
     # the mentions' words are the mentions ("Lily" in "Lily's", "she" in "she'd"), but for a few
     # joined by "--" or GAP's "*" for non-ASCII letters ("Beyonc*,")
     assert exact >= 0.99 * 3 * len(gap.examples)
+
+
+def test_a_limit_stops_reading(tmp_path):
+    """read_gap reads the header and ``limit`` rows (blank lines not counted) and no further."""
+    path = tmp_path / "gap.tsv"
+    text = _tsv().replace("\n", "\n\n", 1)  # a blank line after the header
+    path.write_bytes(text.encode("utf-8") + b"dev-9\tcaf\xe9\n")
+    gap = read_gap(path, limit=3)
+    assert gap.total == 3 and [ex.id for ex in gap.examples] == ["dev-1", "dev-2"] and gap.mismatched == ["dev-3"]
+    assert read_gap(path, limit=1).total == 1
+    with pytest.raises(InputError, match="line 6 is not valid UTF-8"):
+        read_gap(path)

@@ -22,10 +22,11 @@ Decisions (shared/METRICS.md "Syntax (CoNLL-U)" leaves them to the implementatio
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..corpus import read_text_file
+from ..corpus import iter_lines, split_lines
 from ..errors import InputError
 from ..inputs import Text
 
@@ -146,49 +147,77 @@ def _sentence(tokens, index: int) -> tuple[Sentence | None, int, int]:
     ), empty, mwt
 
 
+def _token_lists(lines: Iterable[str], source: str) -> Iterator:
+    """``conllu.TokenList`` per sentence, parsed one sentence at a time from ``lines`` (line ends
+    removed) by ``conllu.parse_incr``; a malformed line is an :class:`InputError`."""
+    import conllu
+
+    class _Lines:  # the text file parse_incr expects: it iterates over lines ending in "\n"
+        def read(self, size: int = -1) -> str:
+            return "".join(self)
+
+        def __iter__(self):
+            return (line + "\n" for line in lines)
+
+    parsed = iter(conllu.parse_incr(_Lines()))
+    while True:
+        try:
+            tokens = next(parsed)
+        except StopIteration:
+            return
+        except InputError:
+            raise
+        except Exception as exc:  # conllu raises ParseException and ValueError subclasses
+            raise InputError(f"{source} is not valid CoNLL-U: {str(exc).splitlines()[0]}") from None
+        yield tokens
+
+
+def _treebank(lines: Iterable[str], limit: int | None, source: str) -> Treebank:
+    """The first ``limit`` sentences with words of ``lines`` (all without a limit): reading stops
+    there, so a limit bounds the time and memory whatever the file's size."""
+    bank = Treebank(sentences=[], total=0)
+    for tokens in _token_lists(lines, source):
+        if not any(isinstance(t.get("id"), int) for t in tokens):
+            continue
+        short = next((t for t in tokens if isinstance(t.get("id"), int) and not {"head", "deprel"} <= set(t.keys())),
+                     None)
+        if short is not None:
+            raise InputError(f"{source} is not valid CoNLL-U: word {short.get('id')} ({short.get('form')!r}) has "
+                             "no HEAD/DEPREL column (expected 10 tab-separated columns)")
+        sent, empty, mwt = _sentence(tokens, bank.total)
+        bank.empty_nodes += empty
+        bank.multiword_tokens += mwt
+        if sent is None:
+            bank.mismatched.append(str((tokens.metadata or {}).get("sent_id") or bank.total + 1))
+        else:
+            bank.sentences.append(sent)
+        bank.total += 1
+        if limit and bank.total >= limit:
+            break
+    if not bank.total:
+        raise InputError(f"{source} has no CoNLL-U sentence (expected lines of 10 tab-separated columns)")
+    return bank
+
+
 def parse_conllu(data: str, limit: int | None = None, source: str = "CoNLL-U input") -> Treebank:
     """Parse CoNLL-U text into a :class:`Treebank`.
 
     Args:
         data: the file's text.
-        limit: keep at most this many sentences (the first ones).
+        limit: keep at most this many sentences (the first ones; the text after them is not parsed).
         source: name used in error messages.
 
     Raises:
         InputError: the text is not CoNLL-U (a malformed line) or holds no sentence with words.
     """
-    import conllu
-
-    try:
-        parsed = conllu.parse(data)
-    except Exception as exc:  # conllu raises ParseException and ValueError subclasses
-        raise InputError(f"{source} is not valid CoNLL-U: {str(exc).splitlines()[0]}") from None
-    parsed = [s for s in parsed if any(isinstance(t.get("id"), int) for t in s)]
-    for s in parsed:
-        short = next((t for t in s if isinstance(t.get("id"), int) and not {"head", "deprel"} <= set(t.keys())), None)
-        if short is not None:
-            raise InputError(f"{source} is not valid CoNLL-U: word {short.get('id')} ({short.get('form')!r}) has "
-                             "no HEAD/DEPREL column (expected 10 tab-separated columns)")
-    if not parsed:
-        raise InputError(f"{source} has no CoNLL-U sentence (expected lines of 10 tab-separated columns)")
-    if limit:
-        parsed = parsed[:limit]
-    bank = Treebank(sentences=[], total=len(parsed))
-    for i, tokens in enumerate(parsed):
-        sent, empty, mwt = _sentence(tokens, i)
-        bank.empty_nodes += empty
-        bank.multiword_tokens += mwt
-        if sent is None:
-            bank.mismatched.append(str((tokens.metadata or {}).get("sent_id") or i + 1))
-        else:
-            bank.sentences.append(sent)
-    return bank
+    return _treebank(split_lines(data), limit, source)
 
 
 def read_conllu(path: str | Path, limit: int | None = None) -> Treebank:
-    """Read a CoNLL-U file (UTF-8) into a :class:`Treebank`.
+    """Read a CoNLL-U file (UTF-8) into a :class:`Treebank`, a sentence at a time: with a
+    ``limit``, reading stops after that many sentences (:func:`probe.corpus.iter_lines`).
 
     Raises:
         InputError: missing, unreadable or non-UTF-8 file, not CoNLL-U, or no sentence.
     """
-    return parse_conllu(read_text_file(path, "CoNLL-U file"), limit, source=str(path))
+    return _treebank(iter_lines(path, "CoNLL-U file"), limit, source=str(path))

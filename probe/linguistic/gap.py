@@ -20,11 +20,12 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ..corpus import read_text_file
+from ..corpus import iter_lines
 from ..errors import InputError
 from ..inputs import Text
 
@@ -175,13 +176,26 @@ def parse_gap(data: str, limit: int | None = None, source: str = "GAP input") ->
     return CorefSet(examples, len(frame), mismatched, source)
 
 
+def _header_and_rows(lines: Iterable[str], limit: int | None) -> Iterator[str]:
+    """The header line and at most ``limit`` non-blank rows after it (all without a limit)."""
+    rows = -1
+    for line in lines:
+        yield line
+        if line.strip():
+            rows += 1
+            if limit and rows >= limit:
+                return
+
+
 def read_gap(path: str | Path, limit: int | None = None) -> CorefSet:
-    """Read a GAP TSV file (UTF-8).
+    """Read a GAP TSV file (UTF-8); with a ``limit``, reading stops after that many rows
+    (:func:`probe.corpus.iter_lines`).
 
     Raises:
         InputError: missing, unreadable or non-UTF-8 file, or as :func:`parse_gap`.
     """
-    return parse_gap(read_text_file(path, "GAP file"), limit, source=str(path))
+    data = "".join(line + "\n" for line in _header_and_rows(iter_lines(path, "GAP file"), limit))
+    return parse_gap(data, limit, source=str(path))
 
 
 _MARK = re.compile(r"\[([ABP]) ([^\[\]]+)\]")
