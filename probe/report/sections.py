@@ -41,7 +41,12 @@ class Section:
 
 #: Section builders, ``"module:function"``; each is called as ``fn(result, tokenizer)`` and returns
 #: a :class:`Section` or None.
-BUILDERS: list[str] = []
+BUILDERS: list[str] = [
+    "probe.patterns.report:health_section",
+    "probe.patterns.report:groups_section",
+    "probe.patterns.report:types_section",
+    "probe.patterns.report:circuits_section",
+]
 
 
 def render_fragment(template: str, **context) -> Markup:
