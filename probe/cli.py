@@ -111,6 +111,25 @@ def _parse_thresholds(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
         raise click.BadParameter(str(exc)) from None
 
 
+def _parse_health(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
+    from .patterns.health import health_thresholds
+
+    out = {}
+    for item in values:
+        name, sep, number = item.partition("=")
+        try:
+            out[name] = float(number)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected CHECK=VALUE with a number VALUE") from None
+        if not sep:
+            raise click.BadParameter(f"{item!r}: expected CHECK=VALUE")
+    try:
+        health_thresholds(out)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return out
+
+
 def _model_option(fn):
     return click.option("--model", "-m", "model_name", default=DEFAULT_MODEL, show_default=True,
                         help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")(fn)
@@ -121,6 +140,9 @@ def _model_option(fn):
 @click.option("--text", "-t", "texts", multiple=True, help="A sequence to analyze (repeatable).")
 @click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Plain text (one sequence a line) or CoNLL-U (# text = lines).")
+@click.option("--pairs", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Sentence pairs, one a line, the two segments separated by a tab (the Kovaleva 'block' "
+                   "type needs two segments).")
 @click.option("--limit", "-n", type=int, default=None, callback=validate.click_callback(validate.limit),
               help="Use at most N sequences.")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
@@ -138,28 +160,43 @@ def _model_option(fn):
                    "(default: typed text is text).")
 @click.option("--verify", "run_verify", is_flag=True,
               help="Also verify the from-scratch attention against the model and add it to the report.")
+@click.option("--distance/--no-distance", default=True, show_default=True,
+              help="Jensen-Shannon distances between heads (groups, head map, duplicate heads).")
+@click.option("--map-sequences", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Sequences (the first of the corpus) in the all-heads distance behind the map and groups.")
+@click.option("--circuits/--no-circuits", default=True, show_default=True,
+              help="Decoders: induction / duplicate-token probe on repeated random tokens, attention sinks.")
+@click.option("--health-threshold", "health", multiple=True, metavar="CHECK=VALUE", callback=_parse_health,
+              help="Override a health-check threshold, e.g. saturated=0.99 (saturated, uniform, collapsed, "
+                   "duplicates; repeatable).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
 @user_errors
-def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, out, force, examples,
-                    thresholds, parse_special_tokens, run_verify, progress) -> None:
+def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_length, out, force, examples,
+                    thresholds, parse_special_tokens, run_verify, distance, map_sequences, circuits, health,
+                    progress) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
-    Without --text or --corpus, a small built-in English sample is used.
+    Without --text, --corpus or --pairs, a small built-in English sample is used. Also measured:
+    head distances and groups, Kovaleva pattern types and health checks, and on decoders the
+    induction / duplicate-token probe; the options --no-distance and --no-circuits turn off the costly parts.
     """
     from .analysis import analyze
-    from .corpus import check_texts, read_corpus, sample_texts
+    from .corpus import check_texts, read_corpus, read_pairs, sample_texts
     from .errors import InputError
     from .models import load_model
+    from .patterns import circuit_probe, pattern_accumulators
     from .report import prepare_run_dir, write_run
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     timings = {"startup_s": time.perf_counter() - started}
     t = time.perf_counter()
-    if texts and corpus:
-        raise InputError("give either --text or --corpus, not both")
+    if sum(bool(x) for x in (texts, corpus, pairs)) > 1:
+        raise InputError("give one of --text, --corpus and --pairs")
     if corpus:
         seqs, source = read_corpus(corpus, limit), corpus
+    elif pairs:
+        seqs, source = read_pairs(pairs, limit), pairs
     elif texts:
         seqs, source = check_texts(list(texts), limit), "--text"
     else:
@@ -172,8 +209,15 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     show = sys.stderr.isatty() if progress is None else progress
     click.echo(f"Analyzing {len(seqs)} sequences ({source}) with {lm.name}: "
                f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
+    finished = []
+    if circuits and lm.causal:
+        t = time.perf_counter()
+        finished.append(circuit_probe(lm, sink_texts=seqs))
+        timings["circuits_s"] = time.perf_counter() - t
+    accumulators = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
     result = analyze(lm, seqs, batch_size=batch_size, max_length=max_length, n_examples=examples,
-                     thresholds=thresholds, progress=show, parse_special_tokens=parse_special_tokens)
+                     thresholds=thresholds, progress=show, parse_special_tokens=parse_special_tokens,
+                     accumulators=accumulators, finished=finished)
     timings["analyze_s"] = result.timings["analyze_s"]
     verification = None
     if run_verify:
@@ -189,8 +233,10 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     trunc = f", {result.counts['truncated']} truncated" if result.counts["truncated"] else ""
     verdict = "" if verification is None else f"; verify {'PASS' if verification['passed'] else 'FAIL'}"
     t = result.timings
-    parts = [("start-up", t["startup_s"] + t["input_s"]), ("model load", t["model_load_s"]),
-             ("analysis", t["analyze_s"])]
+    parts = [("start-up", t["startup_s"] + t["input_s"]), ("model load", t["model_load_s"])]
+    if "circuits_s" in t:
+        parts.append(("circuit probe", t["circuits_s"]))
+    parts.append(("analysis", t["analyze_s"]))
     if "verify_s" in t:
         parts.append(("verify", t["verify_s"]))
     parts += [("report", t["report_s"]), ("other", t["other_s"])]

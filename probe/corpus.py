@@ -91,6 +91,48 @@ def read_corpus(path: str | Path, limit: int | None = None) -> list[str]:
     return texts[:limit] if limit else texts
 
 
+def read_pairs(path: str | Path, limit: int | None = None) -> list:
+    """Read sentence pairs: one pair a line, the two segments separated by one tab.
+
+    Lines end only at \\n, \\r\\n or \\r; blank lines are skipped. Each pair becomes one
+    :class:`probe.inputs.Text` with ``pair`` set (encoded as the tokenizer joins pairs: BERT's
+    [CLS] A [SEP] B [SEP] with segment ids 0 and 1).
+
+    Args:
+        path: the TSV file.
+        limit: keep at most this many pairs (>= 1).
+
+    Raises:
+        InputError: missing or unreadable file, non-UTF-8 bytes, a line without exactly one tab or
+            with an empty segment (line numbered from 1), no pair, or a limit below 1.
+    """
+    from .inputs import Text
+
+    validate.limit(limit)
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"pairs file not found: {path}")
+    if p.is_dir():
+        raise InputError(f"pairs file is a folder, not a file: {path}")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read pairs file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not valid UTF-8 (byte offset {exc.start})") from None
+    pairs = []
+    for number, line in enumerate(split_lines(text.removeprefix("\ufeff")), 1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise InputError(f"{path}: line {number} is not two non-empty segments separated by one tab")
+        pairs.append(Text(parts[0].strip(), pair=parts[1].strip()))
+    if not pairs:
+        raise InputError(f"pairs file has no pair: {path}")
+    return pairs[:limit] if limit else pairs
+
+
 def check_texts(texts: list[str], limit: int | None = None) -> list[str]:
     """Validate texts given directly (``--text``): non-empty; applies ``limit``.
 

@@ -268,10 +268,14 @@ def circuit_probe(lm, *, n: int = N_TOKENS, batch_size: int = BATCH, seed: int =
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     texts = [Text(f"repeated random tokens {i}", meta={"probe": "repeated-random"}) for i in range(batch_size)]
     scores = CircuitScores(lm.sites, lm.geometry.n_heads, n, offset)
-    run(lm, [_batch(ids.tolist(), pad, texts, bool(offset))], [scores])
     without, with_bos, source = _sink_rows(lm, sink_texts, ids, offset)
-    shares = {}
+    shares, same = {}, SinkShares(lm.sites)
+    run(lm, [_batch(ids.tolist(), pad, texts, bool(offset))], [scores] + ([same] if source == "random" else []))
+    if source == "random":  # the probe's own sequences are one of the two sink inputs: no extra pass
+        shares["with_bos" if offset else "without_bos"] = same.result()
     for key, rows in (("without_bos", without), ("with_bos", with_bos)):
+        if key in shares:
+            continue
         if not rows:
             shares[key] = np.full(len(lm.sites), np.nan)
             continue
