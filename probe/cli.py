@@ -192,7 +192,7 @@ def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_len
     timings = {"startup_s": time.perf_counter() - started}
     t = time.perf_counter()
     if sum(bool(x) for x in (texts, corpus, pairs)) > 1:
-        raise InputError("give one of --text, --corpus and --pairs")
+        raise InputError("give either --text, --corpus or --pairs, not two of them")
     if corpus:
         seqs, source = read_corpus(corpus, limit), corpus
     elif pairs:

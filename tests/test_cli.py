@@ -55,7 +55,9 @@ def run_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_analyze_writes_the_three_files(run_dir):
-    assert sorted(p.name for p in run_dir.iterdir()) == ["heads.csv", "index.html", "run.json"]
+    # and the head groups' files (probe.patterns): clusters.csv and the distance matrices
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "clusters.csv", "head_distance.npy", "head_distance_layers.npy", "heads.csv", "index.html", "run.json"]
 
 
 @pytest.mark.slow
@@ -433,3 +435,67 @@ def test_out_below_a_file_fails_before_the_analysis(tmp_path):
     assert result.output.strip().startswith("Error: cannot create output folder") and "is a file" in result.output
     assert "Analyzing" not in result.output  # no model was loaded
     assert blocker.read_text() == "keep me\n"
+
+
+# --------------------------------------------------------------------------- pattern analyses (probe.patterns)
+
+@pytest.fixture(scope="module")
+def tiny_folders(tmp_path_factory):
+    from conftest import save_tiny
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {kind: save_tiny(kind, root / kind) for kind in ("llama", "bert")}
+
+
+def test_decoder_run_has_the_circuit_probe_and_its_time(tiny_folders, tmp_path):
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(tiny_folders["llama"]), "--text", "The cat sat on the mat.",
+                 "--text", "It slept.", "--out", str(out), "--threshold", "induction=0.3")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"\(start-up [\d.]+ s, model load [\d.]+ s, circuit probe [\d.]+ s, analysis", result.stdout)
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["circuits"]["settings"]["n"] == 25 and rec["circuits"]["settings"]["sink_source"] == "corpus"
+    assert rec["thresholds"]["induction"] == {"statistic": "induction", "threshold": 0.3}
+    assert rec["timings_s"]["circuits_s"] > 0
+    with open(out / "heads.csv", newline="", encoding="utf-8") as fh:
+        columns = list(next(csv.DictReader(fh)))
+    assert {"induction", "duplicate", "prev_random", "group", "pattern"} <= set(columns)
+
+
+def test_no_distance_no_circuits(tiny_folders, tmp_path):
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(tiny_folders["llama"]), "--text", "The cat sat on the mat.",
+                 "--out", str(out), "--no-distance", "--no-circuits")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["heads.csv", "index.html", "run.json"]
+    rec = json.loads((out / "run.json").read_text())
+    assert "circuits" not in rec and "groups" not in rec and "health" in rec and "pattern-types" in rec
+    with open(out / "heads.csv", newline="", encoding="utf-8") as fh:
+        columns = list(next(csv.DictReader(fh)))
+    assert "cluster" in columns and "group" not in columns and "induction" not in columns
+
+
+def test_pairs_file(tiny_folders, tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("Is it raining?\tNo, it is sunny.\n\nWho called?\tNobody did.\n", encoding="utf-8")
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(tiny_folders["bert"]), "--pairs", str(pairs), "--out", str(out),
+                 "--map-sequences", "1")
+    assert result.exit_code == 0, result.output
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["pattern-types"]["pairs"] == 2 and rec["counts"]["sequences"] == 2
+    assert rec["groups"]["map_sequences"] == 1 and rec["groups"]["map_sequences_seen"] == 1
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("One\ttwo\nno tab here\n", encoding="utf-8")
+    assert_clean_error(run("analyze", "--pairs", str(bad), "--out", str(tmp_path / "x")), str(bad), "line 2", "tab")
+    assert_clean_error(run("analyze", "--pairs", str(pairs), "--text", "x", "--out", str(tmp_path / "y")), "either")
+
+
+@pytest.mark.parametrize("args", [["--health-threshold", "saturated=2"], ["--health-threshold", "padding=0.1"],
+                                  ["--health-threshold", "bogus=0.5"], ["--health-threshold", "uniform"],
+                                  ["--map-sequences", "0"], ["--threshold", "induction=0"]])
+def test_pattern_usage_errors(args, out):
+    result = run("analyze", "--text", "Fine.", "--out", str(out), *args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
