@@ -12,9 +12,13 @@ Decided here:
   ``AgglomerativeClustering``); it takes a dissimilarity as it is (k-means would need coordinates,
   and the 2-D map loses information).
 - Number of groups: the k in 2..``max_groups`` (default 12, capped at heads - 1) with the largest
-  mean silhouette (Rousseeuw 1987; scikit-learn ``silhouette_score`` with the precomputed
-  divergence); ties go to the smaller k. Fewer than 3 heads, or heads all at distance 0 (nothing
-  to separate): one group.
+  mean silhouette (Rousseeuw 1987; scikit-learn ``silhouette_samples`` on the precomputed
+  divergence) over the heads that share their group with another head. A head alone in its group is
+  an outlier, not structure (its silhouette is 0 by convention): with the plain mean, one far-away
+  head (MiniLM's single previous-token head, 0.75 bits from everything) makes k = 2 "best" by
+  splitting it off from the other 71. Only partitions with at least two groups of two or more heads
+  qualify; when none does, the plain mean decides. Ties go to the smaller k. Fewer than 3 heads,
+  or heads all at distance 0 (nothing to separate): one group.
 - Group ids are renumbered by the first head (layer-major order) in each, so group 0 holds head
   (0, 0) and ids read top to bottom.
 
@@ -43,7 +47,8 @@ class HeadGroups:
         group: [heads] int group id per head (index = site * heads + head).
         xy: [heads, 2] MDS coordinates (bits: distances in the map approximate the divergences).
         k: number of groups.
-        silhouette: k -> mean silhouette of the clustering with k groups (the criterion).
+        silhouette: k -> the criterion for k groups: the mean silhouette of the heads in groups of two
+            or more (see the module docstring).
         stress: normalized stress of the MDS map (Stress-1, Kruskal 1964: 0 = perfect, < 0.1 good,
             > 0.2 the map distorts), or NaN when not computed.
         criterion: how k was chosen, in words.
@@ -103,23 +108,34 @@ def cluster_by_distance(distance: np.ndarray, max_groups: int = MAX_GROUPS) -> t
         ([heads] group ids renumbered by first appearance, k -> silhouette of every k tried).
     """
     from sklearn.cluster import AgglomerativeClustering
-    from sklearn.metrics import silhouette_score
 
     d = _symmetric(distance)
     n = len(d)
     if n < 3 or not d.any():
         return np.zeros(n, dtype=int), {}
-    scores: dict[int, float] = {}
-    best, best_labels = -2.0, np.zeros(n, dtype=int)
+    tried: dict[int, tuple[np.ndarray, float, float | None]] = {}
     for k in range(2, min(max_groups, n - 1) + 1):
         labels = AgglomerativeClustering(n_clusters=k, metric="precomputed", linkage="average").fit_predict(d)
         if len(set(labels)) < 2:
             continue
-        score = float(silhouette_score(d, labels, metric="precomputed"))
-        scores[k] = score
-        if score > best + 1e-12:
-            best, best_labels = score, labels
-    return _renumber(best_labels), scores
+        tried[k] = (labels, *silhouettes(d, labels))
+    if not tried:
+        return np.zeros(n, dtype=int), {}
+    shared = {k: v[2] for k, v in tried.items() if v[2] is not None}
+    scores = shared or {k: v[1] for k, v in tried.items()}
+    best = max(scores, key=lambda k: (scores[k], -k))  # ties: the smaller k
+    return _renumber(tried[best][0]), scores
+
+
+def silhouettes(d: np.ndarray, labels: np.ndarray) -> tuple[float, float | None]:
+    """Mean silhouette of all heads, and of the heads in groups of two or more (None when fewer
+    than two such groups)."""
+    from sklearn.metrics import silhouette_samples
+
+    s = silhouette_samples(d, labels, metric="precomputed")
+    sizes = np.bincount(labels)
+    shared = sizes[labels] >= 2
+    return float(s.mean()), (float(s[shared].mean()) if (sizes >= 2).sum() >= 2 else None)
 
 
 def _renumber(labels: np.ndarray) -> np.ndarray:
@@ -139,6 +155,7 @@ def head_groups(distance: np.ndarray, *, max_groups: int = MAX_GROUPS, seed: int
     group, scores = cluster_by_distance(distance, max_groups)
     k = int(group.max()) + 1 if len(group) else 0
     tried = max(2, min(max_groups, len(group) - 1))
-    criterion = (f"average-linkage clustering of the Jensen-Shannon divergence; k = {k} of 2..{tried} "
-                 "with the largest mean silhouette") if scores else "one group (fewer than 3 heads or no distance)"
+    criterion = (f"average-linkage clustering of the Jensen-Shannon divergence; k = {k} of 2..{tried} with the "
+                 "largest mean silhouette of the heads that share their group") if scores else \
+        "one group (fewer than 3 heads or no distance)"
     return HeadGroups(group, xy, k, scores, stress, criterion)
