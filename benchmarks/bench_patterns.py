@@ -10,7 +10,10 @@ Prints, measured in one run on the same texts (interleaved over several repeats,
     accumulator (flat = memory independent of corpus length).
 
 Usage: python benchmarks/bench_patterns.py [--model minilm] [--n 500] [--repeats 3] [--map-sequences 200]
-                                          [--corpus FILE]
+                                          [--corpus FILE] [--threads N] [--memory-sizes 100,1000]
+--threads 1 on a shared machine: when other processes keep the cores busy, every multi-threaded torch
+operation waits for its slowest thread, and the many small operations of the pairwise loop suffer
+most (measured here: 3-17x slower with 2 threads than with 1 on a machine at load 10).
 Text: --corpus (plain text or CoNLL-U, repeated to --n), else the UD English EWT dev set from
 ../shared/data when present, else the built-in sample repeated.
 """
@@ -75,9 +78,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--map-sequences", type=int, default=200)
     ap.add_argument("--corpus", default=None)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--memory-sizes", default="100,1000", help="corpus sizes of the peak-memory runs")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--skip-memory", action="store_true")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.child is not None:
         child(args.model, args.child, args.batch_size, args.map_sequences, args.corpus)
         return
@@ -116,8 +123,10 @@ def main() -> None:
 
     if not args.skip_memory:
         rows = []
-        for n in (100, 1000):
+        sizes = [int(v) for v in args.memory_sizes.split(",")]
+        for n in sizes:
             out = subprocess.run([sys.executable, __file__, "--model", args.model, "--child", str(n),
+                                  "--threads", str(args.threads),
                                   "--batch-size", str(args.batch_size), "--map-sequences", str(args.map_sequences)]
                                  + (["--corpus", args.corpus] if args.corpus else []),
                                  capture_output=True, text=True, check=True)
@@ -125,7 +134,8 @@ def main() -> None:
         for row in rows:
             print(f"peak RSS analysing {row['n']:>5} sequences, all pattern accumulators: {row['peak_mib']:.0f} MiB "
                   f"(after loading: {row['before_mib']:.0f} MiB; {row['tokens']} tokens, longest {row['longest']})")
-        print(f"peak ratio 1000 / 100 sequences: {rows[1]['peak_mib'] / rows[0]['peak_mib']:.3f} (flat = ~1.0)")
+        print(f"peak ratio {sizes[-1]} / {sizes[0]} sequences: {rows[-1]['peak_mib'] / rows[0]['peak_mib']:.3f} "
+              "(flat = ~1.0)")
 
 
 if __name__ == "__main__":

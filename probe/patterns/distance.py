@@ -64,11 +64,14 @@ def pair_sums(x: torch.Tensor, chunk: int = CHUNK_CELLS) -> tuple[torch.Tensor, 
     Returns:
         ``cross`` [heads, heads] float64: sum over cells of (p + q) ln(p + q) (upper triangle and its
         mirror; the diagonal is left 0 and never used), ``ent`` [heads] float64: sum of -p ln p
-        (nats), ``mass`` [heads] float64: sum of p.
+        (nats), ``mass`` [heads] float64: sum of p; on the device of ``x``.
+
+    Cost: heads^2 / 2 x cells elementwise sums, ln and products (about 4 ns per pair and cell on
+    one CPU core), in 2 x heads small operations per chunk of cells.
     """
     K, N = x.shape
     x = x.float()
-    cross = torch.zeros(K, K, dtype=torch.float64)
+    cross = torch.zeros(K, K, dtype=torch.float64, device=x.device)
     ent = torch.special.entr(x).sum(-1, dtype=torch.float64)
     mass = x.sum(-1, dtype=torch.float64)
     if K < 2:
@@ -85,9 +88,9 @@ def pair_sums(x: torch.Tensor, chunk: int = CHUNK_CELLS) -> tuple[torch.Tensor, 
             torch.log(ln, out=ln)
             acc[i, i + 1:] += torch.linalg.vecdot(m, ln)  # sum over the chunk of (p + q) ln(p + q)
         if (c0 // chunk) % 16 == 15:  # fold into float64 every 16 chunks (float32 sums stay short)
-            cross += acc.double().cpu()
+            cross += acc.double()
             acc.zero_()
-    cross += acc.double().cpu()
+    cross += acc.double()
     cross = cross + cross.T
     return cross, ent, mass
 
@@ -198,13 +201,13 @@ class HeadDistances(Accumulator):
         a = probs.detach().float().transpose(0, 1)  # [heads, batch, T, T]
         dev = a.device
         i = self._pos[site]
-        cross, ent, mass = pair_sums(a[:, cells.to(dev)].cpu())
-        self.cross[i] += cross
-        self.ent[i] += ent
-        self.mass[i] += mass
+        cross, ent, mass = pair_sums(a[:, cells.to(dev)])  # on the model's device
+        self.cross[i] += cross.cpu()
+        self.ent[i] += ent.cpu()
+        self.mass[i] += mass.cpu()
         self.rows[i] += n_rows
         if self.map_sequences > 0 and n_map_rows > 0:
-            self._map[i] = a[:, map_cells.to(dev)].cpu()  # [heads, map cells]
+            self._map[i] = a[:, map_cells.to(dev)]  # [heads, map cells], kept until the batch ends
         self._groups = None
 
     def end_batch(self, batch: Batch) -> None:
@@ -212,9 +215,9 @@ class HeadDistances(Accumulator):
         if kept and len(kept) == len(self.sites):
             x = torch.cat(kept, 0)  # [sites * heads, map cells], site-major
             cross, ent, mass = pair_sums(x)
-            self.m_cross += cross
-            self.m_ent += ent
-            self.m_mass += mass
+            self.m_cross += cross.cpu()
+            self.m_ent += ent.cpu()
+            self.m_mass += mass.cpu()
             T = int(batch.input_ids.shape[1])
             _, _, _, n_map_rows, n_seq = self._cells(batch, T, self.sites[0].causal)
             self.m_rows += n_map_rows
