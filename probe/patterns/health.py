@@ -25,7 +25,6 @@ exactly 0 (masked scores are -inf before the softmax).
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass, field
 
@@ -252,7 +251,3 @@ def health_of(result) -> list[Check] | None:
         return None
     return health_checks(result.heads, result.results.get("distances"), probe)
 
-
-def finite(value) -> float | None:
-    """A JSON-safe float (None for NaN)."""
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
