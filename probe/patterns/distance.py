@@ -178,8 +178,8 @@ class HeadDistances(Accumulator):
     # -- per batch ----------------------------------------------------------------------------------
 
     def _cells(self, batch: Batch, T: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor, int, int, int]:
-        """Boolean [batch, T, T] cells of every real row and the map cells; real rows, map rows, and
-        sequences in the map."""
+        """Boolean [batch, T, T] cells of the real rows outside the map and the map cells; real rows,
+        map rows, and sequences in the map."""
         def build():
             real = batch.real.cpu()[:, :T]
             cells = real[:, :, None] & real[:, None, :]
@@ -188,7 +188,7 @@ class HeadDistances(Accumulator):
             chosen = torch.tensor([i < self.map_sequences for i in batch.index], dtype=torch.bool)
             map_rows = real & chosen[:, None] & (torch.arange(T) < self.map_rows)[None]
             map_cells = cells & map_rows[:, :, None]
-            return cells, map_cells, int(real.sum()), int(map_rows.sum()), int(chosen.sum())
+            return cells & ~map_cells, map_cells, int(real.sum()), int(map_rows.sum()), int(chosen.sum())
         return batch.cached(("distance-cells", T, causal, self.map_sequences, self.map_rows), build)
 
     def begin_batch(self, batch: Batch) -> None:
@@ -197,11 +197,13 @@ class HeadDistances(Accumulator):
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
         """Fold in one site: ``probs`` [batch, heads, T, T] attention probabilities."""
         T = probs.shape[-1]
-        cells, map_cells, n_rows, n_map_rows, _ = self._cells(batch, T, site.causal)
+        rest, map_cells, n_rows, n_map_rows, _ = self._cells(batch, T, site.causal)
         a = probs.detach().float().transpose(0, 1)  # [heads, batch, T, T]
         dev = a.device
         i = self._pos[site]
-        cross, ent, mass = pair_sums(a[:, cells.to(dev)])  # on the model's device
+        # cells outside the map here; the map cells' share of this layer comes from the all-heads sums
+        # at the end of the batch (their diagonal blocks), so no cell is summed twice
+        cross, ent, mass = pair_sums(a[:, rest.to(dev)])  # on the model's device
         self.cross[i] += cross.cpu()
         self.ent[i] += ent.cpu()
         self.mass[i] += mass.cpu()
@@ -212,12 +214,20 @@ class HeadDistances(Accumulator):
 
     def end_batch(self, batch: Batch) -> None:
         kept = [x for x in self._map if x is not None]
-        if kept and len(kept) == len(self.sites):
+        if kept and len(kept) != len(self.sites):
+            raise RuntimeError("head distances: a site of this batch was not captured")
+        if kept:
             x = torch.cat(kept, 0)  # [sites * heads, map cells], site-major
-            cross, ent, mass = pair_sums(x)
-            self.m_cross += cross.cpu()
-            self.m_ent += ent.cpu()
-            self.m_mass += mass.cpu()
+            cross, ent, mass = (t.cpu() for t in pair_sums(x))
+            self.m_cross += cross
+            self.m_ent += ent
+            self.m_mass += mass
+            H = self.n_heads
+            for i in range(len(self.sites)):  # each layer's pairs on the map cells
+                block = slice(i * H, (i + 1) * H)
+                self.cross[i] += cross[block, block]
+                self.ent[i] += ent[block]
+                self.mass[i] += mass[block]
             T = int(batch.input_ids.shape[1])
             _, _, _, n_map_rows, n_seq = self._cells(batch, T, self.sites[0].causal)
             self.m_rows += n_map_rows
