@@ -209,16 +209,20 @@ def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_len
     show = sys.stderr.isatty() if progress is None else progress
     click.echo(f"Analyzing {len(seqs)} sequences ({source}) with {lm.name}: "
                f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
-    finished = []
+    finished, skipped = [], []
     if circuits and lm.causal:
         t = time.perf_counter()
-        finished.append(circuit_probe(lm, sink_texts=seqs))
+        try:
+            finished.append(circuit_probe(lm, sink_texts=seqs))
+        except ValueError as exc:  # e.g. a model whose limit is below the probe's 2 x 25 tokens
+            skipped.append(f"decoder circuit probe skipped: {exc}")
         timings["circuits_s"] = time.perf_counter() - t
     accumulators = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
     result = analyze(lm, seqs, batch_size=batch_size, max_length=max_length, n_examples=examples,
                      thresholds=thresholds, progress=show, parse_special_tokens=parse_special_tokens,
                      accumulators=accumulators, finished=finished)
     timings["analyze_s"] = result.timings["analyze_s"]
+    result.notes.extend(skipped)
     verification = None
     if run_verify:
         from .verify import verify

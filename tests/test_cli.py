@@ -499,3 +499,14 @@ def test_pattern_usage_errors(args, out):
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_circuit_probe_longer_than_the_model_limit_is_skipped_with_a_note(tmp_path):
+    from conftest import save_tiny
+
+    folder = save_tiny("llama", tmp_path / "short", max_positions=32)  # the probe needs 2 x 25 tokens
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(folder), "--text", "The cat sat.", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "note: decoder circuit probe skipped: the probe needs 50 tokens; the model takes 32" in result.stderr
+    assert "circuits" not in json.loads((out / "run.json").read_text())
