@@ -56,7 +56,7 @@ def accumulators(lm, which: str, map_sequences: int) -> list:
     return pattern_accumulators(lm, map_sequences=map_sequences)
 
 
-def child(model: str, n: int, batch_size: int, map_sequences: int, path: str | None) -> None:
+def child(model: str, n: int, batch_size: int, map_sequences: int, path: str | None, kind: str) -> None:
     from probe.analysis import analyze
     from probe.models import load_model
 
@@ -64,7 +64,7 @@ def child(model: str, n: int, batch_size: int, map_sequences: int, path: str | N
     texts, _ = corpus(n, path)
     base = _rss_kib("VmRSS")
     reset = _reset_peak()
-    res = analyze(lm, texts, batch_size=batch_size, n_examples=3, accumulators=accumulators(lm, "all", map_sequences))
+    res = analyze(lm, texts, batch_size=batch_size, n_examples=3, accumulators=accumulators(lm, kind, map_sequences))
     peak = _rss_kib("VmHWM")
     print(json.dumps({"n": n, "peak_mib": peak / 1024, "before_mib": base / 1024, "peak_reset": reset,
                       "tokens": res.counts["tokens"], "longest": res.counts["longest"]}))
@@ -81,12 +81,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ap.add_argument("--memory-sizes", default="100,1000", help="corpus sizes of the peak-memory runs")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--kind", default="all", help=argparse.SUPPRESS)
     ap.add_argument("--skip-memory", action="store_true")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child is not None:
-        child(args.model, args.child, args.batch_size, args.map_sequences, args.corpus)
+        child(args.model, args.child, args.batch_size, args.map_sequences, args.corpus, args.kind)
         return
 
     from probe.analysis import analyze
@@ -101,7 +102,7 @@ def main() -> None:
     analyze(lm, texts[:32], batch_size=args.batch_size, n_examples=0, accumulators=accumulators(lm, "all", 32))
     kinds = ("statistics", "distances", "all")
     times: dict[str, list[float]] = {k: [] for k in kinds}
-    for r in range(args.repeats):
+    for r in range(args.repeats):  # --repeats 0: memory only
         for k in kinds:
             res = analyze(lm, texts, batch_size=args.batch_size, n_examples=3,
                           accumulators=accumulators(lm, k, args.map_sequences))
@@ -110,33 +111,36 @@ def main() -> None:
         print(f"  repeat {r + 1}: statistics {base:.2f} s | + distances {times['distances'][-1]:.2f} s "
               f"(x{times['distances'][-1] / base:.3f}) | + all pattern accumulators {times['all'][-1]:.2f} s "
               f"(x{times['all'][-1] / base:.3f})")
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"median: statistics {med['statistics']:.2f} s; + distances {med['distances']:.2f} s -> ratio "
-          f"{med['distances'] / med['statistics']:.3f} (target <= 1.5); + all {med['all']:.2f} s -> ratio "
-          f"{med['all'] / med['statistics']:.3f}")
-    if lm.causal:
+    med = {k: statistics.median(v) for k, v in times.items() if v}
+    if med:
+        print(f"median: statistics {med['statistics']:.2f} s; + distances {med['distances']:.2f} s -> ratio "
+              f"{med['distances'] / med['statistics']:.3f} (target <= 1.5); + all {med['all']:.2f} s -> ratio "
+              f"{med['all'] / med['statistics']:.3f}")
+    if lm.causal and args.repeats:
         t = time.perf_counter()
         probe = circuit_probe(lm, sink_texts=texts)
         print(f"circuit probe (16 x 2 x 25 random tokens, and the sinks on 16 corpus texts with and without BOS): "
               f"{time.perf_counter() - t:.2f} s")
         del probe
 
-    if not args.skip_memory:
-        rows = []
+    if not args.skip_memory:  # peak of the statistics alone and with every pattern accumulator, two corpus sizes
         sizes = [int(v) for v in args.memory_sizes.split(",")]
+        rows = {}
+        for kind in ("statistics", "all"):
+            for n in sizes:
+                cmd = [sys.executable, __file__, "--model", args.model, "--child", str(n), "--kind", kind,
+                       "--threads", str(args.threads), "--batch-size", str(args.batch_size),
+                       "--map-sequences", str(args.map_sequences)] + (["--corpus", args.corpus] if args.corpus else [])
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                rows[kind, n] = row = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"peak RSS analysing {n:>5} sequences, {kind:<10}: {row['peak_mib']:.0f} MiB (after loading "
+                      f"{row['before_mib']:.0f} MiB; {row['tokens']} tokens, longest {row['longest']})")
+        for kind in ("statistics", "all"):
+            ratio = rows[kind, sizes[-1]]["peak_mib"] / rows[kind, sizes[0]]["peak_mib"]
+            print(f"{kind}: peak ratio {sizes[-1]} / {sizes[0]} sequences {ratio:.3f} (flat = ~1.0)")
         for n in sizes:
-            out = subprocess.run([sys.executable, __file__, "--model", args.model, "--child", str(n),
-                                  "--threads", str(args.threads),
-                                  "--batch-size", str(args.batch_size), "--map-sequences", str(args.map_sequences)]
-                                 + (["--corpus", args.corpus] if args.corpus else []),
-                                 capture_output=True, text=True, check=True)
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        for row in rows:
-            print(f"peak RSS analysing {row['n']:>5} sequences, all pattern accumulators: {row['peak_mib']:.0f} MiB "
-                  f"(after loading: {row['before_mib']:.0f} MiB; {row['tokens']} tokens, longest {row['longest']})")
-        print(f"peak ratio {sizes[-1]} / {sizes[0]} sequences: {rows[-1]['peak_mib'] / rows[0]['peak_mib']:.3f} "
-              "(flat = ~1.0)")
-
+            extra = rows["all", n]["peak_mib"] - rows["statistics", n]["peak_mib"]
+            print(f"pattern accumulators add {extra:.0f} MiB to the peak at {n} sequences")
 
 if __name__ == "__main__":
     main()
