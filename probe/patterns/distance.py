@@ -51,7 +51,8 @@ MAP_ROWS = 64
 
 #: Cells per chunk of the pairwise loop (two [heads, chunk] float32 buffers stay in the CPU cache).
 CHUNK_CELLS = 4096
-#: ln of values below this is taken at this value (p + q = 0 then gives 0 * ln(TINY) = 0, never NaN).
+#: Added to every probability in the pairwise sums so that p + q > 0 (a 0 then gives 2e-30 ln 2e-30,
+#: about -1e-28, instead of 0 ln 0 = NaN): below float32 resolution of any sum of real rows.
 TINY = 1e-30
 
 
@@ -80,12 +81,11 @@ def pair_sums(x: torch.Tensor, chunk: int = CHUNK_CELLS) -> tuple[torch.Tensor, 
     buf, logs = torch.empty(K - 1, min(chunk, N), device=x.device), torch.empty(K - 1, min(chunk, N), device=x.device)
     acc = torch.zeros(K, K, dtype=torch.float32, device=x.device)
     for c0 in range(0, N, chunk):
-        xc = x[:, c0:c0 + chunk].contiguous()  # [K, w]
+        xc = x[:, c0:c0 + chunk] + TINY  # [K, w]
         w = xc.shape[1]
         for i in range(K - 1):
             m = torch.add(xc[i:i + 1], xc[i + 1:], out=buf[:K - 1 - i, :w])  # [K - i - 1, w] = p + q
-            ln = torch.clamp(m, min=TINY, out=logs[:K - 1 - i, :w])
-            torch.log(ln, out=ln)
+            ln = torch.log(m, out=logs[:K - 1 - i, :w])
             acc[i, i + 1:] += torch.linalg.vecdot(m, ln)  # sum over the chunk of (p + q) ln(p + q)
         if (c0 // chunk) % 16 == 15:  # fold into float64 every 16 chunks (float32 sums stay short)
             cross += acc.double()
