@@ -162,10 +162,18 @@ class Maps(Accumulator):
         self.maps[site.layer] = probs.detach().clone()
 
 
+def head_detector():
+    """TransformerLens' head detector, or a skip. TransformerLens is not a dependency (it pulls another
+    torch); to run these tests: python -m venv --system-site-packages /tmp/tlvenv, then
+    /tmp/tlvenv/bin/pip install --no-deps transformer_lens einops jaxtyping wadler_lindig datasets dill
+    multiprocess pyarrow xxhash fsspec, and run pytest with /tmp/tlvenv/bin/python."""
+    return pytest.importorskip("transformer_lens.head_detector",
+                               reason="TransformerLens is not installed (see tests/test_circuits.py head_detector)")
+
+
 def transformer_lens_scores(maps: dict, ids: torch.Tensor, n_layers: int, n_heads: int) -> dict:
     """TransformerLens' detect_head ("mul") per sequence on the given patterns, averaged over sequences."""
-    head_detector = pytest.importorskip("transformer_lens.head_detector",
-                                        reason="TransformerLens is not installed (see tests/test_circuits.py)")
+    detector = head_detector()
     out = {}
     for name in ("induction_head", "duplicate_token_head"):
         per_seq = []
@@ -174,12 +182,13 @@ def transformer_lens_scores(maps: dict, ids: torch.Tensor, n_layers: int, n_head
                                                        dtype=torch.float32),
                                    to_tokens=lambda seq, b=b: ids[b:b + 1])
             cache = {("pattern", layer, "attn"): maps[layer][b].float() for layer in range(n_layers)}
-            per_seq.append(head_detector.detect_head(stub, "probe", name, cache=cache, error_measure="mul"))
+            per_seq.append(detector.detect_head(stub, "probe", name, cache=cache, error_measure="mul"))
         out[name] = torch.stack(per_seq).mean(0).numpy()
     return out
 
 
 def compare_with_transformer_lens(lm, offset: int = 0) -> None:
+    head_detector()  # skip before any forward pass
     ids, offset = repeated_random_tokens(lm.tokenizer, bos=bool(offset))
     maps = Maps()
     scores = CircuitScores(lm.sites, lm.geometry.n_heads, N, offset)

@@ -136,7 +136,8 @@ def test_default_out_is_a_new_reports_folder(tmp_path, minilm, monkeypatch):
     runs = sorted((tmp_path / "reports").iterdir())
     assert len(runs) == 2 and all(p.name.startswith("minilm-") for p in runs)
     for p in runs:
-        assert sorted(f.name for f in p.iterdir()) == ["heads.csv", "index.html", "run.json"]
+        assert sorted(f.name for f in p.iterdir()) == [
+            "clusters.csv", "head_distance.npy", "head_distance_layers.npy", "heads.csv", "index.html", "run.json"]
         assert json.loads((p / "run.json").read_text(encoding="utf-8"))["counts"]["sequences"] == 1
 
 
