@@ -17,7 +17,6 @@ import probe.models as pm
 from conftest import SHARED_DATA
 from probe.cli import main
 from probe.corpus import read_corpus
-from probe.errors import InputError
 from probe.stats import STATISTICS
 
 UD_DEV = SHARED_DATA / "ud-ewt" / "en_ewt-ud-dev.conllu"
