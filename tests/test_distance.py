@@ -149,3 +149,15 @@ def test_in_the_loop_on_a_tiny_model_matches_scipy_on_captured_maps():
     assert res.heads["group"].tolist() == dist.groups.group.tolist()
     plain = analyze(lm, texts, n_examples=0)
     assert "cluster" in plain.heads.columns and "group" not in plain.heads.columns
+
+
+def test_pairwise_loop_leaves_the_thread_count_as_it_was():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        x = torch.softmax(torch.randn(5, 40), -1)
+        cross, _, _ = pair_sums(x)
+        assert torch.get_num_threads() == 2
+        assert torch.allclose(cross, cross.T) and torch.all(cross.diagonal() == 0)
+    finally:
+        torch.set_num_threads(before)
