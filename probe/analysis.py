@@ -73,7 +73,7 @@ class AnalysisResult:
         heads: one row per (layer, head): ``layer``, ``head``, ``label`` (primary), ``labels``
             (all, ';'-separated), one column per statistic of :data:`probe.stats.STATISTICS`,
             the columns extra accumulators add (:meth:`~probe.accumulators.Accumulator.columns`),
-            and ``cluster``.
+            and ``cluster`` (k-means on the statistics) unless an accumulator gave ``group``.
         stats: the raw running sums and counts (mergeable with another run's).
         thresholds: label -> threshold used.
         counts: sequences, tokens (real, special included), truncated sequences, batches,
@@ -119,6 +119,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             max_length: int | None = None, n_examples: int = 3, example_tokens: int | None = 64,
             thresholds: dict[str, float] | None = None, n_clusters: int = 6, progress: bool = False,
             parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = (),
+            finished: Sequence[Accumulator] = (),
             reduce: Callable[[list[Accumulator]], None] | None = None) -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
 
@@ -136,10 +137,15 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         example_tokens: tokens per side kept of each example's maps (default 64, what the report
             draws; None keeps whole maps, e.g. for a notebook).
         thresholds: label thresholds overriding METRICS.md's defaults.
-        n_clusters: k of the k-means grouping of heads.
+        n_clusters: k of the k-means grouping of heads (``cluster``), used only when no accumulator
+            gives heads a ``group`` (:class:`probe.patterns.HeadDistances` does: groups by the
+            Jensen-Shannon distance replace the k-means clusters).
         progress: show a tqdm progress bar.
         parse_special_tokens: let typed special-token strings become special tokens (F23).
         accumulators: extra accumulators run in the same pass (results in ``results[acc.name]``).
+        finished: accumulators that already ran on their own inputs (e.g. the decoder circuit probe,
+            :func:`probe.patterns.circuit_probe`): not run on the texts; their columns, labels and
+            results join the result like the others'.
         reduce: called with every accumulator after the pass, to merge in those of other
             processes (data parallelism: :func:`probe.distributed.reducer`); None in one process.
 
@@ -184,12 +190,14 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         raise InputError("no text given")
 
     heads = stats.result()
-    for acc in accumulators:
+    extras = [*accumulators, *finished]
+    for acc in extras:
         extra = acc.columns()
         if extra is not None:
             heads = heads.merge(extra, on=["layer", "head"], how="left", validate="one_to_one")
-    heads = label_heads(heads, thresholds_used, [lab for acc in accumulators for lab in acc.head_labels()])
-    heads["cluster"] = cluster_heads(heads, list(STATISTICS), n_clusters=n_clusters)
+    heads = label_heads(heads, thresholds_used, [lab for acc in extras for lab in acc.head_labels()])
+    if "group" not in heads.columns:
+        heads["cluster"] = cluster_heads(heads, list(STATISTICS), n_clusters=n_clusters)
     c = counts.result()
     return AnalysisResult(
         model=model_summary(lm), heads=heads, stats=stats, thresholds=thresholds_used, counts=c.as_dict(),
@@ -199,7 +207,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
                   "parse_special_tokens": parse_special_tokens},
         timings={"forward_and_statistics_s": round(t_run, 4), "analyze_s": round(time.perf_counter() - t0, 4)},
         notes=list(lm.notes) + list(notes) + input_notes(c, lm.tokenizer),
-        results={acc.name: acc.result() for acc in accumulators},
+        results={acc.name: acc.result() for acc in extras},
     )
 
 

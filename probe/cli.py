@@ -8,6 +8,7 @@ usage errors do. The library never imports click; only this module does.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import os
@@ -125,6 +126,25 @@ def _placement_options(fn):
                         help="Where the model runs [default: cpu; auto: cuda when present].")(fn)
 
 
+def _parse_health(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
+    from .patterns.health import health_thresholds
+
+    out = {}
+    for item in values:
+        name, sep, number = item.partition("=")
+        try:
+            out[name] = float(number)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected CHECK=VALUE with a number VALUE") from None
+        if not sep:
+            raise click.BadParameter(f"{item!r}: expected CHECK=VALUE")
+    try:
+        health_thresholds(out)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return out
+
+
 def _model_option(fn):
     return click.option("--model", "-m", "model_name", default=DEFAULT_MODEL, show_default=True,
                         help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")(fn)
@@ -135,6 +155,9 @@ def _model_option(fn):
 @click.option("--text", "-t", "texts", multiple=True, help="A sequence to analyze (repeatable).")
 @click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Plain text (one sequence a line) or CoNLL-U (# text = lines).")
+@click.option("--pairs", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Sentence pairs, one a line, the two segments separated by a tab (the Kovaleva 'block' "
+                   "type needs two segments).")
 @click.option("--limit", "-n", type=int, default=None, callback=validate.click_callback(validate.limit),
               help="Use at most N sequences (with --coref/--syntax: N of each file).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
@@ -152,6 +175,15 @@ def _model_option(fn):
                    "(default: typed text is text).")
 @click.option("--verify", "run_verify", is_flag=True,
               help="Also verify the from-scratch attention against the model and add it to the report.")
+@click.option("--distance/--no-distance", default=True, show_default=True,
+              help="Jensen-Shannon distances between heads (groups, head map, duplicate heads).")
+@click.option("--map-sequences", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Sequences (the first of the corpus) in the all-heads distance behind the map and groups.")
+@click.option("--circuits/--no-circuits", default=True, show_default=True,
+              help="Decoders: induction / duplicate-token probe on repeated random tokens, attention sinks.")
+@click.option("--health-threshold", "health", multiple=True, metavar="CHECK=VALUE", callback=_parse_health,
+              help="Override a health-check threshold, e.g. saturated=0.99 (saturated, uniform, collapsed, "
+                   "duplicates; repeatable).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
 @click.option("--coref", is_flag=False, flag_value="builtin", default=None, metavar="[FILE|builtin]",
               help="Score coreference heads on a GAP TSV file (no value or 'builtin': the built-in probe set); "
@@ -161,46 +193,33 @@ def _model_option(fn):
                                           "sentences are the analysed text. Writes syntax.csv.")
 @_placement_options
 @user_errors
-def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, out, force, examples,
-                    thresholds, parse_special_tokens, run_verify, progress, coref, syntax_file, device, dtype,
-                    device_map) -> None:
+def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_length, out, force, examples,
+                    thresholds, parse_special_tokens, run_verify, distance, map_sequences, circuits, health,
+                    progress, coref, syntax_file, device, dtype, device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
-    Without --text or --corpus, a small built-in English sample is used. A corpus is read as it is
-    analysed (memory does not grow with it). With --coref and/or --syntax, the annotated text is the
-    analysed text (--limit applies to each file) and cannot be combined with --text or --corpus.
-    Under torchrun or accelerate launch, each process analyses its share of the corpus and rank 0
-    writes the one report.
+    Without --text, --corpus or --pairs, a small built-in English sample is used. A corpus or a
+    pairs file is read as it is analysed (memory does not grow with it). With --coref and/or
+    --syntax, the annotated text is the analysed text (--limit applies to each file) and cannot be
+    combined with --text, --corpus or --pairs. Also measured: head distances and groups, Kovaleva
+    pattern types and health checks, and on decoders the induction / duplicate-token probe; the
+    options --no-distance and --no-circuits turn off the costly parts. Under torchrun or accelerate
+    launch, each process analyses its share of the corpus and rank 0 writes the one report.
     """
     from contextlib import nullcontext
 
     from . import distributed
     from .analysis import analyze
-    from .corpus import check_texts, iter_corpus, peek, sample_texts
-    from .errors import InputError
     from .models import load_model
+    from .patterns import circuit_probe, pattern_accumulators
+    from .patterns.circuits import SINK_TEXTS
     from .report import prepare_run_dir, write_run
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     timings = {"startup_s": time.perf_counter() - started}
     t = time.perf_counter()
-    if texts and corpus:
-        raise InputError("give either --text or --corpus, not both")
-    annotated = None
-    if (coref is not None or syntax_file is not None) and (texts or corpus):
-        raise InputError("--coref and --syntax analyse their own annotated text; leave out --text and --corpus")
-    if coref is not None or syntax_file is not None:
-        from .linguistic import annotated_input
-
-        annotated = annotated_input(coref, syntax_file, limit)
-        seqs, source = annotated.texts, annotated.source
-    elif corpus:
-        seqs, source = peek(iter_corpus(corpus, limit)), corpus
-    elif texts:
-        seqs, source = check_texts(list(texts), limit), "--text"
-    else:
-        seqs, source = check_texts(sample_texts(), limit), "built-in sample"
+    seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
     prepare_run_dir(out, model_name, force)  # fail before loading a model if the folder is taken
     timings["input_s"] = time.perf_counter() - t
 
@@ -215,16 +234,28 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
              if world else "")
     click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
                f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
-    # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
-    extra = annotated.accumulators(lm, prior=world is None or world.main) if annotated is not None else ()
+    finished, skipped = [], []
+    if circuits and lm.causal and (world is None or world.main):  # rank 0 alone reports the probe
+        t = time.perf_counter()
+        sink_texts, seqs = _first(seqs, SINK_TEXTS)
+        try:
+            finished.append(circuit_probe(lm, sink_texts=sink_texts))
+        except ValueError as exc:  # e.g. a model whose limit is below the probe's 2 x 25 tokens
+            skipped.append(f"decoder circuit probe skipped: {exc}")
+        timings["circuits_s"] = time.perf_counter() - t
+    extra = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
+    if annotated is not None:
+        # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
+        extra += annotated.accumulators(lm, prior=world is None or world.main)
     with distributed.process_group(world) if world else nullcontext():
         result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
                          max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
-                         parse_special_tokens=parse_special_tokens, accumulators=extra,
+                         parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
                          reduce=distributed.reducer(world))
     if world is not None and not world.main:
         return  # rank 0 writes the one report
     timings["analyze_s"] = result.timings["analyze_s"]
+    result.notes.extend(skipped)
     verification = None
     if run_verify:
         from .verification import verify
@@ -239,8 +270,10 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     trunc = f", {result.counts['truncated']} truncated" if result.counts["truncated"] else ""
     verdict = "" if verification is None else f"; verify {'PASS' if verification['passed'] else 'FAIL'}"
     t = result.timings
-    parts = [("start-up", t["startup_s"] + t["input_s"]), ("model load", t["model_load_s"]),
-             ("analysis", t["analyze_s"])]
+    parts = [("start-up", t["startup_s"] + t["input_s"]), ("model load", t["model_load_s"])]
+    if "circuits_s" in t:
+        parts.append(("circuit probe", t["circuits_s"]))
+    parts.append(("analysis", t["analyze_s"]))
     if "verify_s" in t:
         parts.append(("verify", t["verify_s"]))
     parts += [("report", t["report_s"]), ("other", t["other_s"])]
@@ -257,6 +290,43 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
         if note not in lm.notes:  # loading notes (e.g. "loaded the cached copy") stay in run.json
             click.echo(f"note: {note}", err=True)
     click.echo(f"Report: {path / 'index.html'}")
+
+
+def _analysis_input(texts, corpus, pairs, coref, syntax_file, limit):
+    """The texts of ``probe analyze`` (a list, or a stream for --corpus and --pairs), a description
+    of where they come from, and the annotated input of --coref/--syntax (or None).
+
+    Raises:
+        InputError: two kinds of input given, or an input that cannot be read.
+    """
+    from .corpus import check_texts, iter_corpus, iter_pairs, peek, sample_texts
+    from .errors import InputError
+
+    if sum(bool(x) for x in (texts, corpus, pairs)) > 1:
+        raise InputError("give either --text, --corpus or --pairs, not two of them")
+    if coref is not None or syntax_file is not None:
+        if texts or corpus or pairs:
+            raise InputError("--coref and --syntax analyse their own annotated text; leave out --text, --corpus "
+                             "and --pairs")
+        from .linguistic import annotated_input
+
+        annotated = annotated_input(coref, syntax_file, limit)
+        return annotated.texts, annotated.source, annotated
+    if corpus:
+        return peek(iter_corpus(corpus, limit)), corpus, None
+    if pairs:
+        return peek(iter_pairs(pairs, limit)), pairs, None
+    if texts:
+        return check_texts(list(texts), limit), "--text", None
+    return check_texts(sample_texts(), limit), "built-in sample", None
+
+
+def _first(seqs, n: int):
+    """The first ``n`` texts of ``seqs`` and ``seqs`` itself, whole (a stream is re-chained)."""
+    if hasattr(seqs, "__len__"):
+        return list(seqs[:n]), seqs
+    head = list(itertools.islice(seqs, n))
+    return head, itertools.chain(head, seqs)
 
 
 def _rounded_parts(values: list[float], total: float) -> list[float]:

@@ -147,6 +147,50 @@ def peek(texts: Iterator[str]) -> Iterator[str]:
     return itertools.chain([first], texts)
 
 
+def iter_pairs(path: str | Path, limit: int | None = None) -> Iterator:
+    """Read sentence pairs lazily, one at a time: one pair a line, the two segments separated by one tab.
+
+    Lines end only at \\n, \\r\\n or \\r; blank lines are skipped. Each pair becomes one
+    :class:`probe.inputs.Text` with ``pair`` set (encoded as the tokenizer joins pairs: BERT's
+    [CLS] A [SEP] B [SEP] with segment ids 0 and 1).
+
+    Args:
+        path: the TSV file.
+        limit: yield at most this many pairs (>= 1).
+
+    Raises:
+        InputError: missing file or a limit below 1 (at once); while iterating, an unreadable file,
+            non-UTF-8 bytes, a line without exactly one tab or with an empty segment (line numbered
+            from 1), or no pair (when the end is reached without one).
+    """
+    from .inputs import Text
+
+    validate.limit(limit)
+    p = _open_checked(path, "pairs file")
+
+    def pairs() -> Iterator[Text]:
+        count = 0
+        for number, line in enumerate(_lines(p, "pairs file"), 1):
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+                raise InputError(f"{path}: line {number} is not two non-empty segments separated by one tab")
+            yield Text(parts[0].strip(), pair=parts[1].strip())
+            count += 1
+            if limit and count >= limit:
+                return
+        if count == 0:
+            raise InputError(f"pairs file has no pair: {path}")
+
+    return pairs()
+
+
+def read_pairs(path: str | Path, limit: int | None = None) -> list:
+    """All sentence pairs of a file as a list of :class:`probe.inputs.Text` (:func:`iter_pairs`, which see)."""
+    return list(iter_pairs(path, limit))
+
+
 def check_texts(texts: list[str], limit: int | None = None) -> list[str]:
     """Validate texts given directly (``--text``): non-empty; applies ``limit``.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from probe.corpus import check_texts, iter_lines, read_corpus, read_text_file, sample_texts, split_lines
+from probe.corpus import check_texts, iter_lines, read_corpus, read_pairs, read_text_file, sample_texts, split_lines
 from probe.errors import InputError
 
 CONLLU = """\
@@ -119,3 +119,19 @@ def test_read_text_file_and_iter_lines(tmp_path):
     path.write_bytes(b"fine\nbad \xff\n")
     with pytest.raises(InputError, match=r"line 2 is not valid UTF-8 \(byte 0xff at offset 9\)"):
         read_text_file(path)
+
+
+def test_read_pairs(tmp_path):
+    f = tmp_path / "pairs.tsv"
+    f.write_bytes("\ufeffIs it raining?\tNo.\r\n\r\n  Who called? \tNobody\u2028did.\rLast\tone\n".encode("utf-8"))
+    pairs = read_pairs(f)
+    assert [(p.text, p.pair) for p in pairs] == [("Is it raining?", "No."), ("Who called?", "Nobody\u2028did."),
+                                                 ("Last", "one")]
+    assert [p.text for p in read_pairs(f, limit=2)] == ["Is it raining?", "Who called?"]
+    for content, fragment in (("a\tb\tc\n", "line 1"), ("a\tb\nno tab\n", "line 2"), ("\tb\n", "line 1"),
+                              ("\n \n", "no pair")):
+        f.write_text(content, encoding="utf-8")
+        with pytest.raises(InputError, match=fragment):
+            read_pairs(f)
+    with pytest.raises(InputError, match="not found"):
+        read_pairs(tmp_path / "missing.tsv")

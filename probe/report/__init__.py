@@ -33,7 +33,7 @@ from ..tokens import display_tokens
 LABEL_COLORS = {
     "previous-token": "#E69F00", "next-token": "#56B4E9", "self": "#009E73", "first-token": "#0072B2",
     "sep": "#D55E00", "punctuation": "#CC79A7", "broad": "#F0E442", "long-range": "#999999",
-    "coreference": "#882255", "syntactic": "#44AA99",
+    "coreference": "#882255", "syntactic": "#44AA99", "induction": "#AA4499", "duplicate-token": "#BBCC33",
     MIXED: "#FFFFFF",
 }
 
@@ -44,6 +44,7 @@ OPTIONAL_LABELS = ("coreference", "syntactic")
 LABEL_SHORT = {
     "previous-token": "prev", "next-token": "next", "self": "self", "first-token": "1st", "sep": "sep",
     "punctuation": "punc", "broad": "brd", "long-range": "long", "coreference": "coref", "syntactic": "syn",
+    "induction": "ind", "duplicate-token": "dup",
     MIXED: "",
 }
 
@@ -243,7 +244,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         families[label_family(label)] = families.get(label_family(label), 0) + n
     stat_figs, stat_blocks = _stat_figures(heads)
     attn_figs, attn_blocks = _attention_figures(result, tokenizer)
-    table_cols = ["layer", "head", "label", "labels", *STATISTICS, "cluster"]
+    table_cols = list(heads.columns)  # layer, head, labels, statistics, what analyses added, cluster/group
     table = [[_fmt(row[c]) for c in table_cols] for row in heads.to_dict("records")]
     return _environment().get_template("report.html.j2").render(
         result=result, record=record, grid=grid, csp=CSP,
@@ -254,7 +255,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         sections=sections,
         data_json=_json_for_script({"figures": {**stat_figs, **attn_figs,
                                                 **{k: v for sec in sections for k, v in sec.figures.items()}}}),
-        script=static_text("heatmap.js"),
+        script=static_text("charts.js") + "\n" + static_text("heatmap.js"),
     )
 
 
@@ -303,7 +304,7 @@ def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, 
         result.timings["report_s"] = round(now - start, 4)
         if started is not None:
             result.timings["total_s"] = round(now - started, 4)
-            phases = ("startup_s", "input_s", "model_load_s", "analyze_s", "verify_s", "report_s")
+            phases = ("startup_s", "input_s", "model_load_s", "circuits_s", "analyze_s", "verify_s", "report_s")
             result.timings["other_s"] = round(max(0.0, result.timings["total_s"] - sum(
                 result.timings.get(k, 0.0) for k in phases)), 4)
         record["timings_s"] = result.timings

@@ -45,6 +45,10 @@ BUILDERS: list[str] = [
     "probe.view.section:head_view_section",
     "probe.linguistic.report:coref_section",
     "probe.linguistic.report:syntax_section",
+    "probe.patterns.report:health_section",
+    "probe.patterns.report:groups_section",
+    "probe.patterns.report:types_section",
+    "probe.patterns.report:circuits_section",
 ]
 
 
