@@ -145,3 +145,17 @@ def test_new_figures_are_drawn_in_chromium(decoder_run):
             assert tip.startswith("layer 0, with BOS: ") and abs(float(tip.split(": ")[1]) - value) < 5e-4, tip
         finally:
             browser.close()
+
+
+def test_map_colours_a_relation_label_by_its_family(decoder_run):
+    """``syntactic:<rel>`` labels (probe.linguistic) take the colour and legend entry of ``syntactic``."""
+    from dataclasses import replace
+
+    from probe.patterns.report import groups_section
+
+    _, res = decoder_run
+    heads = res.heads.copy()
+    heads.loc[0, "label"] = "syntactic:nsubj"
+    fig = groups_section(replace(res, heads=heads), None).figures["map-label"]
+    assert fig["colors"][0] == LABEL_COLORS["syntactic"]
+    assert ["syntactic", LABEL_COLORS["syntactic"]] in fig["legend"]

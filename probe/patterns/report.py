@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ..report import LABEL_COLORS
+from ..report import LABEL_COLORS, label_family
 from ..report.sections import Section, render_fragment
 from .circuits import CIRCUIT_COLUMNS
 from .health import HEALTH_RULES, TITLES, health_of
@@ -123,12 +123,13 @@ def groups_section(result, tokenizer) -> Section | None:
     labels, group = heads["label"].tolist(), heads["group"].to_numpy()
     n_layers = int(layers.max()) + 1
     tips = [f"L{l} H{h}: {lab}, group {g}" for l, h, lab, g in zip(layers, hs, labels, group)]
-    present = [lab for lab in LABEL_COLORS if lab in set(labels)]
+    families = [label_family(lab) for lab in labels]  # "syntactic:nsubj" is drawn as "syntactic"
+    present = [lab for lab in LABEL_COLORS if lab in set(families)]
     figures = {
         "map-layer": _scatter(groups.xy, "heads by layer", tips, legend=_layer_legend(n_layers),
                               values=[float(v) / max(1, n_layers - 1) for v in layers]),
         "map-label": _scatter(groups.xy, "heads by primary label", tips,
-                              colors=[LABEL_COLORS.get(lab, "#ffffff") for lab in labels],
+                              colors=[LABEL_COLORS.get(lab, "#ffffff") for lab in families],
                               legend=[[lab, LABEL_COLORS[lab]] for lab in present]),
         "map-group": _scatter(groups.xy, f"heads by group ({groups.k})", tips,
                               colors=[GROUP_COLORS[g % len(GROUP_COLORS)] for g in group],
