@@ -207,10 +207,14 @@ def test_launchers_just_work(launcher, tmp_path):
 @pytest.mark.parametrize("how", ["cpu_offload", "disk_offload", "split"])
 def test_offloaded_and_split_models_give_the_same_statistics(how, tmp_path):
     """accelerate's own utilities: weights kept on 'meta' and brought in per forward (CPU or disk
-    offload), or layers dispatched over 'cpu' and 'disk': hooks and statistics see the same maps."""
+    offload), or layers dispatched over 'cpu' and 'disk': hooks, statistics, head distances and
+    pattern types see the same maps."""
     from accelerate import cpu_offload, disk_offload, dispatch_model
 
-    reference = analyze(tiny_model("llama"), TEXTS[:6], n_examples=1)
+    from probe.patterns import pattern_accumulators
+
+    ref_lm = tiny_model("llama")
+    reference = analyze(ref_lm, TEXTS[:6], n_examples=1, accumulators=pattern_accumulators(ref_lm))
     lm = tiny_model("llama")
     if how == "cpu_offload":
         cpu_offload(lm.model, execution_device=torch.device("cpu"))
@@ -221,8 +225,11 @@ def test_offloaded_and_split_models_give_the_same_statistics(how, tmp_path):
                       "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
         dispatch_model(lm.model, device_map=device_map, offload_dir=str(tmp_path / "off"))
     assert any(p.device.type == "meta" for p in lm.model.parameters())  # really offloaded
-    res = analyze(lm, TEXTS[:6], n_examples=1)
+    res = analyze(lm, TEXTS[:6], n_examples=1, accumulators=pattern_accumulators(lm))
     torch.testing.assert_close(res.stats.sums, reference.stats.sums, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(res.results["distances"].model, reference.results["distances"].model, atol=1e-9)
+    np.testing.assert_allclose(res.results["distances"].layer, reference.results["distances"].layer, atol=1e-9)
+    assert res.heads["pattern"].tolist() == reference.heads["pattern"].tolist()
     assert torch.equal(res.stats.counts, reference.stats.counts)
     np.testing.assert_array_equal(res.examples[0].probs, reference.examples[0].probs)
 

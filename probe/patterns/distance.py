@@ -241,7 +241,9 @@ class HeadDistances(Accumulator):
         if kept and len(kept) != len(self.sites):
             raise RuntimeError("head distances: a site of this batch was not captured")
         if kept:
-            x = torch.cat(kept, 0)  # [sites * heads, map cells], site-major
+            # [sites * heads, map cells], site-major, on the first layer's device (a device map puts
+            # layers on several)
+            x = torch.cat([k.to(kept[0].device) for k in kept], 0)
             cross, ent, mass = (t.cpu() for t in pair_sums(x))
             self.m_cross += cross
             self.m_ent += ent

@@ -136,6 +136,7 @@ class PatternTypes(Accumulator):
     """
 
     name = "pattern_types"
+    transient = ("tokenizer",)  # not sent to the other processes of a data-parallel run
 
     def __init__(self, sites: list[Site], n_heads: int, tokenizer=None) -> None:
         self.sites = list(sites)
