@@ -70,7 +70,7 @@ class Context:
     held_out: Sequence
     start: torch.Tensor
     counts: list[int]
-    probes: int = 4
+    probes: int = 2
     seed: int = 0
     bar: object = None
     with_distances: bool = False

@@ -203,7 +203,7 @@ def _validate(orders, steps, fraction, seeds, objective) -> list[str]:
 def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labels: Sequence | None = None,
           orders: Sequence[str] = ORDERS, steps: int = 10, fraction: float = 0.5, seeds: int = 3,
           held_out: float = 0.5, split_seed: int = 0, batch_size: int = 16, max_length: int | None = None,
-          probes: int = 4, physical: bool = True, progress: bool = False) -> PruneResult:
+          probes: int = 2, physical: bool = True, progress: bool = False) -> PruneResult:
     """Run the head-pruning experiment on ``lm`` (left unchanged) and return the curves.
 
     Args:

@@ -65,7 +65,7 @@ def _grad(loss: torch.Tensor, gates: torch.Tensor, retain: bool = False) -> torc
     return grad
 
 
-def head_importance(lm, batches: Sequence, objective, state: Gates, mask: torch.Tensor, *, probes: int = 4,
+def head_importance(lm, batches: Sequence, objective, state: Gates, mask: torch.Tensor, *, probes: int = 2,
                     seed: int = 0, accumulators: Sequence = (), progress=None) -> torch.Tensor:
     """Raw head importance, summed over ``batches``, with the heads of ``mask`` as they are.
 

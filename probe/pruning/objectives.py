@@ -36,6 +36,11 @@ OBJECTIVES = ("clm", "mlm", "fidelity", "classification")
 MLM_RATE = 0.15
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """float32 for half-precision tensors (losses are summed over many units); others as they are."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def head_kind(lm) -> str | None:
     """The task head of a loaded model: ``"causal-lm"``, ``"masked-lm"``, ``"classification"`` or None."""
     name = type(lm.model).__name__
@@ -93,7 +98,7 @@ class CausalLM(Objective):
         logits = forward(lm, batch).logits  # [batch, T, vocab]
         ids = batch.input_ids.to(logits.device)
         keep = batch.real.to(logits.device)[:, 1:]
-        return F.cross_entropy(logits[:, :-1][keep].float(), ids[:, 1:][keep], reduction="none")
+        return F.cross_entropy(_wide(logits[:, :-1][keep]), ids[:, 1:][keep], reduction="none")
 
 
 class MaskedLM(Objective):
@@ -129,7 +134,7 @@ class MaskedLM(Objective):
         ids, chosen = batch._cache["probe.mlm"]
         logits = forward(lm, batch, input_ids=ids).logits
         chosen = chosen.to(logits.device)
-        return F.cross_entropy(logits[chosen].float(), batch.input_ids.to(logits.device)[chosen], reduction="none")
+        return F.cross_entropy(_wide(logits[chosen]), batch.input_ids.to(logits.device)[chosen], reduction="none")
 
 
 def sentence_embedding(lm, batch) -> torch.Tensor:
@@ -148,11 +153,11 @@ class Fidelity(Objective):
     def setup(self, lm, batches) -> None:
         with torch.no_grad(), measuring(lm.model, eager=False):
             for batch in batches:
-                batch._cache["probe.fidelity"] = F.normalize(sentence_embedding(lm, batch).float(), dim=-1)
+                batch._cache["probe.fidelity"] = F.normalize(_wide(sentence_embedding(lm, batch)), dim=-1)
 
     def vector(self, lm, batch) -> torch.Tensor:
         """[batch, d_model] unit-length sentence embeddings of the model as gated now."""
-        return F.normalize(sentence_embedding(lm, batch).float(), dim=-1)
+        return F.normalize(_wide(sentence_embedding(lm, batch)), dim=-1)
 
     def losses(self, lm, batch) -> torch.Tensor:
         ref = batch._cache.get("probe.fidelity")
@@ -176,7 +181,7 @@ class Classification(Objective):
 
     def losses(self, lm, batch) -> torch.Tensor:
         logits = forward(lm, batch).logits  # [batch, classes]
-        return F.cross_entropy(logits.float(), batch._cache["probe.labels"].to(logits.device), reduction="none")
+        return F.cross_entropy(_wide(logits), batch._cache["probe.labels"].to(logits.device), reduction="none")
 
 
 def make_objective(name: str, seed: int = 0) -> Objective:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis import AnalysisResult, versions
-from ..classify import LABEL_RULES, MIXED
+from ..classify import LABEL_RULES, MIXED, REMOVED
 from ..errors import InputError
 from ..stats import STATISTICS
 from ..tokens import display_tokens
@@ -33,13 +33,13 @@ from ..tokens import display_tokens
 LABEL_COLORS = {
     "previous-token": "#E69F00", "next-token": "#56B4E9", "self": "#009E73", "first-token": "#0072B2",
     "sep": "#D55E00", "punctuation": "#CC79A7", "broad": "#F0E442", "long-range": "#999999",
-    MIXED: "#FFFFFF",
+    MIXED: "#FFFFFF", REMOVED: "#BDBDBD",
 }
 
 #: Short texts of the primary labels inside the grid cells.
 LABEL_SHORT = {
     "previous-token": "prev", "next-token": "next", "self": "self", "first-token": "1st", "sep": "sep",
-    "punctuation": "punc", "broad": "brd", "long-range": "long", MIXED: "",
+    "punctuation": "punc", "broad": "brd", "long-range": "long", MIXED: "", REMOVED: "\u00d7",
 }
 
 OUTPUT_FILES = ("index.html", "heads.csv", "run.json")

@@ -41,7 +41,7 @@ class Section:
 
 #: Section builders, ``"module:function"``; each is called as ``fn(result, tokenizer)`` and returns
 #: a :class:`Section` or None.
-BUILDERS: list[str] = []
+BUILDERS: list[str] = ["probe.pruning.report:section"]
 
 
 def render_fragment(template: str, **context) -> Markup:
