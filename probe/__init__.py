@@ -9,6 +9,7 @@ Public API (the CLI is a thin layer over it)::
     result = analyze(lm, ["First sentence.", "Second one."])
     result.heads                                # pandas DataFrame, one row per (layer, head)
     verify(lm).passed                           # from-scratch attention reproduces the model
+    prune(lm, texts).to_json()                  # pruning curves (probe.pruning: gates, removal, saving)
 """
 
 import time as _time
@@ -23,6 +24,7 @@ from .errors import ProbeError  # noqa: E402
 from .hooks import Hooks, ensure_eager, measuring  # noqa: E402
 from .inputs import Text  # noqa: E402
 from .models import LoadedModel, from_pretrained_objects, list_models, load_model  # noqa: E402
+from .pruning.experiment import prune  # noqa: E402
 from .reference import attention, swap_attention  # noqa: E402
 from .sites import Site  # noqa: E402
 from .stats import STATISTICS, HeadStatistics  # noqa: E402
@@ -33,5 +35,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ProbeError", "Site", "LoadedModel", "list_models", "load_model", "from_pretrained_objects", "Hooks",
     "ensure_eager", "measuring", "Text", "capture_attention", "attention_hooks", "Accumulator", "STATISTICS",
-    "HeadStatistics", "analyze", "run", "attention", "swap_attention", "verify",
+    "HeadStatistics", "analyze", "run", "attention", "swap_attention", "verify", "prune",
 ]

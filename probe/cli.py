@@ -352,14 +352,21 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
                       original model's mean-pooled sentence embedding
     Each is the loss the checkpoint was trained for, or, without a head, what its users rely on.
     """
+    from pathlib import Path
+
     from .corpus import check_texts, read_corpus, sample_texts
     from .models import load_model
     from .pruning.run import prune_run, read_labels
+    from .pruning.saving import check_target
+    from .report import prepare_run_dir
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     seqs, source = (read_corpus(corpus, limit), corpus) if corpus else (check_texts(sample_texts(), limit), "sample")
     label_list = read_labels(labels, len(seqs)) if labels else None
+    prepare_run_dir(out, model_name, force)  # fail before loading a model if a folder is taken
+    if save_to:
+        check_target(Path(save_to), force)
     head = {"mlm": "mlm", "classification": "classification", None: "auto"}.get(objective)
     lm = load_model(model_name, head=head)
     show = sys.stderr.isatty() if progress is None else progress

@@ -288,6 +288,23 @@ def _load_folder(source, dtype, head: str | None = None, **kw):
     return model, tokenizer
 
 
+def _load_local(path: Path, dtype, head: str | None, notes: list[str]):
+    """A local model folder: (model, tokenizer, pruned). A folder holding a pruned model's record
+    (probe.pruning.saving) is built from its config with the same heads removed."""
+    from .pruning.heads import PRUNED_FILE
+
+    if not (path / PRUNED_FILE).exists():
+        return (*_load_folder(path, dtype, head), None)
+    from transformers import AutoConfig
+
+    from .pruning.saving import load_pruned_folder
+
+    cls = _model_class(AutoConfig.from_pretrained(path, trust_remote_code=False), head)
+    model, tokenizer, pruned = load_pruned_folder(path, cls, dtype)
+    notes.append(f"pruned model: {sum(len(h) for h in pruned.removed().values())} heads removed ({PRUNED_FILE})")
+    return model, tokenizer, pruned
+
+
 def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
                use_cache: bool = True, head: str | None = None) -> LoadedModel:
     """Load a model for probing.
@@ -351,20 +368,8 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
                 raise ModelLoadError(f"model folder not found: {name}")
             if not (path / "config.json").exists():
                 raise ModelLoadError(f"{name} is not a model folder (no config.json)")
-            from .pruning.heads import PRUNED_FILE
-
             try:
-                if (path / PRUNED_FILE).exists():
-                    from transformers import AutoConfig
-
-                    from .pruning.saving import load_pruned_folder
-
-                    cls = _model_class(AutoConfig.from_pretrained(path, trust_remote_code=False), head)
-                    model, tokenizer, pruned = load_pruned_folder(path, cls, dtype)
-                    notes.append(f"pruned model: {sum(len(h) for h in pruned.removed().values())} heads removed "
-                                 f"({PRUNED_FILE})")
-                else:
-                    model, tokenizer = _load_folder(path, dtype, head)
+                model, tokenizer, pruned = _load_local(path, dtype, head, notes)
             except ProbeError:
                 raise
             except Exception as exc:  # noqa: BLE001

@@ -18,7 +18,7 @@ from ..report.sections import Section, render_fragment
 
 #: Colours of the curves (Okabe-Ito, colour-blind safe) and their dash patterns.
 STYLE = {"importance": ("#0072B2", ""), "redundancy": ("#D55E00", "6 3"), "random": ("#555555", "2 3")}
-WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 640, 340, 64, 130, 28, 46
+WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 720, 340, 64, 190, 28, 46
 
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
