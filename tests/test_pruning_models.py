@@ -68,7 +68,7 @@ def test_real_model_pruned_to_half_its_heads(fixture, request, tmp_path):
     with torch.no_grad():
         h2, o2 = _hidden_and_output(again, batch)
     assert torch.equal(h2, hidden) and torch.equal(o2, out)
-    assert verify(again, cases=["one-sentence", "padded-batch"]).passed
+    assert verify(again, cases=["sentence", "right-padded"]).passed
 
 
 def test_load_model_heads(tmp_path):

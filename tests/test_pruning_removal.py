@@ -187,7 +187,7 @@ def test_a_layer_with_every_head_pruned_passes_the_residual_through():
 def test_verify_passes_on_a_pruned_model(kind):
     lm = tiny_model(kind, layers=3)
     remove_heads(lm, {0: [1], 1: [0, 1, 2, 3], 2: [3]})
-    result = verify(lm, cases=["one-sentence", "padded-batch"])
+    result = verify(lm, cases=["sentence", "right-padded"])
     assert result.passed, result.max_abs_diff
 
 
