@@ -21,7 +21,7 @@ import torch
 from . import validate
 from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts
 from .capture import attention_hooks, forward
-from .classify import cluster_heads, default_thresholds, label_heads
+from .classify import REMOVED, cluster_heads, default_thresholds, label_heads
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .models import LoadedModel
@@ -42,12 +42,17 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     Returns:
         Notes on what capture changed (attention implementation, train mode), restored on exit.
 
+    A model whose heads were physically removed (``lm.pruned``) hands accumulators its
+    probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
+
     Raises:
         CaptureError: a site returned no attention probabilities.
     """
     state: dict = {}
 
     def on_site(site, probs):
+        if lm.pruned is not None:
+            probs = lm.pruned.expand(site.layer, probs)
         for acc in accumulators:
             acc.update(site, probs, state["batch"])
 
@@ -111,6 +116,7 @@ def model_summary(lm: LoadedModel) -> dict:
         "d_model": g.d_model, "max_length": lm.max_length,
         "windows": sorted({s.window for s in lm.sites if s.window is not None}),
         "parameters": int(sum(p.numel() for p in lm.model.parameters())),
+        "removed_heads": 0 if lm.pruned is None else sum(len(h) for h in lm.pruned.removed().values()),
         "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
     }
 
@@ -198,6 +204,11 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     heads = label_heads(heads, thresholds_used, [lab for acc in extras for lab in acc.head_labels()])
     if "group" not in heads.columns:
         heads["cluster"] = cluster_heads(heads, list(STATISTICS), n_clusters=n_clusters)
+    if lm.pruned is not None:  # physically removed heads: no statistic, label "removed", no cluster
+        gone = [(layer, h) for layer, hs in lm.pruned.removed().items() for h in hs]
+        rows = heads.set_index(["layer", "head"]).index.isin(gone)
+        heads.loc[rows, ["label", "labels"]] = REMOVED
+        heads.loc[rows, "cluster" if "cluster" in heads.columns else "group"] = -1
     c = counts.result()
     return AnalysisResult(
         model=model_summary(lm), heads=heads, stats=stats, thresholds=thresholds_used, counts=c.as_dict(),

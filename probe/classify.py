@@ -30,6 +30,8 @@ LABEL_RULES: dict[str, tuple[str, float]] = {
 }
 
 MIXED = "mixed"
+#: The label of a head physically removed from the model (probe.pruning): it has no statistics.
+REMOVED = "removed"
 
 
 def default_thresholds() -> dict[str, float]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis import AnalysisResult, versions
-from ..classify import LABEL_RULES, MIXED
+from ..classify import LABEL_RULES, MIXED, REMOVED
 from ..errors import InputError
 from ..stats import STATISTICS
 from ..tokens import display_tokens
@@ -34,18 +34,19 @@ LABEL_COLORS = {
     "previous-token": "#E69F00", "next-token": "#56B4E9", "self": "#009E73", "first-token": "#0072B2",
     "sep": "#D55E00", "punctuation": "#CC79A7", "broad": "#F0E442", "long-range": "#999999",
     "coreference": "#882255", "syntactic": "#44AA99", "induction": "#AA4499", "duplicate-token": "#BBCC33",
-    MIXED: "#FFFFFF",
+    MIXED: "#FFFFFF", REMOVED: "#BDBDBD",
 }
 
-#: Labels given by optional analyses: shown in the legend only when a head has one.
-OPTIONAL_LABELS = ("coreference", "syntactic")
+#: Labels given by optional analyses (and to heads removed by pruning): shown in the legend only
+#: when a head has one.
+OPTIONAL_LABELS = ("coreference", "syntactic", REMOVED)
 
 #: Short texts of the primary labels inside the grid cells.
 LABEL_SHORT = {
     "previous-token": "prev", "next-token": "next", "self": "self", "first-token": "1st", "sep": "sep",
     "punctuation": "punc", "broad": "brd", "long-range": "long", "coreference": "coref", "syntactic": "syn",
     "induction": "ind", "duplicate-token": "dup",
-    MIXED: "",
+    MIXED: "", REMOVED: "\u00d7",
 }
 
 

@@ -49,6 +49,7 @@ BUILDERS: list[str] = [
     "probe.patterns.report:groups_section",
     "probe.patterns.report:types_section",
     "probe.patterns.report:circuits_section",
+    "probe.pruning.report:section",
 ]
 
 
