@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,7 +21,8 @@ from probe.pruning.gates import gated, ones
 from probe.pruning.heads import PRUNED_FILE
 from probe.pruning.removal import parameter_count, remove_heads
 from probe.pruning.saving import save_pruned
-from probe.verify import verify
+from probe.stats import STATISTICS
+from probe.verification import verify
 
 TEXTS = ["The cat sat on the mat.", "A dog barked at the moon tonight, twice."]
 #: Gemma 2/3 give NaN outputs in float64 in transformers itself (unpruned, ungated): float32 check only.
@@ -194,6 +196,10 @@ def test_verify_passes_on_a_pruned_model(kind):
 def test_analysis_of_a_pruned_model_marks_removed_heads():
     lm = tiny_model("bert")
     full = analyze(lm, TEXTS)
+    gates = ones(lm)
+    gates[0, [1, 2]] = 0
+    with gated(lm, gates):
+        switched_off = analyze(lm, TEXTS)
     remove_heads(lm, {0: [1, 2]})
     res = analyze(lm, TEXTS)
     heads = res.heads.set_index(["layer", "head"])
@@ -201,7 +207,15 @@ def test_analysis_of_a_pruned_model_marks_removed_heads():
     for h in (1, 2):
         assert heads.loc[(0, h), "label"] == "removed" and heads.loc[(0, h), "cluster"] == -1
         assert heads.loc[(0, h), ["self", "entropy", "max_weight"]].isna().all()
-    # layer 1 is untouched: its statistics equal the complete model's exactly
+    # layer 0's other heads see the same input: their statistics equal the complete model's
     full_heads = full.heads.set_index(["layer", "head"])
-    torch.testing.assert_close(torch.tensor(heads.loc[1, "entropy"].to_numpy()),
-                               torch.tensor(full_heads.loc[1, "entropy"].to_numpy()), atol=1e-6, rtol=0)
+    for h in (0, 3):
+        torch.testing.assert_close(torch.tensor(heads.loc[(0, h), list(STATISTICS)].to_numpy(dtype=float)),
+                                   torch.tensor(full_heads.loc[(0, h), list(STATISTICS)].to_numpy(dtype=float)),
+                                   atol=1e-6, rtol=0)
+    # layer 1 sees layer 0 without those heads: its statistics equal those with the heads gated to 0
+    gated_heads = switched_off.heads.set_index(["layer", "head"])
+    torch.testing.assert_close(torch.tensor(heads.loc[1, list(STATISTICS)].to_numpy(dtype=float)),
+                               torch.tensor(gated_heads.loc[1, list(STATISTICS)].to_numpy(dtype=float)),
+                               atol=1e-5, rtol=0)
+    assert not np.allclose(heads.loc[1, "entropy"].to_numpy(), full_heads.loc[1, "entropy"].to_numpy(), atol=1e-6)
