@@ -219,3 +219,62 @@ def test_analysis_of_a_pruned_model_marks_removed_heads():
                                torch.tensor(gated_heads.loc[1, list(STATISTICS)].to_numpy(dtype=float)),
                                atol=1e-5, rtol=0)
     assert not np.allclose(heads.loc[1, "entropy"].to_numpy(), full_heads.loc[1, "entropy"].to_numpy(), atol=1e-6)
+
+
+TREES = ("# text = The cat sat.\n1\tThe\tthe\tDET\t_\t_\t2\tdet\t_\t_\n2\tcat\tcat\tNOUN\t_\t_\t3\tnsubj\t_\t_\n"
+         "3\tsat\tsit\tVERB\t_\t_\t0\troot\t_\tSpaceAfter=No\n4\t.\t.\tPUNCT\t_\t_\t3\tpunct\t_\t_\n\n")
+
+
+def _every_analysis(lm, tmp_path):
+    """A run with every analysis probe has (statistics, distances and groups, pattern types, health,
+    coreference, syntax, decoder circuits), written to a run folder."""
+    from probe.linguistic import annotated_input
+    from probe.patterns import circuit_probe, pattern_accumulators
+    from probe.report import write_run
+
+    tmp_path.mkdir()
+    (tmp_path / "trees.conllu").write_text(TREES, encoding="utf-8")
+    annotated = annotated_input("builtin", str(tmp_path / "trees.conllu"), 12)
+    res = analyze(lm, annotated.texts, accumulators=pattern_accumulators(lm) + annotated.accumulators(lm),
+                  finished=[circuit_probe(lm, sink_texts=annotated.texts)])
+    return res, write_run(res, lm.tokenizer, tmp_path / "run")
+
+
+def test_a_pruned_model_through_every_analysis(tmp_path):
+    """Removed heads (NaN probabilities) get NaN, never a made-up number, from every analysis, and
+    stay out of the head map and groups; the heads left in layer 0, whose probabilities removal does
+    not change, get the complete model's values; the report's figure data are strict JSON."""
+    import re
+
+    full, _ = _every_analysis(tiny_model("llama"), tmp_path / "full")
+    lm = tiny_model("llama")
+    remove_heads(lm, {0: [1, 2], 1: [0, 1, 2, 3]})
+    res, path = _every_analysis(lm, tmp_path / "pruned")
+    heads, full_heads = res.heads.set_index(["layer", "head"]), full.heads.set_index(["layer", "head"])
+    gone = [(0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (1, 3)]
+    numeric = [c for c in heads.columns if heads[c].dtype.kind == "f"]
+    assert {"coref_accuracy", "induction", "type_vertical"} <= set(numeric)
+    assert heads.loc[gone, numeric].isna().all().all()
+    assert (heads.loc[gone, "group"] == -1).all() and (heads.loc[gone, "pattern"] == "").all()
+    kept = [(0, 0), (0, 3)]
+    types = [c for c in numeric if c.startswith("type_")]
+    columns = ["coref_accuracy", "induction", "duplicate", "prev_random", *types]
+    np.testing.assert_allclose(heads.loc[kept, columns].to_numpy(float), full_heads.loc[kept, columns].to_numpy(float),
+                               atol=1e-9)
+    assert heads.loc[kept, "pattern"].tolist() == full_heads.loc[kept, "pattern"].tolist()
+    layer0 = res.results["distances"].layer[0]
+    assert layer0[0, 3] == pytest.approx(full.results["distances"].layer[0][0, 3], abs=1e-9)
+    layer1 = res.results["distances"].layer[1]
+    assert np.isnan(layer0[0, 1]) and np.isnan(layer1[~np.eye(4, dtype=bool)]).all()
+    assert res.results["health"]["padding_max"] == 0.0  # the heads left attend no padding
+    sinks = res.results["circuits"].sinks
+    assert np.isfinite(sinks.loc[0, "without_bos"]) and np.isnan(sinks.loc[1, "without_bos"])
+    coref = res.results["coreference"].table
+    assert coref[(coref["kind"] == "head") & (coref["layer"] == 1)]["accuracy"].isna().all()
+    syntax = res.results["syntax"].table
+    assert syntax[(syntax["kind"] == "head") & (syntax["layer"] == 1)]["accuracy"].isna().all()
+    html = (path / "index.html").read_text(encoding="utf-8")
+    for data in re.findall(r'<script type="application/json"[^>]*>(.*?)</script>', html, re.S):
+        json.loads(data, parse_constant=lambda name: pytest.fail(f"{name} in the report's data"))
+    figures = json.loads(re.search(r'id="probe-data">(.*?)</script>', html, re.S).group(1))["figures"]
+    assert len(figures["map-group"]["xs"]) == 2  # the two heads left

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator
+from ..accumulators import Accumulator, present_heads
 from ..inputs import Batch
 from ..sites import Site
 from .intervals import accuracy, wilson
@@ -178,6 +178,7 @@ class CorefAccumulator(Accumulator):
         self.keep = keep
         self._site_pos = {s: i for i, s in enumerate(self.sites)}
         self.correct = np.zeros((len(self.sites), n_heads), dtype=np.int64)
+        self.absent = np.zeros((len(self.sites), n_heads), dtype=bool)  # heads removed by pruning
         self.n = 0
         self.baseline_correct = dict.fromkeys(BASELINES, 0)
         self.seen = 0
@@ -237,6 +238,7 @@ class CorefAccumulator(Accumulator):
                 "truth_a": torch.tensor([it["truth_a"] for it in items]), "keep": keep}
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
+        self.absent[self._site_pos[site]] |= ~present_heads(probs).cpu().numpy()
         w = self._batch
         if w is None:
             return
@@ -257,6 +259,7 @@ class CorefAccumulator(Accumulator):
         if other.sites != self.sites or other.n_heads != self.n_heads:
             raise ValueError("cannot merge coreference results of models with different sites or head counts")
         self.correct += other.correct
+        self.absent |= other.absent
         self.n += other.n
         self.seen += other.seen
         self.prior += other.prior
@@ -275,6 +278,7 @@ class CorefAccumulator(Accumulator):
         heads = pd.DataFrame({
             "kind": "head", "layer": np.repeat([s.layer for s in self.sites], H), "head": np.tile(np.arange(H), S),
             "n": n, "accuracy": accuracy(self.correct.ravel(), n), "ci_low": low, "ci_high": high})
+        heads.loc[self.absent.ravel(), ["accuracy", "ci_low", "ci_high"]] = np.nan  # removed heads: no answer
         base_correct = [self.baseline_correct[b] for b in BASELINES]
         low, high = wilson(base_correct, [self.n] * len(BASELINES))
         base = pd.DataFrame({"kind": list(BASELINES), "layer": pd.NA, "head": pd.NA, "n": self.n,

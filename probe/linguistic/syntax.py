@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator
+from ..accumulators import Accumulator, present_heads
 from ..inputs import Batch
 from ..sites import Site
 from .intervals import accuracy, wilson
@@ -105,6 +105,7 @@ class SyntaxAccumulator(Accumulator):
         self.relations: list[str] = []
         self._rel: dict[str, int] = {}
         self.correct = np.zeros((len(self.sites), 0, 2, n_heads), dtype=np.int64)
+        self.absent = np.zeros((len(self.sites), n_heads), dtype=bool)  # heads removed by pruning
         self.n = np.zeros(0, dtype=np.int64)
         self.offset_counts = np.zeros((0, len(OFFSETS)), dtype=np.int64)  # by d = head - dependent
         self.left = np.zeros((0, 2), dtype=np.int64)  # target word left of the query word
@@ -169,6 +170,7 @@ class SyntaxAccumulator(Accumulator):
                            "allowed": {causal: candidates(names, causal) for causal in (False, True)}}
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
+        self.absent[self._site_pos[site]] |= ~present_heads(probs).cpu().numpy()
         w = self._batch
         if w is None:
             return
@@ -195,6 +197,7 @@ class SyntaxAccumulator(Accumulator):
             self.n[i] += other.n[j]
             self.offset_counts[i] += other.offset_counts[j]
             self.left[i] += other.left[j]
+        self.absent |= other.absent
         self.unaligned.update(other.unaligned)
         self.seen += other.seen
         self.prior += other.prior
@@ -222,10 +225,12 @@ class SyntaxAccumulator(Accumulator):
             for k, direction in enumerate(DIRECTIONS):
                 c = correct[:, k].ravel()
                 low, high = wilson(c, np.full(S * H, n))
-                frames.append(pd.DataFrame({
+                heads = pd.DataFrame({
                     "relation": rel, "direction": direction, "kind": "head", "layer": layers,
                     "head": np.tile(np.arange(H), S), "offset": pd.NA, "n": n, "accuracy": accuracy(c, n),
-                    "ci_low": low, "ci_high": high}))
+                    "ci_low": low, "ci_high": high})
+                heads.loc[self.absent.ravel(), ["accuracy", "ci_low", "ci_high"]] = np.nan  # removed heads
+                frames.append(heads)
                 # dep->head predicts d + k (correct when g - d = k); head->dep predicts g + k (k = d - g)
                 by_k = offs if k == 0 else offs[::-1]
                 j = int(np.argmax(by_k))

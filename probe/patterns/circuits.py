@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator
+from ..accumulators import Accumulator, present_heads
 from ..inputs import Batch, Text, as_texts, tokenize
 from ..sites import Site
 
@@ -165,8 +165,9 @@ class SinkShares(Accumulator):
         real = batch.real.to(probs.device).clone()
         real[:, 0] = False  # row 0 sees only itself in a causal model
         i = self._pos[site]
-        self.sums[i] += float((probs[..., 0].float() * real[:, None, :]).sum().double())
-        self.rows[i] += int(real.sum()) * probs.shape[1]
+        present = present_heads(probs)  # heads removed by pruning have no probabilities
+        self.sums[i] += float((probs[:, present, :, 0].float() * real[:, None, :]).sum().double())
+        self.rows[i] += int(real.sum()) * int(present.sum())
 
     def merge(self, other: SinkShares) -> SinkShares:
         self.sums += other.sums

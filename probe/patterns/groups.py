@@ -44,8 +44,10 @@ class HeadGroups:
     """Groups and map coordinates of all heads.
 
     Attributes:
-        group: [heads] int group id per head (index = site * heads + head).
-        xy: [heads, 2] MDS coordinates (bits: distances in the map approximate the divergences).
+        group: [heads] int group id per head (index = site * heads + head); -1 for a head without
+            attention (removed by pruning).
+        xy: [heads, 2] MDS coordinates (bits: distances in the map approximate the divergences); NaN
+            for a head without attention.
         k: number of groups.
         silhouette: k -> the criterion for k groups: the mean silhouette of the heads in groups of two
             or more (see the module docstring).
@@ -148,14 +150,29 @@ def _renumber(labels: np.ndarray) -> np.ndarray:
 def head_groups(distance: np.ndarray, *, max_groups: int = MAX_GROUPS, seed: int = 0) -> HeadGroups:
     """Groups (clustering) and 2-D map (MDS) of all heads from their [heads, heads] divergence.
 
+    A head whose every distance is NaN had no attention probabilities (a head physically removed by
+    :mod:`probe.pruning`, whose probabilities are NaN): it is left out of the map and the groups
+    (group -1, coordinates NaN) and the others are grouped among themselves.
+
     Raises:
-        ValueError: a NaN in ``distance``.
+        ValueError: a NaN between two heads that both have measured distances.
     """
-    xy, stress = head_map(distance, seed)
-    group, scores = cluster_by_distance(distance, max_groups)
-    k = int(group.max()) + 1 if len(group) else 0
-    tried = max(2, min(max_groups, len(group) - 1))
+    d = np.asarray(distance, dtype=float)
+    off = d.copy()
+    np.fill_diagonal(off, np.nan)
+    keep = ~np.isnan(off).all(axis=1) if len(d) > 1 else np.ones(len(d), dtype=bool)
+    sub = d[np.ix_(keep, keep)]
+    xy_kept, stress = head_map(sub, seed)
+    group_kept, scores = cluster_by_distance(sub, max_groups)
+    group = np.full(len(d), -1, dtype=int)
+    group[keep] = group_kept
+    xy = np.full((len(d), 2), np.nan)
+    xy[keep] = xy_kept
+    k = int(group_kept.max()) + 1 if len(group_kept) else 0
+    tried = max(2, min(max_groups, len(group_kept) - 1))
     criterion = (f"average-linkage clustering of the Jensen-Shannon divergence; k = {k} of 2..{tried} with the "
                  "largest mean silhouette of the heads that share their group") if scores else \
         "one group (fewer than 3 heads or no distance)"
+    if not keep.all():
+        criterion += f"; {int((~keep).sum())} heads without attention (removed) left out (group -1)"
     return HeadGroups(group, xy, k, scores, stress, criterion)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..accumulators import Accumulator
+from ..accumulators import Accumulator, present_heads
 from ..inputs import Batch
 from ..sites import Site
 
@@ -111,6 +111,7 @@ class HealthProbe(Accumulator):
             return
         cells = self._cells(batch, site, probs.shape[-1]).to(probs.device)
         values = probs.detach().float().transpose(0, 1)[:, cells]  # [heads, padding cells]
+        values = values[present_heads(probs)]  # heads removed by pruning have no probabilities
         if values.numel():
             i = self._pos[site]
             self.padding_max[i] = max(float(self.padding_max[i]), float(values.max()))

@@ -25,13 +25,14 @@ characters start after the first text, and a special token takes the segment of 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator
+from ..accumulators import Accumulator, present_heads
 from ..inputs import Batch
 from ..sites import Site
 from ..stats import token_features
@@ -155,7 +156,8 @@ class PatternTypes(Accumulator):
         """Classify every (head, sequence) of one site: ``probs`` [batch, heads, T, T]."""
         pair = batch.cached("segments", lambda: segments(batch))[1]
         types = classify(sequence_scores(probs, batch, self.tokenizer), pair)  # [B, H]
-        self.counts[self._pos[site]] += torch.nn.functional.one_hot(types, len(TYPES)).sum(0)
+        counted = torch.nn.functional.one_hot(types, len(TYPES)).sum(0)  # [H, types]
+        self.counts[self._pos[site]] += counted * present_heads(probs).cpu()[:, None]  # removed heads: none
 
     def merge(self, other: PatternTypes) -> PatternTypes:
         if other.sites != self.sites or other.n_heads != self.n_heads:
@@ -173,9 +175,12 @@ class PatternTypes(Accumulator):
             return np.where(total > 0, counts / np.where(total > 0, total, 1), np.nan)
 
     def result(self) -> TypeResult:
-        """Shares per head and per layer (the mean over its heads)."""
+        """Shares per head and per layer (the mean over its heads; heads removed by pruning, whose
+        shares are NaN, left out)."""
         shares = self.shares()
-        frame = pd.DataFrame(shares.mean(1), columns=list(TYPES))
+        with warnings.catch_warnings():  # a layer with every head removed: NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            frame = pd.DataFrame(np.nanmean(shares, 1), columns=list(TYPES))
         frame.insert(0, "layer", [s.layer for s in self.sites])
         return TypeResult(frame, shares, self.sequences, self.pairs)
 

@@ -122,17 +122,19 @@ def groups_section(result, tokenizer) -> Section | None:
     layers, hs = heads["layer"].to_numpy(), heads["head"].to_numpy()
     labels, group = heads["label"].tolist(), heads["group"].to_numpy()
     n_layers = int(layers.max()) + 1
-    tips = [f"L{l} H{h}: {lab}, group {g}" for l, h, lab, g in zip(layers, hs, labels, group)]
-    families = [label_family(lab) for lab in labels]  # "syntactic:nsubj" is drawn as "syntactic"
+    on_map = np.flatnonzero(group >= 0)  # heads removed by pruning (group -1) have no attention to place
+    xy = groups.xy[on_map]
+    tips = [f"L{layers[i]} H{hs[i]}: {labels[i]}, group {group[i]}" for i in on_map]
+    families = [label_family(labels[i]) for i in on_map]  # "syntactic:nsubj" is drawn as "syntactic"
     present = [lab for lab in LABEL_COLORS if lab in set(families)]
     figures = {
-        "map-layer": _scatter(groups.xy, "heads by layer", tips, legend=_layer_legend(n_layers),
-                              values=[float(v) / max(1, n_layers - 1) for v in layers]),
-        "map-label": _scatter(groups.xy, "heads by primary label", tips,
+        "map-layer": _scatter(xy, "heads by layer", tips, legend=_layer_legend(n_layers),
+                              values=[float(layers[i]) / max(1, n_layers - 1) for i in on_map]),
+        "map-label": _scatter(xy, "heads by primary label", tips,
                               colors=[LABEL_COLORS.get(lab, "#ffffff") for lab in families],
                               legend=[[lab, LABEL_COLORS[lab]] for lab in present]),
-        "map-group": _scatter(groups.xy, f"heads by group ({groups.k})", tips,
-                              colors=[GROUP_COLORS[g % len(GROUP_COLORS)] for g in group],
+        "map-group": _scatter(xy, f"heads by group ({groups.k})", tips,
+                              colors=[GROUP_COLORS[group[i] % len(GROUP_COLORS)] for i in on_map],
                               legend=[[f"group {g}", GROUP_COLORS[g % len(GROUP_COLORS)]] for g in range(groups.k)]),
     }
     d = acc_result.model
