@@ -11,6 +11,7 @@ Public API (the CLI is a thin layer over it)::
     verify(lm).passed                           # from-scratch attention reproduces the model
     show(lm, "The cat sat on the mat.")         # interactive head view (Jupyter; offline)
     compare_runs(result, load_run("reports/smollm2-..."))  # per-head differences, B - A
+    prune(lm, texts).to_json()                  # pruning curves (probe.pruning: gates, removal, saving)
 """
 
 import time as _time
@@ -26,6 +27,7 @@ from .errors import ProbeError  # noqa: E402
 from .hooks import Hooks, ensure_eager, measuring  # noqa: E402
 from .inputs import Text  # noqa: E402
 from .models import LoadedModel, from_pretrained_objects, list_models, load_model  # noqa: E402
+from .pruning.experiment import prune  # noqa: E402
 from .reference import attention, swap_attention  # noqa: E402
 from .sites import Site  # noqa: E402
 from .stats import STATISTICS, HeadStatistics  # noqa: E402
@@ -38,5 +40,5 @@ __all__ = [
     "ProbeError", "Site", "LoadedModel", "list_models", "load_model", "from_pretrained_objects", "Hooks",
     "ensure_eager", "measuring", "Text", "capture_attention", "attention_hooks", "Accumulator", "STATISTICS",
     "HeadStatistics", "analyze", "run", "attention", "swap_attention", "verify",
-    "show", "HeadView", "load_run", "compare_runs",
+    "show", "HeadView", "load_run", "compare_runs", "prune",
 ]

@@ -26,6 +26,18 @@ from .inputs import Batch
 from .sites import Site
 
 
+def present_heads(probs: torch.Tensor) -> torch.Tensor:
+    """[heads] bool on ``probs``' device: the heads that have attention probabilities in ``probs``
+    [batch, heads, query, key].
+
+    A model whose heads were physically removed (:mod:`probe.pruning`) hands accumulators NaN
+    probabilities for those heads (:func:`probe.analysis.run`, original numbering); every other
+    head has a number at the first query row's first key, which every row may see. Accumulators
+    leave the other heads' values out of what they report (NaN, not a made-up number).
+    """
+    return ~torch.isnan(probs[0, :, 0, 0])
+
+
 class Accumulator:
     """Base class: override :meth:`update`, :meth:`merge` and :meth:`result`.
 

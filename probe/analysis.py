@@ -21,7 +21,7 @@ import torch
 from . import validate
 from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts
 from .capture import attention_hooks, forward
-from .classify import cluster_heads, default_thresholds, label_heads
+from .classify import REMOVED, cluster_heads, default_thresholds, label_heads
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .models import LoadedModel
@@ -42,12 +42,17 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     Returns:
         Notes on what capture changed (attention implementation, train mode), restored on exit.
 
+    A model whose heads were physically removed (``lm.pruned``) hands accumulators its
+    probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
+
     Raises:
         CaptureError: a site returned no attention probabilities.
     """
     state: dict = {}
 
     def on_site(site, probs):
+        if lm.pruned is not None:
+            probs = lm.pruned.expand(site.layer, probs)
         for acc in accumulators:
             acc.update(site, probs, state["batch"])
 
@@ -73,7 +78,7 @@ class AnalysisResult:
         heads: one row per (layer, head): ``layer``, ``head``, ``label`` (primary), ``labels``
             (all, ';'-separated), one column per statistic of :data:`probe.stats.STATISTICS`,
             the columns extra accumulators add (:meth:`~probe.accumulators.Accumulator.columns`),
-            and ``cluster``.
+            and ``cluster`` (k-means on the statistics) unless an accumulator gave ``group``.
         stats: the raw running sums and counts (mergeable with another run's).
         thresholds: label -> threshold used.
         counts: sequences, tokens (real, special included), truncated sequences, batches,
@@ -111,6 +116,7 @@ def model_summary(lm: LoadedModel) -> dict:
         "d_model": g.d_model, "max_length": lm.max_length,
         "windows": sorted({s.window for s in lm.sites if s.window is not None}),
         "parameters": int(sum(p.numel() for p in lm.model.parameters())),
+        "removed_heads": 0 if lm.pruned is None else sum(len(h) for h in lm.pruned.removed().values()),
         "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
         **({"stacks": {stack: sum(1 for s in lm.sites if s.stack == stack and s.kind == "self")
                        for stack in ("encoder", "decoder")}, "encoder_decoder": True}
@@ -122,6 +128,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             max_length: int | None = None, n_examples: int = 3, example_tokens: int | None = 64,
             thresholds: dict[str, float] | None = None, n_clusters: int = 6, progress: bool = False,
             parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = (),
+            finished: Sequence[Accumulator] = (),
             reduce: Callable[[list[Accumulator]], None] | None = None,
             generate: int | None = None) -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
@@ -140,10 +147,15 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         example_tokens: tokens per side kept of each example's maps (default 64, what the report
             draws; None keeps whole maps, e.g. for a notebook).
         thresholds: label thresholds overriding METRICS.md's defaults.
-        n_clusters: k of the k-means grouping of heads.
+        n_clusters: k of the k-means grouping of heads (``cluster``), used only when no accumulator
+            gives heads a ``group`` (:class:`probe.patterns.HeadDistances` does: groups by the
+            Jensen-Shannon distance replace the k-means clusters).
         progress: show a tqdm progress bar.
         parse_special_tokens: let typed special-token strings become special tokens (F23).
         accumulators: extra accumulators run in the same pass (results in ``results[acc.name]``).
+        finished: accumulators that already ran on their own inputs (e.g. the decoder circuit probe,
+            :func:`probe.patterns.circuit_probe`): not run on the texts; their columns, labels and
+            results join the result like the others'.
         reduce: called with every accumulator after the pass, to merge in those of other
             processes (data parallelism: :func:`probe.distributed.reducer`); None in one process.
         generate: encoder-decoder models: the model writes each source's target itself (greedy, at
@@ -203,13 +215,20 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         raise InputError("no text given")
 
     heads = stats.result()
-    for acc in accumulators:
+    extras = [*accumulators, *finished]
+    for acc in extras:
         extra = acc.columns()
         if extra is not None:
             keys = [c for c in ("stack", "kind", "layer", "head") if c in heads and c in extra]
             heads = heads.merge(extra, on=keys, how="left", validate="one_to_one")
-    heads = label_heads(heads, thresholds_used, [lab for acc in accumulators for lab in acc.head_labels()])
-    heads["cluster"] = cluster_heads(heads, list(stats.statistics), n_clusters=n_clusters)
+    heads = label_heads(heads, thresholds_used, [lab for acc in extras for lab in acc.head_labels()])
+    if "group" not in heads.columns:
+        heads["cluster"] = cluster_heads(heads, list(stats.statistics), n_clusters=n_clusters)
+    if lm.pruned is not None:  # physically removed heads: no statistic, label "removed", no cluster
+        gone = [(layer, h) for layer, hs in lm.pruned.removed().items() for h in hs]
+        rows = heads.set_index(["layer", "head"]).index.isin(gone)
+        heads.loc[rows, ["label", "labels"]] = REMOVED
+        heads.loc[rows, "cluster" if "cluster" in heads.columns else "group"] = -1
     c = counts.result()
     return AnalysisResult(
         model=model_summary(lm), heads=heads, stats=stats, thresholds=thresholds_used, counts=c.as_dict(),
@@ -219,7 +238,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
                   "parse_special_tokens": parse_special_tokens},
         timings={"forward_and_statistics_s": round(t_run, 4), "analyze_s": round(time.perf_counter() - t0, 4)},
         notes=list(lm.notes) + list(notes) + input_notes(c, lm.tokenizer),
-        results={acc.name: acc.result() for acc in accumulators},
+        results={acc.name: acc.result() for acc in extras},
     )
 
 

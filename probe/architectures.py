@@ -207,9 +207,12 @@ class ArchSpec:
             projection's input).
         kv_group_attr: attribute holding query heads per key/value head (grouped-query attention),
             or None.
+        kv_head_count_attrs: attributes of the attention module equal to its number of key/value
+            heads, read at run time (Phi-3 slices its stacked projection by ``num_key_value_heads``).
         config_head_attrs: config attributes a module reads the head count from at run time
             (Phi-3 splits its fused projection by ``config.num_attention_heads``), which pruning must
-            give the module its own value of.
+            give the module its own value of (:func:`probe.pruning.removal.remove_heads` gives the
+            module a view of the config with its own head count).
         cache_kwargs: names under which the attention module receives the key/value cache.
         sites_override: the site kinds of an encoder-decoder model (:class:`SiteSpec`); empty for
             single-stack models, whose one site kind the fields above describe.
@@ -247,6 +250,7 @@ class ArchSpec:
     head_count_attrs: tuple[str, ...] = ()
     width_attrs: tuple[str, ...] = ()
     kv_group_attr: str | None = None
+    kv_head_count_attrs: tuple[str, ...] = ()
     config_head_attrs: tuple[str, ...] = ()
     cache_kwargs: tuple[str, ...] = ("cache", "past_key_values")
     sites_override: tuple[SiteSpec, ...] = ()
@@ -326,7 +330,8 @@ _GPT_NEOX = ArchSpec(
 _PHI3 = ArchSpec(
     family="phi3", layers="layers", attention="self_attn", qkv_layout="stacked", qkv="self_attn.qkv_proj",
     o="self_attn.o_proj", causal=True, rotary=True, softmax_dtype=torch.float32, window=_window_every_layer,
-    kv_group_attr="num_key_value_groups", config_head_attrs=("num_attention_heads",),
+    kv_group_attr="num_key_value_groups", kv_head_count_attrs=("num_key_value_heads",),
+    config_head_attrs=("num_attention_heads",),
 )
 _GEMMA = replace(_LLAMA, family="gemma")
 _GEMMA2 = replace(_LLAMA, family="gemma2", scaling=_query_pre_attn_scaling,

@@ -24,9 +24,14 @@ LABEL_RULES: dict[str, tuple[str, float]] = {
     "punctuation": ("punct", 0.5),
     "broad": ("norm_entropy", 0.8),
     "long-range": ("long", 0.5),
+    # decoder circuits on repeated random tokens (METRICS.md; columns from probe.patterns.circuit_probe)
+    "induction": ("induction", 0.4),
+    "duplicate-token": ("duplicate", 0.4),
 }
 
 MIXED = "mixed"
+#: The label of a head physically removed from the model (probe.pruning): it has no statistics.
+REMOVED = "removed"
 
 
 def default_thresholds() -> dict[str, float]:

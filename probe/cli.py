@@ -8,6 +8,7 @@ usage errors do. The library never imports click; only this module does.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import os
@@ -125,6 +126,25 @@ def _placement_options(fn):
                         help="Where the model runs [default: cpu; auto: cuda when present].")(fn)
 
 
+def _parse_health(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
+    from .patterns.health import health_thresholds
+
+    out = {}
+    for item in values:
+        name, sep, number = item.partition("=")
+        try:
+            out[name] = float(number)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected CHECK=VALUE with a number VALUE") from None
+        if not sep:
+            raise click.BadParameter(f"{item!r}: expected CHECK=VALUE")
+    try:
+        health_thresholds(out)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return out
+
+
 def _model_option(fn):
     return click.option("--model", "-m", "model_name", default=DEFAULT_MODEL, show_default=True,
                         help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")(fn)
@@ -135,8 +155,11 @@ def _model_option(fn):
 @click.option("--text", "-t", "texts", multiple=True, help="A sequence to analyze (repeatable).")
 @click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Plain text (one sequence a line) or CoNLL-U (# text = lines).")
+@click.option("--pairs", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Sentence pairs, one a line, the two segments separated by a tab (the Kovaleva 'block' "
+                   "type needs two segments).")
 @click.option("--limit", "-n", type=int, default=None, callback=validate.click_callback(validate.limit),
-              help="Use at most N sequences.")
+              help="Use at most N sequences (with --coref/--syntax: N of each file).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=None,
               help="Truncate sequences to this many tokens [default: the model's limit].")
@@ -152,38 +175,51 @@ def _model_option(fn):
                    "(default: typed text is text).")
 @click.option("--verify", "run_verify", is_flag=True,
               help="Also verify the from-scratch attention against the model and add it to the report.")
+@click.option("--distance/--no-distance", default=True, show_default=True,
+              help="Jensen-Shannon distances between heads (groups, head map, duplicate heads).")
+@click.option("--map-sequences", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Sequences (the first of the corpus) in the all-heads distance behind the map and groups.")
+@click.option("--circuits/--no-circuits", default=True, show_default=True,
+              help="Decoders: induction / duplicate-token probe on repeated random tokens, attention sinks.")
+@click.option("--health-threshold", "health", multiple=True, metavar="CHECK=VALUE", callback=_parse_health,
+              help="Override a health-check threshold, e.g. saturated=0.99 (saturated, uniform, collapsed, "
+                   "duplicates; repeatable).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
+@click.option("--coref", is_flag=False, flag_value="builtin", default=None, metavar="[FILE|builtin]",
+              help="Score coreference heads on a GAP TSV file (no value or 'builtin': the built-in probe set); "
+                   "the examples are the analysed text. Writes coref.csv.")
+@click.option("--syntax", "syntax_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              metavar="FILE.conllu", help="Score syntactic heads on the dependency trees of a CoNLL-U file; its "
+                                          "sentences are the analysed text. Writes syntax.csv.")
 @_placement_options
 @user_errors
-def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, out, force, examples,
-                    thresholds, parse_special_tokens, run_verify, progress, device, dtype, device_map) -> None:
+def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_length, out, force, examples,
+                    thresholds, parse_special_tokens, run_verify, distance, map_sequences, circuits, health,
+                    progress, coref, syntax_file, device, dtype, device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
-    Without --text or --corpus, a small built-in English sample is used. A corpus is read as it is
-    analysed (memory does not grow with it). Under torchrun or accelerate launch, each process
-    analyses its share of the corpus and rank 0 writes the one report.
+    Without --text, --corpus or --pairs, a small built-in English sample is used. A corpus or a
+    pairs file is read as it is analysed (memory does not grow with it). With --coref and/or
+    --syntax, the annotated text is the analysed text (--limit applies to each file) and cannot be
+    combined with --text, --corpus or --pairs. Also measured: head distances and groups, Kovaleva
+    pattern types and health checks, and on decoders the induction / duplicate-token probe; the
+    options --no-distance and --no-circuits turn off the costly parts. Under torchrun or accelerate
+    launch, each process analyses its share of the corpus and rank 0 writes the one report.
     """
     from contextlib import nullcontext
 
     from . import distributed
     from .analysis import analyze
-    from .corpus import check_texts, iter_corpus, peek, sample_texts
-    from .errors import InputError
     from .models import load_model
+    from .patterns import circuit_probe, pattern_accumulators
+    from .patterns.circuits import SINK_TEXTS
     from .report import prepare_run_dir, write_run
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     timings = {"startup_s": time.perf_counter() - started}
     t = time.perf_counter()
-    if texts and corpus:
-        raise InputError("give either --text or --corpus, not both")
-    if corpus:
-        seqs, source = peek(iter_corpus(corpus, limit)), corpus
-    elif texts:
-        seqs, source = check_texts(list(texts), limit), "--text"
-    else:
-        seqs, source = check_texts(sample_texts(), limit), "built-in sample"
+    seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
     prepare_run_dir(out, model_name, force)  # fail before loading a model if the folder is taken
     timings["input_s"] = time.perf_counter() - t
 
@@ -198,13 +234,28 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
              if world else "")
     click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
                f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
+    finished, skipped = [], []
+    if circuits and lm.causal and (world is None or world.main):  # rank 0 alone reports the probe
+        t = time.perf_counter()
+        sink_texts, seqs = _first(seqs, SINK_TEXTS)
+        try:
+            finished.append(circuit_probe(lm, sink_texts=sink_texts))
+        except ValueError as exc:  # e.g. a model whose limit is below the probe's 2 x 25 tokens
+            skipped.append(f"decoder circuit probe skipped: {exc}")
+        timings["circuits_s"] = time.perf_counter() - t
+    extra = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
+    if annotated is not None:
+        # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
+        extra += annotated.accumulators(lm, prior=world is None or world.main)
     with distributed.process_group(world) if world else nullcontext():
         result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
                          max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
-                         parse_special_tokens=parse_special_tokens, reduce=distributed.reducer(world))
+                         parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
+                         reduce=distributed.reducer(world))
     if world is not None and not world.main:
         return  # rank 0 writes the one report
     timings["analyze_s"] = result.timings["analyze_s"]
+    result.notes.extend(skipped)
     verification = None
     if run_verify:
         from .verification import verify
@@ -219,8 +270,10 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     trunc = f", {result.counts['truncated']} truncated" if result.counts["truncated"] else ""
     verdict = "" if verification is None else f"; verify {'PASS' if verification['passed'] else 'FAIL'}"
     t = result.timings
-    parts = [("start-up", t["startup_s"] + t["input_s"]), ("model load", t["model_load_s"]),
-             ("analysis", t["analyze_s"])]
+    parts = [("start-up", t["startup_s"] + t["input_s"]), ("model load", t["model_load_s"])]
+    if "circuits_s" in t:
+        parts.append(("circuit probe", t["circuits_s"]))
+    parts.append(("analysis", t["analyze_s"]))
     if "verify_s" in t:
         parts.append(("verify", t["verify_s"]))
     parts += [("report", t["report_s"]), ("other", t["other_s"])]
@@ -228,10 +281,52 @@ def analyze_command(model_name, texts, corpus, limit, batch_size, max_length, ou
     click.echo(f"{len(result.heads)} heads ({counts}) from {result.counts['sequences']} sequences, "
                f"{result.counts['tokens']} tokens{trunc}{verdict} in {t['total_s']:.1f} s "
                f"({', '.join(f'{name} {value:.1f} s' for (name, _), value in zip(parts, shown))})")
+    if annotated is not None:
+        from .linguistic.report import summary_lines
+
+        for line in summary_lines(result):
+            click.echo(line)
     for note in result.notes:
         if note not in lm.notes:  # loading notes (e.g. "loaded the cached copy") stay in run.json
             click.echo(f"note: {note}", err=True)
     click.echo(f"Report: {path / 'index.html'}")
+
+
+def _analysis_input(texts, corpus, pairs, coref, syntax_file, limit):
+    """The texts of ``probe analyze`` (a list, or a stream for --corpus and --pairs), a description
+    of where they come from, and the annotated input of --coref/--syntax (or None).
+
+    Raises:
+        InputError: two kinds of input given, or an input that cannot be read.
+    """
+    from .corpus import check_texts, iter_corpus, iter_pairs, peek, sample_texts
+    from .errors import InputError
+
+    if sum(bool(x) for x in (texts, corpus, pairs)) > 1:
+        raise InputError("give either --text, --corpus or --pairs, not two of them")
+    if coref is not None or syntax_file is not None:
+        if texts or corpus or pairs:
+            raise InputError("--coref and --syntax analyse their own annotated text; leave out --text, --corpus "
+                             "and --pairs")
+        from .linguistic import annotated_input
+
+        annotated = annotated_input(coref, syntax_file, limit)
+        return annotated.texts, annotated.source, annotated
+    if corpus:
+        return peek(iter_corpus(corpus, limit)), corpus, None
+    if pairs:
+        return peek(iter_pairs(pairs, limit)), pairs, None
+    if texts:
+        return check_texts(list(texts), limit), "--text", None
+    return check_texts(sample_texts(), limit), "built-in sample", None
+
+
+def _first(seqs, n: int):
+    """The first ``n`` texts of ``seqs`` and ``seqs`` itself, whole (a stream is re-chained)."""
+    if hasattr(seqs, "__len__"):
+        return list(seqs[:n]), seqs
+    head = list(itertools.islice(seqs, n))
+    return head, itertools.chain(head, seqs)
 
 
 def _rounded_parts(values: list[float], total: float) -> list[float]:
@@ -400,6 +495,110 @@ def _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, for
         results.append(result)
         tokenizers.append(lm.tokenizer)
     return results[0], results[1], tuple(tokenizers)
+
+
+# ---------------------------------------------------------------------------------------------
+# probe prune
+# ---------------------------------------------------------------------------------------------
+
+def _orders(ctx, param, value: str) -> list[str]:
+    from .pruning.curves import ORDERS
+
+    orders = [o.strip() for o in value.split(",") if o.strip()]
+    bad = [o for o in orders if o not in ORDERS]
+    if bad or not orders or len(set(orders)) != len(orders):
+        raise click.BadParameter(f"{value!r}: a comma-separated list of distinct orders from {', '.join(ORDERS)}")
+    return orders
+
+
+@main.command("prune")
+@_model_option
+@click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Plain text (one sequence a line) or CoNLL-U [default: the built-in sample].")
+@click.option("--limit", "-n", type=int, default=None, callback=validate.click_callback(validate.limit),
+              help="Use at most N sequences.")
+@click.option("--objective", type=click.Choice(["clm", "mlm", "fidelity", "classification"]), default=None,
+              help="What pruning must not hurt [default: chosen from the model, see above].")
+@click.option("--labels", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="classification: one label (class id or name) per line, in corpus order.")
+@click.option("--order", "orders", default="importance,redundancy,random", show_default=True, callback=_orders,
+              help="Curves to run; the first one's heads are removed from the pruned copy.")
+@click.option("--steps", type=int, default=10, show_default=True,
+              callback=validate.click_callback(lambda v: validate.positive_int("--steps", v)),
+              help="Pruning steps (points after step 0).")
+@click.option("--fraction", type=float, default=0.5, show_default=True,
+              callback=validate.click_callback(lambda v: validate.fraction("--fraction", v)),
+              help="Share of all heads pruned by the last step, in (0, 1).")
+@click.option("--seeds", type=int, default=3, show_default=True,
+              callback=validate.click_callback(lambda v: validate.positive_int("--seeds", v, 3)),
+              help="Random orders (at least 3).")
+@click.option("--save-pruned", "save_to", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Write the model with those heads removed from its weights to this new folder.")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Run folder [default: a new reports/<model>-<time>].")
+@click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out / --save-pruned folder.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--batch-size", type=int, default=16, show_default=True,
+              callback=validate.click_callback(lambda v: validate.positive_int("--batch-size", v)))
+@click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
+@click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
+@user_errors
+def prune_command(model_name, corpus, limit, objective, labels, orders, steps, fraction, seeds, save_to, out, force,
+                  as_json, batch_size, max_length, progress) -> None:
+    """Prune attention heads step by step in importance, redundancy and random order; plot the
+    objective on held-out text against the share of heads pruned; optionally save the model with
+    the heads really removed.
+
+    \b
+    Default objective, by model:
+      clm             decoders (loaded with their language-model head): next-token loss
+      classification  a sequence-classification checkpoint with --labels: cross-entropy
+      mlm             encoders whose checkpoint has a masked-LM head (e.g. bert-base): masked-token loss
+      fidelity        other encoders (e.g. minilm, which has no head): 1 - cosine similarity to the
+                      original model's mean-pooled sentence embedding
+    Each is the loss the checkpoint was trained for, or, without a head, what its users rely on.
+    """
+    from pathlib import Path
+
+    from .corpus import check_texts, read_corpus, sample_texts
+    from .models import load_model
+    from .pruning.run import prune_run, read_labels
+    from .pruning.saving import check_target
+    from .report import prepare_run_dir
+
+    age = process_age()
+    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
+    seqs, source = (read_corpus(corpus, limit), corpus) if corpus else (check_texts(sample_texts(), limit), "sample")
+    label_list = read_labels(labels, len(seqs)) if labels else None
+    prepare_run_dir(out, model_name, force)  # fail before loading a model if a folder is taken
+    if save_to:
+        check_target(Path(save_to), force)
+    head = {"mlm": "mlm", "classification": "classification", None: "auto"}.get(objective)
+    lm = load_model(model_name, head=head)
+    show = sys.stderr.isatty() if progress is None else progress
+    click.echo(f"Pruning {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on {len(seqs)} sequences "
+               f"({source}): {', '.join(orders)}, {steps} steps to {fraction:.0%}", err=True)
+    result, path = prune_run(lm, seqs, out=out, force=force, save_pruned_to=save_to, labels=label_list,
+                             objective=objective, orders=orders, steps=steps, fraction=fraction, seeds=seeds,
+                             batch_size=batch_size, max_length=max_length, progress=show,
+                             timings={"model_load_s": lm.load_seconds}, started=started)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        last = result.curves.groupby("order", sort=False).tail(1)
+        parts = [f"{r.order} {r.value:.4g}" + (f" +- {r.std:.2g}" if r.order == "random" else "")
+                 for r in last.itertuples()]
+        click.echo(f"{result.objective} ({result.unit}) on {result.split['held_out']} held-out sequences: "
+                   f"{result.curves['value'].iloc[0]:.4g} unpruned; at {last['fraction'].iloc[0]:.0%} pruned: "
+                   f"{', '.join(parts)}")
+        click.echo(f"pruned copy ({len(result.removed)} heads removed): {result.params_before:,} -> "
+                   f"{result.pruned_params:,} parameters, forward {result.speedup:.2f}x, "
+                   f"max |removed - gated| {result.max_abs_diff:.2g}")
+        click.echo(f"Report: {path / 'index.html'}")
+        if save_to:
+            click.echo(f"Pruned model: {save_to}")
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
 
 
 def entry() -> None:

@@ -45,22 +45,22 @@ def _is_conllu(path: Path, lines: list[str]) -> bool:
     return bool(head) and any(ln.startswith("# text =") or ln.startswith("# sent_id") for ln in head)
 
 
-def _open_checked(path: str | Path) -> Path:
+def _open_checked(path: str | Path, what: str = "corpus file") -> Path:
     p = Path(path)
     if not p.exists():
-        raise InputError(f"corpus file not found: {path}")
+        raise InputError(f"{what} not found: {path}")
     if p.is_dir():
-        raise InputError(f"corpus is a folder, not a file: {path}")
+        raise InputError(f"{what} is a folder, not a file: {path}")
     return p
 
 
-def _lines(p: Path) -> Iterator[str]:
+def _lines(p: Path, what: str = "corpus file") -> Iterator[str]:
     """The file's lines, decoded one at a time (only \\n, \\r\\n and \\r end a line; a byte-order
     mark dropped); a line that is not UTF-8 is named exactly."""
     try:
         fh = p.open("rb")
     except OSError as exc:
-        raise InputError(f"cannot read corpus file {p}: {exc.strerror or exc}") from None
+        raise InputError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
     offset = 0
     with fh:
         for number, raw in enumerate(fh, start=1):
@@ -73,6 +73,26 @@ def _lines(p: Path) -> Iterator[str]:
             if number == 1 and text.startswith("\ufeff"):
                 text = text[1:]
             yield from split_lines(text) if "\r" in text else [text.rstrip("\n")]
+
+
+def iter_lines(path: str | Path, what: str = "file") -> Iterator[str]:
+    """The lines of a UTF-8 file, read lazily (line ends removed; only \\n, \\r\\n and \\r end a
+    line; a leading byte-order mark removed). The readers of annotated files use it.
+
+    Args:
+        path: the file.
+        what: how error messages name it (``"corpus file"``, ``"CoNLL-U file"`` ...).
+
+    Raises:
+        InputError: missing file or a folder (at once); while iterating, an unreadable file or
+            non-UTF-8 bytes (line and byte named).
+    """
+    return _lines(_open_checked(path, what), what)
+
+
+def read_text_file(path: str | Path, what: str = "file") -> str:
+    """The whole text of a UTF-8 file, its lines ended by \\n (:func:`iter_lines`, which see)."""
+    return "".join(line + "\n" for line in iter_lines(path, what))
 
 
 def iter_corpus(path: str | Path, limit: int | None = None) -> Iterator[str]:
@@ -125,6 +145,50 @@ def peek(texts: Iterator[str]) -> Iterator[str]:
     unreadable one, fails before anything slow starts)."""
     first = next(texts)
     return itertools.chain([first], texts)
+
+
+def iter_pairs(path: str | Path, limit: int | None = None) -> Iterator:
+    """Read sentence pairs lazily, one at a time: one pair a line, the two segments separated by one tab.
+
+    Lines end only at \\n, \\r\\n or \\r; blank lines are skipped. Each pair becomes one
+    :class:`probe.inputs.Text` with ``pair`` set (encoded as the tokenizer joins pairs: BERT's
+    [CLS] A [SEP] B [SEP] with segment ids 0 and 1).
+
+    Args:
+        path: the TSV file.
+        limit: yield at most this many pairs (>= 1).
+
+    Raises:
+        InputError: missing file or a limit below 1 (at once); while iterating, an unreadable file,
+            non-UTF-8 bytes, a line without exactly one tab or with an empty segment (line numbered
+            from 1), or no pair (when the end is reached without one).
+    """
+    from .inputs import Text
+
+    validate.limit(limit)
+    p = _open_checked(path, "pairs file")
+
+    def pairs() -> Iterator[Text]:
+        count = 0
+        for number, line in enumerate(_lines(p, "pairs file"), 1):
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+                raise InputError(f"{path}: line {number} is not two non-empty segments separated by one tab")
+            yield Text(parts[0].strip(), pair=parts[1].strip())
+            count += 1
+            if limit and count >= limit:
+                return
+        if count == 0:
+            raise InputError(f"pairs file has no pair: {path}")
+
+    return pairs()
+
+
+def read_pairs(path: str | Path, limit: int | None = None) -> list:
+    """All sentence pairs of a file as a list of :class:`probe.inputs.Text` (:func:`iter_pairs`, which see)."""
+    return list(iter_pairs(path, limit))
 
 
 def check_texts(texts: list[str], limit: int | None = None) -> list[str]:

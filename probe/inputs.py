@@ -196,8 +196,10 @@ def tokenize_side(lm, texts: Sequence[Text], limit: int, *, parse_special_tokens
         special = [bool(s) for s in src["special_tokens_mask"][row]]
         offsets = [tuple(o) for o in src["offset_mapping"][row]] if fast else [(0, 0)] * len(ids)
         if has_pairs:  # offsets of the second segment refer to the pair text: shift past text + 1
+            # segment of each token: the fast tokenizer's sequence ids (tokenizers that join a pair without
+            # a special token in between, such as byte-level BPE ones, give no other sign), else segment ids
             tt = src.get("token_type_ids")
-            seg = list(tt[row]) if tt is not None else None
+            seg = [s or 0 for s in src.sequence_ids(row)] if fast else (list(tt[row]) if tt is not None else None)
             offsets = _pair_offsets(offsets, special, seg, len(text.text))
         index = text.index if text.index is not None else start_index + i
         if all(special) and not target:

@@ -77,6 +77,10 @@ class LoadedModel:
         source: where it was loaded from (folder, Hub id or GGUF path).
         max_length: longest sequence in tokens the model accepts.
         load_seconds: wall time of loading (seconds).
+        notes: what loading changed or the user should know.
+        pruned: for a model whose heads were physically removed, which heads are gone and how each
+            layer's heads sit in its projections (:class:`probe.pruning.heads.PrunedHeads`, original
+            numbering); None for a complete model.
     """
 
     model: nn.Module
@@ -88,6 +92,7 @@ class LoadedModel:
     max_length: int
     load_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    pruned: object | None = None
 
     @property
     def causal(self) -> bool:
@@ -189,13 +194,27 @@ def _hub_error(name: str, exc: Exception) -> ModelLoadError:
     return ModelLoadError(f"cannot load {name!r}: {text}")
 
 
-def _model_class(config):
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+#: Task heads ``load_model(head=...)`` can load an encoder with.
+HEADS = ("mlm", "classification", "auto")
 
+
+def _model_class(config, head: str | None = None):
+    """The auto class to build: decoders with their LM head; encoders bare, or with the head asked
+    for (``"mlm"``, ``"classification"``; ``"auto"``: the head the checkpoint's ``architectures`` names)."""
+    import transformers as tr
+
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    if head == "auto":
+        head = ("mlm" if "ForMaskedLM" in archs else "classification" if "ForSequenceClassification" in archs
+                else None)
+    if head == "classification":
+        return tr.AutoModelForSequenceClassification
     spec = get_spec(config)
     if spec.encoder_decoder:
-        return AutoModelForSeq2SeqLM
-    return AutoModelForCausalLM if spec.causal else AutoModel
+        return tr.AutoModelForSeq2SeqLM
+    if spec.causal:
+        return tr.AutoModelForCausalLM
+    return tr.AutoModelForMaskedLM if head == "mlm" else tr.AutoModel
 
 
 def _finish_tokenizer(tokenizer) -> None:
@@ -260,15 +279,19 @@ def _load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
 _PLACEMENT: dict = {}
 
 
-def _load_folder(source, dtype, **kw):
+def _load_folder(source, dtype, head: str | None = None, **kw):
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(source, trust_remote_code=False, **kw)
     get_spec(config)
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
-    model = _model_class(config).from_pretrained(
-        source, attn_implementation="eager", trust_remote_code=False, dtype=dtype or torch.float32,
-        **_PLACEMENT, **kw)
+    cls = _model_class(config, head)
+    model, info = cls.from_pretrained(source, attn_implementation="eager", trust_remote_code=False,
+                                      dtype=dtype or torch.float32, output_loading_info=True, **_PLACEMENT, **kw)
+    if head is not None and info.get("missing_keys"):
+        # a head the checkpoint does not have would be random weights: refuse rather than measure noise
+        raise ModelLoadError(f"{source} has no {cls.__name__.replace('AutoModelFor', '')} head in its weights "
+                             f"(missing: {sorted(info['missing_keys'])[0]} ...)")
     return model, tokenizer
 
 
@@ -313,8 +336,26 @@ def _place(model: nn.Module, device: str | None, device_map: str | None) -> list
     return notes
 
 
+def _load_local(path: Path, dtype, head: str | None, notes: list[str]):
+    """A local model folder: (model, tokenizer, pruned). A folder holding a pruned model's record
+    (probe.pruning.saving) is built from its config with the same heads removed."""
+    from .pruning.heads import PRUNED_FILE
+
+    if not (path / PRUNED_FILE).exists():
+        return (*_load_folder(path, dtype, head), None)
+    from transformers import AutoConfig
+
+    from .pruning.saving import load_pruned_folder
+
+    cls = _model_class(AutoConfig.from_pretrained(path, trust_remote_code=False), head)
+    model, tokenizer, pruned = load_pruned_folder(path, cls, dtype)
+    notes.append(f"pruned model: {sum(len(h) for h in pruned.removed().values())} heads removed ({PRUNED_FILE})")
+    return model, tokenizer, pruned
+
+
 def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
-               use_cache: bool = True, device: str | None = None, device_map: str | None = None) -> LoadedModel:
+               use_cache: bool = True, device: str | None = None, device_map: str | None = None,
+               head: str | None = None) -> LoadedModel:
     """Load a model for probing.
 
     Args:
@@ -326,10 +367,17 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
         device_map: ``"auto"``: accelerate spreads the layers over the GPUs present and offloads
             what does not fit to the CPU, then to disk (under :func:`cache_dir`); hooks and
             statistics work whatever device each layer sits on.
+        head: task head to load an encoder with (Hub ids and folders): ``"mlm"``
+            (``AutoModelForMaskedLM``), ``"classification"`` (``AutoModelForSequenceClassification``,
+            decoders too), ``"auto"`` (whichever the checkpoint's ``architectures`` names), or None.
+            Used by ``probe prune``; a head missing from the checkpoint's weights is an error.
 
     Returns:
         A :class:`LoadedModel` in eval mode with eager attention. Decoder-only models are loaded
-        with their LM head (``AutoModelForCausalLM``), encoders as the bare model (``AutoModel``).
+        with their LM head (``AutoModelForCausalLM``), encoders as the bare model (``AutoModel``)
+        unless ``head`` says otherwise. A folder written by
+        :func:`probe.pruning.saving.save_pruned` is built from its original config with the same
+        heads removed (``pruned`` set, original numbering).
 
     Raises:
         ModelLoadError: unknown name, missing path, embedded package not installed, Hub unreachable
@@ -341,13 +389,15 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
     if device_map not in (None, "auto"):
         raise ModelLoadError(f"unknown device map {device_map!r}; use 'auto'")
     device = resolve_device(device)
+    if head is not None and head not in HEADS:
+        raise ModelLoadError(f"unknown head {head!r}; choose from {', '.join(HEADS)}")
     start = time.perf_counter()
     notes: list[str] = []
     _PLACEMENT.clear()
     if device_map is not None:
         _PLACEMENT.update(device_map=device_map, offload_folder=str(cache_dir() / "offload"))
     try:
-        model, tokenizer, source = _load_by_name(name, dtype, use_cache, notes)
+        model, tokenizer, source, pruned = _load_by_name(name, dtype, use_cache, notes, head)
     finally:
         _PLACEMENT.clear()
     notes += _place(model, device, device_map)
@@ -358,11 +408,13 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
     max_length = _max_length(model.config, tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
                        source=source, max_length=max_length,
-                       load_seconds=time.perf_counter() - start, notes=notes)
+                       load_seconds=time.perf_counter() - start, notes=notes, pruned=pruned)
 
 
-def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str]):
-    """(model, tokenizer, source) for an alias, a .gguf file, a folder or a Hub id."""
+def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str | None = None):
+    """(model, tokenizer, source, pruned) for an alias, a .gguf file, a folder or a Hub id (``pruned``:
+    the removed heads of a folder written by :func:`probe.pruning.saving.save_pruned`, else None)."""
+    pruned = None
     with quiet_transformers():
         if name in EMBEDDED:
             emb = EMBEDDED[name]
@@ -394,7 +446,7 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str]):
             if not (path / "config.json").exists():
                 raise ModelLoadError(f"{name} is not a model folder (no config.json)")
             try:
-                model, tokenizer = _load_folder(path, dtype)
+                model, tokenizer, pruned = _load_local(path, dtype, head, notes)
             except ProbeError:
                 raise
             except Exception as exc:  # noqa: BLE001
@@ -406,13 +458,13 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str]):
             if offline:
                 notes.append("the Hugging Face Hub is not reachable: loading from the local cache only")
             try:
-                model, tokenizer = _load_folder(hub_id, dtype, **offline)
+                model, tokenizer = _load_folder(hub_id, dtype, head, **offline)
             except ProbeError:
                 raise
             except Exception as exc:  # noqa: BLE001 - OSError, HTTP errors, ValueError ...
                 raise _hub_error(name, exc) from None
             source = hub_id
-    return model, tokenizer, source
+    return model, tokenizer, source, pruned
 
 
 def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -> LoadedModel:

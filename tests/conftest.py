@@ -21,8 +21,9 @@ import torch  # noqa: E402
 
 import probe.models as pm  # noqa: E402
 
-#: The shared, read-only data folder (``../shared/data`` from the repository root).
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+#: The shared, read-only data folder (``../shared/data`` from the repository root; a checkout
+#: elsewhere, such as a git worktree, points ``PROBE_SHARED_DATA`` at it).
+SHARED_DATA = Path(os.environ.get("PROBE_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, MAX_POS = 64, 4, 2, 2, 64
 
@@ -97,8 +98,10 @@ def _rope(kind: str) -> dict | None:
 
 
 def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float = 0.3,
-                attn_implementation: str = "eager", max_positions: int = MAX_POS, layers: int = LAYERS):
-    """A ``layers``-layer, 4-head, 64-wide config of ``kind`` (see :data:`KINDS`).
+                attn_implementation: str = "eager", max_positions: int = MAX_POS, layers: int = LAYERS,
+                heads: int = HEADS, kv_heads: int = KV_HEADS, hidden: int = HIDDEN):
+    """A ``layers``-layer, 4-head, 64-wide config of ``kind`` (see :data:`KINDS`; ``heads``,
+    ``kv_heads`` and ``hidden`` change those sizes where the family takes them).
 
     ``init`` (the initializer range) is much larger than the usual 0.02 so that random heads are
     far from uniform and the statistics differ from head to head; a wrong scale or mask shows.
@@ -106,20 +109,20 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
     import transformers as tr
 
     common = dict(vocab_size=vocab_size, initializer_range=init, attn_implementation=attn_implementation)
-    rotary_common = dict(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_attention_heads=HEADS,
-                         num_key_value_heads=KV_HEADS, num_hidden_layers=layers,
+    rotary_common = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, num_hidden_layers=layers,
                          max_position_embeddings=max_positions, attention_dropout=dropout, **common)
     if kind in ("bert", "roberta", "electra"):
         cls = {"bert": tr.BertConfig, "roberta": tr.RobertaConfig, "electra": tr.ElectraConfig}[kind]
         extra = {"pad_token_id": 0} if kind == "roberta" else {}
         if kind == "electra":
-            extra["embedding_size"] = HIDDEN
-        return cls(hidden_size=HIDDEN, num_attention_heads=HEADS, num_hidden_layers=layers,
-                   intermediate_size=2 * HIDDEN,
+            extra["embedding_size"] = hidden
+        return cls(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
+                   intermediate_size=2 * hidden,
                    max_position_embeddings=max_positions + (2 if kind == "roberta" else 0),
                    hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, **extra, **common)
     if kind == "distilbert":
-        return tr.DistilBertConfig(dim=HIDDEN, n_heads=HEADS, n_layers=layers, hidden_dim=2 * HIDDEN,
+        return tr.DistilBertConfig(dim=hidden, n_heads=heads, n_layers=layers, hidden_dim=2 * hidden,
                                    max_position_embeddings=max_positions, dropout=dropout,
                                    attention_dropout=dropout, **common)
     if kind.startswith("gpt2"):
@@ -127,7 +130,7 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
                 "gpt2-layer-scaled": {"scale_attn_by_inverse_layer_idx": True},
                 "gpt2-unscaled-layer-scaled": {"scale_attn_weights": False, "scale_attn_by_inverse_layer_idx": True},
                 "gpt2-upcast": {"reorder_and_upcast_attn": True}}[kind]
-        return tr.GPT2Config(n_embd=HIDDEN, n_head=HEADS, n_layer=layers, n_positions=max_positions,
+        return tr.GPT2Config(n_embd=hidden, n_head=heads, n_layer=layers, n_positions=max_positions,
                              resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
                              bos_token_id=None, eos_token_id=None, **opts, **common)
     if kind.startswith("llama"):
@@ -138,12 +141,12 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
         window = dict(use_sliding_window=True, sliding_window=4, max_window_layers=1) if kind == "qwen2-window" else {}
         return tr.Qwen2Config(tie_word_embeddings=False, **window, **{**rotary_common, "num_key_value_heads": 1})
     if kind == "qwen3":
-        return tr.Qwen3Config(tie_word_embeddings=False, head_dim=HIDDEN // HEADS, **rotary_common)
+        return tr.Qwen3Config(tie_word_embeddings=False, head_dim=hidden // heads, **rotary_common)
     if kind == "mistral":
         return tr.MistralConfig(sliding_window=8, tie_word_embeddings=False, **rotary_common)
     if kind == "gpt_neox":
-        return tr.GPTNeoXConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, num_hidden_layers=layers,
-                                intermediate_size=2 * HIDDEN, max_position_embeddings=max_positions,
+        return tr.GPTNeoXConfig(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
+                                intermediate_size=2 * hidden, max_position_embeddings=max_positions,
                                 rotary_pct=0.25, attention_dropout=dropout, hidden_dropout=dropout,
                                 tie_word_embeddings=False, use_parallel_residual=True, **common)
     if kind == "phi3":

@@ -129,7 +129,7 @@ def test_input_is_checked_before_any_forward_pass(monkeypatch):
     calls = []
     monkeypatch.setattr(lm.model, "forward", lambda *a, **k: calls.append(1))
     for kwargs, match in (({"thresholds": {"self": 2.0}}, "must be in"),
-                          ({"thresholds": {"induction": 0.5}}, "unknown label"),
+                          ({"thresholds": {"induction-head": 0.5}}, "unknown label"),
                           ({"batch_size": 0}, "batch size must be at least 1"),
                           ({"max_length": 1}, "at least 2"),
                           ({"example_tokens": 1}, "at least 2")):

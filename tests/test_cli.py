@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -54,7 +55,10 @@ def run_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_analyze_writes_the_run_files(run_dir):
-    assert sorted(p.name for p in run_dir.iterdir()) == ["examples.npz", "heads.csv", "index.html", "run.json"]
+    # and the head groups' files (probe.patterns): clusters.csv and the distance matrices
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "clusters.csv", "examples.npz", "head_distance.npy", "head_distance_layers.npy", "heads.csv", "index.html",
+        "run.json"]
 
 
 @pytest.mark.slow
@@ -133,7 +137,9 @@ def test_default_out_is_a_new_reports_folder(tmp_path, minilm, monkeypatch):
     runs = sorted((tmp_path / "reports").iterdir())
     assert len(runs) == 2 and all(p.name.startswith("minilm-") for p in runs)
     for p in runs:
-        assert sorted(f.name for f in p.iterdir()) == ["examples.npz", "heads.csv", "index.html", "run.json"]
+        assert sorted(f.name for f in p.iterdir()) == [
+            "clusters.csv", "examples.npz", "head_distance.npy", "head_distance_layers.npy", "heads.csv",
+            "index.html", "run.json"]
         assert json.loads((p / "run.json").read_text(encoding="utf-8"))["counts"]["sequences"] == 1
 
 
@@ -432,3 +438,201 @@ def test_out_below_a_file_fails_before_the_analysis(tmp_path):
     assert result.output.strip().startswith("Error: cannot create output folder") and "is a file" in result.output
     assert "Analyzing" not in result.output  # no model was loaded
     assert blocker.read_text() == "keep me\n"
+
+
+# --------------------------------------------------------------------------- --coref and --syntax
+
+TREES = """# text = I didn't go.
+1	I	I	PRON	PRP	_	4	nsubj	_	_
+2-3	didn't	_	_	_	_	_	_	_	_
+2	did	do	AUX	VBD	_	4	aux	_	_
+3	n't	not	PART	RB	_	4	advmod	_	_
+4	go	go	VERB	VB	_	0	root	_	SpaceAfter=No
+5	.	.	PUNCT	.	_	4	punct	_	_
+
+# text = Dogs bark.
+1	Dogs	dog	NOUN	NNS	_	2	nsubj	_	_
+2	bark	bark	VERB	VBP	_	0	root	_	SpaceAfter=No
+3	.	.	PUNCT	.	_	2	punct	_	_
+
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_folder(tmp_path_factory):
+    from conftest import save_tiny
+
+    return save_tiny("bert", tmp_path_factory.mktemp("tiny") / "bert")
+
+
+def test_coref_and_syntax_write_their_files(tiny_bert_folder, tmp_path):
+    from probe.linguistic import coref_heads, syntax_heads
+    from probe.models import load_model
+
+    conllu = tmp_path / "two.conllu"
+    conllu.write_text(TREES)
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(tiny_bert_folder), "--coref", "--syntax", str(conllu), "--out", str(out),
+                 "--no-progress")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert "(coreference: built-in probe set, 67 examples; syntax: " in result.stderr
+    assert "coreference: 67 of 67 examples scored; best head" in result.stdout
+    assert "syntax: 2 of 2 sentences aligned; 6 dependencies;" in result.stdout
+    assert {"coref.csv", "syntax.csv"} <= {p.name for p in out.iterdir()}
+    lm = load_model(str(tiny_bert_folder))
+    coref_csv = pd.read_csv(out / "coref.csv")
+    api = coref_heads(lm)
+    assert coref_csv["kind"].tolist() == api.table["kind"].tolist()
+    np.testing.assert_allclose(coref_csv["accuracy"], api.table["accuracy"], rtol=1e-5)
+    syntax_csv = pd.read_csv(out / "syntax.csv")
+    assert list(syntax_csv.columns) == ["relation", "direction", "kind", "layer", "head", "offset", "n", "accuracy",
+                                        "ci_low", "ci_high"]
+    assert set(syntax_csv["relation"]) == {"all"}  # no relation reaches 100 dependencies in two sentences
+    np.testing.assert_allclose(syntax_csv["accuracy"], syntax_heads(lm, conllu).table["accuracy"], rtol=1e-5)
+    record = json.loads((out / "run.json").read_text())
+    assert record["coreference"]["counts"]["scored"] == 67 and record["syntax"]["counts"]["sentences"] == 2
+    heads = pd.read_csv(out / "heads.csv")
+    np.testing.assert_allclose(heads["coref_accuracy"], api.heads["accuracy"], rtol=1e-5)
+    assert record["settings"]["input"].startswith("coreference: built-in probe set")
+
+
+def test_coref_value_builtin_and_limit(tiny_bert_folder, tmp_path):
+    result = run("analyze", "--model", str(tiny_bert_folder), "--coref", "builtin", "--limit", "5",
+                 "--out", str(tmp_path / "run"), "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "coreference: 5 of 5 examples scored" in result.stdout
+    assert not (tmp_path / "run" / "syntax.csv").exists()
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda p: p / "missing.tsv", "GAP file not found"),
+    (lambda p: (p / "cols.tsv", (p / "cols.tsv").write_text("ID\tText\n1\tx\n"))[0], "missing column(s) Pronoun"),
+    (lambda p: (p / "head.tsv", (p / "head.tsv").write_text(
+        "ID\tText\tPronoun\tPronoun-offset\tA\tA-offset\tA-coref\tB\tB-offset\tB-coref\n"))[0], "has no examples"),
+])
+def test_bad_coref_file_is_one_error_before_loading(tmp_path, make, fragment):
+    path = make(tmp_path)
+    result = run("analyze", "--coref", str(path), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 1
+    assert_clean_error(result, fragment, str(path))
+    assert "Analyzing" not in result.output and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("", "no CoNLL-U sentence"),
+    ("1\tI\n\n", "no HEAD/DEPREL column"),
+    ("# text = Hello world\n1\tHello\t_\t_\t_\t_\t0\troot\t_\t_\n2\tthere\t_\t_\t_\t_\t1\tdep\t_\t_\n\n",
+     "no sentence whose words could be found"),
+])
+def test_bad_syntax_file_is_one_error_before_loading(tmp_path, content, fragment):
+    path = tmp_path / "bad.conllu"
+    path.write_text(content)
+    result = run("analyze", "--syntax", str(path), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 1
+    assert_clean_error(result, fragment)
+    assert "Analyzing" not in result.output
+
+
+def test_annotated_text_is_the_corpus(tmp_path):
+    result = run("analyze", "--coref", "--text", "Some text.", "--out", str(tmp_path / "run"))
+    assert result.exit_code == 1
+    assert_clean_error(result, "--coref and --syntax analyse their own annotated text")
+    missing = run("analyze", "--syntax", str(tmp_path / "nope.conllu"), "--out", str(tmp_path / "run"))
+    assert_clean_error(missing, "CoNLL-U file not found")
+
+
+# --------------------------------------------------------------------------- pattern analyses (probe.patterns)
+
+@pytest.fixture(scope="module")
+def tiny_folders(tmp_path_factory):
+    from conftest import save_tiny
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {kind: save_tiny(kind, root / kind) for kind in ("llama", "bert")}
+
+
+def test_decoder_run_has_the_circuit_probe_and_its_time(tiny_folders, tmp_path):
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(tiny_folders["llama"]), "--text", "The cat sat on the mat.",
+                 "--text", "It slept.", "--out", str(out), "--threshold", "induction=0.3")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"\(start-up [\d.]+ s, model load [\d.]+ s, circuit probe [\d.]+ s, analysis", result.stdout)
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["circuits"]["settings"]["n"] == 25 and rec["circuits"]["settings"]["sink_source"] == "corpus"
+    assert rec["thresholds"]["induction"] == {"statistic": "induction", "threshold": 0.3}
+    assert rec["timings_s"]["circuits_s"] > 0
+    with open(out / "heads.csv", newline="", encoding="utf-8") as fh:
+        columns = list(next(csv.DictReader(fh)))
+    assert {"induction", "duplicate", "prev_random", "group", "pattern"} <= set(columns)
+
+
+def test_no_distance_no_circuits(tiny_folders, tmp_path):
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(tiny_folders["llama"]), "--text", "The cat sat on the mat.",
+                 "--out", str(out), "--no-distance", "--no-circuits")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["examples.npz", "heads.csv", "index.html", "run.json"]
+    rec = json.loads((out / "run.json").read_text())
+    assert "circuits" not in rec and "groups" not in rec and "health" in rec and "pattern-types" in rec
+    with open(out / "heads.csv", newline="", encoding="utf-8") as fh:
+        columns = list(next(csv.DictReader(fh)))
+    assert "cluster" in columns and "group" not in columns and "induction" not in columns
+
+
+def test_pairs_file(tiny_folders, tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("Is it raining?\tNo, it is sunny.\n\nWho called?\tNobody did.\n", encoding="utf-8")
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(tiny_folders["bert"]), "--pairs", str(pairs), "--out", str(out),
+                 "--map-sequences", "1")
+    assert result.exit_code == 0, result.output
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["pattern-types"]["pairs"] == 2 and rec["counts"]["sequences"] == 2
+    assert rec["groups"]["map_sequences"] == 1 and rec["groups"]["map_sequences_seen"] == 1
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("One\ttwo\nno tab here\n", encoding="utf-8")
+    assert_clean_error(run("analyze", "--pairs", str(bad), "--out", str(tmp_path / "x")), str(bad), "line 2", "tab")
+    assert_clean_error(run("analyze", "--pairs", str(pairs), "--text", "x", "--out", str(tmp_path / "y")), "either")
+
+
+def test_streamed_corpus_and_pairs_feed_every_analysis(tiny_folders, tmp_path):
+    """--corpus and --pairs are streamed: the circuit probe's sink texts are the corpus's first 16
+    and the analysis still sees every sequence (up to --limit)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Sentence {i} is about the cat.\n" for i in range(20)), encoding="utf-8")
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(tiny_folders["llama"]), "--corpus", str(corpus), "--out", str(out),
+                 "--no-progress")
+    assert result.exit_code == 0, result.output
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["counts"]["sequences"] == 20 and rec["groups"]["map_sequences_seen"] == 20
+    assert rec["circuits"]["settings"]["sink_source"] == "corpus" and rec["circuits"]["settings"]["sink_texts"] == 16
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"Question {i}?\tAnswer {i}.\n" for i in range(9)), encoding="utf-8")
+    out = tmp_path / "pairs-run"
+    result = run("analyze", "--model", str(tiny_folders["bert"]), "--pairs", str(pairs), "--limit", "7",
+                 "--out", str(out), "--no-progress")
+    assert result.exit_code == 0, result.output
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["counts"]["sequences"] == 7 and rec["pattern-types"]["pairs"] == 7
+
+
+@pytest.mark.parametrize("args", [["--health-threshold", "saturated=2"], ["--health-threshold", "padding=0.1"],
+                                  ["--health-threshold", "bogus=0.5"], ["--health-threshold", "uniform"],
+                                  ["--map-sequences", "0"], ["--threshold", "induction=0"]])
+def test_pattern_usage_errors(args, out):
+    result = run("analyze", "--text", "Fine.", "--out", str(out), *args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_circuit_probe_longer_than_the_model_limit_is_skipped_with_a_note(tmp_path):
+    from conftest import save_tiny
+
+    folder = save_tiny("llama", tmp_path / "short", max_positions=32)  # the probe needs 2 x 25 tokens
+    out = tmp_path / "run"
+    result = run("analyze", "--model", str(folder), "--text", "The cat sat.", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "note: decoder circuit probe skipped: the probe needs 50 tokens; the model takes 32" in result.stderr
+    assert "circuits" not in json.loads((out / "run.json").read_text())

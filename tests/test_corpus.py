@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from probe.corpus import check_texts, read_corpus, sample_texts, split_lines
+from probe.corpus import check_texts, iter_lines, read_corpus, read_pairs, read_text_file, sample_texts, split_lines
 from probe.errors import InputError
 
 CONLLU = """\
@@ -103,3 +103,35 @@ def test_conllu_without_text_lines_says_so(tmp_path):
     plain.write_text("\n  \n", encoding="utf-8")
     with pytest.raises(InputError, match="corpus file has no text"):
         read_corpus(plain)
+
+
+def test_read_text_file_and_iter_lines(tmp_path):
+    """The whole-file and line readers the annotated-file readers use: a byte-order mark dropped,
+    only \\n, \\r\\n and \\r end a line, errors name the kind of file (and the line for bad bytes)."""
+    path = tmp_path / "x.tsv"
+    path.write_bytes("\ufeffa\tb\r\nc\u2028d\re\n".encode("utf-8"))
+    assert list(iter_lines(path, "GAP file")) == ["a\tb", "c\u2028d", "e"]
+    assert read_text_file(path) == "a\tb\nc\u2028d\ne\n"
+    with pytest.raises(InputError, match="GAP file not found"):
+        iter_lines(tmp_path / "missing.tsv", "GAP file")  # at once, before any line is asked for
+    with pytest.raises(InputError, match="CoNLL-U file is a folder"):
+        read_text_file(tmp_path, "CoNLL-U file")
+    path.write_bytes(b"fine\nbad \xff\n")
+    with pytest.raises(InputError, match=r"line 2 is not valid UTF-8 \(byte 0xff at offset 9\)"):
+        read_text_file(path)
+
+
+def test_read_pairs(tmp_path):
+    f = tmp_path / "pairs.tsv"
+    f.write_bytes("\ufeffIs it raining?\tNo.\r\n\r\n  Who called? \tNobody\u2028did.\rLast\tone\n".encode("utf-8"))
+    pairs = read_pairs(f)
+    assert [(p.text, p.pair) for p in pairs] == [("Is it raining?", "No."), ("Who called?", "Nobody\u2028did."),
+                                                 ("Last", "one")]
+    assert [p.text for p in read_pairs(f, limit=2)] == ["Is it raining?", "Who called?"]
+    for content, fragment in (("a\tb\tc\n", "line 1"), ("a\tb\nno tab\n", "line 2"), ("\tb\n", "line 1"),
+                              ("\n \n", "no pair")):
+        f.write_text(content, encoding="utf-8")
+        with pytest.raises(InputError, match=fragment):
+            read_pairs(f)
+    with pytest.raises(InputError, match="not found"):
+        read_pairs(tmp_path / "missing.tsv")

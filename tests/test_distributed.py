@@ -83,6 +83,80 @@ def test_two_gloo_processes_equal_one(tmp_path):
         np.testing.assert_allclose(probs, ex.probs, atol=1e-6)
 
 
+GAP_ROWS = [  # ID, Text, Pronoun, offset, A, offset, A-coref, B, offset, B-coref; row g4's "she" is not at 0
+    ("g1", 'Anna Berg met "Clara," and she smiled.', "she", 27, "Anna Berg", 0, "TRUE", "Clara", 15, "FALSE"),
+    ("g2", "Tom saw Eric. He waved.", "He", 14, "Tom", 0, "FALSE", "Eric", 8, "TRUE"),
+    ("g3", "Mary called Jane because she was late.", "she", 25, "Mary", 0, "TRUE", "Jane", 12, "FALSE"),
+    ("g4", "Bad offsets here, she said.", "she", 0, "Bad", 0, "TRUE", "here", 12, "FALSE"),
+    ("g5", "Paul thanked Mark, and he left.", "he", 23, "Paul", 0, "FALSE", "Mark", 13, "TRUE"),
+]
+CONLLU = ("# sent_id = s1\n# text = I saw it.\n1\tI\tI\tPRON\t_\t_\t2\tnsubj\t_\t_\n"
+          "2\tsaw\tsee\tVERB\t_\t_\t0\troot\t_\t_\n3\tit\tit\tPRON\t_\t_\t2\tobj\t_\tSpaceAfter=No\n"
+          "4\t.\t.\tPUNCT\t_\t_\t2\tpunct\t_\t_\n\n"
+          "# sent_id = s2\n# text = Hello world\n1\tHello\thello\tINTJ\t_\t_\t0\troot\t_\t_\n"
+          "2\tthere\tthere\tADV\t_\t_\t1\tadvmod\t_\t_\n\n"
+          "# sent_id = s3\n# text = Dogs bark loudly.\n1\tDogs\tdog\tNOUN\t_\t_\t2\tnsubj\t_\t_\n"
+          "2\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n3\tloudly\tloudly\tADV\t_\t_\t2\tadvmod\t_\tSpaceAfter=No\n"
+          "4\t.\t.\tPUNCT\t_\t_\t2\tpunct\t_\t_\n\n")
+
+
+def _annotated_files(folder) -> tuple[str, str]:
+    from probe.linguistic.gap import GAP_COLUMNS
+
+    gap = folder / "gap.tsv"
+    gap.write_text("\n".join(["\t".join(GAP_COLUMNS)] + ["\t".join(map(str, r)) for r in GAP_ROWS]) + "\n",
+                   encoding="utf-8")
+    conllu = folder / "trees.conllu"
+    conllu.write_text(CONLLU, encoding="utf-8")
+    return str(gap), str(conllu)
+
+
+def _annotated_run(world: World | None, gap: str, conllu: str):
+    from probe.linguistic import annotated_input
+
+    annotated = annotated_input(gap, conllu)
+    lm = tiny_model("bert")
+    return analyze(lm, shard(annotated.texts, world), batch_size=2, n_examples=1,
+                   accumulators=annotated.accumulators(lm, prior=world is None or world.main),
+                   reduce=reducer(world))
+
+
+def _annotated_worker(rank: int, world_size: int, port: int, gap: str, conllu: str, out: str) -> None:
+    """One rank of ``probe analyze --coref GAP --syntax CONLLU``: rank 0 saves the two results."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        res = _annotated_run(World(rank, world_size), gap, conllu)
+        if rank == 0:
+            torch.save({name: (res.results[name].table, res.results[name].counts)
+                        for name in ("coreference", "syntax")}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_annotated_input_two_gloo_processes_equal_one(tmp_path):
+    """--coref/--syntax under 2 processes: the same coreference and syntax tables as one process,
+    and the rows the readers left out (GAP offsets, a CoNLL-U text mismatch) counted once."""
+    gap, conllu = _annotated_files(tmp_path)
+    out = tmp_path / "rank0.pt"
+    torch.multiprocessing.spawn(_annotated_worker, args=(2, _free_port(), gap, conllu, str(out)), nprocs=2, join=True)
+    got = torch.load(out, weights_only=False)
+    one = _annotated_run(None, gap, conllu)
+    coref, syntax = one.results["coreference"], one.results["syntax"]
+    assert coref.counts["examples"] == len(GAP_ROWS)
+    assert coref.counts["unaligned"] == {"offsets do not match the names": 1}
+    assert syntax.counts["sentences"] == 3 and syntax.counts["unaligned"] == {"text mismatch": 1}
+    for name, res in (("coreference", coref), ("syntax", syntax)):
+        table, counts = got[name]
+        assert counts == res.counts
+        assert table.drop(columns=["accuracy", "ci_low", "ci_high"]).equals(
+            res.table.drop(columns=["accuracy", "ci_low", "ci_high"]))
+        np.testing.assert_allclose(table[["accuracy", "ci_low", "ci_high"]].to_numpy(dtype=float),
+                                   res.table[["accuracy", "ci_low", "ci_high"]].to_numpy(dtype=float), equal_nan=True)
+
+
 def _launch(cmd: list[str], tmp_path, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=os.getcwd(),
                           env={**os.environ, **(env or {})})
@@ -133,10 +207,14 @@ def test_launchers_just_work(launcher, tmp_path):
 @pytest.mark.parametrize("how", ["cpu_offload", "disk_offload", "split"])
 def test_offloaded_and_split_models_give_the_same_statistics(how, tmp_path):
     """accelerate's own utilities: weights kept on 'meta' and brought in per forward (CPU or disk
-    offload), or layers dispatched over 'cpu' and 'disk': hooks and statistics see the same maps."""
+    offload), or layers dispatched over 'cpu' and 'disk': hooks, statistics, head distances and
+    pattern types see the same maps."""
     from accelerate import cpu_offload, disk_offload, dispatch_model
 
-    reference = analyze(tiny_model("llama"), TEXTS[:6], n_examples=1)
+    from probe.patterns import pattern_accumulators
+
+    ref_lm = tiny_model("llama")
+    reference = analyze(ref_lm, TEXTS[:6], n_examples=1, accumulators=pattern_accumulators(ref_lm))
     lm = tiny_model("llama")
     if how == "cpu_offload":
         cpu_offload(lm.model, execution_device=torch.device("cpu"))
@@ -147,8 +225,11 @@ def test_offloaded_and_split_models_give_the_same_statistics(how, tmp_path):
                       "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
         dispatch_model(lm.model, device_map=device_map, offload_dir=str(tmp_path / "off"))
     assert any(p.device.type == "meta" for p in lm.model.parameters())  # really offloaded
-    res = analyze(lm, TEXTS[:6], n_examples=1)
+    res = analyze(lm, TEXTS[:6], n_examples=1, accumulators=pattern_accumulators(lm))
     torch.testing.assert_close(res.stats.sums, reference.stats.sums, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(res.results["distances"].model, reference.results["distances"].model, atol=1e-9)
+    np.testing.assert_allclose(res.results["distances"].layer, reference.results["distances"].layer, atol=1e-9)
+    assert res.heads["pattern"].tolist() == reference.heads["pattern"].tolist()
     assert torch.equal(res.stats.counts, reference.stats.counts)
     np.testing.assert_array_equal(res.examples[0].probs, reference.examples[0].probs)
 

@@ -358,6 +358,8 @@ def test_label_grid_for_notebooks():
     html = styler.to_html()
     for label in set(expected.to_numpy().ravel()):
         assert f"background-color: {LABEL_COLORS[label]}" in html
+    relation = res.heads.assign(label=["syntactic:nsubj"] + list(res.heads["label"][1:]))
+    assert f"background-color: {LABEL_COLORS['syntactic']}" in label_grid(relation).to_html()  # the family's colour
     prev = label_grid(res.heads, "prev")
     np.testing.assert_array_equal(prev.data.to_numpy(), res.heads.pivot(index="layer", columns="head",
                                                                        values="prev").to_numpy())

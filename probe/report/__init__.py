@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis import AnalysisResult, versions
-from ..classify import LABEL_RULES, MIXED
+from ..classify import LABEL_RULES, MIXED, REMOVED
 from ..errors import InputError
 from ..stats import CROSS_STATISTICS, STATISTICS
 from ..tokens import display_tokens
@@ -33,14 +33,27 @@ from ..tokens import display_tokens
 LABEL_COLORS = {
     "previous-token": "#E69F00", "next-token": "#56B4E9", "self": "#009E73", "first-token": "#0072B2",
     "sep": "#D55E00", "punctuation": "#CC79A7", "broad": "#F0E442", "long-range": "#999999",
-    MIXED: "#FFFFFF",
+    "coreference": "#882255", "syntactic": "#44AA99", "induction": "#AA4499", "duplicate-token": "#BBCC33",
+    MIXED: "#FFFFFF", REMOVED: "#BDBDBD",
 }
+
+#: Labels given by optional analyses (and to heads removed by pruning): shown in the legend only
+#: when a head has one.
+OPTIONAL_LABELS = ("coreference", "syntactic", REMOVED)
 
 #: Short texts of the primary labels inside the grid cells.
 LABEL_SHORT = {
     "previous-token": "prev", "next-token": "next", "self": "self", "first-token": "1st", "sep": "sep",
-    "punctuation": "punc", "broad": "brd", "long-range": "long", MIXED: "",
+    "punctuation": "punc", "broad": "brd", "long-range": "long", "coreference": "coref", "syntactic": "syn",
+    "induction": "ind", "duplicate-token": "dup",
+    MIXED: "", REMOVED: "\u00d7",
 }
+
+
+def label_family(label: str) -> str:
+    """The colour key of a label: ``"syntactic:nsubj"`` -> ``"syntactic"``."""
+    return label.split(":", 1)[0]
+
 
 OUTPUT_FILES = ("index.html", "heads.csv", "run.json")
 
@@ -206,8 +219,9 @@ def _label_grid(heads, n_heads: int) -> list[list[dict | None]]:
     for row in heads.to_dict("records"):
         tip = "; ".join(f"{s}={_fmt(row[s])}" for s in stats if _fmt(row[s]))
         grid[int(row["layer"])][int(row["head"])] = {
-            "label": row["label"], "labels": row["labels"], "color": LABEL_COLORS.get(row["label"], "#fff"),
-            "short": LABEL_SHORT.get(row["label"], ""),
+            "label": row["label"], "labels": row["labels"],
+            "color": LABEL_COLORS.get(label_family(row["label"]), "#fff"),
+            "short": LABEL_SHORT.get(label_family(row["label"]), ""),
             "tip": f"L{int(row['layer'])} H{int(row['head'])}: {row['labels']} | {tip}",
         }
     return grid
@@ -269,21 +283,23 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
     heads = result.heads
     grids = [{"title": title, "rows": _label_grid(rows, result.model["heads"])}
              for title, _, rows in site_groups(heads)]
+    families: dict[str, int] = {}
+    for label, n in result.label_counts().items():
+        families[label_family(label)] = families.get(label_family(label), 0) + n
     stat_figs, stat_blocks = _stat_figures(heads)
     attn_figs, attn_blocks = _attention_figures(result, tokenizer)
-    keys = [c for c in ("stack", "kind") if c in heads]
-    stats = [s for s in (*STATISTICS, *CROSS_STATISTICS) if s in heads]
-    table_cols = [*keys, "layer", "head", "label", "labels", *stats, "cluster"]
+    table_cols = list(heads.columns)  # [stack, kind,] layer, head, labels, statistics, added columns, cluster
     table = [[_fmt(row[c]) for c in table_cols] for row in heads.to_dict("records")]
     return _environment().get_template("report.html.j2").render(
-        result=result, record=record, grids=grids, colors=LABEL_COLORS, csp=CSP,
-        label_counts=result.label_counts(), stat_blocks=stat_blocks, attn_blocks=attn_blocks,
+        result=result, record=record, grids=grids, csp=CSP,
+        colors={k: v for k, v in LABEL_COLORS.items() if k not in OPTIONAL_LABELS or families.get(k)},
+        label_counts=families, stat_blocks=stat_blocks, attn_blocks=attn_blocks,
         table_cols=table_cols, table=table, verification=verification,
         examples=[_example_view(tokenizer, ex) for ex in result.examples],
         sections=sections,
         data_json=_json_for_script({"figures": {**stat_figs, **attn_figs,
                                                 **{k: v for sec in sections for k, v in sec.figures.items()}}}),
-        script=static_text("heatmap.js"),
+        script=static_text("charts.js") + "\n" + static_text("heatmap.js"),
     )
 
 
@@ -332,7 +348,7 @@ def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, 
         result.timings["report_s"] = round(now - start, 4)
         if started is not None:
             result.timings["total_s"] = round(now - started, 4)
-            phases = ("startup_s", "input_s", "model_load_s", "analyze_s", "verify_s", "report_s")
+            phases = ("startup_s", "input_s", "model_load_s", "circuits_s", "analyze_s", "verify_s", "report_s")
             result.timings["other_s"] = round(max(0.0, result.timings["total_s"] - sum(
                 result.timings.get(k, 0.0) for k in phases)), 4)
         record["timings_s"] = result.timings

@@ -44,6 +44,13 @@ class Section:
 BUILDERS: list[str] = [
     "probe.report.cross:cross_attention_section",
     "probe.view.section:head_view_section",
+    "probe.linguistic.report:coref_section",
+    "probe.linguistic.report:syntax_section",
+    "probe.patterns.report:health_section",
+    "probe.patterns.report:groups_section",
+    "probe.patterns.report:types_section",
+    "probe.patterns.report:circuits_section",
+    "probe.pruning.report:section",
 ]
 
 

@@ -21,7 +21,7 @@ def label_grid(source, value: str = "label"):
     Raises:
         InputError: ``value`` is not a column of the heads table.
     """
-    from ..report import LABEL_COLORS
+    from ..report import LABEL_COLORS, label_family
 
     heads = source.heads if hasattr(source, "heads") else source
     if value not in heads.columns:
@@ -29,6 +29,7 @@ def label_grid(source, value: str = "label"):
     grid = heads.pivot(index="layer", columns="head", values=value)
     grid.index.name, grid.columns.name = "layer", "head"
     if value == "label":
-        return grid.style.map(lambda v: f"background-color: {LABEL_COLORS.get(v, '#ffffff')}; font-size: 11px")
+        return grid.style.map(
+            lambda v: f"background-color: {LABEL_COLORS.get(label_family(str(v)), '#ffffff')}; font-size: 11px")
     grid = grid.astype(float)
     return grid.style.background_gradient(cmap="viridis", axis=None).format("{:.3f}", na_rep="")

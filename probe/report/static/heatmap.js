@@ -1,7 +1,8 @@
 /* probe report: heatmaps drawn on <canvas> from the data inlined in the page.
  * Plain JavaScript, no library, no network request. Every figure is a canvas element whose data-fig
  * attribute names its entry in the page data, figures[name] = {rows, cols, values (row-major, scaled by `scale`), vmin, vmax,
- * cmap, title, rowLabels, colLabels, xLabel, yLabel, unit, cellName}.
+ * cmap, title, rowLabels, colLabels, xLabel, yLabel, unit, cellName}; a figure with a `kind` (scatter, bars) is
+ * drawn by window.probeCharts (static/charts.js, inlined before this script).
  */
 (function () {
   "use strict";
@@ -105,8 +106,8 @@
     for (var i = 0; i < canvases.length; i++) {
       var fig = data.figures[canvases[i].getAttribute("data-fig")];
       if (!fig) continue;
-      draw(canvases[i], fig);
-      attachTooltip(canvases[i], fig, tip);
+      var chart = fig.kind && window.probeCharts ? window.probeCharts[fig.kind] : null;
+      if (chart) { chart(canvases[i], fig, tip); } else { draw(canvases[i], fig); attachTooltip(canvases[i], fig, tip); }
       canvases[i].setAttribute("data-drawn", "1");
     }
     document.body.setAttribute("data-figures-drawn", String(canvases.length));

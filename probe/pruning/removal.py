@@ -1,0 +1,247 @@
+"""Physical head removal: rows of the query/key/value projections and columns of the output
+projection go, and each attention module's head counts and widths follow, so the model runs at its
+new size (shared/CASES.md F11).
+
+Every layout of :data:`probe.architectures.QKV_LAYOUTS` is handled from the spec alone: separate
+``nn.Linear`` q/k/v (rows), GPT-2's fused ``Conv1D`` (columns of q | k | v), GPT-NeoX's per-head
+fused projection (blocks of 3 x d_head rows per head) and Phi-3's stacked projection
+(q | k | v rows). Attributes listed in the spec (``head_count_attrs``, ``width_attrs``,
+``kv_group_attr``, ``kv_head_count_attrs``) are set to the new values; a module that reads its
+head count from the config (``config_head_attrs``, Phi-3) gets a :class:`ConfigView` with its own.
+The layout of a layer (which original head sits in which slot, grouped key/value heads, zero
+placeholders) is planned by :func:`probe.pruning.heads.plan_layer`.
+
+Removal is exact up to float summation order: a removed head's slice is dropped where the gated
+model multiplies it by 0, so the pruned model's outputs equal the gated model's (float32, atol 1e-5;
+``tests/test_pruning_removal.py`` checks every family).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..architectures import ArchSpec, layer_modules
+from ..errors import InputError
+from .heads import LayerLayout, PrunedHeads, normalize_heads, plan_layer
+
+
+class ConfigView:
+    """A module's own view of the model config: ``overrides`` (its head count), everything else
+    read from, and written to, the shared config (so ``set_attn_implementation`` still reaches it)."""
+
+    def __init__(self, base, **overrides) -> None:
+        base = base._base if isinstance(base, ConfigView) else base
+        object.__setattr__(self, "_base", base)
+        object.__setattr__(self, "_overrides", dict(overrides))
+
+    def __getattr__(self, name):
+        overrides = object.__getattribute__(self, "_overrides")
+        if name in overrides:
+            return overrides[name]
+        return getattr(object.__getattribute__(self, "_base"), name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._base, name, value)
+
+
+def _blocks(t: torch.Tensor, dim: int, slots: list[int | None], size: int) -> torch.Tensor:
+    """Blocks ``slots`` (each ``size`` wide along ``dim``) of ``t``, concatenated; None gives zeros."""
+    parts = []
+    for s in slots:
+        if s is None:
+            shape = list(t.shape)
+            shape[dim] = size
+            parts.append(t.new_zeros(shape))
+        else:
+            parts.append(t.narrow(dim, s * size, size))
+    return torch.cat(parts, dim).contiguous()
+
+
+def _split(t: torch.Tensor, dim: int, sizes: list[int]) -> list[torch.Tensor]:
+    return list(torch.split(t, sizes, dim))
+
+
+def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    old = getattr(module, name)
+    setattr(module, name, nn.Parameter(value, requires_grad=old.requires_grad))
+
+
+@dataclass
+class _Slots:
+    """Indices into the current projections of the new layout's slots (None: zero placeholder)."""
+
+    q: list[int | None]
+    kv: list[int | None]
+    old_q: int
+    old_kv: int
+
+
+def _source(current: LayerLayout, new: LayerLayout) -> _Slots:
+    q = [None if h is None else current.q.index(h) for h in new.q]
+    kv = [None if j is None else current.kv.index(j) for j in new.kv]
+    return _Slots(q, kv, len(current.q), len(current.kv))
+
+
+def _slice_qkv(attn_layer: nn.Module, spec: ArchSpec, s: _Slots, d: int) -> None:
+    """Cut the query/key/value projections of one layer to the new slots."""
+    layout = spec.qkv_layout
+    if layout == "separate":
+        for role, idx in (("q", s.q), ("k", s.kv), ("v", s.kv)):
+            mod = attn_layer.get_submodule(getattr(spec, role))
+            _set(mod, "weight", _blocks(mod.weight, 0, idx, d))
+            if mod.bias is not None:
+                _set(mod, "bias", _blocks(mod.bias, 0, idx, d))
+            mod.out_features = len(idx) * d
+        return
+    mod = attn_layer.get_submodule(spec.qkv)
+    if layout == "conv1d":  # GPT-2 Conv1D weight [in, q | k | v]: columns
+        sizes = [s.old_q * d, s.old_kv * d, s.old_kv * d]
+        for name, dim in (("weight", 1), ("bias", 0)):
+            q, k, v = _split(getattr(mod, name), dim, sizes)
+            _set(mod, name, torch.cat([_blocks(q, dim, s.q, d), _blocks(k, dim, s.kv, d), _blocks(v, dim, s.kv, d)],
+                                      dim))
+        mod.nf = (len(s.q) + 2 * len(s.kv)) * d
+    elif layout == "per_head":  # GPT-NeoX Linear weight [heads * (q, k, v) * d_head, in]: blocks of 3 d rows
+        if s.q != s.kv:
+            raise ValueError("the per-head fused layout has no grouped key/value heads")
+        _set(mod, "weight", _blocks(mod.weight, 0, s.q, 3 * d))
+        if mod.bias is not None:
+            _set(mod, "bias", _blocks(mod.bias, 0, s.q, 3 * d))
+        mod.out_features = len(s.q) * 3 * d
+    elif layout == "stacked":  # Phi-3 Linear weight [q | k | v, in]: rows
+        sizes = [s.old_q * d, s.old_kv * d, s.old_kv * d]
+        for name in ("weight", "bias"):
+            t = getattr(mod, name)
+            if t is None:
+                continue
+            q, k, v = _split(t, 0, sizes)
+            _set(mod, name, torch.cat([_blocks(q, 0, s.q, d), _blocks(k, 0, s.kv, d), _blocks(v, 0, s.kv, d)], 0))
+        mod.out_features = (len(s.q) + 2 * len(s.kv)) * d
+
+
+def _slice_o(attn_layer: nn.Module, spec: ArchSpec, s: _Slots, d: int) -> None:
+    """Cut the output projection's input to the new query slots (its output and bias stay)."""
+    o = attn_layer.get_submodule(spec.o)
+    if spec.conv1d:  # Conv1D weight [in, out]: rows
+        _set(o, "weight", _blocks(o.weight, 0, s.q, d))
+        o.nx = len(s.q) * d
+    else:
+        _set(o, "weight", _blocks(o.weight, 1, s.q, d))
+        o.in_features = len(s.q) * d
+
+
+def _set_counts(attn: nn.Module, spec: ArchSpec, lay: LayerLayout, d: int, config) -> None:
+    for attr in spec.head_count_attrs:
+        setattr(attn, attr, len(lay.q))
+    for attr in spec.width_attrs:
+        setattr(attn, attr, len(lay.q) * d)
+    if spec.kv_group_attr:
+        setattr(attn, spec.kv_group_attr, lay.group)
+    for attr in spec.kv_head_count_attrs:
+        setattr(attn, attr, len(lay.kv))
+    if spec.config_head_attrs:
+        attn.config = ConfigView(config, **{a: len(lay.q) for a in spec.config_head_attrs})
+
+
+def apply_layout(model: nn.Module, spec: ArchSpec, layer: int, current: LayerLayout, new: LayerLayout,
+                 d_head: int) -> None:
+    """Rewrite one layer's projections from ``current`` to ``new`` (both in original numbering), in place.
+
+    Zero placeholder slots get zero query/key/value rows and zero output-projection columns.
+    """
+    block = layer_modules(model, spec)[layer]
+    s = _source(current, new)
+    with torch.no_grad():
+        _slice_qkv(block, spec, s, d_head)
+        _slice_o(block, spec, s, d_head)
+    _set_counts(block.get_submodule(spec.attention), spec, new, d_head, model.config)
+
+
+def _slot_costs(block: nn.Module, spec: ArchSpec, d: int, d_model: int) -> tuple[int, int]:
+    """Parameters of one query slot (its query rows and output-projection columns) and of one
+    key/value slot (its key and value rows), biases included."""
+    proj = block.get_submodule(spec.q or spec.qkv)
+    bias = int(getattr(proj, "bias", None) is not None)
+    return d * (d_model + bias) + d * d_model, 2 * d * (d_model + bias)
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Parameters of a model (tied tensors counted once)."""
+    return int(sum(p.numel() for p in model.parameters()))
+
+
+@dataclass
+class Removal:
+    """What :func:`remove_heads` did.
+
+    Attributes:
+        removed: ``{layer: (head, ...)}`` removed by this call (original numbering).
+        params_before, params_after: parameter counts.
+        kv_kept_params: parameters of key/value heads kept because some query head of their group
+            is still present (groups left partly pruned).
+        layout_params: parameters of zero placeholder query slots and duplicated key/value slots
+            that equal groups (and layers with every head pruned) need.
+        notes: the same, in words.
+    """
+
+    removed: dict[int, tuple[int, ...]]
+    params_before: int
+    params_after: int
+    kv_kept_params: int = 0
+    layout_params: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def remove_heads(lm, heads) -> Removal:
+    """Physically remove heads from ``lm`` (in place), in the original numbering.
+
+    Works on a model that was pruned before (``lm.pruned``): numbers stay the original ones
+    (shared/CASES.md F12), and the result is recorded in ``lm.pruned``.
+
+    Args:
+        lm: a :class:`~probe.models.LoadedModel` (any supported family).
+        heads: ``{layer: [head, ...]}`` or ``(layer, head)`` pairs, original numbering.
+
+    Returns:
+        A :class:`Removal` (parameter counts and notes on grouped key/value heads and placeholders).
+
+    Raises:
+        InputError: a layer/head out of range, or a head that was already removed (never silently
+            shifted to another head).
+    """
+    g = lm.geometry
+    todo = normalize_heads(heads, g.n_layers, g.n_heads)
+    current = lm.pruned if lm.pruned is not None else PrunedHeads.unpruned(g.n_layers, g.n_heads, g.n_kv_heads)
+    gone = [f"{layer}.{h}" for layer, hs in todo.items() for h in hs if h not in current.present(layer)]
+    if gone:
+        raise InputError(f"head(s) {', '.join(gone)} (layer.head, original numbering) were already removed "
+                         "from this model")
+    before = parameter_count(lm.model)
+    layouts = list(current.layouts)
+    blocks = layer_modules(lm.model, lm.spec)
+    kv_kept = layout_extra = 0
+    per_kv = g.n_heads // g.n_kv_heads
+    for layer, hs in todo.items():
+        kept = [h for h in current.present(layer) if h not in hs]
+        q_cost, kv_cost = _slot_costs(blocks[layer], lm.spec, g.d_head, g.d_model)
+        new = plan_layer(kept, g.n_heads, g.n_kv_heads, q_cost, kv_cost)
+        apply_layout(lm.model, lm.spec, layer, layouts[layer], new, g.d_head)
+        layouts[layer] = new
+        groups = {h // per_kv for h in kept}
+        if per_kv > 1:
+            kv_kept += sum(any(j * per_kv + i not in kept for i in range(per_kv)) for j in groups) * kv_cost
+        layout_extra += (len(new.q) - len(kept)) * q_cost + (len(new.kv) - len(groups)) * kv_cost
+    lm.pruned = PrunedHeads(g.n_heads, g.n_kv_heads, layouts)
+    after = parameter_count(lm.model)
+    notes = []
+    if kv_kept:
+        notes.append(f"grouped key/value heads: groups left partly pruned keep their key/value head "
+                     f"({kv_kept:,} parameters)")
+    if layout_extra:
+        notes.append(f"{layout_extra:,} parameters of zero placeholder query heads or duplicated key/value heads: "
+                     "Hugging Face attention needs equal query groups per key/value head and at least one head "
+                     "per layer")
+    return Removal(todo, before, after, kv_kept, layout_extra, notes)

@@ -1,0 +1,67 @@
+"""``probe prune`` as a function: the experiment, the per-head statistics of the same corpus, the
+run folder (report with the pruning section, heads.csv with importance, pruning.csv, run.json)
+and, if asked, the pruned model's folder. The command line only parses and prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..corpus import split_lines
+from ..errors import InputError
+from .experiment import PruneResult, prune
+
+
+def read_labels(path: str | Path, n: int) -> list[str]:
+    """Classification labels: one per line (blank lines skipped), aligned with the ``n`` corpus
+    sequences in order (a ``--limit`` keeps the first ``n`` labels too).
+
+    Raises:
+        InputError: unreadable file, or fewer labels than sequences.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read labels file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    labels = [ln.strip() for ln in split_lines(text) if ln.strip()]
+    if len(labels) < n:
+        raise InputError(f"labels file {path} has {len(labels)} labels for {n} sequences: give one label per line, "
+                         "in corpus order")
+    return labels[:n]
+
+
+def prune_run(lm, texts: list[str], *, out=None, force: bool = False, save_pruned_to=None, labels=None,
+              timings: dict | None = None, started: float | None = None, **kwargs) -> tuple[PruneResult, Path]:
+    """Run :func:`~probe.pruning.experiment.prune`, measure every head on the same texts, write the
+    run folder; save the pruned copy to ``save_pruned_to`` if given.
+
+    Returns:
+        ``(result, run folder)``.
+
+    Raises:
+        InputError: as ``prune``; ``out`` or ``save_pruned_to`` taken without ``force``.
+    """
+    import time
+
+    from ..analysis import analyze
+    from ..report import prepare_run_dir, write_run
+    from .saving import check_target, save_pruned
+
+    prepare_run_dir(out, lm.name, force)
+    if save_pruned_to is not None:
+        check_target(Path(save_pruned_to), force)
+    t = time.perf_counter()
+    result = prune(lm, texts, labels=labels, physical=True, **kwargs)
+    prune_s = time.perf_counter() - t
+    analysis = analyze(lm, texts, batch_size=kwargs.get("batch_size", 16), max_length=kwargs.get("max_length"),
+                       progress=kwargs.get("progress", False))
+    analysis.heads = analysis.heads.merge(result.heads_frame(), on=["layer", "head"], how="left",
+                                          validate="one_to_one")
+    analysis.results["pruning"] = result
+    analysis.notes += [n for n in result.notes if n not in analysis.notes]
+    analysis.timings["prune_s"] = round(prune_s, 4)
+    path = write_run(analysis, lm.tokenizer, out, force=force, timings=timings, started=started)
+    if save_pruned_to is not None:
+        save_pruned(result.pruned_lm, save_pruned_to, force=force)
+    return result, path
