@@ -18,7 +18,7 @@ import time
 import click
 
 from . import IMPORT_STARTED, validate
-from .errors import ProbeError
+from .errors import InputError, ProbeError
 from .models import DEFAULT_MODEL
 from .reference.mutants import MUTANTS
 from .util import process_age
@@ -150,14 +150,33 @@ def _model_option(fn):
                         help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")(fn)
 
 
+def _check_seq2seq_input(lm, pairs, generate, annotated) -> bool:
+    """Whether ``lm`` is an encoder-decoder model, after checking that its input fits it.
+
+    Raises:
+        InputError: --generate on another model; --coref/--syntax on an encoder-decoder model.
+    """
+    seq2seq = lm.spec.encoder_decoder
+    if generate is not None and not seq2seq:
+        raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
+                         "not one")
+    if seq2seq and annotated is not None:
+        raise InputError("--coref and --syntax score one-stack models (encoders, decoders); "
+                         f"{lm.name} is an encoder-decoder model")
+    return seq2seq
+
+
 @main.command("analyze")
 @_model_option
 @click.option("--text", "-t", "texts", multiple=True, help="A sequence to analyze (repeatable).")
 @click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Plain text (one sequence a line) or CoNLL-U (# text = lines).")
 @click.option("--pairs", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="Sentence pairs, one a line, the two segments separated by a tab (the Kovaleva 'block' "
-                   "type needs two segments).")
+              help="Pairs, one a line, the two segments separated by a tab: sentence pairs for encoders (the "
+                   "Kovaleva 'block' type needs two segments), source and target for encoder-decoder models.")
+@click.option("--generate", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Encoder-decoder models: the model writes each source's target (greedy, at most N new "
+                   "tokens); the sources come from --text or --corpus.")
 @click.option("--limit", "-n", type=int, default=None, callback=validate.click_callback(validate.limit),
               help="Use at most N sequences (with --coref/--syntax: N of each file).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
@@ -193,7 +212,7 @@ def _model_option(fn):
                                           "sentences are the analysed text. Writes syntax.csv.")
 @_placement_options
 @user_errors
-def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_length, out, force, examples,
+def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_size, max_length, out, force, examples,
                     thresholds, parse_special_tokens, run_verify, distance, map_sequences, circuits, health,
                     progress, coref, syntax_file, device, dtype, device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
@@ -219,6 +238,8 @@ def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_len
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     timings = {"startup_s": time.perf_counter() - started}
     t = time.perf_counter()
+    if generate is not None and pairs:
+        raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
     seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
     prepare_run_dir(out, model_name, force)  # fail before loading a model if the folder is taken
     timings["input_s"] = time.perf_counter() - t
@@ -232,10 +253,13 @@ def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_len
     how_many = f"{len(seqs)} sequences" if hasattr(seqs, "__len__") else "the sequences"
     share = (f", process {world.rank} of {world.size}: sequences {world.rank}, {world.rank + world.size}, ..."
              if world else "")
+    stacks = " + ".join(f"{sum(1 for s in lm.sites if s.stack == st and s.kind == 'self')} {st}"
+                        for st in ("encoder", "decoder")) if lm.spec.encoder_decoder else lm.geometry.n_layers
     click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
-               f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
+               f"{stacks} layers x {lm.geometry.n_heads} heads", err=True)
+    seq2seq = _check_seq2seq_input(lm, pairs, generate, annotated)
     finished, skipped = [], []
-    if circuits and lm.causal and (world is None or world.main):  # rank 0 alone reports the probe
+    if circuits and lm.causal and not seq2seq and (world is None or world.main):  # rank 0 alone reports the probe
         t = time.perf_counter()
         sink_texts, seqs = _first(seqs, SINK_TEXTS)
         try:
@@ -243,7 +267,11 @@ def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_len
         except ValueError as exc:  # e.g. a model whose limit is below the probe's 2 x 25 tokens
             skipped.append(f"decoder circuit probe skipped: {exc}")
         timings["circuits_s"] = time.perf_counter() - t
-    extra = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
+    extra = [] if seq2seq else pattern_accumulators(lm, distance=distance, map_sequences=map_sequences,
+                                                     thresholds=health)
+    if seq2seq:
+        skipped.append("head distances, groups, pattern types, padding checks and the circuit probe cover "
+                       "one-stack models; not run for this encoder-decoder model")
     if annotated is not None:
         # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
         extra += annotated.accumulators(lm, prior=world is None or world.main)
@@ -251,7 +279,7 @@ def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_len
         result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
                          max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
                          parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
-                         reduce=distributed.reducer(world))
+                         reduce=distributed.reducer(world), generate=generate)
     if world is not None and not world.main:
         return  # rank 0 writes the one report
     timings["analyze_s"] = result.timings["analyze_s"]

@@ -252,3 +252,24 @@ def test_cli_pairs_and_generate(tmp_path):
     res = runner.invoke(main, ["analyze", "--model", str(folder), "--text", "The cat sat.", "--out",
                                str(tmp_path / "n"), "--no-progress"])
     assert res.exit_code != 0 and "has no target" in res.output
+
+
+def test_cli_refuses_what_does_not_fit_an_encoder_decoder_model(tmp_path):
+    from probe.cli import main
+
+    t5 = save_tiny("t5", tmp_path / "t5")
+    gpt2 = save_tiny("gpt2", tmp_path / "gpt2")
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("A cat.\tUn chat.\n", encoding="utf-8")
+    runner = CliRunner()
+    cases = [
+        (["--model", str(t5), "--pairs", str(pairs), "--generate", "3"], "not both"),
+        (["--model", str(gpt2), "--text", "Hello there.", "--generate", "3"], "encoder-decoder models"),
+        (["--model", str(t5), "--coref"], "is an encoder-decoder model"),
+        (["--model", str(t5), "--text", "Hi.", "--generate", "0"], "--generate"),
+    ]
+    for i, (args, message) in enumerate(cases):
+        out = tmp_path / f"out{i}"
+        res = runner.invoke(main, ["analyze", *args, "--out", str(out), "--no-progress"])
+        assert res.exit_code != 0 and message in res.output, (args, res.output)
+        assert "Traceback" not in res.output and not (out / "index.html").exists()
