@@ -273,3 +273,5 @@ def test_cli_refuses_what_does_not_fit_an_encoder_decoder_model(tmp_path):
         res = runner.invoke(main, ["analyze", *args, "--out", str(out), "--no-progress"])
         assert res.exit_code != 0 and message in res.output, (args, res.output)
         assert "Traceback" not in res.output and not (out / "index.html").exists()
+    res = runner.invoke(main, ["prune", "--model", str(t5), "--out", str(tmp_path / "p")])
+    assert res.exit_code != 0 and "head pruning covers one-stack models" in res.output

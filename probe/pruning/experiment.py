@@ -247,12 +247,15 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
         A :class:`PruneResult`.
 
     Raises:
-        InputError: unknown order or objective, steps < 1, fraction outside (0, 1), fewer than 3
-            seeds, a corpus too small to split, labels not aligned with the texts, an objective
-            the model cannot serve.
+        InputError: an encoder-decoder model, unknown order or objective, steps < 1, fraction
+            outside (0, 1), fewer than 3 seeds, a corpus too small to split, labels not aligned
+            with the texts, an objective the model cannot serve.
         ProbeError: the model's parameters are not floating point, or the gates get no gradient.
     """
     timings, t0 = {}, time.perf_counter()
+    if lm.spec.encoder_decoder:
+        raise InputError(f"head pruning covers one-stack models (encoders, decoders); {lm.name} is an "
+                         "encoder-decoder model")
     orders = _validate(orders, steps, fraction, seeds, objective)
     (score_idx, eval_idx), (score, held) = _split_batches(lm, texts, labels, held_out, split_seed, batch_size,
                                                           max_length)
