@@ -275,3 +275,7 @@ def test_cli_refuses_what_does_not_fit_an_encoder_decoder_model(tmp_path):
         assert "Traceback" not in res.output and not (out / "index.html").exists()
     res = runner.invoke(main, ["prune", "--model", str(t5), "--out", str(tmp_path / "p")])
     assert res.exit_code != 0 and "head pruning covers one-stack models" in res.output
+    assert runner.invoke(main, ["analyze", "--model", str(t5), "--pairs", str(pairs), "--out", str(tmp_path / "r"),
+                                "--no-progress"]).exit_code == 0
+    res = runner.invoke(main, ["compare", str(tmp_path / "r"), str(tmp_path / "r"), "--out", str(tmp_path / "c")])
+    assert res.exit_code != 0 and "encoder-decoder model" in res.output and "Traceback" not in res.output
