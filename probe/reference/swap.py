@@ -63,6 +63,32 @@ def _checked_mask(arguments: dict) -> object:
     return as_keep_mask(mask)
 
 
+def _stack_hooks(context: ForwardContext, spec, stack: str, module: nn.Module):
+    """(pre, post) forward hooks of one stack's module: the pre-hook records the pass's padding
+    keep-masks (for a decoder also the source's) and ``position_ids`` into ``context``; the
+    post-hook clears them."""
+    bind = _binder(module)
+
+    def pre_hook(mod, args, kwargs):
+        arguments = bind(args, kwargs)
+        mask = _checked_mask(arguments)
+        if spec.encoder_decoder:
+            context.masks[stack] = mask
+            if stack == "decoder":
+                source = arguments.get("encoder_attention_mask")
+                context.masks["source"] = None if source is None else as_keep_mask(source)
+        else:
+            context.attention_mask = mask
+        context.position_ids = arguments.get("position_ids")
+        context.active = True
+
+    def post_hook(mod, args, kwargs, output):
+        context.active = False
+        context.attention_mask = context.position_ids = None
+        context.masks.clear()
+    return pre_hook, post_hook
+
+
 @contextmanager
 def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | None = None) -> Iterator[Swapped]:
     """Context manager: every attention site's module replaced by a :class:`ReferenceAttention`.
@@ -94,29 +120,6 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
     cls = mutant_class(mutant)
     context = ForwardContext()
     base = base_model(model)
-
-    def stack_hooks(stack: str, module: nn.Module):
-        bind = _binder(module)
-
-        def pre_hook(mod, args, kwargs):
-            arguments = bind(args, kwargs)
-            mask = _checked_mask(arguments)
-            if spec.encoder_decoder:
-                context.masks[stack] = mask
-                if stack == "decoder":
-                    source = arguments.get("encoder_attention_mask")
-                    context.masks["source"] = None if source is None else as_keep_mask(source)
-            else:
-                context.attention_mask = mask
-            context.position_ids = arguments.get("position_ids")
-            context.active = True
-
-        def post_hook(mod, args, kwargs, output):
-            context.active = False
-            context.attention_mask = context.position_ids = None
-            context.masks.clear()
-        return pre_hook, post_hook
-
     originals, modules, parents = [], [], []
     for site in sites(model.config):
         paths = site_spec(spec, site)
@@ -137,7 +140,7 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
     try:
         for stack in dict.fromkeys(s.stack_module for s in spec.site_specs):
             stack_module = base.get_submodule(stack) if stack else base
-            pre, post = stack_hooks(stack or spec.stack, stack_module)
+            pre, post = _stack_hooks(context, spec, stack or spec.stack, stack_module)
             hooks.forward_pre(stack_module, pre, with_kwargs=True)
             hooks.forward(stack_module, post, with_kwargs=True, always_call=True)
         for (parent, name), module in zip(parents, modules):
