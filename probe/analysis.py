@@ -177,38 +177,17 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     counts = TokenCounts(getattr(lm.tokenizer, "unk_token_id", None))
     batches = iter_batches(lm, items, batch_size=batch_size, max_length=max_length,
                            parse_special_tokens=parse_special_tokens)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(items) if sized else None, unit="seq", desc="analyze", leave=False)
     t1 = time.perf_counter()
     everything = [stats, examples, counts, *accumulators]
-    try:
-        notes = run(lm, batches, everything, progress=bar)
-    finally:
-        if bar is not None:
-            bar.close()
+    notes = _run_with_bar(lm, batches, everything, progress, len(items) if sized else None)
     t_run = time.perf_counter() - t1
     if reduce is not None:
         reduce(everything)
     if counts.result().sequences == 0:
         raise InputError("no text given")
 
-    heads = stats.result()
     extras = [*accumulators, *finished]
-    for acc in extras:
-        extra = acc.columns()
-        if extra is not None:
-            heads = heads.merge(extra, on=["layer", "head"], how="left", validate="one_to_one")
-    heads = label_heads(heads, thresholds_used, [lab for acc in extras for lab in acc.head_labels()])
-    if "group" not in heads.columns:
-        heads["cluster"] = cluster_heads(heads, list(STATISTICS), n_clusters=n_clusters)
-    if lm.pruned is not None:  # physically removed heads: no statistic, label "removed", no cluster
-        gone = [(layer, h) for layer, hs in lm.pruned.removed().items() for h in hs]
-        rows = heads.set_index(["layer", "head"]).index.isin(gone)
-        heads.loc[rows, ["label", "labels"]] = REMOVED
-        heads.loc[rows, "cluster" if "cluster" in heads.columns else "group"] = -1
+    heads = _heads_table(lm, stats, extras, thresholds_used, n_clusters)
     c = counts.result()
     return AnalysisResult(
         model=model_summary(lm), heads=heads, stats=stats, thresholds=thresholds_used, counts=c.as_dict(),
@@ -220,6 +199,43 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         notes=list(lm.notes) + list(notes) + input_notes(c, lm.tokenizer),
         results={acc.name: acc.result() for acc in extras},
     )
+
+
+def _run_with_bar(lm: LoadedModel, batches: Iterable[Batch], accumulators: list[Accumulator], progress: bool,
+                  total: int | None) -> list[str]:
+    """:func:`run`, with a tqdm progress bar counting sequences when ``progress`` (``total``: None
+    for a stream)."""
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, unit="seq", desc="analyze", leave=False)
+    try:
+        return run(lm, batches, accumulators, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _heads_table(lm: LoadedModel, stats: HeadStatistics, extras: Sequence[Accumulator],
+                 thresholds: dict[str, float], n_clusters: int) -> pd.DataFrame:
+    """One row per head: the statistics, the columns the other accumulators add, labels (their rules
+    and the accumulators' own), and ``cluster`` (k-means) unless an accumulator gave ``group``.
+    Heads physically removed by pruning are labelled ``removed`` with cluster/group -1."""
+    heads = stats.result()
+    for acc in extras:
+        extra = acc.columns()
+        if extra is not None:
+            heads = heads.merge(extra, on=["layer", "head"], how="left", validate="one_to_one")
+    heads = label_heads(heads, thresholds, [lab for acc in extras for lab in acc.head_labels()])
+    if "group" not in heads.columns:
+        heads["cluster"] = cluster_heads(heads, list(STATISTICS), n_clusters=n_clusters)
+    if lm.pruned is not None:  # physically removed heads: no statistic, label "removed", no cluster
+        gone = [(layer, h) for layer, hs in lm.pruned.removed().items() for h in hs]
+        rows = heads.set_index(["layer", "head"]).index.isin(gone)
+        heads.loc[rows, ["label", "labels"]] = REMOVED
+        heads.loc[rows, "cluster" if "cluster" in heads.columns else "group"] = -1
+    return heads
 
 
 #: Fewer real tokens than this in the whole corpus and the labels rest on too little text.
