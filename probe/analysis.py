@@ -158,12 +158,9 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             results join the result like the others'.
         reduce: called with every accumulator after the pass, to merge in those of other
             processes (data parallelism: :func:`probe.distributed.reducer`); None in one process.
-        generate: encoder-decoder models: the model writes each source's target itself (greedy, at
-            most this many new tokens: :func:`probe.seq2seq.with_generated_targets`). Without it,
-            every text of an encoder-decoder model needs its target in :attr:`Text.pair`.
-
-    An encoder-decoder model's heads come per site: ``heads`` then has ``stack`` and ``kind``
-    columns and the cross-attention statistic ``aligned`` (:mod:`probe.stats`).
+        generate: encoder-decoder models: the model writes each source's target (greedy, at most
+            this many new tokens); without it each text needs its target in :attr:`Text.pair`. Their
+            ``heads`` have ``stack``, ``kind`` and cross-attention's ``aligned`` (:mod:`probe.stats`).
 
     Returns:
         An :class:`AnalysisResult`.
@@ -175,60 +172,27 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     t0 = time.perf_counter()
     sized = isinstance(texts, (str, Text)) or hasattr(texts, "__len__")
     items = as_texts(validate.texts(texts)) if sized else stream_texts(texts)
-    validate.positive_int("batch size", batch_size)
-    validate.max_length(max_length, lm.max_length)
-    thresholds_used = {**default_thresholds(), **validate.thresholds(thresholds)}
+    thresholds_used = _checked(lm, batch_size, max_length, thresholds, example_tokens)
     n_examples = max(0, min(n_examples, len(items)) if sized else n_examples)
     if generate is not None:
-        from .seq2seq import with_generated_targets
-
-        if not lm.spec.encoder_decoder:
-            raise InputError("--generate writes targets for encoder-decoder models (BART, Marian, T5); "
-                             f"{lm.name} is not one")
-        validate.positive_int("--generate", generate)
-        items = with_generated_targets(lm, items, generate)
-        items = list(items) if sized else items
-    if example_tokens is not None:
-        validate.positive_int("example tokens", example_tokens, 2)
+        items = _generated(lm, items, generate, sized)
 
     stats = HeadStatistics(lm.sites, lm.geometry.n_heads, lm.tokenizer)
     examples = ExampleMaps(range(n_examples), lm.sites, example_tokens)
     counts = TokenCounts(getattr(lm.tokenizer, "unk_token_id", None))
     batches = iter_batches(lm, items, batch_size=batch_size, max_length=max_length,
                            parse_special_tokens=parse_special_tokens)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(items) if sized else None, unit="seq", desc="analyze", leave=False)
     t1 = time.perf_counter()
     everything = [stats, examples, counts, *accumulators]
-    try:
-        notes = run(lm, batches, everything, progress=bar)
-    finally:
-        if bar is not None:
-            bar.close()
+    notes = _run_with_bar(lm, batches, everything, progress, len(items) if sized else None)
     t_run = time.perf_counter() - t1
     if reduce is not None:
         reduce(everything)
     if counts.result().sequences == 0:
         raise InputError("no text given")
 
-    heads = stats.result()
     extras = [*accumulators, *finished]
-    for acc in extras:
-        extra = acc.columns()
-        if extra is not None:
-            keys = [c for c in ("stack", "kind", "layer", "head") if c in heads and c in extra]
-            heads = heads.merge(extra, on=keys, how="left", validate="one_to_one")
-    heads = label_heads(heads, thresholds_used, [lab for acc in extras for lab in acc.head_labels()])
-    if "group" not in heads.columns:
-        heads["cluster"] = cluster_heads(heads, list(stats.statistics), n_clusters=n_clusters)
-    if lm.pruned is not None:  # physically removed heads: no statistic, label "removed", no cluster
-        gone = [(layer, h) for layer, hs in lm.pruned.removed().items() for h in hs]
-        rows = heads.set_index(["layer", "head"]).index.isin(gone)
-        heads.loc[rows, ["label", "labels"]] = REMOVED
-        heads.loc[rows, "cluster" if "cluster" in heads.columns else "group"] = -1
+    heads = _heads_table(lm, stats, extras, thresholds_used, n_clusters)
     c = counts.result()
     return AnalysisResult(
         model=model_summary(lm), heads=heads, stats=stats, thresholds=thresholds_used, counts=c.as_dict(),
@@ -240,6 +204,74 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         notes=list(lm.notes) + list(notes) + input_notes(c, lm.tokenizer),
         results={acc.name: acc.result() for acc in extras},
     )
+
+
+def _run_with_bar(lm: LoadedModel, batches: Iterable[Batch], accumulators: list[Accumulator], progress: bool,
+                  total: int | None) -> list[str]:
+    """:func:`run`, with a tqdm progress bar counting sequences when ``progress`` (``total``: None
+    for a stream)."""
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, unit="seq", desc="analyze", leave=False)
+    try:
+        return run(lm, batches, accumulators, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _checked(lm: LoadedModel, batch_size: int, max_length: int | None, thresholds, example_tokens) -> dict:
+    """The thresholds to use, after checking the numeric settings of :func:`analyze`.
+
+    Raises:
+        InputError: batch_size < 1, max_length < 2 or above the model's limit, a bad threshold,
+            example_tokens < 2.
+    """
+    validate.positive_int("batch size", batch_size)
+    validate.max_length(max_length, lm.max_length)
+    if example_tokens is not None:
+        validate.positive_int("example tokens", example_tokens, 2)
+    return {**default_thresholds(), **validate.thresholds(thresholds)}
+
+
+def _generated(lm: LoadedModel, items, generate: int, sized: bool):
+    """The texts with the model's own greedy targets (a list if ``items`` is one, else a stream).
+
+    Raises:
+        InputError: ``lm`` is not an encoder-decoder model, or ``generate`` < 1.
+    """
+    from .seq2seq import with_generated_targets
+
+    if not lm.spec.encoder_decoder:
+        raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
+                         "not one")
+    validate.positive_int("--generate", generate)
+    items = with_generated_targets(lm, items, generate)
+    return list(items) if sized else items
+
+
+def _heads_table(lm: LoadedModel, stats: HeadStatistics, extras: Sequence[Accumulator],
+                 thresholds: dict[str, float], n_clusters: int) -> pd.DataFrame:
+    """One row per head: the statistics, the columns the other accumulators add, labels (their rules
+    and the accumulators' own), and ``cluster`` (k-means) unless an accumulator gave ``group``.
+    Heads physically removed by pruning are labelled ``removed`` with cluster/group -1."""
+    heads = stats.result()
+    for acc in extras:
+        extra = acc.columns()
+        if extra is not None:
+            keys = [c for c in ("stack", "kind", "layer", "head") if c in heads and c in extra]
+            heads = heads.merge(extra, on=keys, how="left", validate="one_to_one")
+    heads = label_heads(heads, thresholds, [lab for acc in extras for lab in acc.head_labels()])
+    if "group" not in heads.columns:
+        heads["cluster"] = cluster_heads(heads, list(stats.statistics), n_clusters=n_clusters)
+    if lm.pruned is not None:  # physically removed heads: no statistic, label "removed", no cluster
+        gone = [(layer, h) for layer, hs in lm.pruned.removed().items() for h in hs]
+        rows = heads.set_index(["layer", "head"]).index.isin(gone)
+        heads.loc[rows, ["label", "labels"]] = REMOVED
+        heads.loc[rows, "cluster" if "cluster" in heads.columns else "group"] = -1
+    return heads
 
 
 #: Fewer real tokens than this in the whole corpus and the labels rest on too little text.

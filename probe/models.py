@@ -3,15 +3,15 @@
 Every model is loaded the same way: eager attention (so attention probabilities exist), eval mode,
 ``trust_remote_code=False``. Errors a user can cause raise :class:`~probe.errors.ModelLoadError`
 or :class:`~probe.errors.UnsupportedArchitectureError` with a one-line message.
+
+This module names models (aliases, embedded packages, the cache folder) and returns
+:class:`LoadedModel`; :mod:`probe.loading` turns a checkpoint into a ``transformers`` model (auto
+class and task head, GGUF dequantization and its cache, pruned folders, device placement).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +22,19 @@ from torch import nn
 from .architectures import ArchSpec, HeadGeometry, get_spec, head_geometry, max_positions, sites
 from .errors import ModelLoadError, ProbeError
 from .hooks import ensure_eager
+from .loading import (
+    HEADS,
+    PLACEMENT,
+    cache_dir,
+    finish_tokenizer,
+    load_folder,
+    load_gguf,
+    load_local,
+    place,
+    resolve_device,
+)
 from .sites import Site
 from .util import quiet_transformers
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -125,14 +134,6 @@ def embedded_folder(alias: str) -> Path | None:
     return folder if target.exists() else None
 
 
-def cache_dir() -> Path:
-    """probe's cache folder: ``$PROBE_CACHE``, else ``$XDG_CACHE_HOME/probe``, else ``~/.cache/probe``."""
-    if os.environ.get("PROBE_CACHE"):
-        return Path(os.environ["PROBE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "probe"
-
-
 def dequantized_cache(alias: str) -> Path:
     """Folder holding the float32 dequantized copy of an embedded GGUF model (may not exist yet)."""
     return cache_dir() / f"{alias}-dequantized-float32"
@@ -194,165 +195,6 @@ def _hub_error(name: str, exc: Exception) -> ModelLoadError:
     return ModelLoadError(f"cannot load {name!r}: {text}")
 
 
-#: Task heads ``load_model(head=...)`` can load an encoder with.
-HEADS = ("mlm", "classification", "auto")
-
-
-def _model_class(config, head: str | None = None):
-    """The auto class to build: decoders with their LM head; encoders bare, or with the head asked
-    for (``"mlm"``, ``"classification"``; ``"auto"``: the head the checkpoint's ``architectures`` names)."""
-    import transformers as tr
-
-    archs = " ".join(getattr(config, "architectures", None) or [])
-    if head == "auto":
-        head = ("mlm" if "ForMaskedLM" in archs else "classification" if "ForSequenceClassification" in archs
-                else None)
-    if head == "classification":
-        return tr.AutoModelForSequenceClassification
-    spec = get_spec(config)
-    if spec.encoder_decoder:
-        return tr.AutoModelForSeq2SeqLM
-    if spec.causal:
-        return tr.AutoModelForCausalLM
-    return tr.AutoModelForMaskedLM if head == "mlm" else tr.AutoModel
-
-
-def _finish_tokenizer(tokenizer) -> None:
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    tokenizer.padding_side = "right"
-
-
-def _load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
-    """Load a GGUF checkpoint (dequantized to floats); cache the result as float32 safetensors.
-
-    The cache always holds float32 weights, whatever ``dtype`` was asked for, and is then loaded
-    with ``dtype`` (``from_pretrained(dtype=...)`` keeps buffers such as RoPE's ``inv_freq`` in
-    float32, which a later ``.to(dtype)`` would round).
-    """
-    from transformers import AutoConfig, AutoTokenizer
-
-    if cached is not None and (cached / "config.json").exists():
-        return _load_folder(cached, dtype)
-    if cached is not None:
-        log.warning("first use of %s: de-quantizing its GGUF weights to float32 and caching them in %s "
-                    "(a one-time step of about 30 s; later runs load the cached copy in seconds)",
-                    gguf_file, cached)
-    try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
-        get_spec(config)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-        model = _model_class(config).from_pretrained(
-            folder, gguf_file=gguf_file, attn_implementation="eager", trust_remote_code=False,
-            dtype=torch.float32 if cached is not None else (dtype or torch.float32))
-    except ProbeError:
-        raise
-    except ImportError as exc:
-        raise ModelLoadError(f"loading a GGUF file needs the 'gguf' package: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds here
-        raise ModelLoadError(f"cannot load GGUF file {folder / gguf_file}: {str(exc).splitlines()[0]}") from None
-    if cached is not None:
-        # The weights are plain floats after dequantization; the quantizer record only blocks saving.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=cached.name + ".", dir=cached.parent))
-        try:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            if cached.exists():
-                shutil.rmtree(cached)
-            tmp.rename(cached)
-        except OSError as exc:
-            log.warning("could not cache the dequantized model in %s: %s", cached, exc)
-            shutil.rmtree(tmp, ignore_errors=True)
-            if dtype not in (None, torch.float32):
-                model = model.to(dtype)
-            return model, tokenizer
-        if dtype not in (None, torch.float32):
-            return _load_folder(cached, dtype)
-    return model, tokenizer
-
-
-#: How the weights are placed (see :func:`load_model`); set for one load by :func:`_placing`.
-_PLACEMENT: dict = {}
-
-
-def _load_folder(source, dtype, head: str | None = None, **kw):
-    from transformers import AutoConfig, AutoTokenizer
-
-    config = AutoConfig.from_pretrained(source, trust_remote_code=False, **kw)
-    get_spec(config)
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
-    cls = _model_class(config, head)
-    model, info = cls.from_pretrained(source, attn_implementation="eager", trust_remote_code=False,
-                                      dtype=dtype or torch.float32, output_loading_info=True, **_PLACEMENT, **kw)
-    if head is not None and info.get("missing_keys"):
-        # a head the checkpoint does not have would be random weights: refuse rather than measure noise
-        raise ModelLoadError(f"{source} has no {cls.__name__.replace('AutoModelFor', '')} head in its weights "
-                             f"(missing: {sorted(info['missing_keys'])[0]} ...)")
-    return model, tokenizer
-
-
-DEVICES = ("cpu", "cuda", "auto")
-
-
-def resolve_device(device: str | None) -> str | None:
-    """``"auto"`` -> ``"cuda"`` where a GPU is present, else ``"cpu"``; under a data-parallel
-    launcher, ``"cuda"`` means this rank's GPU (``LOCAL_RANK``).
-
-    Raises:
-        ModelLoadError: an unknown device, or ``"cuda"`` without a GPU.
-    """
-    if device is None:
-        return None
-    if device not in DEVICES and not device.startswith("cuda:"):
-        raise ModelLoadError(f"unknown device {device!r}; choose from {', '.join(DEVICES)}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ModelLoadError("--device cuda: no CUDA device is available")
-        if device == "cuda" and os.environ.get("LOCAL_RANK"):
-            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-    return device
-
-
-def _place(model: nn.Module, device: str | None, device_map: str | None) -> list[str]:
-    """Put the weights where asked (after loading, for models not loaded with a device map)."""
-    notes = []
-    if device_map is not None and getattr(model, "hf_device_map", None) is None:
-        from accelerate import dispatch_model, infer_auto_device_map
-
-        placement = infer_auto_device_map(model, no_split_module_classes=getattr(model, "_no_split_modules", None))
-        offload = cache_dir() / "offload"
-        dispatch_model(model, device_map=placement, offload_dir=str(offload))
-    if getattr(model, "hf_device_map", None) is not None:
-        where = sorted({str(v) for v in model.hf_device_map.values()})
-        notes.append(f"layers spread over {', '.join(where)} (device map {device_map})")
-    elif device is not None:
-        model.to(device)
-    return notes
-
-
-def _load_local(path: Path, dtype, head: str | None, notes: list[str]):
-    """A local model folder: (model, tokenizer, pruned). A folder holding a pruned model's record
-    (probe.pruning.saving) is built from its config with the same heads removed."""
-    from .pruning.heads import PRUNED_FILE
-
-    if not (path / PRUNED_FILE).exists():
-        return (*_load_folder(path, dtype, head), None)
-    from transformers import AutoConfig
-
-    from .pruning.saving import load_pruned_folder
-
-    cls = _model_class(AutoConfig.from_pretrained(path, trust_remote_code=False), head)
-    model, tokenizer, pruned = load_pruned_folder(path, cls, dtype)
-    notes.append(f"pruned model: {sum(len(h) for h in pruned.removed().values())} heads removed ({PRUNED_FILE})")
-    return model, tokenizer, pruned
-
-
 def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
                use_cache: bool = True, device: str | None = None, device_map: str | None = None,
                head: str | None = None) -> LoadedModel:
@@ -393,16 +235,16 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
         raise ModelLoadError(f"unknown head {head!r}; choose from {', '.join(HEADS)}")
     start = time.perf_counter()
     notes: list[str] = []
-    _PLACEMENT.clear()
+    PLACEMENT.clear()
     if device_map is not None:
-        _PLACEMENT.update(device_map=device_map, offload_folder=str(cache_dir() / "offload"))
+        PLACEMENT.update(device_map=device_map, offload_folder=str(cache_dir() / "offload"))
     try:
         model, tokenizer, source, pruned = _load_by_name(name, dtype, use_cache, notes, head)
     finally:
-        _PLACEMENT.clear()
-    notes += _place(model, device, device_map)
+        PLACEMENT.clear()
+    notes += place(model, device, device_map)
     model.eval()
-    _finish_tokenizer(tokenizer)
+    finish_tokenizer(tokenizer)
     spec = get_spec(model.config)
     geometry = head_geometry(model.config)
     max_length = _max_length(model.config, tokenizer)
@@ -426,16 +268,16 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
                 cached = dequantized_cache(name) if use_cache else None
                 if cached is not None and (cached / "config.json").exists():
                     notes.append(f"loaded the dequantized copy cached in {cached}")
-                model, tokenizer = _load_gguf(folder, emb.gguf_file, cached, dtype)
+                model, tokenizer = load_gguf(folder, emb.gguf_file, cached, dtype)
                 source = str(folder / emb.gguf_file)
             else:
-                model, tokenizer = _load_folder(folder, dtype)
+                model, tokenizer = load_folder(folder, dtype)
                 source = str(folder)
         elif name.lower().endswith(".gguf"):
             path = Path(name).expanduser()
             if not path.is_file():
                 raise ModelLoadError(f"GGUF file not found: {name}")
-            model, tokenizer = _load_gguf(path.parent, path.name, None, dtype)
+            model, tokenizer = load_gguf(path.parent, path.name, None, dtype)
             source = str(path)
         elif Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
             path = Path(name).expanduser()
@@ -446,7 +288,7 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
             if not (path / "config.json").exists():
                 raise ModelLoadError(f"{name} is not a model folder (no config.json)")
             try:
-                model, tokenizer, pruned = _load_local(path, dtype, head, notes)
+                model, tokenizer, pruned = load_local(path, dtype, head, notes)
             except ProbeError:
                 raise
             except Exception as exc:  # noqa: BLE001
@@ -458,7 +300,7 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
             if offline:
                 notes.append("the Hugging Face Hub is not reachable: loading from the local cache only")
             try:
-                model, tokenizer = _load_folder(hub_id, dtype, head, **offline)
+                model, tokenizer = load_folder(hub_id, dtype, head, **offline)
             except ProbeError:
                 raise
             except Exception as exc:  # noqa: BLE001 - OSError, HTTP errors, ValueError ...
@@ -483,7 +325,7 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
     if note:
         notes.append(note)
     model.eval()
-    _finish_tokenizer(tokenizer)
+    finish_tokenizer(tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=head_geometry(model.config),
                        name=name, source=name, max_length=_max_length(model.config, tokenizer), notes=notes)
 

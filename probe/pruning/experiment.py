@@ -223,6 +223,10 @@ def _split_batches(lm, texts, labels, held_out: float, seed: int, batch_size: in
     return parts, batches
 
 
+#: The error of :func:`prune` on an encoder-decoder model.
+ONE_STACK_ONLY = "head pruning covers one-stack models (encoders, decoders); {} is an encoder-decoder model"
+
+
 def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labels: Sequence | None = None,
           orders: Sequence[str] = ORDERS, steps: int = 10, fraction: float = 0.5, seeds: int = 3,
           held_out: float = 0.5, split_seed: int = 0, batch_size: int = 16, max_length: int | None = None,
@@ -254,8 +258,7 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
     """
     timings, t0 = {}, time.perf_counter()
     if lm.spec.encoder_decoder:
-        raise InputError(f"head pruning covers one-stack models (encoders, decoders); {lm.name} is an "
-                         "encoder-decoder model")
+        raise InputError(ONE_STACK_ONLY.format(lm.name))
     orders = _validate(orders, steps, fraction, seeds, objective)
     (score_idx, eval_idx), (score, held) = _split_batches(lm, texts, labels, held_out, split_seed, batch_size,
                                                           max_length)

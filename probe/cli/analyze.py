@@ -1,0 +1,280 @@
+"""``probe analyze``: measure every head on text; write the report, heads.csv and run.json."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from contextlib import nullcontext
+
+import click
+
+from .. import IMPORT_STARTED
+from ..util import process_age
+from . import main, user_errors
+from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
+from .verify import verify_progress
+
+#: --text, --corpus, --pairs, --generate, --limit: what is analysed.
+_input_options = stacked(
+    click.option("--text", "-t", "texts", multiple=True, help="A sequence to analyze (repeatable)."),
+    click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
+                 help="Plain text (one sequence a line) or CoNLL-U (# text = lines)."),
+    click.option("--pairs", type=click.Path(dir_okay=False, path_type=str), default=None,
+                 help="Pairs, one a line, the two segments separated by a tab: sentence pairs for encoders (the "
+                      "Kovaleva 'block' type needs two segments), source and target for encoder-decoder models."),
+    click.option("--generate", type=click.IntRange(min=1), default=None, metavar="N",
+                 help="Encoder-decoder models: the model writes each source's target (greedy, at most N new "
+                      "tokens); the sources come from --text or --corpus."),
+    limit_option("Use at most N sequences (with --coref/--syntax: N of each file)."),
+)
+
+#: --distance, --map-sequences, --circuits, --health-threshold: the pattern analyses (probe.patterns).
+_pattern_options = stacked(
+    click.option("--distance/--no-distance", default=True, show_default=True,
+                 help="Jensen-Shannon distances between heads (groups, head map, duplicate heads)."),
+    click.option("--map-sequences", type=click.IntRange(min=1), default=200, show_default=True,
+                 help="Sequences (the first of the corpus) in the all-heads distance behind the map and groups."),
+    click.option("--circuits/--no-circuits", default=True, show_default=True,
+                 help="Decoders: induction / duplicate-token probe on repeated random tokens, attention sinks."),
+    click.option("--health-threshold", "health", multiple=True, metavar="CHECK=VALUE", callback=parse_health,
+                 help="Override a health-check threshold, e.g. saturated=0.99 (saturated, uniform, collapsed, "
+                      "duplicates; repeatable)."),
+)
+
+#: --coref, --syntax: annotated text (probe.linguistic).
+_annotation_options = stacked(
+    click.option("--coref", is_flag=False, flag_value="builtin", default=None, metavar="[FILE|builtin]",
+                 help="Score coreference heads on a GAP TSV file (no value or 'builtin': the built-in probe set); "
+                      "the examples are the analysed text. Writes coref.csv."),
+    click.option("--syntax", "syntax_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+                 metavar="FILE.conllu", help="Score syntactic heads on the dependency trees of a CoNLL-U file; "
+                                             "its sentences are the analysed text. Writes syntax.csv."),
+)
+
+
+@main.command("analyze")
+@model_option
+@_input_options
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--max-length", type=click.IntRange(min=2), default=None,
+              help="Truncate sequences to this many tokens [default: the model's limit].")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Run folder [default: a new reports/<model>-<time>].")
+@click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out folder.")
+@click.option("--examples", type=click.IntRange(min=0, max=20), default=3, show_default=True,
+              help="Sequences whose attention maps are kept for the report.")
+@click.option("--threshold", "thresholds", multiple=True, metavar="LABEL=VALUE", callback=parse_thresholds,
+              help="Override a label threshold, e.g. previous-token=0.4 (repeatable).")
+@click.option("--parse-special-tokens", is_flag=True,
+              help="Let typed special-token strings such as '[SEP]' become special tokens "
+                   "(default: typed text is text).")
+@click.option("--verify", "run_verify", is_flag=True,
+              help="Also verify the from-scratch attention against the model and add it to the report.")
+@_pattern_options
+@click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
+@_annotation_options
+@placement_options
+@user_errors
+def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_size, max_length, out, force, examples,
+                    thresholds, parse_special_tokens, run_verify, distance, map_sequences, circuits, health,
+                    progress, coref, syntax_file, device, dtype, device_map) -> None:
+    """Measure every attention head on text and write an HTML report, heads.csv and run.json.
+
+    Without --text, --corpus or --pairs, a small built-in English sample is used. A corpus or a
+    pairs file is read as it is analysed (memory does not grow with it). With --coref and/or
+    --syntax, the annotated text is the analysed text (--limit applies to each file) and cannot be
+    combined with --text, --corpus or --pairs. Also measured: head distances and groups, Kovaleva
+    pattern types and health checks, and on decoders the induction / duplicate-token probe; the
+    options --no-distance and --no-circuits turn off the costly parts. Under torchrun or accelerate
+    launch, each process analyses its share of the corpus and rank 0 writes the one report.
+    """
+    import torch
+
+    from .. import distributed
+    from ..analysis import analyze
+    from ..errors import InputError
+    from ..models import load_model
+    from ..patterns import pattern_accumulators
+    from ..report import prepare_run_dir, write_run
+
+    age = process_age()
+    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
+    timings = {"startup_s": time.perf_counter() - started}
+    t = time.perf_counter()
+    if generate is not None and pairs:
+        raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
+    seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
+    prepare_run_dir(out, model_name, force)  # fail before loading a model if the folder is taken
+    timings["input_s"] = time.perf_counter() - t
+
+    world = distributed.detect()
+    lm = load_model(model_name, dtype=getattr(torch, dtype), device=device, device_map=device_map)
+    timings["model_load_s"] = lm.load_seconds
+    show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
+    _announce(lm, seqs, source, world)
+    seq2seq = check_seq2seq_input(lm, generate, annotated)
+    finished, skipped, seqs = _circuit_probe(lm, seqs, circuits and not seq2seq and (world is None or world.main),
+                                             timings)
+    extra = [] if seq2seq else pattern_accumulators(lm, distance=distance, map_sequences=map_sequences,
+                                                     thresholds=health)
+    if seq2seq:
+        skipped.append(ONE_STACK_NOTE)
+    if annotated is not None:
+        # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
+        extra += annotated.accumulators(lm, prior=world is None or world.main)
+    with distributed.process_group(world) if world else nullcontext():
+        result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
+                         max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
+                         parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
+                         reduce=distributed.reducer(world), generate=generate)
+    if world is not None and not world.main:
+        return  # rank 0 writes the one report
+    timings["analyze_s"] = result.timings["analyze_s"]
+    result.notes.extend(skipped)
+    verification = _verification(lm, show, timings) if run_verify else None
+    result.settings["input"] = source
+    path = write_run(result, lm.tokenizer, out, force=force, verification=verification,
+                     timings=timings, started=started)
+    _summary(result, verification, annotated is not None, lm.notes)
+    click.echo(f"Report: {path / 'index.html'}")
+
+
+def _analysis_input(texts, corpus, pairs, coref, syntax_file, limit):
+    """The texts of ``probe analyze`` (a list, or a stream for --corpus and --pairs), a description
+    of where they come from, and the annotated input of --coref/--syntax (or None).
+
+    Raises:
+        InputError: two kinds of input given, or an input that cannot be read.
+    """
+    from ..corpus import check_texts, iter_corpus, iter_pairs, peek, sample_texts
+    from ..errors import InputError
+
+    if sum(bool(x) for x in (texts, corpus, pairs)) > 1:
+        raise InputError("give either --text, --corpus or --pairs, not two of them")
+    if coref is not None or syntax_file is not None:
+        if texts or corpus or pairs:
+            raise InputError("--coref and --syntax analyse their own annotated text; leave out --text, --corpus "
+                             "and --pairs")
+        from ..linguistic import annotated_input
+
+        annotated = annotated_input(coref, syntax_file, limit)
+        return annotated.texts, annotated.source, annotated
+    if corpus:
+        return peek(iter_corpus(corpus, limit)), corpus, None
+    if pairs:
+        return peek(iter_pairs(pairs, limit)), pairs, None
+    if texts:
+        return check_texts(list(texts), limit), "--text", None
+    return check_texts(sample_texts(), limit), "built-in sample", None
+
+
+def _announce(lm, seqs, source: str, world) -> None:
+    """Say on stderr what is analysed, with which model (and, under a launcher, which share)."""
+    how_many = f"{len(seqs)} sequences" if hasattr(seqs, "__len__") else "the sequences"
+    share = (f", process {world.rank} of {world.size}: sequences {world.rank}, {world.rank + world.size}, ..."
+             if world else "")
+    layers = lm.geometry.n_layers
+    if lm.spec.encoder_decoder:
+        layers = " + ".join(f"{sum(1 for s in lm.sites if s.stack == st and s.kind == 'self')} {st}"
+                            for st in ("encoder", "decoder"))
+    click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
+               f"{layers} layers x {lm.geometry.n_heads} heads", err=True)
+
+
+#: The note of an encoder-decoder run: what it does not measure.
+ONE_STACK_NOTE = ("head distances, groups, pattern types, padding checks and the circuit probe cover one-stack "
+                  "models; not run for this encoder-decoder model")
+
+
+def check_seq2seq_input(lm, generate, annotated) -> bool:
+    """Whether ``lm`` is an encoder-decoder model, after checking that the input fits it.
+
+    Raises:
+        InputError: --generate on another model; --coref/--syntax on an encoder-decoder model.
+    """
+    from ..errors import InputError
+
+    seq2seq = lm.spec.encoder_decoder
+    if generate is not None and not seq2seq:
+        raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
+                         "not one")
+    if seq2seq and annotated is not None:
+        raise InputError("--coref and --syntax score one-stack models (encoders, decoders); "
+                         f"{lm.name} is an encoder-decoder model")
+    return seq2seq
+
+
+def _circuit_probe(lm, seqs, wanted: bool, timings: dict):
+    """The decoder circuit probe (:func:`probe.patterns.circuit_probe`, its sinks on the corpus's
+    first texts) when wanted and the model is a decoder: ``(finished accumulators, notes, seqs)``,
+    ``seqs`` unchanged (a stream is re-chained after its first texts were read)."""
+    from ..patterns import circuit_probe
+    from ..patterns.circuits import SINK_TEXTS
+
+    if not (wanted and lm.causal):
+        return [], [], seqs
+    t = time.perf_counter()
+    sink_texts, seqs = _first(seqs, SINK_TEXTS)
+    finished, notes = [], []
+    try:
+        finished.append(circuit_probe(lm, sink_texts=sink_texts))
+    except ValueError as exc:  # e.g. a model whose limit is below the probe's 2 x 25 tokens
+        notes.append(f"decoder circuit probe skipped: {exc}")
+    timings["circuits_s"] = time.perf_counter() - t
+    return finished, notes, seqs
+
+
+def _first(seqs, n: int):
+    """The first ``n`` texts of ``seqs`` and ``seqs`` itself, whole (a stream is re-chained)."""
+    if hasattr(seqs, "__len__"):
+        return list(seqs[:n]), seqs
+    head = list(itertools.islice(seqs, n))
+    return head, itertools.chain(head, seqs)
+
+
+def _verification(lm, show: bool, timings: dict) -> dict:
+    """``--verify``: the verification record for the report (its time in ``timings``)."""
+    from ..verification import verify
+
+    t = time.perf_counter()
+    record = verify(lm, progress=verify_progress if show else None).to_json()
+    timings["verify_s"] = time.perf_counter() - t
+    return record
+
+
+def _summary(result, verification: dict | None, annotated: bool, loading_notes: list[str]) -> None:
+    """The summary line (labels, counts, where the time went), the coreference/syntax lines, notes."""
+    counts = ", ".join(f"{n} {label}" for label, n in result.label_counts().items())
+    trunc = f", {result.counts['truncated']} truncated" if result.counts["truncated"] else ""
+    verdict = "" if verification is None else f"; verify {'PASS' if verification['passed'] else 'FAIL'}"
+    t = result.timings
+    parts = [("start-up", t["startup_s"] + t["input_s"]), ("model load", t["model_load_s"])]
+    if "circuits_s" in t:
+        parts.append(("circuit probe", t["circuits_s"]))
+    parts.append(("analysis", t["analyze_s"]))
+    if "verify_s" in t:
+        parts.append(("verify", t["verify_s"]))
+    parts += [("report", t["report_s"]), ("other", t["other_s"])]
+    shown = _rounded_parts([v for _, v in parts], t["total_s"])
+    click.echo(f"{len(result.heads)} heads ({counts}) from {result.counts['sequences']} sequences, "
+               f"{result.counts['tokens']} tokens{trunc}{verdict} in {t['total_s']:.1f} s "
+               f"({', '.join(f'{name} {value:.1f} s' for (name, _), value in zip(parts, shown))})")
+    if annotated:
+        from ..linguistic.report import summary_lines
+
+        for line in summary_lines(result):
+            click.echo(line)
+    for note in result.notes:
+        if note not in loading_notes:  # loading notes (e.g. "loaded the cached copy") stay in run.json
+            click.echo(f"note: {note}", err=True)
+
+
+def _rounded_parts(values: list[float], total: float) -> list[float]:
+    """Round parts to 0.1 s so that the shown parts add up to the shown total (largest remainder)."""
+    tenths = [v * 10 for v in values]
+    shown = [int(x) for x in tenths]
+    missing = round(total * 10) - sum(shown)
+    for i in sorted(range(len(values)), key=lambda i: tenths[i] - shown[i], reverse=True)[:max(0, missing)]:
+        shown[i] += 1
+    return [x / 10 for x in shown]

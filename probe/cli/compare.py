@@ -1,0 +1,85 @@
+"""``probe compare``: two runs head by head (run folders, or two models analysed on one corpus)."""
+
+from __future__ import annotations
+
+import click
+
+from . import main, user_errors
+from .options import limit_option
+
+
+@main.command("compare")
+@click.argument("runs", nargs=-1, type=click.Path(file_okay=False, path_type=str))
+@click.option("--model", "-m", "models", multiple=True,
+              help="Analyze this model (give two) on one corpus instead of comparing run folders.")
+@click.option("--text", "-t", "texts", multiple=True, help="A sequence for --model runs (repeatable).")
+@click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Corpus for --model runs [default: the built-in sample].")
+@limit_option()
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--max-length", type=click.IntRange(min=2), default=None, help="Truncate sequences to this many tokens.")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Comparison folder [default: a new reports/compare-<A>-vs-<B>-<time>].")
+@click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out folder.")
+@click.option("--top", type=click.IntRange(min=0, max=20), default=4, show_default=True,
+              help="Most changed heads drawn side by side.")
+@user_errors
+def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, out, force, top) -> None:
+    """Compare two runs head by head: RUN_A RUN_B (run folders), or --model A --model B on one corpus.
+
+    Writes index.html, compare.csv (layer, head, delta_<statistic> = B - A, labels, status) and
+    compare.json. Runs of different depths are aligned by relative depth (the report says how).
+    """
+    from ..compare import compare_runs, load_run, write_compare
+    from ..report import prepare_run_dir
+
+    if bool(runs) == bool(models) or (runs and len(runs) != 2) or (models and len(models) != 2):
+        raise click.UsageError("give two run folders (RUN_A RUN_B) or two models (--model A --model B)")
+    if runs and (texts or corpus or limit):
+        raise click.UsageError("--text, --corpus and --limit go with --model, not with run folders")
+    if runs:
+        a, b = load_run(runs[0]), load_run(runs[1])
+        prepare_run_dir(out, "compare", force)
+        tokenizers = (None, None)
+    else:
+        a, b, tokenizers = _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, force)
+    path = write_compare(a, b, out, force=force, top=top, tokenizers=tokenizers)
+    df = compare_runs(a, b)
+    changed, gone = int(df["label_changed"].sum()), int(df["status"].str.startswith("removed").sum())
+    deltas = df.filter(like="delta_").abs().max().dropna()
+    biggest = "" if deltas.empty else f"; largest |difference|: {deltas.idxmax()[6:]} {deltas.max():.3g}"
+    both = int((df["status"] == "both").sum())
+    click.echo(f"Compared {a.model.get('name')} (A) with {b.model.get('name')} (B): {both} heads in both, "
+               f"{changed} label(s) changed, {gone} removed{biggest}")
+    for note in df.attrs["notes"]:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"Report: {path / 'index.html'}")
+
+
+def _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, force):
+    """Analyze two models on the same sequences (``probe compare --model A --model B``)."""
+    from ..analysis import analyze
+    from ..corpus import check_texts, read_corpus, sample_texts
+    from ..errors import InputError
+    from ..models import load_model
+    from ..report import prepare_run_dir
+
+    if texts and corpus:
+        raise InputError("give either --text or --corpus, not both")
+    if corpus:
+        seqs, source = read_corpus(corpus, limit), corpus
+    elif texts:
+        seqs, source = check_texts(list(texts), limit), "--text"
+    else:
+        seqs, source = check_texts(sample_texts(), limit), "built-in sample"
+    prepare_run_dir(out, "compare", force)  # fail before loading a model if the folder is taken
+    results, tokenizers = [], []
+    for name in models:
+        lm = load_model(name)
+        click.echo(f"Analyzing {len(seqs)} sequences ({source}) with {lm.name}: "
+                   f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
+        result = analyze(lm, seqs, batch_size=batch_size, max_length=max_length)
+        result.settings["input"] = source
+        results.append(result)
+        tokenizers.append(lm.tokenizer)
+    return results[0], results[1], tuple(tokenizers)

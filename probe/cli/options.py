@@ -1,0 +1,90 @@
+"""Options and option parsers that several commands share."""
+
+from __future__ import annotations
+
+import click
+
+from .. import validate
+from ..errors import ProbeError
+from ..models import DEFAULT_MODEL
+
+#: Parameter dtypes a model can be loaded in (``--dtype``).
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def stacked(*options):
+    """One decorator applying ``options`` (click options) so that they are listed in the order given."""
+    def apply(fn):
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+    return apply
+
+
+def model_option(fn):
+    """``--model/-m``: an alias, a Hub id, a local folder or a .gguf file."""
+    return click.option("--model", "-m", "model_name", default=DEFAULT_MODEL, show_default=True,
+                        help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")(fn)
+
+
+def placement_options(fn):
+    """--device, --dtype and --device-map (where and how the weights sit)."""
+    fn = click.option("--device-map", type=click.Choice(["auto"]), default=None,
+                      help="Spread the layers over the devices present, offloading to CPU and disk what "
+                           "does not fit (accelerate).")(fn)
+    fn = dtype_option(fn)
+    return device_option(fn)
+
+
+def dtype_option(fn):
+    """``--dtype``: the parameter dtype to load the model in."""
+    return click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
+                        help="Parameter dtype to load the model in.")(fn)
+
+
+def device_option(fn):
+    """``--device``: cpu, cuda or auto."""
+    return click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
+                        help="Where the model runs [default: cpu; auto: cuda when present].")(fn)
+
+
+def limit_option(help: str = "Use at most N sequences."):
+    """``--limit/-n``: at most N sequences (>= 1); used as ``@limit_option()``."""
+    return click.option("--limit", "-n", type=int, default=None, callback=validate.click_callback(validate.limit),
+                        help=help)
+
+
+def _assignments(values: tuple[str, ...], what: str) -> dict[str, float]:
+    """``NAME=NUMBER`` items as a dict (a usage error names the item)."""
+    out = {}
+    for item in values:
+        name, sep, number = item.partition("=")
+        try:
+            value = float(number)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected {what}=VALUE with a number VALUE") from None
+        if not sep:
+            raise click.BadParameter(f"{item!r}: expected {what}=VALUE")
+        out[name] = value
+    return out
+
+
+def parse_thresholds(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
+    """``--threshold LABEL=VALUE`` (repeatable), checked by :func:`probe.validate.thresholds`."""
+    try:
+        return validate.thresholds(_assignments(values, "LABEL"))
+    except ProbeError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def parse_health(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
+    """``--health-threshold CHECK=VALUE`` (repeatable), checked by
+    :func:`probe.patterns.health.health_thresholds`."""
+    from ..patterns.health import health_thresholds
+
+    out = _assignments(values, "CHECK")
+    try:
+        health_thresholds(out)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return out

@@ -1,0 +1,120 @@
+"""``probe prune``: pruning curves (importance, redundancy, random) and the pruned model's folder."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from .. import IMPORT_STARTED, validate
+from ..util import process_age
+from . import main, user_errors
+from .options import limit_option, model_option, stacked
+
+
+def _orders(ctx, param, value: str) -> list[str]:
+    """``--order``: a comma-separated list of distinct orders."""
+    from ..pruning.curves import ORDERS
+
+    orders = [o.strip() for o in value.split(",") if o.strip()]
+    bad = [o for o in orders if o not in ORDERS]
+    if bad or not orders or len(set(orders)) != len(orders):
+        raise click.BadParameter(f"{value!r}: a comma-separated list of distinct orders from {', '.join(ORDERS)}")
+    return orders
+
+
+#: --objective, --labels, --order, --steps, --fraction, --seeds: the pruning experiment.
+_experiment_options = stacked(
+    click.option("--objective", type=click.Choice(["clm", "mlm", "fidelity", "classification"]), default=None,
+                 help="What pruning must not hurt [default: chosen from the model, see above]."),
+    click.option("--labels", type=click.Path(dir_okay=False, path_type=str), default=None,
+                 help="classification: one label (class id or name) per line, in corpus order."),
+    click.option("--order", "orders", default="importance,redundancy,random", show_default=True, callback=_orders,
+                 help="Curves to run; the first one's heads are removed from the pruned copy."),
+    click.option("--steps", type=int, default=10, show_default=True,
+                 callback=validate.click_callback(lambda v: validate.positive_int("--steps", v)),
+                 help="Pruning steps (points after step 0)."),
+    click.option("--fraction", type=float, default=0.5, show_default=True,
+                 callback=validate.click_callback(lambda v: validate.fraction("--fraction", v)),
+                 help="Share of all heads pruned by the last step, in (0, 1)."),
+    click.option("--seeds", type=int, default=3, show_default=True,
+                 callback=validate.click_callback(lambda v: validate.positive_int("--seeds", v, 3)),
+                 help="Random orders (at least 3)."),
+)
+
+
+@main.command("prune")
+@model_option
+@click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Plain text (one sequence a line) or CoNLL-U [default: the built-in sample].")
+@limit_option()
+@_experiment_options
+@click.option("--save-pruned", "save_to", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Write the model with those heads removed from its weights to this new folder.")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Run folder [default: a new reports/<model>-<time>].")
+@click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out / --save-pruned folder.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--batch-size", type=int, default=16, show_default=True,
+              callback=validate.click_callback(lambda v: validate.positive_int("--batch-size", v)))
+@click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
+@click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
+@user_errors
+def prune_command(model_name, corpus, limit, objective, labels, orders, steps, fraction, seeds, save_to, out, force,
+                  as_json, batch_size, max_length, progress) -> None:
+    """Prune attention heads step by step in importance, redundancy and random order; plot the
+    objective on held-out text against the share of heads pruned; optionally save the model with
+    the heads really removed.
+
+    \b
+    Default objective, by model:
+      clm             decoders (loaded with their language-model head): next-token loss
+      classification  a sequence-classification checkpoint with --labels: cross-entropy
+      mlm             encoders whose checkpoint has a masked-LM head (e.g. bert-base): masked-token loss
+      fidelity        other encoders (e.g. minilm, which has no head): 1 - cosine similarity to the
+                      original model's mean-pooled sentence embedding
+    Each is the loss the checkpoint was trained for, or, without a head, what its users rely on.
+    """
+    from pathlib import Path
+
+    from ..corpus import check_texts, read_corpus, sample_texts
+    from ..models import load_model
+    from ..pruning.run import prune_run, read_labels
+    from ..pruning.saving import check_target
+    from ..report import prepare_run_dir
+
+    age = process_age()
+    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
+    seqs, source = (read_corpus(corpus, limit), corpus) if corpus else (check_texts(sample_texts(), limit), "sample")
+    label_list = read_labels(labels, len(seqs)) if labels else None
+    prepare_run_dir(out, model_name, force)  # fail before loading a model if a folder is taken
+    if save_to:
+        check_target(Path(save_to), force)
+    head = {"mlm": "mlm", "classification": "classification", None: "auto"}.get(objective)
+    lm = load_model(model_name, head=head)
+    show = sys.stderr.isatty() if progress is None else progress
+    click.echo(f"Pruning {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on {len(seqs)} sequences "
+               f"({source}): {', '.join(orders)}, {steps} steps to {fraction:.0%}", err=True)
+    result, path = prune_run(lm, seqs, out=out, force=force, save_pruned_to=save_to, labels=label_list,
+                             objective=objective, orders=orders, steps=steps, fraction=fraction, seeds=seeds,
+                             batch_size=batch_size, max_length=max_length, progress=show,
+                             timings={"model_load_s": lm.load_seconds}, started=started)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        last = result.curves.groupby("order", sort=False).tail(1)
+        parts = [f"{r.order} {r.value:.4g}" + (f" +- {r.std:.2g}" if r.order == "random" else "")
+                 for r in last.itertuples()]
+        click.echo(f"{result.objective} ({result.unit}) on {result.split['held_out']} held-out sequences: "
+                   f"{result.curves['value'].iloc[0]:.4g} unpruned; at {last['fraction'].iloc[0]:.0%} pruned: "
+                   f"{', '.join(parts)}")
+        click.echo(f"pruned copy ({len(result.removed)} heads removed): {result.params_before:,} -> "
+                   f"{result.pruned_params:,} parameters, forward {result.speedup:.2f}x, "
+                   f"max |removed - gated| {result.max_abs_diff:.2g}")
+        click.echo(f"Report: {path / 'index.html'}")
+        if save_to:
+            click.echo(f"Pruned model: {save_to}")
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
