@@ -43,6 +43,8 @@ FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "mistral"
 #: Encoder-decoder kinds (cross-attention sites).
 SEQ2SEQ = ("bart", "marian", "t5")
 DECODERS = tuple(k for k in FAMILIES if k not in ENCODERS)
+#: Families with one stack (encoders and decoder-only models): what the one-stack analyses cover.
+ONE_STACK = tuple(k for k in FAMILIES if k not in SEQ2SEQ)
 
 
 # --------------------------------------------------------------------------- tokenizers

@@ -28,7 +28,7 @@ from .curves import ORDERS, Context, Curve, run_orders, schedule
 from .gates import gated, ones
 from .objectives import OBJECTIVES, default_objective, make_objective
 from .redundancy import nearest
-from .removal import parameter_count, remove_heads
+from .removal import parameter_count, removal_unsupported, remove_heads
 
 #: Fewest sequences in each part of the split.
 MIN_PART = 2
@@ -294,7 +294,9 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
         settings={"orders": orders, "steps": steps, "fraction": fraction, "seeds": seeds, "held_out": held_out,
                   "batch_size": batch_size, "max_length": max_length, "probes": probes},
         notes=list(state.notes))
-    if physical:
+    if physical and removal_unsupported(lm):
+        result.notes.append(f"heads not physically removed: {removal_unsupported(lm)}")
+    elif physical:
         t1 = time.perf_counter()
         pruned_lm = copy_model(lm)
         removal = remove_heads(pruned_lm, result.removed)
