@@ -103,6 +103,10 @@ class Example:
             special and whitespace-only tokens), or None where unknown.
         labels: readable token labels (:func:`probe.tokens.display_tokens`) where they were stored
             with the example (a run folder read back by :func:`probe.compare.load_run`), else None.
+        target: encoder-decoder models: the decoder's side, ``{"text", "ids", "offsets",
+            "special"}`` (the decoder start token first); ``probs`` then holds the encoder's sites.
+        decoder: encoder-decoder models: site name -> [heads, t, t] (decoder self-attention) or
+            [heads, t, s] (cross-attention: target queries, source keys) probabilities, cropped.
     """
 
     index: int
@@ -114,6 +118,8 @@ class Example:
     truncated: bool = False
     word_ids: list[int] | None = None
     labels: list[str] | None = None
+    target: dict | None = None
+    decoder: dict | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -164,10 +170,23 @@ class ExampleMaps(Accumulator):
                     "special": batch.special[row, :lengths[row]].tolist(), "truncated": batch.truncated[row],
                     "word_ids": batch.word_ids[row, :lengths[row]].tolist(),
                 }
+                if batch.target is not None:
+                    t, m = batch.target, int(batch.target.lengths[row])
+                    self._meta[idx]["target"] = {
+                        "text": t.texts[row].text, "ids": t.input_ids[row, :m].tolist(),
+                        "offsets": [tuple(o) for o in t.offsets[row, :m].tolist()],
+                        "special": t.special[row, :m].tolist(),
+                    }
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
-        for row, idx, n in self._rows:
-            self._maps[idx][self._site_pos[site]] = probs[row, :, :n, :n].float().cpu().numpy()
+        from .seq2seq import sides
+
+        queries, keys = sides(site, batch)
+        for row, idx, _ in self._rows:
+            nq, nk = int(queries.lengths[row]), int(keys.lengths[row])
+            if self.crop is not None:
+                nq, nk = min(nq, self.crop), min(nk, self.crop)
+            self._maps[idx][self._site_pos[site]] = probs[row, :, :nq, :nk].float().cpu().numpy()
 
     def merge(self, other: ExampleMaps) -> ExampleMaps:
         for idx, maps in other._maps.items():
@@ -181,8 +200,11 @@ class ExampleMaps(Accumulator):
         out = []
         for idx in sorted(self._maps):
             m = self._meta[idx]
-            out.append(Example(idx, m["text"], m["ids"], m["offsets"], m["special"],
-                               np.stack(self._maps[idx]), m["truncated"], m["word_ids"]))
+            maps = self._maps[idx]
+            encoder = [p for s, p in zip(self.sites, maps) if s.stack == "encoder"] if "target" in m else maps
+            decoder = {s.name: p for s, p in zip(self.sites, maps) if s.stack == "decoder"} if "target" in m else None
+            out.append(Example(idx, m["text"], m["ids"], m["offsets"], m["special"], np.stack(encoder),
+                               m["truncated"], m["word_ids"], target=m.get("target"), decoder=decoder))
         return out
 
 
@@ -228,6 +250,8 @@ class TokenCounts(Accumulator):
         c.longest = max(c.longest, int(lengths.max()))
         if self.unk_id is not None:
             c.unknown += int(((batch.input_ids == self.unk_id) & batch.real).sum())
+        if batch.target is not None:  # encoder-decoder: the decoder's tokens (start token included)
+            c.extra["target_tokens"] = c.extra.get("target_tokens", 0) + int(batch.target.lengths.sum())
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
         pass
@@ -240,6 +264,8 @@ class TokenCounts(Accumulator):
         a.batches += b.batches
         a.unknown += b.unknown
         a.longest = max(a.longest, b.longest)
+        for key, value in b.extra.items():
+            a.extra[key] = a.extra.get(key, 0) + value
         return self
 
     def result(self) -> Counts:

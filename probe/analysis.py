@@ -25,7 +25,7 @@ from .classify import REMOVED, cluster_heads, default_thresholds, label_heads
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .models import LoadedModel
-from .stats import STATISTICS, HeadStatistics
+from .stats import HeadStatistics
 
 
 def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
@@ -118,6 +118,9 @@ def model_summary(lm: LoadedModel) -> dict:
         "parameters": int(sum(p.numel() for p in lm.model.parameters())),
         "removed_heads": 0 if lm.pruned is None else sum(len(h) for h in lm.pruned.removed().values()),
         "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
+        **({"stacks": {stack: sum(1 for s in lm.sites if s.stack == stack and s.kind == "self")
+                       for stack in ("encoder", "decoder")}, "encoder_decoder": True}
+           if lm.spec.encoder_decoder else {}),
     }
 
 
@@ -126,7 +129,8 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             thresholds: dict[str, float] | None = None, n_clusters: int = 6, progress: bool = False,
             parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = (),
             finished: Sequence[Accumulator] = (),
-            reduce: Callable[[list[Accumulator]], None] | None = None) -> AnalysisResult:
+            reduce: Callable[[list[Accumulator]], None] | None = None,
+            generate: int | None = None) -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
 
     Sequences are sorted by length into batches (less padding); padding never enters a statistic,
@@ -154,6 +158,9 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             results join the result like the others'.
         reduce: called with every accumulator after the pass, to merge in those of other
             processes (data parallelism: :func:`probe.distributed.reducer`); None in one process.
+        generate: encoder-decoder models: the model writes each source's target (greedy, at most
+            this many new tokens); without it each text needs its target in :attr:`Text.pair`. Their
+            ``heads`` have ``stack``, ``kind`` and cross-attention's ``aligned`` (:mod:`probe.stats`).
 
     Returns:
         An :class:`AnalysisResult`.
@@ -165,12 +172,10 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     t0 = time.perf_counter()
     sized = isinstance(texts, (str, Text)) or hasattr(texts, "__len__")
     items = as_texts(validate.texts(texts)) if sized else stream_texts(texts)
-    validate.positive_int("batch size", batch_size)
-    validate.max_length(max_length, lm.max_length)
-    thresholds_used = {**default_thresholds(), **validate.thresholds(thresholds)}
+    thresholds_used = _checked(lm, batch_size, max_length, thresholds, example_tokens)
     n_examples = max(0, min(n_examples, len(items)) if sized else n_examples)
-    if example_tokens is not None:
-        validate.positive_int("example tokens", example_tokens, 2)
+    if generate is not None:
+        items = _generated(lm, items, generate, sized)
 
     stats = HeadStatistics(lm.sites, lm.geometry.n_heads, lm.tokenizer)
     examples = ExampleMaps(range(n_examples), lm.sites, example_tokens)
@@ -217,6 +222,36 @@ def _run_with_bar(lm: LoadedModel, batches: Iterable[Batch], accumulators: list[
             bar.close()
 
 
+def _checked(lm: LoadedModel, batch_size: int, max_length: int | None, thresholds, example_tokens) -> dict:
+    """The thresholds to use, after checking the numeric settings of :func:`analyze`.
+
+    Raises:
+        InputError: batch_size < 1, max_length < 2 or above the model's limit, a bad threshold,
+            example_tokens < 2.
+    """
+    validate.positive_int("batch size", batch_size)
+    validate.max_length(max_length, lm.max_length)
+    if example_tokens is not None:
+        validate.positive_int("example tokens", example_tokens, 2)
+    return {**default_thresholds(), **validate.thresholds(thresholds)}
+
+
+def _generated(lm: LoadedModel, items, generate: int, sized: bool):
+    """The texts with the model's own greedy targets (a list if ``items`` is one, else a stream).
+
+    Raises:
+        InputError: ``lm`` is not an encoder-decoder model, or ``generate`` < 1.
+    """
+    from .seq2seq import with_generated_targets
+
+    if not lm.spec.encoder_decoder:
+        raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
+                         "not one")
+    validate.positive_int("--generate", generate)
+    items = with_generated_targets(lm, items, generate)
+    return list(items) if sized else items
+
+
 def _heads_table(lm: LoadedModel, stats: HeadStatistics, extras: Sequence[Accumulator],
                  thresholds: dict[str, float], n_clusters: int) -> pd.DataFrame:
     """One row per head: the statistics, the columns the other accumulators add, labels (their rules
@@ -226,10 +261,11 @@ def _heads_table(lm: LoadedModel, stats: HeadStatistics, extras: Sequence[Accumu
     for acc in extras:
         extra = acc.columns()
         if extra is not None:
-            heads = heads.merge(extra, on=["layer", "head"], how="left", validate="one_to_one")
+            keys = [c for c in ("stack", "kind", "layer", "head") if c in heads and c in extra]
+            heads = heads.merge(extra, on=keys, how="left", validate="one_to_one")
     heads = label_heads(heads, thresholds, [lab for acc in extras for lab in acc.head_labels()])
     if "group" not in heads.columns:
-        heads["cluster"] = cluster_heads(heads, list(STATISTICS), n_clusters=n_clusters)
+        heads["cluster"] = cluster_heads(heads, list(stats.statistics), n_clusters=n_clusters)
     if lm.pruned is not None:  # physically removed heads: no statistic, label "removed", no cluster
         gone = [(layer, h) for layer, hs in lm.pruned.removed().items() for h in hs]
         rows = heads.set_index(["layer", "head"]).index.isin(gone)

@@ -38,11 +38,30 @@ LONG_TEXT = (
 
 @dataclass
 class Pass:
-    """One forward pass: model inputs, and which query rows / keys are real tokens."""
+    """One forward pass: model inputs, and which query rows / keys are real tokens.
+
+    Attributes:
+        inputs: keyword arguments of the model's forward.
+        query_keep: [batch, T] real tokens of the (decoder's) queries of this pass.
+        key_keep: [batch, past + T] its real keys (the cached ones included).
+        source_keep: encoder-decoder models: [batch, S] real source tokens (the encoder's queries
+            and keys, and the keys of cross-attention); None otherwise.
+    """
 
     inputs: dict
-    query_keep: torch.Tensor  # [batch, T] bool
-    key_keep: torch.Tensor  # [batch, past + T] bool
+    query_keep: torch.Tensor
+    key_keep: torch.Tensor
+    source_keep: torch.Tensor | None = None
+
+    def rows(self, stack: str) -> torch.Tensor:
+        """[batch, positions] real tokens of a stack's queries and hidden states."""
+        return self.source_keep if self.source_keep is not None and stack == "encoder" else self.query_keep
+
+    def keys(self, site) -> torch.Tensor:
+        """[batch, keys] real keys of a site."""
+        if self.source_keep is not None and (site.kind == "cross" or site.stack == "encoder"):
+            return self.source_keep
+        return self.key_keep
 
 
 @dataclass
@@ -117,7 +136,57 @@ def _invariance_case(lm: LoadedModel) -> Case:
                  f"({side})", passes, roles=roles)
 
 
+TARGET = "Le renard brun saute par-dessus le chien paresseux."
+TARGETS = ["Le chat est assis.", "Une phrase beaucoup plus longue, avec bien plus de mots que la premiere, suit.",
+           "Courte."]
+CACHE_TARGETS = ["Il etait une fois un petit robot qui aimait lire des livres sur la mer.",
+                 "Au milieu de la nuit, la vieille horloge du couloir sonna douze coups et s'arreta."]
+
+
+def _seq2seq_pass(lm: LoadedModel, sources: list[str], targets: list[str], **kw) -> Pass:
+    """Sources to the encoder, targets (after the decoder's start token) to the decoder; right padding."""
+    src = _tokenize(lm, sources, **kw)
+    tgt = _tokenize(lm, targets)
+    start = lm.model.config.decoder_start_token_id
+    ids = torch.cat([torch.full((len(targets), 1), start, dtype=torch.long), tgt["input_ids"]], 1)
+    mask = torch.cat([torch.ones(len(targets), 1, dtype=torch.long), tgt["attention_mask"]], 1)
+    inputs = {"input_ids": src["input_ids"], "attention_mask": src["attention_mask"], "decoder_input_ids": ids,
+              "decoder_attention_mask": mask}
+    return Pass(inputs, mask.bool(), mask.bool(), src["attention_mask"].bool())
+
+
+def _seq2seq_battery(lm: LoadedModel) -> list[Case]:
+    """Encoder-decoder models: one pair, a right-padded batch (both sides), the decoder step by step
+    with the key/value cache (self-attention cache growing, cross-attention cache filled once and
+    reused), and a long source."""
+    cases = [Case("sentence", "one source sentence and its target", [_seq2seq_pass(lm, [SENTENCE], [TARGET])]),
+             Case("right-padded", "3 pairs of unequal length, both sides right-padded",
+                  [_seq2seq_pass(lm, BATCH, TARGETS)])]
+    full = _seq2seq_pass(lm, CACHE_TEXTS, CACHE_TARGETS)
+    ids = full.inputs["decoder_input_ids"][:, :9]
+    if ids.shape[1] < 9 or not bool(full.query_keep[:, :9].all()):
+        raise ProbeError("the kv-cache case needs two targets of at least 8 tokens")
+    passes = []
+    for end in (6, 7, 8, 9):  # a 6-token decoder prefix, then 3 one-token steps
+        begin = 0 if end == 6 else end - 1
+        mask = torch.ones(ids.shape[0], end, dtype=torch.long)
+        inputs = {"input_ids": full.inputs["input_ids"], "attention_mask": full.inputs["attention_mask"],
+                  "decoder_input_ids": ids[:, begin:end], "decoder_attention_mask": mask}
+        passes.append(Pass(inputs, torch.ones(ids.shape[0], end - begin, dtype=torch.bool), mask.bool(),
+                           full.source_keep))
+    cases.append(Case("kv-cache", "6-token decoder prefix, then 3 single-token steps with the self- and "
+                      "cross-attention caches", passes, use_cache=True))
+    n = min(lm.max_length, MAX_CASE_TOKENS)
+    text = LONG_TEXT * (4 * n // 40 + 1)
+    cases.append(Case("max-length", f"a source of {n} tokens (min(model limit, {MAX_CASE_TOKENS}))",
+                      [_seq2seq_pass(lm, [text], [TARGET], truncation=True, max_length=n)]))
+    return cases
+
+
 def battery(lm: LoadedModel) -> list[Case]:
+    """The cases :func:`probe.verify` runs on this model, in order."""
+    if lm.spec.encoder_decoder:
+        return _seq2seq_battery(lm)
     cases = [
         Case("sentence", "one sentence", [_single_pass(_tokenize(lm, [SENTENCE]))]),
         Case("right-padded", "3 sentences of unequal length, right padding",

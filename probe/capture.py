@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .architectures import attention_modules
+from .architectures import site_modules
 from .errors import CaptureError
 from .hooks import Hooks, measuring
 from .inputs import Batch, Text, as_texts, collate, tokenize
@@ -39,10 +39,11 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
         CaptureError: a site returned no attention probabilities.
     """
     model = lm.model
+    index = lm.spec.probs_index  # where the module's output tuple holds the probabilities
 
     def make_hook(site: Site):
         def hook(module, args, output):
-            probs = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            probs = output[index] if isinstance(output, tuple) and len(output) > index else None
             if probs is None:
                 raise CaptureError(
                     f"site {site.name} returned no attention probabilities "
@@ -50,7 +51,7 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
             callback(site, probs.detach())
         return hook
 
-    for site, module in zip(lm.sites, attention_modules(model, lm.spec)):
+    for site, module in site_modules(model, lm.spec):
         hooks.forward(module, make_hook(site))
 
 

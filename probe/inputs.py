@@ -96,6 +96,8 @@ class Tokenized:
             non-space character, or -1 (special tokens, whitespace-only tokens).
         token_type_ids: segment ids, or None.
         truncated: the text was cut to the token limit.
+        target: encoder-decoder models: the decoder's side (the target after the decoder's start
+            token), with offsets into the target text; None otherwise.
     """
 
     index: int
@@ -105,6 +107,7 @@ class Tokenized:
     word_ids: list[int]
     token_type_ids: list[int] | None
     truncated: bool
+    target: Tokenized | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -150,7 +153,21 @@ def tokenize(lm, texts: Sequence[Text], max_length: int | None = None, *,
     """
     if not texts:
         raise InputError("no text given")
+    if getattr(getattr(lm, "spec", None), "encoder_decoder", False):
+        from .seq2seq import tokenize_pairs
+
+        return tokenize_pairs(lm, texts, max_length, parse_special_tokens=parse_special_tokens,
+                              start_index=start_index)
     limit = validate.max_length(max_length, lm.max_length)
+    return tokenize_side(lm, texts, limit, parse_special_tokens=parse_special_tokens, start_index=start_index)
+
+
+def tokenize_side(lm, texts: Sequence[Text], limit: int, *, parse_special_tokens: bool = False,
+                  start_index: int = 0, target: bool = False) -> list[Tokenized]:
+    """:func:`tokenize` for one side of the model: the encoder's (or a decoder-only model's) input,
+    or with ``target`` an encoder-decoder model's target text (``text_target=``: some tokenizers,
+    e.g. Marian's, use another vocabulary for targets), which may be empty (a generated target can
+    be just the end-of-sequence token). ``limit`` >= 1 tokens."""
     tok = lm.tokenizer
     fast = bool(getattr(tok, "is_fast", False))
     kw = dict(add_special_tokens=True, return_special_tokens_mask=True,
@@ -161,13 +178,16 @@ def tokenize(lm, texts: Sequence[Text], max_length: int | None = None, *,
     if has_pairs and not all(p is not None for p in pairs):
         raise InputError("either every text has a pair or none does")
     args = (firsts, pairs) if has_pairs else (firsts,)
+    def call(*a, **k):
+        return tok(text_target=a[0], **k) if target else tok(*a, **k)
+
     with quiet_transformers(progress_bars=True):  # the over-length warning is moot: probe truncates and counts
-        enc = tok(*args, **kw)
+        enc = call(*args, **kw)
         over = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > limit]
         cut = None
         if over:
             sub = [[firsts[i] for i in over]] + ([[pairs[i] for i in over]] if has_pairs else [])
-            cut = tok(*sub, truncation=True, max_length=limit, **kw)
+            cut = call(*sub, truncation=True, max_length=limit, **kw)
     out = []
     where = {i: j for j, i in enumerate(over)}
     for i, text in enumerate(texts):
@@ -182,7 +202,7 @@ def tokenize(lm, texts: Sequence[Text], max_length: int | None = None, *,
             seg = [s or 0 for s in src.sequence_ids(row)] if fast else (list(tt[row]) if tt is not None else None)
             offsets = _pair_offsets(offsets, special, seg, len(text.text))
         index = text.index if text.index is not None else start_index + i
-        if all(special):
+        if all(special) and not target:
             raise InputError(f"text {index + 1} has no tokens besides special tokens: {text.text[:40]!r}")
         full = text.text if not has_pairs else text.text + " " + text.pair
         tt = src.get("token_type_ids")
@@ -224,6 +244,8 @@ class Batch:
         texts: the :class:`Text` of each row.
         index: corpus position of each row.
         truncated: per row, whether the text was cut to the token limit.
+        target: encoder-decoder models: the decoder's side as a batch of its own (the target
+            tokens after the decoder's start token, right-padded); this batch is the source.
     """
 
     input_ids: torch.Tensor
@@ -236,6 +258,7 @@ class Batch:
     index: list[int]
     truncated: list[bool]
     _cache: dict = field(default_factory=dict, repr=False)
+    target: Batch | None = None
 
     @property
     def real(self) -> torch.Tensor:
@@ -255,6 +278,9 @@ class Batch:
         kw = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         if self.token_type_ids is not None:
             kw["token_type_ids"] = self.token_type_ids
+        if self.target is not None:
+            kw["decoder_input_ids"] = self.target.input_ids
+            kw["decoder_attention_mask"] = self.target.attention_mask
         return kw
 
     def covered_text(self, row: int, position: int) -> str:
@@ -276,6 +302,8 @@ class Batch:
         self.attention_mask = self.attention_mask.to(device)
         if self.token_type_ids is not None:
             self.token_type_ids = self.token_type_ids.to(device)
+        if self.target is not None:
+            self.target.to(device)
         return self
 
 
@@ -300,8 +328,12 @@ def collate(lm, items: Sequence[Tokenized], texts: Sequence[Text]) -> Batch:
         word_ids[r, :n] = torch.tensor(t.word_ids)
         if has_tt:
             tt[r, :n] = torch.tensor(t.token_type_ids)
+    target = None
+    if items[0].target is not None:  # encoder-decoder: sources here, targets in a batch of their own
+        target = collate(lm, [t.target for t in items], [Text(t.pair, meta=t.meta, index=t.index) for t in texts])
+        texts = [Text(t.text, t.words, t.meta, None, t.index) for t in texts]
     return Batch(ids, mask, tt, offsets, special, word_ids, list(texts), [t.index for t in items],
-                 [t.truncated for t in items])
+                 [t.truncated for t in items], target=target)
 
 
 #: Texts tokenized together and sorted by length into batches (bounds memory on huge corpora).

@@ -44,7 +44,10 @@ def model_class(config, head: str | None = None):
                 else None)
     if head == "classification":
         return tr.AutoModelForSequenceClassification
-    if get_spec(config).causal:
+    spec = get_spec(config)
+    if spec.encoder_decoder:
+        return tr.AutoModelForSeq2SeqLM
+    if spec.causal:
         return tr.AutoModelForCausalLM
     return tr.AutoModelForMaskedLM if head == "mlm" else tr.AutoModel
 

@@ -17,6 +17,7 @@ import torch
 
 from .accumulators import Accumulator
 from .inputs import Batch
+from .seq2seq import sides
 from .sites import Site, visible_keys
 from .tokens import punctuation_mask
 
@@ -27,8 +28,16 @@ STATISTICS: tuple[str, ...] = (
     "entropy", "norm_entropy", "distance", "long", "max_weight",
 )
 
+#: Statistics of cross-attention sites only (encoder-decoder models), after :data:`STATISTICS` in
+#: ``heads.csv`` of such a model: ``aligned`` (probability).
+CROSS_STATISTICS: tuple[str, ...] = ("aligned",)
+#: Every statistic the accumulator keeps, in order.
+ALL_STATISTICS: tuple[str, ...] = STATISTICS + CROSS_STATISTICS
+
 #: Keys farther than this many tokens count as long-range (``long``).
 LONG_RANGE = 4
+#: ``aligned``: keys within this many positions of the diagonal count as aligned.
+ALIGN_WINDOW = 1
 
 
 @dataclass
@@ -48,8 +57,20 @@ class TokenFeatures:
     has_sep: bool
 
 
-def token_features(batch: Batch, tokenizer) -> TokenFeatures:
-    """The :class:`TokenFeatures` of a batch (computed once per batch and cached on it).
+def boundary_token_id(tokenizer, eos_as_sep: bool = False) -> int | None:
+    """The token ``sep`` measures: the tokenizer's sep token; with ``eos_as_sep`` (encoder-decoder
+    models, whose tokenizers often have none: Marian, T5) its end-of-sequence token where it has no
+    sep token. None: ``sep`` is undefined."""
+    if getattr(tokenizer, "sep_token", None) is not None:
+        return tokenizer.sep_token_id
+    if eos_as_sep and getattr(tokenizer, "eos_token", None) is not None:
+        return tokenizer.eos_token_id
+    return None
+
+
+def token_features(batch: Batch, tokenizer, eos_as_sep: bool = False) -> TokenFeatures:
+    """The :class:`TokenFeatures` of a batch (computed once per batch and cached on it); ``sep``
+    marks :func:`boundary_token_id`.
 
     Raises:
         ValueError: padding is not on the right (real tokens must be a prefix of each row).
@@ -58,16 +79,16 @@ def token_features(batch: Batch, tokenizer) -> TokenFeatures:
         real = batch.real
         if real.shape[1] > 1 and bool((real[:, 1:] & ~real[:, :-1]).any()):
             raise ValueError("attention statistics need right padding (real tokens first in each row)")
-        sep_id = tokenizer.sep_token_id if getattr(tokenizer, "sep_token", None) is not None else None
+        sep_id = boundary_token_id(tokenizer, eos_as_sep)
         sep = torch.zeros_like(real) if sep_id is None else (batch.input_ids.cpu() == sep_id) & real.cpu()
         return TokenFeatures(real=real.cpu(), sep=sep, punct=punctuation_mask(batch, tokenizer) & real.cpu(),
                              has_sep=sep_id is not None)
-    return batch.cached("token_features", build)
+    return batch.cached(("token_features", eos_as_sep), build)
 
 
 #: Statistics whose per-row value is a weighted sum of the row's probabilities.
-LINEAR: tuple[str, ...] = ("self", "prev", "next", "first", "sep", "punct", "distance", "long")
-_INDEX = {name: i for i, name in enumerate(STATISTICS)}
+LINEAR: tuple[str, ...] = ("self", "prev", "next", "first", "sep", "punct", "distance", "long", "aligned")
+_INDEX = {name: i for i, name in enumerate(ALL_STATISTICS)}
 
 
 @dataclass
@@ -75,12 +96,12 @@ class ContractionWeights:
     """Per-batch weights turning one site's probabilities into statistic sums by contraction.
 
     Attributes:
-        linear: [batch, T*T, len(LINEAR)]: weight of A[b, :, q, k] in each linear statistic's sum
+        linear: [batch, Tq*Tk, len(LINEAR)]: weight of A[b, :, q, k] in each linear statistic's sum
             over valid rows (row validity folded in).
-        entropy: [batch, T*T, 2]: weights of -A ln A for ``entropy`` and ``norm_entropy``
+        entropy: [batch, Tq*Tk, 2]: weights of -A ln A for ``entropy`` and ``norm_entropy``
             (the latter 1 / ln k_q on rows with k_q >= 2).
-        real_rows: [batch, T] float, 1 on real query rows (for ``max_weight``).
-        counts: [len(STATISTICS)] int64 valid rows per statistic.
+        real_rows: [batch, Tq] float, 1 on real query rows (for ``max_weight``).
+        counts: [len(ALL_STATISTICS)] int64 valid rows per statistic.
     """
 
     linear: torch.Tensor
@@ -95,7 +116,8 @@ class ContractionWeights:
                                   self.counts)
 
 
-def contraction_weights(feats: TokenFeatures, site: Site, T: int) -> ContractionWeights:
+def contraction_weights(feats: TokenFeatures, site: Site, T: int,
+                        keys: TokenFeatures | None = None) -> ContractionWeights:
     """The weights used by :meth:`HeadStatistics.update` for one batch and one kind of site.
 
     With A = attention probabilities of one head on one sequence of T real tokens (row i = query,
@@ -110,12 +132,28 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int) -> Contraction
     - ``distance`` sum_j A[i, j] |i - j| (tokens); ``long`` sum of A[i, j] over |i - j| > 4,
       j not 0 and not a sep position; ``max_weight`` max_j A[i, j].
 
+    Cross-attention sites (``keys``: the features of the source, S real keys; ``feats``: the
+    target's, T real query rows) have a rectangular map [T, S] and these per-row values:
+
+    - ``first`` A[i, 0]; ``sep`` (the sep token, else end-of-sequence: :func:`boundary_token_id`)
+      and ``punct`` over the source's positions; ``entropy``; ``norm_entropy`` with k_i = S (every
+      real source key); ``max_weight`` as above;
+    - ``distance`` sum_j A[i, j] |i S / T - j| (source tokens): the distance from the position
+      proportional to the query's place in the target;
+    - ``aligned`` sum of A[i, j] over |j - d_i| <= 1 with d_i = round(i (S-1) / (T-1)), halves
+      rounded up (d_0 = 0 when T = 1): attention within one source position of the diagonal, the monotonic alignment
+      of translation heads (Voita et al. 2019, section 5; Bahdanau et al. 2015, figure 3);
+    - ``self``, ``prev``, ``next`` and ``long`` are undefined (they compare positions of one sequence).
+
     Each of these except ``max_weight`` is a weighted sum of the row's A (or of -A ln A), so its sum
     over the valid rows of a batch is A contracted with one weight tensor, built once per batch for
     all sites that share the same visible keys.
     """
+    if site.kind == "cross":
+        if keys is None:
+            raise ValueError("a cross-attention site needs the features of its keys (the source)")
+        return _cross_weights(feats, keys, site)
     real = feats.real
-    B = real.shape[0]
     pos = torch.arange(T)
     lengths = real.sum(1)
     realf = real.float()
@@ -134,20 +172,62 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int) -> Contraction
         "punct": feats.punct.float()[:, None, :] * row,
         "distance": offset[None] * row,
         "long": far.float() * row,
+        "aligned": torch.zeros(1, T, T),
     }
-    linear = torch.stack([chans[n].expand(B, T, T) for n in LINEAR], -1).reshape(B, T * T, len(LINEAR))
     kq = visible_keys(site, lengths, T).float()  # [B, T]
-    inv_log_k = torch.where(kq >= 2, 1.0 / torch.log(kq.clamp(min=2)), torch.zeros(())) * realf
-    ent = torch.stack([realf[:, :, None].expand(B, T, T), inv_log_k[:, :, None].expand(B, T, T)], -1)
-    counts = torch.zeros(len(STATISTICS), dtype=torch.int64)
-    n_real = int(real.sum())
-    for name in STATISTICS:
-        counts[_INDEX[name]] = n_real
+    counts = _row_counts(real, kq, feats.has_sep)
     counts[_INDEX["prev"]] = int((real & (pos >= 1)).sum())
     counts[_INDEX["next"]] = int(next_rows.sum())
-    counts[_INDEX["sep"]] = n_real if feats.has_sep else 0
+    counts[_INDEX["aligned"]] = 0
+    return _pack(chans, realf, kq, T, counts)
+
+
+def _row_counts(real: torch.Tensor, kq: torch.Tensor, has_sep: bool) -> torch.Tensor:
+    """Valid rows per statistic: every real query row, but ``sep`` needs a sep token and
+    ``norm_entropy`` two visible keys."""
+    counts = torch.full((len(ALL_STATISTICS),), int(real.sum()), dtype=torch.int64)
+    counts[_INDEX["sep"]] = counts[0] if has_sep else 0
     counts[_INDEX["norm_entropy"]] = int((real & (kq >= 2)).sum())
-    return ContractionWeights(linear.contiguous(), ent.reshape(B, T * T, 2).contiguous(), realf, counts)
+    return counts
+
+
+def _pack(chans: dict, realf: torch.Tensor, kq: torch.Tensor, n_keys: int, counts) -> ContractionWeights:
+    """Stack the per-statistic weights into :class:`ContractionWeights` (``kq`` [B, Tq] visible keys)."""
+    B, Tq = realf.shape
+    linear = torch.stack([chans[n].expand(B, Tq, n_keys) for n in LINEAR], -1).reshape(B, Tq * n_keys, len(LINEAR))
+    inv_log_k = torch.where(kq >= 2, 1.0 / torch.log(kq.clamp(min=2)), torch.zeros(())) * realf
+    ent = torch.stack([realf[:, :, None].expand(B, Tq, n_keys), inv_log_k[:, :, None].expand(B, Tq, n_keys)], -1)
+    return ContractionWeights(linear.contiguous(), ent.reshape(B, Tq * n_keys, 2).contiguous(), realf, counts)
+
+
+def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site) -> ContractionWeights:
+    """:func:`contraction_weights` of a cross-attention site: target rows [B, T], source keys [B, S]."""
+    real, realf = feats.real, feats.real.float()
+    B, Tq = real.shape
+    Tk = keys.real.shape[1]
+    T = real.sum(1).double()[:, None, None]  # real target tokens per row
+    S = keys.real.sum(1).double()[:, None, None]  # real source tokens per row
+    i = torch.arange(Tq, dtype=torch.float64)[None, :, None]
+    j = torch.arange(Tk, dtype=torch.float64)[None, None, :]
+    offset = (i * S / T - j).abs().float()  # [B, T, S]
+    # d_i = round(i (S-1) / (T-1)), halves rounded up (torch.round would round them to even)
+    diag = torch.where(T > 1, torch.floor(i * (S - 1) / (T - 1).clamp(min=1) + 0.5), torch.zeros(()))
+    aligned = ((j - diag).abs() <= ALIGN_WINDOW).float()
+    row = realf[:, :, None]
+    zero = torch.zeros(1, Tq, Tk)
+    chans = {
+        "self": zero, "prev": zero, "next": zero, "long": zero,
+        "first": (j == 0).float() * row,
+        "sep": keys.sep.float()[:, None, :] * (row if keys.has_sep else torch.zeros_like(row)),
+        "punct": keys.punct.float()[:, None, :] * row,
+        "distance": offset * row,
+        "aligned": aligned * row,
+    }
+    kq = visible_keys(site, keys.real.sum(1), Tq).float()  # every real source key: S
+    counts = _row_counts(real, kq, keys.has_sep)
+    for name in ("self", "prev", "next", "long"):
+        counts[_INDEX[name]] = 0
+    return _pack(chans, realf, kq, Tk, counts)
 
 
 class HeadStatistics(Accumulator):
@@ -171,32 +251,46 @@ class HeadStatistics(Accumulator):
         self.n_heads = n_heads
         self.tokenizer = tokenizer
         self._row = {site: i for i, site in enumerate(self.sites)}
-        self.sums = torch.zeros(len(self.sites), n_heads, len(STATISTICS), dtype=torch.float64)
-        self.counts = torch.zeros(len(self.sites), len(STATISTICS), dtype=torch.int64)
+        self.sums = torch.zeros(len(self.sites), n_heads, len(ALL_STATISTICS), dtype=torch.float64)
+        self.counts = torch.zeros(len(self.sites), len(ALL_STATISTICS), dtype=torch.int64)
+
+    @property
+    def encoder_decoder(self) -> bool:
+        """The sites are those of an encoder-decoder model (it has cross-attention)."""
+        return any(s.kind == "cross" for s in self.sites)
+
+    @property
+    def statistics(self) -> tuple[str, ...]:
+        """The statistics of :meth:`result`: :data:`STATISTICS`, and :data:`CROSS_STATISTICS` for an
+        encoder-decoder model."""
+        return ALL_STATISTICS if self.encoder_decoder else STATISTICS
 
     @property
     def n_layers(self) -> int:
         return len(self.sites)
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
-        """Add one batch of one site: ``probs`` is [batch, heads, T, T] attention probabilities.
+        """Add one batch of one site: ``probs`` is [batch, heads, query, key] attention probabilities
+        (queries and keys of the site's sides: :func:`probe.seq2seq.sides`).
 
         Every statistic except ``max_weight`` is linear in A (or in A ln A), so its sum over valid
         rows is one contraction of A with a per-batch weight tensor (:func:`contraction_weights`).
         """
-        feats = token_features(batch, self.tokenizer)
-        T = probs.shape[-1]
+        queries, keys = sides(site, batch)
+        eos = self.encoder_decoder
+        feats = token_features(queries, self.tokenizer, eos)
+        key_feats = token_features(keys, self.tokenizer, eos) if site.kind == "cross" else None
         a = probs.float()
+        B, H, Tq, Tk = a.shape
         dev = a.device
-        w = batch.cached(("contraction", site.causal, site.window, T, str(dev)),
-                         lambda: contraction_weights(feats, site, T).to(dev))  # built once per batch and device
-        B, H, T, _ = a.shape
-        flat = a.reshape(B, H, T * T)
+        w = queries.cached(("contraction", site.kind, site.causal, site.window, Tq, Tk, str(dev)),  # once per batch
+                           lambda: contraction_weights(feats, site, Tq, key_feats).to(dev))
+        flat = a.reshape(B, H, Tq * Tk)
         linear = torch.bmm(flat, w.linear).sum(0)  # [heads, len(LINEAR)]
         # entr(x) = -x ln x with entr(0) = 0 (about twice as fast as xlogy on CPU)
-        ent = torch.bmm(torch.special.entr(a).reshape(B, H, T * T), w.entropy).sum(0)  # [heads, 2]
+        ent = torch.bmm(torch.special.entr(a).reshape(B, H, Tq * Tk), w.entropy).sum(0)  # [heads, 2]
         mx = (a.amax(-1) * w.real_rows[:, None, :]).sum((0, 2))  # [heads]
-        sums = torch.empty(H, len(STATISTICS), dtype=torch.float64)
+        sums = torch.empty(H, len(ALL_STATISTICS), dtype=torch.float64)
         for c, name in enumerate(LINEAR):
             sums[:, _INDEX[name]] = linear[:, c].double().cpu()
         sums[:, _INDEX["entropy"]] = ent[:, 0].double().cpu()
@@ -219,19 +313,25 @@ class HeadStatistics(Accumulator):
         return self
 
     def means(self) -> np.ndarray:
-        """[sites, heads, statistics] corpus values; NaN where a statistic had no defined row."""
+        """[sites, heads, statistics] corpus values (:data:`ALL_STATISTICS` order); NaN where a
+        statistic had no defined row."""
         counts = self.counts[:, None, :].double()
         means = self.sums / counts.clamp(min=1)
         means[(counts == 0).expand_as(means)] = float("nan")
         return means.numpy()
 
     def result(self) -> pd.DataFrame:
-        """One row per head: columns ``layer``, ``head`` and one per statistic."""
-        means = self.means()
+        """One row per head: columns ``layer``, ``head`` and one per statistic (:attr:`statistics`);
+        an encoder-decoder model's rows also have ``stack`` and ``kind`` (first), its layers counted
+        within each stack."""
+        means = self.means()[:, :, : len(self.statistics)]
         S, H, _ = means.shape
-        frame = pd.DataFrame(means.reshape(S * H, -1), columns=list(STATISTICS))
+        frame = pd.DataFrame(means.reshape(S * H, -1), columns=list(self.statistics))
         frame.insert(0, "head", np.tile(np.arange(H), S))
         frame.insert(0, "layer", np.repeat([s.layer for s in self.sites], H))
+        if self.encoder_decoder:
+            frame.insert(0, "kind", np.repeat([s.kind for s in self.sites], H))
+            frame.insert(0, "stack", np.repeat([s.stack for s in self.sites], H))
         return frame
 
     to_frame = result

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import validate
-from .architectures import layer_modules
+from .architectures import stack_layers
 from .battery import Case, battery, case_names
 from .capture import add_attention_hooks, input_device
 from .errors import ProbeError
@@ -95,12 +95,14 @@ class LayerResult:
     """Differences of one layer, maxed over every case.
 
     Attributes:
-        layer: layer index.
-        attn_max_abs: max |swapped - original| of attention probabilities (real rows and keys).
+        layer: layer index (within its stack).
+        attn_max_abs: max |swapped - original| of attention probabilities (real rows and keys; the
+            self- and cross-attention of a decoder layer of an encoder-decoder model together).
         attn_max_rel: attn_max_abs / max |original probability|.
         hidden_max_abs: max |difference| of the layer's output hidden states (real positions).
         hidden_max_rel: hidden_max_abs / max |original hidden state|.
         passed: every compared value within tolerance.
+        stack: ``"encoder"`` or ``"decoder"``.
     """
 
     layer: int
@@ -109,6 +111,7 @@ class LayerResult:
     hidden_max_abs: float
     hidden_max_rel: float
     passed: bool
+    stack: str = ""
 
 
 @dataclass
@@ -201,24 +204,29 @@ def _output_tensor(output) -> tuple[str, torch.Tensor]:
 
 
 def _run_case(lm: LoadedModel, case: Case, hooks, on_attn, on_hidden, on_output) -> None:
-    """Run every pass of a case; callbacks get (pass index, layer, tensor) / (pass index, name, tensor)."""
+    """Run every pass of a case; callbacks get (pass index, site, probs) / (pass index, (stack,
+    layer), hidden states) / (pass index, output name, tensor)."""
     model = lm.model
     cache = None
     if case.use_cache:
-        from transformers import DynamicCache
+        from transformers import DynamicCache, EncoderDecoderCache
 
-        cache = DynamicCache(config=model.config)
+        if lm.spec.encoder_decoder:  # layers added as they come (a decoder may be deeper than the encoder)
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        else:
+            cache = DynamicCache(config=model.config)
     state = {"pass": 0}
 
-    def hidden_hook(layer):
+    def hidden_hook(key):
         def hook(module, args, output):
-            on_hidden(state["pass"], layer, (output[0] if isinstance(output, tuple) else output).cpu())
+            on_hidden(state["pass"], key, (output[0] if isinstance(output, tuple) else output).cpu())
         return hook
 
-    add_attention_hooks(hooks, lm, lambda site, probs: on_attn(state["pass"], site.layer, probs.cpu()))
+    add_attention_hooks(hooks, lm, lambda site, probs: on_attn(state["pass"], site, probs.cpu()))
     device = input_device(model)
-    for i, layer in enumerate(layer_modules(model, lm.spec)):
-        hooks.forward(layer, hidden_hook(i))
+    for stack, layers in stack_layers(model, lm.spec).items():
+        for i, layer in enumerate(layers):
+            hooks.forward(layer, hidden_hook((stack, i)))
     try:
         for index, p in enumerate(case.passes):
             state["pass"] = index
@@ -238,11 +246,11 @@ def _record(case: Case, hooks, lm, on_attn=None, on_hidden=None, keep: bool = Tr
     to ``on_attn(i, layer, probs)`` / ``on_hidden(i, layer, h)`` where given."""
     probs_by, hidden, out = {}, {}, {}
 
-    def got_attn(i, layer, probs):
+    def got_attn(i, site, probs):
         if on_attn is not None:
-            on_attn(i, layer, probs)
+            on_attn(i, site, probs)
         if keep:
-            probs_by[(i, layer)] = probs
+            probs_by[(i, site)] = probs
 
     def got_hidden(i, layer, h):
         if on_hidden is not None:
@@ -256,9 +264,10 @@ def _record(case: Case, hooks, lm, on_attn=None, on_hidden=None, keep: bool = Tr
 
 def _invariance(case: Case, probs: dict, hidden: dict) -> tuple[float, float]:
     """(max |padded row - alone|, max |noise row - alone|) over the real tokens' attention
-    probabilities and hidden states of every layer."""
+    probabilities and hidden states of every layer (single-stack models)."""
     n = int(case.passes[0].query_keep[0].sum())
-    layers = sorted({layer for (_, layer) in probs})
+    sites = sorted({site for (_, site) in probs}, key=lambda s: s.layer)
+    layers = sorted({key for (_, key) in hidden})
     worst = {"noise": 0.0, "padded": 0.0}
     for i, role in enumerate(case.roles):
         if role == "alone":
@@ -266,11 +275,12 @@ def _invariance(case: Case, probs: dict, hidden: dict) -> tuple[float, float]:
         for row in range(case.passes[i].query_keep.shape[0]):
             idx = case.passes[i].query_keep[row].nonzero().flatten()  # positions of the real tokens
             assert len(idx) == n
-            for layer in layers:
-                p, p0 = probs[(i, layer)][row][:, idx][:, :, idx], probs[(0, layer)][0]
-                h, h0 = hidden[(i, layer)][row][idx], hidden[(0, layer)][0]
-                worst[role] = max(worst[role], float((p.float() - p0.float()).abs().max()),
-                                  float((h.float() - h0.float()).abs().max()))
+            for site in sites:
+                p, p0 = probs[(i, site)][row][:, idx][:, :, idx], probs[(0, site)][0]
+                worst[role] = max(worst[role], float((p.float() - p0.float()).abs().max()))
+            for key in layers:
+                h, h0 = hidden[(i, key)][row][idx], hidden[(0, key)][0]
+                worst[role] = max(worst[role], float((h.float() - h0.float()).abs().max()))
     return worst["padded"], worst["noise"]
 
 
@@ -282,24 +292,26 @@ def _verify_case(lm: LoadedModel, case: Case, mutant, atol, rtol, layer_attn, la
     attn, hidden, out = _Max(), _Max(), _Max()
     ok = [True]
 
-    def compare_attn(i, layer, probs):  # on the fly, dropping the original's tensor (memory: one copy)
+    def compare_attn(i, site, probs):  # on the fly, dropping the original's tensor (memory: one copy)
         p = case.passes[i]
-        ref = ref_attn[(i, layer)] if case.invariance else ref_attn.pop((i, layer))
+        ref = ref_attn[(i, site)] if case.invariance else ref_attn.pop((i, site))
         if probs.shape != ref.shape:
-            raise ProbeError(f"{case.name}: layer {layer} probabilities have shape {tuple(probs.shape)}, "
+            raise ProbeError(f"{case.name}: site {site} probabilities have shape {tuple(probs.shape)}, "
                              f"the original's {tuple(ref.shape)}")
-        if bool(p.query_keep.all()) and bool(p.key_keep.all()):
+        rows, keys = p.rows(site.stack), p.keys(site)
+        if bool(rows.all()) and bool(keys.all()):
             a, b = probs, ref  # no padding: compare everything without copying
         else:
-            sel = (p.query_keep[:, None, :, None] & p.key_keep[:, None, None, :]).expand_as(probs)
+            sel = (rows[:, None, :, None] & keys[:, None, None, :]).expand_as(probs)
             a, b = probs[sel], ref[sel]
-        ok[0] &= attn.add(a, b, atol, rtol) & layer_attn[layer].add(a, b, atol, rtol)
+        key = (site.stack, site.layer)
+        ok[0] &= attn.add(a, b, atol, rtol) & layer_attn[key].add(a, b, atol, rtol)
 
-    def compare_hidden(i, layer, h):
-        keep = case.passes[i].query_keep
-        ref = ref_hidden[(i, layer)] if case.invariance else ref_hidden.pop((i, layer))
+    def compare_hidden(i, key, h):
+        keep = case.passes[i].rows(key[0])
+        ref = ref_hidden[(i, key)] if case.invariance else ref_hidden.pop((i, key))
         a, b = h[keep], ref[keep]
-        ok[0] &= hidden.add(a, b, atol, rtol) & layer_hidden[layer].add(a, b, atol, rtol)
+        ok[0] &= hidden.add(a, b, atol, rtol) & layer_hidden[key].add(a, b, atol, rtol)
 
     with swap_attention(lm, mutant) as swapped:
         notes.extend(n for n in swapped.notes if n not in notes)
@@ -365,9 +377,9 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
             raise ProbeError(f"unknown case(s) {', '.join(sorted(unknown))}; "
                              f"choose from {', '.join(c.name for c in selected)}")
         selected = [c for c in selected if c.name in cases]
-    n_layers = lm.geometry.n_layers
-    layer_attn = [_Max() for _ in range(n_layers)]
-    layer_hidden = [_Max() for _ in range(n_layers)]
+    keys = list(dict.fromkeys((s.stack, s.layer) for s in lm.sites))  # (stack, layer) in forward order
+    layer_attn = {k: _Max() for k in keys}
+    layer_hidden = {k: _Max() for k in keys}
     results, swap_notes = [], []
     output_name, out_total = "output", _Max()
     with measuring(lm.model) as state:
@@ -383,8 +395,10 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
             if progress is not None:
                 progress(index, len(selected), case.name, res)
     notes.extend(n for n in swap_notes if n not in notes)
-    per_layer = [LayerResult(i, a.diff, a.rel, h.diff, h.rel, a.ok and h.ok)
-                 for i, (a, h) in enumerate(zip(layer_attn, layer_hidden))]
+    per_layer = [LayerResult(layer, layer_attn[(stack, layer)].diff, layer_attn[(stack, layer)].rel,
+                             layer_hidden[(stack, layer)].diff, layer_hidden[(stack, layer)].rel,
+                             layer_attn[(stack, layer)].ok and layer_hidden[(stack, layer)].ok, stack)
+                 for stack, layer in keys]
     passed = all(c.passed for c in results) and all(r.passed for r in per_layer)
     max_abs = max([c.max_abs_diff for c in results], default=0.0)
     dtype = str(next(lm.model.parameters()).dtype).replace("torch.", "")

@@ -33,13 +33,18 @@ KINDS = (
     "gpt2", "gpt2-unscaled", "gpt2-layer-scaled", "gpt2-unscaled-layer-scaled", "gpt2-upcast",
     "llama", "llama-linear", "llama-llama3", "llama-dynamic", "llama-yarn", "llama-longrope",
     "qwen2", "qwen2-window", "qwen3", "mistral",
-    "gpt_neox", "phi3", "gemma", "gemma2", "gemma3",
+    "gpt_neox", "phi3", "gemma", "gemma2", "gemma3", "bloom", "bloom-6heads",
+    "bart", "marian", "t5",
 )
 ENCODERS = ("bert", "roberta", "electra", "distilbert")
 #: One kind per family (for tests that need every family once).
 FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "mistral", "gpt_neox", "phi3",
-            "gemma", "gemma2", "gemma3", "qwen3")
+            "gemma", "gemma2", "gemma3", "qwen3", "bloom", "bart", "marian", "t5")
+#: Encoder-decoder kinds (cross-attention sites).
+SEQ2SEQ = ("bart", "marian", "t5")
 DECODERS = tuple(k for k in FAMILIES if k not in ENCODERS)
+#: Families with one stack (encoders and decoder-only models): what the one-stack analyses cover.
+ONE_STACK = tuple(k for k in FAMILIES if k not in SEQ2SEQ)
 
 
 # --------------------------------------------------------------------------- tokenizers
@@ -159,6 +164,22 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
                                   layer_types=["sliding_attention", "full_attention"][:layers] * (layers // 2 or 1),
                                   final_logit_softcapping=None, **rotary_common)
         return cfg
+    if kind.startswith("bloom"):
+        heads = 6 if kind == "bloom-6heads" else HEADS  # 6: not a power of two (ALiBi's extra slopes)
+        return tr.BloomConfig(hidden_size=HIDDEN // HEADS * heads, n_head=heads, n_layer=layers,
+                              attention_dropout=dropout, hidden_dropout=dropout, **common)
+    seq2seq = dict(pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, bos_token_id=1, **common)
+    if kind in ("bart", "marian"):
+        cls = tr.BartConfig if kind == "bart" else tr.MarianConfig
+        return cls(d_model=HIDDEN, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=HEADS,
+                   decoder_attention_heads=HEADS, encoder_ffn_dim=2 * HIDDEN, decoder_ffn_dim=2 * HIDDEN,
+                   max_position_embeddings=max_positions, dropout=dropout, attention_dropout=dropout,
+                   init_std=init, **{k: v for k, v in seq2seq.items() if k != "initializer_range"})
+    if kind == "t5":
+        return tr.T5Config(d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=2 * HIDDEN, num_layers=layers,
+                           num_decoder_layers=layers + 1, num_heads=HEADS, relative_attention_num_buckets=8,
+                           relative_attention_max_distance=16, dropout_rate=dropout, initializer_factor=init * 10,
+                           **{k: v for k, v in seq2seq.items() if k != "initializer_range"})
     raise ValueError(f"unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
 
 
@@ -167,7 +188,8 @@ _CLASSES = {
     "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
     "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM", "bloom": "BloomForCausalLM", "bart": "BartForConditionalGeneration",
+    "marian": "MarianMTModel", "t5": "T5ForConditionalGeneration",
 }
 
 

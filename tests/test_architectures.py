@@ -7,7 +7,15 @@ import math
 import pytest
 
 from conftest import KINDS, family_of, tiny_config, tiny_model
-from probe.architectures import SPECS, attention_modules, get_spec, head_geometry, output_projections, sites
+from probe.architectures import (
+    SPECS,
+    attention_modules,
+    get_spec,
+    head_geometry,
+    output_projections,
+    site_modules,
+    sites,
+)
 from probe.errors import UnsupportedArchitectureError
 from probe.sites import Site, causal_keep, visible_keys
 
@@ -16,6 +24,14 @@ from probe.sites import Site, causal_keep, visible_keys
 def test_every_spec_path_exists_and_fits_the_head_geometry(kind):
     lm = tiny_model(kind)
     spec, geo = lm.spec, lm.geometry
+    if spec.encoder_decoder:  # every site (encoder self, decoder self, decoder cross) has its module
+        mods = site_modules(lm.model, spec)
+        assert [site for site, _ in mods] == lm.sites
+        assert {(s.stack, s.kind) for s in lm.sites} == {("encoder", "self"), ("decoder", "self"), ("decoder", "cross")}
+        for _, module in mods:
+            for name in spec.head_count_attrs:
+                assert getattr(module, name) == geo.n_heads, name
+        return
     attn = attention_modules(lm.model, spec)
     outs = output_projections(lm.model, spec)
     assert len(attn) == len(outs) == geo.n_layers
@@ -82,19 +98,19 @@ def test_visible_keys_is_the_one_rule():
 def test_every_supported_family_has_a_tiny_kind():
     families = {get_spec(tiny_config(k, 100)).family for k in KINDS}
     assert families >= {"bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gpt_neox",
-                        "phi3", "gemma", "gemma2", "gemma3"}
+                        "phi3", "gemma", "gemma2", "gemma3", "bloom", "bart", "t5"}  # Marian: the bart family
     assert set(SPECS) == {"bert", "roberta", "electra", "distilbert", "gpt2", "llama", "qwen2", "qwen3", "mistral",
-                          "gpt_neox", "phi3", "gemma", "gemma2", "gemma3_text"}
+                          "gpt_neox", "phi3", "gemma", "gemma2", "gemma3_text", "bloom", "bart", "marian", "t5"}
     assert {family_of(k) for k in KINDS} <= {c.replace("gemma3", "gemma3") for c in (
         "bert", "roberta", "electra", "distilbert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gpt_neox", "phi3",
-        "gemma", "gemma2", "gemma3")}
+        "gemma", "gemma2", "gemma3", "bloom", "bart", "marian", "t5")}
 
 
 def test_unsupported_type_names_the_supported_ones():
     class Config:
-        model_type = "t5"
+        model_type = "xlnet"
 
-    with pytest.raises(UnsupportedArchitectureError, match="unsupported architecture 't5'.*gpt_neox.*phi3"):
+    with pytest.raises(UnsupportedArchitectureError, match="unsupported architecture 'xlnet'.*gpt_neox.*phi3.*t5"):
         get_spec(Config())
 
 

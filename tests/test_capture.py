@@ -7,13 +7,14 @@ import copy
 import pytest
 import torch
 
-from conftest import DECODERS, FAMILIES, hook_snapshot, no_hooks, notes, tiny_model
+from conftest import DECODERS, FAMILIES, SEQ2SEQ, hook_snapshot, no_hooks, notes, tiny_model
 from probe.analysis import analyze
 from probe.capture import attention_hooks, capture_attention, encode
 from probe.errors import CaptureError, InputError
 from probe.hooks import ensure_eager
-from probe.inputs import as_texts, tokenize
+from probe.inputs import Text, as_texts, tokenize
 from probe.models import from_pretrained_objects
+from probe.seq2seq import sides
 
 #: Six tokens with both tokenizers: SmolLM2's BPE (no special tokens added) and MiniLM's
 #: WordPiece ([CLS] the cat sat on [SEP]).
@@ -101,12 +102,16 @@ def test_f02_sdpa_model_is_switched_to_eager_when_wrapped(family):
     lm = from_pretrained_objects(model, tok)
     assert lm.model.config._attn_implementation == "eager"
     assert len(lm.notes) == 1 and "sdpa" in lm.notes[0] and "eager" in lm.notes[0]
-    captured = capture_attention(lm, ["A first sentence, a bit longer.", "Short."])
-    T = captured.batch.input_ids.shape[1]
-    assert len(captured.probs) == lm.geometry.n_layers == 2
-    for probs in captured.probs:
+    texts = ["A first sentence, a bit longer.", "Short."]
+    if family in SEQ2SEQ:  # a source and a target each
+        texts = [Text(t, pair="Une phrase courte.") for t in texts]
+    captured = capture_attention(lm, texts)
+    assert len(captured.probs) == len(lm.sites)
+    assert lm.geometry.n_layers == 2 and (family in SEQ2SEQ or len(lm.sites) == 2)
+    for site, probs in zip(lm.sites, captured.probs):
+        queries, keys = sides(site, captured.batch)  # the batch itself, or target/source sides
         assert probs is not None and probs.numel() > 0
-        assert probs.shape == (2, 4, T, T)
+        assert probs.shape == (2, 4, queries.input_ids.shape[1], keys.input_ids.shape[1])
 
 
 @pytest.mark.parametrize("family", ["bert", "distilbert", "gpt2", "llama"])
@@ -262,7 +267,11 @@ def test_batches_are_right_padded_whatever_the_tokenizer_side(family):
     lm = tiny_model(family)
     lm.tokenizer.padding_side = "left"
     assert lm.tokenizer.pad_token is not None
-    enc = encode(lm, ["a b c d e f g", "a"])
+    if family in SEQ2SEQ:  # both sides right-padded
+        enc = encode(lm, [Text("a b c d e f g", pair="a"), Text("a", pair="a b c d e f g")])
+        assert enc.target.attention_mask[0].tolist()[0] == 1 and enc.target.attention_mask[0].tolist()[-1] == 0
+    else:
+        enc = encode(lm, ["a b c d e f g", "a"])
     assert enc.attention_mask[1].tolist()[0] == 1 and enc.attention_mask[1].tolist()[-1] == 0
 
 

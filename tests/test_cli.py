@@ -263,7 +263,7 @@ def test_unknown_model_name_subprocess(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("model_type", ["t5", "bloom"])
+@pytest.mark.parametrize("model_type", ["xlnet", "mpt"])
 def test_unsupported_model_type_folder(tmp_path, out, model_type):
     folder = tmp_path / f"{model_type}-model"
     folder.mkdir()

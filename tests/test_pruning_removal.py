@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import FAMILIES, hook_snapshot, tiny_model
+from conftest import FAMILIES, SEQ2SEQ, hook_snapshot, tiny_model
 from probe.analysis import analyze
 from probe.architectures import attention_modules, base_model, layer_modules, output_projections
 from probe.capture import capture_attention, encode, forward
@@ -53,7 +53,18 @@ def _mask(lm, heads):
     return m
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+@pytest.mark.parametrize("kind", ["bloom", "bart", "t5"])
+def test_removal_refuses_alibi_and_encoder_decoder_models(kind):
+    """BLOOM computes its ALiBi slopes from the head count (removing heads would change the others'
+    slopes); encoder-decoder models are out of scope: one clear error, the model untouched."""
+    lm = tiny_model(kind)
+    before = {k: v.clone() for k, v in lm.model.state_dict().items()}
+    with pytest.raises(InputError, match="cannot remove heads: .*(ALiBi|encoder-decoder)"):
+        remove_heads(lm, {0: [1]})
+    assert all(torch.equal(before[k], v) for k, v in lm.model.state_dict().items())
+
+
+@pytest.mark.parametrize("kind", [k for k in FAMILIES if k not in ("bloom", *SEQ2SEQ)])
 def test_removed_model_equals_gated_model_and_survives_save_and_reload(kind, tmp_path):
     """Removed == gated: the last hidden state within float32 atol 1e-5, and in float64 the outputs
     (logits) within 1e-9, so what is left is float32 summation order (dropping zero columns changes
@@ -278,3 +289,15 @@ def test_a_pruned_model_through_every_analysis(tmp_path):
         json.loads(data, parse_constant=lambda name: pytest.fail(f"{name} in the report's data"))
     figures = json.loads(re.search(r'id="probe-data">(.*?)</script>', html, re.S).group(1))["figures"]
     assert len(figures["map-group"]["xs"]) == 2  # the two heads left
+
+
+def test_prune_on_bloom_gates_heads_but_removes_none_and_says_why():
+    """The experiment runs on gates (ALiBi is untouched); the physical copy is skipped with a note."""
+    from probe.pruning import prune
+
+    lm = tiny_model("bloom")
+    texts = [f"Sentence number {i} is about a cat that sat on mat {i}." for i in range(12)]
+    result = prune(lm, texts, steps=1, fraction=0.25, seeds=3, batch_size=4)
+    assert result.pruned_params is None and result.speedup is None
+    assert any("heads not physically removed" in n and "ALiBi" in n for n in result.notes)
+    assert set(result.curves["order"]) == {"importance", "redundancy", "random"}

@@ -17,7 +17,8 @@ from probe.architectures import attention_modules, get_spec, head_geometry
 from probe.reference import ROPE_TYPES, Rope, RopeError, apply_rope, swap_attention
 from probe.verification import verify
 
-ROTARY = tuple(k for k in KINDS if k not in ENCODERS and family_of(k) != "gpt2")
+# decoders with rotary positions (GPT-2 has learned ones, BLOOM ALiBi, BART/Marian sinusoidal, T5 a bias)
+ROTARY = tuple(k for k in KINDS if k not in ENCODERS and family_of(k) not in ("gpt2", "bloom", "bart", "marian", "t5"))
 
 #: rope_type and rotated features per head of every rotary kind (d_head 16; Gemma's 24).
 EXPECTED = {

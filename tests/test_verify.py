@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 from transformers import BertConfig, BertModel, DynamicCache
 
-from conftest import ENCODERS, KINDS, LAYERS, bert_tokenizer, hook_snapshot, no_hooks, save_tiny, tiny_model
+from conftest import ENCODERS, KINDS, LAYERS, SEQ2SEQ, bert_tokenizer, hook_snapshot, no_hooks, save_tiny, tiny_model
 from probe.architectures import attention_modules, get_spec, layer_modules
 from probe.battery import CACHE_TEXTS
 from probe.cli import main
@@ -28,6 +28,16 @@ from probe.verification import BF16_ATOL, verify
 
 DECODER_CASES = ["sentence", "right-padded", "left-padded", "padding-invariance", "kv-cache", "max-length"]
 ENCODER_CASES = ["sentence", "right-padded", "padding-invariance", "sentence-pair", "max-length"]
+SEQ2SEQ_CASES = ["sentence", "right-padded", "kv-cache", "max-length"]
+
+
+def _layers(kind: str) -> list[tuple[str, int]]:
+    """(stack, layer) of every verified layer: an encoder-decoder model's two stacks (tiny T5's
+    decoder has one layer more than its encoder), else one stack."""
+    if kind in SEQ2SEQ:
+        decoder = LAYERS + 1 if kind == "t5" else LAYERS
+        return [("encoder", i) for i in range(LAYERS)] + [("decoder", i) for i in range(decoder)]
+    return [(r, i) for r in ("encoder" if kind in ENCODERS else "decoder",) for i in range(LAYERS)]
 
 _CACHE: dict = {}
 
@@ -74,24 +84,29 @@ def test_every_kind_passes_verification(kind):
     result = verify(lm)
     assert result.passed, result.to_json()
     assert result.max_abs_diff <= 1e-5
-    assert [r.layer for r in result.per_layer] == list(range(LAYERS)) == list(range(lm.geometry.n_layers))
+    assert [(r.stack, r.layer) for r in result.per_layer] == _layers(kind)
     assert all(r.passed and r.attn_max_abs <= 1e-5 and r.hidden_max_abs <= 1e-5 for r in result.per_layer)
-    assert [c.name for c in result.cases] == (DECODER_CASES if lm.causal else ENCODER_CASES)
+    expected = SEQ2SEQ_CASES if kind in SEQ2SEQ else DECODER_CASES if lm.causal else ENCODER_CASES
+    assert [c.name for c in result.cases] == expected
     assert lm.causal == (kind not in ENCODERS)
-    invariance = result.cases[[c.name for c in result.cases].index("padding-invariance")]
-    assert invariance.padding_max_abs is not None and invariance.padding_max_abs <= 1e-5
-    assert invariance.batching_noise is not None and invariance.batching_noise <= 1e-5
-    assert all(c.padding_max_abs is None for c in result.cases if c is not invariance)
-    # max-length: min(model limit, 1024) tokens; RoBERTa's 66-row table starts at pad_token_id + 1 = 1
-    positions = 65 if kind == "roberta" else 64
-    assert result.cases[-1].shape == [1, min(positions, lm.tokenizer.model_max_length)]
+    if kind not in SEQ2SEQ:
+        invariance = result.cases[[c.name for c in result.cases].index("padding-invariance")]
+        assert invariance.padding_max_abs is not None and invariance.padding_max_abs <= 1e-5
+        assert invariance.batching_noise is not None and invariance.batching_noise <= 1e-5
+        assert all(c.padding_max_abs is None for c in result.cases if c is not invariance)
+    # max-length: min(model limit, 1024) tokens; RoBERTa's 66-row table starts at pad_token_id + 1 = 1;
+    # ALiBi (BLOOM) and T5's relative bias have no position table: probe's documented fallback is 512
+    positions = 65 if kind == "roberta" else 512 if kind.startswith("bloom") or kind == "t5" else 64
+    assert result.cases[-1].shape[-1] == min(positions, lm.tokenizer.model_max_length)
     data = json.loads(json.dumps(result.to_json()))
     assert set(data) >= {"model", "passed", "max_abs_diff", "per_layer", "cases"}
-    assert data["passed"] is True and len(data["per_layer"]) == LAYERS
+    assert data["passed"] is True and len(data["per_layer"]) == len(_layers(kind))
 
 
 def _mutant_cases(lm):
     """The cheap cases that show every mutant: one sentence, padding on each side, padding invariance."""
+    if lm.spec.encoder_decoder:
+        return ["sentence", "right-padded"]
     if lm.causal:
         return ["sentence", "right-padded", "left-padded", "padding-invariance"]
     return ["sentence", "right-padded", "padding-invariance"]
@@ -108,8 +123,13 @@ def test_every_mutant_fails_where_it_applies(kind, mutant):
         result = verify(lm, mutant=mutant, cases=cases)  # changes nothing: passes, and says why
         assert result.passed and any("cannot change this model" in n for n in result.notes)
         return
-    if mutant == "no-scale" and kind == "gpt2-unscaled":
+    if mutant == "no-scale" and kind in ("gpt2-unscaled", "t5"):  # T5 does not scale its scores
         assert not applies and why == "the model does not scale its scores"
+        return
+    if mutant == "alibi-sign" and not kind.startswith("bloom"):
+        assert not applies and why == "the model has no ALiBi bias"
+        result = verify(lm, mutant=mutant, cases=cases)
+        assert result.passed and any("cannot change this model" in n for n in result.notes)
         return
     assert applies, why
     result = verify(lm, mutant=mutant, cases=cases)
@@ -118,8 +138,8 @@ def test_every_mutant_fails_where_it_applies(kind, mutant):
     assert result.max_abs_diff > 1e-3
     failed = {c.name for c in result.cases if not c.passed}
     if mutant == "no-padding-mask":  # only padded batches can show it
-        padded = "left-padded" if lm.causal else "right-padded"
-        assert failed == {padded, "padding-invariance"}
+        padded = "left-padded" if lm.causal and kind not in SEQ2SEQ else "right-padded"
+        assert failed == {padded} | ({"padding-invariance"} if "padding-invariance" in cases else set())
     else:
         assert "sentence" in failed
 

@@ -15,14 +15,17 @@ from . import main, user_errors
 from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .verify import verify_progress
 
-#: --text, --corpus, --pairs, --limit: what is analysed.
+#: --text, --corpus, --pairs, --generate, --limit: what is analysed.
 _input_options = stacked(
     click.option("--text", "-t", "texts", multiple=True, help="A sequence to analyze (repeatable)."),
     click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
                  help="Plain text (one sequence a line) or CoNLL-U (# text = lines)."),
     click.option("--pairs", type=click.Path(dir_okay=False, path_type=str), default=None,
-                 help="Sentence pairs, one a line, the two segments separated by a tab (the Kovaleva 'block' "
-                      "type needs two segments)."),
+                 help="Pairs, one a line, the two segments separated by a tab: sentence pairs for encoders (the "
+                      "Kovaleva 'block' type needs two segments), source and target for encoder-decoder models."),
+    click.option("--generate", type=click.IntRange(min=1), default=None, metavar="N",
+                 help="Encoder-decoder models: the model writes each source's target (greedy, at most N new "
+                      "tokens); the sources come from --text or --corpus."),
     limit_option("Use at most N sequences (with --coref/--syntax: N of each file)."),
 )
 
@@ -73,7 +76,7 @@ _annotation_options = stacked(
 @_annotation_options
 @placement_options
 @user_errors
-def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_length, out, force, examples,
+def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_size, max_length, out, force, examples,
                     thresholds, parse_special_tokens, run_verify, distance, map_sequences, circuits, health,
                     progress, coref, syntax_file, device, dtype, device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
@@ -90,6 +93,7 @@ def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_len
 
     from .. import distributed
     from ..analysis import analyze
+    from ..errors import InputError
     from ..models import load_model
     from ..patterns import pattern_accumulators
     from ..report import prepare_run_dir, write_run
@@ -98,6 +102,8 @@ def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_len
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     timings = {"startup_s": time.perf_counter() - started}
     t = time.perf_counter()
+    if generate is not None and pairs:
+        raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
     seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
     prepare_run_dir(out, model_name, force)  # fail before loading a model if the folder is taken
     timings["input_s"] = time.perf_counter() - t
@@ -107,8 +113,13 @@ def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_len
     timings["model_load_s"] = lm.load_seconds
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
     _announce(lm, seqs, source, world)
-    finished, skipped, seqs = _circuit_probe(lm, seqs, circuits and (world is None or world.main), timings)
-    extra = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
+    seq2seq = check_seq2seq_input(lm, generate, annotated)
+    finished, skipped, seqs = _circuit_probe(lm, seqs, circuits and not seq2seq and (world is None or world.main),
+                                             timings)
+    extra = [] if seq2seq else pattern_accumulators(lm, distance=distance, map_sequences=map_sequences,
+                                                     thresholds=health)
+    if seq2seq:
+        skipped.append(ONE_STACK_NOTE)
     if annotated is not None:
         # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
         extra += annotated.accumulators(lm, prior=world is None or world.main)
@@ -116,7 +127,7 @@ def analyze_command(model_name, texts, corpus, pairs, limit, batch_size, max_len
         result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
                          max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
                          parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
-                         reduce=distributed.reducer(world))
+                         reduce=distributed.reducer(world), generate=generate)
     if world is not None and not world.main:
         return  # rank 0 writes the one report
     timings["analyze_s"] = result.timings["analyze_s"]
@@ -163,8 +174,35 @@ def _announce(lm, seqs, source: str, world) -> None:
     how_many = f"{len(seqs)} sequences" if hasattr(seqs, "__len__") else "the sequences"
     share = (f", process {world.rank} of {world.size}: sequences {world.rank}, {world.rank + world.size}, ..."
              if world else "")
+    layers = lm.geometry.n_layers
+    if lm.spec.encoder_decoder:
+        layers = " + ".join(f"{sum(1 for s in lm.sites if s.stack == st and s.kind == 'self')} {st}"
+                            for st in ("encoder", "decoder"))
     click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
-               f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
+               f"{layers} layers x {lm.geometry.n_heads} heads", err=True)
+
+
+#: The note of an encoder-decoder run: what it does not measure.
+ONE_STACK_NOTE = ("head distances, groups, pattern types, padding checks and the circuit probe cover one-stack "
+                  "models; not run for this encoder-decoder model")
+
+
+def check_seq2seq_input(lm, generate, annotated) -> bool:
+    """Whether ``lm`` is an encoder-decoder model, after checking that the input fits it.
+
+    Raises:
+        InputError: --generate on another model; --coref/--syntax on an encoder-decoder model.
+    """
+    from ..errors import InputError
+
+    seq2seq = lm.spec.encoder_decoder
+    if generate is not None and not seq2seq:
+        raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
+                         "not one")
+    if seq2seq and annotated is not None:
+        raise InputError("--coref and --syntax score one-stack models (encoders, decoders); "
+                         f"{lm.name} is an encoder-decoder model")
+    return seq2seq
 
 
 def _circuit_probe(lm, seqs, wanted: bool, timings: dict):

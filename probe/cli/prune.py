@@ -95,6 +95,12 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
     head = {"mlm": "mlm", "classification": "classification", None: "auto"}.get(objective)
     lm = load_model(model_name, head=head)
     show = sys.stderr.isatty() if progress is None else progress
+    if save_to:
+        from ..errors import InputError
+        from ..pruning.removal import removal_unsupported
+
+        if removal_unsupported(lm):
+            raise InputError(f"--save-pruned: cannot remove heads: {removal_unsupported(lm)}")
     click.echo(f"Pruning {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on {len(seqs)} sequences "
                f"({source}): {', '.join(orders)}, {steps} steps to {fraction:.0%}", err=True)
     result, path = prune_run(lm, seqs, out=out, force=force, save_pruned_to=save_to, labels=label_list,
@@ -110,9 +116,10 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
         click.echo(f"{result.objective} ({result.unit}) on {result.split['held_out']} held-out sequences: "
                    f"{result.curves['value'].iloc[0]:.4g} unpruned; at {last['fraction'].iloc[0]:.0%} pruned: "
                    f"{', '.join(parts)}")
-        click.echo(f"pruned copy ({len(result.removed)} heads removed): {result.params_before:,} -> "
-                   f"{result.pruned_params:,} parameters, forward {result.speedup:.2f}x, "
-                   f"max |removed - gated| {result.max_abs_diff:.2g}")
+        if result.pruned_params is not None:  # None where heads cannot be removed (the notes say why)
+            click.echo(f"pruned copy ({len(result.removed)} heads removed): {result.params_before:,} -> "
+                       f"{result.pruned_params:,} parameters, forward {result.speedup:.2f}x, "
+                       f"max |removed - gated| {result.max_abs_diff:.2g}")
         click.echo(f"Report: {path / 'index.html'}")
         if save_to:
             click.echo(f"Pruned model: {save_to}")

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..errors import InputError
 from ..stats import STATISTICS
 
 #: heads.csv columns that are identifiers or arbitrary ids, never differenced.
@@ -95,9 +96,14 @@ def compare_runs(a, b) -> pd.DataFrame:
         (alignment and what is not comparable) and ``names`` (A's and B's model names).
 
     Raises:
-        InputError: a folder that is not a run folder.
+        InputError: a folder that is not a run folder, or a run of an encoder-decoder model.
     """
     a, b = as_result(a), as_result(b)
+    for run in (a, b):
+        if "stack" in run.heads:
+            raise InputError("probe compare covers runs of one-stack models (encoders, decoders); "
+                             f"{run.model.get('name', 'a run')} is an encoder-decoder model (compare its heads.csv "
+                             "by stack and kind)")
     (la, ha), (lb, hb) = geometry(a), geometry(b)
     layer_map = align_layers(la, lb)
     cols = compared_columns(a.heads, b.heads)

@@ -28,7 +28,7 @@ from .curves import ORDERS, Context, Curve, run_orders, schedule
 from .gates import gated, ones
 from .objectives import OBJECTIVES, default_objective, make_objective
 from .redundancy import nearest
-from .removal import parameter_count, remove_heads
+from .removal import parameter_count, removal_unsupported, remove_heads
 
 #: Fewest sequences in each part of the split.
 MIN_PART = 2
@@ -223,6 +223,10 @@ def _split_batches(lm, texts, labels, held_out: float, seed: int, batch_size: in
     return parts, batches
 
 
+#: The error of :func:`prune` on an encoder-decoder model.
+ONE_STACK_ONLY = "head pruning covers one-stack models (encoders, decoders); {} is an encoder-decoder model"
+
+
 def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labels: Sequence | None = None,
           orders: Sequence[str] = ORDERS, steps: int = 10, fraction: float = 0.5, seeds: int = 3,
           held_out: float = 0.5, split_seed: int = 0, batch_size: int = 16, max_length: int | None = None,
@@ -247,12 +251,14 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
         A :class:`PruneResult`.
 
     Raises:
-        InputError: unknown order or objective, steps < 1, fraction outside (0, 1), fewer than 3
-            seeds, a corpus too small to split, labels not aligned with the texts, an objective
-            the model cannot serve.
+        InputError: an encoder-decoder model, unknown order or objective, steps < 1, fraction
+            outside (0, 1), fewer than 3 seeds, a corpus too small to split, labels not aligned
+            with the texts, an objective the model cannot serve.
         ProbeError: the model's parameters are not floating point, or the gates get no gradient.
     """
     timings, t0 = {}, time.perf_counter()
+    if lm.spec.encoder_decoder:
+        raise InputError(ONE_STACK_ONLY.format(lm.name))
     orders = _validate(orders, steps, fraction, seeds, objective)
     (score_idx, eval_idx), (score, held) = _split_batches(lm, texts, labels, held_out, split_seed, batch_size,
                                                           max_length)
@@ -288,7 +294,9 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
         settings={"orders": orders, "steps": steps, "fraction": fraction, "seeds": seeds, "held_out": held_out,
                   "batch_size": batch_size, "max_length": max_length, "probes": probes},
         notes=list(state.notes))
-    if physical:
+    if physical and removal_unsupported(lm):
+        result.notes.append(f"heads not physically removed: {removal_unsupported(lm)}")
+    elif physical:
         t1 = time.perf_counter()
         pruned_lm = copy_model(lm)
         removal = remove_heads(pruned_lm, result.removed)

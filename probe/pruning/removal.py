@@ -195,6 +195,16 @@ class Removal:
     notes: list[str] = field(default_factory=list)
 
 
+def removal_unsupported(lm) -> str | None:
+    """Why heads cannot be physically removed from ``lm``, or None where they can."""
+    if lm.spec.encoder_decoder:
+        return f"{lm.name} is an encoder-decoder model (head removal covers one-stack models)"
+    if lm.spec.position_bias == "alibi":
+        return (f"{lm.name} adds ALiBi biases whose slopes the model computes from its head count: removing "
+                "heads would change the slopes of the heads that stay")
+    return None
+
+
 def remove_heads(lm, heads) -> Removal:
     """Physically remove heads from ``lm`` (in place), in the original numbering.
 
@@ -209,9 +219,12 @@ def remove_heads(lm, heads) -> Removal:
         A :class:`Removal` (parameter counts and notes on grouped key/value heads and placeholders).
 
     Raises:
-        InputError: a layer/head out of range, or a head that was already removed (never silently
-            shifted to another head).
+        InputError: a layer/head out of range, a head that was already removed (never silently
+            shifted to another head), or a model heads cannot be removed from (:func:`removal_unsupported`).
     """
+    why = removal_unsupported(lm)
+    if why is not None:
+        raise InputError(f"cannot remove heads: {why}")
     g = lm.geometry
     todo = normalize_heads(heads, g.n_layers, g.n_heads)
     current = lm.pruned if lm.pruned is not None else PrunedHeads.unpruned(g.n_layers, g.n_heads, g.n_kv_heads)

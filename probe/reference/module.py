@@ -6,15 +6,16 @@ variant (:mod:`probe.reference.mutants`) overrides exactly one of them.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ..architectures import ArchSpec, head_geometry
+from ..architectures import ArchSpec, SiteSpec, head_geometry, site_spec
 from ..errors import ProbeError
-from ..sites import causal_keep
+from ..sites import Site, causal_keep
 from .op import MaskError, as_keep_mask, attention
+from .position_bias import alibi_bias, alibi_slopes, t5_bias
 from .rotary import Rope, apply_rope
 
 
@@ -30,11 +31,21 @@ class ForwardContext:
         active: a forward pass of the swapped model is running.
         attention_mask: [batch, past + T] keep-mask (bool) of the current pass, or None (no padding).
         position_ids: [batch, T] (or [1, T]) positions, or None (then counted from the cache).
+        masks: encoder-decoder models: keep-masks by stack (``"encoder"``, ``"decoder"``) and of the
+            source as the decoder's cross-attention reads it (``"source"``).
     """
 
     active: bool = False
     attention_mask: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
+    masks: dict = field(default_factory=dict)
+
+    def padding(self, site: Site | None) -> torch.Tensor | None:
+        """The keep-mask of the keys a site reads: its stack's own, or the source's for
+        cross-attention (encoder-decoder models record one per stack in ``masks``)."""
+        if site is not None and self.masks:
+            return self.masks.get("source" if site.kind == "cross" else site.stack)
+        return self.attention_mask
 
 
 class ReferenceAttention(nn.Module):
@@ -61,23 +72,31 @@ class ReferenceAttention(nn.Module):
     mutant: str | None = None
 
     def __init__(self, original: nn.Module, spec: ArchSpec, config, layer_idx: int,
-                 context: ForwardContext | None = None) -> None:
+                 context: ForwardContext | None = None, *, site: Site | None = None,
+                 bias_table: nn.Module | None = None) -> None:
         super().__init__()
         geo = head_geometry(config)
-        self.spec, self.config, self.layer_idx = spec, config, layer_idx
+        self.spec, self.config, self.layer_idx, self.site = spec, config, layer_idx, site
+        self.paths: SiteSpec = site_spec(spec, site) if site is not None else spec.site_specs[0]
         self.d_head, self.d_model = geo.d_head, geo.d_model
         self.context = context if context is not None else ForwardContext()
         self.notes: list[str] = []
         self._signature = inspect.signature(original.forward)
+        self.is_cross = self.paths.kind == "cross"
+        self._bias_table = [bias_table]  # T5: the stack's relative position bias (a list: not a child here)
 
         # The original projections (and q/k norms), by reference, under their original attribute names.
         self._names: dict[str, str] = {}
         for role in ("q", "k", "v", "qkv", "o", "q_norm", "k_norm"):
-            rel = spec.relative(getattr(spec, role))
+            path = getattr(self.paths, role, None) if role not in ("q_norm", "k_norm") else getattr(spec, role)
+            rel = self.paths.relative(path)
             if rel is not None:
                 name = rel.replace(".", "_")
                 self.add_module(name, original.get_submodule(rel))
                 self._names[role] = name
+        for name, child in original.named_children():  # any other weights (T5's bias table) keep their names
+            if name not in self._modules and any(True for _ in child.parameters()):
+                self.add_module(name, child)
         self.n_head, self.n_kv_head = self._head_counts(original, config)
 
         self.scale = spec.scaling(config, self.d_head, layer_idx)  # multiplier of q k^T
@@ -85,11 +104,12 @@ class ReferenceAttention(nn.Module):
         if isinstance(own, float) and abs(own - self.scale) > 1e-6 * abs(self.scale):
             self.notes.append(f"layer {layer_idx}: the model's own scaling attribute {own} differs from "
                               f"the architecture's rule {self.scale}")
-        self.is_causal = spec.causal
-        self.window = spec.window(config, layer_idx)
+        self.is_causal = self.paths.causal
+        self.window = None if self.is_cross else spec.window(config, layer_idx)
         self.softmax_dtype = spec.softmax_dtype
         self.upcast = spec.upcast(config)
         self.softcap = spec.softcap(config)
+        self.slopes = alibi_slopes(self.n_head) if spec.position_bias == "alibi" else None
         self.rope = None
         if spec.rotary:
             self.rope = Rope.from_config(spec.rope(config, layer_idx), self.d_head,
@@ -121,9 +141,22 @@ class ReferenceAttention(nn.Module):
 
     # -- the steps, in forward order ----------------------------------------------------------------
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [batch, T, d_model] -> q [batch, heads, T, d_head], k, v [batch, kv_heads, T, d_head]."""
+    def project(self, x: torch.Tensor, source: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """x [batch, T, d_model] -> q [batch, heads, T, d_head], k, v [batch, kv_heads, T, d_head].
+
+        Cross-attention: q from ``x``, k and v from ``source`` [batch, S, d_model] (the encoder's
+        output) -> [batch, heads, S, d_head], or None when the cache already holds them.
+        """
         B, T, _ = x.shape
+        if self.is_cross:  # separate projections (BART, Marian, T5)
+            q = self._module("q")(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)  # (B, nh, T, hs)
+            if source is None:
+                return q, None, None
+            S = source.shape[1]
+            k = self._module("k")(source).view(B, S, self.n_kv_head, self.d_head).transpose(1, 2)  # (B, nkv, S, hs)
+            v = self._module("v")(source).view(B, S, self.n_kv_head, self.d_head).transpose(1, 2)
+            return q, k, v
         nh, nkv, hs = self.n_head, self.n_kv_head, self.d_head
         layout = self.spec.qkv_layout
         if layout == "conv1d":  # GPT-2: x @ W[in, 3*nh*hs] + b, q | k | v along the last dim
@@ -167,6 +200,25 @@ class ReferenceAttention(nn.Module):
         """The multiplier of q k^T: the architecture's rule (1/sqrt(d_head), Vaswani et al. sec. 3.2.1)."""
         return self.scale
 
+    def position_bias(self, n_query: int, n_key: int, past: int, key_positions: torch.Tensor | None,
+                      device) -> torch.Tensor | None:
+        """A bias added to the scores, [batch|1, heads, query|1, key], or None: ALiBi's m_h * j
+        (BLOOM; j = the key's position among the real tokens) or T5's learned bias of the bucket of
+        j - i (self-attention only; its table lives in the stack's first layer)."""
+        if self.slopes is not None:
+            if key_positions is None:
+                key_positions = torch.arange(n_key, device=device)[None]  # (1, Tk)
+            return alibi_bias(self.slopes.to(device), key_positions, self.alibi_sign)
+        table = self._bias_table[0]
+        if self.spec.position_bias == "t5" and not self.is_cross and table is not None:
+            c = self.config
+            return t5_bias(table.weight, n_query, n_key, past, not self.is_causal,
+                           c.relative_attention_num_buckets, c.relative_attention_max_distance)
+        return None
+
+    #: +1: ALiBi as published; the ``alibi-sign`` mutant flips it.
+    alibi_sign: float = 1.0
+
     def causal_mask(self, n_query: int, n_key: int, device) -> torch.Tensor | None:
         """[query, key] keep-mask of the site's causality and sliding window (None for encoders)."""
         if not self.is_causal:
@@ -197,11 +249,11 @@ class ReferenceAttention(nn.Module):
         return {**bound, **extra}
 
     def _padding_keep(self, kw: dict, batch: int, n_key: int) -> torch.Tensor | None:
-        """[batch, key] boolean keep-mask of the current pass, or None."""
+        """[batch, key] boolean keep-mask of the keys this site reads in the current pass, or None."""
         mask = kw.get("padding_mask")
         if mask is None and self.context.active:
-            mask = self.context.attention_mask
-        elif mask is None and kw.get("attention_mask") is not None:
+            mask = self.context.padding(self.site)
+        elif mask is None and (kw.get("attention_mask") is not None or kw.get("mask") is not None):
             raise MaskError("the reference attention builds its own causal mask and needs the 2D padding mask: "
                             "run it through the model inside swap_attention(), or pass padding_mask=[batch, key]")
         if mask is None:
@@ -210,39 +262,70 @@ class ReferenceAttention(nn.Module):
         if keep.dim() != 2 or keep.shape != (batch, n_key):
             raise MaskError(f"padding mask of shape {tuple(mask.shape)} does not cover the {n_key} keys of "
                             f"batch {batch} (with a key/value cache it must cover the cached and the new tokens)")
-        return None if bool(keep.all()) else keep  # no padding: nothing to mask
+        return keep
 
-    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        kw = self._arguments(hidden_states, args, kwargs)
-        if kw.get("encoder_hidden_states") is not None:
-            raise ProbeError("cross-attention (encoder_hidden_states) is not supported by the reference attention")
+    def _caches(self, kw: dict):
+        """(the cache this site updates or reads, whether it already holds this cross-attention's
+        keys and values, the whole cache object)."""
         cache = next((kw[n] for n in self.spec.cache_kwargs if kw.get(n) is not None), None)
-        if cache is not None and hasattr(cache, "self_attention_cache"):
-            cache = cache.self_attention_cache  # EncoderDecoderCache: the self-attention half
-        B, T, _ = hidden_states.shape  # batch, new tokens, d_model
-        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0  # tokens already cached
+        if cache is None or not hasattr(cache, "self_attention_cache"):
+            return cache, False, cache
+        if self.is_cross:  # EncoderDecoderCache: the static cross-attention half, filled once
+            return cache.cross_attention_cache, bool(cache.is_updated.get(self.layer_idx)), cache
+        return cache.self_attention_cache, False, cache
 
-        q, k, v = self.project(hidden_states)  # (B, nh, T, hs), (B, nkv, T, hs), (B, nkv, T, hs)
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple:
+        kw = self._arguments(hidden_states, args, kwargs)
+        source = kw.get("key_value_states", kw.get("encoder_hidden_states"))
+        if self.is_cross and source is None:
+            raise ProbeError(f"cross-attention site {self.site} called without the encoder's output")
+        if not self.is_cross and source is not None:
+            raise ProbeError("keys and values from another sequence were passed to a self-attention site")
+        cache, reuse, whole = self._caches(kw)
+        B, T, _ = hidden_states.shape  # batch, new tokens, d_model
+        past = 0 if cache is None or self.is_cross else cache.get_seq_length(self.layer_idx)  # tokens cached
+
+        # 1. project and split into heads; rotary positions; key/value cache
+        q, k, v = self.project(hidden_states, None if reuse else source)  # (B, nh, T, hs), (B, nkv, Tk, hs) x2
         q, k = self.normalize(q, k)
         positions = kw.get("position_ids")
         if positions is None and self.context.active:
             positions = self.context.position_ids
         if positions is None:
             positions = torch.arange(past, past + T, device=q.device)[None]  # (1, T)
-        q, k = self.rotate(q, k, positions)
-        if cache is not None:
+        if not self.is_cross:
+            q, k = self.rotate(q, k, positions)
+        if reuse:  # cross-attention after the first step: the encoder's keys and values from the cache
+            k, v = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        elif cache is not None:
             k, v = cache.update(k, v, self.layer_idx)  # (B, nkv, Tk, hs), Tk = past + T
+            if self.is_cross:
+                whole.is_updated[self.layer_idx] = True
         Tk = k.size(-2)  # a sliding-window cache returns only the last Tk <= past + T positions
         k, v = self.repeat_kv(k), self.repeat_kv(v)  # (B, nh, Tk, hs)
 
-        padding = self.padding_mask(self._padding_keep(kw, B, past + T))  # (B, past + T) or None
+        # 2. which keys each query may see, and a position bias on the scores
+        n_keys = Tk if self.is_cross else past + T
+        padding = self._padding_keep(kw, B, n_keys)  # (B, n_keys) or None
+        key_positions = None if padding is None else ((padding.long().cumsum(-1) - 1) * padding)[:, -Tk:]
+        padding = self.padding_mask(None if padding is None or bool(padding.all()) else padding)
         keep = None if padding is None else padding[:, -Tk:][:, None, None, :]  # (B, 1, 1, Tk)
         tri = self.causal_mask(T, Tk, q.device)  # (T, Tk) or None
         if tri is not None:
             keep = tri[None, None] if keep is None else keep & tri  # (B|1, 1, T, Tk)
+        bias = self.position_bias(T, Tk, past, key_positions, q.device)  # (B|1, nh, T|1, Tk) or None
+        if bias is not None and not self.upcast:
+            bias = bias.to(q.dtype)
+
+        # 3. softmax(q k^T * scale + bias, masked) v; merge heads; output projection
         y, probs = attention(q, k, v, mask=keep, scale=self.score_scale(), softmax_dtype=self.softmax_dtype,
-                             upcast=self.upcast, softcap=self.softcap)  # (B, nh, T, hs), (B, nh, T, Tk)
+                             upcast=self.upcast, softcap=self.softcap, bias=bias,
+                             fused_bias=self.spec.position_bias == "alibi")  # (B, nh, T, hs), (B, nh, T, Tk)
         y = self.merge(y)  # (B, T, nh*hs)
         if "o" in self._names:
             y = self._module("o")(y)  # (B, T, d_model)
+        if self.spec.residual_in_attention:
+            y = y + kw["residual"]  # BLOOM adds the residual inside its attention module
+        if self.spec.probs_index == 2:  # T5: (output, position bias handed to the next layer, probs)
+            return y, (bias if bias is not None else torch.zeros(1, self.n_head, T, Tk, dtype=y.dtype)), probs
         return y, probs

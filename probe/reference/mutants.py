@@ -72,10 +72,18 @@ class MergeWithoutTranspose(ReferenceAttention):
         return y.reshape(B, T, nh * hs)  # mixes tokens and heads
 
 
+class AlibiSign(ReferenceAttention):
+    """ALiBi's bias added with the wrong sign: distant keys favoured instead of penalised."""
+
+    mutant = "alibi-sign"
+    alibi_sign = -1.0
+
+
 #: name -> (what is wrong, the class).
 MUTANTS: dict[str, tuple[str, type[ReferenceAttention]]] = {
     cls.mutant: (cls.__doc__.strip().splitlines()[0], cls)
-    for cls in (ScaleDModel, NoScale, NoPaddingMask, NoCausalMask, MergeWithoutTranspose, CausalInverted)
+    for cls in (ScaleDModel, NoScale, NoPaddingMask, NoCausalMask, MergeWithoutTranspose, CausalInverted,
+                AlibiSign)
 }
 
 _CAUSAL = ("no-causal-mask", "causal-inverted")
@@ -107,8 +115,10 @@ def mutant_applies(name: str, model_or_lm) -> tuple[bool, str]:
     model = getattr(model_or_lm, "model", model_or_lm)
     config = model.config
     spec = get_spec(config)
-    if name in _CAUSAL and not spec.causal:
+    if name in _CAUSAL and not any(s.causal for s in spec.site_specs):
         return False, f"{name} applies to decoders only"
+    if name == "alibi-sign" and spec.position_bias != "alibi":
+        return False, "the model has no ALiBi bias"
     if name == "no-scale":
         geo = head_geometry(config)
         if all(spec.scaling(config, geo.d_head, i) == 1.0 for i in range(geo.n_layers)):

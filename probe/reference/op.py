@@ -80,7 +80,8 @@ def broadcast_keep(mask: torch.Tensor, batch: int, n_heads: int, n_query: int, n
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               causal: bool = False, scale: float | None = None, *, window: int | None = None,
               softmax_dtype: torch.dtype | None = None, upcast: bool = False,
-              softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              softcap: float | None = None, bias: torch.Tensor | None = None,
+              fused_bias: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention: ``probs = softmax(q k^T * scale, masked)``, ``out = probs v``.
 
     Args:
@@ -94,6 +95,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         softmax_dtype: dtype the softmax runs in (LLaMA-style models: float32); default the scores'.
         upcast: scores and softmax in float32 (GPT-2's ``reorder_and_upcast_attn``).
         softcap: scores become ``softcap * tanh(scores / softcap)`` before masking (Gemma 2).
+        bias: added to the scores before masking, broadcastable to [batch, heads, query, key]
+            (ALiBi, T5's relative position bias).
+        fused_bias: compute ``bias + scale * q k^T`` in one batched GEMM (``baddbmm``), as BLOOM's
+            eager path does (the same value; rounding as the original's).
 
     Returns:
         ``(out, probs)``: out [batch, heads, query, d_head] and probs [batch, heads, query, key], both
@@ -125,9 +130,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
     if upcast:
         q, k = q.float(), k.float()
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, Tq, hs) x (B, nh, hs, Tk) -> (B, nh, Tq, Tk)
+    if bias is not None and fused_bias:  # bias + scale * q k^T in one GEMM, (B*nh, Tq, Tk)
+        full = bias.expand(B, nh, Tq, Tk).reshape(B * nh, Tq, Tk)
+        scores = torch.baddbmm(full, q.reshape(B * nh, Tq, hs), k.reshape(B * nh, Tk, hs).transpose(1, 2),
+                               beta=1.0, alpha=scale).view(B, nh, Tq, Tk)
+        bias = None
+    else:
+        scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, Tq, hs) x (B, nh, hs, Tk) -> (B, nh, Tq, Tk)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias  # position bias (ALiBi, T5)
     if keep is not None:
         scores = scores.masked_fill(~keep, -math.inf)  # set, not added: cannot overflow (F06, F19)
     probs = F.softmax(scores, dim=-1, dtype=softmax_dtype).to(v.dtype)  # (B, nh, Tq, Tk), rows sum to 1

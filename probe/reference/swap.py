@@ -1,4 +1,4 @@
-"""``swap_attention``: put :class:`ReferenceAttention` into every layer, reversibly."""
+"""``swap_attention``: put :class:`ReferenceAttention` into every attention site, reversibly."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..architectures import attention_path, base_model, get_spec, layer_modules
+from ..architectures import base_model, get_spec, site_spec, sites
 from ..hooks import Hooks
 from .module import ForwardContext, ReferenceAttention
 from .mutants import mutant_class
@@ -21,8 +21,8 @@ class Swapped:
     """What :func:`swap_attention` put in place.
 
     Attributes:
-        modules: the :class:`ReferenceAttention` of every layer, in order.
-        originals: the original attention modules, in order (restored on exit).
+        modules: the :class:`ReferenceAttention` of every site, in forward order (``lm.sites``).
+        originals: the original attention modules, in the same order (restored on exit).
         context: the shared :class:`ForwardContext`.
         notes: anything worth knowing about the swap (e.g. a model in train mode).
     """
@@ -45,14 +45,59 @@ def _binder(module: nn.Module):
     return bind
 
 
+def _checked_mask(arguments: dict) -> object:
+    """The 2D keep-mask of a stack's forward call (or None), its length checked against the keys."""
+    mask = arguments.get("attention_mask")
+    if mask is None:
+        return None
+    new = next((arguments[n] for n in ("input_ids", "inputs_embeds") if arguments.get(n) is not None), None)
+    cache = next((arguments[n] for n in ("cache", "past_key_values") if arguments.get(n) is not None), None)
+    past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+    if mask.dim() != 2:
+        raise MaskError(f"the reference attention takes a 2D [batch, key] padding mask; got shape "
+                        f"{tuple(mask.shape)} (it builds the causal mask itself)")
+    if new is not None and mask.shape[1] != past + new.shape[1]:
+        raise MaskError(f"attention_mask has {mask.shape[1]} columns but the keys are {past + new.shape[1]} "
+                        f"({past} cached + {new.shape[1]} new tokens); pass a mask covering the cached and "
+                        "new tokens")
+    return as_keep_mask(mask)
+
+
+def _stack_hooks(context: ForwardContext, spec, stack: str, module: nn.Module):
+    """(pre, post) forward hooks of one stack's module: the pre-hook records the pass's padding
+    keep-masks (for a decoder also the source's) and ``position_ids`` into ``context``; the
+    post-hook clears them."""
+    bind = _binder(module)
+
+    def pre_hook(mod, args, kwargs):
+        arguments = bind(args, kwargs)
+        mask = _checked_mask(arguments)
+        if spec.encoder_decoder:
+            context.masks[stack] = mask
+            if stack == "decoder":
+                source = arguments.get("encoder_attention_mask")
+                context.masks["source"] = None if source is None else as_keep_mask(source)
+        else:
+            context.attention_mask = mask
+        context.position_ids = arguments.get("position_ids")
+        context.active = True
+
+    def post_hook(mod, args, kwargs, output):
+        context.active = False
+        context.attention_mask = context.position_ids = None
+        context.masks.clear()
+    return pre_hook, post_hook
+
+
 @contextmanager
 def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | None = None) -> Iterator[Swapped]:
-    """Context manager: every layer's attention module replaced by a :class:`ReferenceAttention`.
+    """Context manager: every attention site's module replaced by a :class:`ReferenceAttention`.
 
     Inside the context, forward passes of the model (also ``generate``) run the from-scratch
-    attention; the weights are untouched (the reference modules hold the original projection
-    modules). A forward pre-hook on the base model records the 2D padding keep-mask
-    ([batch, past + T]) and ``position_ids`` of each pass into a shared :class:`ForwardContext`.
+    attention; the weights are untouched (the reference modules hold the original modules). A
+    forward pre-hook on each stack (the base model, or the encoder and decoder of an
+    encoder-decoder model) records the 2D padding keep-masks ([batch, past + T]; for the decoder
+    also the source's) and ``position_ids`` of each pass into a shared :class:`ForwardContext`.
     On exit, also on exceptions, the originals are back and the hooks gone.
 
     Args:
@@ -75,48 +120,35 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
     cls = mutant_class(mutant)
     context = ForwardContext()
     base = base_model(model)
-    bind = _binder(base)
-
-    def pre_hook(module, args, kwargs):
-        arguments = bind(args, kwargs)
-        mask = arguments.get("attention_mask")
-        new = next((arguments[n] for n in ("input_ids", "inputs_embeds") if arguments.get(n) is not None), None)
-        cache = next((arguments[n] for n in ("cache", "past_key_values") if arguments.get(n) is not None), None)
-        past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
-        if mask is not None:
-            if mask.dim() != 2:
-                raise MaskError(f"the reference attention takes a 2D [batch, key] padding mask; got shape "
-                                f"{tuple(mask.shape)} (it builds the causal mask itself)")
-            if new is not None and mask.shape[1] != past + new.shape[1]:
-                raise MaskError(f"attention_mask has {mask.shape[1]} columns but the keys are {past + new.shape[1]} "
-                                f"({past} cached + {new.shape[1]} new tokens); pass a mask covering the cached and "
-                                "new tokens")
-            mask = as_keep_mask(mask)
-        context.attention_mask = mask
-        context.position_ids = arguments.get("position_ids")
-        context.active = True
-
-    def post_hook(module, args, kwargs, output):
-        context.active = False
-        context.attention_mask = context.position_ids = None
-
-    layers = layer_modules(model, spec)
-    parent_path, name = attention_path(spec)
-    originals = [layer.get_submodule(spec.attention) for layer in layers]
-    modules = [cls(orig, spec, model.config, i, context) for i, orig in enumerate(originals)]
+    originals, modules, parents = [], [], []
+    for site in sites(model.config):
+        paths = site_spec(spec, site)
+        layer = base.get_submodule(paths.layers)[site.layer]
+        original = layer.get_submodule(paths.attention)
+        table = None
+        if spec.relative_bias is not None and site.kind == "self":
+            table = base.get_submodule(paths.layers)[0].get_submodule(spec.relative_bias)
+        originals.append(original)
+        modules.append(cls(original, spec, model.config, site.layer, context, site=site, bias_table=table))
+        parent_path, _, name = paths.attention.rpartition(".")
+        parents.append((layer.get_submodule(parent_path) if parent_path else layer, name))
     notes = sorted({n.split(": ", 1)[1] for m in modules for n in m.notes})
     if model.training:
         notes.append("the model is in train mode; the reference attention applies no dropout")
     own = hooks is None
     hooks = Hooks() if own else hooks
     try:
-        hooks.forward_pre(base, pre_hook, with_kwargs=True)
-        hooks.forward(base, post_hook, with_kwargs=True, always_call=True)
-        for layer, module in zip(layers, modules):
-            hooks.replace(layer.get_submodule(parent_path) if parent_path else layer, name, module)
+        for stack in dict.fromkeys(s.stack_module for s in spec.site_specs):
+            stack_module = base.get_submodule(stack) if stack else base
+            pre, post = _stack_hooks(context, spec, stack or spec.stack, stack_module)
+            hooks.forward_pre(stack_module, pre, with_kwargs=True)
+            hooks.forward(stack_module, post, with_kwargs=True, always_call=True)
+        for (parent, name), module in zip(parents, modules):
+            hooks.replace(parent, name, module)
         yield Swapped(modules, originals, context, notes)
     finally:
         if own:
             hooks.remove()
         context.active = False
         context.attention_mask = context.position_ids = None
+        context.masks.clear()

@@ -26,7 +26,7 @@ import numpy as np
 from ..analysis import AnalysisResult, versions
 from ..classify import LABEL_RULES, MIXED, REMOVED
 from ..errors import InputError
-from ..stats import STATISTICS
+from ..stats import CROSS_STATISTICS, STATISTICS
 from ..tokens import display_tokens
 
 #: Colors of the primary labels in the layer x head grid (colour-blind-safe Okabe-Ito palette + greys).
@@ -106,6 +106,8 @@ def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> 
     """Heads to draw: the strongest head of each primary label (statistic / threshold), then the
     most focused ``mixed`` head. Returns (layer, head, label, reason) tuples."""
     heads = result.heads
+    if "stack" in heads:  # encoder-decoder: the examples' maps here are the encoder's (cross-attention has its section)
+        heads = heads[(heads["stack"] == "encoder") & (heads["kind"] == "self")]
     chosen = []
     for label, (stat, _) in LABEL_RULES.items():
         rows = heads[heads["label"] == label]
@@ -153,27 +155,76 @@ def run_record(result: AnalysisResult, extra: dict | None = None) -> dict:
     return rec
 
 
+#: Site kinds of an encoder-decoder model, in page order, with their titles.
+SITE_GROUPS = {("encoder", "self"): "encoder self-attention", ("decoder", "self"): "decoder self-attention",
+               ("decoder", "cross"): "cross-attention (decoder queries, encoder keys)"}
+
+#: Short names of the site kinds in figure titles.
+GROUP_SHORT = {title: short for title, short in zip(SITE_GROUPS.values(), ("enc self", "dec self", "cross"))}
+
+
+def site_groups(heads) -> list[tuple[str | None, str, object]]:
+    """(title, id, rows) per kind of site: one group (title None) for a one-stack model, else one
+    per (stack, kind) of :data:`SITE_GROUPS` (an encoder-decoder model's ``heads`` has ``stack``
+    and ``kind`` columns)."""
+    if "stack" not in heads:
+        return [(None, "", heads)]
+    out = []
+    for (stack, kind), title in SITE_GROUPS.items():
+        rows = heads[(heads["stack"] == stack) & (heads["kind"] == kind)]
+        if not rows.empty:
+            out.append((title, f"{stack}-{kind}-", rows))
+    return out
+
+
 def _stat_figures(heads) -> tuple[dict, list[dict]]:
-    """One layer x head heatmap per statistic (data for the page's canvas renderer)."""
-    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    """One layer x head heatmap per statistic and kind of site (data for the page's canvas renderer);
+    an encoder-decoder model's groups leave out what their kind does not define."""
     figures, blocks = {}, []
-    for stat in STATISTICS:
-        grid = heads.pivot(index="layer", columns="head", values=stat).to_numpy(dtype=float)
-        title = f"{stat} ({UNITS[stat]})" if stat in UNITS else stat
-        if np.isnan(grid).all():
-            blocks.append({"id": None, "title": title})
-            continue
-        vmax = float(np.nanmax(grid)) if stat in UNITS else 1.0
-        fid = f"stat-{stat}"
-        figures[fid] = {
-            "rows": n_layers, "cols": n_heads, "scale": 10000, "vmin": 0.0, "vmax": vmax or 1.0,
-            "cmap": "viridis", "title": title, "unit": UNITS.get(stat, ""),
-            "values": [None if math.isnan(v) else int(round(v * 10000)) for v in grid.ravel()],
-            "rowLabels": [str(i) for i in range(n_layers)], "colLabels": [str(i) for i in range(n_heads)],
-            "xLabel": "head", "yLabel": "layer",
-        }
-        blocks.append({"id": fid, "title": title})
+    for group, prefix, rows in site_groups(heads):
+        for stat in [s for s in (*STATISTICS, *CROSS_STATISTICS) if s in rows]:
+            fig = _stat_figure(rows, stat, group)
+            if fig is None:
+                if group is None:
+                    blocks.append({"id": None, "title": f"{stat} ({UNITS[stat]})" if stat in UNITS else stat})
+                continue
+            figures[f"stat-{prefix}{stat}"] = fig
+            blocks.append({"id": f"stat-{prefix}{stat}", "title": fig["title"]})
     return figures, blocks
+
+
+def _stat_figure(heads, stat: str, group: str | None) -> dict | None:
+    """The layer x head heatmap of one statistic, or None where no head has a value."""
+    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    grid = heads.pivot(index="layer", columns="head", values=stat).to_numpy(dtype=float)
+    title = f"{stat} ({UNITS[stat]})" if stat in UNITS else stat
+    if group is not None:  # short: the title must fit a small grid's canvas
+        title = f"{GROUP_SHORT.get(group, group)}: {title}"
+    if np.isnan(grid).all():
+        return None
+    vmax = float(np.nanmax(grid)) if stat in UNITS else 1.0
+    return {
+        "rows": n_layers, "cols": n_heads, "scale": 10000, "vmin": 0.0, "vmax": vmax or 1.0,
+        "cmap": "viridis", "title": title, "unit": UNITS.get(stat, ""),
+        "values": [None if math.isnan(v) else int(round(v * 10000)) for v in grid.ravel()],
+        "rowLabels": [str(i) for i in range(n_layers)], "colLabels": [str(i) for i in range(n_heads)],
+        "xLabel": "head", "yLabel": "layer",
+    }
+
+
+def _label_grid(heads, n_heads: int) -> list[list[dict | None]]:
+    """[layer][head] cells of the primary-label grid (colour, short label, statistics as a tip)."""
+    grid = [[None] * n_heads for _ in range(int(heads["layer"].max()) + 1)]
+    stats = [s for s in (*STATISTICS, *CROSS_STATISTICS) if s in heads]
+    for row in heads.to_dict("records"):
+        tip = "; ".join(f"{s}={_fmt(row[s])}" for s in stats if _fmt(row[s]))
+        grid[int(row["layer"])][int(row["head"])] = {
+            "label": row["label"], "labels": row["labels"],
+            "color": LABEL_COLORS.get(label_family(row["label"]), "#fff"),
+            "short": LABEL_SHORT.get(label_family(row["label"]), ""),
+            "tip": f"L{int(row['layer'])} H{int(row['head'])}: {row['labels']} | {tip}",
+        }
+    return grid
 
 
 def _attention_figures(result: AnalysisResult, tokenizer) -> tuple[dict, list[dict]]:
@@ -230,25 +281,17 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
 
     sections = build_sections(result, tokenizer) if sections is None else sections
     heads = result.heads
-    n_layers, n_heads = result.model["layers"], result.model["heads"]
-    grid = [[None] * n_heads for _ in range(n_layers)]
-    for row in heads.to_dict("records"):
-        tip = "; ".join(f"{s}={_fmt(row[s])}" for s in STATISTICS if _fmt(row[s]))
-        grid[int(row["layer"])][int(row["head"])] = {
-            "label": row["label"], "labels": row["labels"],
-            "color": LABEL_COLORS.get(label_family(row["label"]), "#fff"),
-            "short": LABEL_SHORT.get(label_family(row["label"]), ""),
-            "tip": f"L{int(row['layer'])} H{int(row['head'])}: {row['labels']} | {tip}",
-        }
+    grids = [{"title": title, "rows": _label_grid(rows, result.model["heads"])}
+             for title, _, rows in site_groups(heads)]
     families: dict[str, int] = {}
     for label, n in result.label_counts().items():
         families[label_family(label)] = families.get(label_family(label), 0) + n
     stat_figs, stat_blocks = _stat_figures(heads)
     attn_figs, attn_blocks = _attention_figures(result, tokenizer)
-    table_cols = list(heads.columns)  # layer, head, labels, statistics, what analyses added, cluster/group
+    table_cols = list(heads.columns)  # [stack, kind,] layer, head, labels, statistics, added columns, cluster
     table = [[_fmt(row[c]) for c in table_cols] for row in heads.to_dict("records")]
     return _environment().get_template("report.html.j2").render(
-        result=result, record=record, grid=grid, csp=CSP,
+        result=result, record=record, grids=grids, csp=CSP,
         colors={k: v for k, v in LABEL_COLORS.items() if k not in OPTIONAL_LABELS or families.get(k)},
         label_counts=families, stat_blocks=stat_blocks, attn_blocks=attn_blocks,
         table_cols=table_cols, table=table, verification=verification,

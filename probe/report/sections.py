@@ -42,6 +42,7 @@ class Section:
 #: Section builders, ``"module:function"``; each is called as ``fn(result, tokenizer)`` and returns
 #: a :class:`Section` or None.
 BUILDERS: list[str] = [
+    "probe.report.cross:cross_attention_section",
     "probe.view.section:head_view_section",
     "probe.linguistic.report:coref_section",
     "probe.linguistic.report:syntax_section",

@@ -1,24 +1,13 @@
-"""Per-architecture knowledge: the only module that knows Hugging Face attribute paths and behaviour.
-
-Every supported ``model_type`` maps to one :class:`ArchSpec` saying where the transformer layers,
-the attention module (the module whose ``forward`` returns ``(attn_output, attn_probs)``), the
-query/key/value projections and the output projection live, and how the architecture computes
-attention: its score scale, softmax precision, sliding windows, rotary layout, logit soft-capping,
-query/key norms, position offset, and the module attributes that hold head counts (for pruning).
-Everything else in ``probe`` asks this module instead of branching on the family, so adding an
-architecture is one entry in :data:`SPECS` (plus a tiny-model test).
-"""
+"""The architecture spec: :class:`ArchSpec` (one per ``model_type``), :class:`SiteSpec` (one per
+kind of site of a stack) and the behaviour rules their fields point at (score scale, windows,
+rotary settings, softcap, position offset)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
-from torch import nn
-
-from .errors import UnsupportedArchitectureError
-from .sites import Site
 
 #: How the query/key/value projections are stored (see :attr:`ArchSpec.qkv_layout`).
 QKV_LAYOUTS = ("separate", "conv1d", "per_head", "stacked")
@@ -115,6 +104,51 @@ def _roberta_offset(config) -> int:
 
 
 @dataclass(frozen=True)
+class SiteSpec:
+    """Where one kind of attention site lives: a layer list and, in each layer, an attention module.
+
+    Paths: ``layers`` and ``stack_module`` are relative to the base model; every other path is
+    relative to one layer.
+
+    Attributes:
+        stack: ``"encoder"`` or ``"decoder"`` (:class:`~probe.sites.Site`).
+        kind: ``"self"`` or ``"cross"`` (queries from the decoder, keys and values from the encoder).
+        layers: path of the ``nn.ModuleList`` of this stack's blocks.
+        attention: path of the attention module in a block.
+        o: path of the output projection (its input is [batch, seq, heads * d_head]).
+        q, k, v, qkv: projection paths (as :class:`ArchSpec`).
+        causal: queries see only keys at or before their own position.
+        stack_module: path of the module whose forward receives this stack's 2D padding mask
+            (``"encoder"``/``"decoder"`` of an encoder-decoder model; ``""`` = the base model).
+        n_layers: ``config -> int`` layers of this stack (None: :func:`head_geometry`'s count).
+    """
+
+    stack: str
+    kind: str
+    layers: str
+    attention: str
+    o: str
+    q: str | None = None
+    k: str | None = None
+    v: str | None = None
+    qkv: str | None = None
+    causal: bool = False
+    stack_module: str = ""
+    n_layers: Callable[..., int] | None = None
+
+    def relative(self, path: str | None) -> str | None:
+        """A layer-relative path made relative to the attention module (None if outside it)."""
+        if path is None or not path.startswith(self.attention + "."):
+            return None
+        return path[len(self.attention) + 1:]
+
+    @property
+    def o_inside_attention(self) -> bool:
+        """The output projection is a child of the attention module."""
+        return self.o.startswith(self.attention + ".")
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     """Where the attention pieces of one architecture family live, and how it computes attention.
 
@@ -169,6 +203,16 @@ class ArchSpec:
             give the module its own value of (:func:`probe.pruning.removal.remove_heads` gives the
             module a view of the config with its own head count).
         cache_kwargs: names under which the attention module receives the key/value cache.
+        sites_override: the site kinds of an encoder-decoder model (:class:`SiteSpec`); empty for
+            single-stack models, whose one site kind the fields above describe.
+        probs_index: position of the attention probabilities in the attention module's output
+            tuple (1; T5's modules return ``(output, position_bias, probs)``: 2).
+        position_bias: a bias added to the scores: ``"alibi"`` (BLOOM; Press et al. 2022) or
+            ``"t5"`` (bucketed relative positions, Raffel et al. 2020), else None.
+        relative_bias: T5: path, relative to the first block of a stack, of the embedding holding
+            that stack's learned relative position bias [buckets, heads].
+        residual_in_attention: the attention module adds its input's residual to its output
+            (BLOOM's ``dropout_add(output, residual)``).
     """
 
     family: str
@@ -198,15 +242,36 @@ class ArchSpec:
     kv_head_count_attrs: tuple[str, ...] = ()
     config_head_attrs: tuple[str, ...] = ()
     cache_kwargs: tuple[str, ...] = ("cache", "past_key_values")
+    sites_override: tuple[SiteSpec, ...] = ()
+    probs_index: int = 1
+    position_bias: str | None = None
+    relative_bias: str | None = None
+    residual_in_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
             raise ValueError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
+        if self.position_bias not in (None, "alibi", "t5"):
+            raise ValueError(f"position_bias must be None, 'alibi' or 't5', got {self.position_bias!r}")
 
     @property
     def stack(self) -> str:
-        """``"decoder"`` for causal models, ``"encoder"`` otherwise."""
+        """``"decoder"`` for causal models, ``"encoder"`` otherwise (single-stack models)."""
         return "decoder" if self.causal else "encoder"
+
+    @property
+    def site_specs(self) -> tuple[SiteSpec, ...]:
+        """The kinds of attention site, in forward order within a layer: one self-attention stack
+        (from ``layers``, ``attention`` ...) unless ``sites_override`` lists several."""
+        if self.sites_override:
+            return self.sites_override
+        return (SiteSpec(self.stack, "self", self.layers, self.attention, self.o, self.q, self.k, self.v,
+                         self.qkv, self.causal, ""),)
+
+    @property
+    def encoder_decoder(self) -> bool:
+        """An encoder-decoder model (it has cross-attention sites)."""
+        return any(s.kind == "cross" for s in self.site_specs)
 
     @property
     def o_inside_attention(self) -> bool:
@@ -218,165 +283,3 @@ class ArchSpec:
         if path is None or not path.startswith(self.attention + "."):
             return None
         return path[len(self.attention) + 1:]
-
-
-_BERT = ArchSpec(
-    family="bert", layers="encoder.layer", attention="attention.self",
-    q="attention.self.query", k="attention.self.key", v="attention.self.value",
-    o="attention.output.dense",
-    head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
-)
-_ROBERTA = replace(_BERT, family="roberta", position_offset=_roberta_offset)
-_DISTILBERT = ArchSpec(
-    family="distilbert", layers="transformer.layer", attention="attention",
-    q="attention.q_lin", k="attention.k_lin", v="attention.v_lin", o="attention.out_lin",
-    head_count_attrs=("n_heads",),
-)
-_GPT2 = ArchSpec(
-    family="gpt2", layers="h", attention="attn", qkv_layout="conv1d", qkv="attn.c_attn", o="attn.c_proj",
-    conv1d=True, causal=True, scaling=_gpt2_scaling, upcast=_gpt2_upcast,
-    head_count_attrs=("num_heads",), width_attrs=("split_size", "embed_dim"),
-)
-_LLAMA = ArchSpec(
-    family="llama", layers="layers", attention="self_attn",
-    q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
-    causal=True, rotary=True, softmax_dtype=torch.float32, kv_group_attr="num_key_value_groups",
-)
-_MISTRAL = replace(_LLAMA, family="mistral", window=_window_every_layer)
-_QWEN2 = replace(_LLAMA, family="qwen2", window=_window_by_layer_type)
-_QWEN3 = replace(_QWEN2, family="qwen3", q_norm="self_attn.q_norm",
-                     k_norm="self_attn.k_norm")
-_GPT_NEOX = ArchSpec(
-    family="gpt_neox", layers="layers", attention="attention", qkv_layout="per_head",
-    qkv="attention.query_key_value", o="attention.dense", causal=True, rotary=True,
-    softmax_dtype=torch.float32, cache_kwargs=("layer_past", "cache", "past_key_values"),
-)
-_PHI3 = ArchSpec(
-    family="phi3", layers="layers", attention="self_attn", qkv_layout="stacked", qkv="self_attn.qkv_proj",
-    o="self_attn.o_proj", causal=True, rotary=True, softmax_dtype=torch.float32, window=_window_every_layer,
-    kv_group_attr="num_key_value_groups", kv_head_count_attrs=("num_key_value_heads",),
-    config_head_attrs=("num_attention_heads",),
-)
-_GEMMA = replace(_LLAMA, family="gemma")
-_GEMMA2 = replace(_LLAMA, family="gemma2", scaling=_query_pre_attn_scaling,
-                      window=_window_by_layer_type, softcap=_gemma2_softcap)
-_GEMMA3 = replace(_GEMMA2, family="gemma3", softcap=_no_softcap,
-                      q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", rope=_rope_by_layer_type)
-
-#: model_type (``config.model_type``) -> spec. The supported architectures.
-SPECS: dict[str, ArchSpec] = {
-    "bert": _BERT,
-    "roberta": _ROBERTA,
-    "electra": _BERT,
-    "distilbert": _DISTILBERT,
-    "gpt2": _GPT2,
-    "llama": _LLAMA,
-    "qwen2": _QWEN2,
-    "qwen3": _QWEN3,
-    "mistral": _MISTRAL,
-    "gpt_neox": _GPT_NEOX,
-    "phi3": _PHI3,
-    "gemma": _GEMMA,
-    "gemma2": _GEMMA2,
-    "gemma3_text": _GEMMA3,
-}
-
-
-def get_spec(config) -> ArchSpec:
-    """Return the :class:`ArchSpec` for a Hugging Face config.
-
-    Raises:
-        UnsupportedArchitectureError: ``config.model_type`` is not in :data:`SPECS` (the message
-            names the supported types), or a configuration probe cannot measure (an encoder
-            family configured as a decoder, a Gemma model with bidirectional attention).
-    """
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SPECS:
-        raise UnsupportedArchitectureError(
-            f"unsupported architecture {model_type!r}; supported model types: {', '.join(sorted(SPECS))}"
-        )
-    if model_type in ("bert", "roberta", "electra") and getattr(config, "is_decoder", False):
-        raise UnsupportedArchitectureError(
-            f"{model_type} configured as a decoder (is_decoder=True) is not supported; use it as an encoder"
-        )
-    if getattr(config, "use_bidirectional_attention", False):
-        raise UnsupportedArchitectureError(
-            f"{model_type} with use_bidirectional_attention=True is not supported (probe treats it as causal)")
-    return SPECS[model_type]
-
-
-@dataclass(frozen=True)
-class HeadGeometry:
-    """Head counts and sizes of one model.
-
-    Attributes:
-        n_layers: transformer blocks.
-        n_heads: query heads per layer.
-        n_kv_heads: key/value heads per layer (``n_heads`` unless grouped-query attention).
-        d_head: size of one head (features).
-        d_model: hidden size (features).
-    """
-
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_model: int
-
-
-def head_geometry(config) -> HeadGeometry:
-    """Read layer/head counts and sizes from a Hugging Face config (any supported family)."""
-    n_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", None) or config.n_layer
-    n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or config.n_head
-    d_model = getattr(config, "hidden_size", None) or getattr(config, "dim", None) or config.n_embd
-    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
-    d_head = getattr(config, "head_dim", None) or d_model // n_heads
-    return HeadGeometry(int(n_layers), int(n_heads), int(n_kv), int(d_head), int(d_model))
-
-
-def sites(config) -> list[Site]:
-    """Every attention site of a model, in forward order, with its causal flag and sliding window."""
-    spec = get_spec(config)
-    n_layers = head_geometry(config).n_layers
-    return [Site(spec.stack, layer, "self", causal=spec.causal, window=spec.window(config, layer))
-            for layer in range(n_layers)]
-
-
-def max_positions(config) -> int | None:
-    """Longest sequence the position table allows (tokens), or None where nothing limits it."""
-    limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions")
-              if isinstance(getattr(config, a, None), int)]
-    if not limits:
-        return None
-    return min(limits) - get_spec(config).position_offset(config)
-
-
-def base_model(model: nn.Module) -> nn.Module:
-    """The bare transformer inside a model with a task head (``GPT2LMHeadModel.transformer`` ...)."""
-    return getattr(model, "base_model", model)
-
-
-def layer_modules(model: nn.Module, spec: ArchSpec) -> list[nn.Module]:
-    """The transformer blocks of ``model``, in order."""
-    return list(base_model(model).get_submodule(spec.layers))
-
-
-def attention_modules(model: nn.Module, spec: ArchSpec) -> list[nn.Module]:
-    """The attention module of every layer; each returns ``(attn_output, attn_probs)``."""
-    return [layer.get_submodule(spec.attention) for layer in layer_modules(model, spec)]
-
-
-def attention_path(spec: ArchSpec) -> tuple[str, str]:
-    """(parent path relative to a layer, attribute name) of the attention module."""
-    parent, _, name = spec.attention.rpartition(".")
-    return parent, name
-
-
-def output_projections(model: nn.Module, spec: ArchSpec) -> list[nn.Module]:
-    """The output projection of every layer (its input is [batch, seq, heads * d_head])."""
-    return [layer.get_submodule(spec.o) for layer in layer_modules(model, spec)]
-
-
-def linear_weight(module: nn.Module, conv1d: bool) -> torch.Tensor:
-    """Weight of a projection as ``[out, in]`` (transposing GPT-2's ``Conv1D`` [in, out])."""
-    return module.weight.t() if conv1d else module.weight

@@ -1,0 +1,140 @@
+"""Model structure read through a spec: head geometry, sites, the modules of each layer and site."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedArchitectureError
+from ..sites import Site
+from .spec import ArchSpec, SiteSpec
+from .table import get_spec
+
+
+@dataclass(frozen=True)
+class HeadGeometry:
+    """Head counts and sizes of one model.
+
+    Attributes:
+        n_layers: transformer blocks.
+        n_heads: query heads per layer.
+        n_kv_heads: key/value heads per layer (``n_heads`` unless grouped-query attention).
+        d_head: size of one head (features).
+        d_model: hidden size (features).
+    """
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+
+
+def head_geometry(config) -> HeadGeometry:
+    """Read layer/head counts and sizes from a Hugging Face config (any supported family).
+
+    Encoder-decoder models: ``n_layers`` is the encoder's (:func:`sites` counts each stack's own).
+
+    Raises:
+        UnsupportedArchitectureError: an encoder-decoder model whose stacks have different head counts.
+    """
+    n_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", None) or config.n_layer
+    n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or config.n_head
+    d_model = getattr(config, "hidden_size", None) or getattr(config, "dim", None) or config.n_embd
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    d_head = getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or d_model // n_heads
+    decoder_heads = getattr(config, "decoder_attention_heads", None)
+    if decoder_heads is not None and decoder_heads != n_heads:
+        raise UnsupportedArchitectureError(
+            f"encoder and decoder have different head counts ({n_heads} and {decoder_heads}); probe needs one")
+    return HeadGeometry(int(n_layers), int(n_heads), int(n_kv), int(d_head), int(d_model))
+
+
+def sites(config) -> list[Site]:
+    """Every attention site of a model, in forward order (an encoder's layers, then each decoder
+    layer's self- and cross-attention), with its causal flag and sliding window."""
+    spec = get_spec(config)
+    default = head_geometry(config).n_layers
+    out = []
+    for stack in ("encoder", "decoder"):
+        kinds = [s for s in spec.site_specs if s.stack == stack]
+        if not kinds:
+            continue
+        n = kinds[0].n_layers(config) if kinds[0].n_layers else default
+        for layer in range(n):
+            for s in kinds:
+                window = spec.window(config, layer) if s.kind == "self" else None
+                out.append(Site(stack, layer, s.kind, causal=s.causal, window=window))
+    return out
+
+
+def site_spec(spec: ArchSpec, site: Site) -> SiteSpec:
+    """The :class:`SiteSpec` of a site."""
+    for s in spec.site_specs:
+        if s.stack == site.stack and s.kind == site.kind:
+            return s
+    raise KeyError(f"{spec.family} has no {site.stack} {site.kind}-attention")
+
+
+def site_modules(model: nn.Module, spec: ArchSpec | None = None) -> list[tuple[Site, nn.Module]]:
+    """Every site of ``model`` with the attention module in place now, in forward order."""
+    spec = spec or get_spec(model.config)
+    base = base_model(model)
+    out = []
+    for site in sites(model.config):
+        ss = site_spec(spec, site)
+        out.append((site, base.get_submodule(ss.layers)[site.layer].get_submodule(ss.attention)))
+    return out
+
+
+def stack_layers(model: nn.Module, spec: ArchSpec | None = None) -> dict[str, list[nn.Module]]:
+    """The blocks of each stack (``{"encoder": [...], "decoder": [...]}``; one entry for
+    single-stack models)."""
+    spec = spec or get_spec(model.config)
+    base = base_model(model)
+    out: dict[str, list[nn.Module]] = {}
+    for s in spec.site_specs:
+        out.setdefault(s.stack, list(base.get_submodule(s.layers)))
+    return out
+
+
+def max_positions(config) -> int | None:
+    """Longest sequence the position table allows (tokens), or None where nothing limits it."""
+    limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions")
+              if isinstance(getattr(config, a, None), int)]
+    if not limits:
+        return None
+    return min(limits) - get_spec(config).position_offset(config)
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The bare transformer inside a model with a task head (``GPT2LMHeadModel.transformer`` ...)."""
+    return getattr(model, "base_model", model)
+
+
+def layer_modules(model: nn.Module, spec: ArchSpec) -> list[nn.Module]:
+    """The transformer blocks of ``model``, in order."""
+    return list(base_model(model).get_submodule(spec.layers))
+
+
+def attention_modules(model: nn.Module, spec: ArchSpec) -> list[nn.Module]:
+    """The attention module of every layer; each returns ``(attn_output, attn_probs)``."""
+    return [layer.get_submodule(spec.attention) for layer in layer_modules(model, spec)]
+
+
+def attention_path(spec: ArchSpec) -> tuple[str, str]:
+    """(parent path relative to a layer, attribute name) of the attention module."""
+    parent, _, name = spec.attention.rpartition(".")
+    return parent, name
+
+
+def output_projections(model: nn.Module, spec: ArchSpec) -> list[nn.Module]:
+    """The output projection of every layer (its input is [batch, seq, heads * d_head])."""
+    return [layer.get_submodule(spec.o) for layer in layer_modules(model, spec)]
+
+
+def linear_weight(module: nn.Module, conv1d: bool) -> torch.Tensor:
+    """Weight of a projection as ``[out, in]`` (transposing GPT-2's ``Conv1D`` [in, out])."""
+    return module.weight.t() if conv1d else module.weight

@@ -1,0 +1,152 @@
+"""Encoder-decoder models (BART, Marian, T5): source/target inputs, sides of each site, greedy targets.
+
+An encoder-decoder model reads a source and writes a target. Its three kinds of attention site see
+different tokens (:func:`sides`):
+
+- ``encoder.<layer>.self``: source queries, source keys, [batch, heads, S, S];
+- ``decoder.<layer>.self`` (causal): target queries, target keys, [batch, heads, T, T];
+- ``decoder.<layer>.cross``: target queries, source keys, [batch, heads, T, S].
+
+A :class:`~probe.inputs.Batch` of such a model holds the sources; ``batch.target`` is a batch of
+its own holding the decoder's input: the decoder start token followed by the tokenized target
+(``text_target=``), right-padded like the source, so padding on either side never enters a
+statistic. Targets come from the input (``--pairs FILE``: source TAB target, :attr:`Text.pair`)
+or from the model itself (:func:`with_generated_targets`, greedy decoding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+
+from . import validate
+from .errors import InputError
+from .inputs import Batch, Text, Tokenized, tokenize_side
+
+#: Sources generated for at once by :func:`with_generated_targets`.
+GENERATE_BATCH = 8
+
+
+def decoder_start_id(lm) -> int:
+    """The token the decoder starts from: ``config.decoder_start_token_id`` (T5: the pad token).
+
+    Raises:
+        InputError: the model names no decoder start token and no pad token.
+    """
+    config = lm.model.config
+    for value in (getattr(config, "decoder_start_token_id", None),
+                  getattr(getattr(lm.model, "generation_config", None), "decoder_start_token_id", None),
+                  getattr(config, "pad_token_id", None)):
+        if value is not None:
+            return int(value)
+    raise InputError("the model's config names no decoder_start_token_id (and no pad token to start from)")
+
+
+def tokenize_pairs(lm, texts: Sequence[Text], max_length: int | None = None, *,
+                   parse_special_tokens: bool = False, start_index: int = 0) -> list[Tokenized]:
+    """Tokenize (source, target) pairs for an encoder-decoder model.
+
+    The source is ``text.text``; the target is ``text.pair``, tokenized as a target and put after
+    the decoder's start token (:func:`decoder_start_id`). Each side is cut to ``max_length`` tokens
+    (the target's start token included); a cut on either side marks the pair truncated.
+
+    Returns:
+        One :class:`Tokenized` per pair (the source) with ``target`` set (offsets into the target
+        text; the start token is special and covers no character).
+
+    Raises:
+        InputError: a text without a target (encoder-decoder models need one: ``--pairs FILE`` or
+            ``--generate N``), max_length below 2, or a source with no token besides special ones.
+    """
+    missing = [t for t in texts if t.pair is None]
+    if missing:
+        where = missing[0].index if missing[0].index is not None else start_index + texts.index(missing[0])
+        raise InputError(f"text {where + 1} has no target: an encoder-decoder model reads a source and a "
+                         "target (give --pairs FILE with source<TAB>target lines, or --generate N)")
+    limit = validate.max_length(max_length, lm.max_length)
+    sources = [Text(t.text, t.words, t.meta, None, t.index) for t in texts]
+    targets = [Text(t.pair, None, {}, None, t.index) for t in texts]
+    src = tokenize_side(lm, sources, limit, parse_special_tokens=parse_special_tokens, start_index=start_index)
+    tgt = tokenize_side(lm, targets, limit - 1, parse_special_tokens=parse_special_tokens,
+                        start_index=start_index, target=True)
+    start = decoder_start_id(lm)
+    for s, t in zip(src, tgt):
+        s.target = Tokenized(index=s.index, ids=[start, *t.ids], offsets=[(0, 0), *t.offsets],
+                             special=[True, *t.special], word_ids=[-1, *t.word_ids], token_type_ids=None,
+                             truncated=t.truncated)
+        s.truncated = s.truncated or t.truncated
+    return src
+
+
+def sides(site, batch: Batch) -> tuple[Batch, Batch]:
+    """(query side, key side) of a site's probabilities [batch, heads, query, key]: the batch
+    itself for every site of a one-stack model and for an encoder's self-attention; the target
+    batch for a decoder's self-attention; target queries and source keys for cross-attention.
+
+    Raises:
+        ValueError: a decoder site of an encoder-decoder model on a batch without targets.
+    """
+    if batch.target is None or site.stack == "encoder":
+        return batch, batch
+    if site.kind == "cross":
+        return batch.target, batch
+    return batch.target, batch.target
+
+
+def generate_targets(lm, sources: Sequence[str], max_new_tokens: int) -> list[str]:
+    """Greedy decoding (no sampling, one beam) of at most ``max_new_tokens`` tokens per source.
+
+    Returns:
+        The generated targets as text (special tokens dropped); an empty string where the model
+        ended at once. Analysing them re-tokenizes that text as a target.
+
+    Raises:
+        InputError: max_new_tokens below 1.
+    """
+    validate.positive_int("--generate", max_new_tokens)
+    from .capture import input_device
+    from .util import quiet_transformers
+
+    tok = lm.tokenizer
+    device = input_device(lm.model)
+    with quiet_transformers(progress_bars=True):
+        enc = tok(list(sources), return_tensors="pt", padding=True, truncation=True, max_length=lm.max_length)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else decoder_start_id(lm)
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    # a cache that grows layer by layer: generate's own is sized from config.num_layers, the
+    # encoder's depth, and breaks on T5 models whose decoder is deeper (num_decoder_layers)
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with torch.no_grad(), quiet_transformers(progress_bars=True):
+        out = lm.model.generate(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
+                                max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                decoder_start_token_id=decoder_start_id(lm), pad_token_id=pad,
+                                cache=cache)
+    return [tok.decode(row[1:], skip_special_tokens=True).strip() for row in out.cpu()]
+
+
+def with_generated_targets(lm, texts: Iterable[Text], max_new_tokens: int) -> Iterator[Text]:
+    """The texts with ``pair`` set to the model's own greedy target (:func:`generate_targets`),
+    generated :data:`GENERATE_BATCH` sources at a time as the texts are read.
+
+    Raises (while iterating):
+        InputError: a text that already has a target, or max_new_tokens below 1.
+    """
+    validate.positive_int("--generate", max_new_tokens)
+    chunk: list[Text] = []
+
+    def flush():
+        for t, target in zip(chunk, generate_targets(lm, [t.text for t in chunk], max_new_tokens)):
+            yield Text(t.text, t.words, t.meta, target, t.index)
+
+    for i, t in enumerate(texts):
+        if t.pair is not None:
+            raise InputError(f"text {(t.index if t.index is not None else i) + 1} already has a target; "
+                             "--generate writes targets for sources only")
+        chunk.append(t)
+        if len(chunk) == GENERATE_BATCH:
+            yield from flush()
+            chunk = []
+    if chunk:
+        yield from flush()
