@@ -647,8 +647,8 @@ def _full_rotary(m):
 
 def _swap_kv_split(m):
     """Phi-3's fused projection split as q | v | k (keys and values exchanged)."""
-    def project(self, x):
-        q, k, v = ReferenceAttention.project(self, x)
+    def project(self, x, source=None):
+        q, k, v = ReferenceAttention.project(self, x, source)
         return q, v, k
     m.project = types.MethodType(project, m)
 
