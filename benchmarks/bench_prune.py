@@ -19,25 +19,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-TEXT = ("Attention lets every token look at every other token of the sequence and take a weighted average "
-        "of their values; some heads look at the previous token, some at the first token, some at "
-        "punctuation, and some spread their attention broadly over the whole sentence. ")
-
-
-def make_inputs(lm, batch: int, tokens: int) -> dict:
-    """[batch, tokens] of real text (each row starts at a different word), all real tokens."""
-    words = (TEXT * (tokens // 8 + 4)).split()
-    texts = [" ".join(words[i * 3:]) for i in range(batch)]
-    enc = lm.tokenizer(texts, return_tensors="pt", truncation=True, max_length=tokens, padding="max_length")
-    assert enc["input_ids"].shape == (batch, tokens) and bool(enc["attention_mask"].all())
-    inputs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-    if lm.causal:
-        inputs["use_cache"] = False
-    return inputs
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_reference import make_batch as make_inputs  # noqa: E402 (the same real-text batch)
 
 
 def half_of_the_heads(lm, seed: int = 0) -> dict[int, list[int]]:
