@@ -96,24 +96,27 @@ class ContractionWeights:
     """Per-batch weights turning one site's probabilities into statistic sums by contraction.
 
     Attributes:
-        linear: [batch, Tq*Tk, len(LINEAR)]: weight of A[b, :, q, k] in each linear statistic's sum
+        linear: [batch, Tq*Tk, len(names)]: weight of A[b, :, q, k] in each linear statistic's sum
             over valid rows (row validity folded in).
         entropy: [batch, Tq*Tk, 2]: weights of -A ln A for ``entropy`` and ``norm_entropy``
             (the latter 1 / ln k_q on rows with k_q >= 2).
         real_rows: [batch, Tq] float, 1 on real query rows (for ``max_weight``).
         counts: [len(ALL_STATISTICS)] int64 valid rows per statistic.
+        names: the linear statistics of ``linear``'s channels, in order (those of :data:`LINEAR`
+            the site's kind defines: a self-attention site has no ``aligned`` channel).
     """
 
     linear: torch.Tensor
     entropy: torch.Tensor
     real_rows: torch.Tensor
     counts: torch.Tensor
+    names: tuple[str, ...] = LINEAR
 
     def to(self, device) -> ContractionWeights:
         """The weights on ``device`` (the device of the layer whose probabilities they reduce);
         ``counts`` stay on the CPU."""
         return ContractionWeights(self.linear.to(device), self.entropy.to(device), self.real_rows.to(device),
-                                  self.counts)
+                                  self.counts, self.names)
 
 
 def contraction_weights(feats: TokenFeatures, site: Site, T: int,
@@ -172,7 +175,6 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int,
         "punct": feats.punct.float()[:, None, :] * row,
         "distance": offset[None] * row,
         "long": far.float() * row,
-        "aligned": torch.zeros(1, T, T),
     }
     kq = visible_keys(site, lengths, T).float()  # [B, T]
     counts = _row_counts(real, kq, feats.has_sep)
@@ -194,10 +196,11 @@ def _row_counts(real: torch.Tensor, kq: torch.Tensor, has_sep: bool) -> torch.Te
 def _pack(chans: dict, realf: torch.Tensor, kq: torch.Tensor, n_keys: int, counts) -> ContractionWeights:
     """Stack the per-statistic weights into :class:`ContractionWeights` (``kq`` [B, Tq] visible keys)."""
     B, Tq = realf.shape
-    linear = torch.stack([chans[n].expand(B, Tq, n_keys) for n in LINEAR], -1).reshape(B, Tq * n_keys, len(LINEAR))
+    names = tuple(n for n in LINEAR if n in chans)
+    linear = torch.stack([chans[n].expand(B, Tq, n_keys) for n in names], -1).reshape(B, Tq * n_keys, len(names))
     inv_log_k = torch.where(kq >= 2, 1.0 / torch.log(kq.clamp(min=2)), torch.zeros(())) * realf
     ent = torch.stack([realf[:, :, None].expand(B, Tq, n_keys), inv_log_k[:, :, None].expand(B, Tq, n_keys)], -1)
-    return ContractionWeights(linear.contiguous(), ent.reshape(B, Tq * n_keys, 2).contiguous(), realf, counts)
+    return ContractionWeights(linear.contiguous(), ent.reshape(B, Tq * n_keys, 2).contiguous(), realf, counts, names)
 
 
 def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site) -> ContractionWeights:
@@ -214,9 +217,7 @@ def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site) -> Con
     diag = torch.where(T > 1, torch.floor(i * (S - 1) / (T - 1).clamp(min=1) + 0.5), torch.zeros(()))
     aligned = ((j - diag).abs() <= ALIGN_WINDOW).float()
     row = realf[:, :, None]
-    zero = torch.zeros(1, Tq, Tk)
-    chans = {
-        "self": zero, "prev": zero, "next": zero, "long": zero,
+    chans = {  # self, prev, next and long are undefined here: no channel, count 0
         "first": (j == 0).float() * row,
         "sep": keys.sep.float()[:, None, :] * (row if keys.has_sep else torch.zeros_like(row)),
         "punct": keys.punct.float()[:, None, :] * row,
@@ -286,12 +287,12 @@ class HeadStatistics(Accumulator):
         w = queries.cached(("contraction", site.kind, site.causal, site.window, Tq, Tk, str(dev)),  # once per batch
                            lambda: contraction_weights(feats, site, Tq, key_feats).to(dev))
         flat = a.reshape(B, H, Tq * Tk)
-        linear = torch.bmm(flat, w.linear).sum(0)  # [heads, len(LINEAR)]
+        linear = torch.bmm(flat, w.linear).sum(0)  # [heads, len(w.names)]
         # entr(x) = -x ln x with entr(0) = 0 (about twice as fast as xlogy on CPU)
         ent = torch.bmm(torch.special.entr(a).reshape(B, H, Tq * Tk), w.entropy).sum(0)  # [heads, 2]
         mx = (a.amax(-1) * w.real_rows[:, None, :]).sum((0, 2))  # [heads]
-        sums = torch.empty(H, len(ALL_STATISTICS), dtype=torch.float64)
-        for c, name in enumerate(LINEAR):
+        sums = torch.zeros(H, len(ALL_STATISTICS), dtype=torch.float64)  # a statistic the kind lacks: 0, count 0
+        for c, name in enumerate(w.names):
             sums[:, _INDEX[name]] = linear[:, c].double().cpu()
         sums[:, _INDEX["entropy"]] = ent[:, 0].double().cpu()
         sums[:, _INDEX["norm_entropy"]] = ent[:, 1].double().cpu()
