@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .inputs import Batch
+from .seq2seq import sides
 from .sites import Site
 
 
@@ -179,11 +180,12 @@ class ExampleMaps(Accumulator):
                     }
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
-        from .seq2seq import sides
-
+        if not self._rows:
+            return
         queries, keys = sides(site, batch)
+        q_len, k_len = queries.lengths.tolist(), keys.lengths.tolist()
         for row, idx, _ in self._rows:
-            nq, nk = int(queries.lengths[row]), int(keys.lengths[row])
+            nq, nk = q_len[row], k_len[row]
             if self.crop is not None:
                 nq, nk = min(nq, self.crop), min(nk, self.crop)
             self._maps[idx][self._site_pos[site]] = probs[row, :, :nq, :nk].float().cpu().numpy()
