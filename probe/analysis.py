@@ -242,12 +242,9 @@ def _generated(lm: LoadedModel, items, generate: int, sized: bool):
     Raises:
         InputError: ``lm`` is not an encoder-decoder model, or ``generate`` < 1.
     """
-    from .seq2seq import with_generated_targets
+    from .seq2seq import check_generate, with_generated_targets
 
-    if not lm.spec.encoder_decoder:
-        raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
-                         "not one")
-    validate.positive_int("--generate", generate)
+    check_generate(lm, generate)
     items = with_generated_targets(lm, items, generate)
     return list(items) if sized else items
 

@@ -94,6 +94,18 @@ def sides(site, batch: Batch) -> tuple[Batch, Batch]:
     return batch.target, batch.target
 
 
+def check_generate(lm, max_new_tokens: int) -> None:
+    """Check that ``lm`` can write targets (``--generate N``).
+
+    Raises:
+        InputError: ``lm`` is not an encoder-decoder model, or max_new_tokens below 1.
+    """
+    if not lm.spec.encoder_decoder:
+        raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
+                         "not one")
+    validate.positive_int("--generate", max_new_tokens)
+
+
 def generate_targets(lm, sources: Sequence[str], max_new_tokens: int) -> list[str]:
     """Greedy decoding (no sampling, one beam) of at most ``max_new_tokens`` tokens per source.
 

@@ -194,11 +194,11 @@ def check_seq2seq_input(lm, generate, annotated) -> bool:
         InputError: --generate on another model; --coref/--syntax on an encoder-decoder model.
     """
     from ..errors import InputError
+    from ..seq2seq import check_generate
 
     seq2seq = lm.spec.encoder_decoder
-    if generate is not None and not seq2seq:
-        raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
-                         "not one")
+    if generate is not None:
+        check_generate(lm, generate)
     if seq2seq and annotated is not None:
         raise InputError("--coref and --syntax score one-stack models (encoders, decoders); "
                          f"{lm.name} is an encoder-decoder model")
