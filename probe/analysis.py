@@ -25,6 +25,7 @@ from .classify import REMOVED, cluster_heads, default_thresholds, label_heads
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .models import LoadedModel
+from .seq2seq import stack_depths
 from .stats import HeadStatistics
 
 
@@ -118,9 +119,7 @@ def model_summary(lm: LoadedModel) -> dict:
         "parameters": int(sum(p.numel() for p in lm.model.parameters())),
         "removed_heads": 0 if lm.pruned is None else sum(len(h) for h in lm.pruned.removed().values()),
         "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
-        **({"stacks": {stack: sum(1 for s in lm.sites if s.stack == stack and s.kind == "self")
-                       for stack in ("encoder", "decoder")}, "encoder_decoder": True}
-           if lm.spec.encoder_decoder else {}),
+        **({"stacks": stack_depths(lm.sites), "encoder_decoder": True} if lm.spec.encoder_decoder else {}),
     }
 
 

@@ -28,6 +28,11 @@ from .inputs import Batch, Text, Tokenized, tokenize_side
 GENERATE_BATCH = 8
 
 
+def stack_depths(sites) -> dict[str, int]:
+    """Layers per stack of an encoder-decoder model's sites (``{"encoder": n, "decoder": m}``)."""
+    return {stack: sum(1 for s in sites if s.stack == stack and s.kind == "self") for stack in ("encoder", "decoder")}
+
+
 def decoder_start_id(lm) -> int:
     """The token the decoder starts from: ``config.decoder_start_token_id`` (T5: the pad token).
 

@@ -176,8 +176,9 @@ def _announce(lm, seqs, source: str, world) -> None:
              if world else "")
     layers = lm.geometry.n_layers
     if lm.spec.encoder_decoder:
-        layers = " + ".join(f"{sum(1 for s in lm.sites if s.stack == st and s.kind == 'self')} {st}"
-                            for st in ("encoder", "decoder"))
+        from ..seq2seq import stack_depths
+
+        layers = " + ".join(f"{n} {stack}" for stack, n in stack_depths(lm.sites).items())
     click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
                f"{layers} layers x {lm.geometry.n_heads} heads", err=True)
 
