@@ -1,4 +1,4 @@
-"""Attention health checks (METRICS.md): each check fires on a tiny model broken the way the check
+"""Attention health checks (docs/statistics.md): each check fires on a tiny model broken the way the check
 points at, flags exactly the broken heads, and stays quiet on the unbroken model."""
 
 from __future__ import annotations

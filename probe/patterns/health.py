@@ -1,4 +1,4 @@
-"""Attention health checks (METRICS.md "Attention health checks"): the troubleshooting table of
+"""Attention health checks (docs/statistics.md, "Attention health checks"): the troubleshooting table of
 saturated, uniform, self-copying, duplicated heads and attention leaking onto padding.
 
 Each check is a rule on a measured value, with a configurable threshold:
@@ -50,7 +50,7 @@ TITLES = {"saturated": "saturated", "uniform": "uniform", "collapsed": "collapse
 
 
 def health_thresholds(overrides: dict | None = None) -> dict[str, float]:
-    """check -> threshold: METRICS.md's defaults with ``overrides``.
+    """check -> threshold: the defaults (docs/statistics.md) with ``overrides``.
 
     Raises:
         ValueError: an unknown check, ``padding`` (fixed at 0), or a value outside (0, 1].
@@ -228,7 +228,7 @@ def health_checks(heads, distances=None, probe: dict | None = None,
         heads: the per-head DataFrame (``max_weight``, ``norm_entropy``, ``self`` columns).
         distances: a :class:`~probe.patterns.distance.DistanceResult`, or None (duplicates not measured).
         probe: :meth:`HealthProbe.result`, or None (padding not measured).
-        thresholds: overrides (default: the probe's, else METRICS.md's).
+        thresholds: overrides (default: the probe's, else the defaults).
 
     Returns:
         One :class:`Check` per check, in :data:`HEALTH_RULES` order.

@@ -67,7 +67,7 @@ def _describe(check) -> str:
 
 
 def health_section(result, tokenizer) -> Section | None:
-    """The attention health checks (METRICS.md table): rule, threshold, flagged heads and values."""
+    """The attention health checks (docs/statistics.md): rule, threshold, flagged heads and values."""
     checks = health_of(result)
     if checks is None:
         return None
