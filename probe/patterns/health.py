@@ -244,11 +244,20 @@ def health_checks(heads, distances=None, probe: dict | None = None,
     return checks
 
 
-def health_of(result) -> list[Check] | None:
-    """The checks of an :class:`~probe.analysis.AnalysisResult` whose run had a :class:`HealthProbe`
-    (None otherwise)."""
+#: What :func:`health_of` says about a result without the health measurement.
+NOT_MEASURED = ("this analysis has no health checks: run it with analyze(lm, texts, "
+                "accumulators=probe.patterns.pattern_accumulators(lm)) (a HealthProbe measures padding; "
+                "HeadDistances the duplicates)")
+
+
+def health_of(result) -> list[Check]:
+    """The checks of an :class:`~probe.analysis.AnalysisResult` whose run had a :class:`HealthProbe`.
+
+    Raises:
+        ValueError: the run had no :class:`HealthProbe` (the message says how to add one).
+    """
     probe = result.results.get("health")
     if probe is None:
-        return None
+        raise ValueError(NOT_MEASURED)
     return health_checks(result.heads, result.results.get("distances"), probe)
 
