@@ -216,9 +216,12 @@ class Counts:
     """What went through the loop.
 
     Attributes:
-        sequences, tokens (real, special included), truncated (sequences cut to the limit),
-        batches, unknown (tokens that are the tokenizer's unknown-word token), longest (tokens of
-        the longest sequence).
+        sequences: sequences analysed.
+        tokens: real tokens, special tokens included.
+        truncated: sequences cut to the limit.
+        batches: batches run.
+        unknown: tokens that are the tokenizer's unknown-word token.
+        longest: tokens of the longest sequence.
     """
 
     sequences: int = 0

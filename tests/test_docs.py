@@ -4,7 +4,8 @@
   unless the line before it says ``<!-- not run: REASON -->`` (a Hub model, a file of your own);
 - every relative link points at a file that exists, and every ``#anchor`` at a heading of that
   file (the slug GitHub and mkdocs both give it);
-- ``mkdocs build --strict`` (mkdocs.yml) succeeds offline, where mkdocs is installed.
+- ``mkdocs build --strict`` (mkdocs.yml, with the API reference from the docstrings) succeeds
+  offline, where mkdocs and mkdocstrings are installed (the ``test`` extra installs them).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def headings(path: Path) -> list[str]:
 def test_pages_exist():
     names = {p.name for p in PAGES}
     for page in ("statistics.md", "verification.md", "encoder-decoder.md", "pruning.md", "patterns.md",
-                 "api.md", "architecture.md", "contributing.md"):
+                 "api.md", "architecture.md", "contributing.md", "reference.md"):
         assert page in names, page
 
 
@@ -137,7 +138,10 @@ def test_mkdocs_build_strict(tmp_path):
     """The documentation site builds with every warning an error (broken links, missing anchors,
     pages left out of the nav), offline."""
     pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "statistics" / "index.html").exists()
+    reference = (tmp_path / "site" / "reference" / "index.html").read_text(encoding="utf-8")
+    assert 'id="probe.analysis.analyze"' in reference  # the API reference, read from the docstrings
