@@ -104,7 +104,7 @@ def test_every_not_run_block_says_why():
 def test_python_block_runs_as_pasted(code, reason, tmp_path):
     if reason is not None:
         pytest.skip(f"marked not run: {reason}")
-    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "MPLBACKEND": "Agg"}  # `python -c` in the root imports this checkout's probe
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -145,3 +145,14 @@ def test_mkdocs_build_strict(tmp_path):
     assert (tmp_path / "site" / "statistics" / "index.html").exists()
     reference = (tmp_path / "site" / "reference" / "index.html").read_text(encoding="utf-8")
     assert 'id="probe.analysis.analyze"' in reference  # the API reference, read from the docstrings
+
+
+def test_code_blocks_reads_fences_and_not_run_markers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# T\n\n```python\nx = 1\n```\n\n<!-- not run: needs a Hub model -->\n"
+                    "```python\nload('bert')\n```\n\n```bash\nprobe analyze\n```\n", encoding="utf-8")
+    assert code_blocks(page) == [(3, "python", "x = 1\n", None), (8, "python", "load('bert')\n", "needs a Hub model"),
+                                 (12, "bash", "probe analyze\n", None)]
+    heading = "Head distance and redundancy"
+    assert slug(heading) == "head-distance-and-redundancy" == mkdocs_slug(heading)
+    assert slug("`probe analyze`") == "probe-analyze"
