@@ -7,7 +7,7 @@ Prints, measured in one run on the same batches (sorted by length, same batch si
   - peak resident memory (MiB) of a fresh process analysing 100 vs 1,000 sentences.
 
 Usage: python benchmarks/bench_capture.py [--model minilm] [--n 500] [--repeats 5]
-Text: the UD English EWT dev set from ../shared/data when present, else the built-in sample repeated.
+Text: the UD English EWT dev set from the shared data folder when present, else the built-in sample repeated.
 Target (issue 2): ratio <= 1.2 on minilm with 500 UD sentences; memory flat.
 """
 

@@ -1,4 +1,4 @@
-"""Benchmark (shared/CASES.md F20): memory kept for example maps vs a run that keeps none.
+"""Benchmark: memory kept for example maps vs a run that keeps none.
 
 Each configuration runs in a fresh process analysing the same long text(s) with SmolLM2 (30 layers
 x 9 heads): the default (3 examples, cropped to 64 x 64 tokens, what the report draws), no examples

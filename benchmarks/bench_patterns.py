@@ -15,7 +15,7 @@ Usage: python benchmarks/bench_patterns.py [--model minilm] [--n 500] [--repeats
 operation waits for its slowest thread, and the many small operations of the pairwise loop suffer
 most (measured here: 3-17x slower with 2 threads than with 1 on a machine at load 10).
 Text: --corpus (plain text or CoNLL-U, repeated to --n), else the UD English EWT dev set from
-../shared/data when present, else the built-in sample repeated.
+the shared data folder beside the checkout when present, else the built-in sample repeated.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ accumulators::
 
 Merging is addition (or union), so batches, processes and machines combine the same way. The
 per-head statistics (:class:`probe.stats.HeadStatistics`), the example maps
-(:class:`ExampleMaps`) and the token counts (:class:`TokenCounts`) are accumulators; the coming
-analyses (word-level attention, coreference, syntax, head distances) are more of them.
+(:class:`ExampleMaps`) and the token counts (:class:`TokenCounts`) are accumulators; so are
+the coreference and syntax scores, head distances, pattern types and health checks
+(docs/contributing.md says how to write one).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class Example:
 class ExampleMaps(Accumulator):
     """Keeps the attention maps of a few chosen texts, cropped to their first ``crop`` tokens.
 
-    Memory is bounded by what is shown (shared/CASES.md F20): sites x heads x crop x crop floats per
+    Memory is bounded by what is shown: sites x heads x crop x crop floats per
     example, whatever the text's length. ``crop=None`` keeps whole maps (Python API only: a
     1,024-token SmolLM2 text then takes 30 x 9 x 1024^2 x 4 bytes = 1.1 GB).
 
@@ -215,9 +216,12 @@ class Counts:
     """What went through the loop.
 
     Attributes:
-        sequences, tokens (real, special included), truncated (sequences cut to the limit),
-        batches, unknown (tokens that are the tokenizer's unknown-word token), longest (tokens of
-        the longest sequence).
+        sequences: sequences analysed.
+        tokens: real tokens, special tokens included.
+        truncated: sequences cut to the limit.
+        batches: batches run.
+        unknown: tokens that are the tokenizer's unknown-word token.
+        longest: tokens of the longest sequence.
     """
 
     sequences: int = 0

@@ -145,12 +145,12 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         n_examples: how many of the first texts keep their attention maps.
         example_tokens: tokens per side kept of each example's maps (default 64, what the report
             draws; None keeps whole maps, e.g. for a notebook).
-        thresholds: label thresholds overriding METRICS.md's defaults.
+        thresholds: label thresholds overriding the defaults (docs/statistics.md).
         n_clusters: k of the k-means grouping of heads (``cluster``), used only when no accumulator
             gives heads a ``group`` (:class:`probe.patterns.HeadDistances` does: groups by the
             Jensen-Shannon distance replace the k-means clusters).
         progress: show a tqdm progress bar.
-        parse_special_tokens: let typed special-token strings become special tokens (F23).
+        parse_special_tokens: let typed special-token strings become special tokens (default: typed text is text).
         accumulators: extra accumulators run in the same pass (results in ``results[acc.name]``).
         finished: accumulators that already ran on their own inputs (e.g. the decoder circuit probe,
             :func:`probe.patterns.circuit_probe`): not run on the texts; their columns, labels and

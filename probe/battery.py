@@ -1,4 +1,4 @@
-"""The inputs of :func:`probe.verify`: a battery of cases (shared/CASES.md), each a list of
+"""The inputs of :func:`probe.verify`: a battery of cases (failures hand-written attention is known for), each a list of
 forward passes with the rows and keys that are real tokens. See :mod:`probe.verification` for what
 is compared and the tolerances.
 """

@@ -6,7 +6,7 @@ run, so a caller can reduce it (e.g. to statistics) and let it go before the nex
 maps are kept for the whole corpus.
 
 The model is prepared by :func:`probe.hooks.measuring`: a model loaded with ``sdpa`` or flash
-attention (which return no probabilities, shared/CASES.md F02) runs eager and says so; a model in
+attention (which return no probabilities) runs eager and says so; a model in
 train mode runs in eval mode; both are restored afterwards.
 """
 
@@ -148,7 +148,7 @@ def capture_attention(lm: LoadedModel, texts: Sequence[str | Text] | str, max_le
         texts: one text or a list of texts (one batch, right-padded).
         max_length: token limit per text, >= 2 (default: the model's limit).
         parse_special_tokens: let typed special-token strings ("[SEP]") become special tokens
-            (shared/CASES.md F23; default: typed text is text).
+            (default: typed text is text).
 
     Returns:
         :class:`Captured`: ``probs[i]`` is [batch, heads, T, T] for site i (rows of real query tokens

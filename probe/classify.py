@@ -1,4 +1,4 @@
-"""Head labels from per-head statistics (shared/METRICS.md "Default labels"), and clusters.
+"""Head labels from per-head statistics (docs/statistics.md, "Labels"), and clusters.
 
 A head gets every label whose rule ``statistic >= threshold`` holds; its primary label is the one
 whose statistic is highest relative to its threshold; a head with no label is ``mixed``
@@ -24,7 +24,7 @@ LABEL_RULES: dict[str, tuple[str, float]] = {
     "punctuation": ("punct", 0.5),
     "broad": ("norm_entropy", 0.8),
     "long-range": ("long", 0.5),
-    # decoder circuits on repeated random tokens (METRICS.md; columns from probe.patterns.circuit_probe)
+    # decoder circuits on repeated random tokens (docs/statistics.md; columns from probe.patterns.circuit_probe)
     "induction": ("induction", 0.4),
     "duplicate-token": ("duplicate", 0.4),
 }
@@ -35,7 +35,7 @@ REMOVED = "removed"
 
 
 def default_thresholds() -> dict[str, float]:
-    """label -> threshold, the METRICS.md defaults."""
+    """label -> threshold, the defaults (docs/statistics.md, "Labels")."""
     return {label: thr for label, (_, thr) in LABEL_RULES.items()}
 
 

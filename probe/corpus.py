@@ -20,7 +20,7 @@ _TEXT_LINE = re.compile(r"#\s*text\s*=(.*)")
 
 
 #: Line ends of a text corpus: only these end a sequence (not U+2028, U+2029, U+0085, form feed or
-#: vertical tab, which str.splitlines() also splits on; shared/CASES.md F22).
+#: vertical tab, which str.splitlines() also splits on: they would cut sentences).
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 

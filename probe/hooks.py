@@ -71,7 +71,7 @@ def ensure_eager(model: nn.Module) -> str | None:
     :func:`measuring` for a temporary switch).
 
     ``sdpa`` and flash attention return ``None`` for the attention probabilities
-    (transformers 5.x), so probe never silently gets empty weights (shared/CASES.md F02).
+    (transformers 5.x), so probe never silently gets empty weights.
 
     Returns:
         A note saying what was switched, or None if the model already ran eager attention.
@@ -102,7 +102,7 @@ class Measuring:
 def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -> Iterator[Measuring]:
     """Context manager: the model prepared for measuring, restored afterwards.
 
-    Inside: eager attention (if ``eager``; so attention probabilities exist, F02), eval mode (if
+    Inside: eager attention (if ``eager``; so attention probabilities exist), eval mode (if
     ``eval_mode``; no dropout on the probabilities), and a :class:`Hooks` for the caller's hooks.
     On exit, also on exceptions: hooks removed, replaced modules back, the attention
     implementation and the train/eval mode as they were.

@@ -4,7 +4,7 @@ Data flow: texts (:class:`Text`, or plain strings) -> :func:`tokenize` (one :cla
 text: token ids, character offsets, special-token flags, word index of each token, truncation)
 -> :func:`iter_batches` (length-sorted, right-padded :class:`Batch` objects) -> the model.
 
-Typed text stays text (shared/CASES.md F23): a user's "[SEP]" or "<|endoftext|>" is tokenized
+Typed text stays text: a user's "[SEP]" or "<|endoftext|>" is tokenized
 as characters, like the tokenizer's ``split_special_tokens``; only the special tokens the
 tokenizer adds itself are special. ``parse_special_tokens=True`` keeps the old behaviour for users
 who mean it.
@@ -140,7 +140,7 @@ def tokenize(lm, texts: Sequence[Text], max_length: int | None = None, *,
         lm: a :class:`~probe.models.LoadedModel`.
         texts: the sequences (special tokens are added as the tokenizer does by default).
         max_length: token limit, >= 2 (default and upper bound: the model's limit ``lm.max_length``).
-        parse_special_tokens: let typed special-token strings become special tokens (F23; default:
+        parse_special_tokens: let typed special-token strings become special tokens (default:
             they are text).
         start_index: corpus index of ``texts[0]``.
 

@@ -10,7 +10,7 @@ Today's models have self-attention sites only (``encoder.<layer>.self`` for enco
 ``decoder.<layer>.cross`` (queries from the target, keys from the source).
 
 :func:`visible_keys` is the one place that says which keys a query row may see under a site's own
-mask (causal, sliding window): the statistics (``norm_entropy``'s k_i, METRICS.md) and the
+mask (causal, sliding window): the statistics (``norm_entropy``'s k_i) and the
 from-scratch attention's causal mask both take it from here.
 """
 

@@ -1,4 +1,4 @@
-"""Per-head attention statistics of ``shared/METRICS.md``, as an accumulator.
+"""Per-head attention statistics (defined in docs/statistics.md), as an accumulator.
 
 Definitions follow Clark et al. 2019 ("What Does BERT Look At?", sections 3-4), Kovaleva et al.
 2019 and Voita et al. 2019; the exact per-row definitions are in the docstring of
@@ -47,7 +47,7 @@ class TokenFeatures:
     Attributes:
         real: [batch, T] bool, True for real tokens (a prefix of each row: right padding).
         sep: [batch, T] bool, True where the token is the tokenizer's sep token.
-        punct: [batch, T] bool, True where the token covers only punctuation (METRICS.md ``punct``).
+        punct: [batch, T] bool, True where the token covers only punctuation (``punct``).
         has_sep: whether the tokenizer has a sep token at all (``sep`` is undefined otherwise).
     """
 
@@ -124,7 +124,7 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int,
     """The weights used by :meth:`HeadStatistics.update` for one batch and one kind of site.
 
     With A = attention probabilities of one head on one sequence of T real tokens (row i = query,
-    column j = key), the per-row values are (METRICS.md):
+    column j = key), the per-row values are:
 
     - ``self`` A[i, i]; ``prev`` A[i, i-1] (i >= 1); ``next`` A[i, i+1] (i <= T-2, non-causal sites);
     - ``first`` A[i, 0]; ``sep`` sum of A[i, j] over sep positions j (only if the tokenizer has a
@@ -236,7 +236,7 @@ class HeadStatistics(Accumulator):
 
     ``sums`` is [sites, heads, statistics] float64 and ``counts`` [sites, statistics] int64 (every
     head of a site sees the same rows). Corpus values (:meth:`means`) are sums / counts, the
-    token-weighted mean over real query rows of METRICS.md. Instances merge with :meth:`merge`.
+    token-weighted mean over real query rows. Instances merge with :meth:`merge`.
 
     Args:
         sites: the model's attention sites (``lm.sites``), in order.

@@ -1,5 +1,5 @@
-"""Token classes and labels: punctuation by the characters a token covers (METRICS.md ``punct``)
-and readable display labels, byte-level pieces included (shared/CASES.md F21)."""
+"""Token classes and labels: punctuation by the characters a token covers (the ``punct``
+statistic) and readable display labels, byte-level pieces of emoji and CJK punctuation included."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .inputs import Batch
 
 def is_punctuation_text(text: str) -> bool:
     """True if ``text`` with whitespace removed is non-empty and made only of Unicode punctuation
-    (general categories Pc, Pd, Pe, Pf, Pi, Po, Ps): METRICS.md ``punct``, applied to the
+    (general categories Pc, Pd, Pe, Pf, Pi, Po, Ps): the ``punct`` statistic, applied to the
     characters a token covers in the input."""
     s = "".join(ch for ch in text if not ch.isspace())
     return bool(s) and all(unicodedata.category(ch).startswith("P") for ch in s)
@@ -23,7 +23,7 @@ def punctuation_mask(batch: Batch, tokenizer=None) -> torch.Tensor:
     """[batch, T] bool: real, non-special tokens whose covered characters are punctuation.
 
     A byte-level piece of a punctuation character (byte-level BPE splits 「 or ¿ into pieces)
-    covers that character and counts (F21). Tokenizers without character offsets (slow ones)
+    covers that character and counts. Tokenizers without character offsets (slow ones)
     fall back to the token's decoded surface form (a WordPiece '##' marker removed).
     """
     B, T = batch.input_ids.shape
@@ -67,7 +67,7 @@ def display_tokens(tokenizer, text: str, ids: Sequence[int], offsets: Sequence[t
     shown as nothing and newlines as ``\\n``. A byte-level piece of a character (an emoji or CJK
     punctuation split into several tokens, whose lone decoding is the replacement character)
     shows the character it belongs to, marked as a part: ``💩 (1/3)``, ``💩 (2/3)``, ``💩 (3/3)``
-    (shared/CASES.md F21). Labels of pieces of one character are distinct.
+    (never an unreadable replacement character). Labels of pieces of one character are distinct.
     """
     tokens = tokenizer.convert_ids_to_tokens(list(ids))
     labels: list[str] = []

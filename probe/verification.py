@@ -4,9 +4,9 @@ The model is run twice on a battery of inputs, once as loaded (eager attention) 
 layer's attention module swapped for :class:`probe.reference.ReferenceAttention`, and the two runs
 are compared layer by layer: attention probabilities (every head, real query rows and real keys
 only), each layer's hidden states (real positions only) and the final outputs (logits if the model
-has an LM head, else ``last_hidden_state``). Nothing is preprocessed on either side (F17).
+has an LM head, else ``last_hidden_state``). Nothing is preprocessed on either side (no folding of norms, no centring).
 
-Battery (shared/CASES.md):
+Battery (each case a failure hand-written attention is known for):
 
 * ``sentence`` - one sentence;
 * ``right-padded`` - a batch of three sentences of unequal length, padded on the right;
@@ -14,10 +14,10 @@ Battery (shared/CASES.md):
 * ``padding-invariance`` - one prompt alone and padded by 1, 3 and 8 tokens (on the left for
   decoders, position ids from the mask; on the right for encoders): besides original vs swapped,
   the real tokens' attention and hidden states of each padded row are compared with the prompt
-  run alone (F24), against a bound set by the float batching noise measured on the same prompt
+  run alone (position ids from the mask), against a bound set by the float batching noise measured on the same prompt
   twice in a batch and, for decoders, right-padded to the same lengths (causality leaves its
   real tokens unchanged, so what differs there is rounding that depends on the length);
-* ``kv-cache`` - (decoders) a 6-token prefix, then 3 single-token steps with the key/value cache (F09);
+* ``kv-cache`` - (decoders) a 6-token prefix, then 3 single-token steps with the key/value cache;
 * ``max-length`` - one sequence of min(model limit, 1024) tokens;
 * ``sentence-pair`` - (encoders) two segments with token type ids.
 

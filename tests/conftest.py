@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import probe.models as pm  # noqa: E402
 
-#: The shared, read-only data folder (``../shared/data`` from the repository root; a checkout
+#: The shared, read-only data folder (``shared/data`` beside the repository root; a checkout
 #: elsewhere, such as a git worktree, points ``PROBE_SHARED_DATA`` at it).
 SHARED_DATA = Path(os.environ.get("PROBE_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 

@@ -1,5 +1,5 @@
 """The analysis loop and its accumulators: the protocol, example maps bounded by what is shown
-(shared/CASES.md F20), counts and notes, and input checks before any forward pass."""
+(F20: long maps kept whole ran out of memory), counts and notes, and input checks before any forward pass."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Attention capture: shared/CASES.md F01 and F02, train mode, and hook hygiene."""
+"""Attention capture: F01 (unpadded causal weights above the diagonal are 0), F02 (sdpa gives no
+weights: probe runs eager and says so), train mode, and hook hygiene."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Decoder circuits (METRICS.md): induction / duplicate-token / previous-token scores on repeated
+"""Decoder circuits (docs/statistics.md): induction / duplicate-token / previous-token scores on repeated
 random tokens, checked on hand-built patterns, on a tiny decoder with a planted induction head and a
 planted duplicate-token head (hand-computed scores), against TransformerLens' ``detect_head`` ("mul")
 on the same patterns where TransformerLens is installed, and the attention sinks against a plain

@@ -1,4 +1,4 @@
-"""Coreference scoring (shared/METRICS.md "Coreference (GAP format)"): hand-made examples give
+"""Coreference scoring (docs/statistics.md, "Coreference"): hand-made examples give
 hand-computed accuracies and Wilson intervals for heads and baselines, the label rule, the causal
 candidate rule, counted skips; on tiny models, the accumulator equals an independent computation."""
 

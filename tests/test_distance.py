@@ -1,4 +1,4 @@
-"""Head distance (METRICS.md "Head distance and redundancy"): Jensen-Shannon divergence in bits per
+"""Head distance (docs/statistics.md, "Head distance and redundancy"): Jensen-Shannon divergence in bits per
 real query row, token-weighted, accumulated in one pass; checked against SciPy row by row."""
 
 from __future__ import annotations

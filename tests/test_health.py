@@ -1,4 +1,4 @@
-"""Attention health checks (METRICS.md): each check fires on a tiny model broken the way the check
+"""Attention health checks (docs/statistics.md): each check fires on a tiny model broken the way the check
 points at, flags exactly the broken heads, and stays quiet on the unbroken model."""
 
 from __future__ import annotations
@@ -132,3 +132,16 @@ def test_thresholds_are_configurable_and_checked(bert):
     for bad in ({"padding": 0.1}, {"saturation": 0.5}, {"uniform": 0}, {"uniform": 1.5}, {"collapsed": True}):
         with pytest.raises(ValueError):
             health_thresholds(bad)
+
+
+def test_health_of_a_run_without_the_health_probe_says_how_to_get_one():
+    """health_of on an analysis run without the pattern accumulators: a ValueError naming the fix
+    (it returned None without saying why), and the report shows no health section."""
+    from probe.patterns.report import health_section
+
+    lm = tiny_model("bert")
+    res = analyze(lm, TEXTS, batch_size=4, n_examples=0)
+    with pytest.raises(ValueError, match=r"no health checks: run it with analyze\(lm, texts, accumulators="):
+        health_of(res)
+    assert health_section(res, lm.tokenizer) is None
+    assert {c.name for c in health_of(checks(lm)[1])} == {"saturated", "uniform", "collapsed", "duplicates", "padding"}

@@ -1,4 +1,4 @@
-"""Kovaleva pattern types per (head, sequence) (METRICS.md): hand-built maps with hand-computed v, d
+"""Kovaleva pattern types per (head, sequence) (docs/statistics.md): hand-built maps with hand-computed v, d
 and s, segments of sentence pairs, and a tiny model's shares against a row-by-row recomputation."""
 
 from __future__ import annotations

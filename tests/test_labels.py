@@ -1,4 +1,4 @@
-"""Head labels (shared/METRICS.md "Default labels") on hand-built statistics."""
+"""Head labels (docs/statistics.md, "Labels") on hand-built statistics."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from probe.classify import LABEL_RULES, MIXED, cluster_heads, default_thresholds, label_heads
 from probe.stats import STATISTICS
 
-#: METRICS.md's table, written out again here (not read from probe).
-METRICS_RULES = {
+#: The labels' definition (docs/statistics.md), written out again here (not read from probe).
+DEFINED_RULES = {
     "previous-token": ("prev", 0.5),
     "next-token": ("next", 0.5),
     "self": ("self", 0.5),
@@ -39,13 +39,13 @@ def frame(*rows: dict) -> pd.DataFrame:
 
 
 def test_rules_match_metrics():
-    assert {label: rule for label, rule in LABEL_RULES.items()} == METRICS_RULES
-    assert default_thresholds() == {label: thr for label, (_, thr) in METRICS_RULES.items()}
+    assert {label: rule for label, rule in LABEL_RULES.items()} == DEFINED_RULES
+    assert default_thresholds() == {label: thr for label, (_, thr) in DEFINED_RULES.items()}
 
 
-@pytest.mark.parametrize("label", list(METRICS_RULES))
+@pytest.mark.parametrize("label", list(DEFINED_RULES))
 def test_each_rule_at_and_below_threshold(label):
-    stat, thr = METRICS_RULES[label]
+    stat, thr = DEFINED_RULES[label]
     heads = frame({stat: thr}, {stat: thr - 1e-4}, {stat: 1.0})
     out = label_heads(heads)
     assert out["label"].tolist() == [label, MIXED, label]
@@ -122,12 +122,12 @@ def test_output_columns_and_input_untouched():
 
 
 def test_every_label_of_a_head_is_listed_by_ratio():
-    row = {stat: min(1.0, thr * (1.1 + 0.05 * k)) for k, (stat, thr) in enumerate(METRICS_RULES.values())}
+    row = {stat: min(1.0, thr * (1.1 + 0.05 * k)) for k, (stat, thr) in enumerate(DEFINED_RULES.values())}
     out = label_heads(frame(row))
-    ratios = sorted(((row[stat] / thr, label) for label, (stat, thr) in METRICS_RULES.items()), reverse=True)
+    ratios = sorted(((row[stat] / thr, label) for label, (stat, thr) in DEFINED_RULES.items()), reverse=True)
     assert out["labels"][0].split(";") == [label for _, label in ratios]
     assert out["label"][0] == ratios[0][1]
-    assert math.isclose(ratios[0][0], 1.1 + 0.05 * (len(METRICS_RULES) - 1))
+    assert math.isclose(ratios[0][0], 1.1 + 0.05 * (len(DEFINED_RULES) - 1))
 
 
 def test_cluster_heads_groups_similar_profiles():

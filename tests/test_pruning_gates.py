@@ -1,4 +1,4 @@
-"""probe.pruning.gates: head gates on the output projection's input (shared/CASES.md F13), under
+"""probe.pruning.gates: head gates on the output projection's input (F13: a mask acts under any backend), under
 eager and sdpa attention, differentiable, per sequence, and always removed."""
 
 from __future__ import annotations

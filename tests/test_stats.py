@@ -1,7 +1,7 @@
-"""Per-head statistics (shared/METRICS.md) checked against an independent computation.
+"""Per-head statistics (docs/statistics.md) checked against an independent computation.
 
 The reference below does not use probe's statistics code: it runs each sequence ONE AT A TIME,
-unpadded, through the model's own ``output_attentions=True`` path, and applies the METRICS.md
+unpadded, through the model's own ``output_attentions=True`` path, and applies the definitions
 definitions row by row with numpy (float64). probe's ``analyze`` (batched, padded, hook-captured)
 must agree with it.
 """
@@ -54,7 +54,7 @@ SHORT = [
 # --------------------------------------------------------------------------- the reference
 
 def reference_punct(covered: str) -> bool:
-    """METRICS.md punct: the characters a token covers, whitespace removed, non-empty and all P*."""
+    """The punct definition: the characters a token covers, whitespace removed, non-empty and all P*."""
     s = "".join(ch for ch in covered if not ch.isspace())
     return len(s) > 0 and all(unicodedata.category(ch)[0] == "P" for ch in s)
 
@@ -71,7 +71,7 @@ def reference_window(model, layer: int) -> int | None:
 
 
 def reference_heads(lm, texts, max_length: int | None = None) -> pd.DataFrame:
-    """METRICS.md statistics computed one sequence at a time, unpadded, with plain numpy per row."""
+    """The statistics computed one sequence at a time, unpadded, with plain numpy per row."""
     tok, model = lm.tokenizer, lm.model
     causal = lm.causal
     limit = min(max_length or lm.max_length, lm.max_length)
@@ -329,7 +329,7 @@ def test_merge_of_two_halves_equals_whole():
 
 
 def test_head_statistics_counts_rows():
-    """Counts are real query rows where each statistic is defined (METRICS.md 'Setting')."""
+    """Counts are real query rows where each statistic is defined (the setting of docs/statistics.md)."""
     lm = tiny_model("bert")
     lengths = [len(lm.tokenizer(t)["input_ids"]) for t in SHORT]
     stats = analyze(lm, SHORT, n_examples=0).stats

@@ -1,4 +1,4 @@
-"""Syntax scoring (shared/METRICS.md "Syntax (CoNLL-U)"): a hand-built attention on hand-made
+"""Syntax scoring (docs/statistics.md, "Syntax"): a hand-built attention on hand-made
 trees gives hand-computed accuracies, baselines and intervals in both directions; causal sites
 predict only leftwards; multiword tokens and joined words are counted, not scored; the label rule;
 on tiny models the accumulator equals an independent computation; UD EWT dev aligns."""

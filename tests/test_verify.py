@@ -1,6 +1,6 @@
 """The swapped-in reference attention and ``verify``: every tiny kind passes, every mutant fails,
-the swap restores the model, the failure cases of shared/CASES.md (F01, F05, F06, F09, F14, F15,
-F17, F19, F24), the architecture-specific behaviour of the newer families, and ``probe verify``.
+the swap restores the model, failure cases of hand-written attention (F01, F05, F06, F09, F14, F15,
+F17, F19, F24: each told at its test), the architecture-specific behaviour of the newer families, and ``probe verify``.
 
 Two tests marked ``slow`` verify the real embedded models.
 """
@@ -291,7 +291,7 @@ def test_sliding_windows_follow_the_config(kind, windows):
 
 
 # ---------------------------------------------------------------------------------------------
-# CASES.md
+# Failure cases seen in other tools (each test says its case)
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "gpt_neox", "phi3", "gemma2"])

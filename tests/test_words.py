@@ -1,4 +1,4 @@
-"""Word-level attention (shared/METRICS.md "Word-level attention"): hand-built attention matrices
+"""Word-level attention (docs/statistics.md, "Word-level attention"): hand-built attention matrices
 give hand-computed word-level matrices for WordPiece, byte-level BPE and multiword tokens; rows sum
 to 1; the alignment rules (whitespace pieces, words one token joins, truncation)."""
 

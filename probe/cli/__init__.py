@@ -20,6 +20,7 @@ import sys
 
 import click
 
+from .. import __version__
 from ..errors import ProbeError
 
 
@@ -70,7 +71,7 @@ def _setup_logging() -> None:
 
 
 @click.group(cls=ProbeGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="probe")
+@click.version_option(version=__version__, prog_name="probe")
 def main() -> None:
     """probe: see what the attention heads of a pretrained transformer do."""
     _setup_logging()

@@ -1,5 +1,5 @@
 """Attention against annotated text: word-level attention, coreference heads and syntactic heads
-(shared/METRICS.md "Word-level attention", "Coreference (GAP format)", "Syntax (CoNLL-U)";
+(definitions in docs/statistics.md: word-level attention, coreference, syntax;
 Clark et al. 2019, "What Does BERT Look At?", sec. 4-5).
 
 Modules: :mod:`.words` (token -> word attention, alignment), :mod:`.conllu` and :mod:`.gap`

@@ -3,7 +3,7 @@
 Each sentence becomes its text, the character spans of its *surface* tokens in that text, and per
 syntactic word: its surface token, its gold head and its relation.
 
-Decisions (shared/METRICS.md "Syntax (CoNLL-U)" leaves them to the implementation):
+Decisions (the definition of syntactic heads, docs/statistics.md, leaves them to the implementation):
 
 - Text: the ``# text = ...`` comment; without one, the forms joined with a space except where
   MISC says ``SpaceAfter=No``.

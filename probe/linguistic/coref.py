@@ -1,5 +1,5 @@
 """Coreference heads: does a head's word-level attention from a pronoun pick its antecedent?
-(shared/METRICS.md "Coreference (GAP format)"; Clark et al. 2019, sec. 5.2.)
+(docs/statistics.md, "Coreference"; Clark et al. 2019, sec. 5.2.)
 
 For each example (a pronoun p and two candidate names A and B, exactly one of them p's antecedent)
 and each head: the head answers A when its word-level attention from p to A exceeds that to B

@@ -1,5 +1,5 @@
 """Syntactic heads: does a head's most-attended word find a word's gold dependency head?
-(shared/METRICS.md "Syntax (CoNLL-U)"; Clark et al. 2019, sec. 4.2 and Table 1.)
+(docs/statistics.md, "Syntax"; Clark et al. 2019, sec. 4.2 and Table 1.)
 
 For each dependency (dependent d, gold head g, relation rel) of an aligned sentence and each
 attention head, in both directions:

@@ -1,4 +1,4 @@
-"""Word-level attention from token-level attention probabilities (shared/METRICS.md "Word-level
+"""Word-level attention from token-level attention probabilities (docs/statistics.md, "Word-level
 attention"; Clark et al. 2019, "What Does BERT Look At?", sec. 4.1).
 
 Attention *to* a word is the sum of the attention to its subword tokens; attention *from* a word is

@@ -1,5 +1,5 @@
 """Decoder circuits: induction, duplicate-token and previous-token scores on repeated random tokens,
-and attention sinks with and without a BOS token (METRICS.md "Decoder circuits").
+and attention sinks with and without a BOS token (docs/statistics.md, "Decoder circuits").
 
 The probe (Olsson et al. 2022, "In-context Learning and Induction Heads", sec. 2; the repeated
 random sequences TransformerLens' head detector uses): a batch of 16 sequences r_1..r_n r_1..r_n
@@ -39,7 +39,7 @@ from ..accumulators import Accumulator, present_heads
 from ..inputs import Batch, Text, as_texts, tokenize
 from ..sites import Site
 
-#: Defaults of the probe (METRICS.md).
+#: Defaults of the probe (docs/statistics.md).
 N_TOKENS, BATCH, SEED = 25, 16, 0
 #: Corpus texts used for the attention-sink comparison, and their token cap.
 SINK_TEXTS, SINK_TOKENS = 16, 128
@@ -243,7 +243,7 @@ def _sink_rows(lm, texts: Sequence[str | Text] | None, random_ids: torch.Tensor,
 @torch.no_grad()
 def circuit_probe(lm, *, n: int = N_TOKENS, batch_size: int = BATCH, seed: int = SEED,
                   sink_texts: Sequence[str | Text] | None = None) -> CircuitProbe:
-    """Run METRICS.md's repeated-random-token probe and the attention-sink comparison on a decoder.
+    """Run the repeated-random-token probe and the attention-sink comparison on a decoder.
 
     Args:
         lm: a loaded causal model (:class:`~probe.models.LoadedModel`).

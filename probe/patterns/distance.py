@@ -1,7 +1,7 @@
-"""Distance between attention heads: the Jensen-Shannon divergence of METRICS.md, accumulated in
+"""Distance between attention heads: the Jensen-Shannon divergence (docs/statistics.md), accumulated in
 the same pass as the statistics.
 
-Definition (METRICS.md "Head distance and redundancy", after Clark et al. 2019, sec. 6): for heads
+Definition (docs/statistics.md, "Head distance and redundancy", after Clark et al. 2019, sec. 6): for heads
 h and g of one model on the same tokens, the Jensen-Shannon divergence in bits (base 2, so in
 [0, 1]) between row i of A_h and row i of A_g, for every real query row i, averaged
 token-weighted over the corpus (each real row counts once)::
@@ -165,7 +165,7 @@ class DistanceResult:
 
 
 class HeadDistances(Accumulator):
-    """Jensen-Shannon divergence between heads (METRICS.md), per layer and model-wide, in one pass.
+    """Jensen-Shannon divergence between heads (docs/statistics.md), per layer and model-wide, in one pass.
 
     Args:
         sites: the model's attention sites, in order.

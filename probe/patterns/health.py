@@ -1,4 +1,4 @@
-"""Attention health checks (METRICS.md "Attention health checks"): the troubleshooting table of
+"""Attention health checks (docs/statistics.md, "Attention health checks"): the troubleshooting table of
 saturated, uniform, self-copying, duplicated heads and attention leaking onto padding.
 
 Each check is a rule on a measured value, with a configurable threshold:
@@ -50,7 +50,7 @@ TITLES = {"saturated": "saturated", "uniform": "uniform", "collapsed": "collapse
 
 
 def health_thresholds(overrides: dict | None = None) -> dict[str, float]:
-    """check -> threshold: METRICS.md's defaults with ``overrides``.
+    """check -> threshold: the defaults (docs/statistics.md) with ``overrides``.
 
     Raises:
         ValueError: an unknown check, ``padding`` (fixed at 0), or a value outside (0, 1].
@@ -228,7 +228,7 @@ def health_checks(heads, distances=None, probe: dict | None = None,
         heads: the per-head DataFrame (``max_weight``, ``norm_entropy``, ``self`` columns).
         distances: a :class:`~probe.patterns.distance.DistanceResult`, or None (duplicates not measured).
         probe: :meth:`HealthProbe.result`, or None (padding not measured).
-        thresholds: overrides (default: the probe's, else METRICS.md's).
+        thresholds: overrides (default: the probe's, else the defaults).
 
     Returns:
         One :class:`Check` per check, in :data:`HEALTH_RULES` order.
@@ -244,11 +244,20 @@ def health_checks(heads, distances=None, probe: dict | None = None,
     return checks
 
 
-def health_of(result) -> list[Check] | None:
-    """The checks of an :class:`~probe.analysis.AnalysisResult` whose run had a :class:`HealthProbe`
-    (None otherwise)."""
+#: What :func:`health_of` says about a result without the health measurement.
+NOT_MEASURED = ("this analysis has no health checks: run it with analyze(lm, texts, "
+                "accumulators=probe.patterns.pattern_accumulators(lm)) (a HealthProbe measures padding; "
+                "HeadDistances the duplicates)")
+
+
+def health_of(result) -> list[Check]:
+    """The checks of an :class:`~probe.analysis.AnalysisResult` whose run had a :class:`HealthProbe`.
+
+    Raises:
+        ValueError: the run had no :class:`HealthProbe` (the message says how to add one).
+    """
     probe = result.results.get("health")
     if probe is None:
-        return None
+        raise ValueError(NOT_MEASURED)
     return health_checks(result.heads, result.results.get("distances"), probe)
 

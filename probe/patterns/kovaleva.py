@@ -1,11 +1,11 @@
-"""Kovaleva pattern types per (head, sequence) (METRICS.md "Kovaleva pattern types").
+"""Kovaleva pattern types per (head, sequence) (docs/statistics.md, "Kovaleva pattern types").
 
 After Kovaleva et al. 2019 ("Revealing the Dark Secrets of BERT", sec. 3: vertical, diagonal,
-vertical + diagonal, block, heterogeneous), with METRICS.md's rules. For one head on one sequence of
+vertical + diagonal, block, heterogeneous), with the rules below. For one head on one sequence of
 T real tokens, averaged over its real query rows i:
 
 - v = attention to the "vertical" positions: position 0 ([CLS] / BOS / the first token), the
-  tokenizer's sep tokens and punctuation tokens (METRICS.md ``sep`` and ``punct``), each position
+  tokenizer's sep tokens and punctuation tokens (the statistics ``sep`` and ``punct``), each position
   counted once (a sep token that is also at position 0 counts once);
 - d = A[i, i-1] + A[i, i] + A[i, i+1] (the terms that exist; in a causal model A[i, i+1] = 0);
 - s = the attention that stays within the query's own segment (sentence pairs only).
@@ -41,7 +41,7 @@ from ..stats import token_features
 TYPES: tuple[str, ...] = ("vertical+diagonal", "vertical", "diagonal", "block", "heterogeneous")
 COLUMNS: dict[str, str] = {t: "type_" + t.replace("+", "_") for t in TYPES}
 
-#: Rule thresholds (METRICS.md).
+#: Rule thresholds (docs/statistics.md).
 VD_V, VD_D, V_MIN, D_MIN, BLOCK_MIN = 0.3, 0.3, 0.5, 0.5, 0.8
 
 

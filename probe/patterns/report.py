@@ -67,10 +67,10 @@ def _describe(check) -> str:
 
 
 def health_section(result, tokenizer) -> Section | None:
-    """The attention health checks (METRICS.md table): rule, threshold, flagged heads and values."""
-    checks = health_of(result)
-    if checks is None:
+    """The attention health checks (docs/statistics.md): rule, threshold, flagged heads and values."""
+    if result.results.get("health") is None:
         return None
+    checks = health_of(result)
     rows = []
     for c in checks:
         status = "not measured" if not c.measured else ("FLAGGED" if c.flagged or c.layers else "ok")

@@ -5,8 +5,8 @@ attention as sum_h xi_h Att_h(x) with a gate xi_h per head: xi_h = 0 removes hea
 dL/dxi_h is its importance. probe puts the gate in a forward pre-hook on the output projection
 (the architecture spec's ``o``), whose input is the heads' outputs side by side,
 [batch, seq, heads * d_head]: head h's slice is multiplied by its gate. This happens after the
-attention itself, so it works under every attention implementation (eager, sdpa; shared/CASES.md
-F13), and gates are ordinary tensors, differentiable when they require grad.
+attention itself, so it works under every attention implementation (eager, sdpa: no
+backend can ignore it), and gates are ordinary tensors, differentiable when they require grad.
 
 Gates are in the original numbering ([layers, heads], or [batch, layers, heads] for one gate per
 sequence). On a physically pruned model (``lm.pruned``) each slot of the projection takes the gate

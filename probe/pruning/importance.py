@@ -2,7 +2,7 @@
 
 With a gate xi_h on every head (:mod:`probe.pruning.gates`, all 1 = the model as it is),
 
-    I_h = sum over batches of |dL/dxi_h|,   L = the batch's mean loss (shared/METRICS.md),
+    I_h = sum over batches of |dL/dxi_h|,   L = the batch's mean loss,
 
 then normalized per layer: I_h / sqrt(sum of I_g^2 over the heads g still present in that layer)
 (Michel et al., sec. 4.1, after Molchanov et al. 2017). |dL/dxi_h| is the first-order (Taylor)

@@ -1,5 +1,5 @@
 """Redundant heads: Jensen-Shannon divergence between the attention distributions of heads of one
-layer on the same tokens (shared/METRICS.md "Head distance and redundancy"; Clark et al. 2019,
+layer on the same tokens (docs/statistics.md, "Head distance and redundancy"; Clark et al. 2019,
 sec. 6), and the pruning order it gives.
 
 Distance between heads h and g of one layer: for each real query row i, the Jensen-Shannon
@@ -26,7 +26,7 @@ import torch
 
 from ..accumulators import Accumulator
 
-#: Heads of one layer closer than this (bits) are near-duplicates (METRICS.md default).
+#: Heads of one layer closer than this (bits) are near-duplicates (the default).
 NEAR_DUPLICATE = 0.05
 
 #: Query rows per chunk of the pairwise computation (bounds memory at heads^2 x rows x T doubles).

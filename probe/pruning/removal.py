@@ -1,6 +1,6 @@
 """Physical head removal: rows of the query/key/value projections and columns of the output
 projection go, and each attention module's head counts and widths follow, so the model runs at its
-new size (shared/CASES.md F11).
+new size (no module keeps the old head count).
 
 Every layout of :data:`probe.architectures.QKV_LAYOUTS` is handled from the spec alone: separate
 ``nn.Linear`` q/k/v (rows), GPT-2's fused ``Conv1D`` (columns of q | k | v), GPT-NeoX's per-head
@@ -209,7 +209,7 @@ def remove_heads(lm, heads) -> Removal:
     """Physically remove heads from ``lm`` (in place), in the original numbering.
 
     Works on a model that was pruned before (``lm.pruned``): numbers stay the original ones
-    (shared/CASES.md F12), and the result is recorded in ``lm.pruned``.
+    (pruning again never shifts to another head), and the result is recorded in ``lm.pruned``.
 
     Args:
         lm: a :class:`~probe.models.LoadedModel` (any supported family).

@@ -6,7 +6,7 @@ the tokenizer, and
 :data:`~probe.pruning.heads.PRUNED_FILE`: the removed heads in the original numbering and the
 layout of every layer. :func:`load_pruned_folder` builds the model from the config, removes the
 same heads the same way (:func:`probe.pruning.removal.apply_layout`), then loads the weights, so
-outputs are identical after the round trip (shared/CASES.md F12). ``probe analyze/verify/prune
+outputs are identical after the round trip. ``probe analyze/verify/prune
 --model DIR`` load such a folder through :func:`probe.models.load_model`.
 """
 

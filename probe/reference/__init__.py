@@ -10,7 +10,7 @@ grouped key/value heads (Ainslie et al. 2023, GQA). The only things taken from t
 projection modules (by reference, never copied) and its config.
 
 * :mod:`~probe.reference.op` - :func:`attention`, the bare operation on [batch, heads, T, d_head]
-  tensors, and the one mask convention checked at the door (shared/CASES.md F04, F06, F07, F19);
+  tensors, and the one mask convention checked at the door (0/1, boolean, additive; fp16-safe; empty rows give 0);
 * :mod:`~probe.reference.rotary` - RoPE frequencies from the config (every rope_type the supported
   families use, partial rotary included);
 * :mod:`~probe.reference.module` - :class:`ReferenceAttention`, a drop-in for one layer's attention
@@ -18,7 +18,7 @@ projection modules (by reference, never copied) and its config.
 * :mod:`~probe.reference.mutants` - deliberately broken variants, one overridden step each;
 * :mod:`~probe.reference.swap` - :func:`swap_attention`, reversible.
 
-No preprocessing of weights happens anywhere (F17): no folding of layer norms, no centring of the
+No preprocessing of weights happens anywhere: no folding of layer norms, no centring of the
 unembedding, no re-ordering of projection rows.
 """
 

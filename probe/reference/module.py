@@ -53,7 +53,7 @@ class ReferenceAttention(nn.Module):
 
     The projection modules are the original ones (same objects, registered under the same names, so
     ``state_dict`` keys and hooks on them are unchanged); nothing is copied or transformed, and no
-    weight is preprocessed (shared/CASES.md F17).
+    weight is preprocessed.
 
     Forward: ``hidden_states`` [batch, T, d_model] (plus whatever the Hugging Face layer passes:
     cache, ``position_ids`` ...) -> ``(attn_output, attn_probs)``: attn_output [batch, T, d_model]
@@ -64,8 +64,9 @@ class ReferenceAttention(nn.Module):
 
     Raises (at forward):
         MaskError: called outside a swapped model's forward with a Hugging Face mask but no
-            ``padding_mask``; a padding mask whose length is not past + T (F09).
-        ProbeError: cross-attention (``encoder_hidden_states``) requested.
+            ``padding_mask``; a padding mask whose length is not past + T.
+        ProbeError: a cross-attention site called without the encoder's output, or a self-attention
+            site given keys and values from another sequence.
     """
 
     #: The deliberately broken step, for mutants (None: this is the correct module).

@@ -1,7 +1,7 @@
 """Deliberately broken variants of :class:`ReferenceAttention`, one overridden step each.
 
 ``probe verify --mutant NAME`` swaps one of these in to show that verification catches the classic
-bugs of hand-written attention (shared/CASES.md F05, F14, F15): each must FAIL wherever it
+bugs of hand-written attention (inverted causal mask, no transpose, 1/sqrt(d_model)): each must FAIL wherever it
 changes anything. Production code takes no test-only parameters; the bug lives only here.
 """
 
@@ -15,7 +15,7 @@ from .module import ReferenceAttention
 
 
 class ScaleDModel(ReferenceAttention):
-    """Scores scaled by 1/sqrt(d_model) instead of 1/sqrt(d_head) (F15); GPT-2's 1/(layer + 1) kept."""
+    """Scores scaled by 1/sqrt(d_model) instead of 1/sqrt(d_head); GPT-2's 1/(layer + 1) kept."""
 
     mutant = "scale-d-model"
 
@@ -53,7 +53,7 @@ class NoCausalMask(ReferenceAttention):
 
 
 class CausalInverted(ReferenceAttention):
-    """A boolean causal mask with inverted polarity: queries see only the future (F05)."""
+    """A boolean causal mask with inverted polarity: queries see only the future."""
 
     mutant = "causal-inverted"
 
@@ -63,7 +63,7 @@ class CausalInverted(ReferenceAttention):
 
 
 class MergeWithoutTranspose(ReferenceAttention):
-    """Heads merged with a reshape of [batch, heads, T, d_head], no transpose (F14)."""
+    """Heads merged with a reshape of [batch, heads, T, d_head], no transpose."""
 
     mutant = "merge-without-transpose"
 

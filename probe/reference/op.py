@@ -28,7 +28,7 @@ _ADDITIVE_MIN = {float(torch.finfo(d).min) for d in (torch.float16, torch.bfloat
 def as_keep_mask(mask: torch.Tensor) -> torch.Tensor:
     """Turn any accepted mask into a boolean keep-mask (True = this key may be attended to).
 
-    Accepted (shared/CASES.md F04), all meaning the same thing: boolean (True = keep); integer or
+    Accepted (a 0/1 mask is never read as additive), all meaning the same thing: boolean (True = keep); integer or
     float holding only 0 and 1 (at least one 1; 1 = keep); float additive with values in
     {0, -inf, finfo(d).min of any float dtype d}, at least one not 0 (0 = keep).
 
@@ -59,7 +59,7 @@ def broadcast_keep(mask: torch.Tensor, batch: int, n_heads: int, n_query: int, n
 
     Raises:
         MaskError: a shape that does not fit (a mask covering only the new tokens when a cache holds
-            past ones, F09), or values :func:`as_keep_mask` rejects.
+            past ones), or values :func:`as_keep_mask` rejects.
     """
     keep = as_keep_mask(mask)
     if keep.size(-1) != n_key:
@@ -103,9 +103,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     Returns:
         ``(out, probs)``: out [batch, heads, query, d_head] and probs [batch, heads, query, key], both
         in v's dtype. Masked keys get exactly 0, in every dtype: masked scores are set to -inf, so
-        even a real score that overflowed to -inf (fp16, F19) never loses to a masked key. A query
-        row with no finite score (every key masked, F07; or every real score -inf from overflow,
-        F19) gets probabilities 0 and output 0, never NaN, as PyTorch's own
+        even a real score that overflowed to -inf (fp16) never loses to a masked key. A query
+        row with no finite score (every key masked, or every real score -inf from overflow)
+        gets probabilities 0 and output 0, never NaN, as PyTorch's own
         scaled_dot_product_attention returns for a fully masked row.
 
     Raises:
@@ -142,9 +142,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if bias is not None:
         scores = scores + bias  # position bias (ALiBi, T5)
     if keep is not None:
-        scores = scores.masked_fill(~keep, -math.inf)  # set, not added: cannot overflow (F06, F19)
+        scores = scores.masked_fill(~keep, -math.inf)  # set, not added: cannot overflow in fp16
     probs = F.softmax(scores, dim=-1, dtype=softmax_dtype).to(v.dtype)  # (B, nh, Tq, Tk), rows sum to 1
-    empty = probs.sum(dim=-1, keepdim=True).isnan()  # (B, nh, Tq, 1): rows without a finite score (F07, F19)
+    empty = probs.sum(dim=-1, keepdim=True).isnan()  # (B, nh, Tq, 1): rows without a finite score
     if bool(empty.any()):
         probs = probs.masked_fill(empty, 0.0)
     out = probs @ v  # (B, nh, Tq, Tk) x (B, nh, Tk, hs) -> (B, nh, Tq, hs)

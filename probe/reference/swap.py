@@ -113,7 +113,7 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
         ProbeError: unknown mutant. UnsupportedArchitectureError: unsupported model type.
         RopeError: a RoPE type the reference does not compute.
         MaskError (at forward): a 4D attention mask passed by the caller (the reference module must
-            build causality itself), or a 2D mask whose length is not past + T (F09).
+            build causality itself), or a 2D mask whose length is not past + T.
     """
     model = getattr(model_or_lm, "model", model_or_lm)
     spec = get_spec(model.config)

@@ -12,7 +12,7 @@ What the page receives (JSON, inlined; :func:`view_data`):
   NaN, :mod:`probe.pruning`).
 - ``units`` (word-level mode): per token, the index of its unit; a unit is a word (all tokens with
   the same word id, :attr:`probe.inputs.Batch.word_ids`) or a token with no word (special tokens,
-  whitespace-only tokens), each its own unit, so word-level rows still sum to 1 (METRICS.md
+  whitespace-only tokens), each its own unit, so word-level rows still sum to 1 (docs/statistics.md,
   "Word-level attention"). The page aggregates: attention *to* a unit is the sum over its tokens,
   attention *from* a unit the mean over its tokens (:func:`word_attention` is the same in Python).
 
@@ -118,7 +118,7 @@ def word_units(word_ids: Sequence[int], labels: Sequence[str], text: str | None 
 
 
 def word_attention(probs: np.ndarray, unit_of_token: Sequence[int]) -> np.ndarray:
-    """Word-level attention of one head (METRICS.md "Word-level attention", Clark et al. 2019).
+    """Word-level attention of one head (docs/statistics.md, "Word-level attention"; Clark et al. 2019).
 
     Args:
         probs: [query, key] attention probabilities (token level).

@@ -3,7 +3,7 @@
 The view shows the first example as the analysis kept it: maps cropped to ``example_tokens``
 (default 64) tokens, every layer and head (within :data:`probe.view.data.MAX_VALUES` numbers),
 probabilities rounded to 3 decimals. Nothing larger is kept for the view, so the analysis' memory
-stays bounded by what is shown (shared/CASES.md F20); ``probe.show(lm, text)`` shows whole texts
+stays bounded by what is shown (never whole long maps); ``probe.show(lm, text)`` shows whole texts
 (512 tokens and more) from Python. The section also writes ``examples.npz`` (every kept example,
 float16) so that :func:`probe.compare.load_run` can show and compare the examples later.
 """
