@@ -11,7 +11,7 @@ import click
 
 from .. import IMPORT_STARTED
 from ..util import process_age
-from . import main, user_errors
+from . import hold, main, user_errors
 from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .verify import verify_progress
 
@@ -96,7 +96,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     from ..errors import InputError
     from ..models import load_model
     from ..patterns import pattern_accumulators
-    from ..report import prepare_run_dir, write_run
+    from ..report import claim_run_dir, write_run
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
@@ -105,7 +105,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     if generate is not None and pairs:
         raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
     seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
-    prepare_run_dir(out, model_name, force)  # fail before loading a model if the folder is taken
+    out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     timings["input_s"] = time.perf_counter() - t
 
     world = distributed.detect()

@@ -10,7 +10,7 @@ import click
 
 from .. import IMPORT_STARTED, validate
 from ..util import process_age
-from . import main, user_errors
+from . import hold, main, user_errors
 from .options import limit_option, model_option, stacked
 
 
@@ -82,16 +82,16 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
     from ..corpus import check_texts, read_corpus, sample_texts
     from ..models import load_model
     from ..pruning.run import prune_run, read_labels
-    from ..pruning.saving import check_target
-    from ..report import prepare_run_dir
+    from ..pruning.saving import claim_target
+    from ..report import claim_run_dir
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     seqs, source = (read_corpus(corpus, limit), corpus) if corpus else (check_texts(sample_texts(), limit), "sample")
     label_list = read_labels(labels, len(seqs)) if labels else None
-    prepare_run_dir(out, model_name, force)  # fail before loading a model if a folder is taken
+    out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     if save_to:
-        check_target(Path(save_to), force)
+        hold(claim_target(Path(save_to), force))
     head = {"mlm": "mlm", "classification": "classification", None: "auto"}.get(objective)
     lm = load_model(model_name, head=head)
     show = sys.stderr.isatty() if progress is None else progress
