@@ -81,6 +81,7 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
 
     from ..corpus import check_texts, read_corpus, sample_texts
     from ..models import load_model
+    from ..pruning.experiment import SPEED_REPEATS
     from ..pruning.run import prune_run, read_labels
     from ..pruning.saving import claim_target
     from ..report import claim_run_dir
@@ -117,8 +118,10 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
                    f"{result.curves['value'].iloc[0]:.4g} unpruned; at {last['fraction'].iloc[0]:.0%} pruned: "
                    f"{', '.join(parts)}")
         if result.pruned_params is not None:  # None where heads cannot be removed (the notes say why)
+            lo, hi = result.speedup_range
             click.echo(f"pruned copy ({len(result.removed)} heads removed): {result.params_before:,} -> "
-                       f"{result.pruned_params:,} parameters, forward {result.speedup:.2f}x, "
+                       f"{result.pruned_params:,} parameters, forward {result.speedup:.2f}x (median of "
+                       f"{SPEED_REPEATS} interleaved repeats, {lo:.2f}x-{hi:.2f}x), "
                        f"max |removed - gated| {result.max_abs_diff:.2g}")
         click.echo(f"Report: {path / 'index.html'}")
         if save_to:
