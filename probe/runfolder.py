@@ -347,3 +347,28 @@ def write_folder(path: str | Path, files: dict[str, str | bytes], *, kind: str, 
         except OSError as exc:
             raise InputError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
     return Path(path)
+
+
+def replace_file(path: str | Path, content: str | bytes) -> Path:
+    """Write one file the caller named (``HeadView.save``) whole or not at all: into a temporary
+    sibling, renamed over ``path`` at the end; on an error or an interrupt the sibling is removed
+    and ``path`` is as it was.
+
+    Raises:
+        InputError: ``path`` is a folder or cannot be written.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; give a file name")
+    tmp = path.parent / f".{path.name}{TMP_TAG}{secrets.token_hex(4)}"
+    try:
+        if isinstance(content, bytes):
+            tmp.write_bytes(content)
+        else:
+            tmp.write_text(content, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -195,3 +195,22 @@ def test_default_folders_skip_a_taken_name(tmp_path):
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)
+
+
+def test_replace_file_is_whole_or_not_at_all(tmp_path, monkeypatch):
+    import probe.runfolder as rf
+
+    page = tmp_path / "view.html"
+    rf.replace_file(page, "<p>first</p>")
+    assert page.read_text(encoding="utf-8") == "<p>first</p>"
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rf.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rf.replace_file(page, "<p>second</p>")
+    assert page.read_text(encoding="utf-8") == "<p>first</p>"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["view.html"]  # no temporary sibling left
+    with pytest.raises(InputError, match="is a folder; give a file name"):
+        rf.replace_file(tmp_path, "x")

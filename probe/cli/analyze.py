@@ -105,10 +105,11 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     if generate is not None and pairs:
         raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
     seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
-    out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
+    world = distributed.detect()
+    if world is None or world.main:  # rank 0 writes the one report
+        out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     timings["input_s"] = time.perf_counter() - t
 
-    world = distributed.detect()
     lm = load_model(model_name, dtype=getattr(torch, dtype), device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
