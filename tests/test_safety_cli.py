@@ -402,3 +402,23 @@ def test_capture_names_the_sites_that_never_ran():
     with pytest.raises(CaptureError, match=r"1 of 2 attention sites of tiny-bert-wordpiece gave no probabilities "
                                            r"in a forward pass \(encoder.1.self\)"):
         check_fired(lm, {lm.sites[0]})
+
+
+def test_load_run_checks_every_site_kind_of_an_encoder_decoder_run(tmp_path):
+    from probe.analysis import analyze
+    from probe.compare import load_run
+    from probe.errors import InputError
+    from probe.inputs import Text
+    from probe.report import write_run
+
+    lm = tiny_model("bart")
+    path = write_run(analyze(lm, [Text("The cat sat.", pair="Le chat."), Text("Two dogs.", pair="Deux chiens.")]),
+                     lm.tokenizer, tmp_path / "run")
+    heads = load_run(path).heads
+    assert len(heads) == 3 * 2 * 4  # encoder self, decoder self, cross: 2 layers x 4 heads each
+    header, *rows = (path / "heads.csv").read_text(encoding="utf-8").splitlines()
+    kept = [r for r in rows if not r.startswith("decoder,cross,1,")]  # cross-attention of layer 1 cut out
+    (path / "heads.csv").write_text("\n".join([header, *kept]) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"20 of the 24 heads run.json records \(24 heads\); missing cross L1H0, "
+                                         r"cross L1H1, cross L1H2 \.\.\."):
+        load_run(path)
