@@ -61,7 +61,8 @@ _annotation_options = stacked(
               help="Truncate sequences to this many tokens [default: the model's limit].")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
-@click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out folder.")
+@click.option("--force", is_flag=True,
+              help="Replace probe's own files in an --out folder probe wrote; other files are kept.")
 @click.option("--examples", type=click.IntRange(min=0, max=20), default=3, show_default=True,
               help="Sequences whose attention maps are kept for the report.")
 @click.option("--threshold", "thresholds", multiple=True, metavar="LABEL=VALUE", callback=parse_thresholds,

@@ -22,7 +22,8 @@ from .options import limit_option
 @click.option("--max-length", type=click.IntRange(min=2), default=None, help="Truncate sequences to this many tokens.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Comparison folder [default: a new reports/compare-<A>-vs-<B>-<time>].")
-@click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out folder.")
+@click.option("--force", is_flag=True,
+              help="Replace probe's own files in an --out folder probe wrote; other files are kept.")
 @click.option("--top", type=click.IntRange(min=0, max=20), default=4, show_default=True,
               help="Most changed heads drawn side by side.")
 @user_errors

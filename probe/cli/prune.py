@@ -55,7 +55,8 @@ _experiment_options = stacked(
               help="Write the model with those heads removed from its weights to this new folder.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
-@click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out / --save-pruned folder.")
+@click.option("--force", is_flag=True,
+              help="Replace probe's own files in an --out / --save-pruned folder probe wrote; other files are kept.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--batch-size", type=int, default=16, show_default=True,
               callback=validate.click_callback(lambda v: validate.positive_int("--batch-size", v)))
