@@ -20,7 +20,7 @@ import torch
 
 from . import validate
 from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts
-from .capture import attention_hooks, forward
+from .capture import attention_hooks, check_fired, forward
 from .classify import REMOVED, cluster_heads, default_thresholds, label_heads
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
@@ -47,11 +47,14 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
 
     Raises:
-        CaptureError: a site returned no attention probabilities.
+        CaptureError: a site returned no attention probabilities, or none at all in the first
+            batch (its attention module is never called).
     """
-    state: dict = {}
+    state: dict = {"seen": set()}
 
     def on_site(site, probs):
+        if state["seen"] is not None:
+            state["seen"].add(site)
         if lm.pruned is not None:
             probs = lm.pruned.expand(site.layer, probs)
         for acc in accumulators:
@@ -63,6 +66,9 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
             for acc in accumulators:
                 acc.begin_batch(batch)
             forward(lm, batch)
+            if state["seen"] is not None:  # the first batch: every site handed its probabilities
+                check_fired(lm, state["seen"])
+                state["seen"] = None
             for acc in accumulators:
                 acc.end_batch(batch)
             if progress is not None:

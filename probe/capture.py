@@ -55,6 +55,22 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
         hooks.forward(module, make_hook(site))
 
 
+def check_fired(lm: LoadedModel, seen) -> None:
+    """Check that a forward pass handed probabilities from every site of ``lm`` (``seen``: the
+    sites it did); a model variant that never calls a site's attention module would otherwise
+    give fewer sites and no sign of it.
+
+    Raises:
+        CaptureError: some sites never ran their attention module, named.
+    """
+    missing = [s.name for s in lm.sites if s not in seen]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise CaptureError(f"{len(missing)} of {len(lm.sites)} attention sites of {lm.name} gave no probabilities "
+                           f"in a forward pass ({', '.join(missing[:3])}{more}): the model's forward pass does not "
+                           "call their attention modules, so probe cannot measure them")
+
+
 @contextmanager
 def attention_hooks(lm: LoadedModel, callback: SiteCallback) -> Iterator[list[str]]:
     """Context manager: call ``callback(site, probs)`` for every site on every forward pass.
@@ -155,11 +171,13 @@ def capture_attention(lm: LoadedModel, texts: Sequence[str | Text] | str, max_le
         sum to 1; padded keys get exactly 0), with the tokenized batch and the model's outputs.
 
     Raises:
-        InputError: empty input or max_length below 2. CaptureError: attention probabilities missing.
+        InputError: empty input or max_length below 2. CaptureError: attention probabilities
+        missing, or a site's attention module never called.
     """
     batch = encode(lm, texts, max_length, parse_special_tokens=parse_special_tokens)
     maps: dict[Site, torch.Tensor] = {}
     with attention_hooks(lm, maps.__setitem__) as notes:
         outputs = forward(lm, batch)
+    check_fired(lm, maps)
     sites = lm.sites
     return Captured(sites, [maps[s] for s in sites], batch, outputs, notes)

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .architectures import get_spec
-from .errors import ModelLoadError, ProbeError
+from .errors import InputError, ModelLoadError, ProbeError
+from .runfolder import claim
 
 log = logging.getLogger("probe.models")
 
@@ -92,17 +91,15 @@ def load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=cached.name + ".", dir=cached.parent))
-        try:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            if cached.exists():
-                shutil.rmtree(cached)
-            tmp.rename(cached)
-        except OSError as exc:
-            log.warning("could not cache the dequantized model in %s: %s", cached, exc)
-            shutil.rmtree(tmp, ignore_errors=True)
+        try:  # claimed and staged (probe.runfolder): a partial copy is never left, also on an interrupt
+            with claim(cached, kind="cache", owned=True, what="cache folder") as folder, folder.staging() as tmp:
+                try:
+                    model.save_pretrained(tmp)
+                    tokenizer.save_pretrained(tmp)
+                except OSError as exc:
+                    raise InputError(f"cannot write {cached}: {exc.strerror or exc}") from None
+        except InputError as exc:  # another process is caching it, or the cache cannot be written
+            log.warning("could not cache the dequantized model: %s", exc)
             if dtype not in (None, torch.float32):
                 model = model.to(dtype)
             return model, tokenizer

@@ -57,7 +57,8 @@ def run_dir(tmp_path_factory):
 def test_analyze_writes_the_run_files(run_dir):
     # and the head groups' files (probe.patterns): clusters.csv and the distance matrices
     assert sorted(p.name for p in run_dir.iterdir()) == [
-        "clusters.csv", "examples.npz", "head_distance.npy", "head_distance_layers.npy", "heads.csv", "index.html",
+        ".probe-files.json", "clusters.csv", "examples.npz", "head_distance.npy", "head_distance_layers.npy",
+        "heads.csv", "index.html",
         "run.json"]
 
 
@@ -114,15 +115,21 @@ def test_force_overwrites_probe_files_and_keeps_others(tmp_path, minilm, monkeyp
     (out / "heads.csv").write_text("stale", encoding="utf-8")
     result = run("analyze", "--text", "Hello there.", "--out", str(out))
     assert_clean_error(result, "not empty", "--force")
+    # a folder probe did not write: --force refuses too (its heads.csv is the user's)
+    result = run("analyze", "--text", "Hello there.", "--out", str(out), "--force")
+    assert_clean_error(result, "probe did not write")
     assert (out / "heads.csv").read_text(encoding="utf-8") == "stale"
-    assert not (out / "run.json").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["heads.csv", "notes.txt"]
 
-    result = run("analyze", "--text", "Hello there.", "--out", str(out), "--force",
+    mine = tmp_path / "run"
+    assert run("analyze", "--text", "Hello there.", "--out", str(mine)).exit_code == 0
+    (mine / "notes.txt").write_text("mine", encoding="utf-8")
+    result = run("analyze", "--text", "Hello there.", "--out", str(mine), "--force",
                  "--threshold", "previous-token=0.3", "--batch-size", "2")
     assert result.exit_code == 0, result.output
-    assert (out / "notes.txt").read_text(encoding="utf-8") == "mine"
-    assert (out / "heads.csv").read_text(encoding="utf-8").startswith("layer,head,label,labels,")
-    rec = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    assert (mine / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert (mine / "heads.csv").read_text(encoding="utf-8").startswith("layer,head,label,labels,")
+    rec = json.loads((mine / "run.json").read_text(encoding="utf-8"))
     assert rec["thresholds"]["previous-token"]["threshold"] == 0.3
     assert rec["settings"]["batch_size"] == 2
 
@@ -138,7 +145,8 @@ def test_default_out_is_a_new_reports_folder(tmp_path, minilm, monkeypatch):
     assert len(runs) == 2 and all(p.name.startswith("minilm-") for p in runs)
     for p in runs:
         assert sorted(f.name for f in p.iterdir()) == [
-            "clusters.csv", "examples.npz", "head_distance.npy", "head_distance_layers.npy", "heads.csv",
+            ".probe-files.json", "clusters.csv", "examples.npz", "head_distance.npy", "head_distance_layers.npy",
+            "heads.csv",
             "index.html", "run.json"]
         assert json.loads((p / "run.json").read_text(encoding="utf-8"))["counts"]["sequences"] == 1
 
@@ -571,7 +579,8 @@ def test_no_distance_no_circuits(tiny_folders, tmp_path):
     result = run("analyze", "--model", str(tiny_folders["llama"]), "--text", "The cat sat on the mat.",
                  "--out", str(out), "--no-distance", "--no-circuits")
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["examples.npz", "heads.csv", "index.html", "run.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".probe-files.json", "examples.npz", "heads.csv", "index.html", "run.json"]
     rec = json.loads((out / "run.json").read_text())
     assert "circuits" not in rec and "groups" not in rec and "health" in rec and "pattern-types" in rec
     with open(out / "heads.csv", newline="", encoding="utf-8") as fh:

@@ -158,7 +158,7 @@ def test_load_run_errors(tmp_path, runs):
 def test_write_compare_folder(runs, tmp_path):
     res, folders, _ = runs
     path = write_compare(folders["a"], folders["b"], tmp_path / "cmp", top=2)
-    assert sorted(p.name for p in path.iterdir()) == ["compare.csv", "compare.json", "index.html"]
+    assert sorted(p.name for p in path.iterdir()) == [".probe-files.json", "compare.csv", "compare.json", "index.html"]
     csv = pd.read_csv(path / "compare.csv")
     assert {"layer", "head"} <= set(csv.columns) and all(f"delta_{s}" in csv.columns for s in STATISTICS)
     np.testing.assert_allclose(csv["delta_prev"], compare_runs(folders["a"], folders["b"])["delta_prev"], rtol=1e-5)

@@ -72,7 +72,8 @@ def test_notebook_runs(path, monkeypatch):
 
 def _quickstart(scope: dict) -> None:
     """The quick start captures one sentence (rows sum to 1) and ends with a written run folder."""
-    assert sorted(p.name for p in scope["path"].iterdir()) == ["examples.npz", "heads.csv", "index.html", "run.json"]
+    assert sorted(p.name for p in scope["path"].iterdir()) == [
+        ".probe-files.json", "examples.npz", "heads.csv", "index.html", "run.json"]
     sums = scope["attn"].sum(-1)
     assert float((sums - 1).abs().max()) < 1e-5
     assert len(scope["heads"]) == 72
@@ -104,7 +105,8 @@ def _explore(scope: dict) -> None:
         assert row["delta_prev"] == want
     layers = scope["layers"]
     assert abs(layers.loc[1, "first_b"] - hb.loc[6, "first"].mean()) < 1e-12
-    assert sorted(p.name for p in scope["cmp_path"].iterdir()) == ["compare.csv", "compare.json", "index.html"]
+    assert sorted(p.name for p in scope["cmp_path"].iterdir()) == [
+        ".probe-files.json", "compare.csv", "compare.json", "index.html"]
     assert scope["report"].passed and scope["report"].max_abs_diff <= 1e-5
 
 

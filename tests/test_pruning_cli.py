@@ -58,8 +58,8 @@ def test_json_output(setup):
 def test_run_folder(setup):
     root, _, _, out = setup
     run_dir = root / "run"
-    assert sorted(p.name for p in run_dir.iterdir()) == ["examples.npz", "heads.csv", "index.html", "pruning.csv",
-                                                         "run.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".probe-files.json", "examples.npz", "heads.csv",
+                                                         "index.html", "pruning.csv", "run.json"]
     with open(run_dir / "pruning.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["order", "step", "fraction", "n_pruned", "heads", "value", "std"]

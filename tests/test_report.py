@@ -33,7 +33,8 @@ def _data(html: str) -> dict:
 
 def test_files_and_timings(run_dir):
     path, res = run_dir
-    assert sorted(p.name for p in path.iterdir()) == ["examples.npz", "heads.csv", "index.html", "run.json"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        ".probe-files.json", "examples.npz", "heads.csv", "index.html", "run.json"]
     rec = json.loads((path / "run.json").read_text(encoding="utf-8"))
     t = rec["timings_s"]
     assert t["report_s"] > 0 and t["model_load_s"] == 0.5 and t["analyze_s"] > 0

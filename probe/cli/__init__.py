@@ -2,7 +2,9 @@
 
 Errors a user can cause end in one line (``Error: ...``) on stderr and exit status 1; a malformed
 option (unknown option, a value out of range) is one line too and exits with status 2, as click's
-usage errors do. The library never imports click; only this package does.
+usage errors do. An interrupt (Ctrl-C) ends in one line and exit status 130 (128 + SIGINT, as
+shells report it); what the command was writing is removed (:mod:`probe.runfolder`). The
+library never imports click; only this package does.
 
 Modules: this one (the ``probe`` group, error handling, logging, the console script), then one per
 command: :mod:`.analyze`, :mod:`.verify`, :mod:`.compare`, :mod:`.prune`, :mod:`.listing`
@@ -37,8 +39,30 @@ def user_errors(fn):
     return wrapper
 
 
+def hold(folder):
+    """Keep a folder claim (:func:`probe.runfolder.claim`) until the command ends, however it
+    ends; return the folder's path."""
+    click.get_current_context().call_on_close(folder.release)
+    return folder.path
+
+
+#: Exit status of an interrupted command: 128 + SIGINT.
+INTERRUPTED = 130
+
+
+class _Interrupted(Exception):
+    """A KeyboardInterrupt inside a command (click would turn it into Abort and exit status 1)."""
+
+
 class ProbeGroup(click.Group):
-    """A click group whose usage errors are one line (``Error: ... (see 'probe analyze --help')``)."""
+    """A click group whose usage errors are one line (``Error: ... (see 'probe analyze --help')``)
+    and whose commands, interrupted, exit with status 130 after one line."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise _Interrupted() from None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -52,7 +76,13 @@ class ProbeGroup(click.Group):
         except click.ClickException as exc:
             exc.show()
             sys.exit(exc.exit_code)
-        except click.Abort:
+        except (_Interrupted, KeyboardInterrupt):
+            click.echo("Interrupted.", err=True)
+            sys.exit(INTERRUPTED)
+        except click.Abort as exc:
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                click.echo("Interrupted.", err=True)
+                sys.exit(INTERRUPTED)
             click.echo("Aborted.", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)

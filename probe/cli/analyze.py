@@ -11,7 +11,7 @@ import click
 
 from .. import IMPORT_STARTED
 from ..util import process_age
-from . import main, user_errors
+from . import hold, main, user_errors
 from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .verify import verify_progress
 
@@ -61,7 +61,8 @@ _annotation_options = stacked(
               help="Truncate sequences to this many tokens [default: the model's limit].")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
-@click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out folder.")
+@click.option("--force", is_flag=True,
+              help="Replace probe's own files in an --out folder probe wrote; other files are kept.")
 @click.option("--examples", type=click.IntRange(min=0, max=20), default=3, show_default=True,
               help="Sequences whose attention maps are kept for the report.")
 @click.option("--threshold", "thresholds", multiple=True, metavar="LABEL=VALUE", callback=parse_thresholds,
@@ -96,7 +97,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     from ..errors import InputError
     from ..models import load_model
     from ..patterns import pattern_accumulators
-    from ..report import prepare_run_dir, write_run
+    from ..report import claim_run_dir, write_run
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
@@ -105,10 +106,11 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     if generate is not None and pairs:
         raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
     seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
-    prepare_run_dir(out, model_name, force)  # fail before loading a model if the folder is taken
+    world = distributed.detect()
+    if world is None or world.main:  # rank 0 writes the one report
+        out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     timings["input_s"] = time.perf_counter() - t
 
-    world = distributed.detect()
     lm = load_model(model_name, dtype=getattr(torch, dtype), device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from . import main, user_errors
+from . import hold, main, user_errors
 from .options import limit_option
 
 
@@ -20,7 +22,8 @@ from .options import limit_option
 @click.option("--max-length", type=click.IntRange(min=2), default=None, help="Truncate sequences to this many tokens.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Comparison folder [default: a new reports/compare-<A>-vs-<B>-<time>].")
-@click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out folder.")
+@click.option("--force", is_flag=True,
+              help="Replace probe's own files in an --out folder probe wrote; other files are kept.")
 @click.option("--top", type=click.IntRange(min=0, max=20), default=4, show_default=True,
               help="Most changed heads drawn side by side.")
 @user_errors
@@ -31,7 +34,8 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
     compare.json. Runs of different depths are aligned by relative depth (the report says how).
     """
     from ..compare import compare_runs, load_run, write_compare
-    from ..report import prepare_run_dir
+    from ..compare.report import compare_name
+    from ..report import claim_run_dir
 
     if bool(runs) == bool(models) or (runs and len(runs) != 2) or (models and len(models) != 2):
         raise click.UsageError("give two run folders (RUN_A RUN_B) or two models (--model A --model B)")
@@ -39,10 +43,10 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
         raise click.UsageError("--text, --corpus and --limit go with --model, not with run folders")
     if runs:
         a, b = load_run(runs[0]), load_run(runs[1])
-        prepare_run_dir(out, "compare", force)
+        out = hold(claim_run_dir(out, compare_name(a, b), force, kind="compare"))
         tokenizers = (None, None)
     else:
-        a, b, tokenizers = _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, force)
+        a, b, tokenizers, out = _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, force)
     path = write_compare(a, b, out, force=force, top=top, tokenizers=tokenizers)
     df = compare_runs(a, b)
     changed, gone = int(df["label_changed"].sum()), int(df["status"].str.startswith("removed").sum())
@@ -59,10 +63,11 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
 def _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, force):
     """Analyze two models on the same sequences (``probe compare --model A --model B``)."""
     from ..analysis import analyze
+    from ..compare.report import COMPARE_STEM
     from ..corpus import check_texts, read_corpus, sample_texts
     from ..errors import InputError
     from ..models import load_model
-    from ..report import prepare_run_dir
+    from ..report import claim_run_dir
 
     if texts and corpus:
         raise InputError("give either --text or --corpus, not both")
@@ -72,7 +77,8 @@ def _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, for
         seqs, source = check_texts(list(texts), limit), "--text"
     else:
         seqs, source = check_texts(sample_texts(), limit), "built-in sample"
-    prepare_run_dir(out, "compare", force)  # fail before loading a model if the folder is taken
+    # claimed before loading a model: one run per folder
+    out = hold(claim_run_dir(out, COMPARE_STEM.format(*(Path(m).name for m in models)), force, kind="compare"))
     results, tokenizers = [], []
     for name in models:
         lm = load_model(name)
@@ -82,4 +88,4 @@ def _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, for
         result.settings["input"] = source
         results.append(result)
         tokenizers.append(lm.tokenizer)
-    return results[0], results[1], tuple(tokenizers)
+    return results[0], results[1], tuple(tokenizers), out

@@ -10,7 +10,7 @@ import click
 
 from .. import IMPORT_STARTED, validate
 from ..util import process_age
-from . import main, user_errors
+from . import hold, main, user_errors
 from .options import limit_option, model_option, stacked
 
 
@@ -55,7 +55,8 @@ _experiment_options = stacked(
               help="Write the model with those heads removed from its weights to this new folder.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
-@click.option("--force", is_flag=True, help="Overwrite probe's files in an existing --out / --save-pruned folder.")
+@click.option("--force", is_flag=True,
+              help="Replace probe's own files in an --out / --save-pruned folder probe wrote; other files are kept.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--batch-size", type=int, default=16, show_default=True,
               callback=validate.click_callback(lambda v: validate.positive_int("--batch-size", v)))
@@ -81,17 +82,18 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
 
     from ..corpus import check_texts, read_corpus, sample_texts
     from ..models import load_model
+    from ..pruning.experiment import SPEED_REPEATS
     from ..pruning.run import prune_run, read_labels
-    from ..pruning.saving import check_target
-    from ..report import prepare_run_dir
+    from ..pruning.saving import claim_target
+    from ..report import claim_run_dir
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     seqs, source = (read_corpus(corpus, limit), corpus) if corpus else (check_texts(sample_texts(), limit), "sample")
     label_list = read_labels(labels, len(seqs)) if labels else None
-    prepare_run_dir(out, model_name, force)  # fail before loading a model if a folder is taken
+    out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     if save_to:
-        check_target(Path(save_to), force)
+        hold(claim_target(Path(save_to), force))
     head = {"mlm": "mlm", "classification": "classification", None: "auto"}.get(objective)
     lm = load_model(model_name, head=head)
     show = sys.stderr.isatty() if progress is None else progress
@@ -117,8 +119,10 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
                    f"{result.curves['value'].iloc[0]:.4g} unpruned; at {last['fraction'].iloc[0]:.0%} pruned: "
                    f"{', '.join(parts)}")
         if result.pruned_params is not None:  # None where heads cannot be removed (the notes say why)
+            lo, hi = result.speedup_range
             click.echo(f"pruned copy ({len(result.removed)} heads removed): {result.params_before:,} -> "
-                       f"{result.pruned_params:,} parameters, forward {result.speedup:.2f}x, "
+                       f"{result.pruned_params:,} parameters, forward {result.speedup:.2f}x (median of "
+                       f"{SPEED_REPEATS} interleaved repeats, {lo:.2f}x-{hi:.2f}x), "
                        f"max |removed - gated| {result.max_abs_diff:.2g}")
         click.echo(f"Report: {path / 'index.html'}")
         if save_to:

@@ -18,7 +18,8 @@ import numpy as np
 
 from ..analysis import versions
 from ..errors import InputError
-from ..report import CSP, _environment, _json_for_script, prepare_run_dir, static_text
+from ..report import CSP, _environment, _json_for_script, claim_run_dir, static_text
+from ..report.portable import shorten_paths
 from ..stats import STATISTICS
 from ..tokens import display_tokens
 from .diff import NOT_PROBABILITY, as_result, compare_runs, geometry, label_counts, layer_summary, most_changed
@@ -139,8 +140,22 @@ def write_compare(a, b, out: str | Path | None = None, *, force: bool = False, t
         InputError: a folder that is not a run folder, or ``out`` taken (without ``force``).
     """
     a, b = as_result(a), as_result(b)
-    name_a, name_b = a.model.get("name", "A"), b.model.get("name", "B")
-    path = prepare_run_dir(out, f"compare-{Path(str(name_a)).name}-vs-{Path(str(name_b)).name}", force)
+    with claim_run_dir(out, compare_name(a, b), force, kind="compare") as folder:
+        return _write(a, b, folder, top, tokenizers)
+
+
+#: The default folder name's stem of a comparison of models A and B.
+COMPARE_STEM = "compare-{}-vs-{}"
+
+
+def compare_name(a, b) -> str:
+    """The default folder name's stem of comparing runs ``a`` and ``b``: ``compare-<A>-vs-<B>``."""
+    return COMPARE_STEM.format(*(Path(str(r.model.get("name", tag))).name for r, tag in ((a, "A"), (b, "B"))))
+
+
+def _write(a, b, folder, top: int, tokenizers) -> Path:
+    """The comparison folder's files, written through the claimed ``folder``."""
+    path = folder.path
     df = compare_runs(a, b)
     (layers_a, heads_a), (layers_b, heads_b) = geometry(a), geometry(b)
     width = max(heads_a, heads_b)
@@ -157,7 +172,8 @@ def write_compare(a, b, out: str | Path | None = None, *, force: bool = False, t
     stats = df.attrs["statistics"]
     changed = df[df["label_changed"]]
     record = {
-        "created": _dt.datetime.now().isoformat(timespec="seconds"), "a": _run_info(a, "A"), "b": _run_info(b, "B"),
+        "created": _dt.datetime.now().isoformat(timespec="seconds"),
+        "a": shorten_paths(_run_info(a, "A"), path), "b": shorten_paths(_run_info(b, "B"), path),
         "layer_map": df.attrs["layer_map"], "statistics": stats, "notes": notes,
         "counts": {"rows": len(df), **{s: int((df["status"] == s).sum()) for s in df["status"].unique()},
                    "label_changed": int(df["label_changed"].sum())},
@@ -165,6 +181,7 @@ def write_compare(a, b, out: str | Path | None = None, *, force: bool = False, t
                           for s in stats},
         "shared_example": None if pair is None else pair[0].text, "versions": versions(),
     }
+    notes = record["notes"] = shorten_paths(notes, path)
     page = _environment().get_template("compare.html.j2").render(
         a=record["a"], b=record["b"], notes=notes, record=record, csp=CSP,
         label_counts=label_counts(a, b).to_dict("records"), grid=_status_grid(df, layers_a, width),
@@ -176,14 +193,14 @@ def write_compare(a, b, out: str | Path | None = None, *, force: bool = False, t
         changed=[[r["layer"], r["layer_b"], r["head"], r["label_a"], r["label_b"], _fmt(r["change"])]
                  for r in changed.to_dict("records")],
         data_json=_json_for_script({"figures": {**delta_figs, **pair_figs}}), script=static_text("heatmap.js"))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        df.to_csv(path / "compare.csv", index=False, float_format="%.6g")
-        (path / "index.html").write_text(page, encoding="utf-8")
-        record["output"] = {name: str(path / name) for name in OUTPUT_FILES}
-        (path / "compare.json").write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot write the comparison folder {path}: {exc.strerror or exc}") from None
+    record["output"] = {name: name for name in OUTPUT_FILES}  # relative to the comparison folder
+    with folder.staging() as tmp:
+        try:
+            df.to_csv(tmp / "compare.csv", index=False, float_format="%.6g")
+            (tmp / "index.html").write_text(page, encoding="utf-8")
+            (tmp / "compare.json").write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write the comparison folder {path}: {exc.strerror or exc}") from None
     return path
 
 

@@ -72,7 +72,8 @@ def load_run(folder: str | Path):
         ``settings["run_folder"]`` is the folder.
 
     Raises:
-        InputError: no such folder, or no readable heads.csv / run.json in it.
+        InputError: no such folder, no readable heads.csv / run.json in it, or a heads.csv that
+            does not hold the heads run.json records (:func:`check_heads`).
     """
     from ..analysis import AnalysisResult
 
@@ -89,6 +90,7 @@ def load_run(folder: str | Path):
         raise InputError(f"cannot read the run folder {folder}: {exc}") from None
     if not isinstance(record, dict) or "model" not in record or not {"layer", "head"} <= set(heads.columns):
         raise InputError(f"{folder} is not a probe run folder: run.json has no model or heads.csv no layer/head")
+    check_heads(heads, record["model"], folder)
     thresholds = {label: (t["threshold"] if isinstance(t, dict) else t)
                   for label, t in (record.get("thresholds") or {}).items()}
     notes = list(record.get("notes") or [])
@@ -102,3 +104,57 @@ def load_run(folder: str | Path):
     return AnalysisResult(model=record["model"], heads=heads, stats=None, thresholds=thresholds,
                           counts=dict(record.get("counts") or {}), examples=examples, settings=settings,
                           timings=dict(record.get("timings_s") or {}), notes=notes, results={})
+
+
+#: Site kinds of an encoder-decoder model's heads.csv: (stack, kind), with their display prefixes.
+SITE_KINDS = {("encoder", "self"): "enc ", ("decoder", "self"): "dec ", ("decoder", "cross"): "cross "}
+
+
+def _expected_heads(model: dict) -> dict[tuple, str]:
+    """Every head run.json's model record describes: key (layer, head), or (stack, kind, layer,
+    head) for an encoder-decoder model, -> its display name (``L4H5``, ``cross L4H5``)."""
+    n_heads = int(model["heads"])
+    if model.get("encoder_decoder"):
+        stacks = model.get("stacks") or {}
+        return {(stack, kind, layer, h): f"{prefix}L{layer}H{h}" for (stack, kind), prefix in SITE_KINDS.items()
+                for layer in range(int(stacks.get(stack, 0))) for h in range(n_heads)}
+    return {(layer, h): f"L{layer}H{h}" for layer in range(int(model["layers"])) for h in range(n_heads)}
+
+
+def check_heads(heads: pd.DataFrame, model: dict, folder) -> None:
+    """Check that heads.csv holds exactly the heads run.json records: one row per head of every
+    layer (and site kind), no other, and as many marked removed as run.json says were removed.
+
+    Raises:
+        InputError: one line saying what is wrong (rows missing, duplicated, outside the model,
+            or a removed count that differs), and that heads.csv is incomplete or damaged.
+    """
+    damaged = f"heads.csv of {folder} does not match its run.json"
+    try:
+        expected = _expected_heads(model)
+        keys = ["stack", "kind", "layer", "head"] if model.get("encoder_decoder") else ["layer", "head"]
+        ints = heads[["layer", "head"]].astype("int64")
+        rows = list(zip(*([heads[k].astype(str) for k in keys[:-2]] + [ints["layer"], ints["head"]])))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{damaged}: unreadable layer/head/site columns ({exc}); the file is incomplete or "
+                         "damaged") from None
+    rows = [tuple(str(v) if isinstance(v, str) else int(v) for v in r) for r in rows]
+    what = (f"{model.get('layers')} layers x {model.get('heads')} heads" if not model.get("encoder_decoder") else
+            f"{len(expected)} heads")
+    extra = [r for r in rows if r not in expected]
+    if extra:
+        name = " ".join(map(str, extra[0][:-2])) + f" L{extra[0][-2]}H{extra[0][-1]}"
+        raise InputError(f"{damaged}: it has a row for {name.strip()}, outside the model's {what}; the file is damaged")
+    seen: set = set()
+    twice = next((r for r in rows if r in seen or seen.add(r)), None)
+    if twice is not None:
+        raise InputError(f"{damaged}: {expected[twice]} has two rows; the file is damaged")
+    missing = [name for key, name in expected.items() if key not in seen]
+    if missing:
+        raise InputError(f"{damaged}: {len(rows)} of the {len(expected)} heads run.json records ({what}); missing "
+                         f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}: the file is incomplete or "
+                         "damaged")
+    removed = int((heads["label"] == "removed").sum()) if "label" in heads else 0
+    if "removed_heads" in model and removed != int(model["removed_heads"]):
+        raise InputError(f"{damaged}: {removed} heads are marked removed, run.json records {model['removed_heads']}; "
+                         "the file is damaged")

@@ -99,8 +99,15 @@ class Context:
         return self.cache[key]
 
 
+#: Objective means within this of 0 are 0. Every objective is >= 0 by definition (a
+#: cross-entropy, or 1 - cosine similarity), and float32 sums round an exact 0 (the unpruned
+#: model's fidelity to itself) to a few 1e-8 on either side: such a value is reported as 0.
+ZERO_WITHIN = 16 * torch.finfo(torch.float32).eps
+
+
 def evaluate(ctx: Context, mask: torch.Tensor) -> float:
-    """The objective's unit-weighted mean over the held-out batches with gates ``mask``."""
+    """The objective's unit-weighted mean over the held-out batches with gates ``mask`` (0 where
+    it is within float32 rounding of 0, :data:`ZERO_WITHIN`)."""
     ctx.state.values = mask.float()
     total, count = 0.0, 0
     with torch.no_grad():
@@ -108,7 +115,8 @@ def evaluate(ctx: Context, mask: torch.Tensor) -> float:
             losses = ctx.objective.losses(ctx.lm, batch)
             total += float(losses.double().sum())
             count += losses.numel()
-    return total / max(count, 1)
+    mean = total / max(count, 1)
+    return 0.0 if abs(mean) < ZERO_WITHIN else mean
 
 
 @dataclass

@@ -70,7 +70,8 @@ class PruneResult:
         random_values: [seeds, points] the random order's values per seed, or None.
         removed: heads the first order prunes by its last step, removed from ``pruned_lm``.
         params_before, pruned_params: parameter counts of the model and of the pruned copy.
-        speedup: forward time of the model / of the pruned copy on the held-out part.
+        speedup: forward time of the model / of the pruned copy on the held-out part: the median
+            of :data:`SPEED_REPEATS` interleaved repeats; speedup_range: their lowest and highest.
         max_abs_diff: largest difference between the pruned copy's outputs and the gated model's.
         pruned_lm: the pruned copy (a LoadedModel), or None.
         notes, settings, timings (seconds).
@@ -92,6 +93,7 @@ class PruneResult:
     params_before: int
     pruned_params: int | None = None
     speedup: float | None = None
+    speedup_range: tuple[float, float] | None = None
     max_abs_diff: float | None = None
     pruned_lm: object = None
     notes: list[str] = field(default_factory=list)
@@ -135,6 +137,8 @@ class PruneResult:
         return {**self.to_json(), "objective_reason": self.objective_reason, "unit": self.unit,
                 "split": {k: v for k, v in self.split.items() if not k.endswith("_index")},
                 "removed": [f"{layer}.{h}" for layer, h in self.removed], "max_abs_diff": self.max_abs_diff,
+                "speedup_range": None if self.speedup_range is None else [float(v) for v in self.speedup_range],
+                "speedup_repeats": SPEED_REPEATS,
                 "settings": self.settings, "notes": self.notes, "timings_s": self.timings}
 
 
@@ -165,12 +169,20 @@ def copy_model(lm):
 COMPARE_BATCHES = 4
 
 
-def compare_and_time(lm, pruned_lm, mask: torch.Tensor, batches, rounds: int = 3) -> tuple[float, float]:
-    """(max abs difference of the pruned model's outputs from the gated model's, forward-time ratio
-    original / pruned), on the first :data:`COMPARE_BATCHES` of ``batches``. Times are the fastest
-    of ``rounds`` interleaved passes after a warm-up pass each (the minimum is the estimate least
-    disturbed by other work on a shared machine; ``benchmarks/bench_prune.py`` measures more
-    carefully)."""
+#: Interleaved timing repeats behind the pruned copy's forward speed (its median and range are shown).
+SPEED_REPEATS = 5
+
+
+def compare_and_time(lm, pruned_lm, mask: torch.Tensor, batches,
+                     rounds: int = SPEED_REPEATS) -> tuple[float, float, tuple[float, float]]:
+    """(max abs difference of the pruned model's outputs from the gated model's, forward-time
+    ratio original / pruned, (lowest, highest) ratio), on the first :data:`COMPARE_BATCHES` of
+    ``batches``.
+
+    After a warm-up pass of each, ``rounds`` repeats time the original then the pruned copy side
+    by side; each repeat gives one ratio, and the speed is their median (the range shows how much
+    other work on the machine moved it; ``benchmarks/bench_prune.py`` measures more carefully).
+    """
     batches = list(batches)[:COMPARE_BATCHES]
     diff = 0.0
     with torch.no_grad():
@@ -186,11 +198,8 @@ def compare_and_time(lm, pruned_lm, mask: torch.Tensor, batches, rounds: int = 3
             return time.perf_counter() - start
 
         timed(lm), timed(pruned_lm)
-        t_orig, t_pruned = [], []
-        for _ in range(rounds):
-            t_orig.append(timed(lm))
-            t_pruned.append(timed(pruned_lm))
-    return diff, min(t_orig) / min(t_pruned)
+        ratios = [timed(lm) / timed(pruned_lm) for _ in range(rounds)]
+    return diff, float(np.median(ratios)), (min(ratios), max(ratios))
 
 
 def _validate(orders, steps, fraction, seeds, objective) -> list[str]:
@@ -303,7 +312,7 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
         mask = start.clone()
         for layer, h in result.removed:
             mask[layer, h] = 0.0
-        result.max_abs_diff, result.speedup = compare_and_time(lm, pruned_lm, mask, held)
+        result.max_abs_diff, result.speedup, result.speedup_range = compare_and_time(lm, pruned_lm, mask, held)
         result.pruned_params, result.pruned_lm = removal.params_after, pruned_lm
         result.notes += removal.notes
         timings["physical_s"] = time.perf_counter() - t1

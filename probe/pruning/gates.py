@@ -8,6 +8,12 @@ dL/dxi_h is its importance. probe puts the gate in a forward pre-hook on the out
 attention itself, so it works under every attention implementation (eager, sdpa: no
 backend can ignore it), and gates are ordinary tensors, differentiable when they require grad.
 
+An instrument that silently does nothing is the worst kind: a model whose forward pass never
+calls the hooked projection (BLOOM with ``pretraining_tp > 1`` and ``slow_but_exact``, which
+applies it as ``F.linear`` on slices of its weight) would give every head the importance 0. So
+:func:`gated` first checks, once per model, on one short sentence, that every layer's gate hook
+runs and that gating heads changes the output (:func:`check_gates`).
+
 Gates are in the original numbering ([layers, heads], or [batch, layers, heads] for one gate per
 sequence). On a physically pruned model (``lm.pruned``) each slot of the projection takes the gate
 of the original head it holds; zero placeholder slots take 0. The hooks live in
@@ -17,14 +23,28 @@ removed on exit.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..architectures import output_projections
+from ..errors import ProbeError
 from ..hooks import measuring
+
+#: Models whose gates were seen to act (checked once per model object).
+_ACTING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+#: Model settings known to bypass the output projection's module, by model type: a function of
+#: the config naming the setting (or None), and what to do instead.
+KNOWN_BYPASSES = {
+    "bloom": (lambda c: f"pretraining_tp={c.pretraining_tp}, slow_but_exact=True"
+              if getattr(c, "pretraining_tp", 1) > 1 and getattr(c, "slow_but_exact", False) else None,
+              "applies it as F.linear on slices of its weight; load the model with slow_but_exact=False "
+              "(config.json), which applies the same projection in one call"),
+}
 
 
 @dataclass
@@ -35,10 +55,12 @@ class Gates:
         values: [layers, heads] or [batch, layers, heads] multipliers (original numbering); None
             leaves every head as it is.
         notes: what :func:`probe.hooks.measuring` changed (restored on exit).
+        fired: layers whose gate hook ran (filled in by the hooks).
     """
 
     values: torch.Tensor | None
     notes: list[str]
+    fired: set[int] = field(default_factory=set)
 
 
 def _slot_heads(lm, layer: int) -> list[int | None]:
@@ -53,6 +75,7 @@ def _hook(state: Gates, layer: int, slots: list[int | None], d_head: int):
     real = torch.tensor([h is not None for h in slots])
 
     def hook(module, args):
+        state.fired.add(layer)
         if state.values is None:
             return None
         x = args[0]  # [batch, seq, slots * d_head]
@@ -78,13 +101,67 @@ def gated(lm, values: torch.Tensor | None = None, *, eager: bool = False) -> Ite
 
     Yields:
         :class:`Gates`; every hook is removed on exit (also on exceptions).
+
+    Raises:
+        ProbeError: the gates do not act on this model (:func:`check_gates`).
     """
     d_head = lm.geometry.d_head
     with measuring(lm.model, eager=eager) as m:
         state = Gates(values, m.notes)
         for layer, o in enumerate(output_projections(lm.model, lm.spec)):
             m.hooks.forward_pre(o, _hook(state, layer, _slot_heads(lm, layer), d_head))
+        if not lm.spec.encoder_decoder and not _ACTING.get(lm.model, False):
+            check_gates(lm, state)
+            _ACTING[lm.model] = True
         yield state
+
+
+def check_gates(lm, state: Gates) -> None:
+    """Check on one short sentence that the gates installed by :func:`gated` act: every layer's
+    hook runs, and closing the first present head of every layer changes the output.
+    ``state.values`` is as it was afterwards.
+
+    Raises:
+        ProbeError: a layer's output projection is never called (naming the model setting where
+            it is a known one, :data:`KNOWN_BYPASSES`), or closing heads changes nothing.
+    """
+    from ..capture import encode, forward
+
+    batch = encode(lm, "The cat sat on the mat.")
+    saved, state.fired = state.values, set()
+    try:
+        with torch.no_grad():
+            state.values = ones(lm)
+            ref = _output(forward(lm, batch))
+            missing = [layer for layer in range(lm.geometry.n_layers) if layer not in state.fired]
+            if missing:
+                raise ProbeError(_bypass_message(lm, missing))
+            closed = ones(lm)
+            for layer in range(closed.shape[0]):
+                present = torch.nonzero(closed[layer]).flatten()
+                if len(present):
+                    closed[layer, present[0]] = 0.0
+            state.values = closed
+            changed = not torch.equal(ref, _output(forward(lm, batch)))
+    finally:
+        state.values = saved
+    if not changed:
+        raise ProbeError(f"head gates do not act on {lm.name}: closing one head in every layer leaves its output "
+                         "unchanged, so head pruning and importance would measure nothing")
+
+
+def _output(out) -> torch.Tensor:
+    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+def _bypass_message(lm, missing: list[int]) -> str:
+    layers = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+    known = KNOWN_BYPASSES.get(lm.model.config.model_type)
+    setting = known[0](lm.model.config) if known else None
+    why = (f": the setting {setting} of this {lm.model.config.model_type} model {known[1]}" if setting else
+           ": its forward pass computes the projection without calling that module")
+    return (f"head gates do not act on {lm.name}: the output projection ({lm.spec.o}) of layer(s) {layers} is never "
+            f"called{why}")
 
 
 def ones(lm, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -40,17 +40,28 @@ def prune_run(lm, texts: list[str], *, out=None, force: bool = False, save_prune
         ``(result, run folder)``.
 
     Raises:
-        InputError: as ``prune``; ``out`` or ``save_pruned_to`` taken without ``force``.
+        InputError: as ``prune``; ``out`` or ``save_pruned_to`` taken (claimed before the experiment).
     """
+    from contextlib import ExitStack
+
+    from ..report import claim_run_dir
+    from .saving import claim_target
+
+    with ExitStack() as held:  # both folders claimed before the experiment starts
+        run_dir = held.enter_context(claim_run_dir(out, lm.name, force)).path
+        if save_pruned_to is not None:
+            held.enter_context(claim_target(Path(save_pruned_to), force))
+        return _prune_and_write(lm, texts, run_dir, force, save_pruned_to, labels, timings, started, kwargs)
+
+
+def _prune_and_write(lm, texts, out: Path, force: bool, save_pruned_to, labels, timings, started, kwargs):
+    """The body of :func:`prune_run`, once its folders are claimed."""
     import time
 
     from ..analysis import analyze
-    from ..report import prepare_run_dir, write_run
-    from .saving import check_target, save_pruned
+    from ..report import write_run
+    from .saving import save_pruned
 
-    prepare_run_dir(out, lm.name, force)
-    if save_pruned_to is not None:
-        check_target(Path(save_pruned_to), force)
     t = time.perf_counter()
     result = prune(lm, texts, labels=labels, physical=True, **kwargs)
     prune_s = time.perf_counter() - t

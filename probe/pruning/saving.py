@@ -13,14 +13,13 @@ outputs are identical after the round trip. ``probe analyze/verify/prune
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ..architectures import get_spec, head_geometry
 from ..errors import InputError, ModelLoadError
+from ..runfolder import claim
 from .heads import PRUNED_FILE, PrunedHeads, full_layout
 from .removal import apply_layout, parameter_count
 
@@ -32,46 +31,49 @@ def save_pruned(lm, folder: str | Path, *, force: bool = False) -> Path:
     """Write a physically pruned model (``lm.pruned`` set by
     :func:`~probe.pruning.removal.remove_heads`) to ``folder``.
 
-    The folder is written under a temporary name and renamed at the end, so nothing is left
-    half-written; an existing non-empty folder is replaced only with ``force``.
+    The folder is claimed and written under a temporary name, renamed at the end
+    (:mod:`probe.runfolder`): nothing is left half-written, also on an interrupt. An existing
+    non-empty folder is written again only with ``force`` and only if probe wrote it as a
+    pruned model; then probe's files are replaced and every other file is kept.
 
     Raises:
-        InputError: ``lm`` has no removed head, or ``folder`` exists (not empty) without ``force``,
+        InputError: ``lm`` has no removed head, or ``folder`` is taken (see :func:`claim_target`),
             or cannot be written.
     """
     if lm.pruned is None:
         raise InputError("the model has no removed head: prune it first (probe.pruning.remove_heads)")
     path = Path(folder)
-    check_target(path, force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        from safetensors.torch import save_model
-
-        lm.model.config.save_pretrained(tmp)
-        if getattr(lm.model, "generation_config", None) is not None and lm.causal:
-            lm.model.generation_config.save_pretrained(tmp)
-        # the module's own parameter names (no checkpoint key conversion); tied tensors stored once
-        save_model(lm.model, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        lm.tokenizer.save_pretrained(tmp)
-        record = {**lm.pruned.to_json(), "class": type(lm.model).__name__,
-                  "parameters": parameter_count(lm.model), "model_type": lm.model.config.model_type}
-        (tmp / PRUNED_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        if path.exists():
-            shutil.rmtree(path)
-        tmp.rename(path)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise InputError(f"cannot write the pruned model to {path}: {exc.strerror or exc}") from None
+    with claim_target(path, force) as target, target.staging() as tmp:
+        try:
+            _write_model(lm, tmp)
+        except OSError as exc:
+            raise InputError(f"cannot write the pruned model to {path}: {exc.strerror or exc}") from None
     return path
 
 
-def check_target(path: Path, force: bool) -> None:
-    """Raise InputError if ``path`` is a file, or a non-empty folder and ``force`` is False."""
-    if path.exists() and not path.is_dir():
-        raise InputError(f"{path} exists and is not a folder")
-    if path.exists() and any(path.iterdir()) and not force:
-        raise InputError(f"folder {path} already exists and is not empty; use --force to replace it")
+def _write_model(lm, tmp: Path) -> None:
+    """The files of a pruned model's folder, written into ``tmp``."""
+    from safetensors.torch import save_model
+
+    lm.model.config.save_pretrained(tmp)
+    if getattr(lm.model, "generation_config", None) is not None and lm.causal:
+        lm.model.generation_config.save_pretrained(tmp)
+    # the module's own parameter names (no checkpoint key conversion); tied tensors stored once
+    save_model(lm.model, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    lm.tokenizer.save_pretrained(tmp)
+    record = {**lm.pruned.to_json(), "class": type(lm.model).__name__,
+              "parameters": parameter_count(lm.model), "model_type": lm.model.config.model_type}
+    (tmp / PRUNED_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def claim_target(path: Path, force: bool):
+    """Claim ``path`` for a pruned model (:func:`probe.runfolder.claim`, kind ``pruned model``).
+
+    Raises:
+        InputError: ``path`` is a file, a non-empty folder without ``force``, a non-empty folder
+            probe did not write as a pruned model, or another probe run is writing it.
+    """
+    return claim(path, kind="pruned model", force=force, what="--save-pruned folder")
 
 
 def _state_dict(folder: Path) -> dict[str, torch.Tensor]:

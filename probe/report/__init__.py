@@ -5,8 +5,9 @@ small inline script (``static/heatmap.js``): no image is rendered in Python, no 
 fetched, and a strict Content-Security-Policy (``default-src 'none'``; inline script and style
 only) forbids any network request. Token labels are escaped wherever they appear.
 
-A run folder never overwrites an earlier one unless ``force`` is given; the default folder is a
-new ``reports/<model>-<timestamp>`` under the current directory.
+A run folder is claimed before the run starts and written whole (:mod:`probe.runfolder`); it never
+replaces an earlier one unless ``force`` is given, and then only probe's own files. The default
+folder is a new ``reports/<model>-<timestamp>`` under the current directory.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
 import re
 import time
 from functools import cache, lru_cache
@@ -26,6 +26,7 @@ import numpy as np
 from ..analysis import AnalysisResult, versions
 from ..classify import LABEL_RULES, MIXED, REMOVED
 from ..errors import InputError
+from ..runfolder import claim, claim_new
 from ..stats import CROSS_STATISTICS, STATISTICS
 from ..tokens import display_tokens
 
@@ -79,27 +80,20 @@ def default_run_dir(model_name: str, root: str | Path = "reports") -> Path:
     return path
 
 
-def prepare_run_dir(out: str | Path | None, model_name: str, force: bool = False) -> Path:
-    """Check (without creating) that a run folder may be written.
+def claim_run_dir(out: str | Path | None, model_name: str, force: bool = False, kind: str = "run"):
+    """Claim the run folder ``out`` (default: a new ``reports/<model>-<timestamp>``) before the work
+    starts, so that two runs never write one folder (:func:`probe.runfolder.claim`).
+
+    Returns:
+        A :class:`probe.runfolder.Claim` (``.path`` is the folder); release it (or use ``with``).
 
     Raises:
-        InputError: ``out`` exists and is not empty and ``force`` is False, or ``out`` is a file.
+        InputError: ``out`` is a file, or not empty and ``force`` is False, or holds files probe
+            did not write, or another probe run is writing it.
     """
-    path = default_run_dir(model_name) if out is None else Path(out)
-    for parent in path.parents:  # the nearest existing ancestor must be a writable folder
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(f"cannot create output folder {path}: {parent} is a file")
-            if not os.access(parent, os.W_OK):
-                raise InputError(f"cannot create output folder {path}: {parent} is not writable")
-            break
     if out is None:
-        return path
-    if path.exists() and not path.is_dir():
-        raise InputError(f"output path exists and is not a folder: {out}")
-    if path.exists() and any(path.iterdir()) and not force:
-        raise InputError(f"output folder {out} already exists and is not empty; use --force to overwrite")
-    return path
+        return claim_new(default_run_dir(model_name), kind=kind)
+    return claim(out, kind=kind, force=force)
 
 
 def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> list[tuple[int, int, str, str]]:
@@ -308,54 +302,66 @@ def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, 
               started: float | None = None) -> Path:
     """Write ``index.html``, ``heads.csv`` and ``run.json`` to a run folder; return the folder.
 
+    The folder is claimed and written through :mod:`probe.runfolder`: it appears complete or not
+    at all, and only probe's own files are replaced. Paths in the page and in run.json are
+    shortened (:mod:`probe.report.portable`): nothing of the author's file system travels with them.
+
     Args:
         result: what :func:`probe.analysis.analyze` returned.
         tokenizer: the model's tokenizer (for readable token labels).
         out: the folder (default: a new ``reports/<model>-<timestamp>``).
-        force: overwrite probe's files in an existing, non-empty ``out`` (other files are kept).
+        force: replace probe's files in an existing folder probe wrote (other files are kept).
         verification: optional ``probe.verify`` JSON record, shown as a section of the report.
         timings: the caller's phase timings in seconds (start-up, model load ...), merged into
             ``result.timings``; with ``started`` (a ``time.perf_counter()`` value), ``total_s`` and
             ``other_s`` (the rest of the wall time) are added so the phases add up to the total.
 
     Raises:
-        InputError: ``out`` exists and is not empty and ``force`` is False, or cannot be written.
+        InputError: ``out`` is taken (see :func:`claim_run_dir`) or cannot be written.
     """
+    start = time.perf_counter()
+    with claim_run_dir(out, result.model["name"], force) as folder, folder.staging() as tmp:
+        try:
+            _write_files(result, tokenizer, folder.path, tmp, verification, timings, started, start)
+        except OSError as exc:
+            raise InputError(f"cannot write the run folder {folder.path}: {exc.strerror or exc}") from None
+    return folder.path
+
+
+def _write_files(result, tokenizer, path: Path, tmp: Path, verification, timings, started, start) -> None:
+    """The files of :func:`write_run`, written into ``tmp`` (``path``: where they will be)."""
+    import dataclasses
+
+    from .portable import shorten_paths
     from .sections import build_sections
 
-    start = time.perf_counter()
-    path = prepare_run_dir(out, result.model["name"], force)
     result.timings.update({k: round(v, 4) for k, v in (timings or {}).items()})
-    sections = build_sections(result, tokenizer)
+    shown = dataclasses.replace(result, model=shorten_paths(result.model, path),
+                                settings=shorten_paths(result.settings, path), notes=shorten_paths(result.notes, path))
+    sections = build_sections(shown, tokenizer)
     extra = {"verification": verification} if verification else {}
     extra.update({sec.id: sec.record for sec in sections if sec.record is not None})
-    record = run_record(result, extra)
-    html = render_html(result, tokenizer, record, verification, sections)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        names = list(OUTPUT_FILES) + [name for sec in sections for name in sec.files]
-        record["output"] = {name: str(path / name) for name in names}
-        result.heads.to_csv(path / "heads.csv", index=False, float_format="%.6g")
-        for sec in sections:
-            for name, content in sec.files.items():
-                target = path / name
-                if isinstance(content, bytes):
-                    target.write_bytes(content)
-                else:
-                    target.write_text(content, encoding="utf-8")
-        (path / "index.html").write_text(html, encoding="utf-8")
-        now = time.perf_counter()
-        result.timings["report_s"] = round(now - start, 4)
-        if started is not None:
-            result.timings["total_s"] = round(now - started, 4)
-            phases = ("startup_s", "input_s", "model_load_s", "circuits_s", "analyze_s", "verify_s", "report_s")
-            result.timings["other_s"] = round(max(0.0, result.timings["total_s"] - sum(
-                result.timings.get(k, 0.0) for k in phases)), 4)
-        record["timings_s"] = result.timings
-        (path / "run.json").write_text(json.dumps(record, indent=2, default=_json_default) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot write the run folder {path}: {exc.strerror or exc}") from None
-    return path
+    record = shorten_paths(run_record(shown, extra), path)
+    html = render_html(shown, tokenizer, record, shorten_paths(verification, path), sections)
+    names = list(OUTPUT_FILES) + [name for sec in sections for name in sec.files]
+    record["output"] = {name: name for name in names}  # relative to the run folder
+    result.heads.to_csv(tmp / "heads.csv", index=False, float_format="%.6g")
+    for sec in sections:
+        for name, content in sec.files.items():
+            if isinstance(content, bytes):
+                (tmp / name).write_bytes(content)
+            else:
+                (tmp / name).write_text(content, encoding="utf-8")
+    (tmp / "index.html").write_text(html, encoding="utf-8")
+    now = time.perf_counter()
+    result.timings["report_s"] = round(now - start, 4)
+    if started is not None:
+        result.timings["total_s"] = round(now - started, 4)
+        phases = ("startup_s", "input_s", "model_load_s", "circuits_s", "analyze_s", "verify_s", "report_s")
+        result.timings["other_s"] = round(max(0.0, result.timings["total_s"] - sum(
+            result.timings.get(k, 0.0) for k in phases)), 4)
+    record["timings_s"] = result.timings
+    (tmp / "run.json").write_text(json.dumps(record, indent=2, default=_json_default) + "\n", encoding="utf-8")
 
 
 def _json_default(obj):

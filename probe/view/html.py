@@ -77,9 +77,9 @@ class HeadView:
 
     def save(self, path: str | Path) -> Path:
         """Write a whole offline page with this view; return its path."""
-        path = Path(path)
-        path.write_text(render_page(self.data, self.data.get("title") or "probe head view"), encoding="utf-8")
-        return path
+        from ..runfolder import replace_file  # whole or not at all, also on an interrupt
+
+        return replace_file(path, render_page(self.data, self.data.get("title") or "probe head view"))
 
     def __repr__(self) -> str:
         d = self.data
