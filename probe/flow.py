@@ -15,9 +15,11 @@ Pairs with no path (above the diagonal of a causal stack) have flow exactly 0 an
 Padding, encoder-decoder models (encoder stack only) and removed heads are handled as rollout.
 
 Cost: one max-flow per (row, input token), T^2 for the whole matrix, on a graph of (L + 1) T
-nodes and up to L T^2 edges. Measured on minilm (6 layers, networkx 3.6, one core of a shared
-2-core machine), whole matrix / reported row only: 16 tokens 0.9 s / 0.06 s, 32 tokens 12 s /
-0.4 s, 64 tokens 160 s / 2.6 s. Hence the default limit of :data:`MAX_FLOW_TOKENS` tokens.
+nodes and up to L T^2 edges. Measured on minilm (6 layers; networkx 3.6 preflow-push, one
+thread, a 2-core machine shared with other jobs; idle, the 64-token row took 3.5 s), whole
+matrix / reported row only (``benchmarks/bench_flow.py``): 16 tokens 2.0 s / 0.06 s, 32 tokens
+32 s / 0.7 s, 64 tokens 780 s / 11 s (rollout: 0.02 to 0.06 s). Hence the default limit of
+:data:`MAX_FLOW_TOKENS` tokens and ``rows="reported"`` for many texts.
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ def attention_flow(lm: LoadedModel, text: str | Text | Sequence[str | Text], *, 
     The maximum flow from every input token to every position through the layered graph of
     ``A~_l = 0.5 * mean_h(A_l) + 0.5 * I`` (rows renormalised), over the encoder's layers
     (encoders, encoder-decoder models) or the decoder's (decoder-only models), each row divided
-    by its sum; Abnar & Zuidema 2020, sec. 3. Expensive: T max-flows per row (whole matrix on
-    minilm: 0.9 s at 16 tokens, 12 s at 32, 160 s at 64; the reported row alone 2.6 s at 64).
+    by its sum; Abnar & Zuidema 2020, sec. 3. Expensive: T max-flows per row, T^2 in all (minilm,
+    one busy core: whole matrix 2.0 s at 16 tokens, 32 s at 32, 780 s at 64; the reported row
+    alone 0.06 s, 0.7 s, 11 s; see the module's docstring).
 
     Args:
         lm: a loaded model.

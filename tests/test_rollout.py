@@ -19,7 +19,7 @@ from networkx.algorithms.flow import edmonds_karp
 from scipy.optimize import linprog
 
 import probe
-from conftest import tiny_model
+from conftest import FAMILIES, tiny_model
 from probe.errors import InputError, ProbeError
 from probe.flow import MAX_FLOW_TOKENS, flow_values, normalise_rows
 from probe.rollout import residual_maps, rollout_matrix
@@ -239,7 +239,7 @@ def rollout_from_capture(lm, text: str) -> tuple[np.ndarray, list[str]]:
     return r.numpy(), [s.name for s in sites]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", sorted(set(FAMILIES) | set(KINDS)))
 def test_rollout_of_tiny_models_equals_rollout_of_captured_maps(tiny, kind):
     lm = tiny(kind)
     res = probe.attention_rollout(lm, TEXTS[0])
@@ -254,7 +254,8 @@ def test_rollout_of_tiny_models_equals_rollout_of_captured_maps(tiny, kind):
         assert res.stack == "decoder" and (np.triu(res.matrix, 1) == 0).all()
     else:
         assert res.stack == "encoder" and all(s.startswith("encoder.") for s in res.sites)
-    enc_dec = kind in ("t5", "bart")
+    enc_dec = is_enc_dec(lm)
+    assert enc_dec == (kind in ("t5", "bart", "marian"))
     assert any("encoder stack only" in note for note in res.notes) == enc_dec
 
 
