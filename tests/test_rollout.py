@@ -273,6 +273,17 @@ def test_padding_never_enters(tiny, kind):
     np.testing.assert_allclose(flows[1].matrix, flow_alone.matrix, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["t5", "bart"])
+def test_encoder_decoder_rollout_reads_the_encoder_only_whatever_the_target(tiny, kind):
+    lm = tiny(kind)
+    without = probe.attention_rollout(lm, TEXTS[1])
+    for target in ("Eine Katze sass.", "Ganz anders und viel laenger als die Quelle."):
+        given = probe.attention_rollout(lm, probe.Text(TEXTS[1], pair=target))
+        assert given.tokens == without.tokens and given.row_index == 0
+        np.testing.assert_allclose(given.matrix, without.matrix, atol=1e-6)
+    assert without.sites == [f"encoder.{layer}.self" for layer in range(2)]
+
+
 @pytest.mark.parametrize("kind", ["bert", "llama", "t5"])
 def test_flow_of_tiny_models_is_the_max_flow_of_their_maps(tiny, kind):
     lm = tiny(kind)
