@@ -1,0 +1,60 @@
+"""Benchmark: the cost of attention flow (probe.attention_flow) next to rollout, by sequence length.
+
+Prints, per length T (the text cut to exactly T tokens), the seconds of ``attention_rollout`` and
+of ``attention_flow`` for the whole [T, T] matrix (``rows="all"``) and for the reported row only
+(``rows="reported"``), each the fastest of ``--repeats`` runs (the forward pass included).
+
+Usage: python benchmarks/bench_flow.py [--model minilm] [--lengths 16,32,64] [--repeats 1] [--rows all,reported]
+Text: the built-in sample texts joined (long enough for 64 tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def fastest(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's probe, not an installed one
+    import torch
+
+    import probe
+    from probe.corpus import sample_texts
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="minilm")
+    ap.add_argument("--lengths", default="16,32,64")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--rows", default="all,reported")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    lm = probe.load_model(args.model)
+    text = " ".join(sample_texts())
+    out = []
+    for T in (int(x) for x in args.lengths.split(",")):
+        res = probe.attention_rollout(lm, text, max_length=T)
+        assert len(res.tokens) == T, (len(res.tokens), T)
+        row = {"model": args.model, "layers": len(res.sites), "tokens": T}
+        row["rollout_s"] = round(fastest(lambda T=T: probe.attention_rollout(lm, text, max_length=T), args.repeats), 3)
+        for rows in args.rows.split(","):
+            def flow(T=T, rows=rows):
+                probe.attention_flow(lm, text, max_length=T, max_tokens=T, rows=rows)
+            row[f"flow_{rows}_s"] = round(fastest(flow, args.repeats), 3)
+        print(json.dumps(row), flush=True)
+        out.append(row)
+
+
+if __name__ == "__main__":
+    main()
