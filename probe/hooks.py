@@ -1,5 +1,7 @@
 """The one owner of a model's measuring state: temporary hooks, module swaps, attention
-implementation and train/eval mode, all restored on exit (also on exceptions).
+implementation, every module's train/eval flag and every parameter's ``requires_grad``, all
+restored on exit (also on exceptions); and the check of every id a forward call looks up
+(:mod:`probe.lookups`).
 
 Hooks are global state on a module; leaving one behind silently changes every later forward pass
 (TransformerLens' lesson; nnsight's hooks remove themselves for the same reason). Everything in
@@ -113,9 +115,10 @@ def _configs(model: nn.Module) -> list:
     return out
 
 
-#: Config attributes a measuring pass may change (the attention implementation is stored in the first).
-CONFIG_FLAGS = ("_attn_implementation_internal", "output_attentions", "output_hidden_states", "use_cache",
-                "return_dict")
+#: Config attributes a measuring pass may change: the attention implementation, the output and cache
+#: switches (transformers 5 keeps some under a leading underscore, behind a property).
+CONFIG_FLAGS = ("_attn_implementation_internal", "_output_attentions", "output_attentions", "output_hidden_states",
+                "use_cache", "return_dict")
 
 
 @dataclass
