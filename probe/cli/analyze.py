@@ -261,6 +261,11 @@ def _summary(result, verification: dict | None, annotated: bool, loading_notes: 
     click.echo(f"{len(result.heads)} heads ({counts}) from {result.counts['sequences']} sequences, "
                f"{result.counts['tokens']} tokens{trunc}{verdict} in {t['total_s']:.1f} s "
                f"({', '.join(f'{name} {value:.1f} s' for (name, _), value in zip(parts, shown))})")
+    from ..patterns.health import health_of, summary_line
+
+    checks = health_of(result)  # what the report's health section and run.json's "health" say
+    if checks is not None:
+        click.echo(summary_line(checks))
     if annotated:
         from ..linguistic.report import summary_lines
 

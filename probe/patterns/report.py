@@ -17,7 +17,7 @@ import numpy as np
 from ..report import LABEL_COLORS, label_family
 from ..report.sections import Section, render_fragment
 from .circuits import CIRCUIT_COLUMNS
-from .health import HEALTH_RULES, TITLES, health_of
+from .health import EXPLAINING, HEALTH_RULES, MIN_ROWS, TITLES, describe, health_of
 from .kovaleva import TYPES
 
 #: Colours of the Kovaleva types (Okabe-Ito; heterogeneous in grey).
@@ -51,32 +51,15 @@ def _clean(v):
 
 # --------------------------------------------------------------------------- health
 
-def _describe(check) -> str:
-    if not check.measured:
-        return check.note
-    if check.name == "padding":
-        return f"largest value {check.value:.3g}" + (f" ({check.note})" if check.note else "")
-    if check.name == "duplicates":
-        items = [f"L{f['layer']} H{f['heads'][0]}-H{f['heads'][1]} ({f['value']:.3f})" for f in check.flagged[:SHOW]]
-        whole = f"; whole layers: {', '.join(map(str, check.layers))}" if check.layers else ""
-    else:
-        items = [f"L{f['layer']} H{f['head']} ({f['value']:.3f})" for f in check.flagged[:SHOW]]
-        whole = ""
-    more = f" and {len(check.flagged) - SHOW} more" if len(check.flagged) > SHOW else ""
-    return (", ".join(items) + more + whole) if items else "none"
-
-
 def health_section(result, tokenizer) -> Section | None:
     """The attention health checks (METRICS.md table): rule, threshold, flagged heads and values."""
     checks = health_of(result)
     if checks is None:
         return None
-    rows = []
-    for c in checks:
-        status = "not measured" if not c.measured else ("FLAGGED" if c.flagged or c.layers else "ok")
-        rows.append({"title": TITLES[c.name], "rule": c.rule, "points": HEALTH_RULES[c.name][3], "status": status,
-                     "n": len(c.flagged), "detail": _describe(c)})
-    html = render_fragment("section_health.html.j2", rows=rows, n_heads=len(result.heads))
+    rows = [{"title": TITLES[c.name], "rule": c.rule, "points": HEALTH_RULES[c.name][3], "status": c.status,
+             "n": len(c.flagged), "explained": len(c.explained), "detail": describe(c, SHOW)} for c in checks]
+    html = render_fragment("section_health.html.j2", rows=rows, n_heads=len(result.heads), min_rows=MIN_ROWS,
+                           explaining=", ".join(EXPLAINING))
     record = {"checks": [_clean(c.as_dict()) for c in checks]}
     return Section("health", "Attention health checks", html, record=record, order=20)
 
