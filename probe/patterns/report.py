@@ -202,10 +202,12 @@ def circuits_section(result, tokenizer) -> Section | None:
         tops[column] = [{"layer": int(r.layer), "head": int(r.head),
                          **{c: float(getattr(r, c)) for c in CIRCUIT_COLUMNS}} for r in top.itertuples()]
     thr = {k: result.thresholds.get(k) for k in ("induction", "duplicate-token")}
-    held = result.heads["labels"].str.split(";")
-    labelled = {lab: int(held.apply(lambda x, lab=lab: lab in x).sum()) for lab in ("induction", "duplicate-token")}
+    held, primary = result.label_counts("all"), result.label_counts("primary")
+    labels = ("induction", "duplicate-token")
     record = _clean({"settings": st, "seconds": probe.seconds, "thresholds": thr, "top": tops,
-                     "sinks": sinks.to_dict("records"), "labelled": labelled})
+                     "sinks": sinks.to_dict("records"),
+                     "labelled": {lab: int(held.get(lab, 0)) for lab in labels},  # every head holding it
+                     "primary": {lab: int(primary.get(lab, 0)) for lab in labels}})  # as its primary label
     html = render_fragment("section_circuits.html.j2", r=record, tops=tops, fmt=_num)
     return Section("circuits", "Decoder circuits: induction, duplicate-token, attention sinks", html,
                    figures=figures, record=record, order=45)
