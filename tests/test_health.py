@@ -225,3 +225,29 @@ def test_report_run_json_and_cli_say_the_same(tmp_path):
                     f"heads needs more text ({rows} of 200 query rows); padding attended ok")
     html = (tmp_path / "run" / "index.html").read_text()
     assert html.count(f"needs more text: {rows} query rows measured, the check needs at least 200") == 4
+
+
+@pytest.mark.slow
+def test_smollm2_sinks_are_explained_and_a_short_text_needs_more(smollm2):
+    """The field run: 11 words of text on SmolLM2 (10 tokens) flagged 38 saturated heads and 380
+    duplicate pairs. Now: needs more text. On the built-in sample (371 tokens) its saturated heads
+    and most near-identical pairs are attention sinks: explained by first-token, not flagged."""
+    from probe.corpus import sample_texts
+
+    found, res = checks(smollm2, texts=["The quick brown fox jumps over the lazy dog."])
+    assert res.counts["tokens"] == 10
+    assert all(found[n].status == "needs more text" and not found[n].flagged for n in
+               ("saturated", "uniform", "collapsed", "duplicates"))
+    found, res = checks(smollm2, texts=sample_texts())
+    assert res.counts["tokens"] >= 200
+    h = res.heads.set_index(["layer", "head"])
+    sat = found["saturated"]
+    assert sat.explained and not sat.flagged
+    for f in sat.explained:
+        first = h.loc[(f["layer"], f["head"]), "first"]
+        assert f["label"] == "first-token" and f["label_value"] == pytest.approx(first)
+    dup = found["duplicates"]
+    assert len(dup.explained) > 10 * len(dup.flagged)
+    for f in dup.explained:  # both heads of an explained pair hold its label
+        assert all(f["label"] in h.loc[(f["layer"], g), "labels"].split(";") for g in f["heads"])
+    assert {f["label"] for f in dup.explained} == {"first-token"}
