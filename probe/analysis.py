@@ -108,9 +108,20 @@ class AnalysisResult:
     notes: list[str] = field(default_factory=list)
     results: dict = field(default_factory=dict)
 
-    def label_counts(self) -> dict[str, int]:
-        """Primary label -> number of heads."""
-        return self.heads["label"].value_counts().to_dict()
+    def label_counts(self, which: str = "primary") -> dict[str, int]:
+        """Label -> number of heads, by count: ``"primary"`` (each head counted once, under its
+        primary label; the counts add up to the heads) or ``"all"`` (every head that holds the label,
+        primary or not; a head with several labels counts for each).
+
+        Raises:
+            ValueError: another ``which``.
+        """
+        if which == "primary":
+            return self.heads["label"].value_counts().to_dict()
+        if which == "all":
+            held = self.heads["labels"].astype(str).str.split(";").explode()
+            return held[held != ""].value_counts().to_dict()
+        raise ValueError(f"which must be 'primary' or 'all', got {which!r}")
 
 
 def model_summary(lm: LoadedModel) -> dict:

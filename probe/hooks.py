@@ -1,5 +1,7 @@
 """The one owner of a model's measuring state: temporary hooks, module swaps, attention
-implementation and train/eval mode, all restored on exit (also on exceptions).
+implementation, every module's train/eval flag and every parameter's ``requires_grad``, all
+restored on exit (also on exceptions); and the check of every id a forward call looks up
+(:mod:`probe.lookups`).
 
 Hooks are global state on a module; leaving one behind silently changes every later forward pass
 (TransformerLens' lesson; nnsight's hooks remove themselves for the same reason). Everything in
@@ -91,11 +93,63 @@ class Measuring:
 
     Attributes:
         hooks: a :class:`Hooks` owned by the context (removed on exit).
-        notes: what was changed for measuring (and is restored on exit).
+        notes: what was changed for measuring (and is restored on exit), and what the lookup check
+            changed (:mod:`probe.lookups`: segment ids dropped for a model with one segment type).
     """
 
     hooks: Hooks
     notes: list[str] = field(default_factory=list)
+
+
+def _configs(model: nn.Module) -> list:
+    """Every distinct config object of the model: each module's ``config`` and their sub-configs."""
+    seen, out = set(), []
+    stack = [getattr(m, "config", None) for m in model.modules()]
+    while stack:
+        config = stack.pop()
+        if config is None or id(config) in seen or not hasattr(config, "to_dict"):
+            continue
+        seen.add(id(config))
+        out.append(config)
+        stack += [getattr(config, key, None) for key in getattr(config, "sub_configs", {}) or {}]
+    return out
+
+
+#: Config attributes a measuring pass may change: the attention implementation, the output and cache
+#: switches (transformers 5 keeps some under a leading underscore, behind a property).
+CONFIG_FLAGS = ("_attn_implementation_internal", "_output_attentions", "output_attentions", "output_hidden_states",
+                "use_cache", "return_dict")
+
+
+@dataclass
+class ModelState:
+    """Everything :func:`measuring` may change on a model, as it was: every module's own
+    ``training`` flag, every parameter's ``requires_grad``, and :data:`CONFIG_FLAGS` of every config
+    (the model's and its sub-models')."""
+
+    training: list[tuple[nn.Module, bool]]
+    requires_grad: list[tuple[nn.Parameter, bool]]
+    config: list[tuple[object, str, object]]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ModelState:
+        """The state of ``model`` now."""
+        missing = object()
+        flags = [(c, k, c.__dict__.get(k, missing)) for c in _configs(model) for k in CONFIG_FLAGS]
+        return cls([(m, m.training) for m in model.modules()],
+                   [(p, p.requires_grad) for p in model.parameters()],
+                   [(c, k, v) for c, k, v in flags if v is not missing])
+
+    def restore(self) -> None:
+        """Put every flag back (modules and parameters replaced since keep theirs)."""
+        for module, flag in self.training:
+            module.training = flag
+        for param, flag in self.requires_grad:
+            if param.requires_grad != flag:
+                param.requires_grad_(flag)
+        for config, key, value in self.config:
+            if config.__dict__.get(key) is not value:
+                config.__dict__[key] = value
 
 
 @contextmanager
@@ -103,9 +157,12 @@ def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -
     """Context manager: the model prepared for measuring, restored afterwards.
 
     Inside: eager attention (if ``eager``; so attention probabilities exist), eval mode (if
-    ``eval_mode``; no dropout on the probabilities), and a :class:`Hooks` for the caller's hooks.
-    On exit, also on exceptions: hooks removed, replaced modules back, the attention
-    implementation and the train/eval mode as they were.
+    ``eval_mode``; no dropout on the probabilities), every id of every forward call checked against
+    the table it indexes (:func:`probe.lookups.check_lookups`, a forward pre-hook on ``model``), and
+    a :class:`Hooks` for the caller's hooks. On exit, also on exceptions: hooks removed, replaced
+    modules back, and :class:`ModelState` restored: each module's own train/eval flag (a model in
+    train mode with some sub-modules in eval mode comes back exactly so), each parameter's
+    ``requires_grad`` and the attention implementation of every (sub-)config.
 
     Args:
         model: a Hugging Face model.
@@ -115,23 +172,26 @@ def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -
 
     Yields:
         :class:`Measuring` with ``hooks`` and ``notes``.
+
+    Raises (at forward):
+        InputError: an id outside its table (:func:`probe.lookups.check_lookups`).
     """
-    impl = getattr(model.config, "_attn_implementation", "eager")
-    state = Measuring(Hooks())
-    switched = False
-    if eager:
-        note = ensure_eager(model)
-        if note:
-            switched = True
-            state.notes.append(note + " (restored afterwards)")
-    was_training = model.training
-    if was_training and eval_mode:
-        state.notes.append("model was in train mode; measured in eval mode (attention dropout off) and restored")
-        model.eval()
+    from .lookups import lookup_hook
+
+    saved = ModelState.of(model)
+    state, own = Measuring(Hooks()), Hooks()
     try:
+        if eager:
+            note = ensure_eager(model)
+            if note:
+                state.notes.append(note + " (restored afterwards)")
+        if eval_mode and any(m.training for m in model.modules()):
+            state.notes.append("model was in train mode; measured in eval mode (attention dropout off) and restored")
+            model.eval()
+        # the lookup check is the context's own hook (callers may empty theirs between passes)
+        own.forward_pre(model, lookup_hook(state.notes), with_kwargs=True)
         yield state
     finally:
         state.hooks.remove()
-        model.train(was_training)
-        if switched:
-            model.set_attn_implementation(impl)
+        own.remove()
+        saved.restore()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -58,54 +60,158 @@ def finish_tokenizer(tokenizer) -> None:
     tokenizer.padding_side = "right"
 
 
+#: What the first use of a GGUF model costs per MB of the file, as measured on this project's 2-core
+#: test machine with other work running: 11.5 s for SmolLM2-135M's 94 MB Q4_1 file (5.9 s reading
+#: the header, 0.6 s the tokenizer, 4.3 s de-quantizing, 0.6 s saving 513 MB). It depends on the CPU,
+#: the disk and what else runs: announced as an estimate with that caveat.
+FIRST_USE_SECONDS_PER_MB = 0.15
+
+
+def first_use_estimate(size_mb: float) -> int:
+    """Seconds the first use of a GGUF file of ``size_mb`` MB is announced to take (to 5 s, >= 5)."""
+    return max(5, 5 * round(FIRST_USE_SECONDS_PER_MB * size_mb / 5))
+
+
+@contextmanager
+def _step(what: str, index: int, steps: int):
+    """Say on the log what a slow loading step does, then how long it took (so no step is silent)."""
+    log.warning("  %d/%d %s ...", index, steps, what)
+    start = time.perf_counter()
+    yield
+    log.warning("  %d/%d %s: done in %.1f s", index, steps, what, time.perf_counter() - start)
+
+
+@contextmanager
+def _parse_once():
+    """Inside: two repeated parses of transformers' GGUF loading done once each, restored on exit.
+
+    * The header reader (``load_gguf_checkpoint`` without tensors) parses a file once and hands out
+      copies: the config loader and the tokenizer loader (twice) each parse the whole header
+      otherwise, several seconds apiece (the tokenizer's vocabulary and merges are in it).
+    * ``gguf.GGUFReader`` opens a file once (a read-only memory map; the tensor pass would parse the
+      header again).
+    * ``gguf.get_tensor_name_map(arch, layers)`` is built once per arguments: transformers builds it
+      again for every sub-module while mapping tensor names (397 times for SmolLM2-135M, the
+      silent stretch before the de-quantizing bar).
+
+    Where transformers or gguf lacks these functions, nothing changes.
+    """
+    import copy
+    import functools
+
+    patched = []
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+        original = gguf_utils.load_gguf_checkpoint
+        read: dict = {}
+
+        def once(path, return_tensors=False, **kw):
+            if return_tensors or kw:
+                return original(path, return_tensors=return_tensors, **kw)
+            if str(path) not in read:
+                read[str(path)] = original(path, return_tensors=False)
+            return copy.deepcopy(read[str(path)])
+
+        patched.append((gguf_utils, "load_gguf_checkpoint", original))
+        gguf_utils.load_gguf_checkpoint = once
+        import gguf
+
+        patched.append((gguf, "get_tensor_name_map", gguf.get_tensor_name_map))
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)
+        readers: dict = {}
+        reader_class = gguf.GGUFReader
+
+        def reader(path, mode="r"):  # read-only memory maps: one per file serves every read
+            key = (str(path), mode)
+            if key not in readers:
+                readers[key] = reader_class(path, mode)
+            return readers[key]
+
+        patched.append((gguf, "GGUFReader", reader_class))
+        gguf.GGUFReader = reader
+    except (ImportError, AttributeError):
+        pass
+    try:
+        yield
+    finally:
+        for module, name, original in reversed(patched):
+            setattr(module, name, original)
+
+
 def load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
     """Load a GGUF checkpoint (dequantized to floats); cache the result as float32 safetensors.
 
     The cache always holds float32 weights, whatever ``dtype`` was asked for, and is then loaded
     with ``dtype`` (``from_pretrained(dtype=...)`` keeps buffers such as RoPE's ``inv_freq`` in
     float32, which a later ``.to(dtype)`` would round).
+
+    The first use logs (as notes on the CLI) an estimate from the file's size, then each step with
+    its time: reading the header, building the tokenizer, de-quantizing the tensors (transformers'
+    progress bar), saving the float32 copy. Repeated parses are done once (:func:`_parse_once`) and
+    the model is built from the config already read.
     """
     from transformers import AutoConfig, AutoTokenizer
 
     if cached is not None and (cached / "config.json").exists():
         return load_folder(cached, dtype)
+    size_mb = (folder / gguf_file).stat().st_size / 2**20 if (folder / gguf_file).exists() else 0.0
+    steps = 4 if cached is not None else 3
     if cached is not None:
-        log.warning("first use of %s: de-quantizing its GGUF weights to float32 and caching them in %s "
-                    "(a one-time step of about 30 s; later runs load the cached copy in seconds)",
-                    gguf_file, cached)
+        log.warning("first use of %s: de-quantizing its GGUF weights (%.0f MB) to float32 and caching them in %s; "
+                    "a one-time step of about %d s on 2 CPU cores, longer on a busy or slower machine (it depends "
+                    "on the CPU and the disk); later runs load the cached copy in seconds",
+                    gguf_file, size_mb, cached, first_use_estimate(size_mb))
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
-        get_spec(config)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-        model = model_class(config).from_pretrained(
-            folder, gguf_file=gguf_file, attn_implementation="eager", trust_remote_code=False,
-            dtype=torch.float32 if cached is not None else (dtype or torch.float32))
+        with _parse_once():
+            with _step("reading the GGUF header (config and tokenizer vocabulary)", 1, steps):
+                config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
+                get_spec(config)
+            with _step("building the tokenizer", 2, steps):
+                tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+            with _step("de-quantizing the tensors", 3, steps):
+                model = model_class(config).from_pretrained(
+                    folder, gguf_file=gguf_file, config=config, attn_implementation="eager",
+                    trust_remote_code=False, dtype=torch.float32 if cached is not None else (dtype or torch.float32))
     except ProbeError:
         raise
     except ImportError as exc:
         raise ModelLoadError(f"loading a GGUF file needs the 'gguf' package: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds here
         raise ModelLoadError(f"cannot load GGUF file {folder / gguf_file}: {str(exc).splitlines()[0]}") from None
-    if cached is not None:
-        # The weights are plain floats after dequantization; the quantizer record only blocks saving.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        try:  # claimed and staged (probe.runfolder): a partial copy is never left, also on an interrupt
-            with claim(cached, kind="cache", owned=True, what="cache folder") as folder, folder.staging() as tmp:
-                try:
-                    model.save_pretrained(tmp)
-                    tokenizer.save_pretrained(tmp)
-                except OSError as exc:
-                    raise InputError(f"cannot write {cached}: {exc.strerror or exc}") from None
-        except InputError as exc:  # another process is caching it, or the cache cannot be written
-            log.warning("could not cache the dequantized model: %s", exc)
-            if dtype not in (None, torch.float32):
-                model = model.to(dtype)
-            return model, tokenizer
-        if dtype not in (None, torch.float32):
-            return load_folder(cached, dtype)
+    if cached is None:
+        return model, tokenizer
+    with _step(f"saving the float32 copy ({_megabytes(model):.0f} MB)", 4, steps):
+        saved = _save_cache(model, tokenizer, cached)
+    if not saved:
+        return (model.to(dtype) if dtype not in (None, torch.float32) else model), tokenizer
+    if dtype not in (None, torch.float32):
+        return load_folder(cached, dtype)
     return model, tokenizer
+
+
+def _megabytes(model: nn.Module) -> float:
+    return sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+
+
+def _save_cache(model: nn.Module, tokenizer, cached: Path) -> bool:
+    """Write the de-quantized model into ``cached``, claimed and staged (:mod:`probe.runfolder`: a
+    cache folder is complete or absent, also on an interrupt). False, with a warning, when another
+    process is caching it or it cannot be written."""
+    # The weights are plain floats after dequantization; the quantizer record only blocks saving.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    try:
+        with claim(cached, kind="cache", owned=True, what="cache folder") as folder, folder.staging() as tmp:
+            try:
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+            except OSError as exc:
+                raise InputError(f"cannot write {cached}: {exc.strerror or exc}") from None
+    except InputError as exc:
+        log.warning("could not cache the dequantized model: %s", exc)
+        return False
+    return True
 
 
 #: How the weights are placed (see :func:`load_model`); set for one load by :func:`probe.models.load_model`.

@@ -22,6 +22,7 @@ import torch
 
 from . import validate
 from .errors import InputError
+from .hooks import measuring
 from .inputs import Batch, Text, Tokenized, tokenize_side
 
 #: Sources generated for at once by :func:`with_generated_targets`.
@@ -135,7 +136,8 @@ def generate_targets(lm, sources: Sequence[str], max_new_tokens: int) -> list[st
     # a cache that grows layer by layer: generate's own is sized from config.num_layers, the
     # encoder's depth, and breaks on T5 models whose decoder is deeper (num_decoder_layers)
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-    with torch.no_grad(), quiet_transformers(progress_bars=True):
+    # under measuring: eval mode, every flag restored, every id checked against its table (probe.lookups)
+    with torch.no_grad(), quiet_transformers(progress_bars=True), measuring(lm.model, eager=False):
         out = lm.model.generate(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
                                 max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                 decoder_start_token_id=decoder_start_id(lm), pad_token_id=pad,

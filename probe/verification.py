@@ -383,7 +383,6 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
     results, swap_notes = [], []
     output_name, out_total = "output", _Max()
     with measuring(lm.model) as state:
-        notes.extend(state.notes)
         for index, case in enumerate(selected):
             if progress is not None:
                 progress(index, len(selected), case.name, None)
@@ -394,7 +393,7 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
             out_total.ref = max(out_total.ref, out.ref)
             if progress is not None:
                 progress(index, len(selected), case.name, res)
-    notes.extend(n for n in swap_notes if n not in notes)
+    notes.extend(n for n in state.notes + swap_notes if n not in notes)  # measuring's and the lookup check's
     per_layer = [LayerResult(layer, layer_attn[(stack, layer)].diff, layer_attn[(stack, layer)].rel,
                              layer_hidden[(stack, layer)].diff, layer_hidden[(stack, layer)].rel,
                              layer_attn[(stack, layer)].ok and layer_hidden[(stack, layer)].ok, stack)

@@ -95,7 +95,7 @@ def test_run_json(run_dir):
     assert rec["timings_s"]["analyze_s"] > 0
     assert rec["timings_s"]["report_s"] > 0
     assert rec["timings_s"]["model_load_s"] > 0
-    assert sum(rec["label_counts"].values()) == 72
+    assert sum(rec["primary_label_counts"].values()) == 72
 
 
 @pytest.mark.slow

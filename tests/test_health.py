@@ -13,10 +13,12 @@ from probe.reference import swap_attention
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "Short one.",
          "Birds sing in the morning and fly away over the hills.", "Why?"]
+#: Enough text for the checks that need MIN_ROWS query rows (36 tokens a copy with the WordPiece tokenizer).
+CORPUS = TEXTS * 7
 D = 16  # d_head of the tiny models (64 wide, 4 heads)
 
 
-def checks(lm, texts=TEXTS, batch_size=4, **kw) -> dict:
+def checks(lm, texts=CORPUS, batch_size=4, **kw) -> dict:
     res = analyze(lm, texts, batch_size=batch_size, n_examples=0, accumulators=pattern_accumulators(lm, **kw))
     return {c.name: c for c in health_of(res)}, res
 
@@ -73,7 +75,10 @@ def test_collapsed_fires_on_a_head_that_matches_itself(bert):
     found, _ = checks(bert)
     assert heads_of(found["collapsed"]) == {(0, 0)}
     assert found["collapsed"].flagged[0]["value"] >= 0.8
-    assert heads_of(found["saturated"]) == {(0, 0)}  # a head that copies itself is one-hot too
+    # a head that copies itself is one-hot too: its saturation is explained by its label "self" (the
+    # collapsed check, whose statistic that label shares, is the one that flags it)
+    assert not heads_of(found["saturated"])
+    assert [(f["layer"], f["head"], f["label"]) for f in found["saturated"].explained] == [(0, 0, "self")]
 
 
 @torch.no_grad()
@@ -145,3 +150,117 @@ def test_health_of_a_run_without_the_health_probe_says_how_to_get_one():
         health_of(res)
     assert health_section(res, lm.tokenizer) is None
     assert {c.name for c in health_of(checks(lm)[1])} == {"saturated", "uniform", "collapsed", "duplicates", "padding"}
+
+
+# --------------------------------------------------------------------------- item 5: no crying wolf
+
+def exact_patterns(lm):
+    """A forward hook making layer 0's captured probabilities exact healthy patterns: head 0 a clean
+    previous-token head (row i on key i - 1, row 0 on itself), heads 2 and 3 attention sinks (every
+    row on key 0). Registered before analyze's capture hooks, so these are the maps it measures."""
+    def hook(module, args, output):
+        probs = output[1].clone()
+        T = probs.shape[-1]
+        prev = torch.zeros(T, T)
+        prev[torch.arange(T), (torch.arange(T) - 1).clamp(min=0)] = 1
+        sink = torch.zeros(T, T)
+        sink[:, 0] = 1
+        probs[:, 0], probs[:, 2], probs[:, 3] = prev, sink, sink
+        return (output[0], probs, *output[2:])
+    return attention(lm, 0).register_forward_hook(hook)
+
+
+def test_healthy_labelled_heads_are_explained_not_flagged(bert):
+    """Issue trigger: a clean previous-token head (prev 1.00) and sink heads were FLAGGED saturated
+    and as duplicates. Batch size 1: no padding, so rows are whole sequences."""
+    handle = exact_patterns(bert)
+    try:
+        found, res = checks(bert, batch_size=1)
+    finally:
+        handle.remove()
+    h = res.heads.set_index(["layer", "head"])
+    assert h.loc[(0, 0), "max_weight"] == pytest.approx(1.0) and h.loc[(0, 0), "prev"] == pytest.approx(1.0)
+    assert h.loc[(0, 0), "label"] == "previous-token" and h.loc[(0, 2), "label"] == "first-token"
+    sat = found["saturated"]
+    assert sat.status == "ok" and not sat.flagged
+    assert {(f["layer"], f["head"]): f["label"] for f in sat.explained} == {
+        (0, 0): "previous-token", (0, 2): "first-token", (0, 3): "first-token"}
+    by_head = {(f["layer"], f["head"]): f for f in sat.explained}
+    assert by_head[(0, 0)]["label_value"] == pytest.approx(1.0) and by_head[(0, 2)]["value"] == pytest.approx(1.0)
+    dup = found["duplicates"]
+    assert [(f["layer"], f["heads"], f["label"]) for f in dup.explained] == [(0, [2, 3], "first-token")]
+    assert dup.explained[0]["value"] == pytest.approx(0.0, abs=1e-9)
+    assert (0, (2, 3)) not in {(f["layer"], tuple(f["heads"])) for f in dup.flagged}
+
+
+def test_too_little_text_says_so_instead_of_flagging(bert):
+    """Issue trigger: 11 tokens flagged 38 saturated heads and 380 duplicate pairs on SmolLM2. Below
+    MIN_ROWS query rows the per-head checks and duplicates need more text; padding still runs."""
+    from probe.patterns.health import MIN_ROWS, NEED_ROWS
+
+    with torch.no_grad():  # a head the saturated rule would catch on any amount of text
+        attention(bert, 0).query.weight[D:2 * D] *= 30
+        attention(bert, 0).query.bias[D:2 * D] *= 30
+    found, res = checks(bert, texts=TEXTS)
+    rows = res.counts["tokens"]
+    assert rows == sum(len(bert.tokenizer(t)["input_ids"]) for t in TEXTS) and rows < MIN_ROWS == 200
+    for name in NEED_ROWS:
+        c = found[name]
+        assert c.status == "needs more text" and c.needs_text and not c.flagged and not c.layers
+        assert c.rows == rows and f"{rows} query rows measured, the check needs at least 200" in c.note
+    assert "1 would have been caught" in found["saturated"].note
+    assert found["padding"].status == "ok" and found["padding"].value == 0.0
+    enough, _ = checks(bert)  # the same head on CORPUS (7 copies): flagged
+    assert heads_of(enough["saturated"]) == {(0, 1)} and enough["saturated"].rows == 7 * rows
+
+
+def test_report_run_json_and_cli_say_the_same(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from conftest import save_tiny
+    from probe.cli import main
+
+    folder = save_tiny("bert", tmp_path / "m")
+    res = CliRunner().invoke(main, ["analyze", "--model", str(folder), "--out", str(tmp_path / "run"),
+                                    "--no-progress", *sum((["--text", t] for t in TEXTS), [])])
+    assert res.exit_code == 0, res.output
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    rows = record["counts"]["tokens"]
+    by_check = {c["check"]: c for c in record["health"]["checks"]}
+    assert [by_check[k]["status"] for k in ("saturated", "uniform", "collapsed", "duplicates", "padding")] == \
+        ["needs more text"] * 4 + ["ok"]
+    assert by_check["saturated"]["rows"] == rows and by_check["saturated"]["min_rows"] == 200
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("health: "))
+    assert line == (f"health: saturated needs more text ({rows} of 200 query rows); uniform needs more text ({rows} "
+                    f"of 200 query rows); collapsed to self needs more text ({rows} of 200 query rows); duplicate "
+                    f"heads needs more text ({rows} of 200 query rows); padding attended ok")
+    html = (tmp_path / "run" / "index.html").read_text()
+    assert html.count(f"needs more text: {rows} query rows measured, the check needs at least 200") == 4
+
+
+@pytest.mark.slow
+def test_smollm2_sinks_are_explained_and_a_short_text_needs_more(smollm2):
+    """The field run: 11 words of text on SmolLM2 (10 tokens) flagged 38 saturated heads and 380
+    duplicate pairs. Now: needs more text. On the built-in sample (371 tokens) its saturated heads
+    and most near-identical pairs are attention sinks: explained by first-token, not flagged."""
+    from probe.corpus import sample_texts
+
+    found, res = checks(smollm2, texts=["The quick brown fox jumps over the lazy dog."])
+    assert res.counts["tokens"] == 10
+    assert all(found[n].status == "needs more text" and not found[n].flagged for n in
+               ("saturated", "uniform", "collapsed", "duplicates"))
+    found, res = checks(smollm2, texts=sample_texts())
+    assert res.counts["tokens"] >= 200
+    h = res.heads.set_index(["layer", "head"])
+    sat = found["saturated"]
+    assert sat.explained and not sat.flagged
+    for f in sat.explained:
+        first = h.loc[(f["layer"], f["head"]), "first"]
+        assert f["label"] == "first-token" and f["label_value"] == pytest.approx(first)
+    dup = found["duplicates"]
+    assert len(dup.explained) > 10 * len(dup.flagged)
+    for f in dup.explained:  # both heads of an explained pair hold its label
+        assert all(f["label"] in h.loc[(f["layer"], g), "labels"].split(";") for g in f["heads"])
+    assert {f["label"] for f in dup.explained} == {"first-token"}

@@ -248,7 +248,7 @@ def _verification(lm, show: bool, timings: dict) -> dict:
 
 def _summary(result, verification: dict | None, annotated: bool, loading_notes: list[str]) -> None:
     """The summary line (labels, counts, where the time went), the coreference/syntax lines, notes."""
-    counts = ", ".join(f"{n} {label}" for label, n in result.label_counts().items())
+    counts = ", ".join(f"{n} {label}" for label, n in result.label_counts("primary").items())
     trunc = f", {result.counts['truncated']} truncated" if result.counts["truncated"] else ""
     verdict = "" if verification is None else f"; verify {'PASS' if verification['passed'] else 'FAIL'}"
     t = result.timings
@@ -260,9 +260,13 @@ def _summary(result, verification: dict | None, annotated: bool, loading_notes: 
         parts.append(("verify", t["verify_s"]))
     parts += [("report", t["report_s"]), ("other", t["other_s"])]
     shown = _rounded_parts([v for _, v in parts], t["total_s"])
-    click.echo(f"{len(result.heads)} heads ({counts}) from {result.counts['sequences']} sequences, "
+    click.echo(f"{len(result.heads)} heads by primary label ({counts}) from {result.counts['sequences']} sequences, "
                f"{result.counts['tokens']} tokens{trunc}{verdict} in {t['total_s']:.1f} s "
                f"({', '.join(f'{name} {value:.1f} s' for (name, _), value in zip(parts, shown))})")
+    from ..patterns.health import health_of, summary_line
+
+    if result.results.get("health") is not None:  # what the report's health section and run.json say
+        click.echo(summary_line(health_of(result)))
     if annotated:
         from ..linguistic.report import summary_lines
 

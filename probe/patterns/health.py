@@ -12,7 +12,23 @@ Each check is a rule on a measured value, with a configurable threshold:
 | ``padding`` (attended) | largest probability on a padding key > 0 | :class:`HealthProbe` |
 
 Duplicates use the per-layer distance over the whole corpus (:mod:`probe.patterns.distance`); a layer
-is flagged whole when every pair of its heads is below the threshold.
+is flagged whole when every pair of its heads is below the threshold (and not every pair is explained).
+
+Explained by a label (decided here). ``saturated`` and ``duplicates`` point at bugs, but healthy
+trained heads meet their rules too: a previous-token head puts nearly all of every row on one key
+(max_weight near 1), and two attention-sink heads of one layer both put everything on the first
+token (distance near 0). A head caught by ``saturated`` that holds one of :data:`EXPLAINING` (a
+label whose target is one position per row: previous / next token, itself, the first token, [SEP],
+punctuation) is listed as *explained* by that label instead of flagged; so is a duplicate pair whose
+two heads hold the same such label. ``uniform`` and ``collapsed`` are never explained: their
+statistic is the label's own (``norm_entropy`` of ``broad``, ``self`` of ``self``), so a label would
+excuse every head the check catches. ``padding`` has no healthy exception.
+
+Too little text (decided here). The per-head checks and duplicates rest on means over query rows;
+on a few tokens they measure the text's shape, not the heads (a decoder's first row is one-hot by
+construction; 11 tokens gave 38 "saturated" heads and 380 "duplicate" pairs on SmolLM2). Below
+:data:`MIN_ROWS` query rows (real tokens of the corpus) those checks say they need more text instead
+of flagging. ``padding`` is exact (any probability above 0 is a bug) and runs on any amount.
 
 "Padding attended" (decided here): the largest attention probability on a padding key, over every
 padded batch of the corpus run (the loop's batches are right-padded, so each site's probabilities
@@ -43,6 +59,14 @@ HEALTH_RULES: dict[str, tuple[str, float, str, str]] = {
     "duplicates": ("distance", 0.05, "<", "redundant heads, pruning candidates"),
     "padding": ("padding", 0.0, ">", "a mask bug: must be exactly 0"),
 }
+
+#: Labels that explain a saturated head or a duplicate pair: each puts a row's mass on one position.
+EXPLAINING = ("previous-token", "next-token", "self", "first-token", "sep", "punctuation")
+#: Query rows (real tokens over the corpus) the per-head checks and duplicates need (see the module
+#: docstring): about 20 sentences; fewer and the check says it needs more text.
+MIN_ROWS = 200
+#: Checks that need :data:`MIN_ROWS`.
+NEED_ROWS = ("saturated", "uniform", "collapsed", "duplicates")
 
 #: Titles of the checks on the page.
 TITLES = {"saturated": "saturated", "uniform": "uniform", "collapsed": "collapsed to self",
@@ -151,6 +175,10 @@ class Check:
         layers: layers flagged whole (duplicates: every pair of heads below the threshold).
         value: the one measured value where there is one (padding: largest probability).
         note: why it was not measured, or context.
+        explained: what the rule catches but a label explains (see the module docstring), as in
+            ``flagged`` plus ``label`` and, per head, ``label_value`` (the label's statistic).
+        rows: query rows the check rests on (None: not known); below :data:`MIN_ROWS` the check
+            needs more text (``needs_text``) and flags nothing.
     """
 
     name: str
@@ -161,16 +189,39 @@ class Check:
     layers: list[int] = field(default_factory=list)
     value: float | None = None
     note: str = ""
+    explained: list[dict] = field(default_factory=list)
+    rows: int | None = None
+    needs_text: bool = False
+
+    @property
+    def status(self) -> str:
+        """``"FLAGGED"``, ``"ok"``, ``"needs more text"`` or ``"not measured"``."""
+        if self.needs_text:
+            return "needs more text"
+        if not self.measured:
+            return "not measured"
+        return "FLAGGED" if self.flagged or self.layers else "ok"
 
     def as_dict(self) -> dict:
         stat, _, op, points = HEALTH_RULES[self.name]
         return {"check": self.name, "title": TITLES[self.name], "rule": self.rule, "statistic": stat,
-                "comparison": op, "threshold": self.threshold, "measured": self.measured,
+                "comparison": op, "threshold": self.threshold, "measured": self.measured, "status": self.status,
                 "n_flagged": len(self.flagged), "flagged": self.flagged, "layers": self.layers,
+                "n_explained": len(self.explained), "explained": self.explained, "rows": self.rows,
+                "min_rows": MIN_ROWS if self.name in NEED_ROWS else None,
                 "value": self.value, "points_at": points, "note": self.note}
 
 
+def _explaining_label(row) -> str | None:
+    """The label of :data:`EXPLAINING` a head holds (its primary label if that is one), or None."""
+    held = [lab for lab in str(getattr(row, "labels", "") or "").split(";") if lab in EXPLAINING]
+    primary = getattr(row, "label", None)
+    return primary if primary in held else (held[0] if held else None)
+
+
 def _head_checks(heads, thresholds: dict[str, float]) -> list[Check]:
+    from ..classify import LABEL_RULES
+
     out = []
     for name in ("saturated", "uniform", "collapsed"):
         stat, _, op, _ = HEALTH_RULES[name]
@@ -179,27 +230,54 @@ def _head_checks(heads, thresholds: dict[str, float]) -> list[Check]:
         if stat not in heads.columns or heads[stat].isna().all():
             check.measured, check.note = False, f"{stat} not measured"
         else:
-            hit = heads[heads[stat] >= thr].sort_values(stat, ascending=False)
-            check.flagged = [{"layer": int(r.layer), "head": int(r.head), "value": float(getattr(r, stat))}
-                             for r in hit.itertuples()]
+            for r in heads[heads[stat] >= thr].sort_values(stat, ascending=False).itertuples():
+                item = {"layer": int(r.layer), "head": int(r.head), "value": float(getattr(r, stat))}
+                label = _explaining_label(r) if name == "saturated" else None
+                if label is None:
+                    check.flagged.append(item)
+                else:
+                    value = getattr(r, LABEL_RULES[label][0])
+                    check.explained.append({**item, "label": label, "label_value": float(value)})
         out.append(check)
     return out
 
 
-def _duplicates(distances, thresholds: dict[str, float]) -> Check:
+def _duplicates(distances, thresholds: dict[str, float], heads=None) -> Check:
     thr = thresholds["duplicates"]
     check = Check("duplicates", f"distance < {thr:g} (pairs of one layer; a layer whose every pair is below)", thr)
     if distances is None:
         check.measured, check.note = False, "head distances were not measured (--no-distance)"
         return check
+    label_of = {} if heads is None else {(int(r.layer), int(r.head)): _explaining_label(r)
+                                         for r in heads.itertuples() if "stack" not in heads or r.stack != "decoder"}
     for site, d in zip(distances.sites, distances.layer):
         if np.isnan(d).all():
             continue
         H = d.shape[0]
         pairs = [(float(d[h, g]), h, g) for h in range(H) for g in range(h + 1, H) if d[h, g] < thr]
-        check.flagged += [{"layer": site.layer, "heads": [h, g], "value": v} for v, h, g in sorted(pairs)]
-        if H > 1 and len(pairs) == H * (H - 1) // 2:
+        explained = 0
+        for v, h, g in sorted(pairs):
+            item = {"layer": site.layer, "heads": [h, g], "value": v}
+            label = label_of.get((site.layer, h))
+            if label is not None and label == label_of.get((site.layer, g)):
+                check.explained.append({**item, "label": label})
+                explained += 1
+            else:
+                check.flagged.append(item)
+        if H > 1 and len(pairs) == H * (H - 1) // 2 and explained < len(pairs):
             check.layers.append(site.layer)
+    return check
+
+
+def _needs_text(check: Check, rows: int | None) -> Check:
+    """The check with its row count; below :data:`MIN_ROWS` it flags nothing and says why."""
+    check.rows = rows
+    if rows is None or rows >= MIN_ROWS or not check.measured:
+        return check
+    caught = len(check.flagged) + len(check.explained)
+    check.needs_text, check.flagged, check.explained, check.layers = True, [], [], []
+    check.note = (f"needs more text: {rows} query rows measured, the check needs at least {MIN_ROWS} (on less text "
+                  f"a mean over rows measures the text's shape, not the heads; {caught} would have been caught)")
     return check
 
 
@@ -221,14 +299,17 @@ def _padding(probe: dict | None) -> Check:
 
 
 def health_checks(heads, distances=None, probe: dict | None = None,
-                  thresholds: dict | None = None) -> list[Check]:
+                  thresholds: dict | None = None, rows: int | None = None) -> list[Check]:
     """Every check of :data:`HEALTH_RULES` on one run.
 
     Args:
-        heads: the per-head DataFrame (``max_weight``, ``norm_entropy``, ``self`` columns).
+        heads: the per-head DataFrame (``max_weight``, ``norm_entropy``, ``self`` columns; ``label``
+            and ``labels`` for the explanations, and the labels' statistics).
         distances: a :class:`~probe.patterns.distance.DistanceResult`, or None (duplicates not measured).
         probe: :meth:`HealthProbe.result`, or None (padding not measured).
         thresholds: overrides (default: the probe's, else the defaults).
+        rows: query rows of the run (its real tokens); below :data:`MIN_ROWS` the checks of
+            :data:`NEED_ROWS` need more text. None: not known, no minimum.
 
     Returns:
         One :class:`Check` per check, in :data:`HEALTH_RULES` order.
@@ -239,7 +320,8 @@ def health_checks(heads, distances=None, probe: dict | None = None,
     thr = health_thresholds(thresholds if thresholds is not None else
                             {k: v for k, v in (probe or {}).get("thresholds", {}).items() if k != "padding"})
     checks = _head_checks(heads, thr)
-    checks.append(_duplicates(distances, thr))
+    checks.append(_duplicates(distances, thr, heads))
+    checks = [_needs_text(c, rows) for c in checks]
     checks.append(_padding(probe))
     return checks
 
@@ -251,7 +333,8 @@ NOT_MEASURED = ("this analysis has no health checks: run it with analyze(lm, tex
 
 
 def health_of(result) -> list[Check]:
-    """The checks of an :class:`~probe.analysis.AnalysisResult` whose run had a :class:`HealthProbe`.
+    """The checks of an :class:`~probe.analysis.AnalysisResult` whose run had a :class:`HealthProbe`
+    (its real tokens are the query rows).
 
     Raises:
         ValueError: the run had no :class:`HealthProbe` (the message says how to add one).
@@ -259,5 +342,47 @@ def health_of(result) -> list[Check]:
     probe = result.results.get("health")
     if probe is None:
         raise ValueError(NOT_MEASURED)
-    return health_checks(result.heads, result.results.get("distances"), probe)
+    return health_checks(result.heads, result.results.get("distances"), probe, rows=result.counts.get("tokens"))
 
+
+def describe(check: Check, show: int = 12) -> str:
+    """One line on a check's outcome, the same on the page and in the CLI: the flagged heads with
+    their values (at most ``show``, then how many more), and what their labels explain."""
+    if check.status in ("not measured", "needs more text"):
+        return check.note
+    if check.name == "padding":
+        return f"largest value {check.value:.3g}" + (f" ({check.note})" if check.note else "")
+
+    def name(f):
+        return (f"L{f['layer']}H{f['heads'][0]}-H{f['heads'][1]}" if "heads" in f else f"L{f['layer']}H{f['head']}")
+
+    def listed(items, extra):
+        more = f" and {len(items) - show} more" if len(items) > show else ""
+        return ", ".join(f"{name(f)} ({f['value']:.3f}{extra(f)})" for f in items[:show]) + more
+
+    parts = [listed(check.flagged, lambda f: "")] if check.flagged else ["none flagged"]
+    if check.layers:
+        parts.append(f"whole layers: {', '.join(map(str, check.layers))}")
+    if check.explained:
+        counts: dict[str, int] = {}
+        for f in check.explained:
+            counts[f["label"]] = counts.get(f["label"], 0) + 1
+        what = "pairs" if check.name == "duplicates" else "heads"
+        parts.append(f"{len(check.explained)} {what} explained by their label (not flagged): "
+                     + ", ".join(f"{n} {label}" for label, n in counts.items()))
+    return "; ".join(parts)
+
+
+def summary_line(checks: list[Check]) -> str:
+    """The CLI's health line: each check's status, with the counts of flagged and explained."""
+    parts = []
+    for c in checks:
+        text = f"{TITLES[c.name]} {c.status}"
+        if c.status == "FLAGGED":
+            text += f" ({len(c.flagged)}" + (f", {len(c.explained)} explained by their label)" if c.explained else ")")
+        elif c.explained:
+            text += f" ({len(c.explained)} explained by their label)"
+        elif c.status == "needs more text":
+            text += f" ({c.rows} of {MIN_ROWS} query rows)"
+        parts.append(text)
+    return "health: " + "; ".join(parts)

@@ -17,7 +17,7 @@ import numpy as np
 from ..report import LABEL_COLORS, label_family
 from ..report.sections import Section, render_fragment
 from .circuits import CIRCUIT_COLUMNS
-from .health import HEALTH_RULES, TITLES, health_of
+from .health import EXPLAINING, HEALTH_RULES, MIN_ROWS, TITLES, describe, health_of
 from .kovaleva import TYPES
 
 #: Colours of the Kovaleva types (Okabe-Ito; heterogeneous in grey).
@@ -51,32 +51,15 @@ def _clean(v):
 
 # --------------------------------------------------------------------------- health
 
-def _describe(check) -> str:
-    if not check.measured:
-        return check.note
-    if check.name == "padding":
-        return f"largest value {check.value:.3g}" + (f" ({check.note})" if check.note else "")
-    if check.name == "duplicates":
-        items = [f"L{f['layer']} H{f['heads'][0]}-H{f['heads'][1]} ({f['value']:.3f})" for f in check.flagged[:SHOW]]
-        whole = f"; whole layers: {', '.join(map(str, check.layers))}" if check.layers else ""
-    else:
-        items = [f"L{f['layer']} H{f['head']} ({f['value']:.3f})" for f in check.flagged[:SHOW]]
-        whole = ""
-    more = f" and {len(check.flagged) - SHOW} more" if len(check.flagged) > SHOW else ""
-    return (", ".join(items) + more + whole) if items else "none"
-
-
 def health_section(result, tokenizer) -> Section | None:
     """The attention health checks (docs/statistics.md): rule, threshold, flagged heads and values."""
     if result.results.get("health") is None:
         return None
     checks = health_of(result)
-    rows = []
-    for c in checks:
-        status = "not measured" if not c.measured else ("FLAGGED" if c.flagged or c.layers else "ok")
-        rows.append({"title": TITLES[c.name], "rule": c.rule, "points": HEALTH_RULES[c.name][3], "status": status,
-                     "n": len(c.flagged), "detail": _describe(c)})
-    html = render_fragment("section_health.html.j2", rows=rows, n_heads=len(result.heads))
+    rows = [{"title": TITLES[c.name], "rule": c.rule, "points": HEALTH_RULES[c.name][3], "status": c.status,
+             "n": len(c.flagged), "explained": len(c.explained), "detail": describe(c, SHOW)} for c in checks]
+    html = render_fragment("section_health.html.j2", rows=rows, n_heads=len(result.heads), min_rows=MIN_ROWS,
+                           explaining=", ".join(EXPLAINING))
     record = {"checks": [_clean(c.as_dict()) for c in checks]}
     return Section("health", "Attention health checks", html, record=record, order=20)
 
@@ -219,10 +202,12 @@ def circuits_section(result, tokenizer) -> Section | None:
         tops[column] = [{"layer": int(r.layer), "head": int(r.head),
                          **{c: float(getattr(r, c)) for c in CIRCUIT_COLUMNS}} for r in top.itertuples()]
     thr = {k: result.thresholds.get(k) for k in ("induction", "duplicate-token")}
-    held = result.heads["labels"].str.split(";")
-    labelled = {lab: int(held.apply(lambda x, lab=lab: lab in x).sum()) for lab in ("induction", "duplicate-token")}
+    held, primary = result.label_counts("all"), result.label_counts("primary")
+    labels = ("induction", "duplicate-token")
     record = _clean({"settings": st, "seconds": probe.seconds, "thresholds": thr, "top": tops,
-                     "sinks": sinks.to_dict("records"), "labelled": labelled})
+                     "sinks": sinks.to_dict("records"),
+                     "labelled": {lab: int(held.get(lab, 0)) for lab in labels},  # every head holding it
+                     "primary": {lab: int(primary.get(lab, 0)) for lab in labels}})  # as its primary label
     html = render_fragment("section_circuits.html.j2", r=record, tops=tops, fmt=_num)
     return Section("circuits", "Decoder circuits: induction, duplicate-token, attention sinks", html,
                    figures=figures, record=record, order=45)

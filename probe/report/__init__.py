@@ -139,7 +139,10 @@ def run_record(result: AnalysisResult, extra: dict | None = None) -> dict:
         "thresholds": {label: {"statistic": LABEL_RULES[label][0], "threshold": thr}
                        for label, thr in result.thresholds.items()},
         "counts": result.counts,
-        "label_counts": result.label_counts(),
+        # two counts, named for what they count: each head under its primary label (they add up to
+        # the heads), and every head holding a label (a head with several counts for each)
+        "primary_label_counts": result.label_counts("primary"),
+        "heads_with_label": result.label_counts("all"),
         "timings_s": result.timings,
         "versions": versions(),
         "notes": result.notes,
@@ -147,6 +150,15 @@ def run_record(result: AnalysisResult, extra: dict | None = None) -> dict:
     }
     rec.update(extra or {})
     return rec
+
+
+def _holding_family(result: AnalysisResult) -> dict[str, int]:
+    """Label family -> heads holding at least one label of that family (primary or not)."""
+    out: dict[str, int] = {}
+    for labels in result.heads["labels"].astype(str):
+        for family in {label_family(lab) for lab in labels.split(";") if lab}:
+            out[family] = out.get(family, 0) + 1
+    return out
 
 
 #: Site kinds of an encoder-decoder model, in page order, with their titles.
@@ -278,8 +290,9 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
     grids = [{"title": title, "rows": _label_grid(rows, result.model["heads"])}
              for title, _, rows in site_groups(heads)]
     families: dict[str, int] = {}
-    for label, n in result.label_counts().items():
+    for label, n in result.label_counts("primary").items():
         families[label_family(label)] = families.get(label_family(label), 0) + n
+    holding = _holding_family(result)
     stat_figs, stat_blocks = _stat_figures(heads)
     attn_figs, attn_blocks = _attention_figures(result, tokenizer)
     table_cols = list(heads.columns)  # [stack, kind,] layer, head, labels, statistics, added columns, cluster
@@ -287,7 +300,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
     return _environment().get_template("report.html.j2").render(
         result=result, record=record, grids=grids, csp=CSP,
         colors={k: v for k, v in LABEL_COLORS.items() if k not in OPTIONAL_LABELS or families.get(k)},
-        label_counts=families, stat_blocks=stat_blocks, attn_blocks=attn_blocks,
+        label_counts=families, holding=holding, stat_blocks=stat_blocks, attn_blocks=attn_blocks,
         table_cols=table_cols, table=table, verification=verification,
         examples=[_example_view(tokenizer, ex) for ex in result.examples],
         sections=sections,
