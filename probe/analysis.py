@@ -27,6 +27,7 @@ from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .models import LoadedModel
 from .seq2seq import stack_depths
 from .stats import HeadStatistics
+from .util import plural
 
 
 def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
@@ -280,7 +281,7 @@ def input_notes(counts, tokenizer) -> list[str]:
     """Notes on the input a user should know: too little text, many unknown-word tokens."""
     notes = []
     if counts.tokens < MIN_TOKENS:
-        notes.append(f"only {counts.tokens} tokens in {counts.sequences} sequence(s): per-head statistics of so "
+        notes.append(f"only {plural(counts.tokens, 'token')} in {plural(counts.sequences, 'sequence')}: per-head statistics of so "
                      "little text are dominated by special tokens and the first positions; labels are unreliable")
     if counts.tokens and counts.unknown / counts.tokens > UNKNOWN_SHARE:
         unk = getattr(tokenizer, "unk_token", None) or "the unknown-word token"

@@ -1,4 +1,4 @@
-"""Small shared helpers that belong to no analysis: quieting transformers' logging."""
+"""Small shared helpers that belong to no analysis: quieting transformers' logging, counted nouns."""
 
 from __future__ import annotations
 
@@ -37,3 +37,21 @@ def process_age() -> float | None:
         return age if 0 <= age < 86400 * 365 else None
     except (OSError, ValueError, IndexError):
         return None
+
+
+def plural(n, noun: str, many: str | None = None) -> str:
+    """A count with its noun in the right number: ``plural(1, "sequence")`` -> ``"1 sequence"``,
+    ``plural(2, "sequence")`` -> ``"2 sequences"``, ``plural(3, "query", "queries")``.
+
+    Args:
+        n: the count (an int, or a number that is one only when it equals 1).
+        noun: the singular noun.
+        many: the plural noun (default: ``noun + "s"``).
+
+    Returns:
+        ``"<n> <noun>"`` with thousands separators (``1,024 tokens``).
+    """
+    from numbers import Integral
+
+    word = noun if n == 1 else (many or noun + "s")
+    return f"{int(n):,} {word}" if isinstance(n, Integral) and not isinstance(n, bool) else f"{n} {word}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..util import plural
 from . import main, user_errors
 from .options import limit_option
 
@@ -49,8 +50,8 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
     deltas = df.filter(like="delta_").abs().max().dropna()
     biggest = "" if deltas.empty else f"; largest |difference|: {deltas.idxmax()[6:]} {deltas.max():.3g}"
     both = int((df["status"] == "both").sum())
-    click.echo(f"Compared {a.model.get('name')} (A) with {b.model.get('name')} (B): {both} heads in both, "
-               f"{changed} label(s) changed, {gone} removed{biggest}")
+    click.echo(f"Compared {a.model.get('name')} (A) with {b.model.get('name')} (B): {plural(both, 'head')} in both, "
+               f"{plural(changed, 'label')} changed, {gone} removed{biggest}")
     for note in df.attrs["notes"]:
         click.echo(f"note: {note}", err=True)
     click.echo(f"Report: {path / 'index.html'}")
@@ -76,8 +77,8 @@ def _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, for
     results, tokenizers = [], []
     for name in models:
         lm = load_model(name)
-        click.echo(f"Analyzing {len(seqs)} sequences ({source}) with {lm.name}: "
-                   f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
+        click.echo(f"Analyzing {plural(len(seqs), 'sequence')} ({source}) with {lm.name}: "
+                   f"{plural(lm.geometry.n_layers, 'layer')} x {plural(lm.geometry.n_heads, 'head')}", err=True)
         result = analyze(lm, seqs, batch_size=batch_size, max_length=max_length)
         result.settings["input"] = source
         results.append(result)

@@ -25,25 +25,40 @@ from ..errors import InputError
 EXAMPLES_FILE = "examples.npz"
 
 
-def examples_bytes(examples, labels: list[list[str]]) -> bytes:
+def examples_bytes(examples, labels: list[list[str]], target_labels: list[list[str] | None] | None = None) -> bytes:
     """``examples.npz`` for a run folder: each example's maps as float16 and its tokens.
 
     Args:
         examples: :class:`probe.accumulators.Example` objects (maps as kept: cropped).
         labels: per example, readable token labels (:func:`probe.tokens.display_tokens`).
+        target_labels: encoder-decoder models: per example, the target's token labels (the
+            decoder start token first); the example's decoder maps are stored with them.
     """
-    meta = [{"index": ex.index, "text": ex.text, "ids": list(map(int, ex.ids)),
+    target_labels = target_labels or [None] * len(examples)
+    meta, arrays = [], {}
+    for i, (ex, lab, tlab) in enumerate(zip(examples, labels, target_labels)):
+        m = {"index": ex.index, "text": ex.text, "ids": list(map(int, ex.ids)),
              "offsets": [list(map(int, o)) for o in ex.offsets], "special": list(map(bool, ex.special)),
              "truncated": bool(ex.truncated), "word_ids": None if ex.word_ids is None else list(map(int, ex.word_ids)),
-             "labels": list(lab)} for ex, lab in zip(examples, labels)]
-    arrays = {f"probs_{i}": ex.probs.astype(np.float16) for i, ex in enumerate(examples)}
+             "labels": list(lab)}
+        arrays[f"probs_{i}"] = ex.probs.astype(np.float16)
+        if ex.decoder:
+            t = ex.target
+            m["target"] = {"text": t["text"], "ids": list(map(int, t["ids"])), "special": list(map(bool, t["special"])),
+                           "offsets": [list(map(int, o)) for o in t["offsets"]],
+                           "labels": None if tlab is None else list(tlab)}
+            m["decoder"] = list(ex.decoder)
+            for name, p in ex.decoder.items():
+                arrays[f"decoder_{i}_{name}"] = np.asarray(p).astype(np.float16)
+        meta.append(m)
     buf = io.BytesIO()
     np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **arrays)
     return buf.getvalue()
 
 
 def read_examples(path: str | Path) -> list[Example]:
-    """The examples of an ``examples.npz`` (probabilities back as float32).
+    """The examples of an ``examples.npz`` (probabilities back as float32; an encoder-decoder
+    model's examples with their target and decoder maps).
 
     Raises:
         InputError: the file is not a probe examples file.
@@ -52,7 +67,10 @@ def read_examples(path: str | Path) -> list[Example]:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             return [Example(m["index"], m["text"], m["ids"], [tuple(o) for o in m["offsets"]], m["special"],
-                            z[f"probs_{i}"].astype(np.float32), m["truncated"], m["word_ids"], m["labels"])
+                            z[f"probs_{i}"].astype(np.float32), m["truncated"], m["word_ids"], m["labels"],
+                            target=m.get("target"),
+                            decoder={name: z[f"decoder_{i}_{name}"].astype(np.float32) for name in m["decoder"]}
+                            if m.get("decoder") else None)
                     for i, m in enumerate(meta)]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"cannot read the example maps {path}: {exc}") from None

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..report import LABEL_COLORS, label_family
 from ..report.sections import Section, render_fragment
+from ..sites import head_name
 from .circuits import CIRCUIT_COLUMNS
 from .health import HEALTH_RULES, TITLES, health_of
 from .kovaleva import TYPES
@@ -57,10 +58,11 @@ def _describe(check) -> str:
     if check.name == "padding":
         return f"largest value {check.value:.3g}" + (f" ({check.note})" if check.note else "")
     if check.name == "duplicates":
-        items = [f"L{f['layer']} H{f['heads'][0]}-H{f['heads'][1]} ({f['value']:.3f})" for f in check.flagged[:SHOW]]
+        items = [f"{head_name(f['layer'], f['heads'][0])} and {head_name(f['layer'], f['heads'][1])} ({f['value']:.3f})"
+                 for f in check.flagged[:SHOW]]
         whole = f"; whole layers: {', '.join(map(str, check.layers))}" if check.layers else ""
     else:
-        items = [f"L{f['layer']} H{f['head']} ({f['value']:.3f})" for f in check.flagged[:SHOW]]
+        items = [f"{head_name(f['layer'], f['head'])} ({f['value']:.3f})" for f in check.flagged[:SHOW]]
         whole = ""
     more = f" and {len(check.flagged) - SHOW} more" if len(check.flagged) > SHOW else ""
     return (", ".join(items) + more + whole) if items else "none"
@@ -124,7 +126,7 @@ def groups_section(result, tokenizer) -> Section | None:
     n_layers = int(layers.max()) + 1
     on_map = np.flatnonzero(group >= 0)  # heads removed by pruning (group -1) have no attention to place
     xy = groups.xy[on_map]
-    tips = [f"L{layers[i]} H{hs[i]}: {labels[i]}, group {group[i]}" for i in on_map]
+    tips = [f"{head_name(layers[i], hs[i])}: {labels[i]}, group {group[i]}" for i in on_map]
     families = [label_family(labels[i]) for i in on_map]  # "syntactic:nsubj" is drawn as "syntactic"
     present = [lab for lab in LABEL_COLORS if lab in set(families)]
     figures = {
@@ -144,7 +146,7 @@ def groups_section(result, tokenizer) -> Section | None:
         inner = d[np.ix_(idx, idx)][np.triu_indices(len(idx), 1)] if len(idx) > 1 else np.array([])
         common = heads.iloc[idx]["label"].value_counts()
         spread = _num(float(inner.mean())) if inner.size else ""
-        members = ", ".join(f"L{layers[i]}H{hs[i]}" for i in idx[:SHOW]) + (" ..." if len(idx) > SHOW else "")
+        members = ", ".join(head_name(layers[i], hs[i]) for i in idx[:SHOW]) + (" ..." if len(idx) > SHOW else "")
         span = f"{layers[idx].min()}-{layers[idx].max()}"
         table.append([g, len(idx), span, f"{common.index[0]} ({common.iloc[0]})", spread, members])
     csv = io.StringIO()
