@@ -281,8 +281,9 @@ def input_notes(counts, tokenizer) -> list[str]:
     """Notes on the input a user should know: too little text, many unknown-word tokens."""
     notes = []
     if counts.tokens < MIN_TOKENS:
-        notes.append(f"only {plural(counts.tokens, 'token')} in {plural(counts.sequences, 'sequence')}: per-head statistics of so "
-                     "little text are dominated by special tokens and the first positions; labels are unreliable")
+        notes.append(f"only {plural(counts.tokens, 'token')} in {plural(counts.sequences, 'sequence')}: per-head "
+                     "statistics of so little text are dominated by special tokens and the first positions; labels are "
+                     "unreliable")
     if counts.tokens and counts.unknown / counts.tokens > UNKNOWN_SHARE:
         unk = getattr(tokenizer, "unk_token", None) or "the unknown-word token"
         notes.append(f"{counts.unknown} of {counts.tokens} tokens ({100 * counts.unknown / counts.tokens:.1f}%) "

@@ -101,8 +101,9 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
 
         if removal_unsupported(lm):
             raise InputError(f"--save-pruned: cannot remove heads: {removal_unsupported(lm)}")
-    click.echo(f"Pruning {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on {plural(len(seqs), 'sequence')} "
-               f"({source}): {', '.join(orders)}, {plural(steps, 'step')} to {fraction:.0%}", err=True)
+    click.echo(f"Pruning {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on "
+               f"{plural(len(seqs), 'sequence')} ({source}): {', '.join(orders)}, {plural(steps, 'step')} "
+               f"to {fraction:.0%}", err=True)
     result, path = prune_run(lm, seqs, out=out, force=force, save_pruned_to=save_to, labels=label_list,
                              objective=objective, orders=orders, steps=steps, fraction=fraction, seeds=seeds,
                              batch_size=batch_size, max_length=max_length, progress=show,

@@ -134,7 +134,8 @@ class PruneResult:
         """The run.json entry: the JSON above plus the split, settings, notes, timings and checks."""
         return {**self.to_json(), "objective_reason": self.objective_reason, "unit": self.unit,
                 "split": {k: v for k, v in self.split.items() if not k.endswith("_index")},
-                "removed": [{"layer": int(layer), "head": int(h)} for layer, h in self.removed], "max_abs_diff": self.max_abs_diff,
+                "removed": [{"layer": int(layer), "head": int(h)} for layer, h in self.removed],
+                "max_abs_diff": self.max_abs_diff,
                 "settings": self.settings, "notes": self.notes, "timings_s": self.timings}
 
 
