@@ -27,7 +27,7 @@ from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .models import LoadedModel
 from .seq2seq import stack_depths
 from .stats import HeadStatistics
-from .util import plural
+from .util import plural, progress_bar
 
 
 def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
@@ -212,9 +212,7 @@ def _run_with_bar(lm: LoadedModel, batches: Iterable[Batch], accumulators: list[
     for a stream)."""
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, unit="seq", desc="analyze", leave=False)
+        bar = progress_bar(total=total, unit="seq", desc="analyze", leave=False)
     try:
         return run(lm, batches, accumulators, progress=bar)
     finally:

@@ -33,6 +33,7 @@ import pandas as pd
 
 from ..errors import InputError
 from ..stats import STATISTICS
+from ..util import plural
 
 #: heads.csv columns that are identifiers or arbitrary ids, never differenced.
 NOT_COMPARED = {"layer", "head", "layer_b", "cluster", "group"}
@@ -132,7 +133,8 @@ def compare_runs(a, b) -> pd.DataFrame:
     df["change"] = df[prob].abs().mean(axis=1, skipna=True) if prob else np.nan
     order = ["layer", "head", "layer_b", "status", "label_a", "label_b", "label_changed", "change"]
     df = df[order + [f"delta_{c}" for c in cols] + [f"{c}_{s}" for c in cols for s in "ab"]]
-    df.attrs.update({"layer_map": layer_map, "statistics": cols, "notes": alignment_notes(a, b, la, ha, lb, hb),
+    notes = alignment_notes(a, b, la, ha, lb, hb) + input_notes(a, b)
+    df.attrs.update({"layer_map": layer_map, "statistics": cols, "notes": notes,
                      "names": [a.model.get("name", "A"), b.model.get("name", "B")]})
     return df
 
@@ -155,6 +157,27 @@ def alignment_notes(a, b, la: int, ha: int, lb: int, hb: int) -> list[str]:
         notes.append("one run is an encoder and the other a decoder: next-token and [SEP] statistics exist "
                      "only for one of them, and a decoder's rows see fewer keys")
     return notes
+
+
+def _input_of(run) -> str:
+    c = run.counts
+    where = run.settings.get("input")
+    return ((f"{where}, " if where else "") + plural(c.get("sequences", 0), "sequence")
+            + (f" ({run.examples[0].text[:40]!r} ...)" if run.examples else ""))
+
+
+def input_notes(a, b) -> list[str]:
+    """A note when the runs analysed different text: another input (``settings["input"]``: the
+    corpus file, ``--text``, the built-in sample), another number of sequences, or another first
+    text. Differences then mix the models with their input."""
+    ia, ib = a.settings.get("input"), b.settings.get("input")
+    na, nb = a.counts.get("sequences"), b.counts.get("sequences")
+    ta = a.examples[0].text if a.examples else None
+    tb = b.examples[0].text if b.examples else None
+    if (ia and ib and ia != ib) or (na is not None and nb is not None and na != nb) or (ta and tb and ta != tb):
+        return [f"the runs analysed different text (A: {_input_of(a)}; B: {_input_of(b)}): each difference mixes "
+                "the models with their input; for a comparison of heads, analyse the same corpus with both"]
+    return []
 
 
 def layer_summary(a, b, df: pd.DataFrame | None = None) -> pd.DataFrame:

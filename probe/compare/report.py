@@ -19,6 +19,7 @@ import numpy as np
 from ..analysis import versions
 from ..errors import InputError
 from ..report import CSP, _environment, _json_for_script, prepare_run_dir, static_text
+from ..sites import head_name
 from ..stats import STATISTICS
 from ..tokens import display_tokens
 from .diff import NOT_PROBABILITY, as_result, compare_runs, geometry, label_counts, layer_summary, most_changed
@@ -50,14 +51,26 @@ def _labels(ex, tokenizer) -> list[str]:
     return [str(i) for i in ex.ids]
 
 
-def _delta_figures(df, n_layers: int, width: int, row_labels: list[str]) -> tuple[dict, list[dict]]:
+def undefined_in(a, b, stat: str) -> str:
+    """Why no head has a difference of ``stat``: which run lacks it (all its heads NaN), or that no
+    head with a value is in both runs."""
+    lacking = [f"run {tag} ({r.model.get('name', tag)})" for tag, r in (("A", a), ("B", b))
+               if stat not in r.heads or r.heads[stat].isna().all()]
+    if len(lacking) == 2:
+        return "not defined for either run"
+    if lacking:
+        return f"not defined for {lacking[0]}"
+    return "no head has a value in both runs (removed, or a head only one model has)"
+
+
+def _delta_figures(df, n_layers: int, width: int, row_labels: list[str], a, b) -> tuple[dict, list[dict]]:
     figures, blocks = {}, []
     for stat in df.attrs["statistics"]:
         grid = np.full((n_layers, width), np.nan)
         grid[df["layer"].to_numpy(), df["head"].to_numpy()] = df[f"delta_{stat}"].abs().to_numpy(dtype=float)
         title = f"|\u0394 {stat}|"
         if np.isnan(grid).all():
-            blocks.append({"id": None, "title": f"{title}: not defined for both runs"})
+            blocks.append({"id": None, "title": f"{title}: {undefined_in(a, b, stat)}"})
             continue
         top = float(np.nanmax(grid))
         vmax = top if (stat in NOT_PROBABILITY or stat not in STATISTICS) and top > 0 else 1.0
@@ -85,12 +98,13 @@ def _side_by_side(top, pair, tokenizers) -> tuple[dict, list[dict]]:
             fid = f"pair-{layer}-{head}-{side}"
             values = np.rint(ex.probs[lay, head, :n, :n] * 1000)
             figures[fid] = {"rows": n, "cols": n, "scale": 1000, "vmin": 0.0, "vmax": 1.0, "cmap": "blues",
-                            "title": f"{side}: layer {lay} head {head} ({row[f'label_{side.lower()}']})",
+                            "title": f"{side}: {head_name(lay, head)} ({row[f'label_{side.lower()}']})",
                             "values": [None if math.isnan(v) else int(v) for v in values.ravel()],
                             "rowLabels": labs[:n], "colLabels": labs[:n],
                             "xLabel": "key (attended to)", "yLabel": "query (attending)"}
             pair_figs.append(fid)
         blocks.append({"ids": pair_figs, "layer": layer, "layer_b": layer_b, "head": head,
+                       "name_a": head_name(layer, head), "name_b": head_name(layer_b, head),
                        "change": row["change"], "label_a": row["label_a"], "label_b": row["label_b"]})
     return figures, blocks
 
@@ -102,8 +116,8 @@ def _status_grid(df, n_layers: int, width: int) -> list[list[dict]]:
         kind = ("changed" if row["label_changed"] else "same") if st == "both" else st
         text = {"same": "", "changed": "\u2260"}.get(kind, "\u00d7" if kind.startswith("removed") else "\u2013")
         change = "" if math.isnan(row["change"]) else f" | change {row['change']:.3f}"
-        tip = (f"A L{row['layer']} H{row['head']}: {row['label_a'] or '-'} | B L{row['layer_b']} H{row['head']}: "
-               f"{row['label_b'] or '-'} | {st}{change}")
+        tip = (f"A {head_name(row['layer'], row['head'])}: {row['label_a'] or '-'} | "
+               f"B {head_name(row['layer_b'], row['head'])}: {row['label_b'] or '-'} | {st}{change}")
         grid[row["layer"]][row["head"]] = {"color": STATUS_COLORS[kind], "text": text, "tip": tip}
     return grid
 
@@ -145,12 +159,15 @@ def write_compare(a, b, out: str | Path | None = None, *, force: bool = False, t
     (layers_a, heads_a), (layers_b, heads_b) = geometry(a), geometry(b)
     width = max(heads_a, heads_b)
     row_labels = [f"{i}\u2192{j}" if layers_a != layers_b else str(i) for i, j in enumerate(df.attrs["layer_map"])]
-    delta_figs, delta_blocks = _delta_figures(df, layers_a, width, row_labels)
+    delta_figs, delta_blocks = _delta_figures(df, layers_a, width, row_labels, a, b)
     pair = shared_example(a, b)
     notes = list(df.attrs["notes"])
-    if pair is None:
-        notes.append("the runs kept no example of the same text (their first examples: "
-                     f"{_first_text(a)!r} and {_first_text(b)!r}), so attention is not shown side by side")
+    no_pair = None if pair is not None else (
+        "The runs kept no example of the same text (their first examples: "
+        f"{_first_text(a)!r} and {_first_text(b)!r}), so attention is not shown side by side; analyse the same "
+        "corpus with both models (probe compare --model A --model B) to see it.")
+    if no_pair:
+        notes.append(no_pair)
     top_rows = most_changed(df, top)
     pair_figs, pair_blocks = _side_by_side(top_rows, pair, tokenizers)
     layers_df = layer_summary(a, b, df)
@@ -169,12 +186,12 @@ def write_compare(a, b, out: str | Path | None = None, *, force: bool = False, t
         a=record["a"], b=record["b"], notes=notes, record=record, csp=CSP,
         label_counts=label_counts(a, b).to_dict("records"), grid=_status_grid(df, layers_a, width),
         row_labels=row_labels, width=width, colors=STATUS_COLORS, delta_blocks=delta_blocks, pair_blocks=pair_blocks,
-        shared=None if pair is None else pair[0].text,
+        shared=None if pair is None else pair[0].text, no_pair=no_pair,
         layer_cols=["layer", "layer_b"] + [f"delta_{s}" for s in stats],
         layer_rows=[[_fmt(r[c]) if c.startswith("delta_") else str(r[c]) for c in ["layer", "layer_b"] +
                      [f"delta_{s}" for s in stats]] for r in layers_df.to_dict("records")],
-        changed=[[r["layer"], r["layer_b"], r["head"], r["label_a"], r["label_b"], _fmt(r["change"])]
-                 for r in changed.to_dict("records")],
+        changed=[[head_name(r["layer"], r["head"]), head_name(r["layer_b"], r["head"]), r["label_a"], r["label_b"],
+                  _fmt(r["change"])] for r in changed.to_dict("records")],
         data_json=_json_for_script({"figures": {**delta_figs, **pair_figs}}), script=static_text("heatmap.js"))
     try:
         path.mkdir(parents=True, exist_ok=True)

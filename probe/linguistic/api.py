@@ -50,9 +50,9 @@ def _run(lm, texts: list[Text], acc, batch_size: int, max_length: int | None, pr
 
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from ..util import progress_bar
 
-        bar = tqdm(total=len(texts), unit="seq", desc=acc.name, leave=False)
+        bar = progress_bar(total=len(texts), unit="seq", desc=acc.name, leave=False)
     try:
         if texts:
             run(lm, iter_batches(lm, texts, batch_size=batch_size, max_length=max_length), [acc], progress=bar)

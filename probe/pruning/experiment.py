@@ -287,10 +287,10 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
     obj.setup(lm, score + held)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from ..util import progress_bar
 
         def bar(total, desc):
-            return tqdm(total=total, desc=desc, leave=False)
+            return progress_bar(total=total, desc=desc, leave=False)
     timings["setup_s"] = time.perf_counter() - t0
     with gated(lm, start) as state:
         ctx = Context(lm, obj, state, score, held, start, counts, probes=probes, seed=split_seed, bar=bar,
