@@ -11,6 +11,7 @@ import numpy as np
 
 from ..report.sections import Section, render_fragment
 from ..sites import head_name
+from ..util import plural
 from .coref import SKIPS, CorefResult, CorefView
 from .syntax import ALL, DIRECTIONS, SyntaxResult
 from .words import REASONS
@@ -170,7 +171,7 @@ def summary_lines(result) -> list[str]:
         c = res.counts
         left = c["examples"] - c["scored"]
         why = ", ".join(f"{n} {k}" for k, n in {**c["unaligned"], **c["skipped"]}.items())
-        parts = [f"coreference: {c['scored']} of {c['examples']} examples scored"
+        parts = [f"coreference: {c['scored']} of {plural(c['examples'], 'example')} scored"
                  + (f" ({left} left out: {why})" if left else "")]
         if c["scored"]:
             top = res.best(1).iloc[0]
@@ -178,7 +179,7 @@ def summary_lines(result) -> list[str]:
                          f"{_interval(top['ci_low'], top['ci_high'])}")
             parts += [f"{kind} {_pct(r.accuracy)}% {_interval(r.ci_low, r.ci_high)}"
                       for kind, r in res.baselines.iterrows()]
-            parts.append(f"{len(res.labelled())} heads labelled coreference")
+            parts.append(f"{plural(len(res.labelled()), 'head')} labelled coreference")
         lines.append("; ".join(parts))
     res = result.results.get("syntax")
     if res is not None:

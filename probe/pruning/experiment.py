@@ -24,6 +24,7 @@ from .. import validate
 from ..capture import forward
 from ..errors import InputError
 from ..inputs import Text, as_texts, iter_batches
+from ..util import plural
 from .curves import ORDERS, Context, Curve, run_orders, schedule
 from .gates import gated, ones
 from .objectives import OBJECTIVES, default_objective, make_objective
@@ -47,7 +48,7 @@ def split_corpus(n: int, held_out: float = 0.5, seed: int = 0) -> tuple[list[int
     """
     n_out = round(n * held_out)
     if n_out < MIN_PART or n - n_out < MIN_PART:
-        raise InputError(f"corpus too small to split: {n} sequence(s); pruning needs at least {2 * MIN_PART} "
+        raise InputError(f"corpus too small to split: {plural(n, 'sequence')}; pruning needs at least {2 * MIN_PART} "
                          f"({MIN_PART} to score heads and {MIN_PART} held out to measure the curves)")
     perm = np.random.default_rng(seed).permutation(n)
     return sorted(perm[n_out:].tolist()), sorted(perm[:n_out].tolist())

@@ -201,7 +201,7 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
     kw = dict(layer=layer, heads=heads, threshold=threshold)
     if isinstance(source, AnalysisResult):
         if not 0 <= example < len(source.examples):
-            raise InputError(f"example {example} was not kept: the run kept {len(source.examples)} example(s)")
+            raise InputError(f"example {example} was not kept: the run kept {plural(len(source.examples), 'example')}")
         ex = source.examples[example]
         if not words:
             ex = _without_words(ex)
