@@ -123,6 +123,8 @@ class HeadView:
                              t["special"])[:nq]
             seq = dict(sides=[{"tokens": target, "name": "target"}], prefixed=True,
                        axes=[side_axes(site) for site in sites])
+            title = (f"Example {example.index + 1}: {plural(n, 'source token')}, {plural(len(target), 'target token')}"
+                     + (" (cropped)" if n < example.n_tokens or len(target) < len(t["ids"]) else ""))
         kw.setdefault("title", title)
         kw.setdefault("layer_names", [site.name for site in sites])
         return cls(view_data(probs, labels[:n], word_ids=(example.word_ids or [])[:n] or None,
