@@ -29,7 +29,8 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
     """Compare two runs head by head: RUN_A RUN_B (run folders), or --model A --model B on one corpus.
 
     Writes index.html, compare.csv (layer, head, delta_<statistic> = B - A, labels, status) and
-    compare.json. Runs of different depths are aligned by relative depth (the report says how).
+    compare.json. Runs of different depths are aligned by relative depth (the report says how);
+    encoder-decoder runs are compared site kind by site kind (stack, kind columns).
     """
     from ..compare import compare_runs, load_run, write_compare
     from ..report import prepare_run_dir
