@@ -122,7 +122,7 @@ def test_sources_build_no_head_name_of_their_own():
     """Every display of a head goes through head_name: no f-string or script builds one (element ids
     such as ``attn-{layer}-{head}`` are not displays)."""
     forms = [re.compile(p) for p in (r"L\{[^}]*\} ?H\{", r"layer \{[^}]*\},? head \{",
-                                     r"(?<![-\w])\{[^}]*layer[^}]*\}[-.]\{[^}]*(head|\bh\b)",
+                                     r"(?<![-\w}])\{[^}]*layer[^}]*\}[-.]\{[^}]*(head|\bh\b)",
                                      r"[\"']head [\"'] *\+", r"[\"']h[\"'] *\+", r"layer \{\{[^}]*\}\},? head \{\{")]
     files = [p for p in (ROOT / "probe").rglob("*") if p.suffix in (".py", ".js", ".j2") and p.name != "sites.py"]
     files += list((ROOT / "notebooks").glob("*.ipynb"))
