@@ -188,6 +188,52 @@ def _names(sites, prefixed: bool, n_layers: int, n_heads: int, layer_names) -> t
     return titles, heads, names
 
 
+def _selection(present, n_layers: int, n_heads: int, n: int, layers, layer, heads, max_values: int,
+               notes: list[str]) -> tuple[list[int], int, list[int]]:
+    """(included layers, index of the initial one, initial heads); layers chosen within
+    ``max_values`` when not given (with a note appended to ``notes``).
+
+    Raises:
+        InputError: a layer that is not there, an initial layer not included, a head out of range.
+    """
+    if layers is None:
+        layers = [x for x in choose_layers(n_layers, n_heads, n, max_values) if x in present] or present[:1]
+        if len(layers) < n_layers:
+            notes.append(budget_note(layers, n_layers, n_heads, n, max_values))
+    layers = [int(x) for x in layers]
+    if not layers or any(x not in present for x in layers):
+        raise InputError(f"layers must be among {present}, got {list(layers)}")
+    if layer is not None and int(layer) not in layers:
+        raise InputError(f"layer {layer} is not among the included layers {layers}")
+    chosen = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+    if any(not 0 <= h < n_heads for h in chosen):
+        raise InputError(f"heads must be in 0..{n_heads - 1}, got {list(heads)}")
+    return layers, layers.index(int(layer)) if layer is not None else 0, chosen
+
+
+def _pack(probs, layers, axes, sides, n_heads: int) -> tuple[list, list, int]:
+    """Each included layer's maps rounded to 1 / SCALE and zero-run encoded (None: a removed head),
+    the removed flags, and the number of values held.
+
+    Raises:
+        InputError: a map that is not [heads, query, key] with the lengths of its sides.
+    """
+    maps, removed, values = [], [], 0
+    for li in layers:
+        block = np.asarray(probs[li])
+        qs, ks = axes[li]
+        shape = (n_heads, len(sides[qs]["tokens"]), len(sides[ks]["tokens"]))
+        if block.shape != shape:
+            raise InputError(f"attention probabilities of layer {li} must be [heads, query, key] = {list(shape)}, "
+                             f"got {list(block.shape)}")
+        gone = np.isnan(block).all(axis=(1, 2))
+        q = np.clip(np.rint(np.nan_to_num(block.astype(np.float64), nan=0.0) * SCALE), 0, SCALE).astype(np.int64)
+        maps.append([None if gone[h] else zero_runs(q[h]) for h in range(n_heads)])
+        removed.append([bool(g) for g in gone])
+        values += block.size
+    return maps, removed, values
+
+
 def check_budget(layers: Sequence[int], values: int, max_values: int) -> None:
     """Refuse explicitly chosen layers that hold more numbers than the view's cap (the cap that
     chooses layers by itself when none are given).
@@ -258,32 +304,8 @@ def view_data(probs, tokens: Sequence[str], *, word_ids: Sequence[int] | None = 
         raise InputError(f"line threshold must be in (0, 1], got {threshold!r}")
     notes = [note] if note else []
     explicit = layers is not None
-    if layers is None:
-        layers = [x for x in choose_layers(n_layers, n_heads, n, max_values) if x in present] or present[:1]
-        if len(layers) < n_layers:
-            notes.append(budget_note(layers, n_layers, n_heads, n, max_values))
-    layers = [int(x) for x in layers]
-    if not layers or any(not 0 <= x < n_layers or probs[x] is None for x in layers):
-        raise InputError(f"layers must be among {present}, got {list(layers)}")
-    if layer is not None and int(layer) not in layers:
-        raise InputError(f"layer {layer} is not among the included layers {layers}")
-    first = layers.index(int(layer)) if layer is not None else 0
-    chosen = list(range(n_heads)) if heads is None else [int(h) for h in heads]
-    if any(not 0 <= h < n_heads for h in chosen):
-        raise InputError(f"heads must be in 0..{n_heads - 1}, got {list(heads)}")
-    maps, removed, values = [], [], 0
-    for li in layers:
-        block = np.asarray(probs[li])
-        qs, ks = axes[li]
-        shape = (n_heads, len(all_sides[qs]["tokens"]), len(all_sides[ks]["tokens"]))
-        if block.shape != shape:
-            raise InputError(f"attention probabilities of layer {li} must be [heads, query, key] = {list(shape)}, "
-                             f"got {list(block.shape)}")
-        gone = np.isnan(block).all(axis=(1, 2))
-        q = np.clip(np.rint(np.nan_to_num(block.astype(np.float64), nan=0.0) * SCALE), 0, SCALE).astype(np.int64)
-        maps.append([None if gone[h] else zero_runs(q[h]) for h in range(n_heads)])
-        removed.append([bool(g) for g in gone])
-        values += block.size
+    layers, first, chosen = _selection(present, n_layers, n_heads, n, layers, layer, heads, max_values, notes)
+    maps, removed, values = _pack(probs, layers, axes, all_sides, n_heads)
     if explicit:
         check_budget(layers, values, max_values)
     titles, head_names, names = _names(sites, prefixed, n_layers, n_heads, layer_names)
