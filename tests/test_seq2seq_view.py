@@ -185,3 +185,19 @@ def test_f27_page_draws_target_rows_and_source_columns(marian, browser, tmp_path
     page.screenshot(path=str(tmp_path / f"seq2seq-{which}.png"), full_page=True)
     assert errors == []
     page.close()
+
+
+def test_layer_menu_shows_the_layer_drawn_first(marian, browser, tmp_path):
+    """The view opens on the initial layer (the report opens on its chosen head's layer): the layer
+    menu names that layer, not the first one."""
+    target = targets(marian)[1]
+    view = show(marian, Text(SOURCE, pair=target), layer=3, heads=[1])
+    page = browser.new_page()
+    page.goto(view.save(tmp_path / "v.html").as_uri())
+    page.wait_for_selector(".probe-hv[data-draws]")
+    menu = page.evaluate("""(() => { const s = document.querySelector('.probe-hv .hv-bar select');
+        return [s.value, s.options[s.selectedIndex].textContent]; })()""")
+    v = "document.querySelector('.probe-hv').probeView"
+    assert menu == ["3", "cross layer 0"] and page.evaluate(f"{v}.state().layer") == 3
+    assert page.evaluate(f"{v}.state().keys") == reference(marian, SOURCE, target)[0]
+    page.close()

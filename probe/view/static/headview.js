@@ -125,6 +125,7 @@
       self.thrSel.appendChild(option("\u2265 " + t, String(t)));
     });
     this.thrSel.value = String(data.threshold);
+    this.layerSel.value = String(this.S.layer);  // the initial layer, as drawn
     this.headsBox = el("span", "hv-heads");
     this.allBtn = el("button", null, "all"); this.noneBtn = el("button", null, "none");
     this.allBtn.type = this.noneBtn.type = "button";
@@ -135,8 +136,8 @@
     this.canvas = el("canvas"); this.spacer = el("div");
     this.canvas.tabIndex = 0;
     this.scroller.appendChild(this.canvas); this.scroller.appendChild(this.spacer);
-    this.status = el("div", "hv-status"); this.tip = el("div", "hv-tip");
-    [this.strip, this.scroller, this.status, this.tip].forEach(function (e) { root.appendChild(e); });
+    this.status = el("div", "hv-status"); this.tip = el("div", "hv-tip"); this.axesNote = el("div", "hv-status");
+    [this.axesNote, this.strip, this.scroller, this.status, this.tip].forEach(function (e) { root.appendChild(e); });
     root.appendChild(el("div", "hv-status", "Hover a token: on the left, where it attends (its row); on the right, " +
       "what attends to it (its column). Click to pin, arrow keys to move, Esc to unpin. Lines for probabilities " +
       "at or above the line threshold; the strip above shows every key of the row, one band per head."));
@@ -200,6 +201,9 @@
     this.status.textContent = f ? (f.side === "q" ? "query " : "key ") + JSON.stringify(this.labels(f.side)[f.i]) + " (" + f.i + ")" +
       (this.S.pin ? ", pinned" : "") + ": " + this.lastLines.length + " line(s)" : "";
     this.root.setAttribute("data-focus", f ? f.side + ":" + f.i : "");
+    var q = this.sideOf(this.S.layer, "q").name, k = this.sideOf(this.S.layer, "k").name;
+    this.axesNote.textContent = this.data.sides.length > 1 ? "left: " + q + " tokens (queries); right: " + k +
+      " tokens (keys)" : "";
     var tm = this.timings, now = performance.now();
     tm.draws += 1; tm.lastDrawMs = now - t;
     if (tm.firstDrawMs === null) { tm.firstDrawMs = now - this.t0; tm.firstDrawAt = now; }
