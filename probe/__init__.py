@@ -21,6 +21,10 @@ import time as _time
 #: perf_counter() when probe was first imported (the CLI reports the time spent importing).
 IMPORT_STARTED = _time.perf_counter()
 
+from .util import quiet_notebook_tqdm  # noqa: E402
+
+quiet_notebook_tqdm()  # before transformers imports tqdm.auto: no TqdmWarning in a notebook without ipywidgets
+
 from .accumulators import Accumulator  # noqa: E402
 from .analysis import analyze, run  # noqa: E402
 from .capture import attention_hooks, capture_attention  # noqa: E402

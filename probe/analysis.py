@@ -27,6 +27,7 @@ from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .models import LoadedModel
 from .seq2seq import stack_depths
 from .stats import HeadStatistics
+from .util import plural, progress_bar
 
 
 def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
@@ -228,9 +229,7 @@ def _run_with_bar(lm: LoadedModel, batches: Iterable[Batch], accumulators: list[
     for a stream)."""
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, unit="seq", desc="analyze", leave=False)
+        bar = progress_bar(total=total, unit="seq", desc="analyze", leave=False)
     try:
         return run(lm, batches, accumulators, progress=bar)
     finally:
@@ -297,8 +296,9 @@ def input_notes(counts, tokenizer) -> list[str]:
     """Notes on the input a user should know: too little text, many unknown-word tokens."""
     notes = []
     if counts.tokens < MIN_TOKENS:
-        notes.append(f"only {counts.tokens} tokens in {counts.sequences} sequence(s): per-head statistics of so "
-                     "little text are dominated by special tokens and the first positions; labels are unreliable")
+        notes.append(f"only {plural(counts.tokens, 'token')} in {plural(counts.sequences, 'sequence')}: per-head "
+                     "statistics of so little text are dominated by special tokens and the first positions; labels are "
+                     "unreliable")
     if counts.tokens and counts.unknown / counts.tokens > UNKNOWN_SHARE:
         unk = getattr(tokenizer, "unk_token", None) or "the unknown-word token"
         notes.append(f"{counts.unknown} of {counts.tokens} tokens ({100 * counts.unknown / counts.tokens:.1f}%) "

@@ -171,8 +171,8 @@ def capture_attention(lm: LoadedModel, texts: Sequence[str | Text] | str, max_le
         sum to 1; padded keys get exactly 0), with the tokenized batch and the model's outputs.
 
     Raises:
-        InputError: empty input or max_length below 2. CaptureError: attention probabilities
-        missing, or a site's attention module never called.
+        InputError: empty input or max_length below 2.
+        CaptureError: attention probabilities missing, or a site's attention module never called.
     """
     batch = encode(lm, texts, max_length, parse_special_tokens=parse_special_tokens)
     maps: dict[Site, torch.Tensor] = {}

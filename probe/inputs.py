@@ -203,6 +203,8 @@ def tokenize_side(lm, texts: Sequence[Text], limit: int, *, parse_special_tokens
             offsets = _pair_offsets(offsets, special, seg, len(text.text))
         index = text.index if text.index is not None else start_index + i
         if all(special) and not target:
+            if i in where and not all(enc["special_tokens_mask"][i]):  # the cut, not the text, left no token
+                raise InputError(too_short_limit(limit, len(ids), has_pairs))
             raise InputError(f"text {index + 1} has no tokens besides special tokens: {text.text[:40]!r}")
         full = text.text if not has_pairs else text.text + " " + text.pair
         tt = src.get("token_type_ids")
@@ -212,6 +214,13 @@ def tokenize_side(lm, texts: Sequence[Text], limit: int, *, parse_special_tokens
             token_type_ids=list(tt[row]) if tt is not None else None, truncated=i in where,
         ))
     return out
+
+
+def too_short_limit(limit: int, n_special: int, pair: bool = False) -> str:
+    """The message for a token limit that the model's special tokens fill on their own."""
+    what = "a sentence pair" if pair else "a sequence"
+    return (f"max length {limit} is too small: the model adds {n_special} special tokens to {what}, which leaves "
+            f"no token of the text; use a max length of {n_special + 1} or more (--max-length)")
 
 
 def _pair_offsets(offsets, special, segments, n_first: int):

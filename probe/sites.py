@@ -23,6 +23,9 @@ import torch
 STACKS = ("encoder", "decoder")
 KINDS = ("self", "cross")
 
+#: The short site prefix of an encoder-decoder model's heads in display names, by (stack, kind).
+SITE_PREFIX = {("encoder", "self"): "enc", ("decoder", "self"): "dec", ("decoder", "cross"): "cross"}
+
 
 @dataclass(frozen=True)
 class Site:
@@ -88,3 +91,45 @@ def visible_keys(site: Site, lengths: torch.Tensor, T: int) -> torch.Tensor:
     if site.window is not None:
         k = k.clamp(max=site.window)
     return k[None, :].expand(lengths.shape[0], T)
+
+
+def site_prefix(stack: str | None, kind: str | None = "self") -> str:
+    """The display prefix of an encoder-decoder model's site kind (``enc``, ``dec``, ``cross``); ``""``
+    when ``stack`` is None or empty (a one-stack model, whose heads need no prefix).
+
+    Raises:
+        ValueError: an unknown (stack, kind).
+    """
+    if stack is None or stack == "" or (isinstance(stack, float) and stack != stack):  # None, "", NaN
+        return ""
+    try:
+        return SITE_PREFIX[(str(stack), str(kind or "self"))]
+    except KeyError:
+        raise ValueError(f"bad site {stack!r}/{kind!r}; stacks {STACKS}, kinds {KINDS}") from None
+
+
+def head_name(where, head: int) -> str:
+    """The one display name of a head: ``"L4H5"`` (layer 4, head 5, both 0-based), and for an
+    encoder-decoder model's heads the site kind first: ``"enc L4H5"``, ``"dec L4H5"``, ``"cross L4H5"``.
+
+    Every message, page and view names heads this way; tables (CSV) keep separate ``layer`` and
+    ``head`` (and ``stack`` / ``kind``) columns instead.
+
+    Args:
+        where: the layer (an int: a one-stack model's layer), a :class:`Site` (named with its
+            prefix: only an encoder-decoder model has several site kinds; for a one-stack model's
+            site pass ``site.layer``), or a mapping / row with ``layer`` and, for an
+            encoder-decoder model, ``stack`` and ``kind`` (a row of a heads table).
+        head: the head index within its layer.
+
+    Raises:
+        ValueError: an unknown stack / kind.
+    """
+    if isinstance(where, Site):
+        return f"{site_prefix(where.stack, where.kind)} L{where.layer}H{int(head)}"
+    if hasattr(where, "get") or hasattr(where, "_fields"):  # a dict, pandas row or namedtuple
+        get = where.get if hasattr(where, "get") else lambda k, d=None: getattr(where, k, d)
+        prefix = site_prefix(get("stack", None), get("kind", None))
+        name = f"L{int(get('layer'))}H{int(head)}"
+        return f"{prefix} {name}" if prefix else name
+    return f"L{int(where)}H{int(head)}"

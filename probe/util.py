@@ -1,4 +1,5 @@
-"""Small shared helpers that belong to no analysis: quieting transformers' logging."""
+"""Small shared helpers that belong to no analysis: quieting transformers' logging, counted nouns,
+progress bars that fit where they run."""
 
 from __future__ import annotations
 
@@ -37,3 +38,69 @@ def process_age() -> float | None:
         return age if 0 <= age < 86400 * 365 else None
     except (OSError, ValueError, IndexError):
         return None
+
+
+def plural(n, noun: str, many: str | None = None) -> str:
+    """A count with its noun in the right number: ``plural(1, "sequence")`` -> ``"1 sequence"``,
+    ``plural(2, "sequence")`` -> ``"2 sequences"``, ``plural(3, "query", "queries")``.
+
+    Args:
+        n: the count (an int, or a number that is one only when it equals 1).
+        noun: the singular noun.
+        many: the plural noun (default: ``noun + "s"``).
+
+    Returns:
+        ``"<n> <noun>"`` with thousands separators (``1,024 tokens``).
+    """
+    from numbers import Integral
+
+    word = noun if n == 1 else (many or noun + "s")
+    return f"{int(n):,} {word}" if isinstance(n, Integral) and not isinstance(n, bool) else f"{n} {word}"
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (an IPython shell that sends its output to a front end)."""
+    import sys
+
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def quiet_notebook_tqdm() -> None:
+    """In a Jupyter kernel without ipywidgets, import ``tqdm.auto`` once with its ``TqdmWarning``
+    ("IProgress not found") silenced: transformers imports it, and the warning would be printed
+    into every notebook that loads a model. tqdm then falls back to its text bar, as it would
+    anyway. Does nothing elsewhere."""
+    import sys
+
+    if not in_notebook() or "tqdm.auto" in sys.modules:
+        return
+    import warnings
+
+    from tqdm import TqdmWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TqdmWarning)
+        import tqdm.auto  # noqa: F401
+
+
+def progress_bar(**kw):
+    """A tqdm progress bar that fits where it runs: a widget in Jupyter when ipywidgets is
+    installed, else tqdm's text bar (on stderr). Unlike ``tqdm.auto``, a notebook without
+    ipywidgets gets the text bar without a ``TqdmWarning``.
+
+    Args:
+        **kw: passed to ``tqdm`` (total, desc, unit, leave ...).
+    """
+    if in_notebook():
+        try:
+            import ipywidgets  # noqa: F401 - tqdm's notebook bar needs it
+        except ImportError:
+            pass
+        else:
+            from tqdm.notebook import tqdm as notebook_bar
+
+            return notebook_bar(**kw)
+    from tqdm.std import tqdm as text_bar
+
+    return text_bar(**kw)

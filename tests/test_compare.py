@@ -240,3 +240,46 @@ def test_minilm_vs_smollm2_and_a_run_vs_itself(minilm, smollm2, tmp_path, monkey
     deltas = same.filter(like="delta_")
     assert ((deltas == 0) | deltas.isna()).all().all() and (deltas == 0).sum().sum() > 270 * 8
     assert not same["label_changed"].any() and (same["status"] == "both").all()
+
+
+# --------------------------------------------------------------------------- encoder-decoder runs (case F27)
+
+def test_encoder_decoder_runs_are_compared_site_by_site(tmp_path):
+    """Each head is matched within its own (stack, kind): a cross-attention head of A with the
+    cross-attention head of B at the same layer and index, never with an encoder head; the page
+    draws one grid per site kind and names heads enc/dec/cross L4H5."""
+    from probe.inputs import Text
+
+    pairs = [Text("The cat sat on the mat.", pair="Le chat."), Text("A dog ran home.", pair="Un chien court.")]
+    lm_a, lm_b = tiny_model("marian"), tiny_model("bart")
+    a, b = analyze(lm_a, pairs), analyze(lm_b, pairs)
+    df = compare_runs(a, b)
+    assert list(df.columns[:4]) == ["stack", "kind", "layer", "head"] and len(df) == len(a.heads)
+    key = ["stack", "kind", "layer", "head"]
+    ha, hb = a.heads.set_index(key), b.heads.set_index(key)
+    for r in df.to_dict("records"):
+        site = (r["stack"], r["kind"], r["layer"], r["head"])
+        for stat in ("first", "entropy", "aligned"):
+            want = hb.loc[site, stat] - ha.loc[site, stat]
+            got = r[f"delta_{stat}"]
+            assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, abs=1e-12), (site, stat)
+        assert r["label_a"] == ha.loc[site, "label"] and r["label_b"] == hb.loc[site, "label"]
+    assert df.attrs["layer_map"] == {"encoder.self": [0, 1], "decoder.self": [0, 1], "decoder.cross": [0, 1]}
+    summary = layer_summary(a, b, df)
+    cross0 = summary[(summary["kind"] == "cross") & (summary["layer"] == 0)].iloc[0]
+    rows = a.heads[(a.heads["kind"] == "cross") & (a.heads["layer"] == 0)]
+    assert cross0["first_a"] == pytest.approx(rows["first"].mean())
+    path = write_compare(write_run(a, lm_a.tokenizer, tmp_path / "a"), write_run(b, lm_b.tokenizer, tmp_path / "b"),
+                         tmp_path / "cmp", top=len(df))  # every head side by side
+    html = (path / "index.html").read_text(encoding="utf-8")
+    for title in ("encoder self-attention", "decoder self-attention", "cross-attention (decoder queries"):
+        assert html.count(f"<h3>{title}") == 2  # the label grid and the differences
+    assert re.search(r'title="A (enc|dec|cross) L\dH\d: ', html)
+    figs = json.loads(re.search(r'id="probe-data">(.*?)</script>', html, re.S).group(1))["figures"]
+    cross = [f for k, f in figs.items() if k.startswith("pair-decoder-cross-")]
+    assert len(cross) == 2 * 8  # 2 layers x 4 heads, A and B
+    for f in cross:  # target rows, source columns, from the run folder's own maps
+        assert f["yLabel"] == "query (attending)" and f["rows"] == len(a.examples[0].target["ids"])
+        assert f["cols"] == len(a.examples[0].ids)
+    with pytest.raises(InputError, match="is an encoder-decoder model and the other run's model is not"):
+        compare_runs(a, analyze(tiny_model("bert"), TEXTS))

@@ -82,4 +82,4 @@ def test_cli_summary_says_primary(tmp_path):
     assert res.exit_code == 0, res.output
     rec = json.loads((tmp_path / "run" / "run.json").read_text())
     counts = ", ".join(f"{n} {label}" for label, n in rec["primary_label_counts"].items())
-    assert res.stdout.splitlines()[0].startswith(f"8 heads by primary label ({counts}) from 1 sequences")
+    assert res.stdout.splitlines()[0].startswith(f"8 heads by primary label ({counts}) from 1 sequence,")

@@ -150,5 +150,5 @@ def test_sections_when_nothing_could_be_scored(tmp_path):
     html = (path / "index.html").read_text()
     assert "1 left out: candidate after the pronoun" in html
     assert summary_lines(res) == [
-        "coreference: 0 of 1 examples scored (1 left out: 1 candidate after the pronoun)",
+        "coreference: 0 of 1 example scored (1 left out: 1 candidate after the pronoun)",
         "syntax: 0 of 0 sentences aligned; 0 dependencies; relations with a syntactic head: none"]

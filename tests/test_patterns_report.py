@@ -127,7 +127,7 @@ def test_new_figures_are_drawn_in_chromium(decoder_run):
             page.mouse.move(pt["x"], pt["y"])
             row = res.heads.iloc[3]
             assert page.evaluate("document.querySelector('.tip').textContent").startswith(
-                f"L{row['layer']} H{row['head']}: {row['label']}")
+                f"L{row['layer']}H{row['head']}: {row['label']}")
             # the layer-coloured map uses the page's viridis for layer 1 (of 0..1)
             last = page.evaluate("""(() => { const c = document.querySelector('canvas[data-fig="map-layer"]');
                 const p = c._points[c._points.length - 1], d = window.devicePixelRatio || 1;

@@ -62,9 +62,15 @@ def test_run_folder(setup):
                                                          "index.html", "pruning.csv", "run.json"]
     with open(run_dir / "pruning.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
-    assert list(rows[0]) == ["order", "step", "fraction", "n_pruned", "heads", "value", "std"]
-    imp = [float(x) for r in rows if r["order"] == "importance" for x in (r["fraction"], r["value"])]
+    assert list(rows[0]) == ["order", "step", "fraction", "n_pruned", "value", "std", "layer", "head"]
+    points = {(r["step"], r["fraction"], r["value"]) for r in rows if r["order"] == "importance"}  # a row per head
+    imp = [float(x) for _, f, v in sorted(points) for x in (f, v)]
     assert imp == pytest.approx([x for p in out["curves"]["importance"] for x in p], rel=1e-5, abs=1e-9)
+    # each pruned head is its own row with integer layer and head columns (no "3.5" that reads as a number)
+    pruned = [(int(r["layer"]), int(r["head"])) for r in rows if r["order"] == "importance" and r["layer"]]
+    rec_removed = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["pruning"]["removed"]
+    assert sorted(pruned) == sorted((d["layer"], d["head"]) for d in rec_removed) and len(pruned) == 4  # 50% of 2 x 4
+    assert all(r["layer"] == r["head"] == "" for r in rows if r["step"] == "0")
     with open(run_dir / "heads.csv", newline="", encoding="utf-8") as fh:
         heads = list(csv.DictReader(fh))
     assert {"importance", "importance_raw", "nearest_js", "pruned_step"} <= set(heads[0])

@@ -105,8 +105,7 @@ def test_curve_values_equal_an_independent_evaluation(gpt2_run):
         rows = result.curves[result.curves["order"] == order]
         mask = ones(lm)
         for row in rows.itertuples():
-            for item in filter(None, row.heads.split(";")):
-                layer, h = map(int, item.split("."))
+            for layer, h in row.heads:
                 mask[layer, h] = 0.0
             assert int((mask == 0).sum()) == row.n_pruned
             assert row.value == pytest.approx(_held_out_loss(lm, held, mask), rel=1e-5)
@@ -139,7 +138,7 @@ def test_json_has_exactly_the_documented_shape(gpt2_run):
 def test_heads_pruned_by_the_first_order_are_removed_from_the_copy(gpt2_run):
     lm, result, _ = gpt2_run
     first = result.curves[result.curves["order"] == "importance"]
-    named = [tuple(map(int, x.split("."))) for h in first["heads"] for x in filter(None, h.split(";"))]
+    named = [pair for heads in first["heads"] for pair in heads]
     assert sorted(named) == sorted(result.removed) and len(named) == 4
     assert result.pruned_lm.pruned.mask().sum() == 4
     frame = result.heads_frame()

@@ -62,7 +62,7 @@ def test_normalize_heads():
     assert normalize_heads([(1, 0), (0, 3)], 2, 4) == {0: (3,), 1: (0,)}
     with pytest.raises(InputError, match="layer 5 out of range"):
         normalize_heads({5: [0]}, 3, 4)
-    with pytest.raises(InputError, match="head 4 of layer 0 out of range"):
+    with pytest.raises(InputError, match="head L0H4 out of range: layers have heads 0-3"):
         normalize_heads({0: [4]}, 3, 4)
     with pytest.raises(InputError, match="integers"):
         normalize_heads({0: ["1"]}, 3, 4)

@@ -277,5 +277,14 @@ def test_cli_refuses_what_does_not_fit_an_encoder_decoder_model(tmp_path):
     assert res.exit_code != 0 and "head pruning covers one-stack models" in res.output
     assert runner.invoke(main, ["analyze", "--model", str(t5), "--pairs", str(pairs), "--out", str(tmp_path / "r"),
                                 "--no-progress"]).exit_code == 0
+    # compare: an encoder-decoder run against itself, site kind by site kind (every difference 0) ...
     res = runner.invoke(main, ["compare", str(tmp_path / "r"), str(tmp_path / "r"), "--out", str(tmp_path / "c")])
+    assert res.exit_code == 0, res.output
+    cmp = pd.read_csv(tmp_path / "c" / "compare.csv")
+    assert set(zip(cmp["stack"], cmp["kind"])) == {("encoder", "self"), ("decoder", "self"), ("decoder", "cross")}
+    assert (cmp.filter(like="delta_").fillna(0) == 0).all().all() and not cmp["label_changed"].any()
+    # ... but not against a one-stack model's run: their sites do not correspond
+    assert runner.invoke(main, ["analyze", "--model", str(gpt2), "--text", "Hello there.", "--out",
+                                str(tmp_path / "g"), "--no-progress"]).exit_code == 0
+    res = runner.invoke(main, ["compare", str(tmp_path / "r"), str(tmp_path / "g"), "--out", str(tmp_path / "c2")])
     assert res.exit_code != 0 and "encoder-decoder model" in res.output and "Traceback" not in res.output

@@ -10,7 +10,7 @@ from contextlib import nullcontext
 import click
 
 from .. import IMPORT_STARTED
-from ..util import process_age
+from ..util import plural, process_age
 from . import hold, main, user_errors
 from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .verify import verify_progress
@@ -173,7 +173,7 @@ def _analysis_input(texts, corpus, pairs, coref, syntax_file, limit):
 
 def _announce(lm, seqs, source: str, world) -> None:
     """Say on stderr what is analysed, with which model (and, under a launcher, which share)."""
-    how_many = f"{len(seqs)} sequences" if hasattr(seqs, "__len__") else "the sequences"
+    how_many = plural(len(seqs), "sequence") if hasattr(seqs, "__len__") else "the sequences"
     share = (f", process {world.rank} of {world.size}: sequences {world.rank}, {world.rank + world.size}, ..."
              if world else "")
     layers = lm.geometry.n_layers
@@ -182,7 +182,7 @@ def _announce(lm, seqs, source: str, world) -> None:
 
         layers = " + ".join(f"{n} {stack}" for stack, n in stack_depths(lm.sites).items())
     click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
-               f"{layers} layers x {lm.geometry.n_heads} heads", err=True)
+               f"{layers} layers x {plural(lm.geometry.n_heads, 'head')}", err=True)
 
 
 #: The note of an encoder-decoder run: what it does not measure.
@@ -260,8 +260,9 @@ def _summary(result, verification: dict | None, annotated: bool, loading_notes: 
         parts.append(("verify", t["verify_s"]))
     parts += [("report", t["report_s"]), ("other", t["other_s"])]
     shown = _rounded_parts([v for _, v in parts], t["total_s"])
-    click.echo(f"{len(result.heads)} heads by primary label ({counts}) from {result.counts['sequences']} sequences, "
-               f"{result.counts['tokens']} tokens{trunc}{verdict} in {t['total_s']:.1f} s "
+    click.echo(f"{plural(len(result.heads), 'head')} by primary label ({counts}) from "
+               f"{plural(result.counts['sequences'], 'sequence')}, "
+               f"{plural(result.counts['tokens'], 'token')}{trunc}{verdict} in {t['total_s']:.1f} s "
                f"({', '.join(f'{name} {value:.1f} s' for (name, _), value in zip(parts, shown))})")
     from ..patterns.health import health_of, summary_line
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..util import plural
 from . import hold, main, user_errors
 from .options import limit_option
 
@@ -31,7 +32,8 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
     """Compare two runs head by head: RUN_A RUN_B (run folders), or --model A --model B on one corpus.
 
     Writes index.html, compare.csv (layer, head, delta_<statistic> = B - A, labels, status) and
-    compare.json. Runs of different depths are aligned by relative depth (the report says how).
+    compare.json. Runs of different depths are aligned by relative depth (the report says how);
+    encoder-decoder runs are compared site kind by site kind (stack, kind columns).
     """
     from ..compare import compare_runs, load_run, write_compare
     from ..compare.report import compare_name
@@ -53,8 +55,8 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
     deltas = df.filter(like="delta_").abs().max().dropna()
     biggest = "" if deltas.empty else f"; largest |difference|: {deltas.idxmax()[6:]} {deltas.max():.3g}"
     both = int((df["status"] == "both").sum())
-    click.echo(f"Compared {a.model.get('name')} (A) with {b.model.get('name')} (B): {both} heads in both, "
-               f"{changed} label(s) changed, {gone} removed{biggest}")
+    click.echo(f"Compared {a.model.get('name')} (A) with {b.model.get('name')} (B): {plural(both, 'head')} in both, "
+               f"{plural(changed, 'label')} changed, {gone} removed{biggest}")
     for note in df.attrs["notes"]:
         click.echo(f"note: {note}", err=True)
     click.echo(f"Report: {path / 'index.html'}")
@@ -82,8 +84,8 @@ def _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, for
     results, tokenizers = [], []
     for name in models:
         lm = load_model(name)
-        click.echo(f"Analyzing {len(seqs)} sequences ({source}) with {lm.name}: "
-                   f"{lm.geometry.n_layers} layers x {lm.geometry.n_heads} heads", err=True)
+        click.echo(f"Analyzing {plural(len(seqs), 'sequence')} ({source}) with {lm.name}: "
+                   f"{plural(lm.geometry.n_layers, 'layer')} x {plural(lm.geometry.n_heads, 'head')}", err=True)
         result = analyze(lm, seqs, batch_size=batch_size, max_length=max_length)
         result.settings["input"] = source
         results.append(result)

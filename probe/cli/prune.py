@@ -9,7 +9,7 @@ import time
 import click
 
 from .. import IMPORT_STARTED, validate
-from ..util import process_age
+from ..util import plural, process_age
 from . import hold, main, user_errors
 from .options import limit_option, model_option, stacked
 
@@ -103,8 +103,9 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
 
         if removal_unsupported(lm):
             raise InputError(f"--save-pruned: cannot remove heads: {removal_unsupported(lm)}")
-    click.echo(f"Pruning {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on {len(seqs)} sequences "
-               f"({source}): {', '.join(orders)}, {steps} steps to {fraction:.0%}", err=True)
+    click.echo(f"Pruning {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on "
+               f"{plural(len(seqs), 'sequence')} ({source}): {', '.join(orders)}, {plural(steps, 'step')} "
+               f"to {fraction:.0%}", err=True)
     result, path = prune_run(lm, seqs, out=out, force=force, save_pruned_to=save_to, labels=label_list,
                              objective=objective, orders=orders, steps=steps, fraction=fraction, seeds=seeds,
                              batch_size=batch_size, max_length=max_length, progress=show,
@@ -115,12 +116,12 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
         last = result.curves.groupby("order", sort=False).tail(1)
         parts = [f"{r.order} {r.value:.4g}" + (f" +- {r.std:.2g}" if r.order == "random" else "")
                  for r in last.itertuples()]
-        click.echo(f"{result.objective} ({result.unit}) on {result.split['held_out']} held-out sequences: "
+        click.echo(f"{result.objective} ({result.unit}) on {plural(result.split['held_out'], 'held-out sequence')}: "
                    f"{result.curves['value'].iloc[0]:.4g} unpruned; at {last['fraction'].iloc[0]:.0%} pruned: "
                    f"{', '.join(parts)}")
         if result.pruned_params is not None:  # None where heads cannot be removed (the notes say why)
             lo, hi = result.speedup_range
-            click.echo(f"pruned copy ({len(result.removed)} heads removed): {result.params_before:,} -> "
+            click.echo(f"pruned copy ({plural(len(result.removed), 'head')} removed): {result.params_before:,} -> "
                        f"{result.pruned_params:,} parameters, forward {result.speedup:.2f}x (median of "
                        f"{SPEED_REPEATS} interleaved repeats, {lo:.2f}x-{hi:.2f}x), "
                        f"max |removed - gated| {result.max_abs_diff:.2g}")

@@ -10,6 +10,10 @@ Alignment (stated in every comparison's notes):
   different models have no natural correspondence; per-layer means (:func:`layer_summary`) and
   label counts are the meaningful comparison there. A head index only one model has is
   ``only in A`` / ``only in B``.
+- Encoder-decoder runs: each head is matched within its own site kind (stack, kind): encoder
+  self-attention with encoder self-attention, cross-attention with cross-attention, the layers of
+  each kind aligned as above; rows then start with ``stack`` and ``kind``. A run of an
+  encoder-decoder model and one of a one-stack model are not compared (their sites differ).
 - Removed heads (a physically pruned model, :mod:`probe.pruning`): a head whose heads.csv row is
   missing, or whose label is ``removed``, is removed; its statistics are not compared (NaN).
 
@@ -33,9 +37,10 @@ import pandas as pd
 
 from ..errors import InputError
 from ..stats import STATISTICS
+from ..util import plural
 
 #: heads.csv columns that are identifiers or arbitrary ids, never differenced.
-NOT_COMPARED = {"layer", "head", "layer_b", "cluster", "group"}
+NOT_COMPARED = {"layer", "head", "layer_b", "cluster", "group", "stack", "kind"}
 
 #: The label of a physically removed head (probe.pruning writes it into heads.csv).
 REMOVED = "removed"
@@ -93,26 +98,65 @@ def compare_runs(a, b) -> pd.DataFrame:
     Returns:
         One row per (layer of A, head index), columns as in the module docstring; ``.attrs``
         holds ``layer_map`` (B's layer per A layer), ``statistics`` (compared columns), ``notes``
-        (alignment and what is not comparable) and ``names`` (A's and B's model names).
+        (alignment and what is not comparable) and ``names`` (A's and B's model names). Two runs
+        of encoder-decoder models are compared site kind by site kind: the rows start with
+        ``stack`` and ``kind``, each head is matched within its own (stack, kind), and
+        ``layer_map`` holds one map per site kind (``{"encoder.self": [...], ...}``).
 
     Raises:
-        InputError: a folder that is not a run folder, or a run of an encoder-decoder model.
+        InputError: a folder that is not a run folder, or one run of an encoder-decoder model and
+            the other of a one-stack model (their sites do not correspond).
     """
     a, b = as_result(a), as_result(b)
-    for run in (a, b):
-        if "stack" in run.heads:
-            raise InputError("probe compare covers runs of one-stack models (encoders, decoders); "
-                             f"{run.model.get('name', 'a run')} is an encoder-decoder model (compare its heads.csv "
-                             "by stack and kind)")
-    (la, ha), (lb, hb) = geometry(a), geometry(b)
-    layer_map = align_layers(la, lb)
+    seq2seq = ["stack" in run.heads for run in (a, b)]
+    if seq2seq[0] != seq2seq[1]:
+        which = a if seq2seq[0] else b
+        raise InputError(f"{which.model.get('name', 'a run')} is an encoder-decoder model and the other run's model "
+                         "is not: their attention sites do not correspond; compare runs of the same kind of model")
     cols = compared_columns(a.heads, b.heads)
+    if not seq2seq[0]:
+        (la, ha), (lb, hb) = geometry(a), geometry(b)
+        df = _compare_heads(a.heads, b.heads, la, ha, lb, hb, cols)
+        layer_map, notes = align_layers(la, lb), alignment_notes(a, b, la, ha, lb, hb)
+    else:
+        frames, layer_map, notes = [], {}, []
+        for stack, kind in site_kinds(a.heads):
+            sa, sb = (r.heads[(r.heads["stack"] == stack) & (r.heads["kind"] == kind)] for r in (a, b))
+            if sb.empty:
+                raise InputError(f"run B has no {stack} {kind}-attention heads to compare with run A's")
+            (la, ha), (lb, hb) = ((int(x["layer"].max()) + 1, geometry(r)[1]) for x, r in ((sa, a), (sb, b)))
+            part = _compare_heads(sa, sb, la, ha, lb, hb, cols)
+            part.insert(0, "kind", kind)
+            part.insert(0, "stack", stack)
+            frames.append(part)
+            layer_map[f"{stack}.{kind}"] = align_layers(la, lb)
+            notes += [f"{stack} {kind}-attention: {n}" for n in alignment_notes(a, b, la, ha, lb, hb)
+                      if not n.startswith(("A and B are different", "one run is"))]
+        df = pd.concat(frames, ignore_index=True)
+        notes += [n for n in alignment_notes(a, b, 1, 1, 1, 1)]
+    df.attrs.update({"layer_map": layer_map, "statistics": cols, "notes": notes + input_notes(a, b),
+                     "names": [a.model.get("name", "A"), b.model.get("name", "B")]})
+    return df
+
+
+def site_kinds(heads) -> list[tuple[str, str]]:
+    """(stack, kind) of an encoder-decoder model's heads table, in site order (encoder self,
+    decoder self, cross)."""
+    from ..sites import SITE_PREFIX
+
+    present = set(zip(heads["stack"], heads["kind"]))
+    return [sk for sk in SITE_PREFIX if sk in present]
+
+
+def _compare_heads(heads_a, heads_b, la: int, ha: int, lb: int, hb: int, cols: list[str]) -> pd.DataFrame:
+    """The rows of :func:`compare_runs` for one kind of site (its heads tables, depths and widths)."""
+    layer_map = align_layers(la, lb)
     width = max(ha, hb)
     grid = pd.DataFrame([(i, layer_map[i], h) for i in range(la) for h in range(width)],
                         columns=["layer", "layer_b", "head"])
-    side_a = a.heads[["layer", "head", "label", *cols]].rename(
+    side_a = heads_a[["layer", "head", "label", *cols]].rename(
         columns={"label": "label_a", **{c: f"{c}_a" for c in cols}})
-    side_b = b.heads[["layer", "head", "label", *cols]].rename(
+    side_b = heads_b[["layer", "head", "label", *cols]].rename(
         columns={"layer": "layer_b", "label": "label_b", **{c: f"{c}_b" for c in cols}})
     df = grid.merge(side_a, on=["layer", "head"], how="left").merge(side_b, on=["layer_b", "head"], how="left")
     in_a, in_b = df["head"] < ha, df["head"] < hb
@@ -131,10 +175,7 @@ def compare_runs(a, b) -> pd.DataFrame:
     prob = [f"delta_{c}" for c in cols if c in STATISTICS and c not in NOT_PROBABILITY]
     df["change"] = df[prob].abs().mean(axis=1, skipna=True) if prob else np.nan
     order = ["layer", "head", "layer_b", "status", "label_a", "label_b", "label_changed", "change"]
-    df = df[order + [f"delta_{c}" for c in cols] + [f"{c}_{s}" for c in cols for s in "ab"]]
-    df.attrs.update({"layer_map": layer_map, "statistics": cols, "notes": alignment_notes(a, b, la, ha, lb, hb),
-                     "names": [a.model.get("name", "A"), b.model.get("name", "B")]})
-    return df
+    return df[order + [f"delta_{c}" for c in cols] + [f"{c}_{s}" for c in cols for s in "ab"]]
 
 
 def alignment_notes(a, b, la: int, ha: int, lb: int, hb: int) -> list[str]:
@@ -157,10 +198,31 @@ def alignment_notes(a, b, la: int, ha: int, lb: int, hb: int) -> list[str]:
     return notes
 
 
+def _input_of(run) -> str:
+    c = run.counts
+    where = run.settings.get("input")
+    return ((f"{where}, " if where else "") + plural(c.get("sequences", 0), "sequence")
+            + (f" ({run.examples[0].text[:40]!r} ...)" if run.examples else ""))
+
+
+def input_notes(a, b) -> list[str]:
+    """A note when the runs analysed different text: another input (``settings["input"]``: the
+    corpus file, ``--text``, the built-in sample), another number of sequences, or another first
+    text. Differences then mix the models with their input."""
+    ia, ib = a.settings.get("input"), b.settings.get("input")
+    na, nb = a.counts.get("sequences"), b.counts.get("sequences")
+    ta = a.examples[0].text if a.examples else None
+    tb = b.examples[0].text if b.examples else None
+    if (ia and ib and ia != ib) or (na is not None and nb is not None and na != nb) or (ta and tb and ta != tb):
+        return [f"the runs analysed different text (A: {_input_of(a)}; B: {_input_of(b)}): each difference mixes "
+                "the models with their input; for a comparison of heads, analyse the same corpus with both"]
+    return []
+
+
 def layer_summary(a, b, df: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per aligned layer: each run's mean of every compared statistic over its own present heads,
     and the difference (B - A). Columns ``layer``, ``layer_b``, then ``<stat>_a``, ``<stat>_b``,
-    ``delta_<stat>``."""
+    ``delta_<stat>`` (encoder-decoder runs: ``stack`` and ``kind`` first, one block per site kind)."""
     a, b = as_result(a), as_result(b)
     df = compare_runs(a, b) if df is None else df
     cols = df.attrs["statistics"]
@@ -169,15 +231,21 @@ def layer_summary(a, b, df: pd.DataFrame | None = None) -> pd.DataFrame:
         keep = heads[heads["label"] != REMOVED] if "label" in heads else heads
         return keep.groupby("layer")[cols].mean()
 
-    ma, mb = means(a.heads), means(b.heads)
+    maps = df.attrs["layer_map"]
+    groups = [(None, a.heads, b.heads, maps)] if not isinstance(maps, dict) else [
+        (key, *(r.heads[(r.heads["stack"] == key.split(".")[0]) & (r.heads["kind"] == key.split(".")[1])]
+                for r in (a, b)), m) for key, m in maps.items()]
     rows = []
-    for i, j in enumerate(df.attrs["layer_map"]):
-        row = {"layer": i, "layer_b": j}
-        for c in cols:
-            va = ma[c].get(i, np.nan) if c in ma else np.nan
-            vb = mb[c].get(j, np.nan) if c in mb else np.nan
-            row.update({f"{c}_a": va, f"{c}_b": vb, f"delta_{c}": vb - va})
-        rows.append(row)
+    for key, heads_a, heads_b, layer_map in groups:
+        ma, mb = means(heads_a), means(heads_b)
+        for i, j in enumerate(layer_map):
+            row = {} if key is None else dict(zip(("stack", "kind"), key.split(".")))
+            row.update({"layer": i, "layer_b": j})
+            for c in cols:
+                va = ma[c].get(i, np.nan) if c in ma else np.nan
+                vb = mb[c].get(j, np.nan) if c in mb else np.nan
+                row.update({f"{c}_a": va, f"{c}_b": vb, f"delta_{c}": vb - va})
+            rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -18,8 +18,9 @@ import numpy as np
 
 from ..analysis import versions
 from ..errors import InputError
-from ..report import CSP, _environment, _json_for_script, claim_run_dir, static_text
+from ..report import CSP, GROUP_SHORT, _environment, _json_for_script, claim_run_dir, static_text
 from ..report.portable import shorten_paths
+from ..sites import head_name
 from ..stats import STATISTICS
 from ..tokens import display_tokens
 from .diff import NOT_PROBABILITY, as_result, compare_runs, geometry, label_counts, layer_summary, most_changed
@@ -51,18 +52,68 @@ def _labels(ex, tokenizer) -> list[str]:
     return [str(i) for i in ex.ids]
 
 
-def _delta_figures(df, n_layers: int, width: int, row_labels: list[str]) -> tuple[dict, list[dict]]:
+def undefined_in(a, b, stat: str, site: tuple[str, str] | None = None) -> str:
+    """Why no head has a difference of ``stat``: which run lacks it (all its heads NaN; among the
+    heads of one (stack, kind) ``site`` of encoder-decoder runs), or that no head with a value is
+    in both runs."""
+    def heads(r):
+        h = r.heads
+        return h if site is None else h[(h["stack"] == site[0]) & (h["kind"] == site[1])]
+
+    lacking = [f"run {tag} ({r.model.get('name', tag)})" for tag, r in (("A", a), ("B", b))
+               if stat not in r.heads or heads(r)[stat].isna().all()]
+    if len(lacking) == 2:
+        return "not defined for either run"
+    if lacking:
+        return f"not defined for {lacking[0]}"
+    return "no head has a value in both runs (removed, or a head only one model has)"
+
+
+def names(row) -> tuple[str, str]:
+    """(A's, B's) display name of a compared head (its site kind first for encoder-decoder runs)."""
+    site = {"stack": row.get("stack"), "kind": row.get("kind")}
+    return head_name({**site, "layer": row["layer"]}, row["head"]), head_name({**site, "layer": row["layer_b"]},
+                                                                                row["head"])
+
+
+def site_groups(df, a, b) -> list[dict]:
+    """The page's groups: one for one-stack runs, one per site kind (stack, kind) for encoder-decoder
+    runs, each with its rows, title, figure-id prefix, layers of A and row labels (A's layer -> B's)."""
+    from ..report import SITE_GROUPS
+
+    maps = df.attrs["layer_map"]
+    if not isinstance(maps, dict):
+        parts = [(None, "", df, maps)]
+    else:
+        parts = []
+        for key, layer_map in maps.items():
+            stack, kind = key.split(".")
+            parts.append((SITE_GROUPS[(stack, kind)], f"{stack}-{kind}-",
+                          df[(df["stack"] == stack) & (df["kind"] == kind)], layer_map))
+    groups = []
+    for title, prefix, rows, layer_map in parts:
+        deeper = len(set(layer_map)) != len(layer_map) or max(layer_map) != len(layer_map) - 1
+        labels = [f"{i}\u2192{j}" if deeper else str(i) for i, j in enumerate(layer_map)]
+        groups.append({"title": title, "prefix": prefix, "rows": rows, "n_layers": len(layer_map), "labels": labels})
+    return groups
+
+
+def _delta_figures(df, n_layers: int, width: int, row_labels: list[str], a, b, prefix: str = "",
+                   group: str | None = None) -> tuple[dict, list[dict]]:
     figures, blocks = {}, []
     for stat in df.attrs["statistics"]:
         grid = np.full((n_layers, width), np.nan)
         grid[df["layer"].to_numpy(), df["head"].to_numpy()] = df[f"delta_{stat}"].abs().to_numpy(dtype=float)
-        title = f"|\u0394 {stat}|"
+        title = f"|\u0394 {stat}|" if group is None else f"{group}: |\u0394 {stat}|"
         if np.isnan(grid).all():
-            blocks.append({"id": None, "title": f"{title}: not defined for both runs"})
+            site = tuple(prefix.strip("-").split("-")) if prefix else None
+            why = undefined_in(a, b, stat, site)
+            if site is None or why != "not defined for either run":  # a site kind leaves out what it does not define
+                blocks.append({"id": None, "title": f"{title}: {why}"})
             continue
         top = float(np.nanmax(grid))
         vmax = top if (stat in NOT_PROBABILITY or stat not in STATISTICS) and top > 0 else 1.0
-        fid = f"delta-{stat}"
+        fid = f"delta-{prefix}{stat}"
         figures[fid] = {"rows": n_layers, "cols": width, "scale": 10000, "vmin": 0.0, "vmax": vmax, "cmap": "viridis",
                         "title": f"{title} (max {top:.3g})",
                         "values": [None if math.isnan(v) else int(round(v * 10000)) for v in grid.ravel()],
@@ -72,26 +123,44 @@ def _delta_figures(df, n_layers: int, width: int, row_labels: list[str]) -> tupl
     return figures, blocks
 
 
+def _site_map(ex, row, layer: int, tokenizer):
+    """(the [heads, query, key] maps, query labels, key labels) of the compared head's site in an example."""
+    source = _labels(ex, tokenizer)
+    if row.get("stack") != "decoder":
+        return ex.probs[layer], source, source
+    t = ex.target or {}
+    if not ex.decoder or not t:
+        return None, None, None
+    target = t.get("labels") or (display_tokens(tokenizer, t["text"], t["ids"], [tuple(o) for o in t["offsets"]],
+                                                t["special"]) if tokenizer is not None else [str(i) for i in t["ids"]])
+    return ex.decoder[f"decoder.{layer}.{row['kind']}"], target, source if row["kind"] == "cross" else target
+
+
 def _side_by_side(top, pair, tokenizers) -> tuple[dict, list[dict]]:
     figures, blocks = {}, []
     if pair is None:
         return figures, blocks
     ea, eb = pair
-    labels = [_labels(ea, tokenizers[0]), _labels(eb, tokenizers[1])]
     for _, row in top.iterrows():
         layer, layer_b, head = int(row["layer"]), int(row["layer_b"]), int(row["head"])
-        pair_figs = []
-        for side, ex, lay, labs in (("A", ea, layer, labels[0]), ("B", eb, layer_b, labels[1])):
-            n = min(ex.probs.shape[-1], MAX_TOKENS)
-            fid = f"pair-{layer}-{head}-{side}"
-            values = np.rint(ex.probs[lay, head, :n, :n] * 1000)
-            figures[fid] = {"rows": n, "cols": n, "scale": 1000, "vmin": 0.0, "vmax": 1.0, "cmap": "blues",
-                            "title": f"{side}: layer {lay} head {head} ({row[f'label_{side.lower()}']})",
+        name_a, name_b = names(row)
+        pair_figs, prefix = [], "" if "stack" not in row else f"{row['stack']}-{row['kind']}-"
+        for side, ex, lay, tok, name in (("A", ea, layer, tokenizers[0], name_a), ("B", eb, layer_b, tokenizers[1],
+                                                                                   name_b)):
+            maps, queries, keys = _site_map(ex, row, lay, tok)
+            if maps is None:
+                continue
+            nq, nk = min(maps.shape[-2], MAX_TOKENS), min(maps.shape[-1], MAX_TOKENS)
+            fid = f"pair-{prefix}{layer}-{head}-{side}"
+            values = np.rint(maps[head, :nq, :nk] * 1000)
+            figures[fid] = {"rows": nq, "cols": nk, "scale": 1000, "vmin": 0.0, "vmax": 1.0, "cmap": "blues",
+                            "title": f"{side}: {name} ({row[f'label_{side.lower()}']})",
                             "values": [None if math.isnan(v) else int(v) for v in values.ravel()],
-                            "rowLabels": labs[:n], "colLabels": labs[:n],
+                            "rowLabels": queries[:nq], "colLabels": keys[:nk],
                             "xLabel": "key (attended to)", "yLabel": "query (attending)"}
             pair_figs.append(fid)
         blocks.append({"ids": pair_figs, "layer": layer, "layer_b": layer_b, "head": head,
+                       "name_a": name_a, "name_b": name_b,
                        "change": row["change"], "label_a": row["label_a"], "label_b": row["label_b"]})
     return figures, blocks
 
@@ -103,8 +172,8 @@ def _status_grid(df, n_layers: int, width: int) -> list[list[dict]]:
         kind = ("changed" if row["label_changed"] else "same") if st == "both" else st
         text = {"same": "", "changed": "\u2260"}.get(kind, "\u00d7" if kind.startswith("removed") else "\u2013")
         change = "" if math.isnan(row["change"]) else f" | change {row['change']:.3f}"
-        tip = (f"A L{row['layer']} H{row['head']}: {row['label_a'] or '-'} | B L{row['layer_b']} H{row['head']}: "
-               f"{row['label_b'] or '-'} | {st}{change}")
+        name_a, name_b = names(row)
+        tip = f"A {name_a}: {row['label_a'] or '-'} | B {name_b}: {row['label_b'] or '-'} | {st}{change}"
         grid[row["layer"]][row["head"]] = {"color": STATUS_COLORS[kind], "text": text, "tip": tip}
     return grid
 
@@ -157,20 +226,27 @@ def _write(a, b, folder, top: int, tokenizers) -> Path:
     """The comparison folder's files, written through the claimed ``folder``."""
     path = folder.path
     df = compare_runs(a, b)
-    (layers_a, heads_a), (layers_b, heads_b) = geometry(a), geometry(b)
-    width = max(heads_a, heads_b)
-    row_labels = [f"{i}\u2192{j}" if layers_a != layers_b else str(i) for i, j in enumerate(df.attrs["layer_map"])]
-    delta_figs, delta_blocks = _delta_figures(df, layers_a, width, row_labels)
+    width = max(geometry(a)[1], geometry(b)[1])
+    groups, delta_figs = site_groups(df, a, b), {}
+    for g in groups:
+        figs, g["deltas"] = _delta_figures(g["rows"], g["n_layers"], width, g["labels"], a, b, g["prefix"],
+                                           GROUP_SHORT.get(g["title"]) if g["title"] else None)
+        g["grid"] = _status_grid(g["rows"], g["n_layers"], width)
+        delta_figs.update(figs)
     pair = shared_example(a, b)
     notes = list(df.attrs["notes"])
-    if pair is None:
-        notes.append("the runs kept no example of the same text (their first examples: "
-                     f"{_first_text(a)!r} and {_first_text(b)!r}), so attention is not shown side by side")
+    no_pair = None if pair is not None else (
+        "The runs kept no example of the same text (their first examples: "
+        f"{_first_text(a)!r} and {_first_text(b)!r}), so attention is not shown side by side; analyse the same "
+        "corpus with both models (probe compare --model A --model B) to see it.")
+    if no_pair:
+        notes.append(no_pair)
     top_rows = most_changed(df, top)
     pair_figs, pair_blocks = _side_by_side(top_rows, pair, tokenizers)
     layers_df = layer_summary(a, b, df)
     stats = df.attrs["statistics"]
     changed = df[df["label_changed"]]
+    layer_cols = [c for c in ("stack", "kind") if c in layers_df] + ["layer", "layer_b"] + [f"delta_{s}" for s in stats]
     record = {
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
         "a": shorten_paths(_run_info(a, "A"), path), "b": shorten_paths(_run_info(b, "B"), path),
@@ -184,14 +260,12 @@ def _write(a, b, folder, top: int, tokenizers) -> Path:
     notes = record["notes"] = shorten_paths(notes, path)
     page = _environment().get_template("compare.html.j2").render(
         a=record["a"], b=record["b"], notes=notes, record=record, csp=CSP,
-        label_counts=label_counts(a, b).to_dict("records"), grid=_status_grid(df, layers_a, width),
-        row_labels=row_labels, width=width, colors=STATUS_COLORS, delta_blocks=delta_blocks, pair_blocks=pair_blocks,
-        shared=None if pair is None else pair[0].text,
-        layer_cols=["layer", "layer_b"] + [f"delta_{s}" for s in stats],
-        layer_rows=[[_fmt(r[c]) if c.startswith("delta_") else str(r[c]) for c in ["layer", "layer_b"] +
-                     [f"delta_{s}" for s in stats]] for r in layers_df.to_dict("records")],
-        changed=[[r["layer"], r["layer_b"], r["head"], r["label_a"], r["label_b"], _fmt(r["change"])]
-                 for r in changed.to_dict("records")],
+        label_counts=label_counts(a, b).to_dict("records"), groups=groups,
+        width=width, colors=STATUS_COLORS, pair_blocks=pair_blocks,
+        shared=None if pair is None else pair[0].text, no_pair=no_pair,
+        layer_cols=layer_cols, layer_rows=[[_fmt(r[c]) if c.startswith("delta_") else str(r[c]) for c in layer_cols]
+                                           for r in layers_df.to_dict("records")],
+        changed=[[*names(r), r["label_a"], r["label_b"], _fmt(r["change"])] for r in changed.to_dict("records")],
         data_json=_json_for_script({"figures": {**delta_figs, **pair_figs}}), script=static_text("heatmap.js"))
     record["output"] = {name: name for name in OUTPUT_FILES}  # relative to the comparison folder
     with folder.staging() as tmp:

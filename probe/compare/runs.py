@@ -20,30 +20,46 @@ import pandas as pd
 
 from ..accumulators import Example
 from ..errors import InputError
+from ..sites import head_name
 
 #: The example maps file of a run folder.
 EXAMPLES_FILE = "examples.npz"
 
 
-def examples_bytes(examples, labels: list[list[str]]) -> bytes:
+def examples_bytes(examples, labels: list[list[str]], target_labels: list[list[str] | None] | None = None) -> bytes:
     """``examples.npz`` for a run folder: each example's maps as float16 and its tokens.
 
     Args:
         examples: :class:`probe.accumulators.Example` objects (maps as kept: cropped).
         labels: per example, readable token labels (:func:`probe.tokens.display_tokens`).
+        target_labels: encoder-decoder models: per example, the target's token labels (the
+            decoder start token first); the example's decoder maps are stored with them.
     """
-    meta = [{"index": ex.index, "text": ex.text, "ids": list(map(int, ex.ids)),
+    target_labels = target_labels or [None] * len(examples)
+    meta, arrays = [], {}
+    for i, (ex, lab, tlab) in enumerate(zip(examples, labels, target_labels)):
+        m = {"index": ex.index, "text": ex.text, "ids": list(map(int, ex.ids)),
              "offsets": [list(map(int, o)) for o in ex.offsets], "special": list(map(bool, ex.special)),
              "truncated": bool(ex.truncated), "word_ids": None if ex.word_ids is None else list(map(int, ex.word_ids)),
-             "labels": list(lab)} for ex, lab in zip(examples, labels)]
-    arrays = {f"probs_{i}": ex.probs.astype(np.float16) for i, ex in enumerate(examples)}
+             "labels": list(lab)}
+        arrays[f"probs_{i}"] = ex.probs.astype(np.float16)
+        if ex.decoder:
+            t = ex.target
+            m["target"] = {"text": t["text"], "ids": list(map(int, t["ids"])), "special": list(map(bool, t["special"])),
+                           "offsets": [list(map(int, o)) for o in t["offsets"]],
+                           "labels": None if tlab is None else list(tlab)}
+            m["decoder"] = list(ex.decoder)
+            for name, p in ex.decoder.items():
+                arrays[f"decoder_{i}_{name}"] = np.asarray(p).astype(np.float16)
+        meta.append(m)
     buf = io.BytesIO()
     np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **arrays)
     return buf.getvalue()
 
 
 def read_examples(path: str | Path) -> list[Example]:
-    """The examples of an ``examples.npz`` (probabilities back as float32).
+    """The examples of an ``examples.npz`` (probabilities back as float32; an encoder-decoder
+    model's examples with their target and decoder maps).
 
     Raises:
         InputError: the file is not a probe examples file.
@@ -52,7 +68,10 @@ def read_examples(path: str | Path) -> list[Example]:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             return [Example(m["index"], m["text"], m["ids"], [tuple(o) for o in m["offsets"]], m["special"],
-                            z[f"probs_{i}"].astype(np.float32), m["truncated"], m["word_ids"], m["labels"])
+                            z[f"probs_{i}"].astype(np.float32), m["truncated"], m["word_ids"], m["labels"],
+                            target=m.get("target"),
+                            decoder={name: z[f"decoder_{i}_{name}"].astype(np.float32) for name in m["decoder"]}
+                            if m.get("decoder") else None)
                     for i, m in enumerate(meta)]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"cannot read the example maps {path}: {exc}") from None
@@ -106,8 +125,8 @@ def load_run(folder: str | Path):
                           timings=dict(record.get("timings_s") or {}), notes=notes, results={})
 
 
-#: Site kinds of an encoder-decoder model's heads.csv: (stack, kind), with their display prefixes.
-SITE_KINDS = {("encoder", "self"): "enc ", ("decoder", "self"): "dec ", ("decoder", "cross"): "cross "}
+#: Site kinds of an encoder-decoder model's heads.csv: (stack, kind).
+SITE_KINDS = (("encoder", "self"), ("decoder", "self"), ("decoder", "cross"))
 
 
 def _expected_heads(model: dict) -> dict[tuple, str]:
@@ -116,9 +135,9 @@ def _expected_heads(model: dict) -> dict[tuple, str]:
     n_heads = int(model["heads"])
     if model.get("encoder_decoder"):
         stacks = model.get("stacks") or {}
-        return {(stack, kind, layer, h): f"{prefix}L{layer}H{h}" for (stack, kind), prefix in SITE_KINDS.items()
-                for layer in range(int(stacks.get(stack, 0))) for h in range(n_heads)}
-    return {(layer, h): f"L{layer}H{h}" for layer in range(int(model["layers"])) for h in range(n_heads)}
+        return {(stack, kind, layer, h): head_name({"stack": stack, "kind": kind, "layer": layer}, h)
+                for stack, kind in SITE_KINDS for layer in range(int(stacks.get(stack, 0))) for h in range(n_heads)}
+    return {(layer, h): head_name(layer, h) for layer in range(int(model["layers"])) for h in range(n_heads)}
 
 
 def check_heads(heads: pd.DataFrame, model: dict, folder) -> None:
@@ -143,8 +162,12 @@ def check_heads(heads: pd.DataFrame, model: dict, folder) -> None:
             f"{len(expected)} heads")
     extra = [r for r in rows if r not in expected]
     if extra:
-        name = " ".join(map(str, extra[0][:-2])) + f" L{extra[0][-2]}H{extra[0][-1]}"
-        raise InputError(f"{damaged}: it has a row for {name.strip()}, outside the model's {what}; the file is damaged")
+        key = extra[0]
+        try:
+            name = head_name(dict(zip(("stack", "kind"), key[:-2]), layer=key[-2]), key[-1])
+        except ValueError:  # a site kind the model does not have
+            name = f"{'/'.join(map(str, key[:-2]))} {head_name(key[-2], key[-1])}"
+        raise InputError(f"{damaged}: it has a row for {name}, outside the model's {what}; the file is damaged")
     seen: set = set()
     twice = next((r for r in rows if r in seen or seen.add(r)), None)
     if twice is not None:

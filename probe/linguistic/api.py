@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..inputs import Text, iter_batches
+from ..util import plural
 from .conllu import Treebank, read_conllu
 from .coref import CorefAccumulator, CorefResult
 from .gap import CorefSet, read_coref
@@ -50,9 +51,9 @@ def _run(lm, texts: list[Text], acc, batch_size: int, max_length: int | None, pr
 
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from ..util import progress_bar
 
-        bar = tqdm(total=len(texts), unit="seq", desc=acc.name, leave=False)
+        bar = progress_bar(total=len(texts), unit="seq", desc=acc.name, leave=False)
     try:
         if texts:
             run(lm, iter_batches(lm, texts, batch_size=batch_size, max_length=max_length), [acc], progress=bar)
@@ -153,7 +154,7 @@ def annotated_input(coref: str | None = None, syntax: str | None = None, limit: 
         if not examples.examples:
             raise InputError(f"{examples.source}: no example whose names and pronoun match their offsets")
         texts += examples.texts()
-        parts.append(f"coreference: {examples.source}, {len(examples.examples)} examples")
+        parts.append(f"coreference: {examples.source}, {plural(len(examples.examples), 'example')}")
     if syntax is not None:
         bank = read_conllu(syntax, limit)
         if not bank.sentences:

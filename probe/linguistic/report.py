@@ -10,6 +10,8 @@ import math
 import numpy as np
 
 from ..report.sections import Section, render_fragment
+from ..sites import head_name
+from ..util import plural
 from .coref import SKIPS, CorefResult, CorefView
 from .syntax import ALL, DIRECTIONS, SyntaxResult
 from .words import REASONS
@@ -71,7 +73,7 @@ def _example_figure(view: CorefView, site: int, layer: int, head: int) -> tuple[
     fid = "coref-example"
     fig = {fid: {
         "rows": 1, "cols": len(labels), "scale": 1000, "vmin": 0.0, "vmax": float(max(row.max(), 1e-6)),
-        "cmap": "blues", "title": f"layer {layer} head {head}",
+        "cmap": "blues", "title": head_name(layer, head),
         "values": np.rint(row * 1000).astype(int).tolist(), "rowLabels": [view.words[view.pronoun[0]]],
         "colLabels": labels, "xLabel": "word (attended to)", "yLabel": "",
     }}
@@ -94,7 +96,7 @@ def coref_section(result, tokenizer) -> Section | None:
     n_heads = int(heads["head"].max()) + 1 if len(heads) else 0
     figures = _grid(heads, "coreference accuracy", "coref-accuracy") if res.counts["scored"] else {}
     best = res.best(5) if res.counts["scored"] else res.heads.iloc[:0]
-    rows = [[f"layer {int(r.layer)} head {int(r.head)}", r.n, _pct(r.accuracy), _interval(r.ci_low, r.ci_high)]
+    rows = [[head_name(r.layer, r.head), r.n, _pct(r.accuracy), _interval(r.ci_low, r.ci_high)]
             for r in best.itertuples()]
     rows += [[f"baseline: {kind}", r.n, _pct(r.accuracy), _interval(r.ci_low, r.ci_high)]
              for kind, r in res.baselines.iterrows()]
@@ -106,7 +108,7 @@ def coref_section(result, tokenizer) -> Section | None:
         if view is not None:
             fig, example = _example_figure(view, pos // n_heads, int(top["layer"]), int(top["head"]))
             figures.update(fig)
-    labelled = [f"{int(r.layer)}-{int(r.head)}" for r in res.labelled().itertuples()]
+    labelled = [head_name(r.layer, r.head) for r in res.labelled().itertuples()]
     html = render_fragment(
         "coref.html.j2", counts=res.counts, reasons=_reasons(res.counts), rows=rows, labelled=labelled,
         preceding_only=res.preceding_only, best_baseline=_pct(res.best_baseline()), example=example,
@@ -130,7 +132,7 @@ def _table1(res: SyntaxResult) -> list[dict]:
         for direction in DIRECTIONS:
             r = part[part["direction"] == direction].iloc[0]
             row["cells"].append({
-                "head": f"{int(r['layer'])}-{int(r['head'])}", "accuracy": _pct(r["accuracy"]),
+                "head": head_name(r["layer"], r["head"]), "accuracy": _pct(r["accuracy"]),
                 "interval": _interval(r["ci_low"], r["ci_high"]),
                 "baseline": f"{_pct(r['baseline'])} ({int(r['baseline_offset']):+d})",
                 "label": rel != ALL and r["gain"] >= res.margin - 1e-9,
@@ -169,15 +171,15 @@ def summary_lines(result) -> list[str]:
         c = res.counts
         left = c["examples"] - c["scored"]
         why = ", ".join(f"{n} {k}" for k, n in {**c["unaligned"], **c["skipped"]}.items())
-        parts = [f"coreference: {c['scored']} of {c['examples']} examples scored"
+        parts = [f"coreference: {c['scored']} of {plural(c['examples'], 'example')} scored"
                  + (f" ({left} left out: {why})" if left else "")]
         if c["scored"]:
             top = res.best(1).iloc[0]
-            parts.append(f"best head {int(top['layer'])}-{int(top['head'])} {_pct(top['accuracy'])}% "
+            parts.append(f"best head {head_name(top['layer'], top['head'])} {_pct(top['accuracy'])}% "
                          f"{_interval(top['ci_low'], top['ci_high'])}")
             parts += [f"{kind} {_pct(r.accuracy)}% {_interval(r.ci_low, r.ci_high)}"
                       for kind, r in res.baselines.iterrows()]
-            parts.append(f"{len(res.labelled())} heads labelled coreference")
+            parts.append(f"{plural(len(res.labelled()), 'head')} labelled coreference")
         lines.append("; ".join(parts))
     res = result.results.get("syntax")
     if res is not None:
@@ -188,7 +190,7 @@ def summary_lines(result) -> list[str]:
         pooled = res.best[(res.best["relation"] == ALL) & (res.best["direction"] == DIRECTIONS[0])]
         if len(pooled):
             r = pooled.iloc[0]
-            parts.append(f"all relations dep->head: best head {int(r['layer'])}-{int(r['head'])} "
+            parts.append(f"all relations dep->head: best head {head_name(r['layer'], r['head'])} "
                          f"{_pct(r['accuracy'])}% {_interval(r['ci_low'], r['ci_high'])} vs baseline "
                          f"{_pct(r['baseline'])}% (offset {int(r['baseline_offset']):+d})")
         won = sorted({r for r, g in zip(res.best["relation"], res.best["gain"]) if r != ALL and g >= res.margin - 1e-9})

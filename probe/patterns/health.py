@@ -49,7 +49,8 @@ import torch
 
 from ..accumulators import Accumulator, present_heads
 from ..inputs import Batch
-from ..sites import Site
+from ..sites import Site, head_name
+from ..util import plural
 
 #: check -> (statistic, default threshold, comparison, what it points at). Order = report order.
 HEALTH_RULES: dict[str, tuple[str, float, str, str]] = {
@@ -288,12 +289,13 @@ def _padding(probe: dict | None) -> Check:
         return check
     if probe["padded_batches"] == 0:
         check.measured = False
-        check.note = (f"no padded batch in this run ({probe['batches']} batch(es) of equal-length sequences): "
-                      "use a batch size above 1 on texts of different lengths")
+        check.note = (f"no padded batch in this run ({plural(probe['batches'], 'batch', 'batches')} of equal-length "
+                      "sequences): use a batch size above 1 on texts of different lengths")
         return check
     check.value = probe["padding_max"]
     check.flagged = [{"layer": layer, "value": v} for layer, v in zip(probe["layers"], probe["per_site"]) if v > 0]
-    check.note = (f"{probe['padded_batches']} padded batch(es) of {probe['batches']}; "
+    padded = "batch" if probe["padded_batches"] == 1 else "batches"
+    check.note = (f"{probe['padded_batches']} padded {padded} of {probe['batches']}; "
                   f"{probe['padding_cells']} (row, padding key) cells per head")
     return check
 
@@ -354,7 +356,9 @@ def describe(check: Check, show: int = 12) -> str:
         return f"largest value {check.value:.3g}" + (f" ({check.note})" if check.note else "")
 
     def name(f):
-        return (f"L{f['layer']}H{f['heads'][0]}-H{f['heads'][1]}" if "heads" in f else f"L{f['layer']}H{f['head']}")
+        if "heads" in f:
+            return f"{head_name(f['layer'], f['heads'][0])} and {head_name(f['layer'], f['heads'][1])}"
+        return head_name(f["layer"], f["head"])
 
     def listed(items, extra):
         more = f" and {len(items) - show} more" if len(items) > show else ""

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..report import LABEL_COLORS, label_family
 from ..report.sections import Section, render_fragment
+from ..sites import head_name
 from .circuits import CIRCUIT_COLUMNS
 from .health import EXPLAINING, HEALTH_RULES, MIN_ROWS, TITLES, describe, health_of
 from .kovaleva import TYPES
@@ -107,7 +108,7 @@ def groups_section(result, tokenizer) -> Section | None:
     n_layers = int(layers.max()) + 1
     on_map = np.flatnonzero(group >= 0)  # heads removed by pruning (group -1) have no attention to place
     xy = groups.xy[on_map]
-    tips = [f"L{layers[i]} H{hs[i]}: {labels[i]}, group {group[i]}" for i in on_map]
+    tips = [f"{head_name(layers[i], hs[i])}: {labels[i]}, group {group[i]}" for i in on_map]
     families = [label_family(labels[i]) for i in on_map]  # "syntactic:nsubj" is drawn as "syntactic"
     present = [lab for lab in LABEL_COLORS if lab in set(families)]
     figures = {
@@ -127,7 +128,7 @@ def groups_section(result, tokenizer) -> Section | None:
         inner = d[np.ix_(idx, idx)][np.triu_indices(len(idx), 1)] if len(idx) > 1 else np.array([])
         common = heads.iloc[idx]["label"].value_counts()
         spread = _num(float(inner.mean())) if inner.size else ""
-        members = ", ".join(f"L{layers[i]}H{hs[i]}" for i in idx[:SHOW]) + (" ..." if len(idx) > SHOW else "")
+        members = ", ".join(head_name(layers[i], hs[i]) for i in idx[:SHOW]) + (" ..." if len(idx) > SHOW else "")
         span = f"{layers[idx].min()}-{layers[idx].max()}"
         table.append([g, len(idx), span, f"{common.index[0]} ({common.iloc[0]})", spread, members])
     csv = io.StringIO()

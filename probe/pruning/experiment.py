@@ -24,6 +24,7 @@ from .. import validate
 from ..capture import forward
 from ..errors import InputError
 from ..inputs import Text, as_texts, iter_batches
+from ..util import plural
 from .curves import ORDERS, Context, Curve, run_orders, schedule
 from .gates import gated, ones
 from .objectives import OBJECTIVES, default_objective, make_objective
@@ -47,7 +48,7 @@ def split_corpus(n: int, held_out: float = 0.5, seed: int = 0) -> tuple[list[int
     """
     n_out = round(n * held_out)
     if n_out < MIN_PART or n - n_out < MIN_PART:
-        raise InputError(f"corpus too small to split: {n} sequence(s); pruning needs at least {2 * MIN_PART} "
+        raise InputError(f"corpus too small to split: {plural(n, 'sequence')}; pruning needs at least {2 * MIN_PART} "
                          f"({MIN_PART} to score heads and {MIN_PART} held out to measure the curves)")
     perm = np.random.default_rng(seed).permutation(n)
     return sorted(perm[n_out:].tolist()), sorted(perm[:n_out].tolist())
@@ -62,7 +63,8 @@ class PruneResult:
         n_heads: heads of the original model (layers x heads); n_start: heads already removed.
         split: sizes and indices (into the texts given) of the scoring and held-out parts.
         curves: one row per point: ``order``, ``step``, ``fraction`` (of all heads), ``n_pruned``,
-            ``heads`` (pruned at this step, ``layer.head``; seed 0's for random), ``value`` (the
+            ``heads`` (pruned at this step, a list of (layer, head); seed 0's for random;
+            ``pruning.csv`` has one row per head, :func:`curves_csv`), ``value`` (the
             objective on the held-out part; the mean over seeds for random), ``std`` (random only).
         importance: [layers, heads] normalized importance of the model as given (NaN: removed).
         importance_raw: the same before normalization.
@@ -121,8 +123,7 @@ class PruneResult:
         step = np.full((L, H), np.nan)
         first = self.curves[self.curves["order"] == self.curves["order"].iloc[0]]
         for row in first.itertuples():
-            for item in filter(None, row.heads.split(";")):
-                layer, h = map(int, item.split("."))
+            for layer, h in row.heads:
                 step[layer, h] = row.step
         frame = pd.DataFrame({"layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L),
                               "importance": self.importance.ravel(), "importance_raw": self.importance_raw.ravel(),
@@ -136,10 +137,26 @@ class PruneResult:
         """The run.json entry: the JSON above plus the split, settings, notes, timings and checks."""
         return {**self.to_json(), "objective_reason": self.objective_reason, "unit": self.unit,
                 "split": {k: v for k, v in self.split.items() if not k.endswith("_index")},
-                "removed": [f"{layer}.{h}" for layer, h in self.removed], "max_abs_diff": self.max_abs_diff,
+                "removed": [{"layer": int(layer), "head": int(h)} for layer, h in self.removed],
+                "max_abs_diff": self.max_abs_diff,
                 "speedup_range": None if self.speedup_range is None else [float(v) for v in self.speedup_range],
                 "speedup_repeats": SPEED_REPEATS,
                 "settings": self.settings, "notes": self.notes, "timings_s": self.timings}
+
+
+def curves_csv(curves: pd.DataFrame) -> str:
+    """``pruning.csv``: one row per (order, step, head pruned at that step), with the head as separate
+    ``layer`` and ``head`` columns (a spreadsheet reads ``3.10`` as 3.1); a step that prunes no head
+    (step 0, the model as given) has one row with both empty. Columns: ``order``, ``step``,
+    ``fraction``, ``n_pruned``, ``value``, ``std``, ``layer``, ``head``."""
+    rows = []
+    for r in curves.itertuples():
+        base = {"order": r.order, "step": r.step, "fraction": r.fraction, "n_pruned": r.n_pruned, "value": r.value,
+                "std": r.std}
+        rows += [{**base, "layer": layer, "head": h} for layer, h in r.heads] or [{**base, "layer": None, "head": None}]
+    frame = pd.DataFrame(rows, columns=["order", "step", "fraction", "n_pruned", "value", "std", "layer", "head"])
+    frame[["layer", "head"]] = frame[["layer", "head"]].astype("Int64")
+    return frame.to_csv(index=False, float_format="%.6g")
 
 
 def _curve_rows(curves: dict[str, Curve], n_heads: int) -> pd.DataFrame:
@@ -150,7 +167,7 @@ def _curve_rows(curves: dict[str, Curve], n_heads: int) -> pd.DataFrame:
         std = values.std(0, ddof=1) if order == "random" else [np.nan] * len(mean)
         for step, (n, v, s, heads) in enumerate(zip(c.n_pruned, mean, std, c.added)):
             rows.append({"order": order, "step": step, "fraction": n / n_heads, "n_pruned": n,
-                         "heads": ";".join(f"{a}.{b}" for a, b in heads), "value": float(v), "std": float(s)})
+                         "heads": [(int(a), int(b)) for a, b in heads], "value": float(v), "std": float(s)})
     return pd.DataFrame(rows, columns=["order", "step", "fraction", "n_pruned", "heads", "value", "std"])
 
 
@@ -280,10 +297,10 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
     obj.setup(lm, score + held)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from ..util import progress_bar
 
         def bar(total, desc):
-            return tqdm(total=total, desc=desc, leave=False)
+            return progress_bar(total=total, desc=desc, leave=False)
     timings["setup_s"] = time.perf_counter() - t0
     with gated(lm, start) as state:
         ctx = Context(lm, obj, state, score, held, start, counts, probes=probes, seed=split_seed, bar=bar,

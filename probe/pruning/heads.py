@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
+from ..sites import head_name
 
 #: The file naming a pruned model's removed heads, beside its config.json.
 PRUNED_FILE = "probe_pruned_heads.json"
@@ -132,7 +133,7 @@ def normalize_heads(heads, n_layers: int, n_heads: int) -> dict[int, tuple[int, 
         if not 0 <= layer < n_layers:
             raise InputError(f"layer {layer} out of range: the model has layers 0-{n_layers - 1}")
         if not 0 <= head < n_heads:
-            raise InputError(f"head {head} of layer {layer} out of range: layers have heads 0-{n_heads - 1}")
+            raise InputError(f"head {head_name(layer, head)} out of range: layers have heads 0-{n_heads - 1}")
         out.setdefault(layer, set()).add(head)
     return {layer: tuple(sorted(hs)) for layer, hs in sorted(out.items()) if hs}
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..architectures import ArchSpec, layer_modules
 from ..errors import InputError
+from ..sites import head_name
 from .heads import LayerLayout, PrunedHeads, normalize_heads, plan_layer
 
 
@@ -228,10 +229,10 @@ def remove_heads(lm, heads) -> Removal:
     g = lm.geometry
     todo = normalize_heads(heads, g.n_layers, g.n_heads)
     current = lm.pruned if lm.pruned is not None else PrunedHeads.unpruned(g.n_layers, g.n_heads, g.n_kv_heads)
-    gone = [f"{layer}.{h}" for layer, hs in todo.items() for h in hs if h not in current.present(layer)]
+    gone = [head_name(layer, h) for layer, hs in todo.items() for h in hs if h not in current.present(layer)]
     if gone:
-        raise InputError(f"head(s) {', '.join(gone)} (layer.head, original numbering) were already removed "
-                         "from this model")
+        raise InputError(f"{'head' if len(gone) == 1 else 'heads'} {', '.join(gone)} (original numbering) "
+                         f"{'was' if len(gone) == 1 else 'were'} already removed from this model")
     before = parameter_count(lm.model)
     layouts = list(current.layouts)
     blocks = layer_modules(lm.model, lm.spec)

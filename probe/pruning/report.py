@@ -15,6 +15,8 @@ import numpy as np
 from markupsafe import Markup, escape
 
 from ..report.sections import Section, render_fragment
+from ..sites import head_name
+from .experiment import curves_csv
 
 #: Colours of the curves (Okabe-Ito, colour-blind safe) and their dash patterns.
 STYLE = {"importance": ("#0072B2", ""), "redundancy": ("#D55E00", "6 3"), "random": ("#555555", "2 3")}
@@ -111,11 +113,11 @@ def section(result, tokenizer) -> Section | None:
     if pr is None:
         return None
     table = [[r.order, r.step, f"{100 * r.fraction:.1f}%", r.n_pruned, f"{r.value:.6g}",
-              "" if not np.isfinite(r.std) else f"{r.std:.3g}", r.heads]
+              "" if not np.isfinite(r.std) else f"{r.std:.3g}", ", ".join(head_name(a, b) for a, b in r.heads)]
              for r in pr.curves.itertuples()]
     html = render_fragment("pruning.html.j2", pr=pr, svg=curve_svg(pr.curves, pr.objective, pr.unit), table=table,
                            columns=["order", "step", "pruned", "heads", "value", "std", "heads pruned at this step"])
     return Section(id="pruning", title="Head pruning", html=html, order=40,
                    figures={"prune-importance": _importance_figure(pr)},
-                   files={"pruning.csv": pr.curves.to_csv(index=False, float_format="%.6g")},
+                   files={"pruning.csv": curves_csv(pr.curves)},
                    record=pr.record())

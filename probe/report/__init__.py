@@ -27,8 +27,10 @@ from ..analysis import AnalysisResult, versions
 from ..classify import LABEL_RULES, MIXED, REMOVED
 from ..errors import InputError
 from ..runfolder import claim, claim_new
+from ..sites import head_name
 from ..stats import CROSS_STATISTICS, STATISTICS
 from ..tokens import display_tokens
+from ..util import plural
 
 #: Colors of the primary labels in the layer x head grid (colour-blind-safe Okabe-Ito palette + greys).
 LABEL_COLORS = {
@@ -60,6 +62,9 @@ OUTPUT_FILES = ("index.html", "heads.csv", "run.json")
 
 #: Attention heatmaps show at most this many tokens of an example (labels stay readable).
 MAX_HEATMAP_TOKENS = 64
+
+#: The "Attention of selected heads" section draws (and lists) this many of the kept examples.
+EXAMPLES_DRAWN = 2
 
 #: Units of the statistics shown in titles.
 UNITS = {"entropy": "nats", "distance": "tokens"}
@@ -228,7 +233,7 @@ def _label_grid(heads, n_heads: int) -> list[list[dict | None]]:
             "label": row["label"], "labels": row["labels"],
             "color": LABEL_COLORS.get(label_family(row["label"]), "#fff"),
             "short": LABEL_SHORT.get(label_family(row["label"]), ""),
-            "tip": f"L{int(row['layer'])} H{int(row['head'])}: {row['labels']} | {tip}",
+            "tip": f"{head_name(row, row['head'])}: {row['labels']} | {tip}",
         }
     return grid
 
@@ -237,10 +242,12 @@ def _attention_figures(result: AnalysisResult, tokenizer) -> tuple[dict, list[di
     """Heatmaps of the chosen heads on the first two examples (data for the canvas renderer)."""
     figures, blocks = {}, []
     labels = {}
-    for i, ex in enumerate(result.examples[:2]):
+    for i, ex in enumerate(result.examples[:EXAMPLES_DRAWN]):
         labels[i] = display_tokens(tokenizer, ex.text, ex.ids, ex.offsets, ex.special)
+    seq2seq = "stack" in result.heads  # the examples' maps drawn here are the encoder's
     for layer, head, label, reason in choose_heads(result):
-        for i, ex in enumerate(result.examples[:2]):
+        name = head_name({"stack": "encoder", "kind": "self", "layer": layer} if seq2seq else layer, head)
+        for i, ex in enumerate(result.examples[:EXAMPLES_DRAWN]):
             n = min(ex.probs.shape[-1], MAX_HEATMAP_TOKENS)
             crop = f", first {n} of {ex.n_tokens} tokens" if n < ex.n_tokens else ""
             fid = f"attn-{layer}-{head}-{i}"
@@ -248,10 +255,10 @@ def _attention_figures(result: AnalysisResult, tokenizer) -> tuple[dict, list[di
             values = np.rint(ex.probs[layer, head, :n, :n] * 1000).astype(int).ravel().tolist()
             figures[fid] = {
                 "rows": n, "cols": n, "scale": 1000, "vmin": 0.0, "vmax": 1.0, "cmap": "blues",
-                "title": f"layer {layer} head {head} ({label}), example {i + 1}{crop}", "values": values,
+                "title": f"{name} ({label}), example {i + 1}{crop}", "values": values,
                 "rowLabels": tokens, "colLabels": tokens, "xLabel": "key (attended to)", "yLabel": "query (attending)",
             }
-            blocks.append({"id": fid, "layer": layer, "head": head, "label": label, "reason": reason,
+            blocks.append({"id": fid, "layer": layer, "head": head, "name": name, "label": label, "reason": reason,
                            "example": i + 1, "crop": crop})
     return figures, blocks
 
@@ -266,7 +273,10 @@ def _json_for_script(data) -> str:
 def _environment():
     from jinja2 import Environment, PackageLoader, select_autoescape
 
-    return Environment(loader=PackageLoader("probe", "report/templates"), autoescape=select_autoescape(["html", "j2"]))
+    env = Environment(loader=PackageLoader("probe", "report/templates"), autoescape=select_autoescape(["html", "j2"]))
+    env.filters["plural"] = plural  # {{ n|plural("sequence") }} -> "1 sequence", "2 sequences"
+    env.globals["head_name"] = head_name
+    return env
 
 
 @cache
@@ -302,7 +312,8 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         colors={k: v for k, v in LABEL_COLORS.items() if k not in OPTIONAL_LABELS or families.get(k)},
         label_counts=families, holding=holding, stat_blocks=stat_blocks, attn_blocks=attn_blocks,
         table_cols=table_cols, table=table, verification=verification,
-        examples=[_example_view(tokenizer, ex) for ex in result.examples],
+        examples=[_example_view(tokenizer, ex) for ex in result.examples[:EXAMPLES_DRAWN]],
+        kept=len(result.examples),
         sections=sections,
         data_json=_json_for_script({"figures": {**stat_figs, **attn_figs,
                                                 **{k: v for sec in sections for k, v in sec.figures.items()}}}),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..sites import Site, head_name
 from ..tokens import display_tokens
 from .sections import Section, render_fragment
 
@@ -59,17 +60,20 @@ def cross_attention_section(result, tokenizer) -> Section | None:
     for layer, head, reason in chosen_cross_heads(heads):
         for i, ex in enumerate(examples):
             fid = f"cross-{layer}-{head}-{i}"
-            title = f"decoder layer {layer} head {head}, example {i + 1}"
+            title = f"{head_name(Site('decoder', layer, 'cross'), head)}, example {i + 1}"
             figures[fid] = cross_figure(ex, tokenizer, layer, head, title)
             blocks.append({"id": fid, "title": title, "caption": f"{title}: {reason}"})
     cross = heads[heads["kind"] == "cross"]
-    columns = ["layer", "head", "aligned", "distance", "first", "sep", "entropy", "max_weight", "label"]
-    rows = [[f"{v:.3f}" if isinstance(v, float) else v for v in r] for r in cross[columns].itertuples(index=False)]
+    stats = ["aligned", "distance", "first", "sep", "entropy", "max_weight", "label"]
+    columns = ["stack", "kind", "layer", "head", *stats]  # cross.csv; the page names each head
+    rows = [[head_name(r, r["head"]), *(f"{r[c]:.3f}" if isinstance(r[c], float) else r[c] for c in stats)]
+            for r in cross.to_dict("records")]
     caption = ("Decoder queries (target tokens, rows) reading encoder keys (source tokens, columns). aligned = "
                "attention within one source position of the diagonal round(i (S-1)/(T-1)); distance = "
                "expected |i S/T - j| in source tokens.")
-    html = render_fragment("section_table.html.j2", caption=caption, figures=blocks, columns=columns, rows=rows)
-    record = {"heads_drawn": [{"layer": layer, "head": head, "reason": reason}
+    html = render_fragment("section_table.html.j2", caption=caption, figures=blocks, columns=["head", *stats],
+                           rows=rows)
+    record = {"heads_drawn": [{"stack": "decoder", "kind": "cross", "layer": layer, "head": head, "reason": reason}
                               for layer, head, reason in chosen_cross_heads(heads)]}
     return Section("cross-attention", "Cross-attention: which source tokens each target token reads", html,
                    figures=figures, files={"cross.csv": cross[columns].to_csv(index=False, float_format="%.6g")},

@@ -4,6 +4,13 @@ What the page receives (JSON, inlined; :func:`view_data`):
 
 - ``tokens``: readable labels (:func:`probe.tokens.display_tokens`), drawn as canvas text (never
   parsed as HTML).
+- ``sides`` and ``axes``: the token sides (each ``tokens``, ``units``, ``unitLabels``; side 0 is
+  ``tokens``) and, per included layer, its (query side, key side). A one-stack model has one side;
+  an encoder-decoder model two: the source (0) and the decoder's input (1: its start token and
+  the target), so that decoder self-attention is drawn target x target and cross-attention
+  target (queries) x source (keys) (:func:`probe.seq2seq.sides`).
+- ``headNames[l][h]`` / ``layerTitles[l]``: display names (:func:`probe.sites.head_name`:
+  ``L4H5``, ``enc L4H5``, ``dec L4H5``, ``cross L4H5``).
 - ``maps[l][h]``: the [query, key] attention probabilities of head ``h`` of included layer ``l``,
   row-major, **rounded to 3 decimals and stored as integers in thousandths** (``scale`` = 1000, the
   precision of the report's heatmaps), with every run of zeros written as one negative number
@@ -155,26 +162,122 @@ def budget_note(layers: Sequence[int], n_layers: int, n_heads: int, n: int, max_
             "choose others with layers=[...]")
 
 
+def _side(tokens, word_ids=None, text=None, offsets=None, name: str = "") -> dict:
+    """One side's labels and word units (units None without word ids)."""
+    units = unit_labels = None
+    if word_ids is not None and any(int(w) >= 0 for w in word_ids):
+        units, unit_labels = word_units(word_ids, tokens, text, offsets)
+    return {"name": name, "tokens": list(tokens), "units": units, "unitLabels": unit_labels}
+
+
+def _names(sites, prefixed: bool, n_layers: int, n_heads: int, layer_names) -> tuple[list, list, list]:
+    """Per entry of probs: the layer title, its heads' display names and its tooltip name."""
+    from ..sites import head_name, site_prefix
+
+    titles, heads, names = [], [], []
+    for x in range(n_layers):
+        site = sites[x] if sites is not None else None
+        if site is not None and prefixed:
+            titles.append(f"{site_prefix(site.stack, site.kind)} layer {site.layer}")
+            heads.append([head_name(site, h) for h in range(n_heads)])
+        else:
+            layer = site.layer if site is not None else x
+            titles.append(f"layer {layer}")
+            heads.append([head_name(layer, h) for h in range(n_heads)])
+        names.append(str(layer_names[x]) if layer_names else site.name if site is not None else f"layer {x}")
+    return titles, heads, names
+
+
+def _selection(present, n_layers: int, n_heads: int, n: int, layers, layer, heads, max_values: int,
+               notes: list[str]) -> tuple[list[int], int, list[int]]:
+    """(included layers, index of the initial one, initial heads); layers chosen within
+    ``max_values`` when not given (with a note appended to ``notes``).
+
+    Raises:
+        InputError: a layer that is not there, an initial layer not included, a head out of range.
+    """
+    if layers is None:
+        layers = [x for x in choose_layers(n_layers, n_heads, n, max_values) if x in present] or present[:1]
+        if len(layers) < n_layers:
+            notes.append(budget_note(layers, n_layers, n_heads, n, max_values))
+    layers = [int(x) for x in layers]
+    if not layers or any(x not in present for x in layers):
+        raise InputError(f"layers must be among {present}, got {list(layers)}")
+    if layer is not None and int(layer) not in layers:
+        raise InputError(f"layer {layer} is not among the included layers {layers}")
+    chosen = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+    if any(not 0 <= h < n_heads for h in chosen):
+        raise InputError(f"heads must be in 0..{n_heads - 1}, got {list(heads)}")
+    return layers, layers.index(int(layer)) if layer is not None else 0, chosen
+
+
+def _pack(probs, layers, axes, sides, n_heads: int) -> tuple[list, list, int]:
+    """Each included layer's maps rounded to 1 / SCALE and zero-run encoded (None: a removed head),
+    the removed flags, and the number of values held.
+
+    Raises:
+        InputError: a map that is not [heads, query, key] with the lengths of its sides.
+    """
+    maps, removed, values = [], [], 0
+    for li in layers:
+        block = np.asarray(probs[li])
+        qs, ks = axes[li]
+        shape = (n_heads, len(sides[qs]["tokens"]), len(sides[ks]["tokens"]))
+        if block.shape != shape:
+            raise InputError(f"attention probabilities of layer {li} must be [heads, query, key] = {list(shape)}, "
+                             f"got {list(block.shape)}")
+        gone = np.isnan(block).all(axis=(1, 2))
+        q = np.clip(np.rint(np.nan_to_num(block.astype(np.float64), nan=0.0) * SCALE), 0, SCALE).astype(np.int64)
+        maps.append([None if gone[h] else zero_runs(q[h]) for h in range(n_heads)])
+        removed.append([bool(g) for g in gone])
+        values += block.size
+    return maps, removed, values
+
+
+def check_budget(layers: Sequence[int], values: int, max_values: int) -> None:
+    """Refuse explicitly chosen layers that hold more numbers than the view's cap (the cap that
+    chooses layers by itself when none are given).
+
+    Raises:
+        InputError: ``values`` > ``max_values``.
+    """
+    if values > max_values:
+        raise InputError(f"layers {list(layers)} hold {values:,} numbers (layers x heads x query x key tokens); a view "
+                         f"holds at most {max_values:,} (about 8 MB of page at the default): give fewer layers, or "
+                         f"raise the cap with max_values={values}")
+
+
 def view_data(probs, tokens: Sequence[str], *, word_ids: Sequence[int] | None = None,
               text: str | None = None, offsets: Sequence[tuple[int, int]] | None = None,
               layers: Sequence[int] | None = None, layer_names: Sequence[str] | None = None,
               head_labels: dict[tuple[int, int], str] | None = None, layer: int | None = None,
               heads: Sequence[int] | None = None, max_values: int = MAX_VALUES,
-              threshold: float = LINE_THRESHOLD, title: str = "", note: str = "", causal: bool = False) -> dict:
+              threshold: float = LINE_THRESHOLD, title: str = "", note: str = "", causal: bool = False,
+              sides: Sequence[dict] | None = None, axes: Sequence[tuple[int, int]] | None = None,
+              sites: Sequence | None = None, prefixed: bool = False) -> dict:
     """The JSON-ready data of one head view.
 
     Args:
-        probs: per layer (site), the [heads, n, n] attention probabilities of one example (query
-            rows, key columns; NaN for a removed head): a [layers, heads, n, n] array, or a list
-            with None for layers that are not included.
-        tokens: n display labels.
+        probs: per layer (site), the [heads, query, key] attention probabilities of one example
+            (NaN for a removed head): a [layers, heads, n, n] array, or a list with None for
+            layers that are not included.
+        tokens: n display labels (side 0: the one input of a one-stack model, an
+            encoder-decoder model's source).
         word_ids: per token, its word index (-1: none); None disables word-level mode.
         text, offsets: the example's text and token offsets (to label words by their text).
+        sides: further token sides, each a dict with ``tokens`` and optional ``word_ids``,
+            ``text``, ``offsets``, ``name`` (an encoder-decoder model's target: side 1).
+        axes: per layer (site), its (query side, key side) (default (0, 0) for every site):
+            encoder self-attention (0, 0), decoder self-attention (1, 1), cross-attention (1, 0).
+        sites: per layer, its :class:`probe.sites.Site` (names the layers and heads).
+        prefixed: name heads with their site kind (``enc L4H5``; an encoder-decoder model).
         layers: layers to include (default: all that fit in ``max_values``, :func:`choose_layers`).
-        layer_names: a name per layer (e.g. the site name ``encoder.3.self``), shown as a tooltip.
-        head_labels: (layer, head) -> label (e.g. ``previous-token``), shown beside each head.
+        layer_names: a name per layer (default: the site name ``encoder.3.self``), a tooltip.
+        head_labels: (layer, head) -> label (e.g. ``previous-token``), shown beside each head;
+            the layer is the position in ``probs`` (the site), never a layer number of a stack.
         layer, heads: the initial selection (default: the first included layer, all its heads).
-        max_values: most numbers held (layers x heads x n^2), when ``layers`` is not given.
+        max_values: most numbers held (layers x heads x query x key): without ``layers`` the
+            layers that fit are chosen; explicit ``layers`` beyond it are refused.
         threshold: lines are drawn for probabilities >= this (0 < threshold <= 1).
         title, note: shown above the view.
         causal: the model is a decoder (keys after the query are masked).
@@ -183,10 +286,16 @@ def view_data(probs, tokens: Sequence[str], *, word_ids: Sequence[int] | None = 
         A dict (see the module docstring); ``values`` counts the numbers held.
 
     Raises:
-        InputError: an included layer's map is not [heads, n, n] with n = len(tokens), a layer or
-            head out of range, or a threshold outside (0, 1].
+        InputError: an included layer's map is not [heads, query, key] with the lengths of its
+            sides, a layer or head out of range, explicit ``layers`` holding more than
+            ``max_values`` numbers, or a threshold outside (0, 1].
     """
-    n_layers, n = len(probs), len(tokens)
+    n_layers = len(probs)
+    all_sides = [_side(tokens, word_ids, text, offsets, "source" if sides else "")]
+    all_sides += [_side(sd["tokens"], sd.get("word_ids"), sd.get("text"), sd.get("offsets"), sd.get("name", ""))
+                  for sd in (sides or [])]
+    axes = [tuple(map(int, a)) for a in axes] if axes is not None else [(0, 0)] * n_layers
+    n = max(len(sd["tokens"]) for sd in all_sides)
     present = [x for x in range(n_layers) if probs[x] is not None]
     if not present:
         raise InputError("no attention probabilities to show")
@@ -194,48 +303,38 @@ def view_data(probs, tokens: Sequence[str], *, word_ids: Sequence[int] | None = 
     if not (isinstance(threshold, (int, float)) and 0 < threshold <= 1):
         raise InputError(f"line threshold must be in (0, 1], got {threshold!r}")
     notes = [note] if note else []
-    if layers is None:
-        layers = [x for x in choose_layers(n_layers, n_heads, n, max_values) if x in present] or present[:1]
-        if len(layers) < n_layers:
-            notes.append(budget_note(layers, n_layers, n_heads, n, max_values))
-    layers = [int(x) for x in layers]
-    if not layers or any(not 0 <= x < n_layers or probs[x] is None for x in layers):
-        raise InputError(f"layers must be among {present}, got {list(layers)}")
-    if layer is not None and int(layer) not in layers:
-        raise InputError(f"layer {layer} is not among the included layers {layers}")
-    first = layers.index(int(layer)) if layer is not None else 0
-    chosen = list(range(n_heads)) if heads is None else [int(h) for h in heads]
-    if any(not 0 <= h < n_heads for h in chosen):
-        raise InputError(f"heads must be in 0..{n_heads - 1}, got {list(heads)}")
-    maps, removed = [], []
-    for li in layers:
-        block = np.asarray(probs[li])
-        if block.shape != (n_heads, n, n):
-            raise InputError(f"attention probabilities of layer {li} must be [heads, n, n] = {[n_heads, n, n]}, "
-                             f"got {list(block.shape)}")
-        gone = np.isnan(block).all(axis=(1, 2))
-        q = np.clip(np.rint(np.nan_to_num(block.astype(np.float64), nan=0.0) * SCALE), 0, SCALE).astype(np.int64)
-        maps.append([None if gone[h] else zero_runs(q[h]) for h in range(n_heads)])
-        removed.append([bool(g) for g in gone])
-    units = unit_labels = None
-    if word_ids is not None and any(int(w) >= 0 for w in word_ids):
-        units, unit_labels = word_units(word_ids, tokens, text, offsets)
+    explicit = layers is not None
+    layers, first, chosen = _selection(present, n_layers, n_heads, n, layers, layer, heads, max_values, notes)
+    maps, removed, values = _pack(probs, layers, axes, all_sides, n_heads)
+    if explicit:
+        check_budget(layers, values, max_values)
+    titles, head_names, names = _names(sites, prefixed, n_layers, n_heads, layer_names)
     head_labels = head_labels or {}
+    side0 = all_sides[0]
     return {
-        "version": 1, "n": n, "tokens": list(tokens), "layers": layers, "heads": n_heads, "scale": SCALE,
-        "layerNames": [str(layer_names[x]) if layer_names else f"layer {x}" for x in layers],
+        "version": 2, "n": len(side0["tokens"]), "tokens": side0["tokens"], "layers": layers, "heads": n_heads,
+        "scale": SCALE, "layerNames": [names[x] for x in layers], "layerTitles": [titles[x] for x in layers],
+        "headNames": [head_names[x] for x in layers],
         "headLabels": [[head_labels.get((x, h), "") for h in range(n_heads)] for x in layers],
-        "maps": maps, "removed": removed, "units": units, "unitLabels": unit_labels,
+        "maps": maps, "removed": removed, "units": side0["units"], "unitLabels": side0["unitLabels"],
+        "sides": all_sides, "axes": [list(axes[x]) for x in layers],
         "initial": {"layer": first, "heads": [h for h in chosen if not removed[first][h]]},
         "threshold": float(threshold), "title": title, "notes": notes, "causal": bool(causal),
-        "values": len(layers) * n_heads * n * n,
+        "values": int(values),
     }
 
 
+def axis_tokens(data: dict, layer_index: int) -> tuple[list[str], list[str]]:
+    """(query tokens, key tokens) of an included layer of a view's data: its rows and columns."""
+    qs, ks = data["axes"][layer_index]
+    return data["sides"][qs]["tokens"], data["sides"][ks]["tokens"]
+
+
 def decoded_map(data: dict, layer_index: int, head: int) -> np.ndarray:
-    """[n, n] probabilities of one head as the page holds them (rounded to 1 / SCALE); NaN if removed."""
-    n = data["n"]
+    """[query, key] probabilities of one head as the page holds them (rounded to 1 / SCALE); NaN if
+    removed."""
+    nq, nk = (len(t) for t in axis_tokens(data, layer_index))
     enc = data["maps"][layer_index][head]
     if enc is None:
-        return np.full((n, n), math.nan)
-    return decode_zero_runs(enc, n * n).reshape(n, n) / data["scale"]
+        return np.full((nq, nk), math.nan)
+    return decode_zero_runs(enc, nq * nk).reshape(nq, nk) / data["scale"]

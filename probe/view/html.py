@@ -16,10 +16,14 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import InputError
 from ..report import _json_for_script
+from ..sites import Site
 from ..tokens import display_tokens
-from .data import LINE_THRESHOLD, MAX_VALUES, budget_note, choose_layers, view_data
+from ..util import plural
+from .data import LINE_THRESHOLD, MAX_VALUES, budget_note, check_budget, choose_layers, view_data
 
 #: The Content-Security-Policy the view works under (no network, inline script and style only).
 VIEW_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
@@ -88,33 +92,82 @@ class HeadView:
     @classmethod
     def from_example(cls, example, tokenizer=None, *, heads_table=None, causal: bool = False, **kw) -> HeadView:
         """The view of an analysis example (:class:`probe.accumulators.Example`), as far as its maps
-        were kept (``analyze(..., example_tokens=...)``).
+        were kept (``analyze(..., example_tokens=...)``). An encoder-decoder model's example adds
+        its decoder sites: decoder self-attention drawn on the target's tokens (the decoder start
+        token first), cross-attention with target queries and source keys.
 
         Args:
             tokenizer: the model's tokenizer (for token labels; not needed when the example
                 carries its labels, as examples of a loaded run folder do).
-            heads_table: the run's heads DataFrame: each head's primary label is shown beside it.
+            heads_table: the run's heads DataFrame: each head's primary label is shown beside it,
+                looked up by its site (stack, layer, kind), never by (layer, head) alone.
             **kw: passed to :func:`probe.view.data.view_data` (layers, layer, heads shown ...).
 
         Raises:
             InputError: no tokenizer and no stored labels.
         """
         n = example.probs.shape[-1]
-        labels = example.labels
-        if labels is None:
-            if tokenizer is None:
-                raise InputError("a tokenizer is needed to label this example's tokens")
-            labels = display_tokens(tokenizer, example.text, example.ids, example.offsets, example.special)
+        labels = _labels(example.labels, tokenizer, example.text, example.ids, example.offsets, example.special)
         title = f"Example {example.index + 1}: " + (f"first {n} of {example.n_tokens} tokens" if n < example.n_tokens
-                                                    else f"{n} tokens")
-        head_labels = None
-        if heads_table is not None:
-            head_labels = {(int(r["layer"]), int(r["head"])): str(r["label"]) for r in heads_table.to_dict("records")
-                           if r["label"] != "mixed"}
+                                                    else plural(n, "token"))
+        probs, sites = list(example.probs), [Site("encoder" if example.decoder else "decoder" if causal else
+                                                  "encoder", x) for x in range(len(example.probs))]
+        seq = dict(axes=None, sides=None, prefixed=False)
+        if example.decoder:
+            names = list(example.decoder)
+            probs += [example.decoder[name] for name in names]
+            sites += [_site(name) for name in names]
+            t = example.target
+            nq = max(np.shape(example.decoder[name])[-2] for name in names)
+            target = _labels(t.get("labels"), tokenizer, t["text"], t["ids"], [tuple(o) for o in t["offsets"]],
+                             t["special"])[:nq]
+            seq = dict(sides=[{"tokens": target, "name": "target"}], prefixed=True,
+                       axes=[side_axes(site) for site in sites])
+            title = (f"Example {example.index + 1}: {plural(n, 'source token')}, {plural(len(target), 'target token')}"
+                     + (" (cropped)" if n < example.n_tokens or len(target) < len(t["ids"]) else ""))
         kw.setdefault("title", title)
-        return cls(view_data(example.probs, labels[:n], word_ids=(example.word_ids or [])[:n] or None,
-                             text=example.text, offsets=example.offsets[:n], head_labels=head_labels,
-                             causal=causal, **kw))
+        kw.setdefault("layer_names", [site.name for site in sites])
+        return cls(view_data(probs, labels[:n], word_ids=(example.word_ids or [])[:n] or None,
+                             text=example.text, offsets=example.offsets[:n],
+                             head_labels=site_labels(heads_table, sites), sites=sites,
+                             causal=causal, **seq, **kw))
+
+
+def _labels(stored, tokenizer, text, ids, offsets, special) -> list[str]:
+    if stored is not None:
+        return list(stored)
+    if tokenizer is None:
+        raise InputError("a tokenizer is needed to label this example's tokens")
+    return display_tokens(tokenizer, text, ids, offsets, special)
+
+
+def _site(name: str) -> Site:
+    stack, layer, kind = name.split(".")
+    return Site(stack, int(layer), kind)
+
+
+def side_axes(site: Site) -> tuple[int, int]:
+    """(query side, key side) of an encoder-decoder model's site in a view: 0 = source, 1 = target
+    (as :func:`probe.seq2seq.sides`)."""
+    if site.stack == "encoder":
+        return 0, 0
+    return (1, 0) if site.kind == "cross" else (1, 1)
+
+
+def site_labels(heads_table, sites) -> dict[tuple[int, int], str]:
+    """(position of the site in ``sites``, head) -> primary label (``mixed`` left out), each head
+    looked up by its own site: (stack, layer, kind) in an encoder-decoder model's table (which has
+    those columns), the layer in a one-stack model's."""
+    if heads_table is None:
+        return {}
+    if "stack" in heads_table:
+        where = {(s.stack, s.layer, s.kind): x for x, s in enumerate(sites)}
+        key = lambda r: (r["stack"], int(r["layer"]), r["kind"])  # noqa: E731
+    else:
+        where = {s.layer: x for x, s in enumerate(sites)}
+        key = lambda r: int(r["layer"])  # noqa: E731
+    return {(where[key(r)], int(r["head"])): str(r["label"]) for r in heads_table.to_dict("records")
+            if r["label"] != "mixed" and key(r) in where}
 
 
 def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, layer: int | None = None,
@@ -150,7 +203,7 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
     kw = dict(layer=layer, heads=heads, threshold=threshold)
     if isinstance(source, AnalysisResult):
         if not 0 <= example < len(source.examples):
-            raise InputError(f"example {example} was not kept: the run kept {len(source.examples)} example(s)")
+            raise InputError(f"example {example} was not kept: the run kept {plural(len(source.examples), 'example')}")
         ex = source.examples[example]
         if not words:
             ex = _without_words(ex)
@@ -168,38 +221,63 @@ def _without_words(ex):
 
 
 def _show_text(lm, text, layers, max_length, max_values, words, kw) -> HeadView:
-    """Run one text, keeping only the included layers' maps (float32, [heads, n, n] each)."""
+    """Run one text, keeping only the included layers' maps (float32, [heads, query, key] each).
+    An encoder-decoder model's text is a :class:`probe.inputs.Text` with the target as ``pair``:
+    each site is drawn with its own query and key tokens (:func:`probe.seq2seq.sides`)."""
     import torch
 
     from ..capture import attention_hooks, encode, forward
     from ..inputs import Text
+    from ..seq2seq import sides
 
     if text is None or not isinstance(text, (str, Text)):
         raise InputError("show(lm, text) needs one text (a string)")
     batch = encode(lm, [text], max_length)
-    n = int(batch.lengths[0])
-    sites = lm.sites
+    sites, n_heads = lm.sites, lm.geometry.n_heads
+    size = [tuple(int(b.lengths[0]) for b in sides(site, batch)) for site in sites]  # (query, key) per site
+    n = max(max(qk) for qk in size)
     note = ""
     if layers is None:
-        layers = choose_layers(len(sites), lm.geometry.n_heads, n, max_values)
+        layers = choose_layers(len(sites), n_heads, n, max_values)
         if len(layers) < len(sites):
-            note = budget_note(layers, len(sites), lm.geometry.n_heads, n, max_values)
+            note = budget_note(layers, len(sites), n_heads, n, max_values)
+    else:
+        layers = [int(x) for x in layers]
+        if all(0 <= x < len(sites) for x in layers):  # view_data says which layers exist otherwise
+            check_budget(layers, sum(n_heads * size[x][0] * size[x][1] for x in layers), max_values)
     wanted = {sites[x]: x for x in layers if 0 <= int(x) < len(sites)}
     maps: list = [None] * len(sites)
 
     def keep(site, probs):
         if site in wanted:
-            maps[wanted[site]] = probs[0].float().cpu().numpy()
+            nq, nk = size[wanted[site]]
+            maps[wanted[site]] = probs[0, :, :nq, :nk].float().cpu().numpy()
 
     with torch.no_grad(), attention_hooks(lm, keep):
         forward(lm, batch)
-    t = batch.texts[0]
-    full = t.text if t.pair is None else t.text + " " + t.pair
-    ids, offsets = batch.input_ids[0, :n].tolist(), [tuple(o) for o in batch.offsets[0, :n].tolist()]
-    labels = display_tokens(lm.tokenizer, full, ids, offsets, batch.special[0, :n].tolist())
-    word_ids = batch.word_ids[0, :n].tolist() if words else None
+    source, target = _batch_tokens(lm, batch, words, pair_is_target=batch.target is not None)
+    seq2seq = {} if target is None else dict(sides=[target], axes=[side_axes(s) for s in sites], prefixed=True)
     trunc = " (truncated)" if batch.truncated[0] else ""
-    data = view_data(maps, labels, word_ids=word_ids, text=full, offsets=offsets, layers=list(layers),
-                     layer_names=[s.name for s in sites], causal=lm.causal, note=note,
-                     title=f"{lm.name}: {n} tokens{trunc}", **kw)
+    what = plural(len(source["tokens"]), "token") if target is None else (
+        f"{plural(len(source['tokens']), 'source token')}, {plural(len(target['tokens']), 'target token')}")
+    data = view_data(maps, source["tokens"], word_ids=source["word_ids"], text=source["text"],
+                     offsets=source["offsets"], layers=list(layers), layer_names=[s.name for s in sites],
+                     causal=lm.causal, note=note, title=f"{lm.name}: {what}{trunc}", sites=sites, **seq2seq, **kw)
     return HeadView(data)
+
+
+def _batch_tokens(lm, batch, words: bool, pair_is_target: bool) -> tuple[dict, dict | None]:
+    """The first row's sides as :func:`view_data` takes them: the input (a one-stack model's
+    sentence or pair; an encoder-decoder model's source) and, for an encoder-decoder model, the
+    decoder's input (its start token and the target)."""
+    def side(b, text, name):
+        m = int(b.lengths[0])
+        ids, offsets = b.input_ids[0, :m].tolist(), [tuple(o) for o in b.offsets[0, :m].tolist()]
+        return {"tokens": display_tokens(lm.tokenizer, text, ids, offsets, b.special[0, :m].tolist()),
+                "word_ids": b.word_ids[0, :m].tolist() if words else None, "text": text, "offsets": offsets,
+                "name": name}
+
+    t = batch.texts[0]
+    if not pair_is_target:
+        return side(batch, t.text if t.pair is None else t.text + " " + t.pair, ""), None
+    return side(batch, t.text, "source"), side(batch.target, batch.target.texts[0].text, "target")

@@ -10,6 +10,10 @@ float16) so that :func:`probe.compare.load_run` can show and compare the example
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
 from ..compare.runs import EXAMPLES_FILE, examples_bytes
 from ..report import choose_heads
 from ..report.sections import Section
@@ -20,17 +24,24 @@ from .html import HeadView, render_fragment
 
 
 def head_view_section(result, tokenizer):
-    """The "Interactive head view" section of the report, or None without examples."""
+    """The "Interactive head view" section of the report, or None without examples. An
+    encoder-decoder model's view holds its encoder, decoder and cross-attention sites, each with
+    its own query and key tokens, and each head's label is its own site's."""
     if not result.examples:
         return None
     labels = [ex.labels or display_tokens(tokenizer, ex.text, ex.ids, ex.offsets, ex.special)
               for ex in result.examples]
+    targets = [_target_labels(ex, tokenizer) for ex in result.examples]
     ex = result.examples[0]
-    n_layers, n_heads, n = ex.probs.shape[0], ex.probs.shape[1], ex.probs.shape[-1]
-    layers = choose_layers(n_layers, n_heads, n, MAX_VALUES)
-    chosen = [(lay, h) for lay, h, *_ in choose_heads(result) if lay in layers]
+    n_heads, n = ex.probs.shape[1], ex.probs.shape[-1]
+    n_sites = ex.probs.shape[0] + len(ex.decoder or {})
+    longest = max([n] + [max(np.shape(p)[-2:]) for p in (ex.decoder or {}).values()])
+    layers = choose_layers(n_sites, n_heads, longest, MAX_VALUES)
+    chosen = [(lay, h) for lay, h, *_ in choose_heads(result) if lay in layers]  # encoder heads: site = layer
     layer, head = chosen[0] if chosen else (layers[0], 0)
-    view = HeadView.from_example(ex if ex.labels else _labelled(ex, labels[0]), heads_table=result.heads,
+    if ex.decoder and targets[0] is not None:
+        ex = replace(ex, target={**ex.target, "labels": targets[0]})
+    view = HeadView.from_example(ex if ex.labels else replace(ex, labels=labels[0]), heads_table=result.heads,
                                  causal=bool(result.model.get("causal")), layer=layer, heads=[head])
     fragment = render_fragment(view.data, "probe-hv-report")
     html = render_template("section_view.html.j2", n=n, n_tokens=ex.n_tokens, precision=1 / SCALE,
@@ -39,12 +50,15 @@ def head_view_section(result, tokenizer):
     record = {"example": ex.index, "tokens": n, "of_tokens": ex.n_tokens, "layers": view.data["layers"],
               "values": view.data["values"], "precision": 1 / SCALE, "line_threshold": view.data["threshold"],
               "html_bytes": len(fragment.encode("utf-8"))}
-    return Section("head-view", "Interactive head view", html, files={EXAMPLES_FILE: examples_bytes(result.examples,
-                                                                                                    labels)},
-                   record=record, order=5)
+    files = {EXAMPLES_FILE: examples_bytes(result.examples, labels, targets)}
+    return Section("head-view", "Interactive head view", html, files=files, record=record, order=5)
 
 
-def _labelled(ex, labels):
-    from dataclasses import replace
-
-    return replace(ex, labels=labels)
+def _target_labels(ex, tokenizer) -> list[str] | None:
+    """An encoder-decoder example's target token labels (None for other models)."""
+    t = ex.target
+    if not ex.decoder or t is None:
+        return None
+    if t.get("labels") is not None:
+        return list(t["labels"])
+    return display_tokens(tokenizer, t["text"], t["ids"], [tuple(o) for o in t["offsets"]], t["special"])

@@ -26,6 +26,15 @@
     return LUT[cmap][Math.max(0, Math.min(255, Math.round(t * 255)))];
   }
   function short(s, n) { return s.length > n ? s.slice(0, n - 1) + "\u2026" : s; }
+  function wrap(ctx, text, maxW) {  // lines of at most maxW pixels, broken at spaces
+    var words = text.split(" "), lines = [], line = "";
+    words.forEach(function (w) {
+      var next = line ? line + " " + w : w;
+      if (line && ctx.measureText(next).width > maxW) { lines.push(line); line = w; } else { line = next; }
+    });
+    if (line) lines.push(line);
+    return lines;
+  }
   function fmt(v) { return v === null || v === undefined ? "n/a" : (Math.abs(v) >= 100 ? v.toFixed(1) : v.toFixed(3)); }
 
   function draw(canvas, fig) {
@@ -38,12 +47,22 @@
     rowLabels.forEach(function (s) { labelW = Math.max(labelW, ctx.measureText(short(s, 14)).width); });
     colLabels.forEach(function (s) { colW = Math.max(colW, ctx.measureText(short(s, 14)).width); });
     var width = canvas.parentElement.clientWidth || 480;
-    var left = 8 + labelW + (fig.yLabel ? 16 : 0), top = fig.title ? 24 : 6, barW = 54;
+    var left = 8 + labelW + (fig.yLabel ? 16 : 0), top = 6, barW = 54;
     var rotate = colLabels.length > 0 && colLabels.some(function (s) { return s.length > 2; });
     var bottom = 8 + (rotate ? colW : 14) + (fig.xLabel ? 16 : 0);
     var cell = Math.max(2, Math.min(28, (width - left - barW - 8) / fig.cols));
     var plotW = cell * fig.cols, plotH = cell * fig.rows;
-    var W = left + plotW + barW + 8, H = top + plotH + bottom;
+    var W = left + plotW + barW + 8, title = [], tx = left;
+    if (fig.title) {  // a small map (a short example) widens to its title, else the title wraps: never clipped
+      ctx.font = "bold 12px sans-serif";
+      var tw = ctx.measureText(fig.title).width;
+      W = Math.max(W, Math.min(Math.max(width, W), left + tw + 8));
+      if (left + tw + 8 > W) tx = 8;
+      title = wrap(ctx, fig.title, W - tx - 8);
+      top = 10 + 15 * title.length;
+      ctx.font = font;
+    }
+    var H = top + plotH + bottom;
     canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr);
     canvas.style.width = W + "px"; canvas.style.height = H + "px";
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
@@ -58,7 +77,14 @@
       }
     }
     ctx.fillStyle = "#222";
-    if (fig.title) { ctx.font = "bold 12px sans-serif"; ctx.fillText(fig.title, left, 15); ctx.font = font; }
+    var titleW = 0;
+    if (title.length) {
+      ctx.font = "bold 12px sans-serif";
+      title.forEach(function (line, k) {
+        ctx.fillText(line, tx, 15 + 15 * k); titleW = Math.max(titleW, ctx.measureText(line).width);
+      });
+      ctx.font = font;
+    }
     var step = Math.max(1, Math.ceil(11 / cell));
     ctx.textBaseline = "middle"; ctx.textAlign = "right";
     for (r = 0; r < rowLabels.length; r += step) ctx.fillText(short(rowLabels[r], 14), left - 4, top + (r + 0.5) * cell);
@@ -79,7 +105,7 @@
     for (var i = 0; i < bh; i++) { ctx.fillStyle = color(fig.cmap, 1 - i / (bh - 1)); ctx.fillRect(bx, top + i, 10, 1); }
     ctx.fillStyle = "#222"; ctx.textAlign = "left"; ctx.textBaseline = "middle";
     ctx.fillText(fmt(fig.vmax), bx + 13, top + 4); ctx.fillText(fmt(fig.vmin), bx + 13, top + bh - 4);
-    canvas._geom = {left: left, top: top, cell: cell};
+    canvas._geom = {left: left, top: top, cell: cell, width: W, title: {x: tx, width: titleW, lines: title}};
   }
 
   function attachTooltip(canvas, fig, tip) {

@@ -14,6 +14,8 @@
  * the left to see where it attends, on the right to see what attends to it; click to pin; arrow keys
  * move a pinned token. Lines are drawn for probabilities >= the line threshold, the strip shows all.
  * Word mode aggregates the token maps: to a word = sum over its tokens, from a word = mean over them.
+ * Each layer (site) has its own query and key tokens (data.sides, data.axes): an encoder-decoder model's
+ * decoder self-attention is drawn target x target, its cross-attention target (left) x source (right).
  * The mounted element gets a small API, element.probeView (state, lines drawn, timings) used by tests.
  */
 (function (script) {
@@ -43,7 +45,11 @@
   }
 
   function View(root, data, t0) {
-    this.root = root; this.data = data; this.t0 = t0; this.n = data.n;
+    if (!data.sides) {  // data of version 1: one side for every layer
+      data.sides = [{tokens: data.tokens, units: data.units, unitLabels: data.unitLabels}];
+      data.axes = data.layers.map(function () { return [0, 0]; });
+    }
+    this.root = root; this.data = data; this.t0 = t0;
     this.S = {layer: data.initial.layer, heads: data.initial.heads.slice(), mode: "tokens", hover: null, pin: null,
               threshold: data.threshold};
     this.cache = {}; this.lastLines = []; this.lastStrip = {}; this.geom = {}; this.pending = false;
@@ -52,29 +58,43 @@
   var V = View.prototype;
 
   // ------------------------------------------------------------------ data
+  V.sideOf = function (li, side) { return this.data.sides[this.data.axes[li][side === "q" ? 0 : 1]]; };
+  function unitsOf(sd) {  // a side without word ids: each token its own unit
+    if (sd.units) return {units: sd.units, labels: sd.unitLabels};
+    return {units: sd.tokens.map(function (_, i) { return i; }), labels: sd.tokens};
+  }
   V.tokenMatrix = function (li, h) {
     var key = li + ":" + h + ":t", enc = this.data.maps[li][h];
-    if (this.cache[key] === undefined) this.cache[key] = enc === null ? null : decode(enc, this.n * this.n, this.data.scale);
+    var nq = this.sideOf(li, "q").tokens.length, nk = this.sideOf(li, "k").tokens.length;
+    if (this.cache[key] === undefined) this.cache[key] = enc === null ? null : decode(enc, nq * nk, this.data.scale);
     return this.cache[key];
   };
   V.wordMatrix = function (li, h) {  // to a unit: sum over its tokens; from a unit: mean over its tokens
     var key = li + ":" + h + ":w";
     if (this.cache[key] !== undefined) return this.cache[key];
-    var a = this.tokenMatrix(li, h), n = this.n;
+    var a = this.tokenMatrix(li, h);
     if (a === null) return (this.cache[key] = null);
-    var units = this.data.units, U = this.data.unitLabels.length, w = new Float32Array(U * U), count = new Float32Array(U);
-    for (var q = 0; q < n; q++) {
-      var uq = units[q] * U, row = q * n;
-      count[units[q]] += 1;
-      for (var k = 0; k < n; k++) w[uq + units[k]] += a[row + k];
+    var Q = unitsOf(this.sideOf(li, "q")), K = unitsOf(this.sideOf(li, "k"));
+    var nq = Q.units.length, nk = K.units.length, UQ = Q.labels.length, UK = K.labels.length;
+    var w = new Float32Array(UQ * UK), count = new Float32Array(UQ);
+    for (var q = 0; q < nq; q++) {
+      var uq = Q.units[q] * UK, row = q * nk;
+      count[Q.units[q]] += 1;
+      for (var k = 0; k < nk; k++) w[uq + K.units[k]] += a[row + k];
     }
-    for (var u = 0; u < U; u++) for (var v = 0; v < U; v++) w[u * U + v] /= count[u];
+    for (var u = 0; u < UQ; u++) for (var v = 0; v < UK; v++) w[u * UK + v] /= count[u];
     return (this.cache[key] = w);
   };
   V.matrix = function (li, h) { return this.S.mode === "words" ? this.wordMatrix(li, h) : this.tokenMatrix(li, h); };
-  V.labels = function () { return this.S.mode === "words" ? this.data.unitLabels : this.data.tokens; };
-  V.size = function () { return this.labels().length; };
-  V.weight = function (m, side, f, j) { var M = this.size(); return side === "q" ? m[f * M + j] : m[j * M + f]; };
+  V.labels = function (side) {  // the current layer's query ("q") or key ("k") labels in the current mode
+    var sd = this.sideOf(this.S.layer, side);
+    return this.S.mode === "words" ? unitsOf(sd).labels : sd.tokens;
+  };
+  V.size = function (side) { return this.labels(side).length; };
+  V.rows = function () { return Math.max(this.size("q"), this.size("k")); };
+  V.other = function (side) { return side === "q" ? "k" : "q"; };
+  V.headName = function (h) { var n = this.data.headNames; return n ? n[this.S.layer][h] : "H" + h; };
+  V.weight = function (m, side, f, j) { var K = this.size("k"); return side === "q" ? m[f * K + j] : m[j * K + f]; };
   V.focus = function () { return this.S.pin || this.S.hover; };
   V.shown = function () {  // selected heads that are there, and their matrices
     var self = this, heads = this.S.heads.filter(function (h) { return self.matrix(self.S.layer, h) !== null; });
@@ -93,7 +113,8 @@
     var bar = el("div", "hv-bar");
     this.layerSel = el("select"); this.modeSel = el("select"); this.thrSel = el("select");
     data.layers.forEach(function (l, i) {
-      var o = option("layer " + l, String(i)); o.title = data.layerNames[i]; self.layerSel.appendChild(o);
+      var o = option(data.layerTitles ? data.layerTitles[i] : "layer " + l, String(i));
+      o.title = data.layerNames[i]; self.layerSel.appendChild(o);
     });
     ["tokens", "words"].forEach(function (m) {
       var o = option(m, m); o.disabled = m === "words" && !data.units; self.modeSel.appendChild(o);
@@ -104,6 +125,7 @@
       self.thrSel.appendChild(option("\u2265 " + t, String(t)));
     });
     this.thrSel.value = String(data.threshold);
+    this.layerSel.value = String(this.S.layer);  // the initial layer, as drawn
     this.headsBox = el("span", "hv-heads");
     this.allBtn = el("button", null, "all"); this.noneBtn = el("button", null, "none");
     this.allBtn.type = this.noneBtn.type = "button";
@@ -114,8 +136,8 @@
     this.canvas = el("canvas"); this.spacer = el("div");
     this.canvas.tabIndex = 0;
     this.scroller.appendChild(this.canvas); this.scroller.appendChild(this.spacer);
-    this.status = el("div", "hv-status"); this.tip = el("div", "hv-tip");
-    [this.strip, this.scroller, this.status, this.tip].forEach(function (e) { root.appendChild(e); });
+    this.status = el("div", "hv-status"); this.tip = el("div", "hv-tip"); this.axesNote = el("div", "hv-status");
+    [this.axesNote, this.strip, this.scroller, this.status, this.tip].forEach(function (e) { root.appendChild(e); });
     root.appendChild(el("div", "hv-status", "Hover a token: on the left, where it attends (its row); on the right, " +
       "what attends to it (its column). Click to pin, arrow keys to move, Esc to unpin. Lines for probabilities " +
       "at or above the line threshold; the strip above shows every key of the row, one band per head."));
@@ -128,7 +150,7 @@
       var input = el("input"), sw = el("span", "hv-sw"), name = data.headLabels[S.layer][h];
       input.type = "checkbox"; input.value = String(h); input.checked = S.heads.indexOf(h) >= 0; input.disabled = removed;
       sw.style.background = headColor(h);
-      lab.title = "layer " + data.layers[S.layer] + " head " + h + (removed ? ": removed" : name ? ": " + name : "");
+      lab.title = this.headName(h) + (removed ? ": removed" : name ? ": " + name : "");
       lab.appendChild(input); lab.appendChild(sw); lab.appendChild(document.createTextNode(String(h)));
       input.addEventListener("change", function () { self.readHeads(); });
       box.appendChild(lab);
@@ -144,14 +166,18 @@
   // ------------------------------------------------------------------ layout and drawing
   V.stripHeight = function () { return Math.max(1, this.S.heads.length) * STRIP + 4; };
   V.layout = function () {
-    var dpr = window.devicePixelRatio || 1, ctx = this.canvas.getContext("2d"), labs = this.labels(), m = labs.length;
+    var dpr = window.devicePixelRatio || 1, ctx = this.canvas.getContext("2d"), labs = this.labels("q").concat(this.labels("k"));
+    var m = this.rows(), key = this.S.layer + ":" + this.S.mode;
     ctx.font = FONT;
-    var lw = 0;
-    for (var i = 0; i < m; i++) lw = Math.max(lw, ctx.measureText(short(labs[i], LABEL_CHARS)).width);
+    var lw = 0, sw = 0;
+    for (var i = 0; i < labs.length; i++) lw = Math.max(lw, ctx.measureText(short(labs[i], LABEL_CHARS)).width);
+    ctx.font = "10px sans-serif";
+    for (var h = 0; h < this.data.heads; h++) sw = Math.max(sw, ctx.measureText(this.headName(h)).width);
+    this.stripLeft = Math.max(STRIP_LEFT, Math.ceil(sw) + 6);
     var labelW = Math.min(190, Math.ceil(lw) + 14), avail = this.root.clientWidth || 720;
     var W = Math.max(2 * labelW + 100, Math.min(avail - 4, 2 * labelW + 360)), total = m * ROW, vh = Math.min(total, MAX_H);
     var sh = this.stripHeight();
-    this.geom = {W: W, vh: vh, labelW: labelW, total: total, dpr: dpr, m: m, avail: avail, sh: sh};
+    this.geom = {W: W, vh: vh, labelW: labelW, total: total, dpr: dpr, m: m, key: key, avail: avail, sh: sh};
     sizeCanvas(this.canvas, W, vh, dpr); sizeCanvas(this.strip, W, sh, dpr);
     this.scroller.style.height = vh + "px"; this.scroller.style.width = (W + 2) + "px";
     this.spacer.style.height = Math.max(0, total - vh) + "px";
@@ -164,7 +190,7 @@
 
   V.draw = function () {
     var t = performance.now(), g, f = this.focus(), sel = this.shown();
-    if (this.geom.m !== this.size() || this.geom.sh !== this.stripHeight()) this.layout();
+    if (this.geom.key !== this.S.layer + ":" + this.S.mode || this.geom.sh !== this.stripHeight()) this.layout();
     g = this.geom;
     var ctx = this.canvas.getContext("2d");
     ctx.setTransform(g.dpr, 0, 0, g.dpr, 0, 0);
@@ -172,10 +198,12 @@
     this.drawLines(ctx, sel, f);
     this.drawLabels(ctx, sel, f);
     this.drawStrip(sel, f);
-    var labs = this.labels();
-    this.status.textContent = f ? (f.side === "q" ? "query " : "key ") + JSON.stringify(labs[f.i]) + " (" + f.i + ")" +
+    this.status.textContent = f ? (f.side === "q" ? "query " : "key ") + JSON.stringify(this.labels(f.side)[f.i]) + " (" + f.i + ")" +
       (this.S.pin ? ", pinned" : "") + ": " + this.lastLines.length + " line(s)" : "";
     this.root.setAttribute("data-focus", f ? f.side + ":" + f.i : "");
+    var q = this.sideOf(this.S.layer, "q").name, k = this.sideOf(this.S.layer, "k").name;
+    this.axesNote.textContent = this.data.sides.length > 1 ? "left: " + q + " tokens (queries); right: " + k +
+      " tokens (keys)" : "";
     var tm = this.timings, now = performance.now();
     tm.draws += 1; tm.lastDrawMs = now - t;
     if (tm.firstDrawMs === null) { tm.firstDrawMs = now - this.t0; tm.firstDrawAt = now; }
@@ -184,7 +212,7 @@
   V.drawLines = function (ctx, sel, f) {  // lines from the focused token, weights >= threshold
     this.lastLines = [];
     if (!f) return;
-    var g = this.geom, m = this.size(), x1 = g.labelW, x2 = g.W - g.labelW;
+    var g = this.geom, m = this.size(this.other(f.side)), x1 = g.labelW, x2 = g.W - g.labelW;
     ctx.lineWidth = 2;
     for (var hi = 0; hi < sel.heads.length; hi++) {
       ctx.strokeStyle = headColor(sel.heads[hi]);
@@ -200,12 +228,14 @@
     ctx.globalAlpha = 1;
   };
   V.drawLabels = function (ctx, sel, f) {  // visible rows only; the other side shaded by the strongest head
-    var g = this.geom, labs = this.labels(), m = labs.length, top = this.scroller.scrollTop, x2 = g.W - g.labelW;
-    var r0 = Math.max(0, Math.floor(top / ROW)), r1 = Math.min(m - 1, Math.ceil((top + g.vh) / ROW));
+    var g = this.geom, top = this.scroller.scrollTop, x2 = g.W - g.labelW, both = [this.labels("q"), this.labels("k")];
+    var r0 = Math.max(0, Math.floor(top / ROW)), r1 = Math.min(g.m - 1, Math.ceil((top + g.vh) / ROW));
     ctx.font = FONT; ctx.textBaseline = "middle";
     for (var r = r0; r <= r1; r++) {
-      var text = short(labs[r], LABEL_CHARS), y = this.y(r);
+      var y = this.y(r);
       for (var side = 0; side < 2; side++) {
+        if (r >= both[side].length) continue;
+        var text = short(both[side][r], LABEL_CHARS);
         var isQ = side === 0, x0 = isQ ? 0 : x2, here = f && f.i === r && (f.side === "q") === isQ;
         if (here) {
           ctx.fillStyle = "#333"; ctx.fillRect(x0 + 2, y - ROW / 2 + 1, g.labelW - 4, ROW - 2);
@@ -227,7 +257,8 @@
     }
   };
   V.drawStrip = function (sel, f) {  // the focused token's whole row (or column), one band per head
-    var g = this.geom, m = this.size(), ctx = this.strip.getContext("2d"), x0 = STRIP_LEFT, cw = (g.W - x0) / m;
+    var g = this.geom, ctx = this.strip.getContext("2d"), x0 = this.stripLeft || STRIP_LEFT;
+    var m = f ? this.size(this.other(f.side)) : 1, cw = (g.W - x0) / m;
     ctx.setTransform(g.dpr, 0, 0, g.dpr, 0, 0);
     ctx.clearRect(0, 0, g.W, g.sh);
     ctx.font = "10px sans-serif"; ctx.textBaseline = "middle"; ctx.textAlign = "left";
@@ -239,7 +270,7 @@
     }
     for (var hi = 0; hi < sel.heads.length; hi++) {
       var y0 = hi * STRIP, vals = [], color = headColor(sel.heads[hi]);
-      ctx.fillStyle = color; ctx.fillText("h" + sel.heads[hi], 2, y0 + STRIP / 2);
+      ctx.fillStyle = color; ctx.fillText(this.headName(sel.heads[hi]), 2, y0 + STRIP / 2);
       ctx.fillStyle = "#f2f2f2"; ctx.fillRect(x0, y0, g.W - x0, STRIP - 2);
       ctx.fillStyle = color;
       for (var j = 0; j < m; j++) {
@@ -250,8 +281,10 @@
       ctx.globalAlpha = 1;
       this.lastStrip[sel.heads[hi]] = vals;
     }
-    ctx.fillStyle = "#000";
-    ctx.fillRect(x0 + f.i * cw + Math.max(1, cw) / 2 - 0.5, sel.heads.length * STRIP, 1, 4);
+    if (this.data.axes[this.S.layer][0] === this.data.axes[this.S.layer][1]) {  // same tokens: mark the focus
+      ctx.fillStyle = "#000";
+      ctx.fillRect(x0 + f.i * cw + Math.max(1, cw) / 2 - 0.5, sel.heads.length * STRIP, 1, 4);
+    }
   };
   V.schedule = function () {
     var self = this;
@@ -262,24 +295,25 @@
   V.at = function (e) {  // the token under the mouse: {side: "q" | "k", i} or null
     var rect = this.canvas.getBoundingClientRect(), x = e.clientX - rect.left;
     var i = Math.floor((e.clientY - rect.top + this.scroller.scrollTop) / ROW);
-    if (i < 0 || i >= this.size()) return null;
-    if (x < this.geom.labelW) return {side: "q", i: i};
-    if (x > this.geom.W - this.geom.labelW) return {side: "k", i: i};
-    return null;
+    var side = x < this.geom.labelW ? "q" : x > this.geom.W - this.geom.labelW ? "k" : null;
+    if (side === null || i < 0 || i >= this.size(side)) return null;
+    return {side: side, i: i};
   };
   V.stripIndex = function (e) {
-    var rect = this.strip.getBoundingClientRect(), m = this.size();
-    var j = Math.floor((e.clientX - rect.left - STRIP_LEFT) / ((this.geom.W - STRIP_LEFT) / m));
+    var f = this.focus(), x0 = this.stripLeft || STRIP_LEFT;
+    if (!f) return -1;
+    var rect = this.strip.getBoundingClientRect(), m = this.size(this.other(f.side));
+    var j = Math.floor((e.clientX - rect.left - x0) / ((this.geom.W - x0) / m));
     return j >= 0 && j < m ? j : -1;
   };
   V.showTip = function (e, p) {
     var tip = this.tip, f = this.focus(), self = this;
     if (!p) { tip.style.display = "none"; return; }
-    var lines = [JSON.stringify(this.labels()[p.i]) + " (" + (p.side === "q" ? "query " : "key ") + p.i + ")"];
+    var lines = [JSON.stringify(this.labels(p.side)[p.i]) + " (" + (p.side === "q" ? "query " : "key ") + p.i + ")"];
     if (f && f.side !== p.side) {
       this.S.heads.forEach(function (h) {
         var mat = self.matrix(self.S.layer, h);
-        if (mat !== null) lines.push("head " + h + ": " + self.weight(mat, f.side, f.i, p.i).toFixed(3));
+        if (mat !== null) lines.push(self.headName(h) + ": " + self.weight(mat, f.side, f.i, p.i).toFixed(3));
       });
     }
     var box = this.root.getBoundingClientRect();
@@ -292,7 +326,7 @@
     if (e.key === "Escape") { S.pin = null; this.draw(); return; }
     if (!f || (e.key !== "ArrowUp" && e.key !== "ArrowDown")) return;
     e.preventDefault();
-    var i = Math.max(0, Math.min(this.size() - 1, f.i + (e.key === "ArrowUp" ? -1 : 1)));
+    var i = Math.max(0, Math.min(this.size(f.side) - 1, f.i + (e.key === "ArrowUp" ? -1 : 1)));
     S.pin = {side: f.side, i: i};
     if (i * ROW < sc.scrollTop || (i + 1) * ROW > sc.scrollTop + this.geom.vh) sc.scrollTop = i * ROW - this.geom.vh / 2;
     this.draw();
@@ -300,9 +334,9 @@
   V.bind = function () {
     var self = this, S = this.S, data = this.data, tip = this.tip;
     this.canvas.addEventListener("mousemove", function (e) {
-      var p = self.at(e);
-      self.showTip(e, p);
+      var p = self.at(e);  // the hover first: the tip reads the focus this event sets, not the last one
       if (p && (!S.hover || S.hover.side !== p.side || S.hover.i !== p.i)) { S.hover = p; if (!S.pin) self.draw(); }
+      self.showTip(e, p);
     });
     this.canvas.addEventListener("mouseleave", function () {
       tip.style.display = "none"; S.hover = null; if (!S.pin) self.draw();
@@ -327,7 +361,9 @@
       if (j >= 0) self.scroller.scrollTop = Math.max(0, j * ROW - self.geom.vh / 2);
     });
     this.layerSel.addEventListener("change", function () {
+      var before = String(data.axes[S.layer]);
       S.layer = Number(self.layerSel.value);
+      if (String(data.axes[S.layer]) !== before) S.hover = S.pin = null;  // other tokens: the focus does not carry
       S.heads = S.heads.filter(function (h) { return !data.removed[S.layer][h]; });
       self.buildHeads(); self.draw();
     });
@@ -357,7 +393,8 @@
       state: function () {
         var f = self.focus();
         return {layer: self.data.layers[S.layer], layerIndex: S.layer, heads: S.heads.slice(), mode: S.mode,
-                threshold: S.threshold, focus: f ? {side: f.side, i: f.i} : null, pinned: !!S.pin, units: self.size()};
+                threshold: S.threshold, focus: f ? {side: f.side, i: f.i} : null, pinned: !!S.pin, units: self.size("q"),
+                queries: self.labels("q").slice(), keys: self.labels("k").slice()};
       },
       lines: function () {
         return self.lastLines.map(function (l) { return {head: l.head, query: l.query, key: l.key, weight: l.weight}; });
@@ -373,6 +410,7 @@
       setThreshold: function (t) { S.threshold = t; self.draw(); },
       focus: function (side, i, pin) { S.hover = {side: side, i: i}; S.pin = pin ? S.hover : null; self.draw(); },
       point: function (side, i) { return self.point(side, i); },
+      tip: function () { return self.tip.style.display === "none" ? null : self.tip.textContent; },
       redraw: function () { self.draw(); }
     };
   };
