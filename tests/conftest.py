@@ -144,8 +144,12 @@ def bert_tokenizer(**kwargs):
     return AutoTokenizer.from_pretrained(_MINILM, **kwargs)
 
 
+#: The test BPE tokenizer's special tokens, ids 0, 1, 2: unknown, BOS, EOS (EOS also pads).
+SPECIAL_BPE = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
 def bpe_tokenizer():
-    """A fresh copy of the tests' byte-level BPE tokenizer (``tests/data/bpe``: vocab 993, trained on
+    """A fresh copy of the tests' byte-level BPE tokenizer (``tests/data/bpe``: vocab 1000, trained on
     ``tests/data/bpe-corpus.txt``; pieces such as ``Ġ`` and ``Ċ``; offsets include the leading space;
     adds no BOS; ``<|im_start|>``/``<|im_end|>`` are BOS/EOS, ``<|im_end|>`` pads; no sep token)."""
     from transformers import AutoTokenizer
@@ -294,7 +298,7 @@ def tiny_model(kind: str, tokenizer: str | None = None, *, seed: int = 0, wrap: 
     Args:
         kind: a family or variant from :data:`KINDS`.
         tokenizer: ``"wordpiece"`` (MiniLM's, vocab 30522, has [SEP]) or ``"bpe"`` (the tests' byte-level
-            BPE, vocab 993, no sep token); default wordpiece for encoders, bpe for decoders.
+            BPE, vocab 1000, no sep token); default wordpiece for encoders, bpe for decoders.
         wrap: return a probe :class:`~probe.models.LoadedModel` (via ``from_pretrained_objects``);
             else ``(model, tokenizer)``.
         config_kw: passed to :func:`tiny_config` (dropout, init, attn_implementation, max_positions, layers).
@@ -384,8 +388,10 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: _TIER_ORDER[_tier(item)])
 
 
-class TierError(AssertionError):
-    """A test outside its tier used what that tier may not (a real model, a browser)."""
+class TierError(pytest.fail.Exception):
+    """A test outside its tier used what that tier may not (a real model, a browser). A pytest
+    failure (a BaseException), so that no ``except Exception`` in probe or click turns it into an
+    ``Error:`` line that a test of an error message would accept."""
 
 
 #: The test being set up, run or torn down (None between tests).
