@@ -35,7 +35,7 @@ from probe.errors import ProbeError
 from probe.hooks import Hooks
 from probe.models import embedded_folder, from_pretrained_objects
 from probe.reference import MUTANTS, MaskError, ReferenceAttention, Rope, mutant_applies, swap_attention
-from probe.verification import BF16_ATOL, verify
+from probe.verification import BF16_ATOL, NOISE_FACTOR, verify
 
 DECODER_CASES = ["sentence", "right-padded", "left-padded", "padding-invariance", "kv-cache", "max-length"]
 ENCODER_CASES = ["sentence", "right-padded", "padding-invariance", "sentence-pair", "max-length"]
@@ -603,17 +603,22 @@ def test_f24_without_position_ids_from_the_mask_gpt2_moves_the_tokens():
 def test_f24_padding_invariance_does_not_fail_a_correct_reference_on_another_prompt(monkeypatch):
     import probe.battery as battery
 
-    text = "Once upon a time there was"  # 11 tokens: a length where the tiny llama's own rounding shows
+    text = "Once upon a time there was"  # 11 tokens: a length where the tiny llama's own rounding shows here
     monkeypatch.setattr(battery, "CACHE_TEXTS", [text, battery.CACHE_TEXTS[1]])
     lm = _lm("llama")
     alone, padded = _alone_and_padded(lm, 1, position_ids_from_mask=True, text=text)
-    assert 1e-5 < _max_diff(alone, padded) < 1e-4  # the original model's own length-dependent rounding
-    result = verify(lm, cases=["padding-invariance"])
+    rounding = _max_diff(alone, padded)  # the original model's own length-dependent rounding (2.5e-5 here)
+    if rounding == 0.0:  # which lengths round differently is the CPU's GEMM kernels' choice
+        pytest.skip("this machine rounds the prompt alone and left-padded alike: no rounding to bound")
+    assert rounding < 1e-4
+    atol = rounding / 4  # a tolerance below that rounding, on any machine that has some
+    result = verify(lm, cases=["padding-invariance"], atol=atol)
     case = result.cases[0]
     assert case.max_abs_diff == 0.0  # the reference reproduces the original exactly ...
     assert case.passed  # ... so padding invariance must not fail it
     # the length-dependent rounding is measured on the right-padded prompt and bounds the check
-    assert case.batching_noise == pytest.approx(case.padding_max_abs, rel=0.5) and case.batching_noise > 1e-5
+    assert case.padding_max_abs > atol and case.batching_noise > atol
+    assert case.padding_max_abs <= NOISE_FACTOR * case.batching_noise
 
 
 def test_f24_left_padded_case_passes_position_ids_from_the_mask():
