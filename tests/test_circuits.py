@@ -31,13 +31,13 @@ N = 25
 def test_repeated_random_tokens():
     tok = bpe_tokenizer()
     ids, offset = repeated_random_tokens(tok)
-    assert ids.shape == (16, 50) and offset == 0  # SmolLM2's tokenizer adds no BOS
+    assert ids.shape == (16, 50) and offset == 0  # the test tokenizer, like SmolLM2's, adds no BOS
     assert torch.equal(ids[:, :N], ids[:, N:])
     assert all(len(set(row[:N].tolist())) == N for row in ids)  # distinct within a sequence
     special = set(tok.all_special_ids)
     assert not special & set(random_vocabulary(tok).tolist()) and not special & set(ids.flatten().tolist())
-    # SmolLM2's 17 added special tokens (<|endoftext|>, <|im_start|>, ... <empty_output>) are ids 0-16
-    assert random_vocabulary(tok).tolist() == list(range(17, len(tok)))
+    # the test tokenizer's 3 special tokens (<|endoftext|>, <|im_start|>, <|im_end|>) are ids 0-2
+    assert random_vocabulary(tok).tolist() == list(range(3, len(tok)))
     assert torch.equal(ids, repeated_random_tokens(tok)[0])  # fixed seed
     assert not torch.equal(ids, repeated_random_tokens(tok, seed=1)[0])
     with_bos, offset = repeated_random_tokens(tok, bos=True)

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import probe.models as pm
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, conllu
 from probe.cli import main
 from probe.corpus import read_corpus
 from probe.stats import STATISTICS
@@ -221,8 +221,9 @@ def test_usage_error_is_one_line_through_the_entry_point(tmp_path):
 
 
 @pytest.mark.parametrize("text", ["\u200b", "   \u200b  "])
-def test_text_with_only_special_tokens(text, out):
-    assert_clean_error(run("analyze", "--text", text, "--out", str(out)), "no tokens besides special tokens")
+def test_text_with_only_special_tokens(text, out, tiny_bert_folder):
+    assert_clean_error(run("analyze", "--model", str(tiny_bert_folder), "--text", text, "--out", str(out)),
+                       "no tokens besides special tokens")
     assert not out.exists()
 
 
@@ -308,34 +309,7 @@ def test_models_lists_embedded_as_installed():
 
 # --------------------------------------------------------------------------- corpus through the CLI
 
-CONLLU = """\
-# newdoc id = test
-# sent_id = s1
-# text = I don't know.
-1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_
-1\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\t_
-2\tdo\tdo\tAUX\tVBP\t_\t3\taux\t_\t_
-3\tn't\tnot\tPART\tRB\t_\t4\tadvmod\t_\t_
-4\tknow\tknow\tVERB\tVB\t_\t0\troot\t_\tSpaceAfter=No
-5\t.\t.\tPUNCT\t.\t_\t4\tpunct\t_\t_
-
-# sent_id = s2
-# text = Vámonos al mar.
-# text_en = Let's go to the sea.
-1-2\tVámonos\t_\t_\t_\t_\t_\t_\t_\t_
-1\tVamos\tir\tVERB\t_\t_\t0\troot\t_\t_
-2\tnos\tnosotros\tPRON\t_\t_\t1\tobj\t_\t_
-3-4\tal\t_\t_\t_\t_\t_\t_\t_\t_
-3\ta\ta\tADP\t_\t_\t5\tcase\t_\t_
-4\tel\tel\tDET\t_\t_\t5\tdet\t_\t_
-5\tmar\tmar\tNOUN\t_\t_\t1\tobl\t_\tSpaceAfter=No
-5.1\tx\tx\tX\t_\t_\t_\t_\t1:dep\t_
-6\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_
-
-# sent_id = s3
-# text = Third = last.
-1\tThird\tthird\tADJ\t_\t_\t0\troot\t_\t_
-"""
+CONLLU = conllu("corpus")
 
 
 @pytest.mark.slow
@@ -450,20 +424,7 @@ def test_out_below_a_file_fails_before_the_analysis(tmp_path):
 
 # --------------------------------------------------------------------------- --coref and --syntax
 
-TREES = """# text = I didn't go.
-1	I	I	PRON	PRP	_	4	nsubj	_	_
-2-3	didn't	_	_	_	_	_	_	_	_
-2	did	do	AUX	VBD	_	4	aux	_	_
-3	n't	not	PART	RB	_	4	advmod	_	_
-4	go	go	VERB	VB	_	0	root	_	SpaceAfter=No
-5	.	.	PUNCT	.	_	4	punct	_	_
-
-# text = Dogs bark.
-1	Dogs	dog	NOUN	NNS	_	2	nsubj	_	_
-2	bark	bark	VERB	VBP	_	0	root	_	SpaceAfter=No
-3	.	.	PUNCT	.	_	2	punct	_	_
-
-"""
+TREES = conllu("didnt") + conllu("dogs")
 
 
 @pytest.fixture(scope="module")
@@ -477,7 +438,7 @@ def test_coref_and_syntax_write_their_files(tiny_bert_folder, tmp_path):
     from probe.linguistic import coref_heads, syntax_heads
     from probe.models import load_model
 
-    conllu = tmp_path / "two.conllu"
+    conllu = tmp_path / "three.conllu"
     conllu.write_text(TREES)
     out = tmp_path / "run"
     result = run("analyze", "--model", str(tiny_bert_folder), "--coref", "--syntax", str(conllu), "--out", str(out),
@@ -485,7 +446,7 @@ def test_coref_and_syntax_write_their_files(tiny_bert_folder, tmp_path):
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert "(coreference: built-in probe set, 67 examples; syntax: " in result.stderr
     assert "coreference: 67 of 67 examples scored; best head" in result.stdout
-    assert "syntax: 2 of 2 sentences aligned; 6 dependencies;" in result.stdout
+    assert "syntax: 3 of 3 sentences aligned; 9 dependencies;" in result.stdout
     assert {"coref.csv", "syntax.csv"} <= {p.name for p in out.iterdir()}
     lm = load_model(str(tiny_bert_folder))
     coref_csv = pd.read_csv(out / "coref.csv")
@@ -495,10 +456,10 @@ def test_coref_and_syntax_write_their_files(tiny_bert_folder, tmp_path):
     syntax_csv = pd.read_csv(out / "syntax.csv")
     assert list(syntax_csv.columns) == ["relation", "direction", "kind", "layer", "head", "offset", "n", "accuracy",
                                         "ci_low", "ci_high"]
-    assert set(syntax_csv["relation"]) == {"all"}  # no relation reaches 100 dependencies in two sentences
+    assert set(syntax_csv["relation"]) == {"all"}  # no relation reaches 100 dependencies in three sentences
     np.testing.assert_allclose(syntax_csv["accuracy"], syntax_heads(lm, conllu).table["accuracy"], rtol=1e-5)
     record = json.loads((out / "run.json").read_text())
-    assert record["coreference"]["counts"]["scored"] == 67 and record["syntax"]["counts"]["sentences"] == 2
+    assert record["coreference"]["counts"]["scored"] == 67 and record["syntax"]["counts"]["sentences"] == 3
     heads = pd.read_csv(out / "heads.csv")
     np.testing.assert_allclose(heads["coref_accuracy"], api.heads["accuracy"], rtol=1e-5)
     assert record["settings"]["input"].startswith("coreference: built-in probe set")
@@ -600,8 +561,11 @@ def test_pairs_file(tiny_folders, tmp_path):
     assert rec["groups"]["map_sequences"] == 1 and rec["groups"]["map_sequences_seen"] == 1
     bad = tmp_path / "bad.tsv"
     bad.write_text("One\ttwo\nno tab here\n", encoding="utf-8")
-    assert_clean_error(run("analyze", "--pairs", str(bad), "--out", str(tmp_path / "x")), str(bad), "line 2", "tab")
-    assert_clean_error(run("analyze", "--pairs", str(pairs), "--text", "x", "--out", str(tmp_path / "y")), "either")
+    bert = ("--model", str(tiny_folders["bert"]))
+    assert_clean_error(run("analyze", *bert, "--pairs", str(bad), "--out", str(tmp_path / "x")),
+                       str(bad), "line 2", "tab")
+    assert_clean_error(run("analyze", *bert, "--pairs", str(pairs), "--text", "x", "--out", str(tmp_path / "y")),
+                       "either")
 
 
 def test_streamed_corpus_and_pairs_feed_every_analysis(tiny_folders, tmp_path):

@@ -8,20 +8,11 @@ import re
 
 import pytest
 
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, conllu
 from probe.errors import InputError
 from probe.linguistic.conllu import base_relation, parse_conllu, read_conllu
 
-SAMPLE = """# sent_id = s1
-# text = I didn't go.
-1	I	I	PRON	PRP	_	4	nsubj	_	_
-2-3	didn't	_	_	_	_	_	_	_	_
-2	did	do	AUX	VBD	_	4	aux	_	_
-3	n't	not	PART	RB	_	4	advmod	_	_
-4	go	go	VERB	VB	_	0	root	_	SpaceAfter=No
-5	.	.	PUNCT	.	_	4	punct	_	_
-
-# sent_id = s2
+SAMPLE = "# sent_id = s1\n" + conllu("didnt") + """# sent_id = s2
 1	The	the	DET	DT	_	2	det	_	_
 2	report	report	NOUN	NN	_	0	root	_	_
 2.1	said	say	VERB	VBD	_	_	_	2:conj	_

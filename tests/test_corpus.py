@@ -4,37 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import conllu
 from probe.corpus import check_texts, iter_lines, read_corpus, read_pairs, read_text_file, sample_texts, split_lines
 from probe.errors import InputError
 
-CONLLU = """\
-# newdoc id = test
-# sent_id = s1
-# text = I don't know.
-1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_
-1\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\t_
-2\tdo\tdo\tAUX\tVBP\t_\t3\taux\t_\t_
-3\tn't\tnot\tPART\tRB\t_\t4\tadvmod\t_\t_
-4\tknow\tknow\tVERB\tVB\t_\t0\troot\t_\tSpaceAfter=No
-5\t.\t.\tPUNCT\t.\t_\t4\tpunct\t_\t_
-
-# sent_id = s2
-# text = Vámonos al mar.
-# text_en = Let's go to the sea.
-1-2\tVámonos\t_\t_\t_\t_\t_\t_\t_\t_
-1\tVamos\tir\tVERB\t_\t_\t0\troot\t_\t_
-2\tnos\tnosotros\tPRON\t_\t_\t1\tobj\t_\t_
-3-4\tal\t_\t_\t_\t_\t_\t_\t_\t_
-3\ta\ta\tADP\t_\t_\t5\tcase\t_\t_
-4\tel\tel\tDET\t_\t_\t5\tdet\t_\t_
-5\tmar\tmar\tNOUN\t_\t_\t1\tobl\t_\tSpaceAfter=No
-5.1\tx\tx\tX\t_\t_\t_\t_\t1:dep\t_
-6\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_
-
-# sent_id = s3
-# text = Third = last.
-1\tThird\tthird\tADJ\t_\t_\t0\troot\t_\t_
-"""
+CONLLU = conllu("corpus")
 
 
 def test_read_conllu(tmp_path):

@@ -9,23 +9,15 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from test_report import CHROMIUM_ARGS, _browser, _data
+from test_report import _data
 
-from conftest import tiny_model
+from conftest import CHROMIUM_ARGS, conllu, tiny_model
 from probe.analysis import analyze
 from probe.linguistic import annotated_input
 from probe.linguistic.report import choose_view, summary_lines
 from probe.report import write_run
 
-CONLLU = """# text = I didn't go.
-1	I	I	PRON	PRP	_	4	nsubj	_	_
-2-3	didn't	_	_	_	_	_	_	_	_
-2	did	do	AUX	VBD	_	4	aux	_	_
-3	n't	not	PART	RB	_	4	advmod	_	_
-4	go	go	VERB	VB	_	0	root	_	SpaceAfter=No
-5	.	.	PUNCT	.	_	4	punct	_	_
-
-"""
+CONLLU = conllu("didnt")
 
 
 @pytest.fixture(scope="module", params=["bert", "llama"])
@@ -111,11 +103,11 @@ def test_labels_in_heads_csv_follow_the_rules(run_dir):
     assert "coref_accuracy" in heads and "syntax_gain" in heads and "syntax_relation" in heads
 
 
-def test_page_with_sections_draws_every_figure_in_chromium(run_dir):
-    sync_api, chromium = _browser()
+def test_page_with_sections_draws_every_figure_in_chromium(run_dir, chromium):
+    sync_api, executable = chromium
     path, _ = run_dir
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             messages = []

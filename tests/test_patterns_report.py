@@ -11,9 +11,9 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from test_report import CHROMIUM_ARGS, _browser, _data
+from test_report import _data
 
-from conftest import tiny_model
+from conftest import CHROMIUM_ARGS, tiny_model
 from probe.analysis import analyze
 from probe.patterns import TYPES, circuit_probe, pattern_accumulators
 from probe.patterns.report import GROUP_COLORS, viridis
@@ -97,13 +97,13 @@ def test_encoder_report_has_no_circuit_section_and_sections_go_away_when_off(tmp
     assert rec["health"]["checks"][3]["measured"] is False  # duplicates need the distances
 
 
-def test_new_figures_are_drawn_in_chromium(decoder_run):
+def test_new_figures_are_drawn_in_chromium(decoder_run, chromium):
     """Every canvas is drawn with no console error; hovering a point of the head map shows that
     head, its pixel has the head's label colour; hovering a bar shows its value."""
-    sync_api, chromium = _browser()
+    sync_api, executable = chromium
     path, res = decoder_run
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             messages = []

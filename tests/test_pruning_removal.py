@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import FAMILIES, SEQ2SEQ, hook_snapshot, tiny_model
+from conftest import FAMILIES, SEQ2SEQ, assert_statistics_close, hook_snapshot, tiny_model, tolerance
 from probe.analysis import analyze
 from probe.architectures import attention_modules, base_model, layer_modules, output_projections
 from probe.capture import capture_attention, encode, forward
@@ -26,8 +26,10 @@ from probe.stats import STATISTICS
 from probe.verification import verify
 
 TEXTS = ["The cat sat on the mat.", "A dog barked at the moon tonight, twice."]
-#: Gemma 2/3 give NaN outputs in float64 in transformers itself (unpruned, ungated): float32 check only.
-FLOAT64_NAN = ("gemma2", "gemma3")
+#: Sliding-window models give NaN outputs in float64 in transformers itself (unpruned, ungated) on a
+#: batch whose padded row is shorter than the longest by more than the window (Mistral's 8 tokens
+#: here; Gemma 2/3's 4): float32 check only.
+FLOAT64_NAN = ("gemma2", "gemma3", "mistral")
 #: Layer 1 loses every head; layers 0, 2, 3 lose some (grouped key/value heads: partly pruned groups).
 HEADS = {0: [1], 1: [0, 1, 2, 3], 2: [0, 3], 3: [2]}
 
@@ -80,7 +82,7 @@ def test_removed_model_equals_gated_model_and_survives_save_and_reload(kind, tmp
     removal = remove_heads(pruned, HEADS)
     with torch.no_grad():
         removed_out = _out(pruned, batch)
-        torch.testing.assert_close(_hidden(pruned, batch), gated_hidden, atol=1e-5, rtol=0)
+        torch.testing.assert_close(_hidden(pruned, batch), gated_hidden, **tolerance("scaled"))
         plain = _out(lm, batch)
     assert (plain - gated_out).abs().max() > 1e-3  # the gates did something
     if kind not in FLOAT64_NAN:
@@ -107,7 +109,7 @@ def test_removed_model_equals_gated_model_and_survives_save_and_reload(kind, tmp
         with torch.no_grad():
             with gated(lm, _mask(lm, HEADS)):
                 gated_sdpa = _hidden(lm, batch)
-            torch.testing.assert_close(_hidden(pruned, batch), gated_sdpa, atol=1e-5, rtol=0)
+            torch.testing.assert_close(_hidden(pruned, batch), gated_sdpa, **tolerance("scaled"))
         for m in (lm, pruned):
             m.model.set_attn_implementation("eager")
     # save, reload: identical outputs, same layouts, original config
@@ -163,7 +165,7 @@ def test_f12_save_reload_and_prune_again_in_original_numbering(tmp_path):
     assert again.pruned.heads_per_layer() == [3, 1, 4, 4]
     assert again.pruned.present(1) == (0,)
     with torch.no_grad():
-        torch.testing.assert_close(_hidden(again, batch), want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(_hidden(again, batch), want, **tolerance("scaled"))
     with pytest.raises(InputError, match=r"head L1H1 .*was already removed"):
         remove_heads(again, {1: [1]})
 
@@ -222,14 +224,10 @@ def test_analysis_of_a_pruned_model_marks_removed_heads():
     # layer 0's other heads see the same input: their statistics equal the complete model's
     full_heads = full.heads.set_index(["layer", "head"])
     for h in (0, 3):
-        torch.testing.assert_close(torch.tensor(heads.loc[(0, h), list(STATISTICS)].to_numpy(dtype=float)),
-                                   torch.tensor(full_heads.loc[(0, h), list(STATISTICS)].to_numpy(dtype=float)),
-                                   atol=1e-6, rtol=0)
+        assert_statistics_close(heads.loc[(0, h), list(STATISTICS)], full_heads.loc[(0, h), list(STATISTICS)])
     # layer 1 sees layer 0 without those heads: its statistics equal those with the heads gated to 0
     gated_heads = switched_off.heads.set_index(["layer", "head"])
-    torch.testing.assert_close(torch.tensor(heads.loc[1, list(STATISTICS)].to_numpy(dtype=float)),
-                               torch.tensor(gated_heads.loc[1, list(STATISTICS)].to_numpy(dtype=float)),
-                               atol=1e-5, rtol=0)
+    assert_statistics_close(heads.loc[1, list(STATISTICS)], gated_heads.loc[1, list(STATISTICS)])
     assert not np.allclose(heads.loc[1, "entropy"].to_numpy(), full_heads.loc[1, "entropy"].to_numpy(), atol=1e-6)
 
 

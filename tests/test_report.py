@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import numpy as np
 import pytest
 
-from conftest import tiny_model
+from conftest import CHROMIUM_ARGS, browser_or_skip, tiny_model
 from probe.analysis import analyze
 from probe.report import CSP, MAX_HEATMAP_TOKENS, write_run
 
@@ -96,25 +95,16 @@ def test_long_example_is_cropped_and_marked(tmp_path):
 
 # --------------------------------------------------------------------------- in a real browser
 
-def _browser():
-    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed")
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium)")
-    return playwright, chromium
+_browser = browser_or_skip  # the name other test modules import
 
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-
-
-def test_report_draws_every_figure_offline_in_chromium(run_dir):
+def test_report_draws_every_figure_offline_in_chromium(run_dir, chromium):
     """Every canvas is drawn, the page makes no request beyond itself and logs no error, and the
     tooltip of an attention cell shows that cell's probability from the data."""
-    sync_api, chromium = _browser()
+    sync_api, executable = chromium
     path, res = run_dir
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             messages, requests = [], []

@@ -18,7 +18,7 @@ import torch
 from click.testing import CliRunner
 from transformers import DynamicCache, EncoderDecoderCache
 
-from conftest import SEQ2SEQ, save_tiny, tiny_model
+from conftest import SCALED_STATISTICS, SEQ2SEQ, save_tiny, tiny_model
 from probe.analysis import analyze
 from probe.capture import encode
 from probe.errors import InputError
@@ -91,9 +91,13 @@ def test_cross_statistics_match_an_independent_computation(kind):
     result = analyze(lm, TEXTS, batch_size=3)  # padded batches of 3 and 1: padding never enters
     cross = result.heads[result.heads["kind"] == "cross"].reset_index(drop=True)
     ref = reference_cross(lm, TEXTS)
+    # float32 forward passes of a padded batch differ from unpadded ones: by a few 1e-6 on BART and
+    # Marian, by up to 5e-5 on the tiny T5 (unscaled scores, initializer factor 3; in float64 the
+    # two agree to the reference's float32 rounding): 1e-4 absolute, and relative 1e-4 on the
+    # statistics with a scale (an entropy near 0 moves by the same absolute amount as a probability)
     for col in ["first", "entropy", "norm_entropy", "distance", "max_weight", "aligned", "sep"]:
-        # float32 forward passes of a padded batch differ from unpadded ones by a few 1e-6
-        np.testing.assert_allclose(cross[col].to_numpy(), ref[col].to_numpy(), atol=2e-5, rtol=1e-5, err_msg=col)
+        rtol = 1e-4 if col in SCALED_STATISTICS else 0.0
+        np.testing.assert_allclose(cross[col].to_numpy(), ref[col].to_numpy(), err_msg=col, atol=1e-4, rtol=rtol)
     # what cross-attention does not define is NaN, never a number
     assert cross[["self", "prev", "next", "long"]].isna().all().all()
 
@@ -193,11 +197,13 @@ def test_generate_writes_greedy_targets(kind):
     lm = tiny_model(kind)
     result = analyze(lm, ["The cat sat on the mat.", "Two dogs ran."], generate=6)
     for ex in result.examples:
-        # the model's own greedy continuation, re-tokenized as a target: at most 6 new tokens
-        assert ex.target is not None and len(ex.target["ids"]) <= 1 + 6 + 1
+        # the model's own greedy continuation (at most 6 new tokens), decoded to text and re-tokenized
+        # as a target (a random model's byte pieces may re-tokenize into more tokens than it generated)
+        assert ex.target is not None
         src = lm.tokenizer(ex.text, return_tensors="pt")
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())  # T5's deeper tiny decoder needs it
         ids = lm.model.generate(**src, max_new_tokens=6, do_sample=False, num_beams=1, cache=cache)[0, 1:]
+        assert 1 <= len(ids) <= 6
         assert ex.target["text"] == lm.tokenizer.decode(ids, skip_special_tokens=True).strip()
     assert set(result.heads["kind"]) == {"self", "cross"}
 

@@ -16,12 +16,10 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import hook_snapshot, tiny_model
+from conftest import assert_statistics_close, hook_snapshot, tiny_model
 from probe.analysis import analyze
 from probe.capture import capture_attention
-from probe.stats import STATISTICS, HeadStatistics
-
-ATOL, RTOL = 1e-6, 1e-5
+from probe.stats import ALL_STATISTICS, STATISTICS, HeadStatistics
 
 #: Varied English: punctuation of many kinds, a subword-heavy word, short and long sentences.
 SENTENCES = [
@@ -137,7 +135,9 @@ def reference_heads(lm, texts, max_length: int | None = None) -> pd.DataFrame:
     return frame
 
 
-def assert_heads_match(actual: pd.DataFrame, expected: pd.DataFrame, atol=ATOL, rtol=RTOL):
+def assert_heads_match(actual: pd.DataFrame, expected: pd.DataFrame):
+    """Same heads, and every statistic within its tolerance (conftest.tolerance: absolute on
+    probabilities, relative on entropy and distance)."""
     actual = actual.sort_values(["layer", "head"]).reset_index(drop=True)
     expected = expected.sort_values(["layer", "head"]).reset_index(drop=True)
     assert actual[["layer", "head"]].to_numpy().tolist() == expected[["layer", "head"]].to_numpy().tolist()
@@ -145,7 +145,7 @@ def assert_heads_match(actual: pd.DataFrame, expected: pd.DataFrame, atol=ATOL, 
         a = actual[name].to_numpy(dtype=float)
         e = expected[name].to_numpy(dtype=float)
         assert np.array_equal(np.isnan(a), np.isnan(e)), f"{name}: NaN pattern differs"
-        np.testing.assert_allclose(a, e, atol=atol, rtol=rtol, equal_nan=True, err_msg=name)
+    assert_statistics_close(actual, expected, names=list(STATISTICS))
 
 
 # --------------------------------------------------------------------------- against the reference
@@ -237,7 +237,7 @@ def test_minilm_batched_equals_one_at_a_time(minilm):
     assert a.counts["batches"] == 3 and b.counts["batches"] == len(SENTENCES)
     assert a.counts["tokens"] == b.counts["tokens"]
     assert torch.equal(a.stats.counts, b.stats.counts)
-    assert_heads_match(a.heads, b.heads, atol=1e-6, rtol=0)
+    assert_heads_match(a.heads, b.heads)
 
 
 @pytest.mark.parametrize("family", ["bert", "distilbert", "gpt2", "llama"])
@@ -246,7 +246,7 @@ def test_tiny_batched_equals_one_at_a_time(family):
     a = analyze(lm, SHORT, batch_size=4, n_examples=0)
     b = analyze(lm, SHORT, batch_size=1, n_examples=0)
     assert torch.equal(a.stats.counts, b.stats.counts)
-    assert_heads_match(a.heads, b.heads, atol=1e-6, rtol=0)
+    assert_heads_match(a.heads, b.heads)
 
 
 def _check_invariants(captured, causal: bool):
@@ -323,7 +323,7 @@ def test_merge_of_two_halves_equals_whole():
     np.testing.assert_allclose(merged.means(), whole.means(), atol=1e-12, rtol=1e-12, equal_nan=True)
     # and the merged means equal a batched run of the whole corpus (padding does not matter)
     batched = analyze(lm, SHORT, batch_size=4, n_examples=0).stats
-    np.testing.assert_allclose(merged.means(), batched.means(), atol=1e-6, rtol=0, equal_nan=True)
+    assert_statistics_close(merged.means(), batched.means(), names=ALL_STATISTICS)
     with pytest.raises(ValueError):
         HeadStatistics(lm.sites, 4).merge(HeadStatistics(lm.sites[:1], 4))
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from wordsupport import batch_of, tokenizer_only, wilson_by_hand
 
-from conftest import SHARED_DATA, bert_tokenizer, bpe_tokenizer, tiny_model
+from conftest import SHARED_DATA, bert_tokenizer, bpe_tokenizer, conllu, tiny_model
 from probe.capture import capture_attention
 from probe.inputs import iter_batches
 from probe.linguistic.conllu import parse_conllu, read_conllu
@@ -21,38 +21,11 @@ from probe.sites import Site
 ENCODER = Site("encoder", 0)
 DECODER = Site("decoder", 0, causal=True)
 
-DIDNT = """# text = I didn't go.
-1	I	I	PRON	PRP	_	4	nsubj	_	_
-2-3	didn't	_	_	_	_	_	_	_	_
-2	did	do	AUX	VBD	_	4	aux	_	_
-3	n't	not	PART	RB	_	4	advmod	_	_
-4	go	go	VERB	VB	_	0	root	_	SpaceAfter=No
-5	.	.	PUNCT	.	_	4	punct	_	_
+DIDNT = conllu("didnt")
 
-"""
+DOGS = conllu("dogs")
 
-DOGS = """# text = Dogs bark.
-1	Dogs	dog	NOUN	NNS	_	2	nsubj	_	_
-2	bark	bark	VERB	VBP	_	0	root	_	SpaceAfter=No
-3	.	.	PUNCT	.	_	2	punct	_	_
-
-# text = Dogs often bark.
-1	Dogs	dog	NOUN	NNS	_	3	nsubj	_	_
-2	often	often	ADV	RB	_	3	advmod	_	_
-3	bark	bark	VERB	VBP	_	0	root	_	SpaceAfter=No
-4	.	.	PUNCT	.	_	3	punct	_	_
-
-"""
-
-COMPANY = """# text = The company's plan.
-1	The	the	DET	DT	_	2	det	_	_
-2-3	company's	_	_	_	_	_	_	_	_
-2	company	company	NOUN	NN	_	4	nmod:poss	_	_
-3	's	's	PART	POS	_	2	case	_	_
-4	plan	plan	NOUN	NN	_	0	root	_	SpaceAfter=No
-5	.	.	PUNCT	.	_	4	punct	_	_
-
-"""
+COMPANY = conllu("company")
 
 
 def _run(conllu: str, probs_for, site=ENCODER, n_heads=1, **kw):

@@ -16,7 +16,18 @@ import torch
 from click.testing import CliRunner
 from transformers import BertConfig, BertModel, DynamicCache
 
-from conftest import ENCODERS, KINDS, LAYERS, SEQ2SEQ, bert_tokenizer, hook_snapshot, no_hooks, save_tiny, tiny_model
+from conftest import (
+    ENCODERS,
+    KINDS,
+    LAYERS,
+    SEQ2SEQ,
+    bert_tokenizer,
+    hook_snapshot,
+    no_hooks,
+    save_tiny,
+    tiny_model,
+    tolerance,
+)
 from probe.architectures import attention_modules, get_spec, layer_modules
 from probe.battery import CACHE_TEXTS
 from probe.cli import main
@@ -24,7 +35,7 @@ from probe.errors import ProbeError
 from probe.hooks import Hooks
 from probe.models import embedded_folder, from_pretrained_objects
 from probe.reference import MUTANTS, MaskError, ReferenceAttention, Rope, mutant_applies, swap_attention
-from probe.verification import BF16_ATOL, verify
+from probe.verification import BF16_ATOL, NOISE_FACTOR, verify
 
 DECODER_CASES = ["sentence", "right-padded", "left-padded", "padding-invariance", "kv-cache", "max-length"]
 ENCODER_CASES = ["sentence", "right-padded", "padding-invariance", "sentence-pair", "max-length"]
@@ -71,7 +82,7 @@ def _final(lm, output):
 
 def _ids(n, batch=1, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(1000, 5000, (batch, n), generator=g)
+    return torch.randint(10, 1000, (batch, n), generator=g)  # ordinary ids of every test vocabulary (>= 1000)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,8 +123,19 @@ def _mutant_cases(lm):
     return ["sentence", "right-padded", "padding-invariance"]
 
 
-@pytest.mark.parametrize("mutant", sorted(MUTANTS))
-@pytest.mark.parametrize("kind", KINDS)
+def _mutant_matrix():
+    """Every (kind, mutant) pair. The fast tier runs a fixed sample, kind ``i`` with mutant ``(i + 4) mod 7``
+    in sorted order: every kind once, every mutant at least four times, each on a kind where it
+    applies (alibi-sign on BLOOM, the causal ones on GPT-2); the other pairs are ``slow`` (the full
+    matrix runs in CI)."""
+    mutants = sorted(MUTANTS)
+    for i, kind in enumerate(KINDS):
+        for j, mutant in enumerate(mutants):
+            marks = () if j == (i + 4) % len(mutants) else (pytest.mark.slow,)
+            yield pytest.param(kind, mutant, id=f"{kind}-{mutant}", marks=marks)
+
+
+@pytest.mark.parametrize("kind,mutant", list(_mutant_matrix()))
 def test_every_mutant_fails_where_it_applies(kind, mutant):
     lm = _lm(kind)
     applies, why = mutant_applies(mutant, lm)
@@ -238,7 +260,7 @@ def test_swapped_module_works_when_the_original_runs_sdpa():
         probs, _, out = _capture(lm, input_ids=ids)
     assert len(probs) == 2 and all(p.shape == (1, 4, 6, 6) for p in probs)
     assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(probs, eager_probs))
-    assert torch.allclose(out.logits, eager_out.logits, atol=1e-5, rtol=0)
+    assert torch.allclose(out.logits, eager_out.logits, **tolerance("scaled"))
 
 
 def test_verify_runs_eager_for_the_original_and_restores_sdpa():
@@ -281,7 +303,7 @@ def test_sliding_windows_follow_the_config(kind, windows):
     with swap_attention(lm) as swapped:
         assert [m.window for m in swapped.modules] == windows
         probs, _, out = _capture(lm, input_ids=ids)
-    assert torch.allclose(out.logits, original.logits, atol=1e-5, rtol=0)
+    assert torch.allclose(out.logits, original.logits, **tolerance("scaled"))
     for w, p in zip(windows, probs):
         if w is not None:  # key 19 - w is the newest key query 19 no longer sees
             assert torch.count_nonzero(p[0, :, 19, :20 - w]) == 0
@@ -297,7 +319,7 @@ def test_sliding_windows_follow_the_config(kind, windows):
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "gpt_neox", "phi3", "gemma2"])
 def test_f01_unpadded_decoder_weights_above_diagonal_are_zero(kind):
     lm = _lm(kind)
-    ids = torch.tensor([[101, 1996, 4937, 2938, 2006, 102]])  # 6 tokens, no padding, no mask given
+    ids = torch.tensor([[101, 196, 437, 238, 206, 102]])  # 6 tokens, no padding, no mask given
     eager_probs, eager_hidden, eager_out = _capture(lm, input_ids=ids)
     with swap_attention(lm):
         probs, hidden, out = _capture(lm, input_ids=ids)
@@ -307,16 +329,16 @@ def test_f01_unpadded_decoder_weights_above_diagonal_are_zero(kind):
         assert torch.count_nonzero(p[..., above]) == 0  # exactly 0 above the diagonal
         assert torch.allclose(p, e, atol=1e-5, rtol=0)
     for h, e in zip(hidden, eager_hidden):
-        assert torch.allclose(h, e, atol=1e-5, rtol=0)
-    assert torch.allclose(out.logits, eager_out.logits, atol=1e-5, rtol=0)
+        assert torch.allclose(h, e, **tolerance("scaled"))  # hidden states
+    assert torch.allclose(out.logits, eager_out.logits, **tolerance("scaled"))
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_f05_changing_token_5_leaves_positions_0_to_4_bit_identical(kind):
     lm = _lm(kind)
-    ids = torch.tensor([[101, 1996, 4937, 2938, 2006, 1996, 13523, 102]])  # 8 tokens
+    ids = torch.tensor([[101, 196, 437, 238, 206, 196, 523, 102]])  # 8 tokens
     changed = ids.clone()
-    changed[0, 5] = 3899
+    changed[0, 5] = 389
     with swap_attention(lm):
         p1, h1, o1 = _capture(lm, input_ids=ids)
         p2, h2, o2 = _capture(lm, input_ids=changed)
@@ -415,15 +437,15 @@ def test_f09_kv_cache_steps(kind):
             for layer, p in enumerate(probs):
                 row = full_probs[layer][:, :, 5 + step, : 6 + step]  # the matching row of one full pass
                 assert torch.allclose(p[:, :, 0], row, atol=1e-5, rtol=0)
-        assert torch.allclose(logits, original_logits, atol=1e-5, rtol=0)  # the original, step by step
+        assert torch.allclose(logits, original_logits, **tolerance("scaled"))  # the original, step by step
         # against one full pass: one-row and full-sequence GEMMs round differently in fp32
-        assert torch.allclose(logits, full_out.logits[:, 6:], atol=1e-4, rtol=0)
+        assert torch.allclose(logits, full_out.logits[:, 6:], atol=1e-4, rtol=1e-4)
 
         # a mask covering only the new token is a clear error, not a shape error deep inside
         with pytest.raises(MaskError, match=r"attention_mask has 1 columns but the keys are 10 \(9 cached \+ 1 new"):
             lm.model(input_ids=ids[:, :1], attention_mask=torch.ones(2, 1, dtype=torch.long), cache=cache,
                      use_cache=True)
-    assert torch.allclose(original_logits, full_out.logits[:, 6:], atol=1e-4, rtol=0)
+    assert torch.allclose(original_logits, full_out.logits[:, 6:], atol=1e-4, rtol=1e-4)
 
 
 def test_f09_reference_module_called_directly_checks_mask_length():
@@ -488,9 +510,9 @@ def test_f17_raw_outputs_match_without_preprocessing(kind):
         _, hidden2, out2 = _capture(lm, **inputs)
     keep = enc["attention_mask"].bool()
     assert not keep.all()
-    assert torch.allclose(_final(lm, out2)[keep], _final(lm, out)[keep], atol=1e-5, rtol=0)
+    assert torch.allclose(_final(lm, out2)[keep], _final(lm, out)[keep], **tolerance("scaled"))
     for a, b in zip(hidden2, hidden):
-        assert torch.allclose(a[keep], b[keep], atol=1e-5, rtol=0)
+        assert torch.allclose(a[keep], b[keep], **tolerance("scaled"))
 
 
 # --------------------------------------------------------------------------- F19
@@ -581,17 +603,22 @@ def test_f24_without_position_ids_from_the_mask_gpt2_moves_the_tokens():
 def test_f24_padding_invariance_does_not_fail_a_correct_reference_on_another_prompt(monkeypatch):
     import probe.battery as battery
 
-    text = "Once upon a time there was a little robot who loved to read books."
+    text = "Once upon a time there was"  # 11 tokens: a length where the tiny llama's own rounding shows here
     monkeypatch.setattr(battery, "CACHE_TEXTS", [text, battery.CACHE_TEXTS[1]])
     lm = _lm("llama")
     alone, padded = _alone_and_padded(lm, 1, position_ids_from_mask=True, text=text)
-    assert 1e-5 < _max_diff(alone, padded) < 1e-4  # the original model's own length-dependent rounding
-    result = verify(lm, cases=["padding-invariance"])
+    rounding = _max_diff(alone, padded)  # the original model's own length-dependent rounding (2.5e-5 here)
+    if rounding == 0.0:  # which lengths round differently is the CPU's GEMM kernels' choice
+        pytest.skip("this machine rounds the prompt alone and left-padded alike: no rounding to bound")
+    assert rounding < 1e-4
+    atol = rounding / 4  # a tolerance below that rounding, on any machine that has some
+    result = verify(lm, cases=["padding-invariance"], atol=atol)
     case = result.cases[0]
     assert case.max_abs_diff == 0.0  # the reference reproduces the original exactly ...
     assert case.passed  # ... so padding invariance must not fail it
     # the length-dependent rounding is measured on the right-padded prompt and bounds the check
-    assert case.batching_noise == pytest.approx(case.padding_max_abs, rel=0.5) and case.batching_noise > 1e-5
+    assert case.padding_max_abs > atol and case.batching_noise > atol
+    assert case.padding_max_abs <= NOISE_FACTOR * case.batching_noise
 
 
 def test_f24_left_padded_case_passes_position_ids_from_the_mask():

@@ -6,12 +6,11 @@ error, no Content-Security-Policy violation."""
 from __future__ import annotations
 
 import re
-import shutil
 
 import numpy as np
 import pytest
 
-from conftest import tiny_model
+from conftest import CHROMIUM_ARGS, tiny_model
 from probe.analysis import analyze
 from probe.capture import capture_attention
 from probe.errors import InputError
@@ -156,22 +155,16 @@ def test_fragment_escapes_tokens_and_each_view_has_its_own_id():
 
 # --------------------------------------------------------------------------- in a real browser
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-
 #: Collects Content-Security-Policy violations (Chromium also logs them as console errors).
 CSP_WATCH = ("window.__csp = []; document.addEventListener('securitypolicyviolation', "
              "e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));")
 
 
 @pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed")
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium)")
+def browser(chromium):
+    sync_api, path = chromium
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
         try:
             yield b
         finally:
