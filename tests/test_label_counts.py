@@ -27,7 +27,7 @@ TEXTS = ["The cat sat on the mat because it was warm.", "Birds sing in the morni
 def run(tmp_path_factory):
     lm = tiny_model("gpt2")
     res = analyze(lm, TEXTS, n_examples=0, finished=[circuit_probe(lm, n=8, batch_size=4)],
-                  thresholds={"induction": 0.08, "first-token": 0.3})  # heads hold both: one is not primary
+                  thresholds={"induction": 0.08, "first-token": 0.1})  # heads hold both: one is not primary
     folder = write_run(res, lm.tokenizer, tmp_path_factory.mktemp("run") / "r")
     return res, folder
 
