@@ -108,18 +108,22 @@ class AnalysisResult:
 
 
 def model_summary(lm: LoadedModel) -> dict:
-    """Name, source, type, geometry and parameter count of a loaded model (JSON-ready)."""
+    """Name, source, type, kind, geometry and parameter count of a loaded model (JSON-ready).
+
+    ``kind`` is ``"encoder"``, ``"decoder"`` or ``"encoder-decoder"``; ``causal`` says whether every
+    site is causal (decoder-only models); encoder-decoder models add ``stacks`` (layers per stack).
+    """
     g = lm.geometry
     return {
-        "name": lm.name, "source": lm.source, "model_type": lm.model_type,
-        "class": type(lm.model).__name__, "family": lm.spec.family, "causal": lm.causal,
+        "name": lm.name, "source": lm.source, "model_type": lm.model_type, "kind": lm.kind,
+        "class": type(lm.model).__name__, "family": lm.spec.family, "causal": lm.kind == "decoder",
         "layers": g.n_layers, "heads": g.n_heads, "kv_heads": g.n_kv_heads, "d_head": g.d_head,
         "d_model": g.d_model, "max_length": lm.max_length,
         "windows": sorted({s.window for s in lm.sites if s.window is not None}),
         "parameters": int(sum(p.numel() for p in lm.model.parameters())),
         "removed_heads": 0 if lm.pruned is None else sum(len(h) for h in lm.pruned.removed().values()),
         "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
-        **({"stacks": stack_depths(lm.sites), "encoder_decoder": True} if lm.spec.encoder_decoder else {}),
+        **({"stacks": stack_depths(lm.sites)} if lm.kind == "encoder-decoder" else {}),
     }
 
 

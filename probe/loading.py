@@ -45,9 +45,9 @@ def model_class(config, head: str | None = None):
     if head == "classification":
         return tr.AutoModelForSequenceClassification
     spec = get_spec(config)
-    if spec.encoder_decoder:
+    if spec.kind == "encoder-decoder":
         return tr.AutoModelForSeq2SeqLM
-    if spec.causal:
+    if spec.kind == "decoder":
         return tr.AutoModelForCausalLM
     return tr.AutoModelForMaskedLM if head == "mlm" else tr.AutoModel
 

@@ -104,9 +104,10 @@ class LoadedModel:
     pruned: object | None = None
 
     @property
-    def causal(self) -> bool:
-        """True for decoder-only (causal) models."""
-        return self.spec.causal
+    def kind(self) -> str:
+        """``"encoder"``, ``"decoder"`` (decoder-only, causal) or ``"encoder-decoder"``
+        (:data:`probe.architectures.MODEL_KINDS`)."""
+        return self.spec.kind
 
     @property
     def sites(self) -> list[Site]:

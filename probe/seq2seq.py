@@ -105,7 +105,7 @@ def check_generate(lm, max_new_tokens: int) -> None:
     Raises:
         InputError: ``lm`` is not an encoder-decoder model, or max_new_tokens below 1.
     """
-    if not lm.spec.encoder_decoder:
+    if lm.kind != "encoder-decoder":
         raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
                          "not one")
     validate.positive_int("--generate", max_new_tokens)

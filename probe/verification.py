@@ -211,7 +211,7 @@ def _run_case(lm: LoadedModel, case: Case, hooks, on_attn, on_hidden, on_output)
     if case.use_cache:
         from transformers import DynamicCache, EncoderDecoderCache
 
-        if lm.spec.encoder_decoder:  # layers added as they come (a decoder may be deeper than the encoder)
+        if lm.kind == "encoder-decoder":  # layers added as they come (a decoder may be deeper than the encoder)
             cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         else:
             cache = DynamicCache(config=model.config)
@@ -231,7 +231,7 @@ def _run_case(lm: LoadedModel, case: Case, hooks, on_attn, on_hidden, on_output)
         for index, p in enumerate(case.passes):
             state["pass"] = index
             kwargs = {k: v.to(device) for k, v in p.inputs.items()}
-            if lm.causal:
+            if lm.kind != "encoder":  # a causal stack: its key/value cache on or off as the case says
                 kwargs["use_cache"] = case.use_cache
                 if cache is not None:
                     kwargs["cache"] = cache

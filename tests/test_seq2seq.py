@@ -233,6 +233,24 @@ def test_report_draws_grids_per_site_kind_and_cross_heatmaps(tmp_path):
     assert set(zip(heads["stack"], heads["kind"])) == {("encoder", "self"), ("decoder", "self"), ("decoder", "cross")}
 
 
+@pytest.mark.parametrize("kind,model_kind,shown", [
+    *[(k, "encoder-decoder", "encoder-decoder: bidirectional encoder, causal decoder") for k in SEQ2SEQ],
+    ("gpt2", "decoder", "decoder, causal"), ("bert", "encoder", "encoder, bidirectional"),
+])
+def test_run_json_and_the_report_name_the_model_kind(kind, model_kind, shown, tmp_path):
+    from probe.report import write_run
+
+    lm = tiny_model(kind)
+    assert lm.kind == lm.spec.kind == model_kind
+    texts = TEXTS[:2] if model_kind == "encoder-decoder" else [s for s, _ in PAIRS[:2]]
+    path = write_run(analyze(lm, texts), lm.tokenizer, tmp_path / "run")
+    model = json.loads((path / "run.json").read_text())["model"]
+    assert model["kind"] == model_kind and model["causal"] == (model_kind == "decoder")
+    assert ("stacks" in model) == (model_kind == "encoder-decoder")
+    html = (path / "index.html").read_text()
+    assert f"({type(lm.model).__name__}, {shown})</td>" in html
+
+
 def test_cli_pairs_and_generate(tmp_path):
     from probe.cli import main
 

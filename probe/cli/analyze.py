@@ -175,7 +175,7 @@ def _announce(lm, seqs, source: str, world) -> None:
     share = (f", process {world.rank} of {world.size}: sequences {world.rank}, {world.rank + world.size}, ..."
              if world else "")
     layers = lm.geometry.n_layers
-    if lm.spec.encoder_decoder:
+    if lm.kind == "encoder-decoder":
         from ..seq2seq import stack_depths
 
         layers = " + ".join(f"{n} {stack}" for stack, n in stack_depths(lm.sites).items())
@@ -197,7 +197,7 @@ def check_seq2seq_input(lm, generate, annotated) -> bool:
     from ..errors import InputError
     from ..seq2seq import check_generate
 
-    seq2seq = lm.spec.encoder_decoder
+    seq2seq = lm.kind == "encoder-decoder"
     if generate is not None:
         check_generate(lm, generate)
     if seq2seq and annotated is not None:
@@ -213,7 +213,7 @@ def _circuit_probe(lm, seqs, wanted: bool, timings: dict):
     from ..patterns import circuit_probe
     from ..patterns.circuits import SINK_TEXTS
 
-    if not (wanted and lm.causal):
+    if not (wanted and lm.kind == "decoder"):
         return [], [], seqs
     t = time.perf_counter()
     sink_texts, seqs = _first(seqs, SINK_TEXTS)

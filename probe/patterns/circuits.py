@@ -260,7 +260,7 @@ def circuit_probe(lm, *, n: int = N_TOKENS, batch_size: int = BATCH, seed: int =
     """
     from ..analysis import run
 
-    if not lm.causal:
+    if lm.kind != "decoder":
         raise ValueError("the induction / duplicate-token probe is for decoders (causal models)")
     t0 = time.perf_counter()
     ids, offset = repeated_random_tokens(lm.tokenizer, n, batch_size, seed)

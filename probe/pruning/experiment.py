@@ -257,7 +257,7 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
         ProbeError: the model's parameters are not floating point, or the gates get no gradient.
     """
     timings, t0 = {}, time.perf_counter()
-    if lm.spec.encoder_decoder:
+    if lm.kind == "encoder-decoder":
         raise InputError(ONE_STACK_ONLY.format(lm.name))
     orders = _validate(orders, steps, fraction, seeds, objective)
     (score_idx, eval_idx), (score, held) = _split_batches(lm, texts, labels, held_out, split_seed, batch_size,

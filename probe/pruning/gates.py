@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..architectures import output_projections
+from ..architectures import site_outputs
 from ..hooks import measuring
 
 
@@ -82,8 +82,8 @@ def gated(lm, values: torch.Tensor | None = None, *, eager: bool = False) -> Ite
     d_head = lm.geometry.d_head
     with measuring(lm.model, eager=eager) as m:
         state = Gates(values, m.notes)
-        for layer, o in enumerate(output_projections(lm.model, lm.spec)):
-            m.hooks.forward_pre(o, _hook(state, layer, _slot_heads(lm, layer), d_head))
+        for site, o in site_outputs(lm.model, lm.spec):  # one-stack models: one site per layer
+            m.hooks.forward_pre(o, _hook(state, site.layer, _slot_heads(lm, site.layer), d_head))
         yield state
 
 

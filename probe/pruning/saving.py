@@ -49,7 +49,7 @@ def save_pruned(lm, folder: str | Path, *, force: bool = False) -> Path:
         from safetensors.torch import save_model
 
         lm.model.config.save_pretrained(tmp)
-        if getattr(lm.model, "generation_config", None) is not None and lm.causal:
+        if getattr(lm.model, "generation_config", None) is not None and lm.kind != "encoder":
             lm.model.generation_config.save_pretrained(tmp)
         # the module's own parameter names (no checkpoint key conversion); tied tensors stored once
         save_model(lm.model, str(tmp / WEIGHTS), metadata={"format": "pt"})

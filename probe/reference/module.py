@@ -88,8 +88,7 @@ class ReferenceAttention(nn.Module):
         # The original projections (and q/k norms), by reference, under their original attribute names.
         self._names: dict[str, str] = {}
         for role in ("q", "k", "v", "qkv", "o", "q_norm", "k_norm"):
-            path = getattr(self.paths, role, None) if role not in ("q_norm", "k_norm") else getattr(spec, role)
-            rel = self.paths.relative(path)
+            rel = self.paths.relative(getattr(self.paths, role))
             if rel is not None:
                 name = rel.replace(".", "_")
                 self.add_module(name, original.get_submodule(rel))

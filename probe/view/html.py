@@ -200,6 +200,6 @@ def _show_text(lm, text, layers, max_length, max_values, words, kw) -> HeadView:
     word_ids = batch.word_ids[0, :n].tolist() if words else None
     trunc = " (truncated)" if batch.truncated[0] else ""
     data = view_data(maps, labels, word_ids=word_ids, text=full, offsets=offsets, layers=list(layers),
-                     layer_names=[s.name for s in sites], causal=lm.causal, note=note,
+                     layer_names=[s.name for s in sites], causal=lm.kind != "encoder", note=note,
                      title=f"{lm.name}: {n} tokens{trunc}", **kw)
     return HeadView(data)
