@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from . import validate
-from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts
+from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts, check_supported
 from .capture import attention_hooks, forward
 from .classify import REMOVED, cluster_heads, default_thresholds, label_heads
 from .errors import InputError
@@ -47,8 +47,11 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
 
     Raises:
+        UnsupportedAnalysisError: an accumulator that does not measure this kind of model or site
+            (:meth:`probe.accumulators.Accumulator.refusal`), before anything runs.
         CaptureError: a site returned no attention probabilities.
     """
+    check_supported(lm, accumulators)
     state: dict = {}
 
     def on_site(site, probs):
@@ -170,8 +173,11 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
 
     Raises:
         InputError: no text, an empty text, batch_size < 1, max_length < 2 or a bad threshold.
+        UnsupportedAnalysisError: an accumulator (or a finished one) that does not measure this kind
+            of model or site (:meth:`probe.accumulators.Accumulator.refusal`), before anything runs.
         CaptureError: attention probabilities could not be captured.
     """
+    check_supported(lm, [*accumulators, *finished])
     t0 = time.perf_counter()
     sized = isinstance(texts, (str, Text)) or hasattr(texts, "__len__")
     items = as_texts(validate.texts(texts)) if sized else stream_texts(texts)

@@ -245,6 +245,7 @@ class HeadStatistics(Accumulator):
     """
 
     name = "statistics"
+    title = "per-head statistics"
     transient = ("tokenizer",)
 
     def __init__(self, sites: list[Site], n_heads: int, tokenizer=None) -> None:

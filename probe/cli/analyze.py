@@ -92,11 +92,13 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     import torch
 
     from .. import distributed
+    from ..accumulators import check_supported
     from ..analysis import analyze
     from ..errors import InputError
     from ..models import load_model
     from ..patterns import pattern_accumulators
     from ..report import prepare_run_dir, write_run
+    from ..seq2seq import check_generate
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
@@ -113,16 +115,18 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     timings["model_load_s"] = lm.load_seconds
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
     _announce(lm, seqs, source, world)
-    seq2seq = check_seq2seq_input(lm, generate, annotated)
-    finished, skipped, seqs = _circuit_probe(lm, seqs, circuits and not seq2seq and (world is None or world.main),
-                                             timings)
-    extra = [] if seq2seq else pattern_accumulators(lm, distance=distance, map_sequences=map_sequences,
-                                                     thresholds=health)
-    if seq2seq:
-        skipped.append(ONE_STACK_NOTE)
+    if generate is not None:
+        check_generate(lm, generate)
+    finished, skipped, seqs = _circuit_probe(lm, seqs, circuits and (world is None or world.main), timings)
+    offered = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
+    extra = [acc for acc in offered if acc.refusal(lm) is None]  # the library's rule says what fits this model
+    refused = [acc.refusal(lm) for acc in offered if acc.refusal(lm) is not None]
+    if refused:
+        skipped.append("not run: " + "; ".join(refused))
     if annotated is not None:
         # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
         extra += annotated.accumulators(lm, prior=world is None or world.main)
+        check_supported(lm, extra)  # --coref/--syntax on a model they do not measure: one Error line
     with distributed.process_group(world) if world else nullcontext():
         result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
                          max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
@@ -183,37 +187,14 @@ def _announce(lm, seqs, source: str, world) -> None:
                f"{layers} layers x {lm.geometry.n_heads} heads", err=True)
 
 
-#: The note of an encoder-decoder run: what it does not measure.
-ONE_STACK_NOTE = ("head distances, groups, pattern types, padding checks and the circuit probe cover one-stack "
-                  "models; not run for this encoder-decoder model")
-
-
-def check_seq2seq_input(lm, generate, annotated) -> bool:
-    """Whether ``lm`` is an encoder-decoder model, after checking that the input fits it.
-
-    Raises:
-        InputError: --generate on another model; --coref/--syntax on an encoder-decoder model.
-    """
-    from ..errors import InputError
-    from ..seq2seq import check_generate
-
-    seq2seq = lm.kind == "encoder-decoder"
-    if generate is not None:
-        check_generate(lm, generate)
-    if seq2seq and annotated is not None:
-        raise InputError("--coref and --syntax score one-stack models (encoders, decoders); "
-                         f"{lm.name} is an encoder-decoder model")
-    return seq2seq
-
-
 def _circuit_probe(lm, seqs, wanted: bool, timings: dict):
     """The decoder circuit probe (:func:`probe.patterns.circuit_probe`, its sinks on the corpus's
     first texts) when wanted and the model is a decoder: ``(finished accumulators, notes, seqs)``,
     ``seqs`` unchanged (a stream is re-chained after its first texts were read)."""
-    from ..patterns import circuit_probe
+    from ..patterns import CircuitProbe, circuit_probe
     from ..patterns.circuits import SINK_TEXTS
 
-    if not (wanted and lm.kind == "decoder"):
+    if not wanted or CircuitProbe.refusal(lm) is not None:  # the probe's own rule: decoders
         return [], [], seqs
     t = time.perf_counter()
     sink_texts, seqs = _first(seqs, SINK_TEXTS)

@@ -178,6 +178,9 @@ class HeadDistances(Accumulator):
     """
 
     name = "distances"
+    title = "head distances"
+    model_kinds = ("encoder", "decoder")  # one-stack models
+    site_kinds = ("self",)
 
     def __init__(self, sites: list[Site], n_heads: int, *, map_sequences: int = MAP_SEQUENCES,
                  map_rows: int = MAP_ROWS) -> None:

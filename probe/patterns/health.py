@@ -79,6 +79,9 @@ class HealthProbe(Accumulator):
     """
 
     name = "health"
+    title = "the padding health check"
+    model_kinds = ("encoder", "decoder")  # one-stack models
+    site_kinds = ("self",)
 
     def __init__(self, sites: list[Site], thresholds: dict | None = None) -> None:
         self.sites = list(sites)

@@ -72,6 +72,9 @@ class HeadDistances(Accumulator):
     """
 
     name = "head_distances"
+    title = "head redundancy"
+    model_kinds = ("encoder", "decoder")  # one-stack models
+    site_kinds = ("self",)
 
     def __init__(self, sites, n_heads: int) -> None:
         self.sites = list(sites)
