@@ -165,7 +165,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         reduce: called with every accumulator after the pass, to merge in those of other
             processes (data parallelism: :func:`probe.distributed.reducer`); None in one process.
         generate: encoder-decoder models: the model writes each source's target (greedy, at most
-            this many new tokens); without it each text needs its target in :attr:`Text.pair`. Their
+            this many new tokens); without it each text needs its target in :attr:`Text.target`. Their
             ``heads`` have ``stack``, ``kind`` and cross-attention's ``aligned`` (:mod:`probe.stats`).
 
     Returns:

@@ -152,7 +152,8 @@ def iter_pairs(path: str | Path, limit: int | None = None) -> Iterator:
 
     Lines end only at \\n, \\r\\n or \\r; blank lines are skipped. Each pair becomes one
     :class:`probe.inputs.Text` with ``pair`` set (encoded as the tokenizer joins pairs: BERT's
-    [CLS] A [SEP] B [SEP] with segment ids 0 and 1).
+    [CLS] A [SEP] B [SEP] with segment ids 0 and 1). For an encoder-decoder model the second segment
+    is the target: :func:`probe.seq2seq.as_targets` moves it there.
 
     Args:
         path: the TSV file.

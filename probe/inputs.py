@@ -33,9 +33,14 @@ class Text:
             Analyses that bring their own words (CoNLL-U tokens, GAP mentions) pass them here.
         meta: anything an analysis needs about this text (gold heads, mentions ...); probe's loop
             passes it through untouched.
-        pair: an optional second segment (sentence pairs: BERT's [SEP]-joined input).
+        pair: an optional second segment of the same input (sentence pairs: BERT's
+            ``[CLS] text [SEP] pair [SEP]`` with segment ids 0 and 1). Encoder-decoder models read
+            no second segment; for them ``pair`` is taken as the ``target`` (deprecated: a
+            ``DeprecationWarning``; give ``target=``).
         index: its position in the whole corpus, where a reader or a data-parallel shard knows it
             (None: counted from the first text given to :func:`tokenize` / :func:`iter_batches`).
+        target: encoder-decoder models: the text the decoder reads (``text`` is the source the
+            encoder reads); None for encoders and decoder-only models, which refuse one.
     """
 
     text: str
@@ -43,6 +48,7 @@ class Text:
     meta: dict = field(default_factory=dict)
     pair: str | None = None
     index: int | None = None
+    target: str | None = None
 
     def word_spans(self) -> list[tuple[int, int]]:
         """Character spans of the words: the given ones, or the whitespace-separated runs of ``text``."""
@@ -59,6 +65,12 @@ class Text:
         if start is not None:
             spans.append((start, len(self.text)))
         return spans
+
+
+def target_text(text: Text) -> str | None:
+    """An encoder-decoder model's target of ``text``: ``text.target``, else the deprecated
+    ``text.pair`` (:func:`probe.seq2seq.tokenize_pairs` warns about it), else None."""
+    return text.target if text.target is not None else text.pair
 
 
 def as_texts(texts: Iterable[str | Text] | str | Text) -> list[Text]:
@@ -148,16 +160,23 @@ def tokenize(lm, texts: Sequence[Text], max_length: int | None = None, *,
         One :class:`Tokenized` per text.
 
     Raises:
-        InputError: no texts, max_length below 2, or a text with no token besides the special
-            tokens (an unknown-word token counts as a token).
+        InputError: no texts, max_length below 2, a text with no token besides the special
+            tokens (an unknown-word token counts as a token), or a text with a ``target`` given to a
+            model without a decoder reading one (encoders, decoder-only models).
     """
     if not texts:
         raise InputError("no text given")
-    if getattr(lm, "kind", None) == "encoder-decoder":  # a stand-in without a spec: one side
+    if getattr(lm, "kind", None) == "encoder-decoder":  # (stand-ins without a kind read one side)
         from .seq2seq import tokenize_pairs
 
         return tokenize_pairs(lm, texts, max_length, parse_special_tokens=parse_special_tokens,
                               start_index=start_index)
+    with_target = next((i for i, t in enumerate(texts) if t.target is not None), None)
+    if with_target is not None:
+        t = texts[with_target]
+        where = t.index if t.index is not None else start_index + with_target
+        raise InputError(f"text {where + 1} has a target, which only encoder-decoder models read "
+                         "(a second segment of the same input is Text(..., pair=...))")
     limit = validate.max_length(max_length, lm.max_length)
     return tokenize_side(lm, texts, limit, parse_special_tokens=parse_special_tokens, start_index=start_index)
 
@@ -330,7 +349,8 @@ def collate(lm, items: Sequence[Tokenized], texts: Sequence[Text]) -> Batch:
             tt[r, :n] = torch.tensor(t.token_type_ids)
     target = None
     if items[0].target is not None:  # encoder-decoder: sources here, targets in a batch of their own
-        target = collate(lm, [t.target for t in items], [Text(t.pair, meta=t.meta, index=t.index) for t in texts])
+        target = collate(lm, [t.target for t in items],
+                         [Text(target_text(t), meta=t.meta, index=t.index) for t in texts])
         texts = [Text(t.text, t.words, t.meta, None, t.index) for t in texts]
     return Batch(ids, mask, tt, offsets, special, word_ids, list(texts), [t.index for t in items],
                  [t.truncated for t in items], target=target)

@@ -10,19 +10,20 @@ different tokens (:func:`sides`):
 A :class:`~probe.inputs.Batch` of such a model holds the sources; ``batch.target`` is a batch of
 its own holding the decoder's input: the decoder start token followed by the tokenized target
 (``text_target=``), right-padded like the source, so padding on either side never enters a
-statistic. Targets come from the input (``--pairs FILE``: source TAB target, :attr:`Text.pair`)
-or from the model itself (:func:`with_generated_targets`, greedy decoding).
+statistic. Targets come from the input (:attr:`Text.target`; ``--pairs FILE``: source TAB
+target) or from the model itself (:func:`with_generated_targets`, greedy decoding).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
 from . import validate
 from .errors import InputError
-from .inputs import Batch, Text, Tokenized, tokenize_side
+from .inputs import Batch, Text, Tokenized, target_text, tokenize_side
 
 #: Sources generated for at once by :func:`with_generated_targets`.
 GENERATE_BATCH = 8
@@ -52,26 +53,36 @@ def tokenize_pairs(lm, texts: Sequence[Text], max_length: int | None = None, *,
                    parse_special_tokens: bool = False, start_index: int = 0) -> list[Tokenized]:
     """Tokenize (source, target) pairs for an encoder-decoder model.
 
-    The source is ``text.text``; the target is ``text.pair``, tokenized as a target and put after
-    the decoder's start token (:func:`decoder_start_id`). Each side is cut to ``max_length`` tokens
-    (the target's start token included); a cut on either side marks the pair truncated.
+    The source is ``text.text``; the target is ``text.target``, tokenized as a target and put
+    after the decoder's start token (:func:`decoder_start_id`). Each side is cut to ``max_length``
+    tokens (the target's start token included); a cut on either side marks the pair truncated.
+    A text that gives its target as ``pair=`` (BERT's second segment, which these models do not
+    read) still works, with a ``DeprecationWarning``.
 
     Returns:
         One :class:`Tokenized` per pair (the source) with ``target`` set (offsets into the target
         text; the start token is special and covers no character).
 
     Raises:
-        InputError: a text without a target (encoder-decoder models need one: ``--pairs FILE`` or
-            ``--generate N``), max_length below 2, or a source with no token besides special ones.
+        InputError: a text without a target (encoder-decoder models need one: ``Text(source,
+            target=...)``, ``--pairs FILE`` or ``--generate N``), a text with both ``pair`` and
+            ``target``, max_length below 2, or a source with no token besides special ones.
     """
-    missing = [t for t in texts if t.pair is None]
-    if missing:
-        where = missing[0].index if missing[0].index is not None else start_index + texts.index(missing[0])
-        raise InputError(f"text {where + 1} has no target: an encoder-decoder model reads a source and a "
-                         "target (give --pairs FILE with source<TAB>target lines, or --generate N)")
+    for i, t in enumerate(texts):
+        where = (t.index if t.index is not None else start_index + i) + 1
+        if target_text(t) is None:
+            raise InputError(f"text {where} has no target: an encoder-decoder model reads a source and a "
+                             "target (give --pairs FILE with source<TAB>target lines, or --generate N)")
+        if t.pair is not None and t.target is not None:
+            raise InputError(f"text {where} has both a second segment (pair) and a target; an encoder-decoder "
+                             "model reads a source and a target")
+    if any(t.target is None for t in texts):
+        warnings.warn("Text(source, pair=target) for an encoder-decoder model is deprecated: give "
+                      "Text(source, target=...); pair= names a second segment of one input (BERT)",
+                      DeprecationWarning, stacklevel=3)
     limit = validate.max_length(max_length, lm.max_length)
     sources = [Text(t.text, t.words, t.meta, None, t.index) for t in texts]
-    targets = [Text(t.pair, None, {}, None, t.index) for t in texts]
+    targets = [Text(target_text(t), None, {}, None, t.index) for t in texts]
     src = tokenize_side(lm, sources, limit, parse_special_tokens=parse_special_tokens, start_index=start_index)
     tgt = tokenize_side(lm, targets, limit - 1, parse_special_tokens=parse_special_tokens,
                         start_index=start_index, target=True)
@@ -82,6 +93,14 @@ def tokenize_pairs(lm, texts: Sequence[Text], max_length: int | None = None, *,
                              truncated=t.truncated)
         s.truncated = s.truncated or t.truncated
     return src
+
+
+def as_targets(texts: Iterable[Text]) -> Iterable[Text]:
+    """Texts read with a second segment (``pair``: a ``--pairs`` file's second column) as an
+    encoder-decoder model's sources and targets: the same texts with that segment as ``target``
+    (a list stays a list, a stream stays lazy)."""
+    moved = (Text(t.text, t.words, t.meta, None, t.index, t.pair) if t.pair is not None else t for t in texts)
+    return list(moved) if hasattr(texts, "__len__") else moved
 
 
 def sides(site, batch: Batch) -> tuple[Batch, Batch]:
@@ -144,7 +163,7 @@ def generate_targets(lm, sources: Sequence[str], max_new_tokens: int) -> list[st
 
 
 def with_generated_targets(lm, texts: Iterable[Text], max_new_tokens: int) -> Iterator[Text]:
-    """The texts with ``pair`` set to the model's own greedy target (:func:`generate_targets`),
+    """The texts with ``target`` set to the model's own greedy target (:func:`generate_targets`),
     generated :data:`GENERATE_BATCH` sources at a time as the texts are read.
 
     Raises (while iterating):
@@ -155,10 +174,10 @@ def with_generated_targets(lm, texts: Iterable[Text], max_new_tokens: int) -> It
 
     def flush():
         for t, target in zip(chunk, generate_targets(lm, [t.text for t in chunk], max_new_tokens)):
-            yield Text(t.text, t.words, t.meta, target, t.index)
+            yield Text(t.text, t.words, t.meta, None, t.index, target)
 
     for i, t in enumerate(texts):
-        if t.pair is not None:
+        if target_text(t) is not None:
             raise InputError(f"text {(t.index if t.index is not None else i) + 1} already has a target; "
                              "--generate writes targets for sources only")
         chunk.append(t)

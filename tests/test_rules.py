@@ -25,7 +25,7 @@ ONE_STACK = [HeadDistances, PatternTypes, HealthProbe, CorefAccumulator, SyntaxA
 DECODER_ONLY = [CircuitScores, SinkShares, CircuitProbe]
 EVERY_MODEL = [HeadStatistics, ExampleMaps, TokenCounts]
 MODELS = {"bert": "encoder", "gpt2": "decoder", "bart": "encoder-decoder", "t5": "encoder-decoder"}
-PAIRS = [Text("The cat sat on the mat.", pair="Le chat est assis."), Text("A dog ran.", pair="Un chien.")]
+PAIRS = [Text("The cat sat on the mat.", target="Le chat est assis."), Text("A dog ran.", target="Un chien.")]
 
 _LMS: dict = {}
 

@@ -23,7 +23,7 @@ from probe.analysis import analyze
 from probe.capture import encode
 from probe.errors import InputError
 from probe.inputs import Text
-from probe.seq2seq import decoder_start_id, sides
+from probe.seq2seq import as_targets, decoder_start_id, sides
 from probe.sites import Site
 from probe.stats import ALIGN_WINDOW, HeadStatistics
 
@@ -33,7 +33,7 @@ PAIRS = [
     ("Yes.", "Oui, bien sûr, absolument, sans aucun doute."),
     ("Where is the station?", "Où est la gare ?"),
 ]
-TEXTS = [Text(s, pair=t) for s, t in PAIRS]
+TEXTS = [Text(s, target=t) for s, t in PAIRS]
 
 
 def _diag(i: int, S: int, T: int) -> int:
@@ -62,7 +62,7 @@ def reference_cross(lm, texts) -> pd.DataFrame:
     sums, rows = {}, 0
     for t in texts:
         src = tok(t.text, return_tensors="pt")
-        tgt = tok(text_target=t.pair, return_tensors="pt")["input_ids"]
+        tgt = tok(text_target=t.target, return_tensors="pt")["input_ids"]
         dec = torch.cat([torch.tensor([[decoder_start_id(lm)]]), tgt], 1)
         with torch.no_grad():
             out = lm.model(**src, decoder_input_ids=dec, output_attentions=True)
@@ -123,7 +123,7 @@ def test_batched_equals_one_at_a_time():
 def _cross_batch(S_T: list[tuple[int, int]]):
     """A batch of tiny BART pairs with exactly S source and T target tokens per row."""
     lm = tiny_model("bart")
-    texts = [Text(" ".join(["word"] * S), pair=" ".join(["mot"] * (T - 1))) for S, T in S_T]
+    texts = [Text(" ".join(["word"] * S), target=" ".join(["mot"] * (T - 1))) for S, T in S_T]
     batch = encode(lm, texts)
     assert batch.lengths.tolist() == [S for S, _ in S_T] and batch.target.lengths.tolist() == [T for _, T in S_T]
     return lm, batch
@@ -173,7 +173,7 @@ def test_sides_of_each_site():
 
 def test_target_starts_with_the_decoder_start_token_and_keeps_offsets():
     lm = tiny_model("t5")
-    batch = encode(lm, [Text("The cat.", pair="Le chat noir.")])
+    batch = encode(lm, [Text("The cat.", target="Le chat noir.")])
     t = batch.target
     assert int(t.input_ids[0, 0]) == decoder_start_id(lm) == lm.model.config.decoder_start_token_id
     assert bool(t.special[0, 0]) and t.offsets[0, 0].tolist() == [0, 0]
@@ -185,7 +185,22 @@ def test_target_starts_with_the_decoder_start_token_and_keeps_offsets():
 def test_a_source_without_target_is_one_clear_error():
     lm = tiny_model("bart")
     with pytest.raises(InputError, match="text 2 has no target.*--pairs FILE.*--generate N"):
-        analyze(lm, [Text("One.", pair="Un."), Text("Two.")])
+        analyze(lm, [Text("One.", target="Un."), Text("Two.")])
+
+
+def test_the_target_has_its_own_name_and_pair_is_a_deprecated_alias_for_it():
+    lm = tiny_model("bart")
+    new = analyze(lm, TEXTS, n_examples=0).heads
+    with pytest.warns(DeprecationWarning, match=r"Text\(source, pair=target\).*deprecated.*target="):
+        old = analyze(lm, [Text(s, pair=t) for s, t in PAIRS], n_examples=0).heads
+    pd.testing.assert_frame_equal(new, old)  # the same numbers: pair= is read as the target
+    with pytest.raises(InputError, match="text 1 has both a second segment \\(pair\\) and a target"):
+        analyze(lm, [Text("One.", pair="Deux.", target="Un.")])
+    with pytest.raises(InputError, match="text 2 has a target, which only encoder-decoder models read"):
+        analyze(tiny_model("bert"), [Text("One."), Text("Two.", target="Deux.")])
+    moved = as_targets([Text("A.", pair="B.", index=4), Text("C.", target="D.")])
+    assert [(t.text, t.pair, t.target, t.index) for t in moved] == [("A.", None, "B.", 4), ("C.", None, "D.", None)]
+    assert not isinstance(as_targets(iter(moved)), list)  # a stream stays lazy
 
 
 @pytest.mark.parametrize("kind", SEQ2SEQ)
@@ -258,8 +273,12 @@ def test_cli_pairs_and_generate(tmp_path):
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS), encoding="utf-8")
     runner = CliRunner()
-    res = runner.invoke(main, ["analyze", "--model", str(folder), "--pairs", str(pairs), "--out", str(tmp_path / "a"),
-                               "--no-progress"])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # the CLI gives the file's second column as the target
+        res = runner.invoke(main, ["analyze", "--model", str(folder), "--pairs", str(pairs), "--out",
+                                   str(tmp_path / "a"), "--no-progress"])
     assert res.exit_code == 0, res.output
     heads = pd.read_csv(tmp_path / "a" / "heads.csv")
     assert set(heads["kind"]) == {"self", "cross"} and set(heads["stack"]) == {"encoder", "decoder"}

@@ -21,8 +21,9 @@ _input_options = stacked(
     click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
                  help="Plain text (one sequence a line) or CoNLL-U (# text = lines)."),
     click.option("--pairs", type=click.Path(dir_okay=False, path_type=str), default=None,
-                 help="Pairs, one a line, the two segments separated by a tab: sentence pairs for encoders (the "
-                      "Kovaleva 'block' type needs two segments), source and target for encoder-decoder models."),
+                 help="Two texts a line, separated by a tab. Encoders and decoders: two segments of one input "
+                      "(sentence pairs, BERT's [SEP]-joined segments; the Kovaleva 'block' type needs them). "
+                      "Encoder-decoder models: the source the encoder reads and the target the decoder reads."),
     click.option("--generate", type=click.IntRange(min=1), default=None, metavar="N",
                  help="Encoder-decoder models: the model writes each source's target (greedy, at most N new "
                       "tokens); the sources come from --text or --corpus."),
@@ -98,7 +99,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     from ..models import load_model
     from ..patterns import pattern_accumulators
     from ..report import prepare_run_dir, write_run
-    from ..seq2seq import check_generate
+    from ..seq2seq import as_targets, check_generate
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
@@ -117,6 +118,8 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     _announce(lm, seqs, source, world)
     if generate is not None:
         check_generate(lm, generate)
+    if pairs and lm.kind == "encoder-decoder":
+        seqs = as_targets(seqs)  # the file's second column is the decoder's target
     finished, skipped, seqs = _circuit_probe(lm, seqs, circuits and (world is None or world.main), timings)
     offered = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
     extra = [acc for acc in offered if acc.refusal(lm) is None]  # the library's rule says what fits this model

@@ -216,7 +216,8 @@ def _split_batches(lm, texts, labels, held_out: float, seed: int, batch_size: in
     if labels is not None and len(labels) != len(items):
         raise InputError(f"{len(labels)} labels for {len(items)} sequences: give one label per sequence")
     ids = label_ids(lm, labels) if labels is not None else [None] * len(items)
-    items = [Text(t.text, t.words, {**t.meta, "index": i, "label": ids[i]}, t.pair) for i, t in enumerate(items)]
+    items = [Text(t.text, t.words, {**t.meta, "index": i, "label": ids[i]}, t.pair, target=t.target)
+             for i, t in enumerate(items)]
     parts = split_corpus(len(items), held_out, seed)
     batches = tuple(list(iter_batches(lm, [items[i] for i in part], batch_size=batch_size, max_length=max_length))
                     for part in parts)
