@@ -17,15 +17,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from . import validate
 from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts, check_supported
 from .capture import attention_hooks, forward
 from .classify import REMOVED, cluster_heads, default_thresholds, label_heads
+from .core import LoadedModel
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
-from .models import LoadedModel
-from .seq2seq import stack_depths
+from .seq2seq import check_generate, stack_depths, with_generated_targets
 from .stats import HeadStatistics
 
 
@@ -221,8 +222,6 @@ def _run_with_bar(lm: LoadedModel, batches: Iterable[Batch], accumulators: list[
     for a stream)."""
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=total, unit="seq", desc="analyze", leave=False)
     try:
         return run(lm, batches, accumulators, progress=bar)
@@ -251,8 +250,6 @@ def _generated(lm: LoadedModel, items, generate: int, sized: bool):
     Raises:
         InputError: ``lm`` is not an encoder-decoder model, or ``generate`` < 1.
     """
-    from .seq2seq import check_generate, with_generated_targets
-
     check_generate(lm, generate)
     items = with_generated_targets(lm, items, generate)
     return list(items) if sized else items
@@ -302,7 +299,7 @@ def input_notes(counts, tokenizer) -> list[str]:
 
 def versions() -> dict:
     """Versions of Python and the libraries whose behaviour shapes the numbers."""
-    import transformers
+    import transformers  # deferred: transformers takes ~1.5 s to import
 
     return {"probe": __import__("probe").__version__, "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__,

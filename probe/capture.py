@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 
 from .architectures import site_modules
+from .core import LoadedModel
 from .errors import CaptureError
-from .hooks import Hooks, measuring
+from .hooks import Hooks, input_device, measuring
 from .inputs import Batch, Text, as_texts, collate, tokenize
-from .models import LoadedModel
 from .sites import Site
 
 #: A capture callback: ``callback(site, probs)`` with probs [batch, heads, query, key].
@@ -72,13 +72,6 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback) -> Iterator[list[st
     with measuring(lm.model) as m:
         add_attention_hooks(m.hooks, lm, callback)
         yield m.notes
-
-
-def input_device(model) -> torch.device:
-    """Where a model's inputs go: its embeddings' device (a model spread by a device map moves
-    them on itself from the CPU when its embeddings are offloaded)."""
-    weight = model.get_input_embeddings().weight
-    return torch.device("cpu") if weight.device.type == "meta" else weight.device
 
 
 def forward(lm: LoadedModel, batch: Batch, **kwargs):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import validate
 from .errors import InputError
+from .inputs import Text
 
 #: A CoNLL-U sentence-text comment: ``# text = ...``.
 _TEXT_LINE = re.compile(r"#\s*text\s*=(.*)")
@@ -164,8 +165,6 @@ def iter_pairs(path: str | Path, limit: int | None = None) -> Iterator:
             non-UTF-8 bytes, a line without exactly one tab or with an empty segment (line numbered
             from 1), or no pair (when the end is reached without one).
     """
-    from .inputs import Text
-
     validate.limit(limit)
     p = _open_checked(path, "pairs file")
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -135,3 +136,10 @@ def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -
         model.train(was_training)
         if switched:
             model.set_attn_implementation(impl)
+
+
+def input_device(model) -> torch.device:
+    """Where a model's inputs go: its embeddings' device (a model spread by a device map moves
+    them on itself from the CPU when its embeddings are offloaded)."""
+    weight = model.get_input_embeddings().weight
+    return torch.device("cpu") if weight.device.type == "meta" else weight.device

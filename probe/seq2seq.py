@@ -16,14 +16,15 @@ target) or from the model itself (:func:`with_generated_targets`, greedy decodin
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
 from . import validate
 from .errors import InputError
-from .inputs import Batch, Text, Tokenized, target_text, tokenize_side
+from .hooks import input_device
+from .inputs import Batch, Text, decoder_start_id, target_text, tokenize_pairs  # noqa: F401 (tokenize_pairs: re-exported)
+from .util import quiet_transformers
 
 #: Sources generated for at once by :func:`with_generated_targets`.
 GENERATE_BATCH = 8
@@ -32,67 +33,6 @@ GENERATE_BATCH = 8
 def stack_depths(sites) -> dict[str, int]:
     """Layers per stack of an encoder-decoder model's sites (``{"encoder": n, "decoder": m}``)."""
     return {stack: sum(1 for s in sites if s.stack == stack and s.kind == "self") for stack in ("encoder", "decoder")}
-
-
-def decoder_start_id(lm) -> int:
-    """The token the decoder starts from: ``config.decoder_start_token_id`` (T5: the pad token).
-
-    Raises:
-        InputError: the model names no decoder start token and no pad token.
-    """
-    config = lm.model.config
-    for value in (getattr(config, "decoder_start_token_id", None),
-                  getattr(getattr(lm.model, "generation_config", None), "decoder_start_token_id", None),
-                  getattr(config, "pad_token_id", None)):
-        if value is not None:
-            return int(value)
-    raise InputError("the model's config names no decoder_start_token_id (and no pad token to start from)")
-
-
-def tokenize_pairs(lm, texts: Sequence[Text], max_length: int | None = None, *,
-                   parse_special_tokens: bool = False, start_index: int = 0) -> list[Tokenized]:
-    """Tokenize (source, target) pairs for an encoder-decoder model.
-
-    The source is ``text.text``; the target is ``text.target``, tokenized as a target and put
-    after the decoder's start token (:func:`decoder_start_id`). Each side is cut to ``max_length``
-    tokens (the target's start token included); a cut on either side marks the pair truncated.
-    A text that gives its target as ``pair=`` (BERT's second segment, which these models do not
-    read) still works, with a ``DeprecationWarning``.
-
-    Returns:
-        One :class:`Tokenized` per pair (the source) with ``target`` set (offsets into the target
-        text; the start token is special and covers no character).
-
-    Raises:
-        InputError: a text without a target (encoder-decoder models need one: ``Text(source,
-            target=...)``, ``--pairs FILE`` or ``--generate N``), a text with both ``pair`` and
-            ``target``, max_length below 2, or a source with no token besides special ones.
-    """
-    for i, t in enumerate(texts):
-        where = (t.index if t.index is not None else start_index + i) + 1
-        if target_text(t) is None:
-            raise InputError(f"text {where} has no target: an encoder-decoder model reads a source and a "
-                             "target (give --pairs FILE with source<TAB>target lines, or --generate N)")
-        if t.pair is not None and t.target is not None:
-            raise InputError(f"text {where} has both a second segment (pair) and a target; an encoder-decoder "
-                             "model reads a source and a target")
-    if any(t.target is None for t in texts):
-        warnings.warn("Text(source, pair=target) for an encoder-decoder model is deprecated: give "
-                      "Text(source, target=...); pair= names a second segment of one input (BERT)",
-                      DeprecationWarning, stacklevel=3)
-    limit = validate.max_length(max_length, lm.max_length)
-    sources = [Text(t.text, t.words, t.meta, None, t.index) for t in texts]
-    targets = [Text(target_text(t), None, {}, None, t.index) for t in texts]
-    src = tokenize_side(lm, sources, limit, parse_special_tokens=parse_special_tokens, start_index=start_index)
-    tgt = tokenize_side(lm, targets, limit - 1, parse_special_tokens=parse_special_tokens,
-                        start_index=start_index, target=True)
-    start = decoder_start_id(lm)
-    for s, t in zip(src, tgt):
-        s.target = Tokenized(index=s.index, ids=[start, *t.ids], offsets=[(0, 0), *t.offsets],
-                             special=[True, *t.special], word_ids=[-1, *t.word_ids], token_type_ids=None,
-                             truncated=t.truncated)
-        s.truncated = s.truncated or t.truncated
-    return src
 
 
 def as_targets(texts: Iterable[Text]) -> Iterable[Text]:
@@ -141,15 +81,12 @@ def generate_targets(lm, sources: Sequence[str], max_new_tokens: int) -> list[st
         InputError: max_new_tokens below 1.
     """
     validate.positive_int("--generate", max_new_tokens)
-    from .capture import input_device
-    from .util import quiet_transformers
-
     tok = lm.tokenizer
     device = input_device(lm.model)
     with quiet_transformers(progress_bars=True):
         enc = tok(list(sources), return_tensors="pt", padding=True, truncation=True, max_length=lm.max_length)
     pad = tok.pad_token_id if tok.pad_token_id is not None else decoder_start_id(lm)
-    from transformers import DynamicCache, EncoderDecoderCache
+    from transformers import DynamicCache, EncoderDecoderCache  # deferred: transformers takes ~1.5 s to import
 
     # a cache that grows layer by layer: generate's own is sized from config.num_layers, the
     # encoder's depth, and breaks on T5 models whose decoder is deeper (num_decoder_layers)

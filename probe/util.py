@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 def quiet_transformers(progress_bars: bool = False):
     """Context manager: transformers logs only errors inside (and, unless ``progress_bars``, shows
     no progress bar); the previous settings are restored on exit."""
-    from transformers.utils import logging as tlog
+    from transformers.utils import logging as tlog  # deferred: transformers takes ~1.5 s to import
 
     level = tlog.get_verbosity()
     bars = tlog.is_progress_bar_enabled()
@@ -26,8 +27,6 @@ def quiet_transformers(progress_bars: bool = False):
 
 def process_age() -> float | None:
     """Seconds since this process started (Linux: from /proc), or None where unknown."""
-    import os
-
     try:
         with open("/proc/self/stat", encoding="ascii") as fh:
             start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])

@@ -42,10 +42,10 @@ import torch
 from . import validate
 from .architectures import stack_layers
 from .battery import Case, battery, case_names
-from .capture import add_attention_hooks, input_device
+from .capture import add_attention_hooks
+from .core import LoadedModel
 from .errors import ProbeError
-from .hooks import measuring
-from .models import LoadedModel
+from .hooks import input_device, measuring
 from .reference import mutant_applies, swap_attention
 
 __all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "case_names"]
@@ -209,7 +209,7 @@ def _run_case(lm: LoadedModel, case: Case, hooks, on_attn, on_hidden, on_output)
     model = lm.model
     cache = None
     if case.use_cache:
-        from transformers import DynamicCache, EncoderDecoderCache
+        from transformers import DynamicCache, EncoderDecoderCache  # deferred: transformers takes ~1.5 s to import
 
         if lm.kind == "encoder-decoder":  # layers added as they come (a decoder may be deeper than the encoder)
             cache = EncoderDecoderCache(DynamicCache(), DynamicCache())

@@ -11,7 +11,7 @@ import click
 
 from .. import IMPORT_STARTED
 from ..util import process_age
-from . import main, user_errors
+from .group import main, user_errors
 from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .verify import verify_progress
 

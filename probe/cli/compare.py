@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import main, user_errors
+from .group import main, user_errors
 from .options import limit_option
 
 

@@ -33,6 +33,7 @@ import pandas as pd
 
 from ..errors import InputError
 from ..stats import STATISTICS
+from .runs import load_run
 
 #: heads.csv columns that are identifiers or arbitrary ids, never differenced.
 NOT_COMPARED = {"layer", "head", "layer_b", "cluster", "group"}
@@ -48,8 +49,6 @@ STATUSES = ("both", "removed in A", "removed in B", "removed in both", "only in 
 
 def as_result(run):
     """An analysis result as given, or a run folder read with :func:`probe.compare.load_run`."""
-    from .runs import load_run
-
     return load_run(run) if isinstance(run, (str, Path)) else run
 
 

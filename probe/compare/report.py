@@ -18,7 +18,7 @@ import numpy as np
 
 from ..analysis import versions
 from ..errors import InputError
-from ..report import CSP, _environment, _json_for_script, prepare_run_dir, static_text
+from ..report.page import CSP, _environment, _json_for_script, prepare_run_dir, static_text
 from ..stats import STATISTICS
 from ..tokens import display_tokens
 from .diff import NOT_PROBABILITY, as_result, compare_runs, geometry, label_counts, layer_summary, most_changed

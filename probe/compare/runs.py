@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..accumulators import Example
+from ..analysis import AnalysisResult
 from ..errors import InputError
 
 #: The example maps file of a run folder.
@@ -74,8 +75,6 @@ def load_run(folder: str | Path):
     Raises:
         InputError: no such folder, or no readable heads.csv / run.json in it.
     """
-    from ..analysis import AnalysisResult
-
     path = Path(folder)
     if not path.is_dir():
         raise InputError(f"no run folder {folder}")

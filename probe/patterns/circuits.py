@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 
 from ..accumulators import Accumulator, check_supported, present_heads
+from ..analysis import run
 from ..inputs import Batch, Text, as_texts, tokenize
 from ..sites import Site
 
@@ -264,8 +265,6 @@ def circuit_probe(lm, *, n: int = N_TOKENS, batch_size: int = BATCH, seed: int =
         UnsupportedAnalysisError: not a decoder-only model (:attr:`CircuitProbe.model_kinds`).
         ValueError: n < 2, or 2n + 1 tokens above the model's limit.
     """
-    from ..analysis import run
-
     check_supported(lm, [CircuitProbe])
     t0 = time.perf_counter()
     ids, offset = repeated_random_tokens(lm.tokenizer, n, batch_size, seed)

@@ -38,11 +38,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 
 from ..accumulators import Accumulator
 from ..inputs import Batch
 from ..sites import Site
+from .groups import head_groups
 
 LN2 = math.log(2.0)
 
@@ -296,16 +298,12 @@ class HeadDistances(Accumulator):
     def groups(self):
         """:class:`~probe.patterns.groups.HeadGroups` of all heads from the model-wide distance (computed
         once per state), or None when the model-wide distance was off or saw no row."""
-        from .groups import head_groups
-
         if self._groups is None and self.map_sequences > 0 and self.m_rows > 0:
             self._groups = head_groups(self._model())
         return self._groups
 
     def columns(self):
         """``group`` per head for ``heads.csv`` (replacing the k-means ``cluster``), or None."""
-        import pandas as pd
-
         groups = self.groups()
         if groups is None:
             return None

@@ -23,21 +23,18 @@ Example::
 
 from __future__ import annotations
 
-_EXPORTS = {
-    "prune": "experiment", "PruneResult": "experiment", "split_corpus": "experiment",
-    "gated": "gates", "remove_heads": "removal", "save_pruned": "saving", "load_pruned_folder": "saving",
-    "head_importance": "importance", "normalize_per_layer": "importance", "PrunedHeads": "heads",
-    "PRUNED_FILE": "heads", "HeadDistances": "redundancy", "js_divergence": "redundancy",
-    "default_objective": "objectives", "OBJECTIVES": "objectives", "ORDERS": "curves",
-}
+from .curves import ORDERS
+from .experiment import PruneResult, prune, split_corpus
+from .gates import gated
+from .heads import PRUNED_FILE, PrunedHeads
+from .importance import head_importance, normalize_per_layer
+from .objectives import OBJECTIVES, default_objective
+from .redundancy import HeadDistances, js_divergence
+from .removal import remove_heads
+from .saving import load_pruned_folder, save_pruned
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    """Import lazily (``probe.models`` reads :mod:`probe.pruning.heads` while it is being imported)."""
-    if name in _EXPORTS:
-        from importlib import import_module
-
-        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [
+    "OBJECTIVES", "ORDERS", "PRUNED_FILE", "HeadDistances", "PruneResult", "PrunedHeads", "default_objective",
+    "gated", "head_importance", "js_divergence", "load_pruned_folder", "normalize_per_layer", "prune",
+    "remove_heads", "save_pruned", "split_corpus",
+]

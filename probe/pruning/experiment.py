@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from .. import validate
 from ..capture import forward
@@ -26,7 +27,7 @@ from ..errors import InputError
 from ..inputs import Text, as_texts, iter_batches
 from .curves import ORDERS, Context, Curve, run_orders, schedule
 from .gates import gated, ones
-from .objectives import OBJECTIVES, default_objective, make_objective
+from .objectives import OBJECTIVES, default_objective, label_ids, make_objective
 from .redundancy import nearest
 from .removal import parameter_count, removal_unsupported, remove_heads
 
@@ -210,8 +211,6 @@ def _validate(orders, steps, fraction, seeds, objective) -> list[str]:
 def _split_batches(lm, texts, labels, held_out: float, seed: int, batch_size: int, max_length):
     """((scoring indices, held-out indices), (scoring batches, held-out batches)); each text's meta
     gets its corpus ``index`` and its class id ``label`` (or None)."""
-    from .objectives import label_ids
-
     items = as_texts(validate.texts(texts))
     if labels is not None and len(labels) != len(items):
         raise InputError(f"{len(labels)} labels for {len(items)} sequences: give one label per sequence")
@@ -272,8 +271,6 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
     obj.setup(lm, score + held)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         def bar(total, desc):
             return tqdm(total=total, desc=desc, leave=False)
     timings["setup_s"] = time.perf_counter() - t0

@@ -5,11 +5,15 @@ and, if asked, the pruned model's folder. The command line only parses and print
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+from ..analysis import analyze
 from ..corpus import split_lines
 from ..errors import InputError
+from ..report import prepare_run_dir, write_run
 from .experiment import PruneResult, prune
+from .saving import check_target, save_pruned
 
 
 def read_labels(path: str | Path, n: int) -> list[str]:
@@ -42,11 +46,6 @@ def prune_run(lm, texts: list[str], *, out=None, force: bool = False, save_prune
     Raises:
         InputError: as ``prune``; ``out`` or ``save_pruned_to`` taken without ``force``.
     """
-    import time
-
-    from ..analysis import analyze
-    from ..report import prepare_run_dir, write_run
-    from .saving import check_target, save_pruned
 
     prepare_run_dir(out, lm.name, force)
     if save_pruned_to is not None:

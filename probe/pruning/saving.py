@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_model
 
 from ..architectures import get_spec, head_geometry
 from ..errors import InputError, ModelLoadError
@@ -46,8 +47,6 @@ def save_pruned(lm, folder: str | Path, *, force: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        from safetensors.torch import save_model
-
         lm.model.config.save_pretrained(tmp)
         if getattr(lm.model, "generation_config", None) is not None and lm.kind != "encoder":
             lm.model.generation_config.save_pretrained(tmp)
@@ -75,8 +74,6 @@ def check_target(path: Path, force: bool) -> None:
 
 
 def _state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     if not (folder / WEIGHTS).is_file():
         raise ModelLoadError(f"{folder}: no {WEIGHTS} beside {PRUNED_FILE}")
     return load_file(str(folder / WEIGHTS))
@@ -124,8 +121,8 @@ def load_pruned_folder(folder: str | Path, model_class, dtype: torch.dtype | Non
     Raises:
         ModelLoadError: unreadable record, missing weights, or weights that do not fit the record.
     """
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.initialization import no_init_weights
+    from transformers import AutoConfig, AutoTokenizer  # deferred: transformers takes ~1.5 s to import
+    from transformers.initialization import no_init_weights  # deferred: transformers takes ~1.5 s to import
 
     path = Path(folder)
     try:

@@ -4,6 +4,7 @@ statistic as a colour gradient)."""
 from __future__ import annotations
 
 from ..errors import InputError
+from ..report.page import LABEL_COLORS, label_family
 
 
 def label_grid(source, value: str = "label"):
@@ -21,8 +22,6 @@ def label_grid(source, value: str = "label"):
     Raises:
         InputError: ``value`` is not a column of the heads table.
     """
-    from ..report import LABEL_COLORS, label_family
-
     heads = source.heads if hasattr(source, "heads") else source
     if value not in heads.columns:
         raise InputError(f"no column {value!r} in the heads table; columns: {', '.join(map(str, heads.columns))}")

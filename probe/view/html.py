@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import html
 import uuid
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
+import torch
+
+from ..analysis import AnalysisResult
+from ..capture import attention_hooks, encode, forward
+from ..core import LoadedModel
 from ..errors import InputError
-from ..report import _json_for_script
+from ..inputs import Text
+from ..report.page import _json_for_script
 from ..tokens import display_tokens
 from .data import LINE_THRESHOLD, MAX_VALUES, budget_note, choose_layers, view_data
 
@@ -144,9 +151,6 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
     Raises:
         InputError: no text for a model, an example that was not kept, bad layers or heads.
     """
-    from ..analysis import AnalysisResult
-    from ..models import LoadedModel
-
     kw = dict(layer=layer, heads=heads, threshold=threshold)
     if isinstance(source, AnalysisResult):
         if not 0 <= example < len(source.examples):
@@ -162,17 +166,11 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
 
 
 def _without_words(ex):
-    from dataclasses import replace
-
     return replace(ex, word_ids=None)
 
 
 def _show_text(lm, text, layers, max_length, max_values, words, kw) -> HeadView:
     """Run one text, keeping only the included layers' maps (float32, [heads, n, n] each)."""
-    import torch
-
-    from ..capture import attention_hooks, encode, forward
-    from ..inputs import Text
 
     if text is None or not isinstance(text, (str, Text)):
         raise InputError("show(lm, text) needs one text (a string)")

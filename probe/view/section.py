@@ -10,8 +10,10 @@ float16) so that :func:`probe.compare.load_run` can show and compare the example
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..compare.runs import EXAMPLES_FILE, examples_bytes
-from ..report import choose_heads
+from ..report.page import choose_heads
 from ..report.sections import Section
 from ..report.sections import render_fragment as render_template
 from ..tokens import display_tokens
@@ -45,6 +47,4 @@ def head_view_section(result, tokenizer):
 
 
 def _labelled(ex, labels):
-    from dataclasses import replace
-
     return replace(ex, labels=labels)
