@@ -316,3 +316,13 @@ def test_cli_refuses_what_does_not_fit_an_encoder_decoder_model(tmp_path):
                                 "--no-progress"]).exit_code == 0
     res = runner.invoke(main, ["compare", str(tmp_path / "r"), str(tmp_path / "r"), "--out", str(tmp_path / "c")])
     assert res.exit_code != 0 and "encoder-decoder model" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("kind", ["t5", "gpt2"])
+def test_head_statistics_count_sites_not_layers(kind):
+    lm = tiny_model(kind)
+    stats = HeadStatistics(lm.sites, lm.geometry.n_heads, lm.tokenizer)
+    config = lm.model.config
+    expected = (config.num_layers + 2 * config.num_decoder_layers) if kind == "t5" else config.n_layer
+    assert stats.n_sites == len(lm.sites) == expected
+    assert not hasattr(stats, "n_layers") and not hasattr(stats, "to_frame")

@@ -44,8 +44,6 @@ REMOVED = "removed"
 #: Statistics not in probability units, left out of ``change``.
 NOT_PROBABILITY = {"entropy", "distance"}
 
-STATUSES = ("both", "removed in A", "removed in B", "removed in both", "only in A", "only in B")
-
 
 def as_result(run):
     """An analysis result as given, or a run folder read with :func:`probe.compare.load_run`."""

@@ -48,6 +48,10 @@ from .groups import head_groups
 
 LN2 = math.log(2.0)
 
+#: Heads of one layer closer than this (bits) are near-duplicates: the health check's
+#: ``duplicates`` and pruning's redundancy both read it here.
+NEAR_DUPLICATE = 0.05
+
 #: Defaults of the model-wide (map) accumulation: first sequences of the corpus, query rows of each.
 MAP_SEQUENCES = 200
 MAP_ROWS = 64

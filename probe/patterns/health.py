@@ -34,13 +34,14 @@ import torch
 from ..accumulators import Accumulator, present_heads
 from ..inputs import Batch
 from ..sites import Site
+from .distance import NEAR_DUPLICATE
 
 #: check -> (statistic, default threshold, comparison, what it points at). Order = report order.
 HEALTH_RULES: dict[str, tuple[str, float, str, str]] = {
     "saturated": ("max_weight", 0.95, ">=", "one-hot softmax: missing or wrong score scale, very large logits"),
     "uniform": ("norm_entropy", 0.95, ">=", "scores too small (scale applied twice), dead head"),
     "collapsed": ("self", 0.8, ">=", "a head that only copies its own token"),
-    "duplicates": ("distance", 0.05, "<", "redundant heads, pruning candidates"),
+    "duplicates": ("distance", NEAR_DUPLICATE, "<", "redundant heads, pruning candidates"),
     "padding": ("padding", 0.0, ">", "a mask bug: must be exactly 0"),
 }
 

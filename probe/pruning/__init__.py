@@ -5,7 +5,8 @@ Modules (each small): :mod:`~probe.pruning.heads` (original numbering and per-la
 :mod:`~probe.pruning.gates` (head gates on the output projection's input),
 :mod:`~probe.pruning.objectives` (clm, mlm, fidelity, classification),
 :mod:`~probe.pruning.importance` (Michel et al. 2019), :mod:`~probe.pruning.redundancy`
-(Jensen-Shannon distances between heads), :mod:`~probe.pruning.curves` (orders and curves),
+(the redundancy order, from :mod:`probe.patterns.distance`'s Jensen-Shannon distances),
+:mod:`~probe.pruning.curves` (orders and curves),
 :mod:`~probe.pruning.removal` (physical removal), :mod:`~probe.pruning.saving` (save and reload),
 :mod:`~probe.pruning.experiment` (:func:`prune`, the whole experiment without files) and
 :mod:`~probe.pruning.report` (the report section).
@@ -29,12 +30,11 @@ from .gates import gated
 from .heads import PRUNED_FILE, PrunedHeads
 from .importance import head_importance, normalize_per_layer
 from .objectives import OBJECTIVES, default_objective
-from .redundancy import HeadDistances, js_divergence
 from .removal import remove_heads
 from .saving import load_pruned_folder, save_pruned
 
 __all__ = [
-    "OBJECTIVES", "ORDERS", "PRUNED_FILE", "HeadDistances", "PruneResult", "PrunedHeads", "default_objective",
-    "gated", "head_importance", "js_divergence", "load_pruned_folder", "normalize_per_layer", "prune",
+    "OBJECTIVES", "ORDERS", "PRUNED_FILE", "PruneResult", "PrunedHeads", "default_objective",
+    "gated", "head_importance", "load_pruned_folder", "normalize_per_layer", "prune",
     "remove_heads", "save_pruned", "split_corpus",
 ]
