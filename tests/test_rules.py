@@ -18,10 +18,9 @@ from probe.linguistic.coref import CorefAccumulator
 from probe.linguistic.syntax import SyntaxAccumulator
 from probe.patterns import HeadDistances, HealthProbe, PatternTypes, circuit_probe, pattern_accumulators
 from probe.patterns.circuits import CircuitProbe, CircuitScores, SinkShares
-from probe.pruning.redundancy import HeadDistances as RedundancyDistances
 from probe.stats import HeadStatistics
 
-ONE_STACK = [HeadDistances, PatternTypes, HealthProbe, CorefAccumulator, SyntaxAccumulator, RedundancyDistances]
+ONE_STACK = [HeadDistances, PatternTypes, HealthProbe, CorefAccumulator, SyntaxAccumulator]
 DECODER_ONLY = [CircuitScores, SinkShares, CircuitProbe]
 EVERY_MODEL = [HeadStatistics, ExampleMaps, TokenCounts]
 MODELS = {"bert": "encoder", "gpt2": "decoder", "bart": "encoder-decoder", "t5": "encoder-decoder"}
