@@ -39,11 +39,11 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
         CaptureError: a site returned no attention probabilities.
     """
     model = lm.model
-    index = lm.spec.probs_index  # where the module's output tuple holds the probabilities
+    probs_of = lm.spec.probs  # where the module's output tuple holds the probabilities
 
     def make_hook(site: Site):
         def hook(module, args, output):
-            probs = output[index] if isinstance(output, tuple) and len(output) > index else None
+            probs = probs_of(output)
             if probs is None:
                 raise CaptureError(
                     f"site {site.name} returned no attention probabilities "

@@ -134,3 +134,33 @@ def test_head_geometry_reads_every_family():
     assert head_geometry(tiny_config("gemma", 100)).d_head == 24
     assert head_geometry(tiny_config("phi3", 100)).n_kv_heads == 2
     assert head_geometry(tiny_config("distilbert", 100)).n_heads == 4
+
+
+def test_behaviour_the_attention_branches_on_is_chosen_once_in_the_spec():
+    import torch
+
+    from probe.architectures import ALIBI, NO_POSITION_BIAS, T5_RELATIVE
+    from probe.reference import ReferenceAttention
+
+    biases = {t: spec.position_bias for t, spec in SPECS.items()}
+    assert biases["bloom"] is ALIBI and ALIBI.fused and biases["t5"] is T5_RELATIVE and not T5_RELATIVE.fused
+    assert {t for t, b in biases.items() if b is NO_POSITION_BIAS} == set(SPECS) - {"bloom", "t5"}
+    y, p, b = torch.ones(1), torch.full((1, 2, 3, 4), 0.25), None
+    assert SPECS["t5"].probs((y, b, p)) is p and SPECS["llama"].probs((y, p)) is p
+    assert SPECS["llama"].probs((y,)) is None and SPECS["llama"].probs(y) is None
+    assert SPECS["llama"].pack(y, p, b) == (y, p)
+    packed = SPECS["t5"].pack(y, p, b)  # T5 hands the next layer its bias: zeros where none
+    assert packed[0] is y and packed[2] is p and torch.equal(packed[1], torch.zeros(1, 2, 3, 4))
+    assert torch.equal(SPECS["bloom"].residual(y, {"residual": y}), 2 * y) and SPECS["gpt2"].residual(y, {}) is y
+
+    # a spec's rules are what the reference module calls: another rule changes its output
+    lm = tiny_model("llama")
+    layer, original = site_modules(lm.model, lm.spec)[0]
+    x = torch.randn(2, 5, lm.geometry.d_model, generator=torch.Generator().manual_seed(0))
+    plain = ReferenceAttention(original, lm.spec, lm.model.config, 0, site=layer)
+    spec = replace(lm.spec, residual=lambda out, kw: out + 1.0, pack=lambda out, probs, bias: ("packed", out, probs))
+    ruled = ReferenceAttention(original, spec, lm.model.config, 0, site=layer)
+    with torch.no_grad():
+        out, probs = plain(x)
+        tag, out2, probs2 = ruled(x)
+    assert tag == "packed" and torch.equal(out2, out + 1.0) and torch.equal(probs2, probs)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .position_bias import NO_POSITION_BIAS, PositionBias
+
 #: How the query/key/value projections are stored (see :attr:`ArchSpec.qkv_layout`).
 QKV_LAYOUTS = ("separate", "conv1d", "per_head", "stacked")
 
@@ -91,6 +93,38 @@ def _no_softcap(config) -> float | None:
 def _gemma2_softcap(config) -> float | None:
     """Gemma 2: scores become cap * tanh(scores / cap) before masking (``attn_logit_softcapping``)."""
     return getattr(config, "attn_logit_softcapping", None)
+
+
+def _probs_second(output) -> torch.Tensor | None:
+    """``(attn_output, attn_probs)``: the probabilities second (most architectures)."""
+    return output[1] if isinstance(output, tuple) and len(output) > 1 else None
+
+
+def _probs_third(output) -> torch.Tensor | None:
+    """T5: ``(attn_output, position_bias, attn_probs)``."""
+    return output[2] if isinstance(output, tuple) and len(output) > 2 else None
+
+
+def _pack_pair(y: torch.Tensor, probs: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """``(attn_output, attn_probs)``."""
+    return y, probs
+
+
+def _pack_t5(y: torch.Tensor, probs: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """T5: ``(attn_output, position_bias, attn_probs)``; the bias goes to the next layer of the
+    stack (zeros [1, heads, query, key] where this site adds none)."""
+    if bias is None:
+        bias = torch.zeros(1, *probs.shape[1:], dtype=y.dtype, device=y.device)
+    return y, bias, probs
+
+
+def _no_residual(y: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    return y
+
+
+def _residual_inside(y: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """BLOOM: the attention module adds its input's residual (``dropout_add(output, residual)``)."""
+    return y + kwargs["residual"]
 
 
 def _no_offset(config) -> int:
@@ -212,12 +246,16 @@ class ArchSpec:
             give the module its own value of (:func:`probe.pruning.removal.remove_heads` gives the
             module a view of the config with its own head count).
         cache_kwargs: names under which the attention module receives the key/value cache.
-        probs_index: position of the attention probabilities in the attention module's output
-            tuple (1; T5's modules return ``(output, position_bias, probs)``: 2).
-        position_bias: a bias added to the scores: ``"alibi"`` (BLOOM; Press et al. 2022) or
-            ``"t5"`` (bucketed relative positions, Raffel et al. 2020), else None.
-        residual_in_attention: the attention module adds its input's residual to its output
-            (BLOOM's ``dropout_add(output, residual)``).
+        probs: ``output -> probs | None``: the attention probabilities [batch, heads, query, key]
+            in the attention module's output tuple (second; T5's modules return
+            ``(output, position_bias, probs)``).
+        pack: ``(attn_output, probs, bias) -> tuple``: the output tuple a replacement module returns
+            (the original's layout).
+        position_bias: the bias added to the scores
+            (:class:`~probe.architectures.position_bias.PositionBias`: none, ALiBi for BLOOM, Press et
+            al. 2022; T5's bucketed relative positions, Raffel et al. 2020).
+        residual: ``(attn_output, kwargs) -> attn_output``: what the attention module adds to its
+            output (BLOOM adds its input's residual; others nothing).
     """
 
     family: str
@@ -239,15 +277,14 @@ class ArchSpec:
     kv_head_count_attrs: tuple[str, ...] = ()
     config_head_attrs: tuple[str, ...] = ()
     cache_kwargs: tuple[str, ...] = ("cache", "past_key_values")
-    probs_index: int = 1
-    position_bias: str | None = None
-    residual_in_attention: bool = False
+    probs: Callable[..., torch.Tensor | None] = _probs_second
+    pack: Callable[..., tuple] = _pack_pair
+    position_bias: PositionBias = NO_POSITION_BIAS
+    residual: Callable[..., torch.Tensor] = _no_residual
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
             raise ValueError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
-        if self.position_bias not in (None, "alibi", "t5"):
-            raise ValueError(f"position_bias must be None, 'alibi' or 't5', got {self.position_bias!r}")
         if self.kind not in MODEL_KINDS:
             raise ValueError(f"kind must be one of {MODEL_KINDS}, got {self.kind!r}")
         found = {(s.stack, s.kind) for s in self.site_specs}

@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 
 from ..errors import UnsupportedArchitectureError
+from .position_bias import ALIBI, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
     SiteSpec,
@@ -15,7 +16,10 @@ from .spec import (  # the rules the entries point at
     _gpt2_scaling,
     _gpt2_upcast,
     _no_softcap,
+    _pack_t5,
+    _probs_third,
     _query_pre_attn_scaling,
+    _residual_inside,
     _roberta_offset,
     _rope_by_layer_type,
     _window_by_layer_type,
@@ -103,14 +107,14 @@ _BART = ArchSpec(
     width_attrs=("embed_dim",),
 )
 _T5 = ArchSpec(
-    family="t5", kind="encoder-decoder", site_specs=_t5_sites(), scaling=_t5_no_scaling, probs_index=2,
-    position_bias="t5", head_count_attrs=("n_heads",), width_attrs=("inner_dim",),
+    family="t5", kind="encoder-decoder", site_specs=_t5_sites(), scaling=_t5_no_scaling, probs=_probs_third,
+    pack=_pack_t5, position_bias=T5_RELATIVE, head_count_attrs=("n_heads",), width_attrs=("inner_dim",),
 )
 _BLOOM = ArchSpec(
     family="bloom", kind="decoder",
     site_specs=one_stack("decoder", "h", "self_attention", "self_attention.dense",
                          qkv="self_attention.query_key_value"),
-    qkv_layout="per_head", softmax_dtype=torch.float32, position_bias="alibi", residual_in_attention=True,
+    qkv_layout="per_head", softmax_dtype=torch.float32, position_bias=ALIBI, residual=_residual_inside,
     cache_kwargs=("layer_past", "cache", "past_key_values"), head_count_attrs=("num_heads",),
     width_attrs=("hidden_size", "split_size"),
 )

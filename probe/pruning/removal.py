@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..architectures import ArchSpec, SiteSpec, site_block, site_spec, sites
+from ..architectures import ALIBI, ArchSpec, SiteSpec, site_block, site_spec, sites
 from ..errors import InputError
 from .heads import LayerLayout, PrunedHeads, normalize_heads, plan_layer
 
@@ -202,7 +202,7 @@ def removal_unsupported(lm) -> str | None:
     """Why heads cannot be physically removed from ``lm``, or None where they can."""
     if lm.kind == "encoder-decoder":
         return f"{lm.name} is an encoder-decoder model (head removal covers one-stack models)"
-    if lm.spec.position_bias == "alibi":
+    if lm.spec.position_bias is ALIBI:
         return (f"{lm.name} adds ALiBi biases whose slopes the model computes from its head count: removing "
                 "heads would change the slopes of the heads that stay")
     return None
