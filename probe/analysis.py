@@ -135,14 +135,12 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             max_length: int | None = None, n_examples: int = 3, example_tokens: int | None = 64,
             thresholds: dict[str, float] | None = None, n_clusters: int = 6, progress: bool = False,
             parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = (),
-            finished: Sequence[Accumulator] = (),
-            reduce: Callable[[list[Accumulator]], None] | None = None,
+            finished: Sequence[Accumulator] = (), reduce: Callable[[list[Accumulator]], None] | None = None,
             generate: int | None = None) -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
 
-    Sequences are sorted by length into batches (less padding); padding never enters a statistic,
-    so batched results equal one-sequence-at-a-time results. Sequences longer than ``max_length``
-    (default: the model's limit) are truncated and counted.
+    Sequences are sorted by length into batches; padding never enters a statistic, so batched
+    results equal one-at-a-time ones. Longer sequences are cut to ``max_length`` and counted.
 
     Args:
         texts: the sequences (strings or :class:`probe.inputs.Text`): a list, or any iterable (a
@@ -157,25 +155,24 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         n_clusters: k of the k-means grouping of heads (``cluster``), used only when no accumulator
             gives heads a ``group`` (:class:`probe.patterns.HeadDistances` does: groups by the
             Jensen-Shannon distance replace the k-means clusters).
-        progress: show a tqdm progress bar.
-        parse_special_tokens: let typed special-token strings become special tokens (F23).
+        progress: show a tqdm progress bar. parse_special_tokens: let typed special-token strings
+            become special tokens (F23).
         accumulators: extra accumulators run in the same pass (results in ``results[acc.name]``).
         finished: accumulators that already ran on their own inputs (e.g. the decoder circuit probe,
             :func:`probe.patterns.circuit_probe`): not run on the texts; their columns, labels and
             results join the result like the others'.
         reduce: called with every accumulator after the pass, to merge in those of other
             processes (data parallelism: :func:`probe.distributed.reducer`); None in one process.
-        generate: encoder-decoder models: the model writes each source's target (greedy, at most
-            this many new tokens); without it each text needs its target in :attr:`Text.target`. Their
-            ``heads`` have ``stack``, ``kind`` and cross-attention's ``aligned`` (:mod:`probe.stats`).
+        generate: encoder-decoder models: the model writes each source's target (greedy, at most this
+            many new tokens); else each text has its ``target``. Their ``heads`` have ``stack``, ``kind``
+            and cross-attention's ``aligned`` (:mod:`probe.stats`).
 
     Returns:
         An :class:`AnalysisResult`.
 
     Raises:
         InputError: no text, an empty text, batch_size < 1, max_length < 2 or a bad threshold.
-        UnsupportedAnalysisError: an accumulator (or a finished one) that does not measure this kind
-            of model or site (:meth:`probe.accumulators.Accumulator.refusal`), before anything runs.
+        UnsupportedAnalysisError: an accumulator not made for this kind of model or site, at once.
         CaptureError: attention probabilities could not be captured.
     """
     check_supported(lm, [*accumulators, *finished])
