@@ -46,7 +46,7 @@ def bare_forward(lm, batches) -> float:
     with torch.no_grad():
         for enc in batches:
             kw = enc.model_inputs()
-            if lm.causal:
+            if lm.kind != "encoder":
                 kw["use_cache"] = False
             out = lm.model(**kw, output_attentions=True)
             assert out.attentions is not None and len(out.attentions) == lm.geometry.n_layers

@@ -116,7 +116,7 @@ def main() -> None:
         print(f"median: statistics {med['statistics']:.2f} s; + distances {med['distances']:.2f} s -> ratio "
               f"{med['distances'] / med['statistics']:.3f} (target <= 1.5); + all {med['all']:.2f} s -> ratio "
               f"{med['all'] / med['statistics']:.3f}")
-    if lm.causal and args.repeats:
+    if lm.kind == "decoder" and args.repeats:
         t = time.perf_counter()
         probe = circuit_probe(lm, sink_texts=texts)
         print(f"circuit probe (16 x 2 x 25 random tokens, and the sinks on 16 corpus texts with and without BOS): "

@@ -35,7 +35,7 @@ def make_batch(lm, batch: int, tokens: int) -> dict:
     enc = lm.tokenizer(texts, return_tensors="pt", truncation=True, max_length=tokens, padding="max_length")
     assert enc["input_ids"].shape == (batch, tokens) and bool(enc["attention_mask"].all())
     inputs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-    if lm.causal:
+    if lm.kind != "encoder":
         inputs["use_cache"] = False
     return inputs
 

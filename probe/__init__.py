@@ -29,11 +29,12 @@ from .accumulators import Accumulator  # noqa: E402
 from .analysis import analyze, run  # noqa: E402
 from .capture import attention_hooks, capture_attention  # noqa: E402
 from .compare import compare_runs, load_run  # noqa: E402
+from .core import LoadedModel  # noqa: E402
 from .errors import ProbeError  # noqa: E402
 from .flow import attention_flow  # noqa: E402
 from .hooks import Hooks, ensure_eager, measuring  # noqa: E402
 from .inputs import Text  # noqa: E402
-from .models import LoadedModel, from_pretrained_objects, list_models, load_model  # noqa: E402
+from .models import from_pretrained_objects, list_models, load_model  # noqa: E402
 from .pruning.experiment import prune  # noqa: E402
 from .reference import attention, swap_attention  # noqa: E402
 from .rollout import Attribution, attention_rollout  # noqa: E402

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .architectures import MODEL_KINDS
+from .errors import UnsupportedAnalysisError
 from .inputs import Batch
 from .seq2seq import sides
-from .sites import Site
+from .sites import KINDS, Site
 
 
 def present_heads(probs: torch.Tensor) -> torch.Tensor:
@@ -43,11 +45,21 @@ def present_heads(probs: torch.Tensor) -> torch.Tensor:
 class Accumulator:
     """Base class: override :meth:`update`, :meth:`merge` and :meth:`result`.
 
+    What an analysis measures is said here, once, on its class: ``model_kinds`` and ``site_kinds``
+    (:meth:`refusal` reads them; :func:`probe.analysis.run` and :func:`probe.analysis.analyze`
+    refuse an accumulator that does not fit the model, and the CLI leaves it out).
+
     Attributes:
         name: key of the result in :attr:`probe.analysis.AnalysisResult.results`.
+        title: what the analysis is called in messages.
+        model_kinds: the kinds of model it measures (:data:`probe.architectures.MODEL_KINDS`).
+        site_kinds: the kinds of site it reads (``"self"``, ``"cross"``).
     """
 
     name: str = "accumulator"
+    title: str = "this analysis"
+    model_kinds: tuple[str, ...] = MODEL_KINDS
+    site_kinds: tuple[str, ...] = KINDS
     #: attributes not sent to other processes when accumulators are gathered (a tokenizer, a
     #: model): merging reads only the measured state.
     transient: tuple[str, ...] = ()
@@ -57,6 +69,19 @@ class Accumulator:
         for key in self.transient:
             state[key] = None
         return state
+
+    @classmethod
+    def refusal(cls, lm) -> str | None:
+        """Why this analysis cannot measure ``lm`` (a :class:`~probe.models.LoadedModel`): a kind of
+        model or a kind of site it does not cover, in one line; None where it can."""
+        if lm.kind not in cls.model_kinds:
+            return (f"{cls.title} is for {' and '.join(cls.model_kinds)} models; {lm.name} is "
+                    f"{_article(lm.kind)} {lm.kind} model")
+        other = sorted({s.kind for s in lm.sites} - set(cls.site_kinds))
+        if other:
+            return (f"{cls.title} is for {' and '.join(cls.site_kinds)}-attention sites; {lm.name} has "
+                    f"{other[0]}-attention sites")
+        return None
 
     def begin_batch(self, batch: Batch) -> None:
         """Called before the forward pass of each batch."""
@@ -86,6 +111,22 @@ class Accumulator:
         ratio of the head's value to the label's bar (>= 1 when it holds; the primary label is the
         strongest). Default: none."""
         return []
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def check_supported(lm, accumulators) -> None:
+    """Refuse accumulators (or their classes) that do not fit ``lm`` (:meth:`Accumulator.refusal`).
+
+    Raises:
+        UnsupportedAnalysisError: the first refusal, in one line.
+    """
+    for acc in accumulators:
+        why = acc.refusal(lm) if hasattr(acc, "refusal") else None
+        if why is not None:
+            raise UnsupportedAnalysisError(why)
 
 
 @dataclass
@@ -148,6 +189,7 @@ class ExampleMaps(Accumulator):
     """
 
     name = "examples"
+    title = "example maps"
 
     def __init__(self, indices, sites: list[Site], crop: int | None = 64) -> None:
         self.indices = set(int(i) for i in indices)
@@ -241,6 +283,7 @@ class TokenCounts(Accumulator):
     """Counts sequences, tokens, truncations and unknown-word tokens (for the run's record)."""
 
     name = "counts"
+    title = "token counts"
 
     def __init__(self, unk_id: int | None = None) -> None:
         self.unk_id = unk_id

@@ -19,13 +19,13 @@ import pandas as pd
 import torch
 
 from . import validate
-from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts
+from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts, check_supported
 from .capture import attention_hooks, check_fired, forward
 from .classify import REMOVED, cluster_heads, default_thresholds, label_heads
+from .core import LoadedModel
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
-from .models import LoadedModel
-from .seq2seq import stack_depths
+from .seq2seq import check_generate, stack_depths, with_generated_targets
 from .stats import HeadStatistics
 from .util import plural, progress_bar
 
@@ -48,9 +48,12 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
 
     Raises:
+        UnsupportedAnalysisError: an accumulator that does not measure this kind of model or site
+            (:meth:`probe.accumulators.Accumulator.refusal`), before anything runs.
         CaptureError: a site returned no attention probabilities, or none at all in the first
             batch (its attention module is never called).
     """
+    check_supported(lm, accumulators)
     state: dict = {"seen": set()}
 
     def on_site(site, probs):
@@ -126,18 +129,22 @@ class AnalysisResult:
 
 
 def model_summary(lm: LoadedModel) -> dict:
-    """Name, source, type, geometry and parameter count of a loaded model (JSON-ready)."""
+    """Name, source, type, kind, geometry and parameter count of a loaded model (JSON-ready).
+
+    ``kind`` is ``"encoder"``, ``"decoder"`` or ``"encoder-decoder"``; ``causal`` says whether every
+    site is causal (decoder-only models); encoder-decoder models add ``stacks`` (layers per stack).
+    """
     g = lm.geometry
     return {
-        "name": lm.name, "source": lm.source, "model_type": lm.model_type,
-        "class": type(lm.model).__name__, "family": lm.spec.family, "causal": lm.causal,
+        "name": lm.name, "source": lm.source, "model_type": lm.model_type, "kind": lm.kind,
+        "class": type(lm.model).__name__, "family": lm.spec.family, "causal": lm.kind == "decoder",
         "layers": g.n_layers, "heads": g.n_heads, "kv_heads": g.n_kv_heads, "d_head": g.d_head,
         "d_model": g.d_model, "max_length": lm.max_length,
         "windows": sorted({s.window for s in lm.sites if s.window is not None}),
         "parameters": int(sum(p.numel() for p in lm.model.parameters())),
         "removed_heads": 0 if lm.pruned is None else sum(len(h) for h in lm.pruned.removed().values()),
         "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
-        **({"stacks": stack_depths(lm.sites), "encoder_decoder": True} if lm.spec.encoder_decoder else {}),
+        **({"stacks": stack_depths(lm.sites)} if lm.kind == "encoder-decoder" else {}),
     }
 
 
@@ -145,14 +152,12 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             max_length: int | None = None, n_examples: int = 3, example_tokens: int | None = 64,
             thresholds: dict[str, float] | None = None, n_clusters: int = 6, progress: bool = False,
             parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = (),
-            finished: Sequence[Accumulator] = (),
-            reduce: Callable[[list[Accumulator]], None] | None = None,
+            finished: Sequence[Accumulator] = (), reduce: Callable[[list[Accumulator]], None] | None = None,
             generate: int | None = None) -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
 
-    Sequences are sorted by length into batches (less padding); padding never enters a statistic,
-    so batched results equal one-sequence-at-a-time results. Sequences longer than ``max_length``
-    (default: the model's limit) are truncated and counted.
+    Sequences are sorted by length into batches; padding never enters a statistic, so batched
+    results equal one-at-a-time ones. Longer sequences are cut to ``max_length`` and counted.
 
     Args:
         texts: the sequences (strings or :class:`probe.inputs.Text`): a list, or any iterable (a
@@ -175,17 +180,19 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             results join the result like the others'.
         reduce: called with every accumulator after the pass, to merge in those of other
             processes (data parallelism: :func:`probe.distributed.reducer`); None in one process.
-        generate: encoder-decoder models: the model writes each source's target (greedy, at most
-            this many new tokens); without it each text needs its target in :attr:`Text.pair`. Their
-            ``heads`` have ``stack``, ``kind`` and cross-attention's ``aligned`` (:mod:`probe.stats`).
+        generate: encoder-decoder models: the model writes each source's target (greedy, at most this
+            many new tokens); else each text has its ``target``. Their ``heads`` have ``stack``, ``kind``
+            and cross-attention's ``aligned`` (:mod:`probe.stats`).
 
     Returns:
         An :class:`AnalysisResult`.
 
     Raises:
         InputError: no text, an empty text, batch_size < 1, max_length < 2 or a bad threshold.
+        UnsupportedAnalysisError: an accumulator not made for this kind of model or site, at once.
         CaptureError: attention probabilities could not be captured.
     """
+    check_supported(lm, [*accumulators, *finished])
     t0 = time.perf_counter()
     sized = isinstance(texts, (str, Text)) or hasattr(texts, "__len__")
     items = as_texts(validate.texts(texts)) if sized else stream_texts(texts)
@@ -257,8 +264,6 @@ def _generated(lm: LoadedModel, items, generate: int, sized: bool):
     Raises:
         InputError: ``lm`` is not an encoder-decoder model, or ``generate`` < 1.
     """
-    from .seq2seq import check_generate, with_generated_targets
-
     check_generate(lm, generate)
     items = with_generated_targets(lm, items, generate)
     return list(items) if sized else items
@@ -309,7 +314,7 @@ def input_notes(counts, tokenizer) -> list[str]:
 
 def versions() -> dict:
     """Versions of Python and the libraries whose behaviour shapes the numbers."""
-    import transformers
+    import transformers  # deferred: transformers takes ~1.5 s to import
 
     return {"probe": __import__("probe").__version__, "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__,

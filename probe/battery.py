@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .core import LoadedModel
 from .errors import ProbeError
-from .models import LoadedModel
 
 #: Longest sequence of the ``max-length`` case, in tokens.
 MAX_CASE_TOKENS = 1024
@@ -121,15 +121,16 @@ def _invariance_case(lm: LoadedModel) -> Case:
     padding for encoders)."""
     prompt = _tokenize(lm, [CACHE_TEXTS[0]])
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    passes, roles = [_single_pass(prompt, lm.causal)], ["alone"]
-    passes.append(_single_pass({k: torch.cat([v, v]) for k, v in prompt.items()}, lm.causal))
+    decoder = lm.kind == "decoder"
+    passes, roles = [_single_pass(prompt, decoder)], ["alone"]
+    passes.append(_single_pass({k: torch.cat([v, v]) for k, v in prompt.items()}, decoder))
     roles.append("noise")
-    if lm.causal:
+    if decoder:
         passes += [_padded(prompt, p, pad_id, left=False, causal=True) for p in PADDINGS]
         roles += ["noise"] * len(PADDINGS)
-    passes += [_padded(prompt, p, pad_id, left=lm.causal, causal=lm.causal) for p in PADDINGS]
+    passes += [_padded(prompt, p, pad_id, left=decoder, causal=decoder) for p in PADDINGS]
     roles += ["padded"] * len(PADDINGS)
-    side = "left, position ids from the mask" if lm.causal else "right"
+    side = "left, position ids from the mask" if decoder else "right"
     return Case("padding-invariance", f"one prompt alone and padded by {', '.join(map(str, PADDINGS))} tokens "
                  f"({side})", passes, roles=roles)
 
@@ -183,18 +184,18 @@ def _seq2seq_battery(lm: LoadedModel) -> list[Case]:
 
 def battery(lm: LoadedModel) -> list[Case]:
     """The cases :func:`probe.verify` runs on this model, in order."""
-    if lm.spec.encoder_decoder:
+    if lm.kind == "encoder-decoder":
         return _seq2seq_battery(lm)
     cases = [
         Case("sentence", "one sentence", [_single_pass(_tokenize(lm, [SENTENCE]))]),
         Case("right-padded", "3 sentences of unequal length, right padding",
               [_single_pass(_tokenize(lm, BATCH))]),
     ]
-    if lm.causal:
+    if lm.kind == "decoder":
         cases.append(Case("left-padded", "3 sentences of unequal length, left padding, position ids from the mask",
                            [_single_pass(_tokenize(lm, BATCH, side="left"), causal=True)]))
     cases.append(_invariance_case(lm))
-    if lm.causal:
+    if lm.kind == "decoder":
         enc = _tokenize(lm, CACHE_TEXTS, truncation=True, max_length=9)
         ids = enc["input_ids"]
         if ids.shape[1] < 9 or not bool(enc["attention_mask"].all()):

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 
 from .architectures import site_modules
+from .core import LoadedModel
 from .errors import CaptureError
-from .hooks import Hooks, measuring
+from .hooks import Hooks, input_device, measuring
 from .inputs import Batch, Text, as_texts, collate, tokenize
-from .models import LoadedModel
 from .sites import Site
 
 #: A capture callback: ``callback(site, probs)`` with probs [batch, heads, query, key].
@@ -39,11 +39,11 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
         CaptureError: a site returned no attention probabilities.
     """
     model = lm.model
-    index = lm.spec.probs_index  # where the module's output tuple holds the probabilities
+    probs_of = lm.spec.probs  # where the module's output tuple holds the probabilities
 
     def make_hook(site: Site):
         def hook(module, args, output):
-            probs = output[index] if isinstance(output, tuple) and len(output) > index else None
+            probs = probs_of(output)
             if probs is None:
                 raise CaptureError(
                     f"site {site.name} returned no attention probabilities "
@@ -90,19 +90,12 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback) -> Iterator[list[st
         yield m.notes
 
 
-def input_device(model) -> torch.device:
-    """Where a model's inputs go: its embeddings' device (a model spread by a device map moves
-    them on itself from the CPU when its embeddings are offloaded)."""
-    weight = model.get_input_embeddings().weight
-    return torch.device("cpu") if weight.device.type == "meta" else weight.device
-
-
 def forward(lm: LoadedModel, batch: Batch, **kwargs):
-    """Run the model on a batch (decoders without building a key/value cache), its inputs moved to
-    the model's input device."""
+    """Run the model on a batch (a model with a decoder without building a key/value cache), its
+    inputs moved to the model's input device."""
     device = input_device(lm.model)
     inputs = {k: v.to(device) for k, v in batch.model_inputs().items()}
-    if lm.causal:
+    if lm.kind != "encoder":
         inputs["use_cache"] = False
     inputs.update(kwargs)
     return lm.model(**inputs)

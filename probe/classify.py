@@ -108,8 +108,8 @@ def cluster_heads(heads: pd.DataFrame, statistics: list[str], n_clusters: int = 
     Returns:
         [heads] int cluster ids.
     """
-    from sklearn.cluster import KMeans
-    from sklearn.preprocessing import StandardScaler
+    from sklearn.cluster import KMeans  # deferred: scikit-learn takes ~1.5-2 s to import
+    from sklearn.preprocessing import StandardScaler  # deferred: scikit-learn takes ~1.5-2 s to import
 
     cols = [c for c in statistics if heads[c].notna().any()]
     x = heads[cols].fillna(heads[cols].mean()).to_numpy(dtype=float)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import validate
 from .errors import InputError
+from .inputs import Text
 
 #: A CoNLL-U sentence-text comment: ``# text = ...``.
 _TEXT_LINE = re.compile(r"#\s*text\s*=(.*)")
@@ -152,7 +153,8 @@ def iter_pairs(path: str | Path, limit: int | None = None) -> Iterator:
 
     Lines end only at \\n, \\r\\n or \\r; blank lines are skipped. Each pair becomes one
     :class:`probe.inputs.Text` with ``pair`` set (encoded as the tokenizer joins pairs: BERT's
-    [CLS] A [SEP] B [SEP] with segment ids 0 and 1).
+    [CLS] A [SEP] B [SEP] with segment ids 0 and 1). For an encoder-decoder model the second segment
+    is the target: :func:`probe.seq2seq.as_targets` moves it there.
 
     Args:
         path: the TSV file.
@@ -163,8 +165,6 @@ def iter_pairs(path: str | Path, limit: int | None = None) -> Iterator:
             non-UTF-8 bytes, a line without exactly one tab or with an empty segment (line numbered
             from 1), or no pair (when the end is reached without one).
     """
-    from .inputs import Text
-
     validate.limit(limit)
     p = _open_checked(path, "pairs file")
 

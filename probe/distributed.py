@@ -23,6 +23,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import torch
+import torch.distributed as dist
+
 from .inputs import Text
 
 
@@ -69,9 +72,6 @@ def process_group(world: World, backend: str | None = None, timeout_s: float = 1
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPU); default nccl when CUDA is available, else gloo.
         timeout_s: how long a collective waits for the other ranks (seconds).
     """
-    import torch
-    import torch.distributed as dist
-
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     created = not dist.is_initialized()
     if created:
@@ -103,8 +103,6 @@ def reducer(world: World | None):
         return None
 
     def reduce(accumulators: list) -> None:
-        import torch.distributed as dist
-
         gathered: list = [None] * world.size
         dist.all_gather_object(gathered, accumulators)
         for rank in range(world.size):

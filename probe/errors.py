@@ -17,5 +17,10 @@ class InputError(ProbeError):
     """Text or corpus input is empty, unreadable or malformed."""
 
 
+class UnsupportedAnalysisError(ProbeError):
+    """An analysis was asked of a kind of model or site it does not measure (its rule:
+    :meth:`probe.accumulators.Accumulator.refusal`)."""
+
+
 class CaptureError(ProbeError):
     """Attention probabilities could not be captured (e.g. a custom attention returning none)."""

@@ -16,7 +16,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
+
+from .lookups import lookup_hook
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +179,6 @@ def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -
     Raises (at forward):
         InputError: an id outside its table (:func:`probe.lookups.check_lookups`).
     """
-    from .lookups import lookup_hook
-
     saved = ModelState.of(model)
     state, own = Measuring(Hooks()), Hooks()
     try:
@@ -195,3 +196,10 @@ def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -
         state.hooks.remove()
         own.remove()
         saved.restore()
+
+
+def input_device(model) -> torch.device:
+    """Where a model's inputs go: its embeddings' device (a model spread by a device map moves
+    them on itself from the CPU when its embeddings are offloaded)."""
+    weight = model.get_input_embeddings().weight
+    return torch.device("cpu") if weight.device.type == "meta" else weight.device

@@ -13,6 +13,7 @@ who mean it.
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -33,9 +34,14 @@ class Text:
             Analyses that bring their own words (CoNLL-U tokens, GAP mentions) pass them here.
         meta: anything an analysis needs about this text (gold heads, mentions ...); probe's loop
             passes it through untouched.
-        pair: an optional second segment (sentence pairs: BERT's [SEP]-joined input).
+        pair: an optional second segment of the same input (sentence pairs: BERT's
+            ``[CLS] text [SEP] pair [SEP]`` with segment ids 0 and 1). Encoder-decoder models read
+            no second segment; for them ``pair`` is taken as the ``target`` (deprecated: a
+            ``DeprecationWarning``; give ``target=``).
         index: its position in the whole corpus, where a reader or a data-parallel shard knows it
             (None: counted from the first text given to :func:`tokenize` / :func:`iter_batches`).
+        target: encoder-decoder models: the text the decoder reads (``text`` is the source the
+            encoder reads); None for encoders and decoder-only models, which refuse one.
     """
 
     text: str
@@ -43,6 +49,7 @@ class Text:
     meta: dict = field(default_factory=dict)
     pair: str | None = None
     index: int | None = None
+    target: str | None = None
 
     def word_spans(self) -> list[tuple[int, int]]:
         """Character spans of the words: the given ones, or the whitespace-separated runs of ``text``."""
@@ -59,6 +66,12 @@ class Text:
         if start is not None:
             spans.append((start, len(self.text)))
         return spans
+
+
+def target_text(text: Text) -> str | None:
+    """An encoder-decoder model's target of ``text``: ``text.target``, else the deprecated
+    ``text.pair`` (:func:`probe.seq2seq.tokenize_pairs` warns about it), else None."""
+    return text.target if text.target is not None else text.pair
 
 
 def as_texts(texts: Iterable[str | Text] | str | Text) -> list[Text]:
@@ -148,16 +161,21 @@ def tokenize(lm, texts: Sequence[Text], max_length: int | None = None, *,
         One :class:`Tokenized` per text.
 
     Raises:
-        InputError: no texts, max_length below 2, or a text with no token besides the special
-            tokens (an unknown-word token counts as a token).
+        InputError: no texts, max_length below 2, a text with no token besides the special
+            tokens (an unknown-word token counts as a token), or a text with a ``target`` given to a
+            model without a decoder reading one (encoders, decoder-only models).
     """
     if not texts:
         raise InputError("no text given")
-    if getattr(getattr(lm, "spec", None), "encoder_decoder", False):
-        from .seq2seq import tokenize_pairs
-
+    if getattr(lm, "kind", None) == "encoder-decoder":  # (stand-ins without a kind read one side)
         return tokenize_pairs(lm, texts, max_length, parse_special_tokens=parse_special_tokens,
                               start_index=start_index)
+    with_target = next((i for i, t in enumerate(texts) if t.target is not None), None)
+    if with_target is not None:
+        t = texts[with_target]
+        where = t.index if t.index is not None else start_index + with_target
+        raise InputError(f"text {where + 1} has a target, which only encoder-decoder models read "
+                         "(a second segment of the same input is Text(..., pair=...))")
     limit = validate.max_length(max_length, lm.max_length)
     return tokenize_side(lm, texts, limit, parse_special_tokens=parse_special_tokens, start_index=start_index)
 
@@ -221,6 +239,67 @@ def too_short_limit(limit: int, n_special: int, pair: bool = False) -> str:
     what = "a sentence pair" if pair else "a sequence"
     return (f"max length {limit} is too small: the model adds {n_special} special tokens to {what}, which leaves "
             f"no token of the text; use a max length of {n_special + 1} or more (--max-length)")
+
+
+def decoder_start_id(lm) -> int:
+    """The token the decoder starts from: ``config.decoder_start_token_id`` (T5: the pad token).
+
+    Raises:
+        InputError: the model names no decoder start token and no pad token.
+    """
+    config = lm.model.config
+    for value in (getattr(config, "decoder_start_token_id", None),
+                  getattr(getattr(lm.model, "generation_config", None), "decoder_start_token_id", None),
+                  getattr(config, "pad_token_id", None)):
+        if value is not None:
+            return int(value)
+    raise InputError("the model's config names no decoder_start_token_id (and no pad token to start from)")
+
+
+def tokenize_pairs(lm, texts: Sequence[Text], max_length: int | None = None, *,
+                   parse_special_tokens: bool = False, start_index: int = 0) -> list[Tokenized]:
+    """Tokenize (source, target) pairs for an encoder-decoder model.
+
+    The source is ``text.text``; the target is ``text.target``, tokenized as a target and put
+    after the decoder's start token (:func:`decoder_start_id`). Each side is cut to ``max_length``
+    tokens (the target's start token included); a cut on either side marks the pair truncated.
+    A text that gives its target as ``pair=`` (BERT's second segment, which these models do not
+    read) still works, with a ``DeprecationWarning``.
+
+    Returns:
+        One :class:`Tokenized` per pair (the source) with ``target`` set (offsets into the target
+        text; the start token is special and covers no character).
+
+    Raises:
+        InputError: a text without a target (encoder-decoder models need one: ``Text(source,
+            target=...)``, ``--pairs FILE`` or ``--generate N``), a text with both ``pair`` and
+            ``target``, max_length below 2, or a source with no token besides special ones.
+    """
+    for i, t in enumerate(texts):
+        where = (t.index if t.index is not None else start_index + i) + 1
+        if target_text(t) is None:
+            raise InputError(f"text {where} has no target: an encoder-decoder model reads a source and a "
+                             "target (give --pairs FILE with source<TAB>target lines, or --generate N)")
+        if t.pair is not None and t.target is not None:
+            raise InputError(f"text {where} has both a second segment (pair) and a target; an encoder-decoder "
+                             "model reads a source and a target")
+    if any(t.target is None for t in texts):
+        warnings.warn("Text(source, pair=target) for an encoder-decoder model is deprecated: give "
+                      "Text(source, target=...); pair= names a second segment of one input (BERT)",
+                      DeprecationWarning, stacklevel=3)
+    limit = validate.max_length(max_length, lm.max_length)
+    sources = [Text(t.text, t.words, t.meta, None, t.index) for t in texts]
+    targets = [Text(target_text(t), None, {}, None, t.index) for t in texts]
+    src = tokenize_side(lm, sources, limit, parse_special_tokens=parse_special_tokens, start_index=start_index)
+    tgt = tokenize_side(lm, targets, limit - 1, parse_special_tokens=parse_special_tokens,
+                        start_index=start_index, target=True)
+    start = decoder_start_id(lm)
+    for s, t in zip(src, tgt):
+        s.target = Tokenized(index=s.index, ids=[start, *t.ids], offsets=[(0, 0), *t.offsets],
+                             special=[True, *t.special], word_ids=[-1, *t.word_ids], token_type_ids=None,
+                             truncated=t.truncated)
+        s.truncated = s.truncated or t.truncated
+    return src
 
 
 def _pair_offsets(offsets, special, segments, n_first: int):
@@ -339,7 +418,8 @@ def collate(lm, items: Sequence[Tokenized], texts: Sequence[Text]) -> Batch:
             tt[r, :n] = torch.tensor(t.token_type_ids)
     target = None
     if items[0].target is not None:  # encoder-decoder: sources here, targets in a batch of their own
-        target = collate(lm, [t.target for t in items], [Text(t.pair, meta=t.meta, index=t.index) for t in texts])
+        target = collate(lm, [t.target for t in items],
+                         [Text(target_text(t), meta=t.meta, index=t.index) for t in texts])
         texts = [Text(t.text, t.words, t.meta, None, t.index) for t in texts]
     return Batch(ids, mask, tt, offsets, special, word_ids, list(texts), [t.index for t in items],
                  [t.truncated for t in items], target=target)

@@ -1,10 +1,13 @@
 """How a checkpoint becomes a model for :func:`probe.models.load_model`: the auto class (with a
-task head if asked), GGUF files dequantized and cached as float32, model folders (a pruned model's
-folder rebuilt with its heads removed), and where the weights are placed (device, device map).
+task head if asked), GGUF files dequantized and cached as float32, model folders, and where the
+weights are placed (device, device map). (A pruned model's folder is rebuilt by
+:mod:`probe.pruning.saving`, which :mod:`probe.models` calls: the loader knows nothing of pruning.)
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import os
 import time
@@ -37,7 +40,7 @@ HEADS = ("mlm", "classification", "auto")
 def model_class(config, head: str | None = None):
     """The auto class to build: decoders with their LM head; encoders bare, or with the head asked
     for (``"mlm"``, ``"classification"``; ``"auto"``: the head the checkpoint's ``architectures`` names)."""
-    import transformers as tr
+    import transformers as tr  # deferred: transformers takes ~1.5 s to import
 
     archs = " ".join(getattr(config, "architectures", None) or [])
     if head == "auto":
@@ -46,9 +49,9 @@ def model_class(config, head: str | None = None):
     if head == "classification":
         return tr.AutoModelForSequenceClassification
     spec = get_spec(config)
-    if spec.encoder_decoder:
+    if spec.kind == "encoder-decoder":
         return tr.AutoModelForSeq2SeqLM
-    if spec.causal:
+    if spec.kind == "decoder":
         return tr.AutoModelForCausalLM
     return tr.AutoModelForMaskedLM if head == "mlm" else tr.AutoModel
 
@@ -96,12 +99,9 @@ def _parse_once():
 
     Where transformers or gguf lacks these functions, nothing changes.
     """
-    import copy
-    import functools
-
     patched = []
     try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils  # deferred: transformers (seconds)
         original = gguf_utils.load_gguf_checkpoint
         read: dict = {}
 
@@ -114,7 +114,7 @@ def _parse_once():
 
         patched.append((gguf_utils, "load_gguf_checkpoint", original))
         gguf_utils.load_gguf_checkpoint = once
-        import gguf
+        import gguf  # deferred: only while loading a GGUF file
 
         patched.append((gguf, "get_tensor_name_map", gguf.get_tensor_name_map))
         gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)
@@ -150,7 +150,7 @@ def load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
     progress bar), saving the float32 copy. Repeated parses are done once (:func:`_parse_once`) and
     the model is built from the config already read.
     """
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer  # deferred: transformers takes ~1.5 s to import
 
     if cached is not None and (cached / "config.json").exists():
         return load_folder(cached, dtype)
@@ -225,7 +225,7 @@ def load_folder(source, dtype, head: str | None = None, **kw):
         UnsupportedArchitectureError: the model type is not supported.
         ModelLoadError: ``head`` asked for but missing from the checkpoint's weights.
     """
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer  # deferred: transformers takes ~1.5 s to import
 
     config = AutoConfig.from_pretrained(source, trust_remote_code=False, **kw)
     get_spec(config)
@@ -268,7 +268,7 @@ def place(model: nn.Module, device: str | None, device_map: str | None) -> list[
     """Put the weights where asked (after loading, for models not loaded with a device map)."""
     notes = []
     if device_map is not None and getattr(model, "hf_device_map", None) is None:
-        from accelerate import dispatch_model, infer_auto_device_map
+        from accelerate import dispatch_model, infer_auto_device_map  # deferred: accelerate takes ~0.2 s to import
 
         placement = infer_auto_device_map(model, no_split_module_classes=getattr(model, "_no_split_modules", None))
         offload = cache_dir() / "offload"
@@ -279,20 +279,3 @@ def place(model: nn.Module, device: str | None, device_map: str | None) -> list[
     elif device is not None:
         model.to(device)
     return notes
-
-
-def load_local(path: Path, dtype, head: str | None, notes: list[str]):
-    """A local model folder: (model, tokenizer, pruned). A folder holding a pruned model's record
-    (probe.pruning.saving) is built from its config with the same heads removed."""
-    from .pruning.heads import PRUNED_FILE
-
-    if not (path / PRUNED_FILE).exists():
-        return (*load_folder(path, dtype, head), None)
-    from transformers import AutoConfig
-
-    from .pruning.saving import load_pruned_folder
-
-    cls = model_class(AutoConfig.from_pretrained(path, trust_remote_code=False), head)
-    model, tokenizer, pruned = load_pruned_folder(path, cls, dtype)
-    notes.append(f"pruned model: {sum(len(h) for h in pruned.removed().values())} heads removed ({PRUNED_FILE})")
-    return model, tokenizer, pruned

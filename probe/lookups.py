@@ -33,7 +33,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .errors import InputError
+from .architectures import get_spec
+from .errors import InputError, UnsupportedArchitectureError
 
 #: Attribute names of the position tables of the supported families (learned or sinusoidal).
 POSITION_TABLES = ("position_embeddings", "wpe", "embed_positions")
@@ -59,9 +60,6 @@ def _rows(module: nn.Module) -> int | None:
 def _roberta_style(model: nn.Module) -> bool:
     """Whether the model numbers positions RoBERTa's way: from ``pad_token_id + 1``, counting only
     non-padding tokens (:attr:`probe.architectures.ArchSpec.position_offset`)."""
-    from .architectures import get_spec
-    from .errors import UnsupportedArchitectureError
-
     try:
         return get_spec(model.config).position_offset(model.config) > 0
     except UnsupportedArchitectureError:

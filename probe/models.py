@@ -5,21 +5,27 @@ Every model is loaded the same way: eager attention (so attention probabilities 
 or :class:`~probe.errors.UnsupportedArchitectureError` with a one-line message.
 
 This module names models (aliases, embedded packages, the cache folder) and returns
-:class:`LoadedModel`; :mod:`probe.loading` turns a checkpoint into a ``transformers`` model (auto
-class and task head, GGUF dequantization and its cache, pruned folders, device placement).
+:class:`~probe.core.LoadedModel` (defined in :mod:`probe.core`, re-exported here);
+:mod:`probe.loading` turns a checkpoint into a ``transformers`` model (auto class and task head,
+GGUF dequantization and its cache, device placement); a pruned model's folder is read by
+:func:`probe.pruning.saving.load_pruned_folder`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
+from huggingface_hub import constants
 from torch import nn
 
-from .architectures import ArchSpec, HeadGeometry, get_spec, head_geometry, max_positions, sites
+from .architectures import get_spec, head_geometry, max_positions
+from .core import LoadedModel
 from .errors import ModelLoadError, ProbeError
 from .hooks import ensure_eager
 from .loading import (
@@ -29,11 +35,12 @@ from .loading import (
     finish_tokenizer,
     load_folder,
     load_gguf,
-    load_local,
+    model_class,
     place,
     resolve_device,
 )
-from .sites import Site
+from .pruning.heads import PRUNED_FILE
+from .pruning.saving import load_pruned_folder
 from .util import quiet_transformers
 
 
@@ -71,52 +78,6 @@ HUB_ALIASES: dict[str, str] = {
 }
 
 DEFAULT_MODEL = "minilm"
-
-
-@dataclass
-class LoadedModel:
-    """A model ready for probing, with everything probe needs to know about it.
-
-    Attributes:
-        model: the ``transformers`` model, eval mode, eager attention.
-        tokenizer: its tokenizer (a pad token is set if it had none; padding side is right).
-        spec: where its attention pieces live (:class:`~probe.architectures.ArchSpec`).
-        geometry: layer/head counts and sizes.
-        name: what the user asked for (alias, Hub id, path).
-        source: where it was loaded from (folder, Hub id or GGUF path).
-        max_length: longest sequence in tokens the model accepts.
-        load_seconds: wall time of loading (seconds).
-        notes: what loading changed or the user should know.
-        pruned: for a model whose heads were physically removed, which heads are gone and how each
-            layer's heads sit in its projections (:class:`probe.pruning.heads.PrunedHeads`, original
-            numbering); None for a complete model.
-    """
-
-    model: nn.Module
-    tokenizer: object
-    spec: ArchSpec
-    geometry: HeadGeometry
-    name: str
-    source: str
-    max_length: int
-    load_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    pruned: object | None = None
-
-    @property
-    def causal(self) -> bool:
-        """True for decoder-only (causal) models."""
-        return self.spec.causal
-
-    @property
-    def sites(self) -> list[Site]:
-        """Every attention site of the model, in forward order (see :mod:`probe.sites`)."""
-        return sites(self.model.config)
-
-    @property
-    def model_type(self) -> str:
-        """The Hugging Face ``config.model_type`` (``bert``, ``gpt2``, ``llama`` ...)."""
-        return self.model.config.model_type
 
 
 def embedded_folder(alias: str) -> Path | None:
@@ -165,10 +126,6 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     False at once when ``HF_HUB_OFFLINE`` is set. Used so an offline machine fails in seconds
     (loading from the local cache only) instead of after the Hub client's retries.
     """
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         return False
@@ -288,7 +245,7 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
             if not (path / "config.json").exists():
                 raise ModelLoadError(f"{name} is not a model folder (no config.json)")
             try:
-                model, tokenizer, pruned = load_local(path, dtype, head, notes)
+                model, tokenizer, pruned = _load_local(path, dtype, head, notes)
             except ProbeError:
                 raise
             except Exception as exc:  # noqa: BLE001
@@ -307,6 +264,19 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
                 raise _hub_error(name, exc) from None
             source = hub_id
     return model, tokenizer, source, pruned
+
+
+def _load_local(path: Path, dtype, head: str | None, notes: list[str]):
+    """A local model folder: (model, tokenizer, pruned). A folder holding a pruned model's record
+    (:mod:`probe.pruning.saving`) is built from its config with the same heads removed."""
+    if not (path / PRUNED_FILE).exists():
+        return (*load_folder(path, dtype, head), None)
+    from transformers import AutoConfig  # deferred: transformers takes ~1.5 s to import
+
+    cls = model_class(AutoConfig.from_pretrained(path, trust_remote_code=False), head)
+    model, tokenizer, pruned = load_pruned_folder(path, cls, dtype)
+    notes.append(f"pruned model: {sum(len(h) for h in pruned.removed().values())} heads removed ({PRUNED_FILE})")
+    return model, tokenizer, pruned
 
 
 def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -> LoadedModel:

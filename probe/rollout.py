@@ -28,7 +28,7 @@ token for decoders. Attention flow, the max-flow variant on the same layered map
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -158,7 +158,7 @@ def encode_for_stack(lm: LoadedModel, texts: Sequence[str | Text], max_length: i
     """
     items = as_texts(texts)
     if stack_of(lm)[1]:
-        items = [t if t.pair is not None else Text(t.text, t.words, t.meta, "", t.index) for t in items]
+        items = [t if t.target is not None or t.pair is not None else replace(t, target="") for t in items]
     return encode(lm, items, max_length)
 
 

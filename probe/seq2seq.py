@@ -10,8 +10,8 @@ different tokens (:func:`sides`):
 A :class:`~probe.inputs.Batch` of such a model holds the sources; ``batch.target`` is a batch of
 its own holding the decoder's input: the decoder start token followed by the tokenized target
 (``text_target=``), right-padded like the source, so padding on either side never enters a
-statistic. Targets come from the input (``--pairs FILE``: source TAB target, :attr:`Text.pair`)
-or from the model itself (:func:`with_generated_targets`, greedy decoding).
+statistic. Targets come from the input (:attr:`Text.target`; ``--pairs FILE``: source TAB
+target) or from the model itself (:func:`with_generated_targets`, greedy decoding).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import torch
 
 from . import validate
 from .errors import InputError
-from .hooks import measuring
-from .inputs import Batch, Text, Tokenized, tokenize_side
+from .hooks import input_device, measuring
+from .inputs import Batch, Text, decoder_start_id, target_text, tokenize_pairs  # noqa: F401 (tokenize_pairs: re-exported)
+from .util import quiet_transformers
 
 #: Sources generated for at once by :func:`with_generated_targets`.
 GENERATE_BATCH = 8
@@ -34,55 +35,12 @@ def stack_depths(sites) -> dict[str, int]:
     return {stack: sum(1 for s in sites if s.stack == stack and s.kind == "self") for stack in ("encoder", "decoder")}
 
 
-def decoder_start_id(lm) -> int:
-    """The token the decoder starts from: ``config.decoder_start_token_id`` (T5: the pad token).
-
-    Raises:
-        InputError: the model names no decoder start token and no pad token.
-    """
-    config = lm.model.config
-    for value in (getattr(config, "decoder_start_token_id", None),
-                  getattr(getattr(lm.model, "generation_config", None), "decoder_start_token_id", None),
-                  getattr(config, "pad_token_id", None)):
-        if value is not None:
-            return int(value)
-    raise InputError("the model's config names no decoder_start_token_id (and no pad token to start from)")
-
-
-def tokenize_pairs(lm, texts: Sequence[Text], max_length: int | None = None, *,
-                   parse_special_tokens: bool = False, start_index: int = 0) -> list[Tokenized]:
-    """Tokenize (source, target) pairs for an encoder-decoder model.
-
-    The source is ``text.text``; the target is ``text.pair``, tokenized as a target and put after
-    the decoder's start token (:func:`decoder_start_id`). Each side is cut to ``max_length`` tokens
-    (the target's start token included); a cut on either side marks the pair truncated.
-
-    Returns:
-        One :class:`Tokenized` per pair (the source) with ``target`` set (offsets into the target
-        text; the start token is special and covers no character).
-
-    Raises:
-        InputError: a text without a target (encoder-decoder models need one: ``--pairs FILE`` or
-            ``--generate N``), max_length below 2, or a source with no token besides special ones.
-    """
-    missing = [t for t in texts if t.pair is None]
-    if missing:
-        where = missing[0].index if missing[0].index is not None else start_index + texts.index(missing[0])
-        raise InputError(f"text {where + 1} has no target: an encoder-decoder model reads a source and a "
-                         "target (give --pairs FILE with source<TAB>target lines, or --generate N)")
-    limit = validate.max_length(max_length, lm.max_length)
-    sources = [Text(t.text, t.words, t.meta, None, t.index) for t in texts]
-    targets = [Text(t.pair, None, {}, None, t.index) for t in texts]
-    src = tokenize_side(lm, sources, limit, parse_special_tokens=parse_special_tokens, start_index=start_index)
-    tgt = tokenize_side(lm, targets, limit - 1, parse_special_tokens=parse_special_tokens,
-                        start_index=start_index, target=True)
-    start = decoder_start_id(lm)
-    for s, t in zip(src, tgt):
-        s.target = Tokenized(index=s.index, ids=[start, *t.ids], offsets=[(0, 0), *t.offsets],
-                             special=[True, *t.special], word_ids=[-1, *t.word_ids], token_type_ids=None,
-                             truncated=t.truncated)
-        s.truncated = s.truncated or t.truncated
-    return src
+def as_targets(texts: Iterable[Text]) -> Iterable[Text]:
+    """Texts read with a second segment (``pair``: a ``--pairs`` file's second column) as an
+    encoder-decoder model's sources and targets: the same texts with that segment as ``target``
+    (a list stays a list, a stream stays lazy)."""
+    moved = (Text(t.text, t.words, t.meta, None, t.index, t.pair) if t.pair is not None else t for t in texts)
+    return list(moved) if hasattr(texts, "__len__") else moved
 
 
 def sides(site, batch: Batch) -> tuple[Batch, Batch]:
@@ -106,7 +64,7 @@ def check_generate(lm, max_new_tokens: int) -> None:
     Raises:
         InputError: ``lm`` is not an encoder-decoder model, or max_new_tokens below 1.
     """
-    if not lm.spec.encoder_decoder:
+    if lm.kind != "encoder-decoder":
         raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
                          "not one")
     validate.positive_int("--generate", max_new_tokens)
@@ -123,15 +81,12 @@ def generate_targets(lm, sources: Sequence[str], max_new_tokens: int) -> list[st
         InputError: max_new_tokens below 1.
     """
     validate.positive_int("--generate", max_new_tokens)
-    from .capture import input_device
-    from .util import quiet_transformers
-
     tok = lm.tokenizer
     device = input_device(lm.model)
     with quiet_transformers(progress_bars=True):
         enc = tok(list(sources), return_tensors="pt", padding=True, truncation=True, max_length=lm.max_length)
     pad = tok.pad_token_id if tok.pad_token_id is not None else decoder_start_id(lm)
-    from transformers import DynamicCache, EncoderDecoderCache
+    from transformers import DynamicCache, EncoderDecoderCache  # deferred: transformers takes ~1.5 s to import
 
     # a cache that grows layer by layer: generate's own is sized from config.num_layers, the
     # encoder's depth, and breaks on T5 models whose decoder is deeper (num_decoder_layers)
@@ -146,7 +101,7 @@ def generate_targets(lm, sources: Sequence[str], max_new_tokens: int) -> list[st
 
 
 def with_generated_targets(lm, texts: Iterable[Text], max_new_tokens: int) -> Iterator[Text]:
-    """The texts with ``pair`` set to the model's own greedy target (:func:`generate_targets`),
+    """The texts with ``target`` set to the model's own greedy target (:func:`generate_targets`),
     generated :data:`GENERATE_BATCH` sources at a time as the texts are read.
 
     Raises (while iterating):
@@ -157,10 +112,10 @@ def with_generated_targets(lm, texts: Iterable[Text], max_new_tokens: int) -> It
 
     def flush():
         for t, target in zip(chunk, generate_targets(lm, [t.text for t in chunk], max_new_tokens)):
-            yield Text(t.text, t.words, t.meta, target, t.index)
+            yield Text(t.text, t.words, t.meta, None, t.index, target)
 
     for i, t in enumerate(texts):
-        if t.pair is not None:
+        if target_text(t) is not None:
             raise InputError(f"text {(t.index if t.index is not None else i) + 1} already has a target; "
                              "--generate writes targets for sources only")
         chunk.append(t)

@@ -245,6 +245,7 @@ class HeadStatistics(Accumulator):
     """
 
     name = "statistics"
+    title = "per-head statistics"
     transient = ("tokenizer",)
 
     def __init__(self, sites: list[Site], n_heads: int, tokenizer=None) -> None:
@@ -267,7 +268,9 @@ class HeadStatistics(Accumulator):
         return ALL_STATISTICS if self.encoder_decoder else STATISTICS
 
     @property
-    def n_layers(self) -> int:
+    def n_sites(self) -> int:
+        """Attention sites measured (layers of a one-stack model; every stack and kind of an
+        encoder-decoder model)."""
         return len(self.sites)
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
@@ -334,5 +337,3 @@ class HeadStatistics(Accumulator):
             frame.insert(0, "kind", np.repeat([s.kind for s in self.sites], H))
             frame.insert(0, "stack", np.repeat([s.stack for s in self.sites], H))
         return frame
-
-    to_frame = result

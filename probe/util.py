@@ -3,14 +3,21 @@ progress bars that fit where they run."""
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from contextlib import contextmanager
+from numbers import Integral
+
+from tqdm import TqdmWarning
+from tqdm.std import tqdm as text_bar
 
 
 @contextmanager
 def quiet_transformers(progress_bars: bool = False):
     """Context manager: transformers logs only errors inside (and, unless ``progress_bars``, shows
     no progress bar); the previous settings are restored on exit."""
-    from transformers.utils import logging as tlog
+    from transformers.utils import logging as tlog  # deferred: transformers takes ~1.5 s to import
 
     level = tlog.get_verbosity()
     bars = tlog.is_progress_bar_enabled()
@@ -27,8 +34,6 @@ def quiet_transformers(progress_bars: bool = False):
 
 def process_age() -> float | None:
     """Seconds since this process started (Linux: from /proc), or None where unknown."""
-    import os
-
     try:
         with open("/proc/self/stat", encoding="ascii") as fh:
             start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
@@ -52,16 +57,12 @@ def plural(n, noun: str, many: str | None = None) -> str:
     Returns:
         ``"<n> <noun>"`` with thousands separators (``1,024 tokens``).
     """
-    from numbers import Integral
-
     word = noun if n == 1 else (many or noun + "s")
     return f"{int(n):,} {word}" if isinstance(n, Integral) and not isinstance(n, bool) else f"{n} {word}"
 
 
 def in_notebook() -> bool:
     """Whether this process is a Jupyter kernel (an IPython shell that sends its output to a front end)."""
-    import sys
-
     shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     return type(shell).__name__ == "ZMQInteractiveShell"
 
@@ -71,17 +72,11 @@ def quiet_notebook_tqdm() -> None:
     ("IProgress not found") silenced: transformers imports it, and the warning would be printed
     into every notebook that loads a model. tqdm then falls back to its text bar, as it would
     anyway. Does nothing elsewhere."""
-    import sys
-
     if not in_notebook() or "tqdm.auto" in sys.modules:
         return
-    import warnings
-
-    from tqdm import TqdmWarning
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TqdmWarning)
-        import tqdm.auto  # noqa: F401
+        import tqdm.auto  # noqa: F401  # deferred: imported once here, with its warning silenced
 
 
 def progress_bar(**kw):
@@ -94,13 +89,11 @@ def progress_bar(**kw):
     """
     if in_notebook():
         try:
-            import ipywidgets  # noqa: F401 - tqdm's notebook bar needs it
+            import ipywidgets  # noqa: F401  # deferred: optional; tqdm's notebook bar needs it
         except ImportError:
             pass
         else:
-            from tqdm.notebook import tqdm as notebook_bar
+            from tqdm.notebook import tqdm as notebook_bar  # deferred: only in a notebook with ipywidgets
 
             return notebook_bar(**kw)
-    from tqdm.std import tqdm as text_bar
-
     return text_bar(**kw)

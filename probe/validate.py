@@ -1,16 +1,19 @@
 """One validator for each check of user input, shared by the Python API and the command line.
 
 Each raises :class:`~probe.errors.InputError` with a one-line message; the CLI turns the same
-errors from option values into usage errors (exit status 2) with :func:`click_callback`.
+errors from option values into usage errors (exit status 2) with
+:func:`probe.cli.options.click_callback`.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
+from .classify import validate_thresholds
 from .errors import InputError
+from .reference.mutants import MUTANTS
 
 
 def positive_int(name: str, value, minimum: int = 1) -> int:
@@ -92,8 +95,6 @@ def mutant(name: str | None) -> str | None:
     Raises:
         InputError: an unknown name (the message lists the known ones).
     """
-    from .reference.mutants import MUTANTS
-
     if name is not None and name not in MUTANTS:
         raise InputError(f"unknown mutant {name!r}; choose from {', '.join(MUTANTS)}")
     return name
@@ -105,28 +106,8 @@ def thresholds(values: dict | None) -> dict[str, float]:
     Raises:
         InputError: an unknown label or a value outside (0, 1].
     """
-    from .classify import validate_thresholds
-
     try:
         validate_thresholds(values)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     return {k: float(v) for k, v in (values or {}).items()}
-
-
-def click_callback(check: Callable) -> Callable:
-    """A click option callback running ``check(value)``; its InputError becomes a usage error
-    (one line, exit status 2)."""
-
-    def callback(ctx, param, value):
-        import click
-
-        if value is None:
-            return value
-        try:
-            result = check(value)
-        except InputError as exc:
-            raise click.BadParameter(str(exc)) from None
-        return value if result is None else result
-
-    return callback

@@ -42,10 +42,10 @@ import torch
 from . import validate
 from .architectures import stack_layers
 from .battery import Case, battery, case_names
-from .capture import add_attention_hooks, input_device
+from .capture import add_attention_hooks
+from .core import LoadedModel
 from .errors import ProbeError
-from .hooks import measuring
-from .models import LoadedModel
+from .hooks import input_device, measuring
 from .reference import mutant_applies, swap_attention
 
 __all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "case_names"]
@@ -209,9 +209,9 @@ def _run_case(lm: LoadedModel, case: Case, hooks, on_attn, on_hidden, on_output)
     model = lm.model
     cache = None
     if case.use_cache:
-        from transformers import DynamicCache, EncoderDecoderCache
+        from transformers import DynamicCache, EncoderDecoderCache  # deferred: transformers takes ~1.5 s to import
 
-        if lm.spec.encoder_decoder:  # layers added as they come (a decoder may be deeper than the encoder)
+        if lm.kind == "encoder-decoder":  # layers added as they come (a decoder may be deeper than the encoder)
             cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         else:
             cache = DynamicCache(config=model.config)
@@ -231,7 +231,7 @@ def _run_case(lm: LoadedModel, case: Case, hooks, on_attn, on_hidden, on_output)
         for index, p in enumerate(case.passes):
             state["pass"] = index
             kwargs = {k: v.to(device) for k, v in p.inputs.items()}
-            if lm.causal:
+            if lm.kind != "encoder":  # a causal stack: its key/value cache on or off as the case says
                 kwargs["use_cache"] = case.use_cache
                 if cache is not None:
                     kwargs["cache"] = cache

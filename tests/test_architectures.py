@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from conftest import KINDS, family_of, tiny_config, tiny_model
 from probe.architectures import (
+    MODEL_KINDS,
     SPECS,
-    attention_modules,
     get_spec,
     head_geometry,
-    output_projections,
+    site_block,
     site_modules,
+    site_outputs,
+    site_spec,
     sites,
 )
 from probe.errors import UnsupportedArchitectureError
@@ -24,30 +27,43 @@ from probe.sites import Site, causal_keep, visible_keys
 def test_every_spec_path_exists_and_fits_the_head_geometry(kind):
     lm = tiny_model(kind)
     spec, geo = lm.spec, lm.geometry
-    if spec.encoder_decoder:  # every site (encoder self, decoder self, decoder cross) has its module
-        mods = site_modules(lm.model, spec)
-        assert [site for site, _ in mods] == lm.sites
-        assert {(s.stack, s.kind) for s in lm.sites} == {("encoder", "self"), ("decoder", "self"), ("decoder", "cross")}
-        for _, module in mods:
-            for name in spec.head_count_attrs:
-                assert getattr(module, name) == geo.n_heads, name
-        return
-    attn = attention_modules(lm.model, spec)
-    outs = output_projections(lm.model, spec)
-    assert len(attn) == len(outs) == geo.n_layers
-    o = outs[0]
-    in_width = o.weight.shape[0] if spec.conv1d else o.weight.shape[1]
-    assert in_width == geo.n_heads * geo.d_head  # the output projection's input: heads * d_head
-    for role in ("q", "k", "v", "qkv", "q_norm", "k_norm"):
-        path = getattr(spec, role)
-        if path is not None:
-            lm.model.base_model.get_submodule(spec.layers)[0].get_submodule(path)
-    for name in spec.head_count_attrs:
-        assert getattr(attn[0], name) == geo.n_heads, name
-    for name in spec.width_attrs:
-        assert getattr(attn[0], name) == geo.n_heads * geo.d_head, name
-    if spec.kv_group_attr:
-        assert getattr(attn[0], spec.kv_group_attr) == geo.n_heads // geo.n_kv_heads
+    mods = site_modules(lm.model, spec)
+    outs = site_outputs(lm.model, spec)
+    assert [site for site, _ in mods] == [site for site, _ in outs] == lm.sites
+    for (site, attn), (_, o) in zip(mods, outs):
+        paths = site_spec(spec, site)
+        block = site_block(lm.model, spec, site)
+        assert block.get_submodule(paths.attention) is attn and block.get_submodule(paths.o) is o
+        for role in ("q", "k", "v", "qkv", "q_norm", "k_norm"):  # every path the site spec names exists
+            if getattr(paths, role) is not None:
+                block.get_submodule(getattr(paths, role))
+        in_width = o.weight.shape[0] if spec.conv1d else o.weight.shape[1]
+        assert in_width == geo.n_heads * geo.d_head  # the output projection's input: heads * d_head
+        for name in spec.head_count_attrs:
+            assert getattr(attn, name) == geo.n_heads, name
+        for name in spec.width_attrs:
+            assert getattr(attn, name) == geo.n_heads * geo.d_head, name
+        if spec.kv_group_attr:
+            assert getattr(attn, spec.kv_group_attr) == geo.n_heads // geo.n_kv_heads
+    if spec.kind != "encoder-decoder":
+        assert len(mods) == geo.n_layers
+
+
+def test_every_spec_names_its_model_kind_and_its_site_kinds_fit_it():
+    kinds = {t: spec.kind for t, spec in SPECS.items()}
+    assert {t for t, k in kinds.items() if k == "encoder-decoder"} == {"bart", "marian", "t5"}
+    assert {t for t, k in kinds.items() if k == "encoder"} == {"bert", "roberta", "electra", "distilbert"}
+    assert all(k in MODEL_KINDS for k in kinds.values()) and len(MODEL_KINDS) == 3
+    for spec in SPECS.values():
+        causal = {(s.stack, s.kind): s.causal for s in spec.site_specs}
+        assert causal == {"encoder": {("encoder", "self"): False}, "decoder": {("decoder", "self"): True},
+                          "encoder-decoder": {("encoder", "self"): False, ("decoder", "self"): True,
+                                              ("decoder", "cross"): False}}[spec.kind], spec.family
+    bert = SPECS["bert"]
+    with pytest.raises(ValueError, match=r"bert \(decoder\) needs the site kinds \[\('decoder', 'self'\)\]"):
+        replace(bert, kind="decoder")  # an encoder's sites under the decoder kind
+    with pytest.raises(ValueError, match="kind must be one of"):
+        replace(bert, kind="seq2seq")
 
 
 @pytest.mark.parametrize("kind,expected", [
@@ -60,7 +76,7 @@ def test_scaling_rule_matches_the_models_own_attribute(kind, expected):
     spec, geo = lm.spec, lm.geometry
     got = [spec.scaling(lm.model.config, geo.d_head, i) for i in range(geo.n_layers)]
     assert got == pytest.approx(expected, rel=1e-12)
-    own = [getattr(m, "scaling", None) for m in attention_modules(lm.model, spec)]
+    own = [getattr(m, "scaling", None) for m in [m for _, m in site_modules(lm.model, spec)]]
     assert all(o is None or math.isclose(o, g, rel_tol=1e-9) for o, g in zip(own, got))
 
 
@@ -69,7 +85,7 @@ def test_scaling_rule_matches_the_models_own_attribute(kind, expected):
 def test_windows_per_layer_match_the_model(kind, windows):
     lm = tiny_model(kind)
     assert [s.window for s in lm.sites] == windows
-    for site, module in zip(lm.sites, attention_modules(lm.model, lm.spec)):
+    for site, module in zip(lm.sites, [m for _, m in site_modules(lm.model, lm.spec)]):
         own = getattr(module, "sliding_window", getattr(lm.model.config, "sliding_window", None))
         assert own == site.window
 
@@ -118,3 +134,33 @@ def test_head_geometry_reads_every_family():
     assert head_geometry(tiny_config("gemma", 100)).d_head == 24
     assert head_geometry(tiny_config("phi3", 100)).n_kv_heads == 2
     assert head_geometry(tiny_config("distilbert", 100)).n_heads == 4
+
+
+def test_behaviour_the_attention_branches_on_is_chosen_once_in_the_spec():
+    import torch
+
+    from probe.architectures import ALIBI, NO_POSITION_BIAS, T5_RELATIVE
+    from probe.reference import ReferenceAttention
+
+    biases = {t: spec.position_bias for t, spec in SPECS.items()}
+    assert biases["bloom"] is ALIBI and ALIBI.fused and biases["t5"] is T5_RELATIVE and not T5_RELATIVE.fused
+    assert {t for t, b in biases.items() if b is NO_POSITION_BIAS} == set(SPECS) - {"bloom", "t5"}
+    y, p, b = torch.ones(1), torch.full((1, 2, 3, 4), 0.25), None
+    assert SPECS["t5"].probs((y, b, p)) is p and SPECS["llama"].probs((y, p)) is p
+    assert SPECS["llama"].probs((y,)) is None and SPECS["llama"].probs(y) is None
+    assert SPECS["llama"].pack(y, p, b) == (y, p)
+    packed = SPECS["t5"].pack(y, p, b)  # T5 hands the next layer its bias: zeros where none
+    assert packed[0] is y and packed[2] is p and torch.equal(packed[1], torch.zeros(1, 2, 3, 4))
+    assert torch.equal(SPECS["bloom"].residual(y, {"residual": y}), 2 * y) and SPECS["gpt2"].residual(y, {}) is y
+
+    # a spec's rules are what the reference module calls: another rule changes its output
+    lm = tiny_model("llama")
+    layer, original = site_modules(lm.model, lm.spec)[0]
+    x = torch.randn(2, 5, lm.geometry.d_model, generator=torch.Generator().manual_seed(0))
+    plain = ReferenceAttention(original, lm.spec, lm.model.config, 0, site=layer)
+    spec = replace(lm.spec, residual=lambda out, kw: out + 1.0, pack=lambda out, probs, bias: ("packed", out, probs))
+    ruled = ReferenceAttention(original, spec, lm.model.config, 0, site=layer)
+    with torch.no_grad():
+        out, probs = plain(x)
+        tag, out2, probs2 = ruled(x)
+    assert tag == "packed" and torch.equal(out2, out + 1.0) and torch.equal(probs2, probs)

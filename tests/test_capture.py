@@ -105,7 +105,7 @@ def test_f02_sdpa_model_is_switched_to_eager_when_wrapped(family):
     assert len(lm.notes) == 1 and "sdpa" in lm.notes[0] and "eager" in lm.notes[0]
     texts = ["A first sentence, a bit longer.", "Short."]
     if family in SEQ2SEQ:  # a source and a target each
-        texts = [Text(t, pair="Une phrase courte.") for t in texts]
+        texts = [Text(t, target="Une phrase courte.") for t in texts]
     captured = capture_attention(lm, texts)
     assert len(captured.probs) == len(lm.sites)
     assert lm.geometry.n_layers == 2 and (family in SEQ2SEQ or len(lm.sites) == 2)
@@ -269,7 +269,7 @@ def test_batches_are_right_padded_whatever_the_tokenizer_side(family):
     lm.tokenizer.padding_side = "left"
     assert lm.tokenizer.pad_token is not None
     if family in SEQ2SEQ:  # both sides right-padded
-        enc = encode(lm, [Text("a b c d e f g", pair="a"), Text("a", pair="a b c d e f g")])
+        enc = encode(lm, [Text("a b c d e f g", target="a"), Text("a", target="a b c d e f g")])
         assert enc.target.attention_mask[0].tolist()[0] == 1 and enc.target.attention_mask[0].tolist()[-1] == 0
     else:
         enc = encode(lm, ["a b c d e f g", "a"])

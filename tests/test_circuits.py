@@ -17,6 +17,7 @@ import probe.reference.swap as swap_module
 from conftest import bpe_tokenizer, tiny_model
 from probe.accumulators import Accumulator
 from probe.analysis import analyze, run
+from probe.errors import UnsupportedAnalysisError
 from probe.inputs import Text
 from probe.patterns import circuit_probe, repeated_random_tokens
 from probe.patterns.circuits import CircuitScores, _batch, random_vocabulary
@@ -232,5 +233,6 @@ def test_sinks_equal_a_plain_forward_with_and_without_bos():
 
 
 def test_encoders_have_no_circuit_probe():
-    with pytest.raises(ValueError, match="decoders"):
+    with pytest.raises(UnsupportedAnalysisError, match="^the induction / duplicate-token probe is for decoder models; "
+                                                       ".* is an encoder model$"):
         circuit_probe(tiny_model("bert"))

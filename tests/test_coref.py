@@ -140,7 +140,7 @@ def _independent_accuracy(lm, examples):
     """Per (site, head), examples answered right, computed from each example's own capture with
     plain loops over tokens and words (no probe.linguistic.words)."""
     right = np.zeros((len(lm.sites), lm.geometry.n_heads), dtype=int)
-    causal = lm.causal
+    causal = lm.kind == "decoder"
     n = 0
     for ex in examples:
         if ex.a_coref == ex.b_coref or (causal and max(ex.a[1], ex.b[1]) > ex.pronoun[0]):
@@ -177,7 +177,7 @@ def test_accumulator_equals_an_independent_computation(kind):
     right, n = _independent_accuracy(lm, examples)
     res = coref_heads(lm, CorefSet(examples, len(examples), [], "test"), batch_size=5)
     heads = res.heads
-    assert res.counts["scored"] == n == (24 if lm.causal else 25)
+    assert res.counts["scored"] == n == (24 if lm.kind == "decoder" else 25)
     np.testing.assert_array_equal(heads["accuracy"].to_numpy() * n, right.ravel())
 
 

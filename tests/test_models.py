@@ -42,7 +42,7 @@ def test_new_architectures_load_from_a_folder(kind, tmp_path):
     lm = pm.load_model(str(folder))
     assert lm.source == str(folder) and lm.model.config._attn_implementation == "eager"
     assert [s.layer for s in lm.sites] == [0, 1]
-    assert lm.causal == (kind != "electra")
+    assert lm.kind == ("encoder" if kind == "electra" else "decoder")
 
 
 def test_wrapping_switches_to_eager_and_right_padding():

@@ -75,7 +75,7 @@ def test_verify_catches_a_t5_bias_computed_wrong(monkeypatch, wrong):
     """The from-scratch module computes T5's bias from the config (never copies the model's): a
     bucket rule broken on purpose (buckets of one direction only, or half the buckets) must
     break parity on tiny T5."""
-    import probe.reference.module as module
+    import probe.architectures.position_bias as module  # where T5's rule computes its bias
     from conftest import tiny_model
     from probe.verification import verify
 

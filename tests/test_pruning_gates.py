@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import hook_snapshot, tiny_model
-from probe.architectures import output_projections
+from probe.architectures import site_outputs
 from probe.capture import encode, forward
 from probe.pruning.gates import gated, ones
 from probe.pruning.removal import remove_heads
@@ -19,7 +19,7 @@ def _o_inputs(lm, layer: int):
     """Record the input one layer's output projection computes with (a forward hook sees the
     arguments as every pre-hook, the gates included, left them)."""
     seen = []
-    o = output_projections(lm.model, lm.spec)[layer]
+    o = [o for _, o in site_outputs(lm.model, lm.spec)][layer]
     handle = o.register_forward_hook(lambda m, args, out: seen.append(args[0].detach().clone()))
     return seen, handle
 

@@ -33,7 +33,7 @@ def half_of_the_heads(lm, seed: int = 0) -> dict[int, list[int]]:
 
 def _hidden_and_output(lm, batch):
     inputs = batch.model_inputs()
-    if lm.causal:
+    if lm.kind == "decoder":
         inputs["use_cache"] = False
     hidden = base_model(lm.model)(**inputs).last_hidden_state[batch.real]
     out = forward(lm, batch)

@@ -1,76 +1,44 @@
-"""probe.pruning.redundancy: Jensen-Shannon divergence against scipy, pairwise distances of heads,
-and the redundancy order."""
+"""probe.pruning.redundancy: the within-layer distance it reads (probe.patterns.distance) against
+scipy, the one near-duplicate threshold, and the redundancy order."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
 from conftest import tiny_model, tolerance
+from probe.analysis import run
 from probe.capture import capture_attention
 from probe.inputs import Text, iter_batches
-from probe.pruning.redundancy import HeadDistances, js_divergence, nearest, pairwise_js, redundancy_pick
+from probe.patterns.distance import NEAR_DUPLICATE, HeadDistances
+from probe.patterns.health import HEALTH_RULES
+from probe.pruning.redundancy import nearest, redundancy_pick
 
 
-def _dist(rng, n, zeros=0):
-    p = rng.random(n)
-    p[:zeros] = 0.0
-    return p / p.sum()
-
-
-def test_js_divergence_equals_scipy_squared():
-    rng = np.random.default_rng(0)
-    for zeros in (0, 2):
-        p, q = _dist(rng, 7, zeros), _dist(rng, 7)
-        want = jensenshannon(p, q, base=2) ** 2
-        got = float(js_divergence(torch.tensor(p), torch.tensor(q)))
-        assert got == pytest.approx(want, abs=1e-12)
-    one_hot = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
-    assert float(js_divergence(*one_hot)) == pytest.approx(1.0, abs=1e-12)  # disjoint supports: 1 bit
-    assert float(js_divergence(one_hot[0], one_hot[0])) == 0.0
-
-
-def test_pairwise_js_sums_scipy_over_rows():
-    rng = np.random.default_rng(1)
-    H, n = 3, 70  # more rows than one chunk
-    probs = np.stack([[_dist(rng, n, zeros=i % 3) for i in range(n)] for _ in range(H)])
-    got = pairwise_js(torch.tensor(probs)).numpy()
-    for h in range(H):
-        for g in range(H):
-            want = sum(jensenshannon(probs[h, i], probs[g, i], base=2) ** 2 for i in range(n))
-            assert got[h, g] == pytest.approx(want, abs=1e-9)
-    assert np.allclose(np.diag(got), 0.0)
-
-
-def test_head_distances_on_a_model_are_token_weighted_means_of_scipy():
+def test_the_within_layer_distance_pruning_reads_is_the_token_weighted_mean_of_scipy():
+    # pruning's redundancy order reads probe.patterns.distance (the one implementation), per layer only
     lm = tiny_model("gpt2")
     texts = ["The cat sat on the mat.", "Dogs bark.", "A bird sang all morning in the old tree."]
-    acc = HeadDistances(lm.sites, lm.geometry.n_heads)
-    for batch in iter_batches(lm, [Text(t) for t in texts], batch_size=2):
-        cap = capture_attention(lm, [t.text for t in batch.texts])
-        acc.begin_batch(batch)
-        for site in lm.sites:
-            acc.update(site, cap[site], cap.batch)
-    result = acc.result().numpy()
+    acc = HeadDistances(lm.sites, lm.geometry.n_heads, map_sequences=0)
+    run(lm, iter_batches(lm, [Text(t) for t in texts], batch_size=2), [acc])
+    result = acc.result()
+    assert result.model is None and result.layer.shape == (len(lm.sites), lm.geometry.n_heads, lm.geometry.n_heads)
     layer, h, g = 1, 0, 2
     total, rows = 0.0, 0
     for t in texts:
         p = capture_attention(lm, [t])[layer][0].double().numpy()
         total += sum(jensenshannon(p[h, i], p[g, i], base=2) ** 2 for i in range(p.shape[1]))
         rows += p.shape[1]
-    assert result[layer, h, g] == pytest.approx(total / rows, abs=tolerance("probability")["atol"])
-    assert result[layer, g, h] == pytest.approx(total / rows, abs=tolerance("probability")["atol"])
+    assert result.layer[layer, h, g] == pytest.approx(total / rows, abs=tolerance("probability")["atol"])
+    assert result.layer[layer, g, h] == pytest.approx(total / rows, abs=tolerance("probability")["atol"])
 
 
-def test_duplicated_heads_are_at_distance_zero():
-    probs = torch.softmax(torch.randn(1, 3, 5, 5, generator=torch.Generator().manual_seed(0)), -1)
-    probs[:, 2] = probs[:, 0]
-    d = pairwise_js(probs[0])
-    assert float(d[0, 2]) == 0.0 and float(d[0, 1]) > 0.01
+def test_one_near_duplicate_threshold():
+    assert NEAR_DUPLICATE == 0.05
+    assert HEALTH_RULES["duplicates"][:3] == ("distance", NEAR_DUPLICATE, "<")
 
 
 def test_redundancy_pick_hand_example():

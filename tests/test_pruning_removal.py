@@ -13,7 +13,7 @@ import torch
 
 from conftest import FAMILIES, SEQ2SEQ, assert_statistics_close, hook_snapshot, tiny_model, tolerance
 from probe.analysis import analyze
-from probe.architectures import attention_modules, base_model, layer_modules, output_projections
+from probe.architectures import base_model, site_block, site_modules, site_outputs
 from probe.capture import capture_attention, encode, forward
 from probe.errors import InputError
 from probe.models import load_model
@@ -44,7 +44,7 @@ def _out(lm, batch):
 def _hidden(lm, batch):
     """The last hidden state (what a language-model head reads) at real positions."""
     inputs = batch.model_inputs()
-    if lm.causal:
+    if lm.kind == "decoder":
         inputs["use_cache"] = False
     return base_model(lm.model)(**inputs).last_hidden_state[batch.real]
 
@@ -97,7 +97,7 @@ def test_removed_model_equals_gated_model_and_survives_save_and_reload(kind, tmp
     assert removal.params_after == parameter_count(pruned.model) < removal.params_before == parameter_count(lm.model)
     # physical widths: query projection and output-projection input = slots x d_head
     d = lm.geometry.d_head
-    for layer, o in enumerate(output_projections(pruned.model, pruned.spec)):
+    for layer, o in enumerate([o for _, o in site_outputs(pruned.model, pruned.spec)]):
         slots = len(pruned.pruned.layouts[layer].q)
         width = o.weight.shape[0] if pruned.spec.conv1d else o.weight.shape[1]
         assert width == slots * d
@@ -130,11 +130,11 @@ def test_f11_prune_4_of_12_heads_in_layer_0():
     d = lm.geometry.d_head
     assert (lm.geometry.n_heads, d) == (12, 8)
     remove_heads(lm, {0: [0, 5, 6, 11]})
-    attn = attention_modules(lm.model, lm.spec)[0]
+    attn = [m for _, m in site_modules(lm.model, lm.spec)][0]
     assert attn.num_attention_heads == 8 and attn.all_head_size == 8 * d
     for proj in (attn.query, attn.key, attn.value):
         assert proj.weight.shape == (8 * d, 96) and proj.bias.shape == (8 * d,) and proj.out_features == 8 * d
-    o = output_projections(lm.model, lm.spec)[0]
+    o = [o for _, o in site_outputs(lm.model, lm.spec)][0]
     assert o.weight.shape == (96, 8 * d) and o.in_features == 8 * d
     captured = capture_attention(lm, TEXTS)
     T = captured.batch.input_ids.shape[1]
@@ -152,7 +152,7 @@ def test_f12_save_reload_and_prune_again_in_original_numbering(tmp_path):
         before = _out(lm, batch)
     again = load_model(str(save_pruned(lm, tmp_path / "p")))
     assert again.pruned.heads_per_layer() == [3, 2, 4, 4]
-    assert [a.num_heads for a in attention_modules(again.model, again.spec)] == [3, 2, 4, 4]
+    assert [a.num_heads for a in [m for _, m in site_modules(again.model, again.spec)]] == [3, 2, 4, 4]
     with torch.no_grad():
         assert torch.equal(_out(again, batch), before)
     with pytest.raises(InputError, match=r"heads L1H2, L1H3 .*were already removed"):
@@ -174,7 +174,7 @@ def test_grouped_key_value_heads_go_only_with_their_whole_group():
     lm = tiny_model("llama", layers=2)  # 4 query heads, 2 key/value heads: groups {0, 1}, {2, 3}
     d, dm = lm.geometry.d_head, lm.geometry.d_model
     removal = remove_heads(lm, {0: [2, 3], 1: [1]})
-    attn0, attn1 = attention_modules(lm.model, lm.spec)
+    attn0, attn1 = [m for _, m in site_modules(lm.model, lm.spec)]
     assert attn0.k_proj.weight.shape[0] == d  # group {2, 3} gone with its key/value head
     assert attn0.q_proj.weight.shape[0] == 2 * d and attn0.num_key_value_groups == 2
     # layer 1 keeps 0, 2, 3: both key/value heads stay; equal groups need one placeholder query slot
@@ -191,7 +191,7 @@ def test_a_layer_with_every_head_pruned_passes_the_residual_through():
     batch = encode(lm, TEXTS)
     remove_heads(lm, {0: [0, 1, 2, 3]})
     outputs = {}
-    block = layer_modules(lm.model, lm.spec)[0]
+    block = site_block(lm.model, lm.spec, lm.sites[0])
     block.self_attn.register_forward_hook(lambda m, a, out: outputs.setdefault("attn", out[0]))
     with torch.no_grad():
         out = _out(lm, batch)

@@ -155,9 +155,9 @@ def toy_section(result, tokenizer):
 
 
 def test_sections_add_html_figures_files_and_record(tmp_path, monkeypatch):
-    import probe.report.sections as sections
+    import probe.report.builders as builders
 
-    monkeypatch.setattr(sections, "BUILDERS", ["test_report:toy_section"])
+    monkeypatch.setattr(builders, "BUILDERS", [toy_section])
     lm = tiny_model("bert")
     res = analyze(lm, TEXTS[:1], n_examples=1)
     plain = write_run(res, lm.tokenizer, tmp_path / "plain")

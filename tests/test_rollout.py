@@ -217,11 +217,11 @@ def tiny():
 
 
 def is_enc_dec(lm) -> bool:
-    return any(s.kind == "cross" for s in lm.sites)
+    return lm.kind == "encoder-decoder"
 
 
 def decoder_only(lm) -> bool:
-    return lm.causal and not is_enc_dec(lm)
+    return lm.kind == "decoder"
 
 
 def rollout_from_capture(lm, text: str) -> tuple[np.ndarray, list[str]]:

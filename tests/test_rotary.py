@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import ENCODERS, KINDS, family_of, tiny_model, tolerance
-from probe.architectures import attention_modules, get_spec, head_geometry
+from probe.architectures import get_spec, head_geometry, site_modules
 from probe.reference import ROPE_TYPES, Rope, RopeError, apply_rope, swap_attention
 from probe.verification import verify
 
@@ -229,10 +229,10 @@ def test_unknown_rope_type_is_an_error_never_a_fallback():
         Rope.from_config({"rope_type": "mystery", "rope_theta": 10000.0}, 16, 64)
     lm = tiny_model("llama")
     lm.model.config.rope_parameters = {"rope_type": "mystery", "rope_theta": 10000.0}
-    originals = attention_modules(lm.model, lm.spec)
+    originals = [m for _, m in site_modules(lm.model, lm.spec)]
     with pytest.raises(RopeError, match="'mystery'"):
         with swap_attention(lm):
             pass
     with pytest.raises(RopeError, match="'mystery'"):
         verify(lm, cases=["sentence"])
-    assert attention_modules(lm.model, lm.spec) == originals
+    assert [m for _, m in site_modules(lm.model, lm.spec)] == originals

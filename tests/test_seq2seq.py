@@ -23,7 +23,7 @@ from probe.analysis import analyze
 from probe.capture import encode
 from probe.errors import InputError
 from probe.inputs import Text
-from probe.seq2seq import decoder_start_id, sides
+from probe.seq2seq import as_targets, decoder_start_id, sides
 from probe.sites import Site
 from probe.stats import ALIGN_WINDOW, HeadStatistics
 
@@ -33,7 +33,7 @@ PAIRS = [
     ("Yes.", "Oui, bien sûr, absolument, sans aucun doute."),
     ("Where is the station?", "Où est la gare ?"),
 ]
-TEXTS = [Text(s, pair=t) for s, t in PAIRS]
+TEXTS = [Text(s, target=t) for s, t in PAIRS]
 
 
 def _diag(i: int, S: int, T: int) -> int:
@@ -62,7 +62,7 @@ def reference_cross(lm, texts) -> pd.DataFrame:
     sums, rows = {}, 0
     for t in texts:
         src = tok(t.text, return_tensors="pt")
-        tgt = tok(text_target=t.pair, return_tensors="pt")["input_ids"]
+        tgt = tok(text_target=t.target, return_tensors="pt")["input_ids"]
         dec = torch.cat([torch.tensor([[decoder_start_id(lm)]]), tgt], 1)
         with torch.no_grad():
             out = lm.model(**src, decoder_input_ids=dec, output_attentions=True)
@@ -127,7 +127,7 @@ def test_batched_equals_one_at_a_time():
 def _cross_batch(S_T: list[tuple[int, int]]):
     """A batch of tiny BART pairs with exactly S source and T target tokens per row."""
     lm = tiny_model("bart")
-    texts = [Text(" ".join(["word"] * S), pair=" ".join(["mot"] * (T - 1))) for S, T in S_T]
+    texts = [Text(" ".join(["word"] * S), target=" ".join(["mot"] * (T - 1))) for S, T in S_T]
     batch = encode(lm, texts)
     assert batch.lengths.tolist() == [S for S, _ in S_T] and batch.target.lengths.tolist() == [T for _, T in S_T]
     return lm, batch
@@ -177,7 +177,7 @@ def test_sides_of_each_site():
 
 def test_target_starts_with_the_decoder_start_token_and_keeps_offsets():
     lm = tiny_model("t5")
-    batch = encode(lm, [Text("The cat.", pair="Le chat noir.")])
+    batch = encode(lm, [Text("The cat.", target="Le chat noir.")])
     t = batch.target
     assert int(t.input_ids[0, 0]) == decoder_start_id(lm) == lm.model.config.decoder_start_token_id
     assert bool(t.special[0, 0]) and t.offsets[0, 0].tolist() == [0, 0]
@@ -189,7 +189,22 @@ def test_target_starts_with_the_decoder_start_token_and_keeps_offsets():
 def test_a_source_without_target_is_one_clear_error():
     lm = tiny_model("bart")
     with pytest.raises(InputError, match="text 2 has no target.*--pairs FILE.*--generate N"):
-        analyze(lm, [Text("One.", pair="Un."), Text("Two.")])
+        analyze(lm, [Text("One.", target="Un."), Text("Two.")])
+
+
+def test_the_target_has_its_own_name_and_pair_is_a_deprecated_alias_for_it():
+    lm = tiny_model("bart")
+    new = analyze(lm, TEXTS, n_examples=0).heads
+    with pytest.warns(DeprecationWarning, match=r"Text\(source, pair=target\).*deprecated.*target="):
+        old = analyze(lm, [Text(s, pair=t) for s, t in PAIRS], n_examples=0).heads
+    pd.testing.assert_frame_equal(new, old)  # the same numbers: pair= is read as the target
+    with pytest.raises(InputError, match="text 1 has both a second segment \\(pair\\) and a target"):
+        analyze(lm, [Text("One.", pair="Deux.", target="Un.")])
+    with pytest.raises(InputError, match="text 2 has a target, which only encoder-decoder models read"):
+        analyze(tiny_model("bert"), [Text("One."), Text("Two.", target="Deux.")])
+    moved = as_targets([Text("A.", pair="B.", index=4), Text("C.", target="D.")])
+    assert [(t.text, t.pair, t.target, t.index) for t in moved] == [("A.", None, "B.", 4), ("C.", None, "D.", None)]
+    assert not isinstance(as_targets(iter(moved)), list)  # a stream stays lazy
 
 
 @pytest.mark.parametrize("kind", SEQ2SEQ)
@@ -239,6 +254,24 @@ def test_report_draws_grids_per_site_kind_and_cross_heatmaps(tmp_path):
     assert set(zip(heads["stack"], heads["kind"])) == {("encoder", "self"), ("decoder", "self"), ("decoder", "cross")}
 
 
+@pytest.mark.parametrize("kind,model_kind,shown", [
+    *[(k, "encoder-decoder", "encoder-decoder: bidirectional encoder, causal decoder") for k in SEQ2SEQ],
+    ("gpt2", "decoder", "decoder, causal"), ("bert", "encoder", "encoder, bidirectional"),
+])
+def test_run_json_and_the_report_name_the_model_kind(kind, model_kind, shown, tmp_path):
+    from probe.report import write_run
+
+    lm = tiny_model(kind)
+    assert lm.kind == lm.spec.kind == model_kind
+    texts = TEXTS[:2] if model_kind == "encoder-decoder" else [s for s, _ in PAIRS[:2]]
+    path = write_run(analyze(lm, texts), lm.tokenizer, tmp_path / "run")
+    model = json.loads((path / "run.json").read_text())["model"]
+    assert model["kind"] == model_kind and model["causal"] == (model_kind == "decoder")
+    assert ("stacks" in model) == (model_kind == "encoder-decoder")
+    html = (path / "index.html").read_text()
+    assert f"({type(lm.model).__name__}, {shown})</td>" in html
+
+
 def test_cli_pairs_and_generate(tmp_path):
     from probe.cli import main
 
@@ -246,8 +279,12 @@ def test_cli_pairs_and_generate(tmp_path):
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS), encoding="utf-8")
     runner = CliRunner()
-    res = runner.invoke(main, ["analyze", "--model", str(folder), "--pairs", str(pairs), "--out", str(tmp_path / "a"),
-                               "--no-progress"])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # the CLI gives the file's second column as the target
+        res = runner.invoke(main, ["analyze", "--model", str(folder), "--pairs", str(pairs), "--out",
+                                   str(tmp_path / "a"), "--no-progress"])
     assert res.exit_code == 0, res.output
     heads = pd.read_csv(tmp_path / "a" / "heads.csv")
     assert set(heads["kind"]) == {"self", "cross"} and set(heads["stack"]) == {"encoder", "decoder"}
@@ -294,3 +331,13 @@ def test_cli_refuses_what_does_not_fit_an_encoder_decoder_model(tmp_path):
                                 str(tmp_path / "g"), "--no-progress"]).exit_code == 0
     res = runner.invoke(main, ["compare", str(tmp_path / "r"), str(tmp_path / "g"), "--out", str(tmp_path / "c2")])
     assert res.exit_code != 0 and "encoder-decoder model" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("kind", ["t5", "gpt2"])
+def test_head_statistics_count_sites_not_layers(kind):
+    lm = tiny_model(kind)
+    stats = HeadStatistics(lm.sites, lm.geometry.n_heads, lm.tokenizer)
+    config = lm.model.config
+    expected = (config.num_layers + 2 * config.num_decoder_layers) if kind == "t5" else config.n_layer
+    assert stats.n_sites == len(lm.sites) == expected
+    assert not hasattr(stats, "n_layers") and not hasattr(stats, "to_frame")

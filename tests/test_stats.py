@@ -71,7 +71,7 @@ def reference_window(model, layer: int) -> int | None:
 def reference_heads(lm, texts, max_length: int | None = None) -> pd.DataFrame:
     """The statistics computed one sequence at a time, unpadded, with plain numpy per row."""
     tok, model = lm.tokenizer, lm.model
-    causal = lm.causal
+    causal = lm.kind == "decoder"
     limit = min(max_length or lm.max_length, lm.max_length)
     has_sep = tok.sep_token is not None
     sep_id = tok.sep_token_id if has_sep else None
@@ -187,7 +187,7 @@ def test_tiny_models_match_reference(family, tokenizer):
     expected = reference_heads(lm, SHORT)
     assert_heads_match(result.heads, expected)
     heads = result.heads
-    if lm.causal:
+    if lm.kind == "decoder":
         assert heads["next"].isna().all()
         assert "next-token" not in set(heads["label"])
     else:
@@ -269,7 +269,7 @@ def test_captured_map_invariants_tiny(family):
     lm = tiny_model(family)
     captured = capture_attention(lm, SHORT)
     assert len(captured.probs) == 2
-    _check_invariants(captured, lm.causal)
+    _check_invariants(captured, lm.kind == "decoder")
 
 
 @pytest.mark.slow
@@ -346,10 +346,10 @@ def test_head_statistics_counts_rows():
 
 def _uniform_queries(lm):
     """Zero every query projection: every row becomes uniform over the keys it may see."""
-    from probe.architectures import attention_modules
+    from probe.architectures import site_modules
 
     with torch.no_grad():
-        for module in attention_modules(lm.model, lm.spec):
+        for module in [m for _, m in site_modules(lm.model, lm.spec)]:
             module.q_proj.weight.zero_()
             if module.q_proj.bias is not None:
                 module.q_proj.bias.zero_()

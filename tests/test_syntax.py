@@ -166,7 +166,7 @@ def _independent(lm, sentences):
                         m[w, v] = a[np.ix_(rows, cols)].sum(1).mean()
                 pred = []
                 for w in range(W):
-                    others = [v for v in range(W) if v != w and (not lm.causal or v < w)]
+                    others = [v for v in range(W) if v != w and (lm.kind != "decoder" or v < w)]
                     pred.append(max(others, key=lambda v: (m[w, v], -v)) if others else -1)
                 for d, g in pairs:
                     right[si, 0, h] += pred[d] == g

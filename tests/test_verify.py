@@ -28,7 +28,7 @@ from conftest import (
     tiny_model,
     tolerance,
 )
-from probe.architectures import attention_modules, get_spec, layer_modules
+from probe.architectures import get_spec, site_block, site_modules
 from probe.battery import CACHE_TEXTS
 from probe.cli import main
 from probe.errors import ProbeError
@@ -63,12 +63,12 @@ def _lm(kind):
 def _capture(lm, **inputs):
     """One forward pass through the modules in place now: (probs per layer, hidden per layer, output)."""
     probs, hidden = {}, {}
-    if lm.causal:
+    if lm.kind != "encoder":
         inputs.setdefault("use_cache", False)
     with torch.no_grad(), Hooks() as hooks:
-        for i, module in enumerate(attention_modules(lm.model, lm.spec)):
+        for i, module in enumerate([m for _, m in site_modules(lm.model, lm.spec)]):
             hooks.forward(module, lambda m, a, out, i=i: probs.__setitem__(i, out[1]))
-        for i, layer in enumerate(layer_modules(lm.model, lm.spec)):
+        for i, layer in enumerate(site_block(lm.model, lm.spec, site) for site in lm.sites):
             hooks.forward(layer, lambda m, a, out, i=i: hidden.__setitem__(i, out[0] if isinstance(out, tuple)
                                                                            else out))
         output = lm.model(**inputs)
@@ -77,7 +77,7 @@ def _capture(lm, **inputs):
 
 
 def _final(lm, output):
-    return output.logits if lm.causal else output.last_hidden_state
+    return output.logits if lm.kind != "encoder" else output.last_hidden_state
 
 
 def _ids(n, batch=1, seed=0):
@@ -97,9 +97,9 @@ def test_every_kind_passes_verification(kind):
     assert result.max_abs_diff <= 1e-5
     assert [(r.stack, r.layer) for r in result.per_layer] == _layers(kind)
     assert all(r.passed and r.attn_max_abs <= 1e-5 and r.hidden_max_abs <= 1e-5 for r in result.per_layer)
-    expected = SEQ2SEQ_CASES if kind in SEQ2SEQ else DECODER_CASES if lm.causal else ENCODER_CASES
+    expected = SEQ2SEQ_CASES if kind in SEQ2SEQ else DECODER_CASES if lm.kind == "decoder" else ENCODER_CASES
     assert [c.name for c in result.cases] == expected
-    assert lm.causal == (kind not in ENCODERS)
+    assert lm.kind == ("encoder" if kind in ENCODERS else "encoder-decoder" if kind in SEQ2SEQ else "decoder")
     if kind not in SEQ2SEQ:
         invariance = result.cases[[c.name for c in result.cases].index("padding-invariance")]
         assert invariance.padding_max_abs is not None and invariance.padding_max_abs <= 1e-5
@@ -116,9 +116,9 @@ def test_every_kind_passes_verification(kind):
 
 def _mutant_cases(lm):
     """The cheap cases that show every mutant: one sentence, padding on each side, padding invariance."""
-    if lm.spec.encoder_decoder:
+    if lm.kind == "encoder-decoder":
         return ["sentence", "right-padded"]
-    if lm.causal:
+    if lm.kind == "decoder":
         return ["sentence", "right-padded", "left-padded", "padding-invariance"]
     return ["sentence", "right-padded", "padding-invariance"]
 
@@ -140,7 +140,7 @@ def test_every_mutant_fails_where_it_applies(kind, mutant):
     lm = _lm(kind)
     applies, why = mutant_applies(mutant, lm)
     cases = _mutant_cases(lm)
-    if mutant in ("no-causal-mask", "causal-inverted") and not lm.causal:
+    if mutant in ("no-causal-mask", "causal-inverted") and lm.kind == "encoder":
         assert not applies and why == f"{mutant} applies to decoders only"
         result = verify(lm, mutant=mutant, cases=cases)  # changes nothing: passes, and says why
         assert result.passed and any("cannot change this model" in n for n in result.notes)
@@ -160,7 +160,7 @@ def test_every_mutant_fails_where_it_applies(kind, mutant):
     assert result.max_abs_diff > 1e-3
     failed = {c.name for c in result.cases if not c.passed}
     if mutant == "no-padding-mask":  # only padded batches can show it
-        padded = "left-padded" if lm.causal and kind not in SEQ2SEQ else "right-padded"
+        padded = "left-padded" if lm.kind == "decoder" else "right-padded"
         assert failed == {padded} | ({"padding-invariance"} if "padding-invariance" in cases else set())
     else:
         assert "sentence" in failed
@@ -173,7 +173,7 @@ def test_unknown_mutant_is_a_clear_error():
     with pytest.raises(ProbeError, match="unknown mutant 'typo'; choose from"):
         with swap_attention(lm, "typo"):
             pass
-    assert not any(isinstance(m, ReferenceAttention) for m in attention_modules(lm.model, lm.spec))
+    assert not any(isinstance(m, ReferenceAttention) for m in [m for _, m in site_modules(lm.model, lm.spec)])
 
 
 def test_unknown_or_empty_case_list_is_an_error():
@@ -199,11 +199,11 @@ def test_unknown_or_empty_case_list_is_an_error():
 ])
 def test_swap_holds_the_original_projections_and_restores(kind, children):
     lm = tiny_model(kind)
-    originals = attention_modules(lm.model, lm.spec)
+    originals = [m for _, m in site_modules(lm.model, lm.spec)]
     before = {k: v.clone() for k, v in lm.model.state_dict().items()}
     ptrs = {k: v.data_ptr() for k, v in lm.model.state_dict().items()}
     with swap_attention(lm) as swapped:
-        now = attention_modules(lm.model, lm.spec)
+        now = [m for _, m in site_modules(lm.model, lm.spec)]
         assert all(isinstance(m, ReferenceAttention) for m in now) and now == swapped.modules
         assert swapped.originals == originals
         for ref, orig in zip(now, originals):
@@ -213,7 +213,7 @@ def test_swap_holds_the_original_projections_and_restores(kind, children):
         # same parameter names and storage: nothing copied, renamed or preprocessed (F17)
         assert {k: v.data_ptr() for k, v in lm.model.state_dict().items()} == ptrs
         assert not no_hooks(lm.model)  # the swap's pre/post hooks on the base model
-    assert attention_modules(lm.model, lm.spec) == originals
+    assert [m for _, m in site_modules(lm.model, lm.spec)] == originals
     after = lm.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert no_hooks(lm.model)
@@ -221,32 +221,32 @@ def test_swap_holds_the_original_projections_and_restores(kind, children):
     with pytest.raises(RuntimeError, match="boom"):
         with swap_attention(lm):
             raise RuntimeError("boom")
-    assert attention_modules(lm.model, lm.spec) == originals
+    assert [m for _, m in site_modules(lm.model, lm.spec)] == originals
     assert no_hooks(lm.model)
 
 
 def test_swap_into_callers_hooks_lasts_until_they_are_removed():
     lm = tiny_model("llama")
-    originals = attention_modules(lm.model, lm.spec)
+    originals = [m for _, m in site_modules(lm.model, lm.spec)]
     hooks = Hooks()
     with swap_attention(lm, hooks=hooks) as swapped:
-        assert attention_modules(lm.model, lm.spec) == swapped.modules
-    assert attention_modules(lm.model, lm.spec) == swapped.modules  # the caller's Hooks own the swap
+        assert [m for _, m in site_modules(lm.model, lm.spec)] == swapped.modules
+    assert [m for _, m in site_modules(lm.model, lm.spec)] == swapped.modules  # the caller's Hooks own the swap
     hooks.remove()
-    assert attention_modules(lm.model, lm.spec) == originals and no_hooks(lm.model)
+    assert [m for _, m in site_modules(lm.model, lm.spec)] == originals and no_hooks(lm.model)
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "gemma2"])
 def test_verify_leaves_no_hook_and_restores_everything(kind):
     lm = tiny_model(kind)
-    originals = attention_modules(lm.model, lm.spec)
+    originals = [m for _, m in site_modules(lm.model, lm.spec)]
     snapshot = hook_snapshot(lm.model)
     lm.model.train()
     result = verify(lm, mutant="no-scale", cases=["sentence"])
     assert not result.passed
     assert any("measured in eval mode" in n for n in result.notes)
     assert lm.model.training  # restored after measuring
-    assert hook_snapshot(lm.model) == snapshot and attention_modules(lm.model, lm.spec) == originals
+    assert hook_snapshot(lm.model) == snapshot and [m for _, m in site_modules(lm.model, lm.spec)] == originals
     assert all(m.training for m in lm.model.modules())
 
 
@@ -537,7 +537,7 @@ def test_f19_swapped_llama_in_fp16_with_left_padding(monkeypatch):
 
     monkeypatch.setattr(module, "attention", spy)
     for factor in (1.0, 1000.0):
-        for layer in layer_modules(lm.model, lm.spec):
+        for layer in (site_block(lm.model, lm.spec, site) for site in lm.sites):
             layer.self_attn.q_proj.weight.data *= factor
         scores.clear()
         with swap_attention(lm):
@@ -817,5 +817,5 @@ def test_embedded_models_pass_verification(alias):
     assert result.passed, result.to_json()
     assert result.max_abs_diff <= 1e-5
     assert len(result.per_layer) == lm.geometry.n_layers
-    assert [c.name for c in result.cases] == (DECODER_CASES if lm.causal else ENCODER_CASES)
+    assert [c.name for c in result.cases] == (DECODER_CASES if lm.kind == "decoder" else ENCODER_CASES)
     assert result.cases[-1].shape == [1, 512 if alias == "minilm" else 1024]

@@ -1,8 +1,9 @@
 """Per-architecture knowledge: the only module that knows Hugging Face attribute paths and behaviour.
 
-Every supported ``model_type`` maps to one :class:`ArchSpec` saying where the transformer layers,
-the attention module (the module whose ``forward`` returns ``(attn_output, attn_probs)``), the
-query/key/value projections and the output projection live, and how the architecture computes
+Every supported ``model_type`` maps to one :class:`ArchSpec` saying its kind (encoder, decoder,
+encoder-decoder), its kinds of attention site (:class:`SiteSpec`, the only place naming module
+paths: where each site's layers, attention module (whose ``forward`` returns the attention
+probabilities), query/key/value projections and output projection live), and how it computes
 attention: its score scale, softmax precision, sliding windows, rotary layout, logit soft-capping,
 query/key norms, position offset, and the module attributes that hold head counts (for pruning).
 Everything else in ``probe`` asks this module instead of branching on the family, so adding an
@@ -14,24 +15,22 @@ The package: :mod:`.spec` (the spec classes and behaviour rules), :mod:`.table` 
 
 from .modules import (
     HeadGeometry,
-    attention_modules,
-    attention_path,
     base_model,
     head_geometry,
-    layer_modules,
-    linear_weight,
     max_positions,
-    output_projections,
+    site_block,
     site_modules,
+    site_outputs,
     site_spec,
     sites,
     stack_layers,
 )
-from .spec import QKV_LAYOUTS, ArchSpec, SiteSpec
+from .position_bias import ALIBI, NO_POSITION_BIAS, T5_RELATIVE, PositionBias
+from .spec import MODEL_KINDS, QKV_LAYOUTS, ArchSpec, SiteSpec, one_stack
 from .table import SPECS, get_spec
 
 __all__ = [
-    "QKV_LAYOUTS", "SPECS", "ArchSpec", "HeadGeometry", "SiteSpec", "attention_modules", "attention_path",
-    "base_model", "get_spec", "head_geometry", "layer_modules", "linear_weight", "max_positions",
-    "output_projections", "site_modules", "site_spec", "sites", "stack_layers",
+    "ALIBI", "MODEL_KINDS", "NO_POSITION_BIAS", "QKV_LAYOUTS", "SPECS", "T5_RELATIVE", "ArchSpec", "HeadGeometry",
+    "PositionBias", "SiteSpec", "base_model", "get_spec", "head_geometry", "max_positions", "one_stack", "site_block",
+    "site_modules", "site_outputs", "site_spec", "sites", "stack_layers",
 ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from ..errors import UnsupportedArchitectureError
@@ -78,15 +77,24 @@ def site_spec(spec: ArchSpec, site: Site) -> SiteSpec:
     raise KeyError(f"{spec.family} has no {site.stack} {site.kind}-attention")
 
 
+def site_block(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module:
+    """The block (transformer layer) of ``model`` that holds ``site``."""
+    return base_model(model).get_submodule(site_spec(spec, site).layers)[site.layer]
+
+
 def site_modules(model: nn.Module, spec: ArchSpec | None = None) -> list[tuple[Site, nn.Module]]:
     """Every site of ``model`` with the attention module in place now, in forward order."""
     spec = spec or get_spec(model.config)
-    base = base_model(model)
-    out = []
-    for site in sites(model.config):
-        ss = site_spec(spec, site)
-        out.append((site, base.get_submodule(ss.layers)[site.layer].get_submodule(ss.attention)))
-    return out
+    return [(site, site_block(model, spec, site).get_submodule(site_spec(spec, site).attention))
+            for site in sites(model.config)]
+
+
+def site_outputs(model: nn.Module, spec: ArchSpec | None = None) -> list[tuple[Site, nn.Module]]:
+    """Every site of ``model`` with its output projection (input [batch, seq, heads * d_head]),
+    in forward order."""
+    spec = spec or get_spec(model.config)
+    return [(site, site_block(model, spec, site).get_submodule(site_spec(spec, site).o))
+            for site in sites(model.config)]
 
 
 def stack_layers(model: nn.Module, spec: ArchSpec | None = None) -> dict[str, list[nn.Module]]:
@@ -112,29 +120,3 @@ def max_positions(config) -> int | None:
 def base_model(model: nn.Module) -> nn.Module:
     """The bare transformer inside a model with a task head (``GPT2LMHeadModel.transformer`` ...)."""
     return getattr(model, "base_model", model)
-
-
-def layer_modules(model: nn.Module, spec: ArchSpec) -> list[nn.Module]:
-    """The transformer blocks of ``model``, in order."""
-    return list(base_model(model).get_submodule(spec.layers))
-
-
-def attention_modules(model: nn.Module, spec: ArchSpec) -> list[nn.Module]:
-    """The attention module of every layer; each returns ``(attn_output, attn_probs)``."""
-    return [layer.get_submodule(spec.attention) for layer in layer_modules(model, spec)]
-
-
-def attention_path(spec: ArchSpec) -> tuple[str, str]:
-    """(parent path relative to a layer, attribute name) of the attention module."""
-    parent, _, name = spec.attention.rpartition(".")
-    return parent, name
-
-
-def output_projections(model: nn.Module, spec: ArchSpec) -> list[nn.Module]:
-    """The output projection of every layer (its input is [batch, seq, heads * d_head])."""
-    return [layer.get_submodule(spec.o) for layer in layer_modules(model, spec)]
-
-
-def linear_weight(module: nn.Module, conv1d: bool) -> torch.Tensor:
-    """Weight of a projection as ``[out, in]`` (transposing GPT-2's ``Conv1D`` [in, out])."""
-    return module.weight.t() if conv1d else module.weight

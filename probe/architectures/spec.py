@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .position_bias import NO_POSITION_BIAS, PositionBias
+
 #: How the query/key/value projections are stored (see :attr:`ArchSpec.qkv_layout`).
 QKV_LAYOUTS = ("separate", "conv1d", "per_head", "stacked")
 
@@ -93,6 +95,38 @@ def _gemma2_softcap(config) -> float | None:
     return getattr(config, "attn_logit_softcapping", None)
 
 
+def _probs_second(output) -> torch.Tensor | None:
+    """``(attn_output, attn_probs)``: the probabilities second (most architectures)."""
+    return output[1] if isinstance(output, tuple) and len(output) > 1 else None
+
+
+def _probs_third(output) -> torch.Tensor | None:
+    """T5: ``(attn_output, position_bias, attn_probs)``."""
+    return output[2] if isinstance(output, tuple) and len(output) > 2 else None
+
+
+def _pack_pair(y: torch.Tensor, probs: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """``(attn_output, attn_probs)``."""
+    return y, probs
+
+
+def _pack_t5(y: torch.Tensor, probs: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """T5: ``(attn_output, position_bias, attn_probs)``; the bias goes to the next layer of the
+    stack (zeros [1, heads, query, key] where this site adds none)."""
+    if bias is None:
+        bias = torch.zeros(1, *probs.shape[1:], dtype=y.dtype, device=y.device)
+    return y, bias, probs
+
+
+def _no_residual(y: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    return y
+
+
+def _residual_inside(y: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """BLOOM: the attention module adds its input's residual (``dropout_add(output, residual)``)."""
+    return y + kwargs["residual"]
+
+
 def _no_offset(config) -> int:
     return 0
 
@@ -103,24 +137,38 @@ def _roberta_offset(config) -> int:
     return (config.pad_token_id or 0) + 1
 
 
+#: The kinds of model (:attr:`ArchSpec.kind`): one bidirectional stack, one causal stack, or an
+#: encoder that reads the source and a decoder that writes the target while reading the encoder.
+MODEL_KINDS = ("encoder", "decoder", "encoder-decoder")
+
+
 @dataclass(frozen=True)
 class SiteSpec:
     """Where one kind of attention site lives: a layer list and, in each layer, an attention module.
 
-    Paths: ``layers`` and ``stack_module`` are relative to the base model; every other path is
-    relative to one layer.
+    The site specs of an :class:`ArchSpec` are the only place that names module paths. Paths:
+    ``layers`` and ``stack_module`` are relative to the base model (``model.base_model``);
+    ``bias_table`` to the first layer of the stack; every other path to one layer.
 
     Attributes:
         stack: ``"encoder"`` or ``"decoder"`` (:class:`~probe.sites.Site`).
         kind: ``"self"`` or ``"cross"`` (queries from the decoder, keys and values from the encoder).
         layers: path of the ``nn.ModuleList`` of this stack's blocks.
-        attention: path of the attention module in a block.
-        o: path of the output projection (its input is [batch, seq, heads * d_head]).
-        q, k, v, qkv: projection paths (as :class:`ArchSpec`).
+        attention: path of the attention module in a block: its forward returns the attention
+            probabilities [batch, heads, query, key] in its output tuple (:attr:`ArchSpec.probs`).
+        o: path of the output projection; its input is [batch, seq, heads * d_head] (the place
+            where head gates act). It lies inside ``attention`` (GPT-2, LLaMA ...) or in a sibling
+            module (BERT's ``attention.output.dense``).
+        q, k, v, qkv: the projection paths the layout uses (:attr:`ArchSpec.qkv_layout`; the
+            others None).
+        q_norm, k_norm: paths of per-head RMS norms applied to q and k before RoPE (Gemma 3, Qwen3),
+            or None.
         causal: queries see only keys at or before their own position.
         stack_module: path of the module whose forward receives this stack's 2D padding mask
             (``"encoder"``/``"decoder"`` of an encoder-decoder model; ``""`` = the base model).
         n_layers: ``config -> int`` layers of this stack (None: :func:`head_geometry`'s count).
+        bias_table: T5: path, relative to the first block of the stack, of the embedding holding
+            the stack's learned relative position bias [buckets, heads]; None elsewhere.
     """
 
     stack: str
@@ -132,9 +180,12 @@ class SiteSpec:
     k: str | None = None
     v: str | None = None
     qkv: str | None = None
+    q_norm: str | None = None
+    k_norm: str | None = None
     causal: bool = False
     stack_module: str = ""
     n_layers: Callable[..., int] | None = None
+    bias_table: str | None = None
 
     def relative(self, path: str | None) -> str | None:
         """A layer-relative path made relative to the attention module (None if outside it)."""
@@ -142,27 +193,24 @@ class SiteSpec:
             return None
         return path[len(self.attention) + 1:]
 
-    @property
-    def o_inside_attention(self) -> bool:
-        """The output projection is a child of the attention module."""
-        return self.o.startswith(self.attention + ".")
+
+def one_stack(stack: str, layers: str, attention: str, o: str, **paths) -> tuple[SiteSpec]:
+    """The one site kind of an encoder (``stack="encoder"``, bidirectional) or of a decoder-only
+    model (``"decoder"``, causal self-attention): self-attention in every block of ``layers``."""
+    return (SiteSpec(stack, "self", layers, attention, o, causal=stack == "decoder", **paths),)
 
 
 @dataclass(frozen=True)
 class ArchSpec:
     """Where the attention pieces of one architecture family live, and how it computes attention.
 
-    Paths are dotted attribute paths. ``layers`` is relative to the base model
-    (``model.base_model``); every other path is relative to one layer.
-
     Attributes:
         family: display name of the family (``"bert"``, ``"gpt2"``, ``"llama"``, ``"gpt_neox"`` ...).
-        layers: path of the ``nn.ModuleList`` of transformer blocks.
-        attention: path of the attention module whose forward returns
-            ``(attn_output, attn_probs)`` with ``attn_probs`` shaped [batch, heads, query, key].
-        o: path of the output projection; its input is [batch, seq, heads * d_head] (the place
-            where head gates act). It lies inside ``attention`` (GPT-2, LLaMA ...) or in a sibling
-            module (BERT's ``attention.output.dense``): see :attr:`o_inside_attention`.
+        kind: ``"encoder"``, ``"decoder"`` (decoder-only, causal) or ``"encoder-decoder"``
+            (:data:`MODEL_KINDS`).
+        site_specs: the kinds of attention site, in forward order within a layer, each with its
+            module paths (:class:`SiteSpec`): one self-attention kind for encoders and decoders;
+            encoder self, decoder self and cross-attention for encoder-decoder models.
         qkv_layout: how queries, keys and values are projected:
             ``"separate"`` three ``nn.Linear`` (paths ``q``, ``k``, ``v``);
             ``"conv1d"`` one GPT-2 ``Conv1D`` (path ``qkv``, weight [in, 3 * heads * d_head], output
@@ -171,15 +219,10 @@ class ArchSpec:
             (GPT-NeoX ``query_key_value``);
             ``"stacked"`` one ``nn.Linear`` whose output is q (heads * d_head) | k | v
             (kv_heads * d_head each) (Phi-3 ``qkv_proj``).
-        q, k, v, qkv: the projection paths the layout uses (others None).
         conv1d: projections are GPT-2 ``Conv1D`` modules (``y = x @ W + b``, W is [in, out]), the
             output projection included; False for ``nn.Linear`` (W is [out, in]).
-        causal: decoder-only (causal self-attention).
-        stack: name of the layer stack in :class:`~probe.sites.Site` (``"encoder"`` or ``"decoder"``).
         rotary: rotary position embedding applied to q and k (Su et al. 2021, RoFormer), in the
             "rotate half" layout on the first ``partial_rotary_factor * d_head`` dimensions.
-        q_norm, k_norm: paths of per-head RMS norms applied to q and k before RoPE (Gemma 3, Qwen3),
-            or None.
         scaling: ``(config, d_head, layer) -> float``, the multiplier of q k^T.
         softmax_dtype: dtype the original's eager softmax runs in (float32 for the LLaMA-style
             families, which upcast; None = the scores' dtype).
@@ -203,32 +246,24 @@ class ArchSpec:
             give the module its own value of (:func:`probe.pruning.removal.remove_heads` gives the
             module a view of the config with its own head count).
         cache_kwargs: names under which the attention module receives the key/value cache.
-        sites_override: the site kinds of an encoder-decoder model (:class:`SiteSpec`); empty for
-            single-stack models, whose one site kind the fields above describe.
-        probs_index: position of the attention probabilities in the attention module's output
-            tuple (1; T5's modules return ``(output, position_bias, probs)``: 2).
-        position_bias: a bias added to the scores: ``"alibi"`` (BLOOM; Press et al. 2022) or
-            ``"t5"`` (bucketed relative positions, Raffel et al. 2020), else None.
-        relative_bias: T5: path, relative to the first block of a stack, of the embedding holding
-            that stack's learned relative position bias [buckets, heads].
-        residual_in_attention: the attention module adds its input's residual to its output
-            (BLOOM's ``dropout_add(output, residual)``).
+        probs: ``output -> probs | None``: the attention probabilities [batch, heads, query, key]
+            in the attention module's output tuple (second; T5's modules return
+            ``(output, position_bias, probs)``).
+        pack: ``(attn_output, probs, bias) -> tuple``: the output tuple a replacement module returns
+            (the original's layout).
+        position_bias: the bias added to the scores
+            (:class:`~probe.architectures.position_bias.PositionBias`: none, ALiBi for BLOOM, Press et
+            al. 2022; T5's bucketed relative positions, Raffel et al. 2020).
+        residual: ``(attn_output, kwargs) -> attn_output``: what the attention module adds to its
+            output (BLOOM adds its input's residual; others nothing).
     """
 
     family: str
-    layers: str
-    attention: str
-    o: str
+    kind: str
+    site_specs: tuple[SiteSpec, ...]
     qkv_layout: str = "separate"
-    q: str | None = None
-    k: str | None = None
-    v: str | None = None
-    qkv: str | None = None
     conv1d: bool = False
-    causal: bool = False
     rotary: bool = False
-    q_norm: str | None = None
-    k_norm: str | None = None
     scaling: Callable[..., float] = _inverse_sqrt_head
     softmax_dtype: torch.dtype | None = None
     upcast: Callable[..., bool] = _no_upcast
@@ -242,44 +277,19 @@ class ArchSpec:
     kv_head_count_attrs: tuple[str, ...] = ()
     config_head_attrs: tuple[str, ...] = ()
     cache_kwargs: tuple[str, ...] = ("cache", "past_key_values")
-    sites_override: tuple[SiteSpec, ...] = ()
-    probs_index: int = 1
-    position_bias: str | None = None
-    relative_bias: str | None = None
-    residual_in_attention: bool = False
+    probs: Callable[..., torch.Tensor | None] = _probs_second
+    pack: Callable[..., tuple] = _pack_pair
+    position_bias: PositionBias = NO_POSITION_BIAS
+    residual: Callable[..., torch.Tensor] = _no_residual
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
             raise ValueError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
-        if self.position_bias not in (None, "alibi", "t5"):
-            raise ValueError(f"position_bias must be None, 'alibi' or 't5', got {self.position_bias!r}")
-
-    @property
-    def stack(self) -> str:
-        """``"decoder"`` for causal models, ``"encoder"`` otherwise (single-stack models)."""
-        return "decoder" if self.causal else "encoder"
-
-    @property
-    def site_specs(self) -> tuple[SiteSpec, ...]:
-        """The kinds of attention site, in forward order within a layer: one self-attention stack
-        (from ``layers``, ``attention`` ...) unless ``sites_override`` lists several."""
-        if self.sites_override:
-            return self.sites_override
-        return (SiteSpec(self.stack, "self", self.layers, self.attention, self.o, self.q, self.k, self.v,
-                         self.qkv, self.causal, ""),)
-
-    @property
-    def encoder_decoder(self) -> bool:
-        """An encoder-decoder model (it has cross-attention sites)."""
-        return any(s.kind == "cross" for s in self.site_specs)
-
-    @property
-    def o_inside_attention(self) -> bool:
-        """The output projection is a child of the attention module (GPT-2, LLaMA, DistilBERT ...)."""
-        return self.o.startswith(self.attention + ".")
-
-    def relative(self, path: str | None) -> str | None:
-        """A layer-relative path made relative to the attention module (None if outside it)."""
-        if path is None or not path.startswith(self.attention + "."):
-            return None
-        return path[len(self.attention) + 1:]
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"kind must be one of {MODEL_KINDS}, got {self.kind!r}")
+        found = {(s.stack, s.kind) for s in self.site_specs}
+        expected = {"encoder": {("encoder", "self")}, "decoder": {("decoder", "self")},
+                    "encoder-decoder": {("encoder", "self"), ("decoder", "self"), ("decoder", "cross")}}[self.kind]
+        if found != expected or len(found) != len(self.site_specs):
+            raise ValueError(f"{self.family} ({self.kind}) needs the site kinds {sorted(expected)} once each, "
+                             f"got {sorted(found)}")

@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 
 from ..errors import UnsupportedArchitectureError
+from .position_bias import ALIBI, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
     SiteSpec,
@@ -15,55 +16,65 @@ from .spec import (  # the rules the entries point at
     _gpt2_scaling,
     _gpt2_upcast,
     _no_softcap,
+    _pack_t5,
+    _probs_third,
     _query_pre_attn_scaling,
+    _residual_inside,
     _roberta_offset,
     _rope_by_layer_type,
     _window_by_layer_type,
     _window_every_layer,
+    one_stack,
 )
 
 _BERT = ArchSpec(
-    family="bert", layers="encoder.layer", attention="attention.self",
-    q="attention.self.query", k="attention.self.key", v="attention.self.value",
-    o="attention.output.dense",
+    family="bert", kind="encoder",
+    site_specs=one_stack("encoder", "encoder.layer", "attention.self", "attention.output.dense",
+                         q="attention.self.query", k="attention.self.key", v="attention.self.value"),
     head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
 )
 _ROBERTA = replace(_BERT, family="roberta", position_offset=_roberta_offset)
 _DISTILBERT = ArchSpec(
-    family="distilbert", layers="transformer.layer", attention="attention",
-    q="attention.q_lin", k="attention.k_lin", v="attention.v_lin", o="attention.out_lin",
+    family="distilbert", kind="encoder",
+    site_specs=one_stack("encoder", "transformer.layer", "attention", "attention.out_lin",
+                         q="attention.q_lin", k="attention.k_lin", v="attention.v_lin"),
     head_count_attrs=("n_heads",),
 )
 _GPT2 = ArchSpec(
-    family="gpt2", layers="h", attention="attn", qkv_layout="conv1d", qkv="attn.c_attn", o="attn.c_proj",
-    conv1d=True, causal=True, scaling=_gpt2_scaling, upcast=_gpt2_upcast,
+    family="gpt2", kind="decoder", site_specs=one_stack("decoder", "h", "attn", "attn.c_proj", qkv="attn.c_attn"),
+    qkv_layout="conv1d", conv1d=True, scaling=_gpt2_scaling, upcast=_gpt2_upcast,
     head_count_attrs=("num_heads",), width_attrs=("split_size", "embed_dim"),
 )
+_LLAMA_SITES = one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", q="self_attn.q_proj",
+                         k="self_attn.k_proj", v="self_attn.v_proj")
+_QK_NORM_SITES = one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", q="self_attn.q_proj",
+                           k="self_attn.k_proj", v="self_attn.v_proj", q_norm="self_attn.q_norm",
+                           k_norm="self_attn.k_norm")
 _LLAMA = ArchSpec(
-    family="llama", layers="layers", attention="self_attn",
-    q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
-    causal=True, rotary=True, softmax_dtype=torch.float32, kv_group_attr="num_key_value_groups",
+    family="llama", kind="decoder", site_specs=_LLAMA_SITES, rotary=True, softmax_dtype=torch.float32,
+    kv_group_attr="num_key_value_groups",
 )
 _MISTRAL = replace(_LLAMA, family="mistral", window=_window_every_layer)
 _QWEN2 = replace(_LLAMA, family="qwen2", window=_window_by_layer_type)
-_QWEN3 = replace(_QWEN2, family="qwen3", q_norm="self_attn.q_norm",
-                     k_norm="self_attn.k_norm")
+_QWEN3 = replace(_QWEN2, family="qwen3", site_specs=_QK_NORM_SITES)
 _GPT_NEOX = ArchSpec(
-    family="gpt_neox", layers="layers", attention="attention", qkv_layout="per_head",
-    qkv="attention.query_key_value", o="attention.dense", causal=True, rotary=True,
-    softmax_dtype=torch.float32, cache_kwargs=("layer_past", "cache", "past_key_values"),
+    family="gpt_neox", kind="decoder",
+    site_specs=one_stack("decoder", "layers", "attention", "attention.dense", qkv="attention.query_key_value"),
+    qkv_layout="per_head", rotary=True, softmax_dtype=torch.float32,
+    cache_kwargs=("layer_past", "cache", "past_key_values"),
 )
 _PHI3 = ArchSpec(
-    family="phi3", layers="layers", attention="self_attn", qkv_layout="stacked", qkv="self_attn.qkv_proj",
-    o="self_attn.o_proj", causal=True, rotary=True, softmax_dtype=torch.float32, window=_window_every_layer,
+    family="phi3", kind="decoder",
+    site_specs=one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", qkv="self_attn.qkv_proj"),
+    qkv_layout="stacked", rotary=True, softmax_dtype=torch.float32, window=_window_every_layer,
     kv_group_attr="num_key_value_groups", kv_head_count_attrs=("num_key_value_heads",),
     config_head_attrs=("num_attention_heads",),
 )
 _GEMMA = replace(_LLAMA, family="gemma")
 _GEMMA2 = replace(_LLAMA, family="gemma2", scaling=_query_pre_attn_scaling,
-                      window=_window_by_layer_type, softcap=_gemma2_softcap)
-_GEMMA3 = replace(_GEMMA2, family="gemma3", softcap=_no_softcap,
-                      q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", rope=_rope_by_layer_type)
+                  window=_window_by_layer_type, softcap=_gemma2_softcap)
+_GEMMA3 = replace(_GEMMA2, family="gemma3", softcap=_no_softcap, site_specs=_QK_NORM_SITES,
+                  rope=_rope_by_layer_type)
 
 def _t5_no_scaling(config, d_head: int, layer: int) -> float:
     """T5: scores are not scaled (the 1/sqrt(d) is folded into the initialisation; Raffel et al.
@@ -84,29 +95,28 @@ def _t5_sites() -> tuple[SiteSpec, ...]:
     def site(stack, kind, module, causal):
         return SiteSpec(stack, kind, f"{stack}.block", module, f"{module}.o", q=f"{module}.q", k=f"{module}.k",
                         v=f"{module}.v", causal=causal, stack_module=stack,
-                        n_layers=lambda c, s=stack: c.num_layers if s == "encoder" else c.num_decoder_layers)
+                        n_layers=lambda c, s=stack: c.num_layers if s == "encoder" else c.num_decoder_layers,
+                        bias_table="layer.0.SelfAttention.relative_attention_bias" if kind == "self" else None)
     return (site("encoder", "self", "layer.0.SelfAttention", False),
             site("decoder", "self", "layer.0.SelfAttention", True),
             site("decoder", "cross", "layer.1.EncDecAttention", False))
 
 
 _BART = ArchSpec(
-    family="bart", layers="decoder.layers", attention="self_attn", o="self_attn.out_proj",
-    q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", causal=True,
-    sites_override=_bart_sites(), head_count_attrs=("num_heads",), width_attrs=("embed_dim",),
+    family="bart", kind="encoder-decoder", site_specs=_bart_sites(), head_count_attrs=("num_heads",),
+    width_attrs=("embed_dim",),
 )
 _T5 = ArchSpec(
-    family="t5", layers="decoder.block", attention="layer.0.SelfAttention", o="layer.0.SelfAttention.o",
-    q="layer.0.SelfAttention.q", k="layer.0.SelfAttention.k", v="layer.0.SelfAttention.v", causal=True,
-    sites_override=_t5_sites(), scaling=_t5_no_scaling, probs_index=2, position_bias="t5",
-    relative_bias="layer.0.SelfAttention.relative_attention_bias", head_count_attrs=("n_heads",),
-    width_attrs=("inner_dim",),
+    family="t5", kind="encoder-decoder", site_specs=_t5_sites(), scaling=_t5_no_scaling, probs=_probs_third,
+    pack=_pack_t5, position_bias=T5_RELATIVE, head_count_attrs=("n_heads",), width_attrs=("inner_dim",),
 )
 _BLOOM = ArchSpec(
-    family="bloom", layers="h", attention="self_attention", qkv_layout="per_head",
-    qkv="self_attention.query_key_value", o="self_attention.dense", causal=True, softmax_dtype=torch.float32,
-    position_bias="alibi", residual_in_attention=True, cache_kwargs=("layer_past", "cache", "past_key_values"),
-    head_count_attrs=("num_heads",), width_attrs=("hidden_size", "split_size"),
+    family="bloom", kind="decoder",
+    site_specs=one_stack("decoder", "h", "self_attention", "self_attention.dense",
+                         qkv="self_attention.query_key_value"),
+    qkv_layout="per_head", softmax_dtype=torch.float32, position_bias=ALIBI, residual=_residual_inside,
+    cache_kwargs=("layer_past", "cache", "past_key_values"), head_count_attrs=("num_heads",),
+    width_attrs=("hidden_size", "split_size"),
 )
 
 #: model_type (``config.model_type``) -> spec. The supported architectures.

@@ -6,7 +6,7 @@ usage errors do. An interrupt (Ctrl-C) ends in one line and exit status 130 (128
 shells report it); what the command was writing is removed (:mod:`probe.runfolder`). The
 library never imports click; only this package does.
 
-Modules: this one (the ``probe`` group, error handling, logging, the console script), then one per
+Modules: :mod:`.group` (the ``probe`` group, error handling, logging, the console script), then one per
 command: :mod:`.analyze`, :mod:`.verify`, :mod:`.compare`, :mod:`.prune`, :mod:`.listing`
 (``probe models``); :mod:`.options` holds the options several commands share. Commands import
 what they need from the library when they run (``probe --help`` stays fast), and look up
@@ -15,119 +15,7 @@ what they need from the library when they run (``probe --help`` stays fast), and
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
-import sys
+from . import analyze, compare, listing, prune, verify  # noqa: F401 (each registers its command on ``main``)
+from .group import INTERRUPTED, ProbeGroup, entry, hold, main, user_errors
 
-import click
-
-from .. import __version__
-from ..errors import ProbeError
-
-
-def user_errors(fn):
-    """Turn :class:`ProbeError` into click's one-line ``Error: ...`` with exit status 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except ProbeError as exc:
-            raise click.ClickException(str(exc)) from None
-
-    return wrapper
-
-
-def hold(folder):
-    """Keep a folder claim (:func:`probe.runfolder.claim`) until the command ends, however it
-    ends; return the folder's path."""
-    click.get_current_context().call_on_close(folder.release)
-    return folder.path
-
-
-#: Exit status of an interrupted command: 128 + SIGINT.
-INTERRUPTED = 130
-
-
-class _Interrupted(Exception):
-    """A KeyboardInterrupt inside a command (click would turn it into Abort and exit status 1)."""
-
-
-class ProbeGroup(click.Group):
-    """A click group whose usage errors are one line (``Error: ... (see 'probe analyze --help')``)
-    and whose commands, interrupted, exit with status 130 after one line."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except KeyboardInterrupt:
-            raise _Interrupted() from None
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
-        try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.UsageError as exc:
-            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-            click.echo(f"Error: {exc.format_message()}{where}", err=True)
-            sys.exit(exc.exit_code)
-        except click.ClickException as exc:
-            exc.show()
-            sys.exit(exc.exit_code)
-        except (_Interrupted, KeyboardInterrupt):
-            click.echo("Interrupted.", err=True)
-            sys.exit(INTERRUPTED)
-        except click.Abort as exc:
-            if isinstance(exc.__context__, KeyboardInterrupt):
-                click.echo("Interrupted.", err=True)
-                sys.exit(INTERRUPTED)
-            click.echo("Aborted.", err=True)
-            sys.exit(1)
-        sys.exit(rv if isinstance(rv, int) else 0)
-
-
-def _setup_logging() -> None:
-    """probe's own notes go to stderr as 'note: ...'; other libraries' log lines stay quiet."""
-    log = logging.getLogger("probe")
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("note: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.WARNING)
-        log.propagate = False
-    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
-
-
-@click.group(cls=ProbeGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(version=__version__, prog_name="probe")
-def main() -> None:
-    """probe: see what the attention heads of a pretrained transformer do."""
-    _setup_logging()
-
-
-def entry() -> None:
-    """The ``probe`` console script and ``python -m probe``: run the command, then leave at once.
-
-    Tearing down the interpreter after torch and transformers are loaded takes about a second on
-    two cores and would be wall time the user waits for nothing, so after the command has written
-    everything and flushed its output, the process exits without that teardown.
-    """
-    code = 0
-    try:
-        main(prog_name="probe")
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if exc.code is not None and not isinstance(exc.code, int):
-            click.echo(str(exc.code), err=True)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-# the commands register themselves on ``main``
-from . import listing, analyze, verify, compare, prune  # noqa: E402, F401, I001
-
-__all__ = ["ProbeGroup", "entry", "main", "user_errors"]
+__all__ = ["INTERRUPTED", "ProbeGroup", "entry", "hold", "main", "user_errors"]

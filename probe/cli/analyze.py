@@ -11,7 +11,7 @@ import click
 
 from .. import IMPORT_STARTED
 from ..util import plural, process_age
-from . import hold, main, user_errors
+from .group import hold, main, user_errors
 from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .verify import verify_progress
 
@@ -21,8 +21,9 @@ _input_options = stacked(
     click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
                  help="Plain text (one sequence a line) or CoNLL-U (# text = lines)."),
     click.option("--pairs", type=click.Path(dir_okay=False, path_type=str), default=None,
-                 help="Pairs, one a line, the two segments separated by a tab: sentence pairs for encoders (the "
-                      "Kovaleva 'block' type needs two segments), source and target for encoder-decoder models."),
+                 help="Two texts a line, separated by a tab. Encoders and decoders: two segments of one input "
+                      "(sentence pairs, BERT's [SEP]-joined segments; the Kovaleva 'block' type needs them). "
+                      "Encoder-decoder models: the source the encoder reads and the target the decoder reads."),
     click.option("--generate", type=click.IntRange(min=1), default=None, metavar="N",
                  help="Encoder-decoder models: the model writes each source's target (greedy, at most N new "
                       "tokens); the sources come from --text or --corpus."),
@@ -93,11 +94,13 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     import torch
 
     from .. import distributed
+    from ..accumulators import check_supported
     from ..analysis import analyze
     from ..errors import InputError
     from ..models import load_model
     from ..patterns import pattern_accumulators
     from ..report import claim_run_dir, write_run
+    from ..seq2seq import as_targets, check_generate
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
@@ -115,16 +118,20 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     timings["model_load_s"] = lm.load_seconds
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
     _announce(lm, seqs, source, world)
-    seq2seq = check_seq2seq_input(lm, generate, annotated)
-    finished, skipped, seqs = _circuit_probe(lm, seqs, circuits and not seq2seq and (world is None or world.main),
-                                             timings)
-    extra = [] if seq2seq else pattern_accumulators(lm, distance=distance, map_sequences=map_sequences,
-                                                     thresholds=health)
-    if seq2seq:
-        skipped.append(ONE_STACK_NOTE)
+    if generate is not None:
+        check_generate(lm, generate)
+    if pairs and lm.kind == "encoder-decoder":
+        seqs = as_targets(seqs)  # the file's second column is the decoder's target
+    finished, skipped, seqs = _circuit_probe(lm, seqs, circuits and (world is None or world.main), timings)
+    offered = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
+    extra = [acc for acc in offered if acc.refusal(lm) is None]  # the library's rule says what fits this model
+    refused = [acc.refusal(lm) for acc in offered if acc.refusal(lm) is not None]
+    if refused:
+        skipped.append("not run: " + "; ".join(refused))
     if annotated is not None:
         # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
         extra += annotated.accumulators(lm, prior=world is None or world.main)
+        check_supported(lm, extra)  # --coref/--syntax on a model they do not measure: one Error line
     with distributed.process_group(world) if world else nullcontext():
         result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
                          max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
@@ -177,7 +184,7 @@ def _announce(lm, seqs, source: str, world) -> None:
     share = (f", process {world.rank} of {world.size}: sequences {world.rank}, {world.rank + world.size}, ..."
              if world else "")
     layers = lm.geometry.n_layers
-    if lm.spec.encoder_decoder:
+    if lm.kind == "encoder-decoder":
         from ..seq2seq import stack_depths
 
         layers = " + ".join(f"{n} {stack}" for stack, n in stack_depths(lm.sites).items())
@@ -185,37 +192,14 @@ def _announce(lm, seqs, source: str, world) -> None:
                f"{layers} layers x {plural(lm.geometry.n_heads, 'head')}", err=True)
 
 
-#: The note of an encoder-decoder run: what it does not measure.
-ONE_STACK_NOTE = ("head distances, groups, pattern types, padding checks and the circuit probe cover one-stack "
-                  "models; not run for this encoder-decoder model")
-
-
-def check_seq2seq_input(lm, generate, annotated) -> bool:
-    """Whether ``lm`` is an encoder-decoder model, after checking that the input fits it.
-
-    Raises:
-        InputError: --generate on another model; --coref/--syntax on an encoder-decoder model.
-    """
-    from ..errors import InputError
-    from ..seq2seq import check_generate
-
-    seq2seq = lm.spec.encoder_decoder
-    if generate is not None:
-        check_generate(lm, generate)
-    if seq2seq and annotated is not None:
-        raise InputError("--coref and --syntax score one-stack models (encoders, decoders); "
-                         f"{lm.name} is an encoder-decoder model")
-    return seq2seq
-
-
 def _circuit_probe(lm, seqs, wanted: bool, timings: dict):
     """The decoder circuit probe (:func:`probe.patterns.circuit_probe`, its sinks on the corpus's
     first texts) when wanted and the model is a decoder: ``(finished accumulators, notes, seqs)``,
     ``seqs`` unchanged (a stream is re-chained after its first texts were read)."""
-    from ..patterns import circuit_probe
+    from ..patterns import CircuitProbe, circuit_probe
     from ..patterns.circuits import SINK_TEXTS
 
-    if not (wanted and lm.causal):
+    if not wanted or CircuitProbe.refusal(lm) is not None:  # the probe's own rule: decoders
         return [], [], seqs
     t = time.perf_counter()
     sink_texts, seqs = _first(seqs, SINK_TEXTS)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..util import plural
-from . import hold, main, user_errors
+from .group import hold, main, user_errors
 from .options import limit_option
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import main
+from .group import main
 
 
 @main.command("models")

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from .. import validate
-from ..errors import ProbeError
+from ..errors import InputError, ProbeError
 from ..models import DEFAULT_MODEL
 
 #: Parameter dtypes a model can be loaded in (``--dtype``).
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def click_callback(check: Callable) -> Callable:
+    """A click option callback running ``check(value)``; its InputError becomes a usage error
+    (one line, exit status 2)."""
+
+    def callback(ctx, param, value):
+        if value is None:
+            return value
+        try:
+            result = check(value)
+        except InputError as exc:
+            raise click.BadParameter(str(exc)) from None
+        return value if result is None else result
+
+    return callback
 
 
 def stacked(*options):
@@ -50,7 +68,7 @@ def device_option(fn):
 
 def limit_option(help: str = "Use at most N sequences."):
     """``--limit/-n``: at most N sequences (>= 1); used as ``@limit_option()``."""
-    return click.option("--limit", "-n", type=int, default=None, callback=validate.click_callback(validate.limit),
+    return click.option("--limit", "-n", type=int, default=None, callback=click_callback(validate.limit),
                         help=help)
 
 

@@ -10,8 +10,8 @@ import click
 
 from .. import IMPORT_STARTED, validate
 from ..util import plural, process_age
-from . import hold, main, user_errors
-from .options import limit_option, model_option, stacked
+from .group import hold, main, user_errors
+from .options import click_callback, limit_option, model_option, stacked
 
 
 def _orders(ctx, param, value: str) -> list[str]:
@@ -34,13 +34,13 @@ _experiment_options = stacked(
     click.option("--order", "orders", default="importance,redundancy,random", show_default=True, callback=_orders,
                  help="Curves to run; the first one's heads are removed from the pruned copy."),
     click.option("--steps", type=int, default=10, show_default=True,
-                 callback=validate.click_callback(lambda v: validate.positive_int("--steps", v)),
+                 callback=click_callback(lambda v: validate.positive_int("--steps", v)),
                  help="Pruning steps (points after step 0)."),
     click.option("--fraction", type=float, default=0.5, show_default=True,
-                 callback=validate.click_callback(lambda v: validate.fraction("--fraction", v)),
+                 callback=click_callback(lambda v: validate.fraction("--fraction", v)),
                  help="Share of all heads pruned by the last step, in (0, 1)."),
     click.option("--seeds", type=int, default=3, show_default=True,
-                 callback=validate.click_callback(lambda v: validate.positive_int("--seeds", v, 3)),
+                 callback=click_callback(lambda v: validate.positive_int("--seeds", v, 3)),
                  help="Random orders (at least 3)."),
 )
 
@@ -59,7 +59,7 @@ _experiment_options = stacked(
               help="Replace probe's own files in an --out / --save-pruned folder probe wrote; other files are kept.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--batch-size", type=int, default=16, show_default=True,
-              callback=validate.click_callback(lambda v: validate.positive_int("--batch-size", v)))
+              callback=click_callback(lambda v: validate.positive_int("--batch-size", v)))
 @click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @user_errors

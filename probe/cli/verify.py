@@ -9,8 +9,8 @@ import click
 from .. import validate
 from ..errors import ProbeError
 from ..reference.mutants import MUTANTS
-from . import main, user_errors
-from .options import device_option, dtype_option, model_option
+from .group import main, user_errors
+from .options import click_callback, device_option, dtype_option, model_option
 
 
 def format_table(result) -> str:
@@ -51,10 +51,10 @@ def verify_progress(index: int, total: int, name: str, result) -> None:
 @model_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 @click.option("--atol", type=float, default=None,
-              callback=validate.click_callback(lambda v: validate.tolerance("--atol", v)),
+              callback=click_callback(lambda v: validate.tolerance("--atol", v)),
               help="Absolute tolerance [default: 1e-05 for float32, 0.01 for bfloat16/float16].")
 @click.option("--rtol", type=float, default=0.0, show_default=True,
-              callback=validate.click_callback(lambda v: validate.tolerance("--rtol", v)), help="Relative tolerance.")
+              callback=click_callback(lambda v: validate.tolerance("--rtol", v)), help="Relative tolerance.")
 @click.option("--mutant", type=click.Choice(sorted(MUTANTS)),
               default=None, help="Verify a deliberately broken attention instead (expected to FAIL).")
 @dtype_option

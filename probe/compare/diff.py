@@ -36,8 +36,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
+from ..sites import SITE_PREFIX
 from ..stats import STATISTICS
 from ..util import plural
+from .runs import load_run
 
 #: heads.csv columns that are identifiers or arbitrary ids, never differenced.
 NOT_COMPARED = {"layer", "head", "layer_b", "cluster", "group", "stack", "kind"}
@@ -48,13 +50,9 @@ REMOVED = "removed"
 #: Statistics not in probability units, left out of ``change``.
 NOT_PROBABILITY = {"entropy", "distance"}
 
-STATUSES = ("both", "removed in A", "removed in B", "removed in both", "only in A", "only in B")
-
 
 def as_result(run):
     """An analysis result as given, or a run folder read with :func:`probe.compare.load_run`."""
-    from .runs import load_run
-
     return load_run(run) if isinstance(run, (str, Path)) else run
 
 
@@ -142,8 +140,6 @@ def compare_runs(a, b) -> pd.DataFrame:
 def site_kinds(heads) -> list[tuple[str, str]]:
     """(stack, kind) of an encoder-decoder model's heads table, in site order (encoder self,
     decoder self, cross)."""
-    from ..sites import SITE_PREFIX
-
     present = set(zip(heads["stack"], heads["kind"]))
     return [sk for sk in SITE_PREFIX if sk in present]
 

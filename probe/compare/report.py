@@ -18,7 +18,8 @@ import numpy as np
 
 from ..analysis import versions
 from ..errors import InputError
-from ..report import CSP, GROUP_SHORT, _environment, _json_for_script, claim_run_dir, static_text
+from ..report import GROUP_SHORT, SITE_GROUPS, claim_run_dir
+from ..report.page import CSP, _environment, _json_for_script, static_text
 from ..report.portable import shorten_paths
 from ..sites import head_name
 from ..stats import STATISTICS
@@ -79,8 +80,6 @@ def names(row) -> tuple[str, str]:
 def site_groups(df, a, b) -> list[dict]:
     """The page's groups: one for one-stack runs, one per site kind (stack, kind) for encoder-decoder
     runs, each with its rows, title, figure-id prefix, layers of A and row labels (A's layer -> B's)."""
-    from ..report import SITE_GROUPS
-
     maps = df.attrs["layer_map"]
     if not isinstance(maps, dict):
         parts = [(None, "", df, maps)]

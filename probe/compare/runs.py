@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..accumulators import Example
+from ..analysis import AnalysisResult
 from ..errors import InputError
 from ..sites import head_name
 
@@ -94,8 +95,6 @@ def load_run(folder: str | Path):
         InputError: no such folder, no readable heads.csv / run.json in it, or a heads.csv that
             does not hold the heads run.json records (:func:`check_heads`).
     """
-    from ..analysis import AnalysisResult
-
     path = Path(folder)
     if not path.is_dir():
         raise InputError(f"no run folder {folder}")
@@ -129,11 +128,17 @@ def load_run(folder: str | Path):
 SITE_KINDS = (("encoder", "self"), ("decoder", "self"), ("decoder", "cross"))
 
 
+def is_encoder_decoder(model: dict) -> bool:
+    """Whether run.json's model record describes an encoder-decoder model (``kind``; runs written
+    before the kind was recorded say ``encoder_decoder: true``)."""
+    return model.get("kind") == "encoder-decoder" or bool(model.get("encoder_decoder"))
+
+
 def _expected_heads(model: dict) -> dict[tuple, str]:
     """Every head run.json's model record describes: key (layer, head), or (stack, kind, layer,
     head) for an encoder-decoder model, -> its display name (``L4H5``, ``cross L4H5``)."""
     n_heads = int(model["heads"])
-    if model.get("encoder_decoder"):
+    if is_encoder_decoder(model):
         stacks = model.get("stacks") or {}
         return {(stack, kind, layer, h): head_name({"stack": stack, "kind": kind, "layer": layer}, h)
                 for stack, kind in SITE_KINDS for layer in range(int(stacks.get(stack, 0))) for h in range(n_heads)}
@@ -151,14 +156,14 @@ def check_heads(heads: pd.DataFrame, model: dict, folder) -> None:
     damaged = f"heads.csv of {folder} does not match its run.json"
     try:
         expected = _expected_heads(model)
-        keys = ["stack", "kind", "layer", "head"] if model.get("encoder_decoder") else ["layer", "head"]
+        keys = ["stack", "kind", "layer", "head"] if is_encoder_decoder(model) else ["layer", "head"]
         ints = heads[["layer", "head"]].astype("int64")
         rows = list(zip(*([heads[k].astype(str) for k in keys[:-2]] + [ints["layer"], ints["head"]])))
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"{damaged}: unreadable layer/head/site columns ({exc}); the file is incomplete or "
                          "damaged") from None
     rows = [tuple(str(v) if isinstance(v, str) else int(v) for v in r) for r in rows]
-    what = (f"{model.get('layers')} layers x {model.get('heads')} heads" if not model.get("encoder_decoder") else
+    what = (f"{model.get('layers')} layers x {model.get('heads')} heads" if not is_encoder_decoder(model) else
             f"{len(expected)} heads")
     extra = [r for r in rows if r not in expected]
     if extra:

@@ -19,8 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..analysis import run
+from ..errors import InputError
 from ..inputs import Text, iter_batches
-from ..util import plural
+from ..util import plural, progress_bar
 from .conllu import Treebank, read_conllu
 from .coref import CorefAccumulator, CorefResult
 from .gap import CorefSet, read_coref
@@ -47,12 +49,8 @@ def syntax_accumulator(lm, bank: Treebank, prior: bool = True, **kw) -> SyntaxAc
 
 
 def _run(lm, texts: list[Text], acc, batch_size: int, max_length: int | None, progress: bool):
-    from ..analysis import run
-
     bar = None
     if progress:
-        from ..util import progress_bar
-
         bar = progress_bar(total=len(texts), unit="seq", desc=acc.name, leave=False)
     try:
         if texts:
@@ -145,8 +143,6 @@ def annotated_input(coref: str | None = None, syntax: str | None = None, limit: 
     Raises:
         InputError: a missing, unreadable or malformed file, or a file with nothing usable.
     """
-    from ..errors import InputError
-
     texts, parts = [], []
     examples = bank = None
     if coref is not None:

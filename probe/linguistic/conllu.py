@@ -26,6 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import conllu
+
 from ..corpus import iter_lines, split_lines
 from ..errors import InputError
 from ..inputs import Text
@@ -150,8 +152,6 @@ def _sentence(tokens, index: int) -> tuple[Sentence | None, int, int]:
 def _token_lists(lines: Iterable[str], source: str) -> Iterator:
     """``conllu.TokenList`` per sentence, parsed one sentence at a time from ``lines`` (line ends
     removed) by ``conllu.parse_incr``; a malformed line is an :class:`InputError`."""
-    import conllu
-
     class _Lines:  # the text file parse_incr expects: it iterates over lines ending in "\n"
         def read(self, size: int = -1) -> str:
             return "".join(self)

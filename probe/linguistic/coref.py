@@ -169,6 +169,9 @@ class CorefAccumulator(Accumulator):
     """
 
     name = "coreference"
+    title = "coreference scoring"
+    model_kinds = ("encoder", "decoder")  # one-stack models
+    site_kinds = ("self",)
 
     def __init__(self, sites: list[Site], n_heads: int, *, preceding_only: bool | None = None,
                  keep: int = 20, unaligned: dict | None = None) -> None:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import pandas as pd
+
 from ..corpus import iter_lines
 from ..errors import InputError
 from ..inputs import Text
@@ -146,8 +148,6 @@ def parse_gap(data: str, limit: int | None = None, source: str = "GAP input") ->
     Raises:
         InputError: not tab-separated, missing columns (named), no rows, or a bad offset/boolean.
     """
-    import pandas as pd
-
     try:
         frame = pd.read_csv(io.StringIO(data), sep="\t", quoting=csv.QUOTE_NONE, dtype=str,
                             keep_default_na=False)

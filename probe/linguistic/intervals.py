@@ -22,7 +22,7 @@ def wilson(correct, n) -> tuple[np.ndarray, np.ndarray]:
     Returns:
         (low, high) float arrays in [0, 1].
     """
-    from statsmodels.stats.proportion import proportion_confint
+    from statsmodels.stats.proportion import proportion_confint  # deferred: statsmodels takes ~1 s to import
 
     correct = np.asarray(correct, dtype=float)
     n = np.asarray(n, dtype=float)

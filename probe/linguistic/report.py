@@ -1,5 +1,5 @@
 """Report sections of the coreference and syntax analyses (registered in
-:data:`probe.report.sections.BUILDERS`): HTML fragment, canvas figures, coref.csv / syntax.csv and
+:data:`probe.report.builders.BUILDERS`): HTML fragment, canvas figures, coref.csv / syntax.csv and
 a run.json entry. Each builder returns None when its analysis did not run.
 """
 

@@ -94,6 +94,9 @@ class SyntaxAccumulator(Accumulator):
     """
 
     name = "syntax"
+    title = "syntax scoring"
+    model_kinds = ("encoder", "decoder")  # one-stack models
+    site_kinds = ("self",)
 
     def __init__(self, sites: list[Site], n_heads: int, *, min_count: int = MIN_COUNT, margin: float = MARGIN,
                  unaligned: dict | None = None) -> None:

@@ -37,6 +37,11 @@ def pattern_accumulators(lm, *, distance: bool = True, map_sequences: int = MAP_
                          thresholds: dict | None = None) -> list:
     """The accumulators of this package for one model, to pass to ``analyze(accumulators=...)``.
 
+    Each says which models it measures (``model_kinds``, ``site_kinds``; all of them one-stack
+    models, encoders and decoders): ``analyze`` refuses one that does not fit ``lm``
+    (:class:`~probe.errors.UnsupportedAnalysisError`), so a caller keeps those whose
+    ``refusal(lm)`` is None, as the CLI does.
+
     Args:
         lm: a loaded model.
         distance: head distances (per layer over the corpus; model-wide over rows 0..map_rows-1 of

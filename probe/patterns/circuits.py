@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator, present_heads
+from ..accumulators import Accumulator, check_supported, present_heads
+from ..analysis import run
 from ..inputs import Batch, Text, as_texts, tokenize
 from ..sites import Site
 
@@ -114,6 +115,8 @@ class CircuitScores(Accumulator):
     """
 
     name = "circuit_scores"
+    title = "the induction / duplicate-token probe"
+    model_kinds = ("decoder",)
 
     def __init__(self, sites: list[Site], n_heads: int, n: int = N_TOKENS, offset: int = 0) -> None:
         self.sites, self.n_heads, self.n, self.offset = list(sites), n_heads, n, offset
@@ -154,6 +157,8 @@ class SinkShares(Accumulator):
     """Per site, the sum over heads and real query rows i >= 1 of A[i, 0] (attention to position 0)."""
 
     name = "sinks"
+    title = "the attention-sink probe"
+    model_kinds = ("decoder",)
 
     def __init__(self, sites: list[Site]) -> None:
         self.sites = list(sites)
@@ -205,6 +210,8 @@ class CircuitProbe(Accumulator):
     heads.csv (the ``induction`` / ``duplicate-token`` labels follow from :data:`probe.classify.LABEL_RULES`)."""
 
     name = "circuits"
+    title = "the induction / duplicate-token probe"
+    model_kinds = ("decoder",)
 
     def __init__(self, result: CircuitResult) -> None:
         self._result = result
@@ -255,13 +262,10 @@ def circuit_probe(lm, *, n: int = N_TOKENS, batch_size: int = BATCH, seed: int =
         A :class:`CircuitProbe` (pass it to :func:`probe.analysis.analyze` as ``finished=[...]``).
 
     Raises:
-        ValueError: an encoder (the probe is for causal models), n < 2, or 2n + 1 tokens above the
-            model's limit.
+        UnsupportedAnalysisError: not a decoder-only model (:attr:`CircuitProbe.model_kinds`).
+        ValueError: n < 2, or 2n + 1 tokens above the model's limit.
     """
-    from ..analysis import run
-
-    if not lm.causal:
-        raise ValueError("the induction / duplicate-token probe is for decoders (causal models)")
+    check_supported(lm, [CircuitProbe])
     t0 = time.perf_counter()
     ids, offset = repeated_random_tokens(lm.tokenizer, n, batch_size, seed)
     if ids.shape[1] > lm.max_length:

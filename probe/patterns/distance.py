@@ -38,13 +38,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 
 from ..accumulators import Accumulator
 from ..inputs import Batch
 from ..sites import Site
+from .groups import head_groups
 
 LN2 = math.log(2.0)
+
+#: Heads of one layer closer than this (bits) are near-duplicates: the health check's
+#: ``duplicates`` and pruning's redundancy both read it here.
+NEAR_DUPLICATE = 0.05
 
 #: Defaults of the model-wide (map) accumulation: first sequences of the corpus, query rows of each.
 MAP_SEQUENCES = 200
@@ -178,6 +184,9 @@ class HeadDistances(Accumulator):
     """
 
     name = "distances"
+    title = "head distances"
+    model_kinds = ("encoder", "decoder")  # one-stack models
+    site_kinds = ("self",)
 
     def __init__(self, sites: list[Site], n_heads: int, *, map_sequences: int = MAP_SEQUENCES,
                  map_rows: int = MAP_ROWS) -> None:
@@ -293,16 +302,12 @@ class HeadDistances(Accumulator):
     def groups(self):
         """:class:`~probe.patterns.groups.HeadGroups` of all heads from the model-wide distance (computed
         once per state), or None when the model-wide distance was off or saw no row."""
-        from .groups import head_groups
-
         if self._groups is None and self.map_sequences > 0 and self.m_rows > 0:
             self._groups = head_groups(self._model())
         return self._groups
 
     def columns(self):
         """``group`` per head for ``heads.csv`` (replacing the k-means ``cluster``), or None."""
-        import pandas as pd
-
         groups = self.groups()
         if groups is None:
             return None

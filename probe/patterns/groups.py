@@ -90,7 +90,7 @@ def head_map(distance: np.ndarray, seed: int = 0) -> tuple[np.ndarray, float]:
         if n == 2:
             xy[1, 0] = d[0, 1]
         return xy, 0.0
-    from sklearn.manifold import MDS
+    from sklearn.manifold import MDS  # deferred: scikit-learn takes ~1.5-2 s to import
 
     params = inspect.signature(MDS).parameters
     if "metric_mds" in params:  # scikit-learn >= 1.8
@@ -109,7 +109,7 @@ def cluster_by_distance(distance: np.ndarray, max_groups: int = MAX_GROUPS) -> t
     Returns:
         ([heads] group ids renumbered by first appearance, k -> silhouette of every k tried).
     """
-    from sklearn.cluster import AgglomerativeClustering
+    from sklearn.cluster import AgglomerativeClustering  # deferred: scikit-learn takes ~1.5-2 s to import
 
     d = _symmetric(distance)
     n = len(d)
@@ -132,7 +132,7 @@ def cluster_by_distance(distance: np.ndarray, max_groups: int = MAX_GROUPS) -> t
 def silhouettes(d: np.ndarray, labels: np.ndarray) -> tuple[float, float | None]:
     """Mean silhouette of all heads, and of the heads in groups of two or more (None when fewer
     than two such groups)."""
-    from sklearn.metrics import silhouette_samples
+    from sklearn.metrics import silhouette_samples  # deferred: scikit-learn takes ~1.5-2 s to import
 
     s = silhouette_samples(d, labels, metric="precomputed")
     sizes = np.bincount(labels)

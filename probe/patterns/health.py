@@ -48,16 +48,18 @@ import numpy as np
 import torch
 
 from ..accumulators import Accumulator, present_heads
+from ..classify import LABEL_RULES
 from ..inputs import Batch
 from ..sites import Site, head_name
 from ..util import plural
+from .distance import NEAR_DUPLICATE
 
 #: check -> (statistic, default threshold, comparison, what it points at). Order = report order.
 HEALTH_RULES: dict[str, tuple[str, float, str, str]] = {
     "saturated": ("max_weight", 0.95, ">=", "one-hot softmax: missing or wrong score scale, very large logits"),
     "uniform": ("norm_entropy", 0.95, ">=", "scores too small (scale applied twice), dead head"),
     "collapsed": ("self", 0.8, ">=", "a head that only copies its own token"),
-    "duplicates": ("distance", 0.05, "<", "redundant heads, pruning candidates"),
+    "duplicates": ("distance", NEAR_DUPLICATE, "<", "redundant heads, pruning candidates"),
     "padding": ("padding", 0.0, ">", "a mask bug: must be exactly 0"),
 }
 
@@ -104,6 +106,9 @@ class HealthProbe(Accumulator):
     """
 
     name = "health"
+    title = "the padding health check"
+    model_kinds = ("encoder", "decoder")  # one-stack models
+    site_kinds = ("self",)
 
     def __init__(self, sites: list[Site], thresholds: dict | None = None) -> None:
         self.sites = list(sites)
@@ -221,8 +226,6 @@ def _explaining_label(row) -> str | None:
 
 
 def _head_checks(heads, thresholds: dict[str, float]) -> list[Check]:
-    from ..classify import LABEL_RULES
-
     out = []
     for name in ("saturated", "uniform", "collapsed"):
         stat, _, op, _ = HEALTH_RULES[name]

@@ -137,6 +137,9 @@ class PatternTypes(Accumulator):
     """
 
     name = "pattern_types"
+    title = "Kovaleva pattern types"
+    model_kinds = ("encoder", "decoder")  # one-stack models
+    site_kinds = ("self",)
     transient = ("tokenizer",)  # not sent to the other processes of a data-parallel run
 
     def __init__(self, sites: list[Site], n_heads: int, tokenizer=None) -> None:

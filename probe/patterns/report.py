@@ -1,4 +1,4 @@
-"""Report sections of the pattern analyses (registered in :data:`probe.report.sections.BUILDERS`).
+"""Report sections of the pattern analyses (registered in :data:`probe.report.builders.BUILDERS`).
 
 Each builder takes an :class:`~probe.analysis.AnalysisResult` and the tokenizer and returns a
 :class:`~probe.report.sections.Section` (HTML fragment from its own template, canvas figure data,
@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ..report import LABEL_COLORS, label_family
+from ..report.page import LABEL_COLORS, label_family
 from ..report.sections import Section, render_fragment
 from ..sites import head_name
 from .circuits import CIRCUIT_COLUMNS

@@ -5,7 +5,8 @@ Modules (each small): :mod:`~probe.pruning.heads` (original numbering and per-la
 :mod:`~probe.pruning.gates` (head gates on the output projection's input),
 :mod:`~probe.pruning.objectives` (clm, mlm, fidelity, classification),
 :mod:`~probe.pruning.importance` (Michel et al. 2019), :mod:`~probe.pruning.redundancy`
-(Jensen-Shannon distances between heads), :mod:`~probe.pruning.curves` (orders and curves),
+(the redundancy order, from :mod:`probe.patterns.distance`'s Jensen-Shannon distances),
+:mod:`~probe.pruning.curves` (orders and curves),
 :mod:`~probe.pruning.removal` (physical removal), :mod:`~probe.pruning.saving` (save and reload),
 :mod:`~probe.pruning.experiment` (:func:`prune`, the whole experiment without files) and
 :mod:`~probe.pruning.report` (the report section).
@@ -23,21 +24,17 @@ Example::
 
 from __future__ import annotations
 
-_EXPORTS = {
-    "prune": "experiment", "PruneResult": "experiment", "split_corpus": "experiment",
-    "gated": "gates", "remove_heads": "removal", "save_pruned": "saving", "load_pruned_folder": "saving",
-    "head_importance": "importance", "normalize_per_layer": "importance", "PrunedHeads": "heads",
-    "PRUNED_FILE": "heads", "HeadDistances": "redundancy", "js_divergence": "redundancy",
-    "default_objective": "objectives", "OBJECTIVES": "objectives", "ORDERS": "curves",
-}
+from .curves import ORDERS
+from .experiment import PruneResult, prune, split_corpus
+from .gates import gated
+from .heads import PRUNED_FILE, PrunedHeads
+from .importance import head_importance, normalize_per_layer
+from .objectives import OBJECTIVES, default_objective
+from .removal import remove_heads
+from .saving import load_pruned_folder, save_pruned
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    """Import lazily (``probe.models`` reads :mod:`probe.pruning.heads` while it is being imported)."""
-    if name in _EXPORTS:
-        from importlib import import_module
-
-        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [
+    "OBJECTIVES", "ORDERS", "PRUNED_FILE", "PruneResult", "PrunedHeads", "default_objective",
+    "gated", "head_importance", "load_pruned_folder", "normalize_per_layer", "prune",
+    "remove_heads", "save_pruned", "split_corpus",
+]

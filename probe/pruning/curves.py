@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..patterns.distance import HeadDistances
 from .importance import head_importance, normalize_per_layer
-from .redundancy import HeadDistances, redundancy_pick
+from .redundancy import redundancy_pick
 
 ORDERS = ("importance", "redundancy", "random")
 
@@ -85,7 +86,8 @@ class Context:
         distances = distances or (self.with_distances and torch.equal(mask, self.start))
         key = (mask.numpy().tobytes(), distances)
         if key not in self.cache:
-            accs = [HeadDistances(self.lm.sites, self.lm.geometry.n_heads)] if distances else []
+            # the within-layer distance only (no model-wide map)
+            accs = [HeadDistances(self.lm.sites, self.lm.geometry.n_heads, map_sequences=0)] if distances else []
             bar = self.progress(len(self.score), "scoring")
             try:
                 raw = head_importance(self.lm, self.score, self.objective, self.state, mask, probes=self.probes,
@@ -93,7 +95,8 @@ class Context:
             finally:
                 if bar is not None:
                     bar.close()
-            self.cache[key] = (normalize_per_layer(raw, mask), raw, accs[0].result() if accs else None)
+            layer = torch.from_numpy(accs[0].result().layer) if accs else None  # [layers, heads, heads] bits
+            self.cache[key] = (normalize_per_layer(raw, mask), raw, layer)
             if distances:  # the same importance serves a later request without distances
                 self.cache[(key[0], False)] = self.cache[key]
         return self.cache[key]

@@ -24,10 +24,10 @@ from .. import validate
 from ..capture import forward
 from ..errors import InputError
 from ..inputs import Text, as_texts, iter_batches
-from ..util import plural
+from ..util import plural, progress_bar
 from .curves import ORDERS, Context, Curve, run_orders, schedule
 from .gates import gated, ones
-from .objectives import OBJECTIVES, default_objective, make_objective
+from .objectives import OBJECTIVES, default_objective, label_ids, make_objective
 from .redundancy import nearest
 from .removal import parameter_count, removal_unsupported, remove_heads
 
@@ -76,7 +76,8 @@ class PruneResult:
             of :data:`SPEED_REPEATS` interleaved repeats; speedup_range: their lowest and highest.
         max_abs_diff: largest difference between the pruned copy's outputs and the gated model's.
         pruned_lm: the pruned copy (a LoadedModel), or None.
-        notes, settings, timings (seconds).
+        notes: what the user should know; settings: the arguments of the run.
+        timings: phase times (seconds).
     """
 
     model: str
@@ -236,13 +237,12 @@ def _validate(orders, steps, fraction, seeds, objective) -> list[str]:
 def _split_batches(lm, texts, labels, held_out: float, seed: int, batch_size: int, max_length):
     """((scoring indices, held-out indices), (scoring batches, held-out batches)); each text's meta
     gets its corpus ``index`` and its class id ``label`` (or None)."""
-    from .objectives import label_ids
-
     items = as_texts(validate.texts(texts))
     if labels is not None and len(labels) != len(items):
         raise InputError(f"{len(labels)} labels for {len(items)} sequences: give one label per sequence")
     ids = label_ids(lm, labels) if labels is not None else [None] * len(items)
-    items = [Text(t.text, t.words, {**t.meta, "index": i, "label": ids[i]}, t.pair) for i, t in enumerate(items)]
+    items = [Text(t.text, t.words, {**t.meta, "index": i, "label": ids[i]}, t.pair, target=t.target)
+             for i, t in enumerate(items)]
     parts = split_corpus(len(items), held_out, seed)
     batches = tuple(list(iter_batches(lm, [items[i] for i in part], batch_size=batch_size, max_length=max_length))
                     for part in parts)
@@ -283,7 +283,7 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
         ProbeError: the model's parameters are not floating point, or the gates get no gradient.
     """
     timings, t0 = {}, time.perf_counter()
-    if lm.spec.encoder_decoder:
+    if lm.kind == "encoder-decoder":
         raise InputError(ONE_STACK_ONLY.format(lm.name))
     orders = _validate(orders, steps, fraction, seeds, objective)
     (score_idx, eval_idx), (score, held) = _split_batches(lm, texts, labels, held_out, split_seed, batch_size,
@@ -297,8 +297,6 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
     obj.setup(lm, score + held)
     bar = None
     if progress:
-        from ..util import progress_bar
-
         def bar(total, desc):
             return progress_bar(total=total, desc=desc, leave=False)
     timings["setup_s"] = time.perf_counter() - t0

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..architectures import output_projections
+from ..architectures import site_outputs
+from ..capture import encode, forward
 from ..errors import ProbeError
 from ..hooks import measuring
 
@@ -108,9 +109,9 @@ def gated(lm, values: torch.Tensor | None = None, *, eager: bool = False) -> Ite
     d_head = lm.geometry.d_head
     with measuring(lm.model, eager=eager) as m:
         state = Gates(values, m.notes)
-        for layer, o in enumerate(output_projections(lm.model, lm.spec)):
-            m.hooks.forward_pre(o, _hook(state, layer, _slot_heads(lm, layer), d_head))
-        if not lm.spec.encoder_decoder and not _ACTING.get(lm.model, False):
+        for site, o in site_outputs(lm.model, lm.spec):  # one-stack models: one site per layer
+            m.hooks.forward_pre(o, _hook(state, site.layer, _slot_heads(lm, site.layer), d_head))
+        if lm.kind != "encoder-decoder" and not _ACTING.get(lm.model, False):
             check_gates(lm, state)
             _ACTING[lm.model] = True
         yield state
@@ -125,8 +126,6 @@ def check_gates(lm, state: Gates) -> None:
         ProbeError: a layer's output projection is never called (naming the model setting where
             it is a known one, :data:`KNOWN_BYPASSES`), or closing heads changes nothing.
     """
-    from ..capture import encode, forward
-
     batch = encode(lm, "The cat sat on the mat.")
     saved, state.fired = state.values, set()
     try:
@@ -160,8 +159,8 @@ def _bypass_message(lm, missing: list[int]) -> str:
     setting = known[0](lm.model.config) if known else None
     why = (f": the setting {setting} of this {lm.model.config.model_type} model {known[1]}" if setting else
            ": its forward pass computes the projection without calling that module")
-    return (f"head gates do not act on {lm.name}: the output projection ({lm.spec.o}) of layer(s) {layers} is never "
-            f"called{why}")
+    o = lm.spec.site_specs[0].o  # gates act on one-stack models
+    return f"head gates do not act on {lm.name}: the output projection ({o}) of layer(s) {layers} is never called{why}"
 
 
 def ones(lm, dtype: torch.dtype = torch.float32) -> torch.Tensor:

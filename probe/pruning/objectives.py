@@ -54,9 +54,9 @@ def head_kind(lm) -> str | None:
 def default_objective(lm, has_labels: bool = False) -> tuple[str, str]:
     """(objective, why) for a model: see the module docstring."""
     kind = head_kind(lm)
-    if kind == "classification" or (has_labels and not lm.causal):
+    if kind == "classification" or (has_labels and lm.kind != "decoder"):
         return "classification", "a sequence-classification model with labels: cross-entropy against the labels"
-    if lm.causal:
+    if lm.kind == "decoder":
         return "clm", "a decoder with a language-model head: next-token loss"
     if kind == "masked-lm":
         return "mlm", "an encoder whose checkpoint has a masked-LM head: masked-token loss"
@@ -140,7 +140,7 @@ class MaskedLM(Objective):
 def sentence_embedding(lm, batch) -> torch.Tensor:
     """[batch, d_model] mean of the last hidden states over real tokens (sentence-transformers' pooling)."""
     inputs = batch.model_inputs()
-    if lm.causal:
+    if lm.kind != "encoder":
         inputs["use_cache"] = False
     hidden = base_model(lm.model)(**inputs).last_hidden_state  # [batch, T, d_model]
     real = batch.real.to(hidden.device)[:, :, None].to(hidden.dtype)

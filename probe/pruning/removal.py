@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..architectures import ArchSpec, layer_modules
+from ..architectures import ALIBI, ArchSpec, SiteSpec, site_block, site_spec, sites
 from ..errors import InputError
 from ..sites import head_name
 from .heads import LayerLayout, PrunedHeads, normalize_heads, plan_layer
@@ -86,18 +86,18 @@ def _source(current: LayerLayout, new: LayerLayout) -> _Slots:
     return _Slots(q, kv, len(current.q), len(current.kv))
 
 
-def _slice_qkv(attn_layer: nn.Module, spec: ArchSpec, s: _Slots, d: int) -> None:
+def _slice_qkv(attn_layer: nn.Module, spec: ArchSpec, paths: SiteSpec, s: _Slots, d: int) -> None:
     """Cut the query/key/value projections of one layer to the new slots."""
     layout = spec.qkv_layout
     if layout == "separate":
         for role, idx in (("q", s.q), ("k", s.kv), ("v", s.kv)):
-            mod = attn_layer.get_submodule(getattr(spec, role))
+            mod = attn_layer.get_submodule(getattr(paths, role))
             _set(mod, "weight", _blocks(mod.weight, 0, idx, d))
             if mod.bias is not None:
                 _set(mod, "bias", _blocks(mod.bias, 0, idx, d))
             mod.out_features = len(idx) * d
         return
-    mod = attn_layer.get_submodule(spec.qkv)
+    mod = attn_layer.get_submodule(paths.qkv)
     if layout == "conv1d":  # GPT-2 Conv1D weight [in, q | k | v]: columns
         sizes = [s.old_q * d, s.old_kv * d, s.old_kv * d]
         for name, dim in (("weight", 1), ("bias", 0)):
@@ -123,9 +123,9 @@ def _slice_qkv(attn_layer: nn.Module, spec: ArchSpec, s: _Slots, d: int) -> None
         mod.out_features = (len(s.q) + 2 * len(s.kv)) * d
 
 
-def _slice_o(attn_layer: nn.Module, spec: ArchSpec, s: _Slots, d: int) -> None:
+def _slice_o(attn_layer: nn.Module, spec: ArchSpec, paths: SiteSpec, s: _Slots, d: int) -> None:
     """Cut the output projection's input to the new query slots (its output and bias stay)."""
-    o = attn_layer.get_submodule(spec.o)
+    o = attn_layer.get_submodule(paths.o)
     if spec.conv1d:  # Conv1D weight [in, out]: rows
         _set(o, "weight", _blocks(o.weight, 0, s.q, d))
         o.nx = len(s.q) * d
@@ -153,18 +153,21 @@ def apply_layout(model: nn.Module, spec: ArchSpec, layer: int, current: LayerLay
 
     Zero placeholder slots get zero query/key/value rows and zero output-projection columns.
     """
-    block = layer_modules(model, spec)[layer]
+    site = sites(model.config)[layer]  # one-stack models: one self-attention site per layer
+    block, paths = site_block(model, spec, site), site_spec(spec, site)
     s = _source(current, new)
     with torch.no_grad():
-        _slice_qkv(block, spec, s, d_head)
-        _slice_o(block, spec, s, d_head)
-    _set_counts(block.get_submodule(spec.attention), spec, new, d_head, model.config)
+        _slice_qkv(block, spec, paths, s, d_head)
+        _slice_o(block, spec, paths, s, d_head)
+    _set_counts(block.get_submodule(paths.attention), spec, new, d_head, model.config)
 
 
-def _slot_costs(block: nn.Module, spec: ArchSpec, d: int, d_model: int) -> tuple[int, int]:
+def _slot_costs(model: nn.Module, spec: ArchSpec, layer: int, d: int, d_model: int) -> tuple[int, int]:
     """Parameters of one query slot (its query rows and output-projection columns) and of one
-    key/value slot (its key and value rows), biases included."""
-    proj = block.get_submodule(spec.q or spec.qkv)
+    key/value slot (its key and value rows) of a layer, biases included."""
+    site = sites(model.config)[layer]
+    paths = site_spec(spec, site)
+    proj = site_block(model, spec, site).get_submodule(paths.q or paths.qkv)
     bias = int(getattr(proj, "bias", None) is not None)
     return d * (d_model + bias) + d * d_model, 2 * d * (d_model + bias)
 
@@ -198,9 +201,9 @@ class Removal:
 
 def removal_unsupported(lm) -> str | None:
     """Why heads cannot be physically removed from ``lm``, or None where they can."""
-    if lm.spec.encoder_decoder:
+    if lm.kind == "encoder-decoder":
         return f"{lm.name} is an encoder-decoder model (head removal covers one-stack models)"
-    if lm.spec.position_bias == "alibi":
+    if lm.spec.position_bias is ALIBI:
         return (f"{lm.name} adds ALiBi biases whose slopes the model computes from its head count: removing "
                 "heads would change the slopes of the heads that stay")
     return None
@@ -235,12 +238,11 @@ def remove_heads(lm, heads) -> Removal:
                          f"{'was' if len(gone) == 1 else 'were'} already removed from this model")
     before = parameter_count(lm.model)
     layouts = list(current.layouts)
-    blocks = layer_modules(lm.model, lm.spec)
     kv_kept = layout_extra = 0
     per_kv = g.n_heads // g.n_kv_heads
     for layer, hs in todo.items():
         kept = [h for h in current.present(layer) if h not in hs]
-        q_cost, kv_cost = _slot_costs(blocks[layer], lm.spec, g.d_head, g.d_model)
+        q_cost, kv_cost = _slot_costs(lm.model, lm.spec, layer, g.d_head, g.d_model)
         new = plan_layer(kept, g.n_heads, g.n_kv_heads, q_cost, kv_cost)
         apply_layout(lm.model, lm.spec, layer, layouts[layer], new, g.d_head)
         layouts[layer] = new

@@ -3,7 +3,7 @@ Python: no image library, nothing fetched, so the page's strict Content-Security
 the curve table, the importance heatmap (canvas, like every heatmap of the page), the pruned copy's
 size and speed, and ``pruning.csv`` beside ``index.html``.
 
-The builder (:func:`section`) is listed in :data:`probe.report.sections.BUILDERS`; it shows a
+The builder (:func:`section`) is listed in :data:`probe.report.builders.BUILDERS`; it shows a
 section when ``result.results["pruning"]`` holds a :class:`~probe.pruning.experiment.PruneResult`.
 """
 

@@ -5,11 +5,16 @@ and, if asked, the pruned model's folder. The command line only parses and print
 
 from __future__ import annotations
 
+import time
+from contextlib import ExitStack
 from pathlib import Path
 
+from ..analysis import analyze
 from ..corpus import split_lines
 from ..errors import InputError
+from ..report import claim_run_dir, write_run
 from .experiment import PruneResult, prune
+from .saving import claim_target, save_pruned
 
 
 def read_labels(path: str | Path, n: int) -> list[str]:
@@ -42,11 +47,6 @@ def prune_run(lm, texts: list[str], *, out=None, force: bool = False, save_prune
     Raises:
         InputError: as ``prune``; ``out`` or ``save_pruned_to`` taken (claimed before the experiment).
     """
-    from contextlib import ExitStack
-
-    from ..report import claim_run_dir
-    from .saving import claim_target
-
     with ExitStack() as held:  # both folders claimed before the experiment starts
         run_dir = held.enter_context(claim_run_dir(out, lm.name, force)).path
         if save_pruned_to is not None:
@@ -56,11 +56,6 @@ def prune_run(lm, texts: list[str], *, out=None, force: bool = False, save_prune
 
 def _prune_and_write(lm, texts, out: Path, force: bool, save_pruned_to, labels, timings, started, kwargs):
     """The body of :func:`prune_run`, once its folders are claimed."""
-    import time
-
-    from ..analysis import analyze
-    from ..report import write_run
-    from .saving import save_pruned
 
     t = time.perf_counter()
     result = prune(lm, texts, labels=labels, physical=True, **kwargs)

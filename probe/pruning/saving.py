@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_model
 
 from ..architectures import get_spec, head_geometry
 from ..errors import InputError, ModelLoadError
@@ -53,10 +54,8 @@ def save_pruned(lm, folder: str | Path, *, force: bool = False) -> Path:
 
 def _write_model(lm, tmp: Path) -> None:
     """The files of a pruned model's folder, written into ``tmp``."""
-    from safetensors.torch import save_model
-
     lm.model.config.save_pretrained(tmp)
-    if getattr(lm.model, "generation_config", None) is not None and lm.causal:
+    if getattr(lm.model, "generation_config", None) is not None and lm.kind != "encoder":
         lm.model.generation_config.save_pretrained(tmp)
     # the module's own parameter names (no checkpoint key conversion); tied tensors stored once
     save_model(lm.model, str(tmp / WEIGHTS), metadata={"format": "pt"})
@@ -77,8 +76,6 @@ def claim_target(path: Path, force: bool):
 
 
 def _state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     if not (folder / WEIGHTS).is_file():
         raise ModelLoadError(f"{folder}: no {WEIGHTS} beside {PRUNED_FILE}")
     return load_file(str(folder / WEIGHTS))
@@ -126,8 +123,8 @@ def load_pruned_folder(folder: str | Path, model_class, dtype: torch.dtype | Non
     Raises:
         ModelLoadError: unreadable record, missing weights, or weights that do not fit the record.
     """
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.initialization import no_init_weights
+    from transformers import AutoConfig, AutoTokenizer  # deferred: transformers takes ~1.5 s to import
+    from transformers.initialization import no_init_weights  # deferred: transformers takes ~1.5 s to import
 
     path = Path(folder)
     try:

@@ -15,7 +15,6 @@ from ..architectures import ArchSpec, SiteSpec, head_geometry, site_spec
 from ..errors import ProbeError
 from ..sites import Site, causal_keep
 from .op import MaskError, as_keep_mask, attention
-from .position_bias import alibi_bias, alibi_slopes, t5_bias
 from .rotary import Rope, apply_rope
 
 
@@ -89,8 +88,7 @@ class ReferenceAttention(nn.Module):
         # The original projections (and q/k norms), by reference, under their original attribute names.
         self._names: dict[str, str] = {}
         for role in ("q", "k", "v", "qkv", "o", "q_norm", "k_norm"):
-            path = getattr(self.paths, role, None) if role not in ("q_norm", "k_norm") else getattr(spec, role)
-            rel = self.paths.relative(path)
+            rel = self.paths.relative(getattr(self.paths, role))
             if rel is not None:
                 name = rel.replace(".", "_")
                 self.add_module(name, original.get_submodule(rel))
@@ -110,7 +108,6 @@ class ReferenceAttention(nn.Module):
         self.softmax_dtype = spec.softmax_dtype
         self.upcast = spec.upcast(config)
         self.softcap = spec.softcap(config)
-        self.slopes = alibi_slopes(self.n_head) if spec.position_bias == "alibi" else None
         self.rope = None
         if spec.rotary:
             self.rope = Rope.from_config(spec.rope(config, layer_idx), self.d_head,
@@ -201,21 +198,17 @@ class ReferenceAttention(nn.Module):
         """The multiplier of q k^T: the architecture's rule (1/sqrt(d_head), Vaswani et al. sec. 3.2.1)."""
         return self.scale
 
+    @property
+    def bias_table(self) -> nn.Module | None:
+        """T5: the embedding of the stack's relative position bias [buckets, heads]; else None."""
+        return self._bias_table[0]
+
     def position_bias(self, n_query: int, n_key: int, past: int, key_positions: torch.Tensor | None,
                       device) -> torch.Tensor | None:
-        """A bias added to the scores, [batch|1, heads, query|1, key], or None: ALiBi's m_h * j
-        (BLOOM; j = the key's position among the real tokens) or T5's learned bias of the bucket of
-        j - i (self-attention only; its table lives in the stack's first layer)."""
-        if self.slopes is not None:
-            if key_positions is None:
-                key_positions = torch.arange(n_key, device=device)[None]  # (1, Tk)
-            return alibi_bias(self.slopes.to(device), key_positions, self.alibi_sign)
-        table = self._bias_table[0]
-        if self.spec.position_bias == "t5" and not self.is_cross and table is not None:
-            c = self.config
-            return t5_bias(table.weight, n_query, n_key, past, not self.is_causal,
-                           c.relative_attention_num_buckets, c.relative_attention_max_distance)
-        return None
+        """A bias added to the scores, [batch|1, heads, query|1, key], or None: the rule the spec
+        chose (:attr:`ArchSpec.position_bias`: ALiBi's m_h * j for BLOOM, j = the key's position
+        among the real tokens; T5's learned bias of the bucket of j - i on self-attention sites)."""
+        return self.spec.position_bias(self, n_query, n_key, past, key_positions, device)
 
     #: +1: ALiBi as published; the ``alibi-sign`` mutant flips it.
     alibi_sign: float = 1.0
@@ -321,12 +314,9 @@ class ReferenceAttention(nn.Module):
         # 3. softmax(q k^T * scale + bias, masked) v; merge heads; output projection
         y, probs = attention(q, k, v, mask=keep, scale=self.score_scale(), softmax_dtype=self.softmax_dtype,
                              upcast=self.upcast, softcap=self.softcap, bias=bias,
-                             fused_bias=self.spec.position_bias == "alibi")  # (B, nh, T, hs), (B, nh, T, Tk)
+                             fused_bias=self.spec.position_bias.fused)  # (B, nh, T, hs), (B, nh, T, Tk)
         y = self.merge(y)  # (B, T, nh*hs)
         if "o" in self._names:
             y = self._module("o")(y)  # (B, T, d_model)
-        if self.spec.residual_in_attention:
-            y = y + kw["residual"]  # BLOOM adds the residual inside its attention module
-        if self.spec.probs_index == 2:  # T5: (output, position bias handed to the next layer, probs)
-            return y, (bias if bias is not None else torch.zeros(1, self.n_head, T, Tk, dtype=y.dtype)), probs
-        return y, probs
+        y = self.spec.residual(y, kw)  # BLOOM adds the residual inside its attention module
+        return self.spec.pack(y, probs, bias)  # the original's output tuple (T5: the bias for the next layer)

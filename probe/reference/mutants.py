@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..architectures import get_spec, head_geometry
+from ..architectures import ALIBI, get_spec, head_geometry
 from ..errors import ProbeError
 from .module import ReferenceAttention
 
@@ -117,7 +117,7 @@ def mutant_applies(name: str, model_or_lm) -> tuple[bool, str]:
     spec = get_spec(config)
     if name in _CAUSAL and not any(s.causal for s in spec.site_specs):
         return False, f"{name} applies to decoders only"
-    if name == "alibi-sign" and spec.position_bias != "alibi":
+    if name == "alibi-sign" and spec.position_bias is not ALIBI:
         return False, "the model has no ALiBi bias"
     if name == "no-scale":
         geo = head_geometry(config)

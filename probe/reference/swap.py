@@ -72,7 +72,7 @@ def _stack_hooks(context: ForwardContext, spec, stack: str, module: nn.Module):
     def pre_hook(mod, args, kwargs):
         arguments = bind(args, kwargs)
         mask = _checked_mask(arguments)
-        if spec.encoder_decoder:
+        if spec.kind == "encoder-decoder":
             context.masks[stack] = mask
             if stack == "decoder":
                 source = arguments.get("encoder_attention_mask")
@@ -126,8 +126,8 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
         layer = base.get_submodule(paths.layers)[site.layer]
         original = layer.get_submodule(paths.attention)
         table = None
-        if spec.relative_bias is not None and site.kind == "self":
-            table = base.get_submodule(paths.layers)[0].get_submodule(spec.relative_bias)
+        if paths.bias_table is not None:
+            table = base.get_submodule(paths.layers)[0].get_submodule(paths.bias_table)
         originals.append(original)
         modules.append(cls(original, spec, model.config, site.layer, context, site=site, bias_table=table))
         parent_path, _, name = paths.attention.rpartition(".")
@@ -138,9 +138,9 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
     own = hooks is None
     hooks = Hooks() if own else hooks
     try:
-        for stack in dict.fromkeys(s.stack_module for s in spec.site_specs):
-            stack_module = base.get_submodule(stack) if stack else base
-            pre, post = _stack_hooks(context, spec, stack or spec.stack, stack_module)
+        for path, stack in {s.stack_module: s.stack for s in spec.site_specs}.items():
+            stack_module = base.get_submodule(path) if path else base
+            pre, post = _stack_hooks(context, spec, stack, stack_module)
             hooks.forward_pre(stack_module, pre, with_kwargs=True)
             hooks.forward(stack_module, post, with_kwargs=True, always_call=True)
         for (parent, name), module in zip(parents, modules):

@@ -12,53 +12,44 @@ folder is a new ``reports/<model>-<timestamp>`` under the current directory.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
-import re
 import time
-from functools import cache, lru_cache
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from ..analysis import AnalysisResult, versions
-from ..classify import LABEL_RULES, MIXED, REMOVED
+from ..classify import LABEL_RULES
 from ..errors import InputError
-from ..runfolder import claim, claim_new
 from ..sites import head_name
 from ..stats import CROSS_STATISTICS, STATISTICS
 from ..tokens import display_tokens
-from ..util import plural
+from .builders import BUILDERS, build_sections
+from .page import (  # re-exported: the page's shared pieces, imported from here by older code
+    CSP,
+    LABEL_COLORS,
+    LABEL_SHORT,
+    OPTIONAL_LABELS,
+    OUTPUT_FILES,
+    _environment,
+    _json_default,
+    _json_for_script,
+    choose_heads,
+    claim_run_dir,
+    default_run_dir,
+    label_family,
+    static_text,
+)
+from .portable import shorten_paths
 
-#: Colors of the primary labels in the layer x head grid (colour-blind-safe Okabe-Ito palette + greys).
-LABEL_COLORS = {
-    "previous-token": "#E69F00", "next-token": "#56B4E9", "self": "#009E73", "first-token": "#0072B2",
-    "sep": "#D55E00", "punctuation": "#CC79A7", "broad": "#F0E442", "long-range": "#999999",
-    "coreference": "#882255", "syntactic": "#44AA99", "induction": "#AA4499", "duplicate-token": "#BBCC33",
-    MIXED: "#FFFFFF", REMOVED: "#BDBDBD",
-}
-
-#: Labels given by optional analyses (and to heads removed by pruning): shown in the legend only
-#: when a head has one.
-OPTIONAL_LABELS = ("coreference", "syntactic", REMOVED)
-
-#: Short texts of the primary labels inside the grid cells.
-LABEL_SHORT = {
-    "previous-token": "prev", "next-token": "next", "self": "self", "first-token": "1st", "sep": "sep",
-    "punctuation": "punc", "broad": "brd", "long-range": "long", "coreference": "coref", "syntactic": "syn",
-    "induction": "ind", "duplicate-token": "dup",
-    MIXED: "", REMOVED: "\u00d7",
-}
-
-
-def label_family(label: str) -> str:
-    """The colour key of a label: ``"syntactic:nsubj"`` -> ``"syntactic"``."""
-    return label.split(":", 1)[0]
-
-
-OUTPUT_FILES = ("index.html", "heads.csv", "run.json")
+__all__ = [
+    "BUILDERS", "CSP", "LABEL_COLORS", "LABEL_SHORT", "MAX_HEATMAP_TOKENS", "OPTIONAL_LABELS", "OUTPUT_FILES",
+    "SITE_GROUPS", "UNITS", "build_sections", "choose_heads", "default_run_dir", "label_family", "claim_run_dir",
+    "render_html", "run_record", "site_groups", "static_text", "write_run",
+]
 
 #: Attention heatmaps show at most this many tokens of an example (labels stay readable).
 MAX_HEATMAP_TOKENS = 64
@@ -68,58 +59,6 @@ EXAMPLES_DRAWN = 2
 
 #: Units of the statistics shown in titles.
 UNITS = {"entropy": "nats", "distance": "tokens"}
-
-#: The page's Content-Security-Policy: nothing may be loaded; inline script and style only.
-CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
-
-
-def default_run_dir(model_name: str, root: str | Path = "reports") -> Path:
-    """A new folder ``root/<model>-<YYYYmmdd-HHMMSS>`` (suffixed -2, -3 ... if taken)."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model_name).name or model_name).strip("-") or "model"
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / f"{slug}-{stamp}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
-
-
-def claim_run_dir(out: str | Path | None, model_name: str, force: bool = False, kind: str = "run"):
-    """Claim the run folder ``out`` (default: a new ``reports/<model>-<timestamp>``) before the work
-    starts, so that two runs never write one folder (:func:`probe.runfolder.claim`).
-
-    Returns:
-        A :class:`probe.runfolder.Claim` (``.path`` is the folder); release it (or use ``with``).
-
-    Raises:
-        InputError: ``out`` is a file, or not empty and ``force`` is False, or holds files probe
-            did not write, or another probe run is writing it.
-    """
-    if out is None:
-        return claim_new(default_run_dir(model_name), kind=kind)
-    return claim(out, kind=kind, force=force)
-
-
-def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> list[tuple[int, int, str, str]]:
-    """Heads to draw: the strongest head of each primary label (statistic / threshold), then the
-    most focused ``mixed`` head. Returns (layer, head, label, reason) tuples."""
-    heads = result.heads
-    if "stack" in heads:  # encoder-decoder: the examples' maps here are the encoder's (cross-attention has its section)
-        heads = heads[(heads["stack"] == "encoder") & (heads["kind"] == "self")]
-    chosen = []
-    for label, (stat, _) in LABEL_RULES.items():
-        rows = heads[heads["label"] == label]
-        if rows.empty:
-            continue
-        for _, row in rows.sort_values(stat, ascending=False).head(per_label).iterrows():
-            chosen.append((int(row["layer"]), int(row["head"]), label, f"{stat} = {row[stat]:.2f}"))
-    mixed = heads[heads["label"] == MIXED]
-    if not mixed.empty:
-        row = mixed.sort_values("max_weight", ascending=False).iloc[0]
-        chosen.append((int(row["layer"]), int(row["head"]), MIXED, f"max_weight = {row['max_weight']:.2f}"))
-    return chosen[:limit]
-
 
 def _example_view(tokenizer, ex) -> dict:
     """Text of an example as analysed (the decoded tokens when truncation cut it)."""
@@ -263,28 +202,6 @@ def _attention_figures(result: AnalysisResult, tokenizer) -> tuple[dict, list[di
     return figures, blocks
 
 
-def _json_for_script(data) -> str:
-    """JSON safe inside a <script> element (no '<', '>' or '&' that could close it)."""
-    text = json.dumps(data, separators=(",", ":"), default=_json_default)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-@lru_cache(maxsize=1)
-def _environment():
-    from jinja2 import Environment, PackageLoader, select_autoescape
-
-    env = Environment(loader=PackageLoader("probe", "report/templates"), autoescape=select_autoescape(["html", "j2"]))
-    env.filters["plural"] = plural  # {{ n|plural("sequence") }} -> "1 sequence", "2 sequences"
-    env.globals["head_name"] = head_name
-    return env
-
-
-@cache
-def static_text(name: str) -> str:
-    """A file of ``probe/report/static`` (inlined into pages)."""
-    return resources.files("probe").joinpath(f"report/static/{name}").read_text(encoding="utf-8")
-
-
 def render_html(result: AnalysisResult, tokenizer, record: dict, verification: dict | None = None,
                 sections: list | None = None) -> str:
     """The self-contained report page (data inline, heatmaps drawn by inline script, input escaped).
@@ -293,8 +210,6 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         sections: extra :class:`~probe.report.sections.Section` objects (default: those the
             builders make from ``result``).
     """
-    from .sections import build_sections
-
     sections = build_sections(result, tokenizer) if sections is None else sections
     heads = result.heads
     grids = [{"title": title, "rows": _label_grid(rows, result.model["heads"])}
@@ -354,11 +269,6 @@ def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, 
 
 def _write_files(result, tokenizer, path: Path, tmp: Path, verification, timings, started, start) -> None:
     """The files of :func:`write_run`, written into ``tmp`` (``path``: where they will be)."""
-    import dataclasses
-
-    from .portable import shorten_paths
-    from .sections import build_sections
-
     result.timings.update({k: round(v, 4) for k, v in (timings or {}).items()})
     shown = dataclasses.replace(result, model=shorten_paths(result.model, path),
                                 settings=shorten_paths(result.settings, path), notes=shorten_paths(result.notes, path))
@@ -387,12 +297,3 @@ def _write_files(result, tokenizer, path: Path, tmp: Path, verification, timings
     record["timings_s"] = result.timings
     (tmp / "run.json").write_text(json.dumps(record, indent=2, default=_json_default) + "\n", encoding="utf-8")
 
-
-def _json_default(obj):
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return None if math.isnan(obj) else float(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import InputError
+from ..sites import head_name, site_prefix
 
 #: Probabilities are stored as integers in units of 1 / SCALE (3 decimals).
 SCALE = 1000
@@ -172,8 +173,6 @@ def _side(tokens, word_ids=None, text=None, offsets=None, name: str = "") -> dic
 
 def _names(sites, prefixed: bool, n_layers: int, n_heads: int, layer_names) -> tuple[list, list, list]:
     """Per entry of probs: the layer title, its heads' display names and its tooltip name."""
-    from ..sites import head_name, site_prefix
-
     titles, heads, names = [], [], []
     for x in range(n_layers):
         site = sites[x] if sites is not None else None

@@ -4,6 +4,8 @@ statistic as a colour gradient)."""
 from __future__ import annotations
 
 from ..errors import InputError
+from ..report.page import LABEL_COLORS, label_family
+from ..sites import SITE_PREFIX, site_prefix
 
 
 def label_grid(source, value: str = "label"):
@@ -23,14 +25,10 @@ def label_grid(source, value: str = "label"):
     Raises:
         InputError: ``value`` is not a column of the heads table.
     """
-    from ..report import LABEL_COLORS, label_family
-
     heads = source.heads if hasattr(source, "heads") else source
     if value not in heads.columns:
         raise InputError(f"no column {value!r} in the heads table; columns: {', '.join(map(str, heads.columns))}")
     if "stack" in heads.columns:
-        from ..sites import SITE_PREFIX, site_prefix
-
         order = {prefix: i for i, prefix in enumerate(SITE_PREFIX.values())}
         heads = heads.assign(site=[site_prefix(s, k) for s, k in zip(heads["stack"], heads["kind"])])
         grid = heads.pivot(index=["site", "layer"], columns="head", values=value)

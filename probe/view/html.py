@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import html
 import uuid
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from ..analysis import AnalysisResult
+from ..capture import attention_hooks, encode, forward
+from ..core import LoadedModel
 from ..errors import InputError
-from ..report import _json_for_script
+from ..inputs import Text
+from ..report.page import _json_for_script
+from ..runfolder import replace_file
+from ..seq2seq import sides
 from ..sites import Site
 from ..tokens import display_tokens
 from ..util import plural
@@ -81,8 +89,6 @@ class HeadView:
 
     def save(self, path: str | Path) -> Path:
         """Write a whole offline page with this view; return its path."""
-        from ..runfolder import replace_file  # whole or not at all, also on an interrupt
-
         return replace_file(path, render_page(self.data, self.data.get("title") or "probe head view"))
 
     def __repr__(self) -> str:
@@ -197,9 +203,6 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
     Raises:
         InputError: no text for a model, an example that was not kept, bad layers or heads.
     """
-    from ..analysis import AnalysisResult
-    from ..models import LoadedModel
-
     kw = dict(layer=layer, heads=heads, threshold=threshold)
     if isinstance(source, AnalysisResult):
         if not 0 <= example < len(source.examples):
@@ -215,20 +218,13 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
 
 
 def _without_words(ex):
-    from dataclasses import replace
-
     return replace(ex, word_ids=None)
 
 
 def _show_text(lm, text, layers, max_length, max_values, words, kw) -> HeadView:
     """Run one text, keeping only the included layers' maps (float32, [heads, query, key] each).
-    An encoder-decoder model's text is a :class:`probe.inputs.Text` with the target as ``pair``:
+    An encoder-decoder model's text is a :class:`probe.inputs.Text` with the target as ``target``:
     each site is drawn with its own query and key tokens (:func:`probe.seq2seq.sides`)."""
-    import torch
-
-    from ..capture import attention_hooks, encode, forward
-    from ..inputs import Text
-    from ..seq2seq import sides
 
     if text is None or not isinstance(text, (str, Text)):
         raise InputError("show(lm, text) needs one text (a string)")
@@ -262,7 +258,8 @@ def _show_text(lm, text, layers, max_length, max_values, words, kw) -> HeadView:
         f"{plural(len(source['tokens']), 'source token')}, {plural(len(target['tokens']), 'target token')}")
     data = view_data(maps, source["tokens"], word_ids=source["word_ids"], text=source["text"],
                      offsets=source["offsets"], layers=list(layers), layer_names=[s.name for s in sites],
-                     causal=lm.causal, note=note, title=f"{lm.name}: {what}{trunc}", sites=sites, **seq2seq, **kw)
+                     causal=lm.kind != "encoder", note=note, title=f"{lm.name}: {what}{trunc}", sites=sites,
+                     **seq2seq, **kw)
     return HeadView(data)
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..compare.runs import EXAMPLES_FILE, examples_bytes
-from ..report import choose_heads
+from ..report.page import choose_heads
 from ..report.sections import Section
 from ..report.sections import render_fragment as render_template
 from ..tokens import display_tokens
@@ -62,3 +62,7 @@ def _target_labels(ex, tokenizer) -> list[str] | None:
     if t.get("labels") is not None:
         return list(t["labels"])
     return display_tokens(tokenizer, t["text"], t["ids"], [tuple(o) for o in t["offsets"]], t["special"])
+
+
+def _labelled(ex, labels):
+    return replace(ex, labels=labels)

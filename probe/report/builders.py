@@ -1,0 +1,33 @@
+"""The extra sections of the report page, in one list: each analysis's builder, called as
+``fn(result, tokenizer)``, returns a :class:`~probe.report.sections.Section` or None (its analysis
+did not run), so the page shows only what was measured."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..linguistic.report import coref_section, syntax_section
+from ..patterns.report import circuits_section, groups_section, health_section, types_section
+from ..pruning.report import section as pruning_section
+from ..view.section import head_view_section
+from .cross import cross_attention_section
+from .sections import Section
+
+#: The section builders, in the order they are tried (the page sorts them by ``Section.order``).
+BUILDERS: list[Callable[..., Section | None]] = [
+    cross_attention_section,
+    head_view_section,
+    coref_section,
+    syntax_section,
+    health_section,
+    groups_section,
+    types_section,
+    circuits_section,
+    pruning_section,
+]
+
+
+def build_sections(result, tokenizer) -> list[Section]:
+    """Every section whose analysis ran, in order."""
+    sections = [s for s in (build(result, tokenizer) for build in BUILDERS) if s is not None]
+    return sorted(sections, key=lambda s: s.order)

@@ -1,0 +1,135 @@
+"""The pieces every report page shares (the run report, the comparison, the sections, the head
+view): label colours and families, the run folder, the template environment, static files, the
+Content-Security-Policy, script-safe JSON and the heads chosen for drawing.
+
+Low in the import graph: the section builders (:mod:`probe.report.builders`) import it, and
+:mod:`probe.report` re-exports it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import re
+from functools import cache, lru_cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from ..analysis import AnalysisResult
+from ..classify import LABEL_RULES, MIXED, REMOVED
+from ..runfolder import claim, claim_new
+from ..sites import head_name
+from ..util import plural
+
+#: Colors of the primary labels in the layer x head grid (colour-blind-safe Okabe-Ito palette + greys).
+LABEL_COLORS = {
+    "previous-token": "#E69F00", "next-token": "#56B4E9", "self": "#009E73", "first-token": "#0072B2",
+    "sep": "#D55E00", "punctuation": "#CC79A7", "broad": "#F0E442", "long-range": "#999999",
+    "coreference": "#882255", "syntactic": "#44AA99", "induction": "#AA4499", "duplicate-token": "#BBCC33",
+    MIXED: "#FFFFFF", REMOVED: "#BDBDBD",
+}
+
+#: Labels given by optional analyses (and to heads removed by pruning): shown in the legend only
+#: when a head has one.
+OPTIONAL_LABELS = ("coreference", "syntactic", REMOVED)
+
+#: Short texts of the primary labels inside the grid cells.
+LABEL_SHORT = {
+    "previous-token": "prev", "next-token": "next", "self": "self", "first-token": "1st", "sep": "sep",
+    "punctuation": "punc", "broad": "brd", "long-range": "long", "coreference": "coref", "syntactic": "syn",
+    "induction": "ind", "duplicate-token": "dup",
+    MIXED: "", REMOVED: "\u00d7",
+}
+
+
+def label_family(label: str) -> str:
+    """The colour key of a label: ``"syntactic:nsubj"`` -> ``"syntactic"``."""
+    return label.split(":", 1)[0]
+
+
+OUTPUT_FILES = ("index.html", "heads.csv", "run.json")
+
+#: The page's Content-Security-Policy: nothing may be loaded; inline script and style only.
+CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+
+
+def default_run_dir(model_name: str, root: str | Path = "reports") -> Path:
+    """A new folder ``root/<model>-<YYYYmmdd-HHMMSS>`` (suffixed -2, -3 ... if taken)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model_name).name or model_name).strip("-") or "model"
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{slug}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def claim_run_dir(out: str | Path | None, model_name: str, force: bool = False, kind: str = "run"):
+    """Claim the run folder ``out`` (default: a new ``reports/<model>-<timestamp>``) before the work
+    starts, so that two runs never write one folder (:func:`probe.runfolder.claim`).
+
+    Returns:
+        A :class:`probe.runfolder.Claim` (``.path`` is the folder); release it (or use ``with``).
+
+    Raises:
+        InputError: ``out`` is a file, or not empty and ``force`` is False, or holds files probe
+            did not write, or another probe run is writing it.
+    """
+    if out is None:
+        return claim_new(default_run_dir(model_name), kind=kind)
+    return claim(out, kind=kind, force=force)
+
+
+def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> list[tuple[int, int, str, str]]:
+    """Heads to draw: the strongest head of each primary label (statistic / threshold), then the
+    most focused ``mixed`` head. Returns (layer, head, label, reason) tuples."""
+    heads = result.heads
+    if "stack" in heads:  # encoder-decoder: the examples' maps here are the encoder's (cross-attention has its section)
+        heads = heads[(heads["stack"] == "encoder") & (heads["kind"] == "self")]
+    chosen = []
+    for label, (stat, _) in LABEL_RULES.items():
+        rows = heads[heads["label"] == label]
+        if rows.empty:
+            continue
+        for _, row in rows.sort_values(stat, ascending=False).head(per_label).iterrows():
+            chosen.append((int(row["layer"]), int(row["head"]), label, f"{stat} = {row[stat]:.2f}"))
+    mixed = heads[heads["label"] == MIXED]
+    if not mixed.empty:
+        row = mixed.sort_values("max_weight", ascending=False).iloc[0]
+        chosen.append((int(row["layer"]), int(row["head"]), MIXED, f"max_weight = {row['max_weight']:.2f}"))
+    return chosen[:limit]
+
+
+def _json_for_script(data) -> str:
+    """JSON safe inside a <script> element (no '<', '>' or '&' that could close it)."""
+    text = json.dumps(data, separators=(",", ":"), default=_json_default)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+@lru_cache(maxsize=1)
+def _environment():
+    env = Environment(loader=PackageLoader("probe", "report/templates"), autoescape=select_autoescape(["html", "j2"]))
+    env.filters["plural"] = plural  # {{ n|plural("sequence") }} -> "1 sequence", "2 sequences"
+    env.globals["head_name"] = head_name
+    return env
+
+
+@cache
+def static_text(name: str) -> str:
+    """A file of ``probe/report/static`` (inlined into pages)."""
+    return resources.files("probe").joinpath(f"report/static/{name}").read_text(encoding="utf-8")
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return None if math.isnan(obj) else float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)

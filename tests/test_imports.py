@@ -1,0 +1,119 @@
+"""One direction of imports: the module graph of probe/ (read with ast, nothing imported) has no
+cycle, and no import hides inside a function except the deferred heavy libraries of an explicit
+allow-list (and the command line's, which loads the library only when a command runs)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import probe
+
+ROOT = Path(probe.__file__).parent
+
+#: Libraries a function may import when it runs (each costs a second or more at start-up, and most
+#: runs never need it); every such import says so in a comment.
+DEFERRED = {"transformers", "sklearn", "statsmodels", "accelerate",
+            "gguf",  # only while a GGUF file is loaded
+            "ipywidgets", "tqdm"}  # optional notebook widgets; tqdm.auto imported once with its warning silenced
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _targets(module: str, path: Path, node, modules) -> list[str]:
+    """The probe modules an import statement names (``from .x import y`` names ``x.y`` when y is a module)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for _ in range(max(node.level - 1, 0)):
+        package = package.rpartition(".")[0]
+    base = (package + ("." + node.module if node.module else "")) if node.level else node.module
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+
+
+def _graph():
+    modules = _modules()
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    inner = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       for n in ast.walk(f)}  # module-level try/if imports (a platform fallback) are top-level
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if id(node) in in_function:
+                inner.append((module, node))
+                continue
+            edges[module] |= {t for t in _targets(module, path, node, modules) if t in modules and t != module}
+    return modules, edges, inner
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (a list of modules, first == last), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges[m]):
+            if state.get(t) == 1:
+                return stack[stack.index(t):] + [t]
+            if t not in state and (found := visit(t)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(edges):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_the_module_graph_has_no_cycle():
+    modules, edges, _ = _graph()
+    assert len(modules) > 80 and edges["probe.capture"] >= {"probe.hooks", "probe.inputs", "probe.core"}
+    assert _cycle(edges) is None, " -> ".join(_cycle(edges))
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_low_modules_do_not_reach_up():
+    _, edges, _ = _graph()
+    assert "probe.models" not in edges["probe.capture"] | edges["probe.analysis"] | edges["probe.verification"]
+    assert not any(t.startswith("probe.pruning") for t in edges["probe.loading"])  # the loader knows no pruning
+
+
+def test_no_import_hides_in_a_function_but_the_deferred_heavy_libraries():
+    _, _, inner = _graph()
+    hidden = []
+    for module, node in inner:
+        if module == "probe.cli" or module.startswith("probe.cli."):
+            continue  # commands import the library when they run: 'probe --help' starts without torch
+        name = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+        if getattr(node, "level", 0) or name.split(".")[0] not in DEFERRED:
+            hidden.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    assert hidden == []
+
+
+def test_every_deferred_import_says_why():
+    _, _, inner = _graph()
+    modules = _modules()
+    for module, node in inner:
+        if module.startswith("probe.cli"):
+            continue
+        line = modules[module].read_text(encoding="utf-8").split("\n")[node.end_lineno - 1]
+        assert "# deferred: " in line, f"{module}:{node.lineno}"
