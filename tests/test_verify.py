@@ -29,13 +29,13 @@ from conftest import (
     tolerance,
 )
 from probe.architectures import get_spec, site_block, site_modules
-from probe.battery import CACHE_TEXTS
 from probe.cli import main
 from probe.errors import ProbeError
 from probe.hooks import Hooks
 from probe.models import embedded_folder, from_pretrained_objects
 from probe.reference import MUTANTS, MaskError, ReferenceAttention, Rope, mutant_applies, swap_attention
 from probe.verification import BF16_ATOL, NOISE_FACTOR, verify
+from probe.verification.battery import CACHE_TEXTS
 
 DECODER_CASES = ["sentence", "right-padded", "left-padded", "padding-invariance", "kv-cache", "max-length"]
 ENCODER_CASES = ["sentence", "right-padded", "padding-invariance", "sentence-pair", "max-length"]
@@ -601,7 +601,7 @@ def test_f24_without_position_ids_from_the_mask_gpt2_moves_the_tokens():
 
 
 def test_f24_padding_invariance_does_not_fail_a_correct_reference_on_another_prompt(monkeypatch):
-    import probe.battery as battery
+    import probe.verification.battery as battery
 
     text = "Once upon a time there was"  # 11 tokens: a length where the tiny llama's own rounding shows here
     monkeypatch.setattr(battery, "CACHE_TEXTS", [text, battery.CACHE_TEXTS[1]])

@@ -1,4 +1,4 @@
-"""``verify``: check that the from-scratch attention reproduces the original model.
+"""``verify``: check that the from-scratch attention reproduces the original model (the comparison).
 
 The model is run twice on a battery of inputs, once as loaded (eager attention) and once with every
 layer's attention module swapped for :class:`probe.reference.ReferenceAttention`, and the two runs
@@ -39,16 +39,16 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import validate
-from .architectures import stack_layers
-from .battery import Case, battery, case_names
-from .capture import add_attention_hooks
-from .core import LoadedModel
-from .errors import ProbeError
-from .hooks import input_device, measuring
-from .reference import mutant_applies, swap_attention
+from .. import validate
+from ..architectures import stack_layers
+from ..capture import add_attention_hooks
+from ..core import LoadedModel
+from ..errors import ProbeError
+from ..hooks import input_device, measuring
+from ..reference import mutant_applies, swap_attention
+from .battery import Case, battery
 
-__all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "case_names"]
+__all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "NOISE_FACTOR"]
 
 #: Default absolute tolerance for float32 (probabilities and hidden states).
 FP32_ATOL = 1e-5

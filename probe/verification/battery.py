@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .core import LoadedModel
-from .errors import ProbeError
+from ..core import LoadedModel
+from ..errors import ProbeError
 
 #: Longest sequence of the ``max-length`` case, in tokens.
 MAX_CASE_TOKENS = 1024
