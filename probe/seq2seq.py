@@ -23,7 +23,9 @@ import torch
 from . import validate
 from .errors import InputError
 from .hooks import input_device, measuring
-from .inputs import Batch, Text, decoder_start_id, target_text, tokenize_pairs  # noqa: F401 (tokenize_pairs: re-exported)
+from .inputs import Batch
+from .targets import decoder_start_id, tokenize_pairs  # noqa: F401 (tokenize_pairs: re-exported)
+from .text import Text, target_text
 from .util import quiet_transformers
 
 #: Sources generated for at once by :func:`with_generated_targets`.

@@ -250,7 +250,7 @@ def test_encoder_decoder_runs_are_compared_site_by_site(tmp_path):
     draws one grid per site kind and names heads enc/dec/cross L4H5."""
     from probe.inputs import Text
 
-    pairs = [Text("The cat sat on the mat.", pair="Le chat."), Text("A dog ran home.", pair="Un chien court.")]
+    pairs = [Text("The cat sat on the mat.", target="Le chat."), Text("A dog ran home.", target="Un chien court.")]
     lm_a, lm_b = tiny_model("marian"), tiny_model("bart")
     a, b = analyze(lm_a, pairs), analyze(lm_b, pairs)
     df = compare_runs(a, b)

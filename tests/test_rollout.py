@@ -228,7 +228,7 @@ def rollout_from_capture(lm, text: str) -> tuple[np.ndarray, list[str]]:
     """Rollout computed here from capture_attention's maps: the stack's self-attention sites, heads averaged,
     plus the identity, halved, multiplied last layer on the left. Encoder-decoder: a target is given."""
     enc_dec = is_enc_dec(lm)
-    captured = probe.capture_attention(lm, [probe.Text(text, pair="Ein Satz.") if enc_dec else text])
+    captured = probe.capture_attention(lm, [probe.Text(text, target="Ein Satz.") if enc_dec else text])
     stack = "decoder" if decoder_only(lm) else "encoder"
     sites = [s for s in lm.sites if s.stack == stack and s.kind == "self"]
     n = int(captured.batch.lengths[0])
@@ -278,7 +278,7 @@ def test_encoder_decoder_rollout_reads_the_encoder_only_whatever_the_target(tiny
     lm = tiny(kind)
     without = probe.attention_rollout(lm, TEXTS[1])
     for target in ("Eine Katze sass.", "Ganz anders und viel laenger als die Quelle."):
-        given = probe.attention_rollout(lm, probe.Text(TEXTS[1], pair=target))
+        given = probe.attention_rollout(lm, probe.Text(TEXTS[1], target=target))
         assert given.tokens == without.tokens and given.row_index == 0
         np.testing.assert_allclose(given.matrix, without.matrix, atol=1e-6)
     assert without.sites == [f"encoder.{layer}.self" for layer in range(2)]
@@ -295,7 +295,7 @@ def test_flow_of_tiny_models_is_the_max_flow_of_their_maps(tiny, kind):
     np.testing.assert_allclose(res.matrix, res.raw / res.raw.sum(1, keepdims=True), atol=1e-12)
     # independent: the maps rebuilt from captured probabilities, flow by Edmonds-Karp on a graph built here
     enc_dec = kind == "t5"
-    captured = probe.capture_attention(lm, [probe.Text(TEXTS[1], pair="Ein Satz.") if enc_dec else TEXTS[1]])
+    captured = probe.capture_attention(lm, [probe.Text(TEXTS[1], target="Ein Satz.") if enc_dec else TEXTS[1]])
     stack = "decoder" if decoder_only(lm) else "encoder"
     probs = np.stack([captured[s][0, :, :n, :n].double().numpy() for s in lm.sites
                       if s.stack == stack and s.kind == "self"])

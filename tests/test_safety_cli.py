@@ -412,7 +412,7 @@ def test_load_run_checks_every_site_kind_of_an_encoder_decoder_run(tmp_path):
     from probe.report import write_run
 
     lm = tiny_model("bart")
-    path = write_run(analyze(lm, [Text("The cat sat.", pair="Le chat."), Text("Two dogs.", pair="Deux chiens.")]),
+    path = write_run(analyze(lm, [Text("The cat sat.", target="Le chat."), Text("Two dogs.", target="Deux chiens.")]),
                      lm.tokenizer, tmp_path / "run")
     heads = load_run(path).heads
     assert len(heads) == 3 * 2 * 4  # encoder self, decoder self, cross: 2 layers x 4 heads each

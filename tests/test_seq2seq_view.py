@@ -1,4 +1,4 @@
-"""Encoder-decoder head views (case F27): `show(lm, Text(source, pair=target))` on a tiny Marian used to
+"""Encoder-decoder head views (case F27): `show(lm, Text(source, target=...))` on a tiny Marian used to
 draw the decoder's self-attention and cross-attention with the *source* tokens on both axes when the
 two sides had equal length, and failed with a shape error when they did not; the report's view looked
 labels up by (layer, head) only, so the decoder's and cross-attention's rows overwrote the encoder's.
@@ -81,7 +81,7 @@ def targets(lm) -> tuple[str, str]:
 @pytest.mark.parametrize("which", ["equal", "unequal"])
 def test_f27_show_draws_each_site_with_its_own_query_and_key_tokens(marian, which):
     target = targets(marian)[0 if which == "equal" else 1]
-    view = show(marian, Text(SOURCE, pair=target))
+    view = show(marian, Text(SOURCE, target=target))
     data = view.data
     source_labels, target_labels, maps = reference(marian, SOURCE, target)
     assert (len(source_labels) == len(target_labels)) == (which == "equal")
@@ -113,7 +113,7 @@ def test_f27_labels_are_looked_up_by_site_not_by_layer_and_head():
 
 def test_f27_report_view_and_a_loaded_run_key_every_head_by_its_site(marian, tmp_path):
     equal, longer = targets(marian)
-    res = analyze(marian, [Text(SOURCE, pair=longer), Text("A dog.", pair=equal)])
+    res = analyze(marian, [Text(SOURCE, target=longer), Text("A dog.", target=equal)])
     path = write_run(res, marian.tokenizer, tmp_path / "run")
     html = (path / "index.html").read_text(encoding="utf-8")
     raw = re.search(r'class="probe-hv-data">(.*?)</script>', html, re.S).group(1)
@@ -156,7 +156,7 @@ def browser():
 @pytest.mark.parametrize("which", ["equal", "unequal"])
 def test_f27_page_draws_target_rows_and_source_columns(marian, browser, tmp_path, which):
     target = targets(marian)[0 if which == "equal" else 1]
-    view = show(marian, Text(SOURCE, pair=target), threshold=0.001)
+    view = show(marian, Text(SOURCE, target=target), threshold=0.001)
     source_labels, target_labels, maps = reference(marian, SOURCE, target)
     page = browser.new_page(viewport={"width": 1200, "height": 900})
     errors = []
@@ -191,7 +191,7 @@ def test_layer_menu_shows_the_layer_drawn_first(marian, browser, tmp_path):
     """The view opens on the initial layer (the report opens on its chosen head's layer): the layer
     menu names that layer, not the first one."""
     target = targets(marian)[1]
-    view = show(marian, Text(SOURCE, pair=target), layer=3, heads=[1])
+    view = show(marian, Text(SOURCE, target=target), layer=3, heads=[1])
     page = browser.new_page()
     page.goto(view.save(tmp_path / "v.html").as_uri())
     page.wait_for_selector(".probe-hv[data-draws]")
