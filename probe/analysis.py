@@ -311,7 +311,9 @@ def labelled(heads: pd.DataFrame, thresholds: dict[str, float], extra, labels_by
     if labels_by != "norm":
         return label_heads(heads, thresholds, extra)
     swapped = {stat for stat, _ in LABEL_RULES.values() if by_norm(stat) in heads}
-    view = heads.assign(**{stat: heads[by_norm(stat)] for stat in swapped})
+    view = heads.copy()
+    for stat in swapped:
+        view[stat] = heads[by_norm(stat)]
     out = label_heads(view, thresholds, extra)
     for stat in swapped:
         out[stat] = heads[stat].to_numpy()

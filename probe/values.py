@@ -64,10 +64,18 @@ def output_gram(spec: ArchSpec, o: nn.Module, d_head: int) -> torch.Tensor:
 
     W_O^h [d_head, d_model] is head h's block of the output projection's input: the columns
     ``weight[:, h*d_head:(h+1)*d_head]`` of an ``nn.Linear`` ([out, in]), the rows of a GPT-2 ``Conv1D``
-    ([in, out]). ||v W_O^h||^2 = v G_h v^T.
+    ([in, out]). ||v W_O^h||^2 = v G_h v^T. A weight kept off the device between forward passes
+    (accelerate's CPU or disk offload: a ``meta`` tensor) is read by running the module itself on
+    the unit vectors: W_O = o(I) - o(0).
     """
-    w = o.weight.detach().float()
-    w = w if spec.conv1d else w.t()  # [heads * d_head, d_model]
+    weight = o.weight
+    if weight.is_meta:
+        n_in = weight.shape[0] if spec.conv1d else weight.shape[1]
+        eye = torch.eye(n_in, dtype=weight.dtype)[None]
+        w = (o(eye) - o(torch.zeros_like(eye[:, :1])))[0].detach().float()
+    else:
+        w = weight.detach().float()
+        w = w if spec.conv1d else w.t()  # [heads * d_head, d_model]
     w = w.reshape(-1, d_head, w.shape[-1])
     return w @ w.transpose(1, 2)
 
