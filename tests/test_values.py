@@ -10,6 +10,8 @@ statistics of test_stats, one sequence at a time and unpadded.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,7 @@ from conftest import ONE_STACK, SEQ2SEQ, assert_statistics_close, tiny_model
 from probe.analysis import analyze
 from probe.architectures import site_block, site_spec
 from probe.capture import capture_attention
+from probe.corpus import read_corpus
 from probe.errors import InputError
 from probe.inputs import Text
 from probe.sites import Site
@@ -271,3 +274,29 @@ def test_a_pair_input_has_every_site_kind():
     lm = tiny_model("t5")
     heads = analyze(lm, [Text("A b c.", target="D e.")], n_examples=0).heads
     assert heads[by_norm("first")].notna().all() and (heads[NORM_MASS] > 0).all()
+
+
+# --------------------------------------------------------------------------- the embedded models
+
+UD_DEV = Path("/work/shared/data/ud-ewt/en_ewt-ud-dev.conllu")
+
+
+def _ud_sentences(n: int) -> list[str]:
+    if not UD_DEV.exists():
+        pytest.skip("the UD English EWT dev file is not on this machine")
+    return read_corpus(UD_DEV, limit=n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", ["minilm", "smollm2"])
+def test_embedded_models_by_norm_statistics_match_the_independent_computation(fixture, request):
+    """50 UD EWT dev sentences: every _by_norm statistic within 1e-5 of the explicit per-head f."""
+    lm = request.getfixturevalue(fixture)
+    texts = _ud_sentences(50)
+    heads = analyze(lm, texts, batch_size=8, n_examples=0).heads
+    expected = reference_heads(lm, texts, maps=norm_maps).sort_values(["layer", "head"]).reset_index(drop=True)
+    actual = by_norm_frame(heads).sort_values(["layer", "head"]).reset_index(drop=True)
+    names = [s for s in STATISTICS if expected[s].notna().any()]
+    assert_statistics_close(actual, expected, names=names, err_msg=fixture)
+    for name in names:  # and the tolerance is the brief's 1e-5 at most
+        np.testing.assert_allclose(actual[name], expected[name], atol=1e-5, rtol=1e-5, err_msg=name)
