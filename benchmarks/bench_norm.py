@@ -12,6 +12,7 @@ Texts: the UD English EWT dev sentences where present, else the built-in sample 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -22,7 +23,9 @@ from probe import load_model
 from probe.analysis import analyze
 from probe.corpus import read_corpus, sample_texts
 
-UD_DEV = Path("/work/shared/data/ud-ewt/en_ewt-ud-dev.conllu")
+#: The shared data folder beside the repository root (a worktree elsewhere: PROBE_SHARED_DATA).
+SHARED_DATA = Path(os.environ.get("PROBE_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+UD_DEV = SHARED_DATA / "ud-ewt" / "en_ewt-ud-dev.conllu"
 
 
 def main() -> None:

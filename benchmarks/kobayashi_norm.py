@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,7 +29,9 @@ from probe.analysis import analyze
 from probe.corpus import read_corpus
 from probe.stats import INDEX, HeadStatistics
 
-UD_DEV = "/work/shared/data/ud-ewt/en_ewt-ud-dev.conllu"
+#: The shared data folder beside the repository root (a worktree elsewhere: PROBE_SHARED_DATA).
+SHARED_DATA = Path(os.environ.get("PROBE_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+UD_DEV = SHARED_DATA / "ud-ewt" / "en_ewt-ud-dev.conllu"
 STRIPES = ("first", "sep", "punct")
 
 

@@ -10,19 +10,22 @@ statistics of test_stats, one sequence at a time and unpadded.
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+from click.testing import CliRunner
 from test_seq2seq import TEXTS as PAIR_TEXTS
 from test_seq2seq import reference_cross_row
 from test_stats import SHORT, reference_heads
 
-from conftest import ONE_STACK, SEQ2SEQ, assert_statistics_close, tiny_model
+from conftest import ONE_STACK, SEQ2SEQ, SHARED_DATA, assert_statistics_close, save_tiny, tiny_model
 from probe.analysis import analyze
 from probe.architectures import site_block, site_spec
 from probe.capture import capture_attention
+from probe.cli import main
 from probe.corpus import read_corpus
 from probe.errors import InputError
 from probe.inputs import Text
@@ -278,7 +281,7 @@ def test_a_pair_input_has_every_site_kind():
 
 # --------------------------------------------------------------------------- the embedded models
 
-UD_DEV = Path("/work/shared/data/ud-ewt/en_ewt-ud-dev.conllu")
+UD_DEV = SHARED_DATA / "ud-ewt" / "en_ewt-ud-dev.conllu"
 
 
 def _ud_sentences(n: int) -> list[str]:
@@ -300,3 +303,33 @@ def test_embedded_models_by_norm_statistics_match_the_independent_computation(fi
     assert_statistics_close(actual, expected, names=names, err_msg=fixture)
     for name in names:  # and the tolerance is the brief's 1e-5 at most
         np.testing.assert_allclose(actual[name], expected[name], atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+# --------------------------------------------------------------------------- the command line
+
+def test_cli_writes_the_columns_and_the_section_and_refuses_labels_by_norm_without_norms(tmp_path):
+    folder = save_tiny("bert", tmp_path / "bert")
+    runner = CliRunner()
+    bad = runner.invoke(main, ["analyze", "--model", str(folder), "--text", "A b.", "--no-norm", "--labels-by", "norm",
+                               "--out", str(tmp_path / "bad"), "--no-distance"])
+    assert bad.exit_code != 0
+    errors = [line for line in bad.output.splitlines() if line.startswith("Error:")]
+    assert errors == ["Error: labels by norm need the value-weighted statistics; they are turned off (--no-norm)"]
+    assert "Traceback" not in bad.output and not (tmp_path / "bad").exists()
+    ok = runner.invoke(main, ["analyze", "--model", str(folder), "--text", "The cat sat on the mat.", "--text",
+                              "Hello, world!", "--labels-by", "norm", "--out", str(tmp_path / "run"), "--no-distance"])
+    assert ok.exit_code == 0, ok.output
+    heads = pd.read_csv(tmp_path / "run" / "heads.csv")
+    assert {by_norm(s) for s in STATISTICS} | {NORM_MASS} <= set(heads.columns)
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["settings"]["labels_by"] == "norm" and record["settings"]["value_weighted"] is True
+    layers = record["value-weighted"]["per_layer"]
+    assert [row["layer"] for row in layers] == [0, 1]
+    np.testing.assert_allclose([row["first_by_norm"] for row in layers],
+                               heads.groupby("layer")["first_by_norm"].mean().to_numpy(), atol=1e-5)
+    assert 'data-fig="norm-first"' in (tmp_path / "run" / "index.html").read_text()
+    plain = runner.invoke(main, ["analyze", "--model", str(folder), "--text", "A b.", "--no-norm",
+                                 "--out", str(tmp_path / "plain"), "--no-distance"])
+    assert plain.exit_code == 0, plain.output
+    assert not any(c.endswith("_by_norm") for c in pd.read_csv(tmp_path / "plain" / "heads.csv").columns)
+    assert "value-weighted" not in json.loads((tmp_path / "plain" / "run.json").read_text())
