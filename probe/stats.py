@@ -165,17 +165,23 @@ class HeadStatistics(Accumulator):
         key = ("contraction", site.kind, site.causal, site.window, Tq, Tk, str(a.device))
         w = queries.cached(key, lambda: contraction_weights(feats, site, Tq, key_feats).to(a.device))
         i = self._row[site]
-        self.sums[i] += map_sums(a, w)
         self.counts[i] += w.counts
         if not self.value_weighted:
+            self.sums[i] += map_sums(a, w)
             return
         if values is None:
             raise ValueError(f"value-weighted statistics of {site.name} need its value norms (probe.analysis.run "
                              "hands them to an accumulator that reads values)")
-        tilde, empty = norm_weighted(a, values.norms)
-        left_out = torch.einsum("bhq,bqs->hs", empty.float(), w.rows).round().to(torch.int64).cpu()
-        self.norm_sums[i] += map_sums(tilde, w)
-        self.norm_counts[i] += w.counts[None, :] - left_out
+        B, H = a.shape[:2]
+        both = torch.empty((B, 2 * H, Tq, Tk), dtype=torch.float32, device=a.device)  # A | N~: one pass
+        both[:, :H] = a
+        _, empty = norm_weighted(a, values.norms, out=both[:, H:])
+        sums = map_sums(both, w)
+        self.sums[i] += sums[:H]
+        self.norm_sums[i] += sums[H:]
+        self.norm_counts[i] += w.counts[None, :]
+        if bool(empty.any()):  # rows with no value-weighted map: out of that head's counts
+            self.norm_counts[i] -= torch.einsum("bhq,bqs->hs", empty.float(), w.rows).round().to(torch.int64).cpu()
         self.mass_sums[i] += (values.mass.float() * w.real_rows[:, None, :]).sum((0, 2)).double().cpu()
 
     def merge(self, other: HeadStatistics) -> HeadStatistics:

@@ -90,9 +90,9 @@ def value_norms(v: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     """
     B, KV, T, d = v.shape
     g = gram.shape[0] // KV
-    vf = v.float()
-    vg = torch.einsum("bktd,kgde->bkgte", vf, gram.reshape(KV, g, d, d).to(vf.device))
-    sq = (vg * vf[:, :, None]).sum(-1)  # [B, KV, g, T]
+    vf = v.float()[:, :, None]  # [B, KV, 1, T, d]
+    vg = vf @ gram.reshape(KV, g, d, d).to(vf.device)  # [B, KV, g, T, d]
+    sq = (vg * vf).sum(-1)  # [B, KV, g, T]
     return sq.clamp(min=0).sqrt().reshape(B, KV * g, T)
 
 
@@ -113,22 +113,27 @@ def output_norms(probs: torch.Tensor, v: torch.Tensor, gram: torch.Tensor) -> to
     return sq.clamp(min=0).sqrt()
 
 
-def norm_weighted(probs: torch.Tensor, norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_weighted(probs: torch.Tensor, norms: torch.Tensor,
+                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """N~ = row-normalized A[i, j] ||f_h(x_j)||, and the rows that have none.
 
     Args:
         probs: [batch, heads, query, key] attention probabilities.
         norms: [batch, heads, key] ||f_h(x_j)|| (:func:`value_norms`).
+        out: a float32 tensor of ``probs``' shape to write N~ into, or None (a new one).
 
     Returns:
         ``(tilde, empty)``: tilde [batch, heads, query, key] float32, every row summing to 1 except
         rows whose N sums to 0 (all 0 there; ``empty`` [batch, heads, query] bool marks them). NaN
         stays NaN (the removed heads of a pruned model).
     """
-    n = probs.float() * norms.float()[:, :, None, :]
-    total = n.sum(-1, keepdim=True)
+    a, nf = probs.float(), norms.float()
+    total = (a @ nf[..., None])[..., 0]  # [B, H, Tq]: sum_j A[i, j] ||f(x_j)||
     empty = total == 0
-    return n / torch.where(total > 0, total, torch.full_like(total, float("inf"))), empty[..., 0]
+    scale = 1.0 / torch.where(total > 0, total, torch.full_like(total, float("inf")))  # 0 on empty rows
+    tilde = torch.mul(a, nf[:, :, None, :], out=out)
+    tilde *= scale[..., None]
+    return tilde, empty
 
 
 @dataclass
