@@ -21,6 +21,8 @@ from .sections import Section, render_fragment
 STRIPES = {"first": "first token", "sep": "sep token", "punct": "punctuation"}
 #: Heads listed per stripe and direction.
 SHOWN = 5
+#: A head is listed only when its stripe moves at least this much (share of the row).
+MOVED = 0.01
 #: Bar colours: weight share, norm share (Okabe-Ito blue and orange).
 COLORS = ("#0072B2", "#E69F00")
 
@@ -49,13 +51,13 @@ def per_layer(heads: pd.DataFrame) -> pd.DataFrame:
 
 def _moved(heads: pd.DataFrame, stripe: str) -> list[list[str]]:
     """Rows (head, direction, weight share, norm share) of the heads whose stripe shrinks most and
-    grows most from weight to norm."""
+    grows most from weight to norm (by at least :data:`MOVED`)."""
     change = (heads[by_norm(stripe)] - heads[stripe]).dropna()
     rows = []
     for direction, index in (("shrinks", change.nsmallest(SHOWN).index), ("grows", change.nlargest(SHOWN).index)):
         for i in index:
             r = heads.loc[i]
-            if (change[i] < 0) == (direction == "shrinks") and change[i] != 0:
+            if (change[i] < 0) == (direction == "shrinks") and abs(change[i]) >= MOVED:
                 rows.append([STRIPES[stripe], head_name(r, r["head"]), direction, _num(r[stripe]),
                              _num(r[by_norm(stripe)])])
     return rows
@@ -86,9 +88,9 @@ def value_weighted_section(result, tokenizer) -> Section | None:
                "(Kobayashi et al. 2020). norm_mass: mean norm of the head's output (hidden-state units).")
     html = render_fragment("section_table.html.j2", caption=caption, figures=blocks, columns=columns, rows=rows)
     if moved:
-        html += render_fragment("section_table.html.j2", caption=f"Heads whose stripe moves most (at most {SHOWN} "
-                                "each way).", figures=[], columns=["stripe", "head", "from weight to norm", "weight",
-                                                                   "norm"], rows=moved)
+        caption = f"Heads whose stripe moves most (at most {SHOWN} each way, by {MOVED} or more)."
+        html += render_fragment("section_table.html.j2", caption=caption, figures=[], rows=moved,
+                                columns=["stripe", "head", "from weight to norm", "weight", "norm"])
     record = {"per_layer": [{k: (_clean(v) if isinstance(v, float) else v) for k, v in row.items()}
                             for row in layers.to_dict("records")]}
     return Section("value-weighted", "Value-weighted attention: what the stripes carry", html, figures=figures,
