@@ -5,6 +5,7 @@ accumulators::
 
     acc.begin_batch(batch)                 # optional, before the forward pass
     acc.update(site, probs, batch)         # every site; probs [batch, heads, query, key]
+                                           # (+ values=ValueNorms when acc.reads_values)
     acc.end_batch(batch)                   # optional, after the forward pass
     acc.merge(other)                       # add another accumulator of the same kind (in place)
     acc.result()                           # what it measured
@@ -63,6 +64,9 @@ class Accumulator:
     #: attributes not sent to other processes when accumulators are gathered (a tokenizer, a
     #: model): merging reads only the measured state.
     transient: tuple[str, ...] = ()
+    #: :func:`probe.analysis.run` hooks the value projections and calls ``update(site, probs, batch,
+    #: values=...)`` with the site's :class:`probe.values.ValueNorms`.
+    reads_values: bool = False
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

@@ -21,13 +21,14 @@ import torch
 from . import validate
 from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts, check_supported
 from .capture import attention_hooks, check_fired, forward
-from .classify import REMOVED, cluster_heads, default_thresholds, label_heads
+from .classify import LABEL_RULES, REMOVED, cluster_heads, default_thresholds, label_heads
 from .core import LoadedModel
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .seq2seq import check_generate, stack_depths, with_generated_targets
-from .stats import HeadStatistics
+from .stats import HeadStatistics, by_norm
 from .util import plural, progress_bar
+from .values import ValueTracker
 
 
 def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
@@ -46,6 +47,9 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
 
     A model whose heads were physically removed (``lm.pruned``) hands accumulators its
     probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
+    Accumulators that read values (``reads_values``) also get each site's
+    :class:`~probe.values.ValueNorms` (``update(site, probs, batch, values=...)``), from hooks on the
+    value projections of the same forward pass.
 
     Raises:
         UnsupportedAnalysisError: an accumulator that does not measure this kind of model or site
@@ -55,16 +59,22 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     """
     check_supported(lm, accumulators)
     state: dict = {"seen": set()}
+    reads = [getattr(acc, "reads_values", False) for acc in accumulators]
+    tracker = ValueTracker(lm) if any(reads) else None
 
     def on_site(site, probs):
         if state["seen"] is not None:
             state["seen"].add(site)
+        values = tracker.take(site, probs) if tracker is not None else None
         if lm.pruned is not None:
             probs = lm.pruned.expand(site.layer, probs)
-        for acc in accumulators:
-            acc.update(site, probs, state["batch"])
+        for acc, read in zip(accumulators, reads):
+            if read:
+                acc.update(site, probs, state["batch"], values=values)
+            else:
+                acc.update(site, probs, state["batch"])
 
-    with torch.no_grad(), attention_hooks(lm, on_site) as notes:
+    with torch.no_grad(), attention_hooks(lm, on_site, tracker) as notes:
         for batch in batches:
             state["batch"] = batch
             for acc in accumulators:
@@ -153,7 +163,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             thresholds: dict[str, float] | None = None, n_clusters: int = 6, progress: bool = False,
             parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = (),
             finished: Sequence[Accumulator] = (), reduce: Callable[[list[Accumulator]], None] | None = None,
-            generate: int | None = None) -> AnalysisResult:
+            generate: int | None = None, value_weighted: bool = True, labels_by: str = "weight") -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
 
     Sequences are sorted by length into batches; padding never enters a statistic, so batched
@@ -166,12 +176,10 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         batch_size: sequences per forward pass (>= 1).
         max_length: token limit per sequence (<= the model's limit).
         n_examples: how many of the first texts keep their attention maps.
-        example_tokens: tokens per side kept of each example's maps (default 64, what the report
-            draws; None keeps whole maps, e.g. for a notebook).
+        example_tokens: tokens per side kept of each example's maps (default 64, what the report draws; None: all).
         thresholds: label thresholds overriding the defaults (docs/statistics.md).
-        n_clusters: k of the k-means grouping of heads (``cluster``), used only when no accumulator
-            gives heads a ``group`` (:class:`probe.patterns.HeadDistances` does: groups by the
-            Jensen-Shannon distance replace the k-means clusters).
+        n_clusters: k of the k-means grouping of heads (``cluster``), unless an accumulator gives heads
+            a ``group`` (:class:`probe.patterns.HeadDistances`'s Jensen-Shannon groups replace it).
         progress: show a tqdm progress bar.
         parse_special_tokens: let typed special-token strings become special tokens (default: typed text is text).
         accumulators: extra accumulators run in the same pass (results in ``results[acc.name]``).
@@ -183,12 +191,14 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         generate: encoder-decoder models: the model writes each source's target (greedy, at most this
             many new tokens); else each text has its ``target``. Their ``heads`` have ``stack``, ``kind``
             and cross-attention's ``aligned`` (:mod:`probe.stats`).
+        value_weighted: also each statistic on the value-weighted map (``<statistic>_by_norm``, ``norm_mass``).
+        labels_by: labels from the statistics (``"weight"``) or their ``_by_norm`` forms (``"norm"``).
 
     Returns:
         An :class:`AnalysisResult`.
 
     Raises:
-        InputError: no text, an empty text, batch_size < 1, max_length < 2 or a bad threshold.
+        InputError: no text, an empty text, batch_size < 1, max_length < 2, a bad threshold or labels_by.
         UnsupportedAnalysisError: an accumulator not made for this kind of model or site, at once.
         CaptureError: attention probabilities could not be captured.
     """
@@ -196,12 +206,12 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     t0 = time.perf_counter()
     sized = isinstance(texts, (str, Text)) or hasattr(texts, "__len__")
     items = as_texts(validate.texts(texts)) if sized else stream_texts(texts)
-    thresholds_used = _checked(lm, batch_size, max_length, thresholds, example_tokens)
+    thresholds_used = _checked(lm, batch_size, max_length, thresholds, example_tokens, value_weighted, labels_by)
     n_examples = max(0, min(n_examples, len(items)) if sized else n_examples)
     if generate is not None:
         items = _generated(lm, items, generate, sized)
 
-    stats = HeadStatistics(lm.sites, lm.geometry.n_heads, lm.tokenizer)
+    stats = HeadStatistics(lm.sites, lm.geometry.n_heads, lm.tokenizer, value_weighted=value_weighted)
     examples = ExampleMaps(range(n_examples), lm.sites, example_tokens)
     counts = TokenCounts(getattr(lm.tokenizer, "unk_token_id", None))
     batches = iter_batches(lm, items, batch_size=batch_size, max_length=max_length,
@@ -216,14 +226,14 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         raise InputError("no text given")
 
     extras = [*accumulators, *finished]
-    heads = _heads_table(lm, stats, extras, thresholds_used, n_clusters)
+    heads = _heads_table(lm, stats, extras, thresholds_used, n_clusters, labels_by)
     c = counts.result()
     return AnalysisResult(
         model=model_summary(lm), heads=heads, stats=stats, thresholds=thresholds_used, counts=c.as_dict(),
         examples=examples.result(),
         settings={"batch_size": batch_size, "max_length": validate.max_length(max_length, lm.max_length),
                   "n_examples": n_examples, "example_tokens": example_tokens, "n_clusters": n_clusters,
-                  "parse_special_tokens": parse_special_tokens},
+                  "parse_special_tokens": parse_special_tokens, **validate.value_weighting(value_weighted, labels_by)},
         timings={"forward_and_statistics_s": round(t_run, 4), "analyze_s": round(time.perf_counter() - t0, 4)},
         notes=list(lm.notes) + list(notes) + input_notes(c, lm.tokenizer),
         results={acc.name: acc.result() for acc in extras},
@@ -244,13 +254,15 @@ def _run_with_bar(lm: LoadedModel, batches: Iterable[Batch], accumulators: list[
             bar.close()
 
 
-def _checked(lm: LoadedModel, batch_size: int, max_length: int | None, thresholds, example_tokens) -> dict:
-    """The thresholds to use, after checking the numeric settings of :func:`analyze`.
+def _checked(lm: LoadedModel, batch_size: int, max_length: int | None, thresholds, example_tokens,
+             value_weighted: bool = True, labels_by: str = "weight") -> dict:
+    """The thresholds to use, after checking the settings of :func:`analyze`.
 
     Raises:
         InputError: batch_size < 1, max_length < 2 or above the model's limit, a bad threshold,
-            example_tokens < 2.
+            example_tokens < 2, labels by norm without value-weighted statistics.
     """
+    validate.value_weighting(value_weighted, labels_by)
     validate.positive_int("batch size", batch_size)
     validate.max_length(max_length, lm.max_length)
     if example_tokens is not None:
@@ -270,17 +282,18 @@ def _generated(lm: LoadedModel, items, generate: int, sized: bool):
 
 
 def _heads_table(lm: LoadedModel, stats: HeadStatistics, extras: Sequence[Accumulator],
-                 thresholds: dict[str, float], n_clusters: int) -> pd.DataFrame:
+                 thresholds: dict[str, float], n_clusters: int, labels_by: str = "weight") -> pd.DataFrame:
     """One row per head: the statistics, the columns the other accumulators add, labels (their rules
-    and the accumulators' own), and ``cluster`` (k-means) unless an accumulator gave ``group``.
-    Heads physically removed by pruning are labelled ``removed`` with cluster/group -1."""
+    on the statistics of ``labels_by``, and the accumulators' own), and ``cluster`` (k-means) unless
+    an accumulator gave ``group``. Heads physically removed by pruning are labelled ``removed`` with
+    cluster/group -1."""
     heads = stats.result()
     for acc in extras:
         extra = acc.columns()
         if extra is not None:
             keys = [c for c in ("stack", "kind", "layer", "head") if c in heads and c in extra]
             heads = heads.merge(extra, on=keys, how="left", validate="one_to_one")
-    heads = label_heads(heads, thresholds, [lab for acc in extras for lab in acc.head_labels()])
+    heads = labelled(heads, thresholds, [lab for acc in extras for lab in acc.head_labels()], labels_by)
     if "group" not in heads.columns:
         heads["cluster"] = cluster_heads(heads, list(stats.statistics), n_clusters=n_clusters)
     if lm.pruned is not None:  # physically removed heads: no statistic, label "removed", no cluster
@@ -289,6 +302,22 @@ def _heads_table(lm: LoadedModel, stats: HeadStatistics, extras: Sequence[Accumu
         heads.loc[rows, ["label", "labels"]] = REMOVED
         heads.loc[rows, "cluster" if "cluster" in heads.columns else "group"] = -1
     return heads
+
+
+def labelled(heads: pd.DataFrame, thresholds: dict[str, float], extra, labels_by: str = "weight") -> pd.DataFrame:
+    """:func:`probe.classify.label_heads` with its rules read on the statistics of ``labels_by``:
+    ``"weight"`` the attention statistics, ``"norm"`` their value-weighted forms (``first-token`` holds
+    when ``first_by_norm`` >= its threshold ...; rules on columns without such a form read the column)."""
+    if labels_by != "norm":
+        return label_heads(heads, thresholds, extra)
+    swapped = {stat for stat, _ in LABEL_RULES.values() if by_norm(stat) in heads}
+    view = heads.copy()
+    for stat in swapped:
+        view[stat] = heads[by_norm(stat)]
+    out = label_heads(view, thresholds, extra)
+    for stat in swapped:
+        out[stat] = heads[stat].to_numpy()
+    return out
 
 
 #: Fewer real tokens than this in the whole corpus and the labels rest on too little text.

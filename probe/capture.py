@@ -24,6 +24,7 @@ from .errors import CaptureError
 from .hooks import Hooks, input_device, measuring
 from .inputs import Batch, Text, as_texts, collate, tokenize
 from .sites import Site
+from .values import ValueTracker
 
 #: A capture callback: ``callback(site, probs)`` with probs [batch, heads, query, key].
 SiteCallback = Callable[[Site, torch.Tensor], None]
@@ -72,8 +73,12 @@ def check_fired(lm: LoadedModel, seen) -> None:
 
 
 @contextmanager
-def attention_hooks(lm: LoadedModel, callback: SiteCallback) -> Iterator[list[str]]:
+def attention_hooks(lm: LoadedModel, callback: SiteCallback,
+                    values: ValueTracker | None = None) -> Iterator[list[str]]:
     """Context manager: call ``callback(site, probs)`` for every site on every forward pass.
+
+    With ``values`` (a :class:`~probe.values.ValueTracker`), each site's value projection is hooked
+    too, so that ``values.take(site, probs)`` inside the callback gives that site's value norms.
 
     Inside the context the model runs eager attention in eval mode (:func:`probe.hooks.measuring`);
     on exit (also on exceptions) every hook is removed and the attention implementation and
@@ -86,6 +91,8 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback) -> Iterator[list[st
         CaptureError: a site returned no attention probabilities.
     """
     with measuring(lm.model) as m:
+        if values is not None:
+            values.hook(m.hooks)
         add_attention_hooks(m.hooks, lm, callback)
         yield m.notes
 
@@ -124,6 +131,10 @@ class Captured:
         batch: the tokenized batch.
         outputs: the model's own outputs of the same forward pass.
         notes: what capture changed (attention implementation, train mode).
+        norms: with ``capture_attention(..., value_norms=True)``, one tensor per site, [batch, heads,
+            key]: ||f_h(x_j)||, the norm of key j's value vector carried through head h's slice of the
+            output projection (:mod:`probe.values`; ||A[i, j] f_h(x_j)|| = A[i, j] ||f_h(x_j)||);
+            else None.
     """
 
     sites: list[Site]
@@ -131,6 +142,7 @@ class Captured:
     batch: Batch
     outputs: object
     notes: list[str]
+    norms: list[torch.Tensor] | None = None
 
     def __getitem__(self, key: int | str | Site) -> torch.Tensor:
         if isinstance(key, int):
@@ -146,7 +158,7 @@ class Captured:
 
 @torch.no_grad()
 def capture_attention(lm: LoadedModel, texts: Sequence[str | Text] | str, max_length: int | None = None, *,
-                      parse_special_tokens: bool = False) -> Captured:
+                      parse_special_tokens: bool = False, value_norms: bool = False) -> Captured:
     """Run one batch of texts and return every site's attention probabilities.
 
     Keeps every map in memory: for corpora use :func:`probe.analysis.analyze`, which reduces each
@@ -158,6 +170,9 @@ def capture_attention(lm: LoadedModel, texts: Sequence[str | Text] | str, max_le
         max_length: token limit per text, >= 2 (default: the model's limit).
         parse_special_tokens: let typed special-token strings ("[SEP]") become special tokens
             (default: typed text is text).
+        value_norms: also keep each site's value norms ||f_h(x_j)|| [batch, heads, key]
+            (:attr:`Captured.norms`; Kobayashi et al. 2020, sec. 3), from the same forward pass, with
+            the heads in the same order as ``probs`` (a pruned model's: the heads its modules hold).
 
     Returns:
         :class:`Captured`: ``probs[i]`` is [batch, heads, T, T] for site i (rows of real query tokens
@@ -169,8 +184,17 @@ def capture_attention(lm: LoadedModel, texts: Sequence[str | Text] | str, max_le
     """
     batch = encode(lm, texts, max_length, parse_special_tokens=parse_special_tokens)
     maps: dict[Site, torch.Tensor] = {}
-    with attention_hooks(lm, maps.__setitem__) as notes:
+    norms: dict[Site, torch.Tensor] = {}
+    tracker = ValueTracker(lm) if value_norms else None
+
+    def keep(site: Site, probs: torch.Tensor) -> None:
+        if tracker is not None:
+            norms[site] = tracker.take(site, probs, original_numbering=False).norms
+        maps[site] = probs
+
+    with attention_hooks(lm, keep, tracker) as notes:
         outputs = forward(lm, batch)
     check_fired(lm, maps)
     sites = lm.sites
-    return Captured(sites, [maps[s] for s in sites], batch, outputs, notes)
+    return Captured(sites, [maps[s] for s in sites], batch, outputs, notes,
+                    [norms[s] for s in sites] if value_norms else None)

@@ -111,3 +111,21 @@ def thresholds(values: dict | None) -> dict[str, float]:
     except ValueError as exc:
         raise InputError(str(exc)) from None
     return {k: float(v) for k, v in (values or {}).items()}
+
+
+#: What labels may rest on (``analyze(labels_by=...)``, ``--labels-by``).
+LABELS_BY = ("weight", "norm")
+
+
+def value_weighting(value_weighted: bool, labels_by: str) -> dict:
+    """``{"value_weighted": ..., "labels_by": ...}`` after checking ``labels_by``: ``"weight"`` (the
+    attention statistics) or ``"norm"`` (their value-weighted forms).
+
+    Raises:
+        InputError: another value, or ``"norm"`` with the value-weighted statistics turned off.
+    """
+    if labels_by not in LABELS_BY:
+        raise InputError(f"labels by must be one of {', '.join(LABELS_BY)}, got {labels_by!r}")
+    if labels_by == "norm" and not value_weighted:
+        raise InputError("labels by norm need the value-weighted statistics; they are turned off (--no-norm)")
+    return {"value_weighted": bool(value_weighted), "labels_by": labels_by}

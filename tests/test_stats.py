@@ -68,8 +68,12 @@ def reference_window(model, layer: int) -> int | None:
     return None
 
 
-def reference_heads(lm, texts, max_length: int | None = None) -> pd.DataFrame:
-    """The statistics computed one sequence at a time, unpadded, with plain numpy per row."""
+def reference_heads(lm, texts, max_length: int | None = None, maps=None) -> pd.DataFrame:
+    """The statistics computed one sequence at a time, unpadded, with plain numpy per row.
+
+    ``maps(lm, enc)``, if given, runs the model on one tokenized sequence and returns the maps to
+    measure instead of its attention probabilities: one [heads, T, T] array per layer (float64); a
+    row that sums to 0 there is left out of every statistic."""
     tok, model = lm.tokenizer, lm.model
     causal = lm.kind == "decoder"
     limit = min(max_length or lm.max_length, lm.max_length)
@@ -93,20 +97,26 @@ def reference_heads(lm, texts, max_length: int | None = None) -> pd.DataFrame:
         ids = enc["input_ids"][0].tolist()
         T = len(ids)
         kwargs = {"use_cache": False} if causal else {}
-        with torch.no_grad():
-            out = model(**enc, output_attentions=True, **kwargs)
-        assert len(out.attentions) == L
+        if maps is None:
+            with torch.no_grad():
+                out = model(**enc, output_attentions=True, **kwargs)
+            layers = [a[0].double().numpy() for a in out.attentions]
+        else:
+            layers = maps(lm, enc)
+        assert len(layers) == L
         punct_pos = np.array([not sp and reference_punct(text[a:b]) for (a, b), sp in zip(offsets, special)],
                              dtype=bool)
         sep_pos = np.array([has_sep and i == sep_id for i in ids], dtype=bool)
         for l in range(L):
             window = reference_window(model, l)
-            maps = out.attentions[l][0].double().numpy()
-            assert maps.shape == (H, T, T)
+            layer_maps = layers[l]
+            assert layer_maps.shape == (H, T, T)
             for h in range(H):
-                A = maps[h]
+                A = layer_maps[h]
                 for i in range(T):
                     row = A[i]
+                    if row.sum() == 0:
+                        continue
                     j = np.arange(T)
                     add(l, h, "self", row[i])
                     if i >= 1:

@@ -43,6 +43,16 @@ _pattern_options = stacked(
                       "duplicates; repeatable)."),
 )
 
+#: --norm, --labels-by: value-weighted statistics (probe.values).
+_norm_options = stacked(
+    click.option("--norm/--no-norm", "value_weighted", default=True, show_default=True,
+                 help="Value-weighted statistics (Kobayashi et al. 2020): every statistic also on the attention "
+                      "map weighted by the norm of each key's value vector carried through the head's output "
+                      "projection (heads.csv: <statistic>_by_norm, norm_mass)."),
+    click.option("--labels-by", type=click.Choice(["weight", "norm"]), default="weight", show_default=True,
+                 help="Label heads by their attention statistics (weight) or by their value-weighted ones (norm)."),
+)
+
 #: --coref, --syntax: annotated text (probe.linguistic).
 _annotation_options = stacked(
     click.option("--coref", is_flag=False, flag_value="builtin", default=None, metavar="[FILE|builtin]",
@@ -74,21 +84,22 @@ _annotation_options = stacked(
 @click.option("--verify", "run_verify", is_flag=True,
               help="Also verify the from-scratch attention against the model and add it to the report.")
 @_pattern_options
+@_norm_options
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
 @_annotation_options
 @placement_options
 @user_errors
 def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_size, max_length, out, force, examples,
                     thresholds, parse_special_tokens, run_verify, distance, map_sequences, circuits, health,
-                    progress, coref, syntax_file, device, dtype, device_map) -> None:
+                    value_weighted, labels_by, progress, coref, syntax_file, device, dtype, device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
     Without --text, --corpus or --pairs, a small built-in English sample is used. A corpus or a
     pairs file is read as it is analysed (memory does not grow with it). With --coref and/or
     --syntax, the annotated text is the analysed text (--limit applies to each file) and cannot be
     combined with --text, --corpus or --pairs. Also measured: head distances and groups, Kovaleva
-    pattern types and health checks, and on decoders the induction / duplicate-token probe; the
-    options --no-distance and --no-circuits turn off the costly parts. Under torchrun or accelerate
+    pattern types and health checks, on decoders the induction / duplicate-token probe, and the
+    value-weighted statistics; --no-distance, --no-circuits and --no-norm turn them off. Under torchrun or accelerate
     launch, each process analyses its share of the corpus and rank 0 writes the one report.
     """
     import torch
@@ -101,6 +112,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     from ..patterns import pattern_accumulators
     from ..report import claim_run_dir, write_run
     from ..seq2seq import as_targets, check_generate
+    from ..validate import value_weighting
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
@@ -108,6 +120,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     t = time.perf_counter()
     if generate is not None and pairs:
         raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
+    value_weighting(value_weighted, labels_by)  # --labels-by norm with --no-norm: before loading a model
     seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
     world = distributed.detect()
     if world is None or world.main:  # rank 0 writes the one report
@@ -136,7 +149,8 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
         result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
                          max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
                          parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
-                         reduce=distributed.reducer(world), generate=generate)
+                         reduce=distributed.reducer(world), generate=generate, value_weighted=value_weighted,
+                         labels_by=labels_by)
     if world is not None and not world.main:
         return  # rank 0 writes the one report
     timings["analyze_s"] = result.timings["analyze_s"]

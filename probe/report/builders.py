@@ -11,6 +11,7 @@ from ..patterns.report import circuits_section, groups_section, health_section, 
 from ..pruning.report import section as pruning_section
 from ..view.section import head_view_section
 from .cross import cross_attention_section
+from .norms import value_weighted_section
 from .sections import Section
 
 #: The section builders, in the order they are tried (the page sorts them by ``Section.order``).
@@ -24,6 +25,7 @@ BUILDERS: list[Callable[..., Section | None]] = [
     types_section,
     circuits_section,
     pruning_section,
+    value_weighted_section,
 ]
 
 

@@ -1,0 +1,233 @@
+"""The per-head statistics' definitions, as per-batch weights (defined in docs/statistics.md).
+
+Definitions follow Clark et al. 2019 ("What Does BERT Look At?", sections 3-4), Kovaleva et al.
+2019 and Voita et al. 2019; the exact per-row definitions are in the docstring of
+:func:`contraction_weights`. Each statistic's sum over the valid rows of a batch is a map contracted
+with one weight tensor built here once per batch (:mod:`probe.stats` applies them, to attention
+probabilities and to their value-weighted form alike).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .inputs import Batch
+from .sites import Site, visible_keys
+from .tokens import punctuation_mask
+
+#: The statistics, in report order. Units: probabilities (0..1) except ``entropy`` (nats),
+#: ``norm_entropy`` (0..1) and ``distance`` (tokens).
+STATISTICS: tuple[str, ...] = (
+    "self", "prev", "next", "first", "sep", "punct",
+    "entropy", "norm_entropy", "distance", "long", "max_weight",
+)
+
+#: Statistics of cross-attention sites only (encoder-decoder models), after :data:`STATISTICS` in
+#: ``heads.csv`` of such a model: ``aligned`` (probability).
+CROSS_STATISTICS: tuple[str, ...] = ("aligned",)
+#: Every statistic the accumulator keeps, in order.
+ALL_STATISTICS: tuple[str, ...] = STATISTICS + CROSS_STATISTICS
+
+#: Keys farther than this many tokens count as long-range (``long``).
+LONG_RANGE = 4
+#: ``aligned``: keys within this many positions of the diagonal count as aligned.
+ALIGN_WINDOW = 1
+
+
+@dataclass
+class TokenFeatures:
+    """Per-token facts of one right-padded batch, shared by every site and head.
+
+    Attributes:
+        real: [batch, T] bool, True for real tokens (a prefix of each row: right padding).
+        sep: [batch, T] bool, True where the token is the tokenizer's sep token.
+        punct: [batch, T] bool, True where the token covers only punctuation (``punct``).
+        has_sep: whether the tokenizer has a sep token at all (``sep`` is undefined otherwise).
+    """
+
+    real: torch.Tensor
+    sep: torch.Tensor
+    punct: torch.Tensor
+    has_sep: bool
+
+
+def boundary_token_id(tokenizer, eos_as_sep: bool = False) -> int | None:
+    """The token ``sep`` measures: the tokenizer's sep token; with ``eos_as_sep`` (encoder-decoder
+    models, whose tokenizers often have none: Marian, T5) its end-of-sequence token where it has no
+    sep token. None: ``sep`` is undefined."""
+    if getattr(tokenizer, "sep_token", None) is not None:
+        return tokenizer.sep_token_id
+    if eos_as_sep and getattr(tokenizer, "eos_token", None) is not None:
+        return tokenizer.eos_token_id
+    return None
+
+
+def token_features(batch: Batch, tokenizer, eos_as_sep: bool = False) -> TokenFeatures:
+    """The :class:`TokenFeatures` of a batch (computed once per batch and cached on it); ``sep``
+    marks :func:`boundary_token_id`.
+
+    Raises:
+        ValueError: padding is not on the right (real tokens must be a prefix of each row).
+    """
+    def build() -> TokenFeatures:
+        real = batch.real
+        if real.shape[1] > 1 and bool((real[:, 1:] & ~real[:, :-1]).any()):
+            raise ValueError("attention statistics need right padding (real tokens first in each row)")
+        sep_id = boundary_token_id(tokenizer, eos_as_sep)
+        sep = torch.zeros_like(real) if sep_id is None else (batch.input_ids.cpu() == sep_id) & real.cpu()
+        return TokenFeatures(real=real.cpu(), sep=sep, punct=punctuation_mask(batch, tokenizer) & real.cpu(),
+                             has_sep=sep_id is not None)
+    return batch.cached(("token_features", eos_as_sep), build)
+
+
+#: Statistics whose per-row value is a weighted sum of the row's probabilities.
+LINEAR: tuple[str, ...] = ("self", "prev", "next", "first", "sep", "punct", "distance", "long", "aligned")
+#: Position of each statistic in :data:`ALL_STATISTICS` (the last axis of sums and counts).
+INDEX: dict[str, int] = {name: i for i, name in enumerate(ALL_STATISTICS)}
+
+
+@dataclass
+class ContractionWeights:
+    """Per-batch weights turning one site's probabilities into statistic sums by contraction.
+
+    Attributes:
+        linear: [batch, Tq*Tk, len(names)]: weight of A[b, :, q, k] in each linear statistic's sum
+            over valid rows (row validity folded in).
+        entropy: [batch, Tq*Tk, 2]: weights of -A ln A for ``entropy`` and ``norm_entropy``
+            (the latter 1 / ln k_q on rows with k_q >= 2).
+        real_rows: [batch, Tq] float, 1 on real query rows (for ``max_weight``).
+        rows: [batch, Tq, len(ALL_STATISTICS)] float, 1 where the row is valid for the statistic.
+        counts: [len(ALL_STATISTICS)] int64 valid rows per statistic (``rows`` summed; on the CPU).
+        names: the linear statistics of ``linear``'s channels, in order (those of :data:`LINEAR`
+            the site's kind defines: a self-attention site has no ``aligned`` channel).
+    """
+
+    linear: torch.Tensor
+    entropy: torch.Tensor
+    real_rows: torch.Tensor
+    rows: torch.Tensor
+    counts: torch.Tensor
+    names: tuple[str, ...] = LINEAR
+
+    def to(self, device) -> ContractionWeights:
+        """The weights on ``device`` (the device of the layer whose probabilities they reduce);
+        ``counts`` stay on the CPU."""
+        return ContractionWeights(self.linear.to(device), self.entropy.to(device), self.real_rows.to(device),
+                                  self.rows.to(device), self.counts, self.names)
+
+
+def contraction_weights(feats: TokenFeatures, site: Site, T: int,
+                        keys: TokenFeatures | None = None) -> ContractionWeights:
+    """The weights used by :meth:`HeadStatistics.update` for one batch and one kind of site.
+
+    With A = attention probabilities of one head on one sequence of T real tokens (row i = query,
+    column j = key), the per-row values are:
+
+    - ``self`` A[i, i]; ``prev`` A[i, i-1] (i >= 1); ``next`` A[i, i+1] (i <= T-2, non-causal sites);
+    - ``first`` A[i, 0]; ``sep`` sum of A[i, j] over sep positions j (only if the tokenizer has a
+      sep token); ``punct`` sum of A[i, j] over punctuation positions j;
+    - ``entropy`` -sum_j A[i, j] ln A[i, j] (nats, 0 ln 0 = 0); ``norm_entropy`` entropy / ln(k_i)
+      with k_i the keys row i may see under the site's own mask (:func:`probe.sites.visible_keys`:
+      T, i + 1, or min(i + 1, W) under a sliding window of W keys), rows with k_i >= 2;
+    - ``distance`` sum_j A[i, j] |i - j| (tokens); ``long`` sum of A[i, j] over |i - j| > 4,
+      j not 0 and not a sep position; ``max_weight`` max_j A[i, j].
+
+    Cross-attention sites (``keys``: the features of the source, S real keys; ``feats``: the
+    target's, T real query rows) have a rectangular map [T, S] and these per-row values:
+
+    - ``first`` A[i, 0]; ``sep`` (the sep token, else end-of-sequence: :func:`boundary_token_id`)
+      and ``punct`` over the source's positions; ``entropy``; ``norm_entropy`` with k_i = S (every
+      real source key); ``max_weight`` as above;
+    - ``distance`` sum_j A[i, j] |i S / T - j| (source tokens): the distance from the position
+      proportional to the query's place in the target;
+    - ``aligned`` sum of A[i, j] over |j - d_i| <= 1 with d_i = round(i (S-1) / (T-1)), halves
+      rounded up (d_0 = 0 when T = 1): attention within one source position of the diagonal, the monotonic alignment
+      of translation heads (Voita et al. 2019, section 5; Bahdanau et al. 2015, figure 3);
+    - ``self``, ``prev``, ``next`` and ``long`` are undefined (they compare positions of one sequence).
+
+    Each of these except ``max_weight`` is a weighted sum of the row's A (or of -A ln A), so its sum
+    over the valid rows of a batch is A contracted with one weight tensor, built once per batch for
+    all sites that share the same visible keys.
+    """
+    if site.kind == "cross":
+        if keys is None:
+            raise ValueError("a cross-attention site needs the features of its keys (the source)")
+        return _cross_weights(feats, keys, site)
+    real = feats.real
+    pos = torch.arange(T)
+    lengths = real.sum(1)
+    realf = real.float()
+    q, k = pos[:, None], pos[None, :]
+    offset = (q - k).abs().float()  # [T, T]
+    sep = feats.sep.float()
+    far = ((q - k).abs() > LONG_RANGE)[None] & (pos != 0)[None, None, :] & ~feats.sep[:, None, :]
+    next_rows = torch.zeros_like(real) if site.causal else real & (pos[None, :] <= lengths[:, None] - 2)
+    row = realf[:, :, None]  # [B, T(query), 1]
+    chans = {
+        "self": (q == k).float()[None] * row,
+        "prev": (k == q - 1).float()[None] * row,
+        "next": (k == q + 1).float()[None] * next_rows.float()[:, :, None],
+        "first": (k == 0).float()[None] * row,
+        "sep": sep[:, None, :] * (row if feats.has_sep else torch.zeros_like(row)),
+        "punct": feats.punct.float()[:, None, :] * row,
+        "distance": offset[None] * row,
+        "long": far.float() * row,
+    }
+    kq = visible_keys(site, lengths, T).float()  # [B, T]
+    rows = _valid_rows(real, kq, feats.has_sep, {"prev": real & (pos >= 1), "next": next_rows,
+                                                 "aligned": torch.zeros_like(real)})
+    return _pack(chans, realf, kq, T, rows)
+
+
+def _valid_rows(real: torch.Tensor, kq: torch.Tensor, has_sep: bool, own: dict) -> torch.Tensor:
+    """[B, Tq, len(ALL_STATISTICS)] float: the rows each statistic counts. Every real query row, but
+    ``sep`` needs a sep token, ``norm_entropy`` two visible keys, and ``own`` gives the site kind's
+    own rule (name -> [B, Tq] bool) for the others."""
+    rows = real[:, :, None].expand(*real.shape, len(ALL_STATISTICS)).float().clone()
+    if not has_sep:
+        rows[..., INDEX["sep"]] = 0
+    rows[..., INDEX["norm_entropy"]] = (real & (kq >= 2)).float()
+    for name, mask in own.items():
+        rows[..., INDEX[name]] = mask.float()
+    return rows
+
+
+def _pack(chans: dict, realf: torch.Tensor, kq: torch.Tensor, n_keys: int, rows: torch.Tensor) -> ContractionWeights:
+    """Stack the per-statistic weights into :class:`ContractionWeights` (``kq`` [B, Tq] visible keys)."""
+    B, Tq = realf.shape
+    names = tuple(n for n in LINEAR if n in chans)
+    linear = torch.stack([chans[n].expand(B, Tq, n_keys) for n in names], -1).reshape(B, Tq * n_keys, len(names))
+    inv_log_k = torch.where(kq >= 2, 1.0 / torch.log(kq.clamp(min=2)), torch.zeros(())) * realf
+    ent = torch.stack([realf[:, :, None].expand(B, Tq, n_keys), inv_log_k[:, :, None].expand(B, Tq, n_keys)], -1)
+    counts = rows.sum((0, 1)).round().to(torch.int64)
+    return ContractionWeights(linear.contiguous(), ent.reshape(B, Tq * n_keys, 2).contiguous(), realf, rows, counts,
+                              names)
+
+
+def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site) -> ContractionWeights:
+    """:func:`contraction_weights` of a cross-attention site: target rows [B, T], source keys [B, S]."""
+    real, realf = feats.real, feats.real.float()
+    B, Tq = real.shape
+    Tk = keys.real.shape[1]
+    T = real.sum(1).double()[:, None, None]  # real target tokens per row
+    S = keys.real.sum(1).double()[:, None, None]  # real source tokens per row
+    i = torch.arange(Tq, dtype=torch.float64)[None, :, None]
+    j = torch.arange(Tk, dtype=torch.float64)[None, None, :]
+    offset = (i * S / T - j).abs().float()  # [B, T, S]
+    # d_i = round(i (S-1) / (T-1)), halves rounded up (torch.round would round them to even)
+    diag = torch.where(T > 1, torch.floor(i * (S - 1) / (T - 1).clamp(min=1) + 0.5), torch.zeros(()))
+    aligned = ((j - diag).abs() <= ALIGN_WINDOW).float()
+    row = realf[:, :, None]
+    chans = {  # self, prev, next and long are undefined here: no channel, count 0
+        "first": (j == 0).float() * row,
+        "sep": keys.sep.float()[:, None, :] * (row if keys.has_sep else torch.zeros_like(row)),
+        "punct": keys.punct.float()[:, None, :] * row,
+        "distance": offset * row,
+        "aligned": aligned * row,
+    }
+    kq = visible_keys(site, keys.real.sum(1), Tq).float()  # every real source key: S
+    none = torch.zeros_like(real)
+    rows = _valid_rows(real, kq, keys.has_sep, {name: none for name in ("self", "prev", "next", "long")})
+    return _pack(chans, realf, kq, Tk, rows)
