@@ -1,0 +1,365 @@
+"""Activation patching per head: how much of the clean behaviour one head's output restores.
+
+Two runs of a decoder on prompts of equal token count: the clean prompt (the model should say the
+answer) and the corrupted one (a minimal change that moves it toward a wrong answer). The metric is
+the logit difference LD = logit(answer) - logit(wrong) at the last real position, averaged over
+the pairs: LD_c (clean run), LD_x (corrupted run), LD_p (a patched run).
+
+The intervention point is head h's slice z_h [batch, pos, d_head] of the output projection's input
+(the site of :mod:`probe.pruning.gates`, a forward pre-hook), per query head (with grouped
+key/value heads every query head has its own slice). Denoising (default; Meng et al. 2022's
+restoration, TransformerLens ``get_act_patch_attn_head_out_all_pos``): the corrupted run with the
+clean z_h, effect P = (LD_p - LD_x) / (LD_c - LD_x): 0 = restores nothing, 1 = all of it.
+Noising: the clean run with the corrupted z_h, effect 1 - P. All real positions, or the last only.
+When |LD_c - LD_x| < 0.1 the pair set barely separates the answers: the effect is the raw
+difference LD_p - LD_(unpatched run) in logits instead (the result says so).
+
+Several patched copies of the batch share one forward pass; every pass, the unpatched baselines
+included, has the same shape, so a patch that changes nothing gives exactly 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..architectures import site_block, site_outputs
+from ..errors import InputError, UnsupportedAnalysisError
+from ..hooks import input_device, measuring
+from ..inputs import Text, tokenize
+
+#: Below this |LD_c - LD_x| (logits) effects are not normalised (raw differences instead).
+MIN_GAP = 0.1
+DIRECTIONS = ("denoise", "noise")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One prompt pair: ``clean`` and ``corrupted`` text, the ``answer`` and ``wrong`` continuations
+    (one token each, leading space included: ``" Mary"``)."""
+
+    clean: str
+    corrupted: str
+    answer: str
+    wrong: str
+
+
+@dataclass
+class EncodedPairs:
+    """Pairs as token ids, right-padded.
+
+    Attributes:
+        clean, corrupted: [pairs, T] token ids; mask: [pairs, T] 1 for real tokens (the same for both).
+        last: [pairs] index of the last real position; answer, wrong: [pairs] token ids.
+    """
+
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    mask: torch.Tensor
+    last: torch.Tensor
+    answer: torch.Tensor
+    wrong: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.last)
+
+
+def builtin_pairs() -> list[Pair]:
+    """The built-in indirect-object-identification set (20 pairs, written for probe in the spirit of
+    Wang et al. 2022): "When Mary and John went to the store, John gave a drink to" -> " Mary" vs
+    " John"; the corrupted prompt repeats the other name, which flips the answer."""
+    text = resources.files("probe").joinpath("data/ioi_pairs.tsv").read_text(encoding="utf-8")
+    return parse_pairs(text, "the built-in set")
+
+
+def read_pairs(path: str | Path) -> list[Pair]:
+    """Read a pair file: tab-separated ``clean, corrupted, answer, wrong`` per line (an optional
+    header line starting with ``clean``; blank lines skipped; spaces inside fields are kept).
+
+    Raises:
+        InputError: unreadable file, a line without four fields, or no pair.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read pairs file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    return parse_pairs(text, str(path))
+
+
+def parse_pairs(text: str, source: str) -> list[Pair]:
+    """:func:`read_pairs` on the file's text (``source`` names it in errors)."""
+    pairs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or (n == 1 and line.split("\t")[0].strip().lower() == "clean"):
+            continue
+        fields = line.split("\t")
+        if len(fields) != 4:
+            raise InputError(f"{source}, line {n}: {len(fields)} tab-separated fields; a pair line is "
+                             "clean<TAB>corrupted<TAB>answer<TAB>wrong")
+        pairs.append(Pair(*fields))
+    if not pairs:
+        raise InputError(f"{source}: no pair (clean<TAB>corrupted<TAB>answer<TAB>wrong per line)")
+    return pairs
+
+
+def _one_token(lm, word: str, n: int, what: str) -> int:
+    ids = lm.tokenizer(word, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise InputError(f"pair {n}: the {what} {word!r} is {len(ids)} tokens; answers must be one token each "
+                         "(a leading space is usually part of the token: ' Mary')")
+    return ids[0]
+
+
+def encode_pairs(lm, pairs: list[Pair]) -> EncodedPairs:
+    """Tokenize pairs (special tokens as the tokenizer adds them).
+
+    Raises:
+        InputError: a pair whose clean and corrupted prompts differ in token count (naming both),
+            an answer or wrong answer that is not one token, or a prompt longer than the model takes.
+    """
+    clean = tokenize(lm, [Text(p.clean) for p in pairs])
+    corrupted = tokenize(lm, [Text(p.corrupted) for p in pairs])
+    for n, (p, a, b) in enumerate(zip(pairs, clean, corrupted), 1):
+        if a.truncated or b.truncated:
+            raise InputError(f"pair {n}: longer than the model's {lm.max_length} tokens")
+        if len(a.ids) != len(b.ids):
+            raise InputError(f"pair {n}: the clean and corrupted prompts have different token counts "
+                             f"({len(a.ids)} and {len(b.ids)}): {p.clean!r} / {p.corrupted!r}")
+    T = max(len(a.ids) for a in clean)
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    rows = [[list(a.ids) + [pad] * (T - len(a.ids)) for a in side] for side in (clean, corrupted)]
+    lengths = torch.tensor([len(a.ids) for a in clean])
+    return EncodedPairs(torch.tensor(rows[0]), torch.tensor(rows[1]),
+                        (torch.arange(T)[None, :] < lengths[:, None]).long(), lengths - 1,
+                        torch.tensor([_one_token(lm, p.answer, n, "answer") for n, p in enumerate(pairs, 1)]),
+                        torch.tensor([_one_token(lm, p.wrong, n, "wrong answer") for n, p in enumerate(pairs, 1)]))
+
+
+def check_patchable(lm) -> None:
+    """Raises UnsupportedAnalysisError unless ``lm`` is a complete decoder-only model with an LM head."""
+    if lm.kind != "decoder":
+        raise UnsupportedAnalysisError(f"activation patching runs on decoder-only models; {lm.name} is an "
+                                       f"{lm.kind} model")
+    if lm.pruned is not None:
+        raise UnsupportedAnalysisError(f"{lm.name} has heads removed from its weights: patch the original model")
+    if lm.model.get_output_embeddings() is None:
+        raise UnsupportedAnalysisError(f"{lm.name} was loaded without its language-model head: no logits to compare")
+
+
+def logit_diffs(logits: torch.Tensor, enc: EncodedPairs, copies: int = 1) -> torch.Tensor:
+    """[copies, pairs] logit(answer) - logit(wrong) at each pair's last real position (float64).
+
+    Args:
+        logits: [copies * pairs, T, vocab], the pairs repeated ``copies`` times.
+    """
+    n = len(enc)
+    rows = torch.arange(copies * n)
+    last, a, b = (t.repeat(copies).to(logits.device) for t in (enc.last, enc.answer, enc.wrong))
+    at = logits[rows, last].double()
+    return (at[rows, a] - at[rows, b]).reshape(copies, n).cpu()
+
+
+def _layers(lm) -> list:
+    return [o for _, o in site_outputs(lm.model, lm.spec)]
+
+
+@torch.no_grad()
+def run_z(lm, ids: torch.Tensor, mask: torch.Tensor, copies: int = 1):
+    """One pass on ``ids`` repeated ``copies`` times: (logits, every layer's z [pairs, T, heads * d_head]
+    from the first copy)."""
+    zs = {}
+
+    def hook(layer):
+        def fn(module, args):
+            zs[layer] = args[0][: len(ids)].clone()
+        return fn
+
+    with measuring(lm.model, eager=False) as m:
+        for layer, o in enumerate(_layers(lm)):
+            m.hooks.forward_pre(o, hook(layer))
+        out = _forward(lm, ids.repeat(copies, 1), mask.repeat(copies, 1))
+    return out, [zs[k] for k in sorted(zs)]
+
+
+def _forward(lm, ids, mask):
+    device = input_device(lm.model)
+    return lm.model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+
+
+@torch.no_grad()
+def patched_pass(lm, ids, mask, patches: dict, donor: list, alpha: float | None = None) -> torch.Tensor:
+    """Logits of one pass with head slices replaced.
+
+    Args:
+        ids, mask: [B, T] the run's tokens (copies side by side).
+        patches: layer -> [B, T, heads] bool, where z_h takes the donor's value.
+        donor: per layer [B, T, heads * d_head] the values patched in.
+        alpha: None replaces the slice (exactly the donor's value); a number interpolates
+            z + alpha (donor - z) (alpha = 1 equals the replacement up to rounding).
+    """
+    H, dh = lm.geometry.n_heads, lm.geometry.d_head
+
+    def hook(layer):
+        def fn(module, args):
+            if layer not in patches:
+                return None
+            x = args[0]
+            B, T, W = x.shape
+            x4, src = x.reshape(B, T, H, dh), donor[layer].to(x.device, x.dtype).reshape(B, T, H, dh)
+            new = src if alpha is None else x4 + alpha * (src - x4)
+            return (torch.where(patches[layer].to(x.device)[..., None], new, x4).reshape(B, T, W), *args[1:])
+        return fn
+
+    with measuring(lm.model, eager=False) as m:
+        for layer, o in enumerate(_layers(lm)):
+            m.hooks.forward_pre(o, hook(layer))
+        return _forward(lm, ids, mask)
+
+
+def _masks(enc: EncodedPairs, where: str) -> torch.Tensor:
+    """[pairs, T] bool: the positions a patch covers (``all`` real positions or ``last``)."""
+    if where == "all":
+        return enc.mask.bool()
+    return torch.nn.functional.one_hot(enc.last, enc.mask.shape[1]).bool()
+
+
+def _chunk_patches(lm, enc, jobs, k: int) -> dict:
+    """layer -> [k * pairs, T, heads] masks for ``jobs`` (layer, head, where), job j in copy j."""
+    n, T, H = len(enc), enc.mask.shape[1], lm.geometry.n_heads
+    out: dict[int, torch.Tensor] = {}
+    for j, (layer, head, where) in enumerate(jobs):
+        sel = out.setdefault(layer, torch.zeros(k * n, T, H, dtype=torch.bool))
+        sel[j * n:(j + 1) * n, :, head] = _masks(enc, where)
+    return out
+
+
+def head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted", donor: str = "clean",
+                     heads_per_pass: int = 16, progress=None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """LD of patched runs, one per job, with the unpatched run of the same pass shape.
+
+    Args:
+        jobs: (layer, head, where) with ``where`` ``all`` or ``last``.
+        run, donor: ``clean`` or ``corrupted``: the run patched, and the run z_h comes from.
+        heads_per_pass: patched copies per forward pass.
+        progress: a callable ``(done, total)`` or None.
+
+    Returns:
+        ``(ld_patched [jobs], ld_base [jobs], means)``: mean LD over pairs of each patched run and of
+        the unpatched run in the same copy; ``means``: ``clean`` and ``corrupted`` LD means.
+    """
+    k = max(1, min(heads_per_pass, len(jobs)))
+    ids = {"clean": enc.clean, "corrupted": enc.corrupted}
+    logits_c, _ = run_z(lm, enc.clean, enc.mask, k)
+    logits_b, _ = run_z(lm, ids[run], enc.mask, k)
+    base = logit_diffs(logits_b, enc, k).mean(1).numpy()  # [k]: per copy, the same shape as every pass
+    means = {"clean": float(logit_diffs(logits_c, enc, k)[0].mean()), run: float(base[0])}
+    if run != "corrupted":
+        means["corrupted"] = float(logit_diffs(run_z(lm, enc.corrupted, enc.mask, k)[0], enc, k)[0].mean())
+    z = run_z(lm, ids[donor], enc.mask)[1]
+    donor_z = [t.repeat(k, 1, 1) for t in z]
+    run_ids, run_mask = ids[run].repeat(k, 1), enc.mask.repeat(k, 1)
+    patched, bases = [], []
+    for start in range(0, len(jobs), k):
+        chunk = jobs[start:start + k]
+        logits = patched_pass(lm, run_ids, run_mask, _chunk_patches(lm, enc, chunk, k), donor_z)
+        patched.extend(logit_diffs(logits, enc, k).mean(1).numpy()[: len(chunk)])
+        bases.extend(base[: len(chunk)])
+        if progress:
+            progress(min(start + k, len(jobs)), len(jobs))
+    return np.asarray(patched), np.asarray(bases), means
+
+
+def normalise(raw: np.ndarray, gap: float, direction: str) -> tuple[np.ndarray, bool]:
+    """Effects from raw differences LD_p - LD_(unpatched run): denoising raw / gap, noising
+    -raw / gap (= 1 - P); ``(raw, False)`` when |gap| < :data:`MIN_GAP`."""
+    if abs(gap) < MIN_GAP:
+        return raw.copy(), False
+    return (raw if direction == "denoise" else -raw) / gap, True
+
+
+def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denoise", heads_per_pass: int = 16,
+                progress=None) -> pd.DataFrame:
+    """Activation patching of every head's z_h, all real positions and the last one.
+
+    Args:
+        lm: a decoder-only :class:`~probe.models.LoadedModel` with its LM head.
+        pairs: the prompt pairs (default :func:`builtin_pairs`).
+        direction: ``denoise`` (corrupted run, clean z_h; default) or ``noise`` (clean run, corrupted z_h).
+        heads_per_pass: patched copies of the batch per forward pass (memory: copies x pairs x T tokens).
+        progress: a callable ``(done, total)`` or None.
+
+    Returns:
+        One row per (layer, head): ``stack``, ``kind``, ``layer``, ``head``, ``effect`` (all positions),
+        ``effect_last`` (last position only), ``raw``, ``raw_last`` (LD_p - LD of the unpatched run,
+        logits). ``attrs``: ``ld_clean``, ``ld_corrupted``, ``normalized``, ``direction``, ``pairs``, ``notes``.
+
+    Raises:
+        UnsupportedAnalysisError: not a complete decoder-only model with an LM head.
+        InputError: pairs of unequal token counts, answers that are not one token, a bad direction.
+    """
+    check_patchable(lm)
+    if direction not in DIRECTIONS:
+        raise InputError(f"direction {direction!r}: one of {', '.join(DIRECTIONS)}")
+    enc = encode_pairs(lm, builtin_pairs() if pairs is None else pairs)
+    L, H = lm.geometry.n_layers, lm.geometry.n_heads
+    jobs = [(layer, head, where) for where in ("all", "last") for layer in range(L) for head in range(H)]
+    run, donor = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
+    ld_p, ld_base, means = head_logit_diffs(lm, enc, jobs, run=run, donor=donor, heads_per_pass=heads_per_pass,
+                                            progress=progress)
+    raw = (ld_p - ld_base).reshape(2, L, H)
+    gap = means["clean"] - means["corrupted"]
+    effect, normalized = normalise(raw, gap, direction)
+    notes = [] if normalized else [
+        f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: the pairs barely separate the answers, so the "
+        "effects are raw logit differences (LD_patched - LD_unpatched), not normalised"]
+    site = lm.sites[0]
+    frame = pd.DataFrame({"stack": site.stack, "kind": site.kind, "layer": np.repeat(np.arange(L), H),
+                          "head": np.tile(np.arange(H), L), "effect": effect[0].ravel(),
+                          "effect_last": effect[1].ravel(), "raw": raw[0].ravel(), "raw_last": raw[1].ravel()})
+    frame.attrs.update(ld_clean=means["clean"], ld_corrupted=means["corrupted"], normalized=normalized,
+                       direction=direction, pairs=len(enc), notes=notes)
+    return frame
+
+
+@torch.no_grad()
+def patch_residual(lm, pairs: list[Pair], layer: int) -> float:
+    """Denoising effect P of patching the whole residual stream at the input of block ``layer``, all
+    positions: the corrupted run continues from the clean hidden states (a check: the last block
+    gives 1 exactly, since the rest of the pass is then the clean pass).
+
+    Raises:
+        UnsupportedAnalysisError, InputError: as :func:`patch_heads`; ValueError: |gap| < MIN_GAP.
+    """
+    check_patchable(lm)
+    enc = encode_pairs(lm, pairs)
+    block = site_block(lm.model, lm.spec, lm.sites[layer])
+    saved = {}
+
+    def hook(kind):
+        def fn(module, args, kwargs):
+            key = "args" if args else "kwargs"
+            x = args[0] if args else kwargs["hidden_states"]
+            if kind == "save":
+                saved["x"] = x.clone()
+                return None
+            if key == "args":
+                return (saved["x"], *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": saved["x"]}
+        return fn
+
+    lds = {}
+    for name, ids, kind in (("clean", enc.clean, "save"), ("patched", enc.corrupted, "load"),
+                            ("corrupted", enc.corrupted, None)):
+        with measuring(lm.model, eager=False) as m:
+            if kind:
+                m.hooks.forward_pre(block, hook(kind), with_kwargs=True)
+            lds[name] = float(logit_diffs(_forward(lm, ids, enc.mask), enc)[0].mean())
+    gap = lds["clean"] - lds["corrupted"]
+    if abs(gap) < MIN_GAP:
+        raise ValueError(f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no normalised effect")
+    return (lds["patched"] - lds["corrupted"]) / gap
