@@ -20,9 +20,9 @@ from .options import click_callback, model_option
               help="Tab-separated clean, corrupted, answer, wrong per line [default: the built-in IOI set].")
 @click.option("--direction", type=click.Choice(["denoise", "noise"]), default="denoise", show_default=True,
               help="denoise: corrupted run, clean head output; noise: clean run, corrupted head output.")
-@click.option("--heads-per-pass", type=int, default=16, show_default=True,
-              callback=click_callback(lambda v: validate.positive_int("--heads-per-pass", v)),
-              help="Patched copies of the batch in one forward pass.")
+@click.option("--heads-per-pass", type=int, default=None,
+              callback=click_callback(lambda v: v if v is None else validate.positive_int("--heads-per-pass", v)),
+              help="Patched copies of the batch in one forward pass [default: 2 x heads, one layer a pass].")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
 @click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")

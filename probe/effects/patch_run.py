@@ -54,7 +54,7 @@ class PatchRun:
 
 
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", direction: str = "denoise",
-            heads_per_pass: int = 16, progress=None) -> PatchRun:
+            heads_per_pass: int | None = None, progress=None) -> PatchRun:
     """Patching, DLA and composition of ``lm`` on ``pairs`` (default the built-in set).
 
     Raises:
@@ -81,7 +81,7 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
 
 
 def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, source: str = "built-in IOI set",
-              direction: str = "denoise", heads_per_pass: int = 16, progress: bool = False,
+              direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
               timings: dict | None = None, started: float | None = None) -> tuple[PatchRun, Path]:
     """Measure (:func:`measure`), label the heads with a short analysis, write the run folder.
 

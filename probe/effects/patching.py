@@ -238,14 +238,107 @@ def _chunk_patches(lm, enc, jobs, k: int) -> dict:
     return out
 
 
+@dataclass
+class StackInputs:
+    """What each block of one pass received, to continue a pass from any block (the blocks before a
+    patched layer compute nothing new, so they are not run again).
+
+    Attributes:
+        hidden: per block, its input hidden states [pairs, T, d_model] (the first copy).
+        calls: per block, ``(args, kwargs)`` of its call without the hidden states (masks and position
+            embeddings for ``copies`` copies).
+        copies: copies of the pairs in the pass.
+    """
+
+    hidden: list
+    calls: list
+    copies: int
+
+
+def _blocks(lm) -> list:
+    return [site_block(lm.model, lm.spec, s) for s in lm.sites]
+
+
+@torch.no_grad()
+def capture_inputs(lm, ids: torch.Tensor, mask: torch.Tensor, copies: int) -> StackInputs:
+    """One pass of ``ids`` repeated ``copies`` times, keeping every block's inputs."""
+    n, saved = len(ids), {}
+
+    def hook(i):
+        def fn(module, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            rest = (args[1:], kwargs) if args else ((), {k: v for k, v in kwargs.items() if k != "hidden_states"})
+            saved[i] = (x[:n].clone(), rest)
+        return fn
+
+    with measuring(lm.model, eager=False) as m:
+        for i, block in enumerate(_blocks(lm)):
+            m.hooks.forward_pre(block, hook(i), with_kwargs=True)
+        _forward(lm, ids.repeat(copies, 1), mask.repeat(copies, 1))
+    keys = sorted(saved)
+    return StackInputs([saved[k][0] for k in keys], [saved[k][1] for k in keys], copies)
+
+
+def _final(lm):
+    """(final norm, LM head, softcap or None) of a decoder."""
+    base = lm.model.base_model
+    norm = next(getattr(base, n) for n in ("ln_f", "norm", "final_layer_norm") if hasattr(base, n))
+    return norm, lm.model.get_output_embeddings(), getattr(lm.model.config, "final_logit_softcapping", None)
+
+
+@torch.no_grad()
+def continue_pass(lm, enc: EncodedPairs, inputs: StackInputs, start: int, patches: dict | None = None,
+                  donor: list | None = None) -> torch.Tensor:
+    """[copies * pairs, vocab] logits at each pair's last real position of a pass continued from block
+    ``start`` (its recorded input), with head slices patched as in :func:`patched_pass`."""
+    H, dh, k = lm.geometry.n_heads, lm.geometry.d_head, inputs.copies
+    patches = patches or {}
+
+    def hook(layer):
+        def fn(module, args):
+            if layer not in patches:
+                return None
+            x = args[0]
+            B, T, W = x.shape
+            src = donor[layer].to(x.device, x.dtype).reshape(B, T, H, dh)
+            new = torch.where(patches[layer].to(x.device)[..., None], src, x.reshape(B, T, H, dh))
+            return (new.reshape(B, T, W), *args[1:])
+        return fn
+
+    norm, head, cap = _final(lm)
+    with measuring(lm.model, eager=False) as m:
+        for layer, o in enumerate(_layers(lm)):
+            m.hooks.forward_pre(o, hook(layer))
+        blocks = _blocks(lm)
+        x = inputs.hidden[start].repeat(k, 1, 1)
+        for i in range(start, len(blocks)):
+            args, kwargs = inputs.calls[i]
+            out = blocks[i](x, *args, **kwargs) if args or "hidden_states" not in kwargs else blocks[i](
+                hidden_states=x, **kwargs)
+            x = out[0] if isinstance(out, tuple) else out
+        x = x[torch.arange(len(x)), enc.last.repeat(k).to(x.device)]
+        logits = head(norm(x))
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def last_logit_diffs(logits_last: torch.Tensor, enc: EncodedPairs, copies: int) -> torch.Tensor:
+    """[copies, pairs] logit(answer) - logit(wrong) from [copies * pairs, vocab] last-position logits (float64)."""
+    rows = torch.arange(copies * len(enc))
+    at = logits_last.double().cpu()
+    return (at[rows, enc.answer.repeat(copies)] - at[rows, enc.wrong.repeat(copies)]).reshape(copies, len(enc))
+
+
 def head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted", donor: str = "clean",
                      heads_per_pass: int = 16, progress=None) -> tuple[np.ndarray, np.ndarray, dict]:
     """LD of patched runs, one per job, with the unpatched run of the same pass shape.
 
+    Each pass continues the recorded run from the lowest layer it patches; the unpatched run goes
+    through the same blocks and final projection, so a patch that changes nothing gives exactly 0.
+
     Args:
         jobs: (layer, head, where) with ``where`` ``all`` or ``last``.
         run, donor: ``clean`` or ``corrupted``: the run patched, and the run z_h comes from.
-        heads_per_pass: patched copies per forward pass.
+        heads_per_pass: patched copies per forward pass (each pass patches one layer's jobs).
         progress: a callable ``(done, total)`` or None.
 
     Returns:
@@ -254,24 +347,27 @@ def head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted
     """
     k = max(1, min(heads_per_pass, len(jobs)))
     ids = {"clean": enc.clean, "corrupted": enc.corrupted}
-    logits_c, _ = run_z(lm, enc.clean, enc.mask, k)
-    logits_b, _ = run_z(lm, ids[run], enc.mask, k)
-    base = logit_diffs(logits_b, enc, k).mean(1).numpy()  # [k]: per copy, the same shape as every pass
-    means = {"clean": float(logit_diffs(logits_c, enc, k)[0].mean()), run: float(base[0])}
-    if run != "corrupted":
-        means["corrupted"] = float(logit_diffs(run_z(lm, enc.corrupted, enc.mask, k)[0], enc, k)[0].mean())
-    z = run_z(lm, ids[donor], enc.mask)[1]
-    donor_z = [t.repeat(k, 1, 1) for t in z]
-    run_ids, run_mask = ids[run].repeat(k, 1), enc.mask.repeat(k, 1)
-    patched, bases = [], []
-    for start in range(0, len(jobs), k):
-        chunk = jobs[start:start + k]
-        logits = patched_pass(lm, run_ids, run_mask, _chunk_patches(lm, enc, chunk, k), donor_z)
-        patched.extend(logit_diffs(logits, enc, k).mean(1).numpy()[: len(chunk)])
-        bases.extend(base[: len(chunk)])
+    inputs = {name: capture_inputs(lm, ids[name], enc.mask, k) for name in ("clean", "corrupted")}
+    last = lm.geometry.n_layers - 1
+    base = last_logit_diffs(continue_pass(lm, enc, inputs[run], last), enc, k).mean(1).numpy()  # [k]
+    means = {name: float(last_logit_diffs(continue_pass(lm, enc, inputs[name], last), enc, k)[0].mean())
+             for name in ("clean", "corrupted")}
+    donor_z = [t.repeat(k, 1, 1) for t in run_z(lm, ids[donor], enc.mask)[1]]
+    patched, bases = np.zeros(len(jobs)), np.zeros(len(jobs))
+    by_layer: dict[int, list[int]] = {}
+    for i, job in enumerate(jobs):
+        by_layer.setdefault(job[0], []).append(i)
+    chunks = [group[s:s + k] for group in by_layer.values() for s in range(0, len(group), k)]
+    done = 0
+    for chunk in chunks:  # one layer per pass: it continues from that layer
+        logits = continue_pass(lm, enc, inputs[run], jobs[chunk[0]][0],
+                               _chunk_patches(lm, enc, [jobs[i] for i in chunk], k), donor_z)
+        patched[chunk] = last_logit_diffs(logits, enc, k).mean(1).numpy()[: len(chunk)]
+        bases[chunk] = base[: len(chunk)]
+        done += len(chunk)
         if progress:
-            progress(min(start + k, len(jobs)), len(jobs))
-    return np.asarray(patched), np.asarray(bases), means
+            progress(done, len(jobs))
+    return patched, bases, means
 
 
 def normalise(raw: np.ndarray, gap: float, direction: str) -> tuple[np.ndarray, bool]:
@@ -282,15 +378,16 @@ def normalise(raw: np.ndarray, gap: float, direction: str) -> tuple[np.ndarray, 
     return (raw if direction == "denoise" else -raw) / gap, True
 
 
-def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denoise", heads_per_pass: int = 16,
-                progress=None) -> pd.DataFrame:
+def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denoise",
+                heads_per_pass: int | None = None, progress=None) -> pd.DataFrame:
     """Activation patching of every head's z_h, all real positions and the last one.
 
     Args:
         lm: a decoder-only :class:`~probe.models.LoadedModel` with its LM head.
         pairs: the prompt pairs (default :func:`builtin_pairs`).
         direction: ``denoise`` (corrupted run, clean z_h; default) or ``noise`` (clean run, corrupted z_h).
-        heads_per_pass: patched copies of the batch per forward pass (memory: copies x pairs x T tokens).
+        heads_per_pass: patched copies of the batch per forward pass (memory: copies x pairs x T tokens);
+            default 2 x heads (one layer's heads, all positions and last, in one pass).
         progress: a callable ``(done, total)`` or None.
 
     Returns:
@@ -307,11 +404,12 @@ def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denois
         raise InputError(f"direction {direction!r}: one of {', '.join(DIRECTIONS)}")
     enc = encode_pairs(lm, builtin_pairs() if pairs is None else pairs)
     L, H = lm.geometry.n_layers, lm.geometry.n_heads
-    jobs = [(layer, head, where) for where in ("all", "last") for layer in range(L) for head in range(H)]
+    jobs = [(layer, head, where) for layer in range(L) for where in ("all", "last") for head in range(H)]
+    heads_per_pass = heads_per_pass or 2 * H
     run, donor = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
     ld_p, ld_base, means = head_logit_diffs(lm, enc, jobs, run=run, donor=donor, heads_per_pass=heads_per_pass,
                                             progress=progress)
-    raw = (ld_p - ld_base).reshape(2, L, H)
+    raw = (ld_p - ld_base).reshape(L, 2, H).transpose(1, 0, 2)  # [where, layers, heads]
     gap = means["clean"] - means["corrupted"]
     effect, normalized = normalise(raw, gap, direction)
     notes = [] if normalized else [
