@@ -58,7 +58,7 @@ def test_patch_writes_the_run_folder(setup):
     assert len(comp) == 4 * 4 and {"q", "k", "v"} <= set(comp[0])
     record = json.loads((out / "run.json").read_text())["patching"]
     assert record["pairs"] == 2 and record["normalized"] is True and record["dla"]["holds"] is True
-    assert len(record["k_partners"]) == 3 * min(5, 8)
+    assert len(record["k_partners"]) == 3 * 4  # 3 writers for each of layer 1's 4 heads (no induction head)
     html = (out / "index.html").read_text()
     for fig in ("patch-all", "patch-last", "dla-heads"):
         assert f'data-fig="{fig}"' in html

@@ -45,8 +45,10 @@ def _readers(pr, heads) -> tuple[list[tuple[int, int]], str]:
         if len(ind):
             ind = ind.sort_values("induction", ascending=False) if "induction" in ind.columns else ind
             return [(int(r.layer), int(r.head)) for r in ind.head(2 * READERS).itertuples()], "induction heads"
-    top = pr.patching.reindex(pr.patching["effect"].abs().sort_values(ascending=False).index).head(READERS)
-    return [(int(r.layer), int(r.head)) for r in top.itertuples()], "no induction head: the heads with the largest patching effect"
+    later = pr.patching[pr.patching["layer"] > 0]  # layer 0 reads nothing a head wrote
+    top = later.reindex(later["effect"].abs().sort_values(ascending=False).index).head(READERS)
+    return ([(int(r.layer), int(r.head)) for r in top.itertuples()],
+            "no induction head: the heads after layer 0 with the largest patching effect")
 
 
 def partner_rows(pr, heads) -> tuple[list[dict], str]:

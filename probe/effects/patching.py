@@ -244,7 +244,7 @@ class StackInputs:
     patched layer compute nothing new, so they are not run again).
 
     Attributes:
-        hidden: per block, its input hidden states [pairs, T, d_model] (the first copy).
+        hidden: per block, its input hidden states [pairs, T, d_model].
         calls: per block, ``(args, kwargs)`` of its call without the hidden states (masks and position
             embeddings for ``copies`` copies).
         copies: copies of the pairs in the pass.
@@ -259,22 +259,35 @@ def _blocks(lm) -> list:
     return [site_block(lm.model, lm.spec, s) for s in lm.sites]
 
 
+def _repeat(value, n: int, copies: int):
+    """``value`` (a block argument: tensor, tuple, list, dict or other) with every tensor whose first
+    dimension is the batch of ``n`` rows repeated ``copies`` times along it."""
+    if isinstance(value, torch.Tensor):
+        return value.repeat(copies, *([1] * (value.dim() - 1))) if value.dim() and value.shape[0] == n else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_repeat(v, n, copies) for v in value)
+    if isinstance(value, dict):
+        return {k: _repeat(v, n, copies) for k, v in value.items()}
+    return value
+
+
 @torch.no_grad()
 def capture_inputs(lm, ids: torch.Tensor, mask: torch.Tensor, copies: int) -> StackInputs:
-    """One pass of ``ids`` repeated ``copies`` times, keeping every block's inputs."""
+    """One pass of ``ids``, keeping every block's inputs, its other arguments (masks, position
+    embeddings) repeated for ``copies`` copies of the batch."""
     n, saved = len(ids), {}
 
     def hook(i):
         def fn(module, args, kwargs):
             x = args[0] if args else kwargs["hidden_states"]
             rest = (args[1:], kwargs) if args else ((), {k: v for k, v in kwargs.items() if k != "hidden_states"})
-            saved[i] = (x[:n].clone(), rest)
+            saved[i] = (x.clone(), _repeat(rest, n, copies))
         return fn
 
     with measuring(lm.model, eager=False) as m:
         for i, block in enumerate(_blocks(lm)):
             m.hooks.forward_pre(block, hook(i), with_kwargs=True)
-        _forward(lm, ids.repeat(copies, 1), mask.repeat(copies, 1))
+        _forward(lm, ids, mask)
     keys = sorted(saved)
     return StackInputs([saved[k][0] for k in keys], [saved[k][1] for k in keys], copies)
 
