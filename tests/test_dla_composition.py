@@ -12,7 +12,7 @@ import torch
 from conftest import tiny_model
 from probe.architectures import site_block, site_outputs
 from probe.effects.composition import baseline, composition_scores, top_partners
-from probe.effects.dla import dla_by_layer, direct_logit_attribution, head_grid
+from probe.effects.dla import direct_logit_attribution, dla_by_layer, head_grid
 from probe.effects.patching import Pair
 from probe.errors import UnsupportedAnalysisError
 

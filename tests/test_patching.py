@@ -36,8 +36,10 @@ def llama():
     return tiny_model("llama")  # 2 layers x 4 query heads, 2 key/value heads
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "gpt_neox", "bloom", "gemma2"])
 def test_patching_with_the_corrupted_runs_own_value_is_exactly_zero(kind):
+    """Each pass continues from the patched layer's recorded input (BLOOM's ALiBi bias is [batch x heads]
+    and is repeated with the copies)."""
     lm = tiny_model(kind)
     enc = encode_pairs(lm, PAIRS)
     jobs = [(layer, head, where) for where in ("all", "last") for layer in range(2) for head in range(4)]
@@ -54,7 +56,7 @@ def test_clean_equal_to_corrupted_gives_zero_and_a_note_instead_of_dividing(llam
     assert f"< {MIN_GAP}" in frame.attrs["notes"][0] and "raw" in frame.attrs["notes"][0]
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "bloom"])
 def test_residual_stream_patched_before_the_last_layer_restores_everything(kind):
     lm = tiny_model(kind)
     assert patch_residual(lm, PAIRS, lm.geometry.n_layers - 1) == 1.0

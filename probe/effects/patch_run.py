@@ -67,7 +67,8 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     seconds["patch_s"] = time.perf_counter() - t
     notes += patching.attrs["notes"]
     results = {}
-    for name, fn in (("dla", lambda: direct_logit_attribution(lm, pairs)), ("composition", lambda: composition_scores(lm))):
+    steps = (("dla", lambda: direct_logit_attribution(lm, pairs)), ("composition", lambda: composition_scores(lm)))
+    for name, fn in steps:
         t = time.perf_counter()
         try:
             results[name] = fn()
@@ -76,7 +77,8 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
             notes.append(f"{name}: {exc}")
         seconds[f"{name}_s"] = time.perf_counter() - t
     if results["dla"] is not None and not results["dla"].attrs["holds"]:
-        notes.append(f"dla: the decomposition misses the model's logit difference by {results['dla'].attrs['residual']:.3g}")
+        miss = results["dla"].attrs["residual"]
+        notes.append(f"dla: the decomposition misses the model's logit difference by {miss:.3g}")
     return PatchRun(patching, results["dla"], results["composition"], pairs, source, seconds, notes)
 
 

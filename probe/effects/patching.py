@@ -259,15 +259,17 @@ def _blocks(lm) -> list:
     return [site_block(lm.model, lm.spec, s) for s in lm.sites]
 
 
-def _repeat(value, n: int, copies: int):
+def _repeat(value, n: int, copies: int, heads: int):
     """``value`` (a block argument: tensor, tuple, list, dict or other) with every tensor whose first
-    dimension is the batch of ``n`` rows repeated ``copies`` times along it."""
+    dimension is the batch of ``n`` rows (or batch x heads, BLOOM's ALiBi bias) repeated ``copies``
+    times along it (batch-major, as the copies are)."""
     if isinstance(value, torch.Tensor):
-        return value.repeat(copies, *([1] * (value.dim() - 1))) if value.dim() and value.shape[0] == n else value
+        batched = value.dim() and value.shape[0] in (n, n * heads)
+        return value.repeat(copies, *([1] * (value.dim() - 1))) if batched else value
     if isinstance(value, (tuple, list)):
-        return type(value)(_repeat(v, n, copies) for v in value)
+        return type(value)(_repeat(v, n, copies, heads) for v in value)
     if isinstance(value, dict):
-        return {k: _repeat(v, n, copies) for k, v in value.items()}
+        return {k: _repeat(v, n, copies, heads) for k, v in value.items()}
     return value
 
 
@@ -281,7 +283,7 @@ def capture_inputs(lm, ids: torch.Tensor, mask: torch.Tensor, copies: int) -> St
         def fn(module, args, kwargs):
             x = args[0] if args else kwargs["hidden_states"]
             rest = (args[1:], kwargs) if args else ((), {k: v for k, v in kwargs.items() if k != "hidden_states"})
-            saved[i] = (x.clone(), _repeat(rest, n, copies))
+            saved[i] = (x.clone(), _repeat(rest, n, copies, lm.geometry.n_heads))
         return fn
 
     with measuring(lm.model, eager=False) as m:
