@@ -13,7 +13,7 @@ from conftest import tiny_model
 from probe.architectures import site_block, site_outputs
 from probe.effects.composition import baseline, composition_scores, top_partners
 from probe.effects.dla import direct_logit_attribution, dla_by_layer, head_grid
-from probe.effects.patching import Pair
+from probe.effects.patching import Pair, builtin_pairs
 from probe.errors import UnsupportedAnalysisError
 
 PAIRS = [Pair("The cat and the dog ran to", "The dog and the cat ran to", " the", " a"),
@@ -72,8 +72,6 @@ def test_dla_refuses_encoders():
 
 @pytest.mark.slow
 def test_dla_identity_on_smollm2(smollm2):
-    from probe.effects.patching import builtin_pairs
-
     _identity(direct_logit_attribution(smollm2, builtin_pairs()[:4]))
 
 

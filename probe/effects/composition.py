@@ -112,7 +112,10 @@ def factored_scores(A_L, A_R, B_L, B_R) -> torch.Tensor:
     [writers, readers].
 
     Args:
-        A_L: [n, d, r]; A_R: [n, r, d]; B_L: [m, d, r]; B_R: [m, r, d].
+        A_L: [n, d, r] left factors of the writers.
+        A_R: [n, r, d] right factors of the writers.
+        B_L: [m, d, r] left factors of the readers.
+        B_R: [m, r, d] right factors of the readers.
     """
     G_A = A_L.transpose(-1, -2) @ A_L  # [n, r, r]
     G_B = B_R @ B_R.transpose(-1, -2)  # [m, r, r]

@@ -54,8 +54,12 @@ class EncodedPairs:
     """Pairs as token ids, right-padded.
 
     Attributes:
-        clean, corrupted: [pairs, T] token ids; mask: [pairs, T] 1 for real tokens (the same for both).
-        last: [pairs] index of the last real position; answer, wrong: [pairs] token ids.
+        clean: [pairs, T] token ids of the clean prompts.
+        corrupted: [pairs, T] token ids of the corrupted prompts.
+        mask: [pairs, T] 1 for real tokens (the same for both).
+        last: [pairs] index of the last real position.
+        answer: [pairs] token id of the answer.
+        wrong: [pairs] token id of the wrong answer.
     """
 
     clean: torch.Tensor
@@ -196,7 +200,8 @@ def patched_pass(lm, ids, mask, patches: dict, donor: list, alpha: float | None 
     """Logits of one pass with head slices replaced.
 
     Args:
-        ids, mask: [B, T] the run's tokens (copies side by side).
+        ids: [B, T] the run's tokens (copies side by side).
+        mask: [B, T] 1 for real tokens.
         patches: layer -> [B, T, heads] bool, where z_h takes the donor's value.
         donor: per layer [B, T, heads * d_head] the values patched in.
         alpha: None replaces the slice (exactly the donor's value); a number interpolates
@@ -352,7 +357,8 @@ def head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted
 
     Args:
         jobs: (layer, head, where) with ``where`` ``all`` or ``last``.
-        run, donor: ``clean`` or ``corrupted``: the run patched, and the run z_h comes from.
+        run: ``clean`` or ``corrupted``: the run patched.
+        donor: ``clean`` or ``corrupted``: the run z_h comes from.
         heads_per_pass: patched copies per forward pass (each pass patches one layer's jobs).
         progress: a callable ``(done, total)`` or None.
 
