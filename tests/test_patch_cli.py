@@ -91,3 +91,13 @@ def test_python_api_returns_dataframes():
     assert set(probe.direct_logit_attribution(lm, pairs)["component"]) == {"embed", "head", "b_O", "mlp",
                                                                             "norm_bias", "unembed_bias"}
     assert len(probe.composition_scores(lm)) == 16
+
+
+def test_patch_json_prints_the_patching_record(setup):
+    root, model, pairs = setup
+    result = run("patch", "--model", model, "--pairs", pairs, "--out", root / "json", "--json", "--direction", "noise")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["direction"] == "noise" and record["pairs"] == 2 and len(record["top"]) == 8
+    written = json.loads((root / "json" / "run.json").read_text())["patching"]
+    assert record["ld_clean"] == written["ld_clean"]
