@@ -24,13 +24,12 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..architectures import base_model, site_block, site_outputs
+from ..architectures import site_block, site_outputs
 from ..errors import UnsupportedAnalysisError
 from ..hooks import input_device, measuring
-from .patching import EncodedPairs, Pair, builtin_pairs, check_patchable, encode_pairs
+from .patching import EncodedPairs, Pair, builtin_pairs, check_patchable, encode_pairs, final_norm
 
-#: Final-norm attribute of the base model, by family; MLP attribute of a block.
-FINAL_NORMS = ("ln_f", "norm", "final_layer_norm")
+#: MLP attribute of a block.
 MLPS = ("mlp",)
 
 
@@ -72,12 +71,12 @@ def frozen_norm(norm: nn.Module, x: torch.Tensor):
 def _components(lm, enc: EncodedPairs):
     """One clean pass: the embeddings, z (per layer, last position), MLP outputs, final-norm input
     and logits, each [pairs, ...] at each pair's last real position."""
-    base, L = base_model(lm.model), lm.geometry.n_layers
-    norm = _attr(base, FINAL_NORMS)
+    L = lm.geometry.n_layers
+    norm = final_norm(lm)
     blocks = [site_block(lm.model, lm.spec, s) for s in lm.sites]
     mlps = [_attr(b, MLPS) for b in blocks]
-    if norm is None or any(m is None for m in mlps):
-        raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its final norm or MLPs are")
+    if any(m is None for m in mlps):
+        raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its MLPs are")
     rows, got = torch.arange(len(enc)), {}
 
     def take(key, x: torch.Tensor) -> None:

@@ -299,11 +299,26 @@ def capture_inputs(lm, ids: torch.Tensor, mask: torch.Tensor, copies: int) -> St
     return StackInputs([saved[k][0] for k in keys], [saved[k][1] for k in keys], copies)
 
 
+#: Attribute of a decoder's final norm on its base model, by family (GPT-2, LLaMA family, GPT-NeoX).
+FINAL_NORMS = ("ln_f", "norm", "final_layer_norm")
+
+
+def final_norm(lm) -> torch.nn.Module:
+    """The final norm of a decoder (the module between the last block and the unembedding).
+
+    Raises:
+        UnsupportedAnalysisError: none of :data:`FINAL_NORMS` on the base model.
+    """
+    base = lm.model.base_model
+    norm = next((getattr(base, n) for n in FINAL_NORMS if isinstance(getattr(base, n, None), torch.nn.Module)), None)
+    if norm is None:
+        raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its final norm is")
+    return norm
+
+
 def _final(lm):
     """(final norm, LM head, softcap or None) of a decoder."""
-    base = lm.model.base_model
-    norm = next(getattr(base, n) for n in ("ln_f", "norm", "final_layer_norm") if hasattr(base, n))
-    return norm, lm.model.get_output_embeddings(), getattr(lm.model.config, "final_logit_softcapping", None)
+    return final_norm(lm), lm.model.get_output_embeddings(), getattr(lm.model.config, "final_logit_softcapping", None)
 
 
 @torch.no_grad()
