@@ -1,5 +1,7 @@
-"""What heads do, measured by intervening on them: activation patching (:mod:`.patching`), direct
-logit attribution (:mod:`.dla`) and weight-only composition scores (:mod:`.composition`)."""
+"""What heads do, measured by intervening on them: activation patching (:mod:`.patching`, on the
+prompt pairs of :mod:`.pairs`), direct logit attribution (:mod:`.dla`) and weight-only composition
+scores (:mod:`.composition`); ``probe patch`` is :mod:`.patch_run` with its report section
+:mod:`.patch_report`."""
 
 from .composition import composition_scores
 from .dla import direct_logit_attribution, dla_by_layer
