@@ -30,6 +30,9 @@ from .analysis import analyze, run  # noqa: E402
 from .capture import attention_hooks, capture_attention  # noqa: E402
 from .compare import compare_runs, load_run  # noqa: E402
 from .core import LoadedModel  # noqa: E402
+from .effects.composition import composition_scores  # noqa: E402
+from .effects.dla import direct_logit_attribution  # noqa: E402
+from .effects.patching import Pair, patch_heads  # noqa: E402
 from .errors import ProbeError  # noqa: E402
 from .flow import attention_flow  # noqa: E402
 from .hooks import Hooks, ensure_eager, measuring  # noqa: E402
@@ -50,4 +53,5 @@ __all__ = [
     "ensure_eager", "measuring", "Text", "capture_attention", "attention_hooks", "Accumulator", "STATISTICS",
     "HeadStatistics", "analyze", "run", "attention", "swap_attention", "verify",
     "show", "HeadView", "load_run", "compare_runs", "prune", "attention_rollout", "attention_flow", "Attribution",
+    "Pair", "patch_heads", "direct_logit_attribution", "composition_scores",
 ]

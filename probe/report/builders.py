@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..effects.patch_report import section as patching_section
 from ..linguistic.report import coref_section, syntax_section
 from ..patterns.report import circuits_section, groups_section, health_section, types_section
 from ..pruning.report import section as pruning_section
@@ -26,6 +27,7 @@ BUILDERS: list[Callable[..., Section | None]] = [
     circuits_section,
     pruning_section,
     value_weighted_section,
+    patching_section,
 ]
 
 

@@ -1,0 +1,71 @@
+"""``probe patch``: activation patching per head, direct logit attribution and composition scores."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from .. import IMPORT_STARTED, validate
+from ..util import process_age
+from .group import hold, main, user_errors
+from .options import click_callback, model_option
+
+
+@main.command("patch")
+@model_option
+@click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Tab-separated clean, corrupted, answer, wrong per line [default: the built-in IOI set].")
+@click.option("--direction", type=click.Choice(["denoise", "noise"]), default="denoise", show_default=True,
+              help="denoise: corrupted run, clean head output; noise: clean run, corrupted head output.")
+@click.option("--heads-per-pass", type=int, default=None,
+              callback=click_callback(lambda v: v if v is None else validate.positive_int("--heads-per-pass", v)),
+              help="Patched copies of the batch in one forward pass [default: 2 x heads, one layer a pass].")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Run folder [default: a new reports/<model>-<time>].")
+@click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
+@click.option("--json", "as_json", is_flag=True, help="Print the section's record as JSON.")
+@click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
+@user_errors
+def patch_command(model_name, pairs_file, direction, heads_per_pass, out, force, as_json, progress) -> None:
+    """Patch each head's output (before the output projection) between clean and corrupted prompts
+    and measure how much of the logit difference answer - wrong it restores; with the direct logit
+    attribution of every head and the heads' Q/K/V-composition scores. Decoder-only models.
+
+    \b
+    Pairs file: one pair a line, four tab-separated fields
+      clean  corrupted  answer  wrong
+    clean and corrupted must have the same number of tokens; answer and wrong one token each
+    (with their leading space: " Mary"). Default: 20 indirect-object pairs written for probe,
+    "When Mary and John went to the store, John gave a drink to" -> " Mary" vs " John".
+    """
+    from ..effects.patch_run import patch_run
+    from ..effects.patching import builtin_pairs, read_pairs
+    from ..models import load_model
+    from ..report import claim_run_dir
+    from ..sites import head_name
+
+    age = process_age()
+    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
+    pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
+    out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
+    lm = load_model(model_name)
+    show = sys.stderr.isatty() if progress is None else progress
+    click.echo(f"Patching {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on {len(pairs)} pairs "
+               f"({source}), {direction}", err=True)
+    result, path = patch_run(lm, pairs, out=out, force=force, source=source, direction=direction,
+                             heads_per_pass=heads_per_pass, progress=show,
+                             timings={"model_load_s": lm.load_seconds}, started=started)
+    p = result.patching
+    if as_json:
+        record = json.loads((path / "run.json").read_text(encoding="utf-8")).get("patching")
+        click.echo(json.dumps(record, indent=2))
+    else:
+        top = p.reindex(p["effect"].abs().sort_values(ascending=False).index).head(5)
+        click.echo(f"LD clean {p.attrs['ld_clean']:.4g}, corrupted {p.attrs['ld_corrupted']:.4g}; largest effects: "
+                   + ", ".join(f"{head_name(int(r.layer), int(r.head))} {r.effect:.3g}" for r in top.itertuples()))
+        click.echo(f"Report: {path / 'index.html'}")
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)

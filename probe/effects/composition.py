@@ -1,0 +1,197 @@
+"""Composition scores between heads, from the weights alone (Elhage et al. 2021, "A Mathematical
+Framework for Transformer Circuits": Q-, K- and V-composition).
+
+Row convention (y = x W, as TransformerLens): per query head h, W_QK^h = W_Q^h W_K^g(h)T and
+W_OV^h = W_V^g(h) W_O^h, both [d_model, d_model] of rank <= d_head (g(h): the key/value head the
+query head reads). For a writer h1 in layer l1 and a reader h2 in a later layer l2:
+
+    Q: |W_OV^h1 W_QK^h2|_F / (|W_OV^h1|_F |W_QK^h2|_F)
+    K: |W_OV^h1 W_QK^h2T|_F / (...)
+    V: |W_OV^h1 W_OV^h2|_F / (...)
+
+(the paper's column convention transposes every matrix; the numbers are the same). The reader's
+input-norm gamma is folded into the rows of its W_Q, W_K, W_V; with LayerNorm the writer is centred,
+W_OV^h1 (I - 11^T / d_model); q/k norm gammas (Qwen3) scale W_Q / W_K columns; per-token scales and
+biases are left out (the scores do not depend on a scale). Norms of products are computed factored:
+|L_A M R_B|_F^2 = tr(M^T L_A^T L_A M R_B R_B^T) with M = R_A L_B, [d_head, d_head].
+
+RoPE makes the query-key product position dependent, q_i R(i - j) k_j^T; probe scores the content
+term D = i - j = 0 (W_Q W_K^T, no rotation). Grouped-query attention: the query heads of one group
+share W_K and W_V, so their K- and V-composition with a writer are correlated by construction.
+
+The baseline: 200 pairs of random products of the same shapes, A = L1 R1, B = L2 R2 with L
+[d_model, d_head], R [d_head, d_model] i.i.d. N(0, 1), seed 0; its mean is about 1/sqrt(d_model).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..architectures import site_block, site_outputs
+from ..errors import UnsupportedAnalysisError
+from .dla import head_out_weights
+
+MODES = ("q", "k", "v")
+INPUT_NORMS = ("input_layernorm", "ln_1")
+BASELINE_PAIRS = 200
+
+
+def _input_norm(block: nn.Module) -> tuple[torch.Tensor | None, bool]:
+    """(gamma [d_model] or None, is LayerNorm) of a block's attention input norm."""
+    norm = next((getattr(block, n) for n in INPUT_NORMS if isinstance(getattr(block, n, None), nn.Module)), None)
+    if norm is None or getattr(norm, "weight", None) is None:
+        return None, False
+    gamma = norm.weight.detach().double()
+    if type(norm).__name__.startswith("Gemma"):
+        gamma = gamma + 1.0
+    return gamma, isinstance(norm, nn.LayerNorm)
+
+
+def _qkv(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W_Q [heads, d_model, d_head], W_K and W_V [kv_heads, d_model, d_head] of ``layer`` (float64)."""
+    g, spec = lm.geometry, lm.spec
+    ss = spec.site_specs[0]
+    block = site_block(lm.model, spec, lm.sites[layer])
+    H, KV, dh = g.n_heads, g.n_kv_heads, g.d_head
+
+    def rows(w, n):  # nn.Linear weight rows [n * dh, d] -> [n, d, dh]
+        return w.detach().double().reshape(n, dh, -1).transpose(1, 2)
+
+    if spec.qkv_layout == "separate":
+        q, k, v = (rows(block.get_submodule(p).weight, n) for p, n in ((ss.q, H), (ss.k, KV), (ss.v, KV)))
+    elif spec.qkv_layout == "conv1d":  # GPT-2 Conv1D [d, 3 * d]: columns q | k | v
+        w = block.get_submodule(ss.qkv).weight.detach().double()
+        q, k, v = (w[:, i * H * dh:(i + 1) * H * dh].reshape(-1, H, dh).transpose(0, 1) for i in range(3))
+    elif spec.qkv_layout == "stacked":  # Phi-3: rows q (H) | k (KV) | v (KV)
+        w = block.get_submodule(ss.qkv).weight
+        q, k, v = (rows(t, n) for t, n in zip(w.split([H * dh, KV * dh, KV * dh]), (H, KV, KV)))
+    else:  # per_head (GPT-NeoX, BLOOM): rows [heads, 3, d_head]
+        w = block.get_submodule(ss.qkv).weight.detach().double().reshape(H, 3, dh, -1).transpose(2, 3)
+        q, k, v = w[:, 0], w[:, 1], w[:, 2]
+    for path, t in ((ss.q_norm, q), (ss.k_norm, k)):
+        if path is not None:
+            t.mul_(block.get_submodule(path).weight.detach().double())
+    return q, k, v
+
+
+def head_factors(lm) -> dict:
+    """Per layer, the factors of W_QK and W_OV (float64), the reader's norm folded in:
+    ``q``, ``k``, ``v`` [layers, heads, d_model, d_head] (k, v repeated per query head),
+    ``o`` [layers, heads, d_head, d_model] (the writer's: centred for LayerNorm models) and
+    ``o_reader`` (as stored)."""
+    g = lm.geometry
+    out = {m: [] for m in ("q", "k", "v", "o", "o_reader")}
+    for layer in range(g.n_layers):
+        q, k, v = _qkv(lm, layer)
+        gamma, layernorm = _input_norm(site_block(lm.model, lm.spec, lm.sites[layer]))
+        group = torch.arange(g.n_heads) // (g.n_heads // g.n_kv_heads)
+        k, v = k[group], v[group]
+        if gamma is not None:
+            q, k, v = (t * gamma[None, :, None] for t in (q, k, v))
+        o_reader = head_out_weights(lm, layer)[0]
+        o = o_reader - o_reader.mean(-1, keepdim=True) if layernorm else o_reader
+        for name, t in zip(("q", "k", "v", "o", "o_reader"), (q, k, v, o, o_reader)):
+            out[name].append(t)
+    return {name: torch.stack(ts) for name, ts in out.items()}
+
+
+def _reader(f: dict, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L_B [layers, heads, d_model, d_head], R_B [layers, heads, d_head, d_model]) of the reader's matrix."""
+    if mode == "q":
+        return f["q"], f["k"].transpose(-1, -2)
+    if mode == "k":
+        return f["k"], f["q"].transpose(-1, -2)
+    return f["v"], f["o_reader"]
+
+
+def factored_scores(A_L, A_R, B_L, B_R) -> torch.Tensor:
+    """|A B|_F / (|A|_F |B|_F) for A = A_L A_R [n, d, d] over writers and B = B_L B_R over readers:
+    [writers, readers].
+
+    Args:
+        A_L: [n, d, r] left factors of the writers.
+        A_R: [n, r, d] right factors of the writers.
+        B_L: [m, d, r] left factors of the readers.
+        B_R: [m, r, d] right factors of the readers.
+    """
+    G_A = A_L.transpose(-1, -2) @ A_L  # [n, r, r]
+    G_B = B_R @ B_R.transpose(-1, -2)  # [m, r, r]
+    norm_a = torch.einsum("nij,nji->n", G_A, A_R @ A_R.transpose(-1, -2)).clamp(min=0).sqrt()
+    norm_b = torch.einsum("mij,mji->m", B_L.transpose(-1, -2) @ B_L, G_B).clamp(min=0).sqrt()
+    M = torch.einsum("nrd,mds->nmrs", A_R, B_L)  # [n, m, r, r]
+    P = torch.einsum("nrs,nmst->nmrt", G_A, M)
+    Q = torch.einsum("nmrs,mst->nmrt", M, G_B)
+    sq = (P * Q).sum((-1, -2)).clamp(min=0)
+    return sq.sqrt() / (norm_a[:, None] * norm_b[None, :])
+
+
+def baseline(d_model: int, d_head: int, mode: str = "k", n: int = BASELINE_PAIRS, seed: int = 0) -> dict:
+    """Scores of ``n`` pairs of random rank-``d_head`` products (entries N(0, 1), seed ``seed``):
+    ``mean``, ``std`` (ddof 1), ``n``."""
+    gen = torch.Generator().manual_seed(seed)
+    draw = [torch.randn(n, *shape, generator=gen, dtype=torch.float64)
+            for shape in ((d_model, d_head), (d_head, d_model)) * 2]
+    L1, R1, L2, R2 = draw
+    if mode == "k":  # B^T = R2^T L2^T
+        L2, R2 = R2.transpose(-1, -2), L2.transpose(-1, -2)
+    scores = torch.stack([factored_scores(L1[i:i + 1], R1[i:i + 1], L2[i:i + 1], R2[i:i + 1])[0, 0]
+                          for i in range(n)]).numpy()
+    return {"mean": float(scores.mean()), "std": float(scores.std(ddof=1)), "n": n}
+
+
+def check_composable(lm) -> None:
+    """Raises UnsupportedAnalysisError unless ``lm`` is a complete pre-norm decoder-only model."""
+    if lm.kind != "decoder":
+        raise UnsupportedAnalysisError(f"composition scores are computed for decoder-only (pre-norm) models; "
+                                       f"{lm.name} is an {lm.kind} model")
+    if lm.pruned is not None:
+        raise UnsupportedAnalysisError(f"{lm.name} has heads removed from its weights: score the original model")
+    if len(site_outputs(lm.model, lm.spec)) != lm.geometry.n_layers:
+        raise UnsupportedAnalysisError(f"{lm.name}: one attention site per layer expected")
+
+
+@torch.no_grad()
+def composition_scores(lm) -> pd.DataFrame:
+    """Q-, K- and V-composition of every writer head with every head of a later layer.
+
+    Returns:
+        One row per (writer, reader) with l1 < l2: ``writer_layer``, ``writer_head``, ``reader_layer``,
+        ``reader_head``, ``q``, ``k``, ``v`` and ``q_z``, ``k_z``, ``v_z`` (z-scores against the
+        random baseline). ``attrs``: ``baseline`` (mode -> mean, std, n), ``rope`` (``"delta0"`` or None).
+
+    Raises:
+        UnsupportedAnalysisError: not a complete decoder-only model.
+    """
+    check_composable(lm)
+    g, f = lm.geometry, head_factors(lm)
+    L, H = g.n_layers, g.n_heads
+    out = []
+    for mode in MODES:
+        B_L, B_R = _reader(f, mode)
+        per = []
+        for l1 in range(L - 1):
+            s = factored_scores(f["v"][l1], f["o"][l1], B_L[l1 + 1:].flatten(0, 1), B_R[l1 + 1:].flatten(0, 1))
+            per.append(s.reshape(H, L - l1 - 1, H))
+        out.append(per)
+    rows = []
+    for l1 in range(L - 1):
+        w, l2, r = np.meshgrid(np.arange(H), np.arange(l1 + 1, L), np.arange(H), indexing="ij")
+        rows.append(pd.DataFrame({"writer_layer": l1, "writer_head": w.ravel(), "reader_layer": l2.ravel(),
+                                  "reader_head": r.ravel(),
+                                  **{m: out[i][l1].numpy().ravel() for i, m in enumerate(MODES)}}))
+    frame = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(
+        columns=["writer_layer", "writer_head", "reader_layer", "reader_head", *MODES])
+    base = {m: baseline(g.d_model, g.d_head, m) for m in MODES}
+    for m in MODES:
+        frame[f"{m}_z"] = (frame[m] - base[m]["mean"]) / base[m]["std"]
+    frame.attrs.update(baseline=base, rope="delta0" if lm.spec.rotary else None)
+    return frame
+
+
+def top_partners(frame: pd.DataFrame, layer: int, head: int, mode: str = "k", n: int = 3) -> pd.DataFrame:
+    """The ``n`` writers with the strongest ``mode``-composition into reader (``layer``, ``head``)."""
+    rows = frame[(frame["reader_layer"] == layer) & (frame["reader_head"] == head)]
+    return rows.sort_values(mode, ascending=False).head(n)

@@ -1,0 +1,175 @@
+"""Direct logit attribution per head (Elhage et al. 2021, "the residual stream"): how much of the
+logit difference each component writes directly.
+
+In a pre-norm decoder the final norm's input x_t at position t is a sum of components: the
+embeddings (the first block's input), every head's z_h W_O^h (its slice of the output projection),
+every layer's output-projection bias b_O, and every MLP output. With the final norm's per-token
+scale frozen at the clean run's value, the norm is linear in its input, so each component c gets
+
+    DLA_c = n(c) . u,   u = W_U[answer] - W_U[wrong]
+
+with n(c) = gamma (c - mean_d c) / sigma_t for LayerNorm (sigma_t = sqrt(Var_d x_t + eps)) and
+n(c) = gamma c / sqrt(mean_d x_t^2 + eps) for RMSNorm (Gemma: 1 + gamma); gamma is applied here, not
+folded into the unembedding. The terms add up exactly: sum_c DLA_c + beta . u + b_U[a] - b_U[b] =
+logit_a - logit_b. Every result is checked against the model's own logits (float32 tolerance
+1e-4 (1 + sum_c |DLA_c|)); an architecture whose components do not add up to the final norm's input
+(post-sublayer norms, parallel stacks probe does not model) gets no attribution, with a note.
+Post-LN encoders (BERT) are not linear in this sense and are refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..architectures import site_block, site_outputs
+from ..errors import UnsupportedAnalysisError
+from ..hooks import input_device, measuring
+from .patching import EncodedPairs, Pair, builtin_pairs, check_patchable, encode_pairs, final_norm
+
+#: MLP attribute of a block.
+MLPS = ("mlp",)
+
+
+def _attr(module: nn.Module, names) -> nn.Module | None:
+    return next((getattr(module, n) for n in names if isinstance(getattr(module, n, None), nn.Module)), None)
+
+
+def head_out_weights(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_O [heads, d_head, d_model], b_O [d_model]) of ``layer`` in the row convention (float64)."""
+    o = site_outputs(lm.model, lm.spec)[layer][1]
+    g = lm.geometry
+    w = o.weight.detach().double()
+    w = w if lm.spec.qkv_layout == "conv1d" else w.T  # [heads * d_head, d_model]
+    b = o.bias.detach().double() if getattr(o, "bias", None) is not None else torch.zeros(w.shape[1], dtype=w.dtype)
+    return w.reshape(g.n_heads, g.d_head, -1), b
+
+
+def frozen_norm(norm: nn.Module, x: torch.Tensor):
+    """The final norm linearised at input ``x`` [n, d_model]: (fn(c) for components [..., n, d_model], beta).
+
+    Raises:
+        UnsupportedAnalysisError: a norm that is neither LayerNorm nor RMSNorm.
+    """
+    x = x.double()
+    if isinstance(norm, nn.LayerNorm):
+        sigma = (x.var(-1, unbiased=False) + norm.eps).sqrt()[:, None]
+        gamma = norm.weight.detach().double()
+        beta = norm.bias.detach().double() if norm.bias is not None else torch.zeros_like(gamma)
+        return (lambda c: gamma * (c - c.mean(-1, keepdim=True)) / sigma), beta
+    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None)
+    if "RMSNorm" not in type(norm).__name__ or eps is None:
+        raise UnsupportedAnalysisError(f"the final norm {type(norm).__name__} is neither LayerNorm nor RMSNorm")
+    gamma = norm.weight.detach().double() + (1.0 if type(norm).__name__.startswith("Gemma") else 0.0)
+    rms = ((x ** 2).mean(-1) + eps).sqrt()[:, None]
+    return (lambda c: gamma * c / rms), torch.zeros_like(gamma)
+
+
+@torch.no_grad()
+def _components(lm, enc: EncodedPairs):
+    """One clean pass: the embeddings, z (per layer, last position), MLP outputs, final-norm input
+    and logits, each [pairs, ...] at each pair's last real position."""
+    L = lm.geometry.n_layers
+    norm = final_norm(lm)
+    blocks = [site_block(lm.model, lm.spec, s) for s in lm.sites]
+    mlps = [_attr(b, MLPS) for b in blocks]
+    if any(m is None for m in mlps):
+        raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its MLPs are")
+    rows, got = torch.arange(len(enc)), {}
+
+    def take(key, x: torch.Tensor) -> None:
+        x = x[0] if isinstance(x, tuple) else x
+        got[key] = x[rows, enc.last.to(x.device)].detach().double().cpu()
+
+    device = input_device(lm.model)
+    with measuring(lm.model, eager=False) as m:
+        m.hooks.forward_pre(blocks[0], lambda mod, a, k: take("embed", a[0] if a else k["hidden_states"]),
+                            with_kwargs=True)
+        m.hooks.forward_pre(norm, lambda mod, a: take("final", a[0]))
+        for layer, (_, o) in enumerate(site_outputs(lm.model, lm.spec)):
+            m.hooks.forward_pre(o, lambda mod, a, layer=layer: take(("z", layer), a[0]))
+            m.hooks.forward(mlps[layer], lambda mod, a, out, layer=layer: take(("mlp", layer), out))
+        logits = lm.model(input_ids=enc.clean.to(device), attention_mask=enc.mask.to(device), use_cache=False).logits
+    at = logits[rows, enc.last].double().cpu()
+    return got, norm, (at[rows, enc.answer] - at[rows, enc.wrong]), L
+
+
+def direct_logit_attribution(lm, pairs: list[Pair] | None = None) -> pd.DataFrame:
+    """Direct logit attribution of every component on the clean prompts of ``pairs`` (mean over pairs).
+
+    Args:
+        lm: a decoder-only :class:`~probe.models.LoadedModel` with its LM head.
+        pairs: prompt pairs (default :func:`~probe.effects.patching.builtin_pairs`); only the clean
+            prompt, answer and wrong answer are used.
+
+    Returns:
+        One row per component: ``component`` (``embed``, ``head``, ``b_O``, ``mlp``, ``norm_bias``,
+        ``unembed_bias``), ``layer`` (-1 where none), ``head`` (-1 where none), ``dla`` (logits).
+        ``attrs``: ``logit_diff`` (the model's, mean over pairs), ``total`` (sum of the rows),
+        ``residual`` (max over pairs of |identity difference|), ``tolerance``.
+
+    Raises:
+        UnsupportedAnalysisError: not a decoder with an LM head, an unknown norm, or components that
+            do not add up to the final norm's input (an architecture this linearisation does not fit).
+    """
+    check_patchable(lm)
+    enc = encode_pairs(lm, builtin_pairs() if pairs is None else pairs)
+    got, norm, ld, L = _components(lm, enc)
+    unembed = lm.model.get_output_embeddings()
+    W_U = unembed.weight.detach().double()
+    u = W_U[enc.answer] - W_U[enc.wrong]  # [pairs, d_model]
+    fn, beta = frozen_norm(norm, got["final"])
+    rows, parts, total = [], [], got["embed"].clone()
+    rows.append(("embed", -1, -1)), parts.append(got["embed"])
+    for layer in range(L):
+        W_O, b_O = head_out_weights(lm, layer)
+        z = got[("z", layer)].reshape(len(enc), lm.geometry.n_heads, lm.geometry.d_head)
+        heads = torch.einsum("nhd,hdm->hnm", z, W_O)  # [heads, pairs, d_model]
+        for h in range(lm.geometry.n_heads):
+            rows.append(("head", layer, h)), parts.append(heads[h])
+        rows.append(("b_O", layer, -1)), parts.append(b_O.expand_as(got["embed"]))
+        rows.append(("mlp", layer, -1)), parts.append(got[("mlp", layer)])
+        total = total + heads.sum(0) + b_O + got[("mlp", layer)]
+    scale = got["final"].abs().max().item() + 1.0
+    if (total - got["final"]).abs().max().item() > 1e-4 * scale:
+        raise UnsupportedAnalysisError(f"{lm.name} ({lm.model_type}): its embeddings, heads, biases and MLP outputs do "
+                                       "not add up to the final norm's input, so direct logit attribution does not "
+                                       "apply as probe computes it")
+    dla = torch.stack([(fn(c) * u).sum(-1) for c in parts])  # [components, pairs]
+    b_U = unembed.bias.detach().double() if getattr(unembed, "bias", None) is not None else None
+    extra = [("norm_bias", (beta * u).sum(-1))]
+    extra.append(("unembed_bias", (b_U[enc.answer] - b_U[enc.wrong]) if b_U is not None else torch.zeros(len(enc))))
+    for name, v in extra:
+        rows.append((name, -1, -1))
+        dla = torch.cat([dla, v[None]])
+    residual = (dla.sum(0) - ld).abs()
+    tolerance = 1e-4 * (1 + dla[:-2].abs().sum(0))
+    frame = pd.DataFrame(rows, columns=["component", "layer", "head"])
+    frame["dla"] = dla.mean(1).numpy()
+    frame.attrs.update(logit_diff=float(ld.mean()), total=float(dla.sum(0).mean()), residual=float(residual.max()),
+                       tolerance=float(tolerance.min()), holds=bool((residual <= tolerance).all()), pairs=len(enc))
+    return frame
+
+
+def dla_by_layer(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per layer: ``heads`` (sum of its heads' DLA), ``b_O``, ``mlp`` and ``top_head`` (the head
+    with the largest |DLA|), from a :func:`direct_logit_attribution` frame."""
+    rows = []
+    for layer, g in frame[frame["layer"] >= 0].groupby("layer"):
+        heads = g[g["component"] == "head"]
+        top = heads.loc[heads["dla"].abs().idxmax()]
+        rows.append({"layer": int(layer), "heads": float(heads["dla"].sum()),
+                     "b_O": float(g.loc[g["component"] == "b_O", "dla"].sum()),
+                     "mlp": float(g.loc[g["component"] == "mlp", "dla"].sum()),
+                     "top_head": int(top["head"]), "top_dla": float(top["dla"])})
+    return pd.DataFrame(rows)
+
+
+def head_grid(frame: pd.DataFrame, n_layers: int, n_heads: int) -> np.ndarray:
+    """[layers, heads] DLA of the heads of a :func:`direct_logit_attribution` frame."""
+    heads = frame[frame["component"] == "head"]
+    grid = np.full((n_layers, n_heads), np.nan)
+    grid[heads["layer"].to_numpy(), heads["head"].to_numpy()] = heads["dla"].to_numpy()
+    return grid

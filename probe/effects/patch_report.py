@@ -1,0 +1,111 @@
+"""The report section of ``probe patch``: the patching heatmaps (all positions, last position), the
+direct-logit-attribution heatmap and per-layer table, and, for each induction head (else the heads
+with the largest patching effect), its strongest K-composition partners with their labels; files
+patch.csv and composition.csv beside ``index.html``.
+
+The builder (:func:`section`) is listed in :data:`probe.report.builders.BUILDERS`; it shows a section
+when ``result.results["patching"]`` holds a :class:`~probe.effects.patch_run.PatchRun`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..report.sections import Section, render_fragment
+from ..sites import head_name
+from .composition import top_partners
+from .dla import dla_by_layer, head_grid
+
+PARTNERS = 3
+READERS = 5
+
+
+def signed_figure(grid: np.ndarray, title: str, unit: str = "") -> dict:
+    """A [layers, heads] heatmap on a symmetric diverging scale (0 white)."""
+    L, H = grid.shape
+    finite = grid[np.isfinite(grid)]
+    m = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+    return {"rows": L, "cols": H, "scale": 10000, "vmin": -m, "vmax": m, "cmap": "rdbu", "title": title,
+            "values": [None if not math.isfinite(v) else int(round(v * 10000)) for v in grid.ravel()],
+            "rowLabels": [str(i) for i in range(L)], "colLabels": [str(i) for i in range(H)],
+            "xLabel": "head", "yLabel": "layer", "unit": unit}
+
+
+def _labels(heads) -> dict:
+    return {(int(r["layer"]), int(r["head"])): (str(r.get("labels") or r.get("label") or ""))
+            for r in heads.to_dict("records")}
+
+
+def _readers(pr, heads) -> tuple[list[tuple[int, int]], str]:
+    """Heads whose K-composition partners are listed: the induction heads, else the top patched heads."""
+    if "labels" in heads.columns:
+        ind = heads[heads["labels"].fillna("").str.split(";").apply(lambda s: "induction" in s)]
+        if len(ind):
+            ind = ind.sort_values("induction", ascending=False) if "induction" in ind.columns else ind
+            return [(int(r.layer), int(r.head)) for r in ind.head(2 * READERS).itertuples()], "induction heads"
+    later = pr.patching[pr.patching["layer"] > 0]  # layer 0 reads nothing a head wrote
+    top = later.reindex(later["effect"].abs().sort_values(ascending=False).index).head(READERS)
+    return ([(int(r.layer), int(r.head)) for r in top.itertuples()],
+            "no induction head: the heads after layer 0 with the largest patching effect")
+
+
+def partner_rows(pr, heads) -> tuple[list[dict], str]:
+    """Per listed reader, its strongest K-composition writers: name, score, z, label, prev score."""
+    if pr.composition is None:
+        return [], ""
+    labels, readers_of = _labels(heads), _readers(pr, heads)
+    prev = {(int(r["layer"]), int(r["head"])): r.get("prev") for r in heads.to_dict("records")}
+    rows = []
+    for layer, head in readers_of[0]:
+        for r in top_partners(pr.composition, layer, head, "k", PARTNERS).itertuples():
+            w = (int(r.writer_layer), int(r.writer_head))
+            rows.append({"reader": head_name(layer, head), "reader_label": labels.get((layer, head), ""),
+                         "writer": head_name(*w), "k": float(r.k), "k_z": float(r.k_z),
+                         "writer_label": labels.get(w, ""), "writer_prev": prev.get(w)})
+    return rows, readers_of[1]
+
+
+def _fmt(v, spec=".3g") -> str:
+    return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+
+def section(result, tokenizer) -> Section | None:
+    """The patching / DLA / composition section, or None when the run has no patching result."""
+    pr = getattr(result, "results", {}).get("patching")
+    if pr is None:
+        return None
+    p = pr.patching
+    L, H = int(p["layer"].max()) + 1, int(p["head"].max()) + 1
+    unit = "share of LD_c - LD_x" if p.attrs["normalized"] else "logits"
+    figures = {"patch-all": signed_figure(p["effect"].to_numpy().reshape(L, H), "patching effect, all positions", unit),
+               "patch-last": signed_figure(p["effect_last"].to_numpy().reshape(L, H),
+                                           "patching effect, last position", unit)}
+    top = p.reindex(p["effect"].abs().sort_values(ascending=False).index).head(10)
+    top_rows = [[head_name(int(r.layer), int(r.head)), _fmt(r.effect), _fmt(r.effect_last)] for r in top.itertuples()]
+    layer_rows, dla_attrs = [], None
+    if pr.dla is not None:
+        figures["dla-heads"] = signed_figure(head_grid(pr.dla, L, H), "direct logit attribution per head", "logits")
+        layer_rows = [[int(r.layer), _fmt(r.heads), _fmt(r.b_O), _fmt(r.mlp), head_name(int(r.layer), int(r.top_head)),
+                       _fmt(r.top_dla)] for r in dla_by_layer(pr.dla).itertuples()]
+        dla_attrs = pr.dla.attrs
+    partners, why = partner_rows(pr, result.heads)
+    base = pr.composition.attrs["baseline"] if pr.composition is not None else None
+    record = {"pairs": len(pr.pairs), "source": pr.source, "direction": p.attrs["direction"],
+              "ld_clean": p.attrs["ld_clean"], "ld_corrupted": p.attrs["ld_corrupted"],
+              "normalized": p.attrs["normalized"], "seconds": {k: round(v, 3) for k, v in pr.seconds.items()},
+              "top": [{"head": r[0], "effect": float(t.effect), "effect_last": float(t.effect_last)}
+                      for r, t in zip(top_rows, top.itertuples())],
+              "dla": dla_attrs, "composition_baseline": base,
+              "rope": pr.composition.attrs["rope"] if pr.composition is not None else None,
+              "k_partners": partners, "partners_of": why, "notes": pr.notes}
+    html = render_fragment("patching.html.j2", r=record, top_rows=top_rows, layer_rows=layer_rows,
+                           partners=partners, fmt=_fmt)
+    files = {"patch.csv": p[["stack", "kind", "layer", "head", "effect", "effect_last", "raw", "raw_last"]]
+             .to_csv(index=False, float_format="%.6g")}
+    if pr.composition is not None:
+        files["composition.csv"] = pr.composition[["writer_layer", "writer_head", "reader_layer", "reader_head",
+                                                   "q", "k", "v"]].to_csv(index=False, float_format="%.5g")
+    return Section(id="patching", title="Activation patching, direct logit attribution, composition", html=html,
+                   figures=figures, files=files, record=record, order=42)

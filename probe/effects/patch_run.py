@@ -1,0 +1,115 @@
+"""``probe patch`` as a function: activation patching, direct logit attribution and composition scores
+of one decoder on prompt pairs, with the head labels of a short analysis (the pairs' clean prompts and
+the built-in sample, plus the decoder-circuit probe), written as a run folder (report section, patch.csv,
+composition.csv, heads.csv with ``effect``, ``effect_last`` and ``dla`` columns, run.json)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..analysis import analyze
+from ..corpus import sample_texts
+from ..errors import UnsupportedAnalysisError
+from ..patterns import circuit_probe
+from ..report import claim_run_dir, write_run
+from ..util import progress_bar
+from .composition import composition_scores
+from .dla import direct_logit_attribution, head_grid
+from .patching import Pair, builtin_pairs, patch_heads
+
+
+@dataclass
+class PatchRun:
+    """What ``probe patch`` measured.
+
+    Attributes:
+        patching: :func:`~probe.effects.patching.patch_heads`'s frame (``attrs`` included).
+        dla: :func:`~probe.effects.dla.direct_logit_attribution`'s frame, or None (``notes`` say why).
+        composition: :func:`~probe.effects.composition.composition_scores`'s frame, or None.
+        pairs: the pairs; source: where they came from; seconds: phase -> wall time (s); notes.
+    """
+
+    patching: pd.DataFrame
+    dla: pd.DataFrame | None
+    composition: pd.DataFrame | None
+    pairs: list[Pair]
+    source: str
+    seconds: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def heads_frame(self) -> pd.DataFrame:
+        """``layer``, ``head``, ``effect``, ``effect_last``, ``dla`` (NaN without DLA): columns for heads.csv."""
+        out = self.patching[["layer", "head", "effect", "effect_last"]].copy()
+        if self.dla is not None:
+            L, H = int(out["layer"].max()) + 1, int(out["head"].max()) + 1
+            out["dla"] = head_grid(self.dla, L, H)[out["layer"], out["head"]]
+        else:
+            out["dla"] = np.nan
+        return out
+
+
+def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", direction: str = "denoise",
+            heads_per_pass: int | None = None, progress=None) -> PatchRun:
+    """Patching, DLA and composition of ``lm`` on ``pairs`` (default the built-in set).
+
+    Raises:
+        UnsupportedAnalysisError, InputError: as :func:`~probe.effects.patching.patch_heads`.
+    """
+    pairs = builtin_pairs() if pairs is None else pairs
+    seconds, notes = {}, []
+    t = time.perf_counter()
+    patching = patch_heads(lm, pairs, direction=direction, heads_per_pass=heads_per_pass, progress=progress)
+    seconds["patch_s"] = time.perf_counter() - t
+    notes += patching.attrs["notes"]
+    results = {}
+    steps = (("dla", lambda: direct_logit_attribution(lm, pairs)), ("composition", lambda: composition_scores(lm)))
+    for name, fn in steps:
+        t = time.perf_counter()
+        try:
+            results[name] = fn()
+        except UnsupportedAnalysisError as exc:
+            results[name] = None
+            notes.append(f"{name}: {exc}")
+        seconds[f"{name}_s"] = time.perf_counter() - t
+    if results["dla"] is not None and not results["dla"].attrs["holds"]:
+        miss = results["dla"].attrs["residual"]
+        notes.append(f"dla: the decomposition misses the model's logit difference by {miss:.3g}")
+    return PatchRun(patching, results["dla"], results["composition"], pairs, source, seconds, notes)
+
+
+def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, source: str = "built-in IOI set",
+              direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
+              timings: dict | None = None, started: float | None = None) -> tuple[PatchRun, Path]:
+    """Measure (:func:`measure`), label the heads with a short analysis, write the run folder.
+
+    Returns:
+        ``(PatchRun, run folder)``.
+
+    Raises:
+        InputError: ``out`` taken (claimed before the work starts); as :func:`measure`.
+    """
+    with claim_run_dir(out, lm.name, force) as folder:
+        bar = progress_bar(total=2 * lm.geometry.n_layers * lm.geometry.n_heads, desc="patching", unit="head",
+                           leave=False) if progress else None
+        try:
+            result = measure(lm, pairs, source=source, direction=direction, heads_per_pass=heads_per_pass,
+                             progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        t = time.perf_counter()
+        texts = [p.clean for p in result.pairs] + sample_texts()
+        analysis = analyze(lm, texts, finished=[circuit_probe(lm)], progress=progress)
+        result.seconds["analyze_s"] = time.perf_counter() - t
+        analysis.heads = analysis.heads.merge(result.heads_frame(), on=["layer", "head"], how="left",
+                                              validate="one_to_one")
+        analysis.results["patching"] = result
+        analysis.notes += [n for n in result.notes if n not in analysis.notes]
+        analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
+    return result, path

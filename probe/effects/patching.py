@@ -1,0 +1,396 @@
+"""Activation patching per head: how much of the clean behaviour one head's output restores.
+
+Two runs of a decoder on prompts of equal token count: the clean prompt (the model should say the
+answer) and the corrupted one (a minimal change that moves it toward a wrong answer). The metric is
+the logit difference LD = logit(answer) - logit(wrong) at the last real position, averaged over
+the pairs: LD_c (clean run), LD_x (corrupted run), LD_p (a patched run).
+
+The intervention point is head h's slice z_h [batch, pos, d_head] of the output projection's input
+(the site of :mod:`probe.pruning.gates`, a forward pre-hook), per query head (with grouped
+key/value heads every query head has its own slice). Denoising (default; Meng et al. 2022's
+restoration, TransformerLens ``get_act_patch_attn_head_out_all_pos``): the corrupted run with the
+clean z_h, effect P = (LD_p - LD_x) / (LD_c - LD_x): 0 = restores nothing, 1 = all of it.
+Noising: the clean run with the corrupted z_h, effect 1 - P. All real positions, or the last only.
+When |LD_c - LD_x| < 0.1 the pair set barely separates the answers: the effect is the raw
+difference LD_p - LD_(unpatched run) in logits instead (the result says so).
+
+Several patched copies of the batch share one forward pass; every pass, the unpatched baselines
+included, has the same shape, so a patch that changes nothing gives exactly 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..architectures import site_block, site_outputs
+from ..errors import InputError, UnsupportedAnalysisError
+from ..hooks import input_device, measuring
+from .pairs import EncodedPairs, Pair, builtin_pairs, encode_pairs, parse_pairs, read_pairs
+
+__all__ = ["EncodedPairs", "Pair", "builtin_pairs", "encode_pairs", "parse_pairs", "read_pairs", "MIN_GAP",
+           "DIRECTIONS", "check_patchable", "logit_diffs", "run_z", "patched_pass", "StackInputs", "capture_inputs",
+           "continue_pass", "last_logit_diffs", "head_logit_diffs", "normalise", "patch_heads", "patch_residual",
+           "final_norm", "FINAL_NORMS"]
+
+#: Below this |LD_c - LD_x| (logits) effects are not normalised (raw differences instead).
+MIN_GAP = 0.1
+DIRECTIONS = ("denoise", "noise")
+
+
+def check_patchable(lm) -> None:
+    """Raises UnsupportedAnalysisError unless ``lm`` is a complete decoder-only model with an LM head."""
+    if lm.kind != "decoder":
+        raise UnsupportedAnalysisError(f"activation patching runs on decoder-only models; {lm.name} is an "
+                                       f"{lm.kind} model")
+    if lm.pruned is not None:
+        raise UnsupportedAnalysisError(f"{lm.name} has heads removed from its weights: patch the original model")
+    if lm.model.get_output_embeddings() is None:
+        raise UnsupportedAnalysisError(f"{lm.name} was loaded without its language-model head: no logits to compare")
+
+
+def logit_diffs(logits: torch.Tensor, enc: EncodedPairs, copies: int = 1) -> torch.Tensor:
+    """[copies, pairs] logit(answer) - logit(wrong) at each pair's last real position (float64).
+
+    Args:
+        logits: [copies * pairs, T, vocab], the pairs repeated ``copies`` times.
+    """
+    n = len(enc)
+    rows = torch.arange(copies * n)
+    last, a, b = (t.repeat(copies).to(logits.device) for t in (enc.last, enc.answer, enc.wrong))
+    at = logits[rows, last].double()
+    return (at[rows, a] - at[rows, b]).reshape(copies, n).cpu()
+
+
+def _layers(lm) -> list:
+    return [o for _, o in site_outputs(lm.model, lm.spec)]
+
+
+@torch.no_grad()
+def run_z(lm, ids: torch.Tensor, mask: torch.Tensor, copies: int = 1):
+    """One pass on ``ids`` repeated ``copies`` times: (logits, every layer's z [pairs, T, heads * d_head]
+    from the first copy)."""
+    zs = {}
+
+    def hook(layer):
+        def fn(module, args):
+            zs[layer] = args[0][: len(ids)].clone()
+        return fn
+
+    with measuring(lm.model, eager=False) as m:
+        for layer, o in enumerate(_layers(lm)):
+            m.hooks.forward_pre(o, hook(layer))
+        out = _forward(lm, ids.repeat(copies, 1), mask.repeat(copies, 1))
+    return out, [zs[k] for k in sorted(zs)]
+
+
+def _forward(lm, ids, mask):
+    device = input_device(lm.model)
+    return lm.model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+
+
+@torch.no_grad()
+def patched_pass(lm, ids, mask, patches: dict, donor: list, alpha: float | None = None) -> torch.Tensor:
+    """Logits of one pass with head slices replaced.
+
+    Args:
+        ids: [B, T] the run's tokens (copies side by side).
+        mask: [B, T] 1 for real tokens.
+        patches: layer -> [B, T, heads] bool, where z_h takes the donor's value.
+        donor: per layer [B, T, heads * d_head] the values patched in.
+        alpha: None replaces the slice (exactly the donor's value); a number interpolates
+            z + alpha (donor - z) (alpha = 1 equals the replacement up to rounding).
+    """
+    H, dh = lm.geometry.n_heads, lm.geometry.d_head
+
+    def hook(layer):
+        def fn(module, args):
+            if layer not in patches:
+                return None
+            x = args[0]
+            B, T, W = x.shape
+            x4, src = x.reshape(B, T, H, dh), donor[layer].to(x.device, x.dtype).reshape(B, T, H, dh)
+            new = src if alpha is None else x4 + alpha * (src - x4)
+            return (torch.where(patches[layer].to(x.device)[..., None], new, x4).reshape(B, T, W), *args[1:])
+        return fn
+
+    with measuring(lm.model, eager=False) as m:
+        for layer, o in enumerate(_layers(lm)):
+            m.hooks.forward_pre(o, hook(layer))
+        return _forward(lm, ids, mask)
+
+
+def _masks(enc: EncodedPairs, where: str) -> torch.Tensor:
+    """[pairs, T] bool: the positions a patch covers (``all`` real positions or ``last``)."""
+    if where == "all":
+        return enc.mask.bool()
+    return torch.nn.functional.one_hot(enc.last, enc.mask.shape[1]).bool()
+
+
+def _chunk_patches(lm, enc, jobs, k: int) -> dict:
+    """layer -> [k * pairs, T, heads] masks for ``jobs`` (layer, head, where), job j in copy j."""
+    n, T, H = len(enc), enc.mask.shape[1], lm.geometry.n_heads
+    out: dict[int, torch.Tensor] = {}
+    for j, (layer, head, where) in enumerate(jobs):
+        sel = out.setdefault(layer, torch.zeros(k * n, T, H, dtype=torch.bool))
+        sel[j * n:(j + 1) * n, :, head] = _masks(enc, where)
+    return out
+
+
+@dataclass
+class StackInputs:
+    """What each block of one pass received, to continue a pass from any block (the blocks before a
+    patched layer compute nothing new, so they are not run again).
+
+    Attributes:
+        hidden: per block, its input hidden states [pairs, T, d_model].
+        calls: per block, ``(args, kwargs)`` of its call without the hidden states (masks and position
+            embeddings for ``copies`` copies).
+        copies: copies of the pairs in the pass.
+    """
+
+    hidden: list
+    calls: list
+    copies: int
+
+
+def _blocks(lm) -> list:
+    return [site_block(lm.model, lm.spec, s) for s in lm.sites]
+
+
+def _repeat(value, n: int, copies: int, heads: int):
+    """``value`` (a block argument: tensor, tuple, list, dict or other) with every tensor whose first
+    dimension is the batch of ``n`` rows (or batch x heads, BLOOM's ALiBi bias) repeated ``copies``
+    times along it (batch-major, as the copies are)."""
+    if isinstance(value, torch.Tensor):
+        batched = value.dim() and value.shape[0] in (n, n * heads)
+        return value.repeat(copies, *([1] * (value.dim() - 1))) if batched else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_repeat(v, n, copies, heads) for v in value)
+    if isinstance(value, dict):
+        return {k: _repeat(v, n, copies, heads) for k, v in value.items()}
+    return value
+
+
+@torch.no_grad()
+def capture_inputs(lm, ids: torch.Tensor, mask: torch.Tensor, copies: int) -> StackInputs:
+    """One pass of ``ids``, keeping every block's inputs, its other arguments (masks, position
+    embeddings) repeated for ``copies`` copies of the batch."""
+    n, saved = len(ids), {}
+
+    def hook(i):
+        def fn(module, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            rest = (args[1:], kwargs) if args else ((), {k: v for k, v in kwargs.items() if k != "hidden_states"})
+            saved[i] = (x.clone(), _repeat(rest, n, copies, lm.geometry.n_heads))
+        return fn
+
+    with measuring(lm.model, eager=False) as m:
+        for i, block in enumerate(_blocks(lm)):
+            m.hooks.forward_pre(block, hook(i), with_kwargs=True)
+        _forward(lm, ids, mask)
+    keys = sorted(saved)
+    return StackInputs([saved[k][0] for k in keys], [saved[k][1] for k in keys], copies)
+
+
+#: Attribute of a decoder's final norm on its base model, by family (GPT-2, LLaMA family, GPT-NeoX).
+FINAL_NORMS = ("ln_f", "norm", "final_layer_norm")
+
+
+def final_norm(lm) -> torch.nn.Module:
+    """The final norm of a decoder (the module between the last block and the unembedding).
+
+    Raises:
+        UnsupportedAnalysisError: none of :data:`FINAL_NORMS` on the base model.
+    """
+    base = lm.model.base_model
+    norm = next((getattr(base, n) for n in FINAL_NORMS if isinstance(getattr(base, n, None), torch.nn.Module)), None)
+    if norm is None:
+        raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its final norm is")
+    return norm
+
+
+def _final(lm):
+    """(final norm, LM head, softcap or None) of a decoder."""
+    return final_norm(lm), lm.model.get_output_embeddings(), getattr(lm.model.config, "final_logit_softcapping", None)
+
+
+@torch.no_grad()
+def continue_pass(lm, enc: EncodedPairs, inputs: StackInputs, start: int, patches: dict | None = None,
+                  donor: list | None = None) -> torch.Tensor:
+    """[copies * pairs, vocab] logits at each pair's last real position of a pass continued from block
+    ``start`` (its recorded input), with head slices patched as in :func:`patched_pass`."""
+    H, dh, k = lm.geometry.n_heads, lm.geometry.d_head, inputs.copies
+    patches = patches or {}
+
+    def hook(layer):
+        def fn(module, args):
+            if layer not in patches:
+                return None
+            x = args[0]
+            B, T, W = x.shape
+            src = donor[layer].to(x.device, x.dtype).reshape(B, T, H, dh)
+            new = torch.where(patches[layer].to(x.device)[..., None], src, x.reshape(B, T, H, dh))
+            return (new.reshape(B, T, W), *args[1:])
+        return fn
+
+    norm, head, cap = _final(lm)
+    with measuring(lm.model, eager=False) as m:
+        for layer, o in enumerate(_layers(lm)):
+            m.hooks.forward_pre(o, hook(layer))
+        blocks = _blocks(lm)
+        x = inputs.hidden[start].repeat(k, 1, 1)
+        for i in range(start, len(blocks)):
+            args, kwargs = inputs.calls[i]
+            out = blocks[i](x, *args, **kwargs) if args or "hidden_states" not in kwargs else blocks[i](
+                hidden_states=x, **kwargs)
+            x = out[0] if isinstance(out, tuple) else out
+        x = x[torch.arange(len(x)), enc.last.repeat(k).to(x.device)]
+        logits = head(norm(x))
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def last_logit_diffs(logits_last: torch.Tensor, enc: EncodedPairs, copies: int) -> torch.Tensor:
+    """[copies, pairs] logit(answer) - logit(wrong) from [copies * pairs, vocab] last-position logits (float64)."""
+    rows = torch.arange(copies * len(enc))
+    at = logits_last.double().cpu()
+    return (at[rows, enc.answer.repeat(copies)] - at[rows, enc.wrong.repeat(copies)]).reshape(copies, len(enc))
+
+
+def head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted", donor: str = "clean",
+                     heads_per_pass: int = 16, progress=None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """LD of patched runs, one per job, with the unpatched run of the same pass shape.
+
+    Each pass continues the recorded run from the lowest layer it patches; the unpatched run goes
+    through the same blocks and final projection, so a patch that changes nothing gives exactly 0.
+
+    Args:
+        jobs: (layer, head, where) with ``where`` ``all`` or ``last``.
+        run: ``clean`` or ``corrupted``: the run patched.
+        donor: ``clean`` or ``corrupted``: the run z_h comes from.
+        heads_per_pass: patched copies per forward pass (each pass patches one layer's jobs).
+        progress: a callable ``(done, total)`` or None.
+
+    Returns:
+        ``(ld_patched [jobs], ld_base [jobs], means)``: mean LD over pairs of each patched run and of
+        the unpatched run in the same copy; ``means``: ``clean`` and ``corrupted`` LD means.
+    """
+    k = max(1, min(heads_per_pass, len(jobs)))
+    ids = {"clean": enc.clean, "corrupted": enc.corrupted}
+    inputs = {name: capture_inputs(lm, ids[name], enc.mask, k) for name in ("clean", "corrupted")}
+    last = lm.geometry.n_layers - 1
+    base = last_logit_diffs(continue_pass(lm, enc, inputs[run], last), enc, k).mean(1).numpy()  # [k]
+    means = {name: float(last_logit_diffs(continue_pass(lm, enc, inputs[name], last), enc, k)[0].mean())
+             for name in ("clean", "corrupted")}
+    donor_z = [t.repeat(k, 1, 1) for t in run_z(lm, ids[donor], enc.mask)[1]]
+    patched, bases = np.zeros(len(jobs)), np.zeros(len(jobs))
+    by_layer: dict[int, list[int]] = {}
+    for i, job in enumerate(jobs):
+        by_layer.setdefault(job[0], []).append(i)
+    chunks = [group[s:s + k] for group in by_layer.values() for s in range(0, len(group), k)]
+    done = 0
+    for chunk in chunks:  # one layer per pass: it continues from that layer
+        logits = continue_pass(lm, enc, inputs[run], jobs[chunk[0]][0],
+                               _chunk_patches(lm, enc, [jobs[i] for i in chunk], k), donor_z)
+        patched[chunk] = last_logit_diffs(logits, enc, k).mean(1).numpy()[: len(chunk)]
+        bases[chunk] = base[: len(chunk)]
+        done += len(chunk)
+        if progress:
+            progress(done, len(jobs))
+    return patched, bases, means
+
+
+def normalise(raw: np.ndarray, gap: float, direction: str) -> tuple[np.ndarray, bool]:
+    """Effects from raw differences LD_p - LD_(unpatched run): denoising raw / gap, noising
+    -raw / gap (= 1 - P); ``(raw, False)`` when |gap| < :data:`MIN_GAP`."""
+    if abs(gap) < MIN_GAP:
+        return raw.copy(), False
+    return (raw if direction == "denoise" else -raw) / gap, True
+
+
+def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denoise",
+                heads_per_pass: int | None = None, progress=None) -> pd.DataFrame:
+    """Activation patching of every head's z_h, all real positions and the last one.
+
+    Args:
+        lm: a decoder-only :class:`~probe.models.LoadedModel` with its LM head.
+        pairs: the prompt pairs (default :func:`builtin_pairs`).
+        direction: ``denoise`` (corrupted run, clean z_h; default) or ``noise`` (clean run, corrupted z_h).
+        heads_per_pass: patched copies of the batch per forward pass (memory: copies x pairs x T tokens);
+            default 2 x heads (one layer's heads, all positions and last, in one pass).
+        progress: a callable ``(done, total)`` or None.
+
+    Returns:
+        One row per (layer, head): ``stack``, ``kind``, ``layer``, ``head``, ``effect`` (all positions),
+        ``effect_last`` (last position only), ``raw``, ``raw_last`` (LD_p - LD of the unpatched run,
+        logits). ``attrs``: ``ld_clean``, ``ld_corrupted``, ``normalized``, ``direction``, ``pairs``, ``notes``.
+
+    Raises:
+        UnsupportedAnalysisError: not a complete decoder-only model with an LM head.
+        InputError: pairs of unequal token counts, answers that are not one token, a bad direction.
+    """
+    check_patchable(lm)
+    if direction not in DIRECTIONS:
+        raise InputError(f"direction {direction!r}: one of {', '.join(DIRECTIONS)}")
+    enc = encode_pairs(lm, builtin_pairs() if pairs is None else pairs)
+    L, H = lm.geometry.n_layers, lm.geometry.n_heads
+    jobs = [(layer, head, where) for layer in range(L) for where in ("all", "last") for head in range(H)]
+    heads_per_pass = heads_per_pass or 2 * H
+    run, donor = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
+    ld_p, ld_base, means = head_logit_diffs(lm, enc, jobs, run=run, donor=donor, heads_per_pass=heads_per_pass,
+                                            progress=progress)
+    raw = (ld_p - ld_base).reshape(L, 2, H).transpose(1, 0, 2)  # [where, layers, heads]
+    gap = means["clean"] - means["corrupted"]
+    effect, normalized = normalise(raw, gap, direction)
+    notes = [] if normalized else [
+        f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: the pairs barely separate the answers, so the "
+        "effects are raw logit differences (LD_patched - LD_unpatched), not normalised"]
+    site = lm.sites[0]
+    frame = pd.DataFrame({"stack": site.stack, "kind": site.kind, "layer": np.repeat(np.arange(L), H),
+                          "head": np.tile(np.arange(H), L), "effect": effect[0].ravel(),
+                          "effect_last": effect[1].ravel(), "raw": raw[0].ravel(), "raw_last": raw[1].ravel()})
+    frame.attrs.update(ld_clean=means["clean"], ld_corrupted=means["corrupted"], normalized=normalized,
+                       direction=direction, pairs=len(enc), notes=notes)
+    return frame
+
+
+@torch.no_grad()
+def patch_residual(lm, pairs: list[Pair], layer: int) -> float:
+    """Denoising effect P of patching the whole residual stream at the input of block ``layer``, all
+    positions: the corrupted run continues from the clean hidden states (a check: the last block
+    gives 1 exactly, since the rest of the pass is then the clean pass).
+
+    Raises:
+        UnsupportedAnalysisError, InputError: as :func:`patch_heads`; ValueError: |gap| < MIN_GAP.
+    """
+    check_patchable(lm)
+    enc = encode_pairs(lm, pairs)
+    block = site_block(lm.model, lm.spec, lm.sites[layer])
+    saved = {}
+
+    def hook(kind):
+        def fn(module, args, kwargs):
+            key = "args" if args else "kwargs"
+            x = args[0] if args else kwargs["hidden_states"]
+            if kind == "save":
+                saved["x"] = x.clone()
+                return None
+            if key == "args":
+                return (saved["x"], *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": saved["x"]}
+        return fn
+
+    lds = {}
+    for name, ids, kind in (("clean", enc.clean, "save"), ("patched", enc.corrupted, "load"),
+                            ("corrupted", enc.corrupted, None)):
+        with measuring(lm.model, eager=False) as m:
+            if kind:
+                m.hooks.forward_pre(block, hook(kind), with_kwargs=True)
+            lds[name] = float(logit_diffs(_forward(lm, ids, enc.mask), enc)[0].mean())
+    gap = lds["clean"] - lds["corrupted"]
+    if abs(gap) < MIN_GAP:
+        raise ValueError(f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no normalised effect")
+    return (lds["patched"] - lds["corrupted"]) / gap

@@ -1,0 +1,103 @@
+"""``probe patch`` on the command line: the run folder (patch.csv with every head, composition.csv, heads.csv
+effect/dla columns, run.json's patching record, the report section with its heatmaps), the pair file's errors
+as one line, encoders refused as one line; and the Python API's DataFrames."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import probe
+from conftest import save_tiny, tiny_model
+from probe.cli import main
+
+GOOD = ("clean\tcorrupted\tanswer\twrong\n"
+        "The cat and the dog ran to\tThe dog and the cat ran to\t the\t a\n"
+        "When Mary and John went to the store, John gave a drink to\t"
+        "When Mary and John went to the store, Mary gave a drink to\t Mary\t John\n")
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def one_error(result, code, *fragments):
+    assert result.exit_code == code, result.output
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+    for f in fragments:
+        assert f in errors[0], errors[0]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("patch")
+    model = save_tiny("llama", root / "model")
+    pairs = root / "pairs.tsv"
+    pairs.write_text(GOOD, encoding="utf-8")
+    return root, model, pairs
+
+
+def test_patch_writes_the_run_folder(setup):
+    root, model, pairs = setup
+    out = root / "run"
+    result = run("patch", "--model", model, "--pairs", pairs, "--out", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "largest effects: L" in result.output and "Report:" in result.output
+    rows = list(csv.DictReader((out / "patch.csv").open()))
+    assert [(int(r["layer"]), int(r["head"])) for r in rows] == [(layer, h) for layer in range(2) for h in range(4)]
+    assert set(rows[0]) == {"stack", "kind", "layer", "head", "effect", "effect_last", "raw", "raw_last"}
+    assert rows[0]["stack"] == "decoder" and rows[0]["kind"] == "self"
+    heads = list(csv.DictReader((out / "heads.csv").open()))
+    assert {"effect", "effect_last", "dla", "induction", "label"} <= set(heads[0])
+    assert float(heads[3]["effect"]) == pytest.approx(float(rows[3]["effect"]), rel=1e-5)
+    comp = list(csv.DictReader((out / "composition.csv").open()))
+    assert len(comp) == 4 * 4 and {"q", "k", "v"} <= set(comp[0])
+    record = json.loads((out / "run.json").read_text())["patching"]
+    assert record["pairs"] == 2 and record["normalized"] is True and record["dla"]["holds"] is True
+    assert len(record["k_partners"]) == 3 * 4  # 3 writers for each of layer 1's 4 heads (no induction head)
+    html = (out / "index.html").read_text()
+    for fig in ("patch-all", "patch-last", "dla-heads"):
+        assert f'data-fig="{fig}"' in html
+    assert "K-composition partners" in html
+
+
+@pytest.mark.parametrize("text,fragments", [
+    ("a\tb\tc\n", ["line 1: 3 tab-separated fields"]),
+    ("The cat ran to\tThe big dog ran quickly to\t the\t a\n", ["pair 1", "different token counts", "big dog"]),
+    ("The cat ran to\tThe dog ran to\t she\t a\n", ["the answer ' she' is 2 tokens", "one token each"]),
+])
+def test_bad_pair_files_are_one_error_line(setup, tmp_path, text, fragments):
+    root, model, _ = setup
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(text, encoding="utf-8")
+    one_error(run("patch", "--model", model, "--pairs", bad, "--out", tmp_path / "run"), 1, *fragments)
+    assert not (tmp_path / "run").exists()
+
+
+def test_encoders_are_refused_in_one_line(tmp_path):
+    model = save_tiny("bert", tmp_path / "bert")
+    one_error(run("patch", "--model", model, "--out", tmp_path / "run"), 1, "decoder-only")
+
+
+def test_python_api_returns_dataframes():
+    lm = tiny_model("gpt2")
+    pairs = [probe.Pair("The cat and the dog ran to", "The dog and the cat ran to", " the", " a")]
+    assert list(probe.patch_heads(lm, pairs).columns[:6]) == ["stack", "kind", "layer", "head", "effect",
+                                                               "effect_last"]
+    assert set(probe.direct_logit_attribution(lm, pairs)["component"]) == {"embed", "head", "b_O", "mlp",
+                                                                            "norm_bias", "unembed_bias"}
+    assert len(probe.composition_scores(lm)) == 16
+
+
+def test_patch_json_prints_the_patching_record(setup):
+    root, model, pairs = setup
+    result = run("patch", "--model", model, "--pairs", pairs, "--out", root / "json", "--json", "--direction", "noise")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["direction"] == "noise" and record["pairs"] == 2 and len(record["top"]) == 8
+    written = json.loads((root / "json" / "run.json").read_text())["patching"]
+    assert record["ld_clean"] == written["ld_clean"]
