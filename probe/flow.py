@@ -26,13 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import networkx as nx
 import numpy as np
-from networkx.algorithms.flow import build_residual_network, preflow_push
 
 from . import validate
 from .errors import InputError
 from .inputs import Text
+from .maxflow import LayeredGraph
 from .models import LoadedModel
 from .rollout import Attribution, encode_for_stack, stack_maps
 
@@ -42,48 +41,31 @@ MAX_FLOW_TOKENS = 64
 ROWS = ("all", "reported")
 
 
-def flow_graph(tilde: np.ndarray) -> nx.DiGraph:
-    """The layered graph of [L, T, T] maps ``A~`` (layer 1 first): nodes (l, t), l = 0..L, and an
-    edge (l, i) -> (l-1, j) with ``capacity`` ``A~_l[i, j]`` where that is > 0."""
-    tilde = np.asarray(tilde, dtype=np.float64)
-    L, T, _ = tilde.shape
-    G = nx.DiGraph()
-    G.add_nodes_from((l, t) for l in range(L + 1) for t in range(T))
-    for l in range(1, L + 1):
-        rows, cols = np.nonzero(tilde[l - 1] > 0)
-        G.add_edges_from(((l, int(i)), (l - 1, int(j)), {"capacity": float(tilde[l - 1, i, j])})
-                         for i, j in zip(rows, cols))
-    return G
-
-
 def flow_values(tilde: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
-    """Raw attention flow ``F[i, j]`` = max-flow value from (L, i) to (0, j) (:func:`flow_graph`).
+    """Raw attention flow ``F[i, j]`` = max-flow value from (L, i) to (0, j) on the layered graph.
+
+    The graph is built once per sequence (:class:`~probe.maxflow.LayeredGraph`); each (i, j) is its
+    own maximum-flow problem (flows to different sinks are not parts of one flow: a super-sink would
+    give ``max_flow((L, i), all inputs)``, at most 1, not each ``F[i, j]``), solved by scipy's compiled
+    Dinic with exact refinement, to within 1e-15 + 1e-12 * F[i, j] of the exact value.
 
     Args:
         tilde: [L, T, T] ``A~`` maps, layer 1 first.
         rows: the output positions i to solve (default: all); other rows are NaN.
 
     Returns:
-        [T, T] float64; 0 where no path leads from (L, i) to (0, j).
+        [T, T] float64; exactly 0 where no path leads from (L, i) to (0, j).
     """
-    tilde = np.asarray(tilde, dtype=np.float64)
-    L, T, _ = tilde.shape
-    G = flow_graph(tilde)
-    full = None  # the whole graph's residual network, built once and reset by each solve
+    graph = LayeredGraph(tilde)
+    L, T = graph.L, graph.T
     out = np.full((T, T), np.nan)
     for i in range(T) if rows is None else rows:
-        source = (L, i)
-        nodes = nx.descendants(G, source) | {source}
-        if len(nodes) < G.number_of_nodes():  # a causal row reaches only its past: solve on that part
-            sub = G.subgraph(nodes)
-            graph, residual = sub, build_residual_network(sub, "capacity")
-        else:
-            full = build_residual_network(G, "capacity") if full is None else full
-            graph, residual = G, full
+        source = graph.node(L, i)
+        reached = graph.reach(source, graph.cap)
         out[i] = 0.0
         for j in range(T):
-            if (0, j) in nodes:
-                out[i, j] = nx.maximum_flow_value(graph, source, (0, j), flow_func=preflow_push, residual=residual)
+            if reached[graph.node(0, j)]:
+                out[i, j] = graph.max_flow(source, graph.node(0, j))
     return out
 
 
