@@ -7,7 +7,9 @@ residual-mixed maps ``A~_l`` as capacities and asks how much can flow at once:
 - the layered graph has a node (l, t) for every layer boundary l = 0..L and real token t, and
   an edge (l, i) -> (l-1, j) of capacity ``A~_l[i, j]`` wherever that is > 0;
 - ``F[i, j]`` is the value of the maximum flow from (L, i) to (0, j) (unique, whichever
-  algorithm finds it; networkx's ``maximum_flow_value``); at most 1, the source's capacity;
+  algorithm finds it); at most 1, the source's capacity. Each (i, j) is its own problem, solved by
+  scipy's compiled Dinic with an exact refinement (:mod:`probe.maxflow`: within 1e-15 + 1e-12 F of
+  the exact value; networkx's preflow-push agrees to about 2e-14);
 - the reported matrix normalises each row, ``F[i, j] / sum_j F[i, j]`` (their ``compute_flows``);
   the raw ``F`` is kept.
 
@@ -15,10 +17,11 @@ Pairs with no path (above the diagonal of a causal stack) have flow exactly 0 an
 Padding, encoder-decoder models (encoder stack only) and removed heads are handled as rollout.
 
 Cost: one max-flow per (row, input token), T^2 for the whole matrix, on a graph of (L + 1) T
-nodes and up to L T^2 edges. Measured on minilm (6 layers; networkx 3.6 preflow-push, one
-thread, a 2-core machine shared with other jobs; idle, the 64-token row took 3.5 s), whole
-matrix / reported row only (``benchmarks/bench_flow.py``): 16 tokens 2.0 s / 0.06 s, 32 tokens
-32 s / 0.7 s, 64 tokens 780 s / 11 s (rollout: 0.02 to 0.06 s). Hence the default limit of
+nodes and up to L T^2 edges, built once per sequence. Measured on minilm (6 layers; one thread, a
+2-core machine shared with other jobs, load about 2.7; ``benchmarks/bench_flow.py --old``), whole
+matrix / reported row only: 16 tokens 0.14 s / 0.02 s, 32 tokens 0.87 s / 0.04 s, 64 tokens
+9.3 s / 0.25 s (the previous networkx solver, same run: reported row 0.05 s, 0.34 s, 5.2 s; its
+whole matrix at 64 tokens took 780 s). Rollout: 0.01 to 0.02 s. Hence the default limit of
 :data:`MAX_FLOW_TOKENS` tokens and ``rows="reported"`` for many texts.
 """
 
@@ -82,8 +85,8 @@ def attention_flow(lm: LoadedModel, text: str | Text | Sequence[str | Text], *, 
     ``A~_l = 0.5 * mean_h(A_l) + 0.5 * I`` (rows renormalised), over the encoder's layers
     (encoders, encoder-decoder models) or the decoder's (decoder-only models), each row divided
     by its sum; Abnar & Zuidema 2020, sec. 3. Expensive: T max-flows per row, T^2 in all (minilm,
-    one busy core: whole matrix 2.0 s at 16 tokens, 32 s at 32, 780 s at 64; the reported row
-    alone 0.06 s, 0.7 s, 11 s; see the module's docstring).
+    one busy core: whole matrix 0.14 s at 16 tokens, 0.9 s at 32, 9.3 s at 64; the reported row
+    alone 0.02 s, 0.04 s, 0.25 s; see the module's docstring).
 
     Args:
         lm: a loaded model.
