@@ -9,6 +9,7 @@ from collections.abc import Callable
 from ..linguistic.report import coref_section, syntax_section
 from ..patterns.report import circuits_section, groups_section, health_section, types_section
 from ..pruning.report import section as pruning_section
+from ..view.rollout import rollout_section
 from ..view.section import head_view_section
 from .cross import cross_attention_section
 from .sections import Section
@@ -24,6 +25,7 @@ BUILDERS: list[Callable[..., Section | None]] = [
     types_section,
     circuits_section,
     pruning_section,
+    rollout_section,
 ]
 
 
