@@ -15,8 +15,15 @@ from conftest import CHROMIUM_ARGS, tiny_model
 from probe.cli import main
 from probe.errors import InputError
 from probe.report.builders import BUILDERS
-from probe.view.rollout import (DIGITS, RolloutView, kept_layers, rollout_data, rollout_section, rollout_view,
-                                run_rollout)
+from probe.view.rollout import (
+    DIGITS,
+    RolloutView,
+    kept_layers,
+    rollout_data,
+    rollout_section,
+    rollout_view,
+    run_rollout,
+)
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "A <b>cat</b> sat.", "Short one here."]
 
