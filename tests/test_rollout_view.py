@@ -159,3 +159,15 @@ def test_drawn_bars_are_the_data_and_a_click_picks_the_row(chromium, tiny, tmp_p
         assert texts == ex["tokens"] and any("<" in t for t in texts)
         assert messages == [] and requests == [url] and page.evaluate("window.__csp") == []
         b.close()
+
+
+def test_an_example_whose_text_does_not_give_its_tokens_back_is_left_out_and_said(tiny):
+    """A sentence pair's example keeps only its first segment's text: re-encoded, its tokens differ, so
+    the section leaves it out with a note instead of showing another sequence's rollout."""
+    lm = tiny("bert")
+    result = probe.analyze(lm, [probe.Text("A cat sat.", pair="A dog ran."), probe.Text("Hi.", pair="Hello there.")],
+                           n_examples=2)
+    record = run_rollout(lm, result)
+    assert record.examples == [] and len(result.examples) == 2
+    for ex in result.examples:
+        assert f"example {ex.index + 1} left out: the text's tokens differ from the analysed ones" in record.notes
