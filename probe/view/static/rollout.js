@@ -15,7 +15,7 @@
 (function (script) {
   "use strict";
   var SVGNS = "http://www.w3.org/2000/svg";
-  var ROW = 16, LABEL_W = 150, COL_W = 170, GAP = 24, TOP = 20;
+  var ROW = 16, LABEL_W = 150, COL_W = 170, GAP = 50, TOP = 20;
   var COLORS = { w: "#7f7f7f", r: "#1f77b4", f: "#2ca02c" };
   var root = script.parentNode;
   var data = JSON.parse(root.querySelector("script.probe-rv-data").textContent);
