@@ -45,6 +45,7 @@ from .sites import Site  # noqa: E402
 from .stats import STATISTICS, HeadStatistics  # noqa: E402
 from .verification import verify  # noqa: E402
 from .view import HeadView, show  # noqa: E402
+from .view.rollout import RolloutView, rollout_view  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -54,4 +55,5 @@ __all__ = [
     "HeadStatistics", "analyze", "run", "attention", "swap_attention", "verify",
     "show", "HeadView", "load_run", "compare_runs", "prune", "attention_rollout", "attention_flow", "Attribution",
     "Pair", "patch_heads", "direct_logit_attribution", "composition_scores",
+    "rollout_view", "RolloutView",
 ]

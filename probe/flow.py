@@ -7,7 +7,9 @@ residual-mixed maps ``A~_l`` as capacities and asks how much can flow at once:
 - the layered graph has a node (l, t) for every layer boundary l = 0..L and real token t, and
   an edge (l, i) -> (l-1, j) of capacity ``A~_l[i, j]`` wherever that is > 0;
 - ``F[i, j]`` is the value of the maximum flow from (L, i) to (0, j) (unique, whichever
-  algorithm finds it; networkx's ``maximum_flow_value``); at most 1, the source's capacity;
+  algorithm finds it); at most 1, the source's capacity. Each (i, j) is its own problem, solved by
+  scipy's compiled Dinic with an exact refinement (:mod:`probe.maxflow`: within 1e-15 + 1e-12 F of
+  the exact value; networkx's preflow-push agrees to about 2e-14);
 - the reported matrix normalises each row, ``F[i, j] / sum_j F[i, j]`` (their ``compute_flows``);
   the raw ``F`` is kept.
 
@@ -15,10 +17,11 @@ Pairs with no path (above the diagonal of a causal stack) have flow exactly 0 an
 Padding, encoder-decoder models (encoder stack only) and removed heads are handled as rollout.
 
 Cost: one max-flow per (row, input token), T^2 for the whole matrix, on a graph of (L + 1) T
-nodes and up to L T^2 edges. Measured on minilm (6 layers; networkx 3.6 preflow-push, one
-thread, a 2-core machine shared with other jobs; idle, the 64-token row took 3.5 s), whole
-matrix / reported row only (``benchmarks/bench_flow.py``): 16 tokens 2.0 s / 0.06 s, 32 tokens
-32 s / 0.7 s, 64 tokens 780 s / 11 s (rollout: 0.02 to 0.06 s). Hence the default limit of
+nodes and up to L T^2 edges, built once per sequence. Measured on minilm (6 layers; one thread, a
+2-core machine shared with other jobs, load about 2.7; ``benchmarks/bench_flow.py --old``), whole
+matrix / reported row only: 16 tokens 0.14 s / 0.02 s, 32 tokens 0.87 s / 0.04 s, 64 tokens
+9.3 s / 0.25 s (the previous networkx solver, same run: reported row 0.05 s, 0.34 s, 5.2 s; its
+whole matrix at 64 tokens took 780 s). Rollout: 0.01 to 0.02 s. Hence the default limit of
 :data:`MAX_FLOW_TOKENS` tokens and ``rows="reported"`` for many texts.
 """
 
@@ -26,13 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import networkx as nx
 import numpy as np
-from networkx.algorithms.flow import build_residual_network, preflow_push
 
 from . import validate
 from .errors import InputError
 from .inputs import Text
+from .maxflow import LayeredGraph
 from .models import LoadedModel
 from .rollout import Attribution, encode_for_stack, stack_maps
 
@@ -42,48 +44,31 @@ MAX_FLOW_TOKENS = 64
 ROWS = ("all", "reported")
 
 
-def flow_graph(tilde: np.ndarray) -> nx.DiGraph:
-    """The layered graph of [L, T, T] maps ``A~`` (layer 1 first): nodes (l, t), l = 0..L, and an
-    edge (l, i) -> (l-1, j) with ``capacity`` ``A~_l[i, j]`` where that is > 0."""
-    tilde = np.asarray(tilde, dtype=np.float64)
-    L, T, _ = tilde.shape
-    G = nx.DiGraph()
-    G.add_nodes_from((l, t) for l in range(L + 1) for t in range(T))
-    for l in range(1, L + 1):
-        rows, cols = np.nonzero(tilde[l - 1] > 0)
-        G.add_edges_from(((l, int(i)), (l - 1, int(j)), {"capacity": float(tilde[l - 1, i, j])})
-                         for i, j in zip(rows, cols))
-    return G
-
-
 def flow_values(tilde: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
-    """Raw attention flow ``F[i, j]`` = max-flow value from (L, i) to (0, j) (:func:`flow_graph`).
+    """Raw attention flow ``F[i, j]`` = max-flow value from (L, i) to (0, j) on the layered graph.
+
+    The graph is built once per sequence (:class:`~probe.maxflow.LayeredGraph`); each (i, j) is its
+    own maximum-flow problem (flows to different sinks are not parts of one flow: a super-sink would
+    give ``max_flow((L, i), all inputs)``, at most 1, not each ``F[i, j]``), solved by scipy's compiled
+    Dinic with exact refinement, to within 1e-15 + 1e-12 * F[i, j] of the exact value.
 
     Args:
         tilde: [L, T, T] ``A~`` maps, layer 1 first.
         rows: the output positions i to solve (default: all); other rows are NaN.
 
     Returns:
-        [T, T] float64; 0 where no path leads from (L, i) to (0, j).
+        [T, T] float64; exactly 0 where no path leads from (L, i) to (0, j).
     """
-    tilde = np.asarray(tilde, dtype=np.float64)
-    L, T, _ = tilde.shape
-    G = flow_graph(tilde)
-    full = None  # the whole graph's residual network, built once and reset by each solve
+    graph = LayeredGraph(tilde)
+    L, T = graph.L, graph.T
     out = np.full((T, T), np.nan)
     for i in range(T) if rows is None else rows:
-        source = (L, i)
-        nodes = nx.descendants(G, source) | {source}
-        if len(nodes) < G.number_of_nodes():  # a causal row reaches only its past: solve on that part
-            sub = G.subgraph(nodes)
-            graph, residual = sub, build_residual_network(sub, "capacity")
-        else:
-            full = build_residual_network(G, "capacity") if full is None else full
-            graph, residual = G, full
+        source = graph.node(L, i)
+        reached = graph.reach(source, graph.cap)
         out[i] = 0.0
         for j in range(T):
-            if (0, j) in nodes:
-                out[i, j] = nx.maximum_flow_value(graph, source, (0, j), flow_func=preflow_push, residual=residual)
+            if reached[graph.node(0, j)]:
+                out[i, j] = graph.max_flow(source, graph.node(0, j))
     return out
 
 
@@ -100,8 +85,8 @@ def attention_flow(lm: LoadedModel, text: str | Text | Sequence[str | Text], *, 
     ``A~_l = 0.5 * mean_h(A_l) + 0.5 * I`` (rows renormalised), over the encoder's layers
     (encoders, encoder-decoder models) or the decoder's (decoder-only models), each row divided
     by its sum; Abnar & Zuidema 2020, sec. 3. Expensive: T max-flows per row, T^2 in all (minilm,
-    one busy core: whole matrix 2.0 s at 16 tokens, 32 s at 32, 780 s at 64; the reported row
-    alone 0.06 s, 0.7 s, 11 s; see the module's docstring).
+    one busy core: whole matrix 0.14 s at 16 tokens, 0.9 s at 32, 9.3 s at 64; the reported row
+    alone 0.02 s, 0.04 s, 0.25 s; see the module's docstring).
 
     Args:
         lm: a loaded model.

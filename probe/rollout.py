@@ -90,6 +90,8 @@ class StackMaps:
     Attributes:
         tilde: [L, T, T] float64, ``A~_l`` for l = 1..L (index 0 is the first layer).
         tokens, row_index, stack, sites, notes: as :class:`Attribution`.
+        weights: [L, T, T] float64, the attention weights ``mean_h A_l`` (heads present; NaN for a
+            layer with every head removed), what the maps were built from.
     """
 
     tilde: np.ndarray
@@ -98,10 +100,31 @@ class StackMaps:
     stack: str
     sites: list[str]
     notes: list[str]
+    weights: np.ndarray | None = None
 
     def attribution(self, method: str, matrix: np.ndarray, raw: np.ndarray | None = None) -> Attribution:
         return Attribution(method, self.tokens, matrix, self.row_index, self.stack, self.sites,
                            list(self.notes), raw)
+
+
+def head_means(probs: np.ndarray) -> np.ndarray:
+    """``mean_h A_l`` per layer over the heads present (a head NaN everywhere in a layer is a removed
+    head); NaN for a layer with no head left.
+
+    Args:
+        probs: [L, heads, T, T] attention probabilities, layer 1 first.
+
+    Returns:
+        [L, T, T] float64.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    L, _, T, _ = probs.shape
+    out = np.full((L, T, T), np.nan)
+    for layer in range(L):
+        present = ~np.isnan(probs[layer]).all(axis=(-2, -1))
+        if present.any():
+            out[layer] = probs[layer][present].mean(axis=0)
+    return out
 
 
 def residual_maps(probs: np.ndarray) -> np.ndarray:
@@ -115,14 +138,11 @@ def residual_maps(probs: np.ndarray) -> np.ndarray:
     Returns:
         [L, T, T] float64.
     """
-    probs = np.asarray(probs, dtype=np.float64)
-    L, _, T, _ = probs.shape
-    eye = np.eye(T)
-    out = np.empty((L, T, T))
-    for layer in range(L):
-        present = ~np.isnan(probs[layer]).all(axis=(-2, -1))
-        mean = probs[layer][present].mean(axis=0) if present.any() else eye
-        mixed = 0.5 * mean + 0.5 * eye
+    means = head_means(probs)
+    eye = np.eye(means.shape[-1])
+    out = np.empty(means.shape)
+    for layer, mean in enumerate(means):
+        mixed = 0.5 * (eye if np.isnan(mean).all() else mean) + 0.5 * eye
         out[layer] = mixed / mixed.sum(axis=-1, keepdims=True)
     return out
 
@@ -191,7 +211,7 @@ def stack_maps(lm: LoadedModel, batch: Batch) -> list[StackMaps]:
     for r, n in enumerate(batch.lengths.tolist()):
         probs = np.stack([maps[s][r, :, :n, :n].double().numpy() for s in sites])
         out.append(StackMaps(residual_maps(probs), _labels(lm, batch, r, n), n - 1 if stack == "decoder" else 0,
-                             stack, [s.name for s in sites], notes + _pruned_notes(probs)))
+                             stack, [s.name for s in sites], notes + _pruned_notes(probs), head_means(probs)))
     return out
 
 

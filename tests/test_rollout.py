@@ -15,13 +15,14 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-from networkx.algorithms.flow import edmonds_karp
+from networkx.algorithms.flow import edmonds_karp, preflow_push
 from scipy.optimize import linprog
 
 import probe
 from conftest import FAMILIES, tiny_model
 from probe.errors import InputError, ProbeError
 from probe.flow import MAX_FLOW_TOKENS, flow_values, normalise_rows
+from probe.maxflow import ROUNDS, LayeredGraph
 from probe.rollout import residual_maps, rollout_matrix
 
 # --------------------------------------------------------------------------- hand-made maps
@@ -197,6 +198,55 @@ def test_flow_equals_an_independent_max_flow_and_a_linear_programme(causal):
         assert (np.triu(raw, 1) == 0).all()
     assert np.isnan(flow_values(tilde, rows=[2])[[0, 1, 3]]).all()
     np.testing.assert_array_equal(flow_values(tilde, rows=[2])[2], raw[2])
+
+
+def test_flow_values_below_the_integer_resolution_are_exact(monkeypatch):
+    """The compiled solver works on int32 capacities (resolution 2^-30 of the flow); the refinement
+    rounds must recover differences far below that. Two layers: F[0, 0] = sum_k min(A~_2[0, k], A~_1[k, 0])
+    exactly, with every pair differing by 1e-13 (one rounding at 2^-30 would be off by up to ~1e-9)."""
+    eps = 1e-13
+    tilde = np.zeros((2, 3, 3))
+    tilde[1, 0] = [0.3, 0.3 + eps, 0.4 - eps]
+    tilde[0, :, 0] = [0.3 + eps, 0.3, 0.4 - 2 * eps]
+    tilde[0, :, 1] = [0.1, 0.2, 0.3]
+    expected = sum(min(tilde[1, 0, k], tilde[0, k, 0]) for k in range(3))
+
+    def no_fallback(self, source, sink):
+        raise AssertionError("the refinement did not converge")
+    monkeypatch.setattr(LayeredGraph, "_networkx", no_fallback)
+    raw = flow_values(tilde, rows=[0])
+    assert abs(raw[0, 0] - expected) <= 1e-15
+    assert abs(raw[0, 1] - 0.6) <= 1e-15
+    assert raw[0, 2] == 0.0  # no edge into (0, 2)
+    monkeypatch.setattr("probe.maxflow.ROUNDS", 1)  # a single rounding is not enough: the fallback runs
+    with pytest.raises(AssertionError, match="did not converge"):
+        flow_values(tilde, rows=[0])
+    assert ROUNDS >= 3
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flow_equals_networkx_preflow_push_on_larger_random_maps(causal):
+    """5 layers x 9 tokens, every pair (i, j): the compiled solver against networkx's preflow-push on a
+    graph built here, within 1e-12 (the certified bound is 1e-15 + 1e-12 * F)."""
+    rng = np.random.default_rng(3)
+    probs = rng.random((5, 3, 9, 9)) ** 4
+    if causal:
+        probs = np.tril(probs)
+    tilde = residual_maps(probs / probs.sum(-1, keepdims=True))
+    raw = flow_values(tilde)
+    G = nx.DiGraph()
+    for l in range(5, 0, -1):
+        for a in range(9):
+            for b in range(9):
+                if tilde[l - 1, a, b] > 0:
+                    G.add_edge((l, a), (l - 1, b), capacity=float(tilde[l - 1, a, b]))
+    for i in range(9):
+        for j in range(9):
+            if causal and j > i:
+                assert raw[i, j] == 0.0
+                continue
+            expected = nx.maximum_flow_value(G, (5, i), (0, j), flow_func=preflow_push)
+            assert raw[i, j] == pytest.approx(expected, abs=1e-12)
 
 
 # --------------------------------------------------------------------------- tiny models

@@ -81,6 +81,9 @@ _annotation_options = stacked(
 @click.option("--parse-special-tokens", is_flag=True,
               help="Let typed special-token strings such as '[SEP]' become special tokens "
                    "(default: typed text is text).")
+@click.option("--rollout/--no-rollout", default=True, show_default=True,
+              help="Attention rollout and flow (flow: the reported row, texts of at most 64 tokens) of the first "
+                   "3 kept examples, side by side with the weights, in the report.")
 @click.option("--verify", "run_verify", is_flag=True,
               help="Also verify the from-scratch attention against the model and add it to the report.")
 @_pattern_options
@@ -90,8 +93,8 @@ _annotation_options = stacked(
 @placement_options
 @user_errors
 def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_size, max_length, out, force, examples,
-                    thresholds, parse_special_tokens, run_verify, distance, map_sequences, circuits, health,
-                    value_weighted, labels_by, progress, coref, syntax_file, device, dtype, device_map) -> None:
+                    thresholds, parse_special_tokens, rollout, run_verify, distance, map_sequences, circuits,
+                    health, value_weighted, labels_by, progress, coref, syntax_file, device, dtype, device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
     Without --text, --corpus or --pairs, a small built-in English sample is used. A corpus or a
@@ -113,6 +116,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     from ..report import claim_run_dir, write_run
     from ..seq2seq import as_targets, check_generate
     from ..validate import value_weighting
+    from ..view.rollout import run_rollout
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
@@ -156,6 +160,9 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     timings["analyze_s"] = result.timings["analyze_s"]
     result.notes.extend(skipped)
     verification = _verification(lm, show, timings) if run_verify else None
+    if rollout and result.examples:
+        result.results["rollout"] = run_rollout(lm, result)
+        timings["rollout_s"] = result.results["rollout"].seconds
     result.settings["input"] = source
     path = write_run(result, lm.tokenizer, out, force=force, verification=verification,
                      timings=timings, started=started)
@@ -256,6 +263,8 @@ def _summary(result, verification: dict | None, annotated: bool, loading_notes: 
     parts.append(("analysis", t["analyze_s"]))
     if "verify_s" in t:
         parts.append(("verify", t["verify_s"]))
+    if "rollout_s" in t:
+        parts.append(("rollout", t["rollout_s"]))
     parts += [("report", t["report_s"]), ("other", t["other_s"])]
     shown = _rounded_parts([v for _, v in parts], t["total_s"])
     click.echo(f"{plural(len(result.heads), 'head')} by primary label ({counts}) from "

@@ -10,6 +10,7 @@ from ..effects.patch_report import section as patching_section
 from ..linguistic.report import coref_section, syntax_section
 from ..patterns.report import circuits_section, groups_section, health_section, types_section
 from ..pruning.report import section as pruning_section
+from ..view.rollout import rollout_section
 from ..view.section import head_view_section
 from .cross import cross_attention_section
 from .norms import value_weighted_section
@@ -28,6 +29,7 @@ BUILDERS: list[Callable[..., Section | None]] = [
     pruning_section,
     value_weighted_section,
     patching_section,
+    rollout_section,
 ]
 
 
