@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..effects.report import section as effects_section
 from ..linguistic.report import coref_section, syntax_section
 from ..patterns.report import circuits_section, groups_section, health_section, types_section
 from ..pruning.report import section as pruning_section
@@ -24,6 +25,7 @@ BUILDERS: list[Callable[..., Section | None]] = [
     types_section,
     circuits_section,
     pruning_section,
+    effects_section,
 ]
 
 

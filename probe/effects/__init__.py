@@ -1,0 +1,22 @@
+"""What heads do: ablation effects of every head and of every label group (:mod:`.measure`), the
+ablation itself at the gate site (:mod:`.ablation`), label groups against random heads and the
+intervals (:mod:`.groups`), and the induction claim on repeated random tokens (:mod:`.induction`).
+
+Example::
+
+    from probe import load_model, analyze
+    from probe.effects import head_effects
+    lm = load_model("minilm")
+    result = head_effects(lm, texts, heads=analyze(lm, texts).heads)
+    result.heads      # effects.csv: effect_zero, effect_mean and their intervals per head
+    result.labels     # label_effects.csv: each label's group against random heads
+"""
+
+from __future__ import annotations
+
+from .ablation import ablating, head_means
+from .groups import label_groups, paired_bootstrap, random_sets, t_interval
+from .measure import EffectsResult, head_effects
+
+__all__ = ["EffectsResult", "ablating", "head_effects", "head_means", "label_groups", "paired_bootstrap",
+           "random_sets", "t_interval"]
