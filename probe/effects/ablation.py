@@ -139,6 +139,17 @@ class Ablation:
     sets: torch.Tensor | None = None
     real: torch.Tensor | None = None
 
+    def arm(self, lm, sets: torch.Tensor, batch: Batch) -> None:
+        """Ablate ``sets[c]`` ([copies, layers, heads] bool) in copy c of ``batch`` (its rows c*B ..
+        c*B+B-1, :func:`repeat_batch`) on the next forward passes."""
+        per = len(batch) // len(sets)
+        self.sets, self.real = sets, batch.real
+        self.gates.values = (ones(lm)[None] * (~sets).float()).repeat_interleave(per, 0)  # [rows, layers, heads]
+
+    def disarm(self) -> None:
+        """No ablation on the next forward passes."""
+        self.gates.values, self.sets, self.real = None, None, None
+
 
 def _fill_hook(state: Ablation, layer: int, n_heads: int, d_head: int):
     def hook(module, args):
@@ -196,16 +207,15 @@ def sequence_losses(lm, objective, state: Ablation, batch: Batch, sets: torch.Te
     Returns:
         [k, B] float64 sums (divide by the per-sequence unit counts, :func:`unit_counts`).
     """
-    k, B = len(sets), len(batch)
-    rep = repeat_batch(batch, k) if k > 1 else batch
-    state.sets, state.real = sets, rep.real
-    state.gates.values = (ones(lm)[None] * (~sets).float()).repeat_interleave(B, 0)  # [k*B, layers, heads]
+    rep = repeat_batch(batch, len(sets)) if len(sets) > 1 else batch
+    state.arm(lm, sets, rep)
     try:
         losses = objective.losses(lm, rep).double().cpu()
     finally:
-        state.gates.values, state.sets = None, None
+        state.disarm()
     rows = unit_rows(objective, rep).cpu()
-    return torch.zeros(k * B, dtype=torch.float64).index_add_(0, rows, losses).reshape(k, B).numpy()
+    k = len(sets)
+    return torch.zeros(len(rep), dtype=torch.float64).index_add_(0, rows, losses).reshape(k, len(batch)).numpy()
 
 
 def unit_counts(objective, batch: Batch) -> np.ndarray:
