@@ -78,7 +78,7 @@ def test_zero_ablation_equals_weight_surgery(kind):
 def test_encoder_decoder_refused():
     lm = tiny_model("bart")
     with pytest.raises(InputError, match="encoder-decoder"):
-        head_effects(lm, TEXTS)
+        head_effects(lm, TEXTS, heads=False)
 
 
 def _explicit_means(lm, batches, layer: int) -> torch.Tensor:
@@ -176,6 +176,7 @@ def test_head_effects_tables():
     lm = tiny_model("llama")
     heads = _heads(lm, {(0, 1): "x;y", (1, 2): "y"})
     r = head_effects(lm, TEXTS * 2, heads=heads, seeds=5, copies=3)
+    assert head_effects(lm, TEXTS, heads=False, seeds=5).labels.empty
     g = lm.geometry
     assert list(r.heads.columns) == ["stack", "kind", "layer", "head", *EFFECT_COLUMNS]
     assert len(r.heads) == g.n_layers * g.n_heads

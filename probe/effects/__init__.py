@@ -4,10 +4,10 @@ intervals (:mod:`.groups`), and the induction claim on repeated random tokens (:
 
 Example::
 
-    from probe import load_model, analyze
+    from probe import load_model
     from probe.effects import head_effects
     lm = load_model("minilm")
-    result = head_effects(lm, texts, heads=analyze(lm, texts).heads)
+    result = head_effects(lm, texts)    # labels from analyze(lm, texts); or heads=<a heads table>
     result.heads      # effects.csv: effect_zero, effect_mean and their intervals per head
     result.labels     # label_effects.csv: each label's group against random heads
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .ablation import ablating, head_means
 from .groups import label_groups, paired_bootstrap, random_sets, t_interval
-from .measure import EffectsResult, head_effects
+from .measure import EffectsResult, head_effects, labelled_heads
 
-__all__ = ["EffectsResult", "ablating", "head_effects", "head_means", "label_groups", "paired_bootstrap",
-           "random_sets", "t_interval"]
+__all__ = ["EffectsResult", "ablating", "head_effects", "head_means", "label_groups", "labelled_heads",
+           "paired_bootstrap", "random_sets", "t_interval"]

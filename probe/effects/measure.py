@@ -22,7 +22,9 @@ import pandas as pd
 import torch
 
 from .. import validate
+from ..analysis import AnalysisResult, analyze
 from ..inputs import Text, as_texts, iter_batches
+from ..patterns import CircuitProbe, circuit_probe
 from ..pruning.experiment import split_corpus
 from ..pruning.objectives import default_objective, make_objective
 from ..sites import head_name
@@ -140,16 +142,26 @@ def _label_rows(groups, tags, kind, effect, low, high, first: int) -> list[dict]
     return rows
 
 
-def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None = None, objective: str | None = None,
-                 seeds: int = SEEDS, held_out: float = 0.5, split_seed: int = 0, batch_size: int = 16,
-                 max_length: int | None = None, copies: int = 8, progress: bool = False) -> EffectsResult:
+def labelled_heads(lm, texts: Sequence[str | Text], *, batch_size: int = 16, max_length: int | None = None,
+                   progress: bool = False) -> AnalysisResult:
+    """The usual analysis of ``texts`` (:func:`probe.analysis.analyze`; on decoders with the circuit
+    probe, :func:`probe.patterns.circuit_probe`, whose scores give the ``induction`` label): its
+    ``heads`` table has the labels the groups are made of."""
+    finished = [circuit_probe(lm, sink_texts=texts)] if CircuitProbe.refusal(lm) is None else []
+    return analyze(lm, texts, batch_size=batch_size, max_length=max_length, progress=progress, finished=finished)
+
+
+def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None | bool = None,
+                 objective: str | None = None, seeds: int = SEEDS, held_out: float = 0.5, split_seed: int = 0,
+                 batch_size: int = 16, max_length: int | None = None, copies: int = 8,
+                 progress: bool = False) -> EffectsResult:
     """Zero and mean ablation effects of every head, and of every label group against random heads.
 
     Args:
         lm: a one-stack :class:`~probe.models.LoadedModel` (encoder or decoder), left unchanged.
         texts: the corpus, split into a reference half (means) and a held-out half (effects).
         heads: a heads table with ``layer``, ``head`` and ``labels`` (``analyze(...).heads``); None:
-            no label groups (``labels`` is empty).
+            :func:`labelled_heads` of ``texts`` is run for it; False: no label groups (``labels`` is empty).
         objective: ``clm``, ``mlm`` or ``fidelity`` (default: chosen from the model, as ``probe prune``).
         seeds: random sets per group (>= 5). held_out, split_seed: the split. copies: ablation sets per
             forward pass (the batch repeated ``copies`` times). progress: a progress bar on stderr.
@@ -170,7 +182,9 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
     obj = make_objective(name, seed=split_seed)
     obj.setup(lm, held)
     means = head_means(lm, ref)
-    groups = label_groups(heads) if heads is not None else {}
+    if heads is None:
+        heads = labelled_heads(lm, texts, batch_size=batch_size, max_length=max_length).heads
+    groups = label_groups(heads) if heads is not False else {}
     sets, tags = _plan(lm, groups, seeds)
     masks = torch.stack([_mask(lm, s) for s in sets])
     units = np.concatenate([unit_counts(obj, b) for b in held])

@@ -9,12 +9,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..analysis import analyze
-from ..patterns import CircuitProbe, circuit_probe
+from ..patterns import CircuitProbe
 from ..report import claim_run_dir, write_run
 from .ablation import check_model
 from .induction import induction_claim
-from .measure import EFFECT_COLUMNS, EffectsResult, head_effects
+from .measure import EFFECT_COLUMNS, EffectsResult, head_effects, labelled_heads
 
 
 def effects_run(lm, texts: list, *, out=None, force: bool = False, timings: dict | None = None,
@@ -35,9 +34,8 @@ def effects_run(lm, texts: list, *, out=None, force: bool = False, timings: dict
     with claim_run_dir(out, lm.name, force) as claim:
         t = time.perf_counter()
         decoder = CircuitProbe.refusal(lm) is None
-        finished = [circuit_probe(lm, sink_texts=texts)] if decoder else []
-        analysis = analyze(lm, texts, batch_size=kwargs.get("batch_size", 16), max_length=kwargs.get("max_length"),
-                           progress=kwargs.get("progress", False), finished=finished)
+        analysis = labelled_heads(lm, texts, batch_size=kwargs.get("batch_size", 16),
+                                  max_length=kwargs.get("max_length"), progress=kwargs.get("progress", False))
         analyze_s = time.perf_counter() - t
         result = head_effects(lm, texts, heads=analysis.heads, **kwargs)
         if induction and decoder:
