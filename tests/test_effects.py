@@ -20,10 +20,11 @@ from probe.capture import encode, forward
 from probe.cli import main
 from probe.effects import ablating, head_effects, head_means, label_groups, paired_bootstrap, random_sets, t_interval
 from probe.effects.ablation import repeat_batch
+from probe.effects.icl import icl_claim, windows
 from probe.effects.induction import PositionLoss, induction_claim
 from probe.effects.measure import EFFECT_COLUMNS, LABEL_COLUMNS
 from probe.errors import InputError
-from probe.patterns.circuits import repeated_random_tokens
+from probe.patterns.circuits import adds_bos, repeated_random_tokens
 
 TEXTS = ["The cat sat on the mat.", "A dog barked at the mailman twice.", "Rain fell all night long.",
          "She read the letter and smiled.", "They built a small house by the river.", "Birds sing at dawn."]
@@ -231,6 +232,7 @@ def test_cli_end_to_end(tmp_path):
     assert record["objective"] == "clm" and record["induction"]["seeds"] == 5
     page = (out / "index.html").read_text()
     assert "Head ablation effects" in page and "effects-mean" in page and "Induction claim" in page
+    assert "note: icl_score not measured: icl_score needs windows of 512 tokens" in res.output
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -250,3 +252,37 @@ def test_cli_refuses_encoder_decoder(tmp_path):
     model = save_tiny("bart", tmp_path / "model")
     res = CliRunner().invoke(main, ["effects", "--model", str(model), "--out", str(tmp_path / "run")])
     assert res.exit_code == 1 and res.output.count("Error:") == 1 and "encoder-decoder" in res.output
+
+
+def test_icl_score_windows_and_clean_value():
+    lm = tiny_model("llama")  # 64 positions: the value is checked on short windows, the 512-token windows' layout apart
+    words = "the cat sat on a mat while dogs ran past the old barn and rain fell".split()
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, 40)) for _ in range(700)]
+    rows = windows(lm.tokenizer, texts)
+    assert len(rows) >= 50 and all(500 <= len(r) <= 512 for r in rows)
+    eos = lm.tokenizer.eos_token_id
+    stream = []
+    for t in texts:
+        stream += lm.tokenizer(t, add_special_tokens=False)["input_ids"] + [eos]
+    lead = 1 if adds_bos(lm.tokenizer) else 0
+    assert rows[1][lead:] == stream[512 - lead:2 * (512 - lead)]  # consecutive, joined by EOS
+    means = head_means(lm, [encode(lm, TEXTS)])
+    short = texts[:90]
+    claim = icl_claim(lm, short, [(0, 1), (1, 2)], means, seeds=5, copies=7, batch_size=32, length=64, late=60,
+                      early=10)
+    rows = windows(lm.tokenizer, short, 64, 60)
+    with torch.no_grad():
+        logp = torch.log_softmax(lm.model(input_ids=torch.tensor(rows)).logits.float(), -1)
+    nll = -logp.gather(-1, torch.tensor(rows)[:, 1:, None])[..., 0]  # [windows, 63]: nll[:, k - 2] = l_k
+    expected = (nll[:, 58] - nll[:, 8]).double()
+    assert claim["windows"] == len(rows) >= 50
+    assert claim["clean"]["icl_score"] == pytest.approx(float(expected.mean()), abs=1e-4)
+    assert claim["clean"]["low"] <= claim["clean"]["icl_score"] <= claim["clean"]["high"]
+    for kind in ("zero", "mean"):
+        k = claim[kind]
+        assert k["lost"] == (k["delta"] > max(2 * k["random_mean"], k["random_high"]))
+    with pytest.raises(InputError, match="at least 50 windows"):
+        icl_claim(lm, texts[:40], [(0, 1)], means, length=64, late=60, early=10)
+    with pytest.raises(InputError, match="windows of 512 tokens"):
+        icl_claim(lm, texts, [(0, 1)], means)

@@ -82,3 +82,5 @@ def effects_command(model_name, corpus, limit, objective, seeds, copies, no_indu
     for line in claim_lines(result.induction) if result.induction else []:
         click.echo(line)
     click.echo(f"Report: {path / 'index.html'}")
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)

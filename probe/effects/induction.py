@@ -114,5 +114,15 @@ def claim_lines(claim: dict) -> list[str]:
         lines.append(f"  {kind} ablation: {k['ablated']:.3f} ({k['delta']:+.3f}); {claim['seeds']} random sets "
                      f"{k['random_mean']:+.3f} +- {k['random_std']:.3f} (95% high {k['random_high']:.3f}): "
                      + ("supported" if k["supported"] else "not supported"))
+    icl = claim.get("icl")
+    if icl:
+        c = icl["clean"]
+        lines.append(f"icl_score over {icl['windows']} windows: clean {c['icl_score']:+.3f} nats "
+                     f"[{c['low']:+.3f}, {c['high']:+.3f}]")
+        for kind in KINDS:
+            k = icl[kind]
+            lines.append(f"  {kind} ablation: {k['ablated']:+.3f} ({k['delta']:+.3f}); random sets "
+                         f"{k['random_mean']:+.3f} +- {k['random_std']:.3f} (95% high {k['random_high']:.3f}): "
+                         + ("in-context learning lost" if k["lost"] else "not lost"))
     return lines
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..errors import InputError
 from ..patterns import CircuitProbe
 from ..report import claim_run_dir, write_run
 from .ablation import check_model
-from .induction import induction_claim
+from .icl import icl_claim
+from .induction import induction_claim, induction_group
 from .measure import EFFECT_COLUMNS, EffectsResult, head_effects, labelled_heads
 
 
@@ -42,12 +44,18 @@ def effects_run(lm, texts: list, *, out=None, force: bool = False, timings: dict
             t = time.perf_counter()
             result.induction = induction_claim(lm, analysis.heads, result.means, seeds=kwargs.get("seeds", 10),
                                                copies=kwargs.get("copies", 8))
+            group, _ = induction_group(analysis.heads)
+            try:
+                result.induction["icl"] = icl_claim(lm, texts, group, result.means, seeds=kwargs.get("seeds", 10))
+            except InputError as exc:
+                result.notes.append(f"icl_score not measured: {exc}")
             result.timings["induction_s"] = round(time.perf_counter() - t, 3)
         columns = result.heads[["layer", "head", *EFFECT_COLUMNS]]
         analysis.heads = analysis.heads.merge(columns, on=["layer", "head"], how="left", validate="one_to_one")
         analysis.results["effects"] = result
         analysis.notes += [n for n in result.notes if n not in analysis.notes]
         analysis.timings["analyze_s"] = round(analyze_s, 4)
+        analysis.timings.update(result.timings)
         path = write_run(analysis, lm.tokenizer, claim.path, force=force, timings=timings, started=started)
     return result, path
 
