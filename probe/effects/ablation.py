@@ -200,9 +200,11 @@ def sequence_losses(lm, objective, state: Ablation, batch: Batch, sets: torch.Te
     """Per-sequence sums of the objective's per-unit losses, one row per ablation set, in one pass.
 
     Args:
-        lm, objective: the model and a set-up :class:`~probe.pruning.objectives.Objective`.
+        lm: the model.
+        objective: a set-up :class:`~probe.pruning.objectives.Objective`.
         state: the :class:`Ablation` of the enclosing :func:`ablating`.
-        batch: [B rows] held-out batch; sets: [k, layers, heads] bool, True = ablated.
+        batch: [B rows] held-out batch.
+        sets: [k, layers, heads] bool, True = ablated.
 
     Returns:
         [k, B] float64 sums (divide by the per-sequence unit counts, :func:`unit_counts`).

@@ -76,7 +76,9 @@ def paired_bootstrap(delta: np.ndarray, units: np.ndarray, n_boot: int = BOOTSTR
     Args:
         delta: [sets, sequences] per-sequence loss sums, ablated minus clean (objective units x units).
         units: [sequences] units per sequence (tokens, masked tokens, 1 per sequence).
-        n_boot: resamples; seed: of ``numpy.random.default_rng``; level: interval level.
+        n_boot: resamples.
+        seed: of ``numpy.random.default_rng``.
+        level: interval level.
 
     Returns:
         (effect [sets], low [sets], high [sets]); every set uses the same resamples.

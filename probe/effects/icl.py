@@ -75,9 +75,14 @@ def icl_claim(lm, texts: Sequence[str | Text], group: list[tuple[int, int]], mea
     Args:
         lm: a decoder with a language-model head and at least 512 positions.
         texts: running text (at least 50 windows of 512 tokens: about 25,000 tokens).
-        group: the heads to ablate (the induction group); means: from :func:`~probe.effects.ablation.head_means`.
-        seeds: random sets (>= 5); copies: sets per pass; batch_size: windows per batch.
-        length, late, early: the window length and the two tokens (defaults 512, 500, 50: the definition).
+        group: the heads to ablate (the induction group).
+        means: from :func:`~probe.effects.ablation.head_means`.
+        seeds: random sets (>= 5).
+        copies: sets per pass.
+        batch_size: windows per batch.
+        length: window length (default 512, the definition's).
+        late: the late token, 1-based (default 500).
+        early: the early token, 1-based (default 50).
 
     Returns:
         ``{"windows", "clean": {"icl_score", "low", "high"}, "zero": {...}, "mean": {...}}``, each kind

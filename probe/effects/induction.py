@@ -73,9 +73,12 @@ def induction_claim(lm, heads: pd.DataFrame, means: torch.Tensor, *, n: int = N_
     """The induction claim of one decoder: clean and ablated induction loss, against random sets.
 
     Args:
-        lm: a decoder with a language-model head; heads: its heads table (``labels``, ``induction``).
+        lm: a decoder with a language-model head.
+        heads: its heads table (``labels``, ``induction``).
         means: [layers, 2, heads, d_head] from :func:`probe.effects.ablation.head_means` (corpus reference half).
-        n: random tokens per half; seeds: random sets (>= 5); copies: sets per forward pass.
+        n: random tokens per half.
+        seeds: random sets (>= 5).
+        copies: sets per forward pass.
 
     Returns:
         ``{"group", "chosen", "n", "clean": {"induction_loss", "random_loss"}, "zero": {...}, "mean": {...}}``,

@@ -90,8 +90,14 @@ def evaluate_sets(lm, objective, kind: str, means, held, sets: torch.Tensor, cop
     """[sets, held-out sequences] per-sequence loss sums, each row with that set's heads ablated.
 
     Args:
+        lm: the model.
+        objective: a set-up :class:`~probe.pruning.objectives.Objective`.
+        kind: ``"zero"`` or ``"mean"``.
+        means: [layers, P, heads, d_head] (``mean``), or None.
+        held: the held-out batches.
         sets: [n, layers, heads] bool (True = ablated; an all-False set is the clean model).
-        copies: sets per forward pass. bar: a progress bar updated once per pass, or None.
+        copies: sets per forward pass.
+        bar: a progress bar updated once per pass, or None.
     """
     out = []
     with ablating(lm, kind, means) as state:
@@ -163,8 +169,13 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
         heads: a heads table with ``layer``, ``head`` and ``labels`` (``analyze(...).heads``); None:
             :func:`labelled_heads` of ``texts`` is run for it; False: no label groups (``labels`` is empty).
         objective: ``clm``, ``mlm`` or ``fidelity`` (default: chosen from the model, as ``probe prune``).
-        seeds: random sets per group (>= 5). held_out, split_seed: the split. copies: ablation sets per
-            forward pass (the batch repeated ``copies`` times). progress: a progress bar on stderr.
+        seeds: random sets per group (>= 5).
+        held_out: share of the texts held out (effects); the rest is the reference half (means).
+        split_seed: seed of the split (``probe prune``'s).
+        batch_size: sequences per batch.
+        max_length: token limit per sequence (default: the model's).
+        copies: ablation sets per forward pass (the batch repeated ``copies`` times).
+        progress: a progress bar on stderr, counting the passes.
 
     Returns:
         An :class:`EffectsResult` (``heads`` = effects.csv, ``labels`` = label_effects.csv).
