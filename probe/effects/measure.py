@@ -25,6 +25,7 @@ from .. import validate
 from ..analysis import AnalysisResult, analyze
 from ..inputs import Text, as_texts, iter_batches
 from ..patterns import CircuitProbe, circuit_probe
+from ..pruning.curves import ZERO_WITHIN
 from ..pruning.experiment import split_corpus
 from ..pruning.objectives import default_objective, make_objective
 from ..sites import head_name
@@ -211,6 +212,7 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
         for kind in KINDS:
             sums = evaluate_sets(lm, obj, kind, means, held, masks, copies, bar)
             clean = float(sums[0].sum() / units.sum())
+            clean = 0.0 if abs(clean) < ZERO_WITHIN else clean  # fidelity of the model to itself
             effect, low, high = paired_bootstrap(sums[1:] - sums[0], units)
             effect, low, high = (np.concatenate([[0.0], v]) for v in (effect, low, high))
             frame[f"effect_{kind}"], frame[f"effect_{kind}_low"], frame[f"effect_{kind}_high"] = (

@@ -22,8 +22,9 @@ SCALE = 100000
 def _figure(frame, kind: str, unit: str) -> dict:
     L, H = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
     vals = frame[f"effect_{kind}"].to_numpy(dtype=float)
-    top = float(np.nanmax(np.abs(vals))) if np.isfinite(vals).any() else 1.0
-    return {"rows": L, "cols": H, "scale": SCALE, "vmin": 0.0, "vmax": top or 1.0, "cmap": "viridis",
+    finite = vals[np.isfinite(vals)]
+    lo, hi = (min(0.0, float(finite.min())), float(finite.max())) if len(finite) else (0.0, 1.0)
+    return {"rows": L, "cols": H, "scale": SCALE, "vmin": lo, "vmax": hi if hi > lo else lo + 1.0, "cmap": "viridis",
             "title": f"{kind} ablation: objective change ({unit}; > 0 = worse)",
             "values": [None if not np.isfinite(v) else int(round(v * SCALE)) for v in vals],
             "rowLabels": [str(i) for i in range(L)], "colLabels": [str(i) for i in range(H)],
