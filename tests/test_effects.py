@@ -20,6 +20,7 @@ from probe.capture import encode, forward
 from probe.cli import main
 from probe.effects import ablating, head_effects, head_means, label_groups, paired_bootstrap, random_sets, t_interval
 from probe.effects.ablation import repeat_batch
+from probe.effects.groups import head_groups
 from probe.effects.icl import icl_claim, windows
 from probe.effects.induction import PositionLoss, induction_claim
 from probe.effects.measure import EFFECT_COLUMNS, LABEL_COLUMNS
@@ -191,6 +192,18 @@ def test_head_effects_tables():
         assert one.loc[kind, "effect_low"] == pytest.approx(row[f"effect_{kind}_low"], abs=1e-12)
     again = head_effects(lm, TEXTS * 2, heads=heads, seeds=5, copies=1)  # copies change nothing but speed
     assert np.allclose(again.heads[list(EFFECT_COLUMNS)], r.heads[list(EFFECT_COLUMNS)], atol=1e-5)
+
+
+def test_head_groups_from_the_cluster_column():
+    lm = tiny_model("bert")
+    heads = _heads(lm, {(0, 0): "x"})
+    heads["cluster"] = [0, 1, 0, -1, 2, 2, 1, 0]
+    assert head_groups(heads) == {"cluster 0": [(0, 0), (0, 2), (1, 3)], "cluster 1": [(0, 1), (1, 2)],
+                                  "cluster 2": [(1, 0), (1, 1)]}
+    heads["group"] = [3] * 8  # the Jensen-Shannon grouping wins where the table has one
+    assert head_groups(heads) == {"group 3": [(a, b) for a in range(2) for b in range(4)]}
+    r = head_effects(lm, TEXTS, heads=heads.drop(columns=["group"]), seeds=5, clusters=True)
+    assert sorted(set(r.labels["label"])) == ["cluster 0", "cluster 1", "cluster 2", "x"]
 
 
 def test_induction_loss_is_the_mean_over_the_copyable_half():

@@ -29,6 +29,8 @@ from .options import click_callback, limit_option, model_option
 @click.option("--copies", type=int, default=8, show_default=True,
               callback=click_callback(lambda v: validate.positive_int("--copies", v)),
               help="Ablation sets per forward pass (the batch repeated this many times).")
+@click.option("--clusters", is_flag=True,
+              help="Also ablate each head group (the report's clusters) against random heads (more passes).")
 @click.option("--no-induction", "no_induction", is_flag=True, help="Decoders: skip the induction claim.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
@@ -39,7 +41,7 @@ from .options import click_callback, limit_option, model_option
 @click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @user_errors
-def effects_command(model_name, corpus, limit, objective, seeds, copies, no_induction, out, force, as_json,
+def effects_command(model_name, corpus, limit, objective, seeds, copies, clusters, no_induction, out, force, as_json,
                     batch_size, max_length, progress) -> None:
     """Ablate every attention head (zero and mean ablation at the output projection's input) and
     measure the change of the model's objective on held-out text; ablate each label's heads
@@ -63,7 +65,7 @@ def effects_command(model_name, corpus, limit, objective, seeds, copies, no_indu
     click.echo(f"Ablating the {lm.geometry.n_layers} x {lm.geometry.n_heads} heads of {lm.name} on "
                f"{plural(len(seqs), 'sequence')} ({source})", err=True)
     result, path = effects_run(lm, seqs, out=out, force=force, objective=objective, seeds=seeds, copies=copies,
-                               batch_size=batch_size, max_length=max_length, progress=show,
+                               clusters=clusters, batch_size=batch_size, max_length=max_length, progress=show,
                                induction=not no_induction, timings={"model_load_s": lm.load_seconds},
                                started=started)
     if as_json:

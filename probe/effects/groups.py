@@ -1,6 +1,7 @@
 """Label groups against random heads: which heads are ablated together, and the intervals.
 
-- A label group S is every head whose ``labels`` include the label. Its baseline: per seed, k = |S|
+- A label group S is every head whose ``labels`` include the label; a head group, every head of one
+  ``group`` (or k-means ``cluster``) of the heads table. Its baseline: per seed, k = |S|
   heads drawn uniformly without replacement from the heads not in S (from all heads when fewer than
   k are left), ``numpy.random.default_rng([seed, k])``; seeds 0 .. n-1 (at least 5, default 10).
 - The random sets' effects: their mean, sample standard deviation (ddof 1) and the 95% interval of
@@ -35,6 +36,21 @@ def label_groups(heads: pd.DataFrame) -> dict[str, list[tuple[int, int]]]:
             if label.strip() and label.strip() != "nan":
                 groups.setdefault(label.strip(), []).append((int(row.layer), int(row.head)))
     return dict(sorted(groups.items()))
+
+
+def head_groups(heads: pd.DataFrame) -> dict[str, list[tuple[int, int]]]:
+    """``"group N"`` / ``"cluster N"`` -> its heads: the heads table's ``group`` column (the
+    Jensen-Shannon grouping) where there is one, else its k-means ``cluster`` column; -1 (not
+    grouped) and empty values are left out."""
+    column = "group" if "group" in heads else "cluster" if "cluster" in heads else None
+    groups: dict[str, list[tuple[int, int]]] = {}
+    if column is None:
+        return groups
+    for row in heads.itertuples():
+        value = getattr(row, column)
+        if pd.notna(value) and int(value) >= 0:
+            groups.setdefault(f"{column} {int(value)}", []).append((int(row.layer), int(row.head)))
+    return dict(sorted(groups.items(), key=lambda kv: int(kv[0].split()[1])))
 
 
 def random_sets(group: list[tuple[int, int]], n_layers: int, n_heads: int, seeds: int = SEEDS) -> list[list]:

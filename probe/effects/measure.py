@@ -31,7 +31,7 @@ from ..pruning.objectives import default_objective, make_objective
 from ..sites import head_name
 from ..util import progress_bar
 from .ablation import KINDS, ablating, check_model, head_means, sequence_losses, unit_counts
-from .groups import BOOTSTRAP, SEEDS, label_groups, paired_bootstrap, random_sets, t_interval, verdict
+from .groups import BOOTSTRAP, SEEDS, head_groups, label_groups, paired_bootstrap, random_sets, t_interval, verdict
 
 #: Columns of effects.csv after ``stack``, ``kind``, ``layer``, ``head``.
 EFFECT_COLUMNS = tuple(f"effect_{k}{s}" for k in KINDS for s in ("", "_low", "_high"))
@@ -47,7 +47,7 @@ class EffectsResult:
     Attributes:
         heads: effects.csv: one row per head: ``stack``, ``kind``, ``layer``, ``head``, then
             ``effect_zero``, ``effect_mean`` and their 95% bootstrap ``_low`` / ``_high``.
-        labels: label_effects.csv: one row per (label, ablation kind), :data:`LABEL_COLUMNS`.
+        labels: label_effects.csv: one row per (label or head group, ablation kind), :data:`LABEL_COLUMNS`.
         objective, objective_reason, unit: what was measured and why.
         clean: the objective of the clean model on the held-out half.
         split: sizes and seed of the reference and held-out halves.
@@ -160,7 +160,7 @@ def labelled_heads(lm, texts: Sequence[str | Text], *, batch_size: int = 16, max
 
 def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None | bool = None,
                  objective: str | None = None, seeds: int = SEEDS, held_out: float = 0.5, split_seed: int = 0,
-                 batch_size: int = 16, max_length: int | None = None, copies: int = 8,
+                 batch_size: int = 16, max_length: int | None = None, copies: int = 8, clusters: bool = False,
                  progress: bool = False) -> EffectsResult:
     """Zero and mean ablation effects of every head, and of every label group against random heads.
 
@@ -176,6 +176,7 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
         batch_size: sequences per batch.
         max_length: token limit per sequence (default: the model's).
         copies: ablation sets per forward pass (the batch repeated ``copies`` times).
+        clusters: also ablate each head group (``group`` or ``cluster`` column) against random heads.
         progress: a progress bar on stderr, counting the passes.
 
     Returns:
@@ -197,6 +198,8 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
     if heads is None:
         heads = labelled_heads(lm, texts, batch_size=batch_size, max_length=max_length).heads
     groups = label_groups(heads) if heads is not False else {}
+    if clusters and heads is not False:
+        groups.update(head_groups(heads))
     sets, tags = _plan(lm, groups, seeds)
     masks = torch.stack([_mask(lm, s) for s in sets])
     units = np.concatenate([unit_counts(obj, b) for b in held])
@@ -225,5 +228,6 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
     return EffectsResult(heads=frame, labels=labels, objective=name, objective_reason=reason, unit=obj.unit,
                          clean=clean, split=split, means=means,
                          settings={"seeds": seeds, "bootstrap": BOOTSTRAP, "copies": copies, "batch_size": batch_size,
-                                   "max_length": max_length, "sets": len(sets), "passes": passes},
+                                   "max_length": max_length, "sets": len(sets), "passes": passes,
+                                   "clusters": clusters},
                          timings={"effects_s": round(time.perf_counter() - t0, 3)})
