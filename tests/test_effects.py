@@ -299,3 +299,14 @@ def test_icl_score_windows_and_clean_value():
         icl_claim(lm, texts[:40], [(0, 1)], means, length=64, late=60, early=10)
     with pytest.raises(InputError, match="windows of 512 tokens"):
         icl_claim(lm, texts, [(0, 1)], means)
+
+
+def test_cli_keeps_a_folder_it_did_not_write(tmp_path):
+    model = save_tiny("bert", tmp_path / "model")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    res = CliRunner().invoke(main, ["effects", "--model", str(model), "--out", str(out), "--force"])
+    assert res.exit_code == 1 and res.output.count("Error:") == 1
+    assert (out / "notes.txt").read_text(encoding="utf-8") == "mine" and sorted(p.name for p in out.iterdir()) == [
+        "notes.txt"]
