@@ -12,6 +12,7 @@ Public API (the CLI is a thin layer over it)::
     show(lm, "The cat sat on the mat.")         # interactive head view (Jupyter; offline)
     compare_runs(result, load_run("reports/smollm2-..."))  # per-head differences, B - A
     prune(lm, texts).to_json()                  # pruning curves (probe.pruning: gates, removal, saving)
+    head_effects(lm, texts).heads               # zero / mean ablation effect of every head (probe.effects)
     attention_rollout(lm, "The cat sat.").row   # share of [CLS] (decoders: last token) from each input token
     attention_flow(lm, "The cat sat.").row      # the same by maximum flow (probe.flow; <= 64 tokens by default)
 """
@@ -30,6 +31,7 @@ from .analysis import analyze, run  # noqa: E402
 from .capture import attention_hooks, capture_attention  # noqa: E402
 from .compare import compare_runs, load_run  # noqa: E402
 from .core import LoadedModel  # noqa: E402
+from .effects import head_effects  # noqa: E402
 from .effects.composition import composition_scores  # noqa: E402
 from .effects.dla import direct_logit_attribution  # noqa: E402
 from .effects.patching import Pair, patch_heads  # noqa: E402
@@ -53,7 +55,7 @@ __all__ = [
     "ProbeError", "Site", "LoadedModel", "list_models", "load_model", "from_pretrained_objects", "Hooks",
     "ensure_eager", "measuring", "Text", "capture_attention", "attention_hooks", "Accumulator", "STATISTICS",
     "HeadStatistics", "analyze", "run", "attention", "swap_attention", "verify",
-    "show", "HeadView", "load_run", "compare_runs", "prune", "attention_rollout", "attention_flow", "Attribution",
-    "Pair", "patch_heads", "direct_logit_attribution", "composition_scores",
+    "show", "HeadView", "load_run", "compare_runs", "prune", "head_effects", "attention_rollout", "attention_flow",
+    "Attribution", "Pair", "patch_heads", "direct_logit_attribution", "composition_scores",
     "rollout_view", "RolloutView",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..effects.patch_report import section as patching_section
+from ..effects.report import section as effects_section
 from ..linguistic.report import coref_section, syntax_section
 from ..patterns.report import circuits_section, groups_section, health_section, types_section
 from ..pruning.report import section as pruning_section
@@ -30,6 +31,7 @@ BUILDERS: list[Callable[..., Section | None]] = [
     value_weighted_section,
     patching_section,
     rollout_section,
+    effects_section,
 ]
 
 

@@ -1,0 +1,88 @@
+"""``probe effects``: zero and mean ablation effects of every head, label groups against random
+heads, and on decoders the induction claim."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from .. import IMPORT_STARTED, validate
+from ..sites import head_name
+from ..util import plural, process_age
+from .group import hold, main, user_errors
+from .options import click_callback, limit_option, model_option
+
+
+@main.command("effects")
+@model_option
+@click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Plain text (one sequence a line) or CoNLL-U [default: the built-in sample].")
+@limit_option()
+@click.option("--objective", type=click.Choice(["clm", "mlm", "fidelity"]), default=None,
+              help="What an ablation may hurt [default: chosen from the model, as probe prune].")
+@click.option("--seeds", type=int, default=10, show_default=True,
+              callback=click_callback(lambda v: validate.positive_int("--seeds", v, 5)),
+              help="Random head sets per label group (at least 5).")
+@click.option("--copies", type=int, default=8, show_default=True,
+              callback=click_callback(lambda v: validate.positive_int("--copies", v)),
+              help="Ablation sets per forward pass (the batch repeated this many times).")
+@click.option("--clusters", is_flag=True,
+              help="Also ablate each head group (the report's clusters) against random heads (more passes).")
+@click.option("--no-induction", "no_induction", is_flag=True, help="Decoders: skip the induction claim.")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Run folder [default: a new reports/<model>-<time>].")
+@click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
+@click.option("--json", "as_json", is_flag=True, help="Print the label table and the claim as JSON.")
+@click.option("--batch-size", type=int, default=16, show_default=True,
+              callback=click_callback(lambda v: validate.positive_int("--batch-size", v)))
+@click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
+@click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
+@user_errors
+def effects_command(model_name, corpus, limit, objective, seeds, copies, clusters, no_induction, out, force, as_json,
+                    batch_size, max_length, progress) -> None:
+    """Ablate every attention head (zero and mean ablation at the output projection's input) and
+    measure the change of the model's objective on held-out text; ablate each label's heads
+    together against random heads; on decoders, test whether ablating the induction heads raises
+    the loss on repeated random tokens more than ablating random heads.
+
+    Cost: (layers x heads + labels x (1 + seeds)) x 2 held-out passes, COPIES sets per pass.
+    """
+    from ..corpus import check_texts, read_corpus, sample_texts
+    from ..effects.induction import claim_lines
+    from ..effects.run import effects_run
+    from ..models import load_model
+    from ..report import claim_run_dir
+
+    age = process_age()
+    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
+    seqs, source = (read_corpus(corpus, limit), corpus) if corpus else (check_texts(sample_texts(), limit), "sample")
+    out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model
+    lm = load_model(model_name, head={"mlm": "mlm"}.get(objective, "auto"))
+    show = sys.stderr.isatty() if progress is None else progress
+    click.echo(f"Ablating the {lm.geometry.n_layers} x {lm.geometry.n_heads} heads of {lm.name} on "
+               f"{plural(len(seqs), 'sequence')} ({source})", err=True)
+    result, path = effects_run(lm, seqs, out=out, force=force, objective=objective, seeds=seeds, copies=copies,
+                               clusters=clusters, batch_size=batch_size, max_length=max_length, progress=show,
+                               induction=not no_induction, timings={"model_load_s": lm.load_seconds},
+                               started=started)
+    if as_json:
+        click.echo(json.dumps({"clean": result.clean, "objective": result.objective, "unit": result.unit,
+                               "labels": result.labels.drop(columns=["heads"]).to_dict("records"),
+                               "induction": result.induction}, indent=2, default=float))
+        return
+    top = result.heads.nlargest(3, "effect_mean")
+    click.echo(f"{result.objective} ({result.unit}) on {plural(result.split['held_out'], 'held-out sequence')}: "
+               f"clean {result.clean:.4g}; largest mean-ablation effects: "
+               + ", ".join(f"{head_name(r.layer, r.head)} {r.effect_mean:+.3g}" for r in top.itertuples()))
+    for r in result.labels.itertuples():
+        click.echo(f"  {r.label} ({r.ablation}, {plural(r.n_heads, 'head')}): {r.effect:+.4g} "
+                   f"[{r.effect_low:+.3g}, {r.effect_high:+.3g}] vs random {r.random_mean:+.4g} +- {r.random_std:.2g}: "
+                   f"{r.verdict}")
+    for line in claim_lines(result.induction) if result.induction else []:
+        click.echo(line)
+    click.echo(f"Report: {path / 'index.html'}")
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)

@@ -1,0 +1,61 @@
+"""``probe effects`` as a function: the usual analysis of the corpus (labels; the decoder circuit
+probe on decoders), the ablation effects of every head and label group, the induction claim on
+decoders, and the run folder (report with the effects section, heads.csv with the effect columns,
+effects.csv, label_effects.csv, run.json). The command line only parses and prints.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ..errors import InputError
+from ..patterns import CircuitProbe
+from ..report import claim_run_dir, write_run
+from .ablation import check_model
+from .icl import icl_claim
+from .induction import induction_claim, induction_group
+from .measure import EFFECT_COLUMNS, EffectsResult, head_effects, labelled_heads
+
+
+def effects_run(lm, texts: list, *, out=None, force: bool = False, timings: dict | None = None,
+                started: float | None = None, induction: bool = True, **kwargs) -> tuple[EffectsResult, Path]:
+    """Analyze ``texts``, measure the ablation effects (:func:`~probe.effects.measure.head_effects`,
+    ``kwargs`` passed on) and write the run folder ``out`` (claimed before anything runs).
+
+    Args:
+        induction: on a decoder, also test the induction claim (:func:`~probe.effects.induction.induction_claim`).
+
+    Returns:
+        ``(result, run folder)``.
+
+    Raises:
+        InputError: as ``head_effects``; ``out`` taken.
+    """
+    check_model(lm)
+    with claim_run_dir(out, lm.name, force) as claim:
+        t = time.perf_counter()
+        decoder = CircuitProbe.refusal(lm) is None
+        analysis = labelled_heads(lm, texts, batch_size=kwargs.get("batch_size", 16),
+                                  max_length=kwargs.get("max_length"), progress=kwargs.get("progress", False))
+        analyze_s = time.perf_counter() - t
+        result = head_effects(lm, texts, heads=analysis.heads, **kwargs)
+        if induction and decoder:
+            t = time.perf_counter()
+            result.induction = induction_claim(lm, analysis.heads, result.means, seeds=kwargs.get("seeds", 10),
+                                               copies=kwargs.get("copies", 8))
+            group, _ = induction_group(analysis.heads)
+            try:
+                result.induction["icl"] = icl_claim(lm, texts, group, result.means, seeds=kwargs.get("seeds", 10))
+            except InputError as exc:
+                result.notes.append(f"icl_score not measured: {exc}")
+            result.timings["induction_s"] = round(time.perf_counter() - t, 3)
+        columns = result.heads[["layer", "head", *EFFECT_COLUMNS]]
+        analysis.heads = analysis.heads.merge(columns, on=["layer", "head"], how="left", validate="one_to_one")
+        analysis.results["effects"] = result
+        analysis.notes += [n for n in result.notes if n not in analysis.notes]
+        analysis.timings["analyze_s"] = round(analyze_s, 4)
+        analysis.timings.update(result.timings)
+        path = write_run(analysis, lm.tokenizer, claim.path, force=force, timings=timings, started=started)
+    return result, path
+
