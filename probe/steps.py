@@ -1,0 +1,174 @@
+"""The steps of one attention weight: for one site, head and query token, every key's score from
+the query and key vectors to the softmax, from the from-scratch attention
+(:class:`probe.reference.ReferenceAttention`) run on the model's own projections.
+
+    steps = attention_steps(lm, "The cat sat on the mat.", site=3, head=5, query=4)
+    steps[["token", "score", "scaled_score", "probability"]]
+
+The steps follow scaled dot-product attention (Vaswani et al. 2017, sec. 3.2.1) with each
+architecture's own rule: the score is q . k (after RoPE where the model rotates q and k; the key
+from the key/value head the query head reads under GQA), the scaled score is
+``softcap(score * scale) + bias`` (the scale 1/sqrt(d_head), GPT-2's options, Gemma's
+``query_pre_attn_scalar``, 1 for T5; ALiBi's or T5's position bias; Gemma 2's softcap), then the
+mask and the softmax. The probabilities are checked against the ones the model itself returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .architectures import site_outputs
+from .capture import attention_hooks, encode, forward
+from .core import LoadedModel
+from .errors import InputError
+from .inputs import Text
+from .reference import swap_attention
+from .seq2seq import sides
+from .sites import SITE_PREFIX, Site, head_name
+from .tokens import display_tokens
+
+#: Tolerance of the check that the softmax row equals the model's captured probabilities (fp32).
+STEP_ATOL = 1e-5
+
+
+@dataclass
+class StepsInfo:
+    """What a steps table is about (``DataFrame.attrs["steps"]``).
+
+    Attributes:
+        site: the site's canonical name; name: the head's display name (``L4H5``, ``cross L4H5``).
+        head, kv_head: the query head and the key/value head it reads; query: the query's position.
+        query_token: the query's display token; scale: the multiplier of q . k; softcap: Gemma 2's
+            cap or None; max_diff: max |softmax row - the model's own probabilities|.
+    """
+
+    site: str
+    name: str
+    head: int
+    kv_head: int
+    query: int
+    query_token: str
+    scale: float
+    softcap: float | None
+    max_diff: float
+
+
+def find_site(lm: LoadedModel, site) -> Site:
+    """A site of ``lm`` from its index in ``lm.sites``, a :class:`Site`, its canonical name
+    (``"decoder.3.cross"``) or its display form (``"L3"``, ``"enc L3"``, ``"dec L3"``, ``"cross L3"``).
+
+    Raises:
+        InputError: no such site.
+    """
+    sites = lm.sites
+    if isinstance(site, (int, np.integer)) and not isinstance(site, bool):
+        if 0 <= int(site) < len(sites):
+            return sites[int(site)]
+    elif isinstance(site, Site):
+        for s in sites:
+            if (s.stack, s.layer, s.kind) == (site.stack, site.layer, site.kind):
+                return s
+    elif isinstance(site, str):
+        for s in sites:
+            prefix = SITE_PREFIX.get((s.stack, s.kind), "") if lm.kind == "encoder-decoder" else ""
+            if site.strip() in (s.name, f"{prefix} L{s.layer}".strip()):
+                return s
+    raise InputError(f"no site {site!r}: the model has {len(sites)} sites (an index, a name such as "
+                     f"{sites[0].name!r}, or {head_name(sites[0], 0)[:-2]!r})")
+
+
+def value_norms(lm: LoadedModel, site: Site, head: int, v: torch.Tensor) -> torch.Tensor:
+    """||f_h(x_j)|| = ||v_j W_O^h|| per key [Tk], v [Tk, d_head] the head's values (with their bias).
+
+    LOCAL HELPER, TO BE REPLACED by the value-weighted attention's own f_h (Kobayashi et al. 2020,
+    sec. 3) when it lands: it applies the site's output projection to the head's slice alone and
+    takes its bias off (b_O is not split between heads).
+    """
+    out = dict(site_outputs(lm.model))[site]
+    Tk, hs = v.shape
+    n_in = lm.geometry.n_heads * hs
+    x = torch.zeros(Tk + 1, n_in, dtype=v.dtype, device=v.device)
+    x[:Tk, head * hs:(head + 1) * hs] = v
+    y = out(x[None])[0]  # (Tk + 1, d_model); the last row is the projection of 0 (its bias)
+    return (y[:Tk] - y[Tk:]).norm(dim=-1)
+
+
+def attention_steps(lm: LoadedModel, text, *, site=0, head: int = 0, query: int = 0,
+                    vectors: bool = False, max_length: int | None = None) -> pd.DataFrame:
+    """Every key's steps to one attention weight, for one site, head and query token.
+
+    Args:
+        lm: a loaded model; text: one text (a string, or :class:`probe.inputs.Text` with ``target``
+            for an encoder-decoder model).
+        site: the site (:func:`find_site`); head: the query head; query: the query token's position
+            (on the query side: the target's for decoder and cross sites of an encoder-decoder model).
+        vectors: add the columns ``q`` (the query vector, the same in every row), ``k``, ``product``
+            (q * k elementwise; sums to ``score``) and ``v``, each an array [d_head].
+        max_length: token limit (default: the model's limit).
+
+    Returns:
+        A DataFrame, one row per key: ``key`` (position), ``token``, ``score`` (q . k), ``scale``,
+        ``bias`` (0 where none), ``scaled_score`` (softcap(score * scale) + bias, before the mask),
+        ``masked`` (bool), ``probability`` (the softmax of the unmasked scaled scores),
+        ``model_probability`` (what the model returned), ``value_norm`` (||f_h(x_j)||, hidden-state
+        units), ``contribution`` (probability * value_norm = ||alpha_ij f_h(x_j)||). ``attrs["steps"]``
+        is a :class:`StepsInfo`.
+
+    Raises:
+        InputError: no such site, head or query; not one text.
+    """
+    if not isinstance(text, (str, Text)):
+        raise InputError("attention_steps(lm, text, ...) needs one text (a string or probe.Text)")
+    where = find_site(lm, site)
+    batch = encode(lm, [text], max_length)
+    q_side, k_side = sides(where, batch)
+    nq, nk = int(q_side.lengths[0]), int(k_side.lengths[0])
+    if not 0 <= head < lm.geometry.n_heads:
+        raise InputError(f"no head {head}: {where.name} has {lm.geometry.n_heads} heads")
+    if not 0 <= query < nq:
+        raise InputError(f"no query {query}: the text has {nq} query tokens at {where.name}")
+    captured = {}
+    with torch.no_grad():
+        with attention_hooks(lm, lambda s, p: captured.update({s: p[0, head, query].float()}) if s == where else None):
+            forward(lm, batch)
+        with swap_attention(lm) as swapped:
+            module = swapped.modules[lm.sites.index(where)]
+            module.step_request = (head, query)
+            forward(lm, batch)
+        st = module.steps
+        norms = value_norms(lm, where, head, st["v"].to(next(lm.model.parameters()).dtype))
+    return _table(lm, where, head, query, st, captured[where].cpu(), norms.float().cpu(), q_side, k_side, nk, vectors)
+
+
+def _tokens(lm, b) -> list[str]:
+    m = int(b.lengths[0])
+    text = b.texts[0].text if b.texts[0].pair is None else b.texts[0].text + " " + b.texts[0].pair
+    offsets = [tuple(o) for o in b.offsets[0, :m].tolist()]
+    return display_tokens(lm.tokenizer, text, b.input_ids[0, :m].tolist(), offsets, b.special[0, :m].tolist())
+
+
+def _table(lm, where, head, query, st, model_probs, norms, q_side, k_side, nk, vectors) -> pd.DataFrame:
+    """The steps table of :func:`attention_steps` (the real keys only: padding is never shown)."""
+    f = lambda t: t[:nk].float().cpu().numpy()  # noqa: E731
+    probs = f(st["probs"])
+    df = pd.DataFrame({
+        "key": np.arange(nk), "token": _tokens(lm, k_side), "score": f(st["score"]), "scale": st["scale"],
+        "bias": f(st["bias"]), "scaled_score": f(st["scaled"]), "masked": ~st["keep"][:nk].cpu().numpy(),
+        "probability": probs, "model_probability": model_probs[:nk].numpy(), "value_norm": norms[:nk].numpy(),
+    })
+    df["contribution"] = df["probability"] * df["value_norm"]
+    if vectors:
+        qv, kv = st["q"].float().cpu().numpy(), f(st["k"])
+        df["q"] = [qv] * nk
+        df["k"] = list(kv)
+        df["product"] = list(kv * qv)
+        df["v"] = list(f(st["v"]))
+    qtok = _tokens(lm, q_side)[query]
+    df.attrs["steps"] = StepsInfo(where.name, head_name(where if lm.kind == "encoder-decoder" else where.layer, head),
+                                  head, int(st["kv_head"]), query, qtok, st["scale"], st["softcap"],
+                                  float(np.abs(probs - df["model_probability"].to_numpy()).max()))
+    return df
