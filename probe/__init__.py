@@ -40,6 +40,7 @@ from .reference import attention, swap_attention  # noqa: E402
 from .rollout import Attribution, attention_rollout  # noqa: E402
 from .sites import Site  # noqa: E402
 from .stats import STATISTICS, HeadStatistics  # noqa: E402
+from .steps import attention_steps  # noqa: E402
 from .verification import verify  # noqa: E402
 from .view import HeadView, show  # noqa: E402
 
@@ -50,4 +51,5 @@ __all__ = [
     "ensure_eager", "measuring", "Text", "capture_attention", "attention_hooks", "Accumulator", "STATISTICS",
     "HeadStatistics", "analyze", "run", "attention", "swap_attention", "verify",
     "show", "HeadView", "load_run", "compare_runs", "prune", "attention_rollout", "attention_flow", "Attribution",
+    "attention_steps",
 ]

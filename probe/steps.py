@@ -97,6 +97,44 @@ def value_norms(lm: LoadedModel, site: Site, head: int, v: torch.Tensor) -> torc
     return (y[:Tk] - y[Tk:]).norm(dim=-1)
 
 
+def head_steps(lm: LoadedModel, text, site=0, head: int = 0, max_length: int | None = None) -> dict:
+    """One head's steps for every query of one text, as numpy arrays (what the step view draws).
+
+    Returns:
+        A dict: ``site`` (:class:`Site`), ``head``, ``kv_head``, ``scale``, ``softcap``; ``q`` [Tq, d_head],
+        ``k``, ``v`` [Tk, d_head]; ``score``, ``bias``, ``scaled``, ``keep``, ``probs`` (the from-scratch
+        softmax) and ``model_probs`` (what the model returned) [Tq, Tk]; ``value_norm`` [Tk];
+        ``q_tokens``, ``k_tokens`` (display tokens). Real tokens only (one text: no padding).
+
+    Raises:
+        InputError: no such site or head; not one text.
+    """
+    if not isinstance(text, (str, Text)):
+        raise InputError("attention steps need one text (a string or probe.Text)")
+    where = find_site(lm, site)
+    if not 0 <= head < lm.geometry.n_heads:
+        raise InputError(f"no head {head}: {where.name} has {lm.geometry.n_heads} heads")
+    batch = encode(lm, [text], max_length)
+    q_side, k_side = sides(where, batch)
+    nq, nk = int(q_side.lengths[0]), int(k_side.lengths[0])
+    captured = {}
+    with torch.no_grad():
+        with attention_hooks(lm, lambda s, p: captured.update({s: p[0, head]}) if s == where else None):
+            forward(lm, batch)
+        with swap_attention(lm) as swapped:
+            module = swapped.modules[lm.sites.index(where)]
+            module.step_request = head
+            forward(lm, batch)
+        st = module.steps
+        norms = value_norms(lm, where, head, st["v"].to(next(lm.model.parameters()).dtype))
+    f = lambda t, *shape: t[tuple(slice(0, n) for n in shape)].float().cpu().numpy()  # noqa: E731
+    return dict(site=where, head=head, kv_head=int(st["kv_head"]), scale=st["scale"], softcap=st["softcap"],
+                q=f(st["q"], nq), k=f(st["k"], nk), v=f(st["v"], nk), score=f(st["score"], nq, nk),
+                bias=f(st["bias"], nq, nk), scaled=f(st["scaled"], nq, nk), keep=st["keep"][:nq, :nk].cpu().numpy(),
+                probs=f(st["probs"], nq, nk), model_probs=f(captured[where], nq, nk), value_norm=f(norms, nk),
+                q_tokens=_tokens(lm, q_side), k_tokens=_tokens(lm, k_side))
+
+
 def attention_steps(lm: LoadedModel, text, *, site=0, head: int = 0, query: int = 0,
                     vectors: bool = False, max_length: int | None = None) -> pd.DataFrame:
     """Every key's steps to one attention weight, for one site, head and query token.
@@ -121,27 +159,11 @@ def attention_steps(lm: LoadedModel, text, *, site=0, head: int = 0, query: int 
     Raises:
         InputError: no such site, head or query; not one text.
     """
-    if not isinstance(text, (str, Text)):
-        raise InputError("attention_steps(lm, text, ...) needs one text (a string or probe.Text)")
-    where = find_site(lm, site)
-    batch = encode(lm, [text], max_length)
-    q_side, k_side = sides(where, batch)
-    nq, nk = int(q_side.lengths[0]), int(k_side.lengths[0])
-    if not 0 <= head < lm.geometry.n_heads:
-        raise InputError(f"no head {head}: {where.name} has {lm.geometry.n_heads} heads")
+    st = head_steps(lm, text, site, head, max_length)
+    nq = len(st["q_tokens"])
     if not 0 <= query < nq:
-        raise InputError(f"no query {query}: the text has {nq} query tokens at {where.name}")
-    captured = {}
-    with torch.no_grad():
-        with attention_hooks(lm, lambda s, p: captured.update({s: p[0, head, query].float()}) if s == where else None):
-            forward(lm, batch)
-        with swap_attention(lm) as swapped:
-            module = swapped.modules[lm.sites.index(where)]
-            module.step_request = (head, query)
-            forward(lm, batch)
-        st = module.steps
-        norms = value_norms(lm, where, head, st["v"].to(next(lm.model.parameters()).dtype))
-    return _table(lm, where, head, query, st, captured[where].cpu(), norms.float().cpu(), q_side, k_side, nk, vectors)
+        raise InputError(f"no query {query}: the text has {nq} query tokens at {st['site'].name}")
+    return steps_table(lm, st, query, vectors)
 
 
 def _tokens(lm, b) -> list[str]:
@@ -151,24 +173,25 @@ def _tokens(lm, b) -> list[str]:
     return display_tokens(lm.tokenizer, text, b.input_ids[0, :m].tolist(), offsets, b.special[0, :m].tolist())
 
 
-def _table(lm, where, head, query, st, model_probs, norms, q_side, k_side, nk, vectors) -> pd.DataFrame:
-    """The steps table of :func:`attention_steps` (the real keys only: padding is never shown)."""
-    f = lambda t: t[:nk].float().cpu().numpy()  # noqa: E731
-    probs = f(st["probs"])
+def steps_table(lm: LoadedModel, st: dict, query: int, vectors: bool = False) -> pd.DataFrame:
+    """The table of :func:`attention_steps` for one query of :func:`head_steps`' dict."""
+    nk = len(st["k_tokens"])
     df = pd.DataFrame({
-        "key": np.arange(nk), "token": _tokens(lm, k_side), "score": f(st["score"]), "scale": st["scale"],
-        "bias": f(st["bias"]), "scaled_score": f(st["scaled"]), "masked": ~st["keep"][:nk].cpu().numpy(),
-        "probability": probs, "model_probability": model_probs[:nk].numpy(), "value_norm": norms[:nk].numpy(),
+        "key": np.arange(nk), "token": st["k_tokens"], "score": st["score"][query], "scale": st["scale"],
+        "bias": st["bias"][query], "scaled_score": st["scaled"][query], "masked": ~st["keep"][query],
+        "probability": st["probs"][query], "model_probability": st["model_probs"][query],
+        "value_norm": st["value_norm"],
     })
     df["contribution"] = df["probability"] * df["value_norm"]
     if vectors:
-        qv, kv = st["q"].float().cpu().numpy(), f(st["k"])
+        qv = st["q"][query]
         df["q"] = [qv] * nk
-        df["k"] = list(kv)
-        df["product"] = list(kv * qv)
-        df["v"] = list(f(st["v"]))
-    qtok = _tokens(lm, q_side)[query]
-    df.attrs["steps"] = StepsInfo(where.name, head_name(where if lm.kind == "encoder-decoder" else where.layer, head),
-                                  head, int(st["kv_head"]), query, qtok, st["scale"], st["softcap"],
-                                  float(np.abs(probs - df["model_probability"].to_numpy()).max()))
+        df["k"] = list(st["k"])
+        df["product"] = list(st["k"] * qv)
+        df["v"] = list(st["v"])
+    where = st["site"]
+    df.attrs["steps"] = StepsInfo(where.name, head_name(where if lm.kind == "encoder-decoder" else where.layer,
+                                                        st["head"]),
+                                  st["head"], st["kv_head"], query, st["q_tokens"][query], st["scale"], st["softcap"],
+                                  float(np.abs(df["probability"] - df["model_probability"]).max()))
     return df

@@ -70,9 +70,8 @@ class ReferenceAttention(nn.Module):
 
     #: The deliberately broken step, for mutants (None: this is the correct module).
     mutant: str | None = None
-    #: ``(head, query)`` whose intermediate steps the next forward records into :attr:`steps`
-    #: (batch row 0; query among this pass's tokens), or None.
-    step_request: tuple[int, int] | None = None
+    #: The head whose intermediate steps the next forward records into :attr:`steps` (batch row 0), or None.
+    step_request: int | None = None
     #: What the last forward with a :attr:`step_request` recorded (:meth:`record_steps`).
     steps: dict | None = None
 
@@ -235,38 +234,39 @@ class ReferenceAttention(nn.Module):
 
     def record_steps(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
                      bias: torch.Tensor | None) -> None:
-        """Keep one head's and one query's steps of this pass in :attr:`steps` (batch row 0), with the
-        same functions :func:`~probe.reference.op.attention` runs (so the numbers are the module's own).
+        """Keep one head's steps of this pass in :attr:`steps` (batch row 0, every query), with the same
+        functions :func:`~probe.reference.op.attention` runs (so the numbers are the module's own).
 
         Args:
             q: [batch, heads, T, d_head] after q/k norms and RoPE; k, v: [batch, heads, Tk, d_head]
                 after repeating grouped key/value heads; keep: [batch|1, 1, T|1, Tk] or None;
                 bias: [batch|1, heads, T|1, Tk] or None.
 
-        ``steps``: ``q`` [d_head], ``k``/``v`` [Tk, d_head] (key/value head ``kv_head``), ``score``
-        (q . k, unscaled) [Tk], ``bias`` [Tk] (zeros where none), ``scaled`` (softcap(score * scale)
-        + bias, before masking) [Tk], ``keep`` [Tk] bool, ``probs`` [Tk], ``scale``, ``softcap``.
+        ``steps``: ``q`` [T, d_head], ``k``/``v`` [Tk, d_head] (of key/value head ``kv_head``), ``score``
+        (q . k, unscaled) [T, Tk], ``bias`` [T, Tk] (zeros where none), ``scaled`` (softcap(score *
+        scale) + bias, before masking) [T, Tk], ``keep`` [T, Tk] bool, ``probs`` [T, Tk], ``scale``,
+        ``softcap``.
 
         Raises:
-            ProbeError: the head or query is out of range.
+            ProbeError: the head is out of range.
         """
-        h, i = self.step_request
-        if not (0 <= h < self.n_head and 0 <= i < q.size(2)):
-            raise ProbeError(f"no head {h} / query {i} at this site ({self.n_head} heads, {q.size(2)} queries)")
-        Tk = k.size(-2)
-        qh, kh = q[:1, h:h + 1, i:i + 1], k[:1, h:h + 1]  # (1, 1, 1, hs), (1, 1, Tk, hs)
-        b = None if bias is None else bias[:1, h:h + 1, min(i, bias.size(2) - 1):][:, :, :1]  # (1, 1, 1, Tk)
+        h = self.step_request
+        if not 0 <= h < self.n_head:
+            raise ProbeError(f"no head {h} at this site ({self.n_head} heads)")
+        T, Tk = q.size(2), k.size(-2)
+        qh, kh = q[:1, h:h + 1], k[:1, h:h + 1]  # (1, 1, T, hs), (1, 1, Tk, hs)
+        b = None if bias is None else bias[:1, h:h + 1].expand(1, 1, T, Tk)
         scaled = scaled_scores(qh, kh, self.score_scale(), upcast=self.upcast, softcap=self.softcap, bias=b,
-                               fused_bias=self.spec.position_bias.fused)  # (1, 1, 1, Tk)
-        row = None if keep is None else keep[:1, :1, min(i, keep.size(2) - 1):][:, :, :1].expand(1, 1, 1, Tk)
+                               fused_bias=self.spec.position_bias.fused)  # (1, 1, T, Tk)
+        row = None if keep is None else keep[:1, :1].expand(1, 1, T, Tk)
         probs = masked_softmax(scaled, row, self.softmax_dtype).to(v.dtype)
         work = torch.float32 if self.upcast else q.dtype
         self.steps = dict(
-            q=qh[0, 0, 0].detach(), k=kh[0, 0].detach(), v=v[0, h].detach(), kv_head=h * self.n_kv_head // self.n_head,
-            score=(qh.to(work) @ kh.to(work).transpose(-2, -1))[0, 0, 0].detach(),
-            bias=torch.zeros(Tk, device=q.device) if b is None else b[0, 0, 0].detach().expand(Tk),
-            scaled=scaled[0, 0, 0].detach(), probs=probs[0, 0, 0].detach(),
-            keep=torch.ones(Tk, dtype=torch.bool, device=q.device) if row is None else row[0, 0, 0].detach(),
+            q=qh[0, 0].detach(), k=kh[0, 0].detach(), v=v[0, h].detach(), kv_head=h * self.n_kv_head // self.n_head,
+            score=(qh.to(work) @ kh.to(work).transpose(-2, -1))[0, 0].detach(),
+            bias=torch.zeros(T, Tk, device=q.device) if b is None else b[0, 0].detach(),
+            scaled=scaled[0, 0].detach(), probs=probs[0, 0].detach(),
+            keep=torch.ones(T, Tk, dtype=torch.bool, device=q.device) if row is None else row[0, 0].detach(),
             scale=float(self.score_scale()), softcap=self.softcap)
 
     # -- forward ------------------------------------------------------------------------------------
