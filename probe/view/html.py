@@ -116,13 +116,10 @@ class HeadView:
         labels = _labels(example.labels, tokenizer, example.text, example.ids, example.offsets, example.special)
         title = f"Example {example.index + 1}: " + (f"first {n} of {example.n_tokens} tokens" if n < example.n_tokens
                                                     else plural(n, "token"))
-        probs, sites = list(example.probs), [Site("encoder" if example.decoder else "decoder" if causal else
-                                                  "encoder", x) for x in range(len(example.probs))]
+        probs, sites = example_maps(example, causal)
         seq = dict(axes=None, sides=None, prefixed=False)
         if example.decoder:
             names = list(example.decoder)
-            probs += [example.decoder[name] for name in names]
-            sites += [_site(name) for name in names]
             t = example.target
             nq = max(np.shape(example.decoder[name])[-2] for name in names)
             target = _labels(t.get("labels"), tokenizer, t["text"], t["ids"], [tuple(o) for o in t["offsets"]],
@@ -137,6 +134,18 @@ class HeadView:
                              text=example.text, offsets=example.offsets[:n],
                              head_labels=site_labels(heads_table, sites), sites=sites,
                              causal=causal, **seq, **kw))
+
+
+def example_maps(example, causal: bool = False) -> tuple[list, list[Site]]:
+    """An analysis example's maps, one [heads, query, key] per site, and their sites: the encoder's
+    (or a one-stack model's) layers, then an encoder-decoder model's decoder sites."""
+    probs = list(example.probs)
+    stack = "encoder" if example.decoder or not causal else "decoder"
+    sites = [Site(stack, x) for x in range(len(probs))]
+    for name in example.decoder or {}:
+        probs.append(example.decoder[name])
+        sites.append(_site(name))
+    return probs, sites
 
 
 def _labels(stored, tokenizer, text, ids, offsets, special) -> list[str]:
