@@ -30,7 +30,8 @@ from ..runfolder import replace_file
 from ..seq2seq import sides
 from ..sites import head_name
 from ..util import plural
-from .html import VIEW_CSP, HeadView, example_maps, render_fragment, show, site_labels, view_static
+from .assets import view_static
+from .html import VIEW_CSP, HeadView, example_maps, render_fragment, show, site_labels
 
 #: Most cells along a thumbnail's longer side.
 THUMB_CELLS = 32
