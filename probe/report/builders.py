@@ -9,7 +9,7 @@ from collections.abc import Callable
 from ..linguistic.report import coref_section, syntax_section
 from ..patterns.report import circuits_section, groups_section, health_section, types_section
 from ..pruning.report import section as pruning_section
-from ..view.section import head_view_section
+from ..view.section import head_view_section, model_view_section, steps_section
 from .cross import cross_attention_section
 from .sections import Section
 
@@ -17,6 +17,8 @@ from .sections import Section
 BUILDERS: list[Callable[..., Section | None]] = [
     cross_attention_section,
     head_view_section,
+    model_view_section,
+    steps_section,
     coref_section,
     syntax_section,
     health_section,

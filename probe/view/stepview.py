@@ -14,9 +14,14 @@ import uuid
 import numpy as np
 
 from ..errors import InputError
-from ..report.page import _json_for_script
+from ..inputs import Text
+from ..report.page import _json_for_script, choose_heads
 from ..sites import head_name
+from ..steps import head_steps
 from .assets import view_static
+
+#: The key of the report's step views in ``AnalysisResult.results``.
+STEPS_KEY = "attention_steps"
 
 #: Most query (and key) tokens a step view holds (its data grows with tokens^2 * 5 + tokens * d_head * 3).
 STEP_MAX_TOKENS = 160
@@ -63,3 +68,29 @@ def render_step_view(data: dict, view_id: str | None = None) -> str:
             f'<div class="sv-fallback">probe step view: its script has not run.</div>'
             f'<script type="application/json" class="probe-sv-data">{_json_for_script(data)}</script>'
             f'<script>{view_static("stepview.js")}</script></div>')
+
+
+def report_steps(lm, result, *, limit: int = 8) -> list[dict]:
+    """The step views of the report: the strongest head of each primary label (as the report's
+    chosen heads, :func:`probe.report.page.choose_heads`) on the first example, cut to the tokens
+    the analysis kept of it; put into ``result.results[STEPS_KEY]`` and returned.
+
+    Args:
+        lm: the model the result was measured on; result: :func:`probe.analysis.analyze`'s result.
+        limit: most heads.
+
+    Returns:
+        :func:`step_view_data` dicts with ``label`` and ``reason`` added ([] without examples).
+    """
+    if not result.examples:
+        return []
+    ex = result.examples[0]
+    n = int(ex.probs.shape[-1])
+    text = ex.text if not ex.decoder else Text(ex.text, target=ex.target["text"])
+    out = []
+    for layer, head, label, reason in choose_heads(result, limit=limit):
+        st = head_steps(lm, text, layer, head, max_length=min(n, STEP_MAX_TOKENS))
+        data = step_view_data(st, encoder_decoder=lm.kind == "encoder-decoder", site_index=layer)
+        out.append({**data, "label": label, "reason": reason})
+    result.results[STEPS_KEY] = out
+    return out

@@ -29,10 +29,14 @@
     var data = view.data, self = this;
     this.view = view; this.sites = g.sites;
     var first = data.sites[g.sites[0]];
-    var nq = 0, nk = 0;
-    g.sites.forEach(function (x) { nq = Math.max(nq, data.sites[x].nq); nk = Math.max(nk, data.sites[x].nk); });
-    var m = Math.max(nq, nk);
-    this.w = Math.max(8, Math.round(BOX * nk / m)); this.h = Math.max(8, Math.round(BOX * nq / m));
+    var nq = 0, nk = 0, rows = 0, cols = 0;
+    g.sites.forEach(function (x) {
+      var s = data.sites[x];
+      nq = Math.max(nq, s.nq); nk = Math.max(nk, s.nk); rows = Math.max(rows, s.rows); cols = Math.max(cols, s.cols);
+    });
+    var m = Math.max(nq, nk);  // the map's shape, and at least one pixel per cell
+    this.w = Math.max(8, cols + 2 * BORDER, Math.round(BOX * nk / m));
+    this.h = Math.max(8, rows + 2 * BORDER, Math.round(BOX * nq / m));
     this.heads = first.heads.length;
     this.W = LEFT + this.heads * (this.w + GAP); this.H = TOP + g.sites.length * (this.h + GAP);
     if (g.title) view.root.appendChild(el("div", "mv-grid-title", g.title));
@@ -48,7 +52,7 @@
   var G = Grid.prototype;
   G.origin = function (r, h) { return {x: LEFT + h * (this.w + GAP) + BORDER, y: TOP + r * (this.h + GAP) + BORDER}; };
   G.draw = function () {
-    var ctx = this.canvas.getContext("2d"), data = this.view.data, self = this;
+    var ctx = this.canvas.getContext("2d", {willReadFrequently: true}), data = this.view.data, self = this;  // read back by tests
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, this.W, this.H);
     var img = ctx.createImageData(this.W, this.H), px = img.data;
     for (var i = 0; i < px.length; i += 4) { px[i] = px[i + 1] = px[i + 2] = 255; px[i + 3] = 255; }
@@ -125,17 +129,19 @@
       data: self.data, timings: self.timings,
       opened: function () { return self.opened; },
       cells: function (site, head) { var f = find(site); return Array.prototype.slice.call(f.grid.decoded[f.row][head]); },
-      pixel: function (site, head, r, c) {  // the drawn value of cell (r, c), read back from the canvas
+      drawn: function (site, head) {  // every cell's value as drawn, read back from the canvas (one readback)
         var f = find(site), s = self.data.sites[site], g = f.grid, o = g.origin(f.row, head);
-        var iw = g.w - 2 * BORDER, ih = g.h - 2 * BORDER;
-        var x = o.x + Math.floor((c + 0.5) * iw / s.cols), y = o.y + Math.floor((r + 0.5) * ih / s.rows);
-        var d = g.canvas.getContext("2d").getImageData(x, y, 1, 1).data;
-        return 255 - d[0];
-      },
-      border: function (site, head) {
-        var f = find(site), o = f.grid.origin(f.row, head);
-        var d = f.grid.canvas.getContext("2d").getImageData(o.x - 2, o.y - 2, 1, 1).data;
-        return [d[0], d[1], d[2]];
+        var iw = g.w - 2 * BORDER, ih = g.h - 2 * BORDER, d = g.canvas.getContext("2d").getImageData(o.x, o.y, iw, ih).data;
+        var out = [];
+        for (var r = 0; r < s.rows; r++) {
+          var row = [];
+          for (var c = 0; c < s.cols; c++) {
+            var x = Math.ceil(c * iw / s.cols), y = Math.ceil(r * ih / s.rows);  // the first pixel of cell (r, c)
+            row.push(255 - d[(y * iw + x) * 4]);
+          }
+          out.push(row);
+        }
+        return out;
       },
       point: function (site, head) {
         var f = find(site), o = f.grid.origin(f.row, head);
