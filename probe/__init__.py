@@ -42,7 +42,7 @@ from .sites import Site  # noqa: E402
 from .stats import STATISTICS, HeadStatistics  # noqa: E402
 from .steps import attention_steps  # noqa: E402
 from .verification import verify  # noqa: E402
-from .view import HeadView, show  # noqa: E402
+from .view import HeadView, ModelView, model_view, show  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -51,5 +51,5 @@ __all__ = [
     "ensure_eager", "measuring", "Text", "capture_attention", "attention_hooks", "Accumulator", "STATISTICS",
     "HeadStatistics", "analyze", "run", "attention", "swap_attention", "verify",
     "show", "HeadView", "load_run", "compare_runs", "prune", "attention_rollout", "attention_flow", "Attribution",
-    "attention_steps",
+    "attention_steps", "model_view", "ModelView",
 ]

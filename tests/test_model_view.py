@@ -214,3 +214,19 @@ def test_first_draw_of_30_by_9_heads_at_512_tokens(browser, tmp_path):
     assert np.array_equal(pg.ev(f"{MV}.drawn(29, 8)"), want) and s["rows"] == 32
     pg.page.screenshot(path=str(tmp_path / "big.png"))
     pg.clean()
+
+
+def test_encoder_decoder_model_view_draws_each_site_kind(browser, tmp_path):
+    lm = tiny_model("t5")
+    mv = model_view(lm, Text("the cat sat on the mat and then it ran away", target="a dog"))
+    pg = Page(browser, mv.save(tmp_path / "mv.html"))
+    assert pg.ev("document.querySelectorAll('.probe-mv .mv-grid-title').length") == 3
+    for x, s in enumerate(mv.data["sites"]):
+        assert np.array_equal(pg.ev(f"{MV}.drawn({x}, 1)"), cells_of(s, 1))
+    cross = next(x for x, s in enumerate(mv.data["sites"]) if s["name"].endswith("cross"))
+    pt = pg.ev(f"{MV}.point({cross}, 3)")
+    pg.page.mouse.click(pt["x"], pt["y"])
+    st = pg.ev(f"{HV}.state()")
+    assert st["layer"] == cross and st["heads"] == [3]
+    pg.page.screenshot(path=str(tmp_path / "mv.png"), full_page=True)
+    pg.clean()
