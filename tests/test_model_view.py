@@ -5,16 +5,20 @@ Chromium draws reads back as that data, offline, under the views' policy, withou
 from __future__ import annotations
 
 import base64
+import json
 import math
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
-from conftest import CHROMIUM_ARGS, tiny_model
+from conftest import CHROMIUM_ARGS, save_tiny, tiny_model
 from probe import attention_steps, show
 from probe.analysis import analyze
 from probe.capture import capture_attention
+from probe.cli import main
 from probe.inputs import Text
+from probe.models import load_model
 from probe.report import CSP, write_run
 from probe.sites import Site
 from probe.view.modelview import LEVELS, model_view, model_view_data, page, pool_map, render_model_view
@@ -79,6 +83,24 @@ def test_labels_colour_borders_by_site_and_tokens_never_reach_the_page():
     assert got == want
     fragment = render_model_view(mv.data)
     assert "</script>" not in fragment.split('class="probe-mv-data">', 1)[1].split("</script>", 1)[0]
+
+
+def test_probe_analyze_puts_the_step_views_in_the_report(tmp_path):
+    """The CLI has the model, so its report carries each label's strongest head's steps, equal to
+    attention_steps on the first example."""
+    folder = save_tiny("gpt2", tmp_path / "gpt2")
+    text = "the cat sat on the mat and then the cat sat on the mat again"
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["analyze", "--model", str(folder), "--text", text, "--out", str(out),
+                                       "--no-progress"])
+    assert result.exit_code == 0, result.output
+    html = (out / "index.html").read_text(encoding="utf-8")
+    assert 'id="model-view"' in html and 'id="attention-steps"' in html
+    data = json.loads(html.split('class="probe-sv-data">', 1)[1].split("</script>", 1)[0])
+    lm = load_model(str(folder))
+    df = attention_steps(lm, text, site=data["siteIndex"], head=data["head"], query=3)
+    nk = data["nk"]
+    np.testing.assert_allclose(data["probs"][3 * nk:4 * nk], df["probability"], atol=1e-6)
 
 
 # --------------------------------------------------------------------------- browser
