@@ -81,16 +81,17 @@ def find_site(lm: LoadedModel, site) -> Site:
                      f"{sites[0].name!r}, or {head_name(sites[0], 0)[:-2]!r})")
 
 
-def value_norms(lm: LoadedModel, site: Site, head: int, v: torch.Tensor) -> torch.Tensor:
+def value_norms(lm: LoadedModel, site: Site, head: int, v: torch.Tensor, n_heads: int) -> torch.Tensor:
     """||f_h(x_j)|| = ||v_j W_O^h|| per key [Tk], v [Tk, d_head] the head's values (with their bias).
 
     LOCAL HELPER, TO BE REPLACED by the value-weighted attention's own f_h (Kobayashi et al. 2020,
     sec. 3) when it lands: it applies the site's output projection to the head's slice alone and
-    takes its bias off (b_O is not split between heads).
+    takes its bias off (b_O is not split between heads). ``n_heads``: the site's query heads now
+    (physically pruned layers have fewer), so the projection's input is n_heads * d_head wide.
     """
     out = dict(site_outputs(lm.model))[site]
     Tk, hs = v.shape
-    n_in = lm.geometry.n_heads * hs
+    n_in = n_heads * hs
     x = torch.zeros(Tk + 1, n_in, dtype=v.dtype, device=v.device)
     x[:Tk, head * hs:(head + 1) * hs] = v
     y = out(x[None])[0]  # (Tk + 1, d_model); the last row is the projection of 0 (its bias)
@@ -112,21 +113,21 @@ def head_steps(lm: LoadedModel, text, site=0, head: int = 0, max_length: int | N
     if not isinstance(text, (str, Text)):
         raise InputError("attention steps need one text (a string or probe.Text)")
     where = find_site(lm, site)
-    if not 0 <= head < lm.geometry.n_heads:
-        raise InputError(f"no head {head}: {where.name} has {lm.geometry.n_heads} heads")
     batch = encode(lm, [text], max_length)
     q_side, k_side = sides(where, batch)
     nq, nk = int(q_side.lengths[0]), int(k_side.lengths[0])
     captured = {}
     with torch.no_grad():
-        with attention_hooks(lm, lambda s, p: captured.update({s: p[0, head]}) if s == where else None):
-            forward(lm, batch)
-        with swap_attention(lm) as swapped:
+        with swap_attention(lm) as swapped:  # the from-scratch steps first (it knows the site's heads)
             module = swapped.modules[lm.sites.index(where)]
+            if not 0 <= head < module.n_head:
+                raise InputError(f"no head {head}: {where.name} has {module.n_head} heads")
             module.step_request = head
             forward(lm, batch)
         st = module.steps
-        norms = value_norms(lm, where, head, st["v"].to(next(lm.model.parameters()).dtype))
+        with attention_hooks(lm, lambda s, p: captured.update({s: p[0, head]}) if s == where else None):
+            forward(lm, batch)  # the model's own probabilities
+        norms = value_norms(lm, where, head, st["v"].to(next(lm.model.parameters()).dtype), module.n_head)
     f = lambda t, *shape: t[tuple(slice(0, n) for n in shape)].float().cpu().numpy()  # noqa: E731
     return dict(site=where, head=head, kv_head=int(st["kv_head"]), scale=st["scale"], softcap=st["softcap"],
                 q=f(st["q"], nq), k=f(st["k"], nk), v=f(st["v"], nk), score=f(st["score"], nq, nk),
