@@ -14,6 +14,7 @@ from probe.architectures.position_bias import alibi_slopes
 from probe.capture import encode, forward
 from probe.errors import InputError
 from probe.inputs import Text
+from probe.pruning.removal import remove_heads
 from probe.steps import head_steps
 
 TEXT = "the cat sat on the mat and then it ran away from the dog"
@@ -136,3 +137,13 @@ def test_steps_identities_on_smollm2(smollm2):
         st = head_steps(smollm2, "The keys to the cabinet are on the table.", site=site, head=head)
         check_identities(st)
         assert st["kv_head"] == head // 3
+
+
+def test_steps_on_a_physically_pruned_site_use_its_own_heads():
+    """Layer 0 keeps 3 of 4 heads: its value norms read a 3 * d_head wide output projection."""
+    lm = tiny_model("bert")
+    remove_heads(lm, {0: [1]})
+    st = head_steps(lm, TEXT, site=0, head=2)
+    check_identities(st)
+    with pytest.raises(InputError, match="3 heads"):
+        head_steps(lm, TEXT, site=0, head=3)
