@@ -80,7 +80,8 @@ def report_steps(lm, result, *, limit: int = 8) -> list[dict]:
         limit: most heads.
 
     Returns:
-        :func:`step_view_data` dicts with ``label`` and ``reason`` added ([] without examples).
+        :func:`step_view_data` dicts with ``label`` and ``reason`` added ([] without examples); ``name``
+        is the head's in the original numbering, ``head`` its slot in a physically pruned layer.
     """
     if not result.examples:
         return []
@@ -89,8 +90,15 @@ def report_steps(lm, result, *, limit: int = 8) -> list[dict]:
     text = ex.text if not ex.decoder else Text(ex.text, target=ex.target["text"])
     out = []
     for layer, head, label, reason in choose_heads(result, limit=limit):
-        st = head_steps(lm, text, layer, head, max_length=min(n, STEP_MAX_TOKENS))
+        slot = head  # the heads table numbers heads as the original model; a pruned layer's slots differ
+        if lm.pruned is not None:
+            slots = lm.pruned.layouts[layer].q
+            if head not in slots:
+                continue
+            slot = slots.index(head)
+        st = head_steps(lm, text, layer, slot, max_length=min(n, STEP_MAX_TOKENS))
         data = step_view_data(st, encoder_decoder=lm.kind == "encoder-decoder", site_index=layer)
-        out.append({**data, "label": label, "reason": reason})
+        name = head_name(lm.sites[layer] if lm.kind == "encoder-decoder" else layer, head)
+        out.append({**data, "name": name, "label": label, "reason": reason})
     result.results[STEPS_KEY] = out
     return out
