@@ -45,8 +45,9 @@ from .reference import attention, swap_attention  # noqa: E402
 from .rollout import Attribution, attention_rollout  # noqa: E402
 from .sites import Site  # noqa: E402
 from .stats import STATISTICS, HeadStatistics  # noqa: E402
+from .steps import attention_steps  # noqa: E402
 from .verification import verify  # noqa: E402
-from .view import HeadView, show  # noqa: E402
+from .view import HeadView, ModelView, model_view, show  # noqa: E402
 from .view.rollout import RolloutView, rollout_view  # noqa: E402
 
 __version__ = "0.1.0"
@@ -58,4 +59,5 @@ __all__ = [
     "show", "HeadView", "load_run", "compare_runs", "prune", "head_effects", "attention_rollout", "attention_flow",
     "Attribution", "Pair", "patch_heads", "direct_logit_attribution", "composition_scores",
     "rollout_view", "RolloutView",
+    "attention_steps", "model_view", "ModelView",
 ]

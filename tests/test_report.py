@@ -49,12 +49,13 @@ def test_index_html_is_self_contained_and_escaped(run_dir):
     assert "<script>alert(1)</script>" not in html and "<script>alert(2)</script>" not in html
     assert "<b>bold</b>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in html
-    # exactly four script elements: the data block and the heatmap renderer, the head view's data
-    # and its script; token text cannot close them
+    # exactly six script elements: the model view's data and its script, the head view's data
+    # and its script, the data block and the heatmap renderer; token text cannot close them
     opened = re.findall(r"<script\b[^>]*>", html)
-    assert opened == ['<script type="application/json" class="probe-hv-data">', "<script>",
+    assert opened == ['<script type="application/json" class="probe-mv-data">', "<script>",
+                      '<script type="application/json" class="probe-hv-data">', "<script>",
                       '<script type="application/json" id="probe-data">', "<script>"]
-    assert len(re.findall(r"</script>", html)) == 4
+    assert len(re.findall(r"</script>", html)) == 6
 
 
 def test_figure_data_matches_the_result(run_dir):

@@ -143,8 +143,10 @@ def test_fragment_escapes_tokens_and_each_view_has_its_own_id():
     for html in (a, b):
         assert "<script>alert(1)" not in html and "<b>bold" not in html and "<img src=x>" not in html
         assert re.findall(r"<script\b[^>]*>", html) == ['<script type="application/json" class="probe-hv-data">',
+                                                        "<script>",  # then the step view of the initial head
+                                                        '<script type="application/json" class="probe-sv-data">',
                                                         "<script>"]
-        assert len(re.findall(r"</script>", html)) == 2
+        assert len(re.findall(r"</script>", html)) == 4
         assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.I)
     ids = [re.search(r'<div class="probe-hv" id="([^"]+)"', h).group(1) for h in (a, b)]
     assert ids[0] != ids[1]

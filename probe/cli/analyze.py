@@ -11,6 +11,7 @@ import click
 
 from .. import IMPORT_STARTED
 from ..util import plural, process_age
+from ..view.stepview import report_steps
 from .group import hold, main, user_errors
 from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .verify import verify_progress
@@ -164,6 +165,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
         result.results["rollout"] = run_rollout(lm, result)
         timings["rollout_s"] = result.results["rollout"].seconds
     result.settings["input"] = source
+    report_steps(lm, result)  # the report's attention-step views (the model is needed: not kept in the result)
     path = write_run(result, lm.tokenizer, out, force=force, verification=verification,
                      timings=timings, started=started)
     _summary(result, verification, annotated is not None, lm.notes)

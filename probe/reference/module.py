@@ -14,7 +14,7 @@ from torch import nn
 from ..architectures import ArchSpec, SiteSpec, head_geometry, site_spec
 from ..errors import ProbeError
 from ..sites import Site, causal_keep
-from .op import MaskError, as_keep_mask, attention
+from .op import MaskError, as_keep_mask, attention, masked_softmax, scaled_scores
 from .rotary import Rope, apply_rope
 
 
@@ -70,6 +70,10 @@ class ReferenceAttention(nn.Module):
 
     #: The deliberately broken step, for mutants (None: this is the correct module).
     mutant: str | None = None
+    #: The head whose intermediate steps the next forward records into :attr:`steps` (batch row 0), or None.
+    step_request: int | None = None
+    #: What the last forward with a :attr:`step_request` recorded (:meth:`record_steps`).
+    steps: dict | None = None
 
     def __init__(self, original: nn.Module, spec: ArchSpec, config, layer_idx: int,
                  context: ForwardContext | None = None, *, site: Site | None = None,
@@ -228,6 +232,43 @@ class ReferenceAttention(nn.Module):
         B, nh, T, hs = y.shape
         return y.transpose(1, 2).contiguous().view(B, T, nh * hs)
 
+    def record_steps(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
+                     bias: torch.Tensor | None) -> None:
+        """Keep one head's steps of this pass in :attr:`steps` (batch row 0, every query), with the same
+        functions :func:`~probe.reference.op.attention` runs (so the numbers are the module's own).
+
+        Args:
+            q: [batch, heads, T, d_head] after q/k norms and RoPE; k, v: [batch, heads, Tk, d_head]
+                after repeating grouped key/value heads; keep: [batch|1, 1, T|1, Tk] or None;
+                bias: [batch|1, heads, T|1, Tk] or None.
+
+        ``steps``: ``q`` [T, d_head], ``k``/``v`` [Tk, d_head] (of key/value head ``kv_head``), ``score``
+        (q . k, unscaled) [T, Tk], ``bias`` [T, Tk] (zeros where none), ``scaled`` (softcap(score *
+        scale) + bias, before masking) [T, Tk], ``keep`` [T, Tk] bool, ``probs`` [T, Tk], ``scale``,
+        ``softcap``.
+
+        Raises:
+            ProbeError: the head is out of range.
+        """
+        h = self.step_request
+        if not 0 <= h < self.n_head:
+            raise ProbeError(f"no head {h} at this site ({self.n_head} heads)")
+        T, Tk = q.size(2), k.size(-2)
+        qh, kh = q[:1, h:h + 1], k[:1, h:h + 1]  # (1, 1, T, hs), (1, 1, Tk, hs)
+        b = None if bias is None else bias[:1, h:h + 1].expand(1, 1, T, Tk)
+        scaled = scaled_scores(qh, kh, self.score_scale(), upcast=self.upcast, softcap=self.softcap, bias=b,
+                               fused_bias=self.spec.position_bias.fused)  # (1, 1, T, Tk)
+        row = None if keep is None else keep[:1, :1].expand(1, 1, T, Tk)
+        probs = masked_softmax(scaled, row, self.softmax_dtype).to(v.dtype)
+        work = torch.float32 if self.upcast else q.dtype
+        self.steps = dict(
+            q=qh[0, 0].detach(), k=kh[0, 0].detach(), v=v[0, h].detach(), kv_head=h * self.n_kv_head // self.n_head,
+            score=(qh.to(work) @ kh.to(work).transpose(-2, -1))[0, 0].detach(),
+            bias=torch.zeros(T, Tk, device=q.device) if b is None else b[0, 0].detach(),
+            scaled=scaled[0, 0].detach(), probs=probs[0, 0].detach(),
+            keep=torch.ones(T, Tk, dtype=torch.bool, device=q.device) if row is None else row[0, 0].detach(),
+            scale=float(self.score_scale()), softcap=self.softcap)
+
     # -- forward ------------------------------------------------------------------------------------
 
     def _arguments(self, hidden_states, args, kwargs) -> dict:
@@ -311,6 +352,8 @@ class ReferenceAttention(nn.Module):
         if bias is not None and not self.upcast:
             bias = bias.to(q.dtype)
 
+        if self.step_request is not None:
+            self.record_steps(q, k, v, keep, bias)
         # 3. softmax(q k^T * scale + bias, masked) v; merge heads; output projection
         y, probs = attention(q, k, v, mask=keep, scale=self.score_scale(), softmax_dtype=self.softmax_dtype,
                              upcast=self.upcast, softcap=self.softcap, bias=bias,

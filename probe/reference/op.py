@@ -128,24 +128,49 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         tri = causal_keep(Tq, Tk, window=window, device=q.device)  # (Tq, Tk)
         keep = tri if keep is None else keep & tri
 
+    scores = scaled_scores(q, k, scale, upcast=upcast, softcap=softcap, bias=bias, fused_bias=fused_bias)
+    probs = masked_softmax(scores, keep, softmax_dtype).to(v.dtype)  # (B, nh, Tq, Tk), rows sum to 1
+    out = probs @ v  # (B, nh, Tq, Tk) x (B, nh, Tk, hs) -> (B, nh, Tq, hs)
+    return out, probs
+
+
+def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float, *, upcast: bool = False,
+                  softcap: float | None = None, bias: torch.Tensor | None = None,
+                  fused_bias: bool = False) -> torch.Tensor:
+    """The scores before masking: ``softcap(q k^T * scale) + bias``, as :func:`attention` computes them.
+
+    Args:
+        q: [batch, heads, query, d_head]; k: [batch, heads, key, d_head] (grouped heads repeated).
+        scale, upcast, softcap, bias, fused_bias: as :func:`attention`.
+
+    Returns:
+        [batch, heads, query, key] (float32 with ``upcast``, else q's dtype).
+    """
+    B, nh, Tq, hs = q.shape
+    Tk = k.size(-2)
     if upcast:
         q, k = q.float(), k.float()
     if bias is not None and fused_bias:  # bias + scale * q k^T in one GEMM, (B*nh, Tq, Tk)
         full = bias.expand(B, nh, Tq, Tk).reshape(B * nh, Tq, Tk)
-        scores = torch.baddbmm(full, q.reshape(B * nh, Tq, hs), k.reshape(B * nh, Tk, hs).transpose(1, 2),
-                               beta=1.0, alpha=scale).view(B, nh, Tq, Tk)
-        bias = None
-    else:
-        scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, Tq, hs) x (B, nh, hs, Tk) -> (B, nh, Tq, Tk)
+        return torch.baddbmm(full, q.reshape(B * nh, Tq, hs), k.reshape(B * nh, Tk, hs).transpose(1, 2),
+                             beta=1.0, alpha=scale).view(B, nh, Tq, Tk)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, Tq, hs) x (B, nh, hs, Tk) -> (B, nh, Tq, Tk)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = scores + bias  # position bias (ALiBi, T5)
+    return scores
+
+
+def masked_softmax(scores: torch.Tensor, keep: torch.Tensor | None,
+                   softmax_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """softmax over keys with masked pairs set to -inf: [batch, heads, query, key] -> the same shape,
+    in ``softmax_dtype`` (default the scores'). Masked keys get exactly 0; a row with no finite
+    score gets 0 everywhere (never NaN). ``keep``: a boolean mask broadcastable to the scores, or None."""
     if keep is not None:
         scores = scores.masked_fill(~keep, -math.inf)  # set, not added: cannot overflow in fp16
-    probs = F.softmax(scores, dim=-1, dtype=softmax_dtype).to(v.dtype)  # (B, nh, Tq, Tk), rows sum to 1
+    probs = F.softmax(scores, dim=-1, dtype=softmax_dtype)
     empty = probs.sum(dim=-1, keepdim=True).isnan()  # (B, nh, Tq, 1): rows without a finite score
     if bool(empty.any()):
         probs = probs.masked_fill(empty, 0.0)
-    out = probs @ v  # (B, nh, Tq, Tk) x (B, nh, Tk, hs) -> (B, nh, Tq, hs)
-    return out, probs
+    return probs

@@ -12,7 +12,7 @@ from ..linguistic.report import coref_section, syntax_section
 from ..patterns.report import circuits_section, groups_section, health_section, types_section
 from ..pruning.report import section as pruning_section
 from ..view.rollout import rollout_section
-from ..view.section import head_view_section
+from ..view.section import head_view_section, model_view_section, steps_section
 from .cross import cross_attention_section
 from .norms import value_weighted_section
 from .sections import Section
@@ -21,6 +21,8 @@ from .sections import Section
 BUILDERS: list[Callable[..., Section | None]] = [
     cross_attention_section,
     head_view_section,
+    model_view_section,
+    steps_section,
     coref_section,
     syntax_section,
     health_section,

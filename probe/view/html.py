@@ -13,8 +13,6 @@ from __future__ import annotations
 import html
 import uuid
 from dataclasses import replace
-from functools import cache
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -29,21 +27,15 @@ from ..report.page import _json_for_script
 from ..runfolder import replace_file
 from ..seq2seq import sides
 from ..sites import Site
+from ..steps import head_steps
 from ..tokens import display_tokens
 from ..util import plural
+from .assets import view_static
 from .data import LINE_THRESHOLD, MAX_VALUES, budget_note, check_budget, choose_layers, view_data
+from .stepview import STEP_MAX_TOKENS, render_step_view, step_view_data
 
 #: The Content-Security-Policy the view works under (no network, inline script and style only).
 VIEW_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
-
-
-@cache
-def view_static(name: str) -> str:
-    """A file of ``probe/view/static`` (inlined into every view)."""
-    text = resources.files("probe").joinpath(f"view/static/{name}").read_text(encoding="utf-8")
-    if "</script" in text.lower() or "</style" in text.lower():
-        raise RuntimeError(f"{name} must not contain a closing script/style tag")
-    return text
 
 
 def render_fragment(data: dict, view_id: str | None = None) -> str:
@@ -61,12 +53,21 @@ def render_fragment(data: dict, view_id: str | None = None) -> str:
             f'<script>{view_static("headview.js")}</script></div>')
 
 
-def render_page(data: dict, title: str = "probe head view") -> str:
-    """A whole offline page with one view (under :data:`VIEW_CSP`)."""
+def render_views(data: dict, steps: dict | None = None) -> str:
+    """The head view's fragment, followed by its step view (``steps``: :func:`probe.view.stepview.step_view_data`'s
+    dict) wired to it: pinning a query token of the steps' site opens it in the step view."""
+    if steps is None:
+        return render_fragment(data)
+    view_id = f"probe-hv-{uuid.uuid4().hex[:12]}"
+    return render_fragment(data, view_id) + render_step_view({**steps, "source": view_id})
+
+
+def render_page(data: dict, title: str = "probe head view", steps: dict | None = None) -> str:
+    """A whole offline page with one view (and its step view; under :data:`VIEW_CSP`)."""
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{VIEW_CSP}">'
             f'<title>{html.escape(title)}</title></head>'
-            f'<body style="font-family: sans-serif; margin: 1rem">{render_fragment(data)}</body></html>\n')
+            f'<body style="font-family: sans-serif; margin: 1rem">{render_views(data, steps)}</body></html>\n')
 
 
 class HeadView:
@@ -77,19 +78,19 @@ class HeadView:
             to 3 decimals (integers in thousandths).
     """
 
-    def __init__(self, data: dict) -> None:
-        self.data = data
+    def __init__(self, data: dict, steps: dict | None = None) -> None:
+        self.data, self.steps = data, steps
 
     def _repr_html_(self) -> str:
-        return render_fragment(self.data)
+        return render_views(self.data, self.steps)
 
     def to_html(self) -> str:
-        """A fragment with a new element id."""
-        return render_fragment(self.data)
+        """A fragment with a new element id (and the step view, where there is one)."""
+        return render_views(self.data, self.steps)
 
     def save(self, path: str | Path) -> Path:
         """Write a whole offline page with this view; return its path."""
-        return replace_file(path, render_page(self.data, self.data.get("title") or "probe head view"))
+        return replace_file(path, render_page(self.data, self.data.get("title") or "probe head view", self.steps))
 
     def __repr__(self) -> str:
         d = self.data
@@ -116,13 +117,10 @@ class HeadView:
         labels = _labels(example.labels, tokenizer, example.text, example.ids, example.offsets, example.special)
         title = f"Example {example.index + 1}: " + (f"first {n} of {example.n_tokens} tokens" if n < example.n_tokens
                                                     else plural(n, "token"))
-        probs, sites = list(example.probs), [Site("encoder" if example.decoder else "decoder" if causal else
-                                                  "encoder", x) for x in range(len(example.probs))]
+        probs, sites = example_maps(example, causal)
         seq = dict(axes=None, sides=None, prefixed=False)
         if example.decoder:
             names = list(example.decoder)
-            probs += [example.decoder[name] for name in names]
-            sites += [_site(name) for name in names]
             t = example.target
             nq = max(np.shape(example.decoder[name])[-2] for name in names)
             target = _labels(t.get("labels"), tokenizer, t["text"], t["ids"], [tuple(o) for o in t["offsets"]],
@@ -137,6 +135,18 @@ class HeadView:
                              text=example.text, offsets=example.offsets[:n],
                              head_labels=site_labels(heads_table, sites), sites=sites,
                              causal=causal, **seq, **kw))
+
+
+def example_maps(example, causal: bool = False) -> tuple[list, list[Site]]:
+    """An analysis example's maps, one [heads, query, key] per site, and their sites: the encoder's
+    (or a one-stack model's) layers, then an encoder-decoder model's decoder sites."""
+    probs = list(example.probs)
+    stack = "encoder" if example.decoder or not causal else "decoder"
+    sites = [Site(stack, x) for x in range(len(probs))]
+    for name in example.decoder or {}:
+        probs.append(example.decoder[name])
+        sites.append(_site(name))
+    return probs, sites
 
 
 def _labels(stored, tokenizer, text, ids, offsets, special) -> list[str]:
@@ -178,7 +188,7 @@ def site_labels(heads_table, sites) -> dict[tuple[int, int], str]:
 
 def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, layer: int | None = None,
          heads=None, max_length: int | None = None, max_values: int = MAX_VALUES,
-         threshold: float = LINE_THRESHOLD, words: bool = True) -> HeadView:
+         threshold: float = LINE_THRESHOLD, words: bool = True, steps=None) -> HeadView:
     """An interactive head view (bertviz's head view, offline), for Jupyter or a page.
 
     ``show(lm, "The cat sat.")`` runs the model on one text and keeps only the layers shown;
@@ -196,6 +206,10 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
         max_values: most numbers (layers x heads x tokens^2) the view holds.
         threshold: lines are drawn for attention probabilities at or above this.
         words: offer the word-level mode (where the tokens have word ids).
+        steps: a model and a text only: ``(site, head)`` adds the attention-step view of that head
+            (:mod:`probe.view.stepview`; a pinned query token of that site opens there); default the
+            initial layer's first selected head for texts of at most
+            :data:`~probe.view.stepview.STEP_MAX_TOKENS` tokens; ``False``: none.
 
     Returns:
         A :class:`HeadView` (displayed by Jupyter; ``.save(path)`` writes a page).
@@ -214,7 +228,15 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
                                      layers=layers, max_values=max_values, **kw)
     if not isinstance(source, LoadedModel):
         raise InputError(f"show() takes a loaded model and a text, or an analysis result; got {type(source).__name__}")
-    return _show_text(source, text, layers, max_length, max_values, words, kw)
+    view = _show_text(source, text, layers, max_length, max_values, words, kw)
+    if steps is False or (steps is None and view.data["n"] > STEP_MAX_TOKENS):
+        return view
+    site, head = steps if steps is not None else (view.data["layers"][view.data["initial"]["layer"]],
+                                                  (view.data["initial"]["heads"] or [0])[0])
+    st = head_steps(source, text, site, int(head), max_length)
+    view.steps = step_view_data(st, encoder_decoder=source.kind == "encoder-decoder",
+                                site_index=source.sites.index(st["site"]))
+    return view
 
 
 def _without_words(ex):

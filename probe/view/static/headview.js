@@ -330,6 +330,13 @@
     S.pin = {side: f.side, i: i};
     if (i * ROW < sc.scrollTop || (i + 1) * ROW > sc.scrollTop + this.geom.vh) sc.scrollTop = i * ROW - this.geom.vh / 2;
     this.draw();
+    this.announce();
+  };
+  V.announce = function () {  // a pinned token, for a step view on the page (event "probe-pin" on the root)
+    var p = this.S.pin;
+    if (!p || typeof CustomEvent !== "function") return;
+    this.root.dispatchEvent(new CustomEvent("probe-pin", {detail: {site: this.data.layers[this.S.layer],
+      side: p.side, i: p.i, mode: this.S.mode, heads: this.S.heads.slice()}}));
   };
   V.bind = function () {
     var self = this, S = this.S, data = this.data, tip = this.tip;
@@ -347,6 +354,7 @@
       S.pin = S.pin && S.pin.side === p.side && S.pin.i === p.i ? null : p;
       S.hover = p;
       self.draw();
+      self.announce();
     });
     this.canvas.addEventListener("keydown", function (e) { self.key(e); });
     this.scroller.addEventListener("scroll", function () { self.schedule(); });

@@ -1,0 +1,19 @@
+"""The views' static files (``probe/view/static``), read once and inlined into every view."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+
+@cache
+def view_static(name: str) -> str:
+    """A file of ``probe/view/static`` (inlined into every view).
+
+    Raises:
+        RuntimeError: the file holds a closing script or style tag (it could end its element).
+    """
+    text = resources.files("probe").joinpath(f"view/static/{name}").read_text(encoding="utf-8")
+    if "</script" in text.lower() or "</style" in text.lower():
+        raise RuntimeError(f"{name} must not contain a closing script/style tag")
+    return text

@@ -1,0 +1,185 @@
+"""The model view: every head of every site as a small thumbnail of one example's attention map
+(layers x heads; an encoder-decoder model gets one grid per site kind: encoder self-attention,
+decoder self-attention, cross-attention with its rectangular target x source shape), each bordered
+in its primary label's colour; clicking a thumbnail opens that head in the head view beside it.
+Bertviz's model view, offline and under the report's policy (:data:`probe.view.html.VIEW_CSP`).
+
+A thumbnail is the map cut into blocks of ``block`` x ``block`` tokens (``block`` = ceil(longest
+side / :data:`THUMB_CELLS`); 1 for short texts, so every token is one cell), each cell holding the
+block's largest probability, rounded to 1/255 (one byte per cell, base64 in the page). The largest,
+not the mean, so that a one-token-wide diagonal stays visible at 512 tokens.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import uuid
+
+import numpy as np
+import torch
+
+from ..analysis import AnalysisResult
+from ..capture import attention_hooks, encode, forward
+from ..core import LoadedModel
+from ..errors import InputError
+from ..inputs import Text
+from ..report.page import LABEL_COLORS, _json_for_script, label_family
+from ..runfolder import replace_file
+from ..seq2seq import sides
+from ..sites import head_name
+from ..util import plural
+from .assets import view_static
+from .html import VIEW_CSP, HeadView, example_maps, render_fragment, show, site_labels
+
+#: Most cells along a thumbnail's longer side.
+THUMB_CELLS = 32
+#: Levels of a cell's value (one byte): values are rounded to 1/LEVELS.
+LEVELS = 255
+#: Grid titles by site kind (stack, kind) of an encoder-decoder model.
+GRID_TITLES = {("encoder", "self"): "encoder self-attention", ("decoder", "self"): "decoder self-attention",
+               ("decoder", "cross"): "cross-attention (target x source)"}
+
+
+def pool_map(m: np.ndarray, cells: int = THUMB_CELLS) -> tuple[np.ndarray, int]:
+    """One head's map [query, key] -> (block maxima [ceil(query / b), ceil(key / b)], b), with
+    b = ceil(max(query, key) / cells) (1: the map itself)."""
+    nq, nk = m.shape
+    b = max(1, math.ceil(max(nq, nk) / cells))
+    rq, rk = math.ceil(nq / b), math.ceil(nk / b)
+    padded = np.zeros((rq * b, rk * b), dtype=np.float32)
+    padded[:nq, :nk] = m
+    return padded.reshape(rq, b, rk, b).max(axis=(1, 3)), b
+
+
+def model_view_data(maps, sites, *, head_labels: dict | None = None, title: str = "",
+                    target: str | None = None, shown: list[int] | None = None,
+                    cells: int = THUMB_CELLS) -> dict:
+    """What the model view's page receives.
+
+    Args:
+        maps: per site, [heads, query, key] probabilities (numpy or torch).
+        sites: the :class:`~probe.sites.Site` of each map, in forward order.
+        head_labels: (site index, head) -> primary label (:func:`probe.view.html.site_labels`).
+        title: shown above the grids. target: the element id of the head view a click opens
+            the head in (None: no head view). shown: the site indices that head view holds.
+        cells: most cells along a thumbnail's longer side.
+
+    Returns:
+        A JSON-ready dict: ``grids`` (one per site kind: ``title``, ``sites``), ``sites`` (per site:
+        ``name``, ``layer``, ``rows``, ``cols``, ``block``, ``nq``, ``nk``, ``heads`` (base64 bytes,
+        row-major, value = round(LEVELS * block max)), ``labels``, ``names``), ``levels``, ``colors``.
+
+    Raises:
+        InputError: no maps, or maps and sites of different lengths.
+    """
+    if not maps or len(maps) != len(sites):
+        raise InputError(f"the model view needs one map per site; got {len(maps)} maps for {len(sites)} sites")
+    labels = head_labels or {}
+    prefixed = len({(s.stack, s.kind) for s in sites}) > 1
+    out_sites, grids = [], {}
+    for x, (m, site) in enumerate(zip(maps, sites)):
+        m = m.float().cpu().numpy() if isinstance(m, torch.Tensor) else np.asarray(m, dtype=np.float32)
+        thumbs, block, shape = [], 1, (0, 0)
+        for h in range(m.shape[0]):
+            pooled, block = pool_map(m[h], cells)
+            shape = pooled.shape
+            thumbs.append(base64.b64encode(np.rint(np.clip(pooled, 0, 1) * LEVELS).astype(np.uint8).tobytes()).decode())
+        names = [head_name(site if prefixed else site.layer, h) for h in range(m.shape[0])]
+        out_sites.append({"name": site.name, "layer": site.layer, "rows": int(shape[0]), "cols": int(shape[1]),
+                          "block": int(block), "nq": int(m.shape[1]), "nk": int(m.shape[2]), "heads": thumbs,
+                          "names": names, "labels": [labels.get((x, h), "") for h in range(m.shape[0])]})
+        key = (site.stack, site.kind)
+        grids.setdefault(key, {"title": GRID_TITLES.get(key, "") if prefixed else "", "sites": []})["sites"].append(x)
+    return {"version": 1, "title": title, "grids": list(grids.values()), "sites": out_sites, "levels": LEVELS,
+            "colors": {k: v for k, v in LABEL_COLORS.items()}, "target": target,
+            "shown": list(range(len(sites))) if shown is None else list(shown),
+            "families": {lab: label_family(lab) for s in out_sites for lab in s["labels"] if lab}}
+
+
+def render_model_view(data: dict, view_id: str | None = None) -> str:
+    """The model view as an HTML fragment (``static/modelview.js`` mounts it; tokens never appear)."""
+    view_id = view_id or f"probe-mv-{uuid.uuid4().hex[:12]}"
+    return (f'<div class="probe-mv" id="{html.escape(view_id)}"><style>{view_static("modelview.css")}</style>'
+            f'<div class="mv-fallback">probe model view: its script has not run (in Jupyter, run the cell or '
+            f'trust the notebook).</div>'
+            f'<script type="application/json" class="probe-mv-data">{_json_for_script(data)}</script>'
+            f'<script>{view_static("modelview.js")}</script></div>')
+
+
+class ModelView:
+    """A model view with the head view its clicks open (Jupyter: ``_repr_html_``; ``.save(path)``).
+
+    Attributes:
+        data: the model view's data (:func:`model_view_data`); head_view: the :class:`HeadView`.
+    """
+
+    def __init__(self, data: dict, head_view: HeadView, head_view_id: str) -> None:
+        self.data, self.head_view, self.head_view_id = data, head_view, head_view_id
+
+    def _repr_html_(self) -> str:
+        return render_model_view(self.data) + render_fragment(self.head_view.data, self.head_view_id)
+
+    def save(self, path):
+        """Write a whole offline page with the model view and its head view; return its path."""
+        return replace_file(path, page(self._repr_html_(), self.data.get("title") or "probe model view"))
+
+    def __repr__(self) -> str:
+        n = sum(len(s["heads"]) for s in self.data["sites"])
+        return f"ModelView({plural(len(self.data['sites']), 'site')}, {plural(n, 'head')})"
+
+
+def page(body: str, title: str) -> str:
+    """A whole offline page around fragments (under :data:`probe.view.html.VIEW_CSP`)."""
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{VIEW_CSP}">'
+            f'<title>{html.escape(title)}</title></head>'
+            f'<body style="font-family: sans-serif; margin: 1rem">{body}</body></html>\n')
+
+
+def model_view(source, text=None, *, tokenizer=None, example: int = 0, heads_table=None,
+               max_length: int | None = None, cells: int = THUMB_CELLS) -> ModelView:
+    """Every head of every site as a thumbnail of one text's (or one analysis example's) map, with a
+    head view that a click on a thumbnail opens the head in.
+
+    Args:
+        source: a :class:`~probe.models.LoadedModel` (with ``text``: a string, or
+            :class:`probe.inputs.Text` with ``target`` for an encoder-decoder model) or an analysis result.
+        tokenizer: for a result without stored token labels. example: which example of a result.
+        heads_table: a heads DataFrame whose primary labels colour the borders (a result's own by
+            default; none for a model and a text).
+        max_length: token limit (default: the model's limit). cells: most cells per thumbnail side.
+
+    Returns:
+        A :class:`ModelView` (displayed by Jupyter; ``.save(path)`` writes a page).
+
+    Raises:
+        InputError: no text for a model, an example that was not kept, another kind of source.
+    """
+    if isinstance(source, AnalysisResult):
+        hv = show(source, tokenizer=tokenizer, example=example)
+        ex = source.examples[example]
+        maps, sites = example_maps(ex, bool(source.model.get("causal")))
+        table = source.heads if heads_table is None else heads_table
+        title = hv.data.get("title", "")
+    elif isinstance(source, LoadedModel):
+        if not isinstance(text, (str, Text)):
+            raise InputError("model_view(lm, text) needs one text (a string or probe.Text)")
+        batch = encode(source, [text], max_length)
+        sites = source.sites
+        size = {s: tuple(int(b.lengths[0]) for b in sides(s, batch)) for s in sites}
+        got = {}
+        with torch.no_grad(), attention_hooks(source, lambda s, p: got.update(
+                {s: p[0, :, :size[s][0], :size[s][1]].float().cpu().numpy()})):
+            forward(source, batch)
+        maps, table = [got[s] for s in sites], heads_table
+        hv = show(source, text, max_length=max_length)
+        title = hv.data.get("title", "")
+    else:
+        raise InputError(f"model_view() takes a loaded model and a text, or an analysis result; "
+                         f"got {type(source).__name__}")
+    hv_id = f"probe-hv-{uuid.uuid4().hex[:12]}"
+    data = model_view_data(maps, sites, head_labels=site_labels(table, sites), title=title, target=hv_id,
+                           shown=hv.data["layers"], cells=cells)
+    return ModelView(data, hv, hv_id)

@@ -1,0 +1,149 @@
+"""The attention-step table (probe.steps): the softmax of the shown scaled scores is the model's own
+row, and the scaled score is the architecture's rule applied to q . k, on a tiny model of every
+supported kind and (slow) on the embedded minilm and smollm2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import KINDS, SEQ2SEQ, tiny_model
+from probe import attention_steps
+from probe.architectures.position_bias import alibi_slopes
+from probe.capture import encode, forward
+from probe.errors import InputError
+from probe.inputs import Text
+from probe.pruning.removal import remove_heads
+from probe.steps import head_steps
+
+TEXT = "the cat sat on the mat and then it ran away from the dog"
+PAIR = Text("the cat sat on the mat today", target="a dog ran home")
+ATOL = 1e-5
+
+
+def text_of(kind):
+    return PAIR if kind in SEQ2SEQ else TEXT
+
+
+def check_identities(st, atol=ATOL):
+    """softmax(masked scaled) = the model's row; scaled = softcap(score * scale) + bias; masked keys get 0."""
+    expected = st["score"].astype(np.float64) * st["scale"]
+    if st["softcap"]:
+        expected = np.tanh(expected / st["softcap"]) * st["softcap"]
+    expected = expected + st["bias"]
+    np.testing.assert_allclose(st["scaled"], expected, atol=atol, rtol=1e-6)
+    s = np.where(st["keep"], st["scaled"].astype(np.float64), -np.inf)
+    soft = np.exp(s - s.max(-1, keepdims=True))
+    soft /= soft.sum(-1, keepdims=True)
+    np.testing.assert_allclose(soft, st["model_probs"], atol=atol)
+    np.testing.assert_allclose(st["probs"], st["model_probs"], atol=atol)
+    assert (st["model_probs"][~st["keep"]] == 0).all()
+    np.testing.assert_allclose(st["q"] @ st["k"].T, st["score"], atol=1e-4, rtol=1e-5)  # the vectors shown make q . k
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_steps_identities_on_every_kind(kind):
+    lm = tiny_model(kind)
+    n = len(lm.sites)
+    for site in sorted({0, n // 2, n - 1}):
+        st = head_steps(lm, text_of(kind), site=site, head=lm.geometry.n_heads - 1)
+        check_identities(st)
+
+
+def test_the_architectures_own_rules_show_in_the_columns():
+    # causal + sliding window of 4: query 9 sees keys 6..9 only
+    st = head_steps(tiny_model("qwen2-window"), TEXT, site=1, head=0)  # layers from max_window_layers=1 on
+    assert np.flatnonzero(st["keep"][9]).tolist() == [6, 7, 8, 9]
+    # GQA: 4 query heads read 1 key/value head in the tiny Qwen2 (head 3 -> kv head 0); LLaMA: 2 (head 3 -> 1)
+    assert st["kv_head"] == 0 and head_steps(tiny_model("llama"), TEXT, site=0, head=3)["kv_head"] == 1
+    # ALiBi: bias = m_h * key position (the same for every query), BLOOM's scale 1/sqrt(d_head)
+    lm = tiny_model("bloom")
+    st = head_steps(lm, TEXT, site=1, head=2)
+    m = float(alibi_slopes(lm.geometry.n_heads)[2])
+    np.testing.assert_allclose(st["bias"][5], m * np.arange(st["bias"].shape[1]), rtol=1e-2)
+    assert st["scale"] == pytest.approx(lm.geometry.d_head ** -0.5)
+    # T5: unscaled, with a learned bias on self-attention sites; no bias on cross-attention
+    lm = tiny_model("t5")
+    st = head_steps(lm, PAIR, site=0, head=1)
+    assert st["scale"] == 1.0 and np.abs(st["bias"]).max() > 0
+    assert np.abs(head_steps(lm, PAIR, site="cross L0", head=1)["bias"]).max() == 0
+    # Gemma 2: the cap binds (some |scaled| close to it) and the shown scaled scores never pass it
+    st = head_steps(tiny_model("gemma2"), TEXT, site=0, head=0)
+    assert st["softcap"] and np.abs(st["scaled"]).max() <= st["softcap"]
+
+
+def test_value_norm_is_the_heads_value_through_its_output_columns():
+    """||f_h(x_j)|| from the weights, independently: BERT's Linear and GPT-2's Conv1D layouts."""
+    lm = tiny_model("bert")
+    layer = lm.model.encoder.layer[1].attention
+    st = head_steps(lm, TEXT, site=1, head=2)
+    x = capture_input(lm, layer.self, TEXT)
+    dh = lm.geometry.d_head
+    wv, bv = layer.self.value.weight[2 * dh:3 * dh], layer.self.value.bias[2 * dh:3 * dh]
+    f = (x @ wv.T + bv) @ layer.output.dense.weight[:, 2 * dh:3 * dh].T
+    np.testing.assert_allclose(st["value_norm"], f.norm(dim=-1).detach().numpy(), rtol=1e-5)
+    lm = tiny_model("gpt2")
+    attn = lm.model.transformer.h[0].attn
+    st = head_steps(lm, TEXT, site=0, head=1)
+    x = capture_input(lm, attn, TEXT)
+    D = lm.geometry.d_model
+    wv, bv = attn.c_attn.weight[:, 2 * D + dh:2 * D + 2 * dh], attn.c_attn.bias[2 * D + dh:2 * D + 2 * dh]
+    f = (x @ wv + bv) @ attn.c_proj.weight[dh:2 * dh]
+    np.testing.assert_allclose(st["value_norm"], f.norm(dim=-1).detach().numpy(), rtol=1e-5)
+
+
+def capture_input(lm, module, text):
+    """The module's input [T, d_model] on the text as probe encodes it."""
+    got = {}
+
+    def hook(m, args, kw):
+        got.setdefault("x", (args or (kw["hidden_states"],))[0])
+
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            forward(lm, encode(lm, [text]))
+    finally:
+        handle.remove()
+    return got["x"][0].detach()
+
+
+def test_table_columns_vectors_and_errors():
+    lm = tiny_model("llama")
+    df = attention_steps(lm, TEXT, site="L1", head=3, query=4, vectors=True)
+    info = df.attrs["steps"]
+    assert info.name == "L1H3" and info.kv_head == 1 and info.query == 4 and info.max_diff <= ATOL
+    for col in ("key", "token", "score", "scaled_score", "bias", "masked", "probability", "value_norm"):
+        assert col in df.columns
+    assert df["masked"].tolist() == [j > 4 for j in range(len(df))]
+    assert df["probability"][df["masked"]].eq(0).all() and df["probability"].sum() == pytest.approx(1, abs=1e-6)
+    np.testing.assert_allclose([p.sum() for p in df["product"]], df["score"], atol=1e-4)
+    np.testing.assert_allclose(df["contribution"], df["probability"] * df["value_norm"])
+    for bad in (dict(site=99), dict(site="L9"), dict(head=9), dict(query=99)):
+        with pytest.raises(InputError):
+            attention_steps(lm, TEXT, **{"site": 0, "head": 0, "query": 0, **bad})
+
+
+@pytest.mark.slow
+def test_steps_identities_on_minilm(minilm):
+    for site, head in ((0, 0), (3, 7), (5, 11)):
+        check_identities(head_steps(minilm, "The keys to the cabinet are on the table.", site=site, head=head))
+
+
+@pytest.mark.slow
+def test_steps_identities_on_smollm2(smollm2):
+    for site, head in ((0, 0), (14, 4), (29, 8)):
+        st = head_steps(smollm2, "The keys to the cabinet are on the table.", site=site, head=head)
+        check_identities(st)
+        assert st["kv_head"] == head // 3
+
+
+def test_steps_on_a_physically_pruned_site_use_its_own_heads():
+    """Layer 0 keeps 3 of 4 heads: its value norms read a 3 * d_head wide output projection."""
+    lm = tiny_model("bert")
+    remove_heads(lm, {0: [1]})
+    st = head_steps(lm, TEXT, site=0, head=2)
+    check_identities(st)
+    with pytest.raises(InputError, match="3 heads"):
+        head_steps(lm, TEXT, site=0, head=3)
