@@ -374,8 +374,8 @@ def describe(check: Check, show: int = 12) -> str:
         counts: dict[str, int] = {}
         for f in check.explained:
             counts[f["label"]] = counts.get(f["label"], 0) + 1
-        what = "pairs" if check.name == "duplicates" else "heads"
-        parts.append(f"{len(check.explained)} {what} explained by their label (not flagged): "
+        what = "pair" if check.name == "duplicates" else "head"
+        parts.append(f"{plural(len(check.explained), what)} explained by their label (not flagged): "
                      + ", ".join(f"{n} {label}" for label, n in counts.items()))
     return "; ".join(parts)
 
