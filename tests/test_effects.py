@@ -310,3 +310,26 @@ def test_cli_keeps_a_folder_it_did_not_write(tmp_path):
     assert res.exit_code == 1 and res.output.count("Error:") == 1
     assert (out / "notes.txt").read_text(encoding="utf-8") == "mine" and sorted(p.name for p in out.iterdir()) == [
         "notes.txt"]
+
+
+def test_compare_shows_effect_differences_between_two_runs(tmp_path):
+    """probe compare of two effects runs: every head's effect difference B - A, as the runs' own
+    effects.csv give it (the effects columns travel in heads.csv like any statistic)."""
+    model = save_tiny("llama", tmp_path / "model")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(TEXTS * 2), encoding="utf-8")
+    runs = []
+    for name, objective in (("a", "clm"), ("b", "fidelity")):  # two objectives: different effects per head
+        out = tmp_path / name
+        res = CliRunner().invoke(main, ["effects", "--model", str(model), "--corpus", str(corpus), "--seeds", "5",
+                                        "--objective", objective, "--out", str(out), "--no-progress"])
+        assert res.exit_code == 0, res.output
+        runs.append(pd.read_csv(out / "effects.csv").set_index(["layer", "head"]))
+    res = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")])
+    assert res.exit_code == 0, res.output
+    cmp = pd.read_csv(tmp_path / "cmp" / "compare.csv").set_index(["layer", "head"])
+    for column in ("effect_zero", "effect_mean"):
+        want = (runs[1][column] - runs[0][column]).reindex(cmp.index)
+        assert np.allclose(cmp[f"delta_{column}"], want, atol=1e-5)
+        assert not np.allclose(want, 0)
+    assert "effect_zero" in (tmp_path / "cmp" / "index.html").read_text(encoding="utf-8")
