@@ -325,7 +325,8 @@ def test_compare_shows_effect_differences_between_two_runs(tmp_path):
                                         "--objective", objective, "--out", str(out), "--no-progress"])
         assert res.exit_code == 0, res.output
         runs.append(pd.read_csv(out / "effects.csv").set_index(["layer", "head"]))
-    res = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")])
+    res = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "b"),
+                                    "--out", str(tmp_path / "cmp")])
     assert res.exit_code == 0, res.output
     cmp = pd.read_csv(tmp_path / "cmp" / "compare.csv").set_index(["layer", "head"])
     for column in ("effect_zero", "effect_mean"):
