@@ -171,3 +171,21 @@ def test_an_example_whose_text_does_not_give_its_tokens_back_is_left_out_and_sai
     assert record.examples == [] and len(result.examples) == 2
     for ex in result.examples:
         assert f"example {ex.index + 1} left out: the text's tokens differ from the analysed ones" in record.notes
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_show_with_rollout_holds_the_rollout_view_of_the_same_text(tiny, kind, tmp_path):
+    """show(lm, text, rollout=True): the head view with the weights | rollout | flow view below it,
+    whose data are rollout_view's for the same text (and equal attention_rollout / attention_flow)."""
+    lm = tiny(kind)
+    text = "The cat sat on the mat because it was warm."
+    view = probe.show(lm, text, rollout=True)
+    alone = probe.rollout_view(lm, text)
+    assert view.rollout is not None and view.rollout.data == alone.data
+    want = probe.attention_rollout(lm, text)
+    assert np.allclose(view.rollout.record.examples[0].rollout.matrix, want.matrix, atol=1e-12)
+    html = view.to_html()
+    assert html.count('class="probe-rv-data"') == 1 and 'class="probe-hv' in html
+    page = view.save(tmp_path / "v.html").read_text(encoding="utf-8")
+    assert page.count('class="probe-rv-data"') == 1 and "Content-Security-Policy" in page
+    assert probe.show(lm, text).rollout is None  # off by default

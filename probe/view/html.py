@@ -30,12 +30,10 @@ from ..sites import Site
 from ..steps import head_steps
 from ..tokens import display_tokens
 from ..util import plural
-from .assets import view_static
+from .assets import VIEW_CSP, view_static
 from .data import LINE_THRESHOLD, MAX_VALUES, budget_note, check_budget, choose_layers, view_data
+from .rollout import RolloutView, render_rollout, rollout_view
 from .stepview import STEP_MAX_TOKENS, render_step_view, step_view_data
-
-#: The Content-Security-Policy the view works under (no network, inline script and style only).
-VIEW_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
 
 
 def render_fragment(data: dict, view_id: str | None = None) -> str:
@@ -78,19 +76,25 @@ class HeadView:
             to 3 decimals (integers in thousandths).
     """
 
-    def __init__(self, data: dict, steps: dict | None = None) -> None:
-        self.data, self.steps = data, steps
+    def __init__(self, data: dict, steps: dict | None = None, rollout: RolloutView | None = None) -> None:
+        self.data, self.steps, self.rollout = data, steps, rollout
 
     def _repr_html_(self) -> str:
-        return render_views(self.data, self.steps)
+        return self.to_html()
 
     def to_html(self) -> str:
-        """A fragment with a new element id (and the step view, where there is one)."""
-        return render_views(self.data, self.steps)
+        """A fragment with a new element id (and the step view and the rollout view, where there are)."""
+        extra = render_rollout(self.rollout.data) if self.rollout is not None else ""
+        return render_views(self.data, self.steps) + extra
 
     def save(self, path: str | Path) -> Path:
         """Write a whole offline page with this view; return its path."""
-        return replace_file(path, render_page(self.data, self.data.get("title") or "probe head view", self.steps))
+        title = html.escape(self.data.get("title") or "probe head view")
+        body = self.to_html()
+        return replace_file(path, (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                                   f'<meta http-equiv="Content-Security-Policy" content="{VIEW_CSP}">'
+                                   f'<title>{title}</title></head>'
+                                   f'<body style="font-family: sans-serif; margin: 1rem">{body}</body></html>\n'))
 
     def __repr__(self) -> str:
         d = self.data
@@ -188,7 +192,7 @@ def site_labels(heads_table, sites) -> dict[tuple[int, int], str]:
 
 def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, layer: int | None = None,
          heads=None, max_length: int | None = None, max_values: int = MAX_VALUES,
-         threshold: float = LINE_THRESHOLD, words: bool = True, steps=None) -> HeadView:
+         threshold: float = LINE_THRESHOLD, words: bool = True, steps=None, rollout: bool = False) -> HeadView:
     """An interactive head view (bertviz's head view, offline), for Jupyter or a page.
 
     ``show(lm, "The cat sat.")`` runs the model on one text and keeps only the layers shown;
@@ -210,6 +214,8 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
             (:mod:`probe.view.stepview`; a pinned query token of that site opens there); default the
             initial layer's first selected head for texts of at most
             :data:`~probe.view.stepview.STEP_MAX_TOKENS` tokens; ``False``: none.
+        rollout: a model and a text only: add the weights | attention rollout | attention flow view
+            of the text below (:func:`probe.view.rollout.rollout_view`; Abnar & Zuidema 2020).
 
     Returns:
         A :class:`HeadView` (displayed by Jupyter; ``.save(path)`` writes a page).
@@ -229,6 +235,8 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
     if not isinstance(source, LoadedModel):
         raise InputError(f"show() takes a loaded model and a text, or an analysis result; got {type(source).__name__}")
     view = _show_text(source, text, layers, max_length, max_values, words, kw)
+    if rollout:
+        view.rollout = rollout_view(source, text, max_length=max_length)
     if steps is False or (steps is None and view.data["n"] > STEP_MAX_TOKENS):
         return view
     site, head = steps if steps is not None else (view.data["layers"][view.data["initial"]["layer"]],

@@ -32,8 +32,7 @@ from ..report.sections import render_fragment as render_template
 from ..rollout import Attribution, encode_for_stack, rollout_matrix, stack_maps
 from ..runfolder import replace_file
 from ..util import plural
-from .assets import view_static
-from .html import VIEW_CSP
+from .assets import VIEW_CSP, view_static
 
 #: Examples of a run shown in the report's section (the first ones kept).
 MAX_EXAMPLES = 3
