@@ -209,12 +209,13 @@ def _check(path: Path, kind: str, force: bool, owned: bool, what: str) -> None:
         raise InputError(f"{what} {path} exists and is not a folder")
     if not path.exists() or not any(path.iterdir()) or owned:
         return
+    written = probe_files(path, kind)
+    if written is None:  # --force would not help: say so at once
+        raise InputError(f"{what} {path} holds files probe did not write; --force replaces only probe's own "
+                         "files: choose another folder")
     if not force:
         raise InputError(f"{what} {path} already exists and is not empty; use --force to replace probe's files "
                          "in it")
-    if probe_files(path, kind) is None:
-        raise InputError(f"{what} {path} holds files probe did not write; --force replaces only probe's own "
-                         "files: choose another folder")
 
 
 def claim(path: str | Path, *, kind: str, force: bool = False, owned: bool = False,

@@ -101,3 +101,14 @@ def test_patch_json_prints_the_patching_record(setup):
     assert record["direction"] == "noise" and record["pairs"] == 2 and len(record["top"]) == 8
     written = json.loads((root / "json" / "run.json").read_text())["patching"]
     assert record["ld_clean"] == written["ld_clean"]
+
+
+def test_probe_patch_defaults_to_the_embedded_decoder():
+    """``probe patch`` patches decoders: its --model default is the embedded decoder (smollm2), not
+    the encoder the other commands default to (which it would refuse after loading)."""
+    from click.testing import CliRunner
+
+    from probe.cli import main
+
+    res = CliRunner().invoke(main, ["patch", "--help"])
+    assert res.exit_code == 0 and "[default: smollm2]" in res.output

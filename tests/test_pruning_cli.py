@@ -152,7 +152,7 @@ def test_user_errors_exit_1_with_one_line(setup, tmp_path):
     one_error(run("prune", "--model", model, "--corpus", corpus, "--objective", "mlm", "--out", tmp_path / "b"), 1,
               "no MaskedLM head")
     one_error(run("prune", "--model", model, "--corpus", corpus, "--save-pruned", root / "run"), 1,
-              "already exists and is not empty")
+              "holds a probe run folder, not a pruned model folder")
     one_error(run("prune", "--model", model, "--corpus", corpus, "--out", root / "run"), 1,
               "already exists and is not empty")
     labels = tmp_path / "labels.txt"

@@ -72,6 +72,10 @@ def test_force_never_touches_a_folder_probe_did_not_write(tmp_path):
     with pytest.raises(InputError, match="holds files probe did not write; --force replaces only probe's own"):
         write_folder(out, {"index.html": "new"}, kind="run", force=True)
     assert listing(out) == before and siblings(out) == []
+    # without --force the message says at once that --force would not help (it once advised --force)
+    with pytest.raises(InputError, match="holds files probe did not write; --force replaces only probe's own"):
+        write_folder(out, {"index.html": "new"}, kind="run")
+    assert listing(out) == before and siblings(out) == []
 
 
 def test_a_users_file_under_a_new_name_probe_writes_is_not_overwritten(tmp_path):

@@ -39,10 +39,14 @@ def stacked(*options):
     return apply
 
 
-def model_option(fn):
-    """``--model/-m``: an alias, a Hub id, a local folder or a .gguf file."""
-    return click.option("--model", "-m", "model_name", default=DEFAULT_MODEL, show_default=True,
-                        help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")(fn)
+def model_option(fn=None, *, default: str = DEFAULT_MODEL):
+    """``--model/-m``: an alias, a Hub id, a local folder or a .gguf file (``default``: the command's
+    default model; ``@model_option`` or ``@model_option(default="smollm2")``)."""
+    def add(f):
+        return click.option("--model", "-m", "model_name", default=default, show_default=True,
+                            help="Alias (probe models), Hugging Face Hub id, local folder or .gguf file.")(f)
+
+    return add(fn) if fn is not None else add
 
 
 def placement_options(fn):

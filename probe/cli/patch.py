@@ -15,7 +15,7 @@ from .options import click_callback, model_option
 
 
 @main.command("patch")
-@model_option
+@model_option(default="smollm2")  # patching runs on decoders: the embedded decoder
 @click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Tab-separated clean, corrupted, answer, wrong per line [default: the built-in IOI set].")
 @click.option("--direction", type=click.Choice(["denoise", "noise"]), default="denoise", show_default=True,

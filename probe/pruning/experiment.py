@@ -48,8 +48,8 @@ def split_corpus(n: int, held_out: float = 0.5, seed: int = 0) -> tuple[list[int
     """
     n_out = round(n * held_out)
     if n_out < MIN_PART or n - n_out < MIN_PART:
-        raise InputError(f"corpus too small to split: {plural(n, 'sequence')}; pruning needs at least {2 * MIN_PART} "
-                         f"({MIN_PART} to score heads and {MIN_PART} held out to measure the curves)")
+        raise InputError(f"corpus too small to split: {plural(n, 'sequence')}; it needs at least {2 * MIN_PART} "
+                         f"({MIN_PART} to score or take means on and {MIN_PART} held out to measure on)")
     perm = np.random.default_rng(seed).permutation(n)
     return sorted(perm[n_out:].tolist()), sorted(perm[:n_out].tolist())
 

@@ -85,7 +85,8 @@ def model_view_data(maps, sites, *, head_labels: dict | None = None, title: str 
         for h in range(m.shape[0]):
             pooled, block = pool_map(m[h], cells)
             shape = pooled.shape
-            thumbs.append(base64.b64encode(np.rint(np.clip(pooled, 0, 1) * LEVELS).astype(np.uint8).tobytes()).decode())
+            cells_01 = np.nan_to_num(np.clip(pooled, 0, 1), nan=0.0)  # a removed head (NaN map) draws empty
+            thumbs.append(base64.b64encode(np.rint(cells_01 * LEVELS).astype(np.uint8).tobytes()).decode())
         names = [head_name(site if prefixed else site.layer, h) for h in range(m.shape[0])]
         out_sites.append({"name": site.name, "layer": site.layer, "rows": int(shape[0]), "cols": int(shape[1]),
                           "block": int(block), "nq": int(m.shape[1]), "nk": int(m.shape[2]), "heads": thumbs,
