@@ -114,7 +114,7 @@ def test_force_overwrites_probe_files_and_keeps_others(tmp_path, minilm, monkeyp
     (out / "notes.txt").write_text("mine", encoding="utf-8")
     (out / "heads.csv").write_text("stale", encoding="utf-8")
     result = run("analyze", "--text", "Hello there.", "--out", str(out))
-    assert_clean_error(result, "not empty", "--force")
+    assert_clean_error(result, "probe did not write", "choose another folder")  # at once: --force would not help
     # a folder probe did not write: --force refuses too (its heads.csv is the user's)
     result = run("analyze", "--text", "Hello there.", "--out", str(out), "--force")
     assert_clean_error(result, "probe did not write")
