@@ -104,23 +104,27 @@ def patched_pass(lm, ids, mask, patches: dict, donor: list, alpha: float | None 
         alpha: None replaces the slice (exactly the donor's value); a number interpolates
             z + alpha (donor - z) (alpha = 1 equals the replacement up to rounding).
     """
-    H, dh = lm.geometry.n_heads, lm.geometry.d_head
-
-    def hook(layer):
-        def fn(module, args):
-            if layer not in patches:
-                return None
-            x = args[0]
-            B, T, W = x.shape
-            x4, src = x.reshape(B, T, H, dh), donor[layer].to(x.device, x.dtype).reshape(B, T, H, dh)
-            new = src if alpha is None else x4 + alpha * (src - x4)
-            return (torch.where(patches[layer].to(x.device)[..., None], new, x4).reshape(B, T, W), *args[1:])
-        return fn
-
     with measuring(lm.model, eager=False) as m:
         for layer, o in enumerate(_layers(lm)):
-            m.hooks.forward_pre(o, hook(layer))
+            m.hooks.forward_pre(o, _patch_hook(lm, layer, patches, donor, alpha))
         return _forward(lm, ids, mask)
+
+
+def _patch_hook(lm, layer: int, patches: dict, donor: list, alpha: float | None = None):
+    """The forward pre-hook on ``layer``'s output projection that puts the donor's head slices in
+    where ``patches[layer]`` says (see :func:`patched_pass`); a layer without patches is left alone."""
+    H, dh = lm.geometry.n_heads, lm.geometry.d_head
+
+    def fn(module, args):
+        if layer not in patches:
+            return None
+        x = args[0]
+        B, T, W = x.shape
+        x4, src = x.reshape(B, T, H, dh), donor[layer].to(x.device, x.dtype).reshape(B, T, H, dh)
+        new = src if alpha is None else x4 + alpha * (src - x4)
+        return (torch.where(patches[layer].to(x.device)[..., None], new, x4).reshape(B, T, W), *args[1:])
+
+    return fn
 
 
 def _masks(enc: EncodedPairs, where: str) -> torch.Tensor:
@@ -223,24 +227,12 @@ def continue_pass(lm, enc: EncodedPairs, inputs: StackInputs, start: int, patche
                   donor: list | None = None) -> torch.Tensor:
     """[copies * pairs, vocab] logits at each pair's last real position of a pass continued from block
     ``start`` (its recorded input), with head slices patched as in :func:`patched_pass`."""
-    H, dh, k = lm.geometry.n_heads, lm.geometry.d_head, inputs.copies
+    k = inputs.copies
     patches = patches or {}
-
-    def hook(layer):
-        def fn(module, args):
-            if layer not in patches:
-                return None
-            x = args[0]
-            B, T, W = x.shape
-            src = donor[layer].to(x.device, x.dtype).reshape(B, T, H, dh)
-            new = torch.where(patches[layer].to(x.device)[..., None], src, x.reshape(B, T, H, dh))
-            return (new.reshape(B, T, W), *args[1:])
-        return fn
-
     norm, head, cap = _final(lm)
     with measuring(lm.model, eager=False) as m:
         for layer, o in enumerate(_layers(lm)):
-            m.hooks.forward_pre(o, hook(layer))
+            m.hooks.forward_pre(o, _patch_hook(lm, layer, patches, donor))
         blocks = _blocks(lm)
         x = inputs.hidden[start].repeat(k, 1, 1)
         for i in range(start, len(blocks)):
