@@ -25,6 +25,7 @@
   var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf", "#393b79", "#ad494a"];
   var FONT = "12px sans-serif", ROW = 18, MAX_H = 520, STRIP = 12, STRIP_LEFT = 26, LABEL_CHARS = 24;
+  var ALPHA_LEVELS = 20;  // opacity steps of the lines drawn for every token (each line's weight rounded up)
 
   function headColor(h) {
     if (h < PALETTE.length) return PALETTE[h];
@@ -236,17 +237,25 @@
     var top = this.scroller.scrollTop, r0 = Math.floor(top / ROW), r1 = Math.ceil((top + g.vh) / ROW);
     ctx.lineWidth = 1;
     for (var hi = 0; hi < sel.heads.length; hi++) {
-      var mat = sel.mats[hi];
-      ctx.strokeStyle = headColor(sel.heads[hi]);
+      var mat = sel.mats[hi], paths = [];  // one path per opacity level (1/ALPHA_LEVELS steps): few strokes
       for (var q = 0; q < nq; q++) {
         for (var k = 0; k < nk; k++) {
           var w = mat[q * nk + k];
           if (!(w + 1e-6 >= this.S.threshold)) continue;
           if ((q < r0 && k < r0) || (q > r1 && k > r1)) continue;  // both ends outside the window: not drawn
           this.lastLines.push({head: sel.heads[hi], query: q, key: k, weight: w});
-          ctx.globalAlpha = Math.min(1, w);
-          ctx.beginPath(); ctx.moveTo(x1, this.y(q)); ctx.lineTo(x2, this.y(k)); ctx.stroke();
+          var level = Math.max(1, Math.min(ALPHA_LEVELS, Math.ceil(w * ALPHA_LEVELS)));
+          (paths[level] = paths[level] || []).push(q, k);
         }
+      }
+      ctx.strokeStyle = headColor(sel.heads[hi]);
+      for (var lv = 1; lv <= ALPHA_LEVELS; lv++) {
+        var pts = paths[lv];
+        if (!pts) continue;
+        ctx.globalAlpha = lv / ALPHA_LEVELS;
+        ctx.beginPath();
+        for (var i = 0; i < pts.length; i += 2) { ctx.moveTo(x1, this.y(pts[i])); ctx.lineTo(x2, this.y(pts[i + 1])); }
+        ctx.stroke();
       }
     }
     ctx.globalAlpha = 1;
