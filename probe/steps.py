@@ -116,7 +116,9 @@ def heads_steps(lm: LoadedModel, text, picks, max_length: int | None = None, *, 
     pass), and one pass of the model itself for ``model_probs`` (every picked site at once).
 
     Args:
+        lm: a loaded model; text: one text (as :func:`attention_steps` takes it).
         picks: ``(site, head)`` pairs (a site as :func:`find_site` takes it).
+        max_length: token limit (default: the model's limit).
         model_probs: also the model's own probabilities (``model_probs``; False leaves that pass out and
             the key absent).
 
