@@ -107,30 +107,72 @@ def head_steps(lm: LoadedModel, text, site=0, head: int = 0, max_length: int | N
     Raises:
         InputError: no such site or head; not one text.
     """
+    return heads_steps(lm, text, [(site, head)], max_length)[0]
+
+
+def heads_steps(lm: LoadedModel, text, picks, max_length: int | None = None, *, model_probs: bool = True) -> list[dict]:
+    """:func:`head_steps` of several heads of one text, in as few forward passes as the picks allow:
+    one from-scratch pass per head of the site with the most picks (each site records one head a
+    pass), and one pass of the model itself for ``model_probs`` (every picked site at once).
+
+    Args:
+        lm: a loaded model; text: one text (as :func:`attention_steps` takes it).
+        picks: ``(site, head)`` pairs (a site as :func:`find_site` takes it).
+        max_length: token limit (default: the model's limit).
+        model_probs: also the model's own probabilities (``model_probs``; False leaves that pass out and
+            the key absent).
+
+    Returns:
+        :func:`head_steps`' dicts, one per pick, in order.
+
+    Raises:
+        InputError: no such site or head; not one text.
+    """
     if not isinstance(text, (str, Text)):
         raise InputError("attention steps need one text (a string or probe.Text)")
-    where = find_site(lm, site)
+    wanted = [(find_site(lm, site), int(head)) for site, head in picks]
     batch = encode(lm, [text], max_length)
+    rounds: list[dict[Site, int]] = []  # pass k: site -> the k-th head picked there
+    for where, head in wanted:
+        free = next((r for r in rounds if where not in r), None)
+        if free is None:
+            rounds.append(free := {})
+        free[where] = head
+    recorded: dict[tuple[Site, int], dict] = {}
+    with torch.no_grad():
+        for chosen in rounds:
+            with swap_attention(lm) as swapped:  # the from-scratch steps first (it knows the site's heads)
+                modules = {where: swapped.modules[lm.sites.index(where)] for where in chosen}
+                for where, head in chosen.items():
+                    if not 0 <= head < modules[where].n_head:
+                        raise InputError(f"no head {head}: {where.name} has {modules[where].n_head} heads")
+                    modules[where].step_request = head
+                forward(lm, batch)
+            recorded.update({(where, head): modules[where].steps for where, head in chosen.items()})
+        captured: dict[tuple[Site, int], torch.Tensor] = {}
+        if model_probs:
+            heads_at = {where: sorted({h for w, h in wanted if w == where}) for where, _ in wanted}
+            with attention_hooks(lm, lambda s, p: captured.update({(s, h): p[0, h] for h in heads_at[s]})
+                                 if s in heads_at else None):
+                forward(lm, batch)  # the model's own probabilities
+        return [_steps_dict(lm, batch, where, head, recorded[(where, head)], captured.get((where, head)))
+                for where, head in wanted]
+
+
+def _steps_dict(lm: LoadedModel, batch, where: Site, head: int, st: dict, model_probs) -> dict:
+    """One pick's arrays, cut to the text's real tokens, with its value norms (see :func:`head_steps`)."""
     q_side, k_side = sides(where, batch)
     nq, nk = int(q_side.lengths[0]), int(k_side.lengths[0])
-    captured = {}
-    with torch.no_grad():
-        with swap_attention(lm) as swapped:  # the from-scratch steps first (it knows the site's heads)
-            module = swapped.modules[lm.sites.index(where)]
-            if not 0 <= head < module.n_head:
-                raise InputError(f"no head {head}: {where.name} has {module.n_head} heads")
-            module.step_request = head
-            forward(lm, batch)
-        st = module.steps
-        with attention_hooks(lm, lambda s, p: captured.update({s: p[0, head]}) if s == where else None):
-            forward(lm, batch)  # the model's own probabilities
-        norms = value_norms(lm, where, head, st["v"].to(next(lm.model.parameters()).dtype))
+    norms = value_norms(lm, where, head, st["v"].to(next(lm.model.parameters()).dtype))
     f = lambda t, *shape: t[tuple(slice(0, n) for n in shape)].float().cpu().numpy()  # noqa: E731
-    return dict(site=where, head=head, kv_head=int(st["kv_head"]), scale=st["scale"], softcap=st["softcap"],
-                q=f(st["q"], nq), k=f(st["k"], nk), v=f(st["v"], nk), score=f(st["score"], nq, nk),
-                bias=f(st["bias"], nq, nk), scaled=f(st["scaled"], nq, nk), keep=st["keep"][:nq, :nk].cpu().numpy(),
-                probs=f(st["probs"], nq, nk), model_probs=f(captured[where], nq, nk), value_norm=f(norms, nk),
-                q_tokens=_tokens(lm, q_side), k_tokens=_tokens(lm, k_side))
+    out = dict(site=where, head=head, kv_head=int(st["kv_head"]), scale=st["scale"], softcap=st["softcap"],
+               q=f(st["q"], nq), k=f(st["k"], nk), v=f(st["v"], nk), score=f(st["score"], nq, nk),
+               bias=f(st["bias"], nq, nk), scaled=f(st["scaled"], nq, nk), keep=st["keep"][:nq, :nk].cpu().numpy(),
+               probs=f(st["probs"], nq, nk), value_norm=f(norms, nk),
+               q_tokens=_tokens(lm, q_side), k_tokens=_tokens(lm, k_side))
+    if model_probs is not None:
+        out["model_probs"] = f(model_probs, nq, nk)
+    return out
 
 
 def attention_steps(lm: LoadedModel, text, *, site=0, head: int = 0, query: int = 0,

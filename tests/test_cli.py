@@ -465,6 +465,27 @@ def test_coref_and_syntax_write_their_files(tiny_bert_folder, tmp_path):
     assert record["settings"]["input"].startswith("coreference: built-in probe set")
 
 
+@pytest.mark.parametrize("option, limit, expected", [("--corpus", None, 7), ("--corpus", "5", 5),
+                                                      ("--corpus", "9", 7), ("--pairs", "2", 2)])
+def test_start_line_counts_a_files_sequences(tiny_bert_folder, tmp_path, option, limit, expected):
+    """--corpus and --pairs are streamed: the start line still says how many sequences (at most --limit)
+    and from which file, before the analysis starts."""
+    path = tmp_path / ("c.tsv" if option == "--pairs" else "c.conllu")
+    if option == "--pairs":
+        path.write_text("".join(f"Sentence {i}.\tAnother {i}.\n" for i in range(7)), encoding="utf-8")
+    else:
+        path.write_text("".join(f"# text = Sentence number {i}.\n1\tx\t_\t_\t_\t_\t0\troot\t_\t_\n\n"
+                                for i in range(7)), encoding="utf-8")
+    args = ["analyze", "--model", str(tiny_bert_folder), option, str(path), "--out", str(tmp_path / "run"),
+            "--no-progress", "--no-distance", "--no-rollout"] + (["--limit", limit] if limit else [])
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    first = result.stderr.splitlines()[0]
+    assert first == (f"Analyzing {expected} sequence{'s' if expected > 1 else ''} from {path} with "
+                     f"{tiny_bert_folder}: 2 layers x 4 heads"), first
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["counts"]["sequences"] == expected
+
+
 def test_coref_value_builtin_and_limit(tiny_bert_folder, tmp_path):
     result = run("analyze", "--model", str(tiny_bert_folder), "--coref", "builtin", "--limit", "5",
                  "--out", str(tmp_path / "run"), "--no-progress")

@@ -283,3 +283,26 @@ def test_encoder_decoder_runs_are_compared_site_by_site(tmp_path):
         assert f["cols"] == len(a.examples[0].ids)
     with pytest.raises(InputError, match="is an encoder-decoder model and the other run's model is not"):
         compare_runs(a, analyze(tiny_model("bert"), TEXTS))
+
+
+def test_note_on_different_text_says_what_differs(tmp_path):
+    """One model on two texts: the differences are the text's (not 'the models mixed with their
+    input'); two models on two texts: they mix the models with the input; one text: no note."""
+    bert, gpt2 = tiny_model("bert"), tiny_model("gpt2")
+    a, b = analyze(bert, TEXTS[:2]), analyze(bert, ["Birds sing in the morning; they fly away."])
+    notes = [n for n in compare_runs(a, b).attrs["notes"] if "different text" in n]
+    assert notes == [f"the runs analysed different text (A: 2 sequences ({TEXTS[0][:40]!r} ...); B: 1 sequence "
+                     "('Birds sing in the morning; they fly away' ...)) with the same model (tiny-bert-wordpiece): "
+                     "every difference is the text's, not the model's (how its heads behave on the one text and "
+                     "on the other)"]
+    assert not any("different models" in n or "mixes the models" in n for n in compare_runs(a, b).attrs["notes"])
+    other = analyze(gpt2, ["Birds sing in the morning; they fly away."])
+    mixed = compare_runs(a, other).attrs["notes"]
+    assert any(n.endswith("each difference mixes the models with their input; for a comparison of heads, analyse "
+                          "the same corpus with both") for n in mixed)
+    assert not any("different text" in n for n in compare_runs(a, analyze(bert, TEXTS[:2])).attrs["notes"])
+    # the page's note on the missing side-by-side view: one model needs the same text, not 'both models'
+    page_notes = json.loads((write_compare(a, b, tmp_path / "ab", tokenizers=(bert.tokenizer, bert.tokenizer))
+                             / "compare.json").read_text(encoding="utf-8"))["notes"]
+    assert page_notes[-1].endswith("so attention is not shown side by side; analyse the same text in both runs to "
+                                   "see it.")

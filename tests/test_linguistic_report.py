@@ -82,6 +82,32 @@ def test_sections_and_record(run_dir):
     assert lines[1].startswith("syntax: 100 of 100 sentences aligned; 400 dependencies;")
 
 
+def test_coref_summary_says_what_each_number_counts(run_dir):
+    """The command line's coreference line and the section's counts: each number with what it counts
+    (examples read / scored, % of the scored ones a head or a baseline gets right, the interval, heads
+    labelled out of all heads)."""
+    path, res = run_dir
+    coref = res.results["coreference"]
+    c, top = coref.counts, coref.best(1).iloc[0]
+    pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
+    nearest, first = coref.baselines.loc["nearest"], coref.baselines.loc["first"]
+    left = c["examples"] - c["scored"]
+    assert summary_lines(res)[0] == (
+        f"coreference: {c['scored']} of {c['examples']} examples scored"
+        + (f" ({left} left out: " + ", ".join(f"{n} {k}" for k, n in {**c["unaligned"], **c["skipped"]}.items())
+           + ")" if left else "")
+        + f"; best head L{int(top['layer'])}H{int(top['head'])} right on {pct(top['accuracy'])}% of them "
+        f"(95% interval {pct(top['ci_low'])}-{pct(top['ci_high'])}%); baselines on the same examples: "
+        f"the nearer name {pct(nearest['accuracy'])}% ({pct(nearest['ci_low'])}-{pct(nearest['ci_high'])}%), "
+        f"the first name {pct(first['accuracy'])}% ({pct(first['ci_low'])}-{pct(first['ci_high'])}%); "
+        f"heads labelled coreference: {len(coref.labelled())} of {len(coref.heads)}")
+    section = (path / "index.html").read_text().split('<h2 id="coreference">')[1].split("<h2")[0]
+    assert f"<p>{c['examples']} examples read: {c['scored']} scored" in section
+    assert ("<tr><th>head / baseline</th><th>examples scored</th><th>right (% of them)</th>"
+            "<th>95% interval (%)</th></tr>") in section
+    assert f"<td>{c['scored']}</td><td>{pct(top['accuracy'])}</td>" in section
+
+
 def test_labels_in_heads_csv_follow_the_rules(run_dir):
     """coreference: interval's lower end above the best baseline; syntactic:<rel>: 10 points above
     the baseline in either direction; no other head gets either."""

@@ -4,18 +4,24 @@ supported kind and (slow) on the embedded minilm and smollm2."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
 
+import probe.steps as steps_module
 from conftest import KINDS, SEQ2SEQ, tiny_model
 from probe import attention_steps
+from probe.analysis import analyze
 from probe.architectures.position_bias import alibi_slopes
 from probe.capture import encode, forward
 from probe.errors import InputError
 from probe.inputs import Text
 from probe.pruning.removal import remove_heads
-from probe.steps import head_steps
+from probe.sites import head_name
+from probe.steps import head_steps, heads_steps
+from probe.view.stepview import report_steps, step_view_data
 
 TEXT = "the cat sat on the mat and then it ran away from the dog"
 PAIR = Text("the cat sat on the mat today", target="a dog ran home")
@@ -147,3 +153,54 @@ def test_steps_on_a_physically_pruned_site_use_its_own_heads():
     check_identities(st)
     with pytest.raises(InputError, match="3 heads"):
         head_steps(lm, TEXT, site=0, head=3)
+
+
+def _counting_forward(monkeypatch) -> list:
+    calls = []
+
+    def counted(lm, batch):
+        calls.append(1)
+        return forward(lm, batch)
+    monkeypatch.setattr(steps_module, "forward", counted)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_several_heads_share_the_passes_and_equal_one_at_a_time(kind, monkeypatch):
+    """heads_steps: one from-scratch pass per head of the most-picked site (here 2: site 0 twice), one
+    pass of the model for every site's probabilities; each pick's arrays equal its own head_steps and
+    its softmax is the model's row."""
+    lm = tiny_model(kind)
+    picks = [(1, 2), (0, 3), (0, 1)]
+    alone = [head_steps(lm, TEXT, site, head) for site, head in picks]
+    calls = _counting_forward(monkeypatch)
+    together = heads_steps(lm, TEXT, picks)
+    assert len(calls) == 2 + 1
+    for one, st in zip(alone, together):
+        assert (st["site"], st["head"]) == (one["site"], one["head"])
+        for key in ("q", "k", "v", "score", "bias", "scaled", "keep", "probs", "model_probs", "value_norm"):
+            np.testing.assert_array_equal(st[key], one[key], err_msg=key)
+        assert st["q_tokens"] == one["q_tokens"] and st["kv_head"] == one["kv_head"]
+        check_identities(st)
+    calls.clear()
+    assert "model_probs" not in heads_steps(lm, TEXT, picks[:2], model_probs=False)[0] and len(calls) == 1
+
+
+def test_report_steps_run_the_first_example_once(monkeypatch):
+    """The report's step views (one head of each label, in different layers or not) come from as many
+    from-scratch passes as the most heads chosen in one layer, and hold each head's own steps."""
+    lm = tiny_model("bert")
+    low = {"previous-token": 0.1, "self": 0.1, "first-token": 0.1, "next-token": 0.1}  # labels on random heads
+    res = analyze(lm, [TEXT, "Second text."], n_examples=1, thresholds=low)
+    calls = _counting_forward(monkeypatch)
+    out = report_steps(lm, res)
+    chosen = [(d["siteIndex"], d["head"]) for d in out]
+    per_layer = Counter(layer for layer, _ in chosen)
+    assert len(out) >= 3 and len(calls) == max(per_layer.values()) < len(out), (chosen, len(calls))
+    monkeypatch.undo()
+    n = res.examples[0].probs.shape[-1]
+    for d in out:
+        st = head_steps(lm, TEXT, d["siteIndex"], d["head"], max_length=n)
+        want = step_view_data(st, site_index=d["siteIndex"])
+        assert {k: v for k, v in d.items() if k not in ("label", "reason")} == {
+            **want, "name": head_name(d["siteIndex"], d["head"])}

@@ -360,3 +360,49 @@ def test_label_grid_for_notebooks():
                                                                        values="prev").to_numpy())
     with pytest.raises(InputError, match="no column 'nope'"):
         label_grid(res, "nope")
+
+
+def _line_pixels(pg, k: int = 0) -> int:
+    """Pixels drawn on the head view's canvas between its two token columns (where only lines go)."""
+    return pg.page.evaluate(f"""() => {{
+        const root = document.querySelectorAll('.probe-hv')[{k}], c = root.querySelector('.hv-scroll canvas');
+        const w = c.width, h = c.height, x0 = Math.ceil(w * 0.4), x1 = Math.floor(w * 0.6);
+        const copy = document.createElement('canvas'); copy.width = w; copy.height = h;
+        const ctx = copy.getContext('2d', {{willReadFrequently: true}}); ctx.drawImage(c, 0, 0);
+        const d = ctx.getImageData(x0, 0, x1 - x0, h).data;
+        let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+        return n; }}""")
+
+
+@pytest.mark.parametrize("where", ["show", "report"])
+def test_lines_are_drawn_at_load_before_any_hover(browser, tmp_path, where):
+    """As bertviz's head view: right after load, with no token hovered, every token's lines of the
+    selected heads are drawn (weights >= the line threshold), on the canvas, not only in the data;
+    leaving a hovered token draws them again."""
+    lm = tiny_model("bert")
+    if where == "show":
+        view = show(lm, "The cat sat on the mat.", heads=[0, 2])
+        data, path = view.data, view.save(tmp_path / "view.html")
+    else:
+        res = analyze(lm, ["The cat sat on the mat.", "Second text."], n_examples=1)
+        path = write_run(res, lm.tokenizer, tmp_path / "run") / "index.html"
+        data = None
+    pg = Page(browser, path)
+    v = pg.view()
+    data = data or pg.page.evaluate(f"{v}.data")
+    st = pg.page.evaluate(f"{v}.state()")
+    assert st["focus"] is None and st["heads"]
+    li = st["layerIndex"]
+    m = {h: decoded_map(data, li, h) for h in st["heads"]}
+    want = {(h, q, k) for h in st["heads"] for (q, k) in zip(*np.nonzero(m[h] + 1e-6 >= data["threshold"]))}
+    got = as_dict(pg.page.evaluate(f"{v}.lines()"))
+    assert len(got) > 0 and got.keys() == want
+    assert all(abs(got[key] - m[key[0]][key[1], key[2]]) < 1e-6 for key in got)
+    assert _line_pixels(pg) > 0
+    pg.hover("q", 1)
+    assert {key[1] for key in as_dict(pg.page.evaluate(f"{v}.lines()"))} == {1}    # hovered: that row only
+    pg.page.mouse.move(2, 2)
+    assert as_dict(pg.page.evaluate(f"{v}.lines()")).keys() == want
+    pg.page.evaluate(f"{v}.setHeads([])")
+    assert pg.page.evaluate(f"{v}.lines()") == [] and _line_pixels(pg) == 0
+    pg.clean()

@@ -127,6 +127,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
         raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
     value_weighting(value_weighted, labels_by)  # --labels-by norm with --no-norm: before loading a model
     seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
+    counted = _file_count(corpus, pairs, limit)  # a streamed file's sequences, for the start line
     world = distributed.detect()
     if world is None or world.main:  # rank 0 writes the one report
         out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
@@ -135,7 +136,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     lm = load_model(model_name, dtype=getattr(torch, dtype), device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
-    _announce(lm, seqs, source, world)
+    _announce(lm, seqs, source, world, counted)
     if generate is not None:
         check_generate(lm, generate)
     if pairs and lm.kind == "encoder-decoder":
@@ -201,17 +202,31 @@ def _analysis_input(texts, corpus, pairs, coref, syntax_file, limit):
     return check_texts(sample_texts(), limit), "built-in sample", None
 
 
-def _announce(lm, seqs, source: str, world) -> None:
-    """Say on stderr what is analysed, with which model (and, under a launcher, which share)."""
-    how_many = plural(len(seqs), "sequence") if hasattr(seqs, "__len__") else "the sequences"
+def _file_count(corpus, pairs, limit) -> int | None:
+    """The number of sequences --corpus or --pairs holds (at most --limit), counted in a first read of
+    the file (the analysis streams it again: memory stays flat); None for the other inputs."""
+    from ..corpus import iter_corpus, iter_pairs
+
+    if not (corpus or pairs):
+        return None
+    return sum(1 for _ in (iter_corpus(corpus, limit) if corpus else iter_pairs(pairs, limit)))
+
+
+def _announce(lm, seqs, source: str, world, counted: int | None = None) -> None:
+    """Say on stderr what is analysed, with which model (and, under a launcher, which share): ``counted``
+    sequences "from" a streamed file, or the sequences of a list with where they come from."""
     share = (f", process {world.rank} of {world.size}: sequences {world.rank}, {world.rank + world.size}, ..."
              if world else "")
+    if counted is not None:
+        how_many = f"{plural(counted, 'sequence')} from {source}" + (f" ({share[2:]})" if share else "")
+    else:
+        how_many = f"{plural(len(seqs), 'sequence')} ({source}{share})"
     layers = lm.geometry.n_layers
     if lm.kind == "encoder-decoder":
         from ..seq2seq import stack_depths
 
         layers = " + ".join(f"{n} {stack}" for stack, n in stack_depths(lm.sites).items())
-    click.echo(f"Analyzing {how_many} ({source}{share}) with {lm.name}: "
+    click.echo(f"Analyzing {how_many} with {lm.name}: "
                f"{layers} layers x {plural(lm.geometry.n_heads, 'head')}", err=True)
 
 

@@ -186,12 +186,22 @@ def alignment_notes(a, b, la: int, ha: int, lb: int, hb: int) -> list[str]:
     if ha != hb:
         notes.append(f"A has {ha} heads per layer and B {hb}: heads are compared by index, and heads of different "
                      "models have no natural correspondence; read the per-layer means and label counts")
-    elif a.model.get("name") != b.model.get("name") or a.model.get("source") != b.model.get("source"):
+    elif not same_model(a, b):
         notes.append("A and B are different models: heads are compared by index within each layer")
     if a.model.get("causal") != b.model.get("causal"):
         notes.append("one run is an encoder and the other a decoder: next-token and [SEP] statistics exist "
                      "only for one of them, and a decoder's rows see fewer keys")
     return notes
+
+
+#: The entries of a run's ``model`` record that must agree for two runs to be of one model.
+MODEL_IDENTITY = ("name", "source", "parameters", "removed_heads", "dtype")
+
+
+def same_model(a, b) -> bool:
+    """Whether runs ``a`` and ``b`` measured one model: the same name, source, parameter count,
+    removed heads and dtype in their ``model`` records (an entry neither record has is not compared)."""
+    return all(a.model.get(k) == b.model.get(k) for k in MODEL_IDENTITY)
 
 
 def _input_of(run) -> str:
@@ -204,14 +214,19 @@ def _input_of(run) -> str:
 def input_notes(a, b) -> list[str]:
     """A note when the runs analysed different text: another input (``settings["input"]``: the
     corpus file, ``--text``, the built-in sample), another number of sequences, or another first
-    text. Differences then mix the models with their input."""
+    text. Of two models, differences then mix the models with their input; of one model
+    (:func:`same_model`), they are the text's alone."""
     ia, ib = a.settings.get("input"), b.settings.get("input")
     na, nb = a.counts.get("sequences"), b.counts.get("sequences")
     ta = a.examples[0].text if a.examples else None
     tb = b.examples[0].text if b.examples else None
     if (ia and ib and ia != ib) or (na is not None and nb is not None and na != nb) or (ta and tb and ta != tb):
-        return [f"the runs analysed different text (A: {_input_of(a)}; B: {_input_of(b)}): each difference mixes "
-                "the models with their input; for a comparison of heads, analyse the same corpus with both"]
+        inputs = f"the runs analysed different text (A: {_input_of(a)}; B: {_input_of(b)})"
+        if same_model(a, b):
+            return [f"{inputs} with the same model ({a.model.get('name')}): every difference is the text's, not the "
+                    "model's (how its heads behave on the one text and on the other)"]
+        return [f"{inputs}: each difference mixes the models with their input; for a comparison of heads, analyse "
+                "the same corpus with both"]
     return []
 
 

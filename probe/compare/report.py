@@ -24,7 +24,16 @@ from ..report.portable import shorten_paths
 from ..sites import head_name
 from ..stats import STATISTICS
 from ..tokens import display_tokens
-from .diff import NOT_PROBABILITY, as_result, compare_runs, geometry, label_counts, layer_summary, most_changed
+from .diff import (
+    NOT_PROBABILITY,
+    as_result,
+    compare_runs,
+    geometry,
+    label_counts,
+    layer_summary,
+    most_changed,
+    same_model,
+)
 
 #: Tokens per side of the side-by-side attention heatmaps.
 MAX_TOKENS = 64
@@ -236,8 +245,9 @@ def _write(a, b, folder, top: int, tokenizers) -> Path:
     notes = list(df.attrs["notes"])
     no_pair = None if pair is not None else (
         "The runs kept no example of the same text (their first examples: "
-        f"{_first_text(a)!r} and {_first_text(b)!r}), so attention is not shown side by side; analyse the same "
-        "corpus with both models (probe compare --model A --model B) to see it.")
+        f"{_first_text(a)!r} and {_first_text(b)!r}), so attention is not shown side by side; "
+        + ("analyse the same text in both runs to see it." if same_model(a, b) else
+           "analyse the same corpus with both models (probe compare --model A --model B) to see it."))
     if no_pair:
         notes.append(no_pair)
     top_rows = most_changed(df, top)

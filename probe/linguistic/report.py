@@ -34,6 +34,14 @@ def _interval(low, high) -> str:
     return f"[{_pct(low)}, {_pct(high)}]"
 
 
+def _span(low, high) -> str:
+    return f"{_pct(low)}-{_pct(high)}%"
+
+
+#: What each coreference baseline answers, in the command line's summary.
+BASELINE_NAMES = {"nearest": "the nearer name", "first": "the first name"}
+
+
 def _grid(frame, title: str, fid: str) -> dict:
     """A layer x head accuracy heatmap (figure data for the page's canvas renderer)."""
     grid = frame.pivot(index="layer", columns="head", values="accuracy").sort_index()
@@ -175,11 +183,12 @@ def summary_lines(result) -> list[str]:
                  + (f" ({left} left out: {why})" if left else "")]
         if c["scored"]:
             top = res.best(1).iloc[0]
-            parts.append(f"best head {head_name(top['layer'], top['head'])} {_pct(top['accuracy'])}% "
-                         f"{_interval(top['ci_low'], top['ci_high'])}")
-            parts += [f"{kind} {_pct(r.accuracy)}% {_interval(r.ci_low, r.ci_high)}"
-                      for kind, r in res.baselines.iterrows()]
-            parts.append(f"{plural(len(res.labelled()), 'head')} labelled coreference")
+            parts.append(f"best head {head_name(top['layer'], top['head'])} right on {_pct(top['accuracy'])}% of them "
+                         f"(95% interval {_span(top['ci_low'], top['ci_high'])})")
+            parts.append("baselines on the same examples: " + ", ".join(
+                f"{BASELINE_NAMES.get(kind, kind)} {_pct(r.accuracy)}% ({_span(r.ci_low, r.ci_high)})"
+                for kind, r in res.baselines.iterrows()))
+            parts.append(f"heads labelled coreference: {len(res.labelled())} of {len(res.heads)}")
         lines.append("; ".join(parts))
     res = result.results.get("syntax")
     if res is not None:

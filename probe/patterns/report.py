@@ -92,8 +92,8 @@ def viridis(t: float) -> str:
 
 
 def _layer_legend(n_layers: int) -> list:
-    picks = sorted({0, (n_layers - 1) // 2, n_layers - 1})
-    return [[f"layer {p}", viridis(p / max(1, n_layers - 1))] for p in picks]
+    """One legend entry per layer (``L0`` ... ``L{n-1}``) in the colour its heads get on the map."""
+    return [[f"L{p}", viridis(p / max(1, n_layers - 1))] for p in range(n_layers)]
 
 
 def groups_section(result, tokenizer) -> Section | None:

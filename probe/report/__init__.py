@@ -41,6 +41,7 @@ from .page import (  # re-exported: the page's shared pieces, imported from here
     claim_run_dir,
     default_run_dir,
     label_family,
+    named_rows,
     static_text,
 )
 from .portable import shorten_paths
@@ -220,8 +221,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
     holding = _holding_family(result)
     stat_figs, stat_blocks = _stat_figures(heads)
     attn_figs, attn_blocks = _attention_figures(result, tokenizer)
-    table_cols = list(heads.columns)  # [stack, kind,] layer, head, labels, statistics, added columns, cluster
-    table = [[_fmt(row[c]) for c in table_cols] for row in heads.to_dict("records")]
+    table_cols, table = named_rows(heads, _fmt)  # head (L4H5), labels, statistics, added columns, cluster
     return _environment().get_template("report.html.j2").render(
         result=result, record=record, grids=grids, csp=CSP,
         colors={k: v for k, v in LABEL_COLORS.items() if k not in OPTIONAL_LABELS or families.get(k)},

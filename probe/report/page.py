@@ -51,6 +51,27 @@ def label_family(label: str) -> str:
     return label.split(":", 1)[0]
 
 
+def label_short(label: str) -> str:
+    """A primary label's text inside a grid cell (:data:`LABEL_SHORT` of its family; "" for mixed)."""
+    return LABEL_SHORT.get(label_family(label), label[:4])
+
+
+def label_color(label: str) -> str:
+    """A primary label's colour in the grids and maps (:data:`LABEL_COLORS` of its family; white if unknown)."""
+    return LABEL_COLORS.get(label_family(label), "#ffffff")
+
+
+def label_key(labels) -> list[tuple[str, str, list[str]]]:
+    """The key of a label grid: for each cell text among ``labels`` (in :data:`LABEL_SHORT`'s order,
+    then unknown families), ``(cell text, colour, the full labels it stands for, sorted)``."""
+    present = sorted({str(lab) for lab in labels})
+    order = {family: i for i, family in enumerate(LABEL_SHORT)}
+    key: dict[str, tuple[str, list[str]]] = {}
+    for lab in sorted(present, key=lambda x: (order.get(label_family(x), len(order)), x)):
+        key.setdefault(label_short(lab), (label_color(lab), []))[1].append(lab)
+    return [(short, color, full) for short, (color, full) in key.items()]
+
+
 OUTPUT_FILES = ("index.html", "heads.csv", "run.json")
 
 #: The page's Content-Security-Policy: nothing may be loaded; inline script and style only.
@@ -105,6 +126,25 @@ def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> 
     return chosen[:limit]
 
 
+#: The columns that together name a head in a heads table (``stack`` and ``kind`` only in an
+#: encoder-decoder model's); an HTML table shows them as one ``head`` column, CSVs keep them apart.
+HEAD_KEYS = ("stack", "kind", "layer", "head")
+
+
+def named_rows(frame, fmt=str) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of an HTML table of heads: the frame's ``stack``/``kind``/``layer``/``head``
+    columns replaced by one ``head`` column first (:func:`probe.sites.head_name`: ``L4H5``,
+    ``cross L4H5``), then its other columns in order, each value passed through ``fmt``.
+
+    Args:
+        frame: a DataFrame with ``layer`` and ``head`` columns (a heads table, one row per head).
+        fmt: value -> cell text.
+    """
+    rest = [c for c in frame.columns if c not in HEAD_KEYS]
+    rows = [[head_name(row, row["head"]), *(fmt(row[c]) for c in rest)] for row in frame.to_dict("records")]
+    return ["head", *rest], rows
+
+
 def _json_for_script(data) -> str:
     """JSON safe inside a <script> element (no '<', '>' or '&' that could close it)."""
     text = json.dumps(data, separators=(",", ":"), default=_json_default)
@@ -116,6 +156,9 @@ def _environment():
     env = Environment(loader=PackageLoader("probe", "report/templates"), autoescape=select_autoescape(["html", "j2"]))
     env.filters["plural"] = plural  # {{ n|plural("sequence") }} -> "1 sequence", "2 sequences"
     env.globals["head_name"] = head_name
+    env.globals["label_short"] = label_short
+    env.globals["label_color"] = label_color
+    env.globals["label_key"] = label_key
     return env
 
 

@@ -17,7 +17,7 @@ from ..errors import InputError
 from ..inputs import Text
 from ..report.page import _json_for_script, choose_heads
 from ..sites import head_name
-from ..steps import head_steps
+from ..steps import heads_steps
 from .assets import view_static
 
 #: The key of the report's step views in ``AnalysisResult.results``.
@@ -88,15 +88,20 @@ def report_steps(lm, result, *, limit: int = 8) -> list[dict]:
     ex = result.examples[0]
     n = int(ex.probs.shape[-1])
     text = ex.text if not ex.decoder else Text(ex.text, target=ex.target["text"])
-    out = []
+    chosen, slots = [], []
     for layer, head, label, reason in choose_heads(result, limit=limit):
         slot = head  # the heads table numbers heads as the original model; a pruned layer's slots differ
         if lm.pruned is not None:
-            slots = lm.pruned.layouts[layer].q
-            if head not in slots:
+            present = lm.pruned.layouts[layer].q
+            if head not in present:
                 continue
-            slot = slots.index(head)
-        st = head_steps(lm, text, layer, slot, max_length=min(n, STEP_MAX_TOKENS))
+            slot = present.index(head)
+        chosen.append((layer, head, label, reason))
+        slots.append((layer, slot))
+    # every head's steps from the same passes (one per head of the layer with the most chosen heads)
+    steps = heads_steps(lm, text, slots, max_length=min(n, STEP_MAX_TOKENS), model_probs=False)
+    out = []
+    for (layer, head, label, reason), st in zip(chosen, steps):
         data = step_view_data(st, encoder_decoder=lm.kind == "encoder-decoder", site_index=layer)
         name = head_name(lm.sites[layer] if lm.kind == "encoder-decoder" else layer, head)
         out.append({**data, "name": name, "label": label, "reason": reason})

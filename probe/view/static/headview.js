@@ -12,7 +12,9 @@
  * (virtualized: only visible rows are drawn, lines to rows outside the window leave it at its edge), and a
  * strip per selected head with the focused token's whole row (or column) as a heatmap. Hover a token on
  * the left to see where it attends, on the right to see what attends to it; click to pin; arrow keys
- * move a pinned token. Lines are drawn for probabilities >= the line threshold, the strip shows all.
+ * move a pinned token. With no token hovered or pinned (as at load) every token's lines are drawn, each
+ * line's opacity its weight (as bertviz's head view does). Lines are drawn for probabilities >= the line
+ * threshold, the strip shows all.
  * Word mode aggregates the token maps: to a word = sum over its tokens, from a word = mean over them.
  * Each layer (site) has its own query and key tokens (data.sides, data.axes): an encoder-decoder model's
  * decoder self-attention is drawn target x target, its cross-attention target (left) x source (right).
@@ -23,6 +25,7 @@
   var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf", "#393b79", "#ad494a"];
   var FONT = "12px sans-serif", ROW = 18, MAX_H = 520, STRIP = 12, STRIP_LEFT = 26, LABEL_CHARS = 24;
+  var ALPHA_LEVELS = 20;  // opacity steps of the lines drawn for every token (each line's weight rounded up)
 
   function headColor(h) {
     if (h < PALETTE.length) return PALETTE[h];
@@ -139,7 +142,8 @@
     this.status = el("div", "hv-status"); this.tip = el("div", "hv-tip"); this.axesNote = el("div", "hv-status");
     [this.axesNote, this.strip, this.scroller, this.status, this.tip].forEach(function (e) { root.appendChild(e); });
     root.appendChild(el("div", "hv-status", "Hover a token: on the left, where it attends (its row); on the right, " +
-      "what attends to it (its column). Click to pin, arrow keys to move, Esc to unpin. Lines for probabilities " +
+      "what attends to it (its column); with none hovered, every token's lines, each as opaque as its weight. " +
+      "Click to pin, arrow keys to move, Esc to unpin. Lines for probabilities " +
       "at or above the line threshold; the strip above shows every key of the row, one band per head."));
   };
   V.buildHeads = function () {
@@ -199,7 +203,8 @@
     this.drawLabels(ctx, sel, f);
     this.drawStrip(sel, f);
     this.status.textContent = f ? (f.side === "q" ? "query " : "key ") + JSON.stringify(this.labels(f.side)[f.i]) + " (" + f.i + ")" +
-      (this.S.pin ? ", pinned" : "") + ": " + this.lastLines.length + " line(s)" : "";
+      (this.S.pin ? ", pinned" : "") + ": " + this.lastLines.length + " line(s)" :
+      sel.heads.length ? "every token: " + this.lastLines.length + " line(s) in view, opacity = weight; hover a token for its own" : "";
     this.root.setAttribute("data-focus", f ? f.side + ":" + f.i : "");
     var q = this.sideOf(this.S.layer, "q").name, k = this.sideOf(this.S.layer, "k").name;
     this.axesNote.textContent = this.data.sides.length > 1 ? "left: " + q + " tokens (queries); right: " + k +
@@ -211,7 +216,7 @@
   };
   V.drawLines = function (ctx, sel, f) {  // lines from the focused token, weights >= threshold
     this.lastLines = [];
-    if (!f) return;
+    if (!f) { this.drawAllLines(ctx, sel); return; }
     var g = this.geom, m = this.size(this.other(f.side)), x1 = g.labelW, x2 = g.W - g.labelW;
     ctx.lineWidth = 2;
     for (var hi = 0; hi < sel.heads.length; hi++) {
@@ -223,6 +228,34 @@
         this.lastLines.push({head: sel.heads[hi], query: q, key: k, weight: w});
         ctx.globalAlpha = Math.min(1, 0.15 + 0.85 * w);
         ctx.beginPath(); ctx.moveTo(x1, this.y(q)); ctx.lineTo(x2, this.y(k)); ctx.stroke();
+      }
+    }
+    ctx.globalAlpha = 1;
+  };
+  V.drawAllLines = function (ctx, sel) {  // no focus (as at load): every query's lines, opacity = weight
+    var g = this.geom, nq = this.size("q"), nk = this.size("k"), x1 = g.labelW, x2 = g.W - g.labelW;
+    var top = this.scroller.scrollTop, r0 = Math.floor(top / ROW), r1 = Math.ceil((top + g.vh) / ROW);
+    ctx.lineWidth = 1;
+    for (var hi = 0; hi < sel.heads.length; hi++) {
+      var mat = sel.mats[hi], paths = [];  // one path per opacity level (1/ALPHA_LEVELS steps): few strokes
+      for (var q = 0; q < nq; q++) {
+        for (var k = 0; k < nk; k++) {
+          var w = mat[q * nk + k];
+          if (!(w + 1e-6 >= this.S.threshold)) continue;
+          if ((q < r0 && k < r0) || (q > r1 && k > r1)) continue;  // both ends outside the window: not drawn
+          this.lastLines.push({head: sel.heads[hi], query: q, key: k, weight: w});
+          var level = Math.max(1, Math.min(ALPHA_LEVELS, Math.ceil(w * ALPHA_LEVELS)));
+          (paths[level] = paths[level] || []).push(q, k);
+        }
+      }
+      ctx.strokeStyle = headColor(sel.heads[hi]);
+      for (var lv = 1; lv <= ALPHA_LEVELS; lv++) {
+        var pts = paths[lv];
+        if (!pts) continue;
+        ctx.globalAlpha = lv / ALPHA_LEVELS;
+        ctx.beginPath();
+        for (var i = 0; i < pts.length; i += 2) { ctx.moveTo(x1, this.y(pts[i])); ctx.lineTo(x2, this.y(pts[i + 1])); }
+        ctx.stroke();
       }
     }
     ctx.globalAlpha = 1;
