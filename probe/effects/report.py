@@ -22,28 +22,28 @@ from .measure import LABEL_COLUMNS
 SCALE = 100000
 
 
-def _sites(frame) -> list[tuple]:
+def site_rows(frame) -> list[tuple]:
     """(stack, kind, layer) of each site of effects.csv, in its row order."""
     keys = frame[["stack", "kind", "layer"]].itertuples(index=False, name=None)
     return list(dict.fromkeys(keys))
 
 
-def _row_labels(sites: list[tuple]) -> list[str]:
+def row_labels(sites: list[tuple]) -> list[str]:
     """``"3"`` per layer of a one-stack model; ``"enc 3"``, ``"dec 3"``, ``"cross 3"`` for an encoder-decoder model."""
     several = len({(s, k) for s, k, _ in sites}) > 1
     return [f"{site_prefix(s, k)} {layer}" if several else str(layer) for s, k, layer in sites]
 
 
 def _figure(frame, kind: str, unit: str) -> dict:
-    sites, H = _sites(frame), int(frame["head"].max()) + 1
+    sites, H = site_rows(frame), int(frame["head"].max()) + 1
     vals = frame[f"effect_{kind}"].to_numpy(dtype=float)
     finite = vals[np.isfinite(vals)]
     lo, hi = (min(0.0, float(finite.min())), float(finite.max())) if len(finite) else (0.0, 1.0)
     return {"rows": len(sites), "cols": H, "scale": SCALE, "vmin": lo, "vmax": hi if hi > lo else lo + 1.0,
             "cmap": "viridis", "title": f"{kind} ablation: objective change ({unit}; > 0 = worse)",
             "values": [None if not np.isfinite(v) else int(round(v * SCALE)) for v in vals],
-            "rowLabels": _row_labels(sites), "colLabels": [str(i) for i in range(H)],
-            "xLabel": "head", "yLabel": "site" if len(_row_labels(sites)[0].split()) > 1 else "layer", "unit": unit}
+            "rowLabels": row_labels(sites), "colLabels": [str(i) for i in range(H)],
+            "xLabel": "head", "yLabel": "site" if len(row_labels(sites)[0].split()) > 1 else "layer", "unit": unit}
 
 
 def _grid(heads, sites: list[tuple], n_heads: int) -> list[list[str]]:
@@ -67,10 +67,10 @@ def section(result, tokenizer) -> Section | None:
     if er is None:
         return None
     kinds = tuple(er.settings.get("kinds", DEFAULT_KINDS))
-    sites, H = _sites(er.heads), int(er.heads["head"].max()) + 1
+    sites, H = site_rows(er.heads), int(er.heads["head"].max()) + 1
     table = [[_fmt(r[c]) for c in LABEL_COLUMNS] for r in er.labels.to_dict("records")]
     html = render_fragment("effects.html.j2", er=er, kinds=kinds, grid=_grid(result.heads, sites, H),
-                           rows=_row_labels(sites), columns=LABEL_COLUMNS, table=table,
+                           rows=row_labels(sites), columns=LABEL_COLUMNS, table=table,
                            claim=claim_lines(er.induction) if er.induction else [])
     labels_csv = er.labels.to_csv(index=False, float_format="%.6g")
     return Section(id="effects", title="Head ablation effects", html=html, order=42,
