@@ -23,13 +23,18 @@ from .options import click_callback, model_option
 @click.option("--heads-per-pass", type=int, default=None,
               callback=click_callback(lambda v: v if v is None else validate.positive_int("--heads-per-pass", v)),
               help="Patched copies of the batch in one forward pass [default: 2 x heads, one layer a pass].")
+@click.option("--rope-offsets", type=int, default=1, show_default=True,
+              callback=click_callback(lambda v: validate.positive_int("--rope-offsets", v)),
+              help="RoPE models: average the Q- and K-composition scores over relative offsets D = 0..K-1 "
+                   "(1: the content term D = 0 only).")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
 @click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
 @click.option("--json", "as_json", is_flag=True, help="Print the section's record as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @user_errors
-def patch_command(model_name, pairs_file, direction, heads_per_pass, out, force, as_json, progress) -> None:
+def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offsets, out, force, as_json,
+                  progress) -> None:
     """Patch each head's output (before the output projection) between clean and corrupted prompts
     and measure how much of the logit difference answer - wrong it restores; with the direct logit
     attribution of every head and the heads' Q/K/V-composition scores (decoders). Also masked-LM
@@ -64,7 +69,7 @@ def patch_command(model_name, pairs_file, direction, heads_per_pass, out, force,
     click.echo(f"Patching {lm.name} ({plural(len(lm.sites) * lm.geometry.n_heads, 'head')}) on {len(pairs)} pairs "
                f"({source}), {direction}", err=True)
     result, path = patch_run(lm, pairs, out=out, force=force, source=source, direction=direction,
-                             heads_per_pass=heads_per_pass, progress=show,
+                             heads_per_pass=heads_per_pass, progress=show, rope_offsets=rope_offsets,
                              timings={"model_load_s": lm.load_seconds}, started=started)
     p = result.patching
     if as_json:

@@ -55,8 +55,9 @@ class PatchRun:
 
 
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", direction: str = "denoise",
-            heads_per_pass: int | None = None, progress=None) -> PatchRun:
-    """Patching, DLA and composition of ``lm`` on ``pairs`` (default the built-in set).
+            heads_per_pass: int | None = None, progress=None, rope_offsets: int = 1) -> PatchRun:
+    """Patching, DLA and composition of ``lm`` on ``pairs`` (default the built-in set); ``rope_offsets``:
+    composition's RoPE offsets (:func:`~probe.effects.composition.composition_scores`).
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`~probe.effects.patching.patch_heads`.
@@ -68,7 +69,8 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     seconds["patch_s"] = time.perf_counter() - t
     notes += patching.attrs["notes"]
     results = {}
-    steps = (("dla", lambda: direct_logit_attribution(lm, pairs)), ("composition", lambda: composition_scores(lm)))
+    steps = (("dla", lambda: direct_logit_attribution(lm, pairs)),
+             ("composition", lambda: composition_scores(lm, rope_offsets)))
     for name, fn in steps:
         t = time.perf_counter()
         try:
@@ -93,7 +95,8 @@ def label_texts(lm, pairs: list[Pair]) -> list:
 
 def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, source: str = "built-in IOI set",
               direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
-              timings: dict | None = None, started: float | None = None) -> tuple[PatchRun, Path]:
+              timings: dict | None = None, started: float | None = None,
+              rope_offsets: int = 1) -> tuple[PatchRun, Path]:
     """Measure (:func:`measure`), label the heads with a short analysis, write the run folder.
 
     Returns:
@@ -107,6 +110,7 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
                            leave=False) if progress else None
         try:
             result = measure(lm, pairs, source=source, direction=direction, heads_per_pass=heads_per_pass,
+                             rope_offsets=rope_offsets,
                              progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
         finally:
             if bar is not None:
