@@ -94,7 +94,7 @@ def positions(lm, enc: EncodedPairs, i: int, where: str) -> torch.Tensor:
     return torch.nn.functional.one_hot(last, mask.shape[1]).bool()
 
 
-def _patches(lm, enc: EncodedPairs, jobs: list, k: int) -> dict:
+def job_patches(lm, enc: EncodedPairs, jobs: list, k: int) -> dict:
     """site -> [k * pairs, T_site, heads] masks for ``jobs`` (site, head, where), job j in copy j."""
     n, H, out = len(enc), lm.geometry.n_heads, {}
     for j, (i, head, where) in enumerate(jobs):
@@ -127,7 +127,7 @@ def full_head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corr
     patched, bases = np.zeros(len(jobs)), np.zeros(len(jobs))
     for s in range(0, len(jobs), k):
         chunk = list(range(s, min(s + k, len(jobs))))
-        logits = full_pass(lm, enc, inputs[run], k, _patches(lm, enc, [jobs[j] for j in chunk], k), donor_z)[0]
+        logits = full_pass(lm, enc, inputs[run], k, job_patches(lm, enc, [jobs[j] for j in chunk], k), donor_z)[0]
         patched[chunk] = last_logit_diffs(logits, enc, k).mean(1).numpy()[: len(chunk)]
         bases[chunk] = base[: len(chunk)]
         if progress:

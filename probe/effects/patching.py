@@ -35,7 +35,7 @@ from ..errors import InputError, UnsupportedAnalysisError
 from ..hooks import input_device, measuring
 from ..pruning.objectives import head_kind
 from .pairs import EncodedPairs, Pair, builtin_pairs, encode_pairs, parse_pairs, read_pairs
-from .patch_full import full_head_logit_diffs, full_pass, last_logit_diffs, model_inputs, patch_hook
+from .patch_full import full_head_logit_diffs, full_pass, job_patches, last_logit_diffs, model_inputs, patch_hook
 
 __all__ = ["EncodedPairs", "Pair", "builtin_pairs", "encode_pairs", "parse_pairs", "read_pairs", "MIN_GAP",
            "DIRECTIONS", "check_patchable", "logit_diffs", "run_z", "patched_pass", "StackInputs", "capture_inputs",
@@ -117,23 +117,6 @@ def patched_pass(lm, ids, mask, patches: dict, donor: list, alpha: float | None 
         for layer, o in enumerate(_layers(lm)):
             m.hooks.forward_pre(o, patch_hook(lm, layer, patches, donor, alpha))
         return _forward(lm, ids, mask)
-
-
-def _masks(enc: EncodedPairs, where: str) -> torch.Tensor:
-    """[pairs, T] bool: the positions a patch covers (``all`` real positions or ``last``)."""
-    if where == "all":
-        return enc.mask.bool()
-    return torch.nn.functional.one_hot(enc.last, enc.mask.shape[1]).bool()
-
-
-def _chunk_patches(lm, enc, jobs, k: int) -> dict:
-    """layer -> [k * pairs, T, heads] masks for ``jobs`` (layer, head, where), job j in copy j."""
-    n, T, H = len(enc), enc.mask.shape[1], lm.geometry.n_heads
-    out: dict[int, torch.Tensor] = {}
-    for j, (layer, head, where) in enumerate(jobs):
-        sel = out.setdefault(layer, torch.zeros(k * n, T, H, dtype=torch.bool))
-        sel[j * n:(j + 1) * n, :, head] = _masks(enc, where)
-    return out
 
 
 @dataclass
@@ -271,7 +254,7 @@ def head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted
     done = 0
     for chunk in chunks:  # one layer per pass: it continues from that layer
         logits = continue_pass(lm, enc, inputs[run], jobs[chunk[0]][0],
-                               _chunk_patches(lm, enc, [jobs[i] for i in chunk], k), donor_z)
+                               job_patches(lm, enc, [jobs[i] for i in chunk], k), donor_z)
         patched[chunk] = last_logit_diffs(logits, enc, k).mean(1).numpy()[: len(chunk)]
         bases[chunk] = base[: len(chunk)]
         done += len(chunk)
