@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,7 @@ from probe.effects.groups import head_groups
 from probe.effects.icl import icl_claim, windows
 from probe.effects.induction import PositionLoss, induction_claim
 from probe.effects.measure import EFFECT_COLUMNS, LABEL_COLUMNS
+from probe.effects.report import section
 from probe.errors import InputError
 from probe.patterns.circuits import adds_bos, repeated_random_tokens
 
@@ -342,3 +344,7 @@ def test_label_table_says_what_the_random_baseline_is_drawn_from():
     assert row["pool_top_share"] == pytest.approx(5 / 6) and row["heads"] == "L0H1 L1H2"
     assert any(n.startswith("prev: its random baseline is drawn from the 6 heads outside the group, 83% of them "
                             "primarily 'mixed'") for n in r.notes)
+    page = section(SimpleNamespace(results={"effects": r}, heads=heads), None).html
+    assert "6 heads, 83% mixed" in page and "L0H1 L1H2" in page and "Note: prev: its random baseline" in page
+    low, high = row["effect_low"], row["effect_high"]
+    assert f"{row['effect']:.4g} [{low:.4g}, {high:.4g}]" in page

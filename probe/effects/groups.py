@@ -79,7 +79,8 @@ def random_sets(group: list[tuple[int, int]], n_layers: int, n_heads: int, seeds
 
 
 def pool_makeup(primary: dict, group: list[tuple[int, int]], n_layers: int, n_heads: int) -> tuple[int, str, float]:
-    """(pool size, most common primary label in the pool, its share) of :func:`random_sets`'s pool.
+    """(pool size, most common primary label in the pool, its share) of :func:`random_sets`'s pool
+    (``""`` and NaN without primary labels).
 
     Args:
         primary: (layer or site index, head) -> primary label (``label`` of the heads table).
@@ -92,6 +93,8 @@ def pool_makeup(primary: dict, group: list[tuple[int, int]], n_layers: int, n_he
     pool = [x for x in every if x not in inside]
     if len(pool) < len(group):
         pool = every
+    if not primary:
+        return len(pool), "", float("nan")
     labels = pd.Series([str(primary.get(x, "")) for x in pool])
     counts = labels.value_counts()
     return len(pool), str(counts.index[0]), float(counts.iloc[0] / len(pool))

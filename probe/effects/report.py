@@ -16,7 +16,6 @@ from ..report.sections import Section, render_fragment
 from ..sites import site_prefix
 from .ablation import DEFAULT_KINDS
 from .induction import claim_lines
-from .measure import LABEL_COLUMNS
 
 #: Figure scale: effects are drawn as integers of 1 / SCALE objective units.
 SCALE = 100000
@@ -61,6 +60,20 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, (float, np.floating)) else str(v)
 
 
+#: The label -> effect table's columns on the page (label_effects.csv keeps one column per number).
+TABLE_COLUMNS = ("label", "ablation", "n", "effect [95%]", "random mean +- sd [95% of the mean]", "verdict",
+                 "random heads drawn from", "heads")
+
+
+def _table_row(r: dict) -> list[str]:
+    """One label_effects.csv row as the page shows it (intervals beside their values)."""
+    return [str(r["label"]), str(r["ablation"]), str(r["n_heads"]),
+            f"{_fmt(r['effect'])} [{_fmt(r['effect_low'])}, {_fmt(r['effect_high'])}]",
+            f"{_fmt(r['random_mean'])} +- {_fmt(r['random_std'])} [{_fmt(r['random_low'])}, {_fmt(r['random_high'])}]",
+            str(r["verdict"]), f"{r['pool_heads']} heads" + (f", {r['pool_top_share']:.0%} {r['pool_top']}"
+                                                               if r["pool_top"] else ""), str(r["heads"])]
+
+
 def section(result, tokenizer) -> Section | None:
     """The effects section, or None when the run has no effects result."""
     er = getattr(result, "results", {}).get("effects")
@@ -68,9 +81,9 @@ def section(result, tokenizer) -> Section | None:
         return None
     kinds = tuple(er.settings.get("kinds", DEFAULT_KINDS))
     sites, H = site_rows(er.heads), int(er.heads["head"].max()) + 1
-    table = [[_fmt(r[c]) for c in LABEL_COLUMNS] for r in er.labels.to_dict("records")]
+    table = [_table_row(r) for r in er.labels.to_dict("records")]
     html = render_fragment("effects.html.j2", er=er, kinds=kinds, grid=_grid(result.heads, sites, H),
-                           rows=row_labels(sites), columns=LABEL_COLUMNS, table=table,
+                           rows=row_labels(sites), columns=TABLE_COLUMNS, table=table,
                            claim=claim_lines(er.induction) if er.induction else [])
     labels_csv = er.labels.to_csv(index=False, float_format="%.6g")
     return Section(id="effects", title="Head ablation effects", html=html, order=42,
