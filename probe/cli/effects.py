@@ -27,8 +27,8 @@ from .options import click_callback, limit_option, model_option
               help="What an ablation may hurt [default: seq2seq for encoder-decoder models, else chosen from the "
                    "model as probe prune].")
 @click.option("--ablation", "ablation", default="zero,mean", show_default=True, metavar="KINDS",
-              help="Comma-separated ablations: zero, mean, resample (a head's output on another held-out-sized "
-                   "reference text, seed 0).")
+              help="Comma-separated ablations: zero, mean, resample (the head's output on a reference text at "
+                   "least as long, drawn with seed 0).")
 @click.option("--seeds", type=int, default=10, show_default=True,
               callback=click_callback(lambda v: validate.positive_int("--seeds", v, 5)),
               help="Random head sets per label group (at least 5).")
@@ -49,7 +49,8 @@ from .options import click_callback, limit_option, model_option
 @user_errors
 def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds, copies, clusters, no_induction, out,
                     force, as_json, batch_size, max_length, progress) -> None:
-    """Ablate every attention head (zero and mean ablation at the output projection's input) and
+    """Ablate every attention head (zero and mean ablation at the output projection's input; with
+    --ablation also resample: the head's output on another text of the corpus) and
     measure the change of the model's objective on held-out text; ablate each label's heads
     together against random heads; on decoders, test whether ablating the induction heads raises
     the loss on repeated random tokens more than ablating random heads.
