@@ -8,7 +8,8 @@ the first ``--windows`` windows of 512 tokens of the corpus joined in order (the
 at least 50; fewer is a cost decision, printed with the result). Prints the result as JSON and writes
 it to ``--out``.
 
-Usage: OMP_NUM_THREADS=1 python benchmarks/icl_ablated.py --heads heads.csv --conllu en_ewt-ud-dev.conllu
+Usage (from the repository root): OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/icl_ablated.py \
+       --heads heads.csv --conllu en_ewt-ud-dev.conllu
        [--model smollm2] [--windows 16] [--seeds 5] [--out icl.json]
 """
 
