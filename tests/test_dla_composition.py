@@ -8,13 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from conftest import tiny_model
 from probe.architectures import site_block, site_outputs
 from probe.effects.composition import baseline, composition_scores, top_partners
 from probe.effects.dla import direct_logit_attribution, dla_by_layer, head_grid
 from probe.effects.patching import Pair, builtin_pairs
-from probe.errors import UnsupportedAnalysisError
+from probe.errors import InputError, UnsupportedAnalysisError
 
 PAIRS = [Pair("The cat and the dog ran to", "The dog and the cat ran to", " the", " a"),
          Pair("When Mary and John went to the store, John gave a drink to",
@@ -136,3 +137,48 @@ def test_composition_baseline_of_random_matrices(shape, mean):
     assert b["mean"] == pytest.approx(mean, abs=5e-4)
     assert 2e-4 < b["std"] < 1.2e-3
     assert baseline(*shape) == b  # seeded
+
+
+def _rotated_qk(lm, layer: int, head: int, D: int) -> torch.Tensor:
+    """W_QK(D) [d_model, d_model] from the model's own rotary embedding: every row of W_Q rotated as a query at
+    position D and every row of W_K as a key at position 0 (transformers' apply_rotary_pos_emb), then Q K^T."""
+    g = lm.geometry
+    block = site_block(lm.model, lm.spec, lm.sites[layer])
+    attn, rope = block.self_attn, lm.model.model.rotary_emb
+    gamma = torch.diag(block.input_layernorm.weight.detach().double())
+    kv = head // (g.n_heads // g.n_kv_heads)
+    rows = lambda w, i: w.weight.detach().double()[i * g.d_head:(i + 1) * g.d_head].T  # noqa: E731
+    W_Q, W_K = gamma @ rows(attn.q_proj, head), gamma @ rows(attn.k_proj, kv)
+    x = torch.zeros(1, g.d_model, g.d_head)
+
+    def at(p: int):
+        cos, sin = rope(x, torch.full((1, g.d_model), p))
+        return cos.double(), sin.double()  # [1, d_model, d_head]: apply_rotary_pos_emb adds the head axis
+
+    (cq, sq), (ck, sk) = at(D), at(0)
+    q, _ = apply_rotary_pos_emb(W_Q[None, None], W_Q[None, None], cq, sq)
+    _, k = apply_rotary_pos_emb(W_K[None, None], W_K[None, None], ck, sk)
+    return q[0, 0] @ k[0, 0].T
+
+
+def test_composition_rope_mean_over_offsets_equals_the_models_rotation():
+    lm = tiny_model("llama", layers=3)
+    K = 6
+    frame = composition_scores(lm, rope_offsets=K)
+    plain = composition_scores(lm)
+    assert frame.attrs["rope"] == "mean D=0..5" and plain.attrs["rope"] == "delta0"
+    norm = torch.linalg.matrix_norm
+    for (l1, h1, l2, h2) in [(0, 0, 1, 3), (0, 2, 2, 1), (1, 3, 2, 0)]:
+        _, OV1 = _dense(lm, l1, h1)
+        QKs = [_rotated_qk(lm, l2, h2, D) for D in range(K)]
+        assert torch.allclose(QKs[0], _dense(lm, l2, h2)[0], atol=1e-10)  # D = 0 is the unrotated product
+        pick = (frame.writer_layer == l1) & (frame.writer_head == h1) & (frame.reader_layer == l2) & (
+            frame.reader_head == h2)
+        row, row0 = frame[pick].iloc[0], plain[pick].iloc[0]
+        for mode, mats in (("q", QKs), ("k", [B.T for B in QKs])):
+            expected = np.mean([float(norm(OV1 @ B) / (norm(OV1) * norm(B))) for B in mats])
+            assert row[mode] == pytest.approx(expected, rel=1e-6), mode
+            assert row[mode] != pytest.approx(row0[mode], rel=1e-6)  # the offsets change the score
+        assert row["v"] == pytest.approx(row0["v"], rel=1e-12)  # V-composition does not see the rotation
+    with pytest.raises(InputError, match="rope_offsets"):
+        composition_scores(lm, rope_offsets=0)

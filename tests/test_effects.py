@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,7 @@ from probe.effects.groups import head_groups
 from probe.effects.icl import icl_claim, windows
 from probe.effects.induction import PositionLoss, induction_claim
 from probe.effects.measure import EFFECT_COLUMNS, LABEL_COLUMNS
+from probe.effects.report import section
 from probe.errors import InputError
 from probe.patterns.circuits import adds_bos, repeated_random_tokens
 
@@ -75,12 +77,6 @@ def test_zero_ablation_equals_weight_surgery(kind):
         got = ablated[c * B:(c + 1) * B]
         assert (got[real] - expected[real]).abs().max() <= 1e-6
         assert (got[real] - clean[real]).abs().max() > 1e-4  # the head mattered: the test can fail
-
-
-def test_encoder_decoder_refused():
-    lm = tiny_model("bart")
-    with pytest.raises(InputError, match="encoder-decoder"):
-        head_effects(lm, TEXTS, heads=False)
 
 
 def _explicit_means(lm, batches, layer: int) -> torch.Tensor:
@@ -177,7 +173,7 @@ def _heads(lm, labels: dict) -> pd.DataFrame:
 def test_head_effects_tables():
     lm = tiny_model("llama")
     heads = _heads(lm, {(0, 1): "x;y", (1, 2): "y"})
-    r = head_effects(lm, TEXTS * 2, heads=heads, seeds=5, copies=3)
+    r = head_effects(lm, TEXTS * 2, heads=heads, kinds=("zero", "mean", "resample"), seeds=5, copies=3)
     assert head_effects(lm, TEXTS, heads=False, seeds=5).labels.empty
     g = lm.geometry
     assert list(r.heads.columns) == ["stack", "kind", "layer", "head", *EFFECT_COLUMNS]
@@ -187,10 +183,11 @@ def test_head_effects_tables():
     assert label_groups(heads) == {"x": [(0, 1)], "y": [(0, 1), (1, 2)]}
     one = r.labels[(r.labels["label"] == "x")].set_index("ablation")
     row = r.heads[(r.heads["layer"] == 0) & (r.heads["head"] == 1)].iloc[0]
-    for kind in ("zero", "mean"):  # a one-head group is that head's own ablation
+    for kind in ("zero", "mean", "resample"):  # a one-head group is that head's own ablation
         assert one.loc[kind, "effect"] == pytest.approx(row[f"effect_{kind}"], abs=1e-12)
         assert one.loc[kind, "effect_low"] == pytest.approx(row[f"effect_{kind}_low"], abs=1e-12)
-    again = head_effects(lm, TEXTS * 2, heads=heads, seeds=5, copies=1)  # copies change nothing but speed
+    again = head_effects(lm, TEXTS * 2, heads=heads, kinds=("resample", "mean", "zero"), seeds=5,
+                         copies=1)  # copies (and the order of the kinds) change nothing but speed
     assert np.allclose(again.heads[list(EFFECT_COLUMNS)], r.heads[list(EFFECT_COLUMNS)], atol=1e-5)
 
 
@@ -233,7 +230,7 @@ def test_cli_end_to_end(tmp_path):
     corpus.write_text("\n".join(TEXTS * 2), encoding="utf-8")
     out = tmp_path / "run"
     res = CliRunner().invoke(main, ["effects", "--model", str(model), "--corpus", str(corpus), "--seeds", "5",
-                                    "--out", str(out), "--no-progress"])
+                                    "--ablation", "resample,zero,mean", "--out", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
     effects = pd.read_csv(out / "effects.csv")
     assert len(effects) == 8 and set(EFFECT_COLUMNS) <= set(effects.columns)
@@ -250,6 +247,7 @@ def test_cli_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("args, code, message", [
     (["--seeds", "3"], 2, "--seeds"),
+    (["--ablation", "zero,shuffle"], 1, "unknown ablation 'shuffle'"),
     (["--limit", "2"], 1, "too small"),
 ])
 def test_cli_bad_input_is_one_error_line(tmp_path, args, code, message):
@@ -334,3 +332,19 @@ def test_compare_shows_effect_differences_between_two_runs(tmp_path):
         assert np.allclose(cmp[f"delta_{column}"], want, atol=1e-5)
         assert not np.allclose(want, 0)
     assert "effect_zero" in (tmp_path / "cmp" / "index.html").read_text(encoding="utf-8")
+
+
+def test_label_table_says_what_the_random_baseline_is_drawn_from():
+    lm = tiny_model("llama")  # 8 heads: a 'prev' group of 2; of the 6 outside, 5 are primarily 'mixed'
+    heads = _heads(lm, {(0, 1): "prev", (1, 2): "prev"})
+    heads["label"] = ["mixed", "prev", "mixed", "mixed", "broad", "mixed", "prev", "mixed"]
+    r = head_effects(lm, TEXTS, heads=heads, kinds=("zero",), seeds=5)
+    row = r.labels.iloc[0]
+    assert (row["label"], row["pool_heads"], row["pool_top"]) == ("prev", 6, "mixed")
+    assert row["pool_top_share"] == pytest.approx(5 / 6) and row["heads"] == "L0H1 L1H2"
+    assert any(n.startswith("prev: its random baseline is drawn from the 6 heads outside the group, 83% of them "
+                            "primarily 'mixed'") for n in r.notes)
+    page = section(SimpleNamespace(results={"effects": r}, heads=heads), None).html
+    assert "6 heads, 83% mixed" in page and "L0H1 L1H2" in page and "Note: prev: its random baseline" in page
+    low, high = row["effect_low"], row["effect_high"]
+    assert f"{row['effect']:.4g} [{low:.4g}, {high:.4g}]" in page

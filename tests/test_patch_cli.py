@@ -78,9 +78,9 @@ def test_bad_pair_files_are_one_error_line(setup, tmp_path, text, fragments):
     assert not (tmp_path / "run").exists()
 
 
-def test_encoders_are_refused_in_one_line(tmp_path):
-    model = save_tiny("bert", tmp_path / "bert")
-    one_error(run("patch", "--model", model, "--out", tmp_path / "run"), 1, "decoder-only")
+def test_an_encoder_without_its_masked_lm_head_is_refused_in_one_line(tmp_path):
+    model = save_tiny("bert", tmp_path / "bert")  # a BertModel, as minilm is
+    one_error(run("patch", "--model", model, "--out", tmp_path / "run"), 1, "BertModel without a masked-LM head")
 
 
 def test_python_api_returns_dataframes():

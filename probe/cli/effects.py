@@ -20,9 +20,15 @@ from .options import click_callback, limit_option, model_option
 @model_option
 @click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Plain text (one sequence a line) or CoNLL-U [default: the built-in sample].")
+@click.option("--pairs", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Encoder-decoder models: source<TAB>target per line (the corpus; targets teacher-forced).")
 @limit_option()
-@click.option("--objective", type=click.Choice(["clm", "mlm", "fidelity"]), default=None,
-              help="What an ablation may hurt [default: chosen from the model, as probe prune].")
+@click.option("--objective", type=click.Choice(["clm", "mlm", "fidelity", "seq2seq"]), default=None,
+              help="What an ablation may hurt [default: seq2seq for encoder-decoder models, else chosen from the "
+                   "model as probe prune].")
+@click.option("--ablation", "ablation", default="zero,mean", show_default=True, metavar="KINDS",
+              help="Comma-separated ablations: zero, mean, resample (the head's output on a reference text at "
+                   "least as long, drawn with seed 0).")
 @click.option("--seeds", type=int, default=10, show_default=True,
               callback=click_callback(lambda v: validate.positive_int("--seeds", v, 5)),
               help="Random head sets per label group (at least 5).")
@@ -41,30 +47,47 @@ from .options import click_callback, limit_option, model_option
 @click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @user_errors
-def effects_command(model_name, corpus, limit, objective, seeds, copies, clusters, no_induction, out, force, as_json,
-                    batch_size, max_length, progress) -> None:
-    """Ablate every attention head (zero and mean ablation at the output projection's input) and
+def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds, copies, clusters, no_induction, out,
+                    force, as_json, batch_size, max_length, progress) -> None:
+    """Ablate every attention head (zero and mean ablation at the output projection's input; with
+    --ablation also resample: the head's output on another text of the corpus) and
     measure the change of the model's objective on held-out text; ablate each label's heads
     together against random heads; on decoders, test whether ablating the induction heads raises
     the loss on repeated random tokens more than ablating random heads.
 
-    Cost: (layers x heads + labels x (1 + seeds)) x 2 held-out passes, COPIES sets per pass.
+    Encoder-decoder models: every encoder self, decoder self and cross head; the corpus is --pairs
+    (source TAB target), the objective the loss on the targets.
+
+    Cost: (heads + labels x (1 + seeds)) x ablation kinds held-out passes, COPIES sets per pass.
     """
-    from ..corpus import check_texts, read_corpus, sample_texts
+    from ..corpus import check_texts, read_corpus, read_pairs, sample_texts
+    from ..effects.ablation import check_kinds
     from ..effects.induction import claim_lines
     from ..effects.run import effects_run
+    from ..errors import InputError
     from ..models import load_model
     from ..report import claim_run_dir
+    from ..seq2seq import as_targets
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    seqs, source = (read_corpus(corpus, limit), corpus) if corpus else (check_texts(sample_texts(), limit), "sample")
+    kinds = check_kinds([k.strip() for k in ablation.split(",") if k.strip()])
+    if corpus and pairs:
+        raise InputError("give either --corpus or --pairs, not both")
+    seqs, source = ((read_corpus(corpus, limit), corpus) if corpus else (read_pairs(pairs, limit), pairs) if pairs
+                    else (check_texts(sample_texts(), limit), "sample"))
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model
     lm = load_model(model_name, head={"mlm": "mlm"}.get(objective, "auto"))
+    if lm.kind == "encoder-decoder":
+        if not pairs:
+            raise InputError(f"{lm.name} is an encoder-decoder model: give its sources and targets with --pairs FILE "
+                             "(source<TAB>target per line)")
+        seqs = as_targets(seqs)
     show = sys.stderr.isatty() if progress is None else progress
-    click.echo(f"Ablating the {lm.geometry.n_layers} x {lm.geometry.n_heads} heads of {lm.name} on "
+    click.echo(f"Ablating the {plural(len(lm.sites) * lm.geometry.n_heads, 'head')} of {lm.name} on "
                f"{plural(len(seqs), 'sequence')} ({source})", err=True)
-    result, path = effects_run(lm, seqs, out=out, force=force, objective=objective, seeds=seeds, copies=copies,
+    result, path = effects_run(lm, seqs, out=out, force=force, objective=objective, kinds=kinds, seeds=seeds,
+                               copies=copies,
                                clusters=clusters, batch_size=batch_size, max_length=max_length, progress=show,
                                induction=not no_induction, timings={"model_load_s": lm.load_seconds},
                                started=started)
@@ -73,10 +96,12 @@ def effects_command(model_name, corpus, limit, objective, seeds, copies, cluster
                                "labels": result.labels.drop(columns=["heads"]).to_dict("records"),
                                "induction": result.induction}, indent=2, default=float))
         return
-    top = result.heads.nlargest(3, "effect_mean")
+    shown = "mean" if "mean" in kinds else kinds[0]
+    top = result.heads.nlargest(3, f"effect_{shown}")
     click.echo(f"{result.objective} ({result.unit}) on {plural(result.split['held_out'], 'held-out sequence')}: "
-               f"clean {result.clean:.4g}; largest mean-ablation effects: "
-               + ", ".join(f"{head_name(r.layer, r.head)} {r.effect_mean:+.3g}" for r in top.itertuples()))
+               f"clean {result.clean:.4g}; largest {shown}-ablation effects: "
+               + ", ".join(f"{head_name(r._asdict() if lm.kind == 'encoder-decoder' else r.layer, r.head)} "
+                           f"{getattr(r, f'effect_{shown}'):+.3g}" for r in top.itertuples()))
     for r in result.labels.itertuples():
         click.echo(f"  {r.label} ({r.ablation}, {plural(r.n_heads, 'head')}): {r.effect:+.4g} "
                    f"[{r.effect_low:+.3g}, {r.effect_high:+.3g}] vs random {r.random_mean:+.4g} +- {r.random_std:.2g}: "

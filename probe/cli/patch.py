@@ -9,7 +9,7 @@ import time
 import click
 
 from .. import IMPORT_STARTED, validate
-from ..util import process_age
+from ..util import plural, process_age
 from .group import hold, main, user_errors
 from .options import click_callback, model_option
 
@@ -23,26 +23,34 @@ from .options import click_callback, model_option
 @click.option("--heads-per-pass", type=int, default=None,
               callback=click_callback(lambda v: v if v is None else validate.positive_int("--heads-per-pass", v)),
               help="Patched copies of the batch in one forward pass [default: 2 x heads, one layer a pass].")
+@click.option("--rope-offsets", type=int, default=1, show_default=True,
+              callback=click_callback(lambda v: validate.positive_int("--rope-offsets", v)),
+              help="RoPE models: average the Q- and K-composition scores over relative offsets D = 0..K-1 "
+                   "(1: the content term D = 0 only).")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
 @click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
 @click.option("--json", "as_json", is_flag=True, help="Print the section's record as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @user_errors
-def patch_command(model_name, pairs_file, direction, heads_per_pass, out, force, as_json, progress) -> None:
+def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offsets, out, force, as_json,
+                  progress) -> None:
     """Patch each head's output (before the output projection) between clean and corrupted prompts
     and measure how much of the logit difference answer - wrong it restores; with the direct logit
-    attribution of every head and the heads' Q/K/V-composition scores. Decoder-only models.
+    attribution of every head and the heads' Q/K/V-composition scores (decoders). Also masked-LM
+    encoders (the metric at the clean prompt's first [MASK]) and encoder-decoder models (every encoder
+    self, decoder self and cross head; the metric at the decoder's last position).
 
     \b
     Pairs file: one pair a line, four tab-separated fields
-      clean  corrupted  answer  wrong
+      clean  corrupted  answer  wrong  [target prefix: encoder-decoder models]
     clean and corrupted must have the same number of tokens; answer and wrong one token each
     (with their leading space: " Mary"). Default: 20 indirect-object pairs written for probe,
     "When Mary and John went to the store, John gave a drink to" -> " Mary" vs " John".
     """
     from ..effects.patch_run import patch_run
-    from ..effects.patching import builtin_pairs, read_pairs
+    from ..effects.patching import builtin_pairs, check_patchable, read_pairs
+    from ..errors import InputError
     from ..models import load_model
     from ..report import claim_run_dir
     from ..sites import head_name
@@ -51,12 +59,17 @@ def patch_command(model_name, pairs_file, direction, heads_per_pass, out, force,
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
-    lm = load_model(model_name)
+    lm = load_model(model_name, head="auto")  # an encoder with its masked-LM head where the checkpoint has one
+    check_patchable(lm)
+    if lm.kind != "decoder" and not pairs_file:
+        raise InputError(f"the built-in set is for decoders; {lm.name} is an {lm.kind} model: give --pairs FILE "
+                         + ("with a [MASK] in each prompt" if lm.kind == "encoder" else
+                            "with sources and an optional fifth field, the target prefix"))
     show = sys.stderr.isatty() if progress is None else progress
-    click.echo(f"Patching {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on {len(pairs)} pairs "
+    click.echo(f"Patching {lm.name} ({plural(len(lm.sites) * lm.geometry.n_heads, 'head')}) on {len(pairs)} pairs "
                f"({source}), {direction}", err=True)
     result, path = patch_run(lm, pairs, out=out, force=force, source=source, direction=direction,
-                             heads_per_pass=heads_per_pass, progress=show,
+                             heads_per_pass=heads_per_pass, progress=show, rope_offsets=rope_offsets,
                              timings={"model_load_s": lm.load_seconds}, started=started)
     p = result.patching
     if as_json:
@@ -64,8 +77,10 @@ def patch_command(model_name, pairs_file, direction, heads_per_pass, out, force,
         click.echo(json.dumps(record, indent=2))
     else:
         top = p.reindex(p["effect"].abs().sort_values(ascending=False).index).head(5)
+        several = lm.kind == "encoder-decoder"
         click.echo(f"LD clean {p.attrs['ld_clean']:.4g}, corrupted {p.attrs['ld_corrupted']:.4g}; largest effects: "
-                   + ", ".join(f"{head_name(int(r.layer), int(r.head))} {r.effect:.3g}" for r in top.itertuples()))
+                   + ", ".join(f"{head_name(r._asdict() if several else int(r.layer), int(r.head))} {r.effect:.3g}"
+                               for r in top.itertuples()))
         click.echo(f"Report: {path / 'index.html'}")
     for note in result.notes:
         click.echo(f"note: {note}", err=True)

@@ -1,12 +1,15 @@
 """What heads do, measured by intervening on them.
 
 - Ablation effects of every head and of every label group (:mod:`.measure`), the ablation itself at
-  the gate site (:mod:`.ablation`), label groups against random heads and the intervals
-  (:mod:`.groups`), the induction claim on repeated random tokens (:mod:`.induction`); ``probe
-  effects`` is :mod:`.run` with its report section :mod:`.report`.
-- Activation patching (:mod:`.patching`, on the prompt pairs of :mod:`.pairs`), direct logit
-  attribution (:mod:`.dla`) and weight-only composition scores (:mod:`.composition`); ``probe
-  patch`` is :mod:`.patch_run` with its report section :mod:`.patch_report`.
+  the gate site (:mod:`.ablation`: zero, mean, resample with the donors of :mod:`.resample`), the
+  encoder-decoder objective (:mod:`.objective`), label groups against random heads and the
+  intervals (:mod:`.groups`), the induction claim on repeated random tokens (:mod:`.induction`) and
+  the in-context learning score (:mod:`.icl`); ``probe effects`` is :mod:`.run` with its report
+  section :mod:`.report`.
+- Activation patching (:mod:`.patching` for decoders, :mod:`.patch_full` for masked-LM encoders and
+  encoder-decoder models, on the prompt pairs of :mod:`.pairs`), direct logit attribution
+  (:mod:`.dla`) and weight-only composition scores (:mod:`.composition`); ``probe patch`` is
+  :mod:`.patch_run` with its report section :mod:`.patch_report`.
 
 Example::
 
@@ -14,7 +17,7 @@ Example::
     from probe.effects import head_effects
     lm = load_model("minilm")
     result = head_effects(lm, texts)    # labels from analyze(lm, texts); or heads=<a heads table>
-    result.heads      # effects.csv: effect_zero, effect_mean and their intervals per head
+    result.heads      # effects.csv: effect_zero, effect_mean (kinds=... adds resample) and intervals per head
     result.labels     # label_effects.csv: each label's group against random heads
 """
 

@@ -1,21 +1,29 @@
 """Head ablation at the gate site: a head's slice z_h of the output projection's input, replaced by
-0 (``zero``) or by its mean over the real tokens of reference text (``mean``).
+0 (``zero``), by its mean over the real tokens of reference text (``mean``), or by its value on
+another text (``resample``; Chan et al. 2022, causal scrubbing's resampling ablation).
 
-The intervention point is the one of :mod:`probe.pruning.gates`: a forward pre-hook on each
-layer's output projection, whose input is the heads' outputs side by side, [batch, seq, heads *
-d_head]. Zero ablation is the gate 0 itself (:func:`probe.pruning.gates.gated` with one gate per
-sequence); mean ablation closes the gate and adds the mean back in a second pre-hook on the same
-module, at real positions only:
+The intervention point is the one of :mod:`probe.pruning.gates`: a forward pre-hook on each site's
+output projection, whose input is the heads' outputs side by side, [batch, seq, heads * d_head]:
 
-    z_h[t] <- (1 - a) z_h[t] + a mu_h[t],   a = 1 for an ablated head, 0 otherwise.
+    z_h[t] <- (1 - a) z_h[t] + a f_h[t] [t real],   a = 1 for an ablated head, 0 otherwise,
 
-mu_h is pooled over positions (texts differ in length). In a causal model row 0 attends only to
+with f = 0 (zero), mu_h (mean) or the donor's z_h[t] (resample); padded positions of an ablated head
+become 0. A site is one self-attention layer of a one-stack model, or one of an encoder-decoder
+model's encoder self, decoder self and cross layers (``lm.sites`` order); a head is (site index,
+head), and for one-stack models the site index is the layer. Decoder-side sites act at the target's
+positions, encoder sites at the source's.
+
+mu_h is pooled over positions (texts differ in length). At a causal site row 0 attends only to
 itself, so its output has a distribution of its own: position 0 gets the mean over position 0,
-positions t >= 1 the mean over t >= 1. Encoders use one mean over every real token.
+positions t >= 1 the mean over t >= 1. Other sites use one mean over every real token.
+
+Resample: each held-out sequence gets one donor, drawn with ``numpy.random.default_rng([seed, corpus
+index])`` from the reference texts at least as long (source and target), whose clean z_h at the same
+positions replaces the head's; a sequence without such a donor is left out of the resample effect.
 
 Many ablations share one forward pass: the batch is repeated along the batch dimension, one copy
-per set of ablated heads (:func:`repeat_batch`), each copy with its own gates. A set is a
-[layers, heads] bool mask; the empty set is the clean model, measured by the same code.
+per set of ablated heads (:func:`repeat_batch`), each copy with its own sets. A set is a
+[sites, heads] bool mask; the empty set is the clean model, measured by the same code.
 """
 
 from __future__ import annotations
@@ -32,29 +40,64 @@ from ..capture import forward
 from ..errors import InputError
 from ..hooks import measuring
 from ..inputs import Batch
-from ..pruning.gates import gated, ones
+from ..pruning.gates import gated
 from ..pruning.objectives import CausalLM, MaskedLM
+from .objective import Seq2SeqLM
 
-KINDS = ("zero", "mean")
+KINDS = ("zero", "mean", "resample")
+#: The kinds measured unless asked otherwise.
+DEFAULT_KINDS = ("zero", "mean")
 
 
 def check_model(lm) -> None:
     """Refuse what the ablation does not cover.
 
     Raises:
-        InputError: an encoder-decoder model (the gates act on one-stack models), or a model whose
-            heads were physically removed (slots no longer follow the original numbering).
+        InputError: a model whose heads were physically removed (slots no longer follow the
+            original numbering).
     """
-    if lm.kind == "encoder-decoder":
-        raise InputError(f"head ablation covers one-stack models (encoders, decoders); {lm.name} is an "
-                         "encoder-decoder model")
     if lm.pruned is not None:
         raise InputError(f"{lm.name} has physically removed heads; measure ablation effects on the model as trained")
 
 
+def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
+    """``kinds`` in :data:`KINDS` order, each once.
+
+    Raises:
+        InputError: none, or an unknown kind.
+    """
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise InputError(f"unknown ablation {', '.join(map(repr, bad)) or '(none)'}; choose from {', '.join(KINDS)}")
+    return tuple(k for k in KINDS if k in kinds)
+
+
 def causal(lm) -> bool:
-    """True when every site of ``lm`` is causal (position 0 then gets its own mean)."""
-    return all(site.causal for site in lm.sites)
+    """True when some site of ``lm`` is causal (the means then keep position 0 apart)."""
+    return any(site.causal for site in lm.sites)
+
+
+def site_real(batch: Batch, site) -> torch.Tensor:
+    """[batch, T] real positions of ``site``'s queries: the target's for decoder-side sites of an
+    encoder-decoder model, else the batch's own."""
+    return batch.target.real if site.stack == "decoder" and batch.target is not None else batch.real
+
+
+@torch.no_grad()
+def site_z(lm, batch: Batch) -> list[torch.Tensor]:
+    """One clean pass: every site's output-projection input, [batch, T_site, heads * d_head], ``lm.sites`` order."""
+    out: dict[int, torch.Tensor] = {}
+
+    def hook_for(i: int):
+        def hook(module, args):
+            out[i] = args[0].detach().clone()
+        return hook
+
+    with measuring(lm.model, eager=False) as m:
+        for i, (_, o) in enumerate(site_outputs(lm.model, lm.spec)):
+            m.hooks.forward_pre(o, hook_for(i))
+        forward(lm, batch)
+    return [out[i] for i in range(len(out))]
 
 
 @torch.no_grad()
@@ -62,51 +105,42 @@ def head_means(lm, batches: Sequence[Batch]) -> torch.Tensor:
     """Mean of each head's output before the output projection, over the real tokens of ``batches``.
 
     Args:
-        lm: a one-stack :class:`~probe.models.LoadedModel` (clean: no gate in force).
+        lm: a :class:`~probe.models.LoadedModel` (clean: no gate in force).
         batches: the reference texts.
 
     Returns:
-        [layers, P, heads, d_head] float32 means: P = 2 for a causal model (index 0: position 0,
-        index 1: positions t >= 1), else P = 1 (every real token).
+        [sites, P, heads, d_head] float32 means (sites in ``lm.sites`` order: the layers of a
+        one-stack model): P = 2 when a site is causal (index 0: position 0, index 1: positions
+        t >= 1; a non-causal site holds its one mean over every real token at both), else P = 1.
 
     Raises:
         InputError: no reference batch, or (causal) no reference text with two real tokens.
     """
-    g, two = lm.geometry, causal(lm)
+    g, sites = lm.geometry, lm.sites
     if not batches:
         raise InputError("mean ablation needs reference texts (none given)")
-    P = 2 if two else 1
-    sums = torch.zeros(g.n_layers, P, g.n_heads, g.d_head, dtype=torch.float64)
-    counts = torch.zeros(P, dtype=torch.float64)
-    real_now: dict = {}
-
-    def hook_for(layer: int):
-        def hook(module, args):
-            x = args[0].double().reshape(*args[0].shape[:2], g.n_heads, g.d_head)  # [B, T, heads, d_head]
-            real = real_now["mask"].to(x.device)
-            if two:
-                sums[layer, 0] += x[:, 0][real[:, 0]].sum(0).cpu()
-                sums[layer, 1] += x[:, 1:][real[:, 1:]].sum(0).cpu()
-            else:
-                sums[layer, 0] += x[real].sum(0).cpu()
-        return hook
-
-    with measuring(lm.model, eager=False) as m:
-        for site, o in site_outputs(lm.model, lm.spec):
-            m.hooks.forward_pre(o, hook_for(site.layer))
-        for batch in batches:
-            real_now["mask"] = batch.real
-            counts += (torch.tensor([batch.real[:, 0].sum(), batch.real[:, 1:].sum()]) if two
-                       else batch.real.sum().reshape(1)).double()
-            forward(lm, batch)
-    if (counts == 0).any():
+    sums = torch.zeros(len(sites), 2, g.n_heads, g.d_head, dtype=torch.float64)
+    counts = torch.zeros(len(sites), 2, dtype=torch.float64)
+    for batch in batches:
+        for i, (site, z) in enumerate(zip(sites, site_z(lm, batch))):
+            x = z.double().reshape(*z.shape[:2], g.n_heads, g.d_head).cpu()  # [B, T, heads, d_head]
+            real = site_real(batch, site)[:, :x.shape[1]].cpu()
+            sums[i, 0] += x[:, 0][real[:, 0]].sum(0)
+            sums[i, 1] += x[:, 1:][real[:, 1:]].sum(0)
+            counts[i] += torch.stack([real[:, 0].sum(), real[:, 1:].sum()]).double()
+    pooled = sums.sum(1) / counts.sum(1)[:, None, None]  # [sites, heads, d_head]
+    if not causal(lm):
+        return pooled[:, None].float()
+    if (counts[[s.causal for s in sites]] == 0).any():
         raise InputError("mean ablation needs reference texts with at least two real tokens")
-    return (sums / counts[None, :, None, None]).float()
+    split = sums / counts[:, :, None, None].clamp(min=1)
+    keep = torch.tensor([s.causal for s in sites])[:, None, None, None]
+    return torch.where(keep, split, pooled[:, None].expand_as(split)).float()
 
 
 def repeat_batch(batch: Batch, k: int) -> Batch:
     """``batch`` repeated ``k`` times along the batch dimension (rows of copy c: c*B .. c*B+B-1),
-    its cached objective constants (masks, references, labels) repeated alike."""
+    its target and cached objective constants (masks, references, labels) repeated alike."""
     def rep(t):
         if isinstance(t, torch.Tensor):
             return t.repeat(k, *([1] * (t.dim() - 1)))
@@ -116,7 +150,7 @@ def repeat_batch(batch: Batch, k: int) -> Batch:
 
     out = Batch(rep(batch.input_ids), rep(batch.attention_mask), rep(batch.token_type_ids), rep(batch.offsets),
                 rep(batch.special), rep(batch.word_ids), list(batch.texts) * k, list(batch.index) * k,
-                list(batch.truncated) * k)
+                list(batch.truncated) * k, target=None if batch.target is None else repeat_batch(batch.target, k))
     out._cache.update({key: rep(v) for key, v in batch._cache.items()})
     return out
 
@@ -125,6 +159,8 @@ def unit_rows(objective, batch: Batch) -> torch.Tensor:
     """[units] the row of ``batch`` each per-unit loss of ``objective.losses`` belongs to (in its order)."""
     if isinstance(objective, CausalLM):
         return batch.real[:, 1:].nonzero()[:, 0]
+    if isinstance(objective, Seq2SeqLM):
+        return batch.target.real[:, 1:].nonzero()[:, 0]
     if isinstance(objective, MaskedLM):
         return batch._cache["probe.mlm"][1].nonzero()[:, 0]
     return torch.arange(len(batch))
@@ -132,62 +168,84 @@ def unit_rows(objective, batch: Batch) -> torch.Tensor:
 
 @dataclass
 class Ablation:
-    """State of :func:`ablating`: set ``sets`` ([copies, layers, heads] bool) and ``real`` before each pass."""
+    """State of :func:`ablating`: :meth:`arm` before each ablated pass, :meth:`disarm` after.
 
-    gates: object
+    Attributes:
+        kind: ``zero``, ``mean`` or ``resample``.
+        means: [sites, P, heads, d_head] (``mean``) or None.
+        sets: [copies, sites, heads] bool, the heads ablated in each copy (None: no ablation).
+        batch: the repeated batch of the next pass (its real positions).
+        donors: ``resample``: per site the donors' z [B, T_site, heads * d_head] for the B rows of one copy.
+    """
+
+    kind: str
     means: torch.Tensor | None
     sets: torch.Tensor | None = None
-    real: torch.Tensor | None = None
+    batch: Batch | None = None
+    donors: list | None = None
 
     def arm(self, lm, sets: torch.Tensor, batch: Batch) -> None:
-        """Ablate ``sets[c]`` ([copies, layers, heads] bool) in copy c of ``batch`` (its rows c*B ..
+        """Ablate ``sets[c]`` ([copies, sites, heads] bool) in copy c of ``batch`` (its rows c*B ..
         c*B+B-1, :func:`repeat_batch`) on the next forward passes."""
-        per = len(batch) // len(sets)
-        self.sets, self.real = sets, batch.real
-        self.gates.values = (ones(lm)[None] * (~sets).float()).repeat_interleave(per, 0)  # [rows, layers, heads]
+        self.sets, self.batch = sets, batch
 
     def disarm(self) -> None:
         """No ablation on the next forward passes."""
-        self.gates.values, self.sets, self.real = None, None, None
+        self.sets, self.batch = None, None
 
 
-def _fill_hook(state: Ablation, layer: int, n_heads: int, d_head: int):
-    def hook(module, args):
-        if state.means is None or state.sets is None:
-            return None
-        x = args[0]  # [N, T, heads * d_head], already gated
-        N, T, _ = x.shape
-        mu = state.means[layer].to(device=x.device, dtype=x.dtype)  # [P, heads, d_head]
-        fill = mu[-1].expand(T, n_heads, d_head).clone()
+def _fill(state: Ablation, i: int, N: int, T: int, shape: tuple, like: torch.Tensor) -> torch.Tensor | None:
+    """[N or 1, T, heads, d_head] what an ablated head's slice becomes at site ``i`` (None: 0)."""
+    if state.kind == "mean":
+        mu = state.means[i].to(device=like.device, dtype=like.dtype)  # [P, heads, d_head]
+        fill = mu[-1].expand(T, *shape).clone()
         fill[0] = mu[0]
-        a = state.sets[:, layer].repeat_interleave(N // len(state.sets), 0).to(device=x.device, dtype=x.dtype)
-        real = state.real.to(device=x.device, dtype=x.dtype)
-        add = a[:, None, :, None] * fill[None] * real[:, :, None, None]  # [N, T, heads, d_head]
-        return (x + add.reshape(N, T, n_heads * d_head), *args[1:])
+        return fill[None]
+    if state.kind == "resample":
+        donor = state.donors[i][:, :T].to(device=like.device, dtype=like.dtype)
+        return donor.reshape(len(donor), T, *shape).repeat(N // len(donor), 1, 1, 1)
+    return None
+
+
+def _ablate_hook(state: Ablation, i: int, site, n_heads: int, d_head: int):
+    def hook(module, args):
+        if state.sets is None:
+            return None
+        x = args[0]  # [N, T, heads * d_head]
+        N, T, W = x.shape
+        a = state.sets[:, i].repeat_interleave(N // len(state.sets), 0).to(device=x.device, dtype=x.dtype)  # [N, H]
+        if not a.any():
+            return None
+        x4 = x.reshape(N, T, n_heads, d_head) * (1 - a)[:, None, :, None]
+        fill = _fill(state, i, N, T, (n_heads, d_head), x)
+        if fill is not None:
+            real = site_real(state.batch, site)[:, :T].to(device=x.device, dtype=x.dtype)
+            x4 = x4 + a[:, None, :, None] * fill * real[:, :, None, None]
+        return (x4.reshape(N, T, W), *args[1:])
     return hook
 
 
 @contextmanager
 def ablating(lm, kind: str, means: torch.Tensor | None = None) -> Iterator[Ablation]:
-    """Context manager: the gates of every layer, ready for :func:`sequence_losses`.
+    """Context manager: the ablation hooks on every site, ready for :func:`sequence_losses`.
 
     Args:
-        lm: a one-stack model (:func:`check_model`).
-        kind: ``"zero"`` or ``"mean"``.
-        means: [layers, P, heads, d_head] from :func:`head_means` (``mean`` only).
+        lm: a complete model (:func:`check_model`).
+        kind: ``"zero"``, ``"mean"`` or ``"resample"`` (set ``donors`` per batch: :func:`set_donors`).
+        means: [sites, P, heads, d_head] from :func:`head_means` (``mean`` only).
 
     Raises:
         InputError: an unknown kind, or ``mean`` without means.
+        ProbeError: the hooks do not act on this model (:func:`probe.pruning.gates.check_gates`).
     """
-    if kind not in KINDS:
-        raise InputError(f"unknown ablation {kind!r}; choose from {', '.join(KINDS)}")
+    check_kinds([kind])
     if kind == "mean" and means is None:
         raise InputError("mean ablation needs the heads' means (head_means)")
     g = lm.geometry
-    with gated(lm, None) as gates:
-        state = Ablation(gates, means if kind == "mean" else None)
-        handles = [o.register_forward_pre_hook(_fill_hook(state, site.layer, g.n_heads, g.d_head))
-                   for site, o in site_outputs(lm.model, lm.spec)]
+    with gated(lm, None):  # the gates' check that the projections are called; its own hooks stay open
+        state = Ablation(kind, means if kind == "mean" else None)
+        handles = [o.register_forward_pre_hook(_ablate_hook(state, i, site, g.n_heads, g.d_head))
+                   for i, (site, o) in enumerate(site_outputs(lm.model, lm.spec))]
         try:
             yield state
         finally:

@@ -15,8 +15,13 @@ W_OV^h1 (I - 11^T / d_model); q/k norm gammas (Qwen3) scale W_Q / W_K columns; p
 biases are left out (the scores do not depend on a scale). Norms of products are computed factored:
 |L_A M R_B|_F^2 = tr(M^T L_A^T L_A M R_B R_B^T) with M = R_A L_B, [d_head, d_head].
 
-RoPE makes the query-key product position dependent, q_i R(i - j) k_j^T; probe scores the content
-term D = i - j = 0 (W_Q W_K^T, no rotation). Grouped-query attention: the query heads of one group
+RoPE makes the query-key product position dependent: with the rotation written as a matrix on row
+vectors, x -> x M(p) (``x cos + rotate_half(x) sin`` at position p, the model's frequencies, its
+rotated dimensions only), the score of query i and key j is x_i W_Q M(i) M(j)^T W_K^T x_j^T =
+x_i W_Q M(D) W_K^T x_j^T with D = i - j, so W_QK(D) = W_Q M(D) W_K^T. The default scores the content
+term D = 0 (W_Q W_K^T, no rotation; ``rope`` ``"delta0"``); ``rope_offsets=K`` scores the mean over
+D = 0 .. K-1 of the Q- and K-composition scores with W_QK(D) (``"mean D=0..K-1"``); V-composition
+does not involve the rotation. Grouped-query attention: the query heads of one group
 share W_K and W_V, so their K- and V-composition with a writer are correlated by construction.
 
 The baseline: 200 pairs of random products of the same shapes, A = L1 R1, B = L2 R2 with L
@@ -31,7 +36,8 @@ import torch
 from torch import nn
 
 from ..architectures import site_block, site_outputs
-from ..errors import UnsupportedAnalysisError
+from ..errors import InputError, UnsupportedAnalysisError
+from ..reference import Rope
 from .dla import head_out_weights
 
 MODES = ("q", "k", "v")
@@ -128,6 +134,22 @@ def factored_scores(A_L, A_R, B_L, B_R) -> torch.Tensor:
     return sq.sqrt() / (norm_a[:, None] * norm_b[None, :])
 
 
+def rotations(lm, layer: int, offsets: int) -> torch.Tensor:
+    """[offsets, d_head, d_head] M(D) for D = 0 .. offsets-1 (float64): the rotation of ``layer``'s
+    queries by D positions as a matrix on row vectors, x M(D) = x cos(D theta) + rotate_half(x) sin(D theta)
+    on the rotated dimensions (the model's frequencies and scale), the identity on the others."""
+    config, dh = lm.model.config, lm.geometry.d_head
+    rope = Rope.from_config(lm.spec.rope(config, layer), dh, getattr(config, "max_position_embeddings", None))
+    r, half = rope.rotary_dim, rope.rotary_dim // 2
+    cos, sin = rope.cos_sin(torch.arange(offsets)[None], torch.float64)  # [1, offsets, r]
+    swap = torch.zeros(r, r, dtype=torch.float64)  # rotate_half(x) = x @ swap
+    swap[torch.arange(half) + half, torch.arange(half)] = -1.0
+    swap[torch.arange(half), torch.arange(half) + half] = 1.0
+    out = torch.eye(dh, dtype=torch.float64).repeat(offsets, 1, 1)
+    out[:, :r, :r] = torch.diag_embed(cos[0]) + swap[None] @ torch.diag_embed(sin[0])
+    return out
+
+
 def baseline(d_model: int, d_head: int, mode: str = "k", n: int = BASELINE_PAIRS, seed: int = 0) -> dict:
     """Scores of ``n`` pairs of random rank-``d_head`` products (entries N(0, 1), seed ``seed``):
     ``mean``, ``std`` (ddof 1), ``n``."""
@@ -153,27 +175,48 @@ def check_composable(lm) -> None:
         raise UnsupportedAnalysisError(f"{lm.name}: one attention site per layer expected")
 
 
+def _reader_rotated(lm, f: dict, mode: str, offsets: int) -> list:
+    """Per offset D, the reader factors (L_B, R_B) of ``mode`` with W_QK(D) (q, k); one entry, D = 0, otherwise."""
+    B_L, B_R = _reader(f, mode)
+    if mode == "v" or offsets == 1:
+        return [(B_L, B_R)]
+    M = torch.stack([rotations(lm, layer, offsets) for layer in range(lm.geometry.n_layers)])  # [L, K, dh, dh]
+    M = M if mode == "q" else M.transpose(-1, -2)  # K: W_QK(D)^T = W_K M(D)^T W_Q^T
+    return [(torch.einsum("lhdr,lrs->lhds", B_L, M[:, d]), B_R) for d in range(offsets)]
+
+
 @torch.no_grad()
-def composition_scores(lm) -> pd.DataFrame:
+def composition_scores(lm, rope_offsets: int = 1) -> pd.DataFrame:
     """Q-, K- and V-composition of every writer head with every head of a later layer.
+
+    Args:
+        lm: a complete pre-norm decoder-only model.
+        rope_offsets: RoPE models: Q and K scores averaged over the relative offsets D = 0 .. K-1
+            (W_QK(D), see the module docstring); 1 (default): D = 0 only. Ignored without RoPE.
 
     Returns:
         One row per (writer, reader) with l1 < l2: ``writer_layer``, ``writer_head``, ``reader_layer``,
         ``reader_head``, ``q``, ``k``, ``v`` and ``q_z``, ``k_z``, ``v_z`` (z-scores against the
-        random baseline). ``attrs``: ``baseline`` (mode -> mean, std, n), ``rope`` (``"delta0"`` or None).
+        random baseline). ``attrs``: ``baseline`` (mode -> mean, std, n), ``rope`` (``"delta0"``,
+        ``"mean D=0..K-1"`` or None without RoPE).
 
     Raises:
         UnsupportedAnalysisError: not a complete decoder-only model.
+        InputError: rope_offsets below 1.
     """
     check_composable(lm)
+    if rope_offsets < 1:
+        raise InputError(f"rope_offsets must be at least 1 (D = 0 only), got {rope_offsets}")
     g, f = lm.geometry, head_factors(lm)
     L, H = g.n_layers, g.n_heads
+    offsets = rope_offsets if lm.spec.rotary else 1
     out = []
     for mode in MODES:
-        B_L, B_R = _reader(f, mode)
+        readers = _reader_rotated(lm, f, mode, offsets)
         per = []
         for l1 in range(L - 1):
-            s = factored_scores(f["v"][l1], f["o"][l1], B_L[l1 + 1:].flatten(0, 1), B_R[l1 + 1:].flatten(0, 1))
+            s = sum(factored_scores(f["v"][l1], f["o"][l1], B_L[l1 + 1:].flatten(0, 1), B_R[l1 + 1:].flatten(0, 1))
+                    for B_L, B_R in readers) / len(readers)
             per.append(s.reshape(H, L - l1 - 1, H))
         out.append(per)
     rows = []
@@ -187,7 +230,8 @@ def composition_scores(lm) -> pd.DataFrame:
     base = {m: baseline(g.d_model, g.d_head, m) for m in MODES}
     for m in MODES:
         frame[f"{m}_z"] = (frame[m] - base[m]["mean"]) / base[m]["std"]
-    frame.attrs.update(baseline=base, rope="delta0" if lm.spec.rotary else None)
+    rope = None if not lm.spec.rotary else "delta0" if offsets == 1 else f"mean D=0..{offsets - 1}"
+    frame.attrs.update(baseline=base, rope=rope)
     return frame
 
 

@@ -114,6 +114,9 @@ def direct_logit_attribution(lm, pairs: list[Pair] | None = None) -> pd.DataFram
         UnsupportedAnalysisError: not a decoder with an LM head, an unknown norm, or components that
             do not add up to the final norm's input (an architecture this linearisation does not fit).
     """
+    if lm.kind != "decoder":
+        raise UnsupportedAnalysisError(f"direct logit attribution is computed for decoder-only models here; "
+                                       f"{lm.name} is an {lm.kind} model")
     check_patchable(lm)
     enc = encode_pairs(lm, builtin_pairs() if pairs is None else pairs)
     got, norm, ld, L = _components(lm, enc)

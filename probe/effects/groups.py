@@ -11,6 +11,8 @@
   1,000 resamples (``numpy.random.default_rng(0)``) draws n sequences with replacement and computes
   the same ratio, so the clean and ablated losses of one sequence stay paired; the interval is the
   2.5th and 97.5th percentile (Efron & Tibshirani 1993, ch. 13).
+- What the baseline is drawn from: the pool's size and its most common primary label with its share
+  (on a model where most heads are ``mixed``, a large group is compared with mostly mixed heads).
 - Verdict "group > random" when the bootstrap interval's low end lies above the random mean's t
   interval's high end; else "not above random".
 """
@@ -74,6 +76,28 @@ def random_sets(group: list[tuple[int, int]], n_layers: int, n_heads: int, seeds
         pick = np.random.default_rng([seed, k]).choice(len(pool), size=k, replace=False)
         out.append([pool[i] for i in sorted(pick)])
     return out
+
+
+def pool_makeup(primary: dict, group: list[tuple[int, int]], n_layers: int, n_heads: int) -> tuple[int, str, float]:
+    """(pool size, most common primary label in the pool, its share) of :func:`random_sets`'s pool
+    (``""`` and NaN without primary labels).
+
+    Args:
+        primary: (layer or site index, head) -> primary label (``label`` of the heads table).
+        group: the group's heads.
+        n_layers: layers (sites) of the model.
+        n_heads: heads per layer.
+    """
+    inside = set(group)
+    every = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    pool = [x for x in every if x not in inside]
+    if len(pool) < len(group):
+        pool = every
+    if not primary:
+        return len(pool), "", float("nan")
+    labels = pd.Series([str(primary.get(x, "")) for x in pool])
+    counts = labels.value_counts()
+    return len(pool), str(counts.index[0]), float(counts.iloc[0] / len(pool))
 
 
 def t_interval(values, level: float = LEVEL) -> tuple[float, float, float, float]:

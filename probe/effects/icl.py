@@ -25,7 +25,7 @@ from ..errors import InputError
 from ..inputs import Text
 from ..patterns.circuits import _batch, adds_bos
 from ..pruning.objectives import Objective
-from .ablation import KINDS
+from .ablation import DEFAULT_KINDS
 from .groups import SEEDS, paired_bootstrap, random_sets, t_interval
 from .measure import _mask, evaluate_sets
 
@@ -69,7 +69,7 @@ def windows(tokenizer, texts: Sequence[str | Text], length: int = WINDOW, late: 
 
 def icl_claim(lm, texts: Sequence[str | Text], group: list[tuple[int, int]], means: torch.Tensor, *,
               seeds: int = SEEDS, copies: int = 4, batch_size: int = 8, length: int = WINDOW, late: int = LATE,
-              early: int = EARLY) -> dict:
+              early: int = EARLY, min_windows: int = MIN_WINDOWS, max_windows: int | None = None) -> dict:
     """``icl_score`` of a decoder clean, with ``group`` ablated, and with random sets.
 
     Args:
@@ -83,6 +83,9 @@ def icl_claim(lm, texts: Sequence[str | Text], group: list[tuple[int, int]], mea
         length: window length (default 512, the definition's).
         late: the late token, 1-based (default 500).
         early: the early token, 1-based (default 50).
+        min_windows: the fewest windows accepted (the definition's 50; fewer only for a measurement
+            whose cost forces it, said with its result).
+        max_windows: use only the first this many windows (None: all).
 
     Returns:
         ``{"windows", "clean": {"icl_score", "low", "high"}, "zero": {...}, "mean": {...}}``, each kind
@@ -90,21 +93,22 @@ def icl_claim(lm, texts: Sequence[str | Text], group: list[tuple[int, int]], mea
         ``lost``: delta > max(2 x random mean, random 95% high).
 
     Raises:
-        InputError: the model takes fewer than 512 positions, or fewer than 50 windows.
+        InputError: the model takes fewer than ``length`` positions, or the corpus gives fewer than
+            ``min_windows`` windows.
     """
     if lm.max_length < length:
         raise InputError(f"icl_score needs windows of {length} tokens; {lm.name} takes {lm.max_length}")
-    rows = windows(lm.tokenizer, texts, length, late)
-    if len(rows) < MIN_WINDOWS:
-        raise InputError(f"icl_score needs at least {MIN_WINDOWS} windows of {length} tokens (about "
-                         f"{MIN_WINDOWS * length:,} tokens of text); the corpus gives {len(rows)}")
+    rows = windows(lm.tokenizer, texts, length, late)[:max_windows]
+    if len(rows) < min_windows:
+        raise InputError(f"icl_score needs at least {min_windows} windows of {length} tokens (about "
+                         f"{min_windows * length:,} tokens of text); the corpus gives {len(rows)}")
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     chunks = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
     held = [_batch(c, pad, [Text(f"window {i}") for i in range(len(c))], adds_bos(lm.tokenizer)) for c in chunks]
     g = lm.geometry
     masks = torch.stack([_mask(lm, s) for s in [[], group] + random_sets(group, g.n_layers, g.n_heads, seeds)])
     out = {"windows": len(rows), "seeds": seeds}
-    for kind in KINDS:
+    for kind in DEFAULT_KINDS:
         values = evaluate_sets(lm, LossGap(late, early), kind, means, held, masks, copies)  # [sets, windows]
         clean, low, high = paired_bootstrap(values[:1], np.ones(values.shape[1]))
         out["clean"] = {"icl_score": float(clean[0]), "low": float(low[0]), "high": float(high[0])}

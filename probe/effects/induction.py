@@ -29,7 +29,7 @@ from ..inputs import Text
 from ..patterns.circuits import BATCH, N_TOKENS, SEED, _batch, repeated_random_tokens
 from ..pruning.objectives import Objective
 from ..sites import head_name
-from .ablation import KINDS
+from .ablation import DEFAULT_KINDS
 from .groups import SEEDS, random_sets, t_interval
 from .measure import _mask, evaluate_sets
 
@@ -96,7 +96,7 @@ def induction_claim(lm, heads: pd.DataFrame, means: torch.Tensor, *, n: int = N_
     second, first_half = PositionLoss(offset + n + 1, offset + 2 * n - 1), PositionLoss(offset + 1, offset + n - 1)
     out = {"group": [head_name(a, b) for a, b in group], "chosen": chosen, "n": n, "seeds": seeds,
            "clean": {"random_loss": float(evaluate_sets(lm, first_half, "zero", None, held, masks[:1], 1).mean())}}
-    for kind in KINDS:
+    for kind in DEFAULT_KINDS:
         losses = evaluate_sets(lm, second, kind, means, held, masks, copies).mean(1)  # [sets] nats/token
         out["clean"]["induction_loss"] = float(losses[0])
         delta = losses[1:] - losses[0]
@@ -112,7 +112,7 @@ def claim_lines(claim: dict) -> list[str]:
     c = claim["clean"]
     lines = [f"induction claim on {len(claim['group'])} heads ({claim['chosen']}): induction_loss clean "
              f"{c['induction_loss']:.3f} nats/token (random_loss control {c['random_loss']:.3f})"]
-    for kind in KINDS:
+    for kind in DEFAULT_KINDS:
         k = claim[kind]
         lines.append(f"  {kind} ablation: {k['ablated']:.3f} ({k['delta']:+.3f}); {claim['seeds']} random sets "
                      f"{k['random_mean']:+.3f} +- {k['random_std']:.3f} (95% high {k['random_high']:.3f}): "
@@ -122,7 +122,7 @@ def claim_lines(claim: dict) -> list[str]:
         c = icl["clean"]
         lines.append(f"icl_score over {icl['windows']} windows: clean {c['icl_score']:+.3f} nats "
                      f"[{c['low']:+.3f}, {c['high']:+.3f}]")
-        for kind in KINDS:
+        for kind in DEFAULT_KINDS:
             k = icl[kind]
             lines.append(f"  {kind} ablation: {k['ablated']:+.3f} ({k['delta']:+.3f}); random sets "
                          f"{k['random_mean']:+.3f} +- {k['random_std']:.3f} (95% high {k['random_high']:.3f}): "

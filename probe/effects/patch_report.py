@@ -17,20 +17,28 @@ from ..report.sections import Section, render_fragment
 from ..sites import head_name
 from .composition import top_partners
 from .dla import dla_by_layer, head_grid
+from .report import row_labels, site_rows
 
 PARTNERS = 3
 READERS = 5
 
 
-def signed_figure(grid: np.ndarray, title: str, unit: str = "") -> dict:
-    """A [layers, heads] heatmap on a symmetric diverging scale (0 white)."""
+def signed_figure(grid: np.ndarray, title: str, unit: str = "", rows: list[str] | None = None) -> dict:
+    """A [layers, heads] heatmap on a symmetric diverging scale (0 white); ``rows``: row labels
+    (default the layer numbers; an encoder-decoder model's sites ``enc 0`` ...)."""
     L, H = grid.shape
     finite = grid[np.isfinite(grid)]
     m = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
     return {"rows": L, "cols": H, "scale": 10000, "vmin": -m, "vmax": m, "cmap": "rdbu", "title": title,
             "values": [None if not math.isfinite(v) else int(round(v * 10000)) for v in grid.ravel()],
-            "rowLabels": [str(i) for i in range(L)], "colLabels": [str(i) for i in range(H)],
-            "xLabel": "head", "yLabel": "layer", "unit": unit}
+            "rowLabels": rows or [str(i) for i in range(L)], "colLabels": [str(i) for i in range(H)],
+            "xLabel": "head", "yLabel": "site" if rows and " " in rows[0] else "layer", "unit": unit}
+
+
+def _name(p, r) -> str:
+    """A patch.csv row's head name: ``L4H5``, with the site kind first when the table has several."""
+    several = p[["stack", "kind"]].drop_duplicates().shape[0] > 1
+    return head_name({"stack": r.stack, "kind": r.kind, "layer": r.layer} if several else int(r.layer), int(r.head))
 
 
 def _labels(heads) -> dict:
@@ -77,13 +85,16 @@ def section(result, tokenizer) -> Section | None:
     if pr is None:
         return None
     p = pr.patching
-    L, H = int(p["layer"].max()) + 1, int(p["head"].max()) + 1
+    H = int(p["head"].max()) + 1
+    L = len(p) // H  # rows: layers, or an encoder-decoder model's sites
+    rows = row_labels(site_rows(p))
     unit = "share of LD_c - LD_x" if p.attrs["normalized"] else "logits"
-    figures = {"patch-all": signed_figure(p["effect"].to_numpy().reshape(L, H), "patching effect, all positions", unit),
+    figures = {"patch-all": signed_figure(p["effect"].to_numpy().reshape(L, H), "patching effect, all positions", unit,
+                                          rows),
                "patch-last": signed_figure(p["effect_last"].to_numpy().reshape(L, H),
-                                           "patching effect, last position", unit)}
+                                           "patching effect, last position", unit, rows)}
     top = p.reindex(p["effect"].abs().sort_values(ascending=False).index).head(10)
-    top_rows = [[head_name(int(r.layer), int(r.head)), _fmt(r.effect), _fmt(r.effect_last)] for r in top.itertuples()]
+    top_rows = [[_name(p, r), _fmt(r.effect), _fmt(r.effect_last)] for r in top.itertuples()]
     layer_rows, dla_attrs = [], None
     if pr.dla is not None:
         figures["dla-heads"] = signed_figure(head_grid(pr.dla, L, H), "direct logit attribution per head", "logits")

@@ -15,7 +15,8 @@ import pandas as pd
 from ..analysis import analyze
 from ..corpus import sample_texts
 from ..errors import UnsupportedAnalysisError
-from ..patterns import circuit_probe
+from ..inputs import Text
+from ..patterns import CircuitProbe, circuit_probe
 from ..report import claim_run_dir, write_run
 from ..util import progress_bar
 from .composition import composition_scores
@@ -44,7 +45,7 @@ class PatchRun:
 
     def heads_frame(self) -> pd.DataFrame:
         """``layer``, ``head``, ``effect``, ``effect_last``, ``dla`` (NaN without DLA): columns for heads.csv."""
-        out = self.patching[["layer", "head", "effect", "effect_last"]].copy()
+        out = self.patching[["stack", "kind", "layer", "head", "effect", "effect_last"]].copy()
         if self.dla is not None:
             L, H = int(out["layer"].max()) + 1, int(out["head"].max()) + 1
             out["dla"] = head_grid(self.dla, L, H)[out["layer"], out["head"]]
@@ -54,8 +55,9 @@ class PatchRun:
 
 
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", direction: str = "denoise",
-            heads_per_pass: int | None = None, progress=None) -> PatchRun:
-    """Patching, DLA and composition of ``lm`` on ``pairs`` (default the built-in set).
+            heads_per_pass: int | None = None, progress=None, rope_offsets: int = 1) -> PatchRun:
+    """Patching, DLA and composition of ``lm`` on ``pairs`` (default the built-in set); ``rope_offsets``:
+    composition's RoPE offsets (:func:`~probe.effects.composition.composition_scores`).
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`~probe.effects.patching.patch_heads`.
@@ -67,7 +69,8 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     seconds["patch_s"] = time.perf_counter() - t
     notes += patching.attrs["notes"]
     results = {}
-    steps = (("dla", lambda: direct_logit_attribution(lm, pairs)), ("composition", lambda: composition_scores(lm)))
+    steps = (("dla", lambda: direct_logit_attribution(lm, pairs)),
+             ("composition", lambda: composition_scores(lm, rope_offsets)))
     for name, fn in steps:
         t = time.perf_counter()
         try:
@@ -82,9 +85,18 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     return PatchRun(patching, results["dla"], results["composition"], pairs, source, seconds, notes)
 
 
+def label_texts(lm, pairs: list[Pair]) -> list:
+    """The texts of the labelling analysis: the clean prompts and the built-in sample; an
+    encoder-decoder model reads each clean source with its target prefix and answer as the target."""
+    if lm.kind == "encoder-decoder":
+        return [Text(p.clean, target=(p.prefix + p.answer).strip() or p.answer) for p in pairs]
+    return [p.clean for p in pairs] + sample_texts()
+
+
 def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, source: str = "built-in IOI set",
               direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
-              timings: dict | None = None, started: float | None = None) -> tuple[PatchRun, Path]:
+              timings: dict | None = None, started: float | None = None,
+              rope_offsets: int = 1) -> tuple[PatchRun, Path]:
     """Measure (:func:`measure`), label the heads with a short analysis, write the run folder.
 
     Returns:
@@ -98,16 +110,18 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
                            leave=False) if progress else None
         try:
             result = measure(lm, pairs, source=source, direction=direction, heads_per_pass=heads_per_pass,
+                             rope_offsets=rope_offsets,
                              progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
         finally:
             if bar is not None:
                 bar.close()
         t = time.perf_counter()
-        texts = [p.clean for p in result.pairs] + sample_texts()
-        analysis = analyze(lm, texts, finished=[circuit_probe(lm)], progress=progress)
+        analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
+                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
         result.seconds["analyze_s"] = time.perf_counter() - t
-        analysis.heads = analysis.heads.merge(result.heads_frame(), on=["layer", "head"], how="left",
-                                              validate="one_to_one")
+        keys = [c for c in ("stack", "kind", "layer", "head") if c in analysis.heads]
+        frame = result.heads_frame().drop(columns=[c for c in ("stack", "kind") if c not in keys])
+        analysis.heads = analysis.heads.merge(frame, on=keys, how="left", validate="one_to_one")
         analysis.results["patching"] = result
         analysis.notes += [n for n in result.notes if n not in analysis.notes]
         analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})

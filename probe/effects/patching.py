@@ -1,9 +1,11 @@
 """Activation patching per head: how much of the clean behaviour one head's output restores.
 
-Two runs of a decoder on prompts of equal token count: the clean prompt (the model should say the
+Two runs of a model on prompts of equal token count: the clean prompt (the model should say the
 answer) and the corrupted one (a minimal change that moves it toward a wrong answer). The metric is
-the logit difference LD = logit(answer) - logit(wrong) at the last real position, averaged over
-the pairs: LD_c (clean run), LD_x (corrupted run), LD_p (a patched run).
+the logit difference LD = logit(answer) - logit(wrong) at the last real position (masked-LM
+encoders: the clean prompt's first mask; encoder-decoder models: the decoder's last position, after
+the pair's target prefix; :mod:`.pairs`), averaged over the pairs: LD_c (clean run), LD_x
+(corrupted run), LD_p (a patched run).
 
 The intervention point is head h's slice z_h [batch, pos, d_head] of the output projection's input
 (the site of :mod:`probe.pruning.gates`, a forward pre-hook), per query head (with grouped
@@ -15,7 +17,9 @@ When |LD_c - LD_x| < 0.1 the pair set barely separates the answers: the effect i
 difference LD_p - LD_(unpatched run) in logits instead (the result says so).
 
 Several patched copies of the batch share one forward pass; every pass, the unpatched baselines
-included, has the same shape, so a patch that changes nothing gives exactly 0.
+included, has the same shape, so a patch that changes nothing gives exactly 0. Decoders continue
+the recorded run from the patched layer; masked-LM encoders and encoder-decoder models (every
+encoder self, decoder self and cross head) run whole passes (:mod:`.patch_full`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ import torch
 from ..architectures import site_block, site_outputs
 from ..errors import InputError, UnsupportedAnalysisError
 from ..hooks import input_device, measuring
+from ..pruning.objectives import head_kind
 from .pairs import EncodedPairs, Pair, builtin_pairs, encode_pairs, parse_pairs, read_pairs
+from .patch_full import full_head_logit_diffs, full_pass, job_patches, last_logit_diffs, model_inputs, patch_hook
 
 __all__ = ["EncodedPairs", "Pair", "builtin_pairs", "encode_pairs", "parse_pairs", "read_pairs", "MIN_GAP",
            "DIRECTIONS", "check_patchable", "logit_diffs", "run_z", "patched_pass", "StackInputs", "capture_inputs",
@@ -42,12 +48,15 @@ DIRECTIONS = ("denoise", "noise")
 
 
 def check_patchable(lm) -> None:
-    """Raises UnsupportedAnalysisError unless ``lm`` is a complete decoder-only model with an LM head."""
-    if lm.kind != "decoder":
-        raise UnsupportedAnalysisError(f"activation patching runs on decoder-only models; {lm.name} is an "
-                                       f"{lm.kind} model")
+    """Raises UnsupportedAnalysisError unless ``lm`` is a complete model with logits over the vocabulary:
+    a decoder or encoder-decoder model with its language-model head, or an encoder with its masked-LM head."""
     if lm.pruned is not None:
         raise UnsupportedAnalysisError(f"{lm.name} has heads removed from its weights: patch the original model")
+    if lm.kind == "encoder" and head_kind(lm) != "masked-lm":
+        raise UnsupportedAnalysisError(
+            f"{lm.name} is a {type(lm.model).__name__} without a masked-LM head: patching an encoder compares the "
+            "logits of answer and wrong at a [MASK], which only a checkpoint with its masked-LM head (such as "
+            "BertForMaskedLM) has")
     if lm.model.get_output_embeddings() is None:
         raise UnsupportedAnalysisError(f"{lm.name} was loaded without its language-model head: no logits to compare")
 
@@ -106,42 +115,8 @@ def patched_pass(lm, ids, mask, patches: dict, donor: list, alpha: float | None 
     """
     with measuring(lm.model, eager=False) as m:
         for layer, o in enumerate(_layers(lm)):
-            m.hooks.forward_pre(o, _patch_hook(lm, layer, patches, donor, alpha))
+            m.hooks.forward_pre(o, patch_hook(lm, layer, patches, donor, alpha))
         return _forward(lm, ids, mask)
-
-
-def _patch_hook(lm, layer: int, patches: dict, donor: list, alpha: float | None = None):
-    """The forward pre-hook on ``layer``'s output projection that puts the donor's head slices in
-    where ``patches[layer]`` says (see :func:`patched_pass`); a layer without patches is left alone."""
-    H, dh = lm.geometry.n_heads, lm.geometry.d_head
-
-    def fn(module, args):
-        if layer not in patches:
-            return None
-        x = args[0]
-        B, T, W = x.shape
-        x4, src = x.reshape(B, T, H, dh), donor[layer].to(x.device, x.dtype).reshape(B, T, H, dh)
-        new = src if alpha is None else x4 + alpha * (src - x4)
-        return (torch.where(patches[layer].to(x.device)[..., None], new, x4).reshape(B, T, W), *args[1:])
-
-    return fn
-
-
-def _masks(enc: EncodedPairs, where: str) -> torch.Tensor:
-    """[pairs, T] bool: the positions a patch covers (``all`` real positions or ``last``)."""
-    if where == "all":
-        return enc.mask.bool()
-    return torch.nn.functional.one_hot(enc.last, enc.mask.shape[1]).bool()
-
-
-def _chunk_patches(lm, enc, jobs, k: int) -> dict:
-    """layer -> [k * pairs, T, heads] masks for ``jobs`` (layer, head, where), job j in copy j."""
-    n, T, H = len(enc), enc.mask.shape[1], lm.geometry.n_heads
-    out: dict[int, torch.Tensor] = {}
-    for j, (layer, head, where) in enumerate(jobs):
-        sel = out.setdefault(layer, torch.zeros(k * n, T, H, dtype=torch.bool))
-        sel[j * n:(j + 1) * n, :, head] = _masks(enc, where)
-    return out
 
 
 @dataclass
@@ -232,7 +207,7 @@ def continue_pass(lm, enc: EncodedPairs, inputs: StackInputs, start: int, patche
     norm, head, cap = _final(lm)
     with measuring(lm.model, eager=False) as m:
         for layer, o in enumerate(_layers(lm)):
-            m.hooks.forward_pre(o, _patch_hook(lm, layer, patches, donor))
+            m.hooks.forward_pre(o, patch_hook(lm, layer, patches, donor))
         blocks = _blocks(lm)
         x = inputs.hidden[start].repeat(k, 1, 1)
         for i in range(start, len(blocks)):
@@ -243,13 +218,6 @@ def continue_pass(lm, enc: EncodedPairs, inputs: StackInputs, start: int, patche
         x = x[torch.arange(len(x)), enc.last.repeat(k).to(x.device)]
         logits = head(norm(x))
     return cap * torch.tanh(logits / cap) if cap else logits
-
-
-def last_logit_diffs(logits_last: torch.Tensor, enc: EncodedPairs, copies: int) -> torch.Tensor:
-    """[copies, pairs] logit(answer) - logit(wrong) from [copies * pairs, vocab] last-position logits (float64)."""
-    rows = torch.arange(copies * len(enc))
-    at = logits_last.double().cpu()
-    return (at[rows, enc.answer.repeat(copies)] - at[rows, enc.wrong.repeat(copies)]).reshape(copies, len(enc))
 
 
 def head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted", donor: str = "clean",
@@ -286,7 +254,7 @@ def head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted
     done = 0
     for chunk in chunks:  # one layer per pass: it continues from that layer
         logits = continue_pass(lm, enc, inputs[run], jobs[chunk[0]][0],
-                               _chunk_patches(lm, enc, [jobs[i] for i in chunk], k), donor_z)
+                               job_patches(lm, enc, [jobs[i] for i in chunk], k), donor_z)
         patched[chunk] = last_logit_diffs(logits, enc, k).mean(1).numpy()[: len(chunk)]
         bases[chunk] = base[: len(chunk)]
         done += len(chunk)
@@ -308,80 +276,91 @@ def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denois
     """Activation patching of every head's z_h, all real positions and the last one.
 
     Args:
-        lm: a decoder-only :class:`~probe.models.LoadedModel` with its LM head.
-        pairs: the prompt pairs (default :func:`builtin_pairs`).
+        lm: a complete :class:`~probe.models.LoadedModel` with logits over the vocabulary: a decoder
+            or encoder-decoder model with its LM head, or an encoder with its masked-LM head.
+        pairs: the prompt pairs (default :func:`builtin_pairs`; masked-LM pairs hold a mask token,
+            encoder-decoder pairs are sources with an optional target prefix).
         direction: ``denoise`` (corrupted run, clean z_h; default) or ``noise`` (clean run, corrupted z_h).
         heads_per_pass: patched copies of the batch per forward pass (memory: copies x pairs x T tokens);
             default 2 x heads (one layer's heads, all positions and last, in one pass).
         progress: a callable ``(done, total)`` or None.
 
     Returns:
-        One row per (layer, head): ``stack``, ``kind``, ``layer``, ``head``, ``effect`` (all positions),
-        ``effect_last`` (last position only), ``raw``, ``raw_last`` (LD_p - LD of the unpatched run,
-        logits). ``attrs``: ``ld_clean``, ``ld_corrupted``, ``normalized``, ``direction``, ``pairs``, ``notes``.
+        One row per head of every site (``lm.sites`` order): ``stack``, ``kind``, ``layer``, ``head``,
+        ``effect`` (all positions), ``effect_last`` (one position: the metric's; an encoder-decoder
+        model's encoder heads, the source's last token), ``raw``, ``raw_last`` (LD_p - LD of the
+        unpatched run, logits). ``attrs``: ``ld_clean``, ``ld_corrupted``, ``normalized``,
+        ``direction``, ``pairs``, ``notes``.
 
     Raises:
-        UnsupportedAnalysisError: not a complete decoder-only model with an LM head.
-        InputError: pairs of unequal token counts, answers that are not one token, a bad direction.
+        UnsupportedAnalysisError: not a complete model with logits (:func:`check_patchable`).
+        InputError: pairs of unequal token counts, answers that are not one token, masks at different
+            positions, a bad direction.
     """
     check_patchable(lm)
     if direction not in DIRECTIONS:
         raise InputError(f"direction {direction!r}: one of {', '.join(DIRECTIONS)}")
     enc = encode_pairs(lm, builtin_pairs() if pairs is None else pairs)
-    L, H = lm.geometry.n_layers, lm.geometry.n_heads
-    jobs = [(layer, head, where) for layer in range(L) for where in ("all", "last") for head in range(H)]
+    S, H = len(lm.sites), lm.geometry.n_heads
+    jobs = [(i, head, where) for i in range(S) for where in ("all", "last") for head in range(H)]
     heads_per_pass = heads_per_pass or 2 * H
     run, donor = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
-    ld_p, ld_base, means = head_logit_diffs(lm, enc, jobs, run=run, donor=donor, heads_per_pass=heads_per_pass,
-                                            progress=progress)
-    raw = (ld_p - ld_base).reshape(L, 2, H).transpose(1, 0, 2)  # [where, layers, heads]
+    measure = head_logit_diffs if lm.kind == "decoder" else full_head_logit_diffs
+    ld_p, ld_base, means = measure(lm, enc, jobs, run=run, donor=donor, heads_per_pass=heads_per_pass,
+                                   progress=progress)
+    raw = (ld_p - ld_base).reshape(S, 2, H).transpose(1, 0, 2)  # [where, sites, heads]
     gap = means["clean"] - means["corrupted"]
     effect, normalized = normalise(raw, gap, direction)
     notes = [] if normalized else [
         f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: the pairs barely separate the answers, so the "
         "effects are raw logit differences (LD_patched - LD_unpatched), not normalised"]
-    site = lm.sites[0]
-    frame = pd.DataFrame({"stack": site.stack, "kind": site.kind, "layer": np.repeat(np.arange(L), H),
-                          "head": np.tile(np.arange(H), L), "effect": effect[0].ravel(),
-                          "effect_last": effect[1].ravel(), "raw": raw[0].ravel(), "raw_last": raw[1].ravel()})
+    frame = pd.DataFrame({"stack": np.repeat([s.stack for s in lm.sites], H),
+                          "kind": np.repeat([s.kind for s in lm.sites], H),
+                          "layer": np.repeat([s.layer for s in lm.sites], H), "head": np.tile(np.arange(H), S),
+                          "effect": effect[0].ravel(), "effect_last": effect[1].ravel(), "raw": raw[0].ravel(),
+                          "raw_last": raw[1].ravel()})
     frame.attrs.update(ld_clean=means["clean"], ld_corrupted=means["corrupted"], normalized=normalized,
                        direction=direction, pairs=len(enc), notes=notes)
     return frame
 
 
+def _blocks_in_order(lm) -> list:
+    """The model's blocks in forward order, each once (an encoder-decoder model: encoder, then decoder)."""
+    return list(dict.fromkeys(site_block(lm.model, lm.spec, s) for s in lm.sites))
+
+
 @torch.no_grad()
 def patch_residual(lm, pairs: list[Pair], layer: int) -> float:
-    """Denoising effect P of patching the whole residual stream at the input of block ``layer``, all
-    positions: the corrupted run continues from the clean hidden states (a check: the last block
-    gives 1 exactly, since the rest of the pass is then the clean pass).
+    """Denoising effect P of patching the whole input of block ``layer`` (blocks in forward order: an
+    encoder-decoder model's encoder blocks, then its decoder blocks), all positions: the corrupted run
+    continues from the clean run's inputs to that block, its residual stream and (a decoder block of an
+    encoder-decoder model) the encoder output its cross-attention reads. A check: the last block gives
+    1 exactly, since the rest of the pass is then the clean pass.
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`patch_heads`; ValueError: |gap| < MIN_GAP.
     """
     check_patchable(lm)
     enc = encode_pairs(lm, pairs)
-    block = site_block(lm.model, lm.spec, lm.sites[layer])
+    block = _blocks_in_order(lm)[layer]
     saved = {}
 
-    def hook(kind):
-        def fn(module, args, kwargs):
-            key = "args" if args else "kwargs"
-            x = args[0] if args else kwargs["hidden_states"]
-            if kind == "save":
-                saved["x"] = x.clone()
-                return None
-            if key == "args":
-                return (saved["x"], *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": saved["x"]}
-        return fn
+    def save(module, args, kwargs):
+        saved["call"] = ([a.clone() if torch.is_tensor(a) else a for a in args],
+                         {k: v.clone() if torch.is_tensor(v) else v for k, v in kwargs.items()})
+
+    def load(module, args, kwargs):  # every tensor the block reads, from the clean run (masks are equal)
+        a, kw = saved["call"]
+        return (tuple(x if torch.is_tensor(x) else y for x, y in zip(a, args)),
+                {k: kw[k] if torch.is_tensor(kw.get(k)) else v for k, v in kwargs.items()})
 
     lds = {}
-    for name, ids, kind in (("clean", enc.clean, "save"), ("patched", enc.corrupted, "load"),
+    for name, ids, hook in (("clean", enc.clean, save), ("patched", enc.corrupted, load),
                             ("corrupted", enc.corrupted, None)):
         with measuring(lm.model, eager=False) as m:
-            if kind:
-                m.hooks.forward_pre(block, hook(kind), with_kwargs=True)
-            lds[name] = float(logit_diffs(_forward(lm, ids, enc.mask), enc)[0].mean())
+            if hook:
+                m.hooks.forward_pre(block, hook, with_kwargs=True)
+            lds[name] = float(last_logit_diffs(full_pass(lm, enc, model_inputs(lm, enc, ids), 1)[0], enc, 1).mean())
     gap = lds["clean"] - lds["corrupted"]
     if abs(gap) < MIN_GAP:
         raise ValueError(f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no normalised effect")

@@ -1,0 +1,135 @@
+"""Activation patching by whole forward passes: masked-LM encoders and encoder-decoder models (a
+decoder continues its recorded run from the patched block instead, :mod:`.patching`).
+
+The metric reads the logits where :class:`~probe.effects.pairs.EncodedPairs` says (``last``): a
+masked-LM encoder's first mask, an encoder-decoder model's last decoder position (the decoder reads
+the same start token and target prefix in both runs; the sources differ). Every head of every site is
+patched: an encoder-decoder model's encoder self heads at the source positions, its decoder self and
+cross heads at the decoder positions. ``last`` patches one position: the metric's (one-stack models,
+decoder-side sites), the source's last real token (encoder sites of an encoder-decoder model).
+
+Each pass holds ``copies`` copies of the pairs, one job (site, head, positions) per copy; the donor's
+head outputs come from a pass of the same shape, and the unpatched baseline too, so a patch with the
+run's own value gives exactly 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..architectures import site_outputs
+from ..hooks import input_device, measuring
+from .pairs import EncodedPairs
+
+
+def model_inputs(lm, enc: EncodedPairs, ids: torch.Tensor, copies: int = 1) -> dict:
+    """Keyword arguments of the model's forward for ``ids`` (the clean or corrupted prompts, [pairs, T])
+    repeated ``copies`` times, with the decoder's input for an encoder-decoder model."""
+    device = input_device(lm.model)
+    kw = {"input_ids": ids.repeat(copies, 1).to(device), "attention_mask": enc.mask.repeat(copies, 1).to(device)}
+    if enc.target is not None:
+        kw["decoder_input_ids"] = enc.target.repeat(copies, 1).to(device)
+        kw["decoder_attention_mask"] = enc.target_mask.repeat(copies, 1).to(device)
+    if lm.kind != "encoder":
+        kw["use_cache"] = False
+    return kw
+
+
+def patch_hook(lm, i: int, patches: dict, donor: list, alpha: float | None = None):
+    """The forward pre-hook on site ``i``'s output projection that puts the donor's head slices in
+    where ``patches[i]`` ([B, T, heads] bool) says; ``alpha`` None replaces the slice (exactly the
+    donor's value), a number interpolates z + alpha (donor - z). A site without patches is left alone."""
+    H, dh = lm.geometry.n_heads, lm.geometry.d_head
+
+    def fn(module, args):
+        if i not in patches:
+            return None
+        x = args[0]
+        B, T, W = x.shape
+        x4, src = x.reshape(B, T, H, dh), donor[i].to(x.device, x.dtype).reshape(B, T, H, dh)
+        new = src if alpha is None else x4 + alpha * (src - x4)
+        return (torch.where(patches[i].to(x.device)[..., None], new, x4).reshape(B, T, W), *args[1:])
+
+    return fn
+
+
+@torch.no_grad()
+def full_pass(lm, enc: EncodedPairs, inputs: dict, copies: int, patches: dict | None = None,
+              donor: list | None = None, keep_z: bool = False):
+    """One pass: ([copies * pairs, vocab] logits at each pair's metric position, every site's z
+    [copies * pairs, T_site, heads * d_head] when ``keep_z``), head slices patched as in :func:`patch_hook`."""
+    patches, zs = patches or {}, {}
+
+    def keep(i):
+        def fn(module, args):
+            zs[i] = args[0].clone()
+        return fn
+
+    with measuring(lm.model, eager=False) as m:
+        for i, (_, o) in enumerate(site_outputs(lm.model, lm.spec)):
+            m.hooks.forward_pre(o, patch_hook(lm, i, patches, donor))
+            if keep_z:
+                m.hooks.forward_pre(o, keep(i))
+        logits = lm.model(**inputs).logits
+    rows = torch.arange(copies * len(enc), device=logits.device)
+    at = logits[rows, enc.last.repeat(copies).to(logits.device)]
+    return at, [zs[k] for k in sorted(zs)]
+
+
+def last_logit_diffs(logits_last: torch.Tensor, enc: EncodedPairs, copies: int) -> torch.Tensor:
+    """[copies, pairs] logit(answer) - logit(wrong) from [copies * pairs, vocab] metric-position logits (float64)."""
+    rows = torch.arange(copies * len(enc))
+    at = logits_last.double().cpu()
+    return (at[rows, enc.answer.repeat(copies)] - at[rows, enc.wrong.repeat(copies)]).reshape(copies, len(enc))
+
+
+def positions(lm, enc: EncodedPairs, i: int, where: str) -> torch.Tensor:
+    """[pairs, T_site] bool: the positions of site ``i`` a patch covers (``all`` real ones, or ``last``)."""
+    decoder_side = enc.target is not None and lm.sites[i].stack == "decoder"
+    mask = enc.target_mask if decoder_side else enc.mask
+    if where == "all":
+        return mask.bool()
+    last = enc.last if decoder_side or enc.target is None else enc.source_last
+    return torch.nn.functional.one_hot(last, mask.shape[1]).bool()
+
+
+def job_patches(lm, enc: EncodedPairs, jobs: list, k: int) -> dict:
+    """site -> [k * pairs, T_site, heads] masks for ``jobs`` (site, head, where), job j in copy j."""
+    n, H, out = len(enc), lm.geometry.n_heads, {}
+    for j, (i, head, where) in enumerate(jobs):
+        pos = positions(lm, enc, i, where)
+        sel = out.setdefault(i, torch.zeros(k * n, pos.shape[1], H, dtype=torch.bool))
+        sel[j * n:(j + 1) * n, :, head] = pos
+    return out
+
+
+def full_head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted", donor: str = "clean",
+                          heads_per_pass: int = 16, progress=None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """LD of patched runs, one per job (site index, head, ``all`` or ``last``), by whole passes.
+
+    Args:
+        run: ``clean`` or ``corrupted``: the run patched.
+        donor: ``clean`` or ``corrupted``: the run z_h comes from.
+        heads_per_pass: patched copies per forward pass.
+        progress: a callable ``(done, total)`` or None.
+
+    Returns:
+        ``(ld_patched [jobs], ld_base [jobs], means)`` as :func:`~probe.effects.patching.head_logit_diffs`.
+    """
+    k = max(1, min(heads_per_pass, len(jobs)))
+    ids = {"clean": enc.clean, "corrupted": enc.corrupted}
+    inputs = {name: model_inputs(lm, enc, ids[name], k) for name in ids}
+    base = last_logit_diffs(full_pass(lm, enc, inputs[run], k)[0], enc, k).mean(1).numpy()  # [k]
+    lds = {name: last_logit_diffs(full_pass(lm, enc, inputs[name], k)[0], enc, k) for name in ids}
+    means = {name: float(v[0].mean()) for name, v in lds.items()}
+    donor_z = full_pass(lm, enc, inputs[donor], k, keep_z=True)[1]  # the same pass shape: exact own values
+    patched, bases = np.zeros(len(jobs)), np.zeros(len(jobs))
+    for s in range(0, len(jobs), k):
+        chunk = list(range(s, min(s + k, len(jobs))))
+        logits = full_pass(lm, enc, inputs[run], k, job_patches(lm, enc, [jobs[j] for j in chunk], k), donor_z)[0]
+        patched[chunk] = last_logit_diffs(logits, enc, k).mean(1).numpy()[: len(chunk)]
+        bases[chunk] = base[: len(chunk)]
+        if progress:
+            progress(chunk[-1] + 1, len(jobs))
+    return patched, bases, means
