@@ -88,6 +88,11 @@ def _means(sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
     return means.numpy()
 
 
+#: Block capture: the contraction weights of every block of a map are kept for the next sites
+#: when all of them together take at most this many bytes (else each block's are built and let go).
+WEIGHT_CACHE_BYTES = 2 ** 28
+
+
 class HeadStatistics(Accumulator):
     """Running sums and counts of every statistic for every (site, head).
 
@@ -111,6 +116,7 @@ class HeadStatistics(Accumulator):
     name = "statistics"
     title = "per-head statistics"
     transient = ("tokenizer",)
+    row_blocks = True
 
     def __init__(self, sites: list[Site], n_heads: int, tokenizer=None, value_weighted: bool = False) -> None:
         self.sites = list(sites)
@@ -148,10 +154,13 @@ class HeadStatistics(Accumulator):
         encoder-decoder model)."""
         return len(self.sites)
 
-    def update(self, site: Site, probs: torch.Tensor, batch: Batch, values: ValueNorms | None = None) -> None:
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch, values: ValueNorms | None = None,
+               rows: tuple[int, int] | None = None) -> None:
         """Add one batch of one site: ``probs`` is [batch, heads, query, key] attention probabilities
         (queries and keys of the site's sides: :func:`probe.seq2seq.sides`); ``values`` the site's
         value norms (needed with ``value_weighted``; [batch, heads, key] and [batch, heads, query]).
+        With ``rows`` = (i0, i1) (block capture), probs and ``values.mass`` hold query rows i0..i1-1
+        only; the sums of a site's blocks are those of its whole map.
 
         Raises:
             ValueError: value-weighted statistics without ``values``.
@@ -161,9 +170,16 @@ class HeadStatistics(Accumulator):
         feats = token_features(queries, self.tokenizer, eos)
         key_feats = token_features(keys, self.tokenizer, eos) if site.kind == "cross" else None
         a = probs.float()
-        _, _, Tq, Tk = a.shape
-        key = ("contraction", site.kind, site.causal, site.window, Tq, Tk, str(a.device))
-        w = queries.cached(key, lambda: contraction_weights(feats, site, Tq, key_feats).to(a.device))
+        B, _, Tq, Tk = a.shape
+        T = Tq if rows is None else queries.input_ids.shape[1]  # query rows of the whole map
+        key = ("contraction", site.kind, site.causal, site.window, Tq, Tk, rows, str(a.device))
+
+        def build() -> ContractionWeights:
+            return contraction_weights(feats, site, Tk if site.kind != "cross" else T, key_feats, rows).to(a.device)
+
+        # whole maps, or blocks whose weights for every row of the map fit WEIGHT_CACHE_BYTES: shared by the
+        # sites; larger ones are built per block and let go (never [T * T, channels] for a long map)
+        w = queries.cached(key, build) if rows is None or B * T * Tk * 12 * 4 <= WEIGHT_CACHE_BYTES else build()
         i = self._row[site]
         self.counts[i] += w.counts
         if not self.value_weighted:
