@@ -28,6 +28,7 @@ from .core import LoadedModel
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .seq2seq import check_generate, stack_depths, with_generated_targets
+from .sinks import SinkProfile
 from .stats import HeadStatistics, by_norm
 from .util import plural, progress_bar
 from .values import ValueTracker
@@ -155,7 +156,8 @@ class AnalysisResult:
         settings: batch size, max length, example count and crop ...
         timings: seconds (``analyze_s`` in all, of which ``forward_and_statistics_s``).
         notes: what probe changed to capture correctly, and what the user should know.
-        results: results of any extra accumulators, by their ``name``.
+        results: results of any extra accumulators, by their ``name``; always ``"sink_profile"``
+            (:class:`probe.sinks.SinkProfileResult`: attention to the first tokens by query position).
     """
 
     model: dict
@@ -270,10 +272,11 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     stats = HeadStatistics(lm.sites, lm.geometry.n_heads, lm.tokenizer, value_weighted=value_weighted)
     examples = ExampleMaps(range(n_examples), lm.sites, example_tokens)
     counts = TokenCounts(getattr(lm.tokenizer, "unk_token_id", None))
+    sinks = SinkProfile(lm.sites, lm.geometry.n_heads)
     batches = iter_batches(lm, items, batch_size=batch_size, max_length=max_length,
                            parse_special_tokens=parse_special_tokens)
     t1 = time.perf_counter()
-    everything = [stats, examples, counts, *accumulators]
+    everything = [stats, examples, counts, sinks, *accumulators]
     notes = _run_with_bar(lm, batches, everything, progress, len(items) if sized else None, query_block)
     t_run = time.perf_counter() - t1
     if reduce is not None:
@@ -293,7 +296,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
                   **validate.value_weighting(value_weighted, labels_by)},
         timings={"forward_and_statistics_s": round(t_run, 4), "analyze_s": round(time.perf_counter() - t0, 4)},
         notes=list(lm.notes) + list(notes) + input_notes(c, lm.tokenizer),
-        results={acc.name: acc.result() for acc in extras},
+        results={sinks.name: sinks.result(), **{acc.name: acc.result() for acc in extras}},
     )
 
 

@@ -172,10 +172,15 @@ class HeadStatistics(Accumulator):
         a = probs.float()
         B, _, Tq, Tk = a.shape
         T = Tq if rows is None else queries.input_ids.shape[1]  # query rows of the whole map
+        nk = Tk
+        if rows is not None and site.causal and site.kind != "cross":  # later keys: probability exactly 0
+            nk = Tk - (T - rows[1])
+            a = a[..., :nk]
         key = ("contraction", site.kind, site.causal, site.window, Tq, Tk, rows, str(a.device))
 
         def build() -> ContractionWeights:
-            return contraction_weights(feats, site, Tk if site.kind != "cross" else T, key_feats, rows).to(a.device)
+            return contraction_weights(feats, site, Tk if site.kind != "cross" else T, key_feats, rows,
+                                       None if nk == Tk else nk).to(a.device)
 
         # whole maps, or blocks whose weights for every row of the map fit WEIGHT_CACHE_BYTES: shared by the
         # sites; larger ones are built per block and let go (never [T * T, channels] for a long map)
@@ -189,9 +194,9 @@ class HeadStatistics(Accumulator):
             raise ValueError(f"value-weighted statistics of {site.name} need its value norms (probe.analysis.run "
                              "hands them to an accumulator that reads values)")
         B, H = a.shape[:2]
-        both = torch.empty((B, 2 * H, Tq, Tk), dtype=torch.float32, device=a.device)  # A | N~: one pass
+        both = torch.empty((B, 2 * H, Tq, nk), dtype=torch.float32, device=a.device)  # A | N~: one pass
         both[:, :H] = a
-        _, empty = norm_weighted(a, values.norms, out=both[:, H:])
+        _, empty = norm_weighted(a, values.norms[..., :nk], out=both[:, H:])
         sums = map_sums(both, w)
         self.sums[i] += sums[:H]
         self.norm_sums[i] += sums[H:]

@@ -119,12 +119,14 @@ class ContractionWeights:
 
 
 def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFeatures | None = None,
-                        rows: tuple[int, int] | None = None) -> ContractionWeights:
+                        rows: tuple[int, int] | None = None, n_keys: int | None = None) -> ContractionWeights:
     """The weights used by :meth:`HeadStatistics.update` for one batch and one kind of site.
 
     ``rows`` = (i0, i1): the weights of query rows i0..i1-1 only (block capture, :mod:`probe.blocks`):
     ``linear`` [batch, (i1 - i0) * keys, channels] and every per-row field of those rows, so the
     sums over a series of blocks covering every row are the whole map's. None: every row.
+    ``n_keys``: self-attention sites: the weights of keys 0..n_keys-1 only (a causal block's later
+    keys have probability 0, so the caller contracts ``probs[..., :n_keys]``); None: all T.
 
     With A = attention probabilities of one head on one sequence of T real tokens (row i = query,
     column j = key), the per-row values are:
@@ -161,13 +163,14 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFea
             raise ValueError("a cross-attention site needs the features of its keys (the source)")
         return _cross_weights(feats, keys, site, i0, i1)
     pos = torch.arange(T)
+    nk = T if n_keys is None else n_keys
     lengths = feats.real.sum(1)
     real = feats.real[:, i0:i1]  # [B, rows]: the block's query rows
     realf = real.float()
-    q, k = pos[i0:i1, None], pos[None, :]
-    offset = (q - k).abs().float()  # [rows, T]
-    sep = feats.sep.float()
-    far = ((q - k).abs() > LONG_RANGE)[None] & (pos != 0)[None, None, :] & ~feats.sep[:, None, :]
+    q, k = pos[i0:i1, None], pos[None, :nk]
+    offset = (q - k).abs().float()  # [rows, nk]
+    sep = feats.sep[:, :nk].float()
+    far = ((q - k).abs() > LONG_RANGE)[None] & (k != 0)[None] & ~feats.sep[:, None, :nk]
     next_rows = torch.zeros_like(real) if site.causal else real & (q.T <= lengths[:, None] - 2)
     row = realf[:, :, None]  # [B, rows(query), 1]
     chans = {
@@ -176,14 +179,14 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFea
         "next": (k == q + 1).float()[None] * next_rows.float()[:, :, None],
         "first": (k == 0).float()[None] * row,
         "sep": sep[:, None, :] * (row if feats.has_sep else torch.zeros_like(row)),
-        "punct": feats.punct.float()[:, None, :] * row,
+        "punct": feats.punct[:, :nk].float()[:, None, :] * row,
         "distance": offset[None] * row,
         "long": far.float() * row,
     }
     kq = visible_keys(site, lengths, T).float()[:, i0:i1]  # [B, rows]
     valid = _valid_rows(real, kq, feats.has_sep, {"prev": real & (q.T >= 1), "next": next_rows,
                                                   "aligned": torch.zeros_like(real)})
-    return _pack(chans, realf, kq, T, valid)
+    return _pack(chans, realf, kq, nk, valid)
 
 
 def _valid_rows(real: torch.Tensor, kq: torch.Tensor, has_sep: bool, own: dict) -> torch.Tensor:
