@@ -4,22 +4,29 @@ column and example map equals the whole-map (dense) path."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+from click.testing import CliRunner
 
 import probe.analysis as analysis_module
-from conftest import tiny_model
+from conftest import save_tiny, tiny_model
 from probe import blocks
 from probe.accumulators import Accumulator
 from probe.analysis import analyze, run
 from probe.blocks import block_capture, query_block_for
 from probe.capture import capture_attention, encode, forward
+from probe.cli import main
 from probe.errors import InputError, UnsupportedAnalysisError
 from probe.hooks import measuring
 from probe.inputs import Text, iter_batches
 from probe.reference import swap_attention
+from probe.report.sinks import SHOWN_FROM, sink_profile_section
 from probe.seq2seq import sides
+from probe.sinks import bin_edges
 from probe.verification.compare import FP32_ATOL, NOISE_FACTOR
 
 TEXTS = ["The quick brown fox jumps over the lazy dog, and then it runs far away into the woods.",
@@ -221,3 +228,74 @@ def test_run_hands_rows_in_order():
     assert {s for s, _ in by} == set(lm.sites)
     for rows in by.values():
         assert rows[0][0] == 0 and all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+
+
+# --------------------------------------------------------------------------- the CLI option
+
+def test_cli_query_block(tmp_path):
+    """``probe analyze --query-block N``: the statistics equal a whole-map run's, the setting is in
+    run.json, and the analyses that need whole maps are named as not run."""
+    folder = save_tiny("llama", tmp_path / "llama")
+    runs = {}
+    for n in ("0", "3"):
+        out = tmp_path / f"run{n}"
+        result = CliRunner().invoke(main, ["analyze", "--model", str(folder), "--text", TEXTS[0], "--text", TEXTS[2],
+                                           "--out", str(out), "--query-block", n, "--no-rollout", "--no-circuits"])
+        assert result.exit_code == 0, result.output
+        runs[n] = (json.loads((out / "run.json").read_text()), pd.read_csv(out / "heads.csv"))
+    rec, heads = runs["3"]
+    assert rec["settings"]["query_block"] == 3 and runs["0"][0]["settings"]["query_block"] == 0
+    assert any(n.startswith("not run with --query-block 3: ") and "need whole attention maps" in n
+               for n in rec["notes"])
+    for c in ("first", "prev", "entropy", "first_by_norm", "norm_mass"):
+        np.testing.assert_allclose(heads[c], runs["0"][1][c], atol=1e-5, rtol=1e-6)
+    bad = CliRunner().invoke(main, ["analyze", "--model", str(folder), "--text", "x", "--query-block", "-2"])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
+
+
+# --------------------------------------------------------------------------- sinks by position
+
+def test_sink_profile_equals_a_direct_computation():
+    """SinkProfile's per-bin means of A[i, 0] and sum_{j<4} A[i, j] equal those computed from the
+    whole maps of capture_attention, row by row, for every site, head and bin, also under blocks."""
+    lm = tiny_model("gpt2")
+    texts = [TEXTS[0], TEXTS[1]]
+    cap = capture_attention(lm, texts)
+    real = cap.batch.real
+    n_bins = len(bin_edges()) - 1
+    want = np.zeros((len(lm.sites), 4, n_bins, 2))
+    rows = np.zeros((len(lm.sites), n_bins))
+    for s, site in enumerate(lm.sites):
+        p = cap[site].double().numpy()
+        for b in range(p.shape[0]):
+            for i in range(int(real[b].sum())):
+                k = 0 if i == 0 else int(np.floor(np.log2(i))) + 1
+                assert bin_edges()[k] <= i < bin_edges()[k + 1]
+                want[s, :, k, 0] += p[b, :, i, 0]
+                want[s, :, k, 1] += p[b, :, i, :4].sum(-1)
+                rows[s, k] += 1
+    for block in (0, 2):
+        got = analyze(lm, texts, batch_size=2, query_block=block).results["sink_profile"]
+        np.testing.assert_array_equal(got.rows, rows)
+        np.testing.assert_allclose(got.sums, want, atol=1e-5, rtol=0)
+        frame = got.frame()
+        first = frame[(frame.layer == 1) & (frame.start == 4)].iloc[0]
+        assert first.rows == rows[1, 3] and first.end == 8
+        assert abs(first["first"] - want[1, :, 3, 0].mean() / rows[1, 3]) < 1e-6
+    assert got.longest == int(real.sum(1).max())
+
+
+def test_sink_section_on_long_text_only():
+    lm = tiny_model("llama", max_positions=400)
+    long_text = " ".join(TEXTS * 12)
+    result = analyze(lm, [long_text, TEXTS[1]], max_length=300, query_block=64)
+    assert result.results["sink_profile"].longest == 300 >= SHOWN_FROM
+    section = sink_profile_section(result, lm.tokenizer)
+    fig = section.figures["sinks-first"]
+    assert fig["rows"] == len(lm.sites) and fig["cols"] == 10  # positions 0, 1, 2-3, ..., 256-299
+    assert fig["colLabels"][:3] == ["0", "1", "2-3"] and fig["colLabels"][-1] == "256-511"
+    frame = result.results["sink_profile"].frame()
+    cell = frame[(frame.layer == 0) & (frame.start == 256)].iloc[0]
+    assert fig["values"][9] == int(round(cell["first"] * 1000))
+    assert section.record["longest"] == 300
+    assert sink_profile_section(analyze(lm, TEXTS), lm.tokenizer) is None
