@@ -3,8 +3,8 @@
 For each length (default 1,024, 2,048, 4,096 and 8,192 tokens) a fresh child process loads the
 model, runs ``probe.analysis.analyze`` on one text of exactly that many tokens (the UD English EWT
 dev sentences concatenated, or the built-in sample repeated when that file is missing) with block
-capture (``query_block`` automatic; batches above :data:`probe.blocks.AUTO_LENGTH` tokens are
-captured in query blocks, shorter ones forced into blocks with ``--force-blocks``), and reports its
+capture at every length (the automatic block size, :data:`probe.blocks.BLOCK_PROBABILITIES`
+probabilities per block; ``--dense N`` adds one whole-map run of N tokens for reference), and reports its
 peak resident memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` of the child: the whole
 process, model weights included) and the seconds of the analysis. Then peak(longest) /
 peak(shortest).
@@ -15,7 +15,7 @@ largest difference of every statistic column of ``heads``, of the example maps a
 head-distance accumulator supports row blocks, of the distances (goal: <= 1e-5).
 
 Usage: OMP_NUM_THREADS=2 python benchmarks/bench_length.py [--lengths 1024 2048 4096 8192]
-       [--model smollm2] [--check 2048] [--force-blocks]
+       [--model smollm2] [--check 2048] [--dense 1024]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import json, resource, sys, time
 sys.path.insert(0, {root!r})
 import numpy as np
 from probe.analysis import analyze
+from probe.blocks import BLOCK_PROBABILITIES
 from probe.models import load_model
 from probe.patterns import HeadDistances
 
@@ -70,7 +71,11 @@ if args["check"]:
         if a.model is not None and b.model is not None:
             out["distance"] = max(out["distance"], float(np.nanmax(np.abs(a.model - b.model))))
 else:
-    r, t = one(args["query_block"])
+    qb = args["query_block"]
+    if qb == "blocks":  # block capture at the automatic block size, whatever the length
+        qb = max(1, BLOCK_PROBABILITIES // (lm.geometry.n_heads * n))
+    r, t = one(qb)
+    out["query_block"] = qb
     out.update(seconds=t, tokens=r.counts["tokens"], notes=r.notes)
 out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print("RESULT", json.dumps(out))
@@ -104,17 +109,20 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--check", type=int, default=2048, help="tokens of the dense == blocks check (0: none)")
-    ap.add_argument("--force-blocks", action="store_true", help="block capture at every length (256 rows)")
+    ap.add_argument("--dense", type=int, default=1024, help="also this length with whole maps, for reference (0: no)")
     args = ap.parse_args()
     texts = sentences()
     print(f"model {args.model}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}; load {os.getloadavg()}")
     peaks = {}
+    if args.dense:
+        r = child(args.model, args.dense, texts, query_block=0)
+        print(f"{args.dense:>6} tokens (whole maps, for reference): peak RSS {r['peak_mib']:7.0f} MiB; analyze "
+              f"{r['seconds']:7.1f} s; load {os.getloadavg()[0]:.2f}", flush=True)
     for n in args.lengths:
-        r = child(args.model, n, texts, query_block=256 if args.force_blocks else None)
+        r = child(args.model, n, texts, query_block="blocks")
         peaks[n] = r["peak_mib"]
-        mode = "blocks" if n > 1024 or args.force_blocks else "whole maps"
-        print(f"{n:>6} tokens ({mode}): peak RSS {r['peak_mib']:7.0f} MiB; analyze {r['seconds']:7.1f} s; "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        print(f"{n:>6} tokens (blocks of {r['query_block']} rows): peak RSS {r['peak_mib']:7.0f} MiB; analyze "
+              f"{r['seconds']:7.1f} s; load {os.getloadavg()[0]:.2f}", flush=True)
     if len(peaks) > 1:
         lo, hi = min(peaks), max(peaks)
         print(f"peak({hi}) / peak({lo}) = {peaks[hi] / peaks[lo]:.2f}")

@@ -52,11 +52,8 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         Notes on what capture changed (attention implementation, train mode), restored on exit,
         and which accumulators were left out of block-captured batches.
 
-    On a batch captured in query blocks, accumulators with ``row_blocks`` get
-    ``update(site, probs, batch, rows=(i0, i1))`` per block (probs [batch, heads, i1 - i0, key], in
-    row order, covering every query row; ``values`` covering the same rows); the others are not
-    called for that batch (not even ``begin_batch``/``end_batch``) and a note names them.
-
+    On a block-captured batch, accumulators with ``row_blocks`` get ``update(..., rows=(i0, i1))``
+    per block (:mod:`probe.accumulators`); the others are not called for it and a note names them.
     A model whose heads were physically removed (``lm.pruned``) hands accumulators its
     probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
     Accumulators that read values (``reads_values``) also get each site's
