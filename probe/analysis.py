@@ -21,7 +21,7 @@ import torch
 
 from . import validate
 from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts, check_block_ready, check_supported
-from .blocks import AUTO_LENGTH, block_capture, check_query_block, longest, query_block_for
+from .blocks import AUTO_LENGTH, block_capture, check_query_block, lean_outputs, longest, query_block_for
 from .capture import attention_hooks, check_fired, forward
 from .classify import LABEL_RULES, REMOVED, cluster_heads, default_thresholds, label_heads
 from .core import LoadedModel
@@ -104,7 +104,7 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
             for acc in state["active"]:
                 acc.begin_batch(batch)
             with block_capture(lm, rows, on_block) if rows is not None else nullcontext():
-                forward(lm, batch)
+                forward(lm, batch, **({} if rows is None else lean_outputs(lm)))
             if state["seen"] is not None:  # the first batch: every site handed its probabilities
                 check_fired(lm, state["seen"])
                 state["seen"] = None

@@ -17,6 +17,7 @@ block: :data:`BLOCK_PROBABILITIES` probabilities per block (batch x heads x rows
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -89,6 +90,9 @@ def block_capture(lm: LoadedModel, rows: int, on_block: BlockCallback, hooks=Non
 
     Forward hooks on the original attention modules do not fire inside (their modules are not
     called); hooks on the projections do (the reference calls the model's own projection modules).
+    A decoder's attention implementation reads ``"sdpa"`` inside, so that Hugging Face does not
+    build its eager [batch, 1, T, T] float mask (256 MiB at 8,192 tokens), which the reference
+    ignores; it is restored on exit.
 
     Args:
         lm: the loaded model.
@@ -103,11 +107,30 @@ def block_capture(lm: LoadedModel, rows: int, on_block: BlockCallback, hooks=Non
         UnsupportedArchitectureError: a model type the reference does not cover.
         RopeError: a RoPE type the reference does not compute.
     """
-    with swap_attention(lm, hooks=hooks) as swapped:
-        for site, module in zip(lm.sites, swapped.modules):
-            module.query_block = rows
-            module.on_block = _bound(on_block, site)
-        yield swapped.notes
+    config = lm.model.config
+    saved = config._attn_implementation
+    try:
+        if lm.kind == "decoder":  # the reference builds its own masks: let Hugging Face skip its [T, T] one
+            config._attn_implementation = "sdpa"
+        with swap_attention(lm, hooks=hooks) as swapped:
+            for site, module in zip(lm.sites, swapped.modules):
+                module.query_block = rows
+                module.on_block = _bound(on_block, site)
+            yield swapped.notes
+    finally:
+        config._attn_implementation = saved
+
+
+def lean_outputs(lm: LoadedModel) -> dict:
+    """Keyword arguments of the model's forward that keep its outputs small under block capture:
+    ``logits_to_keep=1`` where the model takes it (a causal LM's logits for the last position only;
+    every position's would be [batch, T, vocab]: 1.6 GB of float32 for SmolLM2 at 8,192 tokens, more
+    than all of block capture's own memory). Attention and hidden states are unchanged."""
+    try:
+        parameters = inspect.signature(lm.model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
 
 
 def _bound(on_block: BlockCallback, site: Site):
