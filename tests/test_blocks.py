@@ -299,3 +299,22 @@ def test_sink_section_on_long_text_only():
     assert fig["values"][9] == int(round(cell["first"] * 1000))
     assert section.record["longest"] == 300
     assert sink_profile_section(analyze(lm, TEXTS), lm.tokenizer) is None
+
+
+def test_cli_long_text_is_captured_in_blocks(tmp_path):
+    """A text above AUTO_LENGTH tokens: captured in blocks automatically; the pattern analyses that
+    need whole maps and the rollout (which re-runs whole maps) are left out with notes; the sinks
+    section is on the page."""
+    folder = save_tiny("llama", tmp_path / "llama", max_positions=1100)
+    out = tmp_path / "run"
+    long_text = " ".join(TEXTS * 40)
+    result = CliRunner().invoke(main, ["analyze", "--model", str(folder), "--text", long_text, "--max-length",
+                                       "1060", "--out", str(out), "--no-circuits"])
+    assert result.exit_code == 0, result.output
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["counts"]["longest"] == 1060 and rec["settings"]["query_block"] is None
+    assert any("needs whole attention maps: left out of the 1 sequence longer than 1024 tokens" in n
+               for n in rec["notes"])
+    assert any(n.startswith("rollout left out for examples longer than 1024 tokens") for n in rec["notes"])
+    assert rec["sinks-by-position"]["longest"] == 1060
+    assert 'id="sinks-by-position"' in (out / "index.html").read_text(encoding="utf-8")

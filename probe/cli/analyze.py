@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 import time
@@ -116,6 +117,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     from .. import distributed
     from ..accumulators import check_supported
     from ..analysis import analyze
+    from ..blocks import AUTO_LENGTH
     from ..errors import InputError
     from ..models import load_model
     from ..patterns import pattern_accumulators
@@ -167,8 +169,12 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     timings["analyze_s"] = result.timings["analyze_s"]
     result.notes.extend(skipped)
     verification = _verification(lm, show, timings) if run_verify else None
-    if rollout and result.examples:
-        result.results["rollout"] = run_rollout(lm, result)
+    shown = [ex for ex in result.examples if ex.n_tokens <= AUTO_LENGTH]  # rollout re-runs whole maps
+    if rollout and len(shown) < len(result.examples[:3]):
+        result.notes.append(f"rollout left out for examples longer than {AUTO_LENGTH} tokens: it needs every "
+                            "layer's whole attention map")
+    if rollout and shown:
+        result.results["rollout"] = run_rollout(lm, dataclasses.replace(result, examples=shown))
         timings["rollout_s"] = result.results["rollout"].seconds
     result.settings["input"] = source
     report_steps(lm, result)  # the report's attention-step views (the model is needed: not kept in the result)
