@@ -24,6 +24,7 @@ from probe.corpus import sample_texts
 from probe.errors import InputError, UnsupportedAnalysisError
 from probe.hooks import measuring
 from probe.inputs import Text, iter_batches
+from probe.pruning.removal import remove_heads
 from probe.reference import swap_attention
 from probe.report.sinks import SHOWN_FROM, sink_profile_section
 from probe.seq2seq import sides
@@ -333,4 +334,17 @@ def test_smollm2_2048_blocks_equal_dense(smollm2):
     dense = analyze(smollm2, [text], max_length=2048, query_block=0)
     blocked = analyze(smollm2, [text], max_length=2048)
     assert blocked.counts["longest"] == 2048
+    assert_same(dense, blocked)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_pruned_model_in_blocks(kind):
+    """A model with physically removed heads: block capture hands the original numbering with NaN
+    for the removed heads, and every statistic equals the whole-map path (removed heads NaN in both)."""
+    lm = tiny_model(kind)
+    remove_heads(lm, {0: [1], 1: [0, 3]})
+    dense = analyze(lm, TEXTS, batch_size=2, query_block=0)
+    blocked = analyze(lm, TEXTS, batch_size=2, query_block=3)
+    gone = blocked.heads.set_index(["layer", "head"]).loc[[(0, 1), (1, 0), (1, 3)], "first"]
+    assert gone.isna().all()
     assert_same(dense, blocked)
