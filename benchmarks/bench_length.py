@@ -59,7 +59,8 @@ if args["check"]:
     dense, td = one(0, [HeadDistances(lm.sites, lm.geometry.n_heads)])
     dist = HeadDistances(lm.sites, lm.geometry.n_heads)
     blocked, tb = one(None if n > 1024 else 256, [dist] if getattr(dist, "row_blocks", False) else [])
-    cols = [c for c in dense.heads.select_dtypes("number").columns if c not in ("layer", "head", "cluster")]
+    cols = [c for c in blocked.heads.select_dtypes("number").columns
+            if c in dense.heads and c not in ("layer", "head", "cluster", "group")]
     diffs = {{c: float(np.nanmax(np.abs(dense.heads[c].to_numpy(float) - blocked.heads[c].to_numpy(float))))
              for c in cols}}
     ex = max(float(np.abs(a.probs - b.probs).max()) for a, b in zip(dense.examples, blocked.examples))
@@ -106,7 +107,7 @@ def child(model: str, tokens: int, texts: list[str], *, check: bool = False, que
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--check", type=int, default=2048, help="tokens of the dense == blocks check (0: none)")
     ap.add_argument("--dense", type=int, default=1024, help="also this length with whole maps, for reference (0: no)")
