@@ -10,6 +10,15 @@ accumulators::
     acc.merge(other)                       # add another accumulator of the same kind (in place)
     acc.result()                           # what it measured
 
+Row blocks (block capture of long sequences, :mod:`probe.blocks`): an accumulator whose class sets
+``row_blocks = True`` may instead be called ``acc.update(site, probs, batch, rows=(i0, i1))`` with
+probs [batch, heads, i1 - i0, key], query rows i0..i1-1 (absolute positions) against every key.
+For one site and one batch the calls come in row order, are disjoint and together cover every
+query row; a ``values`` passed with a block covers the same rows. Without ``rows`` (the dense path)
+probs are whole maps. An accumulator with ``row_blocks = False`` gets whole maps only: on a
+block-captured batch :func:`probe.analysis.run` does not call it (nor its ``begin_batch`` /
+``end_batch``) and notes it; :func:`probe.analysis.analyze` refuses it when blocks are demanded.
+
 Merging is addition (or union), so batches, processes and machines combine the same way. The
 per-head statistics (:class:`probe.stats.HeadStatistics`), the example maps
 (:class:`ExampleMaps`) and the token counts (:class:`TokenCounts`) are accumulators; so are
@@ -67,6 +76,10 @@ class Accumulator:
     #: :func:`probe.analysis.run` hooks the value projections and calls ``update(site, probs, batch,
     #: values=...)`` with the site's :class:`probe.values.ValueNorms`.
     reads_values: bool = False
+    #: :meth:`update` takes blocks of query rows, ``update(site, probs, batch, rows=(i0, i1))`` (the
+    #: module docstring's protocol), and its results equal the whole-map ones within 1e-5 (float32).
+    #: False: whole maps only (left out of block-captured batches, with a note).
+    row_blocks: bool = False
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -90,8 +103,9 @@ class Accumulator:
     def begin_batch(self, batch: Batch) -> None:
         """Called before the forward pass of each batch."""
 
-    def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
-        """Fold in one site's attention probabilities [batch, heads, query, key] for ``batch``."""
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch, rows: tuple[int, int] | None = None) -> None:
+        """Fold in one site's attention probabilities [batch, heads, query, key] for ``batch``
+        (with ``rows`` = (i0, i1), only where :attr:`row_blocks`: query rows i0..i1-1 of the map)."""
         raise NotImplementedError
 
     def end_batch(self, batch: Batch) -> None:
@@ -131,6 +145,23 @@ def check_supported(lm, accumulators) -> None:
         why = acc.refusal(lm) if hasattr(acc, "refusal") else None
         if why is not None:
             raise UnsupportedAnalysisError(why)
+
+
+def check_block_ready(accumulators, query_block: int | None) -> None:
+    """Refuse accumulators that need whole attention maps when every batch is to be captured in
+    blocks (``query_block`` >= 1; None and 0 refuse nothing).
+
+    Raises:
+        UnsupportedAnalysisError: the first accumulator without ``row_blocks``, named.
+    """
+    if not query_block:
+        return
+    for acc in accumulators:
+        if not getattr(acc, "row_blocks", False):
+            title = getattr(acc, "title", type(acc).__name__)
+            raise UnsupportedAnalysisError(f"{title} needs whole attention maps and cannot run with a query block "
+                                           f"of {query_block} rows; leave the query block automatic or 0, or leave "
+                                           "it out")
 
 
 @dataclass
@@ -194,6 +225,7 @@ class ExampleMaps(Accumulator):
 
     name = "examples"
     title = "example maps"
+    row_blocks = True
 
     def __init__(self, indices, sites: list[Site], crop: int | None = 64) -> None:
         self.indices = set(int(i) for i in indices)
@@ -226,16 +258,28 @@ class ExampleMaps(Accumulator):
                         "special": t.special[row, :m].tolist(),
                     }
 
-    def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch, rows: tuple[int, int] | None = None) -> None:
+        """Keep the cropped map of each chosen text in ``batch``: probs [batch, heads, query, key];
+        with ``rows`` = (i0, i1) a block of query rows, of which only those inside the crop are kept."""
         if not self._rows:
             return
         queries, keys = sides(site, batch)
         q_len, k_len = queries.lengths.tolist(), keys.lengths.tolist()
+        i0, i1 = (0, probs.shape[2]) if rows is None else rows
         for row, idx, _ in self._rows:
             nq, nk = q_len[row], k_len[row]
             if self.crop is not None:
                 nq, nk = min(nq, self.crop), min(nk, self.crop)
-            self._maps[idx][self._site_pos[site]] = probs[row, :, :nq, :nk].float().cpu().numpy()
+            pos = self._site_pos[site]
+            if rows is None:
+                self._maps[idx][pos] = probs[row, :, :nq, :nk].float().cpu().numpy()
+                continue
+            if i0 >= nq:  # a block below the crop
+                continue
+            if self._maps[idx][pos] is None:
+                self._maps[idx][pos] = np.zeros((probs.shape[1], nq, nk), dtype=np.float32)
+            hi = min(i1, nq)
+            self._maps[idx][pos][:, i0:hi] = probs[row, :, :hi - i0, :nk].float().cpu().numpy()
 
     def merge(self, other: ExampleMaps) -> ExampleMaps:
         for idx, maps in other._maps.items():
@@ -288,6 +332,7 @@ class TokenCounts(Accumulator):
 
     name = "counts"
     title = "token counts"
+    row_blocks = True
 
     def __init__(self, unk_id: int | None = None) -> None:
         self.unk_id = unk_id
@@ -306,7 +351,7 @@ class TokenCounts(Accumulator):
         if batch.target is not None:  # encoder-decoder: the decoder's tokens (start token included)
             c.extra["target_tokens"] = c.extra.get("target_tokens", 0) + int(batch.target.lengths.sum())
 
-    def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch, rows: tuple[int, int] | None = None) -> None:
         pass
 
     def merge(self, other: TokenCounts) -> TokenCounts:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,20 +20,22 @@ import pandas as pd
 import torch
 
 from . import validate
-from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts, check_supported
+from .accumulators import Accumulator, Example, ExampleMaps, TokenCounts, check_block_ready, check_supported
+from .blocks import AUTO_LENGTH, block_capture, check_query_block, lean_outputs, longest, query_block_for
 from .capture import attention_hooks, check_fired, forward
 from .classify import LABEL_RULES, REMOVED, cluster_heads, default_thresholds, label_heads
 from .core import LoadedModel
 from .errors import InputError
 from .inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from .seq2seq import check_generate, stack_depths, with_generated_targets
+from .sinks import SinkProfile
 from .stats import HeadStatistics, by_norm
 from .util import plural, progress_bar
 from .values import ValueTracker
 
 
 def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
-        progress=None) -> list[str]:
+        progress=None, query_block: int | None = None) -> list[str]:
     """Run every batch through the model and hand each site's probabilities to every accumulator.
 
     Args:
@@ -41,10 +44,16 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         accumulators: objects with ``begin_batch``/``update``/``end_batch``
             (:class:`probe.accumulators.Accumulator`).
         progress: a tqdm-like bar (``update(n)``) advanced by the sequences of each batch, or None.
+        query_block: block capture (:mod:`probe.blocks`): None: automatic (long batches,
+            :func:`probe.blocks.query_block_for`); 0: whole maps always; n >= 1: every batch in
+            blocks of n query rows.
 
     Returns:
-        Notes on what capture changed (attention implementation, train mode), restored on exit.
+        Notes on what capture changed (attention implementation, train mode), restored on exit,
+        and which accumulators were left out of block-captured batches.
 
+    On a block-captured batch, accumulators with ``row_blocks`` get ``update(..., rows=(i0, i1))``
+    per block (:mod:`probe.accumulators`); the others are not called for it and a note names them.
     A model whose heads were physically removed (``lm.pruned``) hands accumulators its
     probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
     Accumulators that read values (``reads_values``) also get each site's
@@ -52,42 +61,78 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     value projections of the same forward pass.
 
     Raises:
+        InputError: a bad ``query_block``.
         UnsupportedAnalysisError: an accumulator that does not measure this kind of model or site
             (:meth:`probe.accumulators.Accumulator.refusal`), before anything runs.
         CaptureError: a site returned no attention probabilities, or none at all in the first
             batch (its attention module is never called).
     """
     check_supported(lm, accumulators)
-    state: dict = {"seen": set()}
-    reads = [getattr(acc, "reads_values", False) for acc in accumulators]
-    tracker = ValueTracker(lm) if any(reads) else None
+    query_block = check_query_block(query_block)
+    state: dict = {"seen": set(), "active": list(accumulators), "left": {}, "blocked": [0, 0]}
+    reads = {id(acc): getattr(acc, "reads_values", False) for acc in accumulators}
+    tracker = ValueTracker(lm) if any(reads.values()) else None
+
+    def hand(site, probs, values, rows):
+        if lm.pruned is not None:
+            probs = lm.pruned.expand(site.layer, probs)
+        extra = {} if rows is None else {"rows": rows}
+        for acc in state["active"]:
+            if reads[id(acc)]:
+                acc.update(site, probs, state["batch"], values=values, **extra)
+            else:
+                acc.update(site, probs, state["batch"], **extra)
 
     def on_site(site, probs):
         if state["seen"] is not None:
             state["seen"].add(site)
-        values = tracker.take(site, probs) if tracker is not None else None
-        if lm.pruned is not None:
-            probs = lm.pruned.expand(site.layer, probs)
-        for acc, read in zip(accumulators, reads):
-            if read:
-                acc.update(site, probs, state["batch"], values=values)
-            else:
-                acc.update(site, probs, state["batch"])
+        hand(site, probs, tracker.take(site, probs) if tracker is not None else None, None)
+
+    def on_block(site, probs, rows, n_query):
+        if state["seen"] is not None:
+            state["seen"].add(site)
+        values = None
+        if tracker is not None:
+            values = tracker.take_block(site, probs, (*rows, n_query))
+        hand(site, probs, values, rows)
 
     with torch.no_grad(), attention_hooks(lm, on_site, tracker) as notes:
         for batch in batches:
             state["batch"] = batch
-            for acc in accumulators:
+            rows = query_block_for(lm, batch, query_block)
+            state["active"] = list(accumulators) if rows is None else _block_ready(accumulators, batch, state)
+            for acc in state["active"]:
                 acc.begin_batch(batch)
-            forward(lm, batch)
+            with block_capture(lm, rows, on_block) if rows is not None else nullcontext():
+                forward(lm, batch, **({} if rows is None else lean_outputs(lm)))
             if state["seen"] is not None:  # the first batch: every site handed its probabilities
                 check_fired(lm, state["seen"])
                 state["seen"] = None
-            for acc in accumulators:
+            for acc in state["active"]:
                 acc.end_batch(batch)
             if progress is not None:
                 progress.update(len(batch))
-    return notes
+    return notes + _left_out_notes(state, query_block)
+
+
+def _block_ready(accumulators: Sequence[Accumulator], batch: Batch, state: dict) -> list[Accumulator]:
+    """The accumulators that take row blocks; the others are recorded in ``state`` as left out of
+    ``batch`` (its sequences and its longest)."""
+    state["blocked"][0] += len(batch)
+    state["blocked"][1] = max(state["blocked"][1], longest(batch))
+    for acc in accumulators:
+        if not getattr(acc, "row_blocks", False):
+            state["left"][getattr(acc, "title", type(acc).__name__)] = None
+    return [acc for acc in accumulators if getattr(acc, "row_blocks", False)]
+
+
+def _left_out_notes(state: dict, query_block: int | None) -> list[str]:
+    """One note per accumulator left out of block-captured batches."""
+    n, T = state["blocked"]
+    which = (f"longer than {AUTO_LENGTH} tokens (or too large for whole maps)" if query_block is None
+             else f"of blocks of {query_block} query rows")
+    return [f"{title} needs whole attention maps: left out of the {plural(n, 'sequence')} {which}, captured in "
+            f"query blocks (longest {T} tokens)" for title in state["left"]]
 
 
 @dataclass
@@ -108,7 +153,8 @@ class AnalysisResult:
         settings: batch size, max length, example count and crop ...
         timings: seconds (``analyze_s`` in all, of which ``forward_and_statistics_s``).
         notes: what probe changed to capture correctly, and what the user should know.
-        results: results of any extra accumulators, by their ``name``.
+        results: results of any extra accumulators, by their ``name``; always ``"sink_profile"``
+            (:class:`probe.sinks.SinkProfileResult`: attention to the first tokens by query position).
     """
 
     model: dict
@@ -163,7 +209,8 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             thresholds: dict[str, float] | None = None, n_clusters: int = 6, progress: bool = False,
             parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = (),
             finished: Sequence[Accumulator] = (), reduce: Callable[[list[Accumulator]], None] | None = None,
-            generate: int | None = None, value_weighted: bool = True, labels_by: str = "weight") -> AnalysisResult:
+            generate: int | None = None, value_weighted: bool = True, labels_by: str = "weight",
+            query_block: int | None = None) -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
 
     Sequences are sorted by length into batches; padding never enters a statistic, so batched
@@ -193,16 +240,24 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             and cross-attention's ``aligned`` (:mod:`probe.stats`).
         value_weighted: also each statistic on the value-weighted map (``<statistic>_by_norm``, ``norm_mass``).
         labels_by: labels from the statistics (``"weight"``) or their ``_by_norm`` forms (``"norm"``).
+        query_block: block capture (docs/length.md, :mod:`probe.blocks`): None: batches longer than
+            :data:`probe.blocks.AUTO_LENGTH` tokens (or too large for whole maps) are captured in
+            blocks of query rows, and accumulators that need whole maps are left out of them with a
+            note; 0: whole maps always; n >= 1: every batch in blocks of n rows (an accumulator
+            without ``row_blocks`` is then refused).
 
     Returns:
         An :class:`AnalysisResult`.
 
     Raises:
-        InputError: no text, an empty text, batch_size < 1, max_length < 2, a bad threshold or labels_by.
-        UnsupportedAnalysisError: an accumulator not made for this kind of model or site, at once.
+        InputError: no text, an empty text, batch_size < 1, max_length < 2, a bad threshold, labels_by
+            or query_block.
+        UnsupportedAnalysisError: an accumulator not made for this kind of model or site, or one that
+            needs whole maps with a ``query_block`` >= 1, at once.
         CaptureError: attention probabilities could not be captured.
     """
     check_supported(lm, [*accumulators, *finished])
+    check_block_ready(accumulators, check_query_block(query_block))
     t0 = time.perf_counter()
     sized = isinstance(texts, (str, Text)) or hasattr(texts, "__len__")
     items = as_texts(validate.texts(texts)) if sized else stream_texts(texts)
@@ -214,11 +269,12 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     stats = HeadStatistics(lm.sites, lm.geometry.n_heads, lm.tokenizer, value_weighted=value_weighted)
     examples = ExampleMaps(range(n_examples), lm.sites, example_tokens)
     counts = TokenCounts(getattr(lm.tokenizer, "unk_token_id", None))
+    sinks = SinkProfile(lm.sites, lm.geometry.n_heads)
     batches = iter_batches(lm, items, batch_size=batch_size, max_length=max_length,
                            parse_special_tokens=parse_special_tokens)
     t1 = time.perf_counter()
-    everything = [stats, examples, counts, *accumulators]
-    notes = _run_with_bar(lm, batches, everything, progress, len(items) if sized else None)
+    everything = [stats, examples, counts, sinks, *accumulators]
+    notes = _run_with_bar(lm, batches, everything, progress, len(items) if sized else None, query_block)
     t_run = time.perf_counter() - t1
     if reduce is not None:
         reduce(everything)
@@ -233,22 +289,23 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         examples=examples.result(),
         settings={"batch_size": batch_size, "max_length": validate.max_length(max_length, lm.max_length),
                   "n_examples": n_examples, "example_tokens": example_tokens, "n_clusters": n_clusters,
-                  "parse_special_tokens": parse_special_tokens, **validate.value_weighting(value_weighted, labels_by)},
+                  "parse_special_tokens": parse_special_tokens, "query_block": query_block,
+                  **validate.value_weighting(value_weighted, labels_by)},
         timings={"forward_and_statistics_s": round(t_run, 4), "analyze_s": round(time.perf_counter() - t0, 4)},
         notes=list(lm.notes) + list(notes) + input_notes(c, lm.tokenizer),
-        results={acc.name: acc.result() for acc in extras},
+        results={sinks.name: sinks.result(), **{acc.name: acc.result() for acc in extras}},
     )
 
 
 def _run_with_bar(lm: LoadedModel, batches: Iterable[Batch], accumulators: list[Accumulator], progress: bool,
-                  total: int | None) -> list[str]:
+                  total: int | None, query_block: int | None = None) -> list[str]:
     """:func:`run`, with a tqdm progress bar counting sequences when ``progress`` (``total``: None
     for a stream)."""
     bar = None
     if progress:
         bar = progress_bar(total=total, unit="seq", desc="analyze", leave=False)
     try:
-        return run(lm, batches, accumulators, progress=bar)
+        return run(lm, batches, accumulators, progress=bar, query_block=query_block)
     finally:
         if bar is not None:
             bar.close()

@@ -54,6 +54,12 @@ def by_norm(name: str) -> str:
     return name + BY_NORM
 
 
+#: :func:`map_sums` sums each query row over its keys in float32 and adds the rows in float64 when
+#: a map (or row block) holds more than this many probabilities per head and sequence; smaller maps
+#: are one float32 contraction (their sums have few enough terms).
+ROW_SUMS_FROM = 2 ** 16
+
+
 def map_sums(a: torch.Tensor, w: ContractionWeights) -> torch.Tensor:
     """Every statistic's sum over the valid rows of one batch of maps: [heads, len(ALL_STATISTICS)]
     float64 on the CPU (a statistic the site's kind lacks: 0).
@@ -67,9 +73,18 @@ def map_sums(a: torch.Tensor, w: ContractionWeights) -> torch.Tensor:
         w: the batch's :class:`~probe.statweights.ContractionWeights`, on ``a``'s device.
     """
     B, H, Tq, Tk = a.shape
-    linear = torch.bmm(a.reshape(B, H, Tq * Tk), w.linear).sum(0)  # [heads, len(w.names)]
-    # entr(x) = -x ln x with entr(0) = 0 (about twice as fast as xlogy on CPU)
-    ent = torch.bmm(torch.special.entr(a).reshape(B, H, Tq * Tk), w.entropy).sum(0)  # [heads, 2]
+    # per query row a float32 sum over its keys ([B, Tq, H, C]), then the rows added in float64: one
+    # float32 sum over every (row, key) of a long map (T^2 terms) would lose digits (0.1 tokens of
+    # distance at 2,048 tokens), and row blocks give the same per-row sums as whole maps
+    # (maps of at most ROW_SUMS_FROM probabilities per head and sequence keep the one float32 sum: exact enough)
+    if Tq * Tk > ROW_SUMS_FROM:
+        rows_first = a.transpose(1, 2)  # [B, Tq, H, Tk]
+        linear = torch.matmul(rows_first, w.linear.view(B, Tq, Tk, -1)).double().sum((0, 1))  # [heads, channels]
+        # entr(x) = -x ln x with entr(0) = 0 (about twice as fast as xlogy on CPU)
+        ent = torch.matmul(torch.special.entr(rows_first), w.entropy.view(B, Tq, Tk, 2)).double().sum((0, 1))
+    else:
+        linear = torch.bmm(a.reshape(B, H, Tq * Tk), w.linear).sum(0)  # [heads, channels]
+        ent = torch.bmm(torch.special.entr(a).reshape(B, H, Tq * Tk), w.entropy).sum(0)  # [heads, 2]
     mx = (a.amax(-1) * w.real_rows[:, None, :]).sum((0, 2))  # [heads]
     sums = torch.zeros(H, len(ALL_STATISTICS), dtype=torch.float64)
     for c, name in enumerate(w.names):
@@ -86,6 +101,11 @@ def _means(sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
     means = sums / counts.clamp(min=1)
     means[counts == 0] = float("nan")
     return means.numpy()
+
+
+#: Block capture: the contraction weights of every block of a map are kept for the next sites
+#: when all of them together take at most this many bytes (else each block's are built and let go).
+WEIGHT_CACHE_BYTES = 2 ** 28
 
 
 class HeadStatistics(Accumulator):
@@ -111,6 +131,7 @@ class HeadStatistics(Accumulator):
     name = "statistics"
     title = "per-head statistics"
     transient = ("tokenizer",)
+    row_blocks = True
 
     def __init__(self, sites: list[Site], n_heads: int, tokenizer=None, value_weighted: bool = False) -> None:
         self.sites = list(sites)
@@ -148,10 +169,13 @@ class HeadStatistics(Accumulator):
         encoder-decoder model)."""
         return len(self.sites)
 
-    def update(self, site: Site, probs: torch.Tensor, batch: Batch, values: ValueNorms | None = None) -> None:
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch, values: ValueNorms | None = None,
+               rows: tuple[int, int] | None = None) -> None:
         """Add one batch of one site: ``probs`` is [batch, heads, query, key] attention probabilities
         (queries and keys of the site's sides: :func:`probe.seq2seq.sides`); ``values`` the site's
         value norms (needed with ``value_weighted``; [batch, heads, key] and [batch, heads, query]).
+        With ``rows`` = (i0, i1) (block capture), probs and ``values.mass`` hold query rows i0..i1-1
+        only; the sums of a site's blocks are those of its whole map.
 
         Raises:
             ValueError: value-weighted statistics without ``values``.
@@ -161,9 +185,21 @@ class HeadStatistics(Accumulator):
         feats = token_features(queries, self.tokenizer, eos)
         key_feats = token_features(keys, self.tokenizer, eos) if site.kind == "cross" else None
         a = probs.float()
-        _, _, Tq, Tk = a.shape
-        key = ("contraction", site.kind, site.causal, site.window, Tq, Tk, str(a.device))
-        w = queries.cached(key, lambda: contraction_weights(feats, site, Tq, key_feats).to(a.device))
+        B, _, Tq, Tk = a.shape
+        T = Tq if rows is None else queries.input_ids.shape[1]  # query rows of the whole map
+        nk = Tk
+        if rows is not None and site.causal and site.kind != "cross":  # later keys: probability exactly 0
+            nk = Tk - (T - rows[1])
+            a = a[..., :nk]
+        key = ("contraction", site.kind, site.causal, site.window, Tq, Tk, rows, str(a.device))
+
+        def build() -> ContractionWeights:
+            return contraction_weights(feats, site, Tk if site.kind != "cross" else T, key_feats, rows,
+                                       None if nk == Tk else nk).to(a.device)
+
+        # whole maps, or blocks whose weights for every row of the map fit WEIGHT_CACHE_BYTES: shared by the
+        # sites; larger ones are built per block and let go (never [T * T, channels] for a long map)
+        w = queries.cached(key, build) if rows is None or B * T * Tk * 12 * 4 <= WEIGHT_CACHE_BYTES else build()
         i = self._row[site]
         self.counts[i] += w.counts
         if not self.value_weighted:
@@ -173,9 +209,9 @@ class HeadStatistics(Accumulator):
             raise ValueError(f"value-weighted statistics of {site.name} need its value norms (probe.analysis.run "
                              "hands them to an accumulator that reads values)")
         B, H = a.shape[:2]
-        both = torch.empty((B, 2 * H, Tq, Tk), dtype=torch.float32, device=a.device)  # A | N~: one pass
+        both = torch.empty((B, 2 * H, Tq, nk), dtype=torch.float32, device=a.device)  # A | N~: one pass
         both[:, :H] = a
-        _, empty = norm_weighted(a, values.norms, out=both[:, H:])
+        _, empty = norm_weighted(a, values.norms[..., :nk], out=both[:, H:])
         sums = map_sums(both, w)
         self.sums[i] += sums[:H]
         self.norm_sums[i] += sums[H:]

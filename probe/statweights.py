@@ -118,9 +118,15 @@ class ContractionWeights:
                                   self.rows.to(device), self.counts, self.names)
 
 
-def contraction_weights(feats: TokenFeatures, site: Site, T: int,
-                        keys: TokenFeatures | None = None) -> ContractionWeights:
+def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFeatures | None = None,
+                        rows: tuple[int, int] | None = None, n_keys: int | None = None) -> ContractionWeights:
     """The weights used by :meth:`HeadStatistics.update` for one batch and one kind of site.
+
+    ``rows`` = (i0, i1): the weights of query rows i0..i1-1 only (block capture, :mod:`probe.blocks`):
+    ``linear`` [batch, (i1 - i0) * keys, channels] and every per-row field of those rows, so the
+    sums over a series of blocks covering every row are the whole map's. None: every row.
+    ``n_keys``: self-attention sites: the weights of keys 0..n_keys-1 only (a causal block's later
+    keys have probability 0, so the caller contracts ``probs[..., :n_keys]``); None: all T.
 
     With A = attention probabilities of one head on one sequence of T real tokens (row i = query,
     column j = key), the per-row values are:
@@ -151,34 +157,36 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int,
     over the valid rows of a batch is A contracted with one weight tensor, built once per batch for
     all sites that share the same visible keys.
     """
+    i0, i1 = (0, feats.real.shape[1] if site.kind == "cross" else T) if rows is None else rows
     if site.kind == "cross":
         if keys is None:
             raise ValueError("a cross-attention site needs the features of its keys (the source)")
-        return _cross_weights(feats, keys, site)
-    real = feats.real
+        return _cross_weights(feats, keys, site, i0, i1)
     pos = torch.arange(T)
-    lengths = real.sum(1)
+    nk = T if n_keys is None else n_keys
+    lengths = feats.real.sum(1)
+    real = feats.real[:, i0:i1]  # [B, rows]: the block's query rows
     realf = real.float()
-    q, k = pos[:, None], pos[None, :]
-    offset = (q - k).abs().float()  # [T, T]
-    sep = feats.sep.float()
-    far = ((q - k).abs() > LONG_RANGE)[None] & (pos != 0)[None, None, :] & ~feats.sep[:, None, :]
-    next_rows = torch.zeros_like(real) if site.causal else real & (pos[None, :] <= lengths[:, None] - 2)
-    row = realf[:, :, None]  # [B, T(query), 1]
+    q, k = pos[i0:i1, None], pos[None, :nk]
+    offset = (q - k).abs().float()  # [rows, nk]
+    sep = feats.sep[:, :nk].float()
+    far = ((q - k).abs() > LONG_RANGE)[None] & (k != 0)[None] & ~feats.sep[:, None, :nk]
+    next_rows = torch.zeros_like(real) if site.causal else real & (q.T <= lengths[:, None] - 2)
+    row = realf[:, :, None]  # [B, rows(query), 1]
     chans = {
         "self": (q == k).float()[None] * row,
         "prev": (k == q - 1).float()[None] * row,
         "next": (k == q + 1).float()[None] * next_rows.float()[:, :, None],
         "first": (k == 0).float()[None] * row,
         "sep": sep[:, None, :] * (row if feats.has_sep else torch.zeros_like(row)),
-        "punct": feats.punct.float()[:, None, :] * row,
+        "punct": feats.punct[:, :nk].float()[:, None, :] * row,
         "distance": offset[None] * row,
         "long": far.float() * row,
     }
-    kq = visible_keys(site, lengths, T).float()  # [B, T]
-    rows = _valid_rows(real, kq, feats.has_sep, {"prev": real & (pos >= 1), "next": next_rows,
-                                                 "aligned": torch.zeros_like(real)})
-    return _pack(chans, realf, kq, T, rows)
+    kq = visible_keys(site, lengths, T).float()[:, i0:i1]  # [B, rows]
+    valid = _valid_rows(real, kq, feats.has_sep, {"prev": real & (q.T >= 1), "next": next_rows,
+                                                  "aligned": torch.zeros_like(real)})
+    return _pack(chans, realf, kq, nk, valid)
 
 
 def _valid_rows(real: torch.Tensor, kq: torch.Tensor, has_sep: bool, own: dict) -> torch.Tensor:
@@ -206,14 +214,15 @@ def _pack(chans: dict, realf: torch.Tensor, kq: torch.Tensor, n_keys: int, rows:
                               names)
 
 
-def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site) -> ContractionWeights:
-    """:func:`contraction_weights` of a cross-attention site: target rows [B, T], source keys [B, S]."""
-    real, realf = feats.real, feats.real.float()
-    B, Tq = real.shape
+def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site, i0: int, i1: int) -> ContractionWeights:
+    """:func:`contraction_weights` of a cross-attention site: target rows i0..i1-1 of [B, T], source
+    keys [B, S]."""
+    real = feats.real[:, i0:i1]
+    realf = real.float()
     Tk = keys.real.shape[1]
-    T = real.sum(1).double()[:, None, None]  # real target tokens per row
+    T = feats.real.sum(1).double()[:, None, None]  # real target tokens per row
     S = keys.real.sum(1).double()[:, None, None]  # real source tokens per row
-    i = torch.arange(Tq, dtype=torch.float64)[None, :, None]
+    i = torch.arange(i0, i1, dtype=torch.float64)[None, :, None]
     j = torch.arange(Tk, dtype=torch.float64)[None, None, :]
     offset = (i * S / T - j).abs().float()  # [B, T, S]
     # d_i = round(i (S-1) / (T-1)), halves rounded up (torch.round would round them to even)
@@ -227,7 +236,7 @@ def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site) -> Con
         "distance": offset * row,
         "aligned": aligned * row,
     }
-    kq = visible_keys(site, keys.real.sum(1), Tq).float()  # every real source key: S
+    kq = visible_keys(site, keys.real.sum(1), i1 - i0).float()  # every real source key: S
     none = torch.zeros_like(real)
     rows = _valid_rows(real, kq, keys.has_sep, {name: none for name in ("self", "prev", "next", "long")})
     return _pack(chans, realf, kq, Tk, rows)

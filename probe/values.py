@@ -143,7 +143,8 @@ class ValueNorms:
     Attributes:
         norms: [batch, heads, key] ||f_h(x_j)||, hidden-state units (NaN for removed heads).
         mass: [batch, heads, query] ||sum_j A[i, j] f_h(x_j)||, the norm of the head's output at each
-            query row, b_O left out (NaN for removed heads).
+            query row, b_O left out (NaN for removed heads); under block capture the block's query
+            rows only (the rows of the probabilities handed with it).
     """
 
     norms: torch.Tensor
@@ -185,6 +186,7 @@ class ValueTracker:
         self.lm = lm
         self.d_head = lm.geometry.d_head
         self._values: dict[Site, torch.Tensor] = {}
+        self._kept: dict[Site, tuple[torch.Tensor, torch.Tensor]] = {}  # block capture: (values, norms)
         self._grams: dict[Site, torch.Tensor] = {}
 
     def hook(self, hooks: Hooks) -> None:
@@ -207,12 +209,33 @@ class ValueTracker:
         Raises:
             RuntimeError: the site's value projection did not run in this forward pass.
         """
-        output = self._values.pop(site, None)
-        if output is None:
-            raise RuntimeError(f"site {site.name}: its value projection did not run before its attention returned")
+        return self.take_block(site, probs, None, original_numbering)
+
+    def take_block(self, site: Site, probs: torch.Tensor, rows: tuple[int, int, int] | None,
+                   original_numbering: bool = True) -> ValueNorms:
+        """:meth:`take` for one block of query rows (block capture, :mod:`probe.blocks`).
+
+        Args:
+            probs: [batch, heads now in the module, i1 - i0, key] the block's probabilities.
+            rows: ``(i0, i1, n_query)``: the block's query rows of ``n_query``; the site's values are
+                kept until the last block (i1 == n_query). None: the whole map (as :meth:`take`).
+
+        Returns:
+            :class:`ValueNorms` with ``norms`` [batch, heads, key] and ``mass`` [batch, heads, i1 - i0]
+            (the block's rows).
+
+        Raises:
+            RuntimeError: the site's value projection did not run in this forward pass.
+        """
         gram = self.gram(site)
-        v = value_states(self.lm.spec, output, gram.shape[0], self.d_head)
-        norms, mass = value_norms(v, gram), output_norms(probs, v, gram)
+        if site not in self._kept:  # the first (or only) block: values and their norms, once per site
+            output = self._values.pop(site, None)
+            if output is None:
+                raise RuntimeError(f"site {site.name}: its value projection did not run before its attention returned")
+            v = value_states(self.lm.spec, output, gram.shape[0], self.d_head)
+            self._kept[site] = (v, value_norms(v, gram))
+        v, norms = self._kept[site] if rows is not None and rows[1] < rows[2] else self._kept.pop(site)
+        mass = output_norms(probs, v, gram)
         if self.lm.pruned is not None and original_numbering:
             norms, mass = self.lm.pruned.expand(site.layer, norms), self.lm.pruned.expand(site.layer, mass)
         return ValueNorms(norms, mass)

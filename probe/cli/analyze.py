@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 import time
@@ -87,6 +88,10 @@ _annotation_options = stacked(
                    "3 kept examples, side by side with the weights, in the report.")
 @click.option("--verify", "run_verify", is_flag=True,
               help="Also verify the from-scratch attention against the model and add it to the report.")
+@click.option("--query-block", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Capture attention N query rows at a time (flat memory at long lengths; docs/length.md); 0: "
+                   "whole maps always. [default: automatic: batches longer than 1024 tokens]. Analyses that need "
+                   "whole maps are left out of block-captured batches (with N >= 1: not run).")
 @_pattern_options
 @_norm_options
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
@@ -94,8 +99,9 @@ _annotation_options = stacked(
 @placement_options
 @user_errors
 def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_size, max_length, out, force, examples,
-                    thresholds, parse_special_tokens, rollout, run_verify, distance, map_sequences, circuits,
-                    health, value_weighted, labels_by, progress, coref, syntax_file, device, dtype, device_map) -> None:
+                    thresholds, parse_special_tokens, rollout, run_verify, query_block, distance, map_sequences,
+                    circuits, health, value_weighted, labels_by, progress, coref, syntax_file, device, dtype,
+                    device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
     Without --text, --corpus or --pairs, a small built-in English sample is used. A corpus or a
@@ -111,6 +117,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     from .. import distributed
     from ..accumulators import check_supported
     from ..analysis import analyze
+    from ..blocks import AUTO_LENGTH
     from ..errors import InputError
     from ..models import load_model
     from ..patterns import pattern_accumulators
@@ -147,6 +154,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     refused = [acc.refusal(lm) for acc in offered if acc.refusal(lm) is not None]
     if refused:
         skipped.append("not run: " + "; ".join(refused))
+    extra = _block_ready(extra, query_block, skipped)
     if annotated is not None:
         # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
         extra += annotated.accumulators(lm, prior=world is None or world.main)
@@ -156,14 +164,18 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
                          max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
                          parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
                          reduce=distributed.reducer(world), generate=generate, value_weighted=value_weighted,
-                         labels_by=labels_by)
+                         labels_by=labels_by, query_block=query_block)
     if world is not None and not world.main:
         return  # rank 0 writes the one report
     timings["analyze_s"] = result.timings["analyze_s"]
     result.notes.extend(skipped)
     verification = _verification(lm, show, timings) if run_verify else None
-    if rollout and result.examples:
-        result.results["rollout"] = run_rollout(lm, result)
+    shown = [ex for ex in result.examples if ex.n_tokens <= AUTO_LENGTH]  # rollout re-runs whole maps
+    if rollout and len(shown) < len(result.examples[:3]):
+        result.notes.append(f"rollout left out for examples longer than {AUTO_LENGTH} tokens: it needs every "
+                            "layer's whole attention map")
+    if rollout and shown:
+        result.results["rollout"] = run_rollout(lm, dataclasses.replace(result, examples=shown))
         timings["rollout_s"] = result.results["rollout"].seconds
     result.settings["input"] = source
     report_steps(lm, result)  # the report's attention-step views (the model is needed: not kept in the result)
@@ -171,6 +183,18 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
                      timings=timings, started=started)
     _summary(result, verification, annotated is not None, lm.notes)
     click.echo(f"Report: {path / 'index.html'}")
+
+
+def _block_ready(extra: list, query_block: int | None, skipped: list[str]) -> list:
+    """The pattern analyses that can run: with ``--query-block N`` (N >= 1, every batch in blocks)
+    those that need whole attention maps are left out, with a line in ``skipped``."""
+    if not query_block:
+        return extra
+    whole = [acc for acc in extra if not getattr(acc, "row_blocks", False)]
+    if whole:
+        skipped.append(f"not run with --query-block {query_block}: " + ", ".join(a.title for a in whole)
+                       + " (they need whole attention maps)")
+    return [acc for acc in extra if acc not in whole]
 
 
 def _analysis_input(texts, corpus, pairs, coref, syntax_file, limit):

@@ -6,6 +6,7 @@ variant (:mod:`probe.reference.mutants`) overrides exactly one of them.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 from ..architectures import ArchSpec, SiteSpec, head_geometry, site_spec
 from ..errors import ProbeError
 from ..sites import Site, causal_keep
+from .blocked import attend_in_blocks
 from .op import MaskError, as_keep_mask, attention, masked_softmax, scaled_scores
 from .rotary import Rope, apply_rope
 
@@ -74,6 +76,12 @@ class ReferenceAttention(nn.Module):
     step_request: int | None = None
     #: What the last forward with a :attr:`step_request` recorded (:meth:`record_steps`).
     steps: dict | None = None
+    #: Query rows per block (:meth:`attend_in_blocks`), or None: whole maps (the probabilities are
+    #: then returned in the output tuple, as the original module does).
+    query_block: int | None = None
+    #: With :attr:`query_block`: ``on_block(probs, (i0, i1), n_query)`` gets each block's
+    #: probabilities [batch, heads, i1 - i0, key] (query rows i0..i1-1 of ``n_query``), in row order.
+    on_block: Callable[[torch.Tensor, tuple[int, int], int], None] | None = None
 
     def __init__(self, original: nn.Module, spec: ArchSpec, config, layer_idx: int,
                  context: ForwardContext | None = None, *, site: Site | None = None,
@@ -345,6 +353,10 @@ class ReferenceAttention(nn.Module):
         key_positions = None if padding is None else ((padding.long().cumsum(-1) - 1) * padding)[:, -Tk:]
         padding = self.padding_mask(None if padding is None or bool(padding.all()) else padding)
         keep = None if padding is None else padding[:, -Tk:][:, None, None, :]  # (B, 1, 1, Tk)
+        if self.query_block is not None and self.on_block is not None and self.step_request is None:
+            y = self.attend_in_blocks(q, k, v, keep, past, key_positions)  # (B, nh, T, hs); no T x Tk tensor
+            zero = torch.zeros((), dtype=y.dtype, device=y.device).expand(1, self.n_head, T, Tk)  # T5: no memory
+            return self._output(y, kw, None, zero)
         tri = self.causal_mask(T, Tk, q.device)  # (T, Tk) or None
         if tri is not None:
             keep = tri[None, None] if keep is None else keep & tri  # (B|1, 1, T, Tk)
@@ -358,8 +370,29 @@ class ReferenceAttention(nn.Module):
         y, probs = attention(q, k, v, mask=keep, scale=self.score_scale(), softmax_dtype=self.softmax_dtype,
                              upcast=self.upcast, softcap=self.softcap, bias=bias,
                              fused_bias=self.spec.position_bias.fused)  # (B, nh, T, hs), (B, nh, T, Tk)
+        return self._output(y, kw, probs, bias)
+
+    def _output(self, y: torch.Tensor, kw: dict, probs: torch.Tensor | None, bias: torch.Tensor | None) -> tuple:
+        """Merge heads, output projection, the architecture's residual; the original's output tuple
+        (T5: the bias for the next layer). ``probs`` None: captured in blocks, none returned."""
         y = self.merge(y)  # (B, T, nh*hs)
         if "o" in self._names:
             y = self._module("o")(y)  # (B, T, d_model)
         y = self.spec.residual(y, kw)  # BLOOM adds the residual inside its attention module
-        return self.spec.pack(y, probs, bias)  # the original's output tuple (T5: the bias for the next layer)
+        return self.spec.pack(y, probs, bias)
+
+    def block_causal(self, i0: int, i1: int, n_query: int, n_key: int, device) -> torch.Tensor | None:
+        """[i1 - i0, n_key] keep-mask of the site's causality and window for query rows i0..i1-1 of
+        ``n_query`` (the queries are the last ``n_query`` of ``n_key`` positions), or None: rows
+        i0..i1-1 of :meth:`causal_mask` (n_query, n_key), built without the whole [query, key] mask."""
+        seen = n_key - (n_query - i1)  # keys at or before the block's last query
+        tri = self.causal_mask(i1 - i0, seen, device)  # (i1 - i0, seen): the block's rows are the last of seen
+        if tri is None or seen == n_key:
+            return tri
+        return torch.cat([tri, tri.new_zeros(i1 - i0, n_key - seen)], dim=1)  # later keys: never visible
+
+    def attend_in_blocks(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None,
+                         past: int, key_positions: torch.Tensor | None) -> torch.Tensor:
+        """The attention output [batch, heads, T, d_head], :attr:`query_block` query rows at a time,
+        each block's probabilities handed to :attr:`on_block` (:func:`probe.reference.blocked.attend_in_blocks`)."""
+        return attend_in_blocks(self, q, k, v, padding, past, key_positions)

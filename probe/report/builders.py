@@ -16,6 +16,7 @@ from ..view.section import head_view_section, model_view_section, steps_section
 from .cross import cross_attention_section
 from .norms import value_weighted_section
 from .sections import Section
+from .sinks import sink_profile_section
 
 #: The section builders, in the order they are tried (the page sorts them by ``Section.order``).
 BUILDERS: list[Callable[..., Section | None]] = [
@@ -34,6 +35,7 @@ BUILDERS: list[Callable[..., Section | None]] = [
     patching_section,
     rollout_section,
     effects_section,
+    sink_profile_section,
 ]
 
 
