@@ -60,16 +60,16 @@ def model(kind: str):
     return tiny_model(kind, **({"init": INIT[kind]} if kind in INIT else {}))
 
 
-def assert_same(dense, blocked) -> None:
+def assert_same(dense, blocked, examples: int = 3) -> None:
     """Every statistic column, value-weighted column and example map within 1e-5 (scaled columns:
-    also 1e-6 relative)."""
+    also 1e-6 relative); both runs kept ``examples`` example maps."""
     cols = [c for c in dense.heads.select_dtypes("number").columns if c != "cluster"]
     assert len(cols) > 20
     for c in cols:
         a, b = dense.heads[c].to_numpy(float), blocked.heads[c].to_numpy(float)
         rtol = 1e-6 if c in SCALED else 0.0
         np.testing.assert_allclose(b, a, atol=1e-5, rtol=rtol, err_msg=c)
-    assert len(dense.examples) == len(blocked.examples) == 3
+    assert len(dense.examples) == len(blocked.examples) == examples
     for x, y in zip(dense.examples, blocked.examples):
         assert x.probs.shape == y.probs.shape
         np.testing.assert_allclose(y.probs, x.probs, atol=1e-5, rtol=0)
@@ -334,7 +334,7 @@ def test_smollm2_2048_blocks_equal_dense(smollm2):
     dense = analyze(smollm2, [text], max_length=2048, query_block=0)
     blocked = analyze(smollm2, [text], max_length=2048)
     assert blocked.counts["longest"] == 2048
-    assert_same(dense, blocked)
+    assert_same(dense, blocked, examples=1)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
