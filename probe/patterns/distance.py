@@ -52,7 +52,8 @@ NEAR_DUPLICATE = 0.05
 #: Defaults of the model-wide (map) accumulation: first sequences of the corpus, query rows of each.
 MAP_SEQUENCES = 200
 MAP_ROWS = 64
-#: Query rows sampled per sequence: per layer, and for the model-wide map (None: every row).
+#: Query rows sampled per sequence by the default analysis (:func:`probe.patterns.pattern_accumulators`):
+#: per layer, and for the model-wide map. :class:`HeadDistances` alone takes every row unless told.
 SAMPLE_ROWS = 8
 MAP_SAMPLE_ROWS = 4
 
@@ -121,8 +122,11 @@ class HeadDistances(Accumulator):
         n_heads: query heads per site.
         map_sequences: sequences (by corpus index) in the model-wide distance; 0 turns it off.
         map_rows: query rows per sequence that may enter the model-wide distance (rows 0..map_rows-1).
-        sample_rows: query rows sampled per sequence for the per-layer distance (None: every row).
-        map_sample_rows: of rows 0..map_rows-1, how many are sampled for the model-wide distance (None: all).
+        sample_rows: query rows sampled per sequence for the per-layer distance (None: every row, exact;
+            :func:`probe.patterns.pattern_accumulators`, what ``probe analyze`` runs, samples
+            :data:`SAMPLE_ROWS`).
+        map_sample_rows: of rows 0..map_rows-1, how many are sampled for the model-wide distance (None: all;
+            ``pattern_accumulators``: :data:`MAP_SAMPLE_ROWS`).
         seed: seed of the row samples (with each sequence's corpus index; the map's sample uses seed + 1).
 
     Raises:
@@ -139,8 +143,8 @@ class HeadDistances(Accumulator):
     row_blocks = True
 
     def __init__(self, sites: list[Site], n_heads: int, *, map_sequences: int = MAP_SEQUENCES,
-                 map_rows: int = MAP_ROWS, sample_rows: int | None = SAMPLE_ROWS,
-                 map_sample_rows: int | None = MAP_SAMPLE_ROWS, seed: int = SEED) -> None:
+                 map_rows: int = MAP_ROWS, sample_rows: int | None = None,
+                 map_sample_rows: int | None = None, seed: int = SEED) -> None:
         for k in (sample_rows, map_sample_rows):
             if k is not None and int(k) < 2:
                 raise ValueError(f"rows sampled per sequence must be at least 2 (or None: every row), got {k}")
