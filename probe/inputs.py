@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from . import validate
@@ -138,31 +139,33 @@ class Batch:
 
 def collate(lm, items: Sequence[Tokenized], texts: Sequence[Text]) -> Batch:
     """Right-pad tokenized texts into one :class:`Batch` (whatever the tokenizer's padding side:
-    the statistics need real tokens first)."""
+    the statistics need real tokens first). Filled as NumPy arrays, one tensor per field."""
     B, T = len(items), max(len(t) for t in items)
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    mask = torch.zeros(B, T, dtype=torch.long)
-    offsets = torch.zeros(B, T, 2, dtype=torch.long)
-    special = torch.zeros(B, T, dtype=torch.bool)
-    word_ids = torch.full((B, T), -1, dtype=torch.long)
+    ids = np.full((B, T), pad_id, dtype=np.int64)
+    mask = np.zeros((B, T), dtype=np.int64)
+    offsets = np.zeros((B, T, 2), dtype=np.int64)
+    special = np.zeros((B, T), dtype=bool)
+    word_ids = np.full((B, T), -1, dtype=np.int64)
     has_tt = items[0].token_type_ids is not None
-    tt = torch.zeros(B, T, dtype=torch.long) if has_tt else None
+    tt = np.zeros((B, T), dtype=np.int64) if has_tt else None
     for r, t in enumerate(items):
         n = len(t)
-        ids[r, :n] = torch.tensor(t.ids)
+        ids[r, :n] = t.ids
         mask[r, :n] = 1
-        offsets[r, :n] = torch.tensor(t.offsets, dtype=torch.long).reshape(n, 2)
-        special[r, :n] = torch.tensor(t.special)
-        word_ids[r, :n] = torch.tensor(t.word_ids)
+        offsets[r, :n] = np.asarray(t.offsets, dtype=np.int64).reshape(n, 2)
+        special[r, :n] = t.special
+        word_ids[r, :n] = t.word_ids
         if has_tt:
-            tt[r, :n] = torch.tensor(t.token_type_ids)
+            tt[r, :n] = t.token_type_ids
     target = None
     if items[0].target is not None:  # encoder-decoder: sources here, targets in a batch of their own
         target = collate(lm, [t.target for t in items],
                          [Text(target_text(t), meta=t.meta, index=t.index) for t in texts])
         texts = [Text(t.text, t.words, t.meta, None, t.index) for t in texts]
-    return Batch(ids, mask, tt, offsets, special, word_ids, list(texts), [t.index for t in items],
+    as_tensor = torch.from_numpy
+    return Batch(as_tensor(ids), as_tensor(mask), None if tt is None else as_tensor(tt), as_tensor(offsets),
+                 as_tensor(special), as_tensor(word_ids), list(texts), [t.index for t in items],
                  [t.truncated for t in items], target=target)
 
 

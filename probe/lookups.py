@@ -30,6 +30,8 @@ pre-hook on the model, so there is one check for every path.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -79,12 +81,29 @@ def _token_tables(model: nn.Module) -> dict[str, tuple[str, int]]:
     return out
 
 
+@dataclass(frozen=True)
+class _Tables:
+    """The lookup tables of one model, found once (the hook runs on every forward call)."""
+
+    tokens: dict  # input name -> (what, rows)
+    segments: list  # (name, module) of the segment tables
+    positions: list  # (name, module) of the position tables
+    roberta: bool  # positions numbered RoBERTa's way
+
+    @classmethod
+    def of(cls, model: nn.Module) -> _Tables:
+        return cls(_token_tables(model), _tables(model, SEGMENT_TABLES), _tables(model, POSITION_TABLES),
+                   _roberta_style(model))
+
+
 def _id_range(ids: torch.Tensor) -> tuple[int, int]:
-    return int(ids.min()), int(ids.max())
+    """(lowest, highest) id, read from the device in one transfer."""
+    low, high = torch.stack([ids.min(), ids.max()]).tolist()
+    return int(low), int(high)
 
 
-def _check_tokens(model: nn.Module, inputs: dict) -> None:
-    for name, (what, rows) in _token_tables(model).items():
+def _check_tokens(tables: _Tables, inputs: dict) -> None:
+    for name, (what, rows) in tables.tokens.items():
         ids = inputs.get(name)
         if not isinstance(ids, torch.Tensor) or ids.numel() == 0:
             continue
@@ -95,13 +114,12 @@ def _check_tokens(model: nn.Module, inputs: dict) -> None:
                              f"{rows - 1}): the tokenizer does not fit this model")
 
 
-def _check_segments(model: nn.Module, inputs: dict, notes: list[str]) -> dict:
+def _check_segments(tables: _Tables, inputs: dict, notes: list[str]) -> dict:
     """``inputs`` with segment ids checked (dropped for a model with one segment type)."""
     ids = inputs.get("token_type_ids")
-    tables = _tables(model, SEGMENT_TABLES)
-    if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or not tables:
+    if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or not tables.segments:
         return inputs
-    rows = min(_rows(m) for _, m in tables)
+    rows = min(_rows(m) for _, m in tables.segments)
     low, high = _id_range(ids)
     if low >= 0 and high < rows:
         return inputs
@@ -126,13 +144,13 @@ def _past_length(inputs: dict, length: int) -> int:
 
 
 def _highest_position(model: nn.Module, table: nn.Module, ids: torch.Tensor, inputs: dict,
-                      given) -> tuple[int, str]:
+                      given, roberta: bool) -> tuple[int, str]:
     """(highest row of ``table`` this call reads, how it was found) for token ids [batch, T]."""
     own = getattr(table, "offset", None)  # OPT, BART: position p reads row p + offset
     offset = own if isinstance(own, int) else 0
     if isinstance(given, torch.Tensor) and given.numel():
         return int(given.max()) + offset, "position_ids" + (f" + offset {offset}" if offset else "")
-    if own is None and _roberta_style(model):
+    if own is None and roberta:
         pad = model.config.pad_token_id or 0
         counted = int((ids != pad).sum(-1).max())
         return pad + counted, f"{counted} non-padding tokens numbered from pad_token_id + 1 = {pad + 1}"
@@ -140,14 +158,14 @@ def _highest_position(model: nn.Module, table: nn.Module, ids: torch.Tensor, inp
     return offset + n - 1, f"{n} tokens" + (f" from row {offset}" if offset else "")
 
 
-def _check_positions(model: nn.Module, inputs: dict) -> None:
-    for name, table in _tables(model, POSITION_TABLES):
+def _check_positions(model: nn.Module, tables: _Tables, inputs: dict) -> None:
+    for name, table in tables.positions:
         decoder = "decoder" in name.split(".")
         ids = inputs.get("decoder_input_ids" if decoder else "input_ids")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.numel() == 0:
             continue
         given = inputs.get("decoder_position_ids" if decoder else "position_ids")
-        highest, how = _highest_position(model, table, ids, inputs if not decoder else {}, given)
+        highest, how = _highest_position(model, table, ids, inputs if not decoder else {}, given, tables.roberta)
         rows = _rows(table)
         if highest >= rows:
             limit = getattr(model.config, "max_position_embeddings", None)
@@ -156,7 +174,8 @@ def _check_positions(model: nn.Module, inputs: dict) -> None:
                              f"rows ({name}{size}): use a shorter text or --max-length")
 
 
-def check_lookups(model: nn.Module, inputs: dict, notes: list[str] | None = None) -> dict:
+def check_lookups(model: nn.Module, inputs: dict, notes: list[str] | None = None,
+                  tables: _Tables | None = None) -> dict:
     """Check every id of one forward call against the table it indexes.
 
     Args:
@@ -165,6 +184,7 @@ def check_lookups(model: nn.Module, inputs: dict, notes: list[str] | None = None
             [batch, T], ``position_ids`` [batch, T], ``attention_mask`` [batch, past + T],
             ``decoder_input_ids`` [batch, T'] ...); tensors on any device.
         notes: where the note of dropped segment ids goes (appended once).
+        tables: the model's tables found before (:func:`lookup_hook` keeps them); None: found now.
 
     Returns:
         ``inputs``, or a copy without ``token_type_ids`` for a model with one segment type fed
@@ -176,20 +196,26 @@ def check_lookups(model: nn.Module, inputs: dict, notes: list[str] | None = None
             id and the table's size).
     """
     notes = notes if notes is not None else []
-    _check_tokens(model, inputs)
-    inputs = _check_segments(model, inputs, notes)
-    _check_positions(model, inputs)
+    tables = tables if tables is not None else _Tables.of(model)
+    _check_tokens(tables, inputs)
+    inputs = _check_segments(tables, inputs, notes)
+    _check_positions(model, tables, inputs)
     return inputs
 
 
 def lookup_hook(notes: list[str]):
     """A forward pre-hook (``with_kwargs=True``) running :func:`check_lookups` on every call of the
-    model it is registered on (a positional first argument is read as ``input_ids``)."""
+    model it is registered on (a positional first argument is read as ``input_ids``). The model's
+    tables are found on the first call and kept (the modules do not change while the hook is on)."""
+    found: dict[int, _Tables] = {}
+
     def hook(module, args, kwargs):
         inputs = dict(kwargs)
         if args and isinstance(args[0], torch.Tensor) and "input_ids" not in inputs:
             inputs["input_ids"] = args[0]
-        checked = check_lookups(module, inputs, notes)
+        if id(module) not in found:
+            found[id(module)] = _Tables.of(module)
+        checked = check_lookups(module, inputs, notes, found[id(module)])
         if "token_type_ids" in kwargs and "token_type_ids" not in checked:
             kwargs = {k: v for k, v in kwargs.items() if k != "token_type_ids"}
             return args, kwargs

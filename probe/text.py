@@ -7,10 +7,13 @@ The first step of the data flow (:mod:`probe.inputs` has the rest): texts -> tok
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .errors import InputError
+
+_NONSPACE = re.compile(r"\S+")  # runs of characters that are not str.isspace() (re's \s is the same set)
 
 
 @dataclass
@@ -45,17 +48,7 @@ class Text:
         """Character spans of the words: the given ones, or the whitespace-separated runs of ``text``."""
         if self.words is not None:
             return list(self.words)
-        spans, start = [], None
-        for i, ch in enumerate(self.text):
-            if ch.isspace():
-                if start is not None:
-                    spans.append((start, i))
-                    start = None
-            elif start is None:
-                start = i
-        if start is not None:
-            spans.append((start, len(self.text)))
-        return spans
+        return [m.span() for m in _NONSPACE.finditer(self.text)]
 
 
 def target_text(text: Text) -> str | None:

@@ -8,9 +8,11 @@ special. ``parse_special_tokens=True`` keeps the old behaviour for users who mea
 
 from __future__ import annotations
 
-import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from .errors import InputError
 from .text import Text
@@ -49,23 +51,28 @@ class Tokenized:
         return len(self.ids)
 
 
+_NONSPACE = re.compile(r"\S+")  # re's \s is str.isspace's set (both Py_UNICODE_ISSPACE)
+
+
 def _word_ids(text: str, offsets: list[tuple[int, int]], special: list[bool],
               spans: list[tuple[int, int]]) -> list[int]:
-    """Index of the word holding each token's first non-space character (-1 if none)."""
-    starts = [s for s, _ in spans]
-    out = []
-
-    for (s, e), sp in zip(offsets, special):
-        if sp or e <= s:
-            out.append(-1)
-            continue
-        first = next((i for i in range(s, e) if not text[i].isspace()), None)
-        if first is None:
-            out.append(-1)
-            continue
-        w = bisect.bisect_right(starts, first) - 1
-        out.append(w if w >= 0 and spans[w][0] <= first < spans[w][1] else -1)
-    return out
+    """Index of the word holding each token's first non-space character (-1 if none), vectorized
+    over the tokens: the first non-space character at or after a token's start is the start of the
+    first run of non-space characters ending after it (or the start itself, inside a run)."""
+    if not offsets:
+        return []
+    runs = np.array([m.span() for m in _NONSPACE.finditer(text)], dtype=np.int64).reshape(-1, 2)
+    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    s, e = off[:, 0], off[:, 1]
+    k = np.searchsorted(runs[:, 1], s, side="right")  # first run ending after s
+    inside = k < len(runs)
+    first = np.where(inside, np.maximum(s, runs[np.minimum(k, len(runs) - 1), 0] if len(runs) else s), e)
+    ok = ~np.asarray(special, dtype=bool) & (e > s) & inside & (first < e)
+    words = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    w = np.searchsorted(words[:, 0], first, side="right") - 1
+    ok &= w >= 0
+    ok &= first < words[np.maximum(w, 0), 1] if len(words) else False
+    return np.where(ok, w, -1).tolist()
 
 
 def tokenize_side(lm, texts: Sequence[Text], limit: int, *, parse_special_tokens: bool = False,

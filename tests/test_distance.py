@@ -12,7 +12,8 @@ from conftest import tiny_model
 from probe.analysis import analyze
 from probe.capture import capture_attention
 from probe.inputs import Batch, Text
-from probe.patterns.distance import HeadDistances, js_from_sums, pair_sums
+from probe.patterns.distance import HeadDistances
+from probe.patterns.jsd import pairs, row_js, to_matrix
 from probe.sites import Site
 
 
@@ -60,7 +61,7 @@ def test_layer_and_model_distance_equal_scipy_on_random_rows(causal):
     lengths = [7, 5, 2, 6]
     sites = [Site("decoder" if causal else "encoder", layer, causal=causal) for layer in range(2)]
     probs = [random_probs(lengths, 3, causal, seed=s) for s in range(2)]
-    acc = HeadDistances(sites, 3)
+    acc = HeadDistances(sites, 3, sample_rows=None, map_sample_rows=None)
     batch = make_batch(lengths)
     acc.begin_batch(batch)
     for site, p in zip(sites, probs):
@@ -76,18 +77,17 @@ def test_layer_and_model_distance_equal_scipy_on_random_rows(causal):
 
 def test_extremes_identical_rows_are_zero_and_disjoint_one_hot_rows_one_bit():
     x = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])  # one row, 3 heads
-    cross, ent, mass = pair_sums(x)
-    js = js_from_sums(cross.numpy(), ent.numpy(), mass.numpy(), rows=1)
+    js = to_matrix(row_js(x.T[None], torch.tensor([4])).numpy(), 3)[0]  # [rows, keys, heads]
     assert js[0, 1] == pytest.approx(0.0, abs=1e-7)
     assert js[0, 2] == pytest.approx(1.0, abs=1e-6) and js[1, 2] == pytest.approx(1.0, abs=1e-6)
-    assert np.isnan(js_from_sums(cross.numpy(), ent.numpy(), mass.numpy(), rows=0)).all()
+    assert pairs(3)[0].tolist() == [0, 0, 1] and pairs(3)[1].tolist() == [1, 2, 2]
 
 
 def test_map_sample_is_the_first_sequences_by_corpus_index_and_their_first_rows():
     lengths = [6, 4, 5]
     site = Site("encoder", 0)
     probs = random_probs(lengths, 3, causal=False, seed=3)
-    acc = HeadDistances([site], 3, map_sequences=2, map_rows=3)
+    acc = HeadDistances([site], 3, map_sequences=2, map_rows=3, sample_rows=None, map_sample_rows=None)
     feed(acc, site, probs, make_batch(lengths, index=[5, 1, 0]))  # length-sorted batches carry corpus indices
     res = acc.result()
     # rows 0..2 of the sequences with corpus index 1 and 0 (batch rows 1 and 2)
@@ -106,20 +106,23 @@ def feed(acc: HeadDistances, site: Site, probs: torch.Tensor, batch: Batch) -> N
 def test_merge_of_two_halves_equals_one_pass_and_state_does_not_grow():
     site = Site("decoder", 0, causal=True)
     parts = [[5, 3], [4, 4, 2]]
-    whole, halves = HeadDistances([site], 4), [HeadDistances([site], 4) for _ in parts]
-    sizes = [t.numel() for t in (whole.cross, whole.m_cross, whole.ent, whole.m_ent)]
+    whole, halves = HeadDistances([site], 4, sample_rows=2), [HeadDistances([site], 4, sample_rows=2) for _ in parts]
+    state = (whole.layer_est.total, whole.layer_est.var, whole.model_est.total, whole.model_est.var)
+    sizes = [t.numel() for t in state]
     for k, lengths in enumerate(parts):
         batch = make_batch(lengths, index=[10 * k + i for i in range(len(lengths))])
         probs = random_probs(lengths, 4, True, k)
         feed(whole, site, probs, batch)
         feed(halves[k], site, probs, batch)
         # memory independent of how much went through; the per-batch cells are released
-        assert [t.numel() for t in (whole.cross, whole.m_cross, whole.ent, whole.m_ent)] == sizes
-        assert whole._map == []
+        assert [t.numel() for t in state] == sizes
+        assert whole._map == {} and whole._seq == {}
     merged = halves[0].merge(halves[1])
     a, b = merged.result(), whole.result()
     np.testing.assert_allclose(a.layer, b.layer, atol=1e-12)
     np.testing.assert_allclose(a.model, b.model, atol=1e-12)
+    np.testing.assert_allclose(a.layer_se, b.layer_se, atol=1e-12)
+    assert a.layer_se[0][0, 1] > 0  # rows were sampled (2 of up to 5): an error is stated
     assert a.model_rows == b.model_rows == 18 and a.map_seen == 5
     with pytest.raises(ValueError):
         merged.merge(HeadDistances([site], 4, map_sequences=3))
@@ -131,7 +134,7 @@ def test_in_the_loop_on_a_tiny_model_matches_scipy_on_captured_maps():
     blocks equal the per-layer matrices when every row is in the map; groups replace k-means."""
     lm = tiny_model("gpt2")
     texts = ["The cat sat on the mat.", "A dog.", "Birds sing in the morning, and fly away."]
-    acc = HeadDistances(lm.sites, lm.geometry.n_heads)
+    acc = HeadDistances(lm.sites, lm.geometry.n_heads, sample_rows=None, map_sample_rows=None)
     res = analyze(lm, texts, batch_size=2, n_examples=0, accumulators=[acc])
     dist = res.results["distances"]
     caps = [capture_attention(lm, t) for t in texts]
@@ -149,15 +152,3 @@ def test_in_the_loop_on_a_tiny_model_matches_scipy_on_captured_maps():
     assert res.heads["group"].tolist() == dist.groups.group.tolist()
     plain = analyze(lm, texts, n_examples=0)
     assert "cluster" in plain.heads.columns and "group" not in plain.heads.columns
-
-
-def test_pairwise_loop_leaves_the_thread_count_as_it_was():
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        x = torch.softmax(torch.randn(5, 40), -1)
-        cross, _, _ = pair_sums(x)
-        assert torch.get_num_threads() == 2
-        assert torch.allclose(cross, cross.T) and torch.all(cross.diagonal() == 0)
-    finally:
-        torch.set_num_threads(before)

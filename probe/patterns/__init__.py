@@ -26,7 +26,7 @@ Usage::
 from __future__ import annotations
 
 from .circuits import CircuitProbe, CircuitResult, circuit_probe, repeated_random_tokens
-from .distance import MAP_ROWS, MAP_SEQUENCES, DistanceResult, HeadDistances
+from .distance import MAP_ROWS, MAP_SAMPLE_ROWS, MAP_SEQUENCES, SAMPLE_ROWS, DistanceResult, HeadDistances
 from .groups import HeadGroups, head_groups
 from .health import HEALTH_RULES, Check, HealthProbe, health_checks, health_of, health_thresholds
 from .kovaleva import TYPES, PatternTypes
@@ -34,7 +34,8 @@ from .kovaleva import TYPES, PatternTypes
 
 def pattern_accumulators(lm, *, distance: bool = True, map_sequences: int = MAP_SEQUENCES,
                          map_rows: int = MAP_ROWS, types: bool = True, health: bool = True,
-                         thresholds: dict | None = None) -> list:
+                         thresholds: dict | None = None, sample_rows: int | None = SAMPLE_ROWS,
+                         map_sample_rows: int | None = MAP_SAMPLE_ROWS) -> list:
     """The accumulators of this package for one model, to pass to ``analyze(accumulators=...)``.
 
     Each says which models it measures (``model_kinds``, ``site_kinds``; all of them one-stack
@@ -46,6 +47,8 @@ def pattern_accumulators(lm, *, distance: bool = True, map_sequences: int = MAP_
         lm: a loaded model.
         distance: head distances (per layer over the corpus; model-wide over rows 0..map_rows-1 of
             the first ``map_sequences`` sequences), hence groups, the map and the duplicates check.
+        sample_rows, map_sample_rows: query rows per sequence the distances are estimated from (a
+            fixed-seed sample; None: every row, exact); the standard errors are in the result.
         types: Kovaleva pattern types. health: the padding measurement of the health checks (the
             other checks read the statistics and distances).
         thresholds: health-check threshold overrides (:data:`HEALTH_RULES`).
@@ -56,7 +59,8 @@ def pattern_accumulators(lm, *, distance: bool = True, map_sequences: int = MAP_
     sites, heads = lm.sites, lm.geometry.n_heads
     out = []
     if distance:
-        out.append(HeadDistances(sites, heads, map_sequences=map_sequences, map_rows=map_rows))
+        out.append(HeadDistances(sites, heads, map_sequences=map_sequences, map_rows=map_rows,
+                                 sample_rows=sample_rows, map_sample_rows=map_sample_rows))
     if types:
         out.append(PatternTypes(sites, heads, lm.tokenizer))
     if health:

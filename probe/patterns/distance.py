@@ -8,15 +8,13 @@ token-weighted over the corpus (each real row counts once)::
 
     JS(p, q) = H(m) - (H(p) + H(q)) / 2,   m = (p + q) / 2,   H(x) = -sum_j x_j log2 x_j
 
-Every term is a sum over the cells (query row, key) of one batch, so the corpus sum of JS over rows
-is three running sums (:class:`HeadDistances` keeps them, float64):
-
-- ``ent[h]``   = sum over cells of -p ln p (nats; the sum of the rows' entropies);
-- ``mass[h]``  = sum over cells of p (the number of rows, up to rounding: each real row sums to 1);
-- ``cross[h, g]`` = sum over cells of (p + q) ln(p + q);
-
-and sum over rows of H(m) in nats = -cross / 2 + ln 2 * (mass[h] + mass[g]) / 2. Memory is
-independent of the corpus length; partial results merge by addition.
+Each row's divergence is computed for every pair of heads at once (:func:`probe.patterns.jsd.row_js`).
+The corpus mean is estimated from a fixed-seed sample of query rows per sequence
+(:func:`probe.patterns.jsd.sample_rows`: ``sample_rows`` rows of each sequence, drawn by a generator
+seeded with its corpus index; a shorter sequence is taken whole), each sequence weighted by its row
+count, with the standard error of that estimate (:class:`probe.patterns.jsd.Estimate`); with
+``sample_rows=None`` every row is taken and the error is 0. The mean over a corpus does not need
+every row: the error is reported beside it (``layer_se``, ``model_se``; run.json).
 
 Two accumulations run in one pass (decided here; the report says which applies where):
 
@@ -24,17 +22,17 @@ Two accumulations run in one pass (decided here; the report says which applies w
 - over all heads of the model (for the 2-D map and the groups), on the query rows 0..``map_rows``-1
   of the sequences whose corpus index is below ``map_sequences`` (default: rows 0..63 of the first
   200 sequences; corpus order, not the length-sorted batch order, so the sample is not the shortest
-  sequences). The row cap bounds the memory of one batch (every site's cells are kept until the
-  batch ends: heads x cells floats) whatever the sequence length.
+  sequences), of which ``map_sample_rows`` rows per sequence are sampled. Every site's sampled rows
+  are kept until the batch ends (heads x rows x keys floats).
 
-Cells are the (real query row, real key) pairs a row may see (keys after the query are skipped in
-causal models; a key outside a sliding window has probability 0 and adds 0).
+Cells are the (query row, real key) pairs a row may see (keys after the query are skipped in causal
+models; a key outside a sliding window has probability 0 and adds 0). Memory is independent of the
+corpus length; partial results merge by addition. Row blocks (``rows=(i0, i1)``) give the same
+result as whole maps: the sample is drawn per sequence, not per block.
 """
 
 from __future__ import annotations
 
-import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +43,7 @@ from ..accumulators import Accumulator
 from ..inputs import Batch
 from ..sites import Site
 from .groups import head_groups
-
-LN2 = math.log(2.0)
+from .jsd import SEED, Estimate, folded_size, one_cpu_thread, row_js, sample_rows, to_matrix
 
 #: Heads of one layer closer than this (bits) are near-duplicates: the health check's
 #: ``duplicates`` and pruning's redundancy both read it here.
@@ -55,90 +52,30 @@ NEAR_DUPLICATE = 0.05
 #: Defaults of the model-wide (map) accumulation: first sequences of the corpus, query rows of each.
 MAP_SEQUENCES = 200
 MAP_ROWS = 64
-
-#: Cells per chunk of the pairwise loop (two [heads, chunk] float32 buffers stay in the CPU cache).
-CHUNK_CELLS = 4096
-#: Added to every probability in the pairwise sums so that p + q > 0 (a 0 then gives 2e-30 ln 2e-30,
-#: about -1e-28, instead of 0 ln 0 = NaN): below float32 resolution of any sum of real rows.
-TINY = 1e-30
+#: Query rows sampled per sequence by the default analysis (:func:`probe.patterns.pattern_accumulators`):
+#: per layer, and for the model-wide map. :class:`HeadDistances` alone takes every row unless told.
+SAMPLE_ROWS = 8
+MAP_SAMPLE_ROWS = 4
 
 
-@contextmanager
-def _one_cpu_thread(device: torch.device):
-    """Run the pairwise loop on one CPU thread (restored afterwards). Its operations are small (about a
-    millisecond each), so a second thread gains little, and on a machine whose cores are busy each
-    multi-threaded operation waits for a descheduled thread: measured on two shared cores at load 4,
-    0.7 s on one thread against 1.8-22 s on two for 270 heads x 4,600 cells."""
-    if device.type != "cpu" or torch.get_num_threads() == 1:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+@dataclass
+class _Plan:
+    """Which rows of one batch are sampled: [batch, T] bool masks and per-row counts (CPU)."""
+
+    real: torch.Tensor  # [B, T] bool
+    n: torch.Tensor  # [B] real rows
+    layer: torch.Tensor  # [B, T] bool: rows in the per-layer sample
+    k: torch.Tensor  # [B] rows sampled per layer
+    map: torch.Tensor  # [B, T] bool: rows in the map sample
+    map_n: torch.Tensor  # [B] candidate rows of the map (rows below map_rows of map sequences)
+    map_k: torch.Tensor  # [B] rows sampled for the map
 
 
-def pair_sums(x: torch.Tensor, chunk: int = CHUNK_CELLS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The running-sum terms of the Jensen-Shannon divergence for every pair of rows of ``x``.
-
-    Args:
-        x: [heads, cells] attention probabilities of each head on the same cells (query row, key).
-
-    Returns:
-        ``cross`` [heads, heads] float64: sum over cells of (p + q) ln(p + q) (upper triangle and its
-        mirror; the diagonal is left 0 and never used), ``ent`` [heads] float64: sum of -p ln p
-        (nats), ``mass`` [heads] float64: sum of p; on the device of ``x``.
-
-    Cost: heads^2 / 2 x cells elementwise sums, ln and products (about 4 ns per pair and cell on
-    one CPU core), in 2 x heads small operations per chunk of cells; on CPU they run on one thread
-    (:func:`_one_cpu_thread`).
-    """
-    with _one_cpu_thread(x.device):
-        return _pair_sums(x, chunk)
-
-
-def _pair_sums(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    K, N = x.shape
-    x = x.float()
-    cross = torch.zeros(K, K, dtype=torch.float64, device=x.device)
-    ent = torch.special.entr(x).sum(-1, dtype=torch.float64)
-    mass = x.sum(-1, dtype=torch.float64)
-    if K < 2:
-        return cross, ent, mass
-    # ln and a dot product into reused buffers: 2.4x faster than xlogy(m, m).sum(-1) on CPU
-    buf, logs = torch.empty(K - 1, min(chunk, N), device=x.device), torch.empty(K - 1, min(chunk, N), device=x.device)
-    acc = torch.zeros(K, K, dtype=torch.float32, device=x.device)
-    for c0 in range(0, N, chunk):
-        xc = x[:, c0:c0 + chunk] + TINY  # [K, w]
-        w = xc.shape[1]
-        for i in range(K - 1):
-            m = torch.add(xc[i:i + 1], xc[i + 1:], out=buf[:K - 1 - i, :w])  # [K - i - 1, w] = p + q
-            ln = torch.log(m, out=logs[:K - 1 - i, :w])
-            acc[i, i + 1:] += torch.linalg.vecdot(m, ln)  # sum over the chunk of (p + q) ln(p + q)
-        if (c0 // chunk) % 16 == 15:  # fold into float64 every 16 chunks (float32 sums stay short)
-            cross += acc.double()
-            acc.zero_()
-    cross += acc.double()
-    cross = cross + cross.T
-    return cross, ent, mass
-
-
-def js_from_sums(cross: np.ndarray, ent: np.ndarray, mass: np.ndarray, rows: int) -> np.ndarray:
-    """[heads, heads] mean Jensen-Shannon divergence per row (bits) from :func:`pair_sums` totals.
-
-    NaN everywhere when ``rows`` is 0. Values are clipped to [0, 1] (float rounding can leave
-    -1e-9 on identical heads); the diagonal is exactly 0.
-    """
-    K = ent.shape[-1]
-    if rows == 0:
-        return np.full((K, K), np.nan)
-    h_m = -cross / 2 + LN2 * (mass[:, None] + mass[None, :]) / 2  # sum over rows of H(m), nats
-    js = (h_m - (ent[:, None] + ent[None, :]) / 2) / LN2 / rows
-    js = np.clip(js, 0.0, 1.0)
-    np.fill_diagonal(js, 0.0)
-    return js
+def _mask(rows_by_seq: list[np.ndarray], T: int) -> torch.Tensor:
+    out = torch.zeros(len(rows_by_seq), T, dtype=torch.bool)
+    for b, rows in enumerate(rows_by_seq):
+        out[b, torch.from_numpy(rows)] = True
+    return out
 
 
 @dataclass
@@ -147,16 +84,19 @@ class DistanceResult:
 
     Attributes:
         layer: [sites, heads, heads] mean JS divergence (bits) between the heads of each site,
-            over every real query row of the corpus.
-        layer_rows: [sites] rows counted per site.
+            over every real query row of the corpus (estimated from the row sample).
+        layer_rows: [sites] real query rows per site (N of the mean).
         model: [sites * heads, sites * heads] mean JS divergence (bits) between all heads of the
             model (index = site * heads + head), over the map rows; None when not accumulated.
-        model_rows: rows counted for ``model``.
+        model_rows: map rows (N of the model-wide mean: rows below ``map_rows`` of the map sequences).
         map_sequences, map_rows: the sample of the model-wide distance (sequences with corpus index
             below ``map_sequences``, their query rows below ``map_rows``).
         map_seen: sequences that contributed to ``model``.
         sites: the sites, in order.
         groups: :class:`~probe.patterns.groups.HeadGroups` from ``model`` (None without it).
+        layer_se: [sites, heads, heads] standard error (bits) of ``layer`` from the row sample (0: every row taken).
+        model_se: standard error (bits) of ``model`` (None without it).
+        sample_rows, map_sample_rows: query rows sampled per sequence (None: every row).
     """
 
     layer: np.ndarray
@@ -168,6 +108,10 @@ class DistanceResult:
     map_seen: int
     sites: list[Site]
     groups: object = None
+    layer_se: np.ndarray | None = None
+    model_se: np.ndarray | None = None
+    sample_rows: int | None = None
+    map_sample_rows: int | None = None
 
 
 class HeadDistances(Accumulator):
@@ -177,133 +121,177 @@ class HeadDistances(Accumulator):
         sites: the model's attention sites, in order.
         n_heads: query heads per site.
         map_sequences: sequences (by corpus index) in the model-wide distance; 0 turns it off.
-        map_rows: query rows per sequence in the model-wide distance (bounds per-batch memory).
+        map_rows: query rows per sequence that may enter the model-wide distance (rows 0..map_rows-1).
+        sample_rows: query rows sampled per sequence for the per-layer distance (None: every row, exact;
+            :func:`probe.patterns.pattern_accumulators`, what ``probe analyze`` runs, samples
+            :data:`SAMPLE_ROWS`).
+        map_sample_rows: of rows 0..map_rows-1, how many are sampled for the model-wide distance (None: all;
+            ``pattern_accumulators``: :data:`MAP_SAMPLE_ROWS`).
+        seed: seed of the row samples (with each sequence's corpus index; the map's sample uses seed + 1).
 
-    Cost: per batch and site, heads^2 / 2 elementwise passes over the site's cells; at the end of
-    each batch, (sites * heads)^2 / 2 passes over the map cells (see ``benchmarks/bench_patterns.py``).
+    Raises:
+        ValueError: a sample size below 2 (its error could not be estimated).
+
+    Cost: per batch and site, heads^2 / 2 x (sampled rows x keys) logarithms; at the end of each
+    batch, (sites * heads)^2 / 2 x (map rows x keys) (``benchmarks/bench_floor.py``).
     """
 
     name = "distances"
     title = "head distances"
     model_kinds = ("encoder", "decoder")  # one-stack models
     site_kinds = ("self",)
+    row_blocks = True
 
     def __init__(self, sites: list[Site], n_heads: int, *, map_sequences: int = MAP_SEQUENCES,
-                 map_rows: int = MAP_ROWS) -> None:
+                 map_rows: int = MAP_ROWS, sample_rows: int | None = None,
+                 map_sample_rows: int | None = None, seed: int = SEED) -> None:
+        for k in (sample_rows, map_sample_rows):
+            if k is not None and int(k) < 2:
+                raise ValueError(f"rows sampled per sequence must be at least 2 (or None: every row), got {k}")
         self.sites = list(sites)
         self.n_heads = n_heads
         self.map_sequences = int(map_sequences)
         self.map_rows = int(map_rows)
+        self.sample_rows = None if sample_rows is None else int(sample_rows)
+        self.map_sample_rows = None if map_sample_rows is None else int(map_sample_rows)
+        self.seed = int(seed)
         self._pos = {s: i for i, s in enumerate(self.sites)}
-        S, H, K = len(self.sites), n_heads, len(self.sites) * n_heads
-        self.cross = torch.zeros(S, H, H, dtype=torch.float64)
-        self.ent = torch.zeros(S, H, dtype=torch.float64)
-        self.mass = torch.zeros(S, H, dtype=torch.float64)
-        self.rows = torch.zeros(S, dtype=torch.int64)
-        self.m_cross = torch.zeros(K, K, dtype=torch.float64)
-        self.m_ent = torch.zeros(K, dtype=torch.float64)
-        self.m_mass = torch.zeros(K, dtype=torch.float64)
-        self.m_rows = 0
+        S, H = len(self.sites), n_heads
+        self.layer_est = Estimate((S,), folded_size(H))
+        self.model_est = Estimate((), folded_size(S * H))
         self.m_seen = 0
-        self._map: list[torch.Tensor | None] = []
+        self._seq: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._map: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         self._groups = None
+
+    @property
+    def _settings(self) -> tuple:
+        return (self.map_sequences, self.map_rows, self.sample_rows, self.map_sample_rows, self.seed)
 
     # -- per batch ----------------------------------------------------------------------------------
 
-    def _cells(self, batch: Batch, T: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor, int, int, int]:
-        """Boolean [batch, T, T] cells of the real rows outside the map and the map cells; real rows,
-        map rows, and sequences in the map."""
+    def _plan(self, batch: Batch, T: int) -> _Plan:
+        """The rows of this batch in each sample (computed once per batch and key length)."""
         def build():
             real = batch.real.cpu()[:, :T]
-            cells = real[:, :, None] & real[:, None, :]
-            if causal:
-                cells &= torch.ones(T, T, dtype=torch.bool).tril()[None]
-            chosen = torch.tensor([i < self.map_sequences for i in batch.index], dtype=torch.bool)
-            map_rows = real & chosen[:, None] & (torch.arange(T) < self.map_rows)[None]
-            map_cells = cells & map_rows[:, :, None]
-            return cells & ~map_cells, map_cells, int(real.sum()), int(map_rows.sum()), int(chosen.sum())
-        return batch.cached(("distance-cells", T, causal, self.map_sequences, self.map_rows), build)
+            n = real.sum(1)
+            counts = list(zip(batch.index, n.tolist()))
+            layer = [sample_rows(i, m, self.sample_rows, self.seed) for i, m in counts]
+            cand = [min(m, self.map_rows) if i < self.map_sequences else 0 for i, m in counts]
+            maps = [sample_rows(i, c, self.map_sample_rows, self.seed + 1) for i, c in zip(batch.index, cand)]
+            return _Plan(real, n, _mask(layer, T), torch.tensor([len(r) for r in layer]), _mask(maps, T),
+                         torch.tensor(cand), torch.tensor([len(r) for r in maps]))
+        return batch.cached(("distance-plan", T, *self._settings), build)
+
+    @staticmethod
+    def _rows_of(chosen: torch.Tensor, probs: torch.Tensor, plan: _Plan, i0: int, causal: bool):
+        """The chosen rows of a block: (batch row [R], query position [R], probabilities [R, T, heads]
+        on the model's device, visible keys [R]: a prefix of the keys)."""
+        b, r = chosen[:, i0:i0 + probs.shape[-2]].nonzero(as_tuple=True)
+        dev = probs.device
+        x = probs.detach()[b.to(dev), :, r.to(dev), :].transpose(1, 2)  # [R, T, heads]
+        keys = plan.n[b]
+        if causal:
+            keys = torch.minimum(keys, r + i0 + 1)
+        return b, r + i0, x, keys
 
     def begin_batch(self, batch: Batch) -> None:
-        self._map = [None] * len(self.sites)
+        self._seq, self._map, self._now = {}, {}, None
 
-    def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
-        """Fold in one site: ``probs`` [batch, heads, T, T] attention probabilities."""
-        T = probs.shape[-1]
-        rest, map_cells, n_rows, n_map_rows, _ = self._cells(batch, T, site.causal)
-        a = probs.detach().float().transpose(0, 1)  # [heads, batch, T, T]
-        dev = a.device
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch, rows: tuple[int, int] | None = None,
+               **_) -> None:
+        """Fold in one site: ``probs`` [batch, heads, T, T] attention probabilities, or with ``rows=(i0, i1)``
+        the query rows i0..i1-1 of them, [batch, heads, i1 - i0, T]."""
+        with one_cpu_thread(probs.device):  # small operations: see one_cpu_thread
+            self._update(site, probs, batch, 0 if rows is None else int(rows[0]))
+
+    def _update(self, site: Site, probs: torch.Tensor, batch: Batch, i0: int) -> None:
+        plan = self._now = self._plan(batch, probs.shape[-1])
         i = self._pos[site]
-        # cells outside the map here; the map cells' share of this layer comes from the all-heads sums
-        # at the end of the batch (their diagonal blocks), so no cell is summed twice
-        cross, ent, mass = pair_sums(a[:, rest.to(dev)])  # on the model's device
-        self.cross[i] += cross.cpu()
-        self.ent[i] += ent.cpu()
-        self.mass[i] += mass.cpu()
-        self.rows[i] += n_rows
-        if self.map_sequences > 0 and n_map_rows > 0:
-            self._map[i] = a[:, map_cells.to(dev)]  # [heads, map cells], kept until the batch ends
+        b, _, x, keys = self._rows_of(plan.layer, probs, plan, i0, site.causal)
+        if b.numel():
+            js = row_js(x, keys).cpu()
+            sums, sq = self._seq.setdefault(i, (torch.zeros(len(batch), js.shape[1], dtype=torch.float64),
+                                                torch.zeros(len(batch), js.shape[1], dtype=torch.float64)))
+            sums.index_add_(0, b, js)
+            sq.index_add_(0, b, js * js)
+        if self.map_sequences > 0:
+            b, r, x, keys = self._rows_of(plan.map, probs, plan, i0, site.causal)
+            if b.numel():
+                self._map.setdefault(i, []).append((b, r, x, keys))  # kept until the batch ends
         self._groups = None
 
     def end_batch(self, batch: Batch) -> None:
-        kept = [x for x in self._map if x is not None]
-        if kept and len(kept) != len(self.sites):
+        plan = self._now
+        for i, (sums, sq) in self._seq.items():
+            self.layer_est.add(i, sums, sq, plan.n, plan.k)
+        if self._map:
+            with one_cpu_thread(next(iter(self._map.values()))[0][2].device):
+                self._end_map(plan, len(batch))
+        self._seq, self._map, self._now = {}, {}, None
+
+    def _end_map(self, plan: _Plan, B: int) -> None:
+        """The all-heads distance on this batch's map rows (every site's, stacked site-major)."""
+        if len(self._map) != len(self.sites):
             raise RuntimeError("head distances: a site of this batch was not captured")
-        if kept:
-            # [sites * heads, map cells], site-major, on the first layer's device (a device map puts
-            # layers on several)
-            x = torch.cat([k.to(kept[0].device) for k in kept], 0)
-            cross, ent, mass = (t.cpu() for t in pair_sums(x))
-            self.m_cross += cross
-            self.m_ent += ent
-            self.m_mass += mass
-            H = self.n_heads
-            for i in range(len(self.sites)):  # each layer's pairs on the map cells
-                block = slice(i * H, (i + 1) * H)
-                self.cross[i] += cross[block, block]
-                self.ent[i] += ent[block]
-                self.mass[i] += mass[block]
-            T = int(batch.input_ids.shape[1])
-            _, _, _, n_map_rows, n_seq = self._cells(batch, T, self.sites[0].causal)
-            self.m_rows += n_map_rows
-            self.m_seen += n_seq
-        self._map = []
+        parts = [self._map[i] for i in range(len(self.sites))]
+        first = parts[0]
+        b = torch.cat([p[0] for p in first])
+        keys = torch.cat([p[3] for p in first])
+        dev = first[0][2].device
+        x = torch.cat([torch.cat([p[2].to(dev) for p in site], 0) for site in parts], -1)  # [R, T, sites * heads]
+        js = row_js(x, keys).cpu()
+        sums = torch.zeros(B, js.shape[1], dtype=torch.float64).index_add_(0, b, js)
+        sq = torch.zeros(B, js.shape[1], dtype=torch.float64).index_add_(0, b, js * js)
+        self.model_est.add((), sums, sq, plan.map_n, plan.map_k)
+        self.m_seen += int((plan.map_k > 0).sum())
 
     # -- results ------------------------------------------------------------------------------------
 
     def merge(self, other: HeadDistances) -> HeadDistances:
-        """Add another accumulator's sums (same sites, heads and map settings) into this one.
+        """Add another accumulator's sums (same sites, heads, map and sample settings) into this one.
 
         Raises:
-            ValueError: different sites, head counts or map settings.
+            ValueError: different sites, head counts, map or sample settings.
         """
-        if (other.sites != self.sites or other.n_heads != self.n_heads
-                or (other.map_sequences, other.map_rows) != (self.map_sequences, self.map_rows)):
-            raise ValueError("cannot merge head distances of different models or map settings")
-        for name in ("cross", "ent", "mass", "rows", "m_cross", "m_ent", "m_mass"):
-            getattr(self, name).add_(getattr(other, name))
-        self.m_rows += other.m_rows
+        if other.sites != self.sites or other.n_heads != self.n_heads or other._settings != self._settings:
+            raise ValueError("cannot merge head distances of different models, map or sample settings")
+        self.layer_est.merge(other.layer_est)
+        self.model_est.merge(other.model_est)
         self.m_seen += other.m_seen
         self._groups = None
         return self
 
-    def _model(self) -> np.ndarray | None:
+    def _model(self) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
         if self.map_sequences <= 0:
-            return None
-        return js_from_sums(self.m_cross.numpy(), self.m_ent.numpy(), self.m_mass.numpy(), self.m_rows)
+            return None, None
+        K = len(self.sites) * self.n_heads
+        mean, se = self.model_est.mean_se()
+        if self.m_rows == 0:
+            return np.full((K, K), np.nan), np.full((K, K), np.nan)
+        return to_matrix(mean, K), to_matrix(se, K)
+
+    @property
+    def m_rows(self) -> int:
+        """Rows of the model-wide mean (N)."""
+        return int(self.model_est.rows)
 
     def result(self) -> DistanceResult:
-        """The mean distances (bits per row), per layer and model-wide, and the groups."""
-        layer = np.stack([js_from_sums(self.cross[i].numpy(), self.ent[i].numpy(), self.mass[i].numpy(),
-                                       int(self.rows[i])) for i in range(len(self.sites))])
-        return DistanceResult(layer, self.rows.numpy().copy(), self._model(), self.m_rows, self.map_sequences,
-                              self.map_rows, self.m_seen, list(self.sites), self.groups())
+        """The mean distances (bits per row), per layer and model-wide, their standard errors, and the groups."""
+        mean, se = self.layer_est.mean_se()
+        layer, layer_se = to_matrix(mean, self.n_heads), to_matrix(se, self.n_heads)
+        layer[self.layer_est.rows.numpy() == 0] = np.nan
+        model, model_se = self._model()
+        return DistanceResult(layer, self.layer_est.rows.numpy().copy(), model,
+                              self.m_rows, self.map_sequences, self.map_rows, self.m_seen, list(self.sites),
+                              self.groups(), layer_se, model_se, self.sample_rows,
+                              self.map_sample_rows)
 
     def groups(self):
         """:class:`~probe.patterns.groups.HeadGroups` of all heads from the model-wide distance (computed
         once per state), or None when the model-wide distance was off or saw no row."""
         if self._groups is None and self.map_sequences > 0 and self.m_rows > 0:
-            self._groups = head_groups(self._model())
+            self._groups = head_groups(self._model()[0])
         return self._groups
 
     def columns(self):

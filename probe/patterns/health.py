@@ -109,6 +109,7 @@ class HealthProbe(Accumulator):
     title = "the padding health check"
     model_kinds = ("encoder", "decoder")  # one-stack models
     site_kinds = ("self",)
+    row_blocks = True  # a largest value over rows: blocks of rows give the same maximum
 
     def __init__(self, sites: list[Site], thresholds: dict | None = None) -> None:
         self.sites = list(sites)
@@ -118,6 +119,8 @@ class HealthProbe(Accumulator):
         self.padded_batches = 0
         self.padding_cells = 0
         self.batches = 0
+        self._pending: dict[int, torch.Tensor] = {}  # site -> largest value of this batch (model's device)
+        self._present: dict[Site, torch.Tensor] = {}
 
     def begin_batch(self, batch: Batch) -> None:
         self.batches += 1
@@ -126,27 +129,42 @@ class HealthProbe(Accumulator):
 
     def _cells(self, batch: Batch, site: Site, T: int) -> torch.Tensor:
         """[batch, T, T] bool: padding keys of rows that may see at least one real key."""
-        def build():
-            real = batch.real.cpu()[:, :T]
-            lengths = real.sum(1)
-            pos = torch.arange(T)
-            first_visible = (pos - site.window + 1).clamp(min=0) if (site.causal and site.window) else torch.zeros(T)
-            rows = first_visible[None, :] < lengths[:, None]  # [B, T]
-            return rows[:, :, None] & ~real[:, None, :]
-        return batch.cached(("padding-cells", site.causal, site.window, T), build)
+        real = batch.real.cpu()[:, :T]
+        lengths = real.sum(1)
+        pos = torch.arange(T)
+        first_visible = (pos - site.window + 1).clamp(min=0) if (site.causal and site.window) else torch.zeros(T)
+        rows = first_visible[None, :] < lengths[:, None]  # [B, T]
+        return rows[:, :, None] & ~real[:, None, :]
 
-    def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
-        """Fold in one site: ``probs`` [batch, heads, T, T]."""
-        if bool(batch.real.all()):
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch, rows: tuple[int, int] | None = None,
+               **_) -> None:
+        """Fold in one site: ``probs`` [batch, heads, T, T], or with ``rows=(i0, i1)`` its query rows
+        i0..i1-1, [batch, heads, i1 - i0, T]."""
+        shortest = batch.cached("shortest", lambda: int(batch.lengths.min()))
+        T = probs.shape[-1]
+        if shortest >= T:  # no padding key in this batch
             return
-        cells = self._cells(batch, site, probs.shape[-1]).to(probs.device)
-        values = probs.detach().float().transpose(0, 1)[:, cells]  # [heads, padding cells]
-        values = values[present_heads(probs)]  # heads removed by pruning have no probabilities
+        i0 = 0 if rows is None else int(rows[0])
+        # only the key columns past the shortest row can be padding: the rest is never read
+        cells = batch.cached(("padding-cells", site.causal, site.window, T, str(probs.device)),
+                             lambda: self._cells(batch, site, T)[:, :, shortest:].to(probs.device))
+        cells = cells[:, i0:i0 + probs.shape[-2]]
+        values = probs.detach()[..., shortest:].transpose(0, 1)[:, cells]  # [heads, padding cells]
+        if i0 == 0:
+            self._present[site] = present_heads(probs)  # the first row's first key: in the first block
+        values = values[self._present[site]]  # heads removed by pruning have no probabilities
         if values.numel():
             i = self._pos[site]
-            self.padding_max[i] = max(float(self.padding_max[i]), float(values.max()))
+            top = values.max().float()
+            self._pending[i] = top if i not in self._pending else torch.maximum(self._pending[i], top)
             if i == 0:
                 self.padding_cells += int(values.shape[1])
+
+    def end_batch(self, batch: Batch) -> None:
+        """Read this batch's largest values (one transfer from the model's device per batch)."""
+        for i, top in self._pending.items():
+            self.padding_max[i] = max(float(self.padding_max[i]), float(top))
+        self._pending, self._present = {}, {}
 
     def merge(self, other: HealthProbe) -> HealthProbe:
         if other.sites != self.sites:

@@ -74,11 +74,14 @@ def segments(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return seg * real, pair
 
 
-def sequence_scores(probs: torch.Tensor, batch: Batch, tokenizer) -> torch.Tensor:
-    """[batch, heads, 3] per-sequence v, d and s (row means; s is 0 where the row has no pair).
+def sequence_scores(probs: torch.Tensor, batch: Batch, tokenizer, rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """[batch, heads, 3] per-sequence v, d and s (row means; s is 0 where the row has no pair), or with
+    ``rows=(i0, i1)`` the share of those means from query rows i0..i1-1 (the shares of disjoint blocks
+    covering every row add up to the means).
 
     Args:
-        probs: [batch, heads, T, T] attention probabilities of one site.
+        probs: [batch, heads, T, T] attention probabilities of one site, or [batch, heads, i1 - i0, T]
+            with ``rows``.
     """
     def weights():
         feats = token_features(batch, tokenizer)
@@ -95,10 +98,12 @@ def sequence_scores(probs: torch.Tensor, batch: Batch, tokenizer) -> torch.Tenso
                          same.float()], -1)  # [B, T(query), T(key), 3]
         return (w * rows[:, :, None, None]).reshape(B, T * T, 3)
 
-    T = probs.shape[-1]
-    w = batch.cached(("kovaleva-weights", T), weights).to(probs.device)
-    B, H = probs.shape[:2]
-    return torch.bmm(probs.float().reshape(B, H, T * T), w).cpu()  # [B, H, 3]
+    B, H, r, T = probs.shape
+    i0 = 0 if rows is None else int(rows[0])
+    w = batch.cached(("kovaleva-weights", T, str(probs.device)),  # moved to the model's device once per batch
+                     lambda: batch.cached(("kovaleva-weights", T), weights).to(probs.device))
+    w = w.view(B, T, T, 3)[:, i0:i0 + r].reshape(B, r * T, 3)  # the block's query rows
+    return torch.bmm(probs.float().reshape(B, H, r * T), w)  # [B, H, 3], on the model's device
 
 
 def classify(scores: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
@@ -141,6 +146,7 @@ class PatternTypes(Accumulator):
     model_kinds = ("encoder", "decoder")  # one-stack models
     site_kinds = ("self",)
     transient = ("tokenizer",)  # not sent to the other processes of a data-parallel run
+    row_blocks = True  # v, d and s are sums over query rows: a batch's blocks are added, then classified
 
     def __init__(self, sites: list[Site], n_heads: int, tokenizer=None) -> None:
         self.sites = list(sites)
@@ -150,17 +156,32 @@ class PatternTypes(Accumulator):
         self.counts = torch.zeros(len(self.sites), n_heads, len(TYPES), dtype=torch.int64)
         self.sequences = 0
         self.pairs = 0
+        self._partial: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # site -> (scores so far, present)
 
     def begin_batch(self, batch: Batch) -> None:
         self.sequences += len(batch)
         self.pairs += sum(t.pair is not None for t in batch.texts)
 
-    def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
-        """Classify every (head, sequence) of one site: ``probs`` [batch, heads, T, T]."""
+    def update(self, site: Site, probs: torch.Tensor, batch: Batch, rows: tuple[int, int] | None = None,
+               **_) -> None:
+        """Classify every (head, sequence) of one site: ``probs`` [batch, heads, T, T], or with
+        ``rows=(i0, i1)`` its query rows i0..i1-1 ([batch, heads, i1 - i0, T]; blocks in row order,
+        classified once the last row is in)."""
+        i = self._pos[site]
+        i0, i1 = (0, probs.shape[-2]) if rows is None else (int(rows[0]), int(rows[1]))
+        part = sequence_scores(probs, batch, self.tokenizer, (i0, i1))
+        if i0 == 0:  # the first row's first key (present_heads) is in the first block
+            self._partial[i] = (torch.zeros_like(part), present_heads(probs))
+        total, present = self._partial[i]
+        part = part + total
+        if i1 < probs.shape[-1]:
+            self._partial[i] = (part, present)
+            return
+        del self._partial[i]
         pair = batch.cached("segments", lambda: segments(batch))[1]
-        types = classify(sequence_scores(probs, batch, self.tokenizer), pair)  # [B, H]
+        types = classify(part.cpu(), pair)  # [B, H]
         counted = torch.nn.functional.one_hot(types, len(TYPES)).sum(0)  # [H, types]
-        self.counts[self._pos[site]] += counted * present_heads(probs).cpu()[:, None]  # removed heads: none
+        self.counts[i] += counted * present.cpu()[:, None]  # removed heads: none
 
     def merge(self, other: PatternTypes) -> PatternTypes:
         if other.sites != self.sites or other.n_heads != self.n_heads:

@@ -141,10 +141,21 @@ def groups_section(result, tokenizer) -> Section | None:
                      "stress": groups.stress, "map_sequences": acc_result.map_sequences,
                      "map_rows": acc_result.map_rows, "map_sequences_seen": acc_result.map_seen,
                      "map_query_rows": acc_result.model_rows, "layer_query_rows": acc_result.layer_rows.tolist(),
+                     **_sample_record(acc_result),
                      "files": sorted(files)})
     html = render_fragment("section_groups.html.j2", r=record, table=table,
                            blocks=[{"id": k, "title": v["title"]} for k, v in figures.items()])
     return Section("groups", "Head groups and map", html, figures=figures, files=files, record=record, order=30)
+
+
+def _sample_record(acc_result) -> dict:
+    """The row sample behind the distances and the largest standard error (bits) of each matrix."""
+    def largest(se):
+        return None if se is None or not np.isfinite(se).any() else float(np.nanmax(se))
+    return {"sample_rows_per_sequence": getattr(acc_result, "sample_rows", None),
+            "map_sample_rows_per_sequence": getattr(acc_result, "map_sample_rows", None),
+            "layer_distance_se_max": largest(getattr(acc_result, "layer_se", None)),
+            "map_distance_se_max": largest(getattr(acc_result, "model_se", None))}
 
 
 def _npy(array: np.ndarray) -> bytes:
