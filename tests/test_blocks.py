@@ -236,7 +236,7 @@ def test_run_hands_rows_in_order():
 
 def test_cli_query_block(tmp_path):
     """``probe analyze --query-block N``: the statistics equal a whole-map run's, the setting is in
-    run.json, and the analyses that need whole maps are named as not run."""
+    run.json, and no analysis is left out (the pattern analyses take row blocks too)."""
     folder = save_tiny("llama", tmp_path / "llama")
     runs = {}
     for n in ("0", "3"):
@@ -247,10 +247,12 @@ def test_cli_query_block(tmp_path):
         runs[n] = (json.loads((out / "run.json").read_text()), pd.read_csv(out / "heads.csv"))
     rec, heads = runs["3"]
     assert rec["settings"]["query_block"] == 3 and runs["0"][0]["settings"]["query_block"] == 0
-    assert any(n.startswith("not run with --query-block 3: ") and "need whole attention maps" in n
-               for n in rec["notes"])
-    for c in ("first", "prev", "entropy", "first_by_norm", "norm_mass"):
-        np.testing.assert_allclose(heads[c], runs["0"][1][c], atol=1e-5, rtol=1e-6)
+    # every analysis probe analyze runs by default takes row blocks now: none is left out
+    assert not any(n.startswith("not run with --query-block") for n in rec["notes"]), rec["notes"]
+    cols = [c for c in heads.select_dtypes("number").columns if c not in ("group", "cluster")]
+    assert {"first", "prev", "entropy", "first_by_norm", "norm_mass"} <= set(cols) and len(cols) > 25
+    for c in cols:
+        np.testing.assert_allclose(heads[c], runs["0"][1][c], atol=1e-5, rtol=1e-6, err_msg=c)
     bad = CliRunner().invoke(main, ["analyze", "--model", str(folder), "--text", "x", "--query-block", "-2"])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
 
