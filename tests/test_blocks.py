@@ -306,9 +306,9 @@ def test_sink_section_on_long_text_only():
 
 
 def test_cli_long_text_is_captured_in_blocks(tmp_path):
-    """A text above AUTO_LENGTH tokens: captured in blocks automatically; the pattern analyses that
-    need whole maps and the rollout (which re-runs whole maps) are left out with notes; the sinks
-    section is on the page."""
+    """A text above AUTO_LENGTH tokens: captured in blocks automatically; the pattern analyses run on
+    its blocks, the rollout (which re-runs whole maps) is left out with a note; the sinks section is
+    on the page."""
     folder = save_tiny("llama", tmp_path / "llama", max_positions=1100)
     out = tmp_path / "run"
     long_text = " ".join(TEXTS * 40)
@@ -317,8 +317,11 @@ def test_cli_long_text_is_captured_in_blocks(tmp_path):
     assert result.exit_code == 0, result.output
     rec = json.loads((out / "run.json").read_text())
     assert rec["counts"]["longest"] == 1060 and rec["settings"]["query_block"] is None
-    assert any("needs whole attention maps: left out of the 1 sequence longer than 1024 tokens" in n
-               for n in rec["notes"])
+    # the pattern analyses take row blocks: they ran on the long text (none left out)
+    assert not any("needs whole attention maps" in n for n in rec["notes"]), rec["notes"]
+    assert rec["groups"]["map_sequences_seen"] == 1 and "health" in rec and "pattern-types" in rec
+    heads = pd.read_csv(out / "heads.csv")
+    assert heads["type_heterogeneous"].notna().all() and heads["group"].notna().all()
     assert any(n.startswith("rollout left out for examples longer than 1024 tokens") for n in rec["notes"])
     assert rec["sinks-by-position"]["longest"] == 1060
     assert 'id="sinks-by-position"' in (out / "index.html").read_text(encoding="utf-8")
