@@ -80,12 +80,37 @@ def map_sums(a: torch.Tensor, w: ContractionWeights) -> torch.Tensor:
         by_row = torch.einsum("bhrk,brck->bhrc", a, w.positional)  # [B, H, rows, positional channels]
         for c, name in enumerate(w.pos_names):
             vals[..., INDEX[name]] = by_row[..., c]
-    # -sum_j A ln A with 0 ln 0 = 0: ln of max(A, the smallest normal float), times A (a third of entr's time)
-    entropy = torch.clamp_min(a, torch.finfo(a.dtype).tiny).log_().mul_(a).sum(-1).neg_()
+    entropy, top = _row_entropy_and_max(a)
     vals[..., INDEX["entropy"]] = entropy
     vals[..., INDEX["norm_entropy"]] = entropy
-    vals[..., INDEX["max_weight"]] = a.amax(-1)
+    vals[..., INDEX["max_weight"]] = top
     return torch.einsum("bhrc,brc->hc", vals.double(), w.row_weights.double()).cpu()
+
+
+#: :func:`_row_entropy_and_max` works on this many probabilities at a time (4 MiB of float32: its
+#: passes over a chunk stay in the processor's cache).
+CHUNK = 2 ** 20
+
+
+def _row_entropy_and_max(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-sum_j A ln A (nats, 0 ln 0 = 0) and max_j A of every row of [..., keys] maps: two tensors
+    of shape ``a.shape[:-1]``. ln A is taken of max(A, the smallest normal float) (a third of
+    ``torch.special.entr``'s time), a chunk of rows at a time in one reused buffer."""
+    K = a.shape[-1]
+    flat = a.reshape(-1, K)
+    entropy = torch.empty(flat.shape[0], dtype=a.dtype, device=a.device)
+    top = torch.empty_like(entropy)
+    step = max(1, CHUNK // max(K, 1))
+    buf = torch.empty(min(step, flat.shape[0]), K, dtype=a.dtype, device=a.device)
+    tiny = torch.finfo(a.dtype).tiny
+    for r0 in range(0, flat.shape[0], step):
+        x = flat[r0:r0 + step]
+        t = buf[:x.shape[0]]
+        torch.clamp_min(x, tiny, out=t)
+        t.log_().mul_(x)
+        torch.sum(t, -1, out=entropy[r0:r0 + step])
+        torch.amax(x, -1, out=top[r0:r0 + step])
+    return entropy.neg_().view(a.shape[:-1]), top.view(a.shape[:-1])
 
 
 def _diagonal(a: torch.Tensor, offset: int) -> torch.Tensor:
@@ -213,13 +238,10 @@ class HeadStatistics(Accumulator):
         if values is None:
             raise ValueError(f"value-weighted statistics of {site.name} need its value norms (probe.analysis.run "
                              "hands them to an accumulator that reads values)")
-        B, H = a.shape[:2]
-        both = torch.empty((B, 2 * H, Tq, nk), dtype=torch.float32, device=a.device)  # A | N~: one pass
-        both[:, :H] = a
-        _, empty = norm_weighted(a, values.norms[..., :nk], out=both[:, H:])
-        sums = map_sums(both, w)
-        self.sums[i] += sums[:H]
-        self.norm_sums[i] += sums[H:]
+        tilde, empty = norm_weighted(a, values.norms[..., :nk])
+        self.sums[i] += map_sums(a, w)
+        self.norm_sums[i] += map_sums(tilde, w)
+        del tilde
         self.norm_counts[i] += w.counts[None, :]
         if bool(empty.any()):  # rows with no value-weighted map: out of that head's counts
             self.norm_counts[i] -= torch.einsum("bhq,bqs->hs", empty.float(), w.rows).round().to(torch.int64).cpu()
