@@ -228,7 +228,7 @@ class HeadStatistics(Accumulator):
                                        None if nk == Tk else nk).to(a.device)
 
         # whole maps, or blocks whose weights for every row of the map fit WEIGHT_CACHE_BYTES: shared by the
-        # sites; larger ones are built per block and let go (never [T * T, channels] for a long map)
+        # sites; larger ones are built per block and let go (never [T, 2, T] for a long map)
         w = queries.cached(key, build) if rows is None or B * T * Tk * 2 * 4 <= WEIGHT_CACHE_BYTES else build()
         i = self._row[site]
         self.counts[i] += w.counts

@@ -2,9 +2,10 @@
 
 Definitions follow Clark et al. 2019 ("What Does BERT Look At?", sections 3-4), Kovaleva et al.
 2019 and Voita et al. 2019; the exact per-row definitions are in the docstring of
-:func:`contraction_weights`. Each statistic's sum over the valid rows of a batch is a map contracted
-with one weight tensor built here once per batch (:mod:`probe.stats` applies them, to attention
-probabilities and to their value-weighted form alike).
+:func:`contraction_weights`. Each statistic's sum over the valid rows of a batch is the map reduced
+with weights built here once per batch (per-key weights, diagonals, per-row weight vectors and row
+weights: :class:`ContractionWeights`; :mod:`probe.stats` applies them, to attention probabilities
+and to their value-weighted form alike).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFea
     """The weights used by :meth:`HeadStatistics.update` for one batch and one kind of site.
 
     ``rows`` = (i0, i1): the weights of query rows i0..i1-1 only (block capture, :mod:`probe.blocks`):
-    ``linear`` [batch, (i1 - i0) * keys, channels] and every per-row field of those rows, so the
+    ``positional`` [batch, i1 - i0, channels, keys] and every per-row field of those rows, so the
     sums over a series of blocks covering every row are the whole map's. None: every row.
     ``n_keys``: self-attention sites: the weights of keys 0..n_keys-1 only (a causal block's later
     keys have probability 0, so the caller contracts ``probs[..., :n_keys]``); None: all T.
