@@ -128,8 +128,8 @@ class SinkProfile(Accumulator):
         first4 = probs[..., :SINK_TOKENS].double().sum(-1)
         s = self._index[site]
         for c, share in enumerate((first, first4)):
-            self.sums[s, :, :, c] += torch.einsum("bhr,br,rk->hk", share, real, one_hot).cpu()
-        self.rows[s] += torch.einsum("br,rk->k", real, one_hot).round().long().cpu()
+            self.sums[s, :, :, c] += ((share * real[:, None, :]).sum(0) @ one_hot).cpu()  # [H, bins]
+        self.rows[s] += (real.sum(0) @ one_hot).round().long().cpu()
         self.longest = max(self.longest, int(queries.lengths.max()))
 
     def merge(self, other: SinkProfile) -> SinkProfile:

@@ -54,45 +54,74 @@ def by_norm(name: str) -> str:
     return name + BY_NORM
 
 
-#: :func:`map_sums` sums each query row over its keys in float32 and adds the rows in float64 when
-#: a map (or row block) holds more than this many probabilities per head and sequence; smaller maps
-#: are one float32 contraction (their sums have few enough terms).
-ROW_SUMS_FROM = 2 ** 16
-
-
 def map_sums(a: torch.Tensor, w: ContractionWeights) -> torch.Tensor:
-    """Every statistic's sum over the valid rows of one batch of maps: [heads, len(ALL_STATISTICS)]
-    float64 on the CPU (a statistic the site's kind lacks: 0).
+    """Every statistic's sum over the valid rows of one batch of maps (or of one row block of them):
+    [heads, len(ALL_STATISTICS)] float64 on the CPU (a statistic the site's kind lacks: 0).
 
     The one implementation of the statistics: applied to attention probabilities and to the
-    value-weighted map alike. Every statistic except ``max_weight`` is linear in the map (or in
-    -map ln map), so its sum is one contraction with a per-batch weight tensor.
+    value-weighted map alike. Each query row's value of every statistic is computed in float32
+    (a matrix product with the per-key weights, diagonals, per-row weight vectors, the row's
+    -sum A ln A and its max: :class:`~probe.statweights.ContractionWeights`), then the rows are
+    added in float64 with their weights: row blocks give the same per-row values as whole maps, and
+    a long map's sum does not lose digits.
 
     Args:
         a: [batch, heads, query, key] float32 maps whose real rows sum to 1 (or are all 0).
         w: the batch's :class:`~probe.statweights.ContractionWeights`, on ``a``'s device.
     """
-    B, H, Tq, Tk = a.shape
-    # per query row a float32 sum over its keys ([B, Tq, H, C]), then the rows added in float64: one
-    # float32 sum over every (row, key) of a long map (T^2 terms) would lose digits (0.1 tokens of
-    # distance at 2,048 tokens), and row blocks give the same per-row sums as whole maps
-    # (maps of at most ROW_SUMS_FROM probabilities per head and sequence keep the one float32 sum: exact enough)
-    if Tq * Tk > ROW_SUMS_FROM:
-        rows_first = a.transpose(1, 2)  # [B, Tq, H, Tk]
-        linear = torch.matmul(rows_first, w.linear.view(B, Tq, Tk, -1)).double().sum((0, 1))  # [heads, channels]
-        # entr(x) = -x ln x with entr(0) = 0 (about twice as fast as xlogy on CPU)
-        ent = torch.matmul(torch.special.entr(rows_first), w.entropy.view(B, Tq, Tk, 2)).double().sum((0, 1))
-    else:
-        linear = torch.bmm(a.reshape(B, H, Tq * Tk), w.linear).sum(0)  # [heads, channels]
-        ent = torch.bmm(torch.special.entr(a).reshape(B, H, Tq * Tk), w.entropy).sum(0)  # [heads, 2]
-    mx = (a.amax(-1) * w.real_rows[:, None, :]).sum((0, 2))  # [heads]
-    sums = torch.zeros(H, len(ALL_STATISTICS), dtype=torch.float64)
-    for c, name in enumerate(w.names):
-        sums[:, INDEX[name]] = linear[:, c].double().cpu()
-    sums[:, INDEX["entropy"]] = ent[:, 0].double().cpu()
-    sums[:, INDEX["norm_entropy"]] = ent[:, 1].double().cpu()
-    sums[:, INDEX["max_weight"]] = mx.double().cpu()
-    return sums
+    B, H, R, K = a.shape
+    vals = torch.zeros(B, H, R, len(ALL_STATISTICS), dtype=torch.float32, device=a.device)
+    by_key = torch.matmul(a.reshape(B, H * R, K), w.keys).view(B, H, R, -1)  # [B, H, rows, key channels]
+    for c, name in enumerate(w.key_names):
+        vals[..., INDEX[name]] = by_key[..., c]
+    for name, offset in w.diagonals:
+        vals[..., INDEX[name]] = _diagonal(a, offset)
+    if w.pos_names:
+        by_row = torch.einsum("bhrk,brck->bhrc", a, w.positional)  # [B, H, rows, positional channels]
+        for c, name in enumerate(w.pos_names):
+            vals[..., INDEX[name]] = by_row[..., c]
+    entropy, top = _row_entropy_and_max(a)
+    vals[..., INDEX["entropy"]] = entropy
+    vals[..., INDEX["norm_entropy"]] = entropy
+    vals[..., INDEX["max_weight"]] = top
+    return torch.einsum("bhrc,brc->hc", vals.double(), w.row_weights.double()).cpu()
+
+
+#: :func:`_row_entropy_and_max` works on this many probabilities at a time (4 MiB of float32: its
+#: passes over a chunk stay in the processor's cache).
+CHUNK = 2 ** 20
+
+
+def _row_entropy_and_max(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-sum_j A ln A (nats, 0 ln 0 = 0) and max_j A of every row of [..., keys] maps: two tensors
+    of shape ``a.shape[:-1]``. ln A is taken of max(A, the smallest normal float) (a third of
+    ``torch.special.entr``'s time), a chunk of rows at a time in one reused buffer."""
+    K = a.shape[-1]
+    flat = a.reshape(-1, K)
+    entropy = torch.empty(flat.shape[0], dtype=a.dtype, device=a.device)
+    top = torch.empty_like(entropy)
+    step = max(1, CHUNK // max(K, 1))
+    buf = torch.empty(min(step, flat.shape[0]), K, dtype=a.dtype, device=a.device)
+    tiny = torch.finfo(a.dtype).tiny
+    for r0 in range(0, flat.shape[0], step):
+        x = flat[r0:r0 + step]
+        t = buf[:x.shape[0]]
+        torch.clamp_min(x, tiny, out=t)
+        t.log_().mul_(x)
+        torch.sum(t, -1, out=entropy[r0:r0 + step])
+        torch.amax(x, -1, out=top[r0:r0 + step])
+    return entropy.neg_().view(a.shape[:-1]), top.view(a.shape[:-1])
+
+
+def _diagonal(a: torch.Tensor, offset: int) -> torch.Tensor:
+    """[batch, heads, rows] A[r, r + offset] of [batch, heads, rows, keys] maps (0 where r + offset
+    is not a key)."""
+    R, K = a.shape[-2:]
+    out = a.new_zeros(a.shape[:-1])
+    r0, r1 = max(0, -offset), min(R, K - offset)
+    if r1 > r0:
+        out[..., r0:r1] = torch.diagonal(a, offset=offset, dim1=-2, dim2=-1)[..., :r1 - r0]
+    return out
 
 
 def _means(sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
@@ -104,7 +133,8 @@ def _means(sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
 
 
 #: Block capture: the contraction weights of every block of a map are kept for the next sites
-#: when all of them together take at most this many bytes (else each block's are built and let go).
+#: when all of them together take at most this many bytes (else each block's are built and let go); their
+#: size is that of the per-row weight vectors, [batch, rows, 2, keys] float32..
 WEIGHT_CACHE_BYTES = 2 ** 28
 
 
@@ -198,8 +228,8 @@ class HeadStatistics(Accumulator):
                                        None if nk == Tk else nk).to(a.device)
 
         # whole maps, or blocks whose weights for every row of the map fit WEIGHT_CACHE_BYTES: shared by the
-        # sites; larger ones are built per block and let go (never [T * T, channels] for a long map)
-        w = queries.cached(key, build) if rows is None or B * T * Tk * 12 * 4 <= WEIGHT_CACHE_BYTES else build()
+        # sites; larger ones are built per block and let go (never [T, 2, T] for a long map)
+        w = queries.cached(key, build) if rows is None or B * T * Tk * 2 * 4 <= WEIGHT_CACHE_BYTES else build()
         i = self._row[site]
         self.counts[i] += w.counts
         if not self.value_weighted:
@@ -208,13 +238,10 @@ class HeadStatistics(Accumulator):
         if values is None:
             raise ValueError(f"value-weighted statistics of {site.name} need its value norms (probe.analysis.run "
                              "hands them to an accumulator that reads values)")
-        B, H = a.shape[:2]
-        both = torch.empty((B, 2 * H, Tq, nk), dtype=torch.float32, device=a.device)  # A | N~: one pass
-        both[:, :H] = a
-        _, empty = norm_weighted(a, values.norms[..., :nk], out=both[:, H:])
-        sums = map_sums(both, w)
-        self.sums[i] += sums[:H]
-        self.norm_sums[i] += sums[H:]
+        tilde, empty = norm_weighted(a, values.norms[..., :nk])
+        self.sums[i] += map_sums(a, w)
+        self.norm_sums[i] += map_sums(tilde, w)
+        del tilde
         self.norm_counts[i] += w.counts[None, :]
         if bool(empty.any()):  # rows with no value-weighted map: out of that head's counts
             self.norm_counts[i] -= torch.einsum("bhq,bqs->hs", empty.float(), w.rows).round().to(torch.int64).cpu()

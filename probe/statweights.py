@@ -2,9 +2,10 @@
 
 Definitions follow Clark et al. 2019 ("What Does BERT Look At?", sections 3-4), Kovaleva et al.
 2019 and Voita et al. 2019; the exact per-row definitions are in the docstring of
-:func:`contraction_weights`. Each statistic's sum over the valid rows of a batch is a map contracted
-with one weight tensor built here once per batch (:mod:`probe.stats` applies them, to attention
-probabilities and to their value-weighted form alike).
+:func:`contraction_weights`. Each statistic's sum over the valid rows of a batch is the map reduced
+with weights built here once per batch (per-key weights, diagonals, per-row weight vectors and row
+weights: :class:`ContractionWeights`; :mod:`probe.stats` applies them, to attention probabilities
+and to their value-weighted form alike).
 """
 
 from __future__ import annotations
@@ -90,32 +91,45 @@ INDEX: dict[str, int] = {name: i for i, name in enumerate(ALL_STATISTICS)}
 
 @dataclass
 class ContractionWeights:
-    """Per-batch weights turning one site's probabilities into statistic sums by contraction.
+    """Per-batch weights turning one site's probabilities (or a block of their query rows) into
+    statistic sums, without a dense [rows, keys, statistics] tensor.
+
+    Each linear statistic's per-row value is one of: a sum of the row's A over keys with a per-key
+    weight (``keys``: first, sep, punct: one matrix product of the map with [keys, channels]); one
+    entry A[r, r + offset] (``diagonals``: self, prev, next); or a sum with a per-row weight vector over
+    the keys (``positional``: distance, long, aligned, which depend on (i, j)). Row values are then
+    added over the rows with ``row_weights``.
 
     Attributes:
-        linear: [batch, Tq*Tk, len(names)]: weight of A[b, :, q, k] in each linear statistic's sum
-            over valid rows (row validity folded in).
-        entropy: [batch, Tq*Tk, 2]: weights of -A ln A for ``entropy`` and ``norm_entropy``
-            (the latter 1 / ln k_q on rows with k_q >= 2).
-        real_rows: [batch, Tq] float, 1 on real query rows (for ``max_weight``).
-        rows: [batch, Tq, len(ALL_STATISTICS)] float, 1 where the row is valid for the statistic.
+        keys: [batch, keys, len(key_names)] float: per-key weights (1 on the first key, on sep keys...).
+        key_names: the statistics of ``keys``' channels.
+        diagonals: (statistic, offset) pairs: the statistic's row value is A[r, r + offset] (0 where
+            r + offset is not a key); offsets count keys from the block's first row.
+        positional: [batch, rows, len(pos_names), keys] float: per-row weight vectors.
+        pos_names: the statistics of ``positional``'s channels.
+        row_weights: [batch, rows, len(ALL_STATISTICS)] float: weight of each row's value in each
+            statistic's sum (1 on valid rows, 0 elsewhere; 1 / ln k_i for ``norm_entropy``).
+        real_rows: [batch, rows] float, 1 on real query rows.
+        rows: [batch, rows, len(ALL_STATISTICS)] float, 1 where the row is valid for the statistic.
         counts: [len(ALL_STATISTICS)] int64 valid rows per statistic (``rows`` summed; on the CPU).
-        names: the linear statistics of ``linear``'s channels, in order (those of :data:`LINEAR`
-            the site's kind defines: a self-attention site has no ``aligned`` channel).
     """
 
-    linear: torch.Tensor
-    entropy: torch.Tensor
+    keys: torch.Tensor
+    key_names: tuple[str, ...]
+    diagonals: tuple[tuple[str, int], ...]
+    positional: torch.Tensor
+    pos_names: tuple[str, ...]
+    row_weights: torch.Tensor
     real_rows: torch.Tensor
     rows: torch.Tensor
     counts: torch.Tensor
-    names: tuple[str, ...] = LINEAR
 
     def to(self, device) -> ContractionWeights:
         """The weights on ``device`` (the device of the layer whose probabilities they reduce);
         ``counts`` stay on the CPU."""
-        return ContractionWeights(self.linear.to(device), self.entropy.to(device), self.real_rows.to(device),
-                                  self.rows.to(device), self.counts, self.names)
+        return ContractionWeights(self.keys.to(device), self.key_names, self.diagonals, self.positional.to(device),
+                                  self.pos_names, self.row_weights.to(device), self.real_rows.to(device),
+                                  self.rows.to(device), self.counts)
 
 
 def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFeatures | None = None,
@@ -123,7 +137,7 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFea
     """The weights used by :meth:`HeadStatistics.update` for one batch and one kind of site.
 
     ``rows`` = (i0, i1): the weights of query rows i0..i1-1 only (block capture, :mod:`probe.blocks`):
-    ``linear`` [batch, (i1 - i0) * keys, channels] and every per-row field of those rows, so the
+    ``positional`` [batch, i1 - i0, channels, keys] and every per-row field of those rows, so the
     sums over a series of blocks covering every row are the whole map's. None: every row.
     ``n_keys``: self-attention sites: the weights of keys 0..n_keys-1 only (a causal block's later
     keys have probability 0, so the caller contracts ``probs[..., :n_keys]``); None: all T.
@@ -153,9 +167,9 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFea
       of translation heads (Voita et al. 2019, section 5; Bahdanau et al. 2015, figure 3);
     - ``self``, ``prev``, ``next`` and ``long`` are undefined (they compare positions of one sequence).
 
-    Each of these except ``max_weight`` is a weighted sum of the row's A (or of -A ln A), so its sum
-    over the valid rows of a batch is A contracted with one weight tensor, built once per batch for
-    all sites that share the same visible keys.
+    Each of these except ``max_weight`` is a weighted sum of the row's A (or of -A ln A): a per-key
+    weight, one diagonal, or a per-row weight vector (:class:`ContractionWeights`), built once per
+    batch (and block) for all sites that share the same visible keys.
     """
     i0, i1 = (0, feats.real.shape[1] if site.kind == "cross" else T) if rows is None else rows
     if site.kind == "cross":
@@ -166,27 +180,19 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFea
     nk = T if n_keys is None else n_keys
     lengths = feats.real.sum(1)
     real = feats.real[:, i0:i1]  # [B, rows]: the block's query rows
-    realf = real.float()
     q, k = pos[i0:i1, None], pos[None, :nk]
-    offset = (q - k).abs().float()  # [rows, nk]
-    sep = feats.sep[:, :nk].float()
-    far = ((q - k).abs() > LONG_RANGE)[None] & (k != 0)[None] & ~feats.sep[:, None, :nk]
+    sep = feats.sep[:, :nk]
+    offset = (q - k).abs()  # [rows, nk]
+    far = (offset > LONG_RANGE)[None] & (k != 0)[None] & ~sep[:, None, :]  # [B, rows, nk]
+    positional = torch.stack([offset.float()[None].expand_as(far), far.float()], 2)  # [B, rows, 2, nk]
+    key_w = torch.stack([(k[0] == 0).float().expand_as(sep), sep.float(), feats.punct[:, :nk].float()], -1)
     next_rows = torch.zeros_like(real) if site.causal else real & (q.T <= lengths[:, None] - 2)
-    row = realf[:, :, None]  # [B, rows(query), 1]
-    chans = {
-        "self": (q == k).float()[None] * row,
-        "prev": (k == q - 1).float()[None] * row,
-        "next": (k == q + 1).float()[None] * next_rows.float()[:, :, None],
-        "first": (k == 0).float()[None] * row,
-        "sep": sep[:, None, :] * (row if feats.has_sep else torch.zeros_like(row)),
-        "punct": feats.punct[:, :nk].float()[:, None, :] * row,
-        "distance": offset[None] * row,
-        "long": far.float() * row,
-    }
     kq = visible_keys(site, lengths, T).float()[:, i0:i1]  # [B, rows]
     valid = _valid_rows(real, kq, feats.has_sep, {"prev": real & (q.T >= 1), "next": next_rows,
                                                   "aligned": torch.zeros_like(real)})
-    return _pack(chans, realf, kq, nk, valid)
+    return ContractionWeights(key_w, ("first", "sep", "punct"), (("self", i0), ("prev", i0 - 1), ("next", i0 + 1)),
+                              positional, ("distance", "long"), _row_weights(valid, kq), real.float(), valid,
+                              valid.sum((0, 1)).round().to(torch.int64))
 
 
 def _valid_rows(real: torch.Tensor, kq: torch.Tensor, has_sep: bool, own: dict) -> torch.Tensor:
@@ -202,23 +208,17 @@ def _valid_rows(real: torch.Tensor, kq: torch.Tensor, has_sep: bool, own: dict) 
     return rows
 
 
-def _pack(chans: dict, realf: torch.Tensor, kq: torch.Tensor, n_keys: int, rows: torch.Tensor) -> ContractionWeights:
-    """Stack the per-statistic weights into :class:`ContractionWeights` (``kq`` [B, Tq] visible keys)."""
-    B, Tq = realf.shape
-    names = tuple(n for n in LINEAR if n in chans)
-    linear = torch.stack([chans[n].expand(B, Tq, n_keys) for n in names], -1).reshape(B, Tq * n_keys, len(names))
-    inv_log_k = torch.where(kq >= 2, 1.0 / torch.log(kq.clamp(min=2)), torch.zeros(())) * realf
-    ent = torch.stack([realf[:, :, None].expand(B, Tq, n_keys), inv_log_k[:, :, None].expand(B, Tq, n_keys)], -1)
-    counts = rows.sum((0, 1)).round().to(torch.int64)
-    return ContractionWeights(linear.contiguous(), ent.reshape(B, Tq * n_keys, 2).contiguous(), realf, rows, counts,
-                              names)
+def _row_weights(valid: torch.Tensor, kq: torch.Tensor) -> torch.Tensor:
+    """The rows' weights in each statistic's sum: ``valid``, with 1 / ln k_i for ``norm_entropy``."""
+    weights = valid.clone()
+    weights[..., INDEX["norm_entropy"]] *= 1.0 / torch.log(kq.clamp(min=2))
+    return weights
 
 
 def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site, i0: int, i1: int) -> ContractionWeights:
     """:func:`contraction_weights` of a cross-attention site: target rows i0..i1-1 of [B, T], source
     keys [B, S]."""
     real = feats.real[:, i0:i1]
-    realf = real.float()
     Tk = keys.real.shape[1]
     T = feats.real.sum(1).double()[:, None, None]  # real target tokens per row
     S = keys.real.sum(1).double()[:, None, None]  # real source tokens per row
@@ -228,15 +228,11 @@ def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site, i0: in
     # d_i = round(i (S-1) / (T-1)), halves rounded up (torch.round would round them to even)
     diag = torch.where(T > 1, torch.floor(i * (S - 1) / (T - 1).clamp(min=1) + 0.5), torch.zeros(()))
     aligned = ((j - diag).abs() <= ALIGN_WINDOW).float()
-    row = realf[:, :, None]
-    chans = {  # self, prev, next and long are undefined here: no channel, count 0
-        "first": (j == 0).float() * row,
-        "sep": keys.sep.float()[:, None, :] * (row if keys.has_sep else torch.zeros_like(row)),
-        "punct": keys.punct.float()[:, None, :] * row,
-        "distance": offset * row,
-        "aligned": aligned * row,
-    }
+    sep = keys.sep.float() if keys.has_sep else torch.zeros_like(keys.sep, dtype=torch.float32)
+    key_w = torch.stack([(j[0] == 0).float().expand_as(sep), sep, keys.punct.float()], -1)  # [B, S, 3]
     kq = visible_keys(site, keys.real.sum(1), i1 - i0).float()  # every real source key: S
-    none = torch.zeros_like(real)
-    rows = _valid_rows(real, kq, keys.has_sep, {name: none for name in ("self", "prev", "next", "long")})
-    return _pack(chans, realf, kq, Tk, rows)
+    none = torch.zeros_like(real)  # self, prev, next and long are undefined here: count 0
+    valid = _valid_rows(real, kq, keys.has_sep, {name: none for name in ("self", "prev", "next", "long")})
+    return ContractionWeights(key_w, ("first", "sep", "punct"), (), torch.stack([offset, aligned], 2),
+                              ("distance", "aligned"), _row_weights(valid, kq), real.float(), valid,
+                              valid.sum((0, 1)).round().to(torch.int64))

@@ -235,6 +235,9 @@ class ValueTracker:
             v = value_states(self.lm.spec, output, gram.shape[0], self.d_head)
             self._kept[site] = (v, value_norms(v, gram))
         v, norms = self._kept[site] if rows is not None and rows[1] < rows[2] else self._kept.pop(site)
+        if rows is not None and site.causal and site.kind != "cross":  # keys after the block's last row: A = 0
+            n_keys = probs.shape[-1] - (rows[2] - rows[1])
+            probs, v = probs[..., :n_keys], v[..., :n_keys, :]
         mass = output_norms(probs, v, gram)
         if self.lm.pruned is not None and original_numbering:
             norms, mass = self.lm.pruned.expand(site.layer, norms), self.lm.pruned.expand(site.layer, mass)
