@@ -43,7 +43,7 @@ from ..accumulators import Accumulator
 from ..inputs import Batch
 from ..sites import Site
 from .groups import head_groups
-from .jsd import SEED, Estimate, folded_size, one_cpu_thread, row_js, sample_rows, to_matrix
+from .jsd import SEED, Estimate, folded_size, row_js, sample_rows, to_matrix
 
 #: Heads of one layer closer than this (bits) are near-duplicates: the health check's
 #: ``duplicates`` and pruning's redundancy both read it here.
@@ -202,8 +202,7 @@ class HeadDistances(Accumulator):
                **_) -> None:
         """Fold in one site: ``probs`` [batch, heads, T, T] attention probabilities, or with ``rows=(i0, i1)``
         the query rows i0..i1-1 of them, [batch, heads, i1 - i0, T]."""
-        with one_cpu_thread(probs.device):  # small operations: see one_cpu_thread
-            self._update(site, probs, batch, 0 if rows is None else int(rows[0]))
+        self._update(site, probs, batch, 0 if rows is None else int(rows[0]))
 
     def _update(self, site: Site, probs: torch.Tensor, batch: Batch, i0: int) -> None:
         plan = self._now = self._plan(batch, probs.shape[-1])
@@ -226,8 +225,7 @@ class HeadDistances(Accumulator):
         for i, (sums, sq) in self._seq.items():
             self.layer_est.add(i, sums, sq, plan.n, plan.k)
         if self._map:
-            with one_cpu_thread(next(iter(self._map.values()))[0][2].device):
-                self._end_map(plan, len(batch))
+            self._end_map(plan, len(batch))
         self._seq, self._map, self._now = {}, {}, None
 
     def _end_map(self, plan: _Plan, B: int) -> None:

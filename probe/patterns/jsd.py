@@ -29,7 +29,6 @@ is taken and the standard error is 0.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -109,23 +108,6 @@ def _shifted(v: torch.Tensor, D: int) -> torch.Tensor:
     return twice.as_strided((*lead, D, K), (*strides, 1, 1), 1)
 
 
-@contextmanager
-def one_cpu_thread(device):
-    """Run on one CPU thread (restored afterwards). :func:`row_js`'s operations are small (well under a
-    millisecond each), so a second thread gains little, and on a machine whose cores are busy each
-    multi-threaded operation waits for a descheduled thread (measured on two shared cores at load 4:
-    0.7 s on one thread against 1.8-22 s on two for the same sums)."""
-    if torch.device(device).type != "cpu" or torch.get_num_threads() == 1:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def row_js(x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
     """Per-row Jensen-Shannon divergence (bits) of every pair of heads, all pairs at once.
 
@@ -143,10 +125,9 @@ def row_js(x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
     ([rows, keys, K // 2, K]: about rows x keys x heads^2 / 2 elements, no copy of the pairs, no
     loop over heads or pairs), one logarithm, one product and one sum over the keys, per chunk of
     rows of similar key counts (at most :data:`CHUNK_ELEMENTS` elements); the rows' entropies and
-    masses are paired by the same shift. On the CPU it runs on one thread (:func:`one_cpu_thread`).
+    masses are paired by the same shift.
     """
-    with one_cpu_thread(x.device):
-        return _row_js(x, n_keys)
+    return _row_js(x, n_keys)
 
 
 def _row_js(x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
