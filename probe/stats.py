@@ -87,6 +87,11 @@ def map_sums(a: torch.Tensor, w: ContractionWeights) -> torch.Tensor:
     return torch.einsum("bhrc,brc->hc", vals.double(), w.row_weights.double()).cpu()
 
 
+#: Maps of at most this many probabilities (batch x heads x rows x keys: 16 MiB of float32) have
+#: their attention and value-weighted statistics summed in one :func:`map_sums` call on the two maps
+#: stacked along the heads (the per-call operations dominate a short map's cost); larger ones in two.
+JOINT_SUMS = 2 ** 22
+
 #: :func:`_row_entropy_and_max` works on this many probabilities at a time (4 MiB of float32: its
 #: passes over a chunk stay in the processor's cache).
 CHUNK = 2 ** 20
@@ -239,8 +244,13 @@ class HeadStatistics(Accumulator):
             raise ValueError(f"value-weighted statistics of {site.name} need its value norms (probe.analysis.run "
                              "hands them to an accumulator that reads values)")
         tilde, empty = norm_weighted(a, values.norms[..., :nk])
-        self.sums[i] += map_sums(a, w)
-        self.norm_sums[i] += map_sums(tilde, w)
+        if a.numel() <= JOINT_SUMS:  # a short map: A and N~ in one call (half the small operations)
+            both = map_sums(torch.cat([a, tilde], 1), w)
+            self.sums[i] += both[:a.shape[1]]
+            self.norm_sums[i] += both[a.shape[1]:]
+        else:  # a long map or block: no concatenated copy
+            self.sums[i] += map_sums(a, w)
+            self.norm_sums[i] += map_sums(tilde, w)
         del tilde
         self.norm_counts[i] += w.counts[None, :]
         if bool(empty.any()):  # rows with no value-weighted map: out of that head's counts
