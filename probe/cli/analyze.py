@@ -182,7 +182,32 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     path = write_run(result, lm.tokenizer, out, force=force, verification=verification,
                      timings=timings, started=started)
     _summary(result, verification, annotated is not None, lm.notes)
+    slow_start_note(timings["startup_s"])
     click.echo(f"Report: {path / 'index.html'}")
+
+
+#: A start-up (Python imports before the command runs) longer than this gets a one-time explanation.
+SLOW_START_S = 8.0
+
+
+def slow_start_note(startup_s: float) -> None:
+    """Say once per cache folder why a start-up took ``startup_s`` seconds, when it is above
+    :data:`SLOW_START_S`: the first run after installing reads torch's and transformers' libraries
+    from disk and compiles Python modules (measured: torch's import 7.7 s, pandas 2.0 s, networkx
+    1.5 s on a busy 2-core machine). A marker file in probe's cache folder keeps it to once."""
+    from ..loading import cache_dir
+
+    marker = cache_dir() / "start-up-explained"
+    if startup_s < SLOW_START_S or marker.exists():
+        return
+    click.echo(f"note: start-up took {startup_s:.1f} s: a first run after installing reads torch's and "
+               "transformers' libraries from disk and compiles Python modules (every run compiles them where "
+               "PYTHONDONTWRITEBYTECODE is set); later runs start faster. (Said once.)")
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:  # a read-only cache folder: the note comes again next time, nothing else changes
+        pass
 
 
 def _block_ready(extra: list, query_block: int | None, skipped: list[str]) -> list:
