@@ -182,8 +182,15 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     path = write_run(result, lm.tokenizer, out, force=force, verification=verification,
                      timings=timings, started=started)
     _summary(result, verification, annotated is not None, lm.notes)
-    slow_start_note(timings["startup_s"])
+    if started_as_command():  # in a test runner or notebook the "start-up" is the host process's age
+        slow_start_note(timings["startup_s"])
     click.echo(f"Report: {path / 'index.html'}")
+
+
+def started_as_command() -> bool:
+    """This process was started as the ``probe`` command (the console script or ``python -m probe``)."""
+    arg = sys.argv[0] if sys.argv else ""
+    return arg.rsplit("/", 1)[-1] in ("probe", "probe.exe") or arg.replace("\\", "/").endswith(("probe/__main__.py", "probe/cli/__main__.py"))
 
 
 #: A start-up (Python imports before the command runs) longer than this gets a one-time explanation.
