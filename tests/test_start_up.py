@@ -25,7 +25,7 @@ def test_a_read_only_cache_folder_still_runs(tmp_path, monkeypatch, capsys):
 
 
 def test_only_the_probe_command_counts_its_start_up(monkeypatch):
-    for argv0, own in (("/usr/local/bin/probe", True), ("/repo/probe/__main__.py", True), ("/repo/probe/cli/__main__.py", True),
-                       ("/usr/local/bin/pytest", False), ("-c", False)):
+    for argv0, own in (("/usr/local/bin/probe", True), ("/repo/probe/__main__.py", True),
+                       ("/repo/probe/cli/__main__.py", True), ("/usr/local/bin/pytest", False), ("-c", False)):
         monkeypatch.setattr(analyze_cli.sys, "argv", [argv0])
         assert analyze_cli.started_as_command() is own, argv0

@@ -190,7 +190,9 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
 def started_as_command() -> bool:
     """This process was started as the ``probe`` command (the console script or ``python -m probe``)."""
     arg = sys.argv[0] if sys.argv else ""
-    return arg.rsplit("/", 1)[-1] in ("probe", "probe.exe") or arg.replace("\\", "/").endswith(("probe/__main__.py", "probe/cli/__main__.py"))
+    path = arg.replace("\\", "/")
+    return path.rsplit("/", 1)[-1] in ("probe", "probe.exe") or path.endswith(("probe/__main__.py",
+                                                                                 "probe/cli/__main__.py"))
 
 
 #: A start-up (Python imports before the command runs) longer than this gets a one-time explanation.
