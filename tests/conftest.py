@@ -29,9 +29,11 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
 
 import probe.loading as ploading  # noqa: E402
 import probe.models as pm  # noqa: E402
+from probe.cli import main  # noqa: E402
 
 #: The shared, read-only data folder (``shared/data`` beside the repository root; a checkout
 #: elsewhere, such as a git worktree, points ``PROBE_SHARED_DATA`` at it).
@@ -486,3 +488,20 @@ def notes(caplog, name: str):
             yield
     finally:
         logger.removeHandler(caplog.handler)
+
+
+def invoke_cli(*args):
+    """``probe ARGS...`` in-process (click's CliRunner); every argument passed as a string."""
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def one_error(result, code: int, *fragments) -> str:
+    """Assert a CLI result exited with ``code`` after exactly one ``Error:`` line on stderr (no
+    traceback) holding every fragment; return that line."""
+    assert result.exit_code == code, result.output
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+    for f in fragments:
+        assert f in errors[0], errors[0]
+    return errors[0]
+

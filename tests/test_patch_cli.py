@@ -11,25 +11,14 @@ import pytest
 from click.testing import CliRunner
 
 import probe
-from conftest import save_tiny, tiny_model
+from conftest import invoke_cli as run
+from conftest import one_error, save_tiny, tiny_model
 from probe.cli import main
 
 GOOD = ("clean\tcorrupted\tanswer\twrong\n"
         "The cat and the dog ran to\tThe dog and the cat ran to\t the\t a\n"
         "When Mary and John went to the store, John gave a drink to\t"
         "When Mary and John went to the store, Mary gave a drink to\t Mary\t John\n")
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def one_error(result, code, *fragments):
-    assert result.exit_code == code, result.output
-    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
-    assert len(errors) == 1 and "Traceback" not in result.output, result.output
-    for f in fragments:
-        assert f in errors[0], errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +95,7 @@ def test_patch_json_prints_the_patching_record(setup):
 def test_probe_patch_defaults_to_the_embedded_decoder():
     """``probe patch`` patches decoders: its --model default is the embedded decoder (smollm2), not
     the encoder the other commands default to (which it would refuse after loading)."""
-    from click.testing import CliRunner
 
-    from probe.cli import main
 
     res = CliRunner().invoke(main, ["patch", "--help"])
     assert res.exit_code == 0 and "[default: smollm2]" in res.output

@@ -9,10 +9,9 @@ import json
 import re
 
 import pytest
-from click.testing import CliRunner
 
-from conftest import save_tiny
-from probe.cli import main
+from conftest import invoke_cli as run
+from conftest import one_error, save_tiny
 from probe.pruning.heads import PRUNED_FILE
 from probe.report import CSP
 
@@ -20,18 +19,6 @@ SENTENCES = ["The cat sat on the mat.", "A dog barked at the moon.", "Birds sing
              "It rained all day long.", "She read the old letter twice.", "We walked home after the game.",
              "The train was late again.", "He painted the fence blue.", "They laughed at the joke.",
              "Snow covered the quiet town."]
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def one_error(result, code, *fragments):
-    assert result.exit_code == code, result.output
-    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
-    assert len(errors) == 1 and "Traceback" not in result.output, result.output
-    for f in fragments:
-        assert f in errors[0], errors[0]
 
 
 @pytest.fixture(scope="module")

@@ -23,29 +23,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 import probe.models as pm
-from conftest import save_tiny, tiny_model
-from probe.cli import main
+from conftest import invoke_cli as run
+from conftest import one_error, save_tiny, tiny_model
 from probe.runfolder import MANIFEST
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = ["The cat sat on the mat.", "A dog barked at the moon.", "Birds sing in the morning.",
              "It rained all day long.", "She read the old letter twice.", "We walked home after the game."]
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def one_error(result, code: int, *fragments) -> str:
-    assert result.exit_code == code, result.output
-    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
-    assert len(errors) == 1 and "Traceback" not in result.output, result.output
-    for f in fragments:
-        assert f in errors[0], errors[0]
-    return errors[0]
 
 
 def hidden_beside(folder: Path) -> list[str]:
