@@ -72,8 +72,8 @@ def test_run_is_the_same_loop_the_analysis_uses():
     torch.testing.assert_close(stats.sums, expected.sums, atol=1e-12, rtol=0)
 
 
-def test_f20_example_maps_are_cropped_to_what_is_shown():
-    """F20: an example keeps sites x heads x crop x crop probabilities, whatever its length; the
+def test_example_maps_are_cropped_to_what_is_shown():
+    """an example keeps sites x heads x crop x crop probabilities, whatever its length; the
     full map comes on request (example_tokens=None) and equals the captured one."""
     lm = tiny_model("gpt2", max_positions=256)
     long_text = " ".join(f"word{i}" for i in range(120))
@@ -91,7 +91,7 @@ def test_f20_example_maps_are_cropped_to_what_is_shown():
 
 
 @pytest.mark.slow
-def test_f20_smollm2_1024_tokens_keeps_64x64_per_head(smollm2):
+def test_smollm2_1024_tokens_keeps_64x64_per_head(smollm2):
     text = ("Attention lets every token look at every other token of the sequence. " * 120)
     res = analyze(smollm2, [text], max_length=1024)
     [ex] = res.examples

@@ -36,8 +36,8 @@ def _eager_reference(model, enc):
 @pytest.mark.parametrize("family,tokenizer", [
     ("gpt2", "bpe"), ("gpt2", "wordpiece"), ("llama", "bpe"), ("qwen2", "bpe"),
 ])
-def test_f01_causal_mask_kept_on_unpadded_sequence(family, tokenizer):
-    """F01: decoder, one unpadded 6-token sequence, loaded with sdpa: weights above the diagonal
+def test_causal_mask_kept_on_unpadded_sequence(family, tokenizer):
+    """decoder, one unpadded 6-token sequence, loaded with sdpa: weights above the diagonal
     are exactly 0, and weights and hidden states equal the eager run (fp32, atol 1e-5)."""
     model, tok = tiny_model(family, tokenizer, attn_implementation="sdpa", wrap=False)
     assert model.config._attn_implementation == "sdpa"
@@ -70,8 +70,8 @@ def test_f01_causal_mask_kept_on_unpadded_sequence(family, tokenizer):
 
 
 @pytest.mark.slow
-def test_f01_smollm2(smollm2):
-    """F01 on the real LLaMA-style model, switched to sdpa by the user before capture."""
+def test_causal_mask_kept_on_unpadded_sequence_smollm2_switched_to_sdpa(smollm2):
+    """On the real LLaMA-style model, switched to sdpa by the user before capture."""
     smollm2.model.set_attn_implementation("sdpa")
     enc = encode(smollm2, [SIX["bpe"]])
     assert enc.input_ids.shape == (1, 6)
@@ -93,7 +93,7 @@ def test_f01_smollm2(smollm2):
 # --------------------------------------------------------------------------- F02
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_f02_sdpa_model_is_switched_to_eager_when_wrapped(family):
+def test_sdpa_model_is_switched_to_eager_when_wrapped(family):
     try:
         model, tok = tiny_model(family, attn_implementation="sdpa", wrap=False)
     except ValueError as exc:  # Gemma 2 has no sdpa path in transformers
@@ -116,7 +116,7 @@ def test_f02_sdpa_model_is_switched_to_eager_when_wrapped(family):
 
 
 @pytest.mark.parametrize("family", ["bert", "distilbert", "gpt2", "llama"])
-def test_f02_capture_switches_sdpa_to_eager_and_says_so(family, caplog):
+def test_capture_switches_sdpa_to_eager_and_says_so(family, caplog):
     lm = tiny_model(family)
     lm.model.set_attn_implementation("sdpa")
     with notes(caplog, "probe.hooks"):
@@ -142,7 +142,7 @@ def test_ensure_eager_is_a_no_op_on_eager_models():
     assert lm.notes == []
 
 
-def test_f02_layer_without_probabilities_is_a_clear_error():
+def test_layer_without_probabilities_is_a_clear_error():
     """If a layer still returns no probabilities, capture stops with a CaptureError naming the layer."""
     lm = tiny_model("bert")
     attn = lm.model.encoder.layer[1].attention.self

@@ -44,8 +44,8 @@ def test_check_texts_and_sample():
     assert len(texts) == 20 and all(t.strip() == t and t for t in texts)
 
 
-def test_f22_only_newline_carriage_return_and_crlf_end_a_line(tmp_path):
-    """F22: U+2028, U+2029, U+0085, form feed and vertical tab stay inside their line."""
+def test_only_newline_carriage_return_and_crlf_end_a_line(tmp_path):
+    """U+2028, U+2029, U+0085, form feed and vertical tab stay inside their line."""
     path = tmp_path / "seps.txt"
     text = ("First line with a\u2028line separator inside.\n"
             "Second\x0cwith a form feed, a\x0bvertical tab, a\u0085next line and a\u2029paragraph separator.\r\n"
@@ -62,7 +62,7 @@ def test_f22_only_newline_carriage_return_and_crlf_end_a_line(tmp_path):
     assert split_lines("a\n") == ["a"] and split_lines("") == []
 
 
-def test_f22_conllu_text_lines_keep_unicode_separators(tmp_path):
+def test_conllu_text_lines_keep_unicode_separators(tmp_path):
     path = tmp_path / "s.conllu"
     path.write_text("# text = One\u2028two.\n1\tOne\t_\t_\t_\t_\t0\troot\t_\t_\n\n", encoding="utf-8")
     assert read_corpus(path) == ["One\u2028two."]

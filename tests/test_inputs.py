@@ -65,8 +65,8 @@ def test_word_ids_follow_given_word_spans():
 
 
 @pytest.mark.slow
-def test_f21_byte_level_pieces_count_as_punctuation_and_read_well(smollm2):
-    """F21: 「 」 ¿ ? count in punct (by the characters a token covers); every display label is
+def test_byte_level_pieces_count_as_punctuation_and_read_well(smollm2):
+    """「 」 ¿ ? count in punct (by the characters a token covers); every display label is
     readable (no replacement character) and the pieces of one character are distinct."""
     batch = encode(smollm2, [F21])
     n = int(batch.lengths[0])
@@ -95,7 +95,7 @@ def test_f21_byte_level_pieces_count_as_punctuation_and_read_well(smollm2):
 
 
 @pytest.mark.slow
-def test_f21_punct_statistic_counts_the_pieces(smollm2):
+def test_punct_statistic_counts_the_pieces(smollm2):
     """The analysis's punct equals the attention to the pieces of 「 」 ¿ ? (hand-selected positions)."""
     res = analyze(smollm2, [F21], n_examples=1, example_tokens=None)
     ex = res.examples[0]
@@ -107,7 +107,7 @@ def test_f21_punct_statistic_counts_the_pieces(smollm2):
     torch.testing.assert_close(torch.tensor(got), torch.tensor(expected, dtype=torch.float64), atol=1e-6, rtol=0)
 
 
-def test_f23_typed_special_tokens_stay_text_wordpiece():
+def test_typed_special_tokens_stay_text_wordpiece():
     """F23 (minilm's tokenizer): 'Is this [SEP] a separator?' has one [SEP], the tokenizer's own."""
     lm = tiny_model("bert")
     text = "Is this [SEP] a separator?"
@@ -135,7 +135,7 @@ def test_f23_typed_special_tokens_stay_text_wordpiece():
 
 
 @pytest.mark.slow
-def test_f23_typed_bos_eos_spelling_stays_text_smollm2(smollm2):
+def test_typed_bos_eos_spelling_stays_text_smollm2(smollm2):
     text = "Say <|endoftext|> and <|im_start|> to me."
     ids = encode(smollm2, [text]).input_ids[0].tolist()
     specials = set(smollm2.tokenizer.all_special_ids)

@@ -2,7 +2,7 @@
 segment table, positions vs the position table (RoBERTa's offset included), checked in the one
 forward pre-hook every forward path runs under (probe.hooks.measuring).
 
-The field case (test_f25_*): a RoBERTa-style encoder with one segment type (type_vocab_size=1,
+The field case : a RoBERTa-style encoder with one segment type (type_vocab_size=1,
 pad_token_id=3) saved with a BERT tokenizer, which numbers the two segments of a sentence pair 0
 and 1. The model's segment table has one row, so segment id 1 used to end in "IndexError: index out
 of range in self" in `probe verify` (its sentence-pair case) and `probe analyze --pairs`. Such ids
@@ -56,7 +56,7 @@ def one_error_line(result) -> str:
 DROPPED = "segment ids dropped"
 
 
-def test_f25_verify_cli_runs_the_pair_case_with_the_segment_ids_dropped(tmp_path):
+def test_verify_cli_runs_the_pair_case_with_the_segment_ids_dropped(tmp_path):
     model, tok = one_segment_roberta()
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
@@ -69,7 +69,7 @@ def test_f25_verify_cli_runs_the_pair_case_with_the_segment_ids_dropped(tmp_path
     assert "segment ids up to 1" in note and "type_vocab_size=1" in note
 
 
-def test_f25_analyze_pairs_cli_drops_the_segment_ids_with_a_note(tmp_path):
+def test_analyze_pairs_cli_drops_the_segment_ids_with_a_note(tmp_path):
     model, tok = one_segment_roberta()
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")

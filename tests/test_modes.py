@@ -1,6 +1,6 @@
 """What measuring changes comes back exactly as it was (probe.hooks.measuring, ModelState).
 
-The field case (test_f26_*): a model in train mode with one block put back in eval mode
+The field case : a model in train mode with one block put back in eval mode
 (``model.train(); model.encoder.layer[0].eval()``). A tool that saved only the top-level flag and
 called ``model.train(True)`` on exit put every sub-module in train mode: the block the user had
 switched off came back with dropout on. Every entry point (capture, verify, analyze, show, the
@@ -53,7 +53,7 @@ def entry_points(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
-def test_f26_every_entry_point_restores_each_modules_own_flag(kind):
+def test_every_entry_point_restores_each_modules_own_flag(kind):
     lm = mixed_modes(kind)
     before = state(lm.model)
     in_eval = [n for n, flag in before["training"].items() if not flag]
@@ -64,7 +64,7 @@ def test_f26_every_entry_point_restores_each_modules_own_flag(kind):
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
-def test_f26_measured_in_eval_mode_and_told(kind):
+def test_measured_in_eval_mode_and_told(kind):
     """Inside, every module is in eval mode (no dropout), and the note says it was restored."""
     lm = mixed_modes(kind)
     with measuring(lm.model) as m:
@@ -73,7 +73,7 @@ def test_f26_measured_in_eval_mode_and_told(kind):
     assert state(lm.model)["training"][""] is True
 
 
-def test_f26_only_a_submodule_in_train_mode_is_measured_in_eval_mode():
+def test_only_a_submodule_in_train_mode_is_measured_in_eval_mode():
     """The top-level flag is not the only one: a model in eval mode with one training block."""
     lm = tiny_model("bert")
     first_block(lm).train()
@@ -83,7 +83,7 @@ def test_f26_only_a_submodule_in_train_mode_is_measured_in_eval_mode():
     assert state(lm.model) == before
 
 
-def test_f26_attention_implementation_and_flags_come_back_after_an_error():
+def test_attention_implementation_and_flags_come_back_after_an_error():
     lm = mixed_modes("gpt2")
     lm.model.set_attn_implementation("sdpa")  # a user's choice after loading (probe loads eager)
     before = state(lm.model)
@@ -96,7 +96,7 @@ def test_f26_attention_implementation_and_flags_come_back_after_an_error():
     assert state(lm.model) == before
 
 
-def test_f26_requires_grad_changed_inside_comes_back():
+def test_requires_grad_changed_inside_comes_back():
     lm = tiny_model("bert")
     before = state(lm.model)
     with measuring(lm.model):

@@ -30,8 +30,8 @@ def _out(lm, batch):
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
-def test_f13_masked_head_contributes_zero_under_eager_and_sdpa(kind):
-    """F13: head 3 of layer 0 masked: its slice of the output projection's input is exactly 0 under
+def test_masked_head_contributes_zero_under_eager_and_sdpa(kind):
+    """head 3 of layer 0 masked: its slice of the output projection's input is exactly 0 under
     both implementations; both outputs agree with each other and differ from the unmasked output."""
     lm = tiny_model(kind)
     batch = encode(lm, TEXTS)

@@ -123,8 +123,8 @@ def test_removed_model_equals_gated_model_and_survives_save_and_reload(kind, tmp
     assert record["pruned_heads"] == {str(k): v for k, v in HEADS.items()}
 
 
-def test_f11_prune_4_of_12_heads_in_layer_0():
-    """F11: head count 8; q/k/v output width and output-projection input width 8 x d_head; the
+def test_prune_4_of_12_heads_in_layer_0():
+    """head count 8; q/k/v output width and output-projection input width 8 x d_head; the
     forward runs; that layer's attention probabilities are [batch, 8, T, T]."""
     lm = tiny_model("bert", heads=12, hidden=96)
     d = lm.geometry.d_head
@@ -142,8 +142,8 @@ def test_f11_prune_4_of_12_heads_in_layer_0():
     assert captured.outputs.last_hidden_state.isfinite().all()
 
 
-def test_f12_save_reload_and_prune_again_in_original_numbering(tmp_path):
-    """F12: tiny GPT-2 4 x 4: prune {0: [1], 1: [2, 3]}, save, reload -> heads [3, 2, 4, 4] and
+def test_save_reload_and_prune_again_in_original_numbering(tmp_path):
+    """tiny GPT-2 4 x 4: prune {0: [1], 1: [2, 3]}, save, reload -> heads [3, 2, 4, 4] and
     identical outputs; prune {1: [1]} in original numbering; an already-removed head is an error."""
     lm = tiny_model("gpt2", layers=4)
     remove_heads(lm, {0: [1], 1: [2, 3]})

@@ -37,7 +37,7 @@ def _additive(keep, dtype):
 # F04: one mask convention, three spellings
 # ---------------------------------------------------------------------------------------------
 
-def test_f04_mask_conventions_give_identical_probabilities():
+def test_mask_conventions_give_identical_probabilities():
     torch.manual_seed(1)
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
     keep = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 1, 1, 1]])
@@ -67,7 +67,7 @@ def test_f04_mask_conventions_give_identical_probabilities():
     assert torch.equal(p3, p0) and torch.equal(p4, p0)
 
 
-def test_f04_per_head_and_per_query_masks_are_applied_as_given():
+def test_per_head_and_per_query_masks_are_applied_as_given():
     torch.manual_seed(6)
     q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
     keep = torch.rand(1, 2, 4, 4) > 0.4
@@ -92,7 +92,7 @@ def test_f04_per_head_and_per_query_masks_are_applied_as_given():
     torch.zeros(1, 3),  # ambiguous: additive keep-all or 0/1 keep-none
     torch.tensor([[0.0, 1.0, -math.inf]]),  # mixed conventions
 ], ids=["fraction", "minus-1e4", "minus-1e9", "two", "zeros", "mixed"])
-def test_f04_other_float_masks_are_rejected(bad):
+def test_other_float_masks_are_rejected(bad):
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(MaskError, match="mask"):
         attention(q, q, q, mask=bad)
@@ -100,7 +100,7 @@ def test_f04_other_float_masks_are_rejected(bad):
         as_keep_mask(bad)
 
 
-def test_f04_integer_masks_must_be_zero_one_and_shapes_must_fit():
+def test_integer_masks_must_be_zero_one_and_shapes_must_fit():
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(MaskError, match="only 0"):
         attention(q, q, q, mask=torch.tensor([[1, 2, 0]]))
@@ -130,7 +130,7 @@ def test_as_keep_mask_values():
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_f06_masked_scores_are_set_not_added(dtype):
+def test_masked_scores_are_set_not_added(dtype):
     """A masked key gets 0 whatever its score (here 0.9 x fp16's maximum); a fully masked row of
     large negative scores gives 0, not NaN; the result does not depend on a mask constant."""
     big = 0.9 * torch.finfo(torch.float16).max  # 5.9e4
@@ -150,7 +150,7 @@ def test_f06_masked_scores_are_set_not_added(dtype):
     assert p[0, 0].tolist() == [[1.0, 0.0], [0.0, 0.0]] and torch.isfinite(y).all()
 
 
-def test_f07_fully_masked_row_gives_zero_not_nan():
+def test_fully_masked_row_gives_zero_not_nan():
     torch.manual_seed(2)
     q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
     mask = torch.ones(1, 1, 4, 4, dtype=torch.bool)
@@ -207,7 +207,7 @@ def _f19_keep():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-def test_f19_masked_keys_get_exactly_zero(dtype):
+def test_masked_keys_get_exactly_zero(dtype):
     q, k, v = _f19_inputs(dtype)
     real, keep = _f19_keep()
     y, p = attention(q, k, v, mask=real, causal=True)
@@ -227,7 +227,7 @@ def test_f19_masked_keys_get_exactly_zero(dtype):
         assert torch.equal(p[:, :, PAD:].sum(-1), torch.ones(1, 2, T - PAD, dtype=dtype))
 
 
-def test_f19_row_with_some_finite_scores_puts_all_weight_on_them_in_fp16():
+def test_row_with_some_finite_scores_puts_all_weight_on_them_in_fp16():
     """Key 4's scores are finite, every other real score is -inf: rows that see key 4 give it 1."""
     q, k, v = _f19_inputs(torch.float32)
     k[:, :, 4] *= 1e-6  # score of key 4 ~ -1000 * 1e-3 * ... : finite in fp16

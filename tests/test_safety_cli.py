@@ -340,7 +340,7 @@ def tp2_bloom():
     return model, tok
 
 
-def test_f28_gates_that_never_fire_stop_with_the_setting_named(tmp_path):
+def test_gates_that_never_fire_stop_with_the_setting_named(tmp_path):
     # F28: BLOOM with pretraining_tp=2 and slow_but_exact=True computes its attention output
     # projection as F.linear on slices of dense.weight without calling dense, so a gate hook on
     # dense never runs and closing head 0 changes nothing; probe must say so, not blame the objective.
@@ -364,7 +364,7 @@ def test_f28_gates_that_never_fire_stop_with_the_setting_named(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_f28_gates_that_act_pass_the_check():
+def test_gates_that_act_pass_the_check():
     from probe.capture import encode, forward
     from probe.pruning.gates import gated, ones
 

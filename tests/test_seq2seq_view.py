@@ -79,7 +79,7 @@ def targets(lm) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("which", ["equal", "unequal"])
-def test_f27_show_draws_each_site_with_its_own_query_and_key_tokens(marian, which):
+def test_show_draws_each_site_with_its_own_query_and_key_tokens(marian, which):
     target = targets(marian)[0 if which == "equal" else 1]
     view = show(marian, Text(SOURCE, target=target))
     data = view.data
@@ -100,7 +100,7 @@ def test_f27_show_draws_each_site_with_its_own_query_and_key_tokens(marian, whic
     assert data["layerTitles"][names.index("decoder.0.self")] == "dec layer 0"
 
 
-def test_f27_labels_are_looked_up_by_site_not_by_layer_and_head():
+def test_labels_are_looked_up_by_site_not_by_layer_and_head():
     """Three heads at layer 0, head 0, one per site kind, each with its own label."""
     heads = pd.DataFrame({"stack": ["encoder", "decoder", "decoder"], "kind": ["self", "self", "cross"],
                           "layer": [0, 0, 0], "head": [0, 0, 0], "label": ["previous-token", "self", "broad"]})
@@ -111,7 +111,7 @@ def test_f27_labels_are_looked_up_by_site_not_by_layer_and_head():
     assert grid.loc[("cross", 0), 0] == "broad" and list(grid.index.get_level_values(0)) == ["enc", "dec", "cross"]
 
 
-def test_f27_report_view_and_a_loaded_run_key_every_head_by_its_site(marian, tmp_path):
+def test_report_view_and_a_loaded_run_key_every_head_by_its_site(marian, tmp_path):
     equal, longer = targets(marian)
     res = analyze(marian, [Text(SOURCE, target=longer), Text("A dog.", target=equal)])
     path = write_run(res, marian.tokenizer, tmp_path / "run")
@@ -154,7 +154,7 @@ def browser():
 
 
 @pytest.mark.parametrize("which", ["equal", "unequal"])
-def test_f27_page_draws_target_rows_and_source_columns(marian, browser, tmp_path, which):
+def test_page_draws_target_rows_and_source_columns(marian, browser, tmp_path, which):
     target = targets(marian)[0 if which == "equal" else 1]
     view = show(marian, Text(SOURCE, target=target), threshold=0.001)
     source_labels, target_labels, maps = reference(marian, SOURCE, target)

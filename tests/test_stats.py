@@ -371,8 +371,8 @@ LONG = ["one two three four five six seven eight nine ten eleven twelve thirteen
 
 
 @pytest.mark.parametrize("kind,windowed", [("mistral", [0, 1]), ("qwen2-window", [1]), ("gemma3", [0])])
-def test_f18_norm_entropy_uses_the_sliding_window(kind, windowed):
-    """F18: with uniform rows, norm_entropy = entropy / ln(k_i) is exactly 1 when k_i counts the
+def test_norm_entropy_uses_the_sliding_window(kind, windowed):
+    """with uniform rows, norm_entropy = entropy / ln(k_i) is exactly 1 when k_i counts the
     keys the window lets a row see (min(i + 1, W)), in every windowed layer; label broad."""
     overrides = {"sliding_window": 4} if kind == "mistral" else {}
     lm = _uniform_queries(tiny_model(kind))
@@ -400,7 +400,7 @@ def test_f18_norm_entropy_uses_the_sliding_window(kind, windowed):
     np.testing.assert_allclose(full["norm_entropy"], 1.0, atol=1e-6)
 
 
-def test_f18_ignoring_the_window_would_be_caught():
+def test_ignoring_the_window_would_be_caught():
     """The check above can fail: dividing by ln(i + 1) in a windowed layer gives norm_entropy < 1."""
     lm = _uniform_queries(tiny_model("mistral"))
     lm.model.config.sliding_window = 4

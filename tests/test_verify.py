@@ -317,7 +317,7 @@ def test_sliding_windows_follow_the_config(kind, windows):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "gpt_neox", "phi3", "gemma2"])
-def test_f01_unpadded_decoder_weights_above_diagonal_are_zero(kind):
+def test_unpadded_decoder_weights_above_diagonal_are_zero(kind):
     lm = _lm(kind)
     ids = torch.tensor([[101, 196, 437, 238, 206, 102]])  # 6 tokens, no padding, no mask given
     eager_probs, eager_hidden, eager_out = _capture(lm, input_ids=ids)
@@ -334,7 +334,7 @@ def test_f01_unpadded_decoder_weights_above_diagonal_are_zero(kind):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_f05_changing_token_5_leaves_positions_0_to_4_bit_identical(kind):
+def test_changing_token_5_leaves_positions_0_to_4_bit_identical(kind):
     lm = _lm(kind)
     ids = torch.tensor([[101, 196, 437, 238, 206, 196, 523, 102]])  # 8 tokens
     changed = ids.clone()
@@ -372,7 +372,7 @@ def _left_padded(lm, texts):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("kind", ["gpt2", "gpt2-upcast", "llama", "gemma2"])
-def test_f06_half_precision_left_padding_has_no_nan(kind, dtype):
+def test_half_precision_left_padding_has_no_nan(kind, dtype):
     lm = _half(kind, dtype)
     enc = _left_padded(lm, ["The cat sat on the mat.", "A much longer sentence with quite a few more tokens in it."])
     keep = enc["attention_mask"].bool()
@@ -396,7 +396,7 @@ def test_f06_half_precision_left_padding_has_no_nan(kind, dtype):
     assert torch.isfinite(out.logits).all()
 
 
-def test_f06_bf16_verification_passes_with_the_documented_tolerance():
+def test_bf16_verification_passes_with_the_documented_tolerance():
     model, tok = tiny_model("llama", wrap=False)
     inv_freq = model.model.rotary_emb.inv_freq.clone()
     model = model.to(torch.bfloat16)
@@ -410,7 +410,7 @@ def test_f06_bf16_verification_passes_with_the_documented_tolerance():
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_f09_kv_cache_steps(kind):
+def test_kv_cache_steps_match_the_full_pass(kind):
     lm = _lm(kind)
     ids = _ids(9, batch=2, seed=3)
     full_probs, _, full_out = _capture(lm, input_ids=ids)
@@ -448,7 +448,7 @@ def test_f09_kv_cache_steps(kind):
     assert torch.allclose(original_logits, full_out.logits[:, 6:], atol=1e-4, rtol=1e-4)
 
 
-def test_f09_reference_module_called_directly_checks_mask_length():
+def test_reference_module_called_directly_checks_mask_length():
     model, _ = tiny_model("gpt2", wrap=False)
     module = ReferenceAttention(model.transformer.h[0].attn, get_spec(model.config), model.config, 0)
     x = torch.randn(2, 1, 64)
@@ -470,7 +470,7 @@ def _bert(hidden, heads, layers, seed, **kw):
     return from_pretrained_objects(BertModel(cfg).eval(), tok, name=f"bert-{hidden}-{heads}")
 
 
-def test_f14_every_head_of_a_12_head_encoder_matches():
+def test_every_head_of_a_12_head_encoder_matches():
     lm = _bert(96, 12, 3, seed=4, intermediate_size=128, initializer_range=0.3)
     ids = _ids(7, batch=2, seed=4)
     mask = torch.ones(2, 7, dtype=torch.long)
@@ -487,7 +487,7 @@ def test_f14_every_head_of_a_12_head_encoder_matches():
     assert not torch.allclose(broken[1], original[1], atol=1e-3)  # ... the mixed-up output shows from layer 1
 
 
-def test_f15_scale_is_one_over_sqrt_d_head():
+def test_scale_is_one_over_sqrt_d_head():
     lm = _bert(768, 12, 2, seed=5, intermediate_size=64, max_position_embeddings=32, initializer_range=0.1)
     with swap_attention(lm) as swapped:
         assert swapped.modules[0].d_head == 64
@@ -501,7 +501,7 @@ def test_f15_scale_is_one_over_sqrt_d_head():
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "distilbert", "gpt_neox", "phi3", "gemma"])
-def test_f17_raw_outputs_match_without_preprocessing(kind):
+def test_raw_outputs_match_without_preprocessing(kind):
     lm = _lm(kind)
     enc = lm.tokenizer(["The cat sat on the mat.", "Dogs bark."], return_tensors="pt", padding=True)
     inputs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
@@ -517,7 +517,7 @@ def test_f17_raw_outputs_match_without_preprocessing(kind):
 
 # --------------------------------------------------------------------------- F19
 
-def test_f19_swapped_llama_in_fp16_with_left_padding(monkeypatch):
+def test_swapped_llama_in_fp16_with_left_padding_gives_zero_for_masked_keys_and_no_nan(monkeypatch):
     """Natural weights, then the query projection x 1000 so that real scores overflow in fp16:
     masked keys (future and padding) get exactly 0, no NaN anywhere, every row sums to 1 or is 0."""
     import probe.reference.module as module
@@ -576,7 +576,7 @@ def _max_diff(a, b):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_f24_padding_invariance_case(kind):
+def test_left_padded_and_padding_invariance_cases_pass(kind):
     lm = _lm(kind)
     result = verify(lm, cases=["left-padded", "padding-invariance"])
     left, case = result.cases
@@ -590,7 +590,7 @@ def test_f24_padding_invariance_case(kind):
         assert _max_diff(alone, padded) <= 1e-5, pad
 
 
-def test_f24_without_position_ids_from_the_mask_gpt2_moves_the_tokens():
+def test_without_position_ids_from_the_mask_gpt2_moves_the_tokens():
     """Learned absolute positions: left padding without position ids shifts every real token."""
     lm = _lm("gpt2")
     for pad in (1, 3, 8):
@@ -600,7 +600,7 @@ def test_f24_without_position_ids_from_the_mask_gpt2_moves_the_tokens():
         assert _max_diff(alone, fixed) <= 1e-5, pad
 
 
-def test_f24_padding_invariance_does_not_fail_a_correct_reference_on_another_prompt(monkeypatch):
+def test_padding_invariance_does_not_fail_a_correct_reference_on_another_prompt(monkeypatch):
     import probe.verification.battery as battery
 
     text = "Once upon a time there was"  # 11 tokens: a length where the tiny llama's own rounding shows here
@@ -621,7 +621,7 @@ def test_f24_padding_invariance_does_not_fail_a_correct_reference_on_another_pro
     assert case.padding_max_abs <= NOISE_FACTOR * case.batching_noise
 
 
-def test_f24_left_padded_case_passes_position_ids_from_the_mask():
+def test_left_padded_case_passes_position_ids_from_the_mask():
     lm = _lm("gpt2")
     seen = []
 
@@ -642,7 +642,7 @@ def test_f24_left_padded_case_passes_position_ids_from_the_mask():
 
 
 @pytest.mark.slow
-def test_f24_smollm2_padding_invariance_within_batching_noise(smollm2):
+def test_smollm2_padding_invariance_within_batching_noise(smollm2):
     result = verify(smollm2, cases=["left-padded", "padding-invariance"])
     left, case = result.cases
     print(f"smollm2 padding-invariance: padded vs alone {case.padding_max_abs:.3e}, "
