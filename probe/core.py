@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from .architectures import ArchSpec, HeadGeometry, sites
+from .errors import UnsupportedAnalysisError
 from .sites import Site
 
 
@@ -43,6 +44,20 @@ class LoadedModel:
     load_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     pruned: object | None = None
+
+    def require_all_heads(self, analysis: str) -> None:
+        """Refuse a causal analysis on a model whose heads were physically removed (its weight slots no
+        longer follow the original numbering): the one refusal every entry point raises.
+
+        Args:
+            analysis: what was asked, for the message ("ablation effects", "patching", ...).
+
+        Raises:
+            UnsupportedAnalysisError: ``pruned`` is set.
+        """
+        if self.pruned is not None:
+            raise UnsupportedAnalysisError(f"{self.name} has heads removed from its weights: {analysis} needs "
+                                           "every head; measure the original model")
 
     @property
     def kind(self) -> str:

@@ -17,7 +17,7 @@ import probe.reference.swap as swap_module
 from conftest import bpe_tokenizer, tiny_model
 from probe.accumulators import Accumulator
 from probe.analysis import analyze, run
-from probe.errors import UnsupportedAnalysisError
+from probe.errors import InputError, UnsupportedAnalysisError
 from probe.inputs import Text
 from probe.patterns import circuit_probe, repeated_random_tokens
 from probe.patterns.circuits import CircuitScores, _batch, random_vocabulary
@@ -43,7 +43,7 @@ def test_repeated_random_tokens():
     assert not torch.equal(ids, repeated_random_tokens(tok, seed=1)[0])
     with_bos, offset = repeated_random_tokens(tok, bos=True)
     assert offset == 1 and (with_bos[:, 0] == tok.bos_token_id).all() and torch.equal(with_bos[:, 1:], ids)
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError, match="n >= 2"):
         repeated_random_tokens(tok, n=1)
 
 

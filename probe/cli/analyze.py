@@ -292,6 +292,7 @@ def _circuit_probe(lm, seqs, wanted: bool, timings: dict):
     """The decoder circuit probe (:func:`probe.patterns.circuit_probe`, its sinks on the corpus's
     first texts) when wanted and the model is a decoder: ``(finished accumulators, notes, seqs)``,
     ``seqs`` unchanged (a stream is re-chained after its first texts were read)."""
+    from ..errors import InputError
     from ..patterns import CircuitProbe, circuit_probe
     from ..patterns.circuits import SINK_TEXTS
 
@@ -302,7 +303,7 @@ def _circuit_probe(lm, seqs, wanted: bool, timings: dict):
     finished, notes = [], []
     try:
         finished.append(circuit_probe(lm, sink_texts=sink_texts))
-    except ValueError as exc:  # e.g. a model whose limit is below the probe's 2 x 25 tokens
+    except InputError as exc:  # e.g. a model whose limit is below the probe's 2 x 25 tokens
         notes.append(f"decoder circuit probe skipped: {exc}")
     timings["circuits_s"] = time.perf_counter() - t
     return finished, notes, seqs

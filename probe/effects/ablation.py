@@ -53,11 +53,10 @@ def check_model(lm) -> None:
     """Refuse what the ablation does not cover.
 
     Raises:
-        InputError: a model whose heads were physically removed (slots no longer follow the
-            original numbering).
+        UnsupportedAnalysisError: a model whose heads were physically removed (slots no longer follow
+            the original numbering; :meth:`probe.core.LoadedModel.require_all_heads`).
     """
-    if lm.pruned is not None:
-        raise InputError(f"{lm.name} has physically removed heads; measure ablation effects on the model as trained")
+    lm.require_all_heads("ablation")
 
 
 def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
@@ -235,12 +234,13 @@ def ablating(lm, kind: str, means: torch.Tensor | None = None) -> Iterator[Ablat
         means: [sites, P, heads, d_head] from :func:`head_means` (``mean`` only).
 
     Raises:
-        InputError: an unknown kind, or ``mean`` without means.
+        InputError: an unknown kind.
+        ValueError: ``mean`` without means (a programming mistake).
         ProbeError: the hooks do not act on this model (:func:`probe.pruning.gates.check_gates`).
     """
     check_kinds([kind])
     if kind == "mean" and means is None:
-        raise InputError("mean ablation needs the heads' means (head_means)")
+        raise ValueError("mean ablation needs the heads' means (head_means)")
     g = lm.geometry
     with gated(lm, None):  # the gates' check that the projections are called; its own hooks stay open
         state = Ablation(kind, means if kind == "mean" else None)

@@ -169,8 +169,7 @@ def check_composable(lm) -> None:
     if lm.kind != "decoder":
         raise UnsupportedAnalysisError(f"composition scores are computed for decoder-only (pre-norm) models; "
                                        f"{lm.name} is an {lm.kind} model")
-    if lm.pruned is not None:
-        raise UnsupportedAnalysisError(f"{lm.name} has heads removed from its weights: score the original model")
+    lm.require_all_heads("composition")
     if len(site_outputs(lm.model, lm.spec)) != lm.geometry.n_layers:
         raise UnsupportedAnalysisError(f"{lm.name}: one attention site per layer expected")
 

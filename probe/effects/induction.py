@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 
 from ..capture import forward
-from ..errors import InputError
 from ..inputs import Text
 from ..patterns.circuits import BATCH, N_TOKENS, SEED, _batch, repeated_random_tokens
 from ..pruning.objectives import Objective
@@ -57,13 +56,13 @@ def induction_group(heads: pd.DataFrame) -> tuple[list[tuple[int, int]], str]:
     """(S, how it was chosen): the ``induction``-labelled heads, else the top 5 by ``induction`` score.
 
     Raises:
-        InputError: no head is labelled and the table has no ``induction`` column (not a decoder run).
+        ValueError: no head is labelled and the table has no ``induction`` column (not a decoder run).
     """
     labelled = heads[heads["labels"].astype(str).str.split(";").apply(lambda ls: "induction" in ls)]
     if len(labelled):
         return [(int(r.layer), int(r.head)) for r in labelled.itertuples()], "labelled induction"
     if "induction" not in heads:
-        raise InputError("the induction claim needs the decoder circuit probe's induction scores")
+        raise ValueError("the induction claim needs the decoder circuit probe's induction scores")
     top = heads.nlargest(TOP_WHEN_NONE, "induction")
     return [(int(r.layer), int(r.head)) for r in top.itertuples()], f"no head labelled induction: top {TOP_WHEN_NONE}"
 

@@ -136,10 +136,10 @@ def evaluate_sets(lm, objective, kind: str, means, held, sets: torch.Tensor, cop
         donors: ``resample``: :func:`~probe.effects.resample.draw_donors` of ``held``.
 
     Raises:
-        InputError: ``resample`` without donors.
+        ValueError: ``resample`` without donors (a programming mistake).
     """
     if kind == "resample" and donors is None:
-        raise InputError("resample ablation needs donors (draw_donors)")
+        raise ValueError("resample ablation needs donors (draw_donors)")
     out = []
     with ablating(lm, kind, means) as state:
         for b, batch in enumerate(held):
@@ -297,8 +297,9 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
         An :class:`EffectsResult` (``heads`` = effects.csv, ``labels`` = label_effects.csv).
 
     Raises:
-        InputError: a physically pruned model, fewer than 5 seeds, an unknown ablation kind, a corpus
-            too small to split, an objective the model cannot serve, resample without any donor.
+        UnsupportedAnalysisError: a physically pruned model.
+        InputError: fewer than 5 seeds, an unknown ablation kind, a corpus too small to split, an
+            objective the model cannot serve, resample without any donor.
     """
     t0 = time.perf_counter()
     check_model(lm)

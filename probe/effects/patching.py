@@ -50,8 +50,7 @@ DIRECTIONS = ("denoise", "noise")
 def check_patchable(lm) -> None:
     """Raises UnsupportedAnalysisError unless ``lm`` is a complete model with logits over the vocabulary:
     a decoder or encoder-decoder model with its language-model head, or an encoder with its masked-LM head."""
-    if lm.pruned is not None:
-        raise UnsupportedAnalysisError(f"{lm.name} has heads removed from its weights: patch the original model")
+    lm.require_all_heads("patching")
     if lm.kind == "encoder" and head_kind(lm) != "masked-lm":
         raise UnsupportedAnalysisError(
             f"{lm.name} is a {type(lm.model).__name__} without a masked-LM head: patching an encoder compares the "

@@ -30,7 +30,7 @@ def effects_run(lm, texts: list, *, out=None, force: bool = False, timings: dict
         ``(result, run folder)``.
 
     Raises:
-        InputError: as ``head_effects``; ``out`` taken.
+        UnsupportedAnalysisError, InputError: as ``head_effects``; ``out`` taken.
     """
     check_model(lm)
     with claim_run_dir(out, lm.name, force) as claim:

@@ -37,6 +37,7 @@ import torch
 
 from ..accumulators import Accumulator, check_supported, present_heads
 from ..analysis import run
+from ..errors import InputError
 from ..inputs import Batch, Text, as_texts, tokenize
 from ..sites import Site
 
@@ -76,13 +77,13 @@ def repeated_random_tokens(tokenizer, n: int = N_TOKENS, batch: int = BATCH, see
         (ids, offset): offset = 1 with a BOS token, else 0 (position of r_1).
 
     Raises:
-        ValueError: n < 2, or fewer than n ordinary tokens in the vocabulary.
+        InputError: n < 2, or fewer than n ordinary tokens in the vocabulary.
     """
     if n < 2:
-        raise ValueError(f"the repeated-token probe needs n >= 2, got {n}")
+        raise InputError(f"the repeated-token probe needs n >= 2, got {n}")
     vocab = random_vocabulary(tokenizer)
     if len(vocab) < n:
-        raise ValueError(f"the vocabulary has {len(vocab)} ordinary tokens, fewer than n = {n}")
+        raise InputError(f"the vocabulary has {len(vocab)} ordinary tokens, fewer than n = {n}")
     g = torch.Generator().manual_seed(seed)
     first = torch.stack([vocab[torch.randperm(len(vocab), generator=g)[:n]] for _ in range(batch)])  # [batch, n]
     ids = torch.cat([first, first], 1)
@@ -263,13 +264,13 @@ def circuit_probe(lm, *, n: int = N_TOKENS, batch_size: int = BATCH, seed: int =
 
     Raises:
         UnsupportedAnalysisError: not a decoder-only model (:attr:`CircuitProbe.model_kinds`).
-        ValueError: n < 2, or 2n + 1 tokens above the model's limit.
+        InputError: n < 2, or 2n + 1 tokens above the model's limit.
     """
     check_supported(lm, [CircuitProbe])
     t0 = time.perf_counter()
     ids, offset = repeated_random_tokens(lm.tokenizer, n, batch_size, seed)
     if ids.shape[1] > lm.max_length:
-        raise ValueError(f"the probe needs {ids.shape[1]} tokens; the model takes {lm.max_length}")
+        raise InputError(f"the probe needs {ids.shape[1]} tokens; the model takes {lm.max_length}")
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     texts = [Text(f"repeated random tokens {i}", meta={"probe": "repeated-random"}) for i in range(batch_size)]
     scores = CircuitScores(lm.sites, lm.geometry.n_heads, n, offset)

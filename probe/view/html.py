@@ -222,6 +222,7 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
 
     Raises:
         InputError: no text for a model, an example that was not kept, bad layers or heads.
+        TypeError: ``source`` neither a loaded model nor an analysis result.
     """
     kw = dict(layer=layer, heads=heads, threshold=threshold)
     if isinstance(source, AnalysisResult):
@@ -233,7 +234,7 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
         return HeadView.from_example(ex, tokenizer, heads_table=source.heads, causal=bool(source.model.get("causal")),
                                      layers=layers, max_values=max_values, **kw)
     if not isinstance(source, LoadedModel):
-        raise InputError(f"show() takes a loaded model and a text, or an analysis result; got {type(source).__name__}")
+        raise TypeError(f"show() takes a loaded model and a text, or an analysis result; got {type(source).__name__}")
     view = _show_text(source, text, layers, max_length, max_values, words, kw)
     if rollout:
         view.rollout = rollout_view(source, text, max_length=max_length)

@@ -72,10 +72,10 @@ def model_view_data(maps, sites, *, head_labels: dict | None = None, title: str 
         row-major, value = round(LEVELS * block max)), ``labels``, ``names``), ``levels``, ``colors``.
 
     Raises:
-        InputError: no maps, or maps and sites of different lengths.
+        ValueError: no maps, or maps and sites of different lengths (a programming mistake).
     """
     if not maps or len(maps) != len(sites):
-        raise InputError(f"the model view needs one map per site; got {len(maps)} maps for {len(sites)} sites")
+        raise ValueError(f"the model view needs one map per site; got {len(maps)} maps for {len(sites)} sites")
     labels = head_labels or {}
     prefixed = len({(s.stack, s.kind) for s in sites}) > 1
     out_sites, grids = [], {}
@@ -156,7 +156,8 @@ def model_view(source, text=None, *, tokenizer=None, example: int = 0, heads_tab
         A :class:`ModelView` (displayed by Jupyter; ``.save(path)`` writes a page).
 
     Raises:
-        InputError: no text for a model, an example that was not kept, another kind of source.
+        InputError: no text for a model, an example that was not kept.
+        TypeError: another kind of source.
     """
     if isinstance(source, AnalysisResult):
         hv = show(source, tokenizer=tokenizer, example=example)
@@ -178,7 +179,7 @@ def model_view(source, text=None, *, tokenizer=None, example: int = 0, heads_tab
         hv = show(source, text, max_length=max_length)
         title = hv.data.get("title", "")
     else:
-        raise InputError(f"model_view() takes a loaded model and a text, or an analysis result; "
+        raise TypeError(f"model_view() takes a loaded model and a text, or an analysis result; "
                          f"got {type(source).__name__}")
     hv_id = f"probe-hv-{uuid.uuid4().hex[:12]}"
     data = model_view_data(maps, sites, head_labels=site_labels(table, sites), title=title, target=hv_id,
