@@ -26,6 +26,7 @@ from .util import quiet_notebook_tqdm  # noqa: E402
 
 quiet_notebook_tqdm()  # before transformers imports tqdm.auto: no TqdmWarning in a notebook without ipywidgets
 
+from . import effects, linguistic, patterns, pruning, view  # noqa: E402,F401  their report sections register
 from .accumulators import Accumulator  # noqa: E402
 from .analysis import analyze, run  # noqa: E402
 from .capture import attention_hooks, capture_attention  # noqa: E402

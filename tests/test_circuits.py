@@ -20,7 +20,7 @@ from probe.analysis import analyze, run
 from probe.errors import InputError, UnsupportedAnalysisError
 from probe.inputs import Text
 from probe.patterns import circuit_probe, repeated_random_tokens
-from probe.patterns.circuits import CircuitScores, _batch, random_vocabulary
+from probe.patterns.circuits import CircuitScores, ids_batch, random_vocabulary
 from probe.reference import ReferenceAttention, swap_attention
 from probe.sites import Site
 
@@ -67,7 +67,7 @@ def pattern(kind: str, n: int, offset: int, batch: int = 2) -> torch.Tensor:
 def test_scores_on_hand_built_patterns(offset):
     site = Site("decoder", 0, causal=True)
     n = 6
-    batch = _batch([[1] * (offset + 2 * n)] * 2, 0, [Text("a"), Text("b")], bool(offset))
+    batch = ids_batch([[1] * (offset + 2 * n)] * 2, 0, [Text("a"), Text("b")], bool(offset))
     for kind, want in (("induction", (0.75, 0, 0)), ("duplicate", (0, 0.5, 0)), ("previous", (0, 0, 0.25))):
         acc = CircuitScores([site], 1, n, offset)
         acc.begin_batch(batch)
@@ -193,7 +193,7 @@ def compare_with_transformer_lens(lm, offset: int = 0) -> None:
     ids, offset = repeated_random_tokens(lm.tokenizer, bos=bool(offset))
     maps = Maps()
     scores = CircuitScores(lm.sites, lm.geometry.n_heads, N, offset)
-    run(lm, [_batch(ids.tolist(), 0, [Text(str(i)) for i in range(len(ids))], bool(offset))], [scores, maps])
+    run(lm, [ids_batch(ids.tolist(), 0, [Text(str(i)) for i in range(len(ids))], bool(offset))], [scores, maps])
     L, H = lm.geometry.n_layers, lm.geometry.n_heads
     tl = transformer_lens_scores(maps.maps, ids, L, H)
     ours = scores.result()

@@ -32,11 +32,16 @@ def _targets(module: str, path: Path, node, modules) -> list[str]:
     """The probe modules an import statement names (``from .x import y`` names ``x.y`` when y is a module)."""
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
+    base = _source(module, path, node)
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+
+
+def _source(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` statement imports from, resolved."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for _ in range(max(node.level - 1, 0)):
         package = package.rpartition(".")[0]
-    base = (package + ("." + node.module if node.module else "")) if node.level else node.module
-    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    return (package + ("." + node.module if node.module else "")) if node.level else node.module
 
 
 def _graph():
@@ -117,3 +122,50 @@ def test_every_deferred_import_says_why():
             continue
         line = modules[module].read_text(encoding="utf-8").split("\n")[node.end_lineno - 1]
         assert "# deferred: " in line, f"{module}:{node.lineno}"
+
+
+def _with_packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph Python runs: importing ``probe.a.b`` runs ``probe.a``'s ``__init__`` first, so an edge to a
+    module is also an edge to each package above it (not to the top package ``probe``, which every module
+    runs first, nor to a package the importer sits in, already running)."""
+    out = {m: set() for m in edges}
+    for module, targets in edges.items():
+        for t in targets:
+            bits = t.split(".")
+            for p in (".".join(bits[:i]) for i in range(2, len(bits) + 1)):
+                if p in edges and p != module and not module.startswith(p + "."):
+                    out[module].add(p)
+    return out
+
+
+def test_the_graph_with_package_inits_has_no_cycle():
+    _, edges, _ = _graph()
+    full = _with_packages(edges)
+    assert "probe.report" in full["probe.effects.report"]  # a submodule import runs its package
+    assert _cycle(full) is None, " -> ".join(_cycle(full))
+
+
+def test_package_edges_close_the_cycle_a_submodule_import_hides():
+    edges = {"p.a": {"p.a.x"}, "p.a.x": {"p.b.y"}, "p.b": {"p.b.z"}, "p.b.y": set(), "p.b.z": {"p.a.w"},
+             "p.a.w": set()}
+    assert _cycle(edges) is None
+    assert _cycle(_with_packages(edges)) == ["p.a", "p.a.x", "p.b", "p.b.z", "p.a"]
+
+
+def _package(module: str, modules) -> str:
+    """The package a module belongs to (itself for a package's ``__init__``)."""
+    return module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def test_no_private_name_is_imported_across_packages():
+    modules, _, _ = _graph()
+    crossing = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _source(module, path, node)
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if private and source in modules and _package(source, modules) != _package(module, modules):
+                crossing += [f"{module}: {name} from {source}" for name in private]
+    assert crossing == []

@@ -11,13 +11,13 @@ import torch.nn.functional as F
 
 from conftest import tiny_config, tiny_model
 from probe.capture import encode, forward
+from probe.causal.gates import gated, ones
+from probe.causal.objectives import CausalLM, MaskedLM, default_objective, make_objective
 from probe.corpus import sample_texts
 from probe.errors import InputError
 from probe.models import from_pretrained_objects
 from probe.pruning.curves import schedule
 from probe.pruning.experiment import prune, split_corpus
-from probe.pruning.gates import gated, ones
-from probe.pruning.objectives import CausalLM, MaskedLM, default_objective, make_objective
 from probe.pruning.removal import remove_heads
 
 TEXTS = sample_texts()[:12]

@@ -1,4 +1,4 @@
-"""probe.pruning.gates: head gates on the output projection's input (F13: a mask acts under any backend), under
+"""probe.causal.gates: head gates on the output projection's input (F13: a mask acts under any backend), under
 eager and sdpa attention, differentiable, per sequence, and always removed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from conftest import hook_snapshot, tiny_model
 from probe.architectures import site_outputs
 from probe.capture import encode, forward
-from probe.pruning.gates import gated, ones
+from probe.causal.gates import gated, ones
 from probe.pruning.removal import remove_heads
 
 TEXTS = ["The cat sat on the mat.", "A dog barked at the moon tonight."]

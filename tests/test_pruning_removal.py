@@ -15,10 +15,10 @@ from conftest import FAMILIES, SEQ2SEQ, assert_statistics_close, hook_snapshot, 
 from probe.analysis import analyze
 from probe.architectures import base_model, site_block, site_modules, site_outputs
 from probe.capture import capture_attention, encode, forward
+from probe.causal.gates import gated, ones
 from probe.errors import InputError
 from probe.models import load_model
 from probe.pruning.experiment import copy_model
-from probe.pruning.gates import gated, ones
 from probe.pruning.heads import PRUNED_FILE
 from probe.pruning.removal import parameter_count, remove_heads
 from probe.pruning.saving import save_pruned

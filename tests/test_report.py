@@ -3,12 +3,17 @@ real browser (headless Chromium through Playwright; skipped with the reason wher
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import probe
 from conftest import CHROMIUM_ARGS, browser_or_skip, tiny_model
 from probe.analysis import analyze
 from probe.report import CSP, MAX_HEATMAP_TOKENS, write_run
@@ -156,9 +161,9 @@ def toy_section(result, tokenizer):
 
 
 def test_sections_add_html_figures_files_and_record(tmp_path, monkeypatch):
-    import probe.report.builders as builders
+    import probe.report.sections as sections
 
-    monkeypatch.setattr(builders, "BUILDERS", [toy_section])
+    monkeypatch.setattr(sections, "BUILDERS", [toy_section])
     lm = tiny_model("bert")
     res = analyze(lm, TEXTS[:1], n_examples=1)
     plain = write_run(res, lm.tokenizer, tmp_path / "plain")
@@ -171,3 +176,36 @@ def test_sections_add_html_figures_files_and_record(tmp_path, monkeypatch):
     assert (path / "toy.csv").read_text() == "a,b\n1,2\n"
     rec = json.loads((path / "run.json").read_text())
     assert rec["toy"] == {"rows": 1} and rec["output"]["toy.csv"].endswith("toy.csv")
+
+
+#: Every section builder of probe, registered where it is defined (module, function).
+ALL_BUILDERS = {
+    ("probe.report.cross", "cross_attention_section"), ("probe.report.norms", "value_weighted_section"),
+    ("probe.report.sinks", "sink_profile_section"), ("probe.patterns.report", "health_section"),
+    ("probe.patterns.report", "groups_section"), ("probe.patterns.report", "types_section"),
+    ("probe.patterns.report", "circuits_section"), ("probe.effects.report", "section"),
+    ("probe.effects.patch_report", "section"), ("probe.linguistic.report", "coref_section"),
+    ("probe.linguistic.report", "syntax_section"), ("probe.pruning.report", "section"),
+    ("probe.view.rollout", "rollout_section"), ("probe.view.section", "head_view_section"),
+    ("probe.view.section", "model_view_section"), ("probe.view.section", "steps_section"),
+}
+
+
+def test_every_section_registers_itself_whatever_is_imported_first():
+    code = ("import probe.report.sections as s; from probe.report import write_run; "
+            "print(sorted(f'{b.__module__} {b.__name__}' for b in s.BUILDERS))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(sorted(f"{m} {f}" for m, f in ALL_BUILDERS))
+    import probe.report.sections as sections
+
+    assert {(b.__module__, b.__name__) for b in sections.BUILDERS} == ALL_BUILDERS
+    assert len(sections.BUILDERS) == len(ALL_BUILDERS)  # each once
+
+
+def test_sections_have_distinct_orders_so_the_page_order_does_not_depend_on_imports():
+    orders = []
+    for path in Path(probe.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Section":
+                orders += [k.value.value for k in node.keywords if k.arg == "order"]
+    assert len(orders) == len(ALL_BUILDERS) and len(set(orders)) == len(orders), sorted(orders)

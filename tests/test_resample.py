@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from conftest import tiny_model
 from probe.architectures import site_outputs
+from probe.causal.split import split_corpus
 from probe.effects import head_effects
-from probe.pruning.experiment import split_corpus
 
 TEXTS = ["The cat sat on the mat.", "A dog barked at the mailman twice.", "Rain fell all night long.",
          "She read the letter and smiled.", "They built a small house by the river.", "Birds sing at dawn.",

@@ -14,7 +14,7 @@ import probe.models as pm
 from conftest import CHROMIUM_ARGS, tiny_model
 from probe.cli import main
 from probe.errors import InputError
-from probe.report.builders import BUILDERS
+from probe.report.sections import BUILDERS
 from probe.view.rollout import (
     DIGITS,
     RolloutView,

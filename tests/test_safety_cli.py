@@ -344,8 +344,8 @@ def test_gates_that_never_fire_stop_with_the_setting_named(tmp_path):
     # F28: BLOOM with pretraining_tp=2 and slow_but_exact=True computes its attention output
     # projection as F.linear on slices of dense.weight without calling dense, so a gate hook on
     # dense never runs and closing head 0 changes nothing; probe must say so, not blame the objective.
+    from probe.causal.gates import gated
     from probe.errors import ProbeError
-    from probe.pruning.gates import gated
 
     model, tok = tp2_bloom()
     lm = pm.from_pretrained_objects(model, tok, name="tiny-bloom-tp2")
@@ -366,7 +366,7 @@ def test_gates_that_never_fire_stop_with_the_setting_named(tmp_path):
 
 def test_gates_that_act_pass_the_check():
     from probe.capture import encode, forward
-    from probe.pruning.gates import gated, ones
+    from probe.causal.gates import gated, ones
 
     lm = tiny_model("bloom")  # pretraining_tp=1: dense is called, the gate acts
     batch = encode(lm, "The cat sat on the mat.")

@@ -19,7 +19,7 @@ import numpy as np
 from ..analysis import versions
 from ..errors import InputError
 from ..report import GROUP_SHORT, SITE_GROUPS, claim_run_dir
-from ..report.page import CSP, _environment, _json_for_script, static_text
+from ..report.page import CSP, json_for_script, static_text, template_environment
 from ..report.portable import shorten_paths
 from ..sites import head_name
 from ..stats import STATISTICS
@@ -267,7 +267,7 @@ def _write(a, b, folder, top: int, tokenizers) -> Path:
         "shared_example": None if pair is None else pair[0].text, "versions": versions(),
     }
     notes = record["notes"] = shorten_paths(notes, path)
-    page = _environment().get_template("compare.html.j2").render(
+    page = template_environment().get_template("compare.html.j2").render(
         a=record["a"], b=record["b"], notes=notes, record=record, csp=CSP,
         label_counts=label_counts(a, b).to_dict("records"), groups=groups,
         width=width, colors=STATUS_COLORS, pair_blocks=pair_blocks,
@@ -275,7 +275,7 @@ def _write(a, b, folder, top: int, tokenizers) -> Path:
         layer_cols=layer_cols, layer_rows=[[_fmt(r[c]) if c.startswith("delta_") else str(r[c]) for c in layer_cols]
                                            for r in layers_df.to_dict("records")],
         changed=[[*names(r), r["label_a"], r["label_b"], _fmt(r["change"])] for r in changed.to_dict("records")],
-        data_json=_json_for_script({"figures": {**delta_figs, **pair_figs}}), script=static_text("heatmap.js"))
+        data_json=json_for_script({"figures": {**delta_figs, **pair_figs}}), script=static_text("heatmap.js"))
     record["output"] = {name: name for name in OUTPUT_FILES}  # relative to the comparison folder
     with folder.staging() as tmp:
         try:

@@ -2,7 +2,7 @@
 0 (``zero``), by its mean over the real tokens of reference text (``mean``), or by its value on
 another text (``resample``; Chan et al. 2022, causal scrubbing's resampling ablation).
 
-The intervention point is the one of :mod:`probe.pruning.gates`: a forward pre-hook on each site's
+The intervention point is the one of :mod:`probe.causal.gates`: a forward pre-hook on each site's
 output projection, whose input is the heads' outputs side by side, [batch, seq, heads * d_head]:
 
     z_h[t] <- (1 - a) z_h[t] + a f_h[t] [t real],   a = 1 for an ablated head, 0 otherwise,
@@ -37,11 +37,11 @@ import torch
 
 from ..architectures import site_outputs
 from ..capture import forward
+from ..causal.gates import gated
+from ..causal.objectives import CausalLM, MaskedLM
 from ..errors import InputError
 from ..hooks import measuring
 from ..inputs import Batch
-from ..pruning.gates import gated
-from ..pruning.objectives import CausalLM, MaskedLM
 from .objective import Seq2SeqLM
 
 KINDS = ("zero", "mean", "resample")
@@ -236,7 +236,7 @@ def ablating(lm, kind: str, means: torch.Tensor | None = None) -> Iterator[Ablat
     Raises:
         InputError: an unknown kind.
         ValueError: ``mean`` without means (a programming mistake).
-        ProbeError: the hooks do not act on this model (:func:`probe.pruning.gates.check_gates`).
+        ProbeError: the hooks do not act on this model (:func:`probe.causal.gates.check_gates`).
     """
     check_kinds([kind])
     if kind == "mean" and means is None:
@@ -259,7 +259,7 @@ def sequence_losses(lm, objective, state: Ablation, batch: Batch, sets: torch.Te
 
     Args:
         lm: the model.
-        objective: a set-up :class:`~probe.pruning.objectives.Objective`.
+        objective: a set-up :class:`~probe.causal.objectives.Objective`.
         state: the :class:`Ablation` of the enclosing :func:`ablating`.
         batch: [B rows] held-out batch.
         sets: [k, layers, heads] bool, True = ablated.

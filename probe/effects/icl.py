@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from ..capture import forward
+from ..causal.objectives import Objective
 from ..errors import InputError
 from ..inputs import Text
-from ..patterns.circuits import _batch, adds_bos
-from ..pruning.objectives import Objective
+from ..patterns.circuits import adds_bos, ids_batch
 from .ablation import DEFAULT_KINDS
 from .groups import SEEDS, paired_bootstrap, random_sets, t_interval
 from .measure import _mask, evaluate_sets
@@ -104,7 +104,7 @@ def icl_claim(lm, texts: Sequence[str | Text], group: list[tuple[int, int]], mea
                          f"{min_windows * length:,} tokens of text); the corpus gives {len(rows)}")
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     chunks = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
-    held = [_batch(c, pad, [Text(f"window {i}") for i in range(len(c))], adds_bos(lm.tokenizer)) for c in chunks]
+    held = [ids_batch(c, pad, [Text(f"window {i}") for i in range(len(c))], adds_bos(lm.tokenizer)) for c in chunks]
     g = lm.geometry
     masks = torch.stack([_mask(lm, s) for s in [[], group] + random_sets(group, g.n_layers, g.n_heads, seeds)])
     out = {"windows": len(rows), "seeds": seeds}

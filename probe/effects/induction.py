@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from ..capture import forward
+from ..causal.objectives import Objective
 from ..inputs import Text
-from ..patterns.circuits import BATCH, N_TOKENS, SEED, _batch, repeated_random_tokens
-from ..pruning.objectives import Objective
+from ..patterns.circuits import BATCH, N_TOKENS, SEED, ids_batch, repeated_random_tokens
 from ..sites import head_name
 from .ablation import DEFAULT_KINDS
 from .groups import SEEDS, random_sets, t_interval
@@ -88,7 +88,7 @@ def induction_claim(lm, heads: pd.DataFrame, means: torch.Tensor, *, n: int = N_
     ids, offset = repeated_random_tokens(lm.tokenizer, n, BATCH, SEED)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     texts = [Text(f"repeated random tokens {i}") for i in range(BATCH)]
-    held = [_batch(ids.tolist(), pad, texts, bool(offset))]
+    held = [ids_batch(ids.tolist(), pad, texts, bool(offset))]
     g = lm.geometry
     sets = [[], group] + random_sets(group, g.n_layers, g.n_heads, seeds)
     masks = torch.stack([_mask(lm, s) for s in sets])

@@ -1,9 +1,9 @@
 """Ablation effects of every head and of every label group, on held-out text: :func:`head_effects`.
 
-The corpus is split as ``probe prune`` splits it (:func:`probe.pruning.split_corpus`, seed 0): the
+The corpus is split as ``probe prune`` splits it (:func:`probe.causal.split.split_corpus`, seed 0): the
 reference half gives the heads' means (mean ablation), the held-out half every effect. effect =
 objective(ablated) - objective(clean) in the objective's units (> 0: the model got worse), the
-objective being ``probe prune``'s (:mod:`probe.pruning.objectives`): ``clm`` nats per predicted
+objective being ``probe prune``'s (:mod:`probe.causal.objectives`): ``clm`` nats per predicted
 token, ``mlm`` nats per masked token, ``fidelity`` 1 - cosine of the mean-pooled last hidden state;
 encoder-decoder models ``seq2seq``, nats per target token (:mod:`.objective`). Every head of every
 site is ablated: an encoder-decoder model's encoder self, decoder self and cross heads alike.
@@ -25,11 +25,11 @@ import torch
 
 from .. import validate
 from ..analysis import AnalysisResult, analyze
+from ..causal.objectives import ZERO_WITHIN
+from ..causal.split import split_corpus
 from ..errors import InputError
 from ..inputs import Text, as_texts, iter_batches
 from ..patterns import CircuitProbe, circuit_probe
-from ..pruning.curves import ZERO_WITHIN
-from ..pruning.experiment import split_corpus
 from ..sites import head_name
 from ..util import plural, progress_bar
 from .ablation import (
@@ -126,7 +126,7 @@ def evaluate_sets(lm, objective, kind: str, means, held, sets: torch.Tensor, cop
 
     Args:
         lm: the model.
-        objective: a set-up :class:`~probe.pruning.objectives.Objective`.
+        objective: a set-up :class:`~probe.causal.objectives.Objective`.
         kind: ``"zero"``, ``"mean"`` or ``"resample"``.
         means: [sites, P, heads, d_head] (``mean``), or None.
         held: the held-out batches.

@@ -3,7 +3,7 @@
 ``seq2seq``: the model's next-token cross-entropy on its targets, nats per target token: the decoder
 reads the start token and the target (teacher forcing), and position i predicts target token i + 1,
 at every real decoder position but the last (the same count of predicted tokens as ``clm`` on the
-target alone). One-stack models use ``probe prune``'s objectives (:mod:`probe.pruning.objectives`).
+target alone). One-stack models use ``probe prune``'s objectives (:mod:`probe.causal.objectives`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from ..capture import forward
+from ..causal.objectives import Objective, default_objective, make_objective
 from ..errors import InputError
-from ..pruning.objectives import Objective, default_objective, make_objective
 
 #: The objectives an ablation measures: ``probe prune``'s, and ``seq2seq`` for encoder-decoder models.
 EFFECT_OBJECTIVES = ("clm", "mlm", "fidelity", "seq2seq")

@@ -3,7 +3,7 @@ direct-logit-attribution heatmap and per-layer table, and, for each induction he
 with the largest patching effect), its strongest K-composition partners with their labels; files
 patch.csv and composition.csv beside ``index.html``.
 
-The builder (:func:`section`) is listed in :data:`probe.report.builders.BUILDERS`; it shows a section
+The builder (:func:`section`) registers itself with :func:`probe.report.sections.section_builder`; it shows a section
 when ``result.results["patching"]`` holds a :class:`~probe.effects.patch_run.PatchRun`.
 """
 
@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..report.sections import Section, render_fragment
+from ..report.sections import Section, render_fragment, section_builder
 from ..sites import head_name
 from .composition import top_partners
 from .dla import dla_by_layer, head_grid
@@ -79,6 +79,7 @@ def _fmt(v, spec=".3g") -> str:
     return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
 
+@section_builder
 def section(result, tokenizer) -> Section | None:
     """The patching / DLA / composition section, or None when the run has no patching result."""
     pr = getattr(result, "results", {}).get("patching")

@@ -8,7 +8,7 @@ the pair's target prefix; :mod:`.pairs`), averaged over the pairs: LD_c (clean r
 (corrupted run), LD_p (a patched run).
 
 The intervention point is head h's slice z_h [batch, pos, d_head] of the output projection's input
-(the site of :mod:`probe.pruning.gates`, a forward pre-hook), per query head (with grouped
+(the site of :mod:`probe.causal.gates`, a forward pre-hook), per query head (with grouped
 key/value heads every query head has its own slice). Denoising (default; Meng et al. 2022's
 restoration, TransformerLens ``get_act_patch_attn_head_out_all_pos``): the corrupted run with the
 clean z_h, effect P = (LD_p - LD_x) / (LD_c - LD_x): 0 = restores nothing, 1 = all of it.
@@ -31,9 +31,9 @@ import pandas as pd
 import torch
 
 from ..architectures import site_block, site_outputs
+from ..causal.objectives import head_kind
 from ..errors import InputError, UnsupportedAnalysisError
 from ..hooks import input_device, measuring
-from ..pruning.objectives import head_kind
 from .pairs import EncodedPairs, Pair, builtin_pairs, encode_pairs, parse_pairs, read_pairs
 from .patch_full import full_head_logit_diffs, full_pass, job_patches, last_logit_diffs, model_inputs, patch_hook
 

@@ -4,7 +4,7 @@ primary-label grid (one row per site: a one-stack model's layers; an encoder-dec
 that baseline was drawn from, the induction claim on decoders, and effects.csv / label_effects.csv
 beside ``index.html``.
 
-The builder (:func:`section`) is listed in :data:`probe.report.builders.BUILDERS`; it shows a section
+The builder (:func:`section`) registers itself with :func:`probe.report.sections.section_builder`; it shows a section
 when ``result.results["effects"]`` holds an :class:`~probe.effects.measure.EffectsResult`.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..report.sections import Section, render_fragment
+from ..report.sections import Section, render_fragment, section_builder
 from ..sites import site_prefix
 from .ablation import DEFAULT_KINDS
 from .induction import claim_lines
@@ -74,6 +74,7 @@ def _table_row(r: dict) -> list[str]:
                                                                if r["pool_top"] else ""), str(r["heads"])]
 
 
+@section_builder
 def section(result, tokenizer) -> Section | None:
     """The effects section, or None when the run has no effects result."""
     er = getattr(result, "results", {}).get("effects")
@@ -86,7 +87,7 @@ def section(result, tokenizer) -> Section | None:
                            rows=row_labels(sites), columns=TABLE_COLUMNS, table=table,
                            claim=claim_lines(er.induction) if er.induction else [])
     labels_csv = er.labels.to_csv(index=False, float_format="%.6g")
-    return Section(id="effects", title="Head ablation effects", html=html, order=42,
+    return Section(id="effects", title="Head ablation effects", html=html, order=43,
                    figures={f"effects-{k}": _figure(er.heads, k, er.unit) for k in kinds},
                    files={"effects.csv": er.heads.to_csv(index=False, float_format="%.6g"),
                           "label_effects.csv": labels_csv},

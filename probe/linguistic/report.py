@@ -1,5 +1,5 @@
 """Report sections of the coreference and syntax analyses (registered in
-:data:`probe.report.builders.BUILDERS`): HTML fragment, canvas figures, coref.csv / syntax.csv and
+:func:`probe.report.sections.section_builder`): HTML fragment, canvas figures, coref.csv / syntax.csv and
 a run.json entry. Each builder returns None when its analysis did not run.
 """
 
@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ..report.sections import Section, render_fragment
+from ..report.sections import Section, render_fragment, section_builder
 from ..sites import head_name
 from ..util import plural
 from .coref import SKIPS, CorefResult, CorefView
@@ -95,6 +95,7 @@ def _example_figure(view: CorefView, site: int, layer: int, head: int) -> tuple[
     return fig, info
 
 
+@section_builder
 def coref_section(result, tokenizer) -> Section | None:
     """The coreference section: accuracy heatmap, best heads next to the baselines, an example."""
     res: CorefResult | None = result.results.get("coreference")
@@ -149,6 +150,7 @@ def _table1(res: SyntaxResult) -> list[dict]:
     return rows
 
 
+@section_builder
 def syntax_section(result, tokenizer) -> Section | None:
     """The syntax section: Clark et al.'s Table 1 (both directions), counts, an accuracy heatmap."""
     res: SyntaxResult | None = result.results.get("syntax")

@@ -93,7 +93,7 @@ def repeated_random_tokens(tokenizer, n: int = N_TOKENS, batch: int = BATCH, see
     return ids, int(bos)
 
 
-def _batch(rows: Sequence[Sequence[int]], pad_id: int, texts: Sequence[Text], special_first: bool) -> Batch:
+def ids_batch(rows: Sequence[Sequence[int]], pad_id: int, texts: Sequence[Text], special_first: bool) -> Batch:
     """A right-padded :class:`Batch` of token ids (no character offsets)."""
     B, T = len(rows), max(len(r) for r in rows)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -276,7 +276,7 @@ def circuit_probe(lm, *, n: int = N_TOKENS, batch_size: int = BATCH, seed: int =
     scores = CircuitScores(lm.sites, lm.geometry.n_heads, n, offset)
     without, with_bos, source = _sink_rows(lm, sink_texts, ids, offset)
     shares, same = {}, SinkShares(lm.sites)
-    run(lm, [_batch(ids.tolist(), pad, texts, bool(offset))], [scores] + ([same] if source == "random" else []))
+    run(lm, [ids_batch(ids.tolist(), pad, texts, bool(offset))], [scores] + ([same] if source == "random" else []))
     if source == "random":  # the probe's own sequences are one of the two sink inputs: no extra pass
         shares["with_bos" if offset else "without_bos"] = same.result()
     for key, rows in (("without_bos", without), ("with_bos", with_bos)):
@@ -287,7 +287,7 @@ def circuit_probe(lm, *, n: int = N_TOKENS, batch_size: int = BATCH, seed: int =
             continue
         sink = SinkShares(lm.sites)
         stubs = [Text(f"sink text {i}") for i in range(len(rows))]
-        run(lm, [_batch(rows, pad, stubs, key == "with_bos")], [sink])
+        run(lm, [ids_batch(rows, pad, stubs, key == "with_bos")], [sink])
         shares[key] = sink.result()
     sinks = pd.DataFrame({"layer": [s.layer for s in lm.sites], "with_bos": shares["with_bos"],
                           "without_bos": shares["without_bos"]})

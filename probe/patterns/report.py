@@ -1,4 +1,4 @@
-"""Report sections of the pattern analyses (registered in :data:`probe.report.builders.BUILDERS`).
+"""Report sections of the pattern analyses (each registers itself with :func:`probe.report.sections.section_builder`).
 
 Each builder takes an :class:`~probe.analysis.AnalysisResult` and the tokenizer and returns a
 :class:`~probe.report.sections.Section` (HTML fragment from its own template, canvas figure data,
@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from ..report.page import LABEL_COLORS, label_family
-from ..report.sections import Section, render_fragment
+from ..report.sections import Section, render_fragment, section_builder
 from ..sites import head_name
 from .circuits import CIRCUIT_COLUMNS
 from .health import EXPLAINING, HEALTH_RULES, MIN_ROWS, TITLES, describe, health_of
@@ -52,6 +52,7 @@ def _clean(v):
 
 # --------------------------------------------------------------------------- health
 
+@section_builder
 def health_section(result, tokenizer) -> Section | None:
     """The attention health checks (docs/statistics.md): rule, threshold, flagged heads and values."""
     if result.results.get("health") is None:
@@ -62,7 +63,7 @@ def health_section(result, tokenizer) -> Section | None:
     html = render_fragment("section_health.html.j2", rows=rows, n_heads=len(result.heads), min_rows=MIN_ROWS,
                            explaining=", ".join(EXPLAINING))
     record = {"checks": [_clean(c.as_dict()) for c in checks]}
-    return Section("health", "Attention health checks", html, record=record, order=20)
+    return Section("health", "Attention health checks", html, record=record, order=21)
 
 
 # --------------------------------------------------------------------------- groups and map
@@ -96,6 +97,7 @@ def _layer_legend(n_layers: int) -> list:
     return [[f"L{p}", viridis(p / max(1, n_layers - 1))] for p in range(n_layers)]
 
 
+@section_builder
 def groups_section(result, tokenizer) -> Section | None:
     """Head map (MDS) coloured by layer, label and group; groups table; clusters.csv and the distances."""
     acc_result = result.results.get("distances")
@@ -166,6 +168,7 @@ def _npy(array: np.ndarray) -> bytes:
 
 # --------------------------------------------------------------------------- Kovaleva types
 
+@section_builder
 def types_section(result, tokenizer) -> Section | None:
     """Kovaleva pattern types: share of each type per layer (stacked bars) and per head (heads.csv)."""
     types = result.results.get("pattern_types")
@@ -195,6 +198,7 @@ def _grid(scores, column: str, title: str) -> dict:
             "xLabel": "head", "yLabel": "layer"}
 
 
+@section_builder
 def circuits_section(result, tokenizer) -> Section | None:
     """Induction / duplicate-token / previous-token scores (heatmaps, top heads) and attention sinks."""
     probe = result.results.get("circuits")

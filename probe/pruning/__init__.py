@@ -2,14 +2,13 @@
 physically removed from the weights (saved and loaded back).
 
 Modules (each small): :mod:`~probe.pruning.heads` (original numbering and per-layer layouts),
-:mod:`~probe.pruning.gates` (head gates on the output projection's input),
-:mod:`~probe.pruning.objectives` (clm, mlm, fidelity, classification),
 :mod:`~probe.pruning.importance` (Michel et al. 2019), :mod:`~probe.pruning.redundancy`
 (the redundancy order, from :mod:`probe.patterns.distance`'s Jensen-Shannon distances),
 :mod:`~probe.pruning.curves` (orders and curves),
 :mod:`~probe.pruning.removal` (physical removal), :mod:`~probe.pruning.saving` (save and reload),
 :mod:`~probe.pruning.experiment` (:func:`prune`, the whole experiment without files) and
-:mod:`~probe.pruning.report` (the report section).
+:mod:`~probe.pruning.report` (the report section). The head gates, objectives and corpus split it
+shares with ablation live in :mod:`probe.causal`.
 
 Example::
 
@@ -24,12 +23,14 @@ Example::
 
 from __future__ import annotations
 
+from ..causal.gates import gated
+from ..causal.objectives import OBJECTIVES, default_objective
+from ..causal.split import split_corpus
+from . import report  # noqa: F401  its report section registers itself
 from .curves import ORDERS
-from .experiment import PruneResult, prune, split_corpus
-from .gates import gated
+from .experiment import PruneResult, prune
 from .heads import PRUNED_FILE, PrunedHeads
 from .importance import head_importance, normalize_per_layer
-from .objectives import OBJECTIVES, default_objective
 from .removal import remove_heads
 from .saving import load_pruned_folder, save_pruned
 

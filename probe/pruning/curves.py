@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..causal.objectives import ZERO_WITHIN
 from ..errors import InputError
 from ..patterns.distance import HeadDistances
 from .importance import head_importance, normalize_per_layer
@@ -54,8 +55,8 @@ class Context:
     """What every curve of one experiment shares.
 
     Attributes:
-        lm, objective, state: the model, the :class:`~probe.pruning.objectives.Objective`, and the
-            :class:`~probe.pruning.gates.Gates` of the enclosing ``gated`` context.
+        lm, objective, state: the model, the :class:`~probe.causal.objectives.Objective`, and the
+            :class:`~probe.causal.gates.Gates` of the enclosing ``gated`` context.
         score, held_out: scoring and held-out batches (disjoint texts).
         start: [layers, heads] gates of the model as given (0 = already removed).
         counts: cumulative heads pruned after each step (:func:`schedule`).
@@ -100,12 +101,6 @@ class Context:
             if distances:  # the same importance serves a later request without distances
                 self.cache[(key[0], False)] = self.cache[key]
         return self.cache[key]
-
-
-#: Objective means within this of 0 are 0. Every objective is >= 0 by definition (a
-#: cross-entropy, or 1 - cosine similarity), and float32 sums round an exact 0 (the unpruned
-#: model's fidelity to itself) to a few 1e-8 on either side: such a value is reported as 0.
-ZERO_WITHIN = 16 * torch.finfo(torch.float32).eps
 
 
 def evaluate(ctx: Context, mask: torch.Tensor) -> float:

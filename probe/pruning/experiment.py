@@ -22,36 +22,18 @@ import torch
 
 from .. import validate
 from ..capture import forward
+from ..causal.gates import gated, ones
+from ..causal.objectives import OBJECTIVES, default_objective, label_ids, make_objective
+from ..causal.split import split_corpus
 from ..errors import InputError
 from ..inputs import Text, as_texts, iter_batches
-from ..util import plural, progress_bar
+from ..util import progress_bar
 from .curves import ORDERS, Context, Curve, run_orders, schedule
-from .gates import gated, ones
-from .objectives import OBJECTIVES, default_objective, label_ids, make_objective
 from .redundancy import nearest
 from .removal import parameter_count, removal_unsupported, remove_heads
 
-#: Fewest sequences in each part of the split.
-MIN_PART = 2
 #: Fewest random seeds (the random baseline's spread needs several).
 MIN_SEEDS = 3
-
-
-def split_corpus(n: int, held_out: float = 0.5, seed: int = 0) -> tuple[list[int], list[int]]:
-    """Indices of the scoring part and of the held-out part of ``n`` texts (disjoint, sorted).
-
-    A permutation with ``numpy.random.default_rng(seed)``; the held-out part has
-    round(n * held_out) texts.
-
-    Raises:
-        InputError: either part would have fewer than :data:`MIN_PART` texts.
-    """
-    n_out = round(n * held_out)
-    if n_out < MIN_PART or n - n_out < MIN_PART:
-        raise InputError(f"corpus too small to split: {plural(n, 'sequence')}; it needs at least {2 * MIN_PART} "
-                         f"({MIN_PART} to score or take means on and {MIN_PART} held out to measure on)")
-    perm = np.random.default_rng(seed).permutation(n)
-    return sorted(perm[n_out:].tolist()), sorted(perm[:n_out].tolist())
 
 
 @dataclass
@@ -263,7 +245,7 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
         lm: a loaded model (a physically pruned one too: its removed heads count as pruned).
         texts: the corpus; split into scoring and held-out parts (:func:`split_corpus`).
         objective: one of ``clm``, ``mlm``, ``fidelity``, ``classification`` (default: chosen
-            from the model, :func:`~probe.pruning.objectives.default_objective`).
+            from the model, :func:`~probe.causal.objectives.default_objective`).
         labels: class ids or names aligned with ``texts`` (``classification``).
         orders: curves to run, from ``importance``, ``redundancy``, ``random``; the first one's
             final heads are the ones removed from the pruned copy.

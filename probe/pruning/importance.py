@@ -1,6 +1,6 @@
 """Head importance (Michel et al. 2019, "Are Sixteen Heads Really Better than One?", sec. 3.3 and 4.1).
 
-With a gate xi_h on every head (:mod:`probe.pruning.gates`, all 1 = the model as it is),
+With a gate xi_h on every head (:mod:`probe.causal.gates`, all 1 = the model as it is),
 
     I_h = sum over batches of |dL/dxi_h|,   L = the batch's mean loss,
 
@@ -27,9 +27,9 @@ from contextlib import contextmanager
 import torch
 
 from ..capture import add_attention_hooks
+from ..causal.gates import Gates
 from ..errors import ProbeError
 from ..hooks import Hooks, measuring
-from .gates import Gates
 
 
 @contextmanager
@@ -69,13 +69,13 @@ def head_importance(lm, batches: Sequence, objective, state: Gates, mask: torch.
                     seed: int = 0, accumulators: Sequence = (), progress=None) -> torch.Tensor:
     """Raw head importance, summed over ``batches``, with the heads of ``mask`` as they are.
 
-    Must run inside :func:`probe.pruning.gates.gated` (``state``); the gates are set here.
+    Must run inside :func:`probe.causal.gates.gated` (``state``); the gates are set here.
 
     Args:
         lm: a loaded model.
         batches: scoring batches (prepared by ``objective.setup``).
-        objective: a :class:`~probe.pruning.objectives.Objective`.
-        state: the :class:`~probe.pruning.gates.Gates` of the enclosing ``gated`` context.
+        objective: a :class:`~probe.causal.objectives.Objective`.
+        state: the :class:`~probe.causal.gates.Gates` of the enclosing ``gated`` context.
         mask: [layers, heads] current gates (0 = pruned).
         probes: random projections per batch for objectives at their optimum (``fidelity``).
         seed: seed of those projections.

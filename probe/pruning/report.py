@@ -3,7 +3,7 @@ Python: no image library, nothing fetched, so the page's strict Content-Security
 the curve table, the importance heatmap (canvas, like every heatmap of the page), the pruned copy's
 size and speed, and ``pruning.csv`` beside ``index.html``.
 
-The builder (:func:`section`) is listed in :data:`probe.report.builders.BUILDERS`; it shows a
+The builder (:func:`section`) registers itself with :func:`probe.report.sections.section_builder`; it shows a
 section when ``result.results["pruning"]`` holds a :class:`~probe.pruning.experiment.PruneResult`.
 """
 
@@ -14,7 +14,7 @@ import math
 import numpy as np
 from markupsafe import Markup, escape
 
-from ..report.sections import Section, render_fragment
+from ..report.sections import Section, render_fragment, section_builder
 from ..sites import head_name
 from .experiment import curves_csv
 
@@ -107,6 +107,7 @@ def _importance_figure(pr) -> dict:
     }
 
 
+@section_builder
 def section(result, tokenizer) -> Section | None:
     """The pruning section, or None when the run has no pruning result."""
     pr = getattr(result, "results", {}).get("pruning")
@@ -117,7 +118,7 @@ def section(result, tokenizer) -> Section | None:
              for r in pr.curves.itertuples()]
     html = render_fragment("pruning.html.j2", pr=pr, svg=curve_svg(pr.curves, pr.objective, pr.unit), table=table,
                            columns=["order", "step", "pruned", "heads", "value", "std", "heads pruned at this step"])
-    return Section(id="pruning", title="Head pruning", html=html, order=40,
+    return Section(id="pruning", title="Head pruning", html=html, order=41,
                    figures={"prune-importance": _importance_figure(pr)},
                    files={"pruning.csv": curves_csv(pr.curves)},
                    record=pr.record())

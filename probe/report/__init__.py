@@ -27,24 +27,25 @@ from ..errors import InputError
 from ..sites import head_name
 from ..stats import CROSS_STATISTICS, STATISTICS
 from ..tokens import display_tokens
-from .builders import BUILDERS, build_sections
+from . import cross, norms, sinks  # noqa: F401  the report's own sections register themselves
 from .page import (  # re-exported: the page's shared pieces, imported from here by older code
     CSP,
     LABEL_COLORS,
     LABEL_SHORT,
     OPTIONAL_LABELS,
     OUTPUT_FILES,
-    _environment,
-    _json_default,
-    _json_for_script,
     choose_heads,
     claim_run_dir,
     default_run_dir,
+    json_default,
+    json_for_script,
     label_family,
     named_rows,
     static_text,
+    template_environment,
 )
 from .portable import shorten_paths
+from .sections import BUILDERS, build_sections
 
 __all__ = [
     "BUILDERS", "CSP", "LABEL_COLORS", "LABEL_SHORT", "MAX_HEATMAP_TOKENS", "OPTIONAL_LABELS", "OUTPUT_FILES",
@@ -222,7 +223,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
     stat_figs, stat_blocks = _stat_figures(heads)
     attn_figs, attn_blocks = _attention_figures(result, tokenizer)
     table_cols, table = named_rows(heads, _fmt)  # head (L4H5), labels, statistics, added columns, cluster
-    return _environment().get_template("report.html.j2").render(
+    return template_environment().get_template("report.html.j2").render(
         result=result, record=record, grids=grids, csp=CSP,
         colors={k: v for k, v in LABEL_COLORS.items() if k not in OPTIONAL_LABELS or families.get(k)},
         label_counts=families, holding=holding, stat_blocks=stat_blocks, attn_blocks=attn_blocks,
@@ -230,7 +231,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         examples=[_example_view(tokenizer, ex) for ex in result.examples[:EXAMPLES_DRAWN]],
         kept=len(result.examples),
         sections=sections,
-        data_json=_json_for_script({"figures": {**stat_figs, **attn_figs,
+        data_json=json_for_script({"figures": {**stat_figs, **attn_figs,
                                                 **{k: v for sec in sections for k, v in sec.figures.items()}}}),
         script=static_text("charts.js") + "\n" + static_text("heatmap.js"),
     )
@@ -296,5 +297,5 @@ def _write_files(result, tokenizer, path: Path, tmp: Path, verification, timings
         result.timings["other_s"] = round(max(0.0, result.timings["total_s"] - sum(
             result.timings.get(k, 0.0) for k in phases)), 4)
     record["timings_s"] = result.timings
-    (tmp / "run.json").write_text(json.dumps(record, indent=2, default=_json_default) + "\n", encoding="utf-8")
+    (tmp / "run.json").write_text(json.dumps(record, indent=2, default=json_default) + "\n", encoding="utf-8")
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..sites import Site, head_name
 from ..tokens import display_tokens
-from .sections import Section, render_fragment
+from .sections import Section, render_fragment, section_builder
 
 #: Heads drawn: this many by ``aligned``, then the most focused other head.
 ALIGNED_HEADS = 2
@@ -50,6 +50,7 @@ def cross_figure(ex, tokenizer, layer: int, head: int, title: str) -> dict:
     }
 
 
+@section_builder
 def cross_attention_section(result, tokenizer) -> Section | None:
     """The section, or None for a model without cross-attention (or a run without examples)."""
     heads = result.heads

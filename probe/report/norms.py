@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..sites import head_name, site_prefix
 from ..stats import NORM_MASS, by_norm
-from .sections import Section, render_fragment
+from .sections import Section, render_fragment, section_builder
 
 #: The stripes compared, with their names on the page.
 STRIPES = {"first": "first token", "sep": "sep token", "punct": "punctuation"}
@@ -63,6 +63,7 @@ def _moved(heads: pd.DataFrame, stripe: str) -> list[list[str]]:
     return rows
 
 
+@section_builder
 def value_weighted_section(result, tokenizer) -> Section | None:
     """The section, or None for a run without value-weighted statistics (``--no-norm``)."""
     heads = result.heads

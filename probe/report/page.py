@@ -145,14 +145,16 @@ def named_rows(frame, fmt=str) -> tuple[list[str], list[list[str]]]:
     return ["head", *rest], rows
 
 
-def _json_for_script(data) -> str:
+def json_for_script(data) -> str:
     """JSON safe inside a <script> element (no '<', '>' or '&' that could close it)."""
-    text = json.dumps(data, separators=(",", ":"), default=_json_default)
+    text = json.dumps(data, separators=(",", ":"), default=json_default)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 @lru_cache(maxsize=1)
-def _environment():
+def template_environment():
+    """The Jinja environment of ``report/templates`` (autoescaped; filters and globals for heads and labels),
+    built once."""
     env = Environment(loader=PackageLoader("probe", "report/templates"), autoescape=select_autoescape(["html", "j2"]))
     env.filters["plural"] = plural  # {{ n|plural("sequence") }} -> "1 sequence", "2 sequences"
     env.globals["head_name"] = head_name
@@ -168,7 +170,8 @@ def static_text(name: str) -> str:
     return resources.files("probe").joinpath(f"report/static/{name}").read_text(encoding="utf-8")
 
 
-def _json_default(obj):
+def json_default(obj):
+    """``json.dumps``' fallback: NumPy integers and floats as numbers (NaN as null), arrays as lists, else ``str``."""
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, (np.floating,)):

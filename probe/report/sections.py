@@ -3,18 +3,24 @@
 An analysis (pruning, coreference, syntax, head groups ...) contributes a :class:`Section`: its
 HTML fragment (rendered from its own template in ``report/templates``, autoescaped), the data of
 its canvas figures (drawn by the page's heatmap script like every other figure), files written
-beside ``index.html`` (``coref.csv`` ...) and an entry for ``run.json``. Builders are listed in
-:data:`probe.report.builders.BUILDERS` and called with the analysis result; each returns None when
-its analysis did not run, so the page shows only what was measured.
+beside ``index.html`` (``coref.csv`` ...) and an entry for ``run.json``.
+
+The report is a leaf that sections plug into: it imports none of them. A builder, a function
+``(result, tokenizer) -> Section | None``, registers itself where it is defined with
+:func:`section_builder`; each returns None when its analysis did not run, so the page shows only
+what was measured. Every package that defines builders imports its section module in its
+``__init__``, and ``probe/__init__.py`` imports those packages, so importing anything of probe
+registers every section.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from markupsafe import Markup
 
-from .page import _environment
+from .page import template_environment
 
 
 @dataclass
@@ -42,4 +48,29 @@ class Section:
 
 def render_fragment(template: str, **context) -> Markup:
     """Render one of ``report/templates`` (autoescaped) as a fragment for :attr:`Section.html`."""
-    return Markup(_environment().get_template(template).render(**context))
+    return Markup(template_environment().get_template(template).render(**context))
+
+
+#: The registered section builders, in the order they registered (the page sorts the sections by
+#: :attr:`Section.order`, distinct for every builder).
+BUILDERS: list[Callable[..., Section | None]] = []
+
+
+def section_builder(build: Callable[..., Section | None]) -> Callable[..., Section | None]:
+    """Register ``build`` (a decorator): :func:`build_sections` calls it for every run written.
+
+    Args:
+        build: ``(result, tokenizer) -> Section | None``; None when its analysis did not run.
+
+    Returns:
+        ``build`` itself.
+    """
+    if build not in BUILDERS:
+        BUILDERS.append(build)
+    return build
+
+
+def build_sections(result, tokenizer) -> list[Section]:
+    """Every registered section whose analysis ran, sorted by :attr:`Section.order`."""
+    sections = [s for s in (build(result, tokenizer) for build in BUILDERS) if s is not None]
+    return sorted(sections, key=lambda s: s.order)

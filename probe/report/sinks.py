@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .sections import Section, render_fragment
+from .sections import Section, render_fragment, section_builder
 
 #: The section appears when the longest analysed sequence has at least this many tokens.
 SHOWN_FROM = 256
@@ -37,6 +37,7 @@ def _grid(frame, column: str, title: str) -> dict:
     }
 
 
+@section_builder
 def sink_profile_section(result, tokenizer) -> Section | None:
     """The section, or None: no profile measured, or no sequence of :data:`SHOWN_FROM` tokens."""
     profile = result.results.get("sink_profile")

@@ -23,7 +23,7 @@ from ..capture import attention_hooks, encode, forward
 from ..core import LoadedModel
 from ..errors import InputError
 from ..inputs import Text
-from ..report.page import _json_for_script
+from ..report.page import json_for_script
 from ..runfolder import replace_file
 from ..seq2seq import sides
 from ..sites import Site
@@ -47,7 +47,7 @@ def render_fragment(data: dict, view_id: str | None = None) -> str:
     return (f'<div class="probe-hv" id="{html.escape(view_id)}"><style>{view_static("headview.css")}</style>'
             f'<div class="hv-fallback">probe head view: its script has not run (in Jupyter, run the cell or trust '
             f'the notebook).</div>'
-            f'<script type="application/json" class="probe-hv-data">{_json_for_script(data)}</script>'
+            f'<script type="application/json" class="probe-hv-data">{json_for_script(data)}</script>'
             f'<script>{view_static("headview.js")}</script></div>')
 
 

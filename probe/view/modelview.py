@@ -25,7 +25,7 @@ from ..capture import attention_hooks, encode, forward
 from ..core import LoadedModel
 from ..errors import InputError
 from ..inputs import Text
-from ..report.page import LABEL_COLORS, _json_for_script, label_family
+from ..report.page import LABEL_COLORS, json_for_script, label_family
 from ..runfolder import replace_file
 from ..seq2seq import sides
 from ..sites import head_name
@@ -105,7 +105,7 @@ def render_model_view(data: dict, view_id: str | None = None) -> str:
     return (f'<div class="probe-mv" id="{html.escape(view_id)}"><style>{view_static("modelview.css")}</style>'
             f'<div class="mv-fallback">probe model view: its script has not run (in Jupyter, run the cell or '
             f'trust the notebook).</div>'
-            f'<script type="application/json" class="probe-mv-data">{_json_for_script(data)}</script>'
+            f'<script type="application/json" class="probe-mv-data">{json_for_script(data)}</script>'
             f'<script>{view_static("modelview.js")}</script></div>')
 
 

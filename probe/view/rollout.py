@@ -26,8 +26,8 @@ from ..core import LoadedModel
 from ..errors import InputError
 from ..flow import MAX_FLOW_TOKENS, flow_values, normalise_rows
 from ..inputs import Text
-from ..report.page import _json_for_script
-from ..report.sections import Section
+from ..report.page import json_for_script
+from ..report.sections import Section, section_builder
 from ..report.sections import render_fragment as render_template
 from ..rollout import Attribution, encode_for_stack, rollout_matrix, stack_maps
 from ..runfolder import replace_file
@@ -153,7 +153,7 @@ def render_rollout(data: dict, view_id: str | None = None) -> str:
     return (f'<div class="probe-rv" id="{html.escape(view_id)}"><style>{view_static("rollout.css")}</style>'
             f'<div class="rv-fallback">probe rollout view: its script has not run (in Jupyter, run the cell or '
             f'trust the notebook).</div>'
-            f'<script type="application/json" class="probe-rv-data">{_json_for_script(data)}</script>'
+            f'<script type="application/json" class="probe-rv-data">{json_for_script(data)}</script>'
             f'<script>{view_static("rollout.js")}</script></div>')
 
 
@@ -206,6 +206,7 @@ def rollout_view(lm: LoadedModel, text: str | Text, *, max_length: int | None = 
     return RolloutView(record)
 
 
+@section_builder
 def rollout_section(result, tokenizer=None):
     """The report's "Attention rollout and flow" section, or None where it did not run
     (``result.results["rollout"]``, a :class:`RolloutRecord` the CLI adds; ``--no-rollout`` leaves it out)."""
@@ -220,4 +221,4 @@ def rollout_section(result, tokenizer=None):
                              "top_rollout": e.rollout.top(3), "top_flow": e.flow.top(3) if e.flow else None}
                             for e in record.examples],
                "notes": list(record.notes), "seconds": round(record.seconds, 3), "flow_tokens": record.flow_tokens}
-    return Section("rollout", "Attention rollout and flow", html_, record=summary, order=6)
+    return Section("rollout", "Attention rollout and flow", html_, record=summary, order=7)

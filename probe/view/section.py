@@ -1,4 +1,4 @@
-"""The report's interactive head view (a section builder, :data:`probe.report.sections.BUILDERS`).
+"""The report's interactive head view (section builders registered with :func:`probe.report.sections.section_builder`).
 
 The view shows the first example as the analysis kept it: maps cropped to ``example_tokens``
 (default 64) tokens, every layer and head (within :data:`probe.view.data.MAX_VALUES` numbers),
@@ -18,7 +18,7 @@ from markupsafe import Markup
 
 from ..compare.runs import EXAMPLES_FILE, examples_bytes
 from ..report.page import choose_heads
-from ..report.sections import Section
+from ..report.sections import Section, section_builder
 from ..report.sections import render_fragment as render_template
 from ..tokens import display_tokens
 from ..util import plural
@@ -31,6 +31,7 @@ from .stepview import STEPS_KEY, render_step_view
 REPORT_HEAD_VIEW = "probe-hv-report"
 
 
+@section_builder
 def head_view_section(result, tokenizer):
     """The "Interactive head view" section of the report, or None without examples. An
     encoder-decoder model's view holds its encoder, decoder and cross-attention sites, each with
@@ -69,6 +70,7 @@ def report_layers(ex) -> list[int]:
     return choose_layers(n_sites, n_heads, longest, MAX_VALUES)
 
 
+@section_builder
 def model_view_section(result, tokenizer):
     """The "Model view" section: every head of the first example as a thumbnail (clicking one opens
     it in the report's head view), or None without examples."""
@@ -87,6 +89,7 @@ def model_view_section(result, tokenizer):
     return Section("model-view", "Model view", Markup(html), record=record, order=4)
 
 
+@section_builder
 def steps_section(result, tokenizer):
     """The "Attention steps" section: the step view of the strongest head of each label on the first
     example (:func:`probe.view.stepview.report_steps` put them in ``result.results``), or None."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..inputs import Text
-from ..report.page import _json_for_script, choose_heads
+from ..report.page import choose_heads, json_for_script
 from ..sites import head_name
 from ..steps import heads_steps
 from .assets import view_static
@@ -66,7 +66,7 @@ def render_step_view(data: dict, view_id: str | None = None) -> str:
     view_id = view_id or f"probe-sv-{uuid.uuid4().hex[:12]}"
     return (f'<div class="probe-sv" id="{html.escape(view_id)}"><style>{view_static("stepview.css")}</style>'
             f'<div class="sv-fallback">probe step view: its script has not run.</div>'
-            f'<script type="application/json" class="probe-sv-data">{_json_for_script(data)}</script>'
+            f'<script type="application/json" class="probe-sv-data">{json_for_script(data)}</script>'
             f'<script>{view_static("stepview.js")}</script></div>')
 
 

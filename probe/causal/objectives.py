@@ -30,6 +30,12 @@ from ..capture import forward
 from ..errors import InputError, ProbeError
 from ..hooks import measuring
 
+#: Objective means within this of 0 are 0. Every objective is >= 0 by definition (a
+#: cross-entropy, or 1 - cosine similarity), and float32 sums round an exact 0 (the unpruned
+#: model's fidelity to itself) to a few 1e-8 on either side: such a value is reported as 0.
+ZERO_WITHIN = 16 * torch.finfo(torch.float32).eps
+
+
 OBJECTIVES = ("clm", "mlm", "fidelity", "classification")
 
 #: Share of a sequence's real, non-special tokens masked by ``mlm``.
