@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .layout import QKV_LAYOUTS, ProjectionLayout, projection_layout
 from .position_bias import NO_POSITION_BIAS, PositionBias
 
-#: How the query/key/value projections are stored (see :attr:`ArchSpec.qkv_layout`).
-QKV_LAYOUTS = ("separate", "conv1d", "per_head", "stacked")
+#: How a family's norms compute (see :attr:`ArchSpec.norm`).
+NORMS = ("layernorm", "rmsnorm")
 
 
 def _inverse_sqrt_head(config, d_head: int, layer: int) -> float:
@@ -90,6 +91,11 @@ def _no_softcap(config) -> float | None:
     return None
 
 
+def _final_logit_softcap(config) -> float | None:
+    """Gemma 2 and 3: the final logits become cap * tanh(logits / cap) (``final_logit_softcapping``)."""
+    return getattr(config, "final_logit_softcapping", None)
+
+
 def _gemma2_softcap(config) -> float | None:
     """Gemma 2: scores become cap * tanh(scores / cap) before masking (``attn_logit_softcapping``)."""
     return getattr(config, "attn_logit_softcapping", None)
@@ -163,6 +169,10 @@ class SiteSpec:
             others None).
         q_norm, k_norm: paths of per-head RMS norms applied to q and k before RoPE (Gemma 3, Qwen3),
             or None.
+        input_norm: path of the norm before the attention in a pre-norm block (what the attention
+            reads is this norm of the residual stream), or None where probe's weight analyses do not
+            apply (post-norm encoders, encoder-decoder models).
+        mlp: path of the block's MLP (its output is the MLP's write to the residual stream), or None.
         causal: queries see only keys at or before their own position.
         stack_module: path of the module whose forward receives this stack's 2D padding mask
             (``"encoder"``/``"decoder"`` of an encoder-decoder model; ``""`` = the base model).
@@ -182,6 +192,8 @@ class SiteSpec:
     qkv: str | None = None
     q_norm: str | None = None
     k_norm: str | None = None
+    input_norm: str | None = None
+    mlp: str | None = None
     causal: bool = False
     stack_module: str = ""
     n_layers: Callable[..., int] | None = None
@@ -220,7 +232,15 @@ class ArchSpec:
             ``"stacked"`` one ``nn.Linear`` whose output is q (heads * d_head) | k | v
             (kv_heads * d_head each) (Phi-3 ``qkv_proj``).
         conv1d: projections are GPT-2 ``Conv1D`` modules (``y = x @ W + b``, W is [in, out]), the
-            output projection included; False for ``nn.Linear`` (W is [out, in]).
+            output projection included; False for ``nn.Linear`` (W is [out, in]). The two fields are
+            decoded once into :attr:`layout` (:mod:`probe.architectures.layout`).
+        final_norm: path, relative to the base model, of a decoder's norm between the last block and
+            the unembedding (None: none known).
+        norm: how the family's norms compute: ``"layernorm"`` (centred, scaled, with a bias) or
+            ``"rmsnorm"`` (scaled by the root mean square, no bias) (:data:`NORMS`).
+        norm_offset: added to a norm's stored weight to give its gain (Gemma stores gain - 1: 1.0).
+        final_softcap: ``config -> float | None``: the cap of the final logits' soft-capping
+            (Gemma 2 and 3: ``cap * tanh(logits / cap)``), None for none.
         rotary: rotary position embedding applied to q and k (Su et al. 2021, RoFormer), in the
             "rotate half" layout on the first ``partial_rotary_factor * d_head`` dimensions.
         scaling: ``(config, d_head, layer) -> float``, the multiplier of q k^T.
@@ -263,6 +283,10 @@ class ArchSpec:
     site_specs: tuple[SiteSpec, ...]
     qkv_layout: str = "separate"
     conv1d: bool = False
+    final_norm: str | None = None
+    norm: str = "layernorm"
+    norm_offset: float = 0.0
+    final_softcap: Callable[..., float | None] = _no_softcap
     rotary: bool = False
     scaling: Callable[..., float] = _inverse_sqrt_head
     softmax_dtype: torch.dtype | None = None
@@ -285,6 +309,8 @@ class ArchSpec:
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
             raise ValueError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if self.kind not in MODEL_KINDS:
             raise ValueError(f"kind must be one of {MODEL_KINDS}, got {self.kind!r}")
         found = {(s.stack, s.kind) for s in self.site_specs}
@@ -293,3 +319,8 @@ class ArchSpec:
         if found != expected or len(found) != len(self.site_specs):
             raise ValueError(f"{self.family} ({self.kind}) needs the site kinds {sorted(expected)} once each, "
                              f"got {sorted(found)}")
+
+    @property
+    def layout(self) -> ProjectionLayout:
+        """The projection layout decoded once (:func:`probe.architectures.layout.projection_layout`)."""
+        return projection_layout(self.qkv_layout, self.conv1d)

@@ -12,6 +12,7 @@ from .position_bias import ALIBI, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
     SiteSpec,
+    _final_logit_softcap,
     _gemma2_softcap,
     _gpt2_scaling,
     _gpt2_upcast,
@@ -41,37 +42,42 @@ _DISTILBERT = ArchSpec(
     head_count_attrs=("n_heads",),
 )
 _GPT2 = ArchSpec(
-    family="gpt2", kind="decoder", site_specs=one_stack("decoder", "h", "attn", "attn.c_proj", qkv="attn.c_attn"),
-    qkv_layout="conv1d", conv1d=True, scaling=_gpt2_scaling, upcast=_gpt2_upcast,
+    family="gpt2", kind="decoder",
+    site_specs=one_stack("decoder", "h", "attn", "attn.c_proj", qkv="attn.c_attn", input_norm="ln_1", mlp="mlp"),
+    qkv_layout="conv1d", conv1d=True, final_norm="ln_f", scaling=_gpt2_scaling, upcast=_gpt2_upcast,
     head_count_attrs=("num_heads",), width_attrs=("split_size", "embed_dim"),
 )
+_PRE_NORM = dict(input_norm="input_layernorm", mlp="mlp")  # a pre-norm decoder block's norm and MLP
 _LLAMA_SITES = one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", q="self_attn.q_proj",
-                         k="self_attn.k_proj", v="self_attn.v_proj")
+                         k="self_attn.k_proj", v="self_attn.v_proj", **_PRE_NORM)
 _QK_NORM_SITES = one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", q="self_attn.q_proj",
                            k="self_attn.k_proj", v="self_attn.v_proj", q_norm="self_attn.q_norm",
-                           k_norm="self_attn.k_norm")
+                           k_norm="self_attn.k_norm", **_PRE_NORM)
 _LLAMA = ArchSpec(
     family="llama", kind="decoder", site_specs=_LLAMA_SITES, rotary=True, softmax_dtype=torch.float32,
-    kv_group_attr="num_key_value_groups",
+    kv_group_attr="num_key_value_groups", final_norm="norm", norm="rmsnorm",
 )
 _MISTRAL = replace(_LLAMA, family="mistral", window=_window_every_layer)
 _QWEN2 = replace(_LLAMA, family="qwen2", window=_window_by_layer_type)
 _QWEN3 = replace(_QWEN2, family="qwen3", site_specs=_QK_NORM_SITES)
 _GPT_NEOX = ArchSpec(
     family="gpt_neox", kind="decoder",
-    site_specs=one_stack("decoder", "layers", "attention", "attention.dense", qkv="attention.query_key_value"),
-    qkv_layout="per_head", rotary=True, softmax_dtype=torch.float32,
+    site_specs=one_stack("decoder", "layers", "attention", "attention.dense", qkv="attention.query_key_value",
+                         **_PRE_NORM),
+    qkv_layout="per_head", rotary=True, softmax_dtype=torch.float32, final_norm="final_layer_norm",
     cache_kwargs=("layer_past", "cache", "past_key_values"),
 )
 _PHI3 = ArchSpec(
     family="phi3", kind="decoder",
-    site_specs=one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", qkv="self_attn.qkv_proj"),
-    qkv_layout="stacked", rotary=True, softmax_dtype=torch.float32, window=_window_every_layer,
+    site_specs=one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", qkv="self_attn.qkv_proj",
+                         **_PRE_NORM),
+    final_norm="norm", norm="rmsnorm", qkv_layout="stacked", rotary=True, softmax_dtype=torch.float32,
+    window=_window_every_layer,
     kv_group_attr="num_key_value_groups", kv_head_count_attrs=("num_key_value_heads",),
     config_head_attrs=("num_attention_heads",),
 )
-_GEMMA = replace(_LLAMA, family="gemma")
-_GEMMA2 = replace(_LLAMA, family="gemma2", scaling=_query_pre_attn_scaling,
+_GEMMA = replace(_LLAMA, family="gemma", norm_offset=1.0)  # Gemma's RMSNorm multiplies by 1 + weight
+_GEMMA2 = replace(_GEMMA, family="gemma2", scaling=_query_pre_attn_scaling, final_softcap=_final_logit_softcap,
                   window=_window_by_layer_type, softcap=_gemma2_softcap)
 _GEMMA3 = replace(_GEMMA2, family="gemma3", softcap=_no_softcap, site_specs=_QK_NORM_SITES,
                   rope=_rope_by_layer_type)
@@ -113,8 +119,9 @@ _T5 = ArchSpec(
 _BLOOM = ArchSpec(
     family="bloom", kind="decoder",
     site_specs=one_stack("decoder", "h", "self_attention", "self_attention.dense",
-                         qkv="self_attention.query_key_value"),
-    qkv_layout="per_head", softmax_dtype=torch.float32, position_bias=ALIBI, residual=_residual_inside,
+                         qkv="self_attention.query_key_value", **_PRE_NORM),
+    final_norm="ln_f", qkv_layout="per_head", softmax_dtype=torch.float32, position_bias=ALIBI,
+    residual=_residual_inside,
     cache_kwargs=("layer_past", "cache", "past_key_values"), head_count_attrs=("num_heads",),
     width_attrs=("hidden_size", "split_size"),
 )

@@ -33,53 +33,32 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from torch import nn
 
-from ..architectures import site_block, site_outputs
+from ..architectures import site_outputs, weights
 from ..errors import InputError, UnsupportedAnalysisError
 from ..reference import Rope
 from .dla import head_out_weights
 
 MODES = ("q", "k", "v")
-INPUT_NORMS = ("input_layernorm", "ln_1")
 BASELINE_PAIRS = 200
 
 
-def _input_norm(block: nn.Module) -> tuple[torch.Tensor | None, bool]:
-    """(gamma [d_model] or None, is LayerNorm) of a block's attention input norm."""
-    norm = next((getattr(block, n) for n in INPUT_NORMS if isinstance(getattr(block, n, None), nn.Module)), None)
+def _input_norm(lm, layer: int) -> tuple[torch.Tensor | None, bool]:
+    """(gamma [d_model] float64 or None, is LayerNorm) of a block's attention input norm (the spec's
+    :attr:`~probe.architectures.SiteSpec.input_norm`)."""
+    norm = weights.input_norm(lm.model, lm.spec, lm.sites[layer])
     if norm is None or getattr(norm, "weight", None) is None:
         return None, False
-    gamma = norm.weight.detach().double()
-    if type(norm).__name__.startswith("Gemma"):
-        gamma = gamma + 1.0
-    return gamma, isinstance(norm, nn.LayerNorm)
+    return weights.norm_gain(lm.spec, norm, torch.float64), lm.spec.norm == "layernorm"
 
 
 def _qkv(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W_Q [heads, d_model, d_head], W_K and W_V [kv_heads, d_model, d_head] of ``layer`` (float64)."""
-    g, spec = lm.geometry, lm.spec
-    ss = spec.site_specs[0]
-    block = site_block(lm.model, spec, lm.sites[layer])
-    H, KV, dh = g.n_heads, g.n_kv_heads, g.d_head
-
-    def rows(w, n):  # nn.Linear weight rows [n * dh, d] -> [n, d, dh]
-        return w.detach().double().reshape(n, dh, -1).transpose(1, 2)
-
-    if spec.qkv_layout == "separate":
-        q, k, v = (rows(block.get_submodule(p).weight, n) for p, n in ((ss.q, H), (ss.k, KV), (ss.v, KV)))
-    elif spec.qkv_layout == "conv1d":  # GPT-2 Conv1D [d, 3 * d]: columns q | k | v
-        w = block.get_submodule(ss.qkv).weight.detach().double()
-        q, k, v = (w[:, i * H * dh:(i + 1) * H * dh].reshape(-1, H, dh).transpose(0, 1) for i in range(3))
-    elif spec.qkv_layout == "stacked":  # Phi-3: rows q (H) | k (KV) | v (KV)
-        w = block.get_submodule(ss.qkv).weight
-        q, k, v = (rows(t, n) for t, n in zip(w.split([H * dh, KV * dh, KV * dh]), (H, KV, KV)))
-    else:  # per_head (GPT-NeoX, BLOOM): rows [heads, 3, d_head]
-        w = block.get_submodule(ss.qkv).weight.detach().double().reshape(H, 3, dh, -1).transpose(2, 3)
-        q, k, v = w[:, 0], w[:, 1], w[:, 2]
-    for path, t in ((ss.q_norm, q), (ss.k_norm, k)):
-        if path is not None:
-            t.mul_(block.get_submodule(path).weight.detach().double())
+    """W_Q [heads, d_model, d_head], W_K and W_V [kv_heads, d_model, d_head] of ``layer`` (float64), the
+    per-head q/k norms' gains folded in (:func:`probe.architectures.weights.attention_weights`)."""
+    w = weights.attention_weights(lm.model, lm.spec, lm.sites[layer])
+    q, k, v = (t.double() for t in (w.W_Q, w.W_K, w.W_V))
+    q = q if w.q_gain is None else q * w.q_gain.double()  # not in place: a float64 model's W_Q is its weight
+    k = k if w.k_gain is None else k * w.k_gain.double()
     return q, k, v
 
 
@@ -92,7 +71,7 @@ def head_factors(lm) -> dict:
     out = {m: [] for m in ("q", "k", "v", "o", "o_reader")}
     for layer in range(g.n_layers):
         q, k, v = _qkv(lm, layer)
-        gamma, layernorm = _input_norm(site_block(lm.model, lm.spec, lm.sites[layer]))
+        gamma, layernorm = _input_norm(lm, layer)
         group = torch.arange(g.n_heads) // (g.n_heads // g.n_kv_heads)
         k, v = k[group], v[group]
         if gamma is not None:

@@ -24,45 +24,40 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..architectures import site_block, site_outputs
+from ..architectures import site_block, site_outputs, weights
 from ..errors import UnsupportedAnalysisError
 from ..hooks import input_device, measuring
 from .patching import EncodedPairs, Pair, builtin_pairs, check_patchable, encode_pairs, final_norm
 
-#: MLP attribute of a block.
-MLPS = ("mlp",)
-
-
-def _attr(module: nn.Module, names) -> nn.Module | None:
-    return next((getattr(module, n) for n in names if isinstance(getattr(module, n, None), nn.Module)), None)
-
 
 def head_out_weights(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W_O [heads, d_head, d_model], b_O [d_model]) of ``layer`` in the row convention (float64)."""
-    o = site_outputs(lm.model, lm.spec)[layer][1]
-    g = lm.geometry
-    w = o.weight.detach().double()
-    w = w if lm.spec.qkv_layout == "conv1d" else w.T  # [heads * d_head, d_model]
-    b = o.bias.detach().double() if getattr(o, "bias", None) is not None else torch.zeros(w.shape[1], dtype=w.dtype)
-    return w.reshape(g.n_heads, g.d_head, -1), b
+    """(W_O [heads, d_head, d_model], b_O [d_model], zeros without a bias) of ``layer`` (float64), from
+    :func:`probe.architectures.weights.output_weights`."""
+    w, b = weights.output_weights(lm.model, lm.spec, lm.sites[layer])
+    w = w.double()
+    return w, b.double() if b is not None else torch.zeros(w.shape[-1], dtype=w.dtype)
 
 
-def frozen_norm(norm: nn.Module, x: torch.Tensor):
+def frozen_norm(spec, norm: nn.Module, x: torch.Tensor):
     """The final norm linearised at input ``x`` [n, d_model]: (fn(c) for components [..., n, d_model], beta).
 
+    Args:
+        spec: the architecture (its :attr:`~probe.architectures.ArchSpec.norm` and ``norm_offset``).
+        norm: the final norm module.
+        x: [n, d_model] its input.
+
     Raises:
-        UnsupportedAnalysisError: a norm that is neither LayerNorm nor RMSNorm.
+        UnsupportedAnalysisError: an RMS norm without a known epsilon.
     """
     x = x.double()
-    if isinstance(norm, nn.LayerNorm):
+    gamma = weights.norm_gain(spec, norm, torch.float64)
+    if spec.norm == "layernorm":
         sigma = (x.var(-1, unbiased=False) + norm.eps).sqrt()[:, None]
-        gamma = norm.weight.detach().double()
         beta = norm.bias.detach().double() if norm.bias is not None else torch.zeros_like(gamma)
         return (lambda c: gamma * (c - c.mean(-1, keepdim=True)) / sigma), beta
-    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None)
-    if "RMSNorm" not in type(norm).__name__ or eps is None:
-        raise UnsupportedAnalysisError(f"the final norm {type(norm).__name__} is neither LayerNorm nor RMSNorm")
-    gamma = norm.weight.detach().double() + (1.0 if type(norm).__name__.startswith("Gemma") else 0.0)
+    eps = weights.norm_eps(norm)
+    if eps is None:
+        raise UnsupportedAnalysisError(f"the final norm {type(norm).__name__} has no epsilon probe can read")
     rms = ((x ** 2).mean(-1) + eps).sqrt()[:, None]
     return (lambda c: gamma * c / rms), torch.zeros_like(gamma)
 
@@ -74,7 +69,7 @@ def _components(lm, enc: EncodedPairs):
     L = lm.geometry.n_layers
     norm = final_norm(lm)
     blocks = [site_block(lm.model, lm.spec, s) for s in lm.sites]
-    mlps = [_attr(b, MLPS) for b in blocks]
+    mlps = [weights.block_mlp(lm.model, lm.spec, s) for s in lm.sites]
     if any(m is None for m in mlps):
         raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its MLPs are")
     rows, got = torch.arange(len(enc)), {}
@@ -121,9 +116,9 @@ def direct_logit_attribution(lm, pairs: list[Pair] | None = None) -> pd.DataFram
     enc = encode_pairs(lm, builtin_pairs() if pairs is None else pairs)
     got, norm, ld, L = _components(lm, enc)
     unembed = lm.model.get_output_embeddings()
-    W_U = unembed.weight.detach().double()
-    u = W_U[enc.answer] - W_U[enc.wrong]  # [pairs, d_model]
-    fn, beta = frozen_norm(norm, got["final"])
+    W_U = weights.unembedding(lm.model).double()  # [d_model, vocab]
+    u = (W_U[:, enc.answer] - W_U[:, enc.wrong]).T  # [pairs, d_model]
+    fn, beta = frozen_norm(lm.spec, norm, got["final"])
     rows, parts, total = [], [], got["embed"].clone()
     rows.append(("embed", -1, -1)), parts.append(got["embed"])
     for layer in range(L):

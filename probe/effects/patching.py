@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..architectures import site_block, site_outputs
+from ..architectures import site_block, site_outputs, weights
 from ..causal.objectives import head_kind
 from ..errors import InputError, UnsupportedAnalysisError
 from ..hooks import input_device, measuring
@@ -40,7 +40,7 @@ from .patch_full import full_head_logit_diffs, full_pass, job_patches, last_logi
 __all__ = ["EncodedPairs", "Pair", "builtin_pairs", "encode_pairs", "parse_pairs", "read_pairs", "MIN_GAP",
            "DIRECTIONS", "check_patchable", "logit_diffs", "run_z", "patched_pass", "StackInputs", "capture_inputs",
            "continue_pass", "last_logit_diffs", "head_logit_diffs", "normalise", "patch_heads", "patch_residual",
-           "final_norm", "FINAL_NORMS"]
+           "final_norm"]
 
 #: Below this |LD_c - LD_x| (logits) effects are not normalised (raw differences instead).
 MIN_GAP = 0.1
@@ -174,18 +174,14 @@ def capture_inputs(lm, ids: torch.Tensor, mask: torch.Tensor, copies: int) -> St
     return StackInputs([saved[k][0] for k in keys], [saved[k][1] for k in keys], copies)
 
 
-#: Attribute of a decoder's final norm on its base model, by family (GPT-2, LLaMA family, GPT-NeoX).
-FINAL_NORMS = ("ln_f", "norm", "final_layer_norm")
-
-
 def final_norm(lm) -> torch.nn.Module:
-    """The final norm of a decoder (the module between the last block and the unembedding).
+    """The final norm of a decoder (the module between the last block and the unembedding), named by
+    the spec (:func:`probe.architectures.weights.final_norm`).
 
     Raises:
-        UnsupportedAnalysisError: none of :data:`FINAL_NORMS` on the base model.
+        UnsupportedAnalysisError: the spec names no final norm.
     """
-    base = lm.model.base_model
-    norm = next((getattr(base, n) for n in FINAL_NORMS if isinstance(getattr(base, n, None), torch.nn.Module)), None)
+    norm = weights.final_norm(lm.model, lm.spec)
     if norm is None:
         raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its final norm is")
     return norm
@@ -193,7 +189,7 @@ def final_norm(lm) -> torch.nn.Module:
 
 def _final(lm):
     """(final norm, LM head, softcap or None) of a decoder."""
-    return final_norm(lm), lm.model.get_output_embeddings(), getattr(lm.model.config, "final_logit_softcapping", None)
+    return final_norm(lm), lm.model.get_output_embeddings(), lm.spec.final_softcap(lm.model.config)
 
 
 @torch.no_grad()
