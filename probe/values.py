@@ -35,7 +35,7 @@ def value_states(spec: ArchSpec, output: torch.Tensor, n_heads: int, d_head: int
     """The values x W_V + b_V [batch, kv_heads, key, d_head] in the output of a site's value projection.
 
     Args:
-        spec: the architecture (its :attr:`~probe.architectures.ArchSpec.qkv_layout`).
+        spec: the architecture (its projection layout, :attr:`~probe.architectures.ArchSpec.layout`).
         output: [batch, key, width] what the module named by the site spec's ``v`` (or fused ``qkv``)
             returned: values only; GPT-2's q | k | v; GPT-NeoX / BLOOM per head [heads, 3, d_head];
             Phi-3's q (heads * d_head) | k | v (kv_heads * d_head each).
@@ -43,20 +43,7 @@ def value_states(spec: ArchSpec, output: torch.Tensor, n_heads: int, d_head: int
             d_head; fewer in a physically pruned model).
         d_head: features per head.
     """
-    B, T, width = output.shape
-    layout = spec.qkv_layout
-    if layout == "separate":
-        v = output
-    elif layout == "conv1d":
-        v = output[..., 2 * (width // 3):]
-    elif layout == "per_head":
-        v = output.reshape(B, T, -1, 3, d_head)[..., 2, :]
-    elif layout == "stacked":
-        n_kv = (width // d_head - n_heads) // 2
-        v = output[..., (n_heads + n_kv) * d_head:]
-    else:
-        raise ValueError(f"unknown qkv layout {layout!r}")
-    return v.reshape(B, T, -1, d_head).transpose(1, 2)
+    return spec.layout.values(output, n_heads, d_head)
 
 
 def output_gram(spec: ArchSpec, o: nn.Module, d_head: int) -> torch.Tensor:
@@ -68,14 +55,7 @@ def output_gram(spec: ArchSpec, o: nn.Module, d_head: int) -> torch.Tensor:
     (accelerate's CPU or disk offload: a ``meta`` tensor) is read by running the module itself on
     the unit vectors: W_O = o(I) - o(0).
     """
-    weight = o.weight
-    if weight.is_meta:
-        n_in = weight.shape[0] if spec.conv1d else weight.shape[1]
-        eye = torch.eye(n_in, dtype=weight.dtype)[None]
-        w = (o(eye) - o(torch.zeros_like(eye[:, :1])))[0].detach().float()
-    else:
-        w = weight.detach().float()
-        w = w if spec.conv1d else w.t()  # [heads * d_head, d_model]
+    w = spec.layout.output_rows(o).float()  # [heads * d_head, d_model]
     w = w.reshape(-1, d_head, w.shape[-1])
     return w @ w.transpose(1, 2)
 

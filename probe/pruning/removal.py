@@ -48,28 +48,6 @@ class ConfigView:
         setattr(self._base, name, value)
 
 
-def _blocks(t: torch.Tensor, dim: int, slots: list[int | None], size: int) -> torch.Tensor:
-    """Blocks ``slots`` (each ``size`` wide along ``dim``) of ``t``, concatenated; None gives zeros."""
-    parts = []
-    for s in slots:
-        if s is None:
-            shape = list(t.shape)
-            shape[dim] = size
-            parts.append(t.new_zeros(shape))
-        else:
-            parts.append(t.narrow(dim, s * size, size))
-    return torch.cat(parts, dim).contiguous()
-
-
-def _split(t: torch.Tensor, dim: int, sizes: list[int]) -> list[torch.Tensor]:
-    return list(torch.split(t, sizes, dim))
-
-
-def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
-    old = getattr(module, name)
-    setattr(module, name, nn.Parameter(value, requires_grad=old.requires_grad))
-
-
 @dataclass
 class _Slots:
     """Indices into the current projections of the new layout's slots (None: zero placeholder)."""
@@ -86,52 +64,11 @@ def _source(current: LayerLayout, new: LayerLayout) -> _Slots:
     return _Slots(q, kv, len(current.q), len(current.kv))
 
 
-def _slice_qkv(attn_layer: nn.Module, spec: ArchSpec, paths: SiteSpec, s: _Slots, d: int) -> None:
-    """Cut the query/key/value projections of one layer to the new slots."""
-    layout = spec.qkv_layout
-    if layout == "separate":
-        for role, idx in (("q", s.q), ("k", s.kv), ("v", s.kv)):
-            mod = attn_layer.get_submodule(getattr(paths, role))
-            _set(mod, "weight", _blocks(mod.weight, 0, idx, d))
-            if mod.bias is not None:
-                _set(mod, "bias", _blocks(mod.bias, 0, idx, d))
-            mod.out_features = len(idx) * d
-        return
-    mod = attn_layer.get_submodule(paths.qkv)
-    if layout == "conv1d":  # GPT-2 Conv1D weight [in, q | k | v]: columns
-        sizes = [s.old_q * d, s.old_kv * d, s.old_kv * d]
-        for name, dim in (("weight", 1), ("bias", 0)):
-            q, k, v = _split(getattr(mod, name), dim, sizes)
-            _set(mod, name, torch.cat([_blocks(q, dim, s.q, d), _blocks(k, dim, s.kv, d), _blocks(v, dim, s.kv, d)],
-                                      dim))
-        mod.nf = (len(s.q) + 2 * len(s.kv)) * d
-    elif layout == "per_head":  # GPT-NeoX Linear weight [heads * (q, k, v) * d_head, in]: blocks of 3 d rows
-        if s.q != s.kv:
-            raise ValueError("the per-head fused layout has no grouped key/value heads")
-        _set(mod, "weight", _blocks(mod.weight, 0, s.q, 3 * d))
-        if mod.bias is not None:
-            _set(mod, "bias", _blocks(mod.bias, 0, s.q, 3 * d))
-        mod.out_features = len(s.q) * 3 * d
-    elif layout == "stacked":  # Phi-3 Linear weight [q | k | v, in]: rows
-        sizes = [s.old_q * d, s.old_kv * d, s.old_kv * d]
-        for name in ("weight", "bias"):
-            t = getattr(mod, name)
-            if t is None:
-                continue
-            q, k, v = _split(t, 0, sizes)
-            _set(mod, name, torch.cat([_blocks(q, 0, s.q, d), _blocks(k, 0, s.kv, d), _blocks(v, 0, s.kv, d)], 0))
-        mod.out_features = (len(s.q) + 2 * len(s.kv)) * d
-
-
-def _slice_o(attn_layer: nn.Module, spec: ArchSpec, paths: SiteSpec, s: _Slots, d: int) -> None:
-    """Cut the output projection's input to the new query slots (its output and bias stay)."""
-    o = attn_layer.get_submodule(paths.o)
-    if spec.conv1d:  # Conv1D weight [in, out]: rows
-        _set(o, "weight", _blocks(o.weight, 0, s.q, d))
-        o.nx = len(s.q) * d
-    else:
-        _set(o, "weight", _blocks(o.weight, 1, s.q, d))
-        o.in_features = len(s.q) * d
+def _slice(attn_layer: nn.Module, spec: ArchSpec, paths: SiteSpec, s: _Slots, d: int) -> None:
+    """Cut the query/key/value projections and the output projection's input of one layer to the new
+    slots (the layout's own rules: :meth:`probe.architectures.layout.ProjectionLayout.cut_qkv`)."""
+    spec.layout.cut_qkv(lambda role: attn_layer.get_submodule(getattr(paths, role)), s.q, s.kv, s.old_q, s.old_kv, d)
+    spec.layout.cut_output(attn_layer.get_submodule(paths.o), s.q, d)
 
 
 def _set_counts(attn: nn.Module, spec: ArchSpec, lay: LayerLayout, d: int, config) -> None:
@@ -157,8 +94,7 @@ def apply_layout(model: nn.Module, spec: ArchSpec, layer: int, current: LayerLay
     block, paths = site_block(model, spec, site), site_spec(spec, site)
     s = _source(current, new)
     with torch.no_grad():
-        _slice_qkv(block, spec, paths, s, d_head)
-        _slice_o(block, spec, paths, s, d_head)
+        _slice(block, spec, paths, s, d_head)
     _set_counts(block.get_submodule(paths.attention), spec, new, d_head, model.config)
 
 

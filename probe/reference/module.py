@@ -127,19 +127,10 @@ class ReferenceAttention(nn.Module):
 
     def _head_counts(self, original: nn.Module, config) -> tuple[int, int]:
         """Query and key/value heads, from the projections' widths (so physically pruned heads work)."""
-        hs = self.d_head
-        layout = self.spec.qkv_layout
-        if layout == "conv1d":  # Conv1D weight [in, 3 * heads * d_head]
-            n = self._module("qkv").weight.shape[1] // 3 // hs
-            return n, n
-        if layout == "per_head":  # Linear weight [heads * 3 * d_head, in]
-            n = self._module("qkv").weight.shape[0] // (3 * hs)
-            return n, n
-        if layout == "stacked":  # Linear weight [(heads + 2 * kv_heads) * d_head, in]
-            total = self._module("qkv").weight.shape[0] // hs
-            n_kv = int(getattr(original, "num_key_value_heads", None) or head_geometry(config).n_kv_heads)
-            return total - 2 * n_kv, n_kv
-        return self._module("q").weight.shape[0] // hs, self._module("k").weight.shape[0] // hs
+        def n_kv() -> int:  # the stacked layout's widths do not tell query and key/value heads apart
+            return int(getattr(original, "num_key_value_heads", None) or head_geometry(config).n_kv_heads)
+
+        return self.spec.layout.head_counts(self._module, self.d_head, n_kv)
 
     def _module(self, role: str) -> nn.Module:
         return getattr(self, self._names[role])
@@ -167,22 +158,7 @@ class ReferenceAttention(nn.Module):
             k = self._module("k")(source).view(B, S, self.n_kv_head, self.d_head).transpose(1, 2)  # (B, nkv, S, hs)
             v = self._module("v")(source).view(B, S, self.n_kv_head, self.d_head).transpose(1, 2)
             return q, k, v
-        nh, nkv, hs = self.n_head, self.n_kv_head, self.d_head
-        layout = self.spec.qkv_layout
-        if layout == "conv1d":  # GPT-2: x @ W[in, 3*nh*hs] + b, q | k | v along the last dim
-            q, k, v = self._module("qkv")(x).split(nh * hs, dim=2)  # (B, T, nh*hs) each
-        elif layout == "per_head":  # GPT-NeoX: the output is [nh, 3, hs] per token
-            qkv = self._module("qkv")(x).view(B, T, nh, 3 * hs).transpose(1, 2)  # (B, nh, T, 3*hs)
-            return qkv.chunk(3, dim=-1)  # (B, nh, T, hs) each
-        elif layout == "stacked":  # Phi-3: q (nh*hs) | k (nkv*hs) | v (nkv*hs)
-            qkv = self._module("qkv")(x)  # (B, T, (nh + 2*nkv)*hs)
-            q, k, v = qkv[..., :nh * hs], qkv[..., nh * hs:(nh + nkv) * hs], qkv[..., (nh + nkv) * hs:]
-        else:
-            q, k, v = self._module("q")(x), self._module("k")(x), self._module("v")(x)
-        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-        return q, k, v
+        return self.spec.layout.project(self._module, x, self.n_head, self.n_kv_head, self.d_head)
 
     def normalize(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head RMS norms of q and k (Gemma 3, Qwen3), where the architecture has them."""
