@@ -37,6 +37,7 @@ from torch import nn
 
 from ..architectures import site_block, site_outputs
 from ..errors import InputError, UnsupportedAnalysisError
+from ..pruning.heads import normalize_heads
 from ..reference import Rope
 from .dla import head_out_weights
 
@@ -236,6 +237,19 @@ def composition_scores(lm, rope_offsets: int = 1) -> pd.DataFrame:
 
 
 def top_partners(frame: pd.DataFrame, layer: int, head: int, mode: str = "k", n: int = 3) -> pd.DataFrame:
-    """The ``n`` writers with the strongest ``mode``-composition into reader (``layer``, ``head``)."""
+    """The ``n`` writers with the strongest ``mode``-composition into reader (``layer``, ``head``).
+
+    Args:
+        frame: :func:`composition_scores`' table.
+        layer: the reader's layer (layer 0 reads nothing: no rows).
+        head: the reader's head.
+        mode: ``q``, ``k`` or ``v`` (or a z-score column).
+        n: how many writers.
+
+    Raises:
+        InputError: a reader outside the model the table was measured on (naming its ranges).
+    """
+    n_layers = int(max(frame["writer_layer"].max(), frame["reader_layer"].max())) + 1
+    normalize_heads([(layer, head)], n_layers, int(frame["reader_head"].max()) + 1)
     rows = frame[(frame["reader_layer"] == layer) & (frame["reader_head"] == head)]
     return rows.sort_values(mode, ascending=False).head(n)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..architectures import site_block, site_outputs
-from ..errors import UnsupportedAnalysisError
+from ..errors import InputError, UnsupportedAnalysisError
 from ..hooks import input_device, measuring
 from .patching import EncodedPairs, Pair, builtin_pairs, check_patchable, encode_pairs, final_norm
 
@@ -38,7 +38,14 @@ def _attr(module: nn.Module, names) -> nn.Module | None:
 
 
 def head_out_weights(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W_O [heads, d_head, d_model], b_O [d_model]) of ``layer`` in the row convention (float64)."""
+    """(W_O [heads, d_head, d_model], b_O [d_model]) of ``layer`` in the row convention (float64).
+
+    Raises:
+        InputError: no site ``layer`` (a negative number is refused, never wrapped).
+    """
+    n = len(lm.sites)
+    if not (isinstance(layer, int) and not isinstance(layer, bool) and 0 <= layer < n):
+        raise InputError(f"layer {layer!r} out of range: {lm.name} has layers 0-{n - 1}")
     o = site_outputs(lm.model, lm.spec)[layer][1]
     g = lm.geometry
     w = o.weight.detach().double()
