@@ -59,6 +59,11 @@ class StepsInfo:
     max_diff: float
 
 
+def _short(lm: LoadedModel, site: Site) -> str:
+    """A site's display form: ``L3`` (one-stack models), ``enc L3``, ``dec L3``, ``cross L3``."""
+    return (head_name(site, 0) if lm.kind == "encoder-decoder" else head_name(site.layer, 0))[:-2]
+
+
 def find_site(lm: LoadedModel, site) -> Site:
     """A site of ``lm`` from its index in ``lm.sites``, a :class:`Site`, its canonical name
     (``"decoder.3.cross"``) or its display form (``"L3"``, ``"enc L3"``, ``"dec L3"``, ``"cross L3"``).
@@ -79,8 +84,11 @@ def find_site(lm: LoadedModel, site) -> Site:
             prefix = SITE_PREFIX.get((s.stack, s.kind), "") if lm.kind == "encoder-decoder" else ""
             if site.strip() in (s.name, f"{prefix} L{s.layer}".strip()):
                 return s
-    raise InputError(f"no site {site!r}: the model has {len(sites)} sites (an index, a name such as "
-                     f"{sites[0].name!r}, or {head_name(sites[0], 0)[:-2]!r})")
+    short = _short(lm, sites[0])
+    extra = ("" if lm.kind == "encoder-decoder"
+             else "; the 'enc', 'dec' and 'cross' forms name the sites of encoder-decoder models")
+    raise InputError(f"no site {site!r}: {lm.name} has {len(sites)} sites, 0-{len(sites) - 1} (an index, a name "
+                     f"such as {sites[0].name!r}, or {short!r}){extra}")
 
 
 def value_norms(lm: LoadedModel, site: Site, head: int, v: torch.Tensor) -> torch.Tensor:
@@ -145,7 +153,7 @@ def heads_steps(lm: LoadedModel, text, picks, max_length: int | None = None, *, 
                 modules = {where: swapped.modules[lm.sites.index(where)] for where in chosen}
                 for where, head in chosen.items():
                     if not 0 <= head < modules[where].n_head:
-                        raise InputError(f"no head {head}: {where.name} has {modules[where].n_head} heads")
+                        raise InputError(f"no head {head}: {_short(lm, where)} has heads 0-{modules[where].n_head - 1}")
                     modules[where].step_request = head
                 forward(lm, batch)
             recorded.update({(where, head): modules[where].steps for where, head in chosen.items()})

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
+from probe.causal.heads import normalize_heads
 from probe.errors import InputError
-from probe.pruning.heads import LayerLayout, PrunedHeads, full_layout, normalize_heads, plan_layer
+from probe.pruning.heads import LayerLayout, PrunedHeads, full_layout, plan_layer
 
 
 def test_plan_without_groups_keeps_heads_in_order():

@@ -151,7 +151,7 @@ def test_steps_on_a_physically_pruned_site_use_its_own_heads():
     remove_heads(lm, {0: [1]})
     st = head_steps(lm, TEXT, site=0, head=2)
     check_identities(st)
-    with pytest.raises(InputError, match="3 heads"):
+    with pytest.raises(InputError, match="no head 3: L0 has heads 0-2"):
         head_steps(lm, TEXT, site=0, head=3)
 
 

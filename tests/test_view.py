@@ -94,7 +94,7 @@ def test_layer_budget_keeps_evenly_spaced_layers_and_says_so():
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"layers": [7]}, "layers must be among"),
     ({"layer": 1, "layers": [0]}, "not among the included layers"),
-    ({"heads": [4]}, "heads must be in 0..0"),
+    ({"heads": [4]}, "no head 4: layers have heads 0-0"),
     ({"threshold": 0}, "line threshold"),
 ])
 def test_view_data_rejects_bad_selections(kwargs, fragment):

@@ -34,6 +34,7 @@ from ..architectures import site_outputs
 from ..capture import encode, forward
 from ..errors import ProbeError
 from ..hooks import measuring
+from .heads import check_head_mask
 
 #: Models whose gates were seen to act (checked once per model object).
 _ACTING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -71,7 +72,7 @@ def _slot_heads(lm, layer: int) -> list[int | None]:
     return list(lm.pruned.layouts[layer].q)
 
 
-def _hook(state: Gates, layer: int, slots: list[int | None], d_head: int):
+def _hook(state: Gates, layer: int, slots: list[int | None], d_head: int, shape: tuple[int, int]):
     index = torch.tensor([h if h is not None else 0 for h in slots])
     real = torch.tensor([h is not None for h in slots])
 
@@ -79,6 +80,7 @@ def _hook(state: Gates, layer: int, slots: list[int | None], d_head: int):
         state.fired.add(layer)
         if state.values is None:
             return None
+        check_head_mask(state.values, *shape, what="gates")  # assigned between passes: checked where read
         x = args[0]  # [batch, seq, slots * d_head]
         B, T, W = x.shape
         g = state.values[..., layer, :].index_select(-1, index.to(x.device)).to(x.dtype)  # [slots] or [batch, slots]
@@ -104,13 +106,17 @@ def gated(lm, values: torch.Tensor | None = None, *, eager: bool = False) -> Ite
         :class:`Gates`; every hook is removed on exit (also on exceptions).
 
     Raises:
+        InputError: gates (here or assigned later to ``Gates.values``) that are not [..., layers,
+            heads] of this model (:func:`probe.pruning.heads.check_head_mask`).
         ProbeError: the gates do not act on this model (:func:`check_gates`).
     """
-    d_head = lm.geometry.d_head
+    d_head, shape = lm.geometry.d_head, (lm.geometry.n_layers, lm.geometry.n_heads)
+    if values is not None:
+        check_head_mask(values, *shape, what="gates")
     with measuring(lm.model, eager=eager) as m:
         state = Gates(values, m.notes)
         for site, o in site_outputs(lm.model, lm.spec):  # one-stack models: one site per layer
-            m.hooks.forward_pre(o, _hook(state, site.layer, _slot_heads(lm, site.layer), d_head))
+            m.hooks.forward_pre(o, _hook(state, site.layer, _slot_heads(lm, site.layer), d_head, shape))
         if lm.kind != "encoder-decoder" and not _ACTING.get(lm.model, False):
             check_gates(lm, state)
             _ACTING[lm.model] = True

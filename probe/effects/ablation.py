@@ -38,6 +38,7 @@ import torch
 from ..architectures import site_outputs
 from ..capture import forward
 from ..causal.gates import gated
+from ..causal.heads import check_head_mask
 from ..causal.objectives import CausalLM, MaskedLM
 from ..errors import InputError
 from ..hooks import measuring
@@ -185,7 +186,16 @@ class Ablation:
 
     def arm(self, lm, sets: torch.Tensor, batch: Batch) -> None:
         """Ablate ``sets[c]`` ([copies, sites, heads] bool) in copy c of ``batch`` (its rows c*B ..
-        c*B+B-1, :func:`repeat_batch`) on the next forward passes."""
+        c*B+B-1, :func:`repeat_batch`) on the next forward passes.
+
+        Raises:
+            InputError: ``sets`` is not [copies, sites, heads] of ``lm``, or ``batch``'s rows are
+                not a whole number of copies.
+        """
+        check_head_mask(sets, len(lm.sites), lm.geometry.n_heads, what="ablation sets")
+        if sets.dim() != 3 or len(batch) % len(sets):
+            raise InputError(f"ablation sets must be [copies, sites, heads] with the batch's {len(batch)} rows "
+                             f"a whole number of copies; got {list(sets.shape)}")
         self.sets, self.batch = sets, batch
 
     def disarm(self) -> None:
@@ -206,12 +216,13 @@ def _fill(state: Ablation, i: int, N: int, T: int, shape: tuple, like: torch.Ten
     return None
 
 
-def _ablate_hook(state: Ablation, i: int, site, n_heads: int, d_head: int):
+def _ablate_hook(state: Ablation, i: int, site, n_sites: int, n_heads: int, d_head: int):
     def hook(module, args):
         if state.sets is None:
             return None
         x = args[0]  # [N, T, heads * d_head]
         N, T, W = x.shape
+        check_head_mask(state.sets, n_sites, n_heads, what="ablation sets")  # set directly: checked where read
         a = state.sets[:, i].repeat_interleave(N // len(state.sets), 0).to(device=x.device, dtype=x.dtype)  # [N, H]
         if not a.any():
             return None
@@ -244,7 +255,7 @@ def ablating(lm, kind: str, means: torch.Tensor | None = None) -> Iterator[Ablat
     g = lm.geometry
     with gated(lm, None):  # the gates' check that the projections are called; its own hooks stay open
         state = Ablation(kind, means if kind == "mean" else None)
-        handles = [o.register_forward_pre_hook(_ablate_hook(state, i, site, g.n_heads, g.d_head))
+        handles = [o.register_forward_pre_hook(_ablate_hook(state, i, site, len(lm.sites), g.n_heads, g.d_head))
                    for i, (site, o) in enumerate(site_outputs(lm.model, lm.spec))]
         try:
             yield state

@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from ..architectures import site_outputs, weights
+from ..causal.heads import normalize_heads
 from ..errors import InputError, UnsupportedAnalysisError
 from ..reference import Rope
 from .dla import head_out_weights
@@ -214,6 +215,19 @@ def composition_scores(lm, rope_offsets: int = 1) -> pd.DataFrame:
 
 
 def top_partners(frame: pd.DataFrame, layer: int, head: int, mode: str = "k", n: int = 3) -> pd.DataFrame:
-    """The ``n`` writers with the strongest ``mode``-composition into reader (``layer``, ``head``)."""
+    """The ``n`` writers with the strongest ``mode``-composition into reader (``layer``, ``head``).
+
+    Args:
+        frame: :func:`composition_scores`' table.
+        layer: the reader's layer (layer 0 reads nothing: no rows).
+        head: the reader's head.
+        mode: ``q``, ``k`` or ``v`` (or a z-score column).
+        n: how many writers.
+
+    Raises:
+        InputError: a reader outside the model the table was measured on (naming its ranges).
+    """
+    n_layers = int(max(frame["writer_layer"].max(), frame["reader_layer"].max())) + 1
+    normalize_heads([(layer, head)], n_layers, int(frame["reader_head"].max()) + 1)
     rows = frame[(frame["reader_layer"] == layer) & (frame["reader_head"] == head)]
     return rows.sort_values(mode, ascending=False).head(n)

@@ -25,14 +25,21 @@ import torch
 from torch import nn
 
 from ..architectures import site_block, site_outputs, weights
-from ..errors import UnsupportedAnalysisError
+from ..errors import InputError, UnsupportedAnalysisError
 from ..hooks import input_device, measuring
 from .patching import EncodedPairs, Pair, builtin_pairs, check_patchable, encode_pairs, final_norm
 
 
 def head_out_weights(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(W_O [heads, d_head, d_model], b_O [d_model], zeros without a bias) of ``layer`` (float64), from
-    :func:`probe.architectures.weights.output_weights`."""
+    :func:`probe.architectures.weights.output_weights`.
+
+    Raises:
+        InputError: no site ``layer`` (a negative number is refused, never wrapped).
+    """
+    n = len(lm.sites)
+    if not (isinstance(layer, int) and not isinstance(layer, bool) and 0 <= layer < n):
+        raise InputError(f"layer {layer!r} out of range: {lm.name} has layers 0-{n - 1}")
     w, b = weights.output_weights(lm.model, lm.spec, lm.sites[layer])
     w = w.double()
     return w, b.double() if b is not None else torch.zeros(w.shape[-1], dtype=w.dtype)

@@ -24,7 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from ..capture import forward
+from ..causal.heads import table_heads
 from ..causal.objectives import Objective
+from ..errors import InputError
 from ..inputs import Text
 from ..patterns.circuits import BATCH, N_TOKENS, SEED, ids_batch, repeated_random_tokens
 from ..sites import head_name
@@ -56,13 +58,15 @@ def induction_group(heads: pd.DataFrame) -> tuple[list[tuple[int, int]], str]:
     """(S, how it was chosen): the ``induction``-labelled heads, else the top 5 by ``induction`` score.
 
     Raises:
-        ValueError: no head is labelled and the table has no ``induction`` column (not a decoder run).
+        InputError: no head is labelled and the table has no ``induction`` column (not a decoder run).
     """
+    if "labels" not in heads:
+        raise InputError("the induction claim needs a heads table with a labels column (analyze(...).heads)")
     labelled = heads[heads["labels"].astype(str).str.split(";").apply(lambda ls: "induction" in ls)]
     if len(labelled):
         return [(int(r.layer), int(r.head)) for r in labelled.itertuples()], "labelled induction"
     if "induction" not in heads:
-        raise ValueError("the induction claim needs the decoder circuit probe's induction scores")
+        raise InputError("the induction claim needs the decoder circuit probe's induction scores")
     top = heads.nlargest(TOP_WHEN_NONE, "induction")
     return [(int(r.layer), int(r.head)) for r in top.itertuples()], f"no head labelled induction: top {TOP_WHEN_NONE}"
 
@@ -83,13 +87,17 @@ def induction_claim(lm, heads: pd.DataFrame, means: torch.Tensor, *, n: int = N_
         ``{"group", "chosen", "n", "clean": {"induction_loss", "random_loss"}, "zero": {...}, "mean": {...}}``,
         each kind ``{"ablated", "delta", "random_mean", "random_std", "random_low", "random_high",
         "supported"}`` (losses in nats/token).
+
+    Raises:
+        InputError: a heads table naming a head outside the model, or without labels or scores.
     """
+    g = lm.geometry
+    table_heads(heads, g.n_layers, g.n_heads)
     group, chosen = induction_group(heads)
     ids, offset = repeated_random_tokens(lm.tokenizer, n, BATCH, SEED)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     texts = [Text(f"repeated random tokens {i}") for i in range(BATCH)]
     held = [ids_batch(ids.tolist(), pad, texts, bool(offset))]
-    g = lm.geometry
     sets = [[], group] + random_sets(group, g.n_layers, g.n_heads, seeds)
     masks = torch.stack([_mask(lm, s) for s in sets])
     second, first_half = PositionLoss(offset + n + 1, offset + 2 * n - 1), PositionLoss(offset + 1, offset + n - 1)

@@ -25,6 +25,7 @@ import torch
 
 from .. import validate
 from ..analysis import AnalysisResult, analyze
+from ..causal.heads import normalize_heads, table_heads
 from ..causal.objectives import ZERO_WITHIN
 from ..causal.split import split_corpus
 from ..errors import InputError
@@ -161,10 +162,27 @@ def site_index(lm) -> dict[tuple, int]:
 
 def by_site(lm, heads: pd.DataFrame) -> pd.DataFrame:
     """``heads`` with ``layer`` replaced by the site index (the ablation's numbering): unchanged for
-    one-stack models; an encoder-decoder model's table needs ``stack`` and ``kind``."""
+    one-stack models; an encoder-decoder model's table needs ``stack`` and ``kind``.
+
+    Raises:
+        InputError: a row naming a head outside the model (a layer or head out of range, negative
+            numbers included), with the valid ranges.
+    """
+    H = lm.geometry.n_heads
     if lm.kind != "encoder-decoder":
+        table_heads(heads, len(lm.sites), H)
         return heads
     index = site_index(lm)
+    if not {"stack", "kind"} <= set(heads):
+        raise InputError(f"{lm.name} is an encoder-decoder model: its heads table needs stack and kind columns")
+    for r in heads.itertuples():
+        layers = [s.layer for s in lm.sites if (s.stack, s.kind) == (r.stack, r.kind)]
+        if not layers:
+            raise InputError(f"no {r.stack} {r.kind}-attention sites in {lm.name}")
+        try:
+            table_heads(pd.DataFrame({"layer": [r.layer], "head": [r.head]}), max(layers) + 1, H)
+        except InputError as exc:
+            raise InputError(f"{r.stack} {r.kind}-attention: {exc}") from None
     out = heads.copy()
     out["layer"] = [index[(r.stack, r.kind, int(r.layer))] for r in heads.itertuples()]
     return out
@@ -177,7 +195,8 @@ def unit_name(lm, i: int, head: int) -> str:
 
 
 def _mask(lm, heads: Sequence[tuple[int, int]]) -> torch.Tensor:
-    """[sites, heads] bool: True at the (site index, head) pairs of ``heads``."""
+    """[sites, heads] bool: True at the (site index, head) pairs of ``heads`` (checked: never wrapped)."""
+    normalize_heads(heads, len(lm.sites), lm.geometry.n_heads)
     m = torch.zeros(len(lm.sites), lm.geometry.n_heads, dtype=torch.bool)
     for i, h in heads:
         m[i, h] = True
@@ -298,12 +317,15 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
 
     Raises:
         UnsupportedAnalysisError: a physically pruned model.
-        InputError: fewer than 5 seeds, an unknown ablation kind, a corpus too small to split, an
-            objective the model cannot serve, resample without any donor.
+        InputError: a heads table naming a head outside the model (before any pass), fewer than 5
+            seeds, an unknown ablation kind, a corpus too small to split, an objective the model
+            cannot serve, resample without any donor.
     """
     t0 = time.perf_counter()
     check_model(lm)
     kinds = check_kinds(kinds)
+    if heads is not None and heads is not False:
+        by_site(lm, heads)  # every head of the table inside the model, before any pass
     validate.positive_int("copies", copies)
     validate.positive_int("seeds", seeds, 5)
     ref, held, split = split_batches(lm, texts, held_out, split_seed, batch_size, max_length)

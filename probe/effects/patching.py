@@ -333,11 +333,15 @@ def patch_residual(lm, pairs: list[Pair], layer: int) -> float:
     1 exactly, since the rest of the pass is then the clean pass.
 
     Raises:
-        UnsupportedAnalysisError, InputError: as :func:`patch_heads`; ValueError: |gap| < MIN_GAP.
+        UnsupportedAnalysisError, InputError: as :func:`patch_heads`, or no block ``layer`` (a negative
+            number is refused, never wrapped); ValueError: |gap| < MIN_GAP.
     """
     check_patchable(lm)
+    blocks = _blocks_in_order(lm)
+    if not (isinstance(layer, int) and not isinstance(layer, bool) and 0 <= layer < len(blocks)):
+        raise InputError(f"no block {layer!r}: {lm.name} has blocks 0-{len(blocks) - 1}")
     enc = encode_pairs(lm, pairs)
-    block = _blocks_in_order(lm)[layer]
+    block = blocks[layer]
     saved = {}
 
     def save(module, args, kwargs):

@@ -22,13 +22,12 @@ residual passes through unchanged.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import InputError
-from ..sites import head_name
 
 #: The file naming a pruned model's removed heads, beside its config.json.
 PRUNED_FILE = "probe_pruned_heads.json"
@@ -112,30 +111,6 @@ def plan_layer(kept: Iterable[int], n_heads: int, n_kv_heads: int, q_cost: int =
             kv.append(j)
             q.extend(chunk + [None] * (best_g - len(chunk)))
     return LayerLayout(tuple(q), tuple(kv))
-
-
-def normalize_heads(heads, n_layers: int, n_heads: int) -> dict[int, tuple[int, ...]]:
-    """Heads to prune as ``{layer: (head, ...)}`` (original numbering, sorted, no empty layers).
-
-    Args:
-        heads: ``{layer: [head, ...]}`` or an iterable of ``(layer, head)`` pairs.
-
-    Raises:
-        InputError: not integers, or a layer or head out of range.
-    """
-    pairs = ([(layer, h) for layer, hs in heads.items() for h in hs] if isinstance(heads, Mapping)
-             else [tuple(p) for p in heads])
-    out: dict[int, set[int]] = {}
-    for pair in pairs:
-        if len(pair) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair):
-            raise InputError(f"heads must be {{layer: [head, ...]}} or (layer, head) pairs of integers, got {pair!r}")
-        layer, head = pair
-        if not 0 <= layer < n_layers:
-            raise InputError(f"layer {layer} out of range: the model has layers 0-{n_layers - 1}")
-        if not 0 <= head < n_heads:
-            raise InputError(f"head {head_name(layer, head)} out of range: layers have heads 0-{n_heads - 1}")
-        out.setdefault(layer, set()).add(head)
-    return {layer: tuple(sorted(hs)) for layer, hs in sorted(out.items()) if hs}
 
 
 @dataclass

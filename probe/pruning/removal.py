@@ -24,9 +24,10 @@ import torch
 from torch import nn
 
 from ..architectures import ALIBI, ArchSpec, SiteSpec, site_block, site_spec, sites
+from ..causal.heads import normalize_heads
 from ..errors import InputError
 from ..sites import head_name
-from .heads import LayerLayout, PrunedHeads, normalize_heads, plan_layer
+from .heads import LayerLayout, PrunedHeads, plan_layer
 
 
 class ConfigView:

@@ -201,12 +201,13 @@ def _selection(present, n_layers: int, n_heads: int, n: int, layers, layer, head
             notes.append(budget_note(layers, n_layers, n_heads, n, max_values))
     layers = [int(x) for x in layers]
     if not layers or any(x not in present for x in layers):
-        raise InputError(f"layers must be among {present}, got {list(layers)}")
+        raise InputError(f"layers must be among {present} (the layers of the view), got {list(layers)}")
     if layer is not None and int(layer) not in layers:
         raise InputError(f"layer {layer} is not among the included layers {layers}")
     chosen = list(range(n_heads)) if heads is None else [int(h) for h in heads]
     if any(not 0 <= h < n_heads for h in chosen):
-        raise InputError(f"heads must be in 0..{n_heads - 1}, got {list(heads)}")
+        raise InputError(f"no head {next(h for h in chosen if not 0 <= h < n_heads)}: layers have heads "
+                         f"0-{n_heads - 1}, got heads={list(heads)}")
     return layers, layers.index(int(layer)) if layer is not None else 0, chosen
 
 

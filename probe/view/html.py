@@ -270,6 +270,10 @@ def _show_text(lm, text, layers, max_length, max_values, words, kw) -> HeadView:
             note = budget_note(layers, len(sites), n_heads, n, max_values)
     else:
         layers = [int(x) for x in layers]
+        bad = [x for x in layers if not 0 <= x < len(sites)]
+        if bad:
+            raise InputError(f"no layer {bad[0]}: {lm.name} has layers 0-{len(sites) - 1}"
+                             + (" (sites in lm.sites order)" if lm.kind == "encoder-decoder" else ""))
         if all(0 <= x < len(sites) for x in layers):  # view_data says which layers exist otherwise
             check_budget(layers, sum(n_heads * size[x][0] * size[x][1] for x in layers), max_values)
     wanted = {sites[x]: x for x in layers if 0 <= int(x) < len(sites)}
