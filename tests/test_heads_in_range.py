@@ -15,6 +15,7 @@ from conftest import tiny_model
 from probe import attention_steps, show
 from probe.architectures import site_outputs
 from probe.capture import encode, forward
+from probe.causal.gates import gated
 from probe.causal.heads import normalize_heads, table_heads
 from probe.effects import ablating, composition_scores, head_effects, patch_residual
 from probe.effects.composition import top_partners
@@ -22,7 +23,6 @@ from probe.effects.dla import head_out_weights
 from probe.effects.induction import induction_claim
 from probe.effects.measure import _mask
 from probe.errors import InputError
-from probe.pruning.gates import gated
 from probe.pruning.removal import remove_heads
 
 OUTSIDE = [(2, 0), (0, 4), (-1, 0)]
