@@ -348,8 +348,7 @@ def _heads_table(lm: LoadedModel, stats: HeadStatistics, extras: Sequence[Accumu
     for acc in extras:
         extra = acc.columns()
         if extra is not None:
-            keys = [c for c in ("stack", "kind", "layer", "head") if c in heads and c in extra]
-            heads = heads.merge(extra, on=keys, how="left", validate="one_to_one")
+            heads = merge_head_columns(heads, extra)
     heads = labelled(heads, thresholds, [lab for acc in extras for lab in acc.head_labels()], labels_by)
     if "group" not in heads.columns:
         heads["cluster"] = cluster_heads(heads, list(stats.statistics), n_clusters=n_clusters)
@@ -359,6 +358,34 @@ def _heads_table(lm: LoadedModel, stats: HeadStatistics, extras: Sequence[Accumu
         heads.loc[rows, ["label", "labels"]] = REMOVED
         heads.loc[rows, "cluster" if "cluster" in heads.columns else "group"] = -1
     return heads
+
+
+#: The columns that name a head in a heads table (``stack`` and ``kind`` on encoder-decoder models only).
+HEAD_KEYS = ("stack", "kind", "layer", "head")
+
+
+def merge_head_columns(heads: pd.DataFrame, frame: pd.DataFrame, columns=None) -> pd.DataFrame:
+    """``heads`` with the columns of ``frame`` (one row per head) added: the one way every analysis and
+    command adds its columns to the heads table.
+
+    Rows are matched on the :data:`HEAD_KEYS` both tables have, one to one; a key column only ``frame``
+    has (``stack``/``kind`` of a one-stack model) is not added.
+
+    Args:
+        heads: the heads table ([heads] rows).
+        frame: one row per head, with ``layer`` and ``head`` (and ``stack``/``kind`` where ``heads`` has them).
+        columns: the columns of ``frame`` to add, in this order (default: all but the keys).
+
+    Returns:
+        A new table: ``heads``' rows in their order, its columns, then the added ones (NaN for a head
+        ``frame`` has no row for).
+
+    Raises:
+        pandas.errors.MergeError: a head twice in either table.
+    """
+    keys = [c for c in HEAD_KEYS if c in heads and c in frame]
+    added = [c for c in (frame.columns if columns is None else columns) if c not in HEAD_KEYS]
+    return heads.merge(frame[keys + added], on=keys, how="left", validate="one_to_one")
 
 
 def labelled(heads: pd.DataFrame, thresholds: dict[str, float], extra, labels_by: str = "weight") -> pd.DataFrame:

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from conftest import CHROMIUM_ARGS, save_tiny, tiny_model
 from probe import attention_steps, show
 from probe.analysis import analyze
+from probe.analyze_run import report_steps
 from probe.capture import capture_attention
 from probe.cli import main
 from probe.inputs import Text
@@ -22,7 +23,7 @@ from probe.models import load_model
 from probe.report import CSP, write_run
 from probe.sites import Site
 from probe.view.modelview import LEVELS, model_view, model_view_data, page, pool_map, render_model_view
-from probe.view.stepview import STEPS_KEY, report_steps
+from probe.view.stepview import STEPS_KEY
 
 NASTY = 'Look: </script><b>"bold"</b> it\u2028said \'so\' & ran </SCRIPT> away now.'
 CSP_WATCH = ("window.__csp = []; document.addEventListener('securitypolicyviolation', "

@@ -15,15 +15,8 @@ from conftest import CHROMIUM_ARGS, tiny_model
 from probe.cli import main
 from probe.errors import InputError
 from probe.report.sections import BUILDERS
-from probe.view.rollout import (
-    DIGITS,
-    RolloutView,
-    kept_layers,
-    rollout_data,
-    rollout_section,
-    rollout_view,
-    run_rollout,
-)
+from probe.rollout_examples import kept_layers, run_rollout
+from probe.view.rollout import DIGITS, RolloutView, rollout_data, rollout_section, rollout_view
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "A <b>cat</b> sat.", "Short one here."]
 

@@ -14,6 +14,7 @@ import probe.steps as steps_module
 from conftest import KINDS, SEQ2SEQ, tiny_model
 from probe import attention_steps
 from probe.analysis import analyze
+from probe.analyze_run import report_steps
 from probe.architectures.position_bias import alibi_slopes
 from probe.capture import encode, forward
 from probe.errors import InputError
@@ -21,7 +22,7 @@ from probe.inputs import Text
 from probe.pruning.removal import remove_heads
 from probe.sites import head_name
 from probe.steps import head_steps, heads_steps
-from probe.view.stepview import report_steps, step_view_data
+from probe.view.stepview import step_view_data
 
 TEXT = "the cat sat on the mat and then it ran away from the dog"
 PAIR = Text("the cat sat on the mat today", target="a dog ran home")

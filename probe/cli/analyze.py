@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import sys
 import time
-from contextlib import nullcontext
 
 import click
 
 from .. import IMPORT_STARTED
 from ..util import plural, process_age
-from ..view.stepview import report_steps
 from .group import hold, main, user_errors
 from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .verify import verify_progress
@@ -115,16 +111,12 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     import torch
 
     from .. import distributed
-    from ..accumulators import check_supported
-    from ..analysis import analyze
-    from ..blocks import AUTO_LENGTH
+    from ..analyze_run import analyze_run
     from ..errors import InputError
     from ..models import load_model
-    from ..patterns import pattern_accumulators
-    from ..report import claim_run_dir, write_run
+    from ..report import claim_run_dir
     from ..seq2seq import as_targets, check_generate
     from ..validate import value_weighting
-    from ..view.rollout import run_rollout
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
@@ -148,40 +140,16 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
         check_generate(lm, generate)
     if pairs and lm.kind == "encoder-decoder":
         seqs = as_targets(seqs)  # the file's second column is the decoder's target
-    finished, skipped, seqs = _circuit_probe(lm, seqs, circuits and (world is None or world.main), timings)
-    offered = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
-    extra = [acc for acc in offered if acc.refusal(lm) is None]  # the library's rule says what fits this model
-    refused = [acc.refusal(lm) for acc in offered if acc.refusal(lm) is not None]
-    if refused:
-        skipped.append("not run: " + "; ".join(refused))
-    extra = _block_ready(extra, query_block, skipped)
-    if annotated is not None:
-        # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
-        extra += annotated.accumulators(lm, prior=world is None or world.main)
-        check_supported(lm, extra)  # --coref/--syntax on a model they do not measure: one Error line
-    with distributed.process_group(world) if world else nullcontext():
-        result = analyze(lm, distributed.shard(seqs, world) if world else seqs, batch_size=batch_size,
-                         max_length=max_length, n_examples=examples, thresholds=thresholds, progress=show,
-                         parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
-                         reduce=distributed.reducer(world), generate=generate, value_weighted=value_weighted,
-                         labels_by=labels_by, query_block=query_block)
-    if world is not None and not world.main:
+    result, path = analyze_run(
+        lm, seqs, out=out, force=force, source=source, annotated=annotated, batch_size=batch_size,
+        max_length=max_length, examples=examples, thresholds=thresholds, parse_special_tokens=parse_special_tokens,
+        rollout=rollout, run_verify=run_verify, query_block=query_block, distance=distance,
+        map_sequences=map_sequences, circuits=circuits, health=health, value_weighted=value_weighted,
+        labels_by=labels_by, generate=generate, progress=show, world=world, timings=timings, started=started,
+        verify_progress=verify_progress if show else None)
+    if path is None:
         return  # rank 0 writes the one report
-    timings["analyze_s"] = result.timings["analyze_s"]
-    result.notes.extend(skipped)
-    verification = _verification(lm, show, timings) if run_verify else None
-    shown = [ex for ex in result.examples if ex.n_tokens <= AUTO_LENGTH]  # rollout re-runs whole maps
-    if rollout and len(shown) < len(result.examples[:3]):
-        result.notes.append(f"rollout left out for examples longer than {AUTO_LENGTH} tokens: it needs every "
-                            "layer's whole attention map")
-    if rollout and shown:
-        result.results["rollout"] = run_rollout(lm, dataclasses.replace(result, examples=shown))
-        timings["rollout_s"] = result.results["rollout"].seconds
-    result.settings["input"] = source
-    report_steps(lm, result)  # the report's attention-step views (the model is needed: not kept in the result)
-    path = write_run(result, lm.tokenizer, out, force=force, verification=verification,
-                     timings=timings, started=started)
-    _summary(result, verification, annotated is not None, lm.notes)
+    _summary(result, result.results.get("verification"), annotated is not None, lm.notes)
     if started_as_command():  # in a test runner or notebook the "start-up" is the host process's age
         slow_start_note(timings["startup_s"])
     click.echo(f"Report: {path / 'index.html'}")
@@ -217,18 +185,6 @@ def slow_start_note(startup_s: float) -> None:
         marker.touch()
     except OSError:  # a read-only cache folder: the note comes again next time, nothing else changes
         pass
-
-
-def _block_ready(extra: list, query_block: int | None, skipped: list[str]) -> list:
-    """The pattern analyses that can run: with ``--query-block N`` (N >= 1, every batch in blocks)
-    those that need whole attention maps are left out, with a line in ``skipped``."""
-    if not query_block:
-        return extra
-    whole = [acc for acc in extra if not getattr(acc, "row_blocks", False)]
-    if whole:
-        skipped.append(f"not run with --query-block {query_block}: " + ", ".join(a.title for a in whole)
-                       + " (they need whole attention maps)")
-    return [acc for acc in extra if acc not in whole]
 
 
 def _analysis_input(texts, corpus, pairs, coref, syntax_file, limit):
@@ -286,45 +242,6 @@ def _announce(lm, seqs, source: str, world, counted: int | None = None) -> None:
         layers = " + ".join(f"{n} {stack}" for stack, n in stack_depths(lm.sites).items())
     click.echo(f"Analyzing {how_many} with {lm.name}: "
                f"{layers} layers x {plural(lm.geometry.n_heads, 'head')}", err=True)
-
-
-def _circuit_probe(lm, seqs, wanted: bool, timings: dict):
-    """The decoder circuit probe (:func:`probe.patterns.circuit_probe`, its sinks on the corpus's
-    first texts) when wanted and the model is a decoder: ``(finished accumulators, notes, seqs)``,
-    ``seqs`` unchanged (a stream is re-chained after its first texts were read)."""
-    from ..errors import InputError
-    from ..patterns import CircuitProbe, circuit_probe
-    from ..patterns.circuits import SINK_TEXTS
-
-    if not wanted or CircuitProbe.refusal(lm) is not None:  # the probe's own rule: decoders
-        return [], [], seqs
-    t = time.perf_counter()
-    sink_texts, seqs = _first(seqs, SINK_TEXTS)
-    finished, notes = [], []
-    try:
-        finished.append(circuit_probe(lm, sink_texts=sink_texts))
-    except InputError as exc:  # e.g. a model whose limit is below the probe's 2 x 25 tokens
-        notes.append(f"decoder circuit probe skipped: {exc}")
-    timings["circuits_s"] = time.perf_counter() - t
-    return finished, notes, seqs
-
-
-def _first(seqs, n: int):
-    """The first ``n`` texts of ``seqs`` and ``seqs`` itself, whole (a stream is re-chained)."""
-    if hasattr(seqs, "__len__"):
-        return list(seqs[:n]), seqs
-    head = list(itertools.islice(seqs, n))
-    return head, itertools.chain(head, seqs)
-
-
-def _verification(lm, show: bool, timings: dict) -> dict:
-    """``--verify``: the verification record for the report (its time in ``timings``)."""
-    from ..verification import verify
-
-    t = time.perf_counter()
-    record = verify(lm, progress=verify_progress if show else None).to_json()
-    timings["verify_s"] = time.perf_counter() - t
-    return record
 
 
 def _summary(result, verification: dict | None, annotated: bool, loading_notes: list[str]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analysis import analyze
+from ..analysis import analyze, merge_head_columns
 from ..corpus import sample_texts
 from ..errors import UnsupportedAnalysisError
 from ..inputs import Text
@@ -119,9 +119,7 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
         analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
                            finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
         result.seconds["analyze_s"] = time.perf_counter() - t
-        keys = [c for c in ("stack", "kind", "layer", "head") if c in analysis.heads]
-        frame = result.heads_frame().drop(columns=[c for c in ("stack", "kind") if c not in keys])
-        analysis.heads = analysis.heads.merge(frame, on=keys, how="left", validate="one_to_one")
+        analysis.heads = merge_head_columns(analysis.heads, result.heads_frame())
         analysis.results["patching"] = result
         analysis.notes += [n for n in result.notes if n not in analysis.notes]
         analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})

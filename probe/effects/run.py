@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..analysis import merge_head_columns
 from ..errors import InputError
 from ..patterns import CircuitProbe
 from ..report import claim_run_dir, write_run
@@ -50,9 +51,8 @@ def effects_run(lm, texts: list, *, out=None, force: bool = False, timings: dict
             except InputError as exc:
                 result.notes.append(f"icl_score not measured: {exc}")
             result.timings["induction_s"] = round(time.perf_counter() - t, 3)
-        keys = [c for c in ("stack", "kind", "layer", "head") if c in analysis.heads]
-        columns = result.heads[keys + [c for c in EFFECT_COLUMNS if c in result.heads]]
-        analysis.heads = analysis.heads.merge(columns, on=keys, how="left", validate="one_to_one")
+        analysis.heads = merge_head_columns(analysis.heads, result.heads,
+                                            [c for c in EFFECT_COLUMNS if c in result.heads])
         analysis.results["effects"] = result
         analysis.notes += [n for n in result.notes if n not in analysis.notes]
         analysis.timings["analyze_s"] = round(analyze_s, 4)

@@ -9,7 +9,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from ..analysis import analyze
+from ..analysis import analyze, merge_head_columns
 from ..corpus import split_lines
 from ..errors import InputError
 from ..report import claim_run_dir, write_run
@@ -62,8 +62,7 @@ def _prune_and_write(lm, texts, out: Path, force: bool, save_pruned_to, labels, 
     prune_s = time.perf_counter() - t
     analysis = analyze(lm, texts, batch_size=kwargs.get("batch_size", 16), max_length=kwargs.get("max_length"),
                        progress=kwargs.get("progress", False))
-    analysis.heads = analysis.heads.merge(result.heads_frame(), on=["layer", "head"], how="left",
-                                          validate="one_to_one")
+    analysis.heads = merge_head_columns(analysis.heads, result.heads_frame())
     analysis.results["pruning"] = result
     analysis.notes += [n for n in result.notes if n not in analysis.notes]
     analysis.timings["prune_s"] = round(prune_s, 4)

@@ -14,10 +14,8 @@ import uuid
 import numpy as np
 
 from ..errors import InputError
-from ..inputs import Text
-from ..report.page import choose_heads, json_for_script
+from ..report.page import json_for_script
 from ..sites import head_name
-from ..steps import heads_steps
 from .assets import view_static
 
 #: The key of the report's step views in ``AnalysisResult.results``.
@@ -68,42 +66,3 @@ def render_step_view(data: dict, view_id: str | None = None) -> str:
             f'<div class="sv-fallback">probe step view: its script has not run.</div>'
             f'<script type="application/json" class="probe-sv-data">{json_for_script(data)}</script>'
             f'<script>{view_static("stepview.js")}</script></div>')
-
-
-def report_steps(lm, result, *, limit: int = 8) -> list[dict]:
-    """The step views of the report: the strongest head of each primary label (as the report's
-    chosen heads, :func:`probe.report.page.choose_heads`) on the first example, cut to the tokens
-    the analysis kept of it; put into ``result.results[STEPS_KEY]`` and returned.
-
-    Args:
-        lm: the model the result was measured on; result: :func:`probe.analysis.analyze`'s result.
-        limit: most heads.
-
-    Returns:
-        :func:`step_view_data` dicts with ``label`` and ``reason`` added ([] without examples); ``name``
-        is the head's in the original numbering, ``head`` its slot in a physically pruned layer.
-    """
-    if not result.examples:
-        return []
-    ex = result.examples[0]
-    n = int(ex.probs.shape[-1])
-    text = ex.text if not ex.decoder else Text(ex.text, target=ex.target["text"])
-    chosen, slots = [], []
-    for layer, head, label, reason in choose_heads(result, limit=limit):
-        slot = head  # the heads table numbers heads as the original model; a pruned layer's slots differ
-        if lm.pruned is not None:
-            present = lm.pruned.layouts[layer].q
-            if head not in present:
-                continue
-            slot = present.index(head)
-        chosen.append((layer, head, label, reason))
-        slots.append((layer, slot))
-    # every head's steps from the same passes (one per head of the layer with the most chosen heads)
-    steps = heads_steps(lm, text, slots, max_length=min(n, STEP_MAX_TOKENS), model_probs=False)
-    out = []
-    for (layer, head, label, reason), st in zip(chosen, steps):
-        data = step_view_data(st, encoder_decoder=lm.kind == "encoder-decoder", site_index=layer)
-        name = head_name(lm.sites[layer] if lm.kind == "encoder-decoder" else layer, head)
-        out.append({**data, "name": name, "label": label, "reason": reason})
-    result.results[STEPS_KEY] = out
-    return out

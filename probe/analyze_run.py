@@ -1,0 +1,213 @@
+"""``probe analyze`` as a function: the run a notebook gets by calling :func:`analyze_run` is the one
+the command writes. It composes the decoder circuit probe (on decoders), the pattern analyses, the
+annotated probes of ``--coref``/``--syntax``, the loop (:func:`probe.analysis.analyze`), verification,
+attention rollout and flow of the first examples, the report's attention-step views, and the run
+folder (:func:`probe.report.write_run`). The command line only reads options, reads the input and
+prints.
+
+Example::
+
+    from probe import load_model
+    from probe.analyze_run import analyze_run
+    lm = load_model("minilm")
+    result, folder = analyze_run(lm, ["The cat sat on the mat."], out="reports/cat")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+
+from . import distributed
+from .accumulators import check_supported
+from .analysis import AnalysisResult, analyze
+from .blocks import AUTO_LENGTH
+from .errors import InputError
+from .inputs import Text
+from .patterns import CircuitProbe, circuit_probe, pattern_accumulators
+from .patterns.circuits import SINK_TEXTS
+from .report import claim_run_dir, write_run
+from .report.page import choose_heads
+from .rollout_examples import MAX_EXAMPLES, run_rollout
+from .sites import head_name
+from .steps import heads_steps
+from .verification import verify
+from .view.stepview import STEP_MAX_TOKENS, STEPS_KEY, step_view_data
+
+
+def analyze_run(lm, texts, *, out=None, force: bool = False, source: str = "texts", annotated=None,
+                batch_size: int = 16, max_length: int | None = None, examples: int = 3, thresholds=None,
+                parse_special_tokens: bool = False, rollout: bool = True, run_verify: bool = False,
+                query_block: int | None = None, distance: bool = True, map_sequences: int = 200,
+                circuits: bool = True, health=None, value_weighted: bool = True, labels_by: str = "weight",
+                generate: int | None = None, progress: bool = False, world=None, timings: dict | None = None,
+                started: float | None = None,
+                verify_progress: Callable | None = None) -> tuple[AnalysisResult, Path | None]:
+    """Measure every head of ``lm`` on ``texts`` and write the run folder, as ``probe analyze`` does.
+
+    Args:
+        lm: a loaded model.
+        texts: strings or :class:`~probe.inputs.Text` (a list, or a stream read as it is analysed).
+        out: the run folder (claimed before anything runs; default a new ``reports/<model>-<time>``).
+        force: replace probe's own files in ``out``.
+        source: where the texts come from (``run.json``'s ``settings.input``).
+        annotated: the annotated input of ``--coref``/``--syntax``
+            (:func:`probe.linguistic.annotated_input`), whose texts are ``texts``; None without.
+        rollout: add attention rollout and flow of the first
+            :data:`~probe.rollout_examples.MAX_EXAMPLES` kept examples.
+        run_verify: verify the from-scratch attention against the model and add it to the report.
+        distance, map_sequences, circuits, health: the pattern analyses (``--no-distance`` ...).
+        world: the processes of a distributed run (:func:`probe.distributed.detect`); rank 0 writes.
+        timings: seconds measured before this call (start-up, model load), completed here.
+        started: ``time.perf_counter()`` when the run started (for the total in ``run.json``).
+        verify_progress: called by :func:`probe.verification.verify` as its cases run (or None).
+        batch_size, max_length, examples, thresholds, parse_special_tokens, query_block,
+            value_weighted, labels_by, generate, progress: as :func:`probe.analysis.analyze`.
+
+    Returns:
+        ``(result, run folder)``; on a process other than rank 0, ``(its share's result, None)``. With
+        ``run_verify``, ``result.results["verification"]`` holds the verification record.
+
+    Raises:
+        InputError, UnsupportedAnalysisError: as :func:`probe.analysis.analyze`; ``out`` taken.
+    """
+    main = world is None or world.main
+    timings = {} if timings is None else timings
+    with claim_run_dir(out, lm.name, force) if main else nullcontext() as claim:
+        finished, skipped, texts = _circuit_probe(lm, texts, circuits and main, timings)
+        extra = _pattern_analyses(lm, distance, map_sequences, health, query_block, skipped)
+        if annotated is not None:
+            # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
+            extra += annotated.accumulators(lm, prior=main)
+            check_supported(lm, extra)  # --coref/--syntax on a model they do not measure: one Error line
+        with distributed.process_group(world) if world else nullcontext():
+            result = analyze(lm, distributed.shard(texts, world) if world else texts, batch_size=batch_size,
+                             max_length=max_length, n_examples=examples, thresholds=thresholds, progress=progress,
+                             parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
+                             reduce=distributed.reducer(world), generate=generate, value_weighted=value_weighted,
+                             labels_by=labels_by, query_block=query_block)
+        if not main:
+            return result, None
+        timings["analyze_s"] = result.timings["analyze_s"]
+        result.notes.extend(skipped)
+        verification = _verification(lm, verify_progress, timings) if run_verify else None
+        if verification is not None:
+            result.results["verification"] = verification
+        if rollout:
+            _add_rollout(lm, result, timings)
+        result.settings["input"] = source
+        report_steps(lm, result)
+        path = write_run(result, lm.tokenizer, claim.path, force=force, verification=verification,
+                         timings=timings, started=started)
+    return result, path
+
+
+def _pattern_analyses(lm, distance: bool, map_sequences: int, health, query_block: int | None,
+                      skipped: list[str]) -> list:
+    """The pattern accumulators that fit ``lm`` (the library's own rule; the others said in ``skipped``)."""
+    offered = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
+    refused = [acc.refusal(lm) for acc in offered if acc.refusal(lm) is not None]
+    if refused:
+        skipped.append("not run: " + "; ".join(refused))
+    return _block_ready([acc for acc in offered if acc.refusal(lm) is None], query_block, skipped)
+
+
+def _block_ready(extra: list, query_block: int | None, skipped: list[str]) -> list:
+    """The pattern analyses that can run: with ``query_block`` N >= 1 (every batch in blocks) those that
+    need whole attention maps are left out, with a line in ``skipped``."""
+    if not query_block:
+        return extra
+    whole = [acc for acc in extra if not getattr(acc, "row_blocks", False)]
+    if whole:
+        skipped.append(f"not run with --query-block {query_block}: " + ", ".join(a.title for a in whole)
+                       + " (they need whole attention maps)")
+    return [acc for acc in extra if acc not in whole]
+
+
+def _circuit_probe(lm, texts, wanted: bool, timings: dict):
+    """The decoder circuit probe (:func:`probe.patterns.circuit_probe`, its sinks on the corpus's first
+    texts) when wanted and the model is a decoder: ``(finished accumulators, notes, texts)``, ``texts``
+    unchanged (a stream is re-chained after its first texts were read)."""
+    if not wanted or CircuitProbe.refusal(lm) is not None:  # the probe's own rule: decoders
+        return [], [], texts
+    t = time.perf_counter()
+    sink_texts, texts = _first(texts, SINK_TEXTS)
+    finished, notes = [], []
+    try:
+        finished.append(circuit_probe(lm, sink_texts=sink_texts))
+    except InputError as exc:  # e.g. a model whose limit is below the probe's 2 x 25 tokens
+        notes.append(f"decoder circuit probe skipped: {exc}")
+    timings["circuits_s"] = time.perf_counter() - t
+    return finished, notes, texts
+
+
+def _first(texts, n: int):
+    """The first ``n`` texts of ``texts`` and ``texts`` itself, whole (a stream is re-chained)."""
+    if hasattr(texts, "__len__"):
+        return list(texts[:n]), texts
+    head = list(itertools.islice(texts, n))
+    return head, itertools.chain(head, texts)
+
+
+def _verification(lm, progress: Callable | None, timings: dict) -> dict:
+    """The verification record for the report (its time in ``timings``)."""
+    t = time.perf_counter()
+    record = verify(lm, progress=progress).to_json()
+    timings["verify_s"] = time.perf_counter() - t
+    return record
+
+
+def _add_rollout(lm, result: AnalysisResult, timings: dict) -> None:
+    """Rollout and flow of the first kept examples short enough to re-run whole (``result.results["rollout"]``)."""
+    shown = [ex for ex in result.examples if ex.n_tokens <= AUTO_LENGTH]  # rollout re-runs whole maps
+    if len(shown) < len(result.examples[:MAX_EXAMPLES]):
+        result.notes.append(f"rollout left out for examples longer than {AUTO_LENGTH} tokens: it needs every "
+                            "layer's whole attention map")
+    if shown:
+        result.results["rollout"] = run_rollout(lm, dataclasses.replace(result, examples=shown))
+        timings["rollout_s"] = result.results["rollout"].seconds
+
+
+def report_steps(lm, result: AnalysisResult, *, limit: int = 8) -> list[dict]:
+    """The report's step views: the strongest head of each primary label (as the report's chosen heads,
+    :func:`probe.report.page.choose_heads`) on the first example, cut to the tokens the analysis kept of
+    it; put into ``result.results[STEPS_KEY]`` (the section draws them) and returned.
+
+    Args:
+        lm: the model the result was measured on (the steps need it: it is not kept in the result).
+        result: :func:`probe.analysis.analyze`'s result.
+        limit: most heads.
+
+    Returns:
+        :func:`probe.view.stepview.step_view_data` dicts with ``label`` and ``reason`` added ([] without
+        examples); ``name`` is the head's in the original numbering, ``head`` its slot in a physically
+        pruned layer.
+    """
+    if not result.examples:
+        return []
+    ex = result.examples[0]
+    n = int(ex.probs.shape[-1])
+    text = ex.text if not ex.decoder else Text(ex.text, target=ex.target["text"])
+    chosen, slots = [], []
+    for layer, head, label, reason in choose_heads(result, limit=limit):
+        slot = head  # the heads table numbers heads as the original model; a pruned layer's slots differ
+        if lm.pruned is not None:
+            present = lm.pruned.layouts[layer].q
+            if head not in present:
+                continue
+            slot = present.index(head)
+        chosen.append((layer, head, label, reason))
+        slots.append((layer, slot))
+    # every head's steps from the same passes (one per head of the layer with the most chosen heads)
+    steps = heads_steps(lm, text, slots, max_length=min(n, STEP_MAX_TOKENS), model_probs=False)
+    out = []
+    for (layer, head, label, reason), st in zip(chosen, steps):
+        data = step_view_data(st, encoder_decoder=lm.kind == "encoder-decoder", site_index=layer)
+        name = head_name(lm.sites[layer] if lm.kind == "encoder-decoder" else layer, head)
+        out.append({**data, "name": name, "label": label, "reason": reason})
+    result.results[STEPS_KEY] = out
+    return out
