@@ -107,7 +107,7 @@ def gated(lm, values: torch.Tensor | None = None, *, eager: bool = False) -> Ite
 
     Raises:
         InputError: gates (here or assigned later to ``Gates.values``) that are not [..., layers,
-            heads] of this model (:func:`probe.pruning.heads.check_head_mask`).
+            heads] of this model (:func:`probe.causal.heads.check_head_mask`).
         ProbeError: the gates do not act on this model (:func:`check_gates`).
     """
     d_head, shape = lm.geometry.d_head, (lm.geometry.n_layers, lm.geometry.n_heads)
