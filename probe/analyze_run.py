@@ -65,8 +65,9 @@ def analyze_run(lm, texts, *, out=None, force: bool = False, source: str = "text
         timings: seconds measured before this call (start-up, model load), completed here.
         started: ``time.perf_counter()`` when the run started (for the total in ``run.json``).
         verify_progress: called by :func:`probe.verification.verify` as its cases run (or None).
-        batch_size, max_length, examples, thresholds, parse_special_tokens, query_block,
-            value_weighted, labels_by, generate, progress: as :func:`probe.analysis.analyze`.
+        batch_size, max_length, examples, thresholds: as :func:`probe.analysis.analyze`.
+        parse_special_tokens, query_block, value_weighted: as :func:`probe.analysis.analyze`.
+        labels_by, generate, progress: as :func:`probe.analysis.analyze`.
 
     Returns:
         ``(result, run folder)``; on a process other than rank 0, ``(its share's result, None)``. With
