@@ -1,7 +1,8 @@
 """Every number of ``probe effects`` and ``probe patch`` stays what it was: effects.csv, label_effects.csv,
 patch.csv, composition.csv and heads.csv on tiny GPT-2 and LLaMA model folders equal, to the CSVs' six
 significant digits, the files stored under ``tests/data/baseline/`` (made by ``tests/data/make_baseline.py``
-at commit a93c0aa, before the weight convention and the causal methods were restructured)."""
+at commit a93c0aa, before the weight convention and the causal methods were restructured); and (slow tier)
+heads.csv of ``probe analyze`` on the embedded minilm and smollm2."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ _spec = importlib.util.spec_from_file_location("make_baseline", DATA / "make_bas
 make_baseline = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_baseline)
 BASELINE = DATA / "baseline"
-CASES = sorted(p.name for p in BASELINE.iterdir() if p.is_dir())
+CASES = sorted(p.name for p in BASELINE.iterdir() if p.is_dir() and not p.name.endswith("-analyze"))
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +52,11 @@ def test_effects_and_patch_csvs_equal_the_stored_values(runs, case):
     for path in stored:
         now = pd.read_csv(runs[case] / path.name)
         assert_frames_equal_to_six_digits(now, pd.read_csv(path), f"{case}/{path.name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alias", make_baseline.REALS)
+def test_heads_csv_of_the_embedded_models_equals_the_stored_values(alias, tmp_path):
+    path = make_baseline.run_real(alias, tmp_path / alias) / "heads.csv"
+    assert_frames_equal_to_six_digits(pd.read_csv(path), pd.read_csv(BASELINE / f"{alias}-analyze" / "heads.csv"),
+                                      f"{alias}-analyze/heads.csv")

@@ -1,10 +1,13 @@
 """Write the CSVs that ``tests/test_baseline.py`` compares against: ``probe effects`` and ``probe patch`` on
 tiny GPT-2 and LLaMA model folders (``conftest.save_tiny``), their effects.csv, label_effects.csv,
-patch.csv, composition.csv and heads.csv, under ``tests/data/baseline/<kind>-<command>/``.
+patch.csv, composition.csv and heads.csv, under ``tests/data/baseline/<kind>-<command>/``; with
+``--real``, also heads.csv of ``probe analyze`` on the embedded minilm and smollm2
+(:data:`REAL_ARGS`, minutes), under ``tests/data/baseline/<alias>-analyze/``.
 
-Run from the repository root: ``python tests/data/make_baseline.py`` (regenerate only when a change is
-meant to change these numbers, and say so in the commit). The stored files were made at commit a93c0aa,
-before the causal methods were rebuilt on one weight convention, so the test shows they did not move.
+Run from the repository root: ``python tests/data/make_baseline.py [--real]`` (regenerate only when a
+change is meant to change these numbers, and say so in the commit). The stored files were made at commit
+a93c0aa, before the causal methods were rebuilt on one weight convention, so the test shows they did not
+move.
 """
 
 from __future__ import annotations
@@ -60,7 +63,26 @@ def run_all(root: Path) -> dict[str, Path]:
     return outs
 
 
+#: The embedded models and the arguments of their ``probe analyze`` baseline.
+REALS = ("minilm", "smollm2")
+REAL_ARGS = ("--limit", "16", "--no-progress")
+
+
+def run_real(alias: str, out: Path) -> Path:
+    """``probe analyze --model ALIAS`` on the built-in sample (:data:`REAL_ARGS`); the run folder."""
+    res = CliRunner().invoke(main, ["analyze", "--model", alias, *REAL_ARGS, "--out", str(out)])
+    if res.exit_code != 0:
+        raise RuntimeError(f"{alias}: {res.output}") from res.exception
+    return out
+
+
 def main_() -> None:
+    if "--real" in sys.argv:
+        with tempfile.TemporaryDirectory() as tmp:
+            for alias in REALS:
+                dest = HERE / "baseline" / f"{alias}-analyze"
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(run_real(alias, Path(tmp) / alias) / "heads.csv", dest / "heads.csv")
     with tempfile.TemporaryDirectory() as tmp:
         for key, out in run_all(Path(tmp)).items():
             dest = HERE / "baseline" / key
