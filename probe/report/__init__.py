@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import importlib
 import json
 import math
 import time
@@ -27,7 +28,6 @@ from ..errors import InputError
 from ..sites import head_name
 from ..stats import CROSS_STATISTICS, STATISTICS
 from ..tokens import display_tokens
-from .builders import BUILDERS, build_sections
 from .page import (  # re-exported: the page's shared pieces, imported from here by older code
     CSP,
     LABEL_COLORS,
@@ -51,6 +51,22 @@ __all__ = [
     "SITE_GROUPS", "UNITS", "build_sections", "choose_heads", "default_run_dir", "label_family", "claim_run_dir",
     "render_html", "run_record", "site_groups", "static_text", "write_run",
 ]
+
+
+def _builders():
+    """:mod:`probe.report.builders`, imported when a page is built: it imports every section module,
+    and those import this package's pieces (:mod:`.sections`, :mod:`.page`), so importing it while
+    this package loads would make ``import probe.linguistic.report`` (or any section module) in a
+    fresh interpreter a cycle."""
+    return importlib.import_module(".builders", __name__)
+
+
+def __getattr__(name: str):
+    """``BUILDERS`` and ``build_sections`` (:mod:`.builders`), imported on first use (see :func:`_builders`)."""
+    if name in ("BUILDERS", "build_sections"):
+        return getattr(_builders(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Attention heatmaps show at most this many tokens of an example (labels stay readable).
 MAX_HEATMAP_TOKENS = 64
@@ -211,7 +227,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         sections: extra :class:`~probe.report.sections.Section` objects (default: those the
             builders make from ``result``).
     """
-    sections = build_sections(result, tokenizer) if sections is None else sections
+    sections = _builders().build_sections(result, tokenizer) if sections is None else sections
     heads = result.heads
     grids = [{"title": title, "rows": _label_grid(rows, result.model["heads"])}
              for title, _, rows in site_groups(heads)]
@@ -272,7 +288,7 @@ def _write_files(result, tokenizer, path: Path, tmp: Path, verification, timings
     result.timings.update({k: round(v, 4) for k, v in (timings or {}).items()})
     shown = dataclasses.replace(result, model=shorten_paths(result.model, path),
                                 settings=shorten_paths(result.settings, path), notes=shorten_paths(result.notes, path))
-    sections = build_sections(shown, tokenizer)
+    sections = _builders().build_sections(shown, tokenizer)
     extra = {"verification": verification} if verification else {}
     extra.update({sec.id: sec.record for sec in sections if sec.record is not None})
     record = shorten_paths(run_record(shown, extra), path)
