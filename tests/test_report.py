@@ -171,3 +171,24 @@ def test_sections_add_html_figures_files_and_record(tmp_path, monkeypatch):
     assert (path / "toy.csv").read_text() == "a,b\n1,2\n"
     rec = json.loads((path / "run.json").read_text())
     assert rec["toy"] == {"rows": 1} and rec["output"]["toy.csv"].endswith("toy.csv")
+
+
+def test_a_head_labelled_on_repeated_tokens_says_when_nothing_repeats():
+    """Issue 27 item 7: an induction head drawn on text where nothing repeats showed a plain stripe
+    with no word; the caption now says that the map is not the pattern the label was given for."""
+    from dataclasses import replace
+
+    from probe.report import _attention_figures, repeat_note
+
+    assert repeat_note("induction", [5, 6, 7], [False] * 3).startswith("; labelled induction on repeated random")
+    assert repeat_note("duplicate-token", [1, 5, 6, 1], [True, False, False, True]) != ""  # specials do not count
+    assert repeat_note("induction", [5, 6, 5], [False] * 3) == ""
+    assert repeat_note("previous-token", [5, 6, 7], [False] * 3) == ""
+    lm = tiny_model("gpt2")
+    res = analyze(lm, ["The cat sat on a mat.", "the dog and the dog ran"], n_examples=2)
+    heads = res.heads.copy()
+    heads["induction"] = 0.0
+    heads.loc[0, ["label", "induction"]] = ["induction", 0.9]
+    _, blocks = _attention_figures(replace(res, heads=heads), lm.tokenizer)
+    crops = {b["example"]: b["crop"] for b in blocks if b["label"] == "induction"}
+    assert "no token repeats in this text" in crops[1] and crops[2] == ""

@@ -215,8 +215,31 @@ def _attention_figures(result: AnalysisResult, tokenizer) -> tuple[dict, list[di
                 "rowLabels": tokens, "colLabels": tokens, "xLabel": "key (attended to)", "yLabel": "query (attending)",
             }
             blocks.append({"id": fid, "layer": layer, "head": head, "name": name, "label": label, "reason": reason,
-                           "example": i + 1, "crop": crop})
+                           "example": i + 1, "crop": crop + repeat_note(label, ex.ids[:n], ex.special[:n])})
     return figures, blocks
+
+
+#: Labels given on repeated random tokens (the decoder circuit probe): what such a head does shows only
+#: where a token repeats.
+REPEAT_LABELS = ("induction", "duplicate-token")
+
+
+def repeat_note(label: str, ids, special) -> str:
+    """The caption's note for a head labelled on repeated random tokens drawn on tokens where none
+    repeats ('' otherwise): what the map shows there is not the pattern the label was given for.
+
+    Args:
+        label: the head's primary label.
+        ids: the drawn tokens' ids.
+        special: per drawn token, whether the tokenizer added it (not counted as a repeat).
+    """
+    if label_family(label) not in REPEAT_LABELS:
+        return ""
+    seen = [i for i, sp in zip(ids, special) if not sp]
+    if len(set(seen)) < len(seen):
+        return ""
+    return (f"; labelled {label} on repeated random tokens, and no token repeats in this text: there is nothing "
+            "for the head to copy or match, so this map is not the pattern it was labelled for")
 
 
 def render_html(result: AnalysisResult, tokenizer, record: dict, verification: dict | None = None,
