@@ -17,6 +17,7 @@ Public API (the CLI is a thin layer over it)::
     attention_flow(lm, "The cat sat.").row      # the same by maximum flow (probe.flow; <= 64 tokens by default)
 """
 
+import importlib as _importlib
 import time as _time
 
 #: perf_counter() when probe was first imported (the CLI reports the time spent importing).
@@ -26,32 +27,40 @@ from .util import quiet_notebook_tqdm  # noqa: E402
 
 quiet_notebook_tqdm()  # before transformers imports tqdm.auto: no TqdmWarning in a notebook without ipywidgets
 
-from . import effects, linguistic, patterns, pruning, view  # noqa: E402,F401  their report sections register
-from .accumulators import Accumulator  # noqa: E402
-from .analysis import analyze, run  # noqa: E402
-from .capture import attention_hooks, capture_attention  # noqa: E402
-from .compare import compare_runs, load_run  # noqa: E402
-from .core import LoadedModel  # noqa: E402
-from .effects import head_effects  # noqa: E402
-from .effects.composition import composition_scores  # noqa: E402
-from .effects.dla import direct_logit_attribution  # noqa: E402
-from .effects.patching import Pair, patch_heads  # noqa: E402
-from .errors import ProbeError  # noqa: E402
-from .flow import attention_flow  # noqa: E402
-from .hooks import Hooks, ensure_eager, measuring  # noqa: E402
-from .inputs import Text  # noqa: E402
-from .models import from_pretrained_objects, list_models, load_model  # noqa: E402
-from .pruning.experiment import prune  # noqa: E402
-from .reference import attention, swap_attention  # noqa: E402
-from .rollout import Attribution, attention_rollout  # noqa: E402
-from .sites import Site  # noqa: E402
-from .stats import STATISTICS, HeadStatistics  # noqa: E402
-from .steps import attention_steps  # noqa: E402
-from .verification import verify  # noqa: E402
-from .view import HeadView, ModelView, model_view, show  # noqa: E402
-from .view.rollout import RolloutView, rollout_view  # noqa: E402
-
 __version__ = "0.1.0"
+
+#: Each public name and the module it lives in. Importing probe imports none of them (torch,
+#: transformers, pandas and scikit-learn take seconds): the first use of ``probe.NAME`` (or
+#: ``from probe import NAME``) imports its module, so ``probe --help`` and a usage error answer at once.
+_PUBLIC = {
+    "Accumulator": ".accumulators", "analyze": ".analysis", "run": ".analysis",
+    "attention_hooks": ".capture", "capture_attention": ".capture",
+    "compare_runs": ".compare", "load_run": ".compare", "LoadedModel": ".core",
+    "head_effects": ".effects", "composition_scores": ".effects.composition",
+    "direct_logit_attribution": ".effects.dla", "Pair": ".effects.patching", "patch_heads": ".effects.patching",
+    "ProbeError": ".errors", "attention_flow": ".flow",
+    "Hooks": ".hooks", "ensure_eager": ".hooks", "measuring": ".hooks", "Text": ".inputs",
+    "from_pretrained_objects": ".models", "list_models": ".models", "load_model": ".models",
+    "prune": ".pruning.experiment", "attention": ".reference", "swap_attention": ".reference",
+    "Attribution": ".rollout", "attention_rollout": ".rollout", "Site": ".sites",
+    "STATISTICS": ".stats", "HeadStatistics": ".stats", "attention_steps": ".steps", "verify": ".verification",
+    "HeadView": ".view", "ModelView": ".view", "model_view": ".view", "show": ".view",
+    "RolloutView": ".view.rollout", "rollout_view": ".view.rollout",
+}
+
+
+def __getattr__(name: str):
+    """``probe.NAME``: the public name, its module imported on first use (PEP 562)."""
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'probe' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_PUBLIC[name], __name__), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
 
 __all__ = [
     "ProbeError", "Site", "LoadedModel", "list_models", "load_model", "from_pretrained_objects", "Hooks",

@@ -35,7 +35,7 @@ import torch
 
 from .architectures import MODEL_KINDS
 from .errors import UnsupportedAnalysisError
-from .inputs import Batch
+from .inputs import Batch, Text
 from .seq2seq import sides
 from .sites import KINDS, Site
 
@@ -185,6 +185,8 @@ class Example:
             "special"}`` (the decoder start token first); ``probs`` then holds the encoder's sites.
         decoder: encoder-decoder models: site name -> [heads, t, t] (decoder self-attention) or
             [heads, t, s] (cross-attention: target queries, source keys) probabilities, cropped.
+        pair: the second segment of a sentence-pair input (``--pairs`` on an encoder or decoder),
+            else None.
     """
 
     index: int
@@ -198,6 +200,13 @@ class Example:
     labels: list[str] | None = None
     target: dict | None = None
     decoder: dict | None = None
+    pair: str | None = None
+
+    def as_text(self) -> Text:
+        """The input as it was analysed (its second segment or its target included), for a view
+        that runs the model on it again."""
+        target = (self.target or {}).get("text")
+        return Text(self.text, pair=self.pair) if target is None else Text(self.text, target=target)
 
     @property
     def n_tokens(self) -> int:
@@ -248,7 +257,7 @@ class ExampleMaps(Accumulator):
                     "text": batch.texts[row].text, "ids": batch.input_ids[row, :lengths[row]].tolist(),
                     "offsets": [tuple(o) for o in batch.offsets[row, :lengths[row]].tolist()],
                     "special": batch.special[row, :lengths[row]].tolist(), "truncated": batch.truncated[row],
-                    "word_ids": batch.word_ids[row, :lengths[row]].tolist(),
+                    "word_ids": batch.word_ids[row, :lengths[row]].tolist(), "pair": batch.texts[row].pair,
                 }
                 if batch.target is not None:
                     t, m = batch.target, int(batch.target.lengths[row])
@@ -297,7 +306,8 @@ class ExampleMaps(Accumulator):
             encoder = [p for s, p in zip(self.sites, maps) if s.stack == "encoder"] if "target" in m else maps
             decoder = {s.name: p for s, p in zip(self.sites, maps) if s.stack == "decoder"} if "target" in m else None
             out.append(Example(idx, m["text"], m["ids"], m["offsets"], m["special"], np.stack(encoder),
-                               m["truncated"], m["word_ids"], target=m.get("target"), decoder=decoder))
+                               m["truncated"], m["word_ids"], target=m.get("target"), decoder=decoder,
+                               pair=None if "target" in m else m.get("pair")))
         return out
 
 

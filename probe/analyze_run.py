@@ -26,8 +26,8 @@ from . import distributed
 from .accumulators import check_supported
 from .analysis import AnalysisResult, analyze
 from .blocks import AUTO_LENGTH
+from .capture import encode
 from .errors import InputError
-from .inputs import Text
 from .patterns import CircuitProbe, circuit_probe, pattern_accumulators
 from .patterns.circuits import SINK_TEXTS
 from .report import claim_run_dir, write_run
@@ -192,7 +192,12 @@ def report_steps(lm, result: AnalysisResult, *, limit: int = 8) -> list[dict]:
         return []
     ex = result.examples[0]
     n = int(ex.probs.shape[-1])
-    text = ex.text if not ex.decoder else Text(ex.text, target=ex.target["text"])
+    text = ex.as_text()  # the input as analysed: a sentence pair's second segment, a target
+    m = min(n, STEP_MAX_TOKENS)
+    if encode(lm, [text], m).input_ids[0].tolist() != list(ex.ids[:m]):
+        result.notes.append("attention steps left out: the first example's text no longer gives the tokens "
+                            "analysed")
+        return []
     chosen, slots = [], []
     for layer, head, label, reason in choose_heads(result, limit=limit):
         slot = head  # the heads table numbers heads as the original model; a pruned layer's slots differ
@@ -204,7 +209,7 @@ def report_steps(lm, result: AnalysisResult, *, limit: int = 8) -> list[dict]:
         chosen.append((layer, head, label, reason))
         slots.append((layer, slot))
     # every head's steps from the same passes (one per head of the layer with the most chosen heads)
-    steps = heads_steps(lm, text, slots, max_length=min(n, STEP_MAX_TOKENS), model_probs=False)
+    steps = heads_steps(lm, text, slots, max_length=m, model_probs=False)
     out = []
     for (layer, head, label, reason), st in zip(chosen, steps):
         data = step_view_data(st, encoder_decoder=lm.kind == "encoder-decoder", site_index=layer)

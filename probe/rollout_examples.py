@@ -93,10 +93,8 @@ def run_rollout(lm: LoadedModel, result, *, max_examples: int = MAX_EXAMPLES,
     start = time.perf_counter()
     out, notes = [], []
     for ex in result.examples[:max_examples]:
-        target = (ex.target or {}).get("text")
-        text = Text(ex.text, target=target) if target is not None else Text(ex.text)
         try:
-            out.append(rollout_example(lm, text, ex.index, max_length=len(ex.ids),
+            out.append(rollout_example(lm, ex.as_text(), ex.index, max_length=len(ex.ids),
                                        max_flow_tokens=max_flow_tokens, ids=ex.ids))
         except InputError as err:
             notes.append(f"example {ex.index + 1} left out: {err}")

@@ -1,92 +1,21 @@
 """One validator for each check of user input, shared by the Python API and the command line.
 
-Each raises :class:`~probe.errors.InputError` with a one-line message; the CLI turns the same
+The checks of numbers and texts live in :mod:`probe.bounds` (which imports no heavy library, so the
+command line checks its options without torch) and are re-exported here. Each raises
+:class:`~probe.errors.InputError` with a one-line message; the CLI turns the same
 errors from option values into usage errors (exit status 2) with
 :func:`probe.cli.options.click_callback`.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Iterable
-
+from .bounds import fraction, limit, max_length, positive_int, texts, tolerance
 from .classify import validate_thresholds
 from .errors import InputError
 from .reference.mutants import MUTANTS
 
-
-def positive_int(name: str, value, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``.
-
-    Raises:
-        InputError: not an integer, or below ``minimum``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InputError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
-
-def limit(value: int | None) -> int | None:
-    """``--limit``: None (no limit) or an int >= 1."""
-    return None if value is None else positive_int("--limit", value)
-
-
-def max_length(value: int | None, model_limit: int) -> int:
-    """The token limit per sequence: ``value`` capped at the model's limit (default: the model's).
-
-    Raises:
-        InputError: ``value`` below 2 (a sequence needs at least two tokens to have attention to
-            measure).
-    """
-    if value is None:
-        return model_limit
-    positive_int("max length (tokens)", value, 2)
-    return min(int(value), model_limit)
-
-
-def texts(items: Iterable, what: str = "text") -> list:
-    """A non-empty list of non-empty texts (strings or objects with a ``text`` attribute).
-
-    Raises:
-        InputError: no text, or an empty or whitespace-only one (numbered from 1).
-    """
-    items = [items] if isinstance(items, str) else list(items)
-    if not items:
-        raise InputError(f"no {what} given")
-    for i, t in enumerate(items):
-        s = t if isinstance(t, str) else getattr(t, "text", None)
-        if not isinstance(s, str) or not s.strip():
-            raise InputError(f"{what} {i + 1} is empty")
-    return items
-
-
-def tolerance(name: str, value) -> float:
-    """A comparison tolerance: a finite number >= 0.
-
-    Raises:
-        InputError: negative, NaN, infinite or not a number.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise InputError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-def fraction(name: str, value, *, closed_low: bool = False, closed_high: bool = False) -> float:
-    """A number in (0, 1) (ends included where asked).
-
-    Raises:
-        InputError: outside the interval or not a number.
-    """
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value >= 0 if closed_low else value > 0) and (value <= 1 if closed_high else value < 1)
-    if not ok:
-        lo, hi = "[" if closed_low else "(", "]" if closed_high else ")"
-        raise InputError(f"{name} must be in {lo}0, 1{hi}, got {value!r}")
-    return float(value)
+__all__ = ["fraction", "limit", "max_length", "positive_int", "texts", "tolerance", "mutant", "thresholds",
+           "value_weighting", "LABELS_BY"]
 
 
 def mutant(name: str | None) -> str | None:

@@ -525,7 +525,7 @@ def test_bad_syntax_file_is_one_error_before_loading(tmp_path, content, fragment
 
 def test_annotated_text_is_the_corpus(tmp_path):
     result = run("analyze", "--coref", "--text", "Some text.", "--out", str(tmp_path / "run"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage error
     assert_clean_error(result, "--coref and --syntax analyse their own annotated text")
     missing = run("analyze", "--syntax", str(tmp_path / "nope.conllu"), "--out", str(tmp_path / "run"))
     assert_clean_error(missing, "CoNLL-U file not found")
@@ -630,3 +630,22 @@ def test_circuit_probe_longer_than_the_model_limit_is_skipped_with_a_note(tmp_pa
     assert result.exit_code == 0, result.output
     assert "note: decoder circuit probe skipped: the probe needs 50 tokens; the model takes 32" in result.stderr
     assert "circuits" not in json.loads((out / "run.json").read_text())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["analyze", "--text", "a", "--corpus", "x.txt"], "give either --text, --corpus or --pairs, not two of them"),
+    (["analyze", "--coref", "--text", "a"], "--coref and --syntax analyse their own annotated text"),
+    (["analyze", "--syntax", "x.conllu", "--corpus", "x.txt"], "--coref and --syntax analyse their own"),
+    (["analyze", "--pairs", "x.tsv", "--generate", "3"], "give either --pairs (sources and targets) or --generate"),
+    (["effects", "--ablation", "bogus"], "unknown ablation 'bogus'; choose from zero, mean, resample"),
+    (["effects", "--corpus", "x.txt", "--pairs", "x.tsv"], "give either --corpus or --pairs, not both"),
+    (["verify", "--mutant", "nope"], "'nope' is not one of 'alibi-sign'"),
+])
+def test_usage_errors_exit_with_status_2(tmp_path, args, message):
+    """Issue 27 item 13: options that do not go together are usage errors (status 2, as docs/usage.md says),
+    refused before a model loads or a folder is claimed."""
+    result = run(*args, *([] if args[0] == "verify" else ["--out", str(tmp_path / "run")]))
+    assert result.exit_code == 2
+    line = assert_clean_error(result, message)
+    assert line.endswith(f"{args[0]} --help')")
+    assert not (tmp_path / "run").exists()

@@ -247,7 +247,7 @@ def test_cli_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("args, code, message", [
     (["--seeds", "3"], 2, "--seeds"),
-    (["--ablation", "zero,shuffle"], 1, "unknown ablation 'shuffle'"),
+    (["--ablation", "zero,shuffle"], 2, "unknown ablation 'shuffle'"),
     (["--limit", "2"], 1, "too small"),
 ])
 def test_cli_bad_input_is_one_error_line(tmp_path, args, code, message):

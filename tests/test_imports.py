@@ -5,7 +5,11 @@ allow-list (and the command line's, which loads the library only when a command 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import probe
 
@@ -187,3 +191,26 @@ def test_the_architecture_page_lists_every_module():
             if f"`{rel.name}`" not in row:
                 missing.append(str(rel))
     assert missing == []
+
+
+def _imports_alone(module: str) -> str:
+    """'' when ``module`` imports in a fresh interpreter (nothing of probe imported before it), else the error."""
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    return "" if done.returncode == 0 else f"{module}: {done.stderr.strip().splitlines()[-1]}"
+
+
+#: Modules that entered an import cycle through a package's __init__ when imported first (the graph
+#: above reads ``from ..report.sections import x`` as an edge to the submodule, not to the package).
+ENTRY_POINTS = ("probe.report", "probe.linguistic.report", "probe.patterns.report", "probe.view.section",
+                "probe.compare", "probe.effects.report", "probe.cli")
+
+
+def test_the_modules_that_closed_package_cycles_import_alone():
+    """``import probe`` imports nothing heavy (its names load on first use), so no module can rely on
+    probe/__init__.py having imported the others in a working order."""
+    assert [e for e in map(_imports_alone, ENTRY_POINTS) if e] == []
+
+
+@pytest.mark.slow
+def test_every_module_imports_alone():
+    assert [e for e in map(_imports_alone, sorted(_modules())) if e] == []

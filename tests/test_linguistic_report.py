@@ -72,6 +72,9 @@ def test_sections_and_record(run_dir):
     assert ("examples with a name at or after the pronoun are left out" in html) == causal
     assert ("reachable" in html) == causal
     table = re.search(r'<h2 id="syntax">.*?<table>(.*?)</table>', html, re.S).group(1)
+    intro = re.search(r'<h2 id="syntax">(.*?)<table>', html, re.S).group(1)
+    assert re.findall(r"L\d+H\d+", intro) == []  # issue 27 item 5: the intro names no head as if it were the best
+    assert "a head is named L&lt;layer&gt;H&lt;head&gt;" in intro
     assert table.count("<tr>") == 2 + 5  # two header rows, then all, nsubj, aux, advmod, punct
     record = json.loads((path / "run.json").read_text())
     assert record["coreference"]["counts"] == res.results["coreference"].counts

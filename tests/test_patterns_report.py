@@ -159,3 +159,33 @@ def test_map_colours_a_relation_label_by_its_family(decoder_run):
     fig = groups_section(replace(res, heads=heads), None).figures["map-label"]
     assert fig["colors"][0] == LABEL_COLORS["syntactic"]
     assert ["syntactic", LABEL_COLORS["syntactic"]] in fig["legend"]
+
+
+@pytest.mark.parametrize("silhouette, sizes, expected", [
+    (0.29, [65, 1, 5, 1], "The grouping shows weak structure: silhouette 0.29 (Kaufman & Rousseeuw: above 0.70 "
+                          "strong, above 0.50 reasonable, above 0.25 weak, else no substantial structure): read the "
+                          "groups as a rough sorting of the heads, not as kinds of head. Group 0 holds 65 of the 72 "
+                          "heads; the other groups are small."),
+    (0.12, [30, 42], "The grouping shows no substantial structure: silhouette 0.12"),
+    (0.62, [30, 42], ""),
+    (0.81, [10, 62], "Group 1 holds 62 of the 72 heads; the other groups are small."),
+    (None, [72], ""),
+])
+def test_a_weak_or_lopsided_grouping_is_said(silhouette, sizes, expected):
+    """Issue 27 item 8: k = 4 groups of 65, 1, 5 and 1 heads at silhouette 0.29 came without a word."""
+    from probe.patterns.groups import structure_note
+
+    note = structure_note(silhouette, sizes)
+    assert note.startswith(expected) and (note == "") == (expected == "")
+
+
+def test_the_groups_section_carries_its_note(decoder_run):
+    from probe.patterns.groups import structure_note
+    from probe.patterns.report import groups_section
+
+    _, res = decoder_run
+    g = res.results["distances"].groups
+    section = groups_section(res, None)
+    note = structure_note(g.silhouette.get(g.k), np.bincount(g.group[g.group >= 0], minlength=g.k).tolist())
+    assert section.record["note"] == note
+    assert (f"<p><b>Note:</b> {note}</p>" in str(section.html).replace("&amp;", "&")) == bool(note)

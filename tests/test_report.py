@@ -192,14 +192,19 @@ ALL_BUILDERS = {
 
 
 def test_every_section_registers_itself_whatever_is_imported_first():
-    code = ("import probe.report.sections as s; from probe.report import write_run; "
-            "print(sorted(f'{b.__module__} {b.__name__}' for b in s.BUILDERS))")
+    """The report imports no section (a leaf): building a page loads the section modules by name, and
+    each registers its builders, once, whatever was imported before."""
+    code = ("import sys; import probe.report.sections as s; from probe.report import write_run; "
+            "print(any(m in sys.modules for m in ('probe.effects', 'probe.pruning', 'probe.view'))); "
+            "s.load_sections(); print(sorted(f'{b.__module__} {b.__name__}' for b in s.BUILDERS))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == str(sorted(f"{m} {f}" for m, f in ALL_BUILDERS))
+    assert out.split("\n")[:2] == ["False", str(sorted(f"{m} {f}" for m, f in ALL_BUILDERS))]
     import probe.report.sections as sections
 
+    sections.load_sections()
     assert {(b.__module__, b.__name__) for b in sections.BUILDERS} == ALL_BUILDERS
     assert len(sections.BUILDERS) == len(ALL_BUILDERS)  # each once
+    assert set(sections.SECTION_MODULES) == {m for m, _ in ALL_BUILDERS}
 
 
 def test_sections_have_distinct_orders_so_the_page_order_does_not_depend_on_imports():
@@ -209,3 +214,24 @@ def test_sections_have_distinct_orders_so_the_page_order_does_not_depend_on_impo
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Section":
                 orders += [k.value.value for k in node.keywords if k.arg == "order"]
     assert len(orders) == len(ALL_BUILDERS) and len(set(orders)) == len(orders), sorted(orders)
+
+
+def test_a_head_labelled_on_repeated_tokens_says_when_nothing_repeats():
+    """Issue 27 item 7: an induction head drawn on text where nothing repeats showed a plain stripe
+    with no word; the caption now says that the map is not the pattern the label was given for."""
+    from dataclasses import replace
+
+    from probe.report import _attention_figures, repeat_note
+
+    assert repeat_note("induction", [5, 6, 7], [False] * 3).startswith("; labelled induction on repeated random")
+    assert repeat_note("duplicate-token", [1, 5, 6, 1], [True, False, False, True]) != ""  # specials do not count
+    assert repeat_note("induction", [5, 6, 5], [False] * 3) == ""
+    assert repeat_note("previous-token", [5, 6, 7], [False] * 3) == ""
+    lm = tiny_model("gpt2")
+    res = analyze(lm, ["The cat sat on a mat.", "the dog and the dog ran"], n_examples=2)
+    heads = res.heads.copy()
+    heads["induction"] = 0.0
+    heads.loc[0, ["label", "induction"]] = ["induction", 0.9]
+    _, blocks = _attention_figures(replace(res, heads=heads), lm.tokenizer)
+    crops = {b["example"]: b["crop"] for b in blocks if b["label"] == "induction"}
+    assert "no token repeats in this text" in crops[1] and crops[2] == ""

@@ -155,15 +155,22 @@ def test_drawn_bars_are_the_data_and_a_click_picks_the_row(chromium, tiny, tmp_p
 
 
 def test_an_example_whose_text_does_not_give_its_tokens_back_is_left_out_and_said(tiny):
-    """A sentence pair's example keeps only its first segment's text: re-encoded, its tokens differ, so
-    the section leaves it out with a note instead of showing another sequence's rollout."""
+    """A sentence pair's example is re-encoded with its second segment (issue 27 item 3: it was left
+    out); an example whose text no longer gives its tokens is left out with a note instead of showing
+    another sequence's rollout."""
+    from dataclasses import replace
+
     lm = tiny("bert")
     result = probe.analyze(lm, [probe.Text("A cat sat.", pair="A dog ran."), probe.Text("Hi.", pair="Hello there.")],
                            n_examples=2)
     record = run_rollout(lm, result)
-    assert record.examples == [] and len(result.examples) == 2
-    for ex in result.examples:
-        assert f"example {ex.index + 1} left out: the text's tokens differ from the analysed ones" in record.notes
+    assert [e.index for e in record.examples] == [0, 1] and record.notes == []
+    ex = result.examples[0]
+    assert list(record.examples[0].rollout.tokens).count("[SEP]") == 2 == ex.ids.count(lm.tokenizer.sep_token_id)
+    changed = replace(result, examples=[replace(ex, pair=None)])
+    record = run_rollout(lm, changed)
+    assert record.examples == []
+    assert record.notes == ["example 1 left out: the text's tokens differ from the analysed ones"]
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])

@@ -205,3 +205,28 @@ def test_report_steps_run_the_first_example_once(monkeypatch):
         want = step_view_data(st, site_index=d["siteIndex"])
         assert {k: v for k, v in d.items() if k not in ("label", "reason")} == {
             **want, "name": head_name(d["siteIndex"], d["head"])}
+
+
+def test_the_steps_and_the_rollout_of_a_sentence_pair_are_of_the_pair():
+    """Issue 27 items 2 and 3: with --pairs the step views showed segment A alone (9 keys, no segment
+    ids) and the rollout left out every example ("tokens differ"): both run on the input analysed."""
+    from probe.rollout_examples import run_rollout
+
+    lm = tiny_model("bert")
+    pair = Text("The cat sat on the mat.", pair="It was happy there.")
+    res = analyze(lm, [pair, Text("Second text.", pair="And its pair.")], n_examples=2)
+    ex = res.examples[0]
+    assert ex.pair == "It was happy there." and ex.as_text() == pair
+    out = report_steps(lm, res)
+    n = ex.probs.shape[-1]
+    assert out and all(len(d["kTokens"]) == n == len(ex.ids) for d in out)
+    assert out[0]["kTokens"].count("[SEP]") == 2
+    for d in out:  # the numbers of the pair (segment ids included), not of segment A alone
+        want = step_view_data(head_steps(lm, pair, d["siteIndex"], d["head"], max_length=n), site_index=d["siteIndex"])
+        assert d["qTokens"] == want["qTokens"] and d["kTokens"] == want["kTokens"]
+    alone = head_steps(lm, pair.text, 1, 0)  # layer 1: segment A's states differ by what it attended to
+    paired = head_steps(lm, pair, 1, 0)
+    assert not np.allclose(paired["score"][:len(alone["score"]), :len(alone["score"])], alone["score"])
+    record = run_rollout(lm, res)
+    assert [e.index for e in record.examples] == [0, 1] and record.notes == []
+    assert list(record.examples[0].rollout.tokens)[:n] == out[0]["kTokens"]

@@ -221,7 +221,7 @@ def test_hovered_tokens_lines_are_the_data_in_chromium(browser, tmp_path):
     """Hover a query: its row's weights >= threshold, per selected head; hover a key: its column;
     word mode: the word-level aggregate of the page's data; pin survives leaving the canvas."""
     lm = tiny_model("bert")
-    view = show(lm, NASTY, threshold=0.05)
+    view = show(lm, NASTY, threshold=0.05, heads=[0, 1, 2, 3])
     pg = Page(browser, view.save(tmp_path / "view.html"))
     v = pg.view()
     tokens = pg.page.evaluate(f"{v}.data.tokens")
@@ -406,3 +406,24 @@ def test_lines_are_drawn_at_load_before_any_hover(browser, tmp_path, where):
     pg.page.evaluate(f"{v}.setHeads([])")
     assert pg.page.evaluate(f"{v}.lines()") == [] and _line_pixels(pg) == 0
     pg.clean()
+
+
+def test_the_head_view_opens_on_one_head():
+    """Issue 27 item 6: show() and model_view() opened with every head of layer 0 checked (a hairball),
+    and steps=(site, head) left the head view on layer 0: one head, the step view's where there is one."""
+    from probe.report.page import choose_heads
+    from probe.view import model_view
+
+    lm = tiny_model("gpt2")
+    text = "The cat sat on the mat."
+    assert show(lm, text).data["initial"] == {"layer": 0, "heads": [0]}
+    view = show(lm, text, steps=(1, 3))
+    assert view.data["initial"] == {"layer": view.data["layers"].index(1), "heads": [3]}
+    assert view.steps["head"] == 3
+    assert show(lm, text, steps=False).data["initial"]["heads"] == [0]
+    assert show(lm, text, layer=1, heads=[0, 2], steps=(0, 1)).data["initial"] == {"layer": 1, "heads": [0, 2]}
+    assert model_view(lm, text).head_view.data["initial"] == {"layer": 0, "heads": [0]}
+    res = analyze(lm, [text, "Hello there."], n_examples=1)
+    layer, head = choose_heads(res)[0][:2]
+    got = show(res, tokenizer=lm.tokenizer).data
+    assert got["initial"] == {"layer": got["layers"].index(layer), "heads": [head]}

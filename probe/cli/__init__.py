@@ -1,10 +1,10 @@
 """The ``probe`` command line: a thin layer over the Python API.
 
 Errors a user can cause end in one line (``Error: ...``) on stderr and exit status 1; a malformed
-option (unknown option, a value out of range) is one line too and exits with status 2, as click's
-usage errors do. An interrupt (Ctrl-C) ends in one line and exit status 130 (128 + SIGINT, as
-shells report it); what the command was writing is removed (:mod:`probe.runfolder`). The
-library never imports click; only this package does.
+option (unknown option, a value out of range) or options that do not go together is one line too
+and exits with status 2, as click's usage errors do. An interrupt (Ctrl-C) ends in one line and
+exit status 130 (128 + SIGINT, as shells report it); what the command was writing is removed
+(:mod:`probe.runfolder`). The library never imports click; only this package does.
 
 Modules: :mod:`.group` (the ``probe`` group, error handling, logging, the console script), then one per
 command: :mod:`.analyze`, :mod:`.verify`, :mod:`.compare`, :mod:`.prune`, :mod:`.listing`

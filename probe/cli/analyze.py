@@ -10,7 +10,7 @@ import click
 from .. import IMPORT_STARTED
 from ..util import plural, process_age
 from .group import hold, main, user_errors
-from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
+from .options import check_files, limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .verify import verify_progress
 
 #: --text, --corpus, --pairs, --generate, --limit: what is analysed.
@@ -108,6 +108,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     value-weighted statistics; --no-distance, --no-circuits and --no-norm turn them off. Under torchrun or accelerate
     launch, each process analyses its share of the corpus and rank 0 writes the one report.
     """
+    _check_usage(texts, corpus, pairs, generate, coref, syntax_file)  # before torch is imported: at once
     import torch
 
     from .. import distributed
@@ -153,6 +154,20 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     if started_as_command():  # in a test runner or notebook the "start-up" is the host process's age
         slow_start_note(timings["startup_s"])
     click.echo(f"Report: {path / 'index.html'}")
+
+
+def _check_usage(texts, corpus, pairs, generate, coref, syntax_file) -> None:
+    """Options that cannot go together (usage errors: exit status 2) and missing input files (exit
+    status 1), decided before any library is imported."""
+    if sum(bool(x) for x in (texts, corpus, pairs)) > 1:
+        raise click.UsageError("give either --text, --corpus or --pairs, not two of them")
+    if (coref is not None or syntax_file is not None) and (texts or corpus or pairs):
+        raise click.UsageError("--coref and --syntax analyse their own annotated text; leave out --text, --corpus "
+                               "and --pairs")
+    if generate is not None and pairs:
+        raise click.UsageError("give either --pairs (sources and targets) or --generate (sources only), not both")
+    check_files((corpus, "corpus file"), (pairs, "pairs file"), (syntax_file, "CoNLL-U file"),
+                (None if coref in (None, "builtin") else coref, "GAP file"))
 
 
 def started_as_command() -> bool:

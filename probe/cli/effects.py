@@ -9,11 +9,10 @@ import time
 
 import click
 
-from .. import IMPORT_STARTED, validate
-from ..sites import head_name
+from .. import IMPORT_STARTED, bounds
 from ..util import plural, process_age
 from .group import hold, main, user_errors
-from .options import click_callback, limit_option, model_option
+from .options import check_files, click_callback, limit_option, model_option
 
 
 @main.command("effects")
@@ -27,13 +26,14 @@ from .options import click_callback, limit_option, model_option
               help="What an ablation may hurt [default: seq2seq for encoder-decoder models, else chosen from the "
                    "model as probe prune].")
 @click.option("--ablation", "ablation", default="zero,mean", show_default=True, metavar="KINDS",
+              callback=click_callback(lambda v: _ablation_kinds(v)),
               help="Comma-separated ablations: zero, mean, resample (the head's output on a reference text at "
                    "least as long, drawn with seed 0).")
 @click.option("--seeds", type=int, default=10, show_default=True,
-              callback=click_callback(lambda v: validate.positive_int("--seeds", v, 5)),
+              callback=click_callback(lambda v: bounds.positive_int("--seeds", v, 5)),
               help="Random head sets per label group (at least 5).")
 @click.option("--copies", type=int, default=8, show_default=True,
-              callback=click_callback(lambda v: validate.positive_int("--copies", v)),
+              callback=click_callback(lambda v: bounds.positive_int("--copies", v)),
               help="Ablation sets per forward pass (the batch repeated this many times).")
 @click.option("--clusters", is_flag=True,
               help="Also ablate each head group (the report's clusters) against random heads (more passes).")
@@ -43,7 +43,7 @@ from .options import click_callback, limit_option, model_option
 @click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
 @click.option("--json", "as_json", is_flag=True, help="Print the label table and the claim as JSON.")
 @click.option("--batch-size", type=int, default=16, show_default=True,
-              callback=click_callback(lambda v: validate.positive_int("--batch-size", v)))
+              callback=click_callback(lambda v: bounds.positive_int("--batch-size", v)))
 @click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @user_errors
@@ -60,20 +60,21 @@ def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds
 
     Cost: (heads + labels x (1 + seeds)) x ablation kinds held-out passes, COPIES sets per pass.
     """
+    if corpus and pairs:
+        raise click.UsageError("give either --corpus or --pairs, not both")
+    check_files((corpus, "corpus file"), (pairs, "pairs file"))  # before torch is imported: at once
     from ..corpus import check_texts, read_corpus, read_pairs, sample_texts
-    from ..effects.ablation import check_kinds
     from ..effects.induction import claim_lines
     from ..effects.run import effects_run
     from ..errors import InputError
     from ..models import load_model
     from ..report import claim_run_dir
     from ..seq2seq import as_targets
+    from ..sites import head_name
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    kinds = check_kinds([k.strip() for k in ablation.split(",") if k.strip()])
-    if corpus and pairs:
-        raise InputError("give either --corpus or --pairs, not both")
+    kinds = ablation if isinstance(ablation, tuple) else _ablation_kinds(ablation)  # checked when given
     seqs, source = ((read_corpus(corpus, limit), corpus) if corpus else (read_pairs(pairs, limit), pairs) if pairs
                     else (check_texts(sample_texts(), limit), "sample"))
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model
@@ -111,3 +112,10 @@ def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds
     click.echo(f"Report: {path / 'index.html'}")
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
+
+
+def _ablation_kinds(value: str) -> tuple[str, ...]:
+    """``--ablation``'s comma-separated kinds, checked by :func:`probe.effects.ablation.check_kinds`."""
+    from ..effects.ablation import check_kinds
+
+    return check_kinds([k.strip() for k in value.split(",") if k.strip()])

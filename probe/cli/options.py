@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Callable
 
 import click
+from click.core import ParameterSource
 
-from .. import validate
+from .. import bounds
 from ..errors import InputError, ProbeError
-from ..models import DEFAULT_MODEL
+
+#: The default model (``probe.models.DEFAULT_MODEL``, which imports torch: not read here so that
+#: ``probe --help`` starts without it; tests/test_start_up.py checks the two agree).
+DEFAULT_MODEL = "minilm"
+
+
+class Deferred:
+    """A library module imported on its first attribute access: the command line reads options
+    without importing torch, transformers or pandas (``probe --help``, a usage error and a missing
+    file answer in about a second); a command imports what it needs when it runs."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+#: :mod:`probe.validate` (label thresholds need pandas), imported when ``--threshold`` is given.
+validate = Deferred("probe.validate")
 
 #: Parameter dtypes a model can be loaded in (``--dtype``).
 DTYPES = ("float32", "bfloat16", "float16")
@@ -19,8 +41,8 @@ def click_callback(check: Callable) -> Callable:
     (one line, exit status 2)."""
 
     def callback(ctx, param, value):
-        if value is None:
-            return value
+        if value is None or ctx.get_parameter_source(param.name) is ParameterSource.DEFAULT:
+            return value  # a default is valid as written (and checking it would import the library)
         try:
             result = check(value)
         except InputError as exc:
@@ -28,6 +50,24 @@ def click_callback(check: Callable) -> Callable:
         return value if result is None else result
 
     return callback
+
+
+def check_files(*files: tuple[str | None, str]) -> None:
+    """Refuse a missing input file before any library is imported (a second, not the import of torch
+    and transformers), with the library's own words (:func:`probe.corpus.iter_lines`): ``files`` are
+    ``(path or None, what)`` pairs.
+
+    Raises:
+        click.ClickException: ``{what} not found: {path}`` or ``{what} is a folder, not a file: {path}``
+            (exit status 1).
+    """
+    for path, what in files:
+        if path is None:
+            continue
+        if not os.path.exists(path):
+            raise click.ClickException(f"{what} not found: {path}")
+        if os.path.isdir(path):
+            raise click.ClickException(f"{what} is a folder, not a file: {path}")
 
 
 def stacked(*options):
@@ -72,7 +112,7 @@ def device_option(fn):
 
 def limit_option(help: str = "Use at most N sequences."):
     """``--limit/-n``: at most N sequences (>= 1); used as ``@limit_option()``."""
-    return click.option("--limit", "-n", type=int, default=None, callback=click_callback(validate.limit),
+    return click.option("--limit", "-n", type=int, default=None, callback=click_callback(bounds.limit),
                         help=help)
 
 
@@ -93,6 +133,8 @@ def _assignments(values: tuple[str, ...], what: str) -> dict[str, float]:
 
 def parse_thresholds(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
     """``--threshold LABEL=VALUE`` (repeatable), checked by :func:`probe.validate.thresholds`."""
+    if not values:
+        return {}
     try:
         return validate.thresholds(_assignments(values, "LABEL"))
     except ProbeError as exc:
@@ -102,6 +144,8 @@ def parse_thresholds(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
 def parse_health(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
     """``--health-threshold CHECK=VALUE`` (repeatable), checked by
     :func:`probe.patterns.health.health_thresholds`."""
+    if not values:
+        return {}
     from ..patterns.health import health_thresholds
 
     out = _assignments(values, "CHECK")

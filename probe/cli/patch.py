@@ -8,7 +8,7 @@ import time
 
 import click
 
-from .. import IMPORT_STARTED, validate
+from .. import IMPORT_STARTED, bounds
 from ..util import plural, process_age
 from .group import hold, main, user_errors
 from .options import click_callback, model_option
@@ -21,10 +21,10 @@ from .options import click_callback, model_option
 @click.option("--direction", type=click.Choice(["denoise", "noise"]), default="denoise", show_default=True,
               help="denoise: corrupted run, clean head output; noise: clean run, corrupted head output.")
 @click.option("--heads-per-pass", type=int, default=None,
-              callback=click_callback(lambda v: v if v is None else validate.positive_int("--heads-per-pass", v)),
+              callback=click_callback(lambda v: v if v is None else bounds.positive_int("--heads-per-pass", v)),
               help="Patched copies of the batch in one forward pass [default: 2 x heads, one layer a pass].")
 @click.option("--rope-offsets", type=int, default=1, show_default=True,
-              callback=click_callback(lambda v: validate.positive_int("--rope-offsets", v)),
+              callback=click_callback(lambda v: bounds.positive_int("--rope-offsets", v)),
               help="RoPE models: average the Q- and K-composition scores over relative offsets D = 0..K-1 "
                    "(1: the content term D = 0 only).")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,

@@ -7,18 +7,22 @@ import sys
 import time
 
 import click
+from click.core import ParameterSource
 
-from .. import IMPORT_STARTED, validate
+from .. import IMPORT_STARTED, bounds
 from ..util import plural, process_age
 from .group import hold, main, user_errors
-from .options import click_callback, limit_option, model_option, stacked
+from .options import check_files, click_callback, limit_option, model_option, stacked
 
 
 def _orders(ctx, param, value: str) -> list[str]:
-    """``--order``: a comma-separated list of distinct orders."""
+    """``--order``: a comma-separated list of distinct orders (the default as written: the library,
+    which imports torch, is read only for an order given on the command line)."""
+    orders = [o.strip() for o in value.split(",") if o.strip()]
+    if ctx.get_parameter_source(param.name) is ParameterSource.DEFAULT:
+        return orders
     from ..pruning.curves import ORDERS
 
-    orders = [o.strip() for o in value.split(",") if o.strip()]
     bad = [o for o in orders if o not in ORDERS]
     if bad or not orders or len(set(orders)) != len(orders):
         raise click.BadParameter(f"{value!r}: a comma-separated list of distinct orders from {', '.join(ORDERS)}")
@@ -34,13 +38,13 @@ _experiment_options = stacked(
     click.option("--order", "orders", default="importance,redundancy,random", show_default=True, callback=_orders,
                  help="Curves to run; the first one's heads are removed from the pruned copy."),
     click.option("--steps", type=int, default=10, show_default=True,
-                 callback=click_callback(lambda v: validate.positive_int("--steps", v)),
+                 callback=click_callback(lambda v: bounds.positive_int("--steps", v)),
                  help="Pruning steps (points after step 0)."),
     click.option("--fraction", type=float, default=0.5, show_default=True,
-                 callback=click_callback(lambda v: validate.fraction("--fraction", v)),
+                 callback=click_callback(lambda v: bounds.fraction("--fraction", v)),
                  help="Share of all heads pruned by the last step, in (0, 1)."),
     click.option("--seeds", type=int, default=3, show_default=True,
-                 callback=click_callback(lambda v: validate.positive_int("--seeds", v, 3)),
+                 callback=click_callback(lambda v: bounds.positive_int("--seeds", v, 3)),
                  help="Random orders (at least 3)."),
 )
 
@@ -59,7 +63,7 @@ _experiment_options = stacked(
               help="Replace probe's own files in an --out / --save-pruned folder probe wrote; other files are kept.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--batch-size", type=int, default=16, show_default=True,
-              callback=click_callback(lambda v: validate.positive_int("--batch-size", v)))
+              callback=click_callback(lambda v: bounds.positive_int("--batch-size", v)))
 @click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @user_errors
@@ -78,6 +82,7 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
                       original model's mean-pooled sentence embedding
     Each is the loss the checkpoint was trained for, or, without a head, what its users rely on.
     """
+    check_files((corpus, "corpus file"))  # before torch is imported: at once
     from pathlib import Path
 
     from ..corpus import check_texts, read_corpus, sample_texts

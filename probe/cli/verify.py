@@ -6,11 +6,15 @@ import json
 
 import click
 
-from .. import validate
+from .. import bounds
 from ..errors import ProbeError
-from ..reference.mutants import MUTANTS
 from .group import main, user_errors
 from .options import click_callback, device_option, dtype_option, model_option
+
+#: The names of ``probe.reference.mutants.MUTANTS`` (that module imports torch: not read here so that
+#: ``probe --help`` starts without it; tests/test_start_up.py checks the two agree).
+MUTANT_NAMES = ("alibi-sign", "causal-inverted", "merge-without-transpose", "no-causal-mask", "no-padding-mask",
+                "no-scale", "scale-d-model")
 
 
 def format_table(result) -> str:
@@ -51,11 +55,11 @@ def verify_progress(index: int, total: int, name: str, result) -> None:
 @model_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 @click.option("--atol", type=float, default=None,
-              callback=click_callback(lambda v: validate.tolerance("--atol", v)),
+              callback=click_callback(lambda v: bounds.tolerance("--atol", v)),
               help="Absolute tolerance [default: 1e-05 for float32, 0.01 for bfloat16/float16].")
 @click.option("--rtol", type=float, default=0.0, show_default=True,
-              callback=click_callback(lambda v: validate.tolerance("--rtol", v)), help="Relative tolerance.")
-@click.option("--mutant", type=click.Choice(sorted(MUTANTS)),
+              callback=click_callback(lambda v: bounds.tolerance("--rtol", v)), help="Relative tolerance.")
+@click.option("--mutant", type=click.Choice(MUTANT_NAMES),
               default=None, help="Verify a deliberately broken attention instead (expected to FAIL).")
 @dtype_option
 @device_option

@@ -8,9 +8,19 @@
 (:func:`load_run`), :mod:`probe.compare.report` (the comparison folder).
 """
 
+import importlib as _importlib
+
 from .diff import align_layers, compare_runs, label_counts, layer_summary, most_changed
-from .report import write_compare
 from .runs import EXAMPLES_FILE, load_run
+
+
+def __getattr__(name: str):
+    """``write_compare``, imported on first use: :mod:`.report` imports :mod:`probe.report`, whose
+    sections read run files through :mod:`.runs` (this package), so importing it here would make
+    ``import probe.report`` in a fresh interpreter a cycle."""
+    if name == "write_compare":
+        return _importlib.import_module(".report", __name__).write_compare
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["load_run", "compare_runs", "align_layers", "layer_summary", "label_counts", "most_changed",
            "write_compare", "EXAMPLES_FILE"]

@@ -23,7 +23,6 @@ Example::
 
 from __future__ import annotations
 
-from . import patch_report, report  # noqa: F401  their report sections register themselves
 from .ablation import ablating, head_means
 from .composition import composition_scores
 from .dla import direct_logit_attribution, dla_by_layer

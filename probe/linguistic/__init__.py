@@ -8,7 +8,6 @@ Modules: :mod:`.words` (token -> word attention, alignment), :mod:`.conllu` and 
 :mod:`.report` (report sections).
 """
 
-from . import report  # noqa: F401  its report sections register themselves
 from .api import AnnotatedInput, annotated_input, coref_heads, syntax_heads
 from .conllu import Sentence, Treebank, parse_conllu, read_conllu
 from .coref import CorefAccumulator, CorefResult

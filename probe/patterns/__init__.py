@@ -25,7 +25,6 @@ Usage::
 
 from __future__ import annotations
 
-from . import report  # noqa: F401  its report sections register themselves
 from .circuits import CircuitProbe, CircuitResult, circuit_probe, repeated_random_tokens
 from .distance import MAP_ROWS, MAP_SAMPLE_ROWS, MAP_SEQUENCES, SAMPLE_ROWS, DistanceResult, HeadDistances
 from .groups import HeadGroups, head_groups

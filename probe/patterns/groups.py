@@ -31,9 +31,46 @@ averages can put two heads with the same averages but different maps together.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+#: Silhouette bands of Kaufman & Rousseeuw (1990, "Finding Groups in Data", ch. 2, sec. 2): the
+#: strength of the structure a clustering found, by its mean silhouette (lower bound, words).
+SILHOUETTE_BANDS = ((0.70, "strong"), (0.50, "reasonable"), (0.25, "weak"), (float("-inf"), "no substantial"))
+
+#: A group holding at least this share of the heads makes the grouping lopsided (said in the report).
+DOMINANT_SHARE = 0.75
+
+
+def structure_note(silhouette: float | None, sizes: list[int]) -> str:
+    """What a grouping's mean silhouette and group sizes say about it, in words ('' for a strong or
+    reasonable grouping without a dominant group).
+
+    Args:
+        silhouette: the mean silhouette of the chosen k (None: not scored).
+        sizes: heads per group.
+
+    Returns:
+        A sentence: the silhouette's band (Kaufman & Rousseeuw 1990: above 0.70 strong, above 0.50
+        reasonable, above 0.25 weak, else no substantial structure) when weak or none, and the share
+        of the largest group when it holds at least :data:`DOMINANT_SHARE` of the heads.
+    """
+    parts = []
+    if silhouette is not None and math.isfinite(silhouette):
+        band = next(name for low, name in SILHOUETTE_BANDS if silhouette > low)
+        if band in ("weak", "no substantial"):
+            parts.append(f"The grouping shows {band} structure: silhouette {silhouette:.2f} "
+                         "(Kaufman & Rousseeuw: above 0.70 strong, above 0.50 "
+                         "reasonable, above 0.25 weak, else no substantial structure): read the groups as a rough "
+                         "sorting of the heads, not as kinds of head.")
+    total = sum(sizes)
+    if total and len(sizes) > 1 and max(sizes) >= DOMINANT_SHARE * total:
+        g = sizes.index(max(sizes))
+        parts.append(f"Group {g} holds {max(sizes)} of the {total} heads; the other groups are small.")
+    return " ".join(parts)
+
 
 #: Largest number of groups tried.
 MAX_GROUPS = 12

@@ -18,6 +18,7 @@ from ..report.page import LABEL_COLORS, label_family
 from ..report.sections import Section, render_fragment, section_builder
 from ..sites import head_name
 from .circuits import CIRCUIT_COLUMNS
+from .groups import structure_note
 from .health import EXPLAINING, HEALTH_RULES, MIN_ROWS, TITLES, describe, health_of
 from .kovaleva import TYPES
 
@@ -145,6 +146,8 @@ def groups_section(result, tokenizer) -> Section | None:
                      "map_query_rows": acc_result.model_rows, "layer_query_rows": acc_result.layer_rows.tolist(),
                      **_sample_record(acc_result),
                      "files": sorted(files)})
+    sil = groups.silhouette.get(groups.k)
+    record["note"] = structure_note(sil, [int((group == g).sum()) for g in range(groups.k)])
     html = render_fragment("section_groups.html.j2", r=record, table=table,
                            blocks=[{"id": k, "title": v["title"]} for k, v in figures.items()])
     return Section("groups", "Head groups and map", html, figures=figures, files=files, record=record, order=30)

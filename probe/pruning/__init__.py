@@ -26,7 +26,6 @@ from __future__ import annotations
 from ..causal.gates import gated
 from ..causal.objectives import OBJECTIVES, default_objective
 from ..causal.split import split_corpus
-from . import report  # noqa: F401  its report section registers itself
 from .curves import ORDERS
 from .experiment import PruneResult, prune
 from .heads import PRUNED_FILE, PrunedHeads

@@ -27,7 +27,6 @@ from ..errors import InputError
 from ..sites import head_name
 from ..stats import CROSS_STATISTICS, STATISTICS
 from ..tokens import display_tokens
-from . import cross, norms, sinks  # noqa: F401  the report's own sections register themselves
 from .page import (  # re-exported: the page's shared pieces, imported from here by older code
     CSP,
     LABEL_COLORS,
@@ -52,6 +51,8 @@ __all__ = [
     "SITE_GROUPS", "UNITS", "build_sections", "choose_heads", "default_run_dir", "label_family", "claim_run_dir",
     "render_html", "run_record", "site_groups", "static_text", "write_run",
 ]
+
+
 
 #: Attention heatmaps show at most this many tokens of an example (labels stay readable).
 MAX_HEATMAP_TOKENS = 64
@@ -200,8 +201,31 @@ def _attention_figures(result: AnalysisResult, tokenizer) -> tuple[dict, list[di
                 "rowLabels": tokens, "colLabels": tokens, "xLabel": "key (attended to)", "yLabel": "query (attending)",
             }
             blocks.append({"id": fid, "layer": layer, "head": head, "name": name, "label": label, "reason": reason,
-                           "example": i + 1, "crop": crop})
+                           "example": i + 1, "crop": crop + repeat_note(label, ex.ids[:n], ex.special[:n])})
     return figures, blocks
+
+
+#: Labels given on repeated random tokens (the decoder circuit probe): what such a head does shows only
+#: where a token repeats.
+REPEAT_LABELS = ("induction", "duplicate-token")
+
+
+def repeat_note(label: str, ids, special) -> str:
+    """The caption's note for a head labelled on repeated random tokens drawn on tokens where none
+    repeats ('' otherwise): what the map shows there is not the pattern the label was given for.
+
+    Args:
+        label: the head's primary label.
+        ids: the drawn tokens' ids.
+        special: per drawn token, whether the tokenizer added it (not counted as a repeat).
+    """
+    if label_family(label) not in REPEAT_LABELS:
+        return ""
+    seen = [i for i, sp in zip(ids, special) if not sp]
+    if len(set(seen)) < len(seen):
+        return ""
+    return (f"; labelled {label} on repeated random tokens, and no token repeats in this text: there is nothing "
+            "for the head to copy or match, so this map is not the pattern it was labelled for")
 
 
 def render_html(result: AnalysisResult, tokenizer, record: dict, verification: dict | None = None,

@@ -2,7 +2,7 @@
 view): label colours and families, the run folder, the template environment, static files, the
 Content-Security-Policy, script-safe JSON and the heads chosen for drawing.
 
-Low in the import graph: the section builders (:mod:`probe.report.builders`) import it, and
+Low in the import graph: the section builders (:mod:`probe.report.sections`) import it, and
 :mod:`probe.report` re-exports it.
 """
 

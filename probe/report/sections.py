@@ -8,13 +8,14 @@ beside ``index.html`` (``coref.csv`` ...) and an entry for ``run.json``.
 The report is a leaf that sections plug into: it imports none of them. A builder, a function
 ``(result, tokenizer) -> Section | None``, registers itself where it is defined with
 :func:`section_builder`; each returns None when its analysis did not run, so the page shows only
-what was measured. Every package that defines builders imports its section module in its
-``__init__``, and ``probe/__init__.py`` imports those packages, so importing anything of probe
-registers every section.
+what was measured. The modules that define builders are named in :data:`SECTION_MODULES` (plug-ins by
+name, as entry points are): :func:`build_sections` imports them when a page is built, so every
+section is registered whatever was imported first, and importing the report stays light.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,7 +71,26 @@ def section_builder(build: Callable[..., Section | None]) -> Callable[..., Secti
     return build
 
 
+#: The modules that define section builders (each registers its own with :func:`section_builder`); a new
+#: section's module is added here.
+SECTION_MODULES = (
+    "probe.report.cross", "probe.report.norms", "probe.report.sinks", "probe.patterns.report",
+    "probe.linguistic.report", "probe.effects.report", "probe.effects.patch_report", "probe.pruning.report",
+    "probe.view.rollout", "probe.view.section",
+)
+
+
+def load_sections() -> list[Callable[..., Section | None]]:
+    """Import every module of :data:`SECTION_MODULES` (once; their builders register themselves) and
+    return :data:`BUILDERS`."""
+    for name in SECTION_MODULES:
+        importlib.import_module(name)
+    return BUILDERS
+
+
 def build_sections(result, tokenizer) -> list[Section]:
-    """Every registered section whose analysis ran, sorted by :attr:`Section.order`."""
+    """Every registered section whose analysis ran, sorted by :attr:`Section.order`
+    (:func:`load_sections` first)."""
+    load_sections()
     sections = [s for s in (build(result, tokenizer) for build in BUILDERS) if s is not None]
     return sorted(sections, key=lambda s: s.order)

@@ -11,7 +11,6 @@ report, :func:`probe.view.grid.label_grid` colours the layer x head grid in a no
 :mod:`probe.view.stepview` one head's attention steps (``probe.attention_steps``' numbers).
 """
 
-from . import rollout, section  # noqa: F401  their report sections register themselves
 from .data import LINE_THRESHOLD, MAX_VALUES, SCALE, view_data, word_attention, word_units
 from .grid import label_grid
 from .html import VIEW_CSP, HeadView, render_fragment, render_page, show

@@ -23,7 +23,7 @@ from ..capture import attention_hooks, encode, forward
 from ..core import LoadedModel
 from ..errors import InputError
 from ..inputs import Text
-from ..report.page import json_for_script
+from ..report.page import choose_heads, json_for_script
 from ..runfolder import replace_file
 from ..seq2seq import sides
 from ..sites import Site
@@ -205,7 +205,8 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
         tokenizer: for a result without stored token labels.
         example: which example of a result.
         layers: layers to include (default: all that fit in ``max_values`` numbers).
-        layer, heads: the initial selection (default: the first included layer, all its heads).
+        layer, heads: the initial selection (default: one head, the step view's where there is one,
+            else head 0 of the initial layer; a result: the report's first chosen head).
         max_length: token limit (default: the model's limit).
         max_values: most numbers (layers x heads x tokens^2) the view holds.
         threshold: lines are drawn for attention probabilities at or above this.
@@ -231,11 +232,18 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
         ex = source.examples[example]
         if not words:
             ex = _without_words(ex)
-        return HeadView.from_example(ex, tokenizer, heads_table=source.heads, causal=bool(source.model.get("causal")),
+        view = HeadView.from_example(ex, tokenizer, heads_table=source.heads, causal=bool(source.model.get("causal")),
                                      layers=layers, max_values=max_values, **kw)
+        if heads is None:
+            shown = view.data["layers"]
+            _open_on(view, *next(((lay, h) for lay, h, *_ in choose_heads(source) if lay in shown),
+                                 (shown[view.data["initial"]["layer"]], 0)))
+        return view
     if not isinstance(source, LoadedModel):
         raise TypeError(f"show() takes a loaded model and a text, or an analysis result; got {type(source).__name__}")
     view = _show_text(source, text, layers, max_length, max_values, words, kw)
+    if heads is None:
+        _open_on(view, view.data["layers"][view.data["initial"]["layer"]], 0)
     if rollout:
         view.rollout = rollout_view(source, text, max_length=max_length)
     if steps is False or (steps is None and view.data["n"] > STEP_MAX_TOKENS):
@@ -243,9 +251,22 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
     site, head = steps if steps is not None else (view.data["layers"][view.data["initial"]["layer"]],
                                                   (view.data["initial"]["heads"] or [0])[0])
     st = head_steps(source, text, site, int(head), max_length)
-    view.steps = step_view_data(st, encoder_decoder=source.kind == "encoder-decoder",
-                                site_index=source.sites.index(st["site"]))
+    where = source.sites.index(st["site"])
+    view.steps = step_view_data(st, encoder_decoder=source.kind == "encoder-decoder", site_index=where)
+    if heads is None and layer is None and where in view.data["layers"]:
+        _open_on(view, where, int(head))  # the head view opens on the step view's head
     return view
+
+
+def _open_on(view: HeadView, layer: int, head: int) -> None:
+    """Open ``view`` on one head (``layer``: an included layer, as an index of the sites), not on every
+    head of a layer (at once a hairball of every line); the reader adds heads by clicking."""
+    layers = view.data["layers"]
+    if layer in layers:
+        removed = view.data["removed"][layers.index(layer)]
+        present = [h for h in range(len(removed)) if not removed[h]]
+        chosen = int(head) if int(head) in present else present[:1]
+        view.data["initial"] = {"layer": layers.index(layer), "heads": [chosen] if isinstance(chosen, int) else chosen}
 
 
 def _without_words(ex):
