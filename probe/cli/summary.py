@@ -1,0 +1,52 @@
+"""The lines ``probe analyze`` prints when its run is written: the summary (labels, counts, where the
+time went), the health and coreference/syntax lines, and the notes."""
+
+from __future__ import annotations
+
+import click
+
+from ..util import plural
+
+
+def summary(result, verification: dict | None, annotated: bool, loading_notes: list[str]) -> None:
+    """The summary line (labels, counts, where the time went), the coreference/syntax lines, notes."""
+    counts = ", ".join(f"{n} {label}" for label, n in result.label_counts("primary").items())
+    trunc = f", {result.counts['truncated']} truncated" if result.counts["truncated"] else ""
+    verdict = "" if verification is None else f"; verify {'PASS' if verification['passed'] else 'FAIL'}"
+    t = result.timings
+    parts = [("start-up", t["startup_s"] + t["input_s"]), ("model load", t["model_load_s"])]
+    if "circuits_s" in t:
+        parts.append(("circuit probe", t["circuits_s"]))
+    parts.append(("analysis", t["analyze_s"]))
+    if "verify_s" in t:
+        parts.append(("verify", t["verify_s"]))
+    if "rollout_s" in t:
+        parts.append(("rollout", t["rollout_s"]))
+    parts += [("report", t["report_s"]), ("other", t["other_s"])]
+    shown = _rounded_parts([v for _, v in parts], t["total_s"])
+    click.echo(f"{plural(len(result.heads), 'head')} by primary label ({counts}) from "
+               f"{plural(result.counts['sequences'], 'sequence')}, "
+               f"{plural(result.counts['tokens'], 'token')}{trunc}{verdict} in {t['total_s']:.1f} s "
+               f"({', '.join(f'{name} {value:.1f} s' for (name, _), value in zip(parts, shown))})")
+    from ..patterns.health import health_of, summary_line
+
+    if result.results.get("health") is not None:  # what the report's health section and run.json say
+        click.echo(summary_line(health_of(result)))
+    if annotated:
+        from ..linguistic.report import summary_lines
+
+        for line in summary_lines(result):
+            click.echo(line)
+    for note in result.notes:
+        if note not in loading_notes:  # loading notes (e.g. "loaded the cached copy") stay in run.json
+            click.echo(f"note: {note}", err=True)
+
+
+def _rounded_parts(values: list[float], total: float) -> list[float]:
+    """Round parts to 0.1 s so that the shown parts add up to the shown total (largest remainder)."""
+    tenths = [v * 10 for v in values]
+    shown = [int(x) for x in tenths]
+    missing = round(total * 10) - sum(shown)
+    for i in sorted(range(len(values)), key=lambda i: tenths[i] - shown[i], reverse=True)[:max(0, missing)]:
+        shown[i] += 1
+    return [x / 10 for x in shown]
