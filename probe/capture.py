@@ -103,7 +103,7 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback,
     Raises:
         CaptureError: a site returned no attention probabilities.
     """
-    with measuring(lm.model) as m:
+    with measuring(lm.model, implementation=lm.spec.implementation) as m:
         if values is not None:
             values.hook(m.hooks)
         add_attention_hooks(m.hooks, lm, callback)
