@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
-from conftest import tolerance
 from torch import nn
 
+from conftest import tolerance
 from probe import interface
 from probe.errors import InterfaceError
 from probe.hooks import Hooks, ModelState, measuring
