@@ -183,6 +183,7 @@ def test_mutants_and_removal_need_a_hand_spec(tiny_generic):
 
 def test_cli_analyze_and_verify_a_saved_generic_model(tmp_path):
     import pandas as pd
+
     from conftest import bpe_tokenizer
 
     tok = bpe_tokenizer()
