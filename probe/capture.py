@@ -23,6 +23,7 @@ from .core import LoadedModel
 from .errors import CaptureError
 from .hooks import Hooks, input_device, measuring
 from .inputs import Batch, Text, as_texts, collate, tokenize
+from .interface import site_listeners
 from .sites import Site
 from .values import ValueTracker
 
@@ -40,6 +41,9 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
         CaptureError: a site returned no attention probabilities.
     """
     model = lm.model
+    if lm.spec.discovered:
+        add_listeners(hooks, lm, callback)
+        return
     probs_of = lm.spec.probs  # where the module's output tuple holds the probabilities
 
     def make_hook(site: Site):
@@ -54,6 +58,15 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
 
     for site, module in site_modules(model, lm.spec):
         hooks.forward(module, make_hook(site))
+
+
+def add_listeners(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -> None:
+    """:func:`add_attention_hooks` for a discovered spec: the probabilities come from probe's attention
+    function (:mod:`probe.interface`), not from the module's output."""
+    def on(site: Site, call) -> None:
+        if call.rows is None:  # whole maps only (row blocks go to probe.blocks' listeners)
+            callback(site, call.probs.detach())
+    site_listeners(hooks, lm.model, lm.spec, on)
 
 
 def check_fired(lm: LoadedModel, seen) -> None:
@@ -90,7 +103,7 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback,
     Raises:
         CaptureError: a site returned no attention probabilities.
     """
-    with measuring(lm.model) as m:
+    with measuring(lm.model, implementation=lm.spec.implementation) as m:
         if values is not None:
             values.hook(m.hooks)
         add_attention_hooks(m.hooks, lm, callback)

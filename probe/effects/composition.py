@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..architectures import site_outputs, weights
+from ..architectures import needs_weights, site_outputs, weights
 from ..causal.heads import normalize_heads
 from ..errors import InputError, UnsupportedAnalysisError
 from ..reference import Rope
@@ -150,6 +150,7 @@ def check_composable(lm) -> None:
         raise UnsupportedAnalysisError(f"composition scores are computed for decoder-only (pre-norm) models; "
                                        f"{lm.name} is an {lm.kind} model")
     lm.require_all_heads("composition")
+    needs_weights(lm.spec, "composition scores")
     if len(site_outputs(lm.model, lm.spec)) != lm.geometry.n_layers:
         raise UnsupportedAnalysisError(f"{lm.name}: one attention site per layer expected")
 
@@ -186,6 +187,9 @@ def composition_scores(lm, rope_offsets: int = 1) -> pd.DataFrame:
     check_composable(lm)
     if rope_offsets < 1:
         raise InputError(f"rope_offsets must be at least 1 (D = 0 only), got {rope_offsets}")
+    if rope_offsets > 1 and lm.spec.discovered:
+        raise UnsupportedAnalysisError(f"rope_offsets > 1 needs a hand-written spec's RoPE settings; {lm.model_type} "
+                                       "was discovered (use rope_offsets=1, D = 0)")
     g, f = lm.geometry, head_factors(lm)
     L, H = g.n_layers, g.n_heads
     offsets = rope_offsets if lm.spec.rotary else 1
