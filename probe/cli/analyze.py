@@ -112,8 +112,6 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     value-weighted statistics; --no-distance, --no-circuits and --no-norm turn them off. Under torchrun or accelerate
     launch, each process analyses its share of the corpus and rank 0 writes the one report.
     """
-    import torch
-
     from .. import distributed
     from ..accumulators import check_supported
     from ..analysis import analyze
@@ -140,7 +138,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
         out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     timings["input_s"] = time.perf_counter() - t
 
-    lm = load_model(model_name, dtype=getattr(torch, dtype), device=device, device_map=device_map)
+    lm = load_model(model_name, dtype=dtype, device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
     _announce(lm, seqs, source, world, counted)
