@@ -225,3 +225,50 @@ def test_accumulator_state_lives_on_the_device_of_its_inputs():
     stats.merge(copy)
     np.testing.assert_allclose(stats.means(), before, rtol=1e-12)
     assert stats.sums.dtype == torch.float64 and stats.counts.dtype == torch.int64
+
+
+@pytest.fixture(scope="module")
+def bf16_folder(tmp_path_factory):
+    """A tiny llama folder whose config declares bfloat16 (saved from the model in bfloat16)."""
+    folder = tmp_path_factory.mktemp("bf16") / "tiny-llama-bf16"
+    model, tok = tiny_model("llama", wrap=False)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_a_folder_loads_in_its_declared_dtype_unless_asked(bf16_folder):
+    """load_model: None gives the declared dtype with a note; a name or a torch dtype overrides it;
+    anything else is a one-line ModelLoadError."""
+    from probe.errors import ModelLoadError
+    from probe.models import load_model
+
+    lm = load_model(str(bf16_folder))
+    assert lm.model.dtype == torch.bfloat16
+    assert any("bfloat16, the dtype the checkpoint declares" in n for n in lm.notes)
+    for asked in ("float32", torch.float32):
+        lm = load_model(str(bf16_folder), dtype=asked)
+        assert lm.model.dtype == torch.float32 and not any("declares" in n for n in lm.notes)
+    assert load_model(str(bf16_folder), dtype="float16").model.dtype == torch.float16
+    with pytest.raises(ModelLoadError, match="unknown dtype 'float64'"):
+        load_model(str(bf16_folder), dtype="float64")
+
+
+def test_cli_dtype_and_device(bf16_folder, tmp_path):
+    """probe analyze: the declared bfloat16 by default, --dtype float32 on request, each recorded in
+    run.json and heads.csv; --device mps without MPS is one Error line; patch, prune and effects take
+    --dtype and --device too."""
+    from conftest import invoke_cli, one_error
+
+    for extra, dtype in (((), "bfloat16"), (("--dtype", "float32"), "float32")):
+        out = tmp_path / dtype
+        result = invoke_cli("analyze", "--model", bf16_folder, "--out", out, "--no-progress", "--no-distance",
+                            "--no-circuits", "-t", "A short text, with a comma.", *extra)
+        assert result.exit_code == 0, result.output
+        assert json.loads((out / "run.json").read_text())["model"]["dtype"] == dtype
+        assert set(pd.read_csv(out / "heads.csv")["dtype"]) == {dtype}
+    if not (torch.backends.mps.is_available()):
+        one_error(invoke_cli("analyze", "--model", bf16_folder, "--device", "mps", "-t", "Text."), 1, "mps")
+    for command in ("patch", "prune", "effects"):
+        result = invoke_cli(command, "--help")
+        assert "--dtype [float32|bfloat16|float16]" in result.output and "--device" in result.output, command
