@@ -106,8 +106,13 @@ class Accumulator:
         return state
 
     def follow(self, device: torch.device | str) -> None:
-        """Move the :attr:`on_device` tensors to :func:`sum_device` of ``device`` (the device of the
-        probabilities just handed in), if they are elsewhere: no per-batch copy to the CPU."""
+        """On the first update: move the :attr:`on_device` tensors to :func:`sum_device` of ``device``
+        (the device of the probabilities just handed in), so that no batch copies its sums to the
+        CPU. Later calls do nothing: the layers of a model spread over several devices (a device
+        map) add into the state where it is, each site's small sums moved there."""
+        if self.__dict__.get("_followed"):
+            return
+        self._followed = True
         dev = sum_device(device)
         for key in self.on_device:
             value = getattr(self, key, None)

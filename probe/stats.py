@@ -244,22 +244,22 @@ class HeadStatistics(Accumulator):
         i = self._row[site]
         self.follow(a.device)
         self.counts[i] += w.counts
+        dev = self.sums.device
         if not self.value_weighted:
-            self.sums[i] += map_sums(a, w)
+            self.sums[i] += map_sums(a, w).to(dev)
             return
         if values is None:
             raise ValueError(f"value-weighted statistics of {site.name} need its value norms (probe.analysis.run "
                              "hands them to an accumulator that reads values)")
         tilde, empty = norm_weighted(a, values.norms[..., :nk])
         if a.numel() <= JOINT_SUMS:  # a short map: A and N~ in one call (half the small operations)
-            both = map_sums(torch.cat([a, tilde], 1), w)
+            both = map_sums(torch.cat([a, tilde], 1), w).to(dev)
             self.sums[i] += both[:a.shape[1]]
             self.norm_sums[i] += both[a.shape[1]:]
         else:  # a long map or block: no concatenated copy
-            self.sums[i] += map_sums(a, w)
-            self.norm_sums[i] += map_sums(tilde, w)
+            self.sums[i] += map_sums(a, w).to(dev)
+            self.norm_sums[i] += map_sums(tilde, w).to(dev)
         del tilde
-        dev = self.norm_counts.device
         self.norm_counts[i] += w.counts[None, :].to(dev)
         # rows with no value-weighted map: out of that head's counts (no host sync to ask whether any)
         self.norm_counts[i] -= torch.einsum("bhq,bqs->hs", empty.float(), w.rows).round().to(dev, torch.int64)
