@@ -8,10 +8,8 @@ import click
 
 from .. import validate
 from ..errors import InputError, ProbeError
+from ..loading import DTYPES
 from ..models import DEFAULT_MODEL
-
-#: Parameter dtypes a model can be loaded in (``--dtype``; :data:`probe.loading.DTYPES`).
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def click_callback(check: Callable) -> Callable:
