@@ -220,6 +220,12 @@ def test_accumulator_state_lives_on_the_device_of_its_inputs():
             assert value.device == next(lm.model.parameters()).device, key
         assert all(t.device.type == "cpu" for t in pickle.loads(pickle.dumps(acc)).__dict__.values()
                    if isinstance(t, torch.Tensor))
+    moved = HeadStatistics(lm.sites, lm.geometry.n_heads, value_weighted=True)
+    moved.follow(torch.device("meta"))  # the mechanism alone (no arithmetic runs on "meta")
+    assert {getattr(moved, k).device.type for k in moved.on_device} == {"meta"}
+    assert moved.counts.device.type == "cpu"  # counts come from the batch, on the CPU
+    moved.follow("cpu")  # only the first update moves the state: a device map's later layers add into it
+    assert moved.sums.device.type == "meta"
     copy = pickle.loads(pickle.dumps(stats))
     before = stats.means()
     stats.merge(copy)
