@@ -20,8 +20,11 @@ sample repeated):
 
 The machine's load average (``os.getloadavg``) is printed before and after.
 
+``--dtype bfloat16`` (or float16) loads the model in that dtype for every part (the statistics are
+still computed in float32 and summed in float64); the table's first line says the dtype.
+
 Usage: python benchmarks/bench_floor.py [--model minilm] [--n 500] [--repeats 3] [--batch-size 16]
-                                        [--threads 2] [--corpus FILE] [--json OUT]
+                                        [--threads 2] [--corpus FILE] [--json OUT] [--dtype float32]
 Goals (issue 19): default <= 1.15x and analyze() <= 1.05x the bare sdpa forward.
 """
 
@@ -114,11 +117,11 @@ def parts(lm, texts: list[str], batch_size: int) -> dict:
 TOKENIZING = ("analyze()", "default probe analyze")
 
 
-def run(model: str, n: int, repeats: int, batch_size: int, corpus: str | None) -> dict:
+def run(model: str, n: int, repeats: int, batch_size: int, corpus: str | None, dtype: str = "float32") -> dict:
     from probe.models import load_model
 
     texts, source = texts_for(n, corpus)
-    lm = load_model(model)
+    lm = load_model(model, dtype=dtype)
     fns = parts(lm, texts, batch_size)
     for fn in fns.values():  # warm-up: first-call costs (allocator, caches) out of the medians
         fn()
@@ -127,14 +130,15 @@ def run(model: str, n: int, repeats: int, batch_size: int, corpus: str | None) -
         for name, fn in fns.items():
             times[name].append(timed(fn))
     med = {name: statistics.median(v) for name, v in times.items()}
-    return {"model": model, "n": n, "source": source, "batch_size": batch_size, "repeats": repeats,
+    return {"model": model, "dtype": dtype, "n": n, "source": source, "batch_size": batch_size, "repeats": repeats,
             "threads": torch.get_num_threads(), "times": times, "median_s": med}
 
 
 def table(r: dict, load_before, load_after) -> str:
     med = r["median_s"]
     bare, tok = med["bare sdpa"], med["tokenize"]
-    lines = [f"{r['model']}: {r['n']} texts ({r['source']}), batch {r['batch_size']}, {r['threads']} threads, "
+    lines = [f"{r['model']} ({r.get('dtype', 'float32')}): {r['n']} texts ({r['source']}), "
+             f"batch {r['batch_size']}, {r['threads']} threads, "
              f"{r['repeats']} interleaved repeats; load average before {load_before}, after {load_after}",
              f"{'part':<28}{'median s':>10}{'tokenizes':>11}{'x bare (with tok)':>19}{'x bare (without tok)':>22}"]
     for name in ("bare sdpa", "eager + output_attentions", "analyze()", "default probe analyze", "tokenize"):
@@ -157,12 +161,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--corpus", default=None)
     parser.add_argument("--json", default=None, help="also write the raw times here")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="parameter dtype of the model in every part")
     args = parser.parse_args()
     if args.repeats < 3:
         parser.error("--repeats must be at least 3 (medians of interleaved repeats)")
     torch.set_num_threads(args.threads)
     before = tuple(round(x, 2) for x in os.getloadavg())
-    r = run(args.model, args.n or DEFAULT_N.get(args.model, 200), args.repeats, args.batch_size, args.corpus)
+    r = run(args.model, args.n or DEFAULT_N.get(args.model, 200), args.repeats, args.batch_size, args.corpus,
+            args.dtype)
     after = tuple(round(x, 2) for x in os.getloadavg())
     print(table(r, before, after))
     if args.json:

@@ -52,6 +52,17 @@ def present_heads(probs: torch.Tensor) -> torch.Tensor:
     return ~torch.isnan(probs[0, :, 0, 0])
 
 
+def sum_device(device: torch.device | str) -> torch.device:
+    """Where running float64 sums of probabilities that sit on ``device`` are kept: that device (no
+    copy to the CPU per batch), except an MPS device, which has no float64: the CPU there.
+
+    Accumulators keep their state where their inputs are (:meth:`Accumulator.follow`) and move it to
+    the CPU only when a result leaves (``result``, ``means``, pickling for other processes).
+    """
+    device = torch.device(device)
+    return torch.device("cpu") if device.type == "mps" else device
+
+
 class Accumulator:
     """Base class: override :meth:`update`, :meth:`merge` and :meth:`result`.
 
@@ -81,11 +92,32 @@ class Accumulator:
     #: False: whole maps only (left out of block-captured batches, with a note).
     row_blocks: bool = False
 
+    #: tensor attributes kept on the device of the probabilities (:meth:`follow`), moved there on
+    #: the first update; on the CPU when pickled.
+    on_device: tuple[str, ...] = ()
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         for key in self.transient:
             state[key] = None
+        for key, value in state.items():  # another process may have another device: the CPU travels
+            if isinstance(value, torch.Tensor):
+                state[key] = value.cpu()
         return state
+
+    def follow(self, device: torch.device | str) -> None:
+        """On the first update: move the :attr:`on_device` tensors to :func:`sum_device` of ``device``
+        (the device of the probabilities just handed in), so that no batch copies its sums to the
+        CPU. Later calls do nothing: the layers of a model spread over several devices (a device
+        map) add into the state where it is, each site's small sums moved there."""
+        if self.__dict__.get("_followed"):
+            return
+        self._followed = True
+        dev = sum_device(device)
+        for key in self.on_device:
+            value = getattr(self, key, None)
+            if isinstance(value, torch.Tensor) and value.device != dev:
+                setattr(self, key, value.to(dev))
 
     @classmethod
     def refusal(cls, lm) -> str | None:

@@ -12,6 +12,10 @@ from collections.abc import Iterable
 
 from .errors import InputError
 
+#: Parameter dtypes a model can be loaded in (``--dtype``, ``load_model(dtype=...)``); here, where the
+#: command line reads it without importing torch.
+DTYPES = ("float32", "bfloat16", "float16")
+
 
 def positive_int(name: str, value, minimum: int = 1) -> int:
     """``value`` as an int >= ``minimum``.

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .architectures import SPECS, get_spec, kind_of
+from .bounds import DTYPES
 from .errors import InputError, ModelLoadError, ProbeError, UnsupportedArchitectureError
 from .runfolder import claim
 
@@ -244,8 +245,35 @@ def _save_cache(model: nn.Module, tokenizer, cached: Path) -> bool:
 PLACEMENT: dict = {}
 
 
+#: Parameter dtypes a model can be loaded in (``load_model(dtype=...)``, ``--dtype``).
+
+
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """A parameter dtype from a torch dtype or its name (``"bfloat16"``); None stays None (the
+    model's own: :func:`declared_dtype`).
+
+    Raises:
+        ModelLoadError: a dtype other than :data:`DTYPES`.
+    """
+    if dtype is None:
+        return None
+    name = str(dtype).replace("torch.", "")
+    if name not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def declared_dtype(config) -> torch.dtype:
+    """The parameter dtype a checkpoint's config declares (``dtype``, formerly ``torch_dtype``) when
+    it is one of :data:`DTYPES`; float32 otherwise (none declared, ``"auto"``, float64 ...)."""
+    declared = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(declared).replace("torch.", "") if declared is not None else None
+    return getattr(torch, name) if name in DTYPES else torch.float32
+
+
 def load_folder(source, dtype, head: str | None = None, **kw):
-    """(model, tokenizer) from a folder or Hub id, eager attention, placed as :data:`PLACEMENT` says.
+    """(model, tokenizer) from a folder or Hub id, eager attention, placed as :data:`PLACEMENT` says;
+    in ``dtype``, or where it is None in the dtype the checkpoint declares (:func:`declared_dtype`).
 
     Raises:
         UnsupportedArchitectureError: the model type is not supported.
@@ -258,7 +286,8 @@ def load_folder(source, dtype, head: str | None = None, **kw):
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
     cls = model_class(config, head)
     model, info = cls.from_pretrained(source, attn_implementation="eager", trust_remote_code=False,
-                                      dtype=dtype or torch.float32, output_loading_info=True, **PLACEMENT, **kw)
+                                      dtype=dtype or declared_dtype(config), output_loading_info=True, **PLACEMENT,
+                                      **kw)
     if head is not None and info.get("missing_keys"):
         # a head the checkpoint does not have would be random weights: refuse rather than measure noise
         raise ModelLoadError(f"{source} has no {cls.__name__.replace('AutoModelFor', '')} head in its weights "
@@ -266,7 +295,7 @@ def load_folder(source, dtype, head: str | None = None, **kw):
     return model, tokenizer
 
 
-DEVICES = ("cpu", "cuda", "auto")
+DEVICES = ("cpu", "cuda", "mps", "auto")
 
 
 def resolve_device(device: str | None) -> str | None:
@@ -274,7 +303,7 @@ def resolve_device(device: str | None) -> str | None:
     launcher, ``"cuda"`` means this rank's GPU (``LOCAL_RANK``).
 
     Raises:
-        ModelLoadError: an unknown device, or ``"cuda"`` without a GPU.
+        ModelLoadError: an unknown device, ``"cuda"`` without a GPU or ``"mps"`` without Apple's MPS.
     """
     if device is None:
         return None
@@ -282,6 +311,8 @@ def resolve_device(device: str | None) -> str | None:
         raise ModelLoadError(f"unknown device {device!r}; choose from {', '.join(DEVICES)}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ModelLoadError("--device mps: no Apple MPS device is available")
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ModelLoadError("--device cuda: no CUDA device is available")

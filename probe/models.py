@@ -39,6 +39,7 @@ from .loading import (
     model_class,
     place,
     resolve_device,
+    resolve_dtype,
 )
 from .pruning.heads import PRUNED_FILE
 from .pruning.saving import load_pruned_folder
@@ -153,7 +154,7 @@ def _hub_error(name: str, exc: Exception) -> ModelLoadError:
     return ModelLoadError(f"cannot load {name!r}: {text}")
 
 
-def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
+def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | str | None = None,
                use_cache: bool = True, device: str | None = None, device_map: str | None = None,
                head: str | None = None) -> LoadedModel:
     """Load a model for probing.
@@ -161,7 +162,12 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
     Args:
         name: an embedded alias (``minilm``, ``smollm2``), a Hub alias (``bert-base``, ``gpt2`` ...),
             a Hugging Face Hub id, a local folder, or a ``.gguf`` file.
-        dtype: parameter dtype (default float32).
+        dtype: parameter dtype, a torch dtype or its name (float32, bfloat16, float16). None: float32
+            for the embedded models and GGUF files; for a Hub model or a folder, the dtype its config
+            declares (``dtype``/``torch_dtype``; a note says so when that is not float32), float32
+            where it declares none. The statistics are computed in float32 and summed in float64
+            whatever it is (docs/statistics.md, half precision); ``run.json`` and ``heads.csv``
+            record it.
         use_cache: for GGUF models, reuse/write the dequantized copy under :func:`cache_dir`.
         device: ``"cpu"``, ``"cuda"`` (this rank's GPU under a launcher), ``"auto"`` or None (CPU).
         device_map: ``"auto"``: accelerate spreads the layers over the GPUs present and offloads
@@ -181,9 +187,10 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
 
     Raises:
         ModelLoadError: unknown name, missing path, embedded package not installed, Hub unreachable
-            and not cached.
+            and not cached, a dtype other than float32, bfloat16 and float16.
         UnsupportedArchitectureError: the model type is not supported.
     """
+    dtype = resolve_dtype(dtype)
     if not isinstance(name, str) or not name.strip():
         raise ModelLoadError("no model given; run 'probe models' for the aliases")
     if device_map not in (None, "auto"):
@@ -201,6 +208,10 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
     finally:
         PLACEMENT.clear()
     notes += place(model, device, device_map)
+    loaded = next(model.parameters()).dtype
+    if dtype is None and loaded != torch.float32:
+        notes.append(f"loaded in {str(loaded).replace('torch.', '')}, the dtype the checkpoint declares "
+                     "(--dtype float32 for full precision)")
     model.eval()
     finish_tokenizer(tokenizer)
     spec = spec_for(model, tokenizer)
@@ -217,6 +228,7 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
     pruned = None
     with quiet_transformers():
         if name in EMBEDDED:
+            dtype = dtype or torch.float32  # the embedded models: float32 unless asked
             emb = EMBEDDED[name]
             folder = embedded_folder(name)
             if folder is None:

@@ -103,6 +103,7 @@ class SinkProfile(Accumulator):
     name = "sink_profile"
     title = "attention to the first tokens by position"
     row_blocks = True
+    on_device = ("sums", "rows")
 
     def __init__(self, sites: list[Site], n_heads: int) -> None:
         self.sites = [s for s in sites if s.kind != "cross"]
@@ -121,15 +122,17 @@ class SinkProfile(Accumulator):
             return
         queries, _ = sides(site, batch)
         i0, i1 = (0, probs.shape[2]) if rows is None else rows
-        real = queries.real[:, i0:i1].to(probs.device).double()  # [B, r]
-        one_hot = torch.nn.functional.one_hot(position_bins(torch.arange(i0, i1, device=probs.device)),
+        self.follow(probs.device)
+        dev = self.sums.device  # probs' device (the CPU for MPS: no float64 there)
+        real = queries.real[:, i0:i1].to(dev)  # [B, r]
+        one_hot = torch.nn.functional.one_hot(position_bins(torch.arange(i0, i1, device=dev)),
                                               self.rows.shape[1]).double()  # [r, bins]
-        first = probs[..., 0].double()  # [B, H, r]
-        first4 = probs[..., :SINK_TOKENS].double().sum(-1)
+        first = probs[..., 0].to(dev, torch.float64)  # [B, H, r]
+        first4 = probs[..., :SINK_TOKENS].to(dev, torch.float64).sum(-1)
         s = self._index[site]
-        for c, share in enumerate((first, first4)):
-            self.sums[s, :, :, c] += ((share * real[:, None, :]).sum(0) @ one_hot).cpu()  # [H, bins]
-        self.rows[s] += (real.sum(0) @ one_hot).round().long().cpu()
+        for c, share in enumerate((first, first4)):  # padded rows out before the sum (whatever they hold)
+            self.sums[s, :, :, c] += torch.where(real[:, None, :], share, 0.0).sum(0) @ one_hot  # [H, bins]
+        self.rows[s] += (real.double().sum(0) @ one_hot).round().long()
         self.longest = max(self.longest, int(queries.lengths.max()))
 
     def merge(self, other: SinkProfile) -> SinkProfile:
@@ -140,13 +143,13 @@ class SinkProfile(Accumulator):
         """
         if other.sites != self.sites or other.n_heads != self.n_heads:
             raise ValueError("cannot merge sink profiles of models with different sites or head counts")
-        self.sums += other.sums
-        self.rows += other.rows
+        self.sums += other.sums.to(self.sums.device)
+        self.rows += other.rows.to(self.rows.device)
         self.longest = max(self.longest, other.longest)
         return self
 
     def result(self) -> SinkProfileResult:
         """The :class:`SinkProfileResult`."""
-        return SinkProfileResult(list(self.sites), self.sums.numpy().copy(), self.rows.numpy().copy(),
+        return SinkProfileResult(list(self.sites), self.sums.cpu().numpy().copy(), self.rows.cpu().numpy().copy(),
                                  self.edges.copy(), self.longest)
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .accumulators import Accumulator
+from .accumulators import Accumulator, sum_device
 from .inputs import Batch
 from .seq2seq import sides
 from .sites import Site
@@ -56,17 +56,20 @@ def by_norm(name: str) -> str:
 
 def map_sums(a: torch.Tensor, w: ContractionWeights) -> torch.Tensor:
     """Every statistic's sum over the valid rows of one batch of maps (or of one row block of them):
-    [heads, len(ALL_STATISTICS)] float64 on the CPU (a statistic the site's kind lacks: 0).
+    [heads, len(ALL_STATISTICS)] float64 on ``a``'s device (the CPU for an MPS device, which has no
+    float64: :func:`probe.accumulators.sum_device`; a statistic the site's kind lacks: 0).
 
     The one implementation of the statistics: applied to attention probabilities and to the
     value-weighted map alike. Each query row's value of every statistic is computed in float32
     (a matrix product with the per-key weights, diagonals, per-row weight vectors, the row's
     -sum A ln A and its max: :class:`~probe.statweights.ContractionWeights`), then the rows are
     added in float64 with their weights: row blocks give the same per-row values as whole maps, and
-    a long map's sum does not lose digits.
+    a long map's sum does not lose digits. Padded query rows are set to 0 before any sum, whatever
+    they hold (a half-precision model returns them uniform; a fully masked row may be NaN).
 
     Args:
-        a: [batch, heads, query, key] float32 maps whose real rows sum to 1 (or are all 0).
+        a: [batch, heads, query, key] float32 maps whose real rows sum to 1 (or are all 0); maps of
+            a half-precision model are converted to float32 by the caller, before any statistic.
         w: the batch's :class:`~probe.statweights.ContractionWeights`, on ``a``'s device.
     """
     B, H, R, K = a.shape
@@ -84,7 +87,9 @@ def map_sums(a: torch.Tensor, w: ContractionWeights) -> torch.Tensor:
     vals[..., INDEX["entropy"]] = entropy
     vals[..., INDEX["norm_entropy"]] = entropy
     vals[..., INDEX["max_weight"]] = top
-    return torch.einsum("bhrc,brc->hc", vals.double(), w.row_weights.double()).cpu()
+    vals.masked_fill_(w.real_rows[:, None, :, None] == 0, 0.0)  # padded rows: out before any sum
+    dev = sum_device(a.device)
+    return torch.einsum("bhrc,brc->hc", vals.to(dev, torch.float64), w.row_weights.to(dev, torch.float64))
 
 
 #: Maps of at most this many probabilities (batch x heads x rows x keys: 16 MiB of float32) have
@@ -167,6 +172,7 @@ class HeadStatistics(Accumulator):
     title = "per-head statistics"
     transient = ("tokenizer",)
     row_blocks = True
+    on_device = ("sums", "norm_sums", "norm_counts", "mass_sums")
 
     def __init__(self, sites: list[Site], n_heads: int, tokenizer=None, value_weighted: bool = False) -> None:
         self.sites = list(sites)
@@ -236,26 +242,29 @@ class HeadStatistics(Accumulator):
         # sites; larger ones are built per block and let go (never [T, 2, T] for a long map)
         w = queries.cached(key, build) if rows is None or B * T * Tk * 2 * 4 <= WEIGHT_CACHE_BYTES else build()
         i = self._row[site]
+        self.follow(a.device)
         self.counts[i] += w.counts
+        dev = self.sums.device
         if not self.value_weighted:
-            self.sums[i] += map_sums(a, w)
+            self.sums[i] += map_sums(a, w).to(dev)
             return
         if values is None:
             raise ValueError(f"value-weighted statistics of {site.name} need its value norms (probe.analysis.run "
                              "hands them to an accumulator that reads values)")
         tilde, empty = norm_weighted(a, values.norms[..., :nk])
         if a.numel() <= JOINT_SUMS:  # a short map: A and N~ in one call (half the small operations)
-            both = map_sums(torch.cat([a, tilde], 1), w)
+            both = map_sums(torch.cat([a, tilde], 1), w).to(dev)
             self.sums[i] += both[:a.shape[1]]
             self.norm_sums[i] += both[a.shape[1]:]
         else:  # a long map or block: no concatenated copy
-            self.sums[i] += map_sums(a, w)
-            self.norm_sums[i] += map_sums(tilde, w)
+            self.sums[i] += map_sums(a, w).to(dev)
+            self.norm_sums[i] += map_sums(tilde, w).to(dev)
         del tilde
-        self.norm_counts[i] += w.counts[None, :]
-        if bool(empty.any()):  # rows with no value-weighted map: out of that head's counts
-            self.norm_counts[i] -= torch.einsum("bhq,bqs->hs", empty.float(), w.rows).round().to(torch.int64).cpu()
-        self.mass_sums[i] += (values.mass.float() * w.real_rows[:, None, :]).sum((0, 2)).double().cpu()
+        self.norm_counts[i] += w.counts[None, :].to(dev)
+        # rows with no value-weighted map: out of that head's counts (no host sync to ask whether any)
+        self.norm_counts[i] -= torch.einsum("bhq,bqs->hs", empty.float(), w.rows).round().to(dev, torch.int64)
+        mass = torch.where(w.real_rows[:, None, :] > 0, values.mass.float(), 0.0)  # padded rows out before the sum
+        self.mass_sums[i] += mass.to(dev, torch.float64).sum((0, 2))
 
     def merge(self, other: HeadStatistics) -> HeadStatistics:
         """Add another accumulator's sums and counts into this one (in place); returns self.
@@ -268,18 +277,18 @@ class HeadStatistics(Accumulator):
             raise ValueError("cannot merge statistics of models with different sites or head counts")
         if other.value_weighted != self.value_weighted:
             raise ValueError("cannot merge statistics with and without value-weighted statistics")
-        self.sums += other.sums
+        self.sums += other.sums.to(self.sums.device)
         self.counts += other.counts
         if self.value_weighted:
-            self.norm_sums += other.norm_sums
-            self.norm_counts += other.norm_counts
-            self.mass_sums += other.mass_sums
+            self.norm_sums += other.norm_sums.to(self.norm_sums.device)
+            self.norm_counts += other.norm_counts.to(self.norm_counts.device)
+            self.mass_sums += other.mass_sums.to(self.mass_sums.device)
         return self
 
     def means(self) -> np.ndarray:
         """[sites, heads, statistics] corpus values (:data:`ALL_STATISTICS` order); NaN where a
         statistic had no defined row."""
-        return _means(self.sums, self.counts[:, None, :])
+        return _means(self.sums.cpu(), self.counts[:, None, :])
 
     def means_by_norm(self) -> np.ndarray:
         """[sites, heads, statistics] corpus values of the value-weighted map N~ (:data:`ALL_STATISTICS`
@@ -290,7 +299,7 @@ class HeadStatistics(Accumulator):
         """
         if not self.value_weighted:
             raise ValueError("these statistics were kept without value-weighted statistics")
-        return _means(self.norm_sums, self.norm_counts)
+        return _means(self.norm_sums.cpu(), self.norm_counts.cpu())
 
     def norm_mass(self) -> np.ndarray:
         """[sites, heads] mean over real query rows of ||sum_j A[i, j] f_h(x_j)|| (hidden-state units).
@@ -300,7 +309,7 @@ class HeadStatistics(Accumulator):
         """
         if not self.value_weighted:
             raise ValueError("these statistics were kept without value-weighted statistics")
-        return _means(self.mass_sums, self.counts[:, None, INDEX["entropy"]])  # every real query row
+        return _means(self.mass_sums.cpu(), self.counts[:, None, INDEX["entropy"]])  # every real query row
 
     def result(self) -> pd.DataFrame:
         """One row per head: columns ``layer``, ``head`` and one per statistic (:attr:`statistics`);

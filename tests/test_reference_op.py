@@ -218,8 +218,10 @@ def test_masked_keys_get_exactly_zero(dtype):
     scores = (q @ k.transpose(-2, -1)) * 8 ** -0.5  # what the op computes, in the dtype
     if dtype == torch.float16:
         assert bool(scores.isinf().all())  # every real score overflowed (|score| ~ 1e6 > 65504)
-        # documented: a row with no finite score gets probabilities 0 and output 0
-        assert torch.count_nonzero(p) == 0 and torch.count_nonzero(y) == 0
+        # documented: the scores are computed again in float32: the float32 result on the same inputs
+        y32, p32 = attention(q.float(), k.float(), v.float(), mask=real, causal=True)
+        assert torch.equal(p, p32.half()) and torch.equal(y, y32.half())
+        assert torch.equal(p[:, :, PAD:].sum(-1), torch.ones(1, 2, T - PAD, dtype=dtype))
     else:
         assert bool(torch.isfinite(scores).all())
         _, p_ref = _reference(q, k, v, keep)  # float64 on the same (rounded) inputs: one-hot rows
@@ -227,8 +229,10 @@ def test_masked_keys_get_exactly_zero(dtype):
         assert torch.equal(p[:, :, PAD:].sum(-1), torch.ones(1, 2, T - PAD, dtype=dtype))
 
 
-def test_row_with_some_finite_scores_puts_all_weight_on_them_in_fp16():
-    """Key 4's scores are finite, every other real score is -inf: rows that see key 4 give it 1."""
+def test_overflowed_fp16_rows_get_the_float32_result():
+    """Key 4's scores are finite in fp16, every other real score overflows to -inf: the scores are
+    computed again in float32, so rows 4..7 give key 4 (their largest score) 1 and row 3, which sees
+    only key 3, gives it 1 (not 0); padding rows 0..2 see no key: 0."""
     q, k, v = _f19_inputs(torch.float32)
     k[:, :, 4] *= 1e-6  # score of key 4 ~ -1000 * 1e-3 * ... : finite in fp16
     q, k, v = q.half(), k.half(), v.half()
@@ -239,7 +243,33 @@ def test_row_with_some_finite_scores_puts_all_weight_on_them_in_fp16():
     assert not torch.isnan(p).any() and not torch.isnan(y).any()
     assert torch.count_nonzero(p[~keep.expand_as(p)]) == 0
     expected = torch.zeros(1, 2, T, T, dtype=torch.float16)
-    expected[:, :, 4:, 4] = 1.0  # rows 4..7 see key 4; rows 0..3 see no finite score -> 0
+    expected[:, :, 4:, 4] = 1.0  # rows 4..7 see key 4, whose score is the largest
+    expected[:, :, 3, 3] = 1.0  # row 3 sees key 3 only
     assert torch.equal(p, expected)
     assert torch.equal(y[:, :, 4:], v[:, :, 4:5].expand(-1, -1, 4, -1))
-    assert torch.count_nonzero(y[:, :, :4]) == 0
+    assert torch.equal(y[:, :, 3], v[:, :, 3]) and torch.count_nonzero(y[:, :, :PAD]) == 0
+
+
+def test_fp16_scores_that_overflow_give_the_float32_result():
+    """Random fp16 queries and keys large enough that some scores pass 65504: the probabilities and
+    outputs equal the float32 computation on the same (fp16) inputs, rounded to fp16 (each within
+    one fp16 rounding of it: half an ulp, relative eps/2), and nothing is NaN; without overflow the
+    fp16 path is kept (its result differs from the float32 one by fp16's own rounding of the scores)."""
+    g = torch.Generator().manual_seed(30)
+    q = (torch.randn(2, 3, 5, 16, generator=g) * 80).half()
+    k = (torch.randn(2, 3, 5, 16, generator=g) * 80).half()
+    v = torch.randn(2, 3, 5, 16, generator=g).half()
+    assert bool(((q @ k.transpose(-2, -1)) * 0.25).isinf().any())  # some scores overflow in fp16
+    y, p = attention(q, k, v, causal=True)
+    y32, p32 = attention(q.float(), k.float(), v.float(), causal=True)
+    assert not torch.isnan(p).any() and not torch.isnan(y).any()
+    torch.testing.assert_close(p, p32.half(), atol=0, rtol=0)
+    eps = torch.finfo(torch.float16).eps
+    # y = p(fp16) v: each p within eps/2 of p32, |v| <= max|v|, rows sum to 1: |y - y32| <= eps (max|v| + |y32|)
+    bound = eps * (v.abs().amax() + y32.abs()).float()
+    assert bool(((y.float() - y32).abs() <= bound).all())
+    qs, ks = q / 64, k / 64  # no overflow: the fp16 scores are kept, rounding as a model's eager fp16 attention
+    scores = (qs @ ks.transpose(-2, -1)) * 0.25
+    assert bool(torch.isfinite(scores).all())
+    tri = torch.ones(5, 5, dtype=torch.bool).tril()
+    assert torch.equal(attention(qs, ks, v, causal=True)[1], torch.softmax(scores.masked_fill(~tri, -math.inf), -1))

@@ -110,8 +110,6 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     launch, each process analyses its share of the corpus and rank 0 writes the one report.
     """
     _check_usage(texts, corpus, pairs, generate, coref, syntax_file)  # before torch is imported: at once
-    import torch
-
     from .. import distributed
     from ..analyze_run import analyze_run
     from ..errors import InputError
@@ -134,7 +132,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
         out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     timings["input_s"] = time.perf_counter() - t
 
-    lm = load_model(model_name, dtype=getattr(torch, dtype), device=device, device_map=device_map)
+    lm = load_model(model_name, dtype=dtype, device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
     _announce(lm, seqs, source, world, counted)

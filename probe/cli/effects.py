@@ -12,7 +12,7 @@ import click
 from .. import IMPORT_STARTED, bounds
 from ..util import plural, process_age
 from .group import hold, main, user_errors
-from .options import check_files, click_callback, limit_option, model_option
+from .options import check_files, click_callback, limit_option, model_option, model_placement
 
 
 @main.command("effects")
@@ -46,9 +46,10 @@ from .options import check_files, click_callback, limit_option, model_option
               callback=click_callback(lambda v: bounds.positive_int("--batch-size", v)))
 @click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
+@model_placement
 @user_errors
 def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds, copies, clusters, no_induction, out,
-                    force, as_json, batch_size, max_length, progress) -> None:
+                    force, as_json, batch_size, max_length, progress, device=None, dtype=None) -> None:
     """Ablate every attention head (zero and mean ablation at the output projection's input; with
     --ablation also resample: the head's output on another text of the corpus) and
     measure the change of the model's objective on held-out text; ablate each label's heads
@@ -78,7 +79,7 @@ def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds
     seqs, source = ((read_corpus(corpus, limit), corpus) if corpus else (read_pairs(pairs, limit), pairs) if pairs
                     else (check_texts(sample_texts(), limit), "sample"))
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model
-    lm = load_model(model_name, head={"mlm": "mlm"}.get(objective, "auto"))
+    lm = load_model(model_name, head={"mlm": "mlm"}.get(objective, "auto"), dtype=dtype, device=device)
     if lm.kind == "encoder-decoder":
         if not pairs:
             raise InputError(f"{lm.name} is an encoder-decoder model: give its sources and targets with --pairs FILE "

@@ -32,9 +32,6 @@ class Deferred:
 #: :mod:`probe.validate` (label thresholds need pandas), imported when ``--threshold`` is given.
 validate = Deferred("probe.validate")
 
-#: Parameter dtypes a model can be loaded in (``--dtype``).
-DTYPES = ("float32", "bfloat16", "float16")
-
 
 def click_callback(check: Callable) -> Callable:
     """A click option callback running ``check(value)``; its InputError becomes a usage error
@@ -99,15 +96,24 @@ def placement_options(fn):
 
 
 def dtype_option(fn):
-    """``--dtype``: the parameter dtype to load the model in."""
-    return click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
-                        help="Parameter dtype to load the model in.")(fn)
+    """``--dtype``: the parameter dtype to load the model in (None: the model's own,
+    :func:`probe.models.load_model`)."""
+    return click.option("--dtype", type=click.Choice(bounds.DTYPES), default=None,
+                        help="Parameter dtype to load the model in [default: float32 for the embedded models; "
+                             "a Hub model's or folder's own declared dtype]. Statistics are computed in float32 "
+                             "and summed in float64 whatever it is.")(fn)
+
+
+def model_placement(fn):
+    """--dtype and --device (commands that load one model without a device map)."""
+    return device_option(dtype_option(fn))
 
 
 def device_option(fn):
-    """``--device``: cpu, cuda or auto."""
-    return click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
-                        help="Where the model runs [default: cpu; auto: cuda when present].")(fn)
+    """``--device``: cpu, cuda, mps or auto."""
+    return click.option("--device", type=click.Choice(["cpu", "cuda", "mps", "auto"]), default=None,
+                        help="Where the model runs [default: cpu; auto: cuda when present]. The statistics are "
+                             "computed on that device.")(fn)
 
 
 def limit_option(help: str = "Use at most N sequences."):

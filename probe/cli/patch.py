@@ -11,7 +11,7 @@ import click
 from .. import IMPORT_STARTED, bounds
 from ..util import plural, process_age
 from .group import hold, main, user_errors
-from .options import click_callback, model_option
+from .options import click_callback, model_option, model_placement
 
 
 @main.command("patch")
@@ -32,9 +32,10 @@ from .options import click_callback, model_option
 @click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
 @click.option("--json", "as_json", is_flag=True, help="Print the section's record as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
+@model_placement
 @user_errors
 def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offsets, out, force, as_json,
-                  progress) -> None:
+                  progress, device=None, dtype=None) -> None:
     """Patch each head's output (before the output projection) between clean and corrupted prompts
     and measure how much of the logit difference answer - wrong it restores; with the direct logit
     attribution of every head and the heads' Q/K/V-composition scores (decoders). Also masked-LM
@@ -59,7 +60,8 @@ def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offset
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
-    lm = load_model(model_name, head="auto")  # an encoder with its masked-LM head where the checkpoint has one
+    # an encoder with its masked-LM head where the checkpoint has one
+    lm = load_model(model_name, head="auto", dtype=dtype, device=device)
     check_patchable(lm)
     if lm.kind != "decoder" and not pairs_file:
         raise InputError(f"the built-in set is for decoders; {lm.name} is an {lm.kind} model: give --pairs FILE "

@@ -12,7 +12,7 @@ from click.core import ParameterSource
 from .. import IMPORT_STARTED, bounds
 from ..util import plural, process_age
 from .group import hold, main, user_errors
-from .options import check_files, click_callback, limit_option, model_option, stacked
+from .options import check_files, click_callback, limit_option, model_option, model_placement, stacked
 
 
 def _orders(ctx, param, value: str) -> list[str]:
@@ -66,9 +66,10 @@ _experiment_options = stacked(
               callback=click_callback(lambda v: bounds.positive_int("--batch-size", v)))
 @click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
+@model_placement
 @user_errors
 def prune_command(model_name, corpus, limit, objective, labels, orders, steps, fraction, seeds, save_to, out, force,
-                  as_json, batch_size, max_length, progress) -> None:
+                  as_json, batch_size, max_length, progress, device=None, dtype=None) -> None:
     """Prune attention heads step by step in importance, redundancy and random order; plot the
     objective on held-out text against the share of heads pruned; optionally save the model with
     the heads really removed.
@@ -100,7 +101,7 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
     if save_to:
         hold(claim_target(Path(save_to), force))
     head = {"mlm": "mlm", "classification": "classification", None: "auto"}.get(objective)
-    lm = load_model(model_name, head=head)
+    lm = load_model(model_name, head=head, dtype=dtype, device=device)
     show = sys.stderr.isatty() if progress is None else progress
     if save_to:
         from ..errors import InputError

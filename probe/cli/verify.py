@@ -67,7 +67,7 @@ def verify_progress(index: int, total: int, name: str, result) -> None:
               help="Say which case runs (on stderr).")
 @user_errors
 def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: float, mutant: str | None,
-                   dtype: str, device: str | None, progress: bool) -> None:
+                   dtype: str | None, device: str | None, progress: bool) -> None:
     """Check that probe's from-scratch attention reproduces the model (exit status 1 on FAIL)."""
     import torch
 
@@ -75,9 +75,9 @@ def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: flo
     from ..reference import mutant_applies
     from ..verification import BF16_ATOL, FP32_ATOL, verify
 
+    lm = load_model(model_name, dtype=dtype, device=device)
     if atol is None:
-        atol = FP32_ATOL if dtype == "float32" else BF16_ATOL
-    lm = load_model(model_name, dtype=getattr(torch, dtype), device=device)
+        atol = FP32_ATOL if next(lm.model.parameters()).dtype == torch.float32 else BF16_ATOL
     if mutant is not None and not lm.spec.discovered:  # (a discovered spec refuses mutants in verify)
         applies, why = mutant_applies(mutant, lm)
         if not applies:

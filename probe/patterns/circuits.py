@@ -118,6 +118,7 @@ class CircuitScores(Accumulator):
     name = "circuit_scores"
     title = "the induction / duplicate-token probe"
     model_kinds = ("decoder",)
+    on_device = ("sums",)
 
     def __init__(self, sites: list[Site], n_heads: int, n: int = N_TOKENS, offset: int = 0) -> None:
         self.sites, self.n_heads, self.n, self.offset = list(sites), n_heads, n, offset
@@ -134,20 +135,20 @@ class CircuitScores(Accumulator):
         """``probs`` [batch, heads, T, T]: add the three scores of every second-half row."""
         n, o = self.n, self.offset
         q = torch.arange(n, 2 * n, device=probs.device) + o  # rows of the second half
-        a = probs.float()
         cols = torch.stack([q - n + 1, q - n, q - 1])  # [3, n]
-        vals = a[:, :, q[None, :].expand(3, n), cols]  # [batch, heads, 3, n]
-        self.sums[self._pos[site]] += vals.sum((0, 3)).double().cpu()
+        vals = probs[:, :, q[None, :].expand(3, n), cols]  # [batch, heads, 3, n]
+        self.follow(probs.device)
+        self.sums[self._pos[site]] += vals.to(self.sums.device, torch.float64).sum((0, 3))  # rows added in float64
 
     def merge(self, other: CircuitScores) -> CircuitScores:
-        self.sums += other.sums
+        self.sums += other.sums.to(self.sums.device)
         self.rows += other.rows
         return self
 
     def result(self) -> pd.DataFrame:
         """One row per head: ``layer``, ``head``, ``induction``, ``duplicate``, ``prev_random``."""
         S, H = len(self.sites), self.n_heads
-        means = (self.sums / max(self.rows, 1)).reshape(S * H, 3).numpy()
+        means = (self.sums.cpu() / max(self.rows, 1)).reshape(S * H, 3).numpy()
         frame = pd.DataFrame(means, columns=list(CIRCUIT_COLUMNS))
         frame.insert(0, "head", np.tile(np.arange(H), S))
         frame.insert(0, "layer", np.repeat([s.layer for s in self.sites], H))
@@ -160,6 +161,7 @@ class SinkShares(Accumulator):
     name = "sinks"
     title = "the attention-sink probe"
     model_kinds = ("decoder",)
+    on_device = ("sums", "rows")
 
     def __init__(self, sites: list[Site]) -> None:
         self.sites = list(sites)
@@ -168,22 +170,26 @@ class SinkShares(Accumulator):
         self.rows = torch.zeros(len(self.sites), dtype=torch.int64)
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch) -> None:
-        real = batch.real.to(probs.device).clone()
+        self.follow(probs.device)
+        dev = self.sums.device
+        real = batch.real.to(dev).clone()
         real[:, 0] = False  # row 0 sees only itself in a causal model
         i = self._pos[site]
-        present = present_heads(probs)  # heads removed by pruning have no probabilities
-        self.sums[i] += float((probs[:, present, :, 0].float() * real[:, None, :]).sum().double())
-        self.rows[i] += int(real.sum()) * int(present.sum())
+        present = present_heads(probs).to(dev)  # heads removed by pruning have no probabilities
+        first = probs[..., 0].to(dev, torch.float64)  # [batch, heads, query]
+        keep = real[:, None, :] & present[None, :, None]  # padded rows and removed heads out before the sum
+        self.sums[i] += torch.where(keep, first, 0.0).sum()
+        self.rows[i] += keep.sum()
 
     def merge(self, other: SinkShares) -> SinkShares:
-        self.sums += other.sums
-        self.rows += other.rows
+        self.sums += other.sums.to(self.sums.device)
+        self.rows += other.rows.to(self.rows.device)
         return self
 
     def result(self) -> np.ndarray:
         """[sites] mean attention to position 0 over heads and rows i >= 1 (NaN without such rows)."""
-        rows = self.rows.double()
-        return torch.where(rows > 0, self.sums / rows.clamp(min=1), torch.full_like(rows, float("nan"))).numpy()
+        rows, sums = self.rows.cpu().double(), self.sums.cpu()
+        return torch.where(rows > 0, sums / rows.clamp(min=1), torch.full_like(rows, float("nan"))).numpy()
 
 
 @dataclass

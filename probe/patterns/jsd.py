@@ -125,8 +125,11 @@ def row_js(x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
     ([rows, keys, K // 2, K]: about rows x keys x heads^2 / 2 elements, no copy of the pairs, no
     loop over heads or pairs), one logarithm, one product and one sum over the keys, per chunk of
     rows of similar key counts (at most :data:`CHUNK_ELEMENTS` elements); the rows' entropies and
-    masses are paired by the same shift.
+    masses are paired by the same shift. On an Apple MPS device, which has no float64, the rows are
+    computed on the CPU.
     """
+    if x.device.type == "mps":
+        x = x.cpu()
     return _row_js(x, n_keys)
 
 

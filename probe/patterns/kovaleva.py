@@ -109,8 +109,8 @@ def sequence_scores(probs: torch.Tensor, batch: Batch, tokenizer, rows: tuple[in
 def classify(scores: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
     """[batch, heads] type index into :data:`TYPES` from [batch, heads, 3] (v, d, s) and [batch] pair flags."""
     v, d, s = scores.unbind(-1)
-    out = torch.full(v.shape, TYPES.index("heterogeneous"), dtype=torch.long)
-    rules = [(v >= VD_V) & (d >= VD_D), v >= V_MIN, d >= D_MIN, pair[:, None] & (s >= BLOCK_MIN)]
+    out = torch.full(v.shape, TYPES.index("heterogeneous"), dtype=torch.long, device=scores.device)
+    rules = [(v >= VD_V) & (d >= VD_D), v >= V_MIN, d >= D_MIN, pair.to(scores.device)[:, None] & (s >= BLOCK_MIN)]
     for index in reversed(range(len(rules))):  # the first rule that holds wins
         out = torch.where(rules[index], torch.full_like(out, index), out)
     return out
@@ -147,6 +147,7 @@ class PatternTypes(Accumulator):
     site_kinds = ("self",)
     transient = ("tokenizer",)  # not sent to the other processes of a data-parallel run
     row_blocks = True  # v, d and s are sums over query rows: a batch's blocks are added, then classified
+    on_device = ("counts",)
 
     def __init__(self, sites: list[Site], n_heads: int, tokenizer=None) -> None:
         self.sites = list(sites)
@@ -179,21 +180,22 @@ class PatternTypes(Accumulator):
             return
         del self._partial[i]
         pair = batch.cached("segments", lambda: segments(batch))[1]
-        types = classify(part.cpu(), pair)  # [B, H]
+        types = classify(part, pair)  # [B, H], on the probabilities' device
         counted = torch.nn.functional.one_hot(types, len(TYPES)).sum(0)  # [H, types]
-        self.counts[i] += counted * present.cpu()[:, None]  # removed heads: none
+        self.follow(probs.device)
+        self.counts[i] += (counted * present[:, None]).to(self.counts.device)  # removed heads: none
 
     def merge(self, other: PatternTypes) -> PatternTypes:
         if other.sites != self.sites or other.n_heads != self.n_heads:
             raise ValueError("cannot merge pattern types of different models")
-        self.counts += other.counts
+        self.counts += other.counts.to(self.counts.device)
         self.sequences += other.sequences
         self.pairs += other.pairs
         return self
 
     def shares(self) -> np.ndarray:
         """[sites, heads, types] share of sequences of each type (rows sum to 1; NaN before any batch)."""
-        counts = self.counts.double().numpy()
+        counts = self.counts.cpu().double().numpy()
         total = counts.sum(-1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(total > 0, counts / np.where(total > 0, total, 1), np.nan)

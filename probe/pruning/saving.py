@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_model
 
 from ..architectures import get_spec, head_geometry
 from ..errors import InputError, ModelLoadError
+from ..loading import declared_dtype
 from ..runfolder import claim
 from .heads import PRUNED_FILE, PrunedHeads, full_layout
 from .removal import apply_layout, parameter_count
@@ -114,7 +115,7 @@ def load_pruned_folder(folder: str | Path, model_class, dtype: torch.dtype | Non
     Args:
         folder: a folder written by :func:`save_pruned`.
         model_class: the ``transformers`` auto class to build (``AutoModel``, ``AutoModelForCausalLM`` ...).
-        dtype: parameter dtype (default float32).
+        dtype: parameter dtype (default: the one its config declares, else float32).
 
     Returns:
         ``(model, tokenizer, pruned)``: eval mode, eager attention; ``pruned`` a
@@ -146,6 +147,6 @@ def load_pruned_folder(folder: str | Path, model_class, dtype: torch.dtype | Non
         if lay != full:
             apply_layout(model, spec, layer, full, lay, geo.d_head)
     _load_weights(model, _state_dict(path), path)
-    model = model.to(dtype or torch.float32)
+    model = model.to(dtype or declared_dtype(config))
     model.eval()
     return model, tokenizer, pruned

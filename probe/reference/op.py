@@ -21,6 +21,9 @@ class MaskError(ProbeError, ValueError):
     """An attention mask that cannot be interpreted safely (wrong values, wrong length, wrong rank)."""
 
 
+#: Half-precision dtypes: scores that overflow in them are computed again in float32 (:func:`attention`).
+HALF = (torch.float16, torch.bfloat16)
+
 # Additive masks may use -inf or the most negative finite value of any float dtype.
 _ADDITIVE_MIN = {float(torch.finfo(d).min) for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
@@ -102,9 +105,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
     Returns:
         ``(out, probs)``: out [batch, heads, query, d_head] and probs [batch, heads, query, key], both
-        in v's dtype. Masked keys get exactly 0, in every dtype: masked scores are set to -inf, so
-        even a real score that overflowed to -inf (fp16) never loses to a masked key. A query
-        row with no finite score (every key masked, or every real score -inf from overflow)
+        in v's dtype. Masked keys get exactly 0, in every dtype: masked scores are set to -inf.
+        Half-precision scores (float16, bfloat16) are computed in the inputs' dtype, rounding as the
+        model's own eager attention does; where any of them overflows to +-inf (float16's largest
+        value is 65504), the scores and the softmax are computed again in float32, so every row gets
+        the float32 result (then rounded to v's dtype), never NaN. A query row with every key masked
         gets probabilities 0 and output 0, never NaN, as PyTorch's own
         scaled_dot_product_attention returns for a fully masked row.
 
@@ -129,6 +134,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         keep = tri if keep is None else keep & tri
 
     scores = scaled_scores(q, k, scale, upcast=upcast, softcap=softcap, bias=bias, fused_bias=fused_bias)
+    if scores.dtype in HALF and bool(torch.isinf(scores).any()):
+        # a half-precision score overflowed (float16's largest is 65504): scores and softmax in float32,
+        # so the row gets the float32 result rather than NaN or nothing
+        scores = scaled_scores(q, k, scale, upcast=True, softcap=softcap, bias=bias, fused_bias=fused_bias)
+        softmax_dtype = torch.float32
     probs = masked_softmax(scores, keep, softmax_dtype).to(v.dtype)  # (B, nh, Tq, Tk), rows sum to 1
     out = probs @ v  # (B, nh, Tq, Tk) x (B, nh, Tk, hs) -> (B, nh, Tq, hs)
     return out, probs
@@ -150,6 +160,7 @@ def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float, *, upcast: boo
     Tk = k.size(-2)
     if upcast:
         q, k = q.float(), k.float()
+        bias = None if bias is None else bias.float()
     if bias is not None and fused_bias:  # bias + scale * q k^T in one GEMM, (B*nh, Tq, Tk)
         full = bias.expand(B, nh, Tq, Tk).reshape(B * nh, Tq, Tk)
         return torch.baddbmm(full, q.reshape(B * nh, Tq, hs), k.reshape(B * nh, Tk, hs).transpose(1, 2),

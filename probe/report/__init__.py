@@ -292,6 +292,16 @@ def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, 
     return folder.path
 
 
+def heads_csv(result):
+    """The table written as ``heads.csv``: ``result.heads`` with a last column ``dtype``, the dtype of
+    the model's parameters the numbers were measured in (``run.json``'s ``model.dtype``), where the
+    model record has one and the table does not."""
+    dtype = result.model.get("dtype")
+    if dtype is None or "dtype" in result.heads.columns:
+        return result.heads
+    return result.heads.assign(dtype=dtype)
+
+
 def _write_files(result, tokenizer, path: Path, tmp: Path, verification, timings, started, start) -> None:
     """The files of :func:`write_run`, written into ``tmp`` (``path``: where they will be)."""
     result.timings.update({k: round(v, 4) for k, v in (timings or {}).items()})
@@ -304,7 +314,7 @@ def _write_files(result, tokenizer, path: Path, tmp: Path, verification, timings
     html = render_html(shown, tokenizer, record, shorten_paths(verification, path), sections)
     names = list(OUTPUT_FILES) + [name for sec in sections for name in sec.files]
     record["output"] = {name: name for name in names}  # relative to the run folder
-    result.heads.to_csv(tmp / "heads.csv", index=False, float_format="%.6g")
+    heads_csv(result).to_csv(tmp / "heads.csv", index=False, float_format="%.6g")
     for sec in sections:
         for name, content in sec.files.items():
             if isinstance(content, bytes):
