@@ -266,6 +266,36 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
     return model, tokenizer, source, pruned
 
 
+def peek_config(name: str):
+    """The config of a model that is on this machine, read without its weights (a second, not the
+    minutes a load can take), so that a command can refuse what the model cannot do before loading it.
+
+    Args:
+        name: as :func:`load_model` takes it.
+
+    Returns:
+        The ``transformers`` config of an embedded alias (a GGUF one once its float32 copy is cached)
+        or a local model folder; None where reading it would cost a download or a GGUF header parse
+        (Hub ids, ``.gguf`` files), or it cannot be read (:func:`load_model` then says why).
+    """
+    from transformers import AutoConfig  # deferred: transformers takes ~1.5 s to import
+
+    if name in EMBEDDED:
+        folder = embedded_folder(name)
+        if EMBEDDED[name].gguf_file:
+            folder = dequantized_cache(name)
+    elif not name.lower().endswith(".gguf") and Path(name).expanduser().is_dir():
+        folder = Path(name).expanduser()
+    else:
+        return None
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - load_model reports an unreadable config with its reason
+        return None
+
+
 def _load_local(path: Path, dtype, head: str | None, notes: list[str]):
     """A local model folder: (model, tokenizer, pruned). A folder holding a pruned model's record
     (:mod:`probe.pruning.saving`) is built from its config with the same heads removed."""

@@ -99,3 +99,26 @@ def test_probe_patch_defaults_to_the_embedded_decoder():
 
     res = CliRunner().invoke(main, ["patch", "--help"])
     assert res.exit_code == 0 and "[default: smollm2]" in res.output
+
+
+def test_refusals_come_before_the_weights_load(tmp_path, monkeypatch):
+    """Issue 27 item 10: 'probe patch' on an encoder without its masked-LM head and 'probe analyze
+    --generate' on an encoder were refused only after the model had loaded (87-104 s), --generate after
+    'Analyzing ...': both are decided from the config, and the weights never load."""
+    import probe.models as pm
+    from conftest import invoke_cli, one_error, save_tiny
+
+    bert = save_tiny("bert", tmp_path / "bert")
+    assert pm.peek_config(str(bert)).architectures == ["BertModel"]
+    assert pm.peek_config("some-org/some-hub-model") is None and pm.peek_config(str(tmp_path / "none")) is None
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(pm, "load_model", no_load)
+    one_error(invoke_cli("patch", "--model", bert, "--out", tmp_path / "p"), 1,
+              f"{bert} is a BertModel without a masked-LM head")
+    result = invoke_cli("analyze", "--model", bert, "--generate", 5, "--out", tmp_path / "a")
+    one_error(result, 1, f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {bert} is not one")
+    assert "Analyzing" not in result.output
+    assert not (tmp_path / "p").exists() and not (tmp_path / "a").exists()

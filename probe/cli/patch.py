@@ -49,15 +49,18 @@ def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offset
     "When Mary and John went to the store, John gave a drink to" -> " Mary" vs " John".
     """
     from ..effects.patch_run import patch_run
-    from ..effects.patching import builtin_pairs, check_patchable, read_pairs
+    from ..effects.patching import builtin_pairs, check_patchable, check_patchable_config, read_pairs
     from ..errors import InputError
-    from ..models import load_model
+    from ..models import load_model, peek_config
     from ..report import claim_run_dir
     from ..sites import head_name
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
+    config = peek_config(model_name)
+    if config is not None:
+        check_patchable_config(config, model_name)  # before the weights load (they can take minutes)
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     lm = load_model(model_name, head="auto")  # an encoder with its masked-LM head where the checkpoint has one
     check_patchable(lm)
