@@ -122,3 +122,30 @@ def test_refusals_come_before_the_weights_load(tmp_path, monkeypatch):
     one_error(result, 1, f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {bert} is not one")
     assert "Analyzing" not in result.output
     assert not (tmp_path / "p").exists() and not (tmp_path / "a").exists()
+
+
+def test_pairs_the_tokenizer_refuses_are_refused_before_the_weights_load(tmp_path, monkeypatch):
+    """Issue 27 item 10: unequal pair lengths and a multi-token answer waited for the model to load."""
+    import probe.models as pm
+    from conftest import invoke_cli, one_error, save_tiny
+
+    gpt2 = save_tiny("gpt2", tmp_path / "gpt2")
+    lm = pm.load_model(str(gpt2))
+    preview = pm.preview_model(str(gpt2))
+    assert preview.model is None and preview.kind == lm.kind and preview.max_length == lm.max_length
+    assert preview.geometry == lm.geometry
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(pm, "load_model", no_load)
+    unequal = tmp_path / "unequal.tsv"
+    unequal.write_text("the cat sat on the mat\tthe cat sat\t the\t a\n", encoding="utf-8")
+    one_error(invoke_cli("patch", "--model", gpt2, "--pairs", unequal, "--out", tmp_path / "u"), 1,
+              "pair 1: the clean and corrupted prompts have different token counts")
+    long = tmp_path / "long.tsv"
+    long.write_text("the cat sat\tthe dog sat\t unbelievably\t a\n", encoding="utf-8")
+    answer = len(preview.tokenizer(" unbelievably", add_special_tokens=False)["input_ids"])
+    assert answer > 1
+    one_error(invoke_cli("patch", "--model", gpt2, "--pairs", long, "--out", tmp_path / "l"), 1,
+              f"pair 1: the answer ' unbelievably' is {answer} tokens")

@@ -14,14 +14,16 @@ import pandas as pd
 
 from ..analysis import analyze
 from ..corpus import sample_texts
-from ..errors import UnsupportedAnalysisError
+from ..errors import InputError, UnsupportedAnalysisError
 from ..inputs import Text
+from ..models import peek_config, preview_model
 from ..patterns import CircuitProbe, circuit_probe
 from ..report import claim_run_dir, write_run
 from ..util import progress_bar
 from .composition import composition_scores
 from .dla import direct_logit_attribution, head_grid
-from .patching import Pair, builtin_pairs, patch_heads
+from .pairs import encode_pairs
+from .patching import Pair, builtin_pairs, check_patchable_config, patch_heads
 
 
 @dataclass
@@ -127,3 +129,31 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
         analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
         path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
     return result, path
+
+
+def check_before_loading(name: str, pairs: list[Pair], builtin: bool) -> None:
+    """The refusals of ``probe patch`` that the model's config and tokenizer decide, made before its
+    weights load (which can take minutes): an encoder without its masked-LM head, the built-in set
+    on a model that is not a decoder, pairs of unequal token counts or answers of several tokens
+    (:func:`probe.effects.pairs.encode_pairs` on :func:`probe.models.preview_model`). A model that is
+    not on this machine (a Hub id) is checked after loading, as before.
+
+    Raises:
+        UnsupportedAnalysisError, InputError: as :func:`probe.effects.patching.patch_heads`.
+    """
+    config = peek_config(name)
+    preview = preview_model(name) if config is not None else None
+    if preview is None:
+        return
+    check_patchable_config(config, name)
+    if builtin and preview.kind != "decoder":
+        raise builtin_refusal(name, preview.kind)
+    if preview.kind != "encoder-decoder":  # its decoder start token is read from the loaded model
+        encode_pairs(preview, pairs)
+
+
+def builtin_refusal(name: str, kind: str) -> InputError:
+    """The refusal of the built-in (decoder) pair set on a model of another kind."""
+    return InputError(f"the built-in set is for decoders; {name} is an {kind} model: give --pairs FILE "
+                      + ("with a [MASK] in each prompt" if kind == "encoder" else
+                         "with sources and an optional fifth field, the target prefix"))
