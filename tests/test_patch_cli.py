@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -36,6 +37,9 @@ def test_patch_writes_the_run_folder(setup):
     result = run("patch", "--model", model, "--pairs", pairs, "--out", out, "--no-progress")
     assert result.exit_code == 0, result.output
     assert "largest effects: L" in result.output and "Report:" in result.output
+    stages = re.findall(r"^(activation patching|direct logit attribution|composition scores|labelling analysis): "
+                        r"done in \d+\.\d s$", result.stderr, re.M)  # issue 27 item 11: no bars, a line a stage
+    assert stages == ["activation patching", "direct logit attribution", "composition scores", "labelling analysis"]
     rows = list(csv.DictReader((out / "patch.csv").open()))
     assert [(int(r["layer"]), int(r["head"])) for r in rows] == [(layer, h) for layer in range(2) for h in range(4)]
     assert set(rows[0]) == {"stack", "kind", "layer", "head", "effect", "effect_last", "raw", "raw_last"}

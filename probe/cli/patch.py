@@ -68,7 +68,8 @@ def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offset
                f"({source}), {direction}", err=True)
     result, path = patch_run(lm, pairs, out=out, force=force, source=source, direction=direction,
                              heads_per_pass=heads_per_pass, progress=show, rope_offsets=rope_offsets,
-                             timings={"model_load_s": lm.load_seconds}, started=started)
+                             timings={"model_load_s": lm.load_seconds}, started=started,
+                             say=None if show else lambda line: click.echo(line, err=True))  # no bars: a line a stage
     p = result.patching
     if as_json:
         record = json.loads((path / "run.json").read_text(encoding="utf-8")).get("patching")
