@@ -98,8 +98,32 @@ FIRST_USE_SECONDS_PER_MB = 0.15
 
 
 def first_use_estimate(size_mb: float) -> int:
-    """Seconds the first use of a GGUF file of ``size_mb`` MB is announced to take (to 5 s, >= 5)."""
+    """Seconds the first use of a GGUF file of ``size_mb`` MB is announced to take on 2 idle cores (to 5 s, >= 5)."""
     return max(5, 5 * round(FIRST_USE_SECONDS_PER_MB * size_mb / 5))
+
+
+def busy_estimate(seconds: int, load: float | None = None, cores: int | None = None) -> str:
+    """What a busy machine adds to an estimate made for idle cores ('' when it is not busy).
+
+    A CPU-bound step shares the cores with the load: with a 1-minute load average L on C cores it
+    gets about C / max(C, L + 1) of them, so it takes about ``seconds`` x (L + 1) / C (measured: the
+    15 s first use of SmolLM2 took 62 s at load 11 on 2 cores, where this gives 90 s).
+
+    Args:
+        seconds: the idle estimate.
+        load: the 1-minute load average (default: ``os.getloadavg()``; none where it is unknown).
+        cores: CPU cores (default: ``os.cpu_count()``).
+    """
+    try:
+        load = os.getloadavg()[0] if load is None else load
+    except (AttributeError, OSError):  # Windows has no load average
+        return ""
+    cores = cores or os.cpu_count() or 1
+    factor = (load + 1) / cores
+    if factor < 1.5:
+        return ""
+    expected = 5 * round(seconds * factor / 5)
+    return f"; this machine is busy (load {load:.1f} on {cores} cores): expect about {expected} s"
 
 
 @contextmanager
@@ -118,6 +142,8 @@ def _parse_once():
     * The header reader (``load_gguf_checkpoint`` without tensors) parses a file once and hands out
       copies: the config loader and the tokenizer loader (twice) each parse the whole header
       otherwise, several seconds apiece (the tokenizer's vocabulary and merges are in it).
+    * transformers' de-quantizing bar shows only on a terminal (a redirected log gets the steps'
+      lines, not its updates).
     * ``gguf.GGUFReader`` opens a file once (a read-only memory map; the tensor pass would parse the
       header again).
     * ``gguf.get_tensor_name_map(arch, layers)`` is built once per arguments: transformers builds it
@@ -141,6 +167,10 @@ def _parse_once():
 
         patched.append((gguf_utils, "load_gguf_checkpoint", original))
         gguf_utils.load_gguf_checkpoint = once
+        # its de-quantizing bar only on a terminal (tqdm's disable=None): in a redirected log the steps'
+        # lines say the same once, instead of ~70 bar updates
+        patched.append((gguf_utils, "tqdm", gguf_utils.tqdm))
+        gguf_utils.tqdm = functools.partial(gguf_utils.tqdm, disable=None)
         import gguf  # deferred: only while loading a GGUF file
 
         patched.append((gguf, "get_tensor_name_map", gguf.get_tensor_name_map))
@@ -184,10 +214,11 @@ def load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
     size_mb = (folder / gguf_file).stat().st_size / 2**20 if (folder / gguf_file).exists() else 0.0
     steps = 4 if cached is not None else 3
     if cached is not None:
+        estimate = first_use_estimate(size_mb)
         log.warning("first use of %s: de-quantizing its GGUF weights (%.0f MB) to float32 and caching them in %s; "
                     "a one-time step of about %d s on 2 CPU cores, longer on a busy or slower machine (it depends "
-                    "on the CPU and the disk); later runs load the cached copy in seconds",
-                    gguf_file, size_mb, cached, first_use_estimate(size_mb))
+                    "on the CPU and the disk)%s; later runs load the cached copy in seconds",
+                    gguf_file, size_mb, cached, estimate, busy_estimate(estimate))
     try:
         with _parse_once():
             with _step("reading the GGUF header (config and tokenizer vocabulary)", 1, steps):

@@ -279,6 +279,61 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
     return model, tokenizer, source, pruned
 
 
+def _local_folder(name: str) -> Path | None:
+    """The folder holding config.json and the tokenizer of a model on this machine (an embedded
+    alias, a GGUF alias once its float32 copy is cached, a local folder), else None."""
+    if name in EMBEDDED:
+        folder = dequantized_cache(name) if EMBEDDED[name].gguf_file else embedded_folder(name)
+    elif not name.lower().endswith(".gguf") and Path(name).expanduser().is_dir():
+        folder = Path(name).expanduser()
+    else:
+        return None
+    return folder if folder is not None and (folder / "config.json").is_file() else None
+
+
+def peek_config(name: str):
+    """The config of a model that is on this machine, read without its weights (a second, not the
+    minutes a load can take), so that a command can refuse what the model cannot do before loading it.
+
+    Args:
+        name: as :func:`load_model` takes it.
+
+    Returns:
+        The ``transformers`` config of an embedded alias (a GGUF one once its float32 copy is cached)
+        or a local model folder; None where reading it would cost a download or a GGUF header parse
+        (Hub ids, ``.gguf`` files), or it cannot be read (:func:`load_model` then says why).
+    """
+    from transformers import AutoConfig  # deferred: transformers takes ~1.5 s to import
+
+    folder = _local_folder(name)
+    if folder is None:
+        return None
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - load_model reports an unreadable config with its reason
+        return None
+
+
+def preview_model(name: str) -> LoadedModel | None:
+    """A :class:`LoadedModel` without its weights (``model`` is None): the spec, geometry, tokenizer
+    and token limit of a model on this machine (:func:`peek_config`), to check input against before
+    the weights load; None where :func:`peek_config` gives none or the tokenizer cannot be read."""
+    from transformers import AutoTokenizer  # deferred: transformers takes ~1.5 s to import
+
+    config = peek_config(name)
+    if config is None:
+        return None
+    folder = _local_folder(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        finish_tokenizer(tokenizer)
+        spec, geometry = get_spec(config), head_geometry(config)
+    except Exception:  # noqa: BLE001 - load_model reports what is wrong with its reason
+        return None
+    return LoadedModel(model=None, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
+                       source=str(folder), max_length=_max_length(config, tokenizer))
+
+
 def _load_local(path: Path, dtype, head: str | None, notes: list[str]):
     """A local model folder: (model, tokenizer, pruned). A folder holding a pruned model's record
     (:mod:`probe.pruning.saving`) is built from its config with the same heads removed."""

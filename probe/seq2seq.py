@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 
 from . import validate
+from .architectures import get_spec
 from .errors import InputError
 from .hooks import input_device, measuring
 from .inputs import Batch
@@ -68,6 +69,19 @@ def check_generate(lm, max_new_tokens: int) -> None:
     """
     if lm.kind != "encoder-decoder":
         raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {lm.name} is "
+                         "not one")
+    validate.positive_int("--generate", max_new_tokens)
+
+
+def check_generate_config(config, name: str, max_new_tokens: int) -> None:
+    """:func:`check_generate` decided from a model's config (:func:`probe.models.peek_config`),
+    before its weights load.
+
+    Raises:
+        InputError: the config is not an encoder-decoder model's, or max_new_tokens below 1.
+    """
+    if get_spec(config).kind != "encoder-decoder":
+        raise InputError(f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {name} is "
                          "not one")
     validate.positive_int("--generate", max_new_tokens)
 

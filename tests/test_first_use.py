@@ -107,3 +107,26 @@ def test_a_gguf_file_is_opened_once(tmp_path, monkeypatch):
         assert gguf.GGUFReader(tmp_path / "a.gguf") is first
         gguf.GGUFReader(tmp_path / "b.gguf")
     assert opened == [str(tmp_path / "a.gguf"), str(tmp_path / "b.gguf")] and gguf.GGUFReader is Reader
+
+
+def test_a_busy_machine_gets_a_longer_estimate():
+    """Issue 27 item 12: 'about 15 s' took 62 s at load 11 on 2 cores."""
+    assert loading.busy_estimate(15, load=0.3, cores=2) == ""
+    assert loading.busy_estimate(15, load=11.0, cores=2) == (
+        "; this machine is busy (load 11.0 on 2 cores): expect about 90 s")
+    assert loading.busy_estimate(15, load=3.0, cores=16) == ""
+
+
+def test_the_dequantizing_bar_shows_only_on_a_terminal(monkeypatch):
+    """Its tqdm bar wrote ~70 updates into a redirected log, while probe's own bars follow --progress."""
+    import io
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.tqdm
+    with loading._parse_once():
+        log = io.StringIO()  # not a terminal
+        for _ in gguf_utils.tqdm(range(70), desc="Converting and de-quantizing GGUF tensors...", file=log):
+            pass
+        assert log.getvalue() == ""
+    assert gguf_utils.tqdm is original

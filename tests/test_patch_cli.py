@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -36,6 +37,9 @@ def test_patch_writes_the_run_folder(setup):
     result = run("patch", "--model", model, "--pairs", pairs, "--out", out, "--no-progress")
     assert result.exit_code == 0, result.output
     assert "largest effects: L" in result.output and "Report:" in result.output
+    stages = re.findall(r"^(activation patching|direct logit attribution|composition scores|labelling analysis): "
+                        r"done in \d+\.\d s$", result.stderr, re.M)  # issue 27 item 11: no bars, a line a stage
+    assert stages == ["activation patching", "direct logit attribution", "composition scores", "labelling analysis"]
     rows = list(csv.DictReader((out / "patch.csv").open()))
     assert [(int(r["layer"]), int(r["head"])) for r in rows] == [(layer, h) for layer in range(2) for h in range(4)]
     assert set(rows[0]) == {"stack", "kind", "layer", "head", "effect", "effect_last", "raw", "raw_last"}
@@ -99,3 +103,53 @@ def test_probe_patch_defaults_to_the_embedded_decoder():
 
     res = CliRunner().invoke(main, ["patch", "--help"])
     assert res.exit_code == 0 and "[default: smollm2]" in " ".join(res.output.split())  # click wraps help lines
+
+
+def test_refusals_come_before_the_weights_load(tmp_path, monkeypatch):
+    """Issue 27 item 10: 'probe patch' on an encoder without its masked-LM head and 'probe analyze
+    --generate' on an encoder were refused only after the model had loaded (87-104 s), --generate after
+    'Analyzing ...': both are decided from the config, and the weights never load."""
+    import probe.models as pm
+    from conftest import invoke_cli, one_error, save_tiny
+
+    bert = save_tiny("bert", tmp_path / "bert")
+    assert pm.peek_config(str(bert)).architectures == ["BertModel"]
+    assert pm.peek_config("some-org/some-hub-model") is None and pm.peek_config(str(tmp_path / "none")) is None
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(pm, "load_model", no_load)
+    one_error(invoke_cli("patch", "--model", bert, "--out", tmp_path / "p"), 1,
+              f"{bert} is a BertModel without a masked-LM head")
+    result = invoke_cli("analyze", "--model", bert, "--generate", 5, "--out", tmp_path / "a")
+    one_error(result, 1, f"--generate writes targets for encoder-decoder models (BART, Marian, T5); {bert} is not one")
+    assert "Analyzing" not in result.output
+    assert not (tmp_path / "p").exists() and not (tmp_path / "a").exists()
+
+
+def test_pairs_the_tokenizer_refuses_are_refused_before_the_weights_load(tmp_path, monkeypatch):
+    """Issue 27 item 10: unequal pair lengths and a multi-token answer waited for the model to load."""
+    import probe.models as pm
+    from conftest import invoke_cli, one_error, save_tiny
+
+    gpt2 = save_tiny("gpt2", tmp_path / "gpt2")
+    lm = pm.load_model(str(gpt2))
+    preview = pm.preview_model(str(gpt2))
+    assert preview.model is None and preview.kind == lm.kind and preview.max_length == lm.max_length
+    assert preview.geometry == lm.geometry
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(pm, "load_model", no_load)
+    unequal = tmp_path / "unequal.tsv"
+    unequal.write_text("the cat sat on the mat\tthe cat sat\t the\t a\n", encoding="utf-8")
+    one_error(invoke_cli("patch", "--model", gpt2, "--pairs", unequal, "--out", tmp_path / "u"), 1,
+              "pair 1: the clean and corrupted prompts have different token counts")
+    long = tmp_path / "long.tsv"
+    long.write_text("the cat sat\tthe dog sat\t unbelievably\t a\n", encoding="utf-8")
+    answer = len(preview.tokenizer(" unbelievably", add_special_tokens=False)["input_ids"])
+    assert answer > 1
+    one_error(invoke_cli("patch", "--model", gpt2, "--pairs", long, "--out", tmp_path / "l"), 1,
+              f"pair 1: the answer ' unbelievably' is {answer} tokens")

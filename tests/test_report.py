@@ -235,3 +235,47 @@ def test_a_head_labelled_on_repeated_tokens_says_when_nothing_repeats():
     _, blocks = _attention_figures(replace(res, heads=heads), lm.tokenizer)
     crops = {b["example"]: b["crop"] for b in blocks if b["label"] == "induction"}
     assert "no token repeats in this text" in crops[1] and crops[2] == ""
+
+
+def test_grid_cells_are_readable_and_tables_say_n_a(run_dir, tmp_path):
+    """Issue 27 item 15: dark grey '1st' on #0072B2 (2.4:1), raw None in the verification table, and
+    '2 padded batches of 2'."""
+    from probe.patterns.health import padding_note
+    from probe.report.page import LABEL_COLORS, contrast, ink
+
+    assert contrast("#000000", "#ffffff") == pytest.approx(21.0) and contrast("#0072B2", "#0072B2") == 1.0
+    assert contrast("#444444", "#0072B2") < 3  # the grid's old text on first-token's blue
+    for label, color in LABEL_COLORS.items():
+        assert contrast(ink(color), color) >= 4.5, label  # WCAG 2.1 AA for small text
+    assert ink("#0072B2") == "#ffffff" and ink("#F0E442") == "#000000"
+    html = (run_dir[0] / "index.html").read_text()
+    grid = re.search(r'<table class="grid">(.*?)</table>', html, re.S).group(1)
+    cells = re.findall(r'<td style="background: (#\w+); color: (#\w+)"', grid)
+    assert cells and all(fg == ink(bg) for bg, fg in cells)
+    assert padding_note(2, 2, 14) == "padded: every one of the run's 2 batches; 14 (row, padding key) cells per head"
+    assert padding_note(1, 3, 1400).startswith("padded: one of the run's 3 batches; 1,400")
+    lm = tiny_model("bert")
+    res = analyze(lm, ["The cat sat on the mat."], n_examples=1)
+    record = {"model": "m", "passed": True, "max_abs_diff": 0.0, "per_layer": [],
+              "cases": [{"name": "alone", "padding_max_abs": None, "max_abs_diff": 0.0}]}
+    page = (write_run(res, lm.tokenizer, tmp_path / "run", verification=record) / "index.html").read_text()
+    cases = re.search(r"<h3>Cases</h3>(.*?)</table>", page, re.S).group(1)
+    assert "None" not in cases and '<span class="muted">n/a</span>' in cases
+
+
+def test_a_bar_axis_writes_its_ticks_with_one_number_of_decimals(chromium, tmp_path):
+    """Issue 27 item 15: bar-chart axes mixed decimals (1.00, 0.750)."""
+    from probe.report import static_text
+
+    sync_api, executable = chromium
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.set_content(f"<script>{static_text('charts.js')}</script>")
+            labels = "window.probeCharts.axisLabels"
+            assert page.evaluate(f"{labels}([0, 0.25, 0.5, 0.75, 1])") == ["0.00", "0.25", "0.50", "0.75", "1.00"]
+            assert page.evaluate(f"{labels}([0, 0.5, 1, 1.5, 2])") == ["0.0", "0.5", "1.0", "1.5", "2.0"]
+            assert page.evaluate(f"{labels}([0, 25, 50, 75, 100])") == ["0", "25", "50", "75", "100"]
+        finally:
+            browser.close()

@@ -113,9 +113,9 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     from .. import distributed
     from ..analyze_run import analyze_run
     from ..errors import InputError
-    from ..models import load_model
+    from ..models import load_model, peek_config
     from ..report import claim_run_dir
-    from ..seq2seq import as_targets, check_generate
+    from ..seq2seq import as_targets, check_generate, check_generate_config
     from ..validate import value_weighting
 
     age = process_age()
@@ -132,12 +132,14 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
         out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     timings["input_s"] = time.perf_counter() - t
 
+    if generate is not None and (config := peek_config(model_name)) is not None:
+        check_generate_config(config, model_name, generate)  # before the weights load
     lm = load_model(model_name, dtype=dtype, device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
-    _announce(lm, seqs, source, world, counted)
     if generate is not None:
         check_generate(lm, generate)
+    _announce(lm, seqs, source, world, counted)  # only once the analysis will run
     if pairs and lm.kind == "encoder-decoder":
         seqs = as_targets(seqs)  # the file's second column is the decoder's target
     result, path = analyze_run(

@@ -49,9 +49,8 @@ def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offset
     (with their leading space: " Mary"). Default: 20 indirect-object pairs written for probe,
     "When Mary and John went to the store, John gave a drink to" -> " Mary" vs " John".
     """
-    from ..effects.patch_run import patch_run
+    from ..effects.patch_run import builtin_refusal, check_before_loading, patch_run
     from ..effects.patching import builtin_pairs, check_patchable, read_pairs
-    from ..errors import InputError
     from ..models import load_model
     from ..report import claim_run_dir
     from ..sites import head_name
@@ -59,20 +58,20 @@ def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offset
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
+    check_before_loading(model_name, pairs, builtin=not pairs_file)  # the weights can take minutes to load
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     # an encoder with its masked-LM head where the checkpoint has one
     lm = load_model(model_name, head="auto", dtype=dtype, device=device)
     check_patchable(lm)
     if lm.kind != "decoder" and not pairs_file:
-        raise InputError(f"the built-in set is for decoders; {lm.name} is an {lm.kind} model: give --pairs FILE "
-                         + ("with a [MASK] in each prompt" if lm.kind == "encoder" else
-                            "with sources and an optional fifth field, the target prefix"))
+        raise builtin_refusal(lm.name, lm.kind)
     show = sys.stderr.isatty() if progress is None else progress
     click.echo(f"Patching {lm.name} ({plural(len(lm.sites) * lm.geometry.n_heads, 'head')}) on {len(pairs)} pairs "
                f"({source}), {direction}", err=True)
     result, path = patch_run(lm, pairs, out=out, force=force, source=source, direction=direction,
                              heads_per_pass=heads_per_pass, progress=show, rope_offsets=rope_offsets,
-                             timings={"model_load_s": lm.load_seconds}, started=started)
+                             timings={"model_load_s": lm.load_seconds}, started=started,
+                             say=None if show else lambda line: click.echo(line, err=True))  # no bars: a line a stage
     p = result.patching
     if as_json:
         record = json.loads((path / "run.json").read_text(encoding="utf-8")).get("patching")

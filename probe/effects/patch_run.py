@@ -14,14 +14,16 @@ import pandas as pd
 
 from ..analysis import analyze, merge_head_columns
 from ..corpus import sample_texts
-from ..errors import UnsupportedAnalysisError
+from ..errors import InputError, UnsupportedAnalysisError
 from ..inputs import Text
+from ..models import peek_config, preview_model
 from ..patterns import CircuitProbe, circuit_probe
 from ..report import claim_run_dir, write_run
 from ..util import progress_bar
 from .composition import composition_scores
 from .dla import direct_logit_attribution, head_grid
-from .patching import Pair, builtin_pairs, patch_heads
+from .pairs import encode_pairs
+from .patching import Pair, builtin_pairs, check_patchable_config, patch_heads
 
 
 @dataclass
@@ -54,10 +56,16 @@ class PatchRun:
         return out
 
 
+#: The stages of ``probe patch``, as the stage lines name them.
+STAGES = {"patch_s": "activation patching", "dla_s": "direct logit attribution", "composition_s": "composition scores",
+          "analyze_s": "labelling analysis"}
+
+
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", direction: str = "denoise",
-            heads_per_pass: int | None = None, progress=None, rope_offsets: int = 1) -> PatchRun:
+            heads_per_pass: int | None = None, progress=None, rope_offsets: int = 1, say=None) -> PatchRun:
     """Patching, DLA and composition of ``lm`` on ``pairs`` (default the built-in set); ``rope_offsets``:
-    composition's RoPE offsets (:func:`~probe.effects.composition.composition_scores`).
+    composition's RoPE offsets (:func:`~probe.effects.composition.composition_scores`); ``say``: a
+    callable given one line as each stage ends (``activation patching: done in 12.3 s``), or None.
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`~probe.effects.patching.patch_heads`.
@@ -67,6 +75,7 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     t = time.perf_counter()
     patching = patch_heads(lm, pairs, direction=direction, heads_per_pass=heads_per_pass, progress=progress)
     seconds["patch_s"] = time.perf_counter() - t
+    _said(say, seconds, "patch_s")
     notes += patching.attrs["notes"]
     results = {}
     steps = (("dla", lambda: direct_logit_attribution(lm, pairs)),
@@ -79,10 +88,16 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
             results[name] = None
             notes.append(f"{name}: {exc}")
         seconds[f"{name}_s"] = time.perf_counter() - t
+        _said(say, seconds, f"{name}_s")
     if results["dla"] is not None and not results["dla"].attrs["holds"]:
         miss = results["dla"].attrs["residual"]
         notes.append(f"dla: the decomposition misses the model's logit difference by {miss:.3g}")
     return PatchRun(patching, results["dla"], results["composition"], pairs, source, seconds, notes)
+
+
+def _said(say, seconds: dict, key: str) -> None:
+    if say is not None:
+        say(f"{STAGES[key]}: done in {seconds[key]:.1f} s")
 
 
 def label_texts(lm, pairs: list[Pair]) -> list:
@@ -96,8 +111,9 @@ def label_texts(lm, pairs: list[Pair]) -> list:
 def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, source: str = "built-in IOI set",
               direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
               timings: dict | None = None, started: float | None = None,
-              rope_offsets: int = 1) -> tuple[PatchRun, Path]:
-    """Measure (:func:`measure`), label the heads with a short analysis, write the run folder.
+              rope_offsets: int = 1, say=None) -> tuple[PatchRun, Path]:
+    """Measure (:func:`measure`), label the heads with a short analysis, write the run folder;
+    ``say``: a callable given a line as each stage ends (for a log without progress bars), or None.
 
     Returns:
         ``(PatchRun, run folder)``.
@@ -110,7 +126,7 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
                            leave=False) if progress else None
         try:
             result = measure(lm, pairs, source=source, direction=direction, heads_per_pass=heads_per_pass,
-                             rope_offsets=rope_offsets,
+                             rope_offsets=rope_offsets, say=say,
                              progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
         finally:
             if bar is not None:
@@ -119,9 +135,38 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
         analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
                            finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
         result.seconds["analyze_s"] = time.perf_counter() - t
+        _said(say, result.seconds, "analyze_s")
         analysis.heads = merge_head_columns(analysis.heads, result.heads_frame())
         analysis.results["patching"] = result
         analysis.notes += [n for n in result.notes if n not in analysis.notes]
         analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
         path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
     return result, path
+
+
+def check_before_loading(name: str, pairs: list[Pair], builtin: bool) -> None:
+    """The refusals of ``probe patch`` that the model's config and tokenizer decide, made before its
+    weights load (which can take minutes): an encoder without its masked-LM head, the built-in set
+    on a model that is not a decoder, pairs of unequal token counts or answers of several tokens
+    (:func:`probe.effects.pairs.encode_pairs` on :func:`probe.models.preview_model`). A model that is
+    not on this machine (a Hub id) is checked after loading, as before.
+
+    Raises:
+        UnsupportedAnalysisError, InputError: as :func:`probe.effects.patching.patch_heads`.
+    """
+    config = peek_config(name)
+    preview = preview_model(name) if config is not None else None
+    if preview is None:
+        return
+    check_patchable_config(config, name)
+    if builtin and preview.kind != "decoder":
+        raise builtin_refusal(name, preview.kind)
+    if preview.kind != "encoder-decoder":  # its decoder start token is read from the loaded model
+        encode_pairs(preview, pairs)
+
+
+def builtin_refusal(name: str, kind: str) -> InputError:
+    """The refusal of the built-in (decoder) pair set on a model of another kind."""
+    return InputError(f"the built-in set is for decoders; {name} is an {kind} model: give --pairs FILE "
+                      + ("with a [MASK] in each prompt" if kind == "encoder" else
+                         "with sources and an optional fifth field, the target prefix"))

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..architectures import site_block, site_outputs, weights
+from ..architectures import get_spec, site_block, site_outputs, weights
 from ..causal.objectives import head_kind
 from ..errors import InputError, UnsupportedAnalysisError
 from ..hooks import input_device, measuring
@@ -58,6 +58,22 @@ def check_patchable(lm) -> None:
             "BertForMaskedLM) has")
     if lm.model.get_output_embeddings() is None:
         raise UnsupportedAnalysisError(f"{lm.name} was loaded without its language-model head: no logits to compare")
+
+
+def check_patchable_config(config, name: str) -> None:
+    """:func:`check_patchable`'s refusal of an encoder without its masked-LM head, decided from the
+    config alone (``architectures``: the head ``load_model(head="auto")`` would build), before the
+    weights load.
+
+    Raises:
+        UnsupportedAnalysisError: an encoder whose checkpoint names no masked-LM head.
+    """
+    archs = list(getattr(config, "architectures", None) or [])
+    if get_spec(config).kind == "encoder" and not any("ForMaskedLM" in a for a in archs):
+        raise UnsupportedAnalysisError(
+            f"{name} is a {archs[0] if archs else config.model_type + ' model'} without a masked-LM head: patching "
+            "an encoder compares the logits of answer and wrong at a [MASK], which only a checkpoint with its "
+            "masked-LM head (such as BertForMaskedLM) has")
 
 
 def logit_diffs(logits: torch.Tensor, enc: EncodedPairs, copies: int = 1) -> torch.Tensor:

@@ -315,10 +315,16 @@ def _padding(probe: dict | None) -> Check:
         return check
     check.value = probe["padding_max"]
     check.flagged = [{"layer": layer, "value": v} for layer, v in zip(probe["layers"], probe["per_site"]) if v > 0]
-    padded = "batch" if probe["padded_batches"] == 1 else "batches"
-    check.note = (f"{probe['padded_batches']} padded {padded} of {probe['batches']}; "
-                  f"{probe['padding_cells']} (row, padding key) cells per head")
+    check.note = padding_note(probe["padded_batches"], probe["batches"], probe["padding_cells"])
     return check
+
+
+def padding_note(padded: int, batches: int, cells: int) -> str:
+    """What the padding check looked at, in words: ``padded: every one of the run's 2 batches; 14
+    (row, padding key) cells per head`` (not "2 padded batches of 2")."""
+    which = "every one" if padded == batches else ("one" if padded == 1 else f"{padded}")
+    return (f"padded: {which} of the run's {plural(batches, 'batch', 'batches')}; "
+            f"{cells:,} (row, padding key) cells per head")
 
 
 def health_checks(heads, distances=None, probe: dict | None = None,

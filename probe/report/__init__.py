@@ -36,6 +36,7 @@ from .page import (  # re-exported: the page's shared pieces, imported from here
     choose_heads,
     claim_run_dir,
     default_run_dir,
+    ink,
     json_default,
     json_for_script,
     label_family,
@@ -173,7 +174,8 @@ def _label_grid(heads, n_heads: int) -> list[list[dict | None]]:
         tip = "; ".join(f"{s}={_fmt(row[s])}" for s in stats if _fmt(row[s]))
         grid[int(row["layer"])][int(row["head"])] = {
             "label": row["label"], "labels": row["labels"],
-            "color": LABEL_COLORS.get(label_family(row["label"]), "#fff"),
+            "color": LABEL_COLORS.get(label_family(row["label"]), "#ffffff"),
+            "ink": ink(LABEL_COLORS.get(label_family(row["label"]), "#ffffff")),
             "short": LABEL_SHORT.get(label_family(row["label"]), ""),
             "tip": f"{head_name(row, row['head'])}: {row['labels']} | {tip}",
         }

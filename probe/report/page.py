@@ -33,6 +33,25 @@ LABEL_COLORS = {
     MIXED: "#FFFFFF", REMOVED: "#BDBDBD",
 }
 
+def contrast(a: str, b: str) -> float:
+    """WCAG 2 contrast ratio of two ``#rrggbb`` colours, (L1 + 0.05) / (L2 + 0.05) with L the relative
+    luminance (1: the same; 21: black on white; 4.5 is the minimum for small text, WCAG 2.1 SC 1.4.3)."""
+    def luminance(c: str) -> float:
+        c = c.lstrip("#")
+        c = "".join(ch * 2 for ch in c) if len(c) == 3 else c
+        rgb = [int(c[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+        r, g, b = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in rgb]
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def ink(background: str) -> str:
+    """Black or white, whichever reads better on ``background`` (``#rrggbb``): the text colour of a cell."""
+    return max(("#000000", "#ffffff"), key=lambda c: contrast(c, background))
+
+
 #: Labels given by optional analyses (and to heads removed by pruning): shown in the legend only
 #: when a head has one.
 OPTIONAL_LABELS = ("coreference", "syntactic", REMOVED)

@@ -19,6 +19,12 @@
     return ctx;
   }
   function fmt(v) { return Math.abs(v) >= 100 ? v.toFixed(0) : (Math.abs(v) >= 1 ? v.toFixed(2) : v.toFixed(3)); }
+  // one number of decimals for every tick of an axis: the fewest that write each tick exactly (at most 4)
+  function axisLabels(ticks) {
+    var d = 0;
+    while (d < 4 && ticks.some(function (t) { var m = t * Math.pow(10, d); return Math.abs(m - Math.round(m)) > 1e-6; })) d++;
+    return ticks.map(function (t) { return t.toFixed(d); });
+  }
   function title(ctx, fig, x) {
     if (!fig.title) return;
     ctx.fillStyle = "#222"; ctx.font = "bold 12px sans-serif"; ctx.textAlign = "left"; ctx.textBaseline = "alphabetic";
@@ -109,10 +115,11 @@
     var vmax = fig.vmax || 1, slot = plotW / nc, barW = Math.max(1, Math.min(stack ? 48 : 24, stack ? slot * 0.8 : slot * 0.8 / ns));
     function py(v) { return top + plotH - Math.max(0, Math.min(1, v / vmax)) * plotH; }
     ctx.strokeStyle = "#ddd"; ctx.fillStyle = "#444"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
+    var ticks = [0, 1, 2, 3, 4].map(function (t) { return vmax * t / 4; }), tickText = axisLabels(ticks);
     for (var t = 0; t <= 4; t++) {
-      var v = vmax * t / 4, y = py(v);
+      var y = py(ticks[t]);
       ctx.beginPath(); ctx.moveTo(left, y + 0.5); ctx.lineTo(left + plotW, y + 0.5); ctx.stroke();
-      ctx.fillText(fmt(v), left - 4, y);
+      ctx.fillText(tickText[t], left - 4, y);
     }
     var rects = [];
     for (var c = 0; c < nc; c++) {
@@ -144,5 +151,5 @@
     });
   }
 
-  window.probeCharts = {scatter: scatter, bars: bars};
+  window.probeCharts = {scatter: scatter, bars: bars, axisLabels: axisLabels};
 })();
