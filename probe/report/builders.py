@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from ..effects.patch_report import section as patching_section
 from ..effects.report import section as effects_section
+from ..images.section import image_maps_section
 from ..linguistic.report import coref_section, syntax_section
 from ..patterns.report import circuits_section, groups_section, health_section, types_section
 from ..pruning.report import section as pruning_section
@@ -21,6 +22,7 @@ from .sinks import sink_profile_section
 #: The section builders, in the order they are tried (the page sorts them by ``Section.order``).
 BUILDERS: list[Callable[..., Section | None]] = [
     cross_attention_section,
+    image_maps_section,
     head_view_section,
     model_view_section,
     steps_section,
