@@ -14,6 +14,7 @@ from .. import IMPORT_STARTED
 from ..util import plural, process_age
 from ..view.stepview import report_steps
 from .group import hold, main, user_errors
+from .imageinput import check_model_input, image_input, image_options, parse_size
 from .options import limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .verify import verify_progress
 
@@ -69,6 +70,7 @@ _annotation_options = stacked(
 @main.command("analyze")
 @model_option
 @_input_options
+@image_options
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=None,
               help="Truncate sequences to this many tokens [default: the model's limit].")
@@ -98,13 +100,16 @@ _annotation_options = stacked(
 @_annotation_options
 @placement_options
 @user_errors
-def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_size, max_length, out, force, examples,
+def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_files, image_folder, image_size,
+                    batch_size, max_length, out, force, examples,
                     thresholds, parse_special_tokens, rollout, run_verify, query_block, distance, map_sequences,
                     circuits, health, value_weighted, labels_by, progress, coref, syntax_file, device, dtype,
                     device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
-    Without --text, --corpus or --pairs, a small built-in English sample is used. A corpus or a
+    Without --text, --corpus or --pairs, a small built-in English sample is used; an image model
+    reads --image files or an --images folder (heads.csv adds the grid measures, the report the
+    attention laid over the first images). A corpus or a
     pairs file is read as it is analysed (memory does not grow with it). With --coref and/or
     --syntax, the annotated text is the analysed text (--limit applies to each file) and cannot be
     combined with --text, --corpus or --pairs. Also measured: head distances and groups, Kovaleva
@@ -133,7 +138,12 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     if generate is not None and pairs:
         raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
     value_weighting(value_weighted, labels_by)  # --labels-by norm with --no-norm: before loading a model
-    seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
+    size = parse_size(image_size)
+    paths = image_input(image_files, image_folder, limit, bool(texts or corpus or pairs or coref or syntax_file))
+    if paths is None:
+        seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
+    else:
+        seqs, source, annotated = paths, "--image" if image_files else image_folder, None
     counted = _file_count(corpus, pairs, limit)  # a streamed file's sequences, for the start line
     world = distributed.detect()
     if world is None or world.main:  # rank 0 writes the one report
@@ -142,6 +152,12 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
 
     lm = load_model(model_name, dtype=getattr(torch, dtype), device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
+    check_model_input(lm, paths)
+    if paths is not None:
+        from ..images import grid_accumulators, images
+
+        seqs = images(lm, paths, size)
+        rollout = False  # the image section draws its own rollout over the patches
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
     _announce(lm, seqs, source, world, counted)
     if generate is not None:
@@ -155,6 +171,8 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     if refused:
         skipped.append("not run: " + "; ".join(refused))
     extra = _block_ready(extra, query_block, skipped)
+    if paths is not None:
+        extra += grid_accumulators(lm, n_images=min(examples, 2))
     if annotated is not None:
         # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
         extra += annotated.accumulators(lm, prior=world is None or world.main)
