@@ -11,11 +11,11 @@ token i has id i, the patch at row r and column c has id ``PATCH_ID + r * ROW_ID
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from PIL import Image
 
 from .architectures.vision import special_tokens
 from .errors import InputError
@@ -27,7 +27,6 @@ ROW_ID = 10_000
 #: Id of the padding token (never a real token: every image of a batch has the same grid).
 PAD_ID = PATCH_ID - 1
 _RESAMPLE = {0: "NEAREST", 1: "LANCZOS", 2: "BILINEAR", 3: "BICUBIC", 4: "BOX", 5: "HAMMING"}
-_PATCH = re.compile(r"patch \((\d+), (\d+)\)")
 
 
 def patch_label(r: int, c: int) -> str:
@@ -111,7 +110,6 @@ class PixelProcessor:
 
     def resized(self, image, image_size: tuple[int, int] | None = None):
         """The RGB Pillow image as the model sees it (resized, centre-cropped), before normalising."""
-        from PIL import Image  # deferred: Pillow is needed only for images
 
         h, w = self.target_size(image_size)
         image = image.convert("RGB")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 
 from ..errors import InputError
 from ..inputs import Batch, Text
@@ -61,7 +62,6 @@ def read_image(item):
     Raises:
         InputError: a missing file or one Pillow cannot read, in one line.
     """
-    from PIL import Image, UnidentifiedImageError  # deferred: Pillow is needed only for images
 
     if isinstance(item, Image.Image):
         return item

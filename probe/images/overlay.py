@@ -7,6 +7,7 @@ import base64
 import io
 
 import numpy as np
+from PIL import Image
 
 #: Share of the heat colour in a fully hot pixel (the rest is the image).
 ALPHA = 0.6
@@ -43,7 +44,6 @@ def overlay(pixels: np.ndarray, heat: np.ndarray, alpha: float = ALPHA) -> np.nd
 def png_data_uri(pixels: np.ndarray, width: int | None = None) -> str:
     """A ``data:image/png;base64,...`` URI of an RGB uint8 image ([height, width, 3]), scaled to
     ``width`` pixels wide (nearest neighbour, keeping the aspect) when given."""
-    from PIL import Image  # deferred: Pillow is needed only for images
 
     image = Image.fromarray(np.asarray(pixels, dtype=np.uint8), "RGB")
     if width is not None and width != image.size[0]:
