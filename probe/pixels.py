@@ -152,6 +152,15 @@ class PixelProcessor:
                 out.append(self.specials[i] if 0 <= i < len(self.specials) else f"[TOKEN {i}]")
         return out
 
+    def __call__(self, *args, **kwargs):
+        """Text given to an image model (``probe verify``, ``patch``, ``prune`` ... read text).
+
+        Raises:
+            InputError: always: an image model reads images.
+        """
+        raise InputError("this is an image model: it reads images, not text (probe analyze --image FILE, or "
+                         "probe.images.analyze_images); commands that read text do not run on it")
+
     def convert_tokens_to_string(self, tokens) -> str:
         """The labels joined by spaces."""
         return " ".join(tokens)

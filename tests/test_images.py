@@ -286,6 +286,8 @@ def test_cli_analyzes_an_image_and_refuses_bad_input(tmp_path):
         r = runner.invoke(main, ["analyze", "--model", str(folder), *args, "--out", str(tmp_path / "x")])
         assert r.exit_code != 0 and message in r.output, (args, r.output)
         assert r.output.strip().startswith("Error:") and "Traceback" not in r.output
+    r = runner.invoke(main, ["verify", "--model", str(folder)])  # commands that read text refuse in one line
+    assert r.exit_code != 0 and "reads images, not text" in r.output and "Traceback" not in r.output
 
 
 def test_the_example_image_is_the_script_s(tmp_path):
