@@ -22,6 +22,7 @@ from probe.cli import main
 from probe.images import GridAttention, analyze_images, heat_cells, images, overlay, show_image
 from probe.images.overlay import ALPHA, heat_colour
 from probe.pixels import PixelProcessor, patch_label
+from probe.view import show
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -253,6 +254,8 @@ def test_show_image_and_the_report_section(tmp_path):
     html = view._repr_html_()
     assert html.count("<img") == 2 + 2 * (1 + 4)  # image, rollout; per layer the mean and 4 heads
     assert "http" not in html.replace("http-equiv", "")
+    head_view = show(res, example=1, tokenizer=lm.tokenizer)  # probe.show: the head view and the pictures below
+    assert head_view.images == view.html and head_view.to_html().count("<img") == html.count("<img")
     path = write_run(res, lm.tokenizer, tmp_path / "run")
     page = (path / "index.html").read_text()
     assert 'id="image-attention"' in page and page.count("data:image/png;base64,") >= 2 * 12

@@ -3,8 +3,8 @@ vision towers) read images as special tokens then a grid of patches.
 
 :func:`images` turns image files or Pillow images into batches :func:`probe.analysis.analyze`
 takes; :func:`analyze_images` adds the grid measures (:class:`GridAttention`) and the pictures
-(:class:`ImageMaps`, drawn by :func:`show_image` and the report's section). docs/images.md has the
-definitions.
+(:class:`ImageMaps`, drawn by :func:`show_image`, ``probe.show(result)`` and the report's
+section). docs/images.md has the definitions.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from .batches import IMAGE_SUFFIXES, ImageBatch, Images, image_paths, images, re
 from .grid import GRID_LABELS, MEASURES, GridAttention, grid_geometry
 from .maps import ImageExample, ImageMaps
 from .overlay import heat_cells, overlay, png_data_uri
-from .section import ImageView, image_maps_section, show_image
+from .view import ImageView, image_html, show_image
 
 __all__ = [
     "GRID_LABELS", "IMAGE_SUFFIXES", "MEASURES", "GridAttention", "ImageBatch", "ImageExample", "ImageMaps",
-    "ImageView", "Images", "analyze_images", "grid_accumulators", "grid_geometry", "heat_cells", "image_maps_section",
+    "ImageView", "Images", "analyze_images", "grid_accumulators", "grid_geometry", "heat_cells", "image_html",
     "image_paths", "images", "overlay", "png_data_uri", "read_image", "show_image",
 ]
 

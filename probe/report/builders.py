@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 from ..effects.patch_report import section as patching_section
 from ..effects.report import section as effects_section
-from ..images.section import image_maps_section
 from ..linguistic.report import coref_section, syntax_section
 from ..patterns.report import circuits_section, groups_section, health_section, types_section
 from ..pruning.report import section as pruning_section
 from ..view.rollout import rollout_section
 from ..view.section import head_view_section, model_view_section, steps_section
 from .cross import cross_attention_section
+from .images import image_maps_section
 from .norms import value_weighted_section
 from .sections import Section
 from .sinks import sink_profile_section

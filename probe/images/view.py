@@ -1,4 +1,5 @@
-"""The report's "Attention on the image" section and the notebook view of the same pictures.
+"""The pictures of an analysed image: the report's section (:mod:`probe.report.images`), the
+notebook view, and ``probe.show(result)`` on an analysis of images draw them.
 
 For each kept image (:class:`probe.images.maps.ImageExample`): the image as the model saw it, the
 attention rollout of the drawn query (the class token, or a chosen patch) over the patches, and per
@@ -12,10 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from markupsafe import Markup, escape
+from markupsafe import escape
 
 from ..errors import InputError
-from ..report.sections import Section
 from .grid import GRID_LABELS
 from .maps import ImageExample
 from .overlay import overlay, png_data_uri
@@ -63,17 +63,6 @@ def caption() -> str:
             "token's (or the mean over every query row, for models without one). Rollout multiplies the layers' "
             "head means with the residual as an equal share (Abnar & Zuidema 2020). The heads table has each "
             f"head's grid distance and CLS, register, local, row and column shares, and the labels {labels}.")
-
-
-def image_maps_section(result, tokenizer) -> Section | None:
-    """The section, or None where no image was analysed."""
-    examples = result.results.get("image_maps")
-    if not examples:
-        return None
-    html = (STYLE + f"<p>{escape(caption())}</p>" + "".join(image_html(ex) for ex in examples))
-    record = {"images": [{"name": ex.name, "grid": list(ex.grid), "query": ex.query_name,
-                          "rollout": np.round(ex.patches(ex.rollout()), 6).tolist()} for ex in examples]}
-    return Section("image-attention", "Attention on the image", Markup(html), record=record, order=15)
 
 
 @dataclass
