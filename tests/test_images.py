@@ -319,10 +319,10 @@ def test_image_section_renders_in_chromium_without_errors_or_requests(tmp_path, 
             page.on("request", lambda r: requests.append(r.url))
             page.goto((path / "index.html").as_uri())
             page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
-            shown = page.evaluate("[...document.querySelectorAll('#image-attention img')]"
+            shown = page.evaluate("[...document.querySelectorAll('.img-att-section img')]"
                                   ".filter(i => i.complete && i.naturalWidth > 0).length")
             assert shown == 2 + 2 * 5
-            page.locator("#image-attention").screenshot(path=str(tmp_path / "images.png"))
+            page.locator(".img-att-section").screenshot(path=str(tmp_path / "images.png"))
             assert messages == []
             assert [u for u in requests if not u.startswith(("data:", "file:"))] == []
         finally:

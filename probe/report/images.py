@@ -15,7 +15,8 @@ def image_maps_section(result, tokenizer) -> Section | None:
     examples = result.results.get("image_maps")
     if not examples:
         return None
-    html = (STYLE + f"<p>{escape(caption())}</p>" + "".join(image_html(ex) for ex in examples))
+    html = (STYLE + f'<div class="img-att-section"><p>{escape(caption())}</p>'
+            + "".join(image_html(ex) for ex in examples) + "</div>")
     record = {"images": [{"name": ex.name, "grid": list(ex.grid), "query": ex.query_name,
                           "rollout": np.round(ex.patches(ex.rollout()), 6).tolist()} for ex in examples]}
     return Section("image-attention", "Attention on the image", Markup(html), record=record, order=15)
