@@ -16,6 +16,7 @@ import numpy as np
 from markupsafe import escape
 
 from ..errors import InputError
+from ..sites import head_name
 from .grid import GRID_LABELS
 from .maps import ImageExample
 from .overlay import overlay, png_data_uri
@@ -44,7 +45,7 @@ def image_html(ex: ImageExample, tile: int = TILE) -> str:
     for layer, rows in enumerate(ex.rows):
         cells = [_figure(png_data_uri(overlay(ex.pixels, ex.patches(np.nanmean(rows, 0))), tile),
                          f"L{layer} mean of heads", tile)]
-        cells += [_figure(png_data_uri(overlay(ex.pixels, ex.patches(row)), tile), f"L{layer}H{h}", tile)
+        cells += [_figure(png_data_uri(overlay(ex.pixels, ex.patches(row)), tile), head_name(layer, h), tile)
                   for h, row in enumerate(rows)]
         parts.append('<div class="img-att-row">' + "".join(cells) + "</div>")
     return "".join(parts)
