@@ -219,7 +219,8 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     Args:
         texts: the sequences (strings or :class:`probe.inputs.Text`): a list, or any iterable (a
             corpus streamed from disk: read and tokenized a chunk at a time, so memory stays flat;
-            the progress bar then counts sequences without a total).
+            the progress bar then counts sequences without a total); or an object with its own
+            ``iter_batches(batch_size)`` and length (images: :func:`probe.images.images`).
         batch_size: sequences per forward pass (>= 1).
         max_length: token limit per sequence (<= the model's limit).
         n_examples: how many of the first texts keep their attention maps.
@@ -259,8 +260,9 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     check_supported(lm, [*accumulators, *finished])
     check_block_ready(accumulators, check_query_block(query_block))
     t0 = time.perf_counter()
-    sized = isinstance(texts, (str, Text)) or hasattr(texts, "__len__")
-    items = as_texts(validate.texts(texts)) if sized else stream_texts(texts)
+    prepared = hasattr(texts, "iter_batches")  # images (probe.images.Images): batches of their own
+    sized = prepared or isinstance(texts, (str, Text)) or hasattr(texts, "__len__")
+    items = texts if prepared else as_texts(validate.texts(texts)) if sized else stream_texts(texts)
     thresholds_used = _checked(lm, batch_size, max_length, thresholds, example_tokens, value_weighted, labels_by)
     n_examples = max(0, min(n_examples, len(items)) if sized else n_examples)
     if generate is not None:
@@ -270,8 +272,8 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     examples = ExampleMaps(range(n_examples), lm.sites, example_tokens)
     counts = TokenCounts(getattr(lm.tokenizer, "unk_token_id", None))
     sinks = SinkProfile(lm.sites, lm.geometry.n_heads)
-    batches = iter_batches(lm, items, batch_size=batch_size, max_length=max_length,
-                           parse_special_tokens=parse_special_tokens)
+    batches = items.iter_batches(batch_size) if prepared else iter_batches(
+        lm, items, batch_size=batch_size, max_length=max_length, parse_special_tokens=parse_special_tokens)
     t1 = time.perf_counter()
     everything = [stats, examples, counts, sinks, *accumulators]
     notes = _run_with_bar(lm, batches, everything, progress, len(items) if sized else None, query_block)

@@ -45,8 +45,8 @@ def analyze_run(lm, texts, *, out=None, force: bool = False, source: str = "text
                 query_block: int | None = None, distance: bool = True, map_sequences: int = 200,
                 circuits: bool = True, health=None, value_weighted: bool = True, labels_by: str = "weight",
                 generate: int | None = None, progress: bool = False, world=None, timings: dict | None = None,
-                started: float | None = None,
-                verify_progress: Callable | None = None) -> tuple[AnalysisResult, Path | None]:
+                started: float | None = None, verify_progress: Callable | None = None,
+                accumulators: list | None = None) -> tuple[AnalysisResult, Path | None]:
     """Measure every head of ``lm`` on ``texts`` and write the run folder, as ``probe analyze`` does.
 
     Args:
@@ -65,6 +65,8 @@ def analyze_run(lm, texts, *, out=None, force: bool = False, source: str = "text
         timings: seconds measured before this call (start-up, model load), completed here.
         started: ``time.perf_counter()`` when the run started (for the total in ``run.json``).
         verify_progress: called by :func:`probe.verification.verify` as its cases run (or None).
+        accumulators: more accumulators to run beside the pattern analyses (an analysis of
+            images adds its grid measures, :func:`probe.images.grid_accumulators`).
         batch_size, max_length, examples, thresholds: as :func:`probe.analysis.analyze`.
         parse_special_tokens, query_block, value_weighted: as :func:`probe.analysis.analyze`.
         labels_by, generate, progress: as :func:`probe.analysis.analyze`.
@@ -81,6 +83,7 @@ def analyze_run(lm, texts, *, out=None, force: bool = False, source: str = "text
     with claim_run_dir(out, lm.name, force) if main else nullcontext() as claim:
         finished, skipped, texts = _circuit_probe(lm, texts, circuits and main, timings)
         extra = _pattern_analyses(lm, distance, map_sequences, health, query_block, skipped)
+        extra += list(accumulators or [])
         if annotated is not None:
             # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
             extra += annotated.accumulators(lm, prior=main)

@@ -114,7 +114,7 @@ def forward(lm: LoadedModel, batch: Batch, **kwargs):
     """Run the model on a batch (a model with a decoder without building a key/value cache), its
     inputs moved to the model's input device."""
     device = input_device(lm.model)
-    inputs = {k: v.to(device) for k, v in batch.model_inputs().items()}
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.model_inputs().items()}
     if lm.kind != "encoder":
         inputs["use_cache"] = False
     inputs.update(kwargs)

@@ -43,7 +43,10 @@ def _is_projection(module: nn.Module) -> bool:
 
 
 def _inputs(model: nn.Module, tokenizer, kind: str) -> dict:
-    """One short sequence (an encoder-decoder model: a source and a shorter target)."""
+    """One short sequence (an encoder-decoder model: a source and a shorter target; an image
+    model: its processor's grey image, :meth:`probe.pixels.PixelProcessor.discovery_inputs`)."""
+    if hasattr(tokenizer, "discovery_inputs"):
+        return tokenizer.discovery_inputs(next(model.parameters()).device)
     ids = [i for i in tokenizer(TEXT, add_special_tokens=True)["input_ids"]][:12]
     if len(ids) < 6:
         ids = (ids * 6)[:6]
@@ -290,7 +293,8 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
     install()
     kind = model_kind(model.config)
     inputs = _inputs(model, tokenizer, kind)
-    lengths = (inputs["input_ids"].shape[1], inputs.get("decoder_input_ids", inputs["input_ids"]).shape[1])
+    first = inputs.get("input_ids", inputs.get("pixel_values"))
+    lengths = (first.shape[1], inputs.get("decoder_input_ids", first).shape[1])
     names = {m: n for n, m in model.named_modules()}
     base = names[base_model(model)]
     projections = [(n, m) for n, m in model.named_modules() if _is_projection(m)]

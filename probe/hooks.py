@@ -237,5 +237,8 @@ def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True,
 def input_device(model) -> torch.device:
     """Where a model's inputs go: its embeddings' device (a model spread by a device map moves
     them on itself from the CPU when its embeddings are offloaded)."""
-    weight = model.get_input_embeddings().weight
+    embeddings = model.get_input_embeddings()
+    # an image model's patch embedding is a module holding a convolution: its first parameter
+    weight = getattr(embeddings, "weight", None)
+    weight = weight if isinstance(weight, torch.Tensor) else next(embeddings.parameters())
     return torch.device("cpu") if weight.device.type == "meta" else weight.device

@@ -18,8 +18,10 @@ import torch
 from torch import nn
 
 from .architectures import SPECS, get_spec, kind_of
+from .architectures.vision import is_vision
 from .bounds import DTYPES
 from .errors import InputError, ModelLoadError, ProbeError, UnsupportedArchitectureError
+from .pixels import processor_for
 from .runfolder import claim
 
 log = logging.getLogger("probe.models")
@@ -314,7 +316,10 @@ def load_folder(source, dtype, head: str | None = None, **kw):
 
     config = AutoConfig.from_pretrained(source, trust_remote_code=False, **kw)
     require_supported(config)
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
+    if is_vision(config):  # an image model: its processor names the tokens (probe.pixels)
+        tokenizer = processor_for(source, config, **kw)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
     cls = model_class(config, head)
     model, info = cls.from_pretrained(source, attn_implementation="eager", trust_remote_code=False,
                                       dtype=dtype or declared_dtype(config), output_loading_info=True, **PLACEMENT,

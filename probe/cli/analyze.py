@@ -10,6 +10,7 @@ import click
 from .. import IMPORT_STARTED
 from ..util import plural, process_age
 from .group import hold, main, user_errors
+from .imageinput import check_model_input, image_input, image_options, parse_size
 from .options import check_files, limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
 from .summary import summary
 from .verify import verify_progress
@@ -66,6 +67,7 @@ _annotation_options = stacked(
 @main.command("analyze")
 @model_option
 @_input_options
+@image_options
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=None,
               help="Truncate sequences to this many tokens [default: the model's limit].")
@@ -95,13 +97,16 @@ _annotation_options = stacked(
 @_annotation_options
 @placement_options
 @user_errors
-def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_size, max_length, out, force, examples,
+def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_files, image_folder, image_size,
+                    batch_size, max_length, out, force, examples,
                     thresholds, parse_special_tokens, rollout, run_verify, query_block, distance, map_sequences,
                     circuits, health, value_weighted, labels_by, progress, coref, syntax_file, device, dtype,
                     device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
-    Without --text, --corpus or --pairs, a small built-in English sample is used. A corpus or a
+    Without --text, --corpus or --pairs, a small built-in English sample is used; an image model
+    reads --image files or an --images folder (heads.csv adds the grid measures, the report the
+    attention laid over the first images). A corpus or a
     pairs file is read as it is analysed (memory does not grow with it). With --coref and/or
     --syntax, the annotated text is the analysed text (--limit applies to each file) and cannot be
     combined with --text, --corpus or --pairs. Also measured: head distances and groups, Kovaleva
@@ -125,7 +130,12 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
     if generate is not None and pairs:
         raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
     value_weighting(value_weighted, labels_by)  # --labels-by norm with --no-norm: before loading a model
-    seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
+    size = parse_size(image_size)
+    paths = image_input(image_files, image_folder, limit, bool(texts or corpus or pairs or coref or syntax_file))
+    if paths is None:
+        seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
+    else:
+        seqs, source, annotated = paths, "--image" if image_files else image_folder, None
     counted = _file_count(corpus, pairs, limit)  # a streamed file's sequences, for the start line
     world = distributed.detect()
     if world is None or world.main:  # rank 0 writes the one report
@@ -136,6 +146,12 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
         check_generate_config(config, model_name, generate)  # before the weights load
     lm = load_model(model_name, dtype=dtype, device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
+    check_model_input(lm, paths)
+    if paths is not None:
+        from ..images import grid_accumulators, images
+
+        seqs = images(lm, paths, size)
+        rollout = False  # the image section draws its own rollout over the patches
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
     if generate is not None:
         check_generate(lm, generate)
@@ -148,7 +164,8 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, batch_siz
         rollout=rollout, run_verify=run_verify, query_block=query_block, distance=distance,
         map_sequences=map_sequences, circuits=circuits, health=health, value_weighted=value_weighted,
         labels_by=labels_by, generate=generate, progress=show, world=world, timings=timings, started=started,
-        verify_progress=verify_progress if show else None)
+        verify_progress=verify_progress if show else None,
+        accumulators=grid_accumulators(lm, n_images=min(examples, 2)) if paths is not None else None)
     if path is None:
         return  # rank 0 writes the one report
     summary(result, result.results.get("verification"), annotated is not None, lm.notes)

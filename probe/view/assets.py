@@ -5,8 +5,9 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-#: The Content-Security-Policy a page holding probe's views needs: nothing loaded; inline script and style only.
-VIEW_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
+#: The Content-Security-Policy a page holding probe's views needs: nothing loaded; inline script and style only
+#: (and pictures inside the page: an image's attention, PNG data URIs).
+VIEW_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 
 
 @cache

@@ -22,6 +22,8 @@ from ..analysis import AnalysisResult
 from ..capture import attention_hooks, encode, forward
 from ..core import LoadedModel
 from ..errors import InputError
+from ..images.view import STYLE as IMAGE_STYLE
+from ..images.view import image_html
 from ..inputs import Text
 from ..report.page import choose_heads, json_for_script
 from ..runfolder import replace_file
@@ -76,8 +78,9 @@ class HeadView:
             to 3 decimals (integers in thousandths).
     """
 
-    def __init__(self, data: dict, steps: dict | None = None, rollout: RolloutView | None = None) -> None:
-        self.data, self.steps, self.rollout = data, steps, rollout
+    def __init__(self, data: dict, steps: dict | None = None, rollout: RolloutView | None = None,
+                 images: str | None = None) -> None:
+        self.data, self.steps, self.rollout, self.images = data, steps, rollout, images
 
     def _repr_html_(self) -> str:
         return self.to_html()
@@ -85,7 +88,8 @@ class HeadView:
     def to_html(self) -> str:
         """A fragment with a new element id (and the step view and the rollout view, where there are)."""
         extra = render_rollout(self.rollout.data) if self.rollout is not None else ""
-        return render_views(self.data, self.steps) + extra
+        pictures = IMAGE_STYLE + self.images if self.images is not None else ""
+        return render_views(self.data, self.steps) + extra + pictures
 
     def save(self, path: str | Path) -> Path:
         """Write a whole offline page with this view; return its path."""
@@ -197,7 +201,8 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
 
     ``show(lm, "The cat sat.")`` runs the model on one text and keeps only the layers shown;
     ``show(result)`` shows an analysis example (:class:`probe.analysis.AnalysisResult`, also one
-    read back by :func:`probe.compare.load_run`).
+    read back by :func:`probe.compare.load_run`); an analysis of images adds the example image's
+    attention pictures (:mod:`probe.images.view`).
 
     Args:
         source: a :class:`~probe.models.LoadedModel` (with ``text``) or an analysis result.
@@ -238,6 +243,9 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
             shown = view.data["layers"]
             _open_on(view, *next(((lay, h) for lay, h, *_ in choose_heads(source) if lay in shown),
                                  (shown[view.data["initial"]["layer"]], 0)))
+        pictures = source.results.get("image_maps") or []  # an analysis of images: its pictures below
+        if example < len(pictures):
+            view.images = image_html(pictures[example])
         return view
     if not isinstance(source, LoadedModel):
         raise TypeError(f"show() takes a loaded model and a text, or an analysis result; got {type(source).__name__}")
