@@ -45,8 +45,10 @@ def test_a_model_with_removed_heads_gets_one_error_class_from_every_causal_entry
 def test_the_cli_refuses_a_pruned_folder_with_one_line_from_effects_and_patch(pruned, tmp_path):
     folder = tmp_path / "pruned"
     save_pruned(pruned, folder)
-    for command in ("effects", "patch"):
-        res = CliRunner().invoke(main, [command, "--model", str(folder), "--out", str(tmp_path / command)])
+    pairs = tmp_path / "pairs.tsv"  # pairs the tiny tokenizer accepts: the removed heads are what is refused
+    pairs.write_text("The cat and the dog ran to\tThe dog and the cat ran to\t the\t a\n", encoding="utf-8")
+    for command, extra in (("effects", []), ("patch", ["--pairs", str(pairs)])):
+        res = CliRunner().invoke(main, [command, "--model", str(folder), *extra, "--out", str(tmp_path / command)])
         assert res.exit_code == 1, res.output
         lines = [x for x in res.output.splitlines() if x.startswith("Error:")]
         assert len(lines) == 1 and "heads removed from its weights" in lines[0], res.output
