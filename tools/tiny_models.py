@@ -14,7 +14,6 @@ package.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -45,12 +44,21 @@ SIZES = {
                      "max_target_positions", "max_source_positions", "seq_length", "max_length"), POSITIONS),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), EXPERTS),
     "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
-    "rotary_dim": HEAD_DIM // 2, "rotary_emb_dim": HEAD_DIM // 2,
+    "rotary_dim": HEAD_DIM // 2, "rotary_emb_dim": HEAD_DIM // 2, "hidden_size_per_layer_input": HEAD_DIM,
 }
 #: Attributes capped (not raised) at a value: top-k routing, groups, windows.
 CAPS = {"num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "n_shared_experts": 1, "num_shared_experts": 1,
         "n_group": 1, "topk_group": 1, "sliding_window": 8, "attention_window": 8, "first_k_dense_replace": 1,
-        "num_kv_heads": KV_HEADS, "local_window_size": 8, "window_size": 8, "chunk_size_feed_forward": 0}
+        "num_kv_heads": KV_HEADS, "num_kv_shared_layers": 0, "local_window_size": 8, "window_size": 8,
+        "expand": 1}
+#: Sizes set where the default config leaves them None (a model that cannot be built without them).
+NONE_DEFAULTS = {"n_routed_experts": EXPERTS, "num_experts_per_tok": 2, "n_shared_experts": 1}
+#: Structured settings with a tiny form (positions as axial factors, attention kinds as a pattern).
+STRUCTURED = {"axial_pos_embds_dim": [HIDDEN // 2, HIDDEN // 2], "axial_pos_shape": [8, POSITIONS // 8],
+              "attention_types": [[["global", "local"], LAYERS // 2]], "block_sizes": [1, 1],
+              "block_repeats": [1, 1]}
+VOCAB_KEYS = ("vocab_size", "n_vocab", "padded_vocab_size", "vocab_size_per_layer_input")
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "num_decoder_layers")
 #: Key/value head counts: 2 where the default is grouped (fewer than the heads), else the head count.
 KV_NAMES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
@@ -103,8 +111,10 @@ def tokenizer_for(kind: str):
 
 
 def _shrunk_value(key: str, value, default: dict):
-    if value is None or isinstance(value, bool):
+    if isinstance(value, bool):
         return value
+    if value is None:  # a size the model derives (head width, key/value heads) or a broken default
+        return {"head_dim": HEAD_DIM, "num_key_value_heads": KV_HEADS, **NONE_DEFAULTS}.get(key)
     if key in SIZES and isinstance(value, int | float):
         return SIZES[key]
     if key in CAPS and isinstance(value, int) and value > 0:
@@ -113,6 +123,30 @@ def _shrunk_value(key: str, value, default: dict):
         heads = next((default[k] for k in ("num_attention_heads", "n_head", "num_heads") if k in default), None)
         return KV_HEADS if heads is None or value < heads else HEADS
     return value
+
+
+def _equal(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values that do not compare are different
+        return False
+
+
+def _per_layer(key: str, values: list, layers: int) -> list:
+    """A per-layer list cut to ``layers`` entries that keeps every distinct value it can, in order of
+    first appearance (a mix of sliding and full attention stays a mix); sizes shrunk like scalars."""
+    distinct = []
+    for v in values:
+        if not any(_equal(v, d) for d in distinct):
+            distinct.append(v)
+    out = (distinct + [values[i % len(values)] for i in range(layers)])[:layers]
+    if key in SIZES:
+        out = [SIZES[key] if isinstance(v, int | float) and not isinstance(v, bool) else v for v in out]
+    return out
+
+
+def _layer_count(default: dict) -> int | None:
+    return next((default[k] for k in LAYER_KEYS if isinstance(default.get(k), int)), None)
 
 
 def _rope(params, key_prefix: str = ""):
@@ -152,10 +186,16 @@ def tiny_config(model_type: str, vocab_size: int, token_ids: dict | None = None)
 
 def _shrink(cls, vocab_size: int, token_ids: dict, given: dict | None = None):
     default = cls(**(given or {})).to_dict()
-    kw = {k: _shrunk_value(k, v, default) for k, v in default.items() if k in SIZES or k in CAPS or k in KV_NAMES}
-    kw = {k: v for k, v in kw.items() if v != default[k]}
-    for key in ("vocab_size", "n_vocab", "padded_vocab_size"):
-        if isinstance(default.get(key), int):
+    kw = {k: _shrunk_value(k, v, default) for k, v in default.items()
+          if k in SIZES or k in CAPS or k in KV_NAMES or k in NONE_DEFAULTS or k == "head_dim"}
+    layers = _layer_count(default)
+    for key, value in default.items():
+        if isinstance(value, list) and value and layers and len(value) == layers != LAYERS:
+            kw[key] = _per_layer(key, value, LAYERS)
+    kw.update({k: v for k, v in STRUCTURED.items() if k in default})
+    kw = {k: v for k, v in kw.items() if not _equal(v, default[k])}
+    for key in VOCAB_KEYS:
+        if key in default:
             kw[key] = vocab_size
     for key in ("rope_parameters", "rope_scaling"):
         if isinstance(default.get(key), dict):
@@ -165,31 +205,11 @@ def _shrink(cls, vocab_size: int, token_ids: dict, given: dict | None = None):
             kw[key] = value
     for key, sub in (getattr(cls, "sub_configs", None) or {}).items():
         if isinstance(default.get(key), dict) and hasattr(sub, "to_dict"):
-            kw[key] = _shrink(sub, vocab_size, token_ids, default[key]).to_dict()
+            shrunk = _shrink(sub, vocab_size, token_ids, default[key]).to_dict()
+            if any(not _equal(shrunk.get(k), v) for k, v in default[key].items() if k != "attn_implementation"):
+                kw[key] = shrunk  # only a changed sub-config: some parents fill theirs in only when absent
     kw["attn_implementation"] = "eager"
-    config = cls(**{**(given or {}), **kw})
-    _fit_lists(config)
-    return config
-
-
-def _fit_lists(config) -> None:
-    """Per-layer lists cut (or cycled) to the layer count; the head width kept consistent."""
-    layers = next((getattr(config, k) for k in ("num_hidden_layers", "num_layers", "n_layer")
-                   if isinstance(getattr(config, k, None), int)), None)
-    for key in ("layer_types", "block_types", "attention_types_per_layer", "layers_block_type", "mlp_only_layers",
-                "no_rope_layers", "sliding_window_pattern_layers"):
-        value = getattr(config, key, None)
-        if layers and isinstance(value, list) and value and len(value) != layers:
-            cycled = [value[i % len(value)] for i in range(layers)]
-            if "full_attention" in value and "full_attention" not in cycled:
-                cycled[-1] = "full_attention"
-            setattr(config, key, cycled)
-    heads = getattr(config, "num_attention_heads", None)
-    if isinstance(heads, int) and heads and isinstance(getattr(config, "head_dim", None), int):
-        width = next((getattr(config, k) for k in ("hidden_size", "d_model") if isinstance(getattr(config, k, None),
-                                                                                         int)), None)
-        if width and config.head_dim * heads != width and not math.isclose(config.head_dim, HEAD_DIM):
-            config.head_dim = HEAD_DIM
+    return cls(**{**(given or {}), **kw})
 
 
 def special_ids(tokenizer) -> dict:
@@ -220,6 +240,10 @@ def build(model_type: str, kind: str):
         tok.pad_token = tok.eos_token or tok.unk_token
     config = tiny_config(model_type, len(tok), special_ids(tok))
     torch.manual_seed(0)
-    model = auto_class(kind).from_config(config, attn_implementation="eager", dtype=torch.float32)
+    auto = auto_class(kind)
+    entry = auto._model_mapping[type(config)]
+    if isinstance(entry, tuple | list):  # several classes for one config: the first, named so from_config can pick
+        config.architectures = [entry[0].__name__]
+    model = auto.from_config(config, attn_implementation="eager", dtype=torch.float32)
     model.eval()
     return model, tok
