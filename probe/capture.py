@@ -23,6 +23,7 @@ from .core import LoadedModel
 from .errors import CaptureError
 from .hooks import Hooks, input_device, measuring
 from .inputs import Batch, Text, as_texts, collate, tokenize
+from .interface import site_listeners
 from .sites import Site
 from .values import ValueTracker
 
@@ -40,6 +41,9 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
         CaptureError: a site returned no attention probabilities.
     """
     model = lm.model
+    if lm.spec.discovered:
+        add_listeners(hooks, lm, callback)
+        return
     probs_of = lm.spec.probs  # where the module's output tuple holds the probabilities
 
     def make_hook(site: Site):
@@ -54,6 +58,12 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
 
     for site, module in site_modules(model, lm.spec):
         hooks.forward(module, make_hook(site))
+
+
+def add_listeners(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -> None:
+    """:func:`add_attention_hooks` for a discovered spec: the probabilities come from probe's attention
+    function (:mod:`probe.interface`), not from the module's output."""
+    site_listeners(hooks, lm.model, lm.spec, lambda site, call: callback(site, call.probs.detach()))
 
 
 def check_fired(lm: LoadedModel, seen) -> None:

@@ -24,3 +24,8 @@ class UnsupportedAnalysisError(ProbeError):
 
 class CaptureError(ProbeError):
     """Attention probabilities could not be captured (e.g. a custom attention returning none)."""
+
+
+class InterfaceError(UnsupportedArchitectureError):
+    """A model's attention passes probe's attention function something it does not compute (an unknown
+    keyword argument that could change the maths), or a structure probe cannot discover."""

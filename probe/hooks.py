@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .architectures import get_spec
+from .errors import UnsupportedArchitectureError
 from .lookups import lookup_hook
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,11 @@ class Hooks:
         """Register ``fn(module, args)`` (or ``fn(module, args, kwargs)``) before forward."""
         self._handles.append(module.register_forward_pre_hook(fn, with_kwargs=with_kwargs))
 
+    def own(self, handle) -> None:
+        """Take charge of any handle with a ``remove()`` method (a :func:`probe.interface.listen`
+        listener): removed with the hooks."""
+        self._handles.append(handle)
+
     def replace(self, parent: nn.Module, name: str, module: nn.Module) -> None:
         """Put ``module`` at ``parent.<name>``; the original goes back on :meth:`remove`."""
         self._replaced.append((parent, name, getattr(parent, name)))
@@ -69,6 +76,31 @@ class Hooks:
 
     def __exit__(self, *exc) -> None:
         self.remove()
+
+
+def measuring_implementation(model: nn.Module) -> str:
+    """The attention implementation probe measures a model under: its spec's
+    (:attr:`probe.architectures.ArchSpec.implementation`: ``"eager"`` for hand specs, ``"probe"``,
+    probe's own function in transformers' ``AttentionInterface``, for discovered ones)."""
+    try:
+        return get_spec(model.config).implementation
+    except UnsupportedArchitectureError:
+        return "eager"
+
+
+def ensure_implementation(model: nn.Module, name: str) -> str | None:
+    """Switch a model to the attention implementation ``name`` (not restored: use :func:`measuring`).
+
+    Returns:
+        A note saying what was switched, or None if the model already ran it.
+    """
+    if name == "eager":
+        return ensure_eager(model)
+    impl = getattr(model.config, "_attn_implementation", "eager")
+    if impl == name:
+        return None
+    model.set_attn_implementation(name)
+    return f"switched attention implementation from {impl!r} to {name!r} (probe's attention function)"
 
 
 def ensure_eager(model: nn.Module) -> str | None:
@@ -159,7 +191,8 @@ class ModelState:
 def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -> Iterator[Measuring]:
     """Context manager: the model prepared for measuring, restored afterwards.
 
-    Inside: eager attention (if ``eager``; so attention probabilities exist), eval mode (if
+    Inside: eager attention (if ``eager``; so attention probabilities exist; a model with a discovered
+    spec runs probe's own attention function instead, :func:`measuring_implementation`), eval mode (if
     ``eval_mode``; no dropout on the probabilities), every id of every forward call checked against
     the table it indexes (:func:`probe.lookups.check_lookups`, a forward pre-hook on ``model``), and
     a :class:`Hooks` for the caller's hooks. On exit, also on exceptions: hooks removed, replaced
@@ -183,7 +216,7 @@ def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -
     state, own = Measuring(Hooks()), Hooks()
     try:
         if eager:
-            note = ensure_eager(model)
+            note = ensure_implementation(model, measuring_implementation(model))
             if note:
                 state.notes.append(note + " (restored afterwards)")
         if eval_mode and any(m.training for m in model.modules()):

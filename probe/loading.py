@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .architectures import get_spec
-from .errors import InputError, ModelLoadError, ProbeError
+from .architectures import SPECS, get_spec, kind_of
+from .errors import InputError, ModelLoadError, ProbeError, UnsupportedArchitectureError
 from .runfolder import claim
 
 log = logging.getLogger("probe.models")
@@ -48,12 +48,38 @@ def model_class(config, head: str | None = None):
                 else None)
     if head == "classification":
         return tr.AutoModelForSequenceClassification
-    spec = get_spec(config)
-    if spec.kind == "encoder-decoder":
+    kind = kind_of(config)
+    if kind == "encoder-decoder":
         return tr.AutoModelForSeq2SeqLM
-    if spec.kind == "decoder":
+    if kind == "decoder":
         return tr.AutoModelForCausalLM
     return tr.AutoModelForMaskedLM if head == "mlm" else tr.AutoModel
+
+
+def require_supported(config) -> None:
+    """Refuse, before any weight is read, a model type probe cannot measure: a hand-written spec's
+    refusals (:func:`probe.architectures.get_spec`), or a type without one whose model class does not
+    send its attention through transformers' ``AttentionInterface`` (transformers' own check of the
+    modeling file), so that discovery (:mod:`probe.discover`) could not see it.
+
+    Raises:
+        UnsupportedArchitectureError: one line saying what is missing.
+    """
+    import transformers as tr  # deferred: transformers takes ~1.5 s to import
+
+    model_type = getattr(config, "model_type", None)
+    if model_type in SPECS:
+        get_spec(config)
+        return
+    try:
+        cls = tr.AutoModel._model_mapping[type(config)]
+    except (KeyError, ValueError):
+        cls = None
+    if cls is None or not cls._can_set_attn_implementation():
+        raise UnsupportedArchitectureError(
+            f"unsupported architecture {model_type!r}: probe has no hand-written spec for it, and its attention "
+            "modules compute attention themselves instead of calling transformers' AttentionInterface, so probe "
+            f"cannot capture it; hand-written types: {', '.join(sorted(SPECS))}")
 
 
 def finish_tokenizer(tokenizer) -> None:
@@ -165,7 +191,7 @@ def load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
         with _parse_once():
             with _step("reading the GGUF header (config and tokenizer vocabulary)", 1, steps):
                 config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
-                get_spec(config)
+                require_supported(config)
             with _step("building the tokenizer", 2, steps):
                 tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
             with _step("de-quantizing the tensors", 3, steps):
@@ -228,7 +254,7 @@ def load_folder(source, dtype, head: str | None = None, **kw):
     from transformers import AutoConfig, AutoTokenizer  # deferred: transformers takes ~1.5 s to import
 
     config = AutoConfig.from_pretrained(source, trust_remote_code=False, **kw)
-    get_spec(config)
+    require_supported(config)
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
     cls = model_class(config, head)
     model, info = cls.from_pretrained(source, attn_implementation="eager", trust_remote_code=False,

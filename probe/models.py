@@ -24,8 +24,9 @@ import torch
 from huggingface_hub import constants
 from torch import nn
 
-from .architectures import get_spec, head_geometry, max_positions
+from .architectures import SPECS, ArchSpec, get_spec, head_geometry, max_positions
 from .core import LoadedModel
+from .discover import discover
 from .errors import ModelLoadError, ProbeError
 from .hooks import ensure_eager
 from .loading import (
@@ -202,7 +203,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
     notes += place(model, device, device_map)
     model.eval()
     finish_tokenizer(tokenizer)
-    spec = get_spec(model.config)
+    spec = spec_for(model, tokenizer)
     geometry = head_geometry(model.config)
     max_length = _max_length(model.config, tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
@@ -289,7 +290,7 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
     Raises:
         UnsupportedArchitectureError: the model type is not supported.
     """
-    spec = get_spec(model.config)
+    spec = spec_for(model, tokenizer)
     notes = []
     note = ensure_eager(model)
     if note:
@@ -298,6 +299,19 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
     finish_tokenizer(tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=head_geometry(model.config),
                        name=name, source=name, max_length=_max_length(model.config, tokenizer), notes=notes)
+
+
+def spec_for(model: nn.Module, tokenizer) -> ArchSpec:
+    """The spec of a built model: its hand-written entry (:data:`probe.architectures.SPECS`), else
+    discovered from one short forward pass (:func:`probe.discover.discover`; the model's attention
+    must call transformers' ``AttentionInterface``), and registered under its type.
+
+    Raises:
+        UnsupportedArchitectureError: neither (one line saying what is missing).
+    """
+    if getattr(model.config, "model_type", None) in SPECS:
+        return get_spec(model.config)
+    return discover(model, tokenizer)
 
 
 def _max_length(config, tokenizer) -> int:

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .architectures import ArchSpec, site_block, site_spec
+from .architectures import ArchSpec, needs_weights, site_block, site_spec
 from .hooks import Hooks
+from .interface import site_listeners
 from .sites import Site
 
 
@@ -190,7 +191,13 @@ class ValueTracker:
         self._grams: dict[Site, torch.Tensor] = {}
 
     def hook(self, hooks: Hooks) -> None:
-        """Register the value hooks of every site into ``hooks``."""
+        """Register the value hooks of every site into ``hooks`` (a discovered spec: the values
+        [batch, kv_heads, key, d_head] probe's attention function received, :mod:`probe.interface`)."""
+        if self.lm.spec.discovered:
+            needs_weights(self.lm.spec, "value-weighted statistics", ("o",))
+            site_listeners(hooks, self.lm.model, self.lm.spec,
+                           lambda site, call: self._values.__setitem__(site, call.value.detach()))
+            return
         add_value_hooks(hooks, self.lm.model, self.lm.spec, self.lm.sites, self._values.__setitem__)
 
     def gram(self, site: Site) -> torch.Tensor:
@@ -232,7 +239,7 @@ class ValueTracker:
             output = self._values.pop(site, None)
             if output is None:
                 raise RuntimeError(f"site {site.name}: its value projection did not run before its attention returned")
-            v = value_states(self.lm.spec, output, gram.shape[0], self.d_head)
+            v = output if output.dim() == 4 else value_states(self.lm.spec, output, gram.shape[0], self.d_head)
             self._kept[site] = (v, value_norms(v, gram))
         v, norms = self._kept[site] if rows is not None and rows[1] < rows[2] else self._kept.pop(site)
         if rows is not None and site.causal and site.kind != "cross":  # keys after the block's last row: A = 0

@@ -13,6 +13,7 @@ The package: :mod:`.spec` (the spec classes and behaviour rules), :mod:`.table` 
 :data:`SPECS`, :func:`get_spec`), :mod:`.modules` (geometry, sites and modules of a model).
 """
 
+from .discovered import DISCOVERED, Found, build_spec, model_kind, needs_weights, register
 from .modules import (
     HeadGeometry,
     base_model,
@@ -27,10 +28,11 @@ from .modules import (
 )
 from .position_bias import ALIBI, NO_POSITION_BIAS, T5_RELATIVE, PositionBias
 from .spec import MODEL_KINDS, QKV_LAYOUTS, ArchSpec, SiteSpec, one_stack
-from .table import SPECS, get_spec
+from .table import SPECS, get_spec, kind_of
 
 __all__ = [
-    "ALIBI", "MODEL_KINDS", "NO_POSITION_BIAS", "QKV_LAYOUTS", "SPECS", "T5_RELATIVE", "ArchSpec", "HeadGeometry",
-    "PositionBias", "SiteSpec", "base_model", "get_spec", "head_geometry", "max_positions", "one_stack", "site_block",
-    "site_modules", "site_outputs", "site_spec", "sites", "stack_layers",
+    "ALIBI", "DISCOVERED", "MODEL_KINDS", "NO_POSITION_BIAS", "QKV_LAYOUTS", "SPECS", "T5_RELATIVE", "ArchSpec",
+    "Found", "HeadGeometry", "PositionBias", "SiteSpec", "base_model", "build_spec", "get_spec", "head_geometry",
+    "kind_of", "max_positions", "model_kind", "needs_weights", "one_stack", "register", "site_block", "site_modules",
+    "site_outputs", "site_spec", "sites", "stack_layers",
 ]

@@ -36,9 +36,14 @@ def head_geometry(config) -> HeadGeometry:
 
     Encoder-decoder models: ``n_layers`` is the encoder's (:func:`sites` counts each stack's own).
 
+    A discovered spec (:mod:`probe.architectures.discovered`) gives its own counts, as found.
+
     Raises:
         UnsupportedArchitectureError: an encoder-decoder model whose stacks have different head counts.
     """
+    dims = _discovered_dims(config)
+    if dims is not None:
+        return HeadGeometry(*dims)
     n_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", None) or config.n_layer
     n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or config.n_head
     d_model = getattr(config, "hidden_size", None) or getattr(config, "dim", None) or config.n_embd
@@ -51,10 +56,20 @@ def head_geometry(config) -> HeadGeometry:
     return HeadGeometry(int(n_layers), int(n_heads), int(n_kv), int(d_head), int(d_model))
 
 
+def _discovered_dims(config) -> tuple | None:
+    try:
+        return get_spec(config).dims
+    except UnsupportedArchitectureError:
+        return None
+
+
 def sites(config) -> list[Site]:
     """Every attention site of a model, in forward order (an encoder's layers, then each decoder
-    layer's self- and cross-attention), with its causal flag and sliding window."""
+    layer's self- and cross-attention), with its causal flag and sliding window (a discovered
+    spec's: as found in its forward pass)."""
     spec = get_spec(config)
+    if spec.fixed_sites:
+        return list(spec.fixed_sites)
     default = head_geometry(config).n_layers
     out = []
     for stack in ("encoder", "decoder"):
@@ -79,6 +94,8 @@ def site_spec(spec: ArchSpec, site: Site) -> SiteSpec:
 
 def site_block(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module:
     """The block (transformer layer) of ``model`` that holds ``site``."""
+    if spec.site_paths:
+        return base_model(model).get_submodule(spec.site_paths[spec.fixed_sites.index(site)])
     return base_model(model).get_submodule(site_spec(spec, site).layers)[site.layer]
 
 
@@ -112,9 +129,9 @@ def max_positions(config) -> int | None:
     """Longest sequence the position table allows (tokens), or None where nothing limits it."""
     limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions")
               if isinstance(getattr(config, a, None), int)]
-    if not limits:
-        return None
-    return min(limits) - get_spec(config).position_offset(config)
+    spec = get_spec(config)
+    limits = [n - spec.position_offset(config) for n in limits] + [spec.length_limit] * bool(spec.length_limit)
+    return min(limits) if limits else None
 
 
 def base_model(model: nn.Module) -> nn.Module:

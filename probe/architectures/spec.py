@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..sites import Site
 from .position_bias import NO_POSITION_BIAS, PositionBias
 
 #: How the query/key/value projections are stored (see :attr:`ArchSpec.qkv_layout`).
@@ -256,6 +257,21 @@ class ArchSpec:
             al. 2022; T5's bucketed relative positions, Raffel et al. 2020).
         residual: ``(attn_output, kwargs) -> attn_output``: what the attention module adds to its
             output (BLOOM adds its input's residual; others nothing).
+        implementation: the attention implementation probe measures under: ``"eager"`` (hand
+            specs: the module returns its probabilities) or ``"probe"`` (a discovered spec:
+            probe's own function inside transformers' ``AttentionInterface``, :mod:`probe.interface`).
+        fixed_sites: a discovered spec's sites, as found in a forward pass (empty: from the
+            config, :func:`probe.architectures.sites`).
+        dims: a discovered spec's ``(n_layers, n_heads, n_kv_heads, d_head, d_model)``
+            (:class:`~probe.architectures.HeadGeometry`; d_head is a value head's width, what the
+            output projection reads per head), or None: read from the config.
+        site_paths: a discovered spec's layer of each fixed site (path relative to the base model;
+            a layer shared by several sites, ALBERT's, appears once per site).
+        length_limit: longest sequence (tokens) at which every site still sees every key: a
+            discovered encoder's bidirectional sliding window (ModernBERT's local layers), which
+            :class:`~probe.sites.Site` does not express; None: no such limit.
+        missing: a discovered spec's projections that were not found and checked (``"q"``, ``"k"``,
+            ``"v"``, ``"o"``): the analyses that need their weights refuse the model.
     """
 
     family: str
@@ -281,6 +297,17 @@ class ArchSpec:
     pack: Callable[..., tuple] = _pack_pair
     position_bias: PositionBias = NO_POSITION_BIAS
     residual: Callable[..., torch.Tensor] = _no_residual
+    implementation: str = "eager"
+    fixed_sites: tuple[Site, ...] = ()
+    dims: tuple[int, int, int, int, int] | None = None
+    site_paths: tuple[str, ...] = ()
+    length_limit: int | None = None
+    missing: tuple[str, ...] = ()
+
+    @property
+    def discovered(self) -> bool:
+        """Built from a forward pass (:mod:`probe.architectures.discovered`), not written by hand."""
+        return self.implementation != "eager"
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 
 from ..errors import UnsupportedArchitectureError
+from .discovered import DISCOVERED, model_kind
 from .position_bias import ALIBI, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
@@ -143,17 +144,22 @@ SPECS: dict[str, ArchSpec] = {
 
 
 def get_spec(config) -> ArchSpec:
-    """Return the :class:`ArchSpec` for a Hugging Face config.
+    """Return the :class:`ArchSpec` for a Hugging Face config: the hand-written entry of
+    :data:`SPECS`, else the spec discovered when a model of that type was loaded
+    (:data:`probe.architectures.discovered.DISCOVERED`).
 
     Raises:
-        UnsupportedArchitectureError: ``config.model_type`` is not in :data:`SPECS` (the message
-            names the supported types), or a configuration probe cannot measure (an encoder
-            family configured as a decoder, a Gemma model with bidirectional attention).
+        UnsupportedArchitectureError: ``config.model_type`` is in neither (the message names the
+            hand-written types), or a configuration probe cannot measure (an encoder family
+            configured as a decoder, a Gemma model with bidirectional attention).
     """
     model_type = getattr(config, "model_type", None)
+    if model_type not in SPECS and model_type in DISCOVERED:
+        return DISCOVERED[model_type]
     if model_type not in SPECS:
         raise UnsupportedArchitectureError(
-            f"unsupported architecture {model_type!r}; supported model types: {', '.join(sorted(SPECS))}"
+            f"unsupported architecture {model_type!r}; supported model types: {', '.join(sorted(SPECS))}, and "
+            "any type whose attention calls transformers' AttentionInterface (discovered when loaded)"
         )
     if model_type in ("bert", "roberta", "electra") and getattr(config, "is_decoder", False):
         raise UnsupportedArchitectureError(
@@ -163,3 +169,11 @@ def get_spec(config) -> ArchSpec:
         raise UnsupportedArchitectureError(
             f"{model_type} with use_bidirectional_attention=True is not supported (probe treats it as causal)")
     return SPECS[model_type]
+
+
+def kind_of(config) -> str:
+    """The kind of model of a config (``"encoder"``, ``"decoder"``, ``"encoder-decoder"``): its hand
+    spec's, else read from the config and transformers' auto classes
+    (:func:`probe.architectures.discovered.model_kind`), before any discovery."""
+    model_type = getattr(config, "model_type", None)
+    return SPECS[model_type].kind if model_type in SPECS else model_kind(config)

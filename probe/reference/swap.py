@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..architectures import base_model, get_spec, site_spec, sites
+from ..errors import UnsupportedArchitectureError
 from ..hooks import Hooks
 from .module import ForwardContext, ReferenceAttention
 from .mutants import mutant_class
@@ -117,6 +118,11 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
     """
     model = getattr(model_or_lm, "model", model_or_lm)
     spec = get_spec(model.config)
+    if spec.discovered:
+        raise UnsupportedArchitectureError(
+            f"{spec.family} has no hand-written spec: probe's from-scratch attention module (verification by "
+            "swapping, attention steps, mutants) needs one; capture and statistics run through probe's attention "
+            "function instead")
     cls = mutant_class(mutant)
     context = ForwardContext()
     base = base_model(model)

@@ -83,7 +83,7 @@ def report_steps(lm, result, *, limit: int = 8) -> list[dict]:
         :func:`step_view_data` dicts with ``label`` and ``reason`` added ([] without examples); ``name``
         is the head's in the original numbering, ``head`` its slot in a physically pruned layer.
     """
-    if not result.examples:
+    if not result.examples or lm.spec.discovered:  # the steps come from the hand spec's from-scratch module
         return []
     ex = result.examples[0]
     n = int(ex.probs.shape[-1])

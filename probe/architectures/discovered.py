@@ -1,0 +1,162 @@
+"""Specs built from what a forward pass showed, for model types without a hand-written entry.
+
+:func:`probe.discover.discover` runs one short forward pass with probe's attention function
+installed (:mod:`probe.interface`) and hands each call's findings here as :class:`Found`: the
+attention module's path (the nearest ``nn.ModuleList`` ancestor is the layer list, the rest the
+attention path), the stack and kind of the site, its causal flag and window, its head counts and the
+projections that were found and checked. :func:`build_spec` turns them into an
+:class:`~probe.architectures.spec.ArchSpec` with ``implementation="probe"`` and its sites fixed, and
+:func:`register` files it under its ``model_type`` in :data:`DISCOVERED`, where
+:func:`probe.architectures.get_spec` finds it. A later load of the same type discovers again and
+replaces the entry (a type's structure comes from its config: two models of one type with different
+configs are measured with the spec of the one loaded last, so load them one at a time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedArchitectureError
+from ..sites import Site
+from .spec import QKV_LAYOUTS, ArchSpec, SiteSpec
+
+#: model_type -> the spec discovered for the model of that type loaded last.
+DISCOVERED: dict[str, ArchSpec] = {}
+
+#: The interface implementation name (:data:`probe.interface.NAME`, repeated here so that this package
+#: stays below :mod:`probe.interface` in the import graph).
+IMPLEMENTATION = "probe"
+
+
+@dataclass(frozen=True)
+class Found:
+    """One attention call of the discovery pass.
+
+    Attributes:
+        stack, kind: ``"encoder"``/``"decoder"`` and ``"self"``/``"cross"``.
+        layer: index in the layer list.
+        layers: path of the layer list (``nn.ModuleList``) relative to the base model.
+        attention: path of the attention module relative to one layer.
+        causal: the mask is causal. window: sliding window (keys, itself included) or None.
+        n_heads, n_kv_heads: query and key/value heads. d_head: a value head's width.
+        o: path of the output projection relative to one layer, or None.
+        q, k, v, qkv: projection paths relative to one layer (None where not found).
+        layout: the projection layout (:data:`~probe.architectures.spec.QKV_LAYOUTS`).
+        conv1d: the projections are GPT-2 ``Conv1D`` modules.
+        path: path of this call's layer relative to the base model (a layer shared by several
+            sites, ALBERT's, serves each of them).
+    """
+
+    stack: str
+    kind: str
+    layer: int
+    layers: str
+    attention: str
+    causal: bool
+    window: int | None
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    o: str | None = None
+    q: str | None = None
+    k: str | None = None
+    v: str | None = None
+    qkv: str | None = None
+    layout: str = "separate"
+    conv1d: bool = False
+    path: str = ""
+
+
+def model_kind(config) -> str:
+    """The kind of model of a config without a hand spec: ``"encoder-decoder"`` if
+    ``is_encoder_decoder``, ``"encoder"`` if transformers has a masked-LM class for the type (or no
+    causal-LM class), else ``"decoder"``."""
+    from transformers.models.auto.modeling_auto import (  # deferred: transformers takes ~1.5 s to import
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    model_type = getattr(config, "model_type", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "encoder"
+    return "decoder"
+
+
+def _same(found: list[Found], what: str):
+    values = {getattr(f, what) for f in found}
+    if len(values) != 1:
+        f = found[0]
+        raise UnsupportedArchitectureError(
+            f"{f.stack} {f.kind}-attention differs from layer to layer ({what}: {sorted(map(str, values))}); "
+            "probe needs one structure per kind of site")
+    return values.pop()
+
+
+def _site_spec(found: list[Found]) -> SiteSpec:
+    """One :class:`SiteSpec` from the calls of one (stack, kind); paths must agree across layers."""
+    first = found[0]
+    paths = {w: _same(found, w) for w in ("layers", "attention", "o", "q", "k", "v", "qkv")}
+    return SiteSpec(first.stack, first.kind, paths["layers"], paths["attention"], paths["o"] or "",
+                    q=paths["q"], k=paths["k"], v=paths["v"], qkv=paths["qkv"], causal=first.causal)
+
+
+def build_spec(model_type: str, kind: str, found: list[Found], d_model: int, position_offset: int = 0) -> ArchSpec:
+    """An :class:`ArchSpec` from the calls of a discovery pass, in forward order.
+
+    Raises:
+        UnsupportedArchitectureError: no call, site kinds that do not fit the model's kind (a
+            decoder whose attention is not causal ...), or paths and head counts that differ between
+            the layers of one kind of site.
+    """
+    if not found:
+        raise UnsupportedArchitectureError(
+            f"{model_type}: its attention never called transformers' AttentionInterface in a forward pass, and probe "
+            "has no hand-written spec for it")
+    groups: dict[tuple[str, str], list[Found]] = {}
+    for f in found:
+        groups.setdefault((f.stack, f.kind), []).append(f)
+    for group in groups.values():
+        for what in ("n_heads", "n_kv_heads", "d_head", "layout", "conv1d", "causal"):
+            _same(group, what)
+    if kind == "decoder" and not all(f.causal for f in groups.get(("decoder", "self"), found)):
+        raise UnsupportedArchitectureError(f"{model_type}: a decoder whose self-attention is not causal")
+    heads = {(f.n_heads, f.d_head) for f in found}
+    if len(heads) != 1:
+        raise UnsupportedArchitectureError(f"{model_type}: sites with different head counts or sizes {sorted(heads)}; "
+                                           "probe needs one")
+    first = found[0]
+    missing = tuple(p for p in ("q", "k", "v", "o")
+                    if any(getattr(f, p) is None and not (p != "o" and f.qkv) for f in found))
+    layout = first.layout if first.layout in QKV_LAYOUTS else "separate"
+    windows = [f.window for f in found if f.window is not None and not f.causal]  # bidirectional windows
+    n_layers = max(f.layer for f in found if (f.stack, f.kind) == (first.stack, first.kind)) + 1
+    return ArchSpec(
+        family=model_type, kind=kind, site_specs=tuple(_site_spec(g) for g in groups.values()),
+        qkv_layout=layout, conv1d=first.conv1d, implementation=IMPLEMENTATION,
+        fixed_sites=tuple(Site(f.stack, f.layer, f.kind, causal=f.causal, window=f.window if f.causal else None)
+                          for f in found),
+        site_paths=tuple(f.path for f in found), length_limit=min(windows) if windows else None,
+        dims=(n_layers, first.n_heads, first.n_kv_heads, first.d_head, d_model), missing=missing,
+        position_offset=lambda config, n=position_offset: n,
+    )
+
+
+def register(model_type: str, spec: ArchSpec) -> ArchSpec:
+    """File ``spec`` under ``model_type`` in :data:`DISCOVERED` (replacing an earlier one); returns it."""
+    DISCOVERED[model_type] = spec
+    return spec
+
+
+def needs_weights(spec: ArchSpec, what: str, parts: tuple[str, ...] = ("q", "k", "v", "o")) -> None:
+    """Refuse an analysis that needs projection weights a discovered spec did not find.
+
+    Raises:
+        UnsupportedArchitectureError: one line naming the analysis and the missing projections.
+    """
+    gone = [p for p in parts if p in spec.missing]
+    if gone:
+        raise UnsupportedArchitectureError(
+            f"{what} needs the {', '.join(gone)} projection weights of {spec.family}, which probe did not find "
+            "(and check) in its attention modules; capture and statistics still work")

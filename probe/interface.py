@@ -1,0 +1,245 @@
+"""probe's attention inside transformers' ``AttentionInterface``: one capture point for every model
+whose attention modules call it.
+
+In transformers 5, most model folders send every attention call through the function registered in
+``ALL_ATTENTION_FUNCTIONS`` under ``config._attn_implementation``: it receives ``(module, query, key,
+value, attention_mask, scaling=..., dropout=..., **kwargs)`` with query [batch, heads, query, d_qk],
+key [batch, kv_heads, key, d_qk] and value [batch, kv_heads, key, d_v] after projection and
+rotation, and returns ``(attn_output [batch, query, heads, d_v], attn_weights)``. :func:`probe_attention`
+is such a function, computed by probe's verified from-scratch operation
+(:func:`probe.reference.op.attention`: scores, scaling, soft-capping, position bias, mask, softmax,
+weighted values; sink logits as one more column of the softmax), registered under :data:`NAME`
+with :func:`install`. Its masks come from :func:`probe_mask` (transformers' boolean mask, never
+skipped: causality and padding are always in it).
+
+Inside, the probabilities and the value states are handed to whoever listens to the calling module
+(:func:`listen`, a registry keyed by module that capture fills), so capture does not depend on the
+module returning its weights. A keyword argument that could change the maths and that the
+function does not compute is refused in one line (:class:`InterfaceError`); the pass-through ones
+are in :data:`HARMLESS`. Scores and softmax run in float32 (the LLaMA-style eager functions already
+do; float32 models are unchanged).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import nn
+
+from .architectures import ArchSpec, site_modules
+from .errors import InterfaceError
+from .reference.op import attention, broadcast_keep, masked_softmax, scaled_scores
+from .sites import Site
+
+#: The name probe's function and mask function are registered under.
+NAME = "probe"
+
+#: Keyword arguments that never change the maths here: pass-through (positions, caches, switches),
+#: or information already in the mask (``sliding_window``, ``is_causal``) or used by other backends
+#: only (flash attention's packed-sequence lengths). Read by discovery where useful.
+HARMLESS = frozenset({
+    "position_ids", "cache_position", "output_attentions", "output_hidden_states", "output_router_logits",
+    "use_cache", "return_dict", "num_items_in_batch", "layer_idx", "cache", "past_key_values", "past_key_value",
+    "sliding_window", "is_causal", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+    "seq_idx", "query_length", "key_length", "deterministic", "use_top_left_mask", "position_embeddings",
+    "encoder_hidden_states", "target_dtype", "implementation",
+})
+#: Keyword arguments the function computes (besides ``scaling`` and ``dropout``).
+COMPUTED = frozenset({"softcap", "position_bias", "s_aux", "sinks"})
+
+
+@dataclass
+class Call:
+    """One attention call as the function saw it, handed to listeners.
+
+    Attributes:
+        module: the attention module that called the function.
+        query: [batch, heads, query, d_qk] as received (after rotation).
+        key: [batch, kv_heads, key, d_qk] as received (grouped heads not repeated).
+        value: [batch, kv_heads, key, d_v] as received.
+        keep: boolean keep-mask broadcastable to [batch, heads, query, key] (True = may attend), or None.
+        kwargs: every other keyword argument (``scaling``, ``sliding_window`` ...).
+        probs: [batch, heads, query, key] the probabilities (rows of real queries sum to 1 without
+            sinks; masked keys exactly 0).
+        output: [batch, query, heads, d_v] what the function returns as ``attn_output``.
+    """
+
+    module: nn.Module
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    keep: torch.Tensor | None
+    kwargs: dict
+    probs: torch.Tensor
+    output: torch.Tensor
+
+
+#: ``listener(call)``.
+Listener = Callable[[Call], None]
+
+_LISTENERS: WeakKeyDictionary = WeakKeyDictionary()  # module -> [listener, ...] in registration order
+_EVERY: list[Listener] = []  # listeners of every module (discovery, verification)
+
+
+class Listening:
+    """A registered listener; :meth:`remove` takes it away (the handle :class:`probe.hooks.Hooks` keeps)."""
+
+    def __init__(self, module: nn.Module | None, listener: Listener) -> None:
+        self.module, self.listener = module, listener
+
+    def remove(self) -> None:
+        """Unregister (idempotent)."""
+        group = _EVERY if self.module is None else _LISTENERS.get(self.module, [])
+        if self.listener in group:
+            group.remove(self.listener)
+
+
+def listen(module: nn.Module | None, listener: Listener) -> Listening:
+    """Call ``listener(call)`` (:class:`Call`) each time ``module`` (None: any module) runs probe's
+    attention function. Returns a handle whose ``remove()`` unregisters it."""
+    if module is None:
+        _EVERY.append(listener)
+    else:
+        _LISTENERS.setdefault(module, []).append(listener)
+    return Listening(module, listener)
+
+
+def probe_mask(*args, **kwargs):
+    """The mask function registered for :data:`NAME`: transformers' boolean ``sdpa_mask`` (True =
+    keep, [batch, 1, query, key]) never skipped, so that causality, windows and padding are always in
+    the mask the function receives."""
+    from transformers.masking_utils import sdpa_mask  # deferred: transformers takes ~1.5 s to import
+
+    kwargs.pop("allow_is_causal_skip", None)
+    kwargs.pop("allow_is_bidirectional_skip", None)
+    return sdpa_mask(*args, allow_is_causal_skip=False, allow_is_bidirectional_skip=False, **kwargs)
+
+
+def install() -> str:
+    """Register :func:`probe_attention` and :func:`probe_mask` with transformers under :data:`NAME`
+    (idempotent). Returns the name."""
+    from transformers import AttentionInterface  # deferred: transformers takes ~1.5 s to import
+    from transformers.masking_utils import AttentionMaskInterface  # deferred: as above
+
+    AttentionInterface.register(NAME, probe_attention)
+    AttentionMaskInterface.register(NAME, probe_mask)
+    return NAME
+
+
+def refuse_unknown(module: nn.Module, kwargs: dict) -> None:
+    """Refuse a keyword argument that is neither computed nor harmless and is not None.
+
+    Raises:
+        InterfaceError: one line naming the argument and the module's class.
+    """
+    for name, value in kwargs.items():
+        if value is None or name in HARMLESS or name in COMPUTED:
+            continue
+        raise InterfaceError(f"{type(module).__name__} passes {name!r} to the attention function, which probe's "
+                             "attention does not compute; refusing rather than measuring a different attention")
+
+
+def _keep(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    B, H, Tq, _ = query.shape
+    return broadcast_keep(mask, B, H, Tq, key.shape[-2])
+
+
+def repeat_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[batch, kv_heads, T, d] -> [batch, heads, T, d]: key/value head g serves query heads
+    g * (heads / kv_heads) ... (g + 1) * (heads / kv_heads) - 1 (transformers' ``repeat_kv`` order)."""
+    kv = x.shape[1]
+    if kv == n_heads:
+        return x
+    if n_heads % kv:
+        raise InterfaceError(f"{n_heads} query heads cannot share {kv} key/value heads evenly")
+    return x.repeat_interleave(n_heads // kv, dim=1)
+
+
+def with_sinks(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor | None, scale: float,
+               sinks: torch.Tensor, softcap: float | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """Probabilities with one sink logit per head (gpt-oss ``s_aux``): softmax over the keys and the
+    sink, the sink's column dropped (rows sum to less than 1). [batch, heads, query, key] float32."""
+    scores = scaled_scores(q.float(), k.float(), scale, softcap=softcap, bias=bias)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, -math.inf)
+    B, H, Tq, _ = scores.shape
+    sink = sinks.float().reshape(1, -1, 1, 1).expand(B, H, Tq, 1)
+    combined = torch.cat([scores, sink], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    return masked_softmax(combined, None, torch.float32)[..., :-1]
+
+
+def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                    **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """probe's attention as a transformers attention function (:data:`NAME`).
+
+    Args:
+        module: the calling attention module.
+        query: [batch, heads, query, d_qk]; key: [batch, kv_heads, key, d_qk]; value: [batch,
+            kv_heads, key, d_v] (grouped heads repeated here).
+        attention_mask: boolean keep-mask (:func:`probe_mask`), an additive 0/-inf (or finfo.min)
+            mask or 0/1, broadcastable to [batch, heads, query, key]; None: every key.
+        scaling: multiplier of q k^T (default d_qk ** -0.5).
+        dropout: attention dropout; only 0 (or a module in eval mode) is measured.
+        kwargs: ``softcap`` (scores become cap * tanh(scores / cap)), ``position_bias`` (added to
+            the scores: T5), ``s_aux`` / ``sinks`` (one sink logit per head: gpt-oss), and the
+            pass-through arguments of :data:`HARMLESS`.
+
+    Returns:
+        ``(attn_output [batch, query, heads, d_v], attn_weights [batch, heads, query, key])`` in
+        value's dtype; scores and softmax in float32.
+
+    Raises:
+        InterfaceError: an argument that would change the maths and that probe does not compute,
+            or dropout in train mode.
+    """
+    refuse_unknown(module, kwargs)
+    if dropout and module.training:
+        raise InterfaceError(f"{type(module).__name__} runs attention dropout {dropout:g} in train mode; "
+                             "probe measures in eval mode")
+    H = query.shape[1]
+    k, v = repeat_heads(key, H), repeat_heads(value, H)
+    keep = _keep(attention_mask, query, k)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    softcap, bias = kwargs.get("softcap"), kwargs.get("position_bias")
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    if sinks is not None:
+        probs = with_sinks(query, k, keep, scale, sinks, softcap, bias).to(v.dtype)
+        out = probs @ v
+    else:  # d_v may differ from d_qk (MLA)
+        out, probs = attention(query, k, v, keep, scale=scale, softmax_dtype=torch.float32,
+                               upcast=query.dtype != torch.float32, softcap=softcap, bias=bias)
+    output = out.transpose(1, 2).contiguous()
+    call = None
+    for listener in list(_EVERY) + list(_LISTENERS.get(module, ())):
+        call = call or Call(module, query, key, value, keep, {"scaling": scaling, **kwargs}, probs, output)
+        listener(call)
+    return output, probs
+
+
+def site_listeners(hooks, model: nn.Module, spec: ArchSpec, on_call: Callable[[Site, Call], None]) -> None:
+    """Register, into ``hooks`` (a :class:`probe.hooks.Hooks`), one listener per attention module of
+    a discovered spec, calling ``on_call(site, call)``. A module that serves several sites (ALBERT's
+    shared layer) hands them in turn, in forward order."""
+    served: dict = {}
+    for site, module in site_modules(model, spec):
+        served.setdefault(module, []).append(site)
+
+    def make(sites: list[Site]):
+        state = {"n": 0}
+
+        def on(call: Call) -> None:
+            site = sites[state["n"] % len(sites)]
+            state["n"] += 1
+            on_call(site, call)
+        return on
+
+    for module, sites in served.items():
+        hooks.own(listen(module, make(sites)))
