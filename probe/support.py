@@ -14,9 +14,10 @@ from collections import Counter
 from importlib import resources
 
 #: The columns of ``probe/data/models.tsv``: the type (``config.model_type``), its kind (``encoder``,
-#: ``decoder``, ``encoder-decoder`` or ``not text``), the status, the reason for a refusal, the
-#: largest difference verification saw (``works`` rows) and the seconds the try took.
-COLUMNS = ("type", "kind", "status", "reason", "max_diff", "seconds")
+#: ``decoder``, ``encoder-decoder`` or ``not text``), the status, the reason for a refusal, whether
+#: ``probe.analyze`` ran on its own (``ran``, ``refused``, empty where probe did not get that far), the
+#: largest difference verification saw and the seconds the try took.
+COLUMNS = ("type", "kind", "status", "reason", "analyze", "max_diff", "seconds")
 STATUSES = ("works", "refused", "out of scope")
 
 

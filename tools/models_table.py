@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_models import ROOT, text_types  # noqa: E402 - the folder of this script first
 
 BUILD_CAP, RUN_CAP, RECYCLE = 20.0, 120.0, 40
-COLUMNS = ("type", "kind", "status", "reason", "max_diff", "seconds")
+COLUMNS = ("type", "kind", "status", "reason", "analyze", "max_diff", "seconds")
 KINDS = ("decoder", "encoder", "encoder-decoder", "not text")
 OUT_OF_SCOPE = "not text: out of scope here (vision, speech or multimodal)"
 
@@ -152,10 +152,12 @@ def _cell(text: str) -> str:
     return text
 
 
-def reasons(rows: list[dict], top: int = 10) -> list[tuple[str, int]]:
-    """The most common refusal reasons, the type name left out (``unsupported architecture 'x'``)."""
+def reasons(rows: list[dict], top: int = 10, chars: int = 150) -> list[tuple[str, int]]:
+    """The most common refusal reasons, the type name left out (``unsupported architecture 'TYPE'``)
+    and cut to ``chars`` characters."""
     def general(r):
-        return r["reason"].replace(f"'{r['type']}'", "'TYPE'").replace(r["type"], "TYPE")
+        text = r["reason"].replace(f"'{r['type']}'", "'TYPE'").replace(r["type"], "TYPE")
+        return text if len(text) <= chars else text[:chars - 3] + "..."
 
     return Counter(general(r) for r in rows if r["status"] == "refused").most_common(top)
 
@@ -177,7 +179,9 @@ def markdown(rows: list[dict], version: str) -> str:
         "Regenerate it (and its copy `probe/data/models.tsv`) with `python tools/models_table.py`; a",
         "slow test checks that the statuses below are still true.", "",
         f"**{c['all']['works']} work, {c['all']['refused']} refused** of {len(text_rows)} text model types;",
-        f"{c['all']['out of scope']} other types (vision, speech, multimodal) are out of scope here.", "",
+        f"{c['all']['out of scope']} other types (vision, speech, multimodal) are out of scope here.",
+        f"`probe.analyze` alone ran on {sum(r['analyze'] == 'ran' for r in rows)} types (capture and statistics,",
+        "whether or not verification could check them).", "",
         "| kind | works | refused |", "| --- | --- | --- |",
     ]
     lines += [f"| {kind} | {c[kind]['works']} | {c[kind]['refused']} |" for kind in KINDS[:3]]

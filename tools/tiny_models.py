@@ -33,7 +33,8 @@ SIZES = {
     **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
                      "num_decoder_layers", "num_encoder_layers", "num_hidden_groups"), LAYERS),
     **dict.fromkeys(("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "model_dim", "embedding_size",
-                     "word_embed_proj_dim", "hidden_dim_size"), HIDDEN),
+                     "word_embed_proj_dim", "hidden_dim_size", "backbone_hidden_size", "hidden_size_global"),
+                    HIDDEN),
     **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
                      "decoder_attention_heads", "n_attn_heads"), HEADS),
     **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
@@ -50,7 +51,7 @@ SIZES = {
 CAPS = {"num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "n_shared_experts": 1, "num_shared_experts": 1,
         "n_group": 1, "topk_group": 1, "sliding_window": 8, "attention_window": 8, "first_k_dense_replace": 1,
         "num_kv_heads": KV_HEADS, "num_kv_shared_layers": 0, "local_window_size": 8, "window_size": 8,
-        "expand": 1}
+        "expand": 1, "num_centroids": 64, "encoder_hash_byte_group_vocab": 1000}
 #: Sizes set where the default config leaves them None (a model that cannot be built without them).
 NONE_DEFAULTS = {"n_routed_experts": EXPERTS, "num_experts_per_tok": 2, "n_shared_experts": 1}
 #: Structured settings with a tiny form (positions as axial factors, attention kinds as a pattern).
@@ -145,6 +146,19 @@ def _per_layer(key: str, values: list, layers: int) -> list:
     return out
 
 
+def _per_layer_overrides(overrides: dict, default: dict) -> dict:
+    """Per-layer overrides (``{"05": {"head_dim": 512}}``) kept for the last of the tiny model's layers
+    (where the first one overridden moves), sizes scaled by the same ratio to the default as before."""
+    first = overrides[min(overrides, key=int)]
+    scaled = {}
+    for key, value in first.items():
+        base = default.get(key)
+        if key in SIZES and isinstance(value, int) and isinstance(base, int) and base > 0:
+            value = SIZES[key] * max(1, min(4, value // base))
+        scaled[key] = value
+    return {str(LAYERS - 1): scaled}
+
+
 def _layer_count(default: dict) -> int | None:
     return next((default[k] for k in LAYER_KEYS if isinstance(default.get(k), int)), None)
 
@@ -193,6 +207,8 @@ def _shrink(cls, vocab_size: int, token_ids: dict, given: dict | None = None):
         if isinstance(value, list) and value and layers and len(value) == layers != LAYERS:
             kw[key] = _per_layer(key, value, LAYERS)
     kw.update({k: v for k, v in STRUCTURED.items() if k in default})
+    if isinstance(default.get("per_layer_config"), dict) and default["per_layer_config"]:
+        kw["per_layer_config"] = _per_layer_overrides(default["per_layer_config"], default)
     kw = {k: v for k, v in kw.items() if not _equal(v, default[k])}
     for key in VOCAB_KEYS:
         if key in default:
@@ -204,6 +220,8 @@ def _shrink(cls, vocab_size: int, token_ids: dict, given: dict | None = None):
         if (key in default or key in ALWAYS_IDS) and value is not None:
             kw[key] = value
     for key, sub in (getattr(cls, "sub_configs", None) or {}).items():
+        if isinstance(default.get(key), dict) and default[key].get("model_type") in configuration_auto.CONFIG_MAPPING:
+            sub = configuration_auto.CONFIG_MAPPING[default[key]["model_type"]]  # an AutoConfig slot: its type
         if isinstance(default.get(key), dict) and hasattr(sub, "to_dict"):
             shrunk = _shrink(sub, vocab_size, token_ids, default[key]).to_dict()
             if any(not _equal(shrunk.get(k), v) for k, v in default[key].items() if k != "attn_implementation"):

@@ -20,7 +20,7 @@ from probe.verification import verify
 
 TEXTS = ("The cat sat on the mat.", "A dog barked twice at night, then slept.", "Hello world.")
 TARGETS = ("Le chat est assis.", "Un chien a aboyé.", "Bonjour.")
-REASON_CHARS = 160
+REASON_CHARS = 300
 
 
 def one_line(exc: BaseException) -> str:
@@ -34,9 +34,10 @@ def one_line(exc: BaseException) -> str:
 
 
 def row(model_type: str, kind: str, status: str, reason: str = "", max_diff: float | None = None,
-        seconds: float = 0.0) -> dict:
-    """One row of the table (the columns of ``probe/data/models.tsv``)."""
-    return {"type": model_type, "kind": kind, "status": status, "reason": reason,
+        seconds: float = 0.0, analyzed: str = "") -> dict:
+    """One row of the table (the columns of ``probe/data/models.tsv``; ``analyzed``: ``ran``, ``refused``
+    or empty where probe did not get that far)."""
+    return {"type": model_type, "kind": kind, "status": status, "reason": reason, "analyze": analyzed,
             "max_diff": "" if max_diff is None else f"{max_diff:.1e}", "seconds": f"{seconds:.1f}"}
 
 
@@ -68,11 +69,21 @@ def try_type(model_type: str, kind: str, built: Callable[[], None] = lambda: Non
 
 
 def _probe(model, tok, model_type: str, kind: str, start: float) -> dict:
+    """Verify, then analyze even where verify refused (the ``analyze`` column: capture may work alone)."""
     lm = pm.from_pretrained_objects(model, tok, name=f"tiny-{model_type}")
-    result = verify(lm)
-    if not result.passed:
-        return row(model_type, kind, "refused", f"verify failed: max difference {result.max_abs_diff:.1e}",
-                   result.max_abs_diff, time.perf_counter() - start)
+    why, max_diff = "", None
+    try:
+        result = verify(lm)
+        max_diff = result.max_abs_diff
+        if not result.passed:
+            why = f"verify failed: max difference {result.max_abs_diff:.1e}"
+    except Exception as exc:  # noqa: BLE001 - the refusal is the row's reason; analyze is still tried
+        why = one_line(exc)
     texts = ([Text(s, target=t) for s, t in zip(TEXTS, TARGETS)] if kind == "encoder-decoder" else list(TEXTS))
-    analyze(lm, texts, batch_size=2)
-    return row(model_type, kind, "works", "", result.max_abs_diff, time.perf_counter() - start)
+    try:
+        analyze(lm, texts, batch_size=2)
+        analyzed = "ran"
+    except Exception as exc:  # noqa: BLE001 - as above
+        why, analyzed = why or one_line(exc), "refused"
+    return row(model_type, kind, "refused" if why else "works", why, max_diff, time.perf_counter() - start,
+               analyzed)
