@@ -57,17 +57,35 @@ def _inputs(model: nn.Module, tokenizer, kind: str) -> dict:
     return inputs
 
 
-def _layer_of(model: nn.Module, path: str) -> tuple[str, str]:
-    """(layer path, attention path in the layer) of an attention module: the nearest ``nn.ModuleList``
-    ancestor holds the layers."""
+def _layer_lists(model: nn.Module, path: str) -> list[int]:
+    """Indexes into ``path``'s parts of its ``nn.ModuleList`` ancestors' item numbers, innermost first."""
     parts = path.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        if parts[i].isdigit() and isinstance(model.get_submodule(".".join(parts[:i])), nn.ModuleList):
-            if i + 1 == len(parts):
-                break
-            return ".".join(parts[: i + 1]), ".".join(parts[i + 1:])
-    raise InterfaceError(f"attention module {path!r} is not inside a layer list (nn.ModuleList); "
-                         "probe cannot number its layers")
+    return [i for i in range(len(parts) - 2, 0, -1)
+            if parts[i].isdigit() and isinstance(model.get_submodule(".".join(parts[:i])), nn.ModuleList)]
+
+
+def _layer_split(model: nn.Module, paths: list[str]) -> tuple[str, str]:
+    """(layer path pattern position) for the calls of one kind of site: the innermost
+    ``nn.ModuleList`` ancestor whose item number differs between the calls (T5's blocks, not each
+    block's own list of sub-layers); the innermost when all calls share one module (ALBERT).
+
+    Returns:
+        The position i of the layer number in the paths' parts (the layer path is parts[:i + 1],
+        the attention path parts[i + 1:]).
+
+    Raises:
+        InterfaceError: an attention module outside any layer list.
+    """
+    levels = _layer_lists(model, paths[0])
+    if not levels:
+        raise InterfaceError(f"attention module {paths[0]!r} is not inside a layer list (nn.ModuleList); "
+                             "probe cannot number its layers")
+    split = [p.split(".") for p in paths]
+    for i in levels:
+        same_list = all(len(q) > i and q[:i] == split[0][:i] for q in split)
+        if same_list and len({q[i] for q in split}) > 1:
+            return i
+    return levels[0]
 
 
 def _causal(call: Call) -> tuple[bool, int | None]:
@@ -86,6 +104,31 @@ def _causal(call: Call) -> tuple[bool, int | None]:
     if not torch.equal(keep, tri) and window is None:
         window = int(keep[-1].sum())
     return True, window
+
+
+def _pair_norms(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Norms of the rotary pairs of the last dimension: (i, i + d/2), or (2i, 2i + 1) interleaved."""
+    d = x.shape[-1] // 2 * 2
+    x = x[..., :d].float()
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., : d // 2], x[..., d // 2:])
+    return torch.sqrt(a * a + b * b)
+
+
+def _rotated(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether ``want`` [batch, heads, T, d] is ``got`` rotated pair by pair at every position and
+    multiplied by one constant (YaRN's attention factor): equal per-pair norms up to that constant,
+    rotate-half or interleaved pairs."""
+    if got.shape != want.shape or want.shape[-1] < 2:
+        return False
+    for interleaved in (False, True):
+        a, b = _pair_norms(got, interleaved), _pair_norms(want, interleaved)
+        if not bool((a > 1e-6).all()):
+            return False
+        ratio = b / a
+        c = ratio.flatten().median()
+        if bool(torch.allclose(ratio, c.expand_as(ratio), rtol=1e-4, atol=0)) and float(c) > 0:
+            return True
+    return False
 
 
 def _matches(record: list, want: torch.Tensor, pick) -> bool:
@@ -131,6 +174,10 @@ def _projections(call: Call, io: dict, near: list[tuple[str, nn.Module]]) -> dic
             if name not in found and _matches(rec, want, lambda o, n=n, d=d, f=first: _split(o, n, d)[:, :, :1]
                                               if f else _split(o, n, d)):
                 found[name] = path
+        for name, want, n in (("q", call.query, H), ("k", call.key, KV)):
+            if name not in found and any(_rotated(_split(o, n, d_qk), want) for _, o in rec
+                                         if o.shape[-1] == n * d_qk and o.shape[1] == want.shape[2]):
+                found[name] = path
         if d_qk != d_v or {"q", "k", "v"} <= found.keys() or "qkv" in found:
             continue
         for layout, conv in (("stacked", False), ("conv1d", True), ("per_head", False)):
@@ -151,7 +198,7 @@ def _output_projection(call: Call, io: dict, near: list[tuple[str, nn.Module]]) 
             if inp.shape == want.shape and torch.equal(inp, want):
                 return path
     return None
-def _near(names: dict, layer_path: str, attention_path: str, projections: list) -> list[tuple[str, nn.Module]]:
+def _near(layer_path: str, attention_path: str, projections: list) -> list[tuple[str, nn.Module]]:
     """(path relative to the layer, module) of the projections in the attention module, then the
     rest of the layer."""
     inside = [(p[len(layer_path) + 1:], m) for p, m in projections if p.startswith(f"{layer_path}.{attention_path}.")]
@@ -175,12 +222,11 @@ def _site_of(call: Call, kind: str, lengths: tuple[int, int]) -> tuple[str, str]
     return ("decoder", "self") if Tk == target else ("decoder", "cross")
 
 
-def _found(model, call: Call, names: dict, base: str, kind: str, lengths, io, projections, count) -> Found:
-    path = names[call.module]
-    layer_path, attention = _layer_of(model, path)
-    stack, site_kind = _site_of(call, kind, lengths)
+def _found(call: Call, where: tuple[str, str, str, str], base: str, io, projections, count) -> Found:
+    """One call's :class:`Found`: ``where`` is (stack, kind of site, layer path, attention path)."""
+    stack, site_kind, layer_path, attention = where
     causal, window = _causal(call) if site_kind == "self" else (False, None)
-    near = _near(names, layer_path, attention, projections)
+    near = _near(layer_path, attention, projections)
     proj = _projections(call, io, near)
     H, KV, d_v = call.query.shape[1], call.key.shape[1], call.value.shape[-1]
     layers = layer_path.rpartition(".")[0]
@@ -193,6 +239,20 @@ def _found(model, call: Call, names: dict, base: str, kind: str, lengths, io, pr
                  k=proj.get("k"), v=proj.get("v"), qkv=proj.get("qkv"), layout=proj.get("layout", "separate"),
                  conv1d=any(type(m).__name__ == "Conv1D" for _, m in near), path=layer_path[len(base) + 1:]
                  if base else layer_path)
+
+
+def _places(model: nn.Module, calls: list[Call], names: dict, kind: str, lengths) -> list[tuple]:
+    """(stack, kind of site, layer path, attention path) of every call (:func:`_layer_split` per kind of site)."""
+    sites = [_site_of(c, kind, lengths) for c in calls]
+    split = {}
+    for key in dict.fromkeys(sites):
+        split[key] = _layer_split(model, [names[c.module] for c, s in zip(calls, sites) if s == key])
+    out = []
+    for call, key in zip(calls, sites):
+        parts = names[call.module].split(".")
+        i = split[key]
+        out.append((*key, ".".join(parts[: i + 1]), ".".join(parts[i + 1:])))
+    return out
 
 
 def _position_offset(model: nn.Module) -> int:
@@ -248,6 +308,7 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
             m.hooks.forward(module, record)
         model(**inputs)
     count: dict = {}
-    found = [_found(model, c, names, base, kind, lengths, io, projections, count) for c in calls]
+    found = [_found(c, w, base, io, projections, count) for c, w in zip(calls, _places(model, calls, names, kind,
+                                                                                       lengths))]
     spec = build_spec(model.config.model_type, kind, found, _d_model(model), _position_offset(model))
     return register(model.config.model_type, spec)

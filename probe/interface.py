@@ -46,7 +46,7 @@ HARMLESS = frozenset({
     "use_cache", "return_dict", "num_items_in_batch", "layer_idx", "cache", "past_key_values", "past_key_value",
     "sliding_window", "is_causal", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
     "seq_idx", "query_length", "key_length", "deterministic", "use_top_left_mask", "position_embeddings",
-    "encoder_hidden_states", "target_dtype", "implementation",
+    "encoder_hidden_states", "target_dtype", "implementation", "token_type_ids",
 })
 #: Keyword arguments the function computes (besides ``scaling`` and ``dropout``).
 COMPUTED = frozenset({"softcap", "position_bias", "s_aux", "sinks"})

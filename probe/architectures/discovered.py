@@ -71,15 +71,13 @@ def model_kind(config) -> str:
     """The kind of model of a config without a hand spec: ``"encoder-decoder"`` if
     ``is_encoder_decoder``, ``"encoder"`` if transformers has a masked-LM class for the type (or no
     causal-LM class), else ``"decoder"``."""
-    from transformers.models.auto.modeling_auto import (  # deferred: transformers takes ~1.5 s to import
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
+    from transformers.models.auto import modeling_auto as auto  # deferred: transformers takes ~1.5 s to import
 
     model_type = getattr(config, "model_type", None)
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder"
-    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if (model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            or model_type not in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         return "encoder"
     return "decoder"
 

@@ -12,8 +12,8 @@ from .compare import (
     CaseResult,
     LayerResult,
     VerifyResult,
-    verify,
 )
+from .entry import verify
 
 __all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "NOISE_FACTOR",
            "Case", "case_names"]

@@ -1,0 +1,42 @@
+"""``verify``: the one entry point, for hand-written and discovered specs alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .. import validate
+from ..core import LoadedModel
+from ..errors import ProbeError
+from .compare import FP32_ATOL, CaseResult, VerifyResult
+from .compare import verify as verify_reference
+from .generic import verify_generic
+
+
+def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, *, rtol: float = 0.0,
+           cases: list[str] | None = None,
+           progress: Callable[[int, int, str, CaseResult | None], None] | None = None) -> VerifyResult:
+    """Check that probe's attention reproduces the model.
+
+    A model with a hand-written spec: its attention modules swapped for probe's from-scratch
+    attention, layer by layer, on the battery of inputs
+    (:func:`probe.verification.compare.verify`, where the arguments are described). A model with a
+    discovered spec (no hand-written one): probe's attention function against the model's own eager
+    function call by call, and the whole model against eager and sdpa attention
+    (:func:`probe.verification.generic.verify_generic`).
+
+    Raises:
+        InputError: unknown mutant, negative or non-finite tolerance.
+        ProbeError: unknown case name or no case; a mutant asked of a model without a hand spec.
+    """
+    if not lm.spec.discovered:
+        return verify_reference(lm, atol, mutant, rtol=rtol, cases=cases, progress=progress)
+    validate.mutant(mutant)
+    atol, rtol = validate.tolerance("atol", atol), validate.tolerance("rtol", rtol)
+    if mutant is not None:
+        raise ProbeError(f"mutants break probe's from-scratch attention module, which needs a hand-written spec; "
+                         f"{lm.model_type} has none (its attention is verified through probe's attention function)")
+    if isinstance(cases, str):
+        cases = [cases]
+    if cases is not None and len(cases) == 0:
+        raise ProbeError("no verification case selected (cases=[]): nothing would be compared")
+    return verify_generic(lm, atol, rtol, cases, progress)
