@@ -44,6 +44,11 @@ SIZES = {
     **dict.fromkeys(("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "n_ctx",
                      "max_target_positions", "max_source_positions", "seq_length", "max_length"), POSITIONS),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), EXPERTS),
+    **dict.fromkeys(("mamba_d_ssm", "mamba_expand_dim"), HIDDEN),
+    **dict.fromkeys(("mamba_n_heads", "mamba_num_heads", "ssm_num_heads"), HEADS),
+    **dict.fromkeys(("mamba_d_head", "mamba_head_dim", "mamba_d_state", "ssm_state_size", "state_size", "d_state",
+                     "mamba_chunk_size", "chunk_size"), HEAD_DIM),
+    "moe_shared_expert_intermediate_size": FFN,
     "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "rotary_dim": HEAD_DIM // 2, "rotary_emb_dim": HEAD_DIM // 2, "hidden_size_per_layer_input": HEAD_DIM,
 }
@@ -51,13 +56,14 @@ SIZES = {
 CAPS = {"num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "n_shared_experts": 1, "num_shared_experts": 1,
         "n_group": 1, "topk_group": 1, "sliding_window": 8, "attention_window": 8, "first_k_dense_replace": 1,
         "num_kv_heads": KV_HEADS, "num_kv_shared_layers": 0, "local_window_size": 8, "window_size": 8,
-        "expand": 1, "num_centroids": 64, "encoder_hash_byte_group_vocab": 1000}
+        "expand": 1, "mamba_expand": 1, "num_centroids": 64, "n_groups": 1, "mamba_n_groups": 1,
+        "encoder_hash_byte_group_vocab": 1000, "attn_layer_period": LAYERS, "attn_layer_offset": LAYERS - 1}
 #: Sizes set where the default config leaves them None (a model that cannot be built without them).
 NONE_DEFAULTS = {"n_routed_experts": EXPERTS, "num_experts_per_tok": 2, "n_shared_experts": 1}
 #: Structured settings with a tiny form (positions as axial factors, attention kinds as a pattern).
 STRUCTURED = {"axial_pos_embds_dim": [HIDDEN // 2, HIDDEN // 2], "axial_pos_shape": [8, POSITIONS // 8],
               "attention_types": [[["global", "local"], LAYERS // 2]], "block_sizes": [1, 1],
-              "block_repeats": [1, 1]}
+              "block_repeats": [1, 1], "attn_layer_indices": [LAYERS - 1]}
 VOCAB_KEYS = ("vocab_size", "n_vocab", "padded_vocab_size", "vocab_size_per_layer_input")
 LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "num_decoder_layers")
 #: Key/value head counts: 2 where the default is grouped (fewer than the heads), else the head count.
