@@ -25,7 +25,9 @@ import torch
 
 from .core import LoadedModel
 from .errors import InputError
+from .hooks import Hooks
 from .inputs import Batch
+from .interface import row_blocks, site_listeners
 from .reference import swap_attention
 from .sites import Site
 
@@ -107,6 +109,10 @@ def block_capture(lm: LoadedModel, rows: int, on_block: BlockCallback, hooks=Non
         UnsupportedArchitectureError: a model type the reference does not cover.
         RopeError: a RoPE type the reference does not compute.
     """
+    if lm.spec.discovered:
+        with _function_blocks(lm, rows, on_block) as notes:
+            yield notes
+        return
     config = lm.model.config
     saved = config._attn_implementation
     try:
@@ -119,6 +125,18 @@ def block_capture(lm: LoadedModel, rows: int, on_block: BlockCallback, hooks=Non
             yield swapped.notes
     finally:
         config._attn_implementation = saved
+
+
+@contextmanager
+def _function_blocks(lm: LoadedModel, rows: int, on_block: BlockCallback) -> Iterator[list]:
+    """:func:`block_capture` for a discovered spec: probe's attention function computes the blocks
+    (:func:`probe.interface.row_blocks`); the model must be measuring under it."""
+    def on(site: Site, call) -> None:
+        if call.rows is not None:
+            on_block(site, call.probs.detach(), call.rows, call.query.shape[2])
+    with Hooks() as own, row_blocks(rows):  # the listeners end with the context, whatever ``hooks`` holds
+        site_listeners(own, lm.model, lm.spec, on)
+        yield []
 
 
 def lean_outputs(lm: LoadedModel) -> dict:

@@ -63,7 +63,10 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
 def add_listeners(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -> None:
     """:func:`add_attention_hooks` for a discovered spec: the probabilities come from probe's attention
     function (:mod:`probe.interface`), not from the module's output."""
-    site_listeners(hooks, lm.model, lm.spec, lambda site, call: callback(site, call.probs.detach()))
+    def on(site: Site, call) -> None:
+        if call.rows is None:  # whole maps only (row blocks go to probe.blocks' listeners)
+            callback(site, call.probs.detach())
+    site_listeners(hooks, lm.model, lm.spec, on)
 
 
 def check_fired(lm: LoadedModel, seen) -> None:
@@ -100,7 +103,7 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback,
     Raises:
         CaptureError: a site returned no attention probabilities.
     """
-    with measuring(lm.model) as m:
+    with measuring(lm.model, implementation=lm.spec.implementation) as m:
         if values is not None:
             values.hook(m.hooks)
         add_attention_hooks(m.hooks, lm, callback)

@@ -188,7 +188,8 @@ class ModelState:
 
 
 @contextmanager
-def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -> Iterator[Measuring]:
+def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True,
+              implementation: str | None = None) -> Iterator[Measuring]:
     """Context manager: the model prepared for measuring, restored afterwards.
 
     Inside: eager attention (if ``eager``; so attention probabilities exist; a model with a discovered
@@ -205,6 +206,8 @@ def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -
         eager: switch to eager attention (head gates and the swapped-in attention work under any
             implementation and pass False).
         eval_mode: run in eval mode.
+        implementation: with ``eager``, the implementation to measure under (default
+            :func:`measuring_implementation`: the model's spec's).
 
     Yields:
         :class:`Measuring` with ``hooks`` and ``notes``.
@@ -216,7 +219,7 @@ def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True) -
     state, own = Measuring(Hooks()), Hooks()
     try:
         if eager:
-            note = ensure_implementation(model, measuring_implementation(model))
+            note = ensure_implementation(model, implementation or measuring_implementation(model))
             if note:
                 state.notes.append(note + " (restored afterwards)")
         if eval_mode and any(m.training for m in model.modules()):

@@ -23,7 +23,8 @@ do; float32 models are unchanged).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
@@ -66,6 +67,9 @@ class Call:
         probs: [batch, heads, query, key] the probabilities (rows of real queries sum to 1 without
             sinks; masked keys exactly 0).
         output: [batch, query, heads, d_v] what the function returns as ``attn_output``.
+        rows: under :func:`row_blocks`, the query rows (i0, i1) of this block (``probs`` [batch,
+            heads, i1 - i0, key], ``output`` [batch, i1 - i0, heads, d_v], ``keep`` the block's rows);
+            None: the whole map.
     """
 
     module: nn.Module
@@ -76,6 +80,7 @@ class Call:
     kwargs: dict
     probs: torch.Tensor
     output: torch.Tensor
+    rows: tuple[int, int] | None = None
 
 
 #: ``listener(call)``.
@@ -83,6 +88,19 @@ Listener = Callable[[Call], None]
 
 _LISTENERS: WeakKeyDictionary = WeakKeyDictionary()  # module -> [listener, ...] in registration order
 _EVERY: list[Listener] = []  # listeners of every module (discovery, verification)
+_BLOCKS = {"rows": None}  # query rows per block under row_blocks(), else None
+
+
+@contextmanager
+def row_blocks(rows: int) -> Iterator[None]:
+    """Context manager: probe's function computes each call ``rows`` query rows at a time, hands each
+    block to the listeners (:attr:`Call.rows`) and returns no probabilities (``attn_weights`` None):
+    no [batch, heads, T, T] tensor exists (the long-context path, :mod:`probe.blocks`)."""
+    saved, _BLOCKS["rows"] = _BLOCKS["rows"], rows
+    try:
+        yield
+    finally:
+        _BLOCKS["rows"] = saved
 
 
 class Listening:
@@ -208,20 +226,44 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     k, v = repeat_heads(key, H), repeat_heads(value, H)
     keep = _keep(attention_mask, query, k)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    softcap, bias = kwargs.get("softcap"), kwargs.get("position_bias")
-    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    terms = {"softcap": kwargs.get("softcap"), "bias": kwargs.get("position_bias"),
+             "sinks": kwargs.get("s_aux", kwargs.get("sinks"))}
+    info = {"scaling": scaling, **kwargs}
+    rows, Tq = _BLOCKS["rows"], query.shape[2]
+    if rows is None:
+        probs, output = _attend(query, k, v, keep, scale, **terms)
+        _hand(Call(module, query, key, value, keep, info, probs, output))
+        return output, probs
+    outputs = []
+    for i0 in range(0, Tq, rows):
+        i1 = min(Tq, i0 + rows)
+        part = {**terms, "bias": _rows(terms["bias"], i0, i1)}
+        probs, output = _attend(query[:, :, i0:i1], k, v, _rows(keep, i0, i1), scale, **part)
+        _hand(Call(module, query, key, value, _rows(keep, i0, i1), info, probs, output, (i0, i1)))
+        outputs.append(output)
+    return torch.cat(outputs, dim=1), None
+
+
+def _rows(x: torch.Tensor | None, i0: int, i1: int) -> torch.Tensor | None:
+    """Query rows i0..i1-1 of a [batch, heads, query, key] tensor (a broadcast query dimension kept)."""
+    return x if x is None or x.dim() < 4 or x.shape[2] == 1 else x[:, :, i0:i1]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, scale: float,
+            softcap: float | None, bias: torch.Tensor | None, sinks: torch.Tensor | None) -> tuple:
+    """(probs [batch, heads, query, key], output [batch, query, heads, d_v]); k and v repeated."""
     if sinks is not None:
-        probs = with_sinks(query, k, keep, scale, sinks, softcap, bias).to(v.dtype)
+        probs = with_sinks(q, k, keep, scale, sinks, softcap, bias).to(v.dtype)
         out = probs @ v
     else:  # d_v may differ from d_qk (MLA)
-        out, probs = attention(query, k, v, keep, scale=scale, softmax_dtype=torch.float32,
-                               upcast=query.dtype != torch.float32, softcap=softcap, bias=bias)
-    output = out.transpose(1, 2).contiguous()
-    call = None
-    for listener in list(_EVERY) + list(_LISTENERS.get(module, ())):
-        call = call or Call(module, query, key, value, keep, {"scaling": scaling, **kwargs}, probs, output)
+        out, probs = attention(q, k, v, keep, scale=scale, softmax_dtype=torch.float32,
+                               upcast=q.dtype != torch.float32, softcap=softcap, bias=bias)
+    return probs, out.transpose(1, 2).contiguous()
+
+
+def _hand(call: Call) -> None:
+    for listener in list(_EVERY) + list(_LISTENERS.get(call.module, ())):
         listener(call)
-    return output, probs
 
 
 def site_listeners(hooks, model: nn.Module, spec: ArchSpec, on_call: Callable[[Site, Call], None]) -> None:
@@ -233,12 +275,13 @@ def site_listeners(hooks, model: nn.Module, spec: ArchSpec, on_call: Callable[[S
         served.setdefault(module, []).append(site)
 
     def make(sites: list[Site]):
-        state = {"n": 0}
+        state: dict = {"n": 0}
 
         def on(call: Call) -> None:
-            site = sites[state["n"] % len(sites)]
-            state["n"] += 1
-            on_call(site, call)
+            if call.rows is None or call.rows[0] == 0:  # a new call (its first block)
+                state["site"] = sites[state["n"] % len(sites)]
+                state["n"] += 1
+            on_call(state["site"], call)
         return on
 
     for module, sites in served.items():

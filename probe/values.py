@@ -195,8 +195,10 @@ class ValueTracker:
         [batch, kv_heads, key, d_head] probe's attention function received, :mod:`probe.interface`)."""
         if self.lm.spec.discovered:
             needs_weights(self.lm.spec, "value-weighted statistics", ("o",))
-            site_listeners(hooks, self.lm.model, self.lm.spec,
-                           lambda site, call: self._values.__setitem__(site, call.value.detach()))
+            def keep(site: Site, call) -> None:
+                if call.rows is None or call.rows[0] == 0:
+                    self._values[site] = call.value.detach()
+            site_listeners(hooks, self.lm.model, self.lm.spec, keep)
             return
         add_value_hooks(hooks, self.lm.model, self.lm.spec, self.lm.sites, self._values.__setitem__)
 

@@ -324,6 +324,15 @@ def make_tiny():
     return tiny_model
 
 
+@pytest.fixture(scope="session")
+def tiny_generic():
+    """The builder of tiny models of types without a hand spec (``tiny_generic(model_type)``, a
+    :class:`~probe.models.LoadedModel` whose spec was discovered; see ``generic_models.py``)."""
+    from generic_models import generic_lm
+
+    return generic_lm
+
+
 def save_tiny(kind: str, folder: Path, tokenizer: str | None = None, **kw) -> Path:
     """Save a tiny model and its tokenizer to ``folder`` (a model folder ``probe --model`` loads)."""
     model, tok = tiny_model(kind, tokenizer, wrap=False, **kw)

@@ -8,6 +8,7 @@ from torch import nn
 
 from ..errors import UnsupportedArchitectureError
 from ..sites import Site
+from .discovered import needs_weights
 from .spec import ArchSpec, SiteSpec
 from .table import get_spec
 
@@ -108,8 +109,14 @@ def site_modules(model: nn.Module, spec: ArchSpec | None = None) -> list[tuple[S
 
 def site_outputs(model: nn.Module, spec: ArchSpec | None = None) -> list[tuple[Site, nn.Module]]:
     """Every site of ``model`` with its output projection (input [batch, seq, heads * d_head]),
-    in forward order."""
+    in forward order.
+
+    Raises:
+        UnsupportedArchitectureError: a discovered spec whose output projection was not found
+            (the analyses that act on a head's output refuse in one line).
+    """
     spec = spec or get_spec(model.config)
+    needs_weights(spec, "acting on a head's output (ablation, patching, gates, direct logit attribution)", ("o",))
     return [(site, site_block(model, spec, site).get_submodule(site_spec(spec, site).o))
             for site in sites(model.config)]
 

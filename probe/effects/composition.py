@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..architectures import site_block, site_outputs
+from ..architectures import needs_weights, site_block, site_outputs
 from ..errors import InputError, UnsupportedAnalysisError
 from ..reference import Rope
 from .dla import head_out_weights
@@ -171,6 +171,7 @@ def check_composable(lm) -> None:
                                        f"{lm.name} is an {lm.kind} model")
     if lm.pruned is not None:
         raise UnsupportedAnalysisError(f"{lm.name} has heads removed from its weights: score the original model")
+    needs_weights(lm.spec, "composition scores")
     if len(site_outputs(lm.model, lm.spec)) != lm.geometry.n_layers:
         raise UnsupportedAnalysisError(f"{lm.name}: one attention site per layer expected")
 
@@ -207,6 +208,9 @@ def composition_scores(lm, rope_offsets: int = 1) -> pd.DataFrame:
     check_composable(lm)
     if rope_offsets < 1:
         raise InputError(f"rope_offsets must be at least 1 (D = 0 only), got {rope_offsets}")
+    if rope_offsets > 1 and lm.spec.discovered:
+        raise UnsupportedAnalysisError(f"rope_offsets > 1 needs a hand-written spec's RoPE settings; {lm.model_type} "
+                                       "was discovered (use rope_offsets=1, D = 0)")
     g, f = lm.geometry, head_factors(lm)
     L, H = g.n_layers, g.n_heads
     offsets = rope_offsets if lm.spec.rotary else 1

@@ -203,6 +203,9 @@ def removal_unsupported(lm) -> str | None:
     """Why heads cannot be physically removed from ``lm``, or None where they can."""
     if lm.kind == "encoder-decoder":
         return f"{lm.name} is an encoder-decoder model (head removal covers one-stack models)"
+    if lm.spec.discovered:
+        return (f"{lm.model_type} has no hand-written spec: removing heads rewrites its modules' head counts and "
+                "projection layouts, which only a hand spec names")
     if lm.spec.position_bias is ALIBI:
         return (f"{lm.name} adds ALiBi biases whose slopes the model computes from its head count: removing "
                 "heads would change the slopes of the heads that stay")

@@ -13,8 +13,8 @@ Two comparisons on the battery's inputs (:mod:`.battery`; the padding-invariance
 
 Where the arithmetic is the eager function's (float32 models), the differences are exactly 0;
 ``sdpa`` fuses the operations differently, so its comparison passes within the tolerances or within
-:data:`SDPA_RTOL` of the largest output (max |difference| / max |output|). A hand spec's from-scratch checks (RoPE, ALiBi, T5 buckets, mutants) need a hand
-spec: they are not run here.
+:data:`SDPA_RTOL` of the largest output (max |difference| / max |output|). A hand spec's
+from-scratch checks (RoPE, ALiBi, T5 buckets, mutants) need a hand spec: they are not run here.
 """
 
 from __future__ import annotations

@@ -1,0 +1,181 @@
+"""Model types without a hand-written spec: discovered from one forward pass through probe's attention
+function (probe/discover.py), verified against their own eager function, analyzed; and the types whose
+attention does not call the interface, refused in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from generic_models import GENERIC, OWN_ATTENTION, generic_model
+
+from conftest import FAMILIES, assert_statistics_close, invoke_cli, one_error, tiny_model
+from probe import interface
+from probe.analysis import analyze
+from probe.architectures import DISCOVERED, SPECS, get_spec
+from probe.capture import capture_attention
+from probe.core import LoadedModel
+from probe.discover import discover
+from probe.errors import UnsupportedArchitectureError
+from probe.inputs import Text
+from probe.verification import verify
+
+TEXTS = ["The cat sat on the mat. It was warm.", "A dog ran to the park and back home again today."]
+
+
+def texts_for(lm):
+    return [Text(t, target=t[:18]) for t in TEXTS] if lm.kind == "encoder-decoder" else TEXTS
+
+
+@pytest.mark.parametrize("model_type", GENERIC)
+def test_generic_type_is_discovered_verified_and_analyzed(tiny_generic, model_type):
+    lm = tiny_generic(model_type)
+    assert lm.spec.discovered and get_spec(lm.model.config) is lm.spec and model_type not in SPECS
+    assert lm.geometry.n_heads == 4 and lm.geometry.n_layers == 2
+    result = verify(lm, cases=["right-padded"])
+    assert result.passed, result.to_json()
+    # probe's function and the model's own eager function do the same arithmetic: exactly equal
+    assert all(r.attn_max_abs == 0.0 and r.hidden_max_abs == 0.0 for r in result.per_layer)
+    assert next(c for c in result.cases if c.name == "right-padded").output_max_abs == 0.0
+    heads = analyze(lm, texts_for(lm), batch_size=2).heads
+    assert len(heads) == len(lm.sites) * 4
+    assert np.isfinite(heads["entropy"].to_numpy(float)).all()
+    assert not interface._EVERY and lm.model.config._attn_implementation == "eager"  # nothing left behind
+
+
+def test_captured_maps_are_the_eager_modules_weights(tiny_generic):
+    """Capture through the function equals the weights the eager modules return (output_attentions),
+    real rows and keys; padded keys get exactly 0."""
+    lm = tiny_generic("mixtral")
+    captured = capture_attention(lm, TEXTS)
+    real = captured.batch.real
+    with torch.no_grad():
+        out = lm.model(**captured.batch.model_inputs(), output_attentions=True, use_cache=False)
+    for mine, theirs in zip(captured.probs, out.attentions):
+        rows = real[:, None, :, None] & real[:, None, None, :]
+        torch.testing.assert_close(mine[rows.expand_as(mine)], theirs[rows.expand_as(theirs)], atol=0, rtol=0)
+        pad = ~real[:, None, None, :].expand_as(mine)
+        assert bool((mine[pad] == 0).all())
+
+
+def test_discovered_paths_heads_and_windows(tiny_generic):
+    opt = tiny_generic("opt").spec
+    (s,) = opt.site_specs
+    assert (s.layers, s.attention, s.o, s.q, s.k, s.v) == ("decoder.layers", "self_attn", "self_attn.out_proj",
+                                                            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    assert opt.missing == () and opt.kind == "decoder"
+    assert [site.window for site in tiny_generic("starcoder2").sites] == [4, 4]
+    assert [site.window for site in tiny_generic("gpt_oss").sites] == [4, None]  # sliding, then full
+    mixtral = tiny_generic("mixtral")
+    assert (mixtral.geometry.n_heads, mixtral.geometry.n_kv_heads) == (4, 2)
+    modern = tiny_generic("modernbert")
+    assert modern.spec.qkv_layout == "stacked" and modern.spec.site_specs[0].qkv == "attn.Wqkv"
+    assert modern.kind == "encoder" and not any(site.causal for site in modern.sites)
+    assert modern.max_length <= modern.spec.length_limit  # its bidirectional window never binds
+
+
+def test_t5_family_layers_are_the_blocks_not_each_blocks_sub_layers(tiny_generic):
+    lm = tiny_generic("mt5")
+    assert lm.kind == "encoder-decoder"
+    paths = {(s.stack, s.kind): (s.layers, s.attention) for s in lm.spec.site_specs}
+    assert paths == {("encoder", "self"): ("encoder.block", "layer.0.SelfAttention"),
+                     ("decoder", "self"): ("decoder.block", "layer.0.SelfAttention"),
+                     ("decoder", "cross"): ("decoder.block", "layer.1.EncDecAttention")}
+    assert [(s.stack, s.layer, s.kind, s.causal) for s in lm.sites] == [
+        ("encoder", 0, "self", False), ("encoder", 1, "self", False), ("decoder", 0, "self", True),
+        ("decoder", 0, "cross", False), ("decoder", 1, "self", True), ("decoder", 1, "cross", False)]
+
+
+def test_a_layer_shared_by_every_site_serves_each_in_turn(tiny_generic):
+    """ALBERT runs one layer module num_hidden_layers times: two sites, one module, different maps."""
+    lm = tiny_generic("albert")
+    assert len(lm.sites) == 2 and len(set(lm.spec.site_paths)) == 1
+    captured = capture_attention(lm, TEXTS)
+    assert not torch.equal(captured.probs[0], captured.probs[1])
+    with torch.no_grad():
+        out = lm.model(**captured.batch.model_inputs(), output_attentions=True)
+    real = captured.batch.real
+    for mine, theirs in zip(captured.probs, out.attentions):
+        rows = (real[:, None, :, None] & real[:, None, None, :]).expand_as(mine)
+        torch.testing.assert_close(mine[rows], theirs[rows], atol=0, rtol=0)
+
+
+def test_roberta_numbering_is_found():
+    """XLM-RoBERTa numbers positions from padding_idx + 1: its limit is the table's rows minus that."""
+    lm_type = "xlm-roberta"
+    from generic_models import generic_lm
+    lm = generic_lm(lm_type)
+    assert lm.spec.position_offset(lm.model.config) == 1  # pad id 0
+    assert lm.max_length == lm.model.config.max_position_embeddings - 1
+
+
+def test_projections_not_found_refuse_the_analyses_that_need_them(tiny_generic):
+    """DeepSeek-V3's multi-head latent attention has no per-head q/k/v projection; capture, statistics
+    and verification work, composition refuses in one line."""
+    from probe.effects.composition import composition_scores
+
+    lm = tiny_generic("deepseek_v3")
+    assert set(lm.spec.missing) == {"q", "k", "v"} and lm.geometry.d_head == 12  # value heads: v_head_dim
+    with pytest.raises(UnsupportedArchitectureError, match="composition scores needs the q, k, v projection"):
+        composition_scores(lm)
+    heads = analyze(lm, TEXTS).heads
+    assert "norm_mass" in heads  # value-weighted statistics: values from the function, o found
+
+
+def test_row_blocks_equal_whole_maps(tiny_generic):
+    for model_type in ("opt", "gpt_oss", "mt5", "albert"):
+        lm = tiny_generic(model_type)
+        dense = analyze(lm, texts_for(lm), batch_size=2, query_block=0)
+        blocked = analyze(lm, texts_for(lm), batch_size=2, query_block=3)
+        cols = [c for c in dense.heads.select_dtypes("number").columns if c != "cluster"]
+        for c in cols:
+            np.testing.assert_allclose(blocked.heads[c].to_numpy(float), dense.heads[c].to_numpy(float),
+                                       atol=1e-5, rtol=1e-6, err_msg=f"{model_type} {c}")
+
+
+@pytest.mark.parametrize("kind", [k for k in FAMILIES if k != "bloom"])
+def test_hand_families_discovered_give_the_eager_paths_statistics(kind):
+    """A hand family's modules called through probe's function (a spec discovered for it; BLOOM computes its
+    own attention) give the
+    statistics of the eager path the hand spec measures: the function is one capture point for both."""
+    lm = tiny_model(kind)
+    try:
+        spec = discover(lm.model, lm.tokenizer)
+    finally:
+        DISCOVERED.pop(lm.model_type, None)
+    assert [(s.stack, s.layer, s.kind, s.causal, s.window) for s in spec.fixed_sites] == \
+        [(s.stack, s.layer, s.kind, s.causal, s.window) for s in lm.sites]
+    generic = LoadedModel(lm.model, lm.tokenizer, spec, lm.geometry, lm.name, lm.source, lm.max_length)
+    texts = [Text(t, target=t[:18]) for t in TEXTS] if lm.kind == "encoder-decoder" else TEXTS
+    assert_statistics_close(analyze(generic, texts).heads, analyze(lm, texts).heads, err_msg=kind)
+
+
+@pytest.mark.parametrize("model_type", OWN_ATTENTION)
+def test_a_type_whose_attention_does_not_call_the_interface_is_refused_in_one_line(tmp_path, model_type):
+    from conftest import bert_tokenizer, bpe_tokenizer
+
+    tok = bert_tokenizer() if model_type == "mpnet" else bpe_tokenizer()
+    generic_model(model_type, tok).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    line = one_error(invoke_cli("analyze", "--model", tmp_path, "--text", "Hi there.", "--out", tmp_path / "o"), 1,
+                     repr(model_type), "AttentionInterface")
+    assert "llama" in line  # the hand-written types are named
+    assert not (tmp_path / "o").exists()
+
+
+def test_discovering_a_model_that_keeps_its_own_attention_says_so():
+    from conftest import bpe_tokenizer
+
+    tok = bpe_tokenizer()
+    with pytest.raises(UnsupportedArchitectureError, match="never called transformers' AttentionInterface"):
+        discover(generic_model("gpt_neo", tok), tok)
+
+
+def test_mutants_and_removal_need_a_hand_spec(tiny_generic):
+    from probe.errors import ProbeError
+    from probe.pruning.removal import removal_unsupported
+
+    lm = tiny_generic("olmo")
+    with pytest.raises(ProbeError, match="hand-written spec"):
+        verify(lm, mutant="no-scale")
+    assert "hand-written spec" in removal_unsupported(lm)
