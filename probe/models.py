@@ -177,12 +177,14 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
         with their LM head (``AutoModelForCausalLM``), encoders as the bare model (``AutoModel``)
         unless ``head`` says otherwise. A folder written by
         :func:`probe.pruning.saving.save_pruned` is built from its original config with the same
-        heads removed (``pruned`` set, original numbering).
+        heads removed (``pruned`` set, original numbering). A model type without a hand-written
+        spec is discovered from one short forward pass (:func:`spec_for`).
 
     Raises:
         ModelLoadError: unknown name, missing path, embedded package not installed, Hub unreachable
             and not cached.
-        UnsupportedArchitectureError: the model type is not supported.
+        UnsupportedArchitectureError: the model type has no hand-written spec and its attention does
+            not call transformers' ``AttentionInterface`` (or shows a structure probe cannot measure).
     """
     if not isinstance(name, str) or not name.strip():
         raise ModelLoadError("no model given; run 'probe models' for the aliases")
@@ -285,10 +287,12 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
 
     Changes the objects passed in: the model is put in eval mode and switched to eager attention
     if it was not (noted in ``notes``); the tokenizer gets a pad token if it had none (its eos or
-    unk token) and right padding.
+    unk token) and right padding. A model type without a hand-written spec is discovered from one
+    short forward pass (:func:`spec_for`; the model's state is restored afterwards).
 
     Raises:
-        UnsupportedArchitectureError: the model type is not supported.
+        UnsupportedArchitectureError: the model type has no hand-written spec and its attention does
+            not call transformers' ``AttentionInterface`` (or shows a structure probe cannot measure).
     """
     spec = spec_for(model, tokenizer)
     notes = []

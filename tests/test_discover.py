@@ -179,3 +179,24 @@ def test_mutants_and_removal_need_a_hand_spec(tiny_generic):
     with pytest.raises(ProbeError, match="hand-written spec"):
         verify(lm, mutant="no-scale")
     assert "hand-written spec" in removal_unsupported(lm)
+
+
+def test_cli_analyze_and_verify_a_saved_generic_model(tmp_path):
+    import pandas as pd
+
+    from conftest import bpe_tokenizer
+
+    tok = bpe_tokenizer()
+    folder = tmp_path / "tiny-olmo"
+    generic_model("olmo", tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    result = invoke_cli("verify", "--model", folder, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.stdout and "right-padded (sdpa)" in result.stdout and "output (logits)" in result.stdout
+    result = invoke_cli("analyze", "--model", folder, "--text", "The cat sat on the mat.", "--text",
+                        "A dog ran home.", "--out", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    heads = pd.read_csv(tmp_path / "run" / "heads.csv")
+    assert len(heads) == 8 and set(heads["layer"]) == {0, 1}
+    one_error(invoke_cli("verify", "--model", folder, "--mutant", "no-scale", "--no-progress"), 1,
+              "hand-written spec")

@@ -9,8 +9,13 @@ query/key norms, position offset, and the module attributes that hold head count
 Everything else in ``probe`` asks this module instead of branching on the family, so adding an
 architecture is one entry in :data:`SPECS` (plus a tiny-model test).
 
+A type without an entry whose attention calls transformers' ``AttentionInterface`` gets a spec
+discovered from one forward pass when it is loaded (:mod:`probe.discover`), filed in
+:data:`DISCOVERED` (:mod:`.discovered`), where :func:`get_spec` finds it after :data:`SPECS`.
+
 The package: :mod:`.spec` (the spec classes and behaviour rules), :mod:`.table` (the entries,
-:data:`SPECS`, :func:`get_spec`), :mod:`.modules` (geometry, sites and modules of a model).
+:data:`SPECS`, :func:`get_spec`), :mod:`.discovered` (specs built from a forward pass),
+:mod:`.modules` (geometry, sites and modules of a model).
 """
 
 from .discovered import DISCOVERED, Found, build_spec, model_kind, needs_weights, register
