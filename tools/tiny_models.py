@@ -263,6 +263,8 @@ def build(model_type: str, kind: str):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
     config = tiny_config(model_type, len(tok), special_ids(tok))
+    if kind == "decoder":  # a causal LM class of an encoder family (BertGeneration) reads the flag
+        config.is_decoder = True
     torch.manual_seed(0)
     auto = auto_class(kind)
     entry = auto._model_mapping[type(config)]
