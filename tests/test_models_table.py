@@ -1,0 +1,128 @@
+"""The supported-models table (docs/models.md, probe/data/models.tsv) is a test: tiny random models of
+transformers' model types, probe run on each, the result equal to the committed table."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from probe.cli import main
+from probe.support import COLUMNS, STATUSES, model_types, status_counts
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import models_table  # noqa: E402 - tools/ is not a package: its folder on the path first
+import tiny_models  # noqa: E402
+
+DOCS = ROOT / "docs" / "models.md"
+
+#: A fixed sample across kinds: types with a hand-written spec and types probe discovers or refuses.
+SAMPLE = ("llama", "qwen2", "mixtral", "falcon", "gpt_neo", "bert", "deberta-v2", "esm", "bart", "t5", "pegasus",
+          "mt5")
+
+
+def committed() -> dict[str, dict]:
+    return {r["type"]: r for r in model_types()}
+
+
+def test_the_sample_runs_as_the_committed_table_says():
+    """Each sample type built, wrapped, verified and analyzed in a worker process: status and reason
+    equal the committed table's row (a change in probe that changes a row must regenerate the table)."""
+    kinds = dict(tiny_models.text_types())
+    rows = models_table.table([(t, kinds[t]) for t in SAMPLE], echo=lambda s: None)
+    table = committed()
+    for r in rows:
+        assert (r["status"], r["reason"]) == (table[r["type"]]["status"], table[r["type"]]["reason"]), r
+        if r["status"] == "works":  # verification passed: a finite largest difference recorded
+            assert math.isfinite(float(r["max_diff"])), r
+    assert {r["kind"] for r in rows} == {"decoder", "encoder", "encoder-decoder"}
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "t5gemma", "deberta-v2", "zamba2", "gpt_neo"])
+def test_tiny_configs_are_tiny(model_type):
+    """Two layers (each stack), width 64, the tokenizer's vocabulary; per-layer lists as long as the layers."""
+    kind = dict(tiny_models.text_types())[model_type]
+    model, tok = tiny_models.build(model_type, kind)
+    configs = [model.config] + [getattr(model.config, k) for k in ("encoder", "decoder") if
+                                hasattr(getattr(model.config, k, None), "to_dict")]
+    checked = 0
+    for cfg in configs:
+        d = cfg.to_dict()
+        layers = next((d[k] for k in tiny_models.LAYER_KEYS if isinstance(d.get(k), int)), None)
+        if layers is None:  # a composite config (t5gemma): its encoder and decoder say
+            continue
+        checked += 1
+        assert layers == tiny_models.LAYERS, (model_type, d)
+        assert next(d[k] for k in ("hidden_size", "d_model", "n_embd", "dim") if k in d) == tiny_models.HIDDEN
+        for key in ("layer_types", "layers_block_type", "attention_layers"):
+            if isinstance(d.get(key), list):
+                assert len(d[key]) == layers, (model_type, key, d[key])
+    assert checked >= 1
+    assert model.get_input_embeddings().num_embeddings == len(tok)
+    assert sum(p.numel() for p in model.parameters()) < 2_000_000
+    assert not model.training
+
+
+def test_per_layer_lists_keep_every_kind_of_layer():
+    values = ["linear_attention"] * 2 + ["hybrid"] + ["linear_attention"] * 3
+    assert tiny_models._per_layer("layers_block_type", values, 2) == ["linear_attention", "hybrid"]
+    assert tiny_models._per_layer("layer_types", ["full_attention"] * 5, 2) == ["full_attention"] * 2
+    assert tiny_models._per_layer("intermediate_size", [16384] * 35, 2) == [tiny_models.FFN] * 2
+
+
+def test_the_committed_table_is_whole_and_consistent():
+    """One row per model type of the installed transformers, in the same order, kinds as computed now;
+    docs/models.md's status column equals the tsv's; the counts add up."""
+    rows = model_types()
+    assert [(r["type"], r["kind"]) for r in rows] == tiny_models.text_types()
+    assert all(set(r) == set(COLUMNS) and r["status"] in STATUSES for r in rows)
+    assert all((r["status"] == "out of scope") == (r["kind"] == "not text") for r in rows)
+    assert all(r["reason"] == "" for r in rows if r["status"] == "works")
+    assert all(r["reason"] for r in rows if r["status"] == "refused")
+    assert all(r["analyze"] == "ran" for r in rows if r["status"] == "works")
+    text = DOCS.read_text(encoding="utf-8")
+    assert models_table.status_column(text) == {r["type"]: r["status"] for r in rows if r["kind"] != "not text"}
+    c = status_counts(rows)
+    assert f"**{c['all']['works']} work, {c['all']['refused']} refused**" in text
+    assert sum(c["all"].values()) == len(rows)
+
+
+def test_markdown_cells_escape_what_markdown_reads():
+    assert models_table._cell("a|b_c *d* <e>") == r"a\|b\_c \*d\* &lt;e&gt;"
+    rows = [{"type": "x_y", "kind": "decoder", "status": "refused", "reason": "no | way", "analyze": "ran",
+             "max_diff": "", "seconds": "0.1"},
+            {"type": "z", "kind": "encoder", "status": "works", "reason": "", "analyze": "ran", "max_diff": "0.0e+00",
+             "seconds": "1.0"}]
+    md = models_table.markdown(rows, "0")
+    assert models_table.status_column(md) == {"x_y": "refused", "z": "works"}
+    assert "**1 work, 1 refused**" in md
+    assert "`probe.analyze` alone ran on 2 types" in md
+    assert models_table.COLUMNS == COLUMNS
+
+
+def test_probe_models_all_prints_the_table():
+    result = CliRunner().invoke(main, ["models", "--all"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    text_rows = [r for r in model_types() if r["kind"] != "not text"]
+    assert len(lines) == len(text_rows) + 2  # header, rows, counts
+    for r, line in zip(text_rows, lines[1:]):
+        assert line.split()[:3] == [r["type"], r["kind"], r["status"]], line
+        assert (r["reason"] or f"verify max difference {r['max_diff']}") in line
+    c = status_counts(model_types())
+    assert lines[-1].startswith(f"{c['all']['works']} of {len(text_rows)} text model types work")
+    assert "--all" in CliRunner().invoke(main, ["models", "--help"]).stdout
+
+
+@pytest.mark.slow
+def test_the_whole_table_is_true(tmp_path):
+    """Regenerate every row (one worker process, the time caps of tools/models_table.py): docs/models.md's
+    status column is what probe does today."""
+    assert models_table.main(["--out", str(tmp_path)]) == 0
+    fresh = models_table.status_column((tmp_path / "models.md").read_text(encoding="utf-8"))
+    assert fresh == models_table.status_column(DOCS.read_text(encoding="utf-8"))
