@@ -26,6 +26,7 @@ from .architectures import site_outputs
 from .capture import attention_hooks, encode, forward
 from .core import LoadedModel
 from .errors import InputError
+from .hooks import measuring
 from .inputs import Text
 from .reference import swap_attention
 from .seq2seq import sides
@@ -149,7 +150,9 @@ def heads_steps(lm: LoadedModel, text, picks, max_length: int | None = None, *, 
     recorded: dict[tuple[Site, int], dict] = {}
     with torch.no_grad():
         for chosen in rounds:
-            with swap_attention(lm) as swapped:  # the from-scratch steps first (it knows the site's heads)
+            # the from-scratch steps first (it knows the site's heads); measuring() checks the ids as
+            # every forward pass of probe does (a model with one segment type gets its segment ids dropped)
+            with measuring(lm.model, eager=False) as m, swap_attention(lm, hooks=m.hooks) as swapped:
                 modules = {where: swapped.modules[lm.sites.index(where)] for where in chosen}
                 for where, head in chosen.items():
                     if not 0 <= head < modules[where].n_head:
