@@ -45,16 +45,16 @@ HIDDEN, HEADS, KV_HEADS, LAYERS, MAX_POS = 64, 4, 2, 2, 64
 
 #: Every kind the builder knows: architecture families and their variants.
 KINDS = (
-    "bert", "roberta", "electra", "distilbert",
+    "bert", "roberta", "electra", "distilbert", "deberta-v2",
     "gpt2", "gpt2-unscaled", "gpt2-layer-scaled", "gpt2-unscaled-layer-scaled", "gpt2-upcast",
     "llama", "llama-linear", "llama-llama3", "llama-dynamic", "llama-yarn", "llama-longrope",
     "qwen2", "qwen2-window", "qwen3", "mistral",
     "gpt_neox", "phi3", "gemma", "gemma2", "gemma3", "bloom", "bloom-6heads",
     "bart", "marian", "t5",
 )
-ENCODERS = ("bert", "roberta", "electra", "distilbert")
+ENCODERS = ("bert", "roberta", "electra", "distilbert", "deberta-v2")
 #: One kind per family (for tests that need every family once).
-FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "mistral", "gpt_neox", "phi3",
+FAMILIES = ("bert", "roberta", "distilbert", "deberta-v2", "gpt2", "llama", "qwen2", "mistral", "gpt_neox", "phi3",
             "gemma", "gemma2", "gemma3", "qwen3", "bloom", "bart", "marian", "t5")
 #: Encoder-decoder kinds (cross-attention sites).
 SEQ2SEQ = ("bart", "marian", "t5")
@@ -219,6 +219,13 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
                    intermediate_size=2 * hidden,
                    max_position_embeddings=max_positions + (2 if kind == "roberta" else 0),
                    hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, **extra, **common)
+    if kind == "deberta-v2":  # DeBERTa-v3's settings: both position terms, shared projections, log buckets
+        return tr.DebertaV2Config(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
+                                  intermediate_size=2 * hidden, max_position_embeddings=max_positions,
+                                  relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+                                  max_relative_positions=-1, norm_rel_ebd="layer_norm", share_att_key=True,
+                                  position_biased_input=False, type_vocab_size=0, pad_token_id=0,
+                                  hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, **common)
     if kind == "distilbert":
         return tr.DistilBertConfig(dim=hidden, n_heads=heads, n_layers=layers, hidden_dim=2 * hidden,
                                    max_position_embeddings=max_positions, dropout=dropout,
@@ -281,6 +288,7 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
 
 _CLASSES = {
     "bert": "BertModel", "roberta": "RobertaModel", "electra": "ElectraModel", "distilbert": "DistilBertModel",
+    "deberta-v2": "DebertaV2Model",
     "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
     "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .disentangled import disentangled_scale
 from .position_bias import NO_POSITION_BIAS, PositionBias
 
 #: How the query/key/value projections are stored (see :attr:`ArchSpec.qkv_layout`).
@@ -33,6 +34,12 @@ def _query_pre_attn_scaling(config, d_head: int, layer: int) -> float:
     """Gemma 2/3: 1/sqrt(query_pre_attn_scalar), a config value that need not equal d_head
     (Gemma Team 2024, "Gemma 2", sec. 2)."""
     return float(config.query_pre_attn_scalar) ** -0.5
+
+
+def _disentangled_scaling(config, d_head: int, layer: int) -> float:
+    """DeBERTa-v2/v3: 1/sqrt(d_head * s), s = 1 + the number of position terms in ``pos_att_type``
+    (He et al. 2021, sec. 3.1: 1/sqrt(3 d) with c2p and p2c)."""
+    return 1.0 / disentangled_scale(config, d_head)
 
 
 def _no_window(config, layer: int) -> int | None:
@@ -148,7 +155,8 @@ class SiteSpec:
 
     The site specs of an :class:`ArchSpec` are the only place that names module paths. Paths:
     ``layers`` and ``stack_module`` are relative to the base model (``model.base_model``);
-    ``bias_table`` to the first layer of the stack; every other path to one layer.
+    ``bias_table`` to the first layer of the stack; ``rel_embeddings`` and ``rel_norm`` to the base
+    model; every other path to one layer.
 
     Attributes:
         stack: ``"encoder"`` or ``"decoder"`` (:class:`~probe.sites.Site`).
@@ -169,6 +177,10 @@ class SiteSpec:
         n_layers: ``config -> int`` layers of this stack (None: :func:`head_geometry`'s count).
         bias_table: T5: path, relative to the first block of the stack, of the embedding holding
             the stack's learned relative position bias [buckets, heads]; None elsewhere.
+        rel_embeddings: DeBERTa-v2/v3: path, relative to the base model, of the stack's relative
+            position embeddings [2 * span, d_model] (shared by all layers); None elsewhere.
+        rel_norm: DeBERTa-v2/v3: path of the LayerNorm applied to those embeddings where the config's
+            ``norm_rel_ebd`` asks for it (absent otherwise); None elsewhere.
     """
 
     stack: str
@@ -186,6 +198,8 @@ class SiteSpec:
     stack_module: str = ""
     n_layers: Callable[..., int] | None = None
     bias_table: str | None = None
+    rel_embeddings: str | None = None
+    rel_norm: str | None = None
 
     def relative(self, path: str | None) -> str | None:
         """A layer-relative path made relative to the attention module (None if outside it)."""
@@ -224,6 +238,8 @@ class ArchSpec:
         rotary: rotary position embedding applied to q and k (Su et al. 2021, RoFormer), in the
             "rotate half" layout on the first ``partial_rotary_factor * d_head`` dimensions.
         scaling: ``(config, d_head, layer) -> float``, the multiplier of q k^T.
+        divide_keys: the original divides the keys by 1/scale before the product q k^T (DeBERTa);
+            the reference does the same, for the original's rounding.
         softmax_dtype: dtype the original's eager softmax runs in (float32 for the LLaMA-style
             families, which upcast; None = the scores' dtype).
         upcast: ``config -> bool``: scores as well as softmax in float32 (GPT-2 option).
@@ -249,6 +265,8 @@ class ArchSpec:
         probs: ``output -> probs | None``: the attention probabilities [batch, heads, query, key]
             in the attention module's output tuple (second; T5's modules return
             ``(output, position_bias, probs)``).
+        probs_argument: name of the attention module's forward argument that must be True for it to
+            return its probabilities (DeBERTa's ``output_attentions``; capture sets it), or None.
         pack: ``(attn_output, probs, bias) -> tuple``: the output tuple a replacement module returns
             (the original's layout).
         position_bias: the bias added to the scores
@@ -265,6 +283,7 @@ class ArchSpec:
     conv1d: bool = False
     rotary: bool = False
     scaling: Callable[..., float] = _inverse_sqrt_head
+    divide_keys: bool = False
     softmax_dtype: torch.dtype | None = None
     upcast: Callable[..., bool] = _no_upcast
     window: Callable[..., int | None] = _no_window
@@ -278,6 +297,7 @@ class ArchSpec:
     config_head_attrs: tuple[str, ...] = ()
     cache_kwargs: tuple[str, ...] = ("cache", "past_key_values")
     probs: Callable[..., torch.Tensor | None] = _probs_second
+    probs_argument: str | None = None
     pack: Callable[..., tuple] = _pack_pair
     position_bias: PositionBias = NO_POSITION_BIAS
     residual: Callable[..., torch.Tensor] = _no_residual

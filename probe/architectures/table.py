@@ -8,10 +8,11 @@ from dataclasses import replace
 import torch
 
 from ..errors import UnsupportedArchitectureError
-from .position_bias import ALIBI, T5_RELATIVE
+from .position_bias import ALIBI, DISENTANGLED, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
     SiteSpec,
+    _disentangled_scaling,
     _gemma2_softcap,
     _gpt2_scaling,
     _gpt2_upcast,
@@ -34,6 +35,14 @@ _BERT = ArchSpec(
     head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
 )
 _ROBERTA = replace(_BERT, family="roberta", position_offset=_roberta_offset)
+_DEBERTA_V2 = ArchSpec(
+    family="deberta-v2", kind="encoder",
+    site_specs=one_stack("encoder", "encoder.layer", "attention.self", "attention.output.dense",
+                         q="attention.self.query_proj", k="attention.self.key_proj", v="attention.self.value_proj",
+                         rel_embeddings="encoder.rel_embeddings", rel_norm="encoder.LayerNorm"),
+    scaling=_disentangled_scaling, divide_keys=True, position_bias=DISENTANGLED, probs_argument="output_attentions",
+    head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
+)
 _DISTILBERT = ArchSpec(
     family="distilbert", kind="encoder",
     site_specs=one_stack("encoder", "transformer.layer", "attention", "attention.out_lin",
@@ -125,6 +134,7 @@ SPECS: dict[str, ArchSpec] = {
     "roberta": _ROBERTA,
     "electra": _BERT,
     "distilbert": _DISTILBERT,
+    "deberta-v2": _DEBERTA_V2,
     "gpt2": _GPT2,
     "llama": _LLAMA,
     "qwen2": _QWEN2,

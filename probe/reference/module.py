@@ -85,7 +85,7 @@ class ReferenceAttention(nn.Module):
 
     def __init__(self, original: nn.Module, spec: ArchSpec, config, layer_idx: int,
                  context: ForwardContext | None = None, *, site: Site | None = None,
-                 bias_table: nn.Module | None = None) -> None:
+                 bias_table: nn.Module | None = None, rel_embeddings: tuple | None = None) -> None:
         super().__init__()
         geo = head_geometry(config)
         self.spec, self.config, self.layer_idx, self.site = spec, config, layer_idx, site
@@ -96,6 +96,7 @@ class ReferenceAttention(nn.Module):
         self._signature = inspect.signature(original.forward)
         self.is_cross = self.paths.kind == "cross"
         self._bias_table = [bias_table]  # T5: the stack's relative position bias (a list: not a child here)
+        self._rel_embeddings = [rel_embeddings]  # DeBERTa: (the stack's table, its LayerNorm or None)
 
         # The original projections (and q/k norms), by reference, under their original attribute names.
         self._names: dict[str, str] = {}
@@ -143,6 +144,11 @@ class ReferenceAttention(nn.Module):
 
     def _module(self, role: str) -> nn.Module:
         return getattr(self, self._names[role])
+
+    def projection(self, role: str) -> nn.Module:
+        """The original module of a role: ``"query"``/``"q"``, ``"key"``/``"k"``, ``"value"``/``"v"``,
+        ``"qkv"``, ``"o"`` (DeBERTa's position terms project with the layer's own q and k)."""
+        return self._module({"query": "q", "key": "k", "value": "v"}.get(role, role))
 
     def extra_repr(self) -> str:
         return (f"heads={self.n_head}, kv_heads={self.n_kv_head}, d_head={self.d_head}, scale={self.scale:.6g}, "
@@ -215,15 +221,25 @@ class ReferenceAttention(nn.Module):
         """T5: the embedding of the stack's relative position bias [buckets, heads]; else None."""
         return self._bias_table[0]
 
+    @property
+    def rel_embeddings(self) -> tuple:
+        """DeBERTa: (the stack's relative position embedding [2 * span, d_model], its LayerNorm or
+        None); ``(None, None)`` elsewhere."""
+        return self._rel_embeddings[0] or (None, None)
+
     def position_bias(self, n_query: int, n_key: int, past: int, key_positions: torch.Tensor | None,
-                      device) -> torch.Tensor | None:
+                      device, content: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
         """A bias added to the scores, [batch|1, heads, query|1, key], or None: the rule the spec
         chose (:attr:`ArchSpec.position_bias`: ALiBi's m_h * j for BLOOM, j = the key's position
-        among the real tokens; T5's learned bias of the bucket of j - i on self-attention sites)."""
-        return self.spec.position_bias(self, n_query, n_key, past, key_positions, device)
+        among the real tokens; T5's learned bias of the bucket of j - i on self-attention sites;
+        DeBERTa's c2p and p2c terms, which read ``content`` = (q [batch, heads, query, d_head],
+        k [batch, heads, key, d_head]))."""
+        return self.spec.position_bias(self, n_query, n_key, past, key_positions, device, content)
 
     #: +1: ALiBi as published; the ``alibi-sign`` mutant flips it.
     alibi_sign: float = 1.0
+    #: +1: DeBERTa's c2p term at the relative position i - j; the ``c2p-sign`` mutant flips it.
+    c2p_sign: int = 1
 
     def causal_mask(self, n_query: int, n_key: int, device) -> torch.Tensor | None:
         """[query, key] keep-mask of the site's causality and sliding window (None for encoders)."""
@@ -265,7 +281,8 @@ class ReferenceAttention(nn.Module):
         qh, kh = q[:1, h:h + 1], k[:1, h:h + 1]  # (1, 1, T, hs), (1, 1, Tk, hs)
         b = None if bias is None else bias[:1, h:h + 1].expand(1, 1, T, Tk)
         scaled = scaled_scores(qh, kh, self.score_scale(), upcast=self.upcast, softcap=self.softcap, bias=b,
-                               fused_bias=self.spec.position_bias.fused)  # (1, 1, T, Tk)
+                               fused_bias=self.spec.position_bias.fused,
+                               divide_keys=self.spec.divide_keys)  # (1, 1, T, Tk)
         row = None if keep is None else keep[:1, :1].expand(1, 1, T, Tk)
         probs = masked_softmax(scaled, row, self.softmax_dtype).to(v.dtype)
         work = torch.float32 if self.upcast else q.dtype
@@ -360,7 +377,7 @@ class ReferenceAttention(nn.Module):
         tri = self.causal_mask(T, Tk, q.device)  # (T, Tk) or None
         if tri is not None:
             keep = tri[None, None] if keep is None else keep & tri  # (B|1, 1, T, Tk)
-        bias = self.position_bias(T, Tk, past, key_positions, q.device)  # (B|1, nh, T|1, Tk) or None
+        bias = self.position_bias(T, Tk, past, key_positions, q.device, (q, k))  # (B|1, nh, T|1, Tk) or None
         if bias is not None and not self.upcast:
             bias = bias.to(q.dtype)
 
@@ -369,7 +386,8 @@ class ReferenceAttention(nn.Module):
         # 3. softmax(q k^T * scale + bias, masked) v; merge heads; output projection
         y, probs = attention(q, k, v, mask=keep, scale=self.score_scale(), softmax_dtype=self.softmax_dtype,
                              upcast=self.upcast, softcap=self.softcap, bias=bias,
-                             fused_bias=self.spec.position_bias.fused)  # (B, nh, T, hs), (B, nh, T, Tk)
+                             fused_bias=self.spec.position_bias.fused,
+                               divide_keys=self.spec.divide_keys)  # (B, nh, T, hs), (B, nh, T, Tk)
         return self._output(y, kw, probs, bias)
 
     def _output(self, y: torch.Tensor, kw: dict, probs: torch.Tensor | None, bias: torch.Tensor | None) -> tuple:
