@@ -13,7 +13,6 @@ train mode runs in eval mode; both are restored afterwards.
 from __future__ import annotations
 
 import inspect
-
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
