@@ -25,12 +25,12 @@ from .modules import (
     sites,
     stack_layers,
 )
-from .position_bias import ALIBI, DISENTANGLED, NO_POSITION_BIAS, T5_RELATIVE, PositionBias
+from .position_bias import ALIBI, DISENTANGLED, FALCON_ALIBI, NO_POSITION_BIAS, T5_RELATIVE, PositionBias
 from .spec import MODEL_KINDS, QKV_LAYOUTS, ArchSpec, SiteSpec, one_stack
 from .table import SPECS, get_spec
 
 __all__ = [
-    "ALIBI", "DISENTANGLED", "MODEL_KINDS", "NO_POSITION_BIAS", "QKV_LAYOUTS", "SPECS", "T5_RELATIVE", "ArchSpec",
-    "HeadGeometry", "PositionBias", "SiteSpec", "base_model", "get_spec", "head_geometry", "max_positions", "one_stack",
-    "site_block", "site_modules", "site_outputs", "site_spec", "sites", "stack_layers",
+    "ALIBI", "DISENTANGLED", "FALCON_ALIBI", "MODEL_KINDS", "NO_POSITION_BIAS", "QKV_LAYOUTS", "SPECS", "T5_RELATIVE",
+    "ArchSpec", "HeadGeometry", "PositionBias", "SiteSpec", "base_model", "get_spec", "head_geometry", "max_positions",
+    "one_stack", "site_block", "site_modules", "site_outputs", "site_spec", "sites", "stack_layers",
 ]

@@ -13,7 +13,7 @@ from .disentangled import disentangled_scale
 from .position_bias import NO_POSITION_BIAS, PositionBias
 
 #: How the query/key/value projections are stored (see :attr:`ArchSpec.qkv_layout`).
-QKV_LAYOUTS = ("separate", "conv1d", "per_head", "stacked")
+QKV_LAYOUTS = ("separate", "conv1d", "per_head", "stacked", "grouped")
 
 
 def _inverse_sqrt_head(config, d_head: int, layer: int) -> float:
@@ -73,6 +73,28 @@ def _rope_single(config, layer: int) -> dict:
         params["partial_rotary_factor"] = config.partial_rotary_factor
     params.setdefault("rope_type", params.get("type", "default"))
     return params
+
+
+def _rope_unless_alibi(config, layer: int) -> dict | None:
+    """Falcon: RoPE unless the config asks for ALiBi (``alibi=True``; then no rotation, None)."""
+    return None if getattr(config, "alibi", False) else _rope_single(config, layer)
+
+
+def _kv_heads_from_config(config) -> int:
+    """Key/value heads: ``num_key_value_heads``, else the query heads (multi-head attention)."""
+    return getattr(config, "num_key_value_heads", None) or _query_heads(config)
+
+
+def _query_heads(config) -> int:
+    return getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or config.n_head
+
+
+def _kv_heads_multi_query(config) -> int:
+    """Falcon: ``num_kv_heads`` groups with ``new_decoder_architecture``, one shared key/value head
+    with ``multi_query`` (Shazeer 2019), else one per query head."""
+    if getattr(config, "new_decoder_architecture", False):
+        return config.num_kv_heads
+    return 1 if getattr(config, "multi_query", False) else _query_heads(config)
 
 
 def _rope_by_layer_type(config, layer: int) -> dict:
@@ -232,7 +254,11 @@ class ArchSpec:
             ``"per_head"`` one ``nn.Linear`` whose output is laid out per head, [heads, 3, d_head]
             (GPT-NeoX ``query_key_value``);
             ``"stacked"`` one ``nn.Linear`` whose output is q (heads * d_head) | k | v
-            (kv_heads * d_head each) (Phi-3 ``qkv_proj``).
+            (kv_heads * d_head each) (Phi-3 ``qkv_proj``);
+            ``"grouped"`` one ``nn.Linear`` whose output is laid out per key/value head,
+            [kv_heads, heads / kv_heads + 2, d_head]: the group's query heads, then its key and its
+            value (Falcon's ``query_key_value``: ``[heads, 3, d_head]`` without grouping, q | k | v
+            with one shared key/value head).
         conv1d: projections are GPT-2 ``Conv1D`` modules (``y = x @ W + b``, W is [in, out]), the
             output projection included; False for ``nn.Linear`` (W is [out, in]).
         rotary: rotary position embedding applied to q and k (Su et al. 2021, RoFormer), in the
@@ -245,8 +271,11 @@ class ArchSpec:
         upcast: ``config -> bool``: scores as well as softmax in float32 (GPT-2 option).
         window: ``(config, layer) -> int | None``: keys a query may see under a sliding window
             (itself included), None for no window.
-        rope: ``(config, layer) -> dict``: RoPE settings of a layer (``rope_type``, ``rope_theta``,
-            ``partial_rotary_factor`` and the type's own keys).
+        rope: ``(config, layer) -> dict | None``: RoPE settings of a layer (``rope_type``,
+            ``rope_theta``, ``partial_rotary_factor`` and the type's own keys); None: no rotation in
+            this configuration (Falcon with ALiBi).
+        kv_heads: ``config -> int``: key/value heads per layer in the config (Falcon's multi-query
+            and grouped variants).
         softcap: ``config -> float | None``: logit soft-capping cap (Gemma 2), None for none.
         position_offset: ``config -> int``: position-table rows before the first token (RoBERTa).
         head_count_attrs: attributes of the attention module equal to its number of query heads
@@ -287,7 +316,8 @@ class ArchSpec:
     softmax_dtype: torch.dtype | None = None
     upcast: Callable[..., bool] = _no_upcast
     window: Callable[..., int | None] = _no_window
-    rope: Callable[..., dict] = _rope_single
+    rope: Callable[..., dict | None] = _rope_single
+    kv_heads: Callable[..., int] = _kv_heads_from_config
     softcap: Callable[..., float | None] = _no_softcap
     position_offset: Callable[..., int] = _no_offset
     head_count_attrs: tuple[str, ...] = ()

@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 
 from ..errors import UnsupportedArchitectureError
-from .position_bias import ALIBI, DISENTANGLED, T5_RELATIVE
+from .position_bias import ALIBI, DISENTANGLED, FALCON_ALIBI, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
     SiteSpec,
@@ -16,6 +16,7 @@ from .spec import (  # the rules the entries point at
     _gemma2_softcap,
     _gpt2_scaling,
     _gpt2_upcast,
+    _kv_heads_multi_query,
     _no_softcap,
     _pack_t5,
     _probs_third,
@@ -23,6 +24,7 @@ from .spec import (  # the rules the entries point at
     _residual_inside,
     _roberta_offset,
     _rope_by_layer_type,
+    _rope_unless_alibi,
     _window_by_layer_type,
     _window_every_layer,
     one_stack,
@@ -127,6 +129,14 @@ _BLOOM = ArchSpec(
     cache_kwargs=("layer_past", "cache", "past_key_values"), head_count_attrs=("num_heads",),
     width_attrs=("hidden_size", "split_size"),
 )
+_FALCON = ArchSpec(
+    family="falcon", kind="decoder",
+    site_specs=one_stack("decoder", "h", "self_attention", "self_attention.dense",
+                         qkv="self_attention.query_key_value"),
+    qkv_layout="grouped", rotary=True, rope=_rope_unless_alibi, kv_heads=_kv_heads_multi_query,
+    position_bias=FALCON_ALIBI, kv_head_count_attrs=("num_kv_heads",),
+    cache_kwargs=("layer_past", "cache", "past_key_values"),
+)
 
 #: model_type (``config.model_type``) -> spec. The supported architectures.
 SPECS: dict[str, ArchSpec] = {
@@ -146,6 +156,7 @@ SPECS: dict[str, ArchSpec] = {
     "gemma2": _GEMMA2,
     "gemma3_text": _GEMMA3,
     "bloom": _BLOOM,
+    "falcon": _FALCON,
     "bart": _BART,
     "marian": _BART,
     "t5": _T5,

@@ -74,6 +74,9 @@ def _qkv(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     elif spec.qkv_layout == "stacked":  # Phi-3: rows q (H) | k (KV) | v (KV)
         w = block.get_submodule(ss.qkv).weight
         q, k, v = (rows(t, n) for t, n in zip(w.split([H * dh, KV * dh, KV * dh]), (H, KV, KV)))
+    elif spec.qkv_layout == "grouped":  # Falcon: rows [kv_heads, heads / kv_heads + 2, d_head]
+        w = block.get_submodule(ss.qkv).weight.detach().double().reshape(KV, H // KV + 2, dh, -1).transpose(2, 3)
+        q, k, v = w[:, :-2].reshape(H, -1, dh), w[:, -2], w[:, -1]
     else:  # per_head (GPT-NeoX, BLOOM): rows [heads, 3, d_head]
         w = block.get_submodule(ss.qkv).weight.detach().double().reshape(H, 3, dh, -1).transpose(2, 3)
         q, k, v = w[:, 0], w[:, 1], w[:, 2]

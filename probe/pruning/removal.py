@@ -203,6 +203,9 @@ def removal_unsupported(lm) -> str | None:
     """Why heads cannot be physically removed from ``lm``, or None where they can."""
     if lm.kind == "encoder-decoder":
         return f"{lm.name} is an encoder-decoder model (head removal covers one-stack models)"
+    if lm.spec.qkv_layout == "grouped":
+        return (f"{lm.name} fuses its projections per key/value group (Falcon) and reads its head counts from the "
+                "config; head removal does not cover that layout")
     if lm.spec.position_bias is ALIBI:
         return (f"{lm.name} adds ALiBi biases whose slopes the model computes from its head count: removing "
                 "heads would change the slopes of the heads that stay")

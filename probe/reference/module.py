@@ -122,9 +122,9 @@ class ReferenceAttention(nn.Module):
         self.upcast = spec.upcast(config)
         self.softcap = spec.softcap(config)
         self.rope = None
-        if spec.rotary:
-            self.rope = Rope.from_config(spec.rope(config, layer_idx), self.d_head,
-                                         getattr(config, "max_position_embeddings", None))
+        params = spec.rope(config, layer_idx) if spec.rotary else None  # None: no rotation (Falcon's ALiBi)
+        if params is not None:
+            self.rope = Rope.from_config(params, self.d_head, getattr(config, "max_position_embeddings", None))
 
     def _head_counts(self, original: nn.Module, config) -> tuple[int, int]:
         """Query and key/value heads, from the projections' widths (so physically pruned heads work)."""
@@ -136,9 +136,10 @@ class ReferenceAttention(nn.Module):
         if layout == "per_head":  # Linear weight [heads * 3 * d_head, in]
             n = self._module("qkv").weight.shape[0] // (3 * hs)
             return n, n
-        if layout == "stacked":  # Linear weight [(heads + 2 * kv_heads) * d_head, in]
+        if layout in ("stacked", "grouped"):  # Linear weight [(heads + 2 * kv_heads) * d_head, in]
             total = self._module("qkv").weight.shape[0] // hs
-            n_kv = int(getattr(original, "num_key_value_heads", None) or head_geometry(config).n_kv_heads)
+            attrs = [getattr(original, a, None) for a in (*self.spec.kv_head_count_attrs, "num_key_value_heads")]
+            n_kv = int(next((a for a in attrs if a is not None), None) or head_geometry(config).n_kv_heads)
             return total - 2 * n_kv, n_kv
         return self._module("q").weight.shape[0] // hs, self._module("k").weight.shape[0] // hs
 
@@ -180,6 +181,10 @@ class ReferenceAttention(nn.Module):
         elif layout == "per_head":  # GPT-NeoX: the output is [nh, 3, hs] per token
             qkv = self._module("qkv")(x).view(B, T, nh, 3 * hs).transpose(1, 2)  # (B, nh, T, 3*hs)
             return qkv.chunk(3, dim=-1)  # (B, nh, T, hs) each
+        elif layout == "grouped":  # Falcon: per key/value head, its nh/nkv query heads, then k, then v
+            qkv = self._module("qkv")(x).view(B, T, nkv, nh // nkv + 2, hs)
+            q = qkv[:, :, :, :-2].reshape(B, T, nh * hs)  # query head g*rep + r = group g, slot r
+            k, v = qkv[:, :, :, -2].reshape(B, T, nkv * hs), qkv[:, :, :, -1].reshape(B, T, nkv * hs)
         elif layout == "stacked":  # Phi-3: q (nh*hs) | k (nkv*hs) | v (nkv*hs)
             qkv = self._module("qkv")(x)  # (B, T, (nh + 2*nkv)*hs)
             q, k, v = qkv[..., :nh * hs], qkv[..., nh * hs:(nh + nkv) * hs], qkv[..., (nh + nkv) * hs:]
@@ -257,14 +262,15 @@ class ReferenceAttention(nn.Module):
         return y.transpose(1, 2).contiguous().view(B, T, nh * hs)
 
     def record_steps(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
-                     bias: torch.Tensor | None) -> None:
+                     bias: torch.Tensor | None, inner: torch.Tensor | None = None) -> None:
         """Keep one head's steps of this pass in :attr:`steps` (batch row 0, every query), with the same
         functions :func:`~probe.reference.op.attention` runs (so the numbers are the module's own).
 
         Args:
             q: [batch, heads, T, d_head] after q/k norms and RoPE; k, v: [batch, heads, Tk, d_head]
                 after repeating grouped key/value heads; keep: [batch|1, 1, T|1, Tk] or None;
-                bias: [batch|1, heads, T|1, Tk] or None.
+                bias: [batch|1, heads, T|1, Tk] or None; inner: the bias added before scaling, the same
+                shape, or None (Falcon's ALiBi; ``steps["bias"]`` then holds inner * scale + bias).
 
         ``steps``: ``q`` [T, d_head], ``k``/``v`` [Tk, d_head] (of key/value head ``kv_head``), ``score``
         (q . k, unscaled) [T, Tk], ``bias`` [T, Tk] (zeros where none), ``scaled`` (softcap(score *
@@ -280,9 +286,12 @@ class ReferenceAttention(nn.Module):
         T, Tk = q.size(2), k.size(-2)
         qh, kh = q[:1, h:h + 1], k[:1, h:h + 1]  # (1, 1, T, hs), (1, 1, Tk, hs)
         b = None if bias is None else bias[:1, h:h + 1].expand(1, 1, T, Tk)
+        ib = None if inner is None else inner[:1, h:h + 1].expand(1, 1, T, Tk)
         scaled = scaled_scores(qh, kh, self.score_scale(), upcast=self.upcast, softcap=self.softcap, bias=b,
-                               fused_bias=self.spec.position_bias.fused,
-                               divide_keys=self.spec.divide_keys)  # (1, 1, T, Tk)
+                               fused_bias=self.spec.position_bias.fused, divide_keys=self.spec.divide_keys,
+                               inner_bias=ib)  # (1, 1, T, Tk)
+        if ib is not None:
+            b = ib * self.score_scale() + (0 if b is None else b)
         row = None if keep is None else keep[:1, :1].expand(1, 1, T, Tk)
         probs = masked_softmax(scaled, row, self.softmax_dtype).to(v.dtype)
         work = torch.float32 if self.upcast else q.dtype
@@ -378,16 +387,17 @@ class ReferenceAttention(nn.Module):
         if tri is not None:
             keep = tri[None, None] if keep is None else keep & tri  # (B|1, 1, T, Tk)
         bias = self.position_bias(T, Tk, past, key_positions, q.device, (q, k))  # (B|1, nh, T|1, Tk) or None
+        inner = self.spec.position_bias.inner_bias(self, T, Tk, past, key_positions, q.device)  # Falcon's ALiBi
         if bias is not None and not self.upcast:
             bias = bias.to(q.dtype)
 
         if self.step_request is not None:
-            self.record_steps(q, k, v, keep, bias)
+            self.record_steps(q, k, v, keep, bias, inner)
         # 3. softmax(q k^T * scale + bias, masked) v; merge heads; output projection
         y, probs = attention(q, k, v, mask=keep, scale=self.score_scale(), softmax_dtype=self.softmax_dtype,
                              upcast=self.upcast, softcap=self.softcap, bias=bias,
-                             fused_bias=self.spec.position_bias.fused,
-                               divide_keys=self.spec.divide_keys)  # (B, nh, T, hs), (B, nh, T, Tk)
+                             fused_bias=self.spec.position_bias.fused, divide_keys=self.spec.divide_keys,
+                             inner_bias=inner)  # (B, nh, T, hs), (B, nh, T, Tk)
         return self._output(y, kw, probs, bias)
 
     def _output(self, y: torch.Tensor, kw: dict, probs: torch.Tensor | None, bias: torch.Tensor | None) -> tuple:

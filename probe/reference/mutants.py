@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..architectures import ALIBI, DISENTANGLED, get_spec, head_geometry
+from ..architectures import ALIBI, DISENTANGLED, FALCON_ALIBI, get_spec, head_geometry
 from ..architectures.disentangled import position_terms
 from ..errors import ProbeError
 from .module import ReferenceAttention
@@ -125,7 +125,8 @@ def mutant_applies(name: str, model_or_lm) -> tuple[bool, str]:
     spec = get_spec(config)
     if name in _CAUSAL and not any(s.causal for s in spec.site_specs):
         return False, f"{name} applies to decoders only"
-    if name == "alibi-sign" and spec.position_bias is not ALIBI:
+    alibi = spec.position_bias is ALIBI or (spec.position_bias is FALCON_ALIBI and getattr(config, "alibi", False))
+    if name == "alibi-sign" and not alibi:
         return False, "the model has no ALiBi bias"
     if name == "c2p-sign" and (spec.position_bias is not DISENTANGLED or "c2p" not in position_terms(config)
                                or not getattr(config, "relative_attention", False)):
