@@ -301,7 +301,8 @@ _CLASSES = {
     "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
     "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM", "bloom": "BloomForCausalLM", "falcon": "FalconForCausalLM", "bart": "BartForConditionalGeneration",
+    "gemma3": "Gemma3ForCausalLM", "bloom": "BloomForCausalLM", "falcon": "FalconForCausalLM",
+    "bart": "BartForConditionalGeneration",
     "marian": "MarianMTModel", "t5": "T5ForConditionalGeneration",
 }
 

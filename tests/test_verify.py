@@ -124,14 +124,14 @@ def _mutant_cases(lm):
 
 
 def _mutant_matrix():
-    """Every (kind, mutant) pair. The fast tier runs a fixed sample, kind ``i`` with mutant ``(i + 4) mod 7``
-    in sorted order: every kind once, every mutant at least four times, each on a kind where it
-    applies (alibi-sign on BLOOM, the causal ones on GPT-2); the other pairs are ``slow`` (the full
-    matrix runs in CI)."""
+    """Every (kind, mutant) pair. The fast tier runs a fixed sample, kind ``i`` with mutant ``(i + 4) mod
+    len(MUTANTS)`` in sorted order, plus c2p-sign on DeBERTa-v2 and alibi-sign on Falcon with ALiBi:
+    every kind once, every mutant several times; the other pairs are ``slow`` (the full matrix runs in CI)."""
     mutants = sorted(MUTANTS)
+    fast = {("deberta-v2", "c2p-sign"), ("falcon-alibi", "alibi-sign")}  # the family-specific ones on their kinds
     for i, kind in enumerate(KINDS):
         for j, mutant in enumerate(mutants):
-            marks = () if j == (i + 4) % len(mutants) else (pytest.mark.slow,)
+            marks = () if j == (i + 4) % len(mutants) or (kind, mutant) in fast else (pytest.mark.slow,)
             yield pytest.param(kind, mutant, id=f"{kind}-{mutant}", marks=marks)
 
 
@@ -148,8 +148,11 @@ def test_every_mutant_fails_where_it_applies(kind, mutant):
     if mutant == "no-scale" and kind in ("gpt2-unscaled", "t5"):  # T5 does not scale its scores
         assert not applies and why == "the model does not scale its scores"
         return
-    if mutant == "alibi-sign" and not kind.startswith("bloom"):
-        assert not applies and why == "the model has no ALiBi bias"
+    inapplicable = {"alibi-sign": (not kind.startswith("bloom") and kind != "falcon-alibi",
+                                   "the model has no ALiBi bias"),
+                    "c2p-sign": (kind != "deberta-v2", "the model has no content-to-position term (DeBERTa's c2p)")}
+    if mutant in inapplicable and inapplicable[mutant][0]:
+        assert not applies and why == inapplicable[mutant][1]
         result = verify(lm, mutant=mutant, cases=cases)
         assert result.passed and any("cannot change this model" in n for n in result.notes)
         return

@@ -134,7 +134,7 @@ _FALCON = ArchSpec(
     site_specs=one_stack("decoder", "h", "self_attention", "self_attention.dense",
                          qkv="self_attention.query_key_value"),
     qkv_layout="grouped", rotary=True, rope=_rope_unless_alibi, kv_heads=_kv_heads_multi_query,
-    position_bias=FALCON_ALIBI, kv_head_count_attrs=("num_kv_heads",),
+    position_bias=FALCON_ALIBI, kv_head_count_attrs=("num_kv_heads",), probs_argument="output_attentions",
     cache_kwargs=("layer_past", "cache", "past_key_values"),
 )
 

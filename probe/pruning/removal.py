@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..architectures import ALIBI, ArchSpec, SiteSpec, site_block, site_spec, sites
+from ..architectures import ALIBI, DISENTANGLED, ArchSpec, SiteSpec, site_block, site_spec, sites
 from ..errors import InputError
 from ..sites import head_name
 from .heads import LayerLayout, PrunedHeads, normalize_heads, plan_layer
@@ -206,6 +206,11 @@ def removal_unsupported(lm) -> str | None:
     if lm.spec.qkv_layout == "grouped":
         return (f"{lm.name} fuses its projections per key/value group (Falcon) and reads its head counts from the "
                 "config; head removal does not cover that layout")
+    config = lm.model.config
+    if lm.spec.position_bias is DISENTANGLED and getattr(config, "relative_attention", False) \
+            and not getattr(config, "share_att_key", False):
+        return (f"{lm.name} projects its relative positions with separate pos_key_proj / pos_query_proj "
+                "(share_att_key=False), which head removal does not cut")
     if lm.spec.position_bias is ALIBI:
         return (f"{lm.name} adds ALiBi biases whose slopes the model computes from its head count: removing "
                 "heads would change the slopes of the heads that stay")
