@@ -294,6 +294,9 @@ class ArchSpec:
         probs: ``output -> probs | None``: the attention probabilities [batch, heads, query, key]
             in the attention module's output tuple (second; T5's modules return
             ``(output, position_bias, probs)``).
+        padding_rows_masked: the model masks whole padding query rows as well as padding keys
+            (DeBERTa's mask is m_i m_j), so a padding query's weights spread evenly over every key,
+            padding included; checks of padding keys read real query rows only.
         probs_argument: name of the attention module's forward argument that must be True for it to
             return its probabilities (DeBERTa's ``output_attentions``; capture sets it), or None.
         pack: ``(attn_output, probs, bias) -> tuple``: the output tuple a replacement module returns
@@ -328,6 +331,7 @@ class ArchSpec:
     cache_kwargs: tuple[str, ...] = ("cache", "past_key_values")
     probs: Callable[..., torch.Tensor | None] = _probs_second
     probs_argument: str | None = None
+    padding_rows_masked: bool = False
     pack: Callable[..., tuple] = _pack_pair
     position_bias: PositionBias = NO_POSITION_BIAS
     residual: Callable[..., torch.Tensor] = _no_residual

@@ -43,6 +43,7 @@ _DEBERTA_V2 = ArchSpec(
                          q="attention.self.query_proj", k="attention.self.key_proj", v="attention.self.value_proj",
                          rel_embeddings="encoder.rel_embeddings", rel_norm="encoder.LayerNorm"),
     scaling=_disentangled_scaling, divide_keys=True, position_bias=DISENTANGLED, probs_argument="output_attentions",
+    padding_rows_masked=True,
     head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
 )
 _DISTILBERT = ArchSpec(
