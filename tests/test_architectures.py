@@ -52,7 +52,7 @@ def test_every_spec_path_exists_and_fits_the_head_geometry(kind):
 def test_every_spec_names_its_model_kind_and_its_site_kinds_fit_it():
     kinds = {t: spec.kind for t, spec in SPECS.items()}
     assert {t for t, k in kinds.items() if k == "encoder-decoder"} == {"bart", "marian", "t5"}
-    assert {t for t, k in kinds.items() if k == "encoder"} == {"bert", "roberta", "electra", "distilbert"}
+    assert {t for t, k in kinds.items() if k == "encoder"} == {"bert", "roberta", "electra", "distilbert", "deberta-v2"}
     assert all(k in MODEL_KINDS for k in kinds.values()) and len(MODEL_KINDS) == 3
     for spec in SPECS.values():
         causal = {(s.stack, s.kind): s.causal for s in spec.site_specs}
