@@ -203,6 +203,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
     model.eval()
     finish_tokenizer(tokenizer)
     spec = get_spec(model.config)
+    notes += [n for n in (spec.note(model.config),) if n]
     geometry = head_geometry(model.config)
     max_length = _max_length(model.config, tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
@@ -290,10 +291,7 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
         UnsupportedArchitectureError: the model type is not supported.
     """
     spec = get_spec(model.config)
-    notes = []
-    note = ensure_eager(model)
-    if note:
-        notes.append(note)
+    notes = [n for n in (ensure_eager(model), spec.note(model.config)) if n]
     model.eval()
     finish_tokenizer(tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=head_geometry(model.config),

@@ -106,6 +106,18 @@ def _rope_by_layer_type(config, layer: int) -> dict:
     return _rope_single(config, layer)
 
 
+def _no_note(config) -> str | None:
+    return None
+
+
+def _falcon_alibi_note(config) -> str | None:
+    """Falcon with ALiBi: what the captured maps are (docs/verification.md, "Falcon with ALiBi")."""
+    if not getattr(config, "alibi", False):
+        return None
+    return ("falcon with alibi=True: transformers' eager attention, whose probabilities probe captures, adds the "
+            "ALiBi bias twice; the model's sdpa outputs add it once, so its maps show twice the sdpa recency bias")
+
+
 def _no_upcast(config) -> bool:
     return False
 
@@ -294,6 +306,8 @@ class ArchSpec:
         probs: ``output -> probs | None``: the attention probabilities [batch, heads, query, key]
             in the attention module's output tuple (second; T5's modules return
             ``(output, position_bias, probs)``).
+        note: ``config -> str | None``: what a user of this configuration must know about its maps,
+            added to the loaded model's notes (Falcon with ALiBi), or None.
         padding_rows_masked: the model masks whole padding query rows as well as padding keys
             (DeBERTa's mask is m_i m_j), so a padding query's weights spread evenly over every key,
             padding included; checks of padding keys read real query rows only.
@@ -332,6 +346,7 @@ class ArchSpec:
     probs: Callable[..., torch.Tensor | None] = _probs_second
     probs_argument: str | None = None
     padding_rows_masked: bool = False
+    note: Callable[..., str | None] = _no_note
     pack: Callable[..., tuple] = _pack_pair
     position_bias: PositionBias = NO_POSITION_BIAS
     residual: Callable[..., torch.Tensor] = _no_residual

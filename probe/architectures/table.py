@@ -13,6 +13,7 @@ from .spec import (  # the rules the entries point at
     ArchSpec,
     SiteSpec,
     _disentangled_scaling,
+    _falcon_alibi_note,
     _gemma2_softcap,
     _gpt2_scaling,
     _gpt2_upcast,
@@ -136,6 +137,7 @@ _FALCON = ArchSpec(
                          qkv="self_attention.query_key_value"),
     qkv_layout="grouped", rotary=True, rope=_rope_unless_alibi, kv_heads=_kv_heads_multi_query,
     position_bias=FALCON_ALIBI, kv_head_count_attrs=("num_kv_heads",), probs_argument="output_attentions",
+    note=_falcon_alibi_note,
     cache_kwargs=("layer_past", "cache", "past_key_values"),
 )
 
