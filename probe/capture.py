@@ -12,6 +12,7 @@ train mode runs in eval mode; both are restored afterwards.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
         return hook
 
     for site, module in site_modules(model, lm.spec):
+        name = lm.spec.probs_argument
+        if name is not None and name in inspect.signature(module.forward).parameters:  # not the reference's
+            hooks.forward_pre(module, _ask_for_probs(module, name), with_kwargs=True)
         hooks.forward(module, make_hook(site))
 
 
@@ -67,6 +71,20 @@ def add_listeners(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -> None
         if call.rows is None:  # whole maps only (row blocks go to probe.blocks' listeners)
             callback(site, call.probs.detach())
     site_listeners(hooks, lm.model, lm.spec, on)
+
+
+def _ask_for_probs(module, name: str):
+    """A forward pre-hook setting the module's ``name`` argument to True, wherever the caller put it
+    (DeBERTa's attention returns its probabilities only when asked; its layers ask only when the
+    config's ``output_attentions`` is set)."""
+    params = list(inspect.signature(module.forward).parameters)  # a bound method: no self
+    index = params.index(name)
+
+    def pre_hook(mod, args, kwargs):
+        if index < len(args):  # passed by position
+            return args[:index] + (True,) + args[index + 1:], kwargs
+        return args, {**kwargs, name: True}
+    return pre_hook
 
 
 def check_fired(lm: LoadedModel, seen) -> None:

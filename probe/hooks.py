@@ -117,6 +117,10 @@ def ensure_eager(model: nn.Module) -> str | None:
     if impl in (None, "eager"):
         return None
     model.set_attn_implementation("eager")
+    if getattr(model.config, "_attn_implementation", "eager") != "eager":
+        # a model outside transformers' attention interface cannot switch itself (Falcon); its layers
+        # read the config at each call, so the config's setting is the switch
+        model.config._attn_implementation = "eager"
     note = f"switched attention implementation from {impl!r} to 'eager' so that attention probabilities exist"
     log.warning(note)
     return note

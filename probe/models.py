@@ -217,6 +217,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | str | None = N
     model.eval()
     finish_tokenizer(tokenizer)
     spec = spec_for(model, tokenizer)
+    notes += [n for n in (spec.note(model.config),) if n]
     geometry = head_geometry(model.config)
     max_length = _max_length(model.config, tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
@@ -362,10 +363,7 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
             not call transformers' ``AttentionInterface`` (or shows a structure probe cannot measure).
     """
     spec = spec_for(model, tokenizer)
-    notes = []
-    note = ensure_eager(model)
-    if note:
-        notes.append(note)
+    notes = [n for n in (ensure_eager(model), spec.note(model.config)) if n]
     model.eval()
     finish_tokenizer(tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=head_geometry(model.config),

@@ -39,7 +39,8 @@ def value_states(spec: ArchSpec, output: torch.Tensor, n_heads: int, d_head: int
         spec: the architecture (its projection layout, :attr:`~probe.architectures.ArchSpec.layout`).
         output: [batch, key, width] what the module named by the site spec's ``v`` (or fused ``qkv``)
             returned: values only; GPT-2's q | k | v; GPT-NeoX / BLOOM per head [heads, 3, d_head];
-            Phi-3's q (heads * d_head) | k | v (kv_heads * d_head each).
+            Phi-3's q (heads * d_head) | k | v (kv_heads * d_head each); Falcon's per key/value head
+            [kv_heads, heads / kv_heads + 2, d_head] (the group's queries, its key, its value).
         n_heads: query heads the module holds now (the width of the output projection's input /
             d_head; fewer in a physically pruned model).
         d_head: features per head.

@@ -45,17 +45,18 @@ HIDDEN, HEADS, KV_HEADS, LAYERS, MAX_POS = 64, 4, 2, 2, 64
 
 #: Every kind the builder knows: architecture families and their variants.
 KINDS = (
-    "bert", "roberta", "electra", "distilbert",
+    "bert", "roberta", "electra", "distilbert", "deberta-v2",
     "gpt2", "gpt2-unscaled", "gpt2-layer-scaled", "gpt2-unscaled-layer-scaled", "gpt2-upcast",
     "llama", "llama-linear", "llama-llama3", "llama-dynamic", "llama-yarn", "llama-longrope",
     "qwen2", "qwen2-window", "qwen3", "mistral",
     "gpt_neox", "phi3", "gemma", "gemma2", "gemma3", "bloom", "bloom-6heads",
+    "falcon", "falcon-new", "falcon-alibi",
     "bart", "marian", "t5",
 )
-ENCODERS = ("bert", "roberta", "electra", "distilbert")
+ENCODERS = ("bert", "roberta", "electra", "distilbert", "deberta-v2")
 #: One kind per family (for tests that need every family once).
-FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "mistral", "gpt_neox", "phi3",
-            "gemma", "gemma2", "gemma3", "qwen3", "bloom", "bart", "marian", "t5")
+FAMILIES = ("bert", "roberta", "distilbert", "deberta-v2", "gpt2", "llama", "qwen2", "mistral", "gpt_neox", "phi3",
+            "gemma", "gemma2", "gemma3", "qwen3", "bloom", "falcon", "bart", "marian", "t5")
 #: Encoder-decoder kinds (cross-attention sites).
 SEQ2SEQ = ("bart", "marian", "t5")
 DECODERS = tuple(k for k in FAMILIES if k not in ENCODERS)
@@ -219,6 +220,13 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
                    intermediate_size=2 * hidden,
                    max_position_embeddings=max_positions + (2 if kind == "roberta" else 0),
                    hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, **extra, **common)
+    if kind == "deberta-v2":  # DeBERTa-v3's settings: both position terms, shared projections, log buckets
+        return tr.DebertaV2Config(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
+                                  intermediate_size=2 * hidden, max_position_embeddings=max_positions,
+                                  relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+                                  max_relative_positions=-1, norm_rel_ebd="layer_norm", share_att_key=True,
+                                  position_biased_input=False, type_vocab_size=0, pad_token_id=0,
+                                  hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, **common)
     if kind == "distilbert":
         return tr.DistilBertConfig(dim=hidden, n_heads=heads, n_layers=layers, hidden_dim=2 * hidden,
                                    max_position_embeddings=max_positions, dropout=dropout,
@@ -264,6 +272,14 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
         heads = 6 if kind == "bloom-6heads" else HEADS  # 6: not a power of two (ALiBi's extra slopes)
         return tr.BloomConfig(hidden_size=HIDDEN // HEADS * heads, n_head=heads, n_layer=layers,
                               attention_dropout=dropout, hidden_dropout=dropout, **common)
+    if kind.startswith("falcon"):  # falcon: multi-query, parallel attention + MLP, rotary (Falcon-7B's layout)
+        opts = {"falcon": dict(multi_query=True, parallel_attn=True),
+                "falcon-new": dict(new_decoder_architecture=True, num_kv_heads=kv_heads, parallel_attn=True),
+                "falcon-alibi": dict(alibi=True, multi_query=False, parallel_attn=False, bias=True)}[kind]
+        return tr.FalconConfig(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
+                               ffn_hidden_size=2 * hidden, max_position_embeddings=max_positions,
+                               attention_dropout=dropout, hidden_dropout=dropout, bos_token_id=1, eos_token_id=2,
+                               tie_word_embeddings=False, **opts, **common)
     seq2seq = dict(pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, bos_token_id=1, **common)
     if kind in ("bart", "marian"):
         cls = tr.BartConfig if kind == "bart" else tr.MarianConfig
@@ -281,10 +297,12 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
 
 _CLASSES = {
     "bert": "BertModel", "roberta": "RobertaModel", "electra": "ElectraModel", "distilbert": "DistilBertModel",
+    "deberta-v2": "DebertaV2Model",
     "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
     "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM", "bloom": "BloomForCausalLM", "bart": "BartForConditionalGeneration",
+    "gemma3": "Gemma3ForCausalLM", "bloom": "BloomForCausalLM", "falcon": "FalconForCausalLM",
+    "bart": "BartForConditionalGeneration",
     "marian": "MarianMTModel", "t5": "T5ForConditionalGeneration",
 }
 

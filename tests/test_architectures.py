@@ -52,7 +52,7 @@ def test_every_spec_path_exists_and_fits_the_head_geometry(kind):
 def test_every_spec_names_its_model_kind_and_its_site_kinds_fit_it():
     kinds = {t: spec.kind for t, spec in SPECS.items()}
     assert {t for t, k in kinds.items() if k == "encoder-decoder"} == {"bart", "marian", "t5"}
-    assert {t for t, k in kinds.items() if k == "encoder"} == {"bert", "roberta", "electra", "distilbert"}
+    assert {t for t, k in kinds.items() if k == "encoder"} == {"bert", "roberta", "electra", "distilbert", "deberta-v2"}
     assert all(k in MODEL_KINDS for k in kinds.values()) and len(MODEL_KINDS) == 3
     for spec in SPECS.values():
         causal = {(s.stack, s.kind): s.causal for s in spec.site_specs}
@@ -113,13 +113,15 @@ def test_visible_keys_is_the_one_rule():
 
 def test_every_supported_family_has_a_tiny_kind():
     families = {get_spec(tiny_config(k, 100)).family for k in KINDS}
-    assert families >= {"bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gpt_neox",
-                        "phi3", "gemma", "gemma2", "gemma3", "bloom", "bart", "t5"}  # Marian: the bart family
-    assert set(SPECS) == {"bert", "roberta", "electra", "distilbert", "gpt2", "llama", "qwen2", "qwen3", "mistral",
-                          "gpt_neox", "phi3", "gemma", "gemma2", "gemma3_text", "bloom", "bart", "marian", "t5"}
+    assert families >= {"bert", "roberta", "distilbert", "deberta-v2", "gpt2", "llama", "qwen2", "qwen3", "mistral",
+                        "gpt_neox", "phi3", "gemma", "gemma2", "gemma3", "bloom", "falcon", "bart",
+                        "t5"}  # Marian: the bart family
+    assert set(SPECS) == {"bert", "roberta", "electra", "distilbert", "deberta-v2", "gpt2", "llama", "qwen2", "qwen3",
+                          "mistral", "gpt_neox", "phi3", "gemma", "gemma2", "gemma3_text", "bloom", "falcon", "bart",
+                          "marian", "t5"}
     assert {family_of(k) for k in KINDS} <= {c.replace("gemma3", "gemma3") for c in (
-        "bert", "roberta", "electra", "distilbert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gpt_neox", "phi3",
-        "gemma", "gemma2", "gemma3", "bloom", "bart", "marian", "t5")}
+        "bert", "roberta", "electra", "distilbert", "deberta-v2", "gpt2", "llama", "qwen2", "qwen3", "mistral",
+        "gpt_neox", "phi3", "gemma", "gemma2", "gemma3", "bloom", "falcon", "bart", "marian", "t5")}
 
 
 def test_unsupported_type_names_the_supported_ones():
@@ -133,18 +135,23 @@ def test_unsupported_type_names_the_supported_ones():
 def test_head_geometry_reads_every_family():
     assert head_geometry(tiny_config("gemma", 100)).d_head == 24
     assert head_geometry(tiny_config("phi3", 100)).n_kv_heads == 2
+    # Falcon: one shared key/value head (multi_query), num_kv_heads groups (new_decoder_architecture), else one each
+    falcons = ("falcon", "falcon-new", "falcon-alibi")
+    assert [head_geometry(tiny_config(k, 100)).n_kv_heads for k in falcons] == [1, 2, 4]
     assert head_geometry(tiny_config("distilbert", 100)).n_heads == 4
 
 
 def test_behaviour_the_attention_branches_on_is_chosen_once_in_the_spec():
     import torch
 
-    from probe.architectures import ALIBI, NO_POSITION_BIAS, T5_RELATIVE
+    from probe.architectures import ALIBI, DISENTANGLED, FALCON_ALIBI, NO_POSITION_BIAS, T5_RELATIVE
     from probe.reference import ReferenceAttention
 
     biases = {t: spec.position_bias for t, spec in SPECS.items()}
     assert biases["bloom"] is ALIBI and ALIBI.fused and biases["t5"] is T5_RELATIVE and not T5_RELATIVE.fused
-    assert {t for t, b in biases.items() if b is NO_POSITION_BIAS} == set(SPECS) - {"bloom", "t5"}
+    assert biases["deberta-v2"] is DISENTANGLED and biases["falcon"] is FALCON_ALIBI and FALCON_ALIBI.inner
+    assert {t for t, b in biases.items() if b is NO_POSITION_BIAS} == set(SPECS) - {"bloom", "t5", "deberta-v2",
+                                                                                    "falcon"}
     y, p, b = torch.ones(1), torch.full((1, 2, 3, 4), 0.25), None
     assert SPECS["t5"].probs((y, b, p)) is p and SPECS["llama"].probs((y, p)) is p
     assert SPECS["llama"].probs((y,)) is None and SPECS["llama"].probs(y) is None
@@ -164,3 +171,11 @@ def test_behaviour_the_attention_branches_on_is_chosen_once_in_the_spec():
         out, probs = plain(x)
         tag, out2, probs2 = ruled(x)
     assert tag == "packed" and torch.equal(out2, out + 1.0) and torch.equal(probs2, probs)
+
+
+def test_falcon_with_alibi_says_what_its_maps_are():
+    """The loaded model's notes say that the eager maps of an ALiBi Falcon add the bias twice; a
+    rotary Falcon and other families have no such note."""
+    notes = {k: tiny_model(k).notes for k in ("falcon-alibi", "falcon", "bloom")}
+    assert len(notes["falcon-alibi"]) == 1 and "adds the ALiBi bias twice" in notes["falcon-alibi"][0]
+    assert notes["falcon"] == [] and notes["bloom"] == []

@@ -133,11 +133,15 @@ def test_row_blocks_equal_whole_maps(tiny_generic):
                                        atol=1e-5, rtol=1e-6, err_msg=f"{model_type} {c}")
 
 
-@pytest.mark.parametrize("kind", [k for k in FAMILIES if k != "bloom"])
+#: Hand families whose modules compute attention themselves (no AttentionInterface call in transformers 5.24).
+OWN_ATTENTION_HAND = ("bloom", "deberta-v2", "falcon")
+
+
+@pytest.mark.parametrize("kind", [k for k in FAMILIES if k not in OWN_ATTENTION_HAND])
 def test_hand_families_discovered_give_the_eager_paths_statistics(kind):
-    """A hand family's modules called through probe's function (a spec discovered for it; BLOOM computes its
-    own attention) give the
-    statistics of the eager path the hand spec measures: the function is one capture point for both."""
+    """A hand family's modules called through probe's function (a spec discovered for it; BLOOM, DeBERTa-v2
+    and Falcon compute their own attention) give the statistics of the eager path the hand spec measures:
+    the function is one capture point for both."""
     lm = tiny_model(kind)
     try:
         spec = discover(lm.model, lm.tokenizer)
@@ -148,6 +152,19 @@ def test_hand_families_discovered_give_the_eager_paths_statistics(kind):
     generic = LoadedModel(lm.model, lm.tokenizer, spec, lm.geometry, lm.name, lm.source, lm.max_length)
     texts = [Text(t, target=t[:18]) for t in TEXTS] if lm.kind == "encoder-decoder" else TEXTS
     assert_statistics_close(analyze(generic, texts).heads, analyze(lm, texts).heads, err_msg=kind)
+
+
+@pytest.mark.parametrize("kind", OWN_ATTENTION_HAND)
+def test_hand_families_that_compute_their_own_attention_cannot_be_discovered(kind):
+    """The hand families left out above never call the interface: discovery says so, so their hand
+    specs (which :func:`get_spec` reads first) are the only way in."""
+    lm = tiny_model(kind)
+    try:
+        with pytest.raises(UnsupportedArchitectureError, match="never called transformers' AttentionInterface"):
+            discover(lm.model, lm.tokenizer)
+    finally:
+        DISCOVERED.pop(lm.model_type, None)
+    assert get_spec(lm.model.config) is SPECS[lm.model_type] and not lm.spec.discovered
 
 
 @pytest.mark.parametrize("model_type", OWN_ATTENTION)

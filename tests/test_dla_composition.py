@@ -12,10 +12,11 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from conftest import tiny_model
 from probe.architectures import site_block, site_outputs
-from probe.effects.composition import baseline, composition_scores, top_partners
+from probe.effects.composition import _qkv, baseline, composition_scores, top_partners
 from probe.effects.dla import direct_logit_attribution, dla_by_layer, head_grid
 from probe.effects.patching import Pair, builtin_pairs
 from probe.errors import InputError, UnsupportedAnalysisError
+from probe.reference import swap_attention
 
 PAIRS = [Pair("The cat and the dog ran to", "The dog and the cat ran to", " the", " a"),
          Pair("When Mary and John went to the store, John gave a drink to",
@@ -31,7 +32,7 @@ def _identity(frame) -> None:
     assert a["residual"] < 1e-5
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2", "gpt_neox", "phi3", "gemma"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2", "gpt_neox", "phi3", "gemma", "falcon", "falcon-new"])
 def test_dla_components_add_up_to_the_logit_difference(kind):
     lm = tiny_model(kind)
     frame = direct_logit_attribution(lm, PAIRS)
@@ -182,3 +183,24 @@ def test_composition_rope_mean_over_offsets_equals_the_models_rotation():
         assert row["v"] == pytest.approx(row0["v"], rel=1e-12)  # V-composition does not see the rotation
     with pytest.raises(InputError, match="rope_offsets"):
         composition_scores(lm, rope_offsets=0)
+
+
+@pytest.mark.parametrize("kind", ["falcon", "falcon-new"])
+def test_grouped_projection_factors_equal_the_reference_projections(kind):
+    """Falcon's projection fused per key/value group: W_Q, W_K, W_V read from it equal the q, k, v the
+    reference attention projects (multi-query: one key/value head; new_decoder_architecture: 2)."""
+    lm = tiny_model(kind)
+    x = torch.randn(2, 5, lm.geometry.d_model, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), swap_attention(lm) as swapped:
+        for layer, module in enumerate(swapped.modules):
+            w_q, w_k, w_v = _qkv(lm, layer)  # [heads | kv_heads, d_model, d_head]
+            q, k, v = module.project(x)  # (B, nh, T, hs), (B, nkv, T, hs) x2
+            assert k.shape[1] == lm.geometry.n_kv_heads == {"falcon": 1, "falcon-new": 2}[kind]
+            for ours, w in ((q, w_q), (k, w_k), (v, w_v)):
+                torch.testing.assert_close(ours.double(), torch.einsum("btd,hde->bhte", x.double(), w),
+                                           atol=1e-5, rtol=0)
+
+
+def test_composition_of_falcon_with_alibi_has_no_rotation():
+    frame = composition_scores(tiny_model("falcon-alibi"), rope_offsets=4)
+    assert frame.attrs["rope"] is None and len(frame) == 4 * 4 and frame[["q", "k", "v"]].notna().all().all()

@@ -8,6 +8,7 @@ import torch
 
 from conftest import DECODERS, SEQ2SEQ, tiny_model
 from probe.analysis import analyze
+from probe.capture import capture_attention, encode
 from probe.patterns import HealthProbe, health_checks, health_of, health_thresholds, pattern_accumulators
 from probe.reference import swap_attention
 
@@ -115,13 +116,31 @@ def test_padding_attended_fires_on_a_broken_mask_and_is_zero_otherwise(kind):
     assert found["padding"].value == 0.0 and not found["padding"].flagged
 
 
-@pytest.mark.parametrize("kind", ("bert", "distilbert", *[k for k in DECODERS if k not in SEQ2SEQ], "qwen2-window"))
+@pytest.mark.parametrize("kind", ("bert", "distilbert", "deberta-v2", *[k for k in DECODERS if k not in SEQ2SEQ],
+                                  "qwen2-window"))
 def test_padding_attended_is_exactly_zero_on_every_family(kind):
     """Hugging Face's eager attention of every supported family, sliding windows included (the
     longest text is longer than the windows, so some padding rows see padding only and are left out)."""
     lm = tiny_model(kind)
     found, _ = checks(lm, distance=False, types=False)
     assert found["padding"].measured and found["padding"].value == 0.0
+
+
+def test_deberta_padding_queries_spread_evenly_and_the_check_reads_real_rows():
+    """DeBERTa masks whole padding query rows (its mask is m_i m_j): their weights are 1 / T on
+    every key, padding keys included, by design; the check reads its real query rows only (the
+    other families' padding rows stay in)."""
+    lm = tiny_model("deberta-v2")
+    batch = encode(lm, TEXTS[:2])
+    probs = capture_attention(lm, TEXTS[:2]).probs[0]  # (B, heads, T, T)
+    short = int(batch.real.sum(1).argmin())
+    pad_rows = probs[short, :, ~batch.real[short]]  # (heads, padding queries, T)
+    assert pad_rows.numel() and torch.allclose(pad_rows, torch.full_like(pad_rows, 1 / probs.shape[-1]))
+    real = probs[short][:, batch.real[short]][..., ~batch.real[short]]  # real queries, padding keys
+    assert real.numel() and float(real.max()) == 0.0
+    probe = HealthProbe(lm.sites, real_rows_only=True)
+    assert probe._cells(batch, lm.sites[0], probs.shape[-1])[short][~batch.real[short]].sum() == 0
+    assert HealthProbe(lm.sites)._cells(batch, lm.sites[0], probs.shape[-1])[short][~batch.real[short]].any()
 
 
 def test_not_measured_without_padding_or_distances(bert):

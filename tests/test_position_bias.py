@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
 
+from conftest import tiny_config, tiny_model
+from probe.architectures import FALCON_ALIBI, get_spec
+from probe.architectures.disentangled import (
+    disentangled_bias,
+    log_buckets,
+    position_terms,
+    relative_span,
+    relative_table,
+)
 from probe.reference.position_bias import alibi_bias, alibi_slopes, t5_bias, t5_buckets
 
 
@@ -92,3 +102,101 @@ def test_verify_catches_a_t5_bias_computed_wrong(monkeypatch, wrong):
     monkeypatch.setattr(module, "t5_bias", broken)
     result = verify(lm, cases=["sentence"])
     assert not result.passed and result.max_abs_diff > 1e-3
+
+
+# --------------------------------------------------------------------------- DeBERTa-v2/v3
+
+@pytest.mark.parametrize("buckets,max_position", [(8, 64), (256, 512), (32, 128)])
+def test_deberta_log_buckets_match_deberta_v2(buckets, max_position):
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+
+    relative = torch.arange(-3 * max_position, 3 * max_position)
+    theirs = make_log_bucket_position(relative, buckets, max_position).long()
+    assert torch.equal(log_buckets(relative, buckets, max_position), theirs)
+
+
+def test_deberta_log_buckets_by_hand():
+    """mid = 4: |r| <= 4 keeps r; beyond, 4 + ceil(3 * log(|r| / 4) / log(63 / 4)), the sign kept;
+    the last row (7) at max_position - 1 = 63; no buckets: r itself."""
+    r = torch.tensor([0, 1, -4, 5, -5, 8, 16, 63, 64, 1000])
+    def far(d):
+        return 4 + math.ceil(3 * math.log(d / 4) / math.log(63 / 4))
+    expected = [0, 1, -4, 5, -5, far(8), far(16), 7, far(64), far(1000)]
+    assert far(63) == 7 and far(64) == 8  # rows past the span are clamped when read
+    assert log_buckets(r, 8, 64).tolist() == expected
+    assert log_buckets(r, -1, 64).tolist() == r.tolist()
+
+
+def test_deberta_disentangled_bias_equals_the_models_own_terms():
+    """The c2p + p2c terms from the config and the weights equal DeBERTa-v2's
+    ``disentangled_attention_bias`` (its scale factor 3) to the last bit, every layer."""
+    from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
+
+    model, _ = tiny_model("deberta-v2", wrap=False)
+    config, encoder = model.config, model.encoder
+    x = torch.randn(2, 23, config.hidden_size, generator=torch.Generator().manual_seed(0))
+    nh, hs = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    with torch.no_grad():
+        rel = encoder.get_rel_embedding()
+        table = relative_table(encoder.rel_embeddings, encoder.LayerNorm, config)
+        assert torch.equal(table, rel[:2 * relative_span(config)])
+        for layer in encoder.layer:
+            att = layer.attention.self
+            q = att.transpose_for_scores(att.query_proj(x), nh)  # (B*nh, T, hs)
+            k = att.transpose_for_scores(att.key_proj(x), nh)
+            rp = build_relative_position(q, k, config.position_buckets, config.max_position_embeddings)
+            theirs = att.disentangled_attention_bias(q, k, rp, rel, 3).view(2, nh, 23, 23)
+            pos_q = att.query_proj(table).view(-1, nh, hs).transpose(0, 1)
+            pos_k = att.key_proj(table).view(-1, nh, hs).transpose(0, 1)
+            ours = disentangled_bias(q.view(2, nh, 23, hs), k.view(2, nh, 23, hs), pos_q, pos_k, config, 0)
+            assert torch.equal(ours, theirs)
+            flipped = disentangled_bias(q.view(2, nh, 23, hs), k.view(2, nh, 23, hs), pos_q, pos_k, config, 0, -1)
+            assert float((flipped - theirs).abs().max()) > 0.1  # the c2p-sign mutant's bias
+
+
+def test_deberta_scale_counts_the_position_terms():
+    """sec. 3.1: 1/sqrt(3 d) with both terms; 1/sqrt(2 d) with one; 1/sqrt(d) with none."""
+    config = tiny_config("deberta-v2", 1000)
+    assert get_spec(config).scaling(config, 16, 0) == pytest.approx(48 ** -0.5, rel=1e-15)
+    config.pos_att_type = ["c2p"]
+    assert get_spec(config).scaling(config, 16, 0) == pytest.approx(32 ** -0.5, rel=1e-15)
+    config.pos_att_type = "p2c|c2p"  # older configs
+    assert position_terms(config) == ("c2p", "p2c")
+    config.pos_att_type = None
+    assert get_spec(config).scaling(config, 16, 0) == 0.25
+
+
+# --------------------------------------------------------------------------- Falcon
+
+@pytest.mark.parametrize("heads", [4, 6])
+def test_falcon_alibi_values_match_falcons_tensor(heads):
+    """Falcon's ALiBi in bfloat16 (slopes and products), from a left-padded mask, equals its own
+    ``build_alibi_tensor``; the reference adds it inside the scaled scores and again after them."""
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1] + [1] * 300, [1] * 306])
+    theirs = build_alibi_tensor(mask, heads, torch.float32).view(2, heads, 1, -1)
+    module = types.SimpleNamespace(config=types.SimpleNamespace(alibi=True), n_head=heads, alibi_sign=1.0,
+                                   d_head=16, score_scale=lambda: 0.25)
+    positions = (mask.cumsum(-1) - 1) * mask
+    inner = FALCON_ALIBI.inner_bias(module, 306, 306, 0, positions, "cpu")
+    assert torch.equal(inner, theirs)
+    assert torch.equal(FALCON_ALIBI(module, 306, 306, 0, positions, "cpu"), theirs / 4.0)
+    assert not torch.equal(inner, alibi_bias(alibi_slopes(heads), positions))  # float32 slopes differ
+    module.config.alibi = False
+    assert FALCON_ALIBI(module, 6, 6, 0, None, "cpu") is None
+    assert FALCON_ALIBI.inner_bias(module, 6, 6, 0, None, "cpu") is None
+
+
+def test_falcon_eager_and_sdpa_differ_with_alibi_and_agree_without():
+    """transformers' eager Falcon attention adds ALiBi twice (in the scores and in the mask), sdpa
+    once: the logits differ with ALiBi and agree without (docs/verification.md)."""
+    enc = {"input_ids": torch.arange(10, 40)[None]}
+    for kind, apart in (("falcon-alibi", True), ("falcon", False)):
+        logits = {}
+        for impl in ("eager", "sdpa"):
+            model, _ = tiny_model(kind, wrap=False, attn_implementation=impl)
+            with torch.no_grad():
+                logits[impl] = model(**enc).logits
+        gap = float((logits["eager"] - logits["sdpa"]).abs().max())
+        assert gap > 0.1 if apart else gap <= 1e-5, (kind, gap)

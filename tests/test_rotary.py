@@ -18,7 +18,8 @@ from probe.reference import ROPE_TYPES, Rope, RopeError, apply_rope, swap_attent
 from probe.verification import verify
 
 # decoders with rotary positions (GPT-2 has learned ones, BLOOM ALiBi, BART/Marian sinusoidal, T5 a bias)
-ROTARY = tuple(k for k in KINDS if k not in ENCODERS and family_of(k) not in ("gpt2", "bloom", "bart", "marian", "t5"))
+ROTARY = tuple(k for k in KINDS if k not in ENCODERS and family_of(k) not in ("gpt2", "bloom", "bart", "marian", "t5")
+               and k != "falcon-alibi")
 
 #: rope_type and rotated features per head of every rotary kind (d_head 16; Gemma's 24).
 EXPECTED = {
@@ -26,7 +27,7 @@ EXPECTED = {
     "llama-dynamic": ("dynamic", 16), "llama-yarn": ("yarn", 16), "llama-longrope": ("longrope", 16),
     "qwen2": ("default", 16), "qwen2-window": ("default", 16), "qwen3": ("default", 16), "mistral": ("default", 16),
     "gpt_neox": ("default", 4), "phi3": ("default", 8), "gemma": ("default", 24), "gemma2": ("default", 24),
-    "gemma3": ("default", 24),
+    "gemma3": ("default", 24), "falcon": ("default", 16), "falcon-new": ("default", 16),
 }
 
 _MODELS: dict = {}
@@ -62,6 +63,15 @@ def _hf_cos_sin(rotary, position_ids, layer_type, d_head):
 
 def test_every_rotary_kind_is_listed():
     assert set(ROTARY) == set(EXPECTED)
+
+
+def test_falcon_with_alibi_has_no_rotation():
+    """Falcon rotates q and k unless ``alibi=True``; the reference follows the config, not the family."""
+    for kind, rotates in (("falcon", True), ("falcon-alibi", False)):
+        lm = tiny_model(kind)
+        with swap_attention(lm) as swapped:
+            assert all((m.rope is not None) == rotates for m in swapped.modules)
+        assert (get_spec(lm.model.config).rope(lm.model.config, 0) is None) == (not rotates)
 
 
 @pytest.mark.parametrize("kind", ROTARY)

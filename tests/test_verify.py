@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -65,6 +66,8 @@ def _capture(lm, **inputs):
     probs, hidden = {}, {}
     if lm.kind != "encoder":
         inputs.setdefault("use_cache", False)
+    if lm.spec.probs_argument is not None:  # DeBERTa returns its probabilities only when asked
+        inputs.setdefault(lm.spec.probs_argument, True)
     with torch.no_grad(), Hooks() as hooks:
         for i, module in enumerate([m for _, m in site_modules(lm.model, lm.spec)]):
             hooks.forward(module, lambda m, a, out, i=i: probs.__setitem__(i, out[1]))
@@ -124,14 +127,14 @@ def _mutant_cases(lm):
 
 
 def _mutant_matrix():
-    """Every (kind, mutant) pair. The fast tier runs a fixed sample, kind ``i`` with mutant ``(i + 4) mod 7``
-    in sorted order: every kind once, every mutant at least four times, each on a kind where it
-    applies (alibi-sign on BLOOM, the causal ones on GPT-2); the other pairs are ``slow`` (the full
-    matrix runs in CI)."""
+    """Every (kind, mutant) pair. The fast tier runs a fixed sample, kind ``i`` with mutant ``(i + 4) mod
+    len(MUTANTS)`` in sorted order, plus c2p-sign on DeBERTa-v2 and alibi-sign on Falcon with ALiBi:
+    every kind once, every mutant several times; the other pairs are ``slow`` (the full matrix runs in CI)."""
     mutants = sorted(MUTANTS)
+    fast = {("deberta-v2", "c2p-sign"), ("falcon-alibi", "alibi-sign")}  # the family-specific ones on their kinds
     for i, kind in enumerate(KINDS):
         for j, mutant in enumerate(mutants):
-            marks = () if j == (i + 4) % len(mutants) else (pytest.mark.slow,)
+            marks = () if j == (i + 4) % len(mutants) or (kind, mutant) in fast else (pytest.mark.slow,)
             yield pytest.param(kind, mutant, id=f"{kind}-{mutant}", marks=marks)
 
 
@@ -148,8 +151,11 @@ def test_every_mutant_fails_where_it_applies(kind, mutant):
     if mutant == "no-scale" and kind in ("gpt2-unscaled", "t5"):  # T5 does not scale its scores
         assert not applies and why == "the model does not scale its scores"
         return
-    if mutant == "alibi-sign" and not kind.startswith("bloom"):
-        assert not applies and why == "the model has no ALiBi bias"
+    inapplicable = {"alibi-sign": (not kind.startswith("bloom") and kind != "falcon-alibi",
+                                   "the model has no ALiBi bias"),
+                    "c2p-sign": (kind != "deberta-v2", "the model has no content-to-position term (DeBERTa's c2p)")}
+    if mutant in inapplicable and inapplicable[mutant][0]:
+        assert not applies and why == inapplicable[mutant][1]
         result = verify(lm, mutant=mutant, cases=cases)
         assert result.passed and any("cannot change this model" in n for n in result.notes)
         return
@@ -665,7 +671,7 @@ def _swap_difference(lm, ids, patch=None):
                 patch(m)
         probs, _, out = _capture(lm, input_ids=ids)
     diffs = [float((a - b).abs().max()) for a, b in zip(probs, probs0)]
-    return max(diffs + [float((out.logits - out0.logits).abs().max())])
+    return max(diffs + [float((_final(lm, out) - _final(lm, out0)).abs().max())])
 
 
 def _full_rotary(m):
@@ -691,7 +697,18 @@ def _set(**attrs):
     return patch
 
 
+def _rel_without_norm(m):
+    m._rel_embeddings[0] = (m.rel_embeddings[0], None)
+
+
+def _alibi_once(m):  # Falcon's ALiBi added once (the sdpa path), not as the eager path does
+    m.spec = replace(m.spec, position_bias=replace(m.spec.position_bias, inner=None))
+
+
 BREAKS = {
+    "deberta-v2-scale-without-position-terms": ("deberta-v2", _set(scale=16 ** -0.5)),  # 1/sqrt(3 d_head)
+    "deberta-v2-positions-not-normalised": ("deberta-v2", _rel_without_norm),
+    "falcon-alibi-once": ("falcon-alibi", _alibi_once),
     "gpt_neox-full-rotary": ("gpt_neox", _full_rotary),
     "phi3-full-rotary": ("phi3", _full_rotary),
     "phi3-kv-split": ("phi3", _swap_kv_split),
@@ -788,6 +805,7 @@ def test_cli_verify_on_a_local_folder(tmp_path):
 @pytest.mark.parametrize("kind,mutant", [
     ("gpt_neox", "no-causal-mask"), ("phi3", "merge-without-transpose"), ("gemma", "scale-d-model"),
     ("gemma2", "no-scale"), ("gemma3", "causal-inverted"), ("qwen3", "no-padding-mask"),
+    ("deberta-v2", "c2p-sign"), ("falcon", "no-causal-mask"), ("falcon-alibi", "alibi-sign"),
 ])
 def test_cli_verify_new_architectures(tmp_path, kind, mutant):
     folder = save_tiny(kind, tmp_path / kind)
@@ -795,7 +813,9 @@ def test_cli_verify_new_architectures(tmp_path, kind, mutant):
     assert ok.exit_code == 0, ok.output
     data = json.loads(ok.stdout)
     assert data["passed"] is True and data["max_abs_diff"] <= 1e-5 and len(data["per_layer"]) == LAYERS
-    assert [c["name"] for c in data["cases"]] == DECODER_CASES
+    if kind.startswith(("deberta", "falcon")):  # the hand specs reproduce the eager code's rounding
+        assert data["max_abs_diff"] == 0.0
+    assert [c["name"] for c in data["cases"]] == (ENCODER_CASES if kind in ENCODERS else DECODER_CASES)
     bad = _cli("--model", str(folder), "--mutant", mutant)
     assert bad.exit_code == 1, bad.output
     assert bad.output.strip().splitlines()[-1].startswith("FAIL: max abs diff")

@@ -31,13 +31,13 @@ from .modules import (
     sites,
     stack_layers,
 )
-from .position_bias import ALIBI, NO_POSITION_BIAS, T5_RELATIVE, PositionBias
+from .position_bias import ALIBI, DISENTANGLED, FALCON_ALIBI, NO_POSITION_BIAS, T5_RELATIVE, PositionBias
 from .spec import MODEL_KINDS, QKV_LAYOUTS, ArchSpec, SiteSpec, one_stack
 from .table import SPECS, get_spec, kind_of
 
 __all__ = [
-    "ALIBI", "DISCOVERED", "MODEL_KINDS", "NO_POSITION_BIAS", "QKV_LAYOUTS", "SPECS", "T5_RELATIVE", "ArchSpec",
-    "Found", "HeadGeometry", "PositionBias", "SiteSpec", "base_model", "build_spec", "get_spec", "head_geometry",
-    "kind_of", "max_positions", "model_kind", "needs_weights", "one_stack", "register", "site_block", "site_modules",
-    "site_outputs", "site_spec", "sites", "stack_layers",
+    "ALIBI", "DISCOVERED", "DISENTANGLED", "FALCON_ALIBI", "MODEL_KINDS", "NO_POSITION_BIAS", "QKV_LAYOUTS", "SPECS",
+    "T5_RELATIVE", "ArchSpec", "Found", "HeadGeometry", "PositionBias", "SiteSpec", "base_model", "build_spec",
+    "get_spec", "head_geometry", "kind_of", "max_positions", "model_kind", "needs_weights", "one_stack", "register",
+    "site_block", "site_modules", "site_outputs", "site_spec", "sites", "stack_layers",
 ]

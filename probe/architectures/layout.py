@@ -13,6 +13,10 @@ the layout string; analyses take weights from :mod:`probe.architectures.weights`
   BLOOM ``query_key_value``).
 - ``stacked``: one ``nn.Linear`` whose output is q (heads * d_head) | k | v (kv_heads * d_head each)
   (Phi-3 ``qkv_proj``).
+- ``grouped``: one ``nn.Linear`` whose output is laid out per key/value head,
+  [kv_heads, heads / kv_heads + 2, d_head]: the group's query heads, then its key, then its value
+  (Falcon ``query_key_value``: [heads, 3, d_head] with one key/value head per query head, q | k | v
+  with one shared key/value head).
 
 The output projection is an ``nn.Linear`` (weight [d_model, heads * d_head]) or, with ``conv1d``, a
 ``Conv1D`` (weight [heads * d_head, d_model]).
@@ -27,7 +31,7 @@ import torch
 from torch import nn
 
 #: How the query/key/value projections are stored (see :attr:`ArchSpec.qkv_layout`).
-QKV_LAYOUTS = ("separate", "conv1d", "per_head", "stacked")
+QKV_LAYOUTS = ("separate", "conv1d", "per_head", "stacked", "grouped")
 
 #: ``role -> module`` of one site: ``"q"``, ``"k"``, ``"v"`` or ``"qkv"`` (those the layout uses).
 Modules = Callable[[str], nn.Module]
@@ -67,6 +71,8 @@ class ProjectionLayout:
     """
 
     name = ""
+    #: :meth:`cut_qkv` can remove heads from this layout.
+    cuttable = True
 
     def __init__(self, conv1d: bool = False) -> None:
         self.conv1d = conv1d
@@ -270,6 +276,47 @@ class Stacked(ProjectionLayout):
         mod.out_features = (len(q) + 2 * len(kv)) * d
 
 
+class Grouped(ProjectionLayout):
+    """Falcon: one ``nn.Linear`` whose rows are, per key/value head g, its heads / kv_heads query
+    heads, then its key, then its value ([kv_heads, heads / kv_heads + 2, d_head]); query head
+    g * (heads / kv_heads) + r is group g's slot r."""
+
+    name = "grouped"
+    cuttable = False
+
+    def qkv_weights(self, get, H, KV, dh):
+        w = get("qkv").weight.detach().reshape(KV, H // KV + 2, dh, -1).transpose(2, 3)  # [KV, rep+2, in, dh]
+        return w[:, :-2].reshape(H, -1, dh), w[:, -2], w[:, -1]
+
+    def qkv_biases(self, get, H, KV, dh):
+        b = get("qkv").bias
+        if b is None:
+            return (None,) * 3
+        b = b.detach().reshape(KV, H // KV + 2, dh)
+        return b[:, :-2].reshape(H, dh), b[:, -2], b[:, -1]
+
+    def project(self, get, x, nh, nkv, hs):
+        B, T, _ = x.shape
+        qkv = get("qkv")(x).view(B, T, nkv, nh // nkv + 2, hs)
+        q = qkv[:, :, :, :-2].reshape(B, T, nh * hs)
+        k, v = qkv[:, :, :, -2].reshape(B, T, nkv * hs), qkv[:, :, :, -1].reshape(B, T, nkv * hs)
+        return _heads(q, k, v, B, T, nh, nkv, hs)
+
+    def values(self, output, n_heads, d_head):
+        B, T, width = output.shape
+        n_kv = (width // d_head - n_heads) // 2
+        v = output.reshape(B, T, n_kv, n_heads // n_kv + 2, d_head)[..., -1, :]
+        return v.reshape(B, T, -1, d_head).transpose(1, 2)
+
+    def head_counts(self, get, hs, n_kv):
+        total = get("qkv").weight.shape[0] // hs  # Linear weight [(heads + 2 * kv_heads) * d_head, in]
+        kv = n_kv()
+        return total - 2 * kv, kv
+
+    def cut_qkv(self, get, q, kv, old_q, old_kv, d):
+        raise ValueError("the grouped fused layout (Falcon) does not support cutting heads")
+
+
 def _heads(q, k, v, B: int, T: int, nh: int, nkv: int, hs: int) -> tuple[torch.Tensor, ...]:
     """[B, T, n * hs] -> [B, n, T, hs] for q (n = nh), k and v (n = nkv)."""
     q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
@@ -278,7 +325,7 @@ def _heads(q, k, v, B: int, T: int, nh: int, nkv: int, hs: int) -> tuple[torch.T
     return q, k, v
 
 
-_CLASSES = {cls.name: cls for cls in (Separate, Conv1D, PerHead, Stacked)}
+_CLASSES = {cls.name: cls for cls in (Separate, Conv1D, PerHead, Stacked, Grouped)}
 
 
 @cache

@@ -10,7 +10,7 @@ from ..errors import UnsupportedArchitectureError
 from ..sites import Site
 from .discovered import needs_weights
 from .spec import ArchSpec, SiteSpec
-from .table import get_spec
+from .table import SPECS, get_spec
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ def head_geometry(config) -> HeadGeometry:
     n_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", None) or config.n_layer
     n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or config.n_head
     d_model = getattr(config, "hidden_size", None) or getattr(config, "dim", None) or config.n_embd
-    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    spec = SPECS.get(getattr(config, "model_type", None))
+    n_kv = spec.kv_heads(config) if spec is not None else getattr(config, "num_key_value_heads", None) or n_heads
     d_head = getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or d_model // n_heads
     decoder_heads = getattr(config, "decoder_attention_heads", None)
     if decoder_heads is not None and decoder_heads != n_heads:

@@ -15,6 +15,11 @@
   only keys before the query. The learned values live in the first layer of each stack and are
   shared by all its layers; probe computes the bucket of every (query, key) pair itself and looks
   the values up in that embedding.
+* DeBERTa's disentangled attention (He et al. 2021, sec. 3.1; DeBERTa-v2/v3's log-bucketed
+  positions): content-to-position and position-to-content terms computed from the queries, the
+  keys and the stack's relative position embeddings (:mod:`probe.architectures.disentangled`).
+  Unlike ALiBi and T5 this bias depends on the queries and keys, so the reference hands them
+  to the rule.
 
 :class:`PositionBias` is the rule an architecture spec chooses once (:data:`NO_POSITION_BIAS`,
 :data:`ALIBI`, :data:`T5_RELATIVE`); the reference attention calls it.
@@ -27,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from .disentangled import disentangled_bias, position_terms, relative_table
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -105,39 +112,49 @@ class PositionBias:
     """How an architecture biases its attention scores, chosen once in its spec
     (:attr:`~probe.architectures.spec.ArchSpec.position_bias`), as ``scaling`` and ``window`` are.
 
-    Called as ``bias(module, n_query, n_key, past, key_positions, device)`` with ``module`` the
-    attention module computing the scores (it provides ``n_head``, ``alibi_sign``, ``config``,
-    ``is_cross``, ``is_causal`` and ``bias_table``, like transformers' attention functions take
-    ``module`` first); returns [batch|1, heads, query|1, key] or None.
+    Called as ``bias(module, n_query, n_key, past, key_positions, device, content)`` with ``module``
+    the attention module computing the scores (it provides ``n_head``, ``alibi_sign``, ``config``,
+    ``is_cross``, ``is_causal``, ``bias_table`` and, for DeBERTa, ``rel_embeddings``, ``c2p_sign``
+    and its projections, like transformers' attention functions take ``module`` first) and
+    ``content`` the ``(q, k)`` pair, q [batch, heads, query, d_head] and k [batch, heads, key, d_head]
+    (None where the rule does not read it); returns [batch|1, heads, query|1, key] or None.
 
     Attributes:
         name: ``"none"``, ``"alibi"`` or ``"t5"``.
         compute: the function above.
         fused: the original adds it inside the score GEMM (``baddbmm``; BLOOM), which the
             reference copies for the same rounding.
+        inner: a bias added to q k^T before the scaling, called like ``compute``, or None (Falcon's
+            eager ALiBi adds one there as well as after).
     """
 
     name: str
     compute: Callable[..., torch.Tensor | None]
     fused: bool = False
+    inner: Callable[..., torch.Tensor | None] | None = None
+
+    def inner_bias(self, module, n_query: int, n_key: int, past: int, key_positions: torch.Tensor | None,
+                   device) -> torch.Tensor | None:
+        """The bias added before the scaling, [batch|1, heads, query|1, key], or None."""
+        return None if self.inner is None else self.inner(module, n_query, n_key, past, key_positions, device)
 
     def __call__(self, module, n_query: int, n_key: int, past: int, key_positions: torch.Tensor | None,
-                 device) -> torch.Tensor | None:
-        return self.compute(module, n_query, n_key, past, key_positions, device)
+                 device, content: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+        return self.compute(module, n_query, n_key, past, key_positions, device, content)
 
 
-def _no_bias(module, n_query, n_key, past, key_positions, device) -> None:
+def _no_bias(module, n_query, n_key, past, key_positions, device, content=None) -> None:
     return None
 
 
-def _alibi(module, n_query, n_key, past, key_positions, device) -> torch.Tensor:
+def _alibi(module, n_query, n_key, past, key_positions, device, content=None) -> torch.Tensor:
     """ALiBi's m_h * j (j = the key's position among the real tokens; 0..n_key-1 without padding)."""
     if key_positions is None:
         key_positions = torch.arange(n_key, device=device)[None]  # (1, Tk)
     return alibi_bias(alibi_slopes(module.n_head).to(device), key_positions, module.alibi_sign)
 
 
-def _t5(module, n_query, n_key, past, key_positions, device) -> torch.Tensor | None:
+def _t5(module, n_query, n_key, past, key_positions, device, content=None) -> torch.Tensor | None:
     """T5's learned bias of the bucket of j - i, on self-attention sites (its table lives in the
     stack's first layer); cross-attention has none."""
     table = module.bias_table
@@ -148,9 +165,57 @@ def _t5(module, n_query, n_key, past, key_positions, device) -> torch.Tensor | N
                    c.relative_attention_max_distance)
 
 
+def _disentangled(module, n_query, n_key, past, key_positions, device, content=None) -> torch.Tensor | None:
+    """DeBERTa-v2/v3's c2p and p2c terms (None without ``relative_attention``): the stack's relative
+    table through the layer's projections (its own key/query projections with ``share_att_key``,
+    else ``pos_key_proj`` / ``pos_query_proj``), split into heads [heads, 2 * span, d_head]."""
+    c = module.config
+    if not getattr(c, "relative_attention", False) or content is None:
+        return None
+    q, k = content
+    table = relative_table(*module.rel_embeddings, c)  # (2*span, d_model)
+    share = getattr(c, "share_att_key", False)
+
+    def heads(role: str, own: str):
+        if role not in position_terms(c):
+            return None
+        x = (module.projection(own) if share else module.get_submodule(f"pos_{own}_proj"))(table)
+        return x.view(x.size(0), module.n_head, -1).transpose(0, 1)  # (nh, 2*span, hs)
+    return disentangled_bias(q, k, heads("p2c", "query"), heads("c2p", "key"), c, past, module.c2p_sign)
+
+
+def _falcon_alibi_values(module, n_key, key_positions, device) -> torch.Tensor | None:
+    """Falcon's a = m_h * j [batch|1, heads, 1, key] (float32 holding bfloat16 values: its
+    ``build_alibi_tensor`` rounds the slopes and the products to bfloat16), None without ALiBi."""
+    if not getattr(module.config, "alibi", False):
+        return None
+    if key_positions is None:
+        key_positions = torch.arange(n_key, device=device)[None]  # (1, Tk)
+    slopes = alibi_slopes(module.n_head).to(device).bfloat16()[None, :, None, None]
+    return (module.alibi_sign * slopes * key_positions[:, None, None, :]).float()  # bf16 product, as float32
+
+
+def _falcon_alibi(module, n_query, n_key, past, key_positions, device, content=None) -> torch.Tensor | None:
+    """Falcon with ``alibi=True`` as transformers' eager Falcon attention computes it (the path whose
+    probabilities exist): a enters inside the scaled scores, (q k^T + a) / sqrt(d) (:func:`_falcon_alibi_inner`),
+    and once more through the attention mask, + a / sqrt(d) (this part). Transformers' sdpa path and the
+    original Falcon code add it once (docs/verification.md)."""
+    a = _falcon_alibi_values(module, n_key, key_positions, device)
+    return None if a is None else a / math.sqrt(module.d_head)
+
+
+def _falcon_alibi_inner(module, n_query, n_key, past, key_positions, device, content=None) -> torch.Tensor | None:
+    """Falcon's a, added to q k^T before the scaling (see :func:`_falcon_alibi`)."""
+    return _falcon_alibi_values(module, n_key, key_positions, device)
+
+
 #: No bias (most architectures).
 NO_POSITION_BIAS = PositionBias("none", _no_bias)
 #: BLOOM's ALiBi (Press et al. 2022), added inside the score GEMM as BLOOM does.
 ALIBI = PositionBias("alibi", _alibi, fused=True)
 #: T5's bucketed relative position bias (Raffel et al. 2020).
 T5_RELATIVE = PositionBias("t5", _t5)
+#: Falcon's optional ALiBi, as transformers' eager attention adds it (twice; see :func:`_falcon_alibi`).
+FALCON_ALIBI = PositionBias("falcon-alibi", _falcon_alibi, inner=_falcon_alibi_inner)
+#: DeBERTa-v2/v3's disentangled attention (He et al. 2021).
+DISENTANGLED = PositionBias("disentangled", _disentangled)

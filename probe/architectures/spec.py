@@ -70,6 +70,28 @@ def _rope_single(config, layer: int) -> dict:
     return params
 
 
+def _rope_unless_alibi(config, layer: int) -> dict | None:
+    """Falcon: RoPE unless the config asks for ALiBi (``alibi=True``; then no rotation, None)."""
+    return None if getattr(config, "alibi", False) else _rope_single(config, layer)
+
+
+def _kv_heads_from_config(config) -> int:
+    """Key/value heads: ``num_key_value_heads``, else the query heads (multi-head attention)."""
+    return getattr(config, "num_key_value_heads", None) or _query_heads(config)
+
+
+def _query_heads(config) -> int:
+    return getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or config.n_head
+
+
+def _kv_heads_multi_query(config) -> int:
+    """Falcon: ``num_kv_heads`` groups with ``new_decoder_architecture``, one shared key/value head
+    with ``multi_query`` (Shazeer 2019), else one per query head."""
+    if getattr(config, "new_decoder_architecture", False):
+        return config.num_kv_heads
+    return 1 if getattr(config, "multi_query", False) else _query_heads(config)
+
+
 def _rope_by_layer_type(config, layer: int) -> dict:
     """Gemma 3: one RoPE setting per layer type (local sliding layers and global layers differ)."""
     params = getattr(config, "rope_parameters", None) or {}
@@ -77,6 +99,22 @@ def _rope_by_layer_type(config, layer: int) -> dict:
     if types and isinstance(params.get(types[layer]), dict):
         return _rope_single(type("C", (), {"rope_parameters": params[types[layer]]})(), layer)
     return _rope_single(config, layer)
+
+
+def _no_note(config) -> str | None:
+    return None
+
+
+def _no_refusal(config) -> str | None:
+    return None
+
+
+def _falcon_alibi_note(config) -> str | None:
+    """Falcon with ALiBi: what the captured maps are (docs/verification.md, "Falcon with ALiBi")."""
+    if not getattr(config, "alibi", False):
+        return None
+    return ("falcon with alibi=True: transformers' eager attention, whose probabilities probe captures, adds the "
+            "ALiBi bias twice; the model's sdpa outputs add it once, so its maps show twice the sdpa recency bias")
 
 
 def _no_upcast(config) -> bool:
@@ -155,7 +193,8 @@ class SiteSpec:
 
     The site specs of an :class:`ArchSpec` are the only place that names module paths. Paths:
     ``layers`` and ``stack_module`` are relative to the base model (``model.base_model``);
-    ``bias_table`` to the first layer of the stack; every other path to one layer.
+    ``bias_table`` to the first layer of the stack; ``rel_embeddings`` and ``rel_norm`` to the base
+    model; every other path to one layer.
 
     Attributes:
         stack: ``"encoder"`` or ``"decoder"`` (:class:`~probe.sites.Site`).
@@ -180,6 +219,10 @@ class SiteSpec:
         n_layers: ``config -> int`` layers of this stack (None: :func:`head_geometry`'s count).
         bias_table: T5: path, relative to the first block of the stack, of the embedding holding
             the stack's learned relative position bias [buckets, heads]; None elsewhere.
+        rel_embeddings: DeBERTa-v2/v3: path, relative to the base model, of the stack's relative
+            position embeddings [2 * span, d_model] (shared by all layers); None elsewhere.
+        rel_norm: DeBERTa-v2/v3: path of the LayerNorm applied to those embeddings where the config's
+            ``norm_rel_ebd`` asks for it (absent otherwise); None elsewhere.
     """
 
     stack: str
@@ -199,6 +242,8 @@ class SiteSpec:
     stack_module: str = ""
     n_layers: Callable[..., int] | None = None
     bias_table: str | None = None
+    rel_embeddings: str | None = None
+    rel_norm: str | None = None
 
     def relative(self, path: str | None) -> str | None:
         """A layer-relative path made relative to the attention module (None if outside it)."""
@@ -231,7 +276,11 @@ class ArchSpec:
             ``"per_head"`` one ``nn.Linear`` whose output is laid out per head, [heads, 3, d_head]
             (GPT-NeoX ``query_key_value``);
             ``"stacked"`` one ``nn.Linear`` whose output is q (heads * d_head) | k | v
-            (kv_heads * d_head each) (Phi-3 ``qkv_proj``).
+            (kv_heads * d_head each) (Phi-3 ``qkv_proj``);
+            ``"grouped"`` one ``nn.Linear`` whose output is laid out per key/value head,
+            [kv_heads, heads / kv_heads + 2, d_head]: the group's query heads, then its key and its
+            value (Falcon's ``query_key_value``: ``[heads, 3, d_head]`` without grouping, q | k | v
+            with one shared key/value head).
         conv1d: projections are GPT-2 ``Conv1D`` modules (``y = x @ W + b``, W is [in, out]), the
             output projection included; False for ``nn.Linear`` (W is [out, in]). The two fields are
             decoded once into :attr:`layout` (:mod:`probe.architectures.layout`).
@@ -245,13 +294,18 @@ class ArchSpec:
         rotary: rotary position embedding applied to q and k (Su et al. 2021, RoFormer), in the
             "rotate half" layout on the first ``partial_rotary_factor * d_head`` dimensions.
         scaling: ``(config, d_head, layer) -> float``, the multiplier of q k^T.
+        divide_keys: the original divides the keys by 1/scale before the product q k^T (DeBERTa);
+            the reference does the same, for the original's rounding.
         softmax_dtype: dtype the original's eager softmax runs in (float32 for the LLaMA-style
             families, which upcast; None = the scores' dtype).
         upcast: ``config -> bool``: scores as well as softmax in float32 (GPT-2 option).
         window: ``(config, layer) -> int | None``: keys a query may see under a sliding window
             (itself included), None for no window.
-        rope: ``(config, layer) -> dict``: RoPE settings of a layer (``rope_type``, ``rope_theta``,
-            ``partial_rotary_factor`` and the type's own keys).
+        rope: ``(config, layer) -> dict | None``: RoPE settings of a layer (``rope_type``,
+            ``rope_theta``, ``partial_rotary_factor`` and the type's own keys); None: no rotation in
+            this configuration (Falcon with ALiBi).
+        kv_heads: ``config -> int``: key/value heads per layer in the config (Falcon's multi-query
+            and grouped variants).
         softcap: ``config -> float | None``: logit soft-capping cap (Gemma 2), None for none.
         position_offset: ``config -> int``: position-table rows before the first token (RoBERTa).
         head_count_attrs: attributes of the attention module equal to its number of query heads
@@ -270,6 +324,15 @@ class ArchSpec:
         probs: ``output -> probs | None``: the attention probabilities [batch, heads, query, key]
             in the attention module's output tuple (second; T5's modules return
             ``(output, position_bias, probs)``).
+        note: ``config -> str | None``: what a user of this configuration must know about its maps,
+            added to the loaded model's notes (Falcon with ALiBi), or None.
+        padding_rows_masked: the model masks whole padding query rows as well as padding keys
+            (DeBERTa's mask is m_i m_j), so a padding query's weights spread evenly over every key,
+            padding included; checks of padding keys read real query rows only.
+        probs_argument: name of the attention module's forward argument that must be True for it to
+            return its probabilities (DeBERTa's ``output_attentions``; capture sets it), or None.
+        removal_refusal: ``config -> str | None``: why physical head removal does not cover this
+            configuration (DeBERTa's separate position projections), or None.
         pack: ``(attn_output, probs, bias) -> tuple``: the output tuple a replacement module returns
             (the original's layout).
         position_bias: the bias added to the scores
@@ -305,10 +368,12 @@ class ArchSpec:
     final_softcap: Callable[..., float | None] = _no_softcap
     rotary: bool = False
     scaling: Callable[..., float] = _inverse_sqrt_head
+    divide_keys: bool = False
     softmax_dtype: torch.dtype | None = None
     upcast: Callable[..., bool] = _no_upcast
     window: Callable[..., int | None] = _no_window
-    rope: Callable[..., dict] = _rope_single
+    rope: Callable[..., dict | None] = _rope_single
+    kv_heads: Callable[..., int] = _kv_heads_from_config
     softcap: Callable[..., float | None] = _no_softcap
     position_offset: Callable[..., int] = _no_offset
     head_count_attrs: tuple[str, ...] = ()
@@ -318,6 +383,10 @@ class ArchSpec:
     config_head_attrs: tuple[str, ...] = ()
     cache_kwargs: tuple[str, ...] = ("cache", "past_key_values")
     probs: Callable[..., torch.Tensor | None] = _probs_second
+    probs_argument: str | None = None
+    padding_rows_masked: bool = False
+    note: Callable[..., str | None] = _no_note
+    removal_refusal: Callable[..., str | None] = _no_refusal
     pack: Callable[..., tuple] = _pack_pair
     position_bias: PositionBias = NO_POSITION_BIAS
     residual: Callable[..., torch.Tensor] = _no_residual

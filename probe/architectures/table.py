@@ -9,14 +9,17 @@ import torch
 
 from ..errors import UnsupportedArchitectureError
 from .discovered import DISCOVERED, model_kind
-from .position_bias import ALIBI, T5_RELATIVE
+from .disentangled import disentangled_scaling, separate_position_projections
+from .position_bias import ALIBI, DISENTANGLED, FALCON_ALIBI, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
     SiteSpec,
+    _falcon_alibi_note,
     _final_logit_softcap,
     _gemma2_softcap,
     _gpt2_scaling,
     _gpt2_upcast,
+    _kv_heads_multi_query,
     _no_softcap,
     _pack_t5,
     _probs_third,
@@ -24,6 +27,7 @@ from .spec import (  # the rules the entries point at
     _residual_inside,
     _roberta_offset,
     _rope_by_layer_type,
+    _rope_unless_alibi,
     _window_by_layer_type,
     _window_every_layer,
     one_stack,
@@ -36,6 +40,15 @@ _BERT = ArchSpec(
     head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
 )
 _ROBERTA = replace(_BERT, family="roberta", position_offset=_roberta_offset)
+_DEBERTA_V2 = ArchSpec(
+    family="deberta-v2", kind="encoder",
+    site_specs=one_stack("encoder", "encoder.layer", "attention.self", "attention.output.dense",
+                         q="attention.self.query_proj", k="attention.self.key_proj", v="attention.self.value_proj",
+                         rel_embeddings="encoder.rel_embeddings", rel_norm="encoder.LayerNorm"),
+    scaling=disentangled_scaling, divide_keys=True, position_bias=DISENTANGLED, probs_argument="output_attentions",
+    padding_rows_masked=True, removal_refusal=separate_position_projections,
+    head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
+)
 _DISTILBERT = ArchSpec(
     family="distilbert", kind="encoder",
     site_specs=one_stack("encoder", "transformer.layer", "attention", "attention.out_lin",
@@ -126,6 +139,15 @@ _BLOOM = ArchSpec(
     cache_kwargs=("layer_past", "cache", "past_key_values"), head_count_attrs=("num_heads",),
     width_attrs=("hidden_size", "split_size"),
 )
+_FALCON = ArchSpec(
+    family="falcon", kind="decoder",
+    site_specs=one_stack("decoder", "h", "self_attention", "self_attention.dense",
+                         qkv="self_attention.query_key_value", input_norm="input_layernorm", mlp="mlp"),
+    final_norm="ln_f", qkv_layout="grouped", rotary=True, rope=_rope_unless_alibi, kv_heads=_kv_heads_multi_query,
+    position_bias=FALCON_ALIBI, kv_head_count_attrs=("num_kv_heads",), probs_argument="output_attentions",
+    note=_falcon_alibi_note,
+    cache_kwargs=("layer_past", "cache", "past_key_values"),
+)
 
 #: model_type (``config.model_type``) -> spec. The supported architectures.
 SPECS: dict[str, ArchSpec] = {
@@ -133,6 +155,7 @@ SPECS: dict[str, ArchSpec] = {
     "roberta": _ROBERTA,
     "electra": _BERT,
     "distilbert": _DISTILBERT,
+    "deberta-v2": _DEBERTA_V2,
     "gpt2": _GPT2,
     "llama": _LLAMA,
     "qwen2": _QWEN2,
@@ -144,6 +167,7 @@ SPECS: dict[str, ArchSpec] = {
     "gemma2": _GEMMA2,
     "gemma3_text": _GEMMA3,
     "bloom": _BLOOM,
+    "falcon": _FALCON,
     "bart": _BART,
     "marian": _BART,
     "t5": _T5,

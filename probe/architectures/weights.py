@@ -96,9 +96,17 @@ def norm_eps(norm: nn.Module) -> float | None:
 
 
 def input_norm(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None:
-    """The norm before the attention of ``site``'s block (pre-norm decoders), or None where the spec names none."""
+    """The norm before the attention of ``site``'s block (pre-norm decoders), or None where the spec names
+    none or the block has no module at the path the spec names (Falcon's ``new_decoder_architecture``
+    with two parallel norms, ``ln_attn`` and ``ln_mlp``, in place of ``input_layernorm``)."""
     path = site_spec(spec, site).input_norm
-    return None if path is None else site_block(model, spec, site).get_submodule(path)
+    block = site_block(model, spec, site)
+    if path is None:
+        return None
+    try:
+        return block.get_submodule(path)
+    except AttributeError:  # not in this configuration of the family
+        return None
 
 
 def block_mlp(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None:

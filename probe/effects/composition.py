@@ -192,7 +192,8 @@ def composition_scores(lm, rope_offsets: int = 1) -> pd.DataFrame:
                                        "was discovered (use rope_offsets=1, D = 0)")
     g, f = lm.geometry, head_factors(lm)
     L, H = g.n_layers, g.n_heads
-    offsets = rope_offsets if lm.spec.rotary else 1
+    rotary = lm.spec.rotary and lm.spec.rope(lm.model.config, 0) is not None  # Falcon with ALiBi: no rotation
+    offsets = rope_offsets if rotary else 1
     out = []
     for mode in MODES:
         readers = _reader_rotated(lm, f, mode, offsets)
@@ -213,7 +214,7 @@ def composition_scores(lm, rope_offsets: int = 1) -> pd.DataFrame:
     base = {m: baseline(g.d_model, g.d_head, m) for m in MODES}
     for m in MODES:
         frame[f"{m}_z"] = (frame[m] - base[m]["mean"]) / base[m]["std"]
-    rope = None if not lm.spec.rotary else "delta0" if offsets == 1 else f"mean D=0..{offsets - 1}"
+    rope = None if not rotary else "delta0" if offsets == 1 else f"mean D=0..{offsets - 1}"
     frame.attrs.update(baseline=base, rope=rope)
     return frame
 

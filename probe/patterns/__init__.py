@@ -64,7 +64,7 @@ def pattern_accumulators(lm, *, distance: bool = True, map_sequences: int = MAP_
     if types:
         out.append(PatternTypes(sites, heads, lm.tokenizer))
     if health:
-        out.append(HealthProbe(sites, thresholds))
+        out.append(HealthProbe(sites, thresholds, real_rows_only=lm.spec.padding_rows_masked))
     return out
 
 

@@ -100,6 +100,9 @@ class HealthProbe(Accumulator):
     Args:
         sites: the model's attention sites.
         thresholds: health thresholds overriding the defaults (kept with the result).
+        real_rows_only: read only the rows of real query tokens (a model that masks whole padding
+            query rows, :attr:`~probe.architectures.ArchSpec.padding_rows_masked`: their weights spread
+            evenly over every key, by design).
 
     Raises:
         ValueError: bad thresholds (see :func:`health_thresholds`).
@@ -111,8 +114,9 @@ class HealthProbe(Accumulator):
     site_kinds = ("self",)
     row_blocks = True  # a largest value over rows: blocks of rows give the same maximum
 
-    def __init__(self, sites: list[Site], thresholds: dict | None = None) -> None:
+    def __init__(self, sites: list[Site], thresholds: dict | None = None, *, real_rows_only: bool = False) -> None:
         self.sites = list(sites)
+        self.real_rows_only = real_rows_only
         self.thresholds = health_thresholds(thresholds)
         self._pos = {s: i for i, s in enumerate(self.sites)}
         self.padding_max = torch.zeros(len(self.sites), dtype=torch.float64)
@@ -134,6 +138,8 @@ class HealthProbe(Accumulator):
         pos = torch.arange(T)
         first_visible = (pos - site.window + 1).clamp(min=0) if (site.causal and site.window) else torch.zeros(T)
         rows = first_visible[None, :] < lengths[:, None]  # [B, T]
+        if self.real_rows_only:
+            rows = rows & real
         return rows[:, :, None] & ~real[:, None, :]
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch, rows: tuple[int, int] | None = None,

@@ -143,6 +143,12 @@ def removal_unsupported(lm) -> str | None:
     if lm.spec.discovered:
         return (f"{lm.model_type} has no hand-written spec: removing heads rewrites its modules' head counts and "
                 "projection layouts, which only a hand spec names")
+    if not lm.spec.layout.cuttable:
+        return (f"{lm.name} fuses its projections per key/value group ({lm.spec.layout.name} layout, Falcon) and "
+                "reads its head counts from the config; head removal does not cover that layout")
+    why = lm.spec.removal_refusal(lm.model.config)
+    if why is not None:
+        return f"{lm.name} {why}"
     if lm.spec.position_bias is ALIBI:
         return (f"{lm.name} adds ALiBi biases whose slopes the model computes from its head count: removing "
                 "heads would change the slopes of the heads that stay")

@@ -43,12 +43,15 @@ def attend_in_blocks(module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         if tri is not None:
             keep = tri[None, None] if keep is None else keep & tri  # (B|1, 1, rows, n)
         bias = module.position_bias(i1 - i0, n, past + i0, None if key_positions is None else key_positions[:, :n],
-                                  q.device)
+                                    q.device, (q[:, :, i0:i1], k[:, :, :n]))
+        kp = None if key_positions is None else key_positions[:, :n]
+        inner = module.spec.position_bias.inner_bias(module, i1 - i0, n, past + i0, kp, q.device)
         if bias is not None and not module.upcast:
             bias = bias.to(q.dtype)
         out, probs = attention(q[:, :, i0:i1], k[:, :, :n], v[:, :, :n], mask=keep, scale=module.score_scale(),
                                softmax_dtype=module.softmax_dtype, upcast=module.upcast, softcap=module.softcap,
-                               bias=bias, fused_bias=module.spec.position_bias.fused)
+                               bias=bias, fused_bias=module.spec.position_bias.fused,
+                               divide_keys=module.spec.divide_keys, inner_bias=inner)
         y[:, :, i0:i1] = out
         if n < Tk:  # later keys: exactly 0
             probs = torch.cat([probs, probs.new_zeros(*probs.shape[:3], Tk - n)], dim=-1)

@@ -16,7 +16,8 @@ from ..architectures import ArchSpec, SiteSpec, head_geometry, site_spec
 from ..errors import ProbeError
 from ..sites import Site, causal_keep
 from .blocked import attend_in_blocks
-from .op import MaskError, as_keep_mask, attention, masked_softmax, scaled_scores
+from .op import MaskError, as_keep_mask, attention
+from .recorded import record_steps
 from .rotary import Rope, apply_rope
 
 
@@ -85,7 +86,7 @@ class ReferenceAttention(nn.Module):
 
     def __init__(self, original: nn.Module, spec: ArchSpec, config, layer_idx: int,
                  context: ForwardContext | None = None, *, site: Site | None = None,
-                 bias_table: nn.Module | None = None) -> None:
+                 bias_table: nn.Module | None = None, rel_embeddings: tuple | None = None) -> None:
         super().__init__()
         geo = head_geometry(config)
         self.spec, self.config, self.layer_idx, self.site = spec, config, layer_idx, site
@@ -96,6 +97,7 @@ class ReferenceAttention(nn.Module):
         self._signature = inspect.signature(original.forward)
         self.is_cross = self.paths.kind == "cross"
         self._bias_table = [bias_table]  # T5: the stack's relative position bias (a list: not a child here)
+        self._rel_embeddings = [rel_embeddings]  # DeBERTa: (the stack's table, its LayerNorm or None)
 
         # The original projections (and q/k norms), by reference, under their original attribute names.
         self._names: dict[str, str] = {}
@@ -121,19 +123,25 @@ class ReferenceAttention(nn.Module):
         self.upcast = spec.upcast(config)
         self.softcap = spec.softcap(config)
         self.rope = None
-        if spec.rotary:
-            self.rope = Rope.from_config(spec.rope(config, layer_idx), self.d_head,
-                                         getattr(config, "max_position_embeddings", None))
+        params = spec.rope(config, layer_idx) if spec.rotary else None  # None: no rotation (Falcon's ALiBi)
+        if params is not None:
+            self.rope = Rope.from_config(params, self.d_head, getattr(config, "max_position_embeddings", None))
 
     def _head_counts(self, original: nn.Module, config) -> tuple[int, int]:
         """Query and key/value heads, from the projections' widths (so physically pruned heads work)."""
-        def n_kv() -> int:  # the stacked layout's widths do not tell query and key/value heads apart
-            return int(getattr(original, "num_key_value_heads", None) or head_geometry(config).n_kv_heads)
+        def n_kv() -> int:  # the fused stacked/grouped widths do not tell query and key/value heads apart
+            attrs = [getattr(original, a, None) for a in (*self.spec.kv_head_count_attrs, "num_key_value_heads")]
+            return int(next((a for a in attrs if a is not None), None) or head_geometry(config).n_kv_heads)
 
         return self.spec.layout.head_counts(self._module, self.d_head, n_kv)
 
     def _module(self, role: str) -> nn.Module:
         return getattr(self, self._names[role])
+
+    def projection(self, role: str) -> nn.Module:
+        """The original module of a role: ``"query"``/``"q"``, ``"key"``/``"k"``, ``"value"``/``"v"``,
+        ``"qkv"``, ``"o"`` (DeBERTa's position terms project with the layer's own q and k)."""
+        return self._module({"query": "q", "key": "k", "value": "v"}.get(role, role))
 
     def extra_repr(self) -> str:
         return (f"heads={self.n_head}, kv_heads={self.n_kv_head}, d_head={self.d_head}, scale={self.scale:.6g}, "
@@ -191,15 +199,25 @@ class ReferenceAttention(nn.Module):
         """T5: the embedding of the stack's relative position bias [buckets, heads]; else None."""
         return self._bias_table[0]
 
+    @property
+    def rel_embeddings(self) -> tuple:
+        """DeBERTa: (the stack's relative position embedding [2 * span, d_model], its LayerNorm or
+        None); ``(None, None)`` elsewhere."""
+        return self._rel_embeddings[0] or (None, None)
+
     def position_bias(self, n_query: int, n_key: int, past: int, key_positions: torch.Tensor | None,
-                      device) -> torch.Tensor | None:
+                      device, content: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
         """A bias added to the scores, [batch|1, heads, query|1, key], or None: the rule the spec
         chose (:attr:`ArchSpec.position_bias`: ALiBi's m_h * j for BLOOM, j = the key's position
-        among the real tokens; T5's learned bias of the bucket of j - i on self-attention sites)."""
-        return self.spec.position_bias(self, n_query, n_key, past, key_positions, device)
+        among the real tokens; T5's learned bias of the bucket of j - i on self-attention sites;
+        DeBERTa's c2p and p2c terms, which read ``content`` = (q [batch, heads, query, d_head],
+        k [batch, heads, key, d_head]))."""
+        return self.spec.position_bias(self, n_query, n_key, past, key_positions, device, content)
 
     #: +1: ALiBi as published; the ``alibi-sign`` mutant flips it.
     alibi_sign: float = 1.0
+    #: +1: DeBERTa's c2p term at the relative position i - j; the ``c2p-sign`` mutant flips it.
+    c2p_sign: int = 1
 
     def causal_mask(self, n_query: int, n_key: int, device) -> torch.Tensor | None:
         """[query, key] keep-mask of the site's causality and sliding window (None for encoders)."""
@@ -217,41 +235,10 @@ class ReferenceAttention(nn.Module):
         return y.transpose(1, 2).contiguous().view(B, T, nh * hs)
 
     def record_steps(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
-                     bias: torch.Tensor | None) -> None:
-        """Keep one head's steps of this pass in :attr:`steps` (batch row 0, every query), with the same
-        functions :func:`~probe.reference.op.attention` runs (so the numbers are the module's own).
-
-        Args:
-            q: [batch, heads, T, d_head] after q/k norms and RoPE; k, v: [batch, heads, Tk, d_head]
-                after repeating grouped key/value heads; keep: [batch|1, 1, T|1, Tk] or None;
-                bias: [batch|1, heads, T|1, Tk] or None.
-
-        ``steps``: ``q`` [T, d_head], ``k``/``v`` [Tk, d_head] (of key/value head ``kv_head``), ``score``
-        (q . k, unscaled) [T, Tk], ``bias`` [T, Tk] (zeros where none), ``scaled`` (softcap(score *
-        scale) + bias, before masking) [T, Tk], ``keep`` [T, Tk] bool, ``probs`` [T, Tk], ``scale``,
-        ``softcap``.
-
-        Raises:
-            ProbeError: the head is out of range.
-        """
-        h = self.step_request
-        if not 0 <= h < self.n_head:
-            raise ProbeError(f"no head {h} at this site ({self.n_head} heads)")
-        T, Tk = q.size(2), k.size(-2)
-        qh, kh = q[:1, h:h + 1], k[:1, h:h + 1]  # (1, 1, T, hs), (1, 1, Tk, hs)
-        b = None if bias is None else bias[:1, h:h + 1].expand(1, 1, T, Tk)
-        scaled = scaled_scores(qh, kh, self.score_scale(), upcast=self.upcast, softcap=self.softcap, bias=b,
-                               fused_bias=self.spec.position_bias.fused)  # (1, 1, T, Tk)
-        row = None if keep is None else keep[:1, :1].expand(1, 1, T, Tk)
-        probs = masked_softmax(scaled, row, self.softmax_dtype).to(v.dtype)
-        work = torch.float32 if self.upcast else q.dtype
-        self.steps = dict(
-            q=qh[0, 0].detach(), k=kh[0, 0].detach(), v=v[0, h].detach(), kv_head=h * self.n_kv_head // self.n_head,
-            score=(qh.to(work) @ kh.to(work).transpose(-2, -1))[0, 0].detach(),
-            bias=torch.zeros(T, Tk, device=q.device) if b is None else b[0, 0].detach(),
-            scaled=scaled[0, 0].detach(), probs=probs[0, 0].detach(),
-            keep=torch.ones(T, Tk, dtype=torch.bool, device=q.device) if row is None else row[0, 0].detach(),
-            scale=float(self.score_scale()), softcap=self.softcap)
+                     bias: torch.Tensor | None, inner: torch.Tensor | None = None) -> None:
+        """Keep the steps of head :attr:`step_request` of this pass in :attr:`steps`
+        (:func:`probe.reference.recorded.record_steps`: the arguments, the keys and raises)."""
+        record_steps(self, q, k, v, keep, bias, inner)
 
     # -- forward ------------------------------------------------------------------------------------
 
@@ -336,16 +323,18 @@ class ReferenceAttention(nn.Module):
         tri = self.causal_mask(T, Tk, q.device)  # (T, Tk) or None
         if tri is not None:
             keep = tri[None, None] if keep is None else keep & tri  # (B|1, 1, T, Tk)
-        bias = self.position_bias(T, Tk, past, key_positions, q.device)  # (B|1, nh, T|1, Tk) or None
+        bias = self.position_bias(T, Tk, past, key_positions, q.device, (q, k))  # (B|1, nh, T|1, Tk) or None
+        inner = self.spec.position_bias.inner_bias(self, T, Tk, past, key_positions, q.device)  # Falcon's ALiBi
         if bias is not None and not self.upcast:
             bias = bias.to(q.dtype)
 
         if self.step_request is not None:
-            self.record_steps(q, k, v, keep, bias)
+            self.record_steps(q, k, v, keep, bias, inner)
         # 3. softmax(q k^T * scale + bias, masked) v; merge heads; output projection
         y, probs = attention(q, k, v, mask=keep, scale=self.score_scale(), softmax_dtype=self.softmax_dtype,
                              upcast=self.upcast, softcap=self.softcap, bias=bias,
-                             fused_bias=self.spec.position_bias.fused)  # (B, nh, T, hs), (B, nh, T, Tk)
+                             fused_bias=self.spec.position_bias.fused, divide_keys=self.spec.divide_keys,
+                             inner_bias=inner)  # (B, nh, T, hs), (B, nh, T, Tk)
         return self._output(y, kw, probs, bias)
 
     def _output(self, y: torch.Tensor, kw: dict, probs: torch.Tensor | None, bias: torch.Tensor | None) -> tuple:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..architectures import ALIBI, get_spec, head_geometry
+from ..architectures import ALIBI, DISENTANGLED, FALCON_ALIBI, get_spec, head_geometry
+from ..architectures.disentangled import position_terms
 from ..errors import ProbeError
 from .module import ReferenceAttention
 
@@ -79,11 +80,18 @@ class AlibiSign(ReferenceAttention):
     alibi_sign = -1.0
 
 
+class C2pSign(ReferenceAttention):
+    """DeBERTa's content-to-position term read at j - i instead of i - j (the relative position's sign flipped)."""
+
+    mutant = "c2p-sign"
+    c2p_sign = -1
+
+
 #: name -> (what is wrong, the class).
 MUTANTS: dict[str, tuple[str, type[ReferenceAttention]]] = {
     cls.mutant: (cls.__doc__.strip().splitlines()[0], cls)
     for cls in (ScaleDModel, NoScale, NoPaddingMask, NoCausalMask, MergeWithoutTranspose, CausalInverted,
-                AlibiSign)
+                AlibiSign, C2pSign)
 }
 
 _CAUSAL = ("no-causal-mask", "causal-inverted")
@@ -117,8 +125,12 @@ def mutant_applies(name: str, model_or_lm) -> tuple[bool, str]:
     spec = get_spec(config)
     if name in _CAUSAL and not any(s.causal for s in spec.site_specs):
         return False, f"{name} applies to decoders only"
-    if name == "alibi-sign" and spec.position_bias is not ALIBI:
+    alibi = spec.position_bias is ALIBI or (spec.position_bias is FALCON_ALIBI and getattr(config, "alibi", False))
+    if name == "alibi-sign" and not alibi:
         return False, "the model has no ALiBi bias"
+    if name == "c2p-sign" and (spec.position_bias is not DISENTANGLED or "c2p" not in position_terms(config)
+                               or not getattr(config, "relative_attention", False)):
+        return False, "the model has no content-to-position term (DeBERTa's c2p)"
     if name == "no-scale":
         geo = head_geometry(config)
         if all(spec.scaling(config, geo.d_head, i) == 1.0 for i in range(geo.n_layers)):

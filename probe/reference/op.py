@@ -84,7 +84,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               causal: bool = False, scale: float | None = None, *, window: int | None = None,
               softmax_dtype: torch.dtype | None = None, upcast: bool = False,
               softcap: float | None = None, bias: torch.Tensor | None = None,
-              fused_bias: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              fused_bias: bool = False, divide_keys: bool = False,
+              inner_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention: ``probs = softmax(q k^T * scale, masked)``, ``out = probs v``.
 
     Args:
@@ -102,6 +103,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
             (ALiBi, T5's relative position bias).
         fused_bias: compute ``bias + scale * q k^T`` in one batched GEMM (``baddbmm``), as BLOOM's
             eager path does (the same value; rounding as the original's).
+        divide_keys: compute ``q (k^T / (1 / scale))``, the keys divided before the product, as
+            DeBERTa does (the same value; rounding as the original's).
+        inner_bias: added to q k^T before the scaling, broadcastable to [batch, heads, query, key]
+            (Falcon's eager ALiBi: ``(q k^T + a) * scale + bias``).
 
     Returns:
         ``(out, probs)``: out [batch, heads, query, d_head] and probs [batch, heads, query, key], both
@@ -133,11 +138,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         tri = causal_keep(Tq, Tk, window=window, device=q.device)  # (Tq, Tk)
         keep = tri if keep is None else keep & tri
 
-    scores = scaled_scores(q, k, scale, upcast=upcast, softcap=softcap, bias=bias, fused_bias=fused_bias)
+    scores = scaled_scores(q, k, scale, upcast=upcast, softcap=softcap, bias=bias, fused_bias=fused_bias,
+                           divide_keys=divide_keys, inner_bias=inner_bias)
     if scores.dtype in HALF and bool(torch.isinf(scores).any()):
         # a half-precision score overflowed (float16's largest is 65504): scores and softmax in float32,
         # so the row gets the float32 result rather than NaN or nothing
-        scores = scaled_scores(q, k, scale, upcast=True, softcap=softcap, bias=bias, fused_bias=fused_bias)
+        scores = scaled_scores(q, k, scale, upcast=True, softcap=softcap, bias=bias, fused_bias=fused_bias,
+                               divide_keys=divide_keys, inner_bias=inner_bias)
         softmax_dtype = torch.float32
     probs = masked_softmax(scores, keep, softmax_dtype).to(v.dtype)  # (B, nh, Tq, Tk), rows sum to 1
     out = probs @ v  # (B, nh, Tq, Tk) x (B, nh, Tk, hs) -> (B, nh, Tq, hs)
@@ -146,12 +153,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float, *, upcast: bool = False,
                   softcap: float | None = None, bias: torch.Tensor | None = None,
-                  fused_bias: bool = False) -> torch.Tensor:
+                  fused_bias: bool = False, divide_keys: bool = False,
+                  inner_bias: torch.Tensor | None = None) -> torch.Tensor:
     """The scores before masking: ``softcap(q k^T * scale) + bias``, as :func:`attention` computes them.
 
     Args:
         q: [batch, heads, query, d_head]; k: [batch, heads, key, d_head] (grouped heads repeated).
-        scale, upcast, softcap, bias, fused_bias: as :func:`attention`.
+        scale, upcast, softcap, bias, fused_bias, divide_keys, inner_bias: as :func:`attention`.
 
     Returns:
         [batch, heads, query, key] (float32 with ``upcast``, else q's dtype).
@@ -165,7 +173,12 @@ def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float, *, upcast: boo
         full = bias.expand(B, nh, Tq, Tk).reshape(B * nh, Tq, Tk)
         return torch.baddbmm(full, q.reshape(B * nh, Tq, hs), k.reshape(B * nh, Tk, hs).transpose(1, 2),
                              beta=1.0, alpha=scale).view(B, nh, Tq, Tk)
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, Tq, hs) x (B, nh, hs, Tk) -> (B, nh, Tq, Tk)
+    if divide_keys:  # DeBERTa: q (k^T / sqrt(d_head * s))
+        scores = q @ (k.transpose(-2, -1) / torch.tensor(1.0 / scale, dtype=torch.float32).to(k.dtype))
+    elif inner_bias is not None:  # Falcon's eager ALiBi: (q k^T + a) * scale
+        scores = (q @ k.transpose(-2, -1) + inner_bias) * scale
+    else:
+        scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, Tq, hs) x (B, nh, hs, Tk) -> (B, nh, Tq, Tk)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:

@@ -46,6 +46,14 @@ def _binder(module: nn.Module):
     return bind
 
 
+def _has(module: nn.Module, path: str | None) -> bool:
+    """Whether ``module`` has a submodule at ``path``."""
+    try:
+        return path is not None and module.get_submodule(path) is not None
+    except AttributeError:
+        return False
+
+
 def _checked_mask(arguments: dict) -> object:
     """The 2D keep-mask of a stack's forward call (or None), its length checked against the keys."""
     mask = arguments.get("attention_mask")
@@ -134,8 +142,13 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
         table = None
         if paths.bias_table is not None:
             table = base.get_submodule(paths.layers)[0].get_submodule(paths.bias_table)
+        rel = None
+        if paths.rel_embeddings is not None:  # DeBERTa: the stack's relative table and its LayerNorm
+            norm = base.get_submodule(paths.rel_norm) if _has(base, paths.rel_norm) else None
+            rel = (base.get_submodule(paths.rel_embeddings), norm)
         originals.append(original)
-        modules.append(cls(original, spec, model.config, site.layer, context, site=site, bias_table=table))
+        modules.append(cls(original, spec, model.config, site.layer, context, site=site, bias_table=table,
+                           rel_embeddings=rel))
         parent_path, _, name = paths.attention.rpartition(".")
         parents.append((layer.get_submodule(parent_path) if parent_path else layer, name))
     notes = sorted({n.split(": ", 1)[1] for m in modules for n in m.notes})
