@@ -761,6 +761,19 @@ def _cli(*args):
     return CliRunner().invoke(main, ["verify", *args, "--no-progress"])
 
 
+def test_cli_verify_quick_checks_the_sentence_case_only(tmp_path):
+    """Issue 27 item 11: --quick runs the one-sentence case of the battery (the whole battery's
+    padding, key/value-cache and long cases are what take minutes on a large model)."""
+    folder = save_tiny("gpt2", tmp_path / "gpt2")
+    quick = _cli("--model", str(folder), "--quick", "--json")
+    assert quick.exit_code == 0, quick.output
+    data = json.loads(quick.stdout)
+    assert [c["name"] for c in data["cases"]] == ["sentence"] and data["passed"] is True
+    assert len(data["per_layer"]) == LAYERS
+    whole = json.loads(_cli("--model", str(folder), "--json").stdout)
+    assert [c["name"] for c in whole["cases"]] == DECODER_CASES and len(DECODER_CASES) > 1
+
+
 def test_cli_verify_on_a_local_folder(tmp_path):
     folder = save_tiny("gpt2", tmp_path / "gpt2")
     ok = _cli("--model", str(folder))
