@@ -852,3 +852,21 @@ def test_embedded_models_pass_verification(alias):
     assert len(result.per_layer) == lm.geometry.n_layers
     assert [c.name for c in result.cases] == (DECODER_CASES if lm.kind == "decoder" else ENCODER_CASES)
     assert result.cases[-1].shape == [1, 512 if alias == "minilm" else 1024]
+
+
+def test_deberta_v2_without_relative_attention_verifies_at_zero():
+    """DeBERTa-v2's default config has relative_attention=False: the encoder then holds no relative
+    table, no position term is added (the scale still counts pos_att_type, as transformers does), and
+    the from-scratch attention reproduces the model exactly (the swap used to look the table up and fail)."""
+    import transformers as tr
+
+    tok = bert_tokenizer()
+    config = tr.DebertaV2Config(vocab_size=len(tok), hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+                                intermediate_size=64, max_position_embeddings=64, relative_attention=False,
+                                pos_att_type=["p2c", "c2p"], type_vocab_size=0, pad_token_id=0,
+                                initializer_range=0.3, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = tr.DebertaV2Model(config).eval()
+    assert not hasattr(model.encoder, "rel_embeddings")
+    result = verify(from_pretrained_objects(model, tok, name="tiny-deberta-v2-absolute"))
+    assert result.passed and result.max_abs_diff == 0.0

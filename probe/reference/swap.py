@@ -143,7 +143,8 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
         if paths.bias_table is not None:
             table = base.get_submodule(paths.layers)[0].get_submodule(paths.bias_table)
         rel = None
-        if paths.rel_embeddings is not None:  # DeBERTa: the stack's relative table and its LayerNorm
+        if _has(base, paths.rel_embeddings):  # DeBERTa: the stack's relative table and its LayerNorm
+            # (absent without relative_attention: then there are no position terms)
             norm = base.get_submodule(paths.rel_norm) if _has(base, paths.rel_norm) else None
             rel = (base.get_submodule(paths.rel_embeddings), norm)
         originals.append(original)
