@@ -13,8 +13,8 @@ from .options import click_callback, device_option, dtype_option, model_option
 
 #: The names of ``probe.reference.mutants.MUTANTS`` (that module imports torch: not read here so that
 #: ``probe --help`` starts without it; tests/test_start_up.py checks the two agree).
-MUTANT_NAMES = ("alibi-sign", "causal-inverted", "merge-without-transpose", "no-causal-mask", "no-padding-mask",
-                "no-scale", "scale-d-model")
+MUTANT_NAMES = ("alibi-sign", "c2p-sign", "causal-inverted", "merge-without-transpose", "no-causal-mask",
+                "no-padding-mask", "no-scale", "scale-d-model")
 
 
 def format_table(result) -> str:
