@@ -70,11 +70,6 @@ def _rope_single(config, layer: int) -> dict:
     return params
 
 
-def _rope_unless_alibi(config, layer: int) -> dict | None:
-    """Falcon: RoPE unless the config asks for ALiBi (``alibi=True``; then no rotation, None)."""
-    return None if getattr(config, "alibi", False) else _rope_single(config, layer)
-
-
 def _kv_heads_from_config(config) -> int:
     """Key/value heads: ``num_key_value_heads``, else the query heads (multi-head attention)."""
     return getattr(config, "num_key_value_heads", None) or _query_heads(config)
@@ -82,14 +77,6 @@ def _kv_heads_from_config(config) -> int:
 
 def _query_heads(config) -> int:
     return getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None) or config.n_head
-
-
-def _kv_heads_multi_query(config) -> int:
-    """Falcon: ``num_kv_heads`` groups with ``new_decoder_architecture``, one shared key/value head
-    with ``multi_query`` (Shazeer 2019), else one per query head."""
-    if getattr(config, "new_decoder_architecture", False):
-        return config.num_kv_heads
-    return 1 if getattr(config, "multi_query", False) else _query_heads(config)
 
 
 def _rope_by_layer_type(config, layer: int) -> dict:
@@ -107,14 +94,6 @@ def _no_note(config) -> str | None:
 
 def _no_refusal(config) -> str | None:
     return None
-
-
-def _falcon_alibi_note(config) -> str | None:
-    """Falcon with ALiBi: what the captured maps are (docs/verification.md, "Falcon with ALiBi")."""
-    if not getattr(config, "alibi", False):
-        return None
-    return ("falcon with alibi=True: transformers' eager attention, whose probabilities probe captures, adds the "
-            "ALiBi bias twice; the model's sdpa outputs add it once, so its maps show twice the sdpa recency bias")
 
 
 def _no_upcast(config) -> bool:

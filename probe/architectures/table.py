@@ -10,16 +10,15 @@ import torch
 from ..errors import UnsupportedArchitectureError
 from .discovered import DISCOVERED, model_kind
 from .disentangled import disentangled_scaling, separate_position_projections
+from .falcon import alibi_note, kv_heads_multi_query, rope_unless_alibi
 from .position_bias import ALIBI, DISENTANGLED, FALCON_ALIBI, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
     SiteSpec,
-    _falcon_alibi_note,
     _final_logit_softcap,
     _gemma2_softcap,
     _gpt2_scaling,
     _gpt2_upcast,
-    _kv_heads_multi_query,
     _no_softcap,
     _pack_t5,
     _probs_third,
@@ -27,7 +26,6 @@ from .spec import (  # the rules the entries point at
     _residual_inside,
     _roberta_offset,
     _rope_by_layer_type,
-    _rope_unless_alibi,
     _window_by_layer_type,
     _window_every_layer,
     one_stack,
@@ -143,9 +141,9 @@ _FALCON = ArchSpec(
     family="falcon", kind="decoder",
     site_specs=one_stack("decoder", "h", "self_attention", "self_attention.dense",
                          qkv="self_attention.query_key_value", input_norm="input_layernorm", mlp="mlp"),
-    final_norm="ln_f", qkv_layout="grouped", rotary=True, rope=_rope_unless_alibi, kv_heads=_kv_heads_multi_query,
+    final_norm="ln_f", qkv_layout="grouped", rotary=True, rope=rope_unless_alibi, kv_heads=kv_heads_multi_query,
     position_bias=FALCON_ALIBI, kv_head_count_attrs=("num_kv_heads",), probs_argument="output_attentions",
-    note=_falcon_alibi_note,
+    note=alibi_note,
     cache_kwargs=("layer_past", "cache", "past_key_values"),
 )
 
