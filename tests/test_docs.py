@@ -117,16 +117,18 @@ def test_every_not_run_block_says_why():
                 assert i + 1 < len(lines) and lines[i + 1].startswith("```python"), (page.name, i + 1)
 
 
-#: A not-run block whose reason says this is skipped even in the slow tier: it states a cost of minutes.
-TOO_LONG = "minutes"
+#: A not-run block whose reason says one of these is skipped even in the slow tier: it states a cost of
+#: minutes, or it loads a model from the Hugging Face Hub (no network here or in CI).
+SKIPPED_EVEN_SLOW = ("minutes", "Hub model")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("code,reason", python_blocks())
 def test_python_block_runs_as_pasted(code, reason, tmp_path):
     """Every block runs as pasted in a fresh interpreter, the not-run ones included (they load an
-    embedded model: this is the tier that has them), except one that states a cost of minutes."""
-    if reason is not None and TOO_LONG in reason:
+    embedded model: this is the tier that has them), except one that states a cost of minutes or
+    loads a Hub model."""
+    if reason is not None and any(word in reason for word in SKIPPED_EVEN_SLOW):
         pytest.skip(f"marked not run: {reason}")
     env = {**os.environ, "MPLBACKEND": "Agg"}  # `python -c` in the root imports this checkout's probe
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
