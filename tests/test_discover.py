@@ -217,3 +217,18 @@ def test_cli_analyze_and_verify_a_saved_generic_model(tmp_path):
     assert len(heads) == 8 and set(heads["layer"]) == {0, 1}
     one_error(invoke_cli("verify", "--model", folder, "--mutant", "no-scale", "--no-progress"), 1,
               "hand-written spec")
+
+
+def test_generic_verify_chooses_cases_as_the_hand_specs_do(tiny_generic):
+    """One case selection for both batteries (verification.battery.select_cases): a name, a list, an
+    unknown name and an empty list behave alike."""
+    from probe.errors import ProbeError
+    from probe.verification import verify
+
+    lm = tiny_generic("opt")
+    # the sentence case, against eager and against sdpa
+    assert [c.name for c in verify(lm, cases="sentence").cases] == ["sentence", "sentence (sdpa)"]
+    with pytest.raises(ProbeError, match="unknown case"):
+        verify(lm, cases=["sentence-pair"])  # encoders only
+    with pytest.raises(ProbeError, match="no verification case"):
+        verify(lm, cases=[])

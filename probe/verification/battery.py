@@ -223,3 +223,21 @@ def case_names(lm: LoadedModel) -> list[str]:
     return [c.name for c in battery(lm)]
 
 
+
+
+def select_cases(available: list[Case], cases: list[str] | str | None) -> list[Case]:
+    """The cases of ``available`` named in ``cases`` (all of them for None), in battery order.
+
+    Raises:
+        ProbeError: an empty selection, or a name that is not one of ``available``'s.
+    """
+    if cases is None:
+        return available
+    cases = [cases] if isinstance(cases, str) else list(cases)
+    if not cases:
+        raise ProbeError("no verification case selected (cases=[]): nothing would be compared")
+    unknown = set(cases) - {c.name for c in available}
+    if unknown:
+        raise ProbeError(f"unknown case(s) {', '.join(sorted(unknown))}; "
+                         f"choose from {', '.join(c.name for c in available)}")
+    return [c for c in available if c.name in cases]

@@ -46,7 +46,7 @@ from ..core import LoadedModel
 from ..errors import ProbeError
 from ..hooks import input_device, measuring
 from ..reference import mutant_applies, swap_attention
-from .battery import Case, battery
+from .battery import Case, battery, select_cases
 
 __all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "NOISE_FACTOR"]
 
@@ -366,17 +366,7 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
         applies, why = mutant_applies(mutant, lm)
         if not applies:
             notes.append(f"mutant {mutant!r} cannot change this model: {why}")
-    selected = battery(lm)
-    if isinstance(cases, str):
-        cases = [cases]
-    if cases is not None and len(cases) == 0:
-        raise ProbeError("no verification case selected (cases=[]): nothing would be compared")
-    if cases is not None:
-        unknown = set(cases) - {c.name for c in selected}
-        if unknown:
-            raise ProbeError(f"unknown case(s) {', '.join(sorted(unknown))}; "
-                             f"choose from {', '.join(c.name for c in selected)}")
-        selected = [c for c in selected if c.name in cases]
+    selected = select_cases(battery(lm), cases)
     keys = list(dict.fromkeys((s.stack, s.layer) for s in lm.sites))  # (stack, layer) in forward order
     layer_attn = {k: _Max() for k in keys}
     layer_hidden = {k: _Max() for k in keys}

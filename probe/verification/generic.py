@@ -26,10 +26,9 @@ from collections.abc import Callable
 import torch
 
 from ..core import LoadedModel
-from ..errors import ProbeError
 from ..hooks import Hooks, input_device, measuring
 from ..interface import NAME, Call, site_listeners
-from .battery import Case, battery
+from .battery import Case, battery, select_cases
 from .compare import CaseResult, LayerResult, VerifyResult, _Max, _output_tensor
 
 #: The comparison with ``sdpa`` passes when max |difference| / max |output| is at most this (a fused
@@ -136,7 +135,7 @@ def _verify_case(lm: LoadedModel, case: Case, tol: tuple[float, float], layers: 
     return results, ours[0][0] if ours else "output"
 
 
-def verify_generic(lm: LoadedModel, atol: float, rtol: float, cases: list[str] | None = None,
+def verify_generic(lm: LoadedModel, atol: float, rtol: float, cases: list[str] | str | None = None,
                    progress=None) -> VerifyResult:
     """:func:`probe.verify` for a discovered spec (see the module docstring).
 
@@ -149,13 +148,7 @@ def verify_generic(lm: LoadedModel, atol: float, rtol: float, cases: list[str] |
     Raises:
         ProbeError: an unknown case name.
     """
-    selected = [c for c in battery(lm) if not c.invariance]
-    if cases is not None:
-        unknown = set(cases) - {c.name for c in selected}
-        if unknown:
-            raise ProbeError(f"unknown case(s) {', '.join(sorted(unknown))}; "
-                             f"choose from {', '.join(c.name for c in selected)}")
-        selected = [c for c in selected if c.name in cases]
+    selected = select_cases([c for c in battery(lm) if not c.invariance], cases)
     keys = list(dict.fromkeys((s.stack, s.layer) for s in lm.sites))
     layers = {k: (_Max(), _Max()) for k in keys}
     notes = list(lm.notes) + ["no hand-written spec: probe's attention function checked against the model's own "
