@@ -484,6 +484,26 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 
 
+
+@contextlib.contextmanager
+def watched_page(chromium, path: Path, viewport=(1200, 900)):
+    """``(page, messages, requests)``: ``path`` opened in headless Chromium (the ``chromium`` fixture's
+    pair), with every console message and page error in ``messages`` ("type: text") and every
+    request's URL in ``requests``; the browser is closed on exit."""
+    sync_api, executable = chromium
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+            messages, requests = [], []
+            page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(path.as_uri())
+            yield page, messages, requests
+        finally:
+            browser.close()
+
 def browser_or_skip():
     """``(playwright.sync_api, path of chromium)``, or skip when either is missing; only ``browser``
     tests may call it (else a :class:`TierError`)."""

@@ -302,28 +302,17 @@ def test_the_example_image_is_the_script_s(tmp_path):
 
 @pytest.mark.browser
 def test_image_section_renders_in_chromium_without_errors_or_requests(tmp_path, chromium):
-    from conftest import CHROMIUM_ARGS
+    from conftest import watched_page
     from probe.report import write_run
 
-    sync_api, executable = chromium
     lm = tiny_vision("vit")
     res = analyze_images(lm, [ROOT / "examples" / "shapes.png"])
     path = write_run(res, lm.tokenizer, tmp_path / "run")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            messages, requests = [], []
-            page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
-            page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto((path / "index.html").as_uri())
-            page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
-            shown = page.evaluate("[...document.querySelectorAll('.img-att-section img')]"
-                                  ".filter(i => i.complete && i.naturalWidth > 0).length")
-            assert shown == 2 + 2 * 5
-            page.locator(".img-att-section").screenshot(path=str(tmp_path / "images.png"))
-            assert messages == []
-            assert [u for u in requests if not u.startswith(("data:", "file:"))] == []
-        finally:
-            browser.close()
+    with watched_page(chromium, path / "index.html") as (page, messages, requests):
+        page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
+        shown = page.evaluate("[...document.querySelectorAll('.img-att-section img')]"
+                              ".filter(i => i.complete && i.naturalWidth > 0).length")
+        assert shown == 2 + 2 * 5
+        page.locator(".img-att-section").screenshot(path=str(tmp_path / "images.png"))
+        assert messages == []
+        assert [u for u in requests if not u.startswith(("data:", "file:"))] == []

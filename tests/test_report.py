@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import probe
-from conftest import CHROMIUM_ARGS, browser_or_skip, tiny_model
+from conftest import CHROMIUM_ARGS, browser_or_skip, tiny_model, watched_page
 from probe.analysis import analyze
 from probe.report import CSP, MAX_HEATMAP_TOKENS, write_run
 
@@ -107,44 +107,33 @@ _browser = browser_or_skip  # the name other test modules import
 def test_report_draws_every_figure_offline_in_chromium(run_dir, chromium):
     """Every canvas is drawn, the page makes no request beyond itself and logs no error, and the
     tooltip of an attention cell shows that cell's probability from the data."""
-    sync_api, executable = chromium
     path, res = run_dir
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            messages, requests = [], []
-            page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
-            page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto((path / "index.html").as_uri())
-            page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
-            n = int(page.evaluate("document.body.getAttribute('data-figures-drawn')"))
-            assert n == len(_data((path / "index.html").read_text())["figures"]) > 11
-            assert page.evaluate("document.querySelectorAll('canvas[data-drawn]').length") == n
-            assert messages == []
-            assert requests == [(path / "index.html").as_uri()]
-            # an attention canvas: hover the cell (row 2, col 1) and read the tooltip back
-            fid = page.evaluate("document.querySelector('canvas[data-fig^=attn]').getAttribute('data-fig')")
-            layer, head, ex = map(int, fid.split("-")[1:])
-            box = page.evaluate(f"""(() => {{ const c = document.querySelector('canvas[data-fig="{fid}"]');
-                c.scrollIntoView(); const r = c.getBoundingClientRect(); const g = c._geom;
-                return {{x: r.left + g.left + 1.5 * g.cell, y: r.top + g.top + 2.5 * g.cell}}; }})()""")
-            page.mouse.move(box["x"], box["y"])
-            tip = page.evaluate("document.querySelector('.tip').textContent")
-            expected = res.examples[ex].probs[layer, head, 2, 1]
-            value = float(re.search(r": ([\d.]+)$", tip).group(1))
-            assert abs(value - expected) <= 5e-4, (tip, expected)
-            # the canvas pixel under that cell has the colour the renderer assigns to the value
-            colour = page.evaluate(f"""(() => {{ const c = document.querySelector('canvas[data-fig="{fid}"]');
-                const g = c._geom, d = window.devicePixelRatio || 1;
-                const px = c.getContext('2d').getImageData(Math.round((g.left + 1.5 * g.cell) * d),
-                    Math.round((g.top + 2.5 * g.cell) * d), 1, 1).data;
-                return [px[0], px[1], px[2], window.probeHeatmap.color('blues', {round(float(expected), 3)})]; }})()""")
-            want = [int(x) for x in re.findall(r"\d+", colour[3])]
-            assert all(abs(a - b) <= 2 for a, b in zip(colour[:3], want)), colour
-        finally:
-            browser.close()
+    with watched_page(chromium, path / "index.html") as (page, messages, requests):
+        page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
+        n = int(page.evaluate("document.body.getAttribute('data-figures-drawn')"))
+        assert n == len(_data((path / "index.html").read_text())["figures"]) > 11
+        assert page.evaluate("document.querySelectorAll('canvas[data-drawn]').length") == n
+        assert messages == []
+        assert requests == [(path / "index.html").as_uri()]
+        # an attention canvas: hover the cell (row 2, col 1) and read the tooltip back
+        fid = page.evaluate("document.querySelector('canvas[data-fig^=attn]').getAttribute('data-fig')")
+        layer, head, ex = map(int, fid.split("-")[1:])
+        box = page.evaluate(f"""(() => {{ const c = document.querySelector('canvas[data-fig="{fid}"]');
+            c.scrollIntoView(); const r = c.getBoundingClientRect(); const g = c._geom;
+            return {{x: r.left + g.left + 1.5 * g.cell, y: r.top + g.top + 2.5 * g.cell}}; }})()""")
+        page.mouse.move(box["x"], box["y"])
+        tip = page.evaluate("document.querySelector('.tip').textContent")
+        expected = res.examples[ex].probs[layer, head, 2, 1]
+        value = float(re.search(r": ([\d.]+)$", tip).group(1))
+        assert abs(value - expected) <= 5e-4, (tip, expected)
+        # the canvas pixel under that cell has the colour the renderer assigns to the value
+        colour = page.evaluate(f"""(() => {{ const c = document.querySelector('canvas[data-fig="{fid}"]');
+            const g = c._geom, d = window.devicePixelRatio || 1;
+            const px = c.getContext('2d').getImageData(Math.round((g.left + 1.5 * g.cell) * d),
+                Math.round((g.top + 2.5 * g.cell) * d), 1, 1).data;
+            return [px[0], px[1], px[2], window.probeHeatmap.color('blues', {round(float(expected), 3)})]; }})()""")
+        want = [int(x) for x in re.findall(r"\d+", colour[3])]
+        assert all(abs(a - b) <= 2 for a, b in zip(colour[:3], want)), colour
 
 
 def toy_section(result, tokenizer):
