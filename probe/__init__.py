@@ -44,8 +44,8 @@ _PUBLIC = {
     "prune": ".pruning.experiment", "attention": ".reference", "swap_attention": ".reference",
     "Attribution": ".rollout", "attention_rollout": ".rollout", "Site": ".sites",
     "STATISTICS": ".stats", "HeadStatistics": ".stats", "attention_steps": ".steps", "verify": ".verification",
-    "HeadView": ".view", "ModelView": ".view", "model_view": ".view", "show": ".view",
-    "RolloutView": ".view.rollout", "rollout_view": ".view.rollout",
+    "HeadView": ".view", "ModelView": ".view", "model_view": ".notebook", "show": ".notebook",
+    "RolloutView": ".view.rollout", "rollout_view": ".notebook",
 }
 
 

@@ -1,8 +1,8 @@
 """The rollout and flow of an analysis's examples, computed for the report and for notebooks: one
 example's weights, attention rollout (:func:`probe.rollout.rollout_matrix`) and the reported row's
 attention flow (:func:`probe.flow.flow_values`) in one forward pass (:func:`rollout_example`), and
-the first examples a run kept (:func:`run_rollout`). The views in :mod:`probe.view.rollout` draw
-what these return; they run no model for the report.
+the first examples a run kept (:func:`run_rollout`), one text (:func:`text_rollout`). The views in
+:mod:`probe.view.rollout` draw what these return; they run no model.
 """
 
 from __future__ import annotations
@@ -84,6 +84,25 @@ def rollout_example(lm: LoadedModel, text: Text, index: int = 0, *, max_length: 
         flow = m.attribution("flow", normalise_rows(raw), raw)
     layers = kept_layers(len(m.sites), n)
     return RolloutExample(index, m.attribution("rollout", rollout_matrix(m.tilde)), flow, m.weights[layers], layers)
+
+
+def text_rollout(lm: LoadedModel, text: str | Text, *, max_length: int | None = None,
+                 max_flow_tokens: int = MAX_FLOW_TOKENS) -> RolloutRecord:
+    """Weights, rollout and the reported row's flow of one text as a record (one forward pass); flow left
+    out, and said, above ``max_flow_tokens`` tokens. :func:`probe.notebook.rollout_view` draws it.
+
+    Raises:
+        InputError: an empty text, max_length below 2.
+    """
+    t = Text(text) if isinstance(text, str) else text
+    record = RolloutRecord([], flow_tokens=max_flow_tokens)
+    start = time.perf_counter()
+    record.examples.append(rollout_example(lm, t, 0, max_length=max_length, max_flow_tokens=max_flow_tokens))
+    if record.examples[0].flow is None:
+        record.notes.append(f"flow not computed: {len(record.examples[0].rollout.tokens)} tokens, above the limit "
+                            f"of {max_flow_tokens} (pass max_flow_tokens to raise it)")
+    record.seconds = time.perf_counter() - start
+    return record
 
 
 def run_rollout(lm: LoadedModel, result, *, max_examples: int = MAX_EXAMPLES,

@@ -21,8 +21,8 @@ from conftest import tolerance
 from probe.cli import main
 from probe.images import GridAttention, analyze_images, heat_cells, images, overlay, show_image
 from probe.images.overlay import ALPHA, heat_colour
+from probe.notebook import show
 from probe.pixels import PixelProcessor, patch_label
-from probe.view import show
 
 ROOT = Path(__file__).resolve().parents[1]
 

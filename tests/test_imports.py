@@ -175,6 +175,22 @@ def test_no_private_name_is_imported_across_packages():
     assert crossing == []
 
 
+#: Modules that run a model (a forward pass, or the loop that makes them). The views draw what they
+#: are handed: probe.notebook (and the commands' library functions) run the model and call them.
+MODEL_RUNNING = {"probe.capture", "probe.analysis", "probe.analyze_run", "probe.steps", "probe.rollout",
+                 "probe.flow", "probe.rollout_examples", "probe.hooks", "probe.models", "probe.loading",
+                 "probe.blocks", "probe.distributed", "probe.notebook", "probe.reference", "probe.verification"}
+
+
+def test_views_import_no_module_that_runs_a_model():
+    _, edges, _ = _graph()
+    views = [m for m in edges if m == "probe.view" or m.startswith("probe.view.")]
+    assert len(views) >= 8
+    running = {t for m in views for t in edges[m]
+               if any(t == r or t.startswith(r + ".") for r in MODEL_RUNNING)}
+    assert running == set()
+
+
 def test_the_architecture_page_lists_every_module():
     """docs/architecture.md's layout table names every module: a top-level one in its own row, a package's
     in the package's row (``__init__.py`` of a package is the package)."""

@@ -20,9 +20,11 @@ from probe.capture import capture_attention
 from probe.cli import main
 from probe.inputs import Text
 from probe.models import load_model
+from probe.notebook import model_view
 from probe.report import CSP, write_run
 from probe.sites import Site
-from probe.view.modelview import LEVELS, model_view, model_view_data, page, pool_map, render_model_view
+from probe.view.assets import view_page
+from probe.view.modelview import LEVELS, model_view_data, pool_map, render_model_view
 from probe.view.stepview import STEPS_KEY
 
 NASTY = 'Look: </script><b>"bold"</b> it\u2028said \'so\' & ran </SCRIPT> away now.'
@@ -225,7 +227,7 @@ def test_first_draw_of_30_by_9_heads_at_512_tokens(browser, tmp_path):
         maps.append(m / m.sum(-1, keepdims=True))
     data = model_view_data(maps, [Site("decoder", x, causal=True) for x in range(30)])
     path = tmp_path / "big.html"
-    path.write_text(page(render_model_view(data), "30 x 9"), encoding="utf-8")
+    path.write_text(view_page(render_model_view(data), "30 x 9"), encoding="utf-8")
     pg = Page(browser, path)
     pg.page.wait_for_function(f"{MV}.timings.firstFrameMs !== null")
     t = pg.ev(f"{MV}.timings")

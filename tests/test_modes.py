@@ -17,7 +17,7 @@ from conftest import tiny_model
 from probe import capture_attention, verify
 from probe.analysis import analyze
 from probe.hooks import measuring
-from probe.view import show
+from probe.notebook import show
 
 TEXT = "The cat sat on the mat because it was warm."
 

@@ -20,8 +20,8 @@ from probe.capture import encode
 from probe.cli import main
 from probe.compare import write_compare
 from probe.errors import InputError
+from probe.notebook import show
 from probe.report import write_run
-from probe.view import show
 from probe.view.data import decoded_map
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "When Maria finished, she celebrated.", "Short one."]

@@ -23,11 +23,12 @@ from conftest import tiny_model
 from probe.analysis import analyze
 from probe.compare import load_run
 from probe.inputs import Text
+from probe.notebook import show
 from probe.report import write_run
 from probe.seq2seq import decoder_start_id
 from probe.sites import Site
 from probe.tokens import display_tokens
-from probe.view import label_grid, show
+from probe.view import label_grid
 from probe.view.data import axis_tokens, decoded_map
 from probe.view.html import site_labels
 

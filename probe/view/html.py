@@ -16,26 +16,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from ..analysis import AnalysisResult
-from ..capture import attention_hooks, encode, forward
-from ..core import LoadedModel
 from ..errors import InputError
 from ..images.view import STYLE as IMAGE_STYLE
 from ..images.view import image_html
-from ..inputs import Text
 from ..report.page import choose_heads, json_for_script
 from ..runfolder import replace_file
-from ..seq2seq import sides
 from ..sites import Site
-from ..steps import head_steps
 from ..tokens import display_tokens
 from ..util import plural
-from .assets import VIEW_CSP, view_static
-from .data import LINE_THRESHOLD, MAX_VALUES, budget_note, check_budget, choose_layers, view_data
-from .rollout import RolloutView, render_rollout, rollout_view
-from .stepview import STEP_MAX_TOKENS, render_step_view, step_view_data
+from .assets import view_page, view_static
+from .data import LINE_THRESHOLD, MAX_VALUES, view_data
+from .rollout import RolloutView, render_rollout
+from .stepview import render_step_view
 
 
 def render_fragment(data: dict, view_id: str | None = None) -> str:
@@ -64,10 +57,7 @@ def render_views(data: dict, steps: dict | None = None) -> str:
 
 def render_page(data: dict, title: str = "probe head view", steps: dict | None = None) -> str:
     """A whole offline page with one view (and its step view; under :data:`VIEW_CSP`)."""
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{VIEW_CSP}">'
-            f'<title>{html.escape(title)}</title></head>'
-            f'<body style="font-family: sans-serif; margin: 1rem">{render_views(data, steps)}</body></html>\n')
+    return view_page(render_views(data, steps), title)
 
 
 class HeadView:
@@ -93,12 +83,7 @@ class HeadView:
 
     def save(self, path: str | Path) -> Path:
         """Write a whole offline page with this view; return its path."""
-        title = html.escape(self.data.get("title") or "probe head view")
-        body = self.to_html()
-        return replace_file(path, (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-                                   f'<meta http-equiv="Content-Security-Policy" content="{VIEW_CSP}">'
-                                   f'<title>{title}</title></head>'
-                                   f'<body style="font-family: sans-serif; margin: 1rem">{body}</body></html>\n'))
+        return replace_file(path, view_page(self.to_html(), self.data.get("title") or "probe head view"))
 
     def __repr__(self) -> str:
         d = self.data
@@ -194,75 +179,87 @@ def site_labels(heads_table, sites) -> dict[tuple[int, int], str]:
             if r["label"] != "mixed" and key(r) in where}
 
 
-def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, layer: int | None = None,
-         heads=None, max_length: int | None = None, max_values: int = MAX_VALUES,
-         threshold: float = LINE_THRESHOLD, words: bool = True, steps=None, rollout: bool = False) -> HeadView:
-    """An interactive head view (bertviz's head view, offline), for Jupyter or a page.
-
-    ``show(lm, "The cat sat.")`` runs the model on one text and keeps only the layers shown;
-    ``show(result)`` shows an analysis example (:class:`probe.analysis.AnalysisResult`, also one
-    read back by :func:`probe.compare.load_run`); an analysis of images adds the example image's
-    attention pictures (:mod:`probe.images.view`).
+def result_view(result, *, tokenizer=None, example: int = 0, layers=None, layer: int | None = None, heads=None,
+                max_values: int = MAX_VALUES, threshold: float = LINE_THRESHOLD, words: bool = True) -> HeadView:
+    """The head view of an analysis example (:class:`probe.analysis.AnalysisResult`, also one read
+    back by :func:`probe.compare.load_run`): it draws the maps the analysis kept and runs nothing.
+    An analysis of images adds the example image's attention pictures (:mod:`probe.images.view`).
 
     Args:
-        source: a :class:`~probe.models.LoadedModel` (with ``text``) or an analysis result.
-        text: the text to run (a string or :class:`probe.inputs.Text`).
+        result: the analysis result.
         tokenizer: for a result without stored token labels.
-        example: which example of a result.
+        example: which example of the result.
         layers: layers to include (default: all that fit in ``max_values`` numbers).
-        layer, heads: the initial selection (default: one head, the step view's where there is one,
-            else head 0 of the initial layer; a result: the report's first chosen head).
-        max_length: token limit (default: the model's limit).
+        layer, heads: the initial selection (default: the report's first chosen head).
         max_values: most numbers (layers x heads x tokens^2) the view holds.
         threshold: lines are drawn for attention probabilities at or above this.
         words: offer the word-level mode (where the tokens have word ids).
-        steps: a model and a text only: ``(site, head)`` adds the attention-step view of that head
-            (:mod:`probe.view.stepview`; a pinned query token of that site opens there); default the
-            initial layer's first selected head for texts of at most
-            :data:`~probe.view.stepview.STEP_MAX_TOKENS` tokens; ``False``: none.
-        rollout: a model and a text only: add the weights | attention rollout | attention flow view
-            of the text below (:func:`probe.view.rollout.rollout_view`; Abnar & Zuidema 2020).
 
     Returns:
         A :class:`HeadView` (displayed by Jupyter; ``.save(path)`` writes a page).
 
     Raises:
-        InputError: no text for a model, an example that was not kept, bad layers or heads.
-        TypeError: ``source`` neither a loaded model nor an analysis result.
+        InputError: an example that was not kept, bad layers or heads.
     """
-    kw = dict(layer=layer, heads=heads, threshold=threshold)
-    if isinstance(source, AnalysisResult):
-        if not 0 <= example < len(source.examples):
-            raise InputError(f"example {example} was not kept: the run kept {plural(len(source.examples), 'example')}")
-        ex = source.examples[example]
-        if not words:
-            ex = _without_words(ex)
-        view = HeadView.from_example(ex, tokenizer, heads_table=source.heads, causal=bool(source.model.get("causal")),
-                                     layers=layers, max_values=max_values, **kw)
-        if heads is None:
-            shown = view.data["layers"]
-            _open_on(view, *next(((lay, h) for lay, h, *_ in choose_heads(source) if lay in shown),
-                                 (shown[view.data["initial"]["layer"]], 0)))
-        pictures = source.results.get("image_maps") or []  # an analysis of images: its pictures below
-        if example < len(pictures):
-            view.images = image_html(pictures[example])
-        return view
-    if not isinstance(source, LoadedModel):
-        raise TypeError(f"show() takes a loaded model and a text, or an analysis result; got {type(source).__name__}")
-    view = _show_text(source, text, layers, max_length, max_values, words, kw)
+    if not 0 <= example < len(result.examples):
+        raise InputError(f"example {example} was not kept: the run kept {plural(len(result.examples), 'example')}")
+    ex = result.examples[example]
+    if not words:
+        ex = _without_words(ex)
+    view = HeadView.from_example(ex, tokenizer, heads_table=result.heads, causal=bool(result.model.get("causal")),
+                                 layers=layers, max_values=max_values, layer=layer, heads=heads, threshold=threshold)
     if heads is None:
-        _open_on(view, view.data["layers"][view.data["initial"]["layer"]], 0)
-    if rollout:
-        view.rollout = rollout_view(source, text, max_length=max_length)
-    if steps is False or (steps is None and view.data["n"] > STEP_MAX_TOKENS):
-        return view
-    site, head = steps if steps is not None else (view.data["layers"][view.data["initial"]["layer"]],
-                                                  (view.data["initial"]["heads"] or [0])[0])
-    st = head_steps(source, text, site, int(head), max_length)
-    where = source.sites.index(st["site"])
-    view.steps = step_view_data(st, encoder_decoder=source.kind == "encoder-decoder", site_index=where)
-    if heads is None and layer is None and where in view.data["layers"]:
-        _open_on(view, where, int(head))  # the head view opens on the step view's head
+        shown = view.data["layers"]
+        _open_on(view, *next(((lay, h) for lay, h, *_ in choose_heads(result) if lay in shown),
+                             (shown[view.data["initial"]["layer"]], 0)))
+    pictures = result.results.get("image_maps") or []  # an analysis of images: its pictures below
+    if example < len(pictures):
+        view.images = image_html(pictures[example])
+    return view
+
+
+def text_view(maps, sites, source: dict, target: dict | None = None, *, layers, title: str, causal: bool,
+              note: str = "", layer: int | None = None, heads=None, threshold: float = LINE_THRESHOLD) -> HeadView:
+    """The head view of one text's maps, as a run of the model handed them (:func:`probe.notebook.show`).
+
+    Args:
+        maps: per site, [heads, query, key] probabilities (None for a site not included).
+        sites: the :class:`~probe.sites.Site` of each map, in forward order.
+        source: the input's tokens as :func:`probe.view.data.view_data` takes a side (``tokens``,
+            ``word_ids``, ``text``, ``offsets``, ``name``); an encoder-decoder model's source.
+        target: an encoder-decoder model's decoder input (its start token and the target), else None.
+        layers: the included sites (indices of ``sites``).
+        title, note: shown above the view. causal: a causal model's view.
+        layer, heads: the initial selection (default: head 0 of the initial layer).
+        threshold: lines are drawn for attention probabilities at or above this.
+
+    Raises:
+        InputError: bad layers or heads.
+    """
+    seq2seq = {} if target is None else dict(sides=[target], axes=[side_axes(s) for s in sites], prefixed=True)
+    data = view_data(maps, source["tokens"], word_ids=source["word_ids"], text=source["text"],
+                     offsets=source["offsets"], layers=list(layers), layer_names=[s.name for s in sites],
+                     causal=causal, note=note, title=title, sites=sites, layer=layer, heads=heads,
+                     threshold=threshold, **seq2seq)
+    view = HeadView(data)
+    if heads is None:
+        _open_on(view, data["layers"][data["initial"]["layer"]], 0)
+    return view
+
+
+def initial_head(view: HeadView) -> tuple[int, int]:
+    """(site index, head) the view opens on: its initial layer's first selected head."""
+    d = view.data
+    return d["layers"][d["initial"]["layer"]], (d["initial"]["heads"] or [0])[0]
+
+
+def add_steps(view: HeadView, steps: dict, site_index: int, head: int, *, open_on: bool = True) -> HeadView:
+    """Put a step view (:func:`probe.view.stepview.step_view_data`'s dict, of head ``head`` of the site
+    at ``site_index``) below the head view; with ``open_on``, the head view opens on that head where
+    it includes the site. Returns ``view``."""
+    view.steps = steps
+    if open_on and site_index in view.data["layers"]:
+        _open_on(view, site_index, int(head))  # the head view opens on the step view's head
     return view
 
 
@@ -279,66 +276,3 @@ def _open_on(view: HeadView, layer: int, head: int) -> None:
 
 def _without_words(ex):
     return replace(ex, word_ids=None)
-
-
-def _show_text(lm, text, layers, max_length, max_values, words, kw) -> HeadView:
-    """Run one text, keeping only the included layers' maps (float32, [heads, query, key] each).
-    An encoder-decoder model's text is a :class:`probe.inputs.Text` with the target as ``target``:
-    each site is drawn with its own query and key tokens (:func:`probe.seq2seq.sides`)."""
-
-    if text is None or not isinstance(text, (str, Text)):
-        raise InputError("show(lm, text) needs one text (a string)")
-    batch = encode(lm, [text], max_length)
-    sites, n_heads = lm.sites, lm.geometry.n_heads
-    size = [tuple(int(b.lengths[0]) for b in sides(site, batch)) for site in sites]  # (query, key) per site
-    n = max(max(qk) for qk in size)
-    note = ""
-    if layers is None:
-        layers = choose_layers(len(sites), n_heads, n, max_values)
-        if len(layers) < len(sites):
-            note = budget_note(layers, len(sites), n_heads, n, max_values)
-    else:
-        layers = [int(x) for x in layers]
-        bad = [x for x in layers if not 0 <= x < len(sites)]
-        if bad:
-            raise InputError(f"no layer {bad[0]}: {lm.name} has layers 0-{len(sites) - 1}"
-                             + (" (sites in lm.sites order)" if lm.kind == "encoder-decoder" else ""))
-        if all(0 <= x < len(sites) for x in layers):  # view_data says which layers exist otherwise
-            check_budget(layers, sum(n_heads * size[x][0] * size[x][1] for x in layers), max_values)
-    wanted = {sites[x]: x for x in layers if 0 <= int(x) < len(sites)}
-    maps: list = [None] * len(sites)
-
-    def keep(site, probs):
-        if site in wanted:
-            nq, nk = size[wanted[site]]
-            maps[wanted[site]] = probs[0, :, :nq, :nk].float().cpu().numpy()
-
-    with torch.no_grad(), attention_hooks(lm, keep):
-        forward(lm, batch)
-    source, target = _batch_tokens(lm, batch, words, pair_is_target=batch.target is not None)
-    seq2seq = {} if target is None else dict(sides=[target], axes=[side_axes(s) for s in sites], prefixed=True)
-    trunc = " (truncated)" if batch.truncated[0] else ""
-    what = plural(len(source["tokens"]), "token") if target is None else (
-        f"{plural(len(source['tokens']), 'source token')}, {plural(len(target['tokens']), 'target token')}")
-    data = view_data(maps, source["tokens"], word_ids=source["word_ids"], text=source["text"],
-                     offsets=source["offsets"], layers=list(layers), layer_names=[s.name for s in sites],
-                     causal=lm.kind != "encoder", note=note, title=f"{lm.name}: {what}{trunc}", sites=sites,
-                     **seq2seq, **kw)
-    return HeadView(data)
-
-
-def _batch_tokens(lm, batch, words: bool, pair_is_target: bool) -> tuple[dict, dict | None]:
-    """The first row's sides as :func:`view_data` takes them: the input (a one-stack model's
-    sentence or pair; an encoder-decoder model's source) and, for an encoder-decoder model, the
-    decoder's input (its start token and the target)."""
-    def side(b, text, name):
-        m = int(b.lengths[0])
-        ids, offsets = b.input_ids[0, :m].tolist(), [tuple(o) for o in b.offsets[0, :m].tolist()]
-        return {"tokens": display_tokens(lm.tokenizer, text, ids, offsets, b.special[0, :m].tolist()),
-                "word_ids": b.word_ids[0, :m].tolist() if words else None, "text": text, "offsets": offsets,
-                "name": name}
-
-    t = batch.texts[0]
-    if not pair_is_target:
-        return side(batch, t.text if t.pair is None else t.text + " " + t.pair, ""), None
-    return side(batch, t.text, "source"), side(batch.target, batch.target.texts[0].text, "target")

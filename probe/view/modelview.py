@@ -2,7 +2,7 @@
 (layers x heads; an encoder-decoder model gets one grid per site kind: encoder self-attention,
 decoder self-attention, cross-attention with its rectangular target x source shape), each bordered
 in its primary label's colour; clicking a thumbnail opens that head in the head view beside it.
-Bertviz's model view, offline and under the report's policy (:data:`probe.view.html.VIEW_CSP`).
+Bertviz's model view, offline and under the report's policy (:data:`probe.view.assets.VIEW_CSP`).
 
 A thumbnail is the map cut into blocks of ``block`` x ``block`` tokens (``block`` = ceil(longest
 side / :data:`THUMB_CELLS`); 1 for short texts, so every token is one cell), each cell holding the
@@ -20,18 +20,12 @@ import uuid
 import numpy as np
 import torch
 
-from ..analysis import AnalysisResult
-from ..capture import attention_hooks, encode, forward
-from ..core import LoadedModel
-from ..errors import InputError
-from ..inputs import Text
 from ..report.page import LABEL_COLORS, json_for_script, label_family
 from ..runfolder import replace_file
-from ..seq2seq import sides
 from ..sites import head_name
 from ..util import plural
-from .assets import view_static
-from .html import VIEW_CSP, HeadView, example_maps, render_fragment, show, site_labels
+from .assets import view_page, view_static
+from .html import HeadView, example_maps, render_fragment, result_view, site_labels
 
 #: Most cells along a thumbnail's longer side.
 THUMB_CELLS = 32
@@ -124,64 +118,47 @@ class ModelView:
 
     def save(self, path):
         """Write a whole offline page with the model view and its head view; return its path."""
-        return replace_file(path, page(self._repr_html_(), self.data.get("title") or "probe model view"))
+        return replace_file(path, view_page(self._repr_html_(), self.data.get("title") or "probe model view"))
 
     def __repr__(self) -> str:
         n = sum(len(s["heads"]) for s in self.data["sites"])
         return f"ModelView({plural(len(self.data['sites']), 'site')}, {plural(n, 'head')})"
 
 
-def page(body: str, title: str) -> str:
-    """A whole offline page around fragments (under :data:`probe.view.html.VIEW_CSP`)."""
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{VIEW_CSP}">'
-            f'<title>{html.escape(title)}</title></head>'
-            f'<body style="font-family: sans-serif; margin: 1rem">{body}</body></html>\n')
-
-
-def model_view(source, text=None, *, tokenizer=None, example: int = 0, heads_table=None,
-               max_length: int | None = None, cells: int = THUMB_CELLS) -> ModelView:
-    """Every head of every site as a thumbnail of one text's (or one analysis example's) map, with a
-    head view that a click on a thumbnail opens the head in.
+def build_model_view(maps, sites, head_view: HeadView, *, heads_table=None, cells: int = THUMB_CELLS) -> ModelView:
+    """The model view of one text's (or one example's) maps, with the head view a click opens.
 
     Args:
-        source: a :class:`~probe.models.LoadedModel` (with ``text``: a string, or
-            :class:`probe.inputs.Text` with ``target`` for an encoder-decoder model) or an analysis result.
-        tokenizer: for a result without stored token labels. example: which example of a result.
-        heads_table: a heads DataFrame whose primary labels colour the borders (a result's own by
-            default; none for a model and a text).
-        max_length: token limit (default: the model's limit). cells: most cells per thumbnail side.
-
-    Returns:
-        A :class:`ModelView` (displayed by Jupyter; ``.save(path)`` writes a page).
+        maps: per site, [heads, query, key] probabilities (numpy or torch), every site.
+        sites: the :class:`~probe.sites.Site` of each map, in forward order.
+        head_view: the :class:`HeadView` of the same text (its title is the model view's).
+        heads_table: a heads DataFrame whose primary labels colour the borders (None: no colours).
+        cells: most cells per thumbnail side.
 
     Raises:
-        InputError: no text for a model, an example that was not kept.
-        TypeError: another kind of source.
+        ValueError: no maps, or maps and sites of different lengths (a programming mistake).
     """
-    if isinstance(source, AnalysisResult):
-        hv = show(source, tokenizer=tokenizer, example=example)
-        ex = source.examples[example]
-        maps, sites = example_maps(ex, bool(source.model.get("causal")))
-        table = source.heads if heads_table is None else heads_table
-        title = hv.data.get("title", "")
-    elif isinstance(source, LoadedModel):
-        if not isinstance(text, (str, Text)):
-            raise InputError("model_view(lm, text) needs one text (a string or probe.Text)")
-        batch = encode(source, [text], max_length)
-        sites = source.sites
-        size = {s: tuple(int(b.lengths[0]) for b in sides(s, batch)) for s in sites}
-        got = {}
-        with torch.no_grad(), attention_hooks(source, lambda s, p: got.update(
-                {s: p[0, :, :size[s][0], :size[s][1]].float().cpu().numpy()})):
-            forward(source, batch)
-        maps, table = [got[s] for s in sites], heads_table
-        hv = show(source, text, max_length=max_length)
-        title = hv.data.get("title", "")
-    else:
-        raise TypeError(f"model_view() takes a loaded model and a text, or an analysis result; "
-                         f"got {type(source).__name__}")
     hv_id = f"probe-hv-{uuid.uuid4().hex[:12]}"
-    data = model_view_data(maps, sites, head_labels=site_labels(table, sites), title=title, target=hv_id,
-                           shown=hv.data["layers"], cells=cells)
-    return ModelView(data, hv, hv_id)
+    data = model_view_data(maps, sites, head_labels=site_labels(heads_table, sites),
+                           title=head_view.data.get("title", ""), target=hv_id, shown=head_view.data["layers"],
+                           cells=cells)
+    return ModelView(data, head_view, hv_id)
+
+
+def result_model_view(result, *, tokenizer=None, example: int = 0, heads_table=None,
+                      cells: int = THUMB_CELLS) -> ModelView:
+    """The model view of an analysis example (its maps as the analysis kept them; nothing runs).
+
+    Args:
+        result: an analysis result (:class:`probe.analysis.AnalysisResult`, or one read back).
+        tokenizer: for a result without stored token labels. example: which example of the result.
+        heads_table: a heads DataFrame whose primary labels colour the borders (default: the result's own).
+        cells: most cells per thumbnail side.
+
+    Raises:
+        InputError: an example that was not kept.
+    """
+    hv = result_view(result, tokenizer=tokenizer, example=example)
+    maps, sites = example_maps(result.examples[example], bool(result.model.get("causal")))
+    return build_model_view(maps, sites, hv, heads_table=result.heads if heads_table is None else heads_table,
+                            cells=cells)

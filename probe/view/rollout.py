@@ -8,29 +8,25 @@ its row); flow only for the reported row ([CLS] for encoders, the last token for
 only for texts of at most ``max_flow_tokens`` tokens (the others are counted and said). The values
 come from the same functions as the API (:func:`probe.rollout.stack_maps`,
 :func:`probe.rollout.rollout_matrix`, :func:`probe.flow.flow_values`), rounded to :data:`DIGITS`
-decimals for the page. The page's script is ``static/rollout.js``: plain JavaScript, tokens set as
-text, never markup, no network.
+decimals for the page. The view runs no model: :mod:`probe.rollout_examples` computes the record it
+draws (:func:`probe.notebook.rollout_view` runs it on one text and draws it). The page's script is
+``static/rollout.js``: plain JavaScript, tokens set as text, never markup, no network.
 """
 
 from __future__ import annotations
 
 import html
-import time
 import uuid
 from pathlib import Path
 
 import numpy as np
 
-from ..core import LoadedModel
-from ..flow import MAX_FLOW_TOKENS
-from ..inputs import Text
 from ..report.page import json_for_script
 from ..report.sections import Section, section_builder
 from ..report.sections import render_fragment as render_template
-from ..rollout_examples import RolloutRecord, rollout_example
 from ..runfolder import replace_file
 from ..util import plural
-from .assets import VIEW_CSP, view_static
+from .assets import view_page, view_static
 
 #: Decimals of every value on the page.
 DIGITS = 4
@@ -41,9 +37,10 @@ def _rounded(a) -> list:
     return np.where(np.isnan(a), None, a).tolist()
 
 
-def rollout_data(record: RolloutRecord) -> dict:
-    """The page's data (JSON-ready): per example the tokens, the reported row, the weights of the kept
-    layers, the whole rollout matrix and the reported row's flow (or None), and the notes."""
+def rollout_data(record) -> dict:
+    """The page's data of a :class:`~probe.rollout_examples.RolloutRecord` (JSON-ready): per example the
+    tokens, the reported row, the weights of the kept layers, the whole rollout matrix and the reported
+    row's flow (or None), and the notes."""
     examples = []
     for e in record.examples:
         r = e.rollout
@@ -70,11 +67,11 @@ class RolloutView:
     """Weights | rollout | flow of one or more examples; shows itself in Jupyter (``_repr_html_``).
 
     Attributes:
-        record: the :class:`RolloutRecord` (full-precision values).
+        record: the :class:`~probe.rollout_examples.RolloutRecord` (full-precision values).
         data: what the page receives (:func:`rollout_data`).
     """
 
-    def __init__(self, record: RolloutRecord) -> None:
+    def __init__(self, record) -> None:
         self.record = record
         self.data = rollout_data(record)
 
@@ -83,44 +80,20 @@ class RolloutView:
 
     def save(self, path: str | Path) -> Path:
         """Write a whole offline page with this view (under the view's Content-Security-Policy)."""
-        page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-                f'<meta http-equiv="Content-Security-Policy" content="{VIEW_CSP}">'
-                f'<title>probe rollout view</title></head><body style="font-family: sans-serif; margin: 1rem">'
-                f'{render_rollout(self.data)}</body></html>\n')
-        return replace_file(path, page)
+        return replace_file(path, view_page(render_rollout(self.data), "probe rollout view"))
 
     def __repr__(self) -> str:
         ex = self.record.examples
         return f"RolloutView({plural(len(ex), 'example')}, {', '.join(str(len(e.rollout.tokens)) for e in ex)} tokens)"
 
 
-def rollout_view(lm: LoadedModel, text: str | Text, *, max_length: int | None = None,
-                 max_flow_tokens: int = MAX_FLOW_TOKENS) -> RolloutView:
-    """Weights, attention rollout and attention flow of one text side by side (Jupyter; ``.save(path)``).
-
-    Click a token to see its row; the weights are the mean over heads of the chosen layer. Flow is
-    solved for the reported row only ([CLS] / the last token), and only up to ``max_flow_tokens``.
-
-    Raises:
-        InputError: an empty text, max_length below 2.
-    """
-    t = Text(text) if isinstance(text, str) else text
-    record = RolloutRecord([], flow_tokens=max_flow_tokens)
-    start = time.perf_counter()
-    record.examples.append(rollout_example(lm, t, 0, max_length=max_length, max_flow_tokens=max_flow_tokens))
-    if record.examples[0].flow is None:
-        record.notes.append(f"flow not computed: {len(record.examples[0].rollout.tokens)} tokens, above the limit "
-                            f"of {max_flow_tokens} (pass max_flow_tokens to raise it)")
-    record.seconds = time.perf_counter() - start
-    return RolloutView(record)
-
-
 @section_builder
 def rollout_section(result, tokenizer=None):
     """The report's "Attention rollout and flow" section, or None where it did not run
-    (``result.results["rollout"]``, a :class:`RolloutRecord` the CLI adds; ``--no-rollout`` leaves it out)."""
+    (``result.results["rollout"]``, a :class:`~probe.rollout_examples.RolloutRecord` the CLI adds;
+    ``--no-rollout`` leaves it out)."""
     record = result.results.get("rollout")
-    if not isinstance(record, RolloutRecord):
+    if record is None:
         return None
     data = rollout_data(record)
     html_ = render_template("section_rollout.html.j2", record=record, view=render_rollout(data, "probe-rv-report"),
