@@ -174,14 +174,14 @@ class AnalysisResult:
         primary or not; a head with several labels counts for each).
 
         Raises:
-            ValueError: another ``which``.
+            InputError: another ``which``.
         """
         if which == "primary":
             return self.heads["label"].value_counts().to_dict()
         if which == "all":
             held = self.heads["labels"].astype(str).str.split(";").explode()
             return held[held != ""].value_counts().to_dict()
-        raise ValueError(f"which must be 'primary' or 'all', got {which!r}")
+        raise InputError(f"which must be 'primary' or 'all', got {which!r}")
 
 
 def model_summary(lm: LoadedModel) -> dict:

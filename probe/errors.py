@@ -14,7 +14,9 @@ class UnsupportedArchitectureError(ProbeError):
 
 
 class InputError(ProbeError):
-    """Text or corpus input is empty, unreadable or malformed."""
+    """What the user can fix: a bad option, a missing or malformed file, an empty or too long text, a
+    head or layer out of range (docs/contributing.md: the refusal rule). A programming mistake is a
+    ``ValueError`` or ``TypeError`` instead."""
 
 
 class UnsupportedAnalysisError(ProbeError):

@@ -9,6 +9,7 @@ import torch
 from conftest import DECODERS, SEQ2SEQ, tiny_model
 from probe.analysis import analyze
 from probe.capture import capture_attention, encode
+from probe.errors import InputError
 from probe.patterns import HealthProbe, health_checks, health_of, health_thresholds, pattern_accumulators
 from probe.reference import swap_attention
 
@@ -154,7 +155,7 @@ def test_thresholds_are_configurable_and_checked(bert):
     assert len(found["saturated"].flagged) == 8 and found["saturated"].threshold == 0.5  # every max_weight > 0.6
     assert found["saturated"].rule == "max_weight >= 0.5"
     for bad in ({"padding": 0.1}, {"saturation": 0.5}, {"uniform": 0}, {"uniform": 1.5}, {"collapsed": True}):
-        with pytest.raises(ValueError):
+        with pytest.raises(InputError):  # a bad option: the user's to fix
             health_thresholds(bad)
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import tiny_model
 from probe.analysis import analyze
+from probe.errors import InputError
 from probe.patterns import circuit_probe
 from probe.report import write_run
 
@@ -66,7 +67,7 @@ def test_run_json_names_both_counts(run):
 
 
 def test_label_counts_rejects_other_kinds(run):
-    with pytest.raises(ValueError, match="'primary' or 'all'"):
+    with pytest.raises(InputError, match="'primary' or 'all'"):
         run[0].label_counts("some")
 
 

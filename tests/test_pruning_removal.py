@@ -16,7 +16,7 @@ from probe.analysis import analyze
 from probe.architectures import base_model, site_block, site_modules, site_outputs
 from probe.capture import capture_attention, encode, forward
 from probe.causal.gates import gated, ones
-from probe.errors import InputError
+from probe.errors import InputError, UnsupportedAnalysisError
 from probe.models import from_pretrained_objects, load_model
 from probe.pruning.experiment import copy_model
 from probe.pruning.heads import PRUNED_FILE
@@ -69,7 +69,8 @@ def test_removal_refuses_alibi_and_encoder_decoder_models(kind):
     else:
         lm = tiny_model(kind)
     before = {k: v.clone() for k, v in lm.model.state_dict().items()}
-    with pytest.raises(InputError, match="cannot remove heads: .*(ALiBi|encoder-decoder|key/value group|pos_key_proj)"):
+    refused = "cannot remove heads: .*(ALiBi|encoder-decoder|key/value group|pos_key_proj)"
+    with pytest.raises(UnsupportedAnalysisError, match=refused):
         remove_heads(lm, {0: [1]})
     assert all(torch.equal(before[k], v) for k, v in lm.model.state_dict().items())
 

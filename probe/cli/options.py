@@ -157,6 +157,6 @@ def parse_health(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
     out = _assignments(values, "CHECK")
     try:
         health_thresholds(out)
-    except ValueError as exc:
+    except ProbeError as exc:
         raise click.BadParameter(str(exc)) from None
     return out

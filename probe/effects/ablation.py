@@ -189,12 +189,12 @@ class Ablation:
         c*B+B-1, :func:`repeat_batch`) on the next forward passes.
 
         Raises:
-            InputError: ``sets`` is not [copies, sites, heads] of ``lm``, or ``batch``'s rows are
-                not a whole number of copies.
+            InputError: ``sets`` does not fit ``lm``'s heads. ValueError: ``sets`` is not
+                [copies, sites, heads], or ``batch``'s rows are not a whole number of copies.
         """
         check_head_mask(sets, len(lm.sites), lm.geometry.n_heads, what="ablation sets")
         if sets.dim() != 3 or len(batch) % len(sets):
-            raise InputError(f"ablation sets must be [copies, sites, heads] with the batch's {len(batch)} rows "
+            raise ValueError(f"ablation sets must be [copies, sites, heads] with the batch's {len(batch)} rows "
                              f"a whole number of copies; got {list(sets.shape)}")
         self.sets, self.batch = sets, batch
 

@@ -119,6 +119,7 @@ def direct_logit_attribution(lm, pairs: list[Pair] | None = None) -> pd.DataFram
     if lm.kind != "decoder":
         raise UnsupportedAnalysisError(f"direct logit attribution is computed for decoder-only models here; "
                                        f"{lm.name} is an {lm.kind} model")
+    lm.require_all_heads("direct logit attribution")
     check_patchable(lm)
     enc = encode_pairs(lm, builtin_pairs() if pairs is None else pairs)
     got, norm, ld, L = _components(lm, enc)

@@ -350,7 +350,7 @@ def patch_residual(lm, pairs: list[Pair], layer: int) -> float:
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`patch_heads`, or no block ``layer`` (a negative
-            number is refused, never wrapped); ValueError: |gap| < MIN_GAP.
+            number is refused, never wrapped), or |gap| < MIN_GAP (pairs whose runs barely differ).
     """
     check_patchable(lm)
     blocks = _blocks_in_order(lm)
@@ -378,5 +378,5 @@ def patch_residual(lm, pairs: list[Pair], layer: int) -> float:
             lds[name] = float(last_logit_diffs(full_pass(lm, enc, model_inputs(lm, enc, ids), 1)[0], enc, 1).mean())
     gap = lds["clean"] - lds["corrupted"]
     if abs(gap) < MIN_GAP:
-        raise ValueError(f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no normalised effect")
+        raise InputError(f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no normalised effect")
     return (lds["patched"] - lds["corrupted"]) / gap

@@ -54,7 +54,7 @@ def pattern_accumulators(lm, *, distance: bool = True, map_sequences: int = MAP_
         thresholds: health-check threshold overrides (:data:`HEALTH_RULES`).
 
     Raises:
-        ValueError: bad health thresholds.
+        InputError: bad health thresholds, or fewer than 2 sampled rows per sequence.
     """
     sites, heads = lm.sites, lm.geometry.n_heads
     out = []

@@ -40,6 +40,7 @@ import pandas as pd
 import torch
 
 from ..accumulators import Accumulator
+from ..errors import InputError
 from ..inputs import Batch
 from ..sites import Site
 from .groups import head_groups
@@ -130,7 +131,7 @@ class HeadDistances(Accumulator):
         seed: seed of the row samples (with each sequence's corpus index; the map's sample uses seed + 1).
 
     Raises:
-        ValueError: a sample size below 2 (its error could not be estimated).
+        InputError: a sample size below 2 (its error could not be estimated).
 
     Cost: per batch and site, heads^2 / 2 x (sampled rows x keys) logarithms; at the end of each
     batch, (sites * heads)^2 / 2 x (map rows x keys) (``benchmarks/bench_floor.py``).
@@ -147,7 +148,7 @@ class HeadDistances(Accumulator):
                  map_sample_rows: int | None = None, seed: int = SEED) -> None:
         for k in (sample_rows, map_sample_rows):
             if k is not None and int(k) < 2:
-                raise ValueError(f"rows sampled per sequence must be at least 2 (or None: every row), got {k}")
+                raise InputError(f"rows sampled per sequence must be at least 2 (or None: every row), got {k}")
         self.sites = list(sites)
         self.n_heads = n_heads
         self.map_sequences = int(map_sequences)

@@ -49,6 +49,7 @@ import torch
 
 from ..accumulators import Accumulator, present_heads
 from ..classify import LABEL_RULES
+from ..errors import InputError
 from ..inputs import Batch
 from ..sites import Site, head_name
 from ..util import plural
@@ -80,16 +81,16 @@ def health_thresholds(overrides: dict | None = None) -> dict[str, float]:
     """check -> threshold: the defaults (docs/statistics.md) with ``overrides``.
 
     Raises:
-        ValueError: an unknown check, ``padding`` (fixed at 0), or a value outside (0, 1].
+        InputError: an unknown check, ``padding`` (fixed at 0), or a value outside (0, 1].
     """
     out = {name: rule[1] for name, rule in HEALTH_RULES.items()}
     for name, value in (overrides or {}).items():
         if name not in HEALTH_RULES:
-            raise ValueError(f"unknown health check {name!r}; checks: {', '.join(HEALTH_RULES)}")
+            raise InputError(f"unknown health check {name!r}; checks: {', '.join(HEALTH_RULES)}")
         if name == "padding":
-            raise ValueError("the padding check has no threshold: any probability on a padding key is a mask bug")
+            raise InputError("the padding check has no threshold: any probability on a padding key is a mask bug")
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) <= 1:
-            raise ValueError(f"health threshold of {name!r} must be in (0, 1], got {value!r}")
+            raise InputError(f"health threshold of {name!r} must be in (0, 1], got {value!r}")
         out[name] = float(value)
     return out
 

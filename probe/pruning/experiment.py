@@ -25,7 +25,7 @@ from ..capture import forward
 from ..causal.gates import gated, ones
 from ..causal.objectives import OBJECTIVES, default_objective, label_ids, make_objective
 from ..causal.split import split_corpus
-from ..errors import InputError
+from ..errors import InputError, UnsupportedAnalysisError
 from ..inputs import Text, as_texts, iter_batches
 from ..util import progress_bar
 from .curves import ORDERS, Context, Curve, run_orders, schedule
@@ -259,14 +259,15 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
         A :class:`PruneResult`.
 
     Raises:
-        InputError: an encoder-decoder model, unknown order or objective, steps < 1, fraction
+        UnsupportedAnalysisError: an encoder-decoder model.
+        InputError: unknown order or objective, steps < 1, fraction
             outside (0, 1), fewer than 3 seeds, a corpus too small to split, labels not aligned
             with the texts, an objective the model cannot serve.
         ProbeError: the model's parameters are not floating point, or the gates get no gradient.
     """
     timings, t0 = {}, time.perf_counter()
     if lm.kind == "encoder-decoder":
-        raise InputError(ONE_STACK_ONLY.format(lm.name))
+        raise UnsupportedAnalysisError(ONE_STACK_ONLY.format(lm.name))
     orders = _validate(orders, steps, fraction, seeds, objective)
     (score_idx, eval_idx), (score, held) = _split_batches(lm, texts, labels, held_out, split_seed, batch_size,
                                                           max_length)

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..architectures import ALIBI, ArchSpec, SiteSpec, site_block, site_spec, sites
 from ..causal.heads import normalize_heads
-from ..errors import InputError
+from ..errors import InputError, UnsupportedAnalysisError
 from ..sites import head_name
 from .heads import LayerLayout, PrunedHeads, plan_layer
 
@@ -169,12 +169,13 @@ def remove_heads(lm, heads) -> Removal:
         A :class:`Removal` (parameter counts and notes on grouped key/value heads and placeholders).
 
     Raises:
-        InputError: a layer/head out of range, a head that was already removed (never silently
-            shifted to another head), or a model heads cannot be removed from (:func:`removal_unsupported`).
+        InputError: a layer/head out of range, or a head that was already removed (never silently
+            shifted to another head).
+        UnsupportedAnalysisError: a model heads cannot be removed from (:func:`removal_unsupported`).
     """
     why = removal_unsupported(lm)
     if why is not None:
-        raise InputError(f"cannot remove heads: {why}")
+        raise UnsupportedAnalysisError(f"cannot remove heads: {why}")
     g = lm.geometry
     todo = normalize_heads(heads, g.n_layers, g.n_heads)
     current = lm.pruned if lm.pruned is not None else PrunedHeads.unpruned(g.n_layers, g.n_heads, g.n_kv_heads)
