@@ -1,5 +1,5 @@
 """The analysis loop and its accumulators: the protocol, example maps bounded by what is shown
-(F20: long maps kept whole ran out of memory), counts and notes, and input checks before any forward pass."""
+(long maps kept whole ran out of memory), counts and notes, and input checks before any forward pass."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Attention capture: F01 (unpadded causal weights above the diagonal are 0), F02 (sdpa gives no
-weights: probe runs eager and says so), train mode, and hook hygiene."""
+"""Attention capture: unpadded causal weights above the diagonal are 0 (a fast backend's fallback lost
+the mask), sdpa gives no weights (probe runs eager and says so), train mode, and hook hygiene."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _eager_reference(model, enc):
         return ref(**enc.model_inputs(), output_attentions=True, output_hidden_states=True, use_cache=False)
 
 
-# --------------------------------------------------------------------------- F01
+# --------------------------------------------------------------------------- causal weights above the diagonal
 
 @pytest.mark.parametrize("family,tokenizer", [
     ("gpt2", "bpe"), ("gpt2", "wordpiece"), ("llama", "bpe"), ("qwen2", "bpe"),
@@ -90,7 +90,7 @@ def test_causal_mask_kept_on_unpadded_sequence_smollm2_switched_to_sdpa(smollm2)
     torch.testing.assert_close(captured.outputs.logits, ref.logits, atol=1e-4, rtol=1e-5)
 
 
-# --------------------------------------------------------------------------- F02
+# --------------------------------------------------------------------------- sdpa returns no weights
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sdpa_model_is_switched_to_eager_when_wrapped(family):

@@ -242,7 +242,7 @@ def test_minilm_vs_smollm2_and_a_run_vs_itself(minilm, smollm2, tmp_path, monkey
     assert not same["label_changed"].any() and (same["status"] == "both").all()
 
 
-# --------------------------------------------------------------------------- encoder-decoder runs (case F27)
+# --------------------------------------------------------------------------- encoder-decoder runs
 
 def test_encoder_decoder_runs_are_compared_site_by_site(tmp_path):
     """Each head is matched within its own (stack, kind): a cross-attention head of A with the

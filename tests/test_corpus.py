@@ -1,4 +1,4 @@
-"""Reading corpora: plain text and CoNLL-U, line ends (F22: only \\n, \\r\\n and \\r end a line), clear errors."""
+"""Reading corpora: plain text and CoNLL-U, line ends (only \\n, \\r\\n and \\r end a line), clear errors."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""From text to batches: offsets, word ids, punctuation by covered characters (F21), typed special
-tokens (F23), display labels of byte-level pieces (F21), right padding."""
+"""From text to batches: offsets, word ids, punctuation by covered characters (byte-level pieces of an
+emoji or CJK punctuation count as punctuation), special tokens a user types (text "[SEP]" stays text),
+readable display labels of byte-level pieces, right padding."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from probe.capture import capture_attention, encode
 from probe.inputs import Text, as_texts, iter_batches, tokenize
 from probe.tokens import display_tokens, is_punctuation_text, punctuation_mask
 
-F21 = "I love \U0001F4A9 \u300cyes\u300d \u00bfqu\u00e9?"
+EMOJI_CJK = "I love \U0001F4A9 \u300cyes\u300d \u00bfqu\u00e9?"
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -68,7 +69,7 @@ def test_word_ids_follow_given_word_spans():
 def test_byte_level_pieces_count_as_punctuation_and_read_well(smollm2):
     """「 」 ¿ ? count in punct (by the characters a token covers); every display label is
     readable (no replacement character) and the pieces of one character are distinct."""
-    batch = encode(smollm2, [F21])
+    batch = encode(smollm2, [EMOJI_CJK])
     n = int(batch.lengths[0])
     toks = smollm2.tokenizer.convert_ids_to_tokens(batch.input_ids[0, :n])
     covered = [batch.covered_text(0, i) for i in range(n)]
@@ -80,7 +81,7 @@ def test_byte_level_pieces_count_as_punctuation_and_read_well(smollm2):
         assert by_char[ch] == {True}, (ch, by_char.get(ch))
     assert by_char["\U0001F4A9"] == {False} and by_char["yes"] == {False}
     assert sum(1 for c in covered if c.strip() == "\u300c") == 2  # 「 is two byte-level pieces
-    labels = display_tokens(smollm2.tokenizer, F21, batch.input_ids[0, :n].tolist(),
+    labels = display_tokens(smollm2.tokenizer, EMOJI_CJK, batch.input_ids[0, :n].tolist(),
                             [tuple(o) for o in batch.offsets[0, :n].tolist()], batch.special[0, :n].tolist())
     assert len(labels) == len(toks)
     assert all("\ufffd" not in lab and lab for lab in labels)
@@ -97,10 +98,10 @@ def test_byte_level_pieces_count_as_punctuation_and_read_well(smollm2):
 @pytest.mark.slow
 def test_punct_statistic_counts_the_pieces(smollm2):
     """The analysis's punct equals the attention to the pieces of 「 」 ¿ ? (hand-selected positions)."""
-    res = analyze(smollm2, [F21], n_examples=1, example_tokens=None)
+    res = analyze(smollm2, [EMOJI_CJK], n_examples=1, example_tokens=None)
     ex = res.examples[0]
     positions = [i for i, (s, e) in enumerate(ex.offsets)
-                 if F21[s:e].strip() in ("\u300c", "\u300d", "\u00bf", "?")]
+                 if EMOJI_CJK[s:e].strip() in ("\u300c", "\u300d", "\u00bf", "?")]
     assert len(positions) == 7
     expected = ex.probs[:, :, :, positions].sum(-1).mean(-1)  # [sites, heads]: mean over all rows
     got = res.heads["punct"].to_numpy().reshape(expected.shape)
@@ -108,7 +109,8 @@ def test_punct_statistic_counts_the_pieces(smollm2):
 
 
 def test_typed_special_tokens_stay_text_wordpiece():
-    """F23 (minilm's tokenizer): 'Is this [SEP] a separator?' has one [SEP], the tokenizer's own."""
+    """A special token spelt in the text stays text (minilm's tokenizer): 'Is this [SEP] a separator?'
+    has one [SEP], the tokenizer's own."""
     lm = tiny_model("bert")
     text = "Is this [SEP] a separator?"
     batch = encode(lm, [text])

@@ -1,5 +1,6 @@
-"""probe.causal.gates: head gates on the output projection's input (F13: a mask acts under any backend), under
-eager and sdpa attention, differentiable, per sequence, and always removed."""
+"""probe.causal.gates: head gates on the output projection's input (a closed head's output is
+really removed: no backend ignores the gate, as fast backends ignored head masks), under eager and
+sdpa attention, differentiable, per sequence, and always removed."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """probe.pruning.removal and saving: heads really removed from the weights of every family; the
-removed model equals the gated model; F11 (a module keeps the old head count) and F12 (stale
-head numbers after save and reload); save and reload; a layer
+removed model equals the gated model; no module keeps the old head count after removal, and no head
+number goes stale after save and reload (pruning again uses the original numbering); save and reload; a layer
 with every head pruned; grouped key/value heads; analysis and verification of a pruned model."""
 
 from __future__ import annotations

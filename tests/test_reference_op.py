@@ -1,5 +1,6 @@
-"""The bare attention operation (probe.reference.op): mask conventions (F04), fill value and empty
-rows (F06, F07), fp16 overflow of real scores (F19).
+"""The bare attention operation (probe.reference.op): mask conventions (a 0/1 keep-mask is never
+added as scores), the fill value (no fp16 overflow) and fully masked rows (0, not NaN), fp16 overflow of
+real scores (a masked key never wins).
 
 Independent oracles: a float64 softmax written here, and PyTorch's scaled_dot_product_attention.
 """
@@ -34,7 +35,7 @@ def _additive(keep, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# F04: one mask convention, three spellings
+# one mask convention, three spellings
 # ---------------------------------------------------------------------------------------------
 
 def test_mask_conventions_give_identical_probabilities():
@@ -126,7 +127,7 @@ def test_as_keep_mask_values():
 
 
 # ---------------------------------------------------------------------------------------------
-# F06, F07: the fill value, fully masked rows
+# the fill value, fully masked rows
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -184,7 +185,7 @@ def test_window_keeps_the_last_w_keys():
 
 
 # ---------------------------------------------------------------------------------------------
-# F19: real scores that overflow to -inf never lose to a masked key
+# real scores that overflow to -inf never lose to a masked key
 # ---------------------------------------------------------------------------------------------
 
 T, PAD = 8, 3  # 8 positions, the first 3 are left padding

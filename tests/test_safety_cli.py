@@ -328,7 +328,7 @@ def test_short_path_rules():
                                                           "(1/2 done)"]}
 
 
-# --------------------------------------------------------------------------- F28. gates that never act
+# --------------------------------------------------------------------------- gates that never act
 
 def tp2_bloom():
     """A tiny BLOOM set up as a checkpoint trained with tensor parallelism 2 and exact slicing."""
@@ -341,7 +341,7 @@ def tp2_bloom():
 
 
 def test_gates_that_never_fire_stop_with_the_setting_named(tmp_path):
-    # F28: BLOOM with pretraining_tp=2 and slow_but_exact=True computes its attention output
+    # BLOOM with pretraining_tp=2 and slow_but_exact=True computes its attention output
     # projection as F.linear on slices of dense.weight without calling dense, so a gate hook on
     # dense never runs and closing head 0 changes nothing; probe must say so, not blame the objective.
     from probe.causal.gates import gated

@@ -1,7 +1,8 @@
-"""Encoder-decoder head views (case F27): `show(lm, Text(source, target=...))` on a tiny Marian used to
-draw the decoder's self-attention and cross-attention with the *source* tokens on both axes when the
-two sides had equal length, and failed with a shape error when they did not; the report's view looked
-labels up by (layer, head) only, so the decoder's and cross-attention's rows overwrote the encoder's.
+"""Encoder-decoder head views, each site drawn on its own tokens: `show(lm, Text(source, target=...))`
+on a tiny Marian used to draw the decoder's self-attention and cross-attention with the *source*
+tokens on both axes when the two sides had equal length, and failed with a shape error when they did
+not; the report's view looked labels up by (layer, head) only, so the decoder's and cross-attention's
+rows overwrote the encoder's.
 
 Right: each site is drawn with its own query tokens (the decoder's: its start token, then the target)
 and key tokens (the source for cross-attention), and every head's label is looked up by its site

@@ -352,7 +352,7 @@ def test_head_statistics_counts_rows():
     assert np.isnan(fresh.means()).all()
 
 
-# --------------------------------------------------------------------------- sliding windows (F18)
+# ----------------------------------------------------------- sliding windows (entropy over the keys a row sees)
 
 def _uniform_queries(lm):
     """Zero every query projection: every row becomes uniform over the keys it may see."""

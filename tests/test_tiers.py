@@ -1,7 +1,11 @@
 """The test tiers hold (tests/README.md): a fast test cannot load an embedded model or start a
-browser, and the tests' byte-level BPE tokenizer has what the tiny decoders need."""
+browser, and the tests' byte-level BPE tokenizer has what the tiny decoders need; tests are named and
+described for what they check."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,3 +63,17 @@ def test_tolerance_rule():
     assert tolerance("scaled", torch.float64)["rtol"] == pytest.approx(64 * 2.220446e-16)
     with pytest.raises(ValueError, match="unknown kind"):
         tolerance("logits")
+
+
+#: A failure-case number (two digits after F) that nothing in the repository defines.
+CASE_NUMBER = re.compile(r"\bF[0-2][0-9]\b")
+
+
+def test_tests_cite_no_case_number_only_what_they_check():
+    """A test's name, docstring and comments say what fails and what it asserts, in words: a case
+    number from a list outside the repository tells a reader nothing."""
+    here = Path(__file__).parent
+    cited = [f"{path.name}:{n}" for path in sorted(here.glob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if CASE_NUMBER.search(line)]
+    assert cited == []
+    assert CASE_NUMBER.search("a mask that overflows (F" + "06)") and not CASE_NUMBER.search("#E69F00, F.linear, F1")

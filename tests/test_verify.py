@@ -1,6 +1,9 @@
 """The swapped-in reference attention and ``verify``: every tiny kind passes, every mutant fails,
-the swap restores the model, failure cases of hand-written attention (F01, F05, F06, F09, F14, F15,
-F17, F19, F24: each told at its test), the architecture-specific behaviour of the newer families, and ``probe verify``.
+the swap restores the model, the classic failures of hand-written attention (a lost or inverted
+causal mask, a mask constant that overflows fp16, cache steps, heads split without a transpose,
+scaling by d_model, weights preprocessed, real scores overflowing to -inf, padding checks that shift
+positions: each told at its test), the architecture-specific behaviour of the newer families, and
+``probe verify``.
 
 Two tests marked ``slow`` verify the real embedded models.
 """
@@ -216,7 +219,8 @@ def test_swap_holds_the_original_projections_and_restores(kind, children):
             assert sorted(n for n, _ in ref.named_children()) == children
             for name, child in ref.named_children():
                 assert child is orig.get_submodule(name)  # the same module object, not a copy
-        # same parameter names and storage: nothing copied, renamed or preprocessed (F17)
+        # same parameter names and storage: nothing copied, renamed or preprocessed (a preprocessed copy
+        # would shift the logits by a constant per position)
         assert {k: v.data_ptr() for k, v in lm.model.state_dict().items()} == ptrs
         assert not no_hooks(lm.model)  # the swap's pre/post hooks on the base model
     assert [m for _, m in site_modules(lm.model, lm.spec)] == originals
@@ -257,7 +261,8 @@ def test_verify_leaves_no_hook_and_restores_everything(kind):
 
 
 def test_swapped_module_works_when_the_original_runs_sdpa():
-    """The reference returns probabilities whatever implementation the model is set to (F02)."""
+    """The reference returns probabilities whatever implementation the model is set to (sdpa and flash
+    attention return none)."""
     lm = tiny_model("llama")
     ids = _ids(6)
     eager_probs, _, eager_out = _capture(lm, input_ids=ids)
@@ -521,7 +526,7 @@ def test_raw_outputs_match_without_preprocessing(kind):
         assert torch.allclose(a[keep], b[keep], **tolerance("scaled"))
 
 
-# --------------------------------------------------------------------------- F19
+# --------------------------------------------------------------------------- fp16 real scores that overflow to -inf
 
 def test_swapped_llama_in_fp16_with_left_padding_gives_zero_for_masked_keys_and_no_nan(monkeypatch):
     """Natural weights, then the query projection x 1000 so that real scores overflow in fp16:
@@ -558,11 +563,11 @@ def test_swapped_llama_in_fp16_with_left_padding_gives_zero_for_masked_keys_and_
         if factor == 1.0:
             assert bool(torch.isfinite(real_scores).all())
         else:
-            assert bool((real_scores == -math.inf).any())  # the F19 situation is really there
+            assert bool((real_scores == -math.inf).any())  # real scores really overflow to -inf here
         assert all(not torch.isnan(h).any() for h in hidden) and not torch.isnan(out.logits).any()
 
 
-# --------------------------------------------------------------------------- F24
+# --------------------------------------------------------------------------- left padding at the same positions
 
 def _alone_and_padded(lm, pad, position_ids_from_mask, text=CACHE_TEXTS[0]):
     """Per layer, attention and hidden states of the real tokens: (prompt alone, prompt left-padded
