@@ -2,8 +2,9 @@
 the command writes. It composes the decoder circuit probe (on decoders), the pattern analyses, the
 annotated probes of ``--coref``/``--syntax``, the loop (:func:`probe.analysis.analyze`), verification,
 attention rollout and flow of the first examples, the report's attention-step views, and the run
-folder (:func:`probe.report.write_run`). The command line only reads options, reads the input and
-prints.
+folder (:func:`probe.report.write_run`); :func:`analysis_input` reads what ``--text``, ``--corpus``,
+``--pairs``, ``--coref`` and ``--syntax`` name, :func:`announcement` and :func:`start_up_note` are the
+lines the command prints. The command line only reads options and prints.
 
 Example::
 
@@ -27,14 +28,19 @@ from .accumulators import check_supported
 from .analysis import AnalysisResult, analyze
 from .blocks import AUTO_LENGTH
 from .capture import encode
+from .corpus import check_texts, iter_corpus, iter_pairs, peek, sample_texts
 from .errors import InputError
+from .linguistic import annotated_input
+from .loading import cache_dir
 from .patterns import CircuitProbe, circuit_probe, pattern_accumulators
 from .patterns.circuits import SINK_TEXTS
 from .report import claim_run_dir, write_run
 from .report.page import choose_heads
 from .rollout_examples import MAX_EXAMPLES, run_rollout
+from .seq2seq import stack_depths
 from .sites import head_name
 from .steps import heads_steps
+from .util import plural
 from .verification import verify
 from .view.stepview import STEP_MAX_TOKENS, STEPS_KEY, step_view_data
 
@@ -220,3 +226,83 @@ def report_steps(lm, result: AnalysisResult, *, limit: int = 8) -> list[dict]:
         out.append({**data, "name": name, "label": label, "reason": reason})
     result.results[STEPS_KEY] = out
     return out
+
+
+def analysis_input(texts=(), corpus: str | None = None, pairs: str | None = None, coref: str | None = None,
+                   syntax_file: str | None = None, limit: int | None = None):
+    """The texts of ``probe analyze`` as :func:`analyze_run` takes them: a list, or a stream for a corpus
+    or pairs file (read as it is analysed), with where they come from and the annotated input of
+    ``--coref``/``--syntax`` (or None). Nothing given: the built-in sample.
+
+    Args:
+        texts: texts given one by one (``--text``). corpus: a plain-text or CoNLL-U file (``--corpus``).
+        pairs: a file of tab-separated pairs (``--pairs``). coref: a GAP file or ``"builtin"``.
+        syntax_file: a CoNLL-U file whose trees are scored. limit: most sequences (of each file).
+
+    Returns:
+        ``(texts, source, annotated)``.
+
+    Raises:
+        InputError: two kinds of input given, or an input that cannot be read.
+    """
+    if sum(bool(x) for x in (texts, corpus, pairs)) > 1:
+        raise InputError("give either --text, --corpus or --pairs, not two of them")
+    if coref is not None or syntax_file is not None:
+        if texts or corpus or pairs:
+            raise InputError("--coref and --syntax analyse their own annotated text; leave out --text, --corpus "
+                             "and --pairs")
+        annotated = annotated_input(coref, syntax_file, limit)
+        return annotated.texts, annotated.source, annotated
+    if corpus:
+        return peek(iter_corpus(corpus, limit)), corpus, None
+    if pairs:
+        return peek(iter_pairs(pairs, limit)), pairs, None
+    if texts:
+        return check_texts(list(texts), limit), "--text", None
+    return check_texts(sample_texts(), limit), "built-in sample", None
+
+
+def count_sequences(corpus: str | None, pairs: str | None, limit: int | None) -> int | None:
+    """The number of sequences a corpus or pairs file holds (at most ``limit``), counted in a first read
+    of the file (the analysis streams it again: memory stays flat); None for the other inputs."""
+    if not (corpus or pairs):
+        return None
+    return sum(1 for _ in (iter_corpus(corpus, limit) if corpus else iter_pairs(pairs, limit)))
+
+
+def announcement(lm, texts, source: str, world=None, counted: int | None = None) -> str:
+    """The line saying what is analysed, with which model (and, under a launcher, which share): ``counted``
+    sequences "from" a streamed file, or the sequences of a list with where they come from."""
+    share = (f", process {world.rank} of {world.size}: sequences {world.rank}, {world.rank + world.size}, ..."
+             if world else "")
+    if counted is not None:
+        how_many = f"{plural(counted, 'sequence')} from {source}" + (f" ({share[2:]})" if share else "")
+    else:
+        how_many = f"{plural(len(texts), 'sequence')} ({source}{share})"
+    layers = lm.geometry.n_layers
+    if lm.kind == "encoder-decoder":
+        layers = " + ".join(f"{n} {stack}" for stack, n in stack_depths(lm.sites).items())
+    return f"Analyzing {how_many} with {lm.name}: {layers} layers x {plural(lm.geometry.n_heads, 'head')}"
+
+
+#: A start-up (Python imports before the command runs) longer than this gets a one-time explanation.
+SLOW_START_S = 8.0
+
+
+def start_up_note(startup_s: float) -> str | None:
+    """Why a start-up took ``startup_s`` seconds, once per cache folder, when it is above
+    :data:`SLOW_START_S` (else None): the first run after installing reads torch's and transformers'
+    libraries from disk and compiles Python modules (measured: torch's import 7.7 s, pandas 2.0 s,
+    networkx 1.5 s on a busy 2-core machine). A marker file in probe's cache folder keeps it to once
+    (a read-only cache folder: the note comes again next time, nothing else changes)."""
+    marker = cache_dir() / "start-up-explained"
+    if startup_s < SLOW_START_S or marker.exists():
+        return None
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass
+    return (f"note: start-up took {startup_s:.1f} s: a first run after installing reads torch's and "
+            "transformers' libraries from disk and compiles Python modules (every run compiles them where "
+            "PYTHONDONTWRITEBYTECODE is set); later runs start faster. (Said once.)")

@@ -10,10 +10,12 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from conftest import save_tiny
+from conftest import save_tiny, tiny_model
 from probe.analysis import merge_head_columns
-from probe.analyze_run import analyze_run
+from probe.analyze_run import analysis_input, analyze_run, announcement, count_sequences
 from probe.cli import main
+from probe.corpus import sample_texts
+from probe.errors import InputError
 from probe.models import load_model
 
 TEXTS = ["The cat sat on the mat and looked at the dog.", "When Mary and John went to the store, John gave a drink.",
@@ -49,3 +51,24 @@ def test_merge_head_columns_matches_on_the_keys_both_tables_have():
     assert list(merge_head_columns(heads, frame).columns) == ["layer", "head", "self", "effect", "other"]
     with pytest.raises(pd.errors.MergeError):
         merge_head_columns(heads, pd.concat([frame, frame]))
+
+
+def test_the_input_of_a_run_is_read_by_the_library(tmp_path):
+    """What --text, --corpus and no input give, and the refusal of two inputs, without the command line."""
+    assert analysis_input(TEXTS, limit=2) == (TEXTS[:2], "--text", None)
+    assert analysis_input() == (sample_texts(), "built-in sample", None)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    streamed, source, annotated = analysis_input(corpus=str(corpus))
+    assert list(streamed) == TEXTS and source == str(corpus) and annotated is None
+    assert count_sequences(str(corpus), None, 2) == 2 and count_sequences(None, None, None) is None
+    with pytest.raises(InputError, match="not two of them"):
+        analysis_input(TEXTS, corpus=str(corpus))
+
+
+def test_the_start_line_says_how_many_sequences_and_the_model_shape():
+    lm = tiny_model("llama")
+    g = lm.geometry
+    line = announcement(lm, TEXTS, "--text")
+    assert line == f"Analyzing 3 sequences (--text) with {lm.name}: {g.n_layers} layers x {g.n_heads} heads"
+    assert announcement(lm, None, "c.txt", counted=1).startswith("Analyzing 1 sequence from c.txt with ")

@@ -7,32 +7,28 @@ from pathlib import Path
 from click.testing import CliRunner
 
 import probe
-from probe import models
+from probe import analyze_run, models
 from probe.cli import analyze as analyze_cli
 from probe.cli import main, options
 from probe.cli import verify as verify_cli
 from probe.reference.mutants import MUTANTS
 
 
-def test_a_slow_start_up_is_explained_once(tmp_path, monkeypatch, capsys):
+def test_a_slow_start_up_is_explained_once(tmp_path, monkeypatch):
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
-    analyze_cli.slow_start_note(analyze_cli.SLOW_START_S - 0.1)  # a quick start: nothing said, no marker
-    assert capsys.readouterr().out == ""
+    assert analyze_run.start_up_note(analyze_run.SLOW_START_S - 0.1) is None  # a quick start: nothing said
     assert not (tmp_path / "cache" / "start-up-explained").exists()
-    analyze_cli.slow_start_note(14.5)
-    out = capsys.readouterr().out
+    out = analyze_run.start_up_note(14.5)
     assert out.startswith("note: start-up took 14.5 s: a first run after installing") and "(Said once.)" in out
     assert (tmp_path / "cache" / "start-up-explained").exists()
-    analyze_cli.slow_start_note(20.0)  # said once: never again for this cache folder
-    assert capsys.readouterr().out == ""
+    assert analyze_run.start_up_note(20.0) is None  # said once: never again for this cache folder
 
 
-def test_a_read_only_cache_folder_still_runs(tmp_path, monkeypatch, capsys):
+def test_a_read_only_cache_folder_still_runs(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("PROBE_CACHE", str(blocker / "cache"))  # cannot be created: the note, no error
-    analyze_cli.slow_start_note(12.0)
-    assert "start-up took 12.0 s" in capsys.readouterr().out
+    assert "start-up took 12.0 s" in analyze_run.start_up_note(12.0)
 
 
 def test_only_the_probe_command_counts_its_start_up(monkeypatch):

@@ -8,7 +8,7 @@ import time
 import click
 
 from .. import IMPORT_STARTED
-from ..util import plural, process_age
+from ..util import process_age
 from .group import hold, main, user_errors
 from .imageinput import check_model_input, image_input, image_options, parse_size
 from .options import check_files, limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
@@ -116,8 +116,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     """
     _check_usage(texts, corpus, pairs, generate, coref, syntax_file)  # before torch is imported: at once
     from .. import distributed
-    from ..analyze_run import analyze_run
-    from ..errors import InputError
+    from ..analyze_run import analysis_input, analyze_run, announcement, count_sequences, start_up_note
     from ..models import load_model, peek_config
     from ..report import claim_run_dir
     from ..seq2seq import as_targets, check_generate, check_generate_config
@@ -127,16 +126,14 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     timings = {"startup_s": time.perf_counter() - started}
     t = time.perf_counter()
-    if generate is not None and pairs:
-        raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
     value_weighting(value_weighted, labels_by)  # --labels-by norm with --no-norm: before loading a model
     size = parse_size(image_size)
     paths = image_input(image_files, image_folder, limit, bool(texts or corpus or pairs or coref or syntax_file))
     if paths is None:
-        seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
+        seqs, source, annotated = analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
     else:
         seqs, source, annotated = paths, "--image" if image_files else image_folder, None
-    counted = _file_count(corpus, pairs, limit)  # a streamed file's sequences, for the start line
+    counted = count_sequences(corpus, pairs, limit)  # a streamed file's sequences, for the start line
     world = distributed.detect()
     if world is None or world.main:  # rank 0 writes the one report
         out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
@@ -155,7 +152,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
     if generate is not None:
         check_generate(lm, generate)
-    _announce(lm, seqs, source, world, counted)  # only once the analysis will run
+    click.echo(announcement(lm, seqs, source, world, counted), err=True)  # only once the analysis will run
     if pairs and lm.kind == "encoder-decoder":
         seqs = as_targets(seqs)  # the file's second column is the decoder's target
     result, path = analyze_run(
@@ -169,8 +166,8 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     if path is None:
         return  # rank 0 writes the one report
     summary(result, result.results.get("verification"), annotated is not None, lm.notes)
-    if started_as_command():  # in a test runner or notebook the "start-up" is the host process's age
-        slow_start_note(timings["startup_s"])
+    if started_as_command() and (note := start_up_note(timings["startup_s"])):  # in a test runner or notebook
+        click.echo(note)  # the "start-up" is the host process's age: only the command's own is explained
     click.echo(f"Report: {path / 'index.html'}")
 
 
@@ -194,84 +191,3 @@ def started_as_command() -> bool:
     path = arg.replace("\\", "/")
     return path.rsplit("/", 1)[-1] in ("probe", "probe.exe") or path.endswith(("probe/__main__.py",
                                                                                  "probe/cli/__main__.py"))
-
-
-#: A start-up (Python imports before the command runs) longer than this gets a one-time explanation.
-SLOW_START_S = 8.0
-
-
-def slow_start_note(startup_s: float) -> None:
-    """Say once per cache folder why a start-up took ``startup_s`` seconds, when it is above
-    :data:`SLOW_START_S`: the first run after installing reads torch's and transformers' libraries
-    from disk and compiles Python modules (measured: torch's import 7.7 s, pandas 2.0 s, networkx
-    1.5 s on a busy 2-core machine). A marker file in probe's cache folder keeps it to once."""
-    from ..loading import cache_dir
-
-    marker = cache_dir() / "start-up-explained"
-    if startup_s < SLOW_START_S or marker.exists():
-        return
-    click.echo(f"note: start-up took {startup_s:.1f} s: a first run after installing reads torch's and "
-               "transformers' libraries from disk and compiles Python modules (every run compiles them where "
-               "PYTHONDONTWRITEBYTECODE is set); later runs start faster. (Said once.)")
-    try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-    except OSError:  # a read-only cache folder: the note comes again next time, nothing else changes
-        pass
-
-
-def _analysis_input(texts, corpus, pairs, coref, syntax_file, limit):
-    """The texts of ``probe analyze`` (a list, or a stream for --corpus and --pairs), a description
-    of where they come from, and the annotated input of --coref/--syntax (or None).
-
-    Raises:
-        InputError: two kinds of input given, or an input that cannot be read.
-    """
-    from ..corpus import check_texts, iter_corpus, iter_pairs, peek, sample_texts
-    from ..errors import InputError
-
-    if sum(bool(x) for x in (texts, corpus, pairs)) > 1:
-        raise InputError("give either --text, --corpus or --pairs, not two of them")
-    if coref is not None or syntax_file is not None:
-        if texts or corpus or pairs:
-            raise InputError("--coref and --syntax analyse their own annotated text; leave out --text, --corpus "
-                             "and --pairs")
-        from ..linguistic import annotated_input
-
-        annotated = annotated_input(coref, syntax_file, limit)
-        return annotated.texts, annotated.source, annotated
-    if corpus:
-        return peek(iter_corpus(corpus, limit)), corpus, None
-    if pairs:
-        return peek(iter_pairs(pairs, limit)), pairs, None
-    if texts:
-        return check_texts(list(texts), limit), "--text", None
-    return check_texts(sample_texts(), limit), "built-in sample", None
-
-
-def _file_count(corpus, pairs, limit) -> int | None:
-    """The number of sequences --corpus or --pairs holds (at most --limit), counted in a first read of
-    the file (the analysis streams it again: memory stays flat); None for the other inputs."""
-    from ..corpus import iter_corpus, iter_pairs
-
-    if not (corpus or pairs):
-        return None
-    return sum(1 for _ in (iter_corpus(corpus, limit) if corpus else iter_pairs(pairs, limit)))
-
-
-def _announce(lm, seqs, source: str, world, counted: int | None = None) -> None:
-    """Say on stderr what is analysed, with which model (and, under a launcher, which share): ``counted``
-    sequences "from" a streamed file, or the sequences of a list with where they come from."""
-    share = (f", process {world.rank} of {world.size}: sequences {world.rank}, {world.rank + world.size}, ..."
-             if world else "")
-    if counted is not None:
-        how_many = f"{plural(counted, 'sequence')} from {source}" + (f" ({share[2:]})" if share else "")
-    else:
-        how_many = f"{plural(len(seqs), 'sequence')} ({source}{share})"
-    layers = lm.geometry.n_layers
-    if lm.kind == "encoder-decoder":
-        from ..seq2seq import stack_depths
-
-        layers = " + ".join(f"{n} {stack}" for stack, n in stack_depths(lm.sites).items())
-    click.echo(f"Analyzing {how_many} with {lm.name}: "
-               f"{layers} layers x {plural(lm.geometry.n_heads, 'head')}", err=True)
