@@ -20,7 +20,8 @@ replace each head's query, key, value, pattern and output (before the output pro
 named :data:`POINTS`; the setters built on them are in :mod:`probe.intervene`. A keyword argument
 that could change the maths and that the function does not compute is refused in one line
 (:class:`InterfaceError`); the pass-through ones are in :data:`HARMLESS`. Scores and softmax run in
-float32 (the LLaMA-style eager functions already do; float32 models are unchanged).
+float32 (the LLaMA-style eager functions already do; float32 models are unchanged; float64 ones in
+float64).
 """
 
 from __future__ import annotations
@@ -361,8 +362,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tenso
         probs = with_sinks(q, k, keep, scale, sinks, softcap, bias).to(v.dtype)
         out = probs @ v
     else:  # d_v may differ from d_qk (MLA)
-        out, probs = attention(q, k, v, keep, scale=scale, softmax_dtype=torch.float32,
-                               upcast=q.dtype != torch.float32, softcap=softcap, bias=bias)
+        wide = q.dtype in (torch.float32, torch.float64)  # float64 models keep their precision
+        out, probs = attention(q, k, v, keep, scale=scale, softmax_dtype=q.dtype if wide else torch.float32,
+                               upcast=not wide, softcap=softcap, bias=bias)
     return probs, out.transpose(1, 2).contiguous()
 
 

@@ -14,6 +14,10 @@ point                 tensor                              head axis
 ``"output"``          [batch, query, heads, d_v]          2 (each head's output before W_O: z)
 ====================  ==================================  =============================================
 
+The residual stream outside the heads (a block's input, an MLP's output, the final norm's input) is
+read and written by :meth:`Intervention.before` and :meth:`Intervention.after`, on the same
+:class:`~probe.hooks.Hooks`: causal methods register no hook of their own.
+
 A reader is an editor that returns its input (:class:`Cache`); a setter returns a new tensor:
 :func:`replace` (patching from another run's cache), :func:`zero`, :func:`mean`, :func:`scale`. A
 new causal method is a setter, not a new hook. Setters are out-of-place and differentiable:
@@ -40,6 +44,7 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -230,6 +235,17 @@ class Intervention:
         """Register ``editor`` at ``point`` of one site."""
         self.edit(point, lambda s: editor if s == site else None)
 
+    def before(self, module: nn.Module, fn: Callable[[tuple, dict], tuple | None]) -> None:
+        """The residual stream outside the heads (a block's input, the final norm's input): call
+        ``fn(args, kwargs)`` before each forward of ``module``; it returns None (a reader) or the
+        new ``(args, kwargs)`` (a setter: residual patching)."""
+        self.hooks.forward_pre(module, lambda mod, args, kwargs: fn(args, kwargs), with_kwargs=True)
+
+    def after(self, module: nn.Module, fn: Callable[[object], object | None]) -> None:
+        """Call ``fn(output)`` after each forward of ``module`` (an MLP's output); it returns None
+        (a reader) or the output the model goes on with."""
+        self.hooks.forward(module, lambda mod, args, output: fn(output))
+
 
 def _by_call(editors: list[Editor | None]) -> Editor:
     """One module's editor handing each call to the editor of its site (calls in forward order)."""
@@ -256,14 +272,30 @@ def _output_hook(module: nn.Module, n_heads: int):
     return hook
 
 
+_FALLBACK: weakref.WeakSet = weakref.WeakSet()  # output projections carrying the fallback hook now
+
+
+class _Fallback:
+    """The fallback's pre-hook on one output projection (one at a time per projection)."""
+
+    def __init__(self, o: nn.Module, hook) -> None:
+        self.o, self.handle = o, o.register_forward_pre_hook(hook)
+        _FALLBACK.add(o)
+
+    def remove(self) -> None:
+        self.handle.remove()
+        _FALLBACK.discard(self.o)
+
+
 @contextmanager
-def intervening(lm, *, eval_mode: bool = True) -> Iterator[Intervention]:
+def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[Intervention]:
     """Context manager: ``lm`` ready for editors (:meth:`Intervention.edit`), everything restored on
     exit (also on exceptions).
 
     Inside: eval mode (if ``eval_mode``), probe's attention function (:data:`probe.interface.NAME`)
-    for a model whose modules call the interface (:func:`native`), else its own attention with the
-    ``"output"`` point applied at the output projection's input.
+    for a model whose modules call the interface (:func:`native`), else its own attention (eager
+    attention if ``eager``, so that probabilities exist; else as loaded) with the ``"output"`` point
+    applied at the output projection's input.
 
     Yields:
         :class:`Intervention`.
@@ -271,15 +303,15 @@ def intervening(lm, *, eval_mode: bool = True) -> Iterator[Intervention]:
     own = native(lm.model) or lm.spec.discovered
     if own:
         install()
-    with measuring(lm.model, eager=own, eval_mode=eval_mode, implementation=NAME if own else None) as m:
+    with measuring(lm.model, eager=own or eager, eval_mode=eval_mode, implementation=NAME if own else None) as m:
         served: dict = {}
         for site, module in site_modules(lm.model, lm.spec):
             served.setdefault(module, []).append(site)
         if not own:
             modules = dict(site_modules(lm.model, lm.spec))
             for site, o in site_outputs(lm.model, lm.spec):
-                module = modules[site]
-                m.hooks.forward_pre(o, _output_hook(module, _slots(lm, site)))
+                if o not in _FALLBACK:  # a nested context's editors are applied by the outer one's hook
+                    m.hooks.own(_Fallback(o, _output_hook(modules[site], _slots(lm, site))))
         yield Intervention(lm, m.hooks, m.notes, own, served)
 
 
