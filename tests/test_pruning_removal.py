@@ -78,8 +78,9 @@ def test_removal_refuses_alibi_and_encoder_decoder_models(kind):
 @pytest.mark.parametrize("kind", [k for k in FAMILIES if k not in ("bloom", "falcon", *SEQ2SEQ)])
 def test_removed_model_equals_gated_model_and_survives_save_and_reload(kind, tmp_path):
     """Removed == gated: the last hidden state within float32 atol 1e-5, and in float64 the outputs
-    (logits, both under probe's attention function, where the gates act) within 1e-9, so what is left is float32 summation order (dropping zero columns changes
-    the order of the output projection's sums), not a different computation."""
+    (logits, both under probe's attention function, where the gates act) within 1e-9, so what is
+    left is float32 summation order (dropping zero columns changes the order of the output
+    projection's sums), not a different computation."""
     lm = tiny_model(kind, layers=4)
     batch = encode(lm, TEXTS)
     before = hook_snapshot(lm.model)
