@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from generic_models import GENERIC, OWN_ATTENTION, generic_model
+from generic_models import ENCODER_TYPES, GENERIC, OWN_ATTENTION, generic_model
 
 from conftest import FAMILIES, assert_statistics_close, invoke_cli, one_error, tiny_model
 from probe import interface
@@ -134,13 +134,13 @@ def test_row_blocks_equal_whole_maps(tiny_generic):
 
 
 #: Hand families whose modules compute attention themselves (no AttentionInterface call in transformers 5.24).
-OWN_ATTENTION_HAND = ("bloom", "deberta-v2", "falcon")
+OWN_ATTENTION_HAND = ("bloom", "deberta-v2", "falcon", "gpt_neo", "mpnet")
 
 
 @pytest.mark.parametrize("kind", [k for k in FAMILIES if k not in OWN_ATTENTION_HAND])
 def test_hand_families_discovered_give_the_eager_paths_statistics(kind):
-    """A hand family's modules called through probe's function (a spec discovered for it; BLOOM, DeBERTa-v2
-    and Falcon compute their own attention) give the statistics of the eager path the hand spec measures:
+    """A hand family's modules called through probe's function (a spec discovered for it; BLOOM, DeBERTa-v2,
+    Falcon, GPT-Neo and MPNet compute their own attention) give the statistics of the eager path the hand spec measures:
     the function is one capture point for both."""
     lm = tiny_model(kind)
     try:
@@ -171,7 +171,7 @@ def test_hand_families_that_compute_their_own_attention_cannot_be_discovered(kin
 def test_a_type_whose_attention_does_not_call_the_interface_is_refused_in_one_line(tmp_path, model_type):
     from conftest import bert_tokenizer, bpe_tokenizer
 
-    tok = bert_tokenizer() if model_type == "mpnet" else bpe_tokenizer()
+    tok = bert_tokenizer() if model_type in ENCODER_TYPES else bpe_tokenizer()
     generic_model(model_type, tok).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     line = one_error(invoke_cli("analyze", "--model", tmp_path, "--text", "Hi there.", "--out", tmp_path / "o"), 1,
@@ -185,7 +185,7 @@ def test_discovering_a_model_that_keeps_its_own_attention_says_so():
 
     tok = bpe_tokenizer()
     with pytest.raises(UnsupportedArchitectureError, match="never called transformers' AttentionInterface"):
-        discover(generic_model("gpt_neo", tok), tok)
+        discover(generic_model("gpt_neox_japanese", tok), tok)
 
 
 def test_mutants_and_removal_need_a_hand_spec(tiny_generic):

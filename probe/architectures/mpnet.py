@@ -30,6 +30,14 @@ def mpnet_offset(config) -> int:
     return MPNET_PADDING_ROW + 1
 
 
+def shared_bias_table(config) -> str | None:
+    """MPNet's refusal of head removal (the spec's ``removal_refusal`` rule): the encoder computes one
+    bias [batch, heads, query, key] from its table for every layer, so a layer with fewer heads than
+    the table no longer fits it."""
+    return ("adds one relative position bias, from a table of all heads shared by every layer, to each layer's "
+            "scores; a layer with heads removed would no longer fit it")
+
+
 def _mpnet(module, n_query, n_key, past, key_positions, device, content=None) -> torch.Tensor | None:
     """MPNet's learned bias of the bucket of j - i, [1, heads, query, key]: the encoder's table
     (``module.bias_table``), bidirectional buckets, positions counted 0, 1, ... over the whole

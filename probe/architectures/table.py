@@ -12,7 +12,7 @@ from .discovered import DISCOVERED, model_kind
 from .disentangled import disentangled_scaling, separate_position_projections
 from .falcon import alibi_note, kv_heads_multi_query, rope_unless_alibi
 from .gpt_neo import always_upcast, local_window, no_scaling
-from .mpnet import MPNET_RELATIVE, mpnet_offset
+from .mpnet import MPNET_RELATIVE, mpnet_offset, shared_bias_table
 from .position_bias import ALIBI, DISENTANGLED, FALCON_ALIBI, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
@@ -54,6 +54,7 @@ _MPNET = ArchSpec(
     site_specs=one_stack("encoder", "encoder.layer", "attention.attn", "attention.attn.o", q="attention.attn.q",
                          k="attention.attn.k", v="attention.attn.v", bias_table="encoder.relative_attention_bias"),
     position_bias=MPNET_RELATIVE, position_offset=mpnet_offset, probs_argument="output_attentions",
+    removal_refusal=shared_bias_table,
     head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
 )
 _DISTILBERT = ArchSpec(
