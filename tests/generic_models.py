@@ -74,6 +74,8 @@ def generic_config(model_type: str, vocab_size: int, init: float = 0.3):
                                                      sliding_window=4, layer_types=["sliding_attention",
                                                                                     "full_attention"])),
         "granite": lambda: tr.GraniteConfig(**_rotary(attention_multiplier=0.2)),
+        "granite_swa": lambda: tr.GraniteSWAConfig(**_rotary(attention_multiplier=0.2, sliding_window=4,
+                                                             layer_types=["sliding_attention", "full_attention"])),
         "glm4": lambda: tr.Glm4Config(**_rotary(head_dim=16, pad_token_id=0)),
         "starcoder2": lambda: tr.Starcoder2Config(**_rotary(sliding_window=4)),
         "modernbert": lambda: tr.ModernBertConfig(hidden_size=H, intermediate_size=2 * H, num_hidden_layers=LAYERS,

@@ -9,10 +9,10 @@ import pytest
 import torch
 from generic_models import ENCODER_TYPES, GENERIC, OWN_ATTENTION, generic_model
 
-from conftest import FAMILIES, assert_statistics_close, invoke_cli, one_error, tiny_model
+from conftest import FAMILIES, assert_statistics_close, invoke_cli, one_error, tiny_model, tolerance
 from probe import interface
 from probe.analysis import analyze
-from probe.architectures import DISCOVERED, SPECS, get_spec
+from probe.architectures import DISCOVERED, SPECS, get_spec, site_modules
 from probe.capture import capture_attention
 from probe.core import LoadedModel
 from probe.discover import discover
@@ -56,6 +56,34 @@ def test_captured_maps_are_the_eager_modules_weights(tiny_generic):
         torch.testing.assert_close(mine[rows.expand_as(mine)], theirs[rows.expand_as(theirs)], atol=0, rtol=0)
         pad = ~real[:, None, None, :].expand_as(mine)
         assert bool((mine[pad] == 0).all())
+
+
+def test_a_sink_whose_eager_function_renormalizes_is_compared_as_shares_of_the_keys(tiny_generic):
+    """Granite-SWA's eager function returns the softmax over the keys alone and scales its output by the
+    sink's share; probe's maps keep the sink's share (rows sum to less than 1, as gpt-oss's eager maps do).
+    verify compares the two as shares of the keys and the sink's share through the outputs: it passes,
+    and says so; the maps divided by their row sums are the eager function's weights."""
+    from probe.verification.generic import SINK_NOTE
+
+    lm = tiny_generic("granite_swa")
+    assert [s.window for s in lm.sites] == [4, None]
+    g = torch.Generator().manual_seed(0)
+    for _, module in site_modules(lm.model, lm.spec):
+        module.sinks.data = torch.randn(4, generator=g)  # the default (zeros) is one sink logit too
+    result = verify(lm, cases=["right-padded"])
+    assert result.passed and SINK_NOTE in result.notes, result.to_json()
+    assert all(r.attn_max_abs <= 1e-6 and r.hidden_max_rel <= 1e-6 for r in result.per_layer)
+    captured = capture_attention(lm, TEXTS)
+    real = captured.batch.real
+    with torch.no_grad():
+        out = lm.model(**captured.batch.model_inputs(), output_attentions=True, use_cache=False)
+    for mine, theirs in zip(captured.probs, out.attentions):
+        rows = (real[:, None, :, None] & real[:, None, None, :]).expand_as(mine)
+        sums = mine.sum(-1, keepdim=True)
+        real_sums = sums[real[:, None, :, None].expand_as(sums)]
+        assert float(real_sums.max()) <= 1 + 1e-6 and float(real_sums.min()) < 0.5  # the sink takes a share
+        torch.testing.assert_close((mine / sums.clamp_min(1e-30))[rows], theirs[rows], **tolerance("probability"))
+    assert SINK_NOTE not in verify(tiny_generic("gpt_oss"), cases=["sentence"]).notes  # keeps the share itself
 
 
 def test_discovered_paths_heads_and_windows(tiny_generic):
