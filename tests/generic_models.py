@@ -74,6 +74,7 @@ def generic_config(model_type: str, vocab_size: int, init: float = 0.3):
                                                      sliding_window=4, layer_types=["sliding_attention",
                                                                                     "full_attention"])),
         "granite": lambda: tr.GraniteConfig(**_rotary(attention_multiplier=0.2)),
+        "diffllama": lambda: tr.DiffLlamaConfig(**_rotary()),
         "granite_swa": lambda: tr.GraniteSWAConfig(**_rotary(attention_multiplier=0.2, sliding_window=4,
                                                              layer_types=["sliding_attention", "full_attention"])),
         "glm4": lambda: tr.Glm4Config(**_rotary(head_dim=16, pad_token_id=0)),

@@ -128,6 +128,39 @@ def test_a_layer_shared_by_every_site_serves_each_in_turn(tiny_generic):
         torch.testing.assert_close(mine[rows], theirs[rows], atol=0, rtol=0)
 
 
+def test_without_an_output_projection_analyze_and_verify_run_and_the_head_output_analyses_refuse(tmp_path):
+    """Differential attention (DiffLlama) combines two maps per head before any linear map reads
+    [batch, T, heads x d_head]: no output projection is found. verify and analyze still run (the
+    value-weighted columns left out, a note says why); labels by norm, ablation and patching refuse in one
+    line each, before any work."""
+    from generic_models import generic_lm
+
+    from conftest import bpe_tokenizer
+
+    lm = generic_lm("diffllama")
+    assert "o" in lm.spec.missing  # (its value projection is not found either)
+    assert verify(lm, cases=["sentence"]).passed
+    result = analyze(lm, TEXTS)
+    plain = analyze(lm, TEXTS, value_weighted=False)
+    assert not any(c.endswith("_by_norm") or c == "norm_mass" for c in result.heads)
+    assert_statistics_close(result.heads, plain.heads)  # the attention statistics as without the columns
+    assert result.settings["value_weighted"] is False
+    assert sum("value-weighted statistics (the _by_norm columns, norm_mass) left out" in n for n in result.notes) == 1
+    with pytest.raises(UnsupportedArchitectureError, match="labels by norm .* needs the o projection"):
+        analyze(lm, TEXTS, labels_by="norm")
+    tok = bpe_tokenizer()
+    generic_model("diffllama", tok).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("clean\tcorrupted\tanswer\twrong\n"
+                     "The cat and the dog ran to\tThe dog and the cat ran to\t the\t a\n")
+    one_error(invoke_cli("effects", "--model", tmp_path / "m", "-n", "4", "--out", tmp_path / "e"), 1,
+              "ablation", "o projection weights of diffllama")
+    one_error(invoke_cli("patch", "--model", tmp_path / "m", "--pairs", pairs, "--out", tmp_path / "p"), 1,
+              "patching", "o projection weights of diffllama")
+    assert not (tmp_path / "e").exists() and not (tmp_path / "p").exists()
+
+
 def test_roberta_numbering_is_found():
     """XLM-RoBERTa numbers positions from padding_idx + 1: its limit is the table's rows minus that."""
     lm_type = "xlm-roberta"
