@@ -65,9 +65,20 @@ def _run(lm: LoadedModel, case: Case, implementation: str, on_call=None) -> list
                 kwargs["use_cache"] = case.use_cache
                 if cache is not None:
                     kwargs["cache"] = cache
+            if cache is not None and lm.kind == "encoder-decoder":
+                kwargs = _encoder_first(model, kwargs)
             name, out = _output_tensor(model(**kwargs))
             outputs.append((name, out.cpu()))
     return outputs
+
+
+def _encoder_first(model, kwargs: dict) -> dict:
+    """An encoder-decoder pass with the key/value cache as generation runs it: the encoder on its own,
+    its output handed to the model (Switch Transformers passes ``use_cache`` on to its encoder, which
+    refuses it)."""
+    encoder = model.get_encoder()
+    source = {k: kwargs.pop(k) for k in ("input_ids", "attention_mask") if k in kwargs}
+    return {**kwargs, "attention_mask": source.get("attention_mask"), "encoder_outputs": encoder(**source)}
 
 
 def _eager_call(call: Call) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -76,8 +87,10 @@ def _eager_call(call: Call) -> tuple[torch.Tensor, torch.Tensor] | None:
     if fn is None:
         return None
     mask = None
-    if call.keep is not None:
+    if call.keep is not None:  # the additive form, with a float mask's own finite values (Doge's)
         mask = torch.zeros(call.keep.shape, dtype=call.query.dtype, device=call.query.device)
+        if call.mask_bias is not None:
+            mask = mask + call.mask_bias.to(mask.dtype)
         mask = mask.masked_fill(~call.keep, torch.finfo(call.query.dtype).min)
     kwargs = {k: v for k, v in call.kwargs.items() if k != "scaling"}
     out, probs = fn(call.module, call.query, call.key, call.value, mask, scaling=call.kwargs.get("scaling"),
