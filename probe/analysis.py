@@ -31,7 +31,7 @@ from .seq2seq import check_generate, stack_depths, with_generated_targets
 from .sinks import SinkProfile
 from .stats import HeadStatistics, by_norm
 from .util import plural, progress_bar
-from .values import ValueTracker
+from .values import ValueTracker, value_weighting_for
 
 
 def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
@@ -264,6 +264,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     sized = prepared or isinstance(texts, (str, Text)) or hasattr(texts, "__len__")
     items = texts if prepared else as_texts(validate.texts(texts)) if sized else stream_texts(texts)
     thresholds_used = _checked(lm, batch_size, max_length, thresholds, example_tokens, value_weighted, labels_by)
+    value_weighted, left_out = value_weighting_for(lm, value_weighted, labels_by)
     n_examples = max(0, min(n_examples, len(items)) if sized else n_examples)
     if generate is not None:
         items = _generated(lm, items, generate, sized)
@@ -294,7 +295,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
                   "parse_special_tokens": parse_special_tokens, "query_block": query_block,
                   **validate.value_weighting(value_weighted, labels_by)},
         timings={"forward_and_statistics_s": round(t_run, 4), "analyze_s": round(time.perf_counter() - t0, 4)},
-        notes=list(lm.notes) + list(notes) + input_notes(c, lm.tokenizer),
+        notes=list(lm.notes) + [left_out] * bool(left_out) + list(notes) + input_notes(c, lm.tokenizer),
         results={sinks.name: sinks.result(), **{acc.name: acc.result() for acc in extras}},
     )
 

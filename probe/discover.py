@@ -101,12 +101,31 @@ def _causal(call: Call) -> tuple[bool, int | None]:
     if bool(keep.all()):
         return False, window
     tri = torch.ones(Tq, Tk, dtype=torch.bool, device=keep.device).tril(Tk - Tq)
+    band = _bidirectional_band(keep)
+    if band is not None:  # a bidirectional sliding window (T5Gemma's encoder): the length that never binds
+        return False, band
     if bool((keep & ~tri).any()):
         raise InterfaceError(f"{type(call.module).__name__}: a mask that is neither causal nor full "
                              "(a bidirectional window shorter than the discovery text); probe cannot measure it")
     if not torch.equal(keep, tri) and window is None:
         window = int(keep[-1].sum())
     return True, window
+
+
+def _bidirectional_band(keep: torch.Tensor) -> int | None:
+    """The longest sequence a bidirectional sliding window [query, key] lets every query see whole, or
+    None for another mask. The window is a band, -before <= j - i <= after (queries and keys one
+    sequence; T5Gemma's encoder: 4 keys after, 3 before), and a sequence of min(before, after) + 1
+    tokens fits in it."""
+    Tq, Tk = keep.shape
+    if Tq != Tk:
+        return None
+    after, before = int(keep[0].sum()) - 1, int(keep[-1].sum()) - 1  # first query: keys 0..after; last: T-1-before..
+    i = torch.arange(Tq, device=keep.device)
+    offset = i[None, :] - i[:, None]  # j - i
+    band = (offset >= -before) & (offset <= after)
+    fits = 0 < min(before, after) < Tq - 1  # 0: causal (or its mirror); Tq - 1: the band holds the sequence
+    return min(before, after) + 1 if fits and torch.equal(keep, band) else None
 
 
 def _pair_norms(x: torch.Tensor, interleaved: bool) -> torch.Tensor:

@@ -81,6 +81,8 @@ class Call:
         rows: under :func:`row_blocks`, the query rows (i0, i1) of this block (``probs`` [batch,
             heads, i1 - i0, key], ``output`` [batch, i1 - i0, heads, d_v], ``keep`` the block's rows);
             None: the whole map.
+        mask_bias: the finite values of a float (additive) mask where they are not all 0, [batch|1,
+            heads|1, query|1, key] (:func:`split_mask`; Doge's dynamic mask), added to the scores; else None.
     """
 
     module: nn.Module
@@ -92,6 +94,7 @@ class Call:
     probs: torch.Tensor | None
     output: torch.Tensor | None
     rows: tuple[int, int] | None = None
+    mask_bias: torch.Tensor | None = None
 
 
 #: ``listener(call)``.
@@ -250,11 +253,25 @@ def refuse_unknown(module: nn.Module, kwargs: dict) -> None:
                              "attention does not compute; refusing rather than measuring a different attention")
 
 
-def _keep(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+def split_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor
+               ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """An attention function's mask as (keep-mask [batch|1, heads|1, query|1, key] bool, bias or None).
+
+    A boolean or integer mask is a keep-mask (:func:`probe.reference.op.as_keep_mask`). A float mask is
+    additive, as transformers' eager functions add it to the scores: keys at -inf or at or below half the
+    dtype's lowest value are masked, and the values of the other keys are a bias added to the scaled
+    scores (0 for most models, so a mask of zeros keeps every key; Doge's dynamic mask adds learned
+    values), None where they are all 0.
+    """
     if mask is None:
-        return None
+        return None, None
     B, H, Tq, _ = query.shape
-    return broadcast_keep(mask, B, H, Tq, key.shape[-2])
+    if not mask.is_floating_point():
+        return broadcast_keep(mask, B, H, Tq, key.shape[-2]), None
+    keep = mask > torch.finfo(mask.dtype).min / 2  # -inf and finfo.min (also after adding a finite bias)
+    bias = mask.masked_fill(~keep, 0.0)
+    keep = broadcast_keep(keep, B, H, Tq, key.shape[-2])
+    return keep, (bias if bool(bias.any()) else None)
 
 
 def repeat_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -316,10 +333,13 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         setattr(call, point, edited(point, getattr(call, point), call))
     query, H = call.query, call.query.shape[1]
     k, v = repeat_heads(call.key, H), repeat_heads(call.value, H)
-    call.keep = keep = _keep(attention_mask, query, k)
+    keep, mask_bias = split_mask(attention_mask, query, k)
+    call.keep, call.mask_bias = keep, mask_bias
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    terms = {"softcap": kwargs.get("softcap"), "bias": kwargs.get("position_bias"),
-             "sinks": kwargs.get("s_aux", kwargs.get("sinks"))}
+    bias = kwargs.get("position_bias")
+    if mask_bias is not None:
+        bias = mask_bias if bias is None else bias + mask_bias
+    terms = {"softcap": kwargs.get("softcap"), "bias": bias, "sinks": kwargs.get("s_aux", kwargs.get("sinks"))}
     rows, Tq = _BLOCKS["rows"], query.shape[2]
     if rows is None:
         probs, output = _attend(query, k, v, keep, scale, **terms)
@@ -330,7 +350,8 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         i1 = min(Tq, i0 + rows)
         part = {**terms, "bias": _rows(terms["bias"], i0, i1)}
         probs, output = _attend(query[:, :, i0:i1], k, v, _rows(keep, i0, i1), scale, **part)
-        block = dataclasses.replace(call, keep=_rows(keep, i0, i1), rows=(i0, i1))
+        block = dataclasses.replace(call, keep=_rows(keep, i0, i1), rows=(i0, i1),
+                                    mask_bias=_rows(mask_bias, i0, i1))
         outputs.append(_finish(block, probs, output, v).output)
     return torch.cat(outputs, dim=1), None
 

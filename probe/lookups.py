@@ -59,13 +59,15 @@ def _rows(module: nn.Module) -> int | None:
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
-def _roberta_style(model: nn.Module) -> bool:
-    """Whether the model numbers positions RoBERTa's way: from ``pad_token_id + 1``, counting only
-    non-padding tokens (:attr:`probe.architectures.ArchSpec.position_offset`)."""
+def _padding_row(model: nn.Module) -> int | None:
+    """The padding row of a model that numbers positions RoBERTa's way (from the row after it,
+    counting only tokens other than that id: RoBERTa's ``pad_token_id``, MPNet's fixed 1), or None:
+    positions 0, 1, ... (:attr:`probe.architectures.ArchSpec.position_offset`, the padding row + 1)."""
     try:
-        return get_spec(model.config).position_offset(model.config) > 0
+        offset = get_spec(model.config).position_offset(model.config)
     except UnsupportedArchitectureError:
-        return False
+        return None
+    return offset - 1 if offset > 0 else None
 
 
 def _token_tables(model: nn.Module) -> dict[str, tuple[str, int]]:
@@ -88,12 +90,12 @@ class _Tables:
     tokens: dict  # input name -> (what, rows)
     segments: list  # (name, module) of the segment tables
     positions: list  # (name, module) of the position tables
-    roberta: bool  # positions numbered RoBERTa's way
+    padding_row: int | None  # positions numbered RoBERTa's way from the row after this one, or None
 
     @classmethod
     def of(cls, model: nn.Module) -> _Tables:
         return cls(_token_tables(model), _tables(model, SEGMENT_TABLES), _tables(model, POSITION_TABLES),
-                   _roberta_style(model))
+                   _padding_row(model))
 
 
 def _id_range(ids: torch.Tensor) -> tuple[int, int]:
@@ -144,16 +146,15 @@ def _past_length(inputs: dict, length: int) -> int:
 
 
 def _highest_position(model: nn.Module, table: nn.Module, ids: torch.Tensor, inputs: dict,
-                      given, roberta: bool) -> tuple[int, str]:
+                      given, padding_row: int | None) -> tuple[int, str]:
     """(highest row of ``table`` this call reads, how it was found) for token ids [batch, T]."""
     own = getattr(table, "offset", None)  # OPT, BART: position p reads row p + offset
     offset = own if isinstance(own, int) else 0
     if isinstance(given, torch.Tensor) and given.numel():
         return int(given.max()) + offset, "position_ids" + (f" + offset {offset}" if offset else "")
-    if own is None and roberta:
-        pad = model.config.pad_token_id or 0
-        counted = int((ids != pad).sum(-1).max())
-        return pad + counted, f"{counted} non-padding tokens numbered from pad_token_id + 1 = {pad + 1}"
+    if own is None and padding_row is not None:
+        counted = int((ids != padding_row).sum(-1).max())
+        return padding_row + counted, f"{counted} non-padding tokens numbered from padding id {padding_row} + 1"
     n = _past_length(inputs, ids.shape[1]) + ids.shape[1]
     return offset + n - 1, f"{n} tokens" + (f" from row {offset}" if offset else "")
 
@@ -165,7 +166,8 @@ def _check_positions(model: nn.Module, tables: _Tables, inputs: dict) -> None:
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.numel() == 0:
             continue
         given = inputs.get("decoder_position_ids" if decoder else "position_ids")
-        highest, how = _highest_position(model, table, ids, inputs if not decoder else {}, given, tables.roberta)
+        highest, how = _highest_position(model, table, ids, inputs if not decoder else {}, given,
+                                         tables.padding_row)
         rows = _rows(table)
         if highest >= rows:
             limit = getattr(model.config, "max_position_embeddings", None)

@@ -232,3 +232,26 @@ class ValueTracker:
         if self.lm.pruned is not None and original_numbering:
             norms, mass = self.lm.pruned.expand(site.layer, norms), self.lm.pruned.expand(site.layer, mass)
         return ValueNorms(norms, mass)
+
+
+def value_weighting_for(lm, value_weighted: bool, labels_by: str) -> tuple[bool, str | None]:
+    """Whether a run of ``lm`` keeps the value-weighted statistics, and the note where they are left out.
+
+    They need each head's slice of the output projection (G_h above). A discovered spec that did not
+    find it (gated or differential attention: the heads' output is gated or combined before any
+    linear map that reads [batch, T, heads x d_head]) is measured without them: the attention
+    statistics need no output projection. Labels by norm read them, so they are refused there.
+
+    Returns:
+        ``(value_weighted, note)``: ``value_weighted`` unchanged and None, or False and the note.
+
+    Raises:
+        UnsupportedArchitectureError: ``labels_by="norm"`` on such a model (one line).
+    """
+    if not value_weighted or "o" not in lm.spec.missing:
+        return value_weighted, None
+    if labels_by == "norm":
+        needs_weights(lm.spec, "labels by norm (value-weighted statistics)", ("o",))
+    return False, (f"value-weighted statistics (the _by_norm columns, norm_mass) left out: they need the output "
+                   f"projection weights of {lm.spec.family}, which probe did not find (and check) in its attention "
+                   "modules (gated or differential attention); the attention statistics do not need them")

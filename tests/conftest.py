@@ -45,18 +45,18 @@ HIDDEN, HEADS, KV_HEADS, LAYERS, MAX_POS = 64, 4, 2, 2, 64
 
 #: Every kind the builder knows: architecture families and their variants.
 KINDS = (
-    "bert", "roberta", "electra", "distilbert", "deberta-v2",
+    "bert", "roberta", "electra", "distilbert", "deberta-v2", "mpnet",
     "gpt2", "gpt2-unscaled", "gpt2-layer-scaled", "gpt2-unscaled-layer-scaled", "gpt2-upcast",
     "llama", "llama-linear", "llama-llama3", "llama-dynamic", "llama-yarn", "llama-longrope",
     "qwen2", "qwen2-window", "qwen3", "mistral",
     "gpt_neox", "phi3", "gemma", "gemma2", "gemma3", "bloom", "bloom-6heads",
-    "falcon", "falcon-new", "falcon-alibi",
+    "falcon", "falcon-new", "falcon-alibi", "gpt_neo",
     "bart", "marian", "t5",
 )
-ENCODERS = ("bert", "roberta", "electra", "distilbert", "deberta-v2")
+ENCODERS = ("bert", "roberta", "electra", "distilbert", "deberta-v2", "mpnet")
 #: One kind per family (for tests that need every family once).
-FAMILIES = ("bert", "roberta", "distilbert", "deberta-v2", "gpt2", "llama", "qwen2", "mistral", "gpt_neox", "phi3",
-            "gemma", "gemma2", "gemma3", "qwen3", "bloom", "falcon", "bart", "marian", "t5")
+FAMILIES = ("bert", "roberta", "distilbert", "deberta-v2", "mpnet", "gpt2", "llama", "qwen2", "mistral", "gpt_neox",
+            "phi3", "gemma", "gemma2", "gemma3", "qwen3", "bloom", "falcon", "gpt_neo", "bart", "marian", "t5")
 #: Encoder-decoder kinds (cross-attention sites).
 SEQ2SEQ = ("bart", "marian", "t5")
 DECODERS = tuple(k for k in FAMILIES if k not in ENCODERS)
@@ -227,6 +227,11 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
                                   max_relative_positions=-1, norm_rel_ebd="layer_norm", share_att_key=True,
                                   position_biased_input=False, type_vocab_size=0, pad_token_id=0,
                                   hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, **common)
+    if kind == "mpnet":  # relative position bias (T5 buckets, one encoder table); positions from row 2
+        return tr.MPNetConfig(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
+                              intermediate_size=2 * hidden, max_position_embeddings=max_positions + 2,
+                              pad_token_id=0, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                              **common)
     if kind == "distilbert":
         return tr.DistilBertConfig(dim=hidden, n_heads=heads, n_layers=layers, hidden_dim=2 * hidden,
                                    max_position_embeddings=max_positions, dropout=dropout,
@@ -280,6 +285,12 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
                                ffn_hidden_size=2 * hidden, max_position_embeddings=max_positions,
                                attention_dropout=dropout, hidden_dropout=dropout, bos_token_id=1, eos_token_id=2,
                                tie_word_embeddings=False, **opts, **common)
+    if kind == "gpt_neo":  # no scaling, float32 scores; a global layer, then a local one with a 4-key window
+        types = [[["global", "local"], layers // 2]] + [[["global"], 1]] * (layers % 2)
+        return tr.GPTNeoConfig(hidden_size=hidden, num_heads=heads, num_layers=layers, attention_types=types,
+                               window_size=4, intermediate_size=2 * hidden, max_position_embeddings=max_positions,
+                               attention_dropout=dropout, resid_dropout=dropout, embed_dropout=dropout,
+                               bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, **common)
     seq2seq = dict(pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, bos_token_id=1, **common)
     if kind in ("bart", "marian"):
         cls = tr.BartConfig if kind == "bart" else tr.MarianConfig
@@ -297,7 +308,7 @@ def tiny_config(kind: str, vocab_size: int, *, dropout: float = 0.0, init: float
 
 _CLASSES = {
     "bert": "BertModel", "roberta": "RobertaModel", "electra": "ElectraModel", "distilbert": "DistilBertModel",
-    "deberta-v2": "DebertaV2Model",
+    "deberta-v2": "DebertaV2Model", "mpnet": "MPNetModel", "gpt_neo": "GPTNeoForCausalLM",
     "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
     "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",

@@ -13,8 +13,8 @@ GENERIC = (
     "modernbert", "xlm-roberta", "albert", "mbart", "pegasus", "mt5", "umt5",
 )
 #: Types in transformers 5.24 whose attention modules compute attention themselves (refused).
-OWN_ATTENTION = ("gpt_neo", "mpnet")
-ENCODER_TYPES = ("modernbert", "xlm-roberta", "albert", "mpnet")
+OWN_ATTENTION = ("gpt_neox_japanese", "convbert")
+ENCODER_TYPES = ("modernbert", "xlm-roberta", "albert", "convbert")
 
 H, HEADS, KV, LAYERS, POS = 64, 4, 2, 2, 64
 
@@ -55,9 +55,10 @@ def generic_config(model_type: str, vocab_size: int, init: float = 0.3):
                                     word_embed_proj_dim=H, max_position_embeddings=POS, init_std=init),
         "gptj": lambda: tr.GPTJConfig(n_embd=H, n_layer=LAYERS, n_head=HEADS, rotary_dim=8, n_positions=POS,
                                       bos_token_id=1, eos_token_id=2),
-        "gpt_neo": lambda: tr.GPTNeoConfig(hidden_size=H, num_layers=LAYERS, num_heads=HEADS,
-                                           attention_types=[[["global", "local"], 1]], window_size=4,
-                                           max_position_embeddings=POS),
+        "gpt_neox_japanese": lambda: tr.GPTNeoXJapaneseConfig(hidden_size=H, num_hidden_layers=LAYERS,
+                                                              num_attention_heads=HEADS, intermediate_multiple_size=2,
+                                                              max_position_embeddings=POS, bos_token_id=1,
+                                                              eos_token_id=2),
         "phi": lambda: tr.PhiConfig(**_rotary(partial_rotary_factor=0.5)),
         "mixtral": lambda: tr.MixtralConfig(**_rotary(num_local_experts=4, num_experts_per_tok=2)),
         "qwen2_moe": lambda: tr.Qwen2MoeConfig(**_moe(shared_expert_intermediate_size=32)),
@@ -73,6 +74,9 @@ def generic_config(model_type: str, vocab_size: int, init: float = 0.3):
                                                      sliding_window=4, layer_types=["sliding_attention",
                                                                                     "full_attention"])),
         "granite": lambda: tr.GraniteConfig(**_rotary(attention_multiplier=0.2)),
+        "diffllama": lambda: tr.DiffLlamaConfig(**_rotary()),
+        "granite_swa": lambda: tr.GraniteSWAConfig(**_rotary(attention_multiplier=0.2, sliding_window=4,
+                                                             layer_types=["sliding_attention", "full_attention"])),
         "glm4": lambda: tr.Glm4Config(**_rotary(head_dim=16, pad_token_id=0)),
         "starcoder2": lambda: tr.Starcoder2Config(**_rotary(sliding_window=4)),
         "modernbert": lambda: tr.ModernBertConfig(hidden_size=H, intermediate_size=2 * H, num_hidden_layers=LAYERS,
@@ -85,8 +89,9 @@ def generic_config(model_type: str, vocab_size: int, init: float = 0.3):
         "albert": lambda: tr.AlbertConfig(hidden_size=H, embedding_size=32, intermediate_size=2 * H,
                                           num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                           max_position_embeddings=POS, pad_token_id=0),
-        "mpnet": lambda: tr.MPNetConfig(hidden_size=H, intermediate_size=2 * H, num_hidden_layers=LAYERS,
-                                        num_attention_heads=HEADS, max_position_embeddings=POS + 2, pad_token_id=0),
+        "convbert": lambda: tr.ConvBertConfig(hidden_size=H, embedding_size=H, intermediate_size=2 * H,
+                                              num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                              max_position_embeddings=POS, pad_token_id=0),
         "mbart": lambda: tr.MBartConfig(**_seq2seq()),
         "pegasus": lambda: tr.PegasusConfig(**_seq2seq()),
         "mt5": lambda: tr.MT5Config(**_t5()),

@@ -52,7 +52,8 @@ def test_every_spec_path_exists_and_fits_the_head_geometry(kind):
 def test_every_spec_names_its_model_kind_and_its_site_kinds_fit_it():
     kinds = {t: spec.kind for t, spec in SPECS.items()}
     assert {t for t, k in kinds.items() if k == "encoder-decoder"} == {"bart", "marian", "t5"}
-    assert {t for t, k in kinds.items() if k == "encoder"} == {"bert", "roberta", "electra", "distilbert", "deberta-v2"}
+    assert {t for t, k in kinds.items() if k == "encoder"} == {"bert", "roberta", "electra", "distilbert", "deberta-v2",
+                                                               "mpnet"}
     assert all(k in MODEL_KINDS for k in kinds.values()) and len(MODEL_KINDS) == 3
     for spec in SPECS.values():
         causal = {(s.stack, s.kind): s.causal for s in spec.site_specs}
@@ -69,7 +70,8 @@ def test_every_spec_names_its_model_kind_and_its_site_kinds_fit_it():
 @pytest.mark.parametrize("kind,expected", [
     ("gpt2", [0.25, 0.25]), ("gpt2-layer-scaled", [0.25, 0.125]), ("gpt2-unscaled", [1.0, 1.0]),
     ("gpt2-unscaled-layer-scaled", [1.0, 0.5]), ("llama", [0.25, 0.25]), ("gemma", [24 ** -0.5] * 2),
-    ("gemma2", [20 ** -0.5] * 2), ("gemma3", [20 ** -0.5] * 2), ("bert", [0.25, 0.25]),
+    ("gemma2", [20 ** -0.5] * 2), ("gemma3", [20 ** -0.5] * 2), ("bert", [0.25, 0.25]), ("gpt_neo", [1.0, 1.0]),
+    ("mpnet", [0.25, 0.25]),
 ])
 def test_scaling_rule_matches_the_models_own_attribute(kind, expected):
     lm = tiny_model(kind)
@@ -88,6 +90,19 @@ def test_windows_per_layer_match_the_model(kind, windows):
     for site, module in zip(lm.sites, [m for _, m in site_modules(lm.model, lm.spec)]):
         own = getattr(module, "sliding_window", getattr(lm.model.config, "sliding_window", None))
         assert own == site.window
+
+
+def test_gpt_neo_windows_its_local_layers_as_its_own_mask_does():
+    """GPT-Neo's global layer sees every earlier key; its local layer the window_size (4) latest, the
+    query's own included: the rows of the model's own mask buffer (``bias``, [1, 1, max, max])."""
+    import torch
+
+    lm = tiny_model("gpt_neo")
+    assert lm.model.config.attention_layers == ["global", "local"]
+    assert [s.window for s in lm.sites] == [None, 4]
+    for site, module in zip(lm.sites, [m for _, m in site_modules(lm.model, lm.spec)]):
+        own = module.bias[0, 0, :10, :10]  # the model's keep-mask of the first 10 positions
+        assert torch.equal(own, causal_keep(10, 10, window=site.window)), site.name
 
 
 def test_sites_are_named_and_carry_causality():
@@ -113,15 +128,15 @@ def test_visible_keys_is_the_one_rule():
 
 def test_every_supported_family_has_a_tiny_kind():
     families = {get_spec(tiny_config(k, 100)).family for k in KINDS}
-    assert families >= {"bert", "roberta", "distilbert", "deberta-v2", "gpt2", "llama", "qwen2", "qwen3", "mistral",
-                        "gpt_neox", "phi3", "gemma", "gemma2", "gemma3", "bloom", "falcon", "bart",
-                        "t5"}  # Marian: the bart family
-    assert set(SPECS) == {"bert", "roberta", "electra", "distilbert", "deberta-v2", "gpt2", "llama", "qwen2", "qwen3",
-                          "mistral", "gpt_neox", "phi3", "gemma", "gemma2", "gemma3_text", "bloom", "falcon", "bart",
-                          "marian", "t5"}
-    assert {family_of(k) for k in KINDS} <= {c.replace("gemma3", "gemma3") for c in (
-        "bert", "roberta", "electra", "distilbert", "deberta-v2", "gpt2", "llama", "qwen2", "qwen3", "mistral",
-        "gpt_neox", "phi3", "gemma", "gemma2", "gemma3", "bloom", "falcon", "bart", "marian", "t5")}
+    assert families >= {"bert", "roberta", "distilbert", "deberta-v2", "mpnet", "gpt2", "llama", "qwen2", "qwen3",
+                        "mistral", "gpt_neox", "phi3", "gemma", "gemma2", "gemma3", "bloom", "falcon", "gpt_neo",
+                        "bart", "t5"}  # Marian: the bart family
+    assert set(SPECS) == {"bert", "roberta", "electra", "distilbert", "deberta-v2", "mpnet", "gpt2", "llama", "qwen2",
+                          "qwen3", "mistral", "gpt_neox", "phi3", "gemma", "gemma2", "gemma3_text", "bloom", "falcon",
+                          "gpt_neo", "bart", "marian", "t5"}
+    assert {family_of(k) for k in KINDS} <= {
+        "bert", "roberta", "electra", "distilbert", "deberta-v2", "mpnet", "gpt2", "llama", "qwen2", "qwen3", "mistral",
+        "gpt_neox", "phi3", "gemma", "gemma2", "gemma3", "bloom", "falcon", "gpt_neo", "bart", "marian", "t5"}
 
 
 def test_unsupported_type_names_the_supported_ones():
@@ -144,14 +159,15 @@ def test_head_geometry_reads_every_family():
 def test_behaviour_the_attention_branches_on_is_chosen_once_in_the_spec():
     import torch
 
-    from probe.architectures import ALIBI, DISENTANGLED, FALCON_ALIBI, NO_POSITION_BIAS, T5_RELATIVE
+    from probe.architectures import ALIBI, DISENTANGLED, FALCON_ALIBI, MPNET_RELATIVE, NO_POSITION_BIAS, T5_RELATIVE
     from probe.reference import ReferenceAttention
 
     biases = {t: spec.position_bias for t, spec in SPECS.items()}
     assert biases["bloom"] is ALIBI and ALIBI.fused and biases["t5"] is T5_RELATIVE and not T5_RELATIVE.fused
     assert biases["deberta-v2"] is DISENTANGLED and biases["falcon"] is FALCON_ALIBI and FALCON_ALIBI.inner
+    assert biases["mpnet"] is MPNET_RELATIVE and not MPNET_RELATIVE.fused
     assert {t for t, b in biases.items() if b is NO_POSITION_BIAS} == set(SPECS) - {"bloom", "t5", "deberta-v2",
-                                                                                    "falcon"}
+                                                                                    "falcon", "mpnet"}
     y, p, b = torch.ones(1), torch.full((1, 2, 3, 4), 0.25), None
     assert SPECS["t5"].probs((y, b, p)) is p and SPECS["llama"].probs((y, p)) is p
     assert SPECS["llama"].probs((y,)) is None and SPECS["llama"].probs(y) is None

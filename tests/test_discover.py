@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from generic_models import GENERIC, OWN_ATTENTION, generic_model
+from generic_models import ENCODER_TYPES, GENERIC, OWN_ATTENTION, generic_model
 
-from conftest import FAMILIES, assert_statistics_close, invoke_cli, one_error, tiny_model
+from conftest import FAMILIES, assert_statistics_close, invoke_cli, one_error, tiny_model, tolerance
 from probe import interface
 from probe.analysis import analyze
-from probe.architectures import DISCOVERED, SPECS, get_spec
+from probe.architectures import DISCOVERED, SPECS, get_spec, site_modules
 from probe.capture import capture_attention
 from probe.core import LoadedModel
 from probe.discover import discover
@@ -58,6 +58,34 @@ def test_captured_maps_are_the_eager_modules_weights(tiny_generic):
         assert bool((mine[pad] == 0).all())
 
 
+def test_a_sink_whose_eager_function_renormalizes_is_compared_as_shares_of_the_keys(tiny_generic):
+    """Granite-SWA's eager function returns the softmax over the keys alone and scales its output by the
+    sink's share; probe's maps keep the sink's share (rows sum to less than 1, as gpt-oss's eager maps do).
+    verify compares the two as shares of the keys and the sink's share through the outputs: it passes,
+    and says so; the maps divided by their row sums are the eager function's weights."""
+    from probe.verification.generic import SINK_NOTE
+
+    lm = tiny_generic("granite_swa")
+    assert [s.window for s in lm.sites] == [4, None]
+    g = torch.Generator().manual_seed(0)
+    for _, module in site_modules(lm.model, lm.spec):
+        module.sinks.data = torch.randn(4, generator=g)  # the default (zeros) is one sink logit too
+    result = verify(lm, cases=["right-padded"])
+    assert result.passed and SINK_NOTE in result.notes, result.to_json()
+    assert all(r.attn_max_abs <= 1e-6 and r.hidden_max_rel <= 1e-6 for r in result.per_layer)
+    captured = capture_attention(lm, TEXTS)
+    real = captured.batch.real
+    with torch.no_grad():
+        out = lm.model(**captured.batch.model_inputs(), output_attentions=True, use_cache=False)
+    for mine, theirs in zip(captured.probs, out.attentions):
+        rows = (real[:, None, :, None] & real[:, None, None, :]).expand_as(mine)
+        sums = mine.sum(-1, keepdim=True)
+        real_sums = sums[real[:, None, :, None].expand_as(sums)]
+        assert float(real_sums.max()) <= 1 + 1e-6 and float(real_sums.min()) < 0.5  # the sink takes a share
+        torch.testing.assert_close((mine / sums.clamp_min(1e-30))[rows], theirs[rows], **tolerance("probability"))
+    assert SINK_NOTE not in verify(tiny_generic("gpt_oss"), cases=["sentence"]).notes  # keeps the share itself
+
+
 def test_discovered_paths_heads_and_windows(tiny_generic):
     opt = tiny_generic("opt").spec
     (s,) = opt.site_specs
@@ -100,6 +128,39 @@ def test_a_layer_shared_by_every_site_serves_each_in_turn(tiny_generic):
         torch.testing.assert_close(mine[rows], theirs[rows], atol=0, rtol=0)
 
 
+def test_without_an_output_projection_analyze_and_verify_run_and_the_head_output_analyses_refuse(tmp_path):
+    """Differential attention (DiffLlama) combines two maps per head before any linear map reads
+    [batch, T, heads x d_head]: no output projection is found. verify and analyze still run (the
+    value-weighted columns left out, a note says why); labels by norm, ablation and patching refuse in one
+    line each, before any work."""
+    from generic_models import generic_lm
+
+    from conftest import bpe_tokenizer
+
+    lm = generic_lm("diffllama")
+    assert "o" in lm.spec.missing  # (its value projection is not found either)
+    assert verify(lm, cases=["sentence"]).passed
+    result = analyze(lm, TEXTS)
+    plain = analyze(lm, TEXTS, value_weighted=False)
+    assert not any(c.endswith("_by_norm") or c == "norm_mass" for c in result.heads)
+    assert_statistics_close(result.heads, plain.heads)  # the attention statistics as without the columns
+    assert result.settings["value_weighted"] is False
+    assert sum("value-weighted statistics (the _by_norm columns, norm_mass) left out" in n for n in result.notes) == 1
+    with pytest.raises(UnsupportedArchitectureError, match="labels by norm .* needs the o projection"):
+        analyze(lm, TEXTS, labels_by="norm")
+    tok = bpe_tokenizer()
+    generic_model("diffllama", tok).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("clean\tcorrupted\tanswer\twrong\n"
+                     "The cat and the dog ran to\tThe dog and the cat ran to\t the\t a\n")
+    one_error(invoke_cli("effects", "--model", tmp_path / "m", "-n", "4", "--out", tmp_path / "e"), 1,
+              "ablation", "o projection weights of diffllama")
+    one_error(invoke_cli("patch", "--model", tmp_path / "m", "--pairs", pairs, "--out", tmp_path / "p"), 1,
+              "patching", "o projection weights of diffllama")
+    assert not (tmp_path / "e").exists() and not (tmp_path / "p").exists()
+
+
 def test_roberta_numbering_is_found():
     """XLM-RoBERTa numbers positions from padding_idx + 1: its limit is the table's rows minus that."""
     lm_type = "xlm-roberta"
@@ -134,13 +195,13 @@ def test_row_blocks_equal_whole_maps(tiny_generic):
 
 
 #: Hand families whose modules compute attention themselves (no AttentionInterface call in transformers 5.24).
-OWN_ATTENTION_HAND = ("bloom", "deberta-v2", "falcon")
+OWN_ATTENTION_HAND = ("bloom", "deberta-v2", "falcon", "gpt_neo", "mpnet")
 
 
 @pytest.mark.parametrize("kind", [k for k in FAMILIES if k not in OWN_ATTENTION_HAND])
 def test_hand_families_discovered_give_the_eager_paths_statistics(kind):
-    """A hand family's modules called through probe's function (a spec discovered for it; BLOOM, DeBERTa-v2
-    and Falcon compute their own attention) give the statistics of the eager path the hand spec measures:
+    """A hand family's modules called through probe's function (a spec discovered for it; BLOOM, DeBERTa-v2,
+    Falcon, GPT-Neo and MPNet compute their own attention) give the statistics of the eager path the hand spec measures:
     the function is one capture point for both."""
     lm = tiny_model(kind)
     try:
@@ -171,7 +232,7 @@ def test_hand_families_that_compute_their_own_attention_cannot_be_discovered(kin
 def test_a_type_whose_attention_does_not_call_the_interface_is_refused_in_one_line(tmp_path, model_type):
     from conftest import bert_tokenizer, bpe_tokenizer
 
-    tok = bert_tokenizer() if model_type == "mpnet" else bpe_tokenizer()
+    tok = bert_tokenizer() if model_type in ENCODER_TYPES else bpe_tokenizer()
     generic_model(model_type, tok).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     line = one_error(invoke_cli("analyze", "--model", tmp_path, "--text", "Hi there.", "--out", tmp_path / "o"), 1,
@@ -185,7 +246,7 @@ def test_discovering_a_model_that_keeps_its_own_attention_says_so():
 
     tok = bpe_tokenizer()
     with pytest.raises(UnsupportedArchitectureError, match="never called transformers' AttentionInterface"):
-        discover(generic_model("gpt_neo", tok), tok)
+        discover(generic_model("gpt_neox_japanese", tok), tok)
 
 
 def test_mutants_and_removal_need_a_hand_spec(tiny_generic):

@@ -104,6 +104,53 @@ def test_verify_catches_a_t5_bias_computed_wrong(monkeypatch, wrong):
     assert not result.passed and result.max_abs_diff > 1e-3
 
 
+# --------------------------------------------------------------------------- MPNet
+
+
+def test_mpnet_buckets_are_t5s_with_32_buckets_to_distance_128():
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    from probe.architectures.mpnet import MPNET_BUCKETS, MPNET_MAX_DISTANCE
+
+    relative = torch.arange(-300, 301)[None] - torch.zeros(1, 1, dtype=torch.long)  # j - i
+    ours = t5_buckets(relative, True, MPNET_BUCKETS, MPNET_MAX_DISTANCE)
+    assert torch.equal(ours, MPNetEncoder.relative_position_bucket(relative))
+    # every bucket but 16 (offset 0 of the "key after the query" half: offset 0 is in the first half)
+    assert (MPNET_BUCKETS, MPNET_MAX_DISTANCE) == (32, 128) and set(ours.flatten().tolist()) == set(range(32)) - {16}
+
+
+def test_mpnet_bias_equals_the_encoders_own_whatever_the_configs_bucket_count():
+    """The encoder's one bias of every layer ([batch, heads, T, T], computed with 32 buckets even where
+    the config sizes the table for more) is what probe's rule computes from the same table."""
+    from probe.architectures.mpnet import MPNET_RELATIVE
+
+    model, _ = tiny_model("mpnet", wrap=False)
+    encoder = model.encoder
+    encoder.relative_attention_bias = torch.nn.Embedding(48, 4)  # a config with 48 buckets: rows 32.. unused
+    module = types.SimpleNamespace(bias_table=encoder.relative_attention_bias, is_cross=False, is_causal=False)
+    x = torch.zeros(2, 150, 64)
+    with torch.no_grad():
+        own = encoder.compute_position_bias(x)  # (2, heads, 150, 150)
+        ours = MPNET_RELATIVE(module, 150, 150, 0, None, "cpu")
+    assert ours.shape == (1, 4, 150, 150) and torch.equal(ours.expand_as(own), own)
+
+
+def test_verify_catches_an_mpnet_bias_computed_wrong(monkeypatch):
+    """The from-scratch module computes MPNet's bias itself: buckets of one direction only break parity."""
+    import probe.architectures.mpnet as module  # where MPNet's rule computes its bias
+    from probe.verification import verify
+
+    lm = tiny_model("mpnet")
+    assert verify(lm, cases=["sentence"]).max_abs_diff == 0.0
+
+    def one_direction(table, n_query, n_key, past, bidirectional, buckets, max_distance):
+        return t5_bias(table, n_query, n_key, past, False, buckets, max_distance)
+
+    monkeypatch.setattr(module, "t5_bias", one_direction)
+    result = verify(lm, cases=["sentence"])
+    assert not result.passed and result.max_abs_diff > 1e-3
+
+
 # --------------------------------------------------------------------------- DeBERTa-v2/v3
 
 @pytest.mark.parametrize("buckets,max_position", [(8, 64), (256, 512), (32, 128)])

@@ -57,12 +57,12 @@ def _mask(lm, heads):
     return m
 
 
-@pytest.mark.parametrize("kind", ["bloom", "bart", "t5", "falcon", "falcon-new", "deberta-v2-unshared"])
+@pytest.mark.parametrize("kind", ["bloom", "bart", "t5", "falcon", "falcon-new", "deberta-v2-unshared", "mpnet"])
 def test_removal_refuses_alibi_and_encoder_decoder_models(kind):
     """BLOOM computes its ALiBi slopes from the head count (removing heads would change the others'
     slopes); encoder-decoder models are out of scope; Falcon's projections are fused per key/value
-    group; DeBERTa with separate position projections would keep their heads: one clear error, the
-    model untouched."""
+    group; DeBERTa with separate position projections would keep their heads; MPNet's one position bias of
+    all heads serves every layer: one clear error, the model untouched."""
     if kind == "deberta-v2-unshared":  # its own pos_key_proj / pos_query_proj
         model, tok = tiny_model("deberta-v2", wrap=False)
         model.config.share_att_key = False
@@ -70,13 +70,13 @@ def test_removal_refuses_alibi_and_encoder_decoder_models(kind):
     else:
         lm = tiny_model(kind)
     before = {k: v.clone() for k, v in lm.model.state_dict().items()}
-    refused = "cannot remove heads: .*(ALiBi|encoder-decoder|key/value group|pos_key_proj)"
-    with pytest.raises(UnsupportedAnalysisError, match=refused):
+    why = "ALiBi|encoder-decoder|key/value group|pos_key_proj|shared by every layer"
+    with pytest.raises(UnsupportedAnalysisError, match=f"cannot remove heads: .*({why})"):
         remove_heads(lm, {0: [1]})
     assert all(torch.equal(before[k], v) for k, v in lm.model.state_dict().items())
 
 
-@pytest.mark.parametrize("kind", [k for k in FAMILIES if k not in ("bloom", "falcon", *SEQ2SEQ)])
+@pytest.mark.parametrize("kind", [k for k in FAMILIES if k not in ("bloom", "falcon", "mpnet", *SEQ2SEQ)])
 def test_removed_model_equals_gated_model_and_survives_save_and_reload(kind, tmp_path):
     """Removed == gated: the last hidden state within float32 atol 1e-5, and in float64 the outputs
     (logits, both under probe's attention function, where the gates act) within 1e-9, so what is

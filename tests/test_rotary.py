@@ -17,9 +17,9 @@ from probe.architectures import get_spec, head_geometry, site_modules
 from probe.reference import ROPE_TYPES, Rope, RopeError, apply_rope, swap_attention
 from probe.verification import verify
 
-# decoders with rotary positions (GPT-2 has learned ones, BLOOM ALiBi, BART/Marian sinusoidal, T5 a bias)
-ROTARY = tuple(k for k in KINDS if k not in ENCODERS and family_of(k) not in ("gpt2", "bloom", "bart", "marian", "t5")
-               and k != "falcon-alibi")
+# decoders with rotary positions (GPT-2 and GPT-Neo have learned ones, BLOOM ALiBi, BART/Marian sinusoidal, T5 a bias)
+ROTARY = tuple(k for k in KINDS if k not in ENCODERS and k != "falcon-alibi"
+               and family_of(k) not in ("gpt2", "gpt_neo", "bloom", "bart", "marian", "t5"))
 
 #: rope_type and rotated features per head of every rotary kind (d_head 16; Gemma's 24).
 EXPECTED = {

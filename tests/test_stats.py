@@ -59,10 +59,16 @@ def reference_punct(covered: str) -> bool:
 
 def reference_window(model, layer: int) -> int | None:
     """The sliding window of a layer as the model itself applies it (its attention module's
-    ``sliding_window`` attribute, or the config's for models that window every layer)."""
-    attn = [m for m in model.modules() if type(m).__name__.endswith("Attention")][layer]
+    ``sliding_window`` attribute, GPT-Neo's local mask buffer, or the config's for models that window
+    every layer)."""
+    def attention(m) -> bool:
+        return type(m).__name__.endswith("Attention")
+
+    attn = [m for m in model.modules() if attention(m) and not any(attention(c) for c in m.children())][layer]
     if hasattr(attn, "sliding_window"):
         return attn.sliding_window
+    if getattr(attn, "attention_type", None) == "local":  # GPT-Neo: the keys its own mask's last row keeps
+        return int(attn.bias[0, 0, -1].sum())
     if model.config.model_type in ("mistral", "phi3"):
         return getattr(model.config, "sliding_window", None)
     return None

@@ -151,7 +151,7 @@ def test_every_mutant_fails_where_it_applies(kind, mutant):
         result = verify(lm, mutant=mutant, cases=cases)  # changes nothing: passes, and says why
         assert result.passed and any("cannot change this model" in n for n in result.notes)
         return
-    if mutant == "no-scale" and kind in ("gpt2-unscaled", "t5"):  # T5 does not scale its scores
+    if mutant == "no-scale" and kind in ("gpt2-unscaled", "t5", "gpt_neo"):  # T5 and GPT-Neo do not scale their scores
         assert not applies and why == "the model does not scale its scores"
         return
     inapplicable = {"alibi-sign": (not kind.startswith("bloom") and kind != "falcon-alibi",

@@ -15,7 +15,8 @@ discovered from one forward pass when it is loaded (:mod:`probe.discover`), file
 
 The package: :mod:`.spec` (the spec classes and behaviour rules), :mod:`.table` (the entries,
 :data:`SPECS`, :func:`get_spec`), :mod:`.discovered` (specs built from a forward pass),
-:mod:`.modules` (geometry, sites and modules of a model).
+:mod:`.modules` (geometry, sites and modules of a model); a family's own rules in its module
+(:mod:`.disentangled` DeBERTa, :mod:`.falcon`, :mod:`.gpt_neo`, :mod:`.mpnet`).
 """
 
 from .discovered import DISCOVERED, Found, build_spec, model_kind, needs_weights, register
@@ -31,13 +32,15 @@ from .modules import (
     sites,
     stack_layers,
 )
+from .mpnet import MPNET_RELATIVE
 from .position_bias import ALIBI, DISENTANGLED, FALCON_ALIBI, NO_POSITION_BIAS, T5_RELATIVE, PositionBias
 from .spec import MODEL_KINDS, QKV_LAYOUTS, ArchSpec, SiteSpec, one_stack
 from .table import SPECS, get_spec, kind_of
 
 __all__ = [
-    "ALIBI", "DISCOVERED", "DISENTANGLED", "FALCON_ALIBI", "MODEL_KINDS", "NO_POSITION_BIAS", "QKV_LAYOUTS", "SPECS",
-    "T5_RELATIVE", "ArchSpec", "Found", "HeadGeometry", "PositionBias", "SiteSpec", "base_model", "build_spec",
-    "get_spec", "head_geometry", "kind_of", "max_positions", "model_kind", "needs_weights", "one_stack", "register",
-    "site_block", "site_modules", "site_outputs", "site_spec", "sites", "stack_layers",
+    "ALIBI", "DISCOVERED", "DISENTANGLED", "FALCON_ALIBI", "MODEL_KINDS", "MPNET_RELATIVE", "NO_POSITION_BIAS",
+    "QKV_LAYOUTS", "SPECS", "T5_RELATIVE", "ArchSpec", "Found", "HeadGeometry", "PositionBias", "SiteSpec",
+    "base_model", "build_spec", "get_spec", "head_geometry", "kind_of", "max_positions", "model_kind",
+    "needs_weights", "one_stack", "register", "site_block", "site_modules", "site_outputs", "site_spec", "sites",
+    "stack_layers",
 ]

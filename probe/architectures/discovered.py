@@ -115,6 +115,14 @@ def build_spec(model_type: str, kind: str, found: list[Found], d_model: int, pos
     groups: dict[tuple[str, str], list[Found]] = {}
     for f in found:
         groups.setdefault((f.stack, f.kind), []).append(f)
+    if kind == "encoder-decoder" and ("encoder", "self") not in groups:
+        raise UnsupportedArchitectureError(
+            f"{model_type}: its encoder's attention never called transformers' AttentionInterface in a forward pass "
+            "(only its decoder's did), and probe has no hand-written spec for it")
+    if kind == "encoder-decoder" and ("decoder", "self") not in groups:
+        raise UnsupportedArchitectureError(
+            f"{model_type}: no attention call of its decoder read the target's keys alone (its self-attention is "
+            "merged with the cross-attention in one call); probe measures them as separate sites")
     for group in groups.values():
         for what in ("n_heads", "n_kv_heads", "d_head", "layout", "conv1d", "causal"):
             _same(group, what)

@@ -171,9 +171,8 @@ class SiteSpec:
     """Where one kind of attention site lives: a layer list and, in each layer, an attention module.
 
     The site specs of an :class:`ArchSpec` are the only place that names module paths. Paths:
-    ``layers`` and ``stack_module`` are relative to the base model (``model.base_model``);
-    ``bias_table`` to the first layer of the stack; ``rel_embeddings`` and ``rel_norm`` to the base
-    model; every other path to one layer.
+    ``layers``, ``stack_module``, ``bias_table``, ``rel_embeddings`` and ``rel_norm`` are relative to
+    the base model (``model.base_model``); every other path to one layer.
 
     Attributes:
         stack: ``"encoder"`` or ``"decoder"`` (:class:`~probe.sites.Site`).
@@ -196,8 +195,9 @@ class SiteSpec:
         stack_module: path of the module whose forward receives this stack's 2D padding mask
             (``"encoder"``/``"decoder"`` of an encoder-decoder model; ``""`` = the base model).
         n_layers: ``config -> int`` layers of this stack (None: :func:`head_geometry`'s count).
-        bias_table: T5: path, relative to the first block of the stack, of the embedding holding
-            the stack's learned relative position bias [buckets, heads]; None elsewhere.
+        bias_table: T5, MPNet: path, relative to the base model, of the embedding holding the
+            stack's learned relative position bias [buckets, heads] (T5: in the stack's first block;
+            MPNet: in the encoder), shared by the stack's layers; None elsewhere.
         rel_embeddings: DeBERTa-v2/v3: path, relative to the base model, of the stack's relative
             position embeddings [2 * span, d_model] (shared by all layers); None elsewhere.
         rel_norm: DeBERTa-v2/v3: path of the LayerNorm applied to those embeddings where the config's

@@ -11,6 +11,8 @@ from ..errors import UnsupportedArchitectureError
 from .discovered import DISCOVERED, model_kind
 from .disentangled import disentangled_scaling, separate_position_projections
 from .falcon import alibi_note, kv_heads_multi_query, rope_unless_alibi
+from .gpt_neo import always_upcast, local_window, no_scaling
+from .mpnet import MPNET_RELATIVE, mpnet_offset, shared_bias_table
 from .position_bias import ALIBI, DISENTANGLED, FALCON_ALIBI, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
@@ -47,6 +49,14 @@ _DEBERTA_V2 = ArchSpec(
     padding_rows_masked=True, removal_refusal=separate_position_projections,
     head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
 )
+_MPNET = ArchSpec(
+    family="mpnet", kind="encoder",
+    site_specs=one_stack("encoder", "encoder.layer", "attention.attn", "attention.attn.o", q="attention.attn.q",
+                         k="attention.attn.k", v="attention.attn.v", bias_table="encoder.relative_attention_bias"),
+    position_bias=MPNET_RELATIVE, position_offset=mpnet_offset, probs_argument="output_attentions",
+    removal_refusal=shared_bias_table,
+    head_count_attrs=("num_attention_heads",), width_attrs=("all_head_size",),
+)
 _DISTILBERT = ArchSpec(
     family="distilbert", kind="encoder",
     site_specs=one_stack("encoder", "transformer.layer", "attention", "attention.out_lin",
@@ -58,6 +68,13 @@ _GPT2 = ArchSpec(
     site_specs=one_stack("decoder", "h", "attn", "attn.c_proj", qkv="attn.c_attn", input_norm="ln_1", mlp="mlp"),
     qkv_layout="conv1d", conv1d=True, final_norm="ln_f", scaling=_gpt2_scaling, upcast=_gpt2_upcast,
     head_count_attrs=("num_heads",), width_attrs=("split_size", "embed_dim"),
+)
+_GPT_NEO = ArchSpec(
+    family="gpt_neo", kind="decoder",
+    site_specs=one_stack("decoder", "h", "attn.attention", "attn.attention.out_proj", q="attn.attention.q_proj",
+                         k="attn.attention.k_proj", v="attn.attention.v_proj", input_norm="ln_1", mlp="mlp"),
+    final_norm="ln_f", scaling=no_scaling, upcast=always_upcast, window=local_window,
+    cache_kwargs=("layer_past", "cache", "past_key_values"), head_count_attrs=("num_heads",),
 )
 _PRE_NORM = dict(input_norm="input_layernorm", mlp="mlp")  # a pre-norm decoder block's norm and MLP
 _LLAMA_SITES = one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", q="self_attn.q_proj",
@@ -94,12 +111,6 @@ _GEMMA2 = replace(_GEMMA, family="gemma2", scaling=_query_pre_attn_scaling, fina
 _GEMMA3 = replace(_GEMMA2, family="gemma3", softcap=_no_softcap, site_specs=_QK_NORM_SITES,
                   rope=_rope_by_layer_type)
 
-def _t5_no_scaling(config, d_head: int, layer: int) -> float:
-    """T5: scores are not scaled (the 1/sqrt(d) is folded into the initialisation; Raffel et al.
-    2020, and Mesh TensorFlow's attention)."""
-    return 1.0
-
-
 def _bart_sites(prefix_q: str = "q_proj", out: str = "out_proj") -> tuple[SiteSpec, ...]:
     def site(stack, kind, module, causal):
         return SiteSpec(stack, kind, f"{stack}.layers", module, f"{module}.{out}", q=f"{module}.{prefix_q}",
@@ -114,7 +125,8 @@ def _t5_sites() -> tuple[SiteSpec, ...]:
         return SiteSpec(stack, kind, f"{stack}.block", module, f"{module}.o", q=f"{module}.q", k=f"{module}.k",
                         v=f"{module}.v", causal=causal, stack_module=stack,
                         n_layers=lambda c, s=stack: c.num_layers if s == "encoder" else c.num_decoder_layers,
-                        bias_table="layer.0.SelfAttention.relative_attention_bias" if kind == "self" else None)
+                        bias_table=f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias"
+                        if kind == "self" else None)
     return (site("encoder", "self", "layer.0.SelfAttention", False),
             site("decoder", "self", "layer.0.SelfAttention", True),
             site("decoder", "cross", "layer.1.EncDecAttention", False))
@@ -125,7 +137,7 @@ _BART = ArchSpec(
     width_attrs=("embed_dim",),
 )
 _T5 = ArchSpec(
-    family="t5", kind="encoder-decoder", site_specs=_t5_sites(), scaling=_t5_no_scaling, probs=_probs_third,
+    family="t5", kind="encoder-decoder", site_specs=_t5_sites(), scaling=no_scaling, probs=_probs_third,
     pack=_pack_t5, position_bias=T5_RELATIVE, head_count_attrs=("n_heads",), width_attrs=("inner_dim",),
 )
 _BLOOM = ArchSpec(
@@ -153,8 +165,10 @@ SPECS: dict[str, ArchSpec] = {
     "roberta": _ROBERTA,
     "electra": _BERT,
     "distilbert": _DISTILBERT,
+    "mpnet": _MPNET,
     "deberta-v2": _DEBERTA_V2,
     "gpt2": _GPT2,
+    "gpt_neo": _GPT_NEO,
     "llama": _LLAMA,
     "qwen2": _QWEN2,
     "qwen3": _QWEN3,

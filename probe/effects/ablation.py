@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..architectures import needs_weights
 from ..capture import forward
 from ..causal.gates import gated
 from ..causal.heads import check_head_mask
@@ -55,8 +56,11 @@ def check_model(lm) -> None:
     Raises:
         UnsupportedAnalysisError: a model whose heads were physically removed (slots no longer follow
             the original numbering; :meth:`probe.core.LoadedModel.require_all_heads`).
+        UnsupportedArchitectureError: a discovered spec without the output projection the ablation acts
+            at (gated or differential attention), before any work.
     """
     lm.require_all_heads("ablation")
+    needs_weights(lm.spec, "ablation (at the output projection's input)", ("o",))
 
 
 def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..architectures import get_spec, site_block, weights
+from ..architectures import get_spec, needs_weights, site_block, weights
 from ..causal.objectives import head_kind
 from ..errors import InputError, UnsupportedAnalysisError
 from ..hooks import input_device
@@ -49,8 +49,10 @@ DIRECTIONS = ("denoise", "noise")
 
 def check_patchable(lm) -> None:
     """Raises UnsupportedAnalysisError unless ``lm`` is a complete model with logits over the vocabulary:
-    a decoder or encoder-decoder model with its language-model head, or an encoder with its masked-LM head."""
+    a decoder or encoder-decoder model with its language-model head, or an encoder with its masked-LM head;
+    UnsupportedArchitectureError for a discovered spec without the output projection patching acts at."""
     lm.require_all_heads("patching")
+    needs_weights(lm.spec, "patching and direct logit attribution (at the output projection's input)", ("o",))
     if lm.kind == "encoder" and head_kind(lm) != "masked-lm":
         raise UnsupportedAnalysisError(
             f"{lm.name} is a {type(lm.model).__name__} without a masked-LM head: patching an encoder compares the "

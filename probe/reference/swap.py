@@ -141,7 +141,7 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
         original = layer.get_submodule(paths.attention)
         table = None
         if paths.bias_table is not None:
-            table = base.get_submodule(paths.layers)[0].get_submodule(paths.bias_table)
+            table = base.get_submodule(paths.bias_table)
         rel = None
         if _has(base, paths.rel_embeddings):  # DeBERTa: the stack's relative table and its LayerNorm
             # (absent without relative_attention: then there are no position terms)
