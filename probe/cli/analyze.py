@@ -9,6 +9,7 @@ import click
 
 from .. import IMPORT_STARTED
 from ..util import plural, process_age
+from .audioinput import audio_input, audio_options, check_speech_input
 from .group import hold, main, user_errors
 from .imageinput import check_model_input, image_input, image_options, parse_size
 from .options import check_files, limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
@@ -68,6 +69,7 @@ _annotation_options = stacked(
 @model_option
 @_input_options
 @image_options
+@audio_options
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=None,
               help="Truncate sequences to this many tokens [default: the model's limit].")
@@ -98,7 +100,7 @@ _annotation_options = stacked(
 @placement_options
 @user_errors
 def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_files, image_folder, image_size,
-                    batch_size, max_length, out, force, examples,
+                    audio_files, transcripts, batch_size, max_length, out, force, examples,
                     thresholds, parse_special_tokens, rollout, run_verify, query_block, distance, map_sequences,
                     circuits, health, value_weighted, labels_by, progress, coref, syntax_file, device, dtype,
                     device_map) -> None:
@@ -132,7 +134,11 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     value_weighting(value_weighted, labels_by)  # --labels-by norm with --no-norm: before loading a model
     size = parse_size(image_size)
     paths = image_input(image_files, image_folder, limit, bool(texts or corpus or pairs or coref or syntax_file))
-    if paths is None:
+    clips = audio_input(audio_files, transcripts, limit, bool(texts or corpus or pairs or coref or syntax_file
+                                                              or paths))
+    if clips is not None:
+        seqs, source, annotated = clips, "--audio", None
+    elif paths is None:
         seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
     else:
         seqs, source, annotated = paths, "--image" if image_files else image_folder, None
@@ -142,11 +148,21 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
         out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     timings["input_s"] = time.perf_counter() - t
 
-    if generate is not None and (config := peek_config(model_name)) is not None:
+    if generate is not None and clips is None and (config := peek_config(model_name)) is not None:
         check_generate_config(config, model_name, generate)  # before the weights load
     lm = load_model(model_name, dtype=dtype, device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
-    check_model_input(lm, paths)
+    check_speech_input(lm, clips)
+    if clips is None:
+        check_model_input(lm, paths)
+    accumulators = None
+    if clips is not None:
+        from ..audio import MAX_NEW_TOKENS, speech_accumulators
+        from ..audio import clips as audio_clips
+
+        seqs = audio_clips(lm, clips, list(transcripts) or None, generate or MAX_NEW_TOKENS)
+        accumulators = speech_accumulators(lm, n_clips=min(examples, 2))
+        rollout, generate = False, None  # the bound was the transcript's; the section draws the clips
     if paths is not None:
         from ..images import grid_accumulators, images
 
@@ -155,6 +171,8 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
     if generate is not None:
         check_generate(lm, generate)
+    if paths is not None:
+        accumulators = grid_accumulators(lm, n_images=min(examples, 2))
     _announce(lm, seqs, source, world, counted)  # only once the analysis will run
     if pairs and lm.kind == "encoder-decoder":
         seqs = as_targets(seqs)  # the file's second column is the decoder's target
@@ -165,7 +183,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
         map_sequences=map_sequences, circuits=circuits, health=health, value_weighted=value_weighted,
         labels_by=labels_by, generate=generate, progress=show, world=world, timings=timings, started=started,
         verify_progress=verify_progress if show else None,
-        accumulators=grid_accumulators(lm, n_images=min(examples, 2)) if paths is not None else None)
+        accumulators=accumulators)
     if path is None:
         return  # rank 0 writes the one report
     summary(result, result.results.get("verification"), annotated is not None, lm.notes)
