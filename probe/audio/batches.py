@@ -130,6 +130,9 @@ class Clips:
             unreadable file, a clip too long, a wrong frame count.
     """
 
+    #: what one item is called in messages (``Analyzing 2 clips``).
+    noun = "clip"
+
     def __init__(self, lm, items: Sequence, transcripts: Sequence[str] | None = None,
                  max_new_tokens: int = MAX_NEW_TOKENS) -> None:
         if not isinstance(lm.tokenizer, SpeechProcessor):

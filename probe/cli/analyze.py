@@ -285,7 +285,7 @@ def _announce(lm, seqs, source: str, world, counted: int | None = None) -> None:
     if counted is not None:
         how_many = f"{plural(counted, 'sequence')} from {source}" + (f" ({share[2:]})" if share else "")
     else:
-        how_many = f"{plural(len(seqs), 'sequence')} ({source}{share})"
+        how_many = f"{plural(len(seqs), getattr(seqs, 'noun', 'sequence'))} ({source}{share})"
     layers = lm.geometry.n_layers
     if lm.kind == "encoder-decoder":
         from ..seq2seq import stack_depths
