@@ -262,7 +262,7 @@ def test_a_given_transcript_and_the_checkpoint_s_alignment_heads(tmp_path):
     res = analyze_audio(lm, [write_tone(tmp_path / "a.wav", 1.2)], transcripts=["hello world"])
     ex = res.results["speech"][0]
     words = lm.tokenizer.text("hello world", add_special_tokens=False)["input_ids"]
-    assert ex.tokens == lm.tokenizer.text.convert_ids_to_tokens(words)
+    assert ex.tokens == [lm.tokenizer.text.decode([w]) for w in words]
     assert ex.heads == [(1, 2), (0, 3)] and ex.source == "checkpoint"
     starts, ends = token_times(ex.cross[[1, 0], [2, 3]], FRAME_S)
     assert [(t, s, e) for t, s, e in ex.alignment()] == list(zip(ex.tokens, starts, ends))
@@ -315,3 +315,42 @@ def test_cli_analyzes_a_clip_and_refuses_bad_input(tmp_path):
     for args, message in cases:
         one_error(invoke_cli("analyze", "--model", folder, *args, "--out", tmp_path / "x"), 1, message)
     one_error(invoke_cli("verify", "--model", folder), 1, "reads audio")
+
+
+def test_the_example_clip_runs_and_is_the_script_s(tmp_path):
+    """examples/speech.wav: 16 kHz mono 16-bit, under 100 KB, analysed from the command line by a
+    Whisper with a 3-second window; where espeak-ng is installed, make_speech.py writes it exactly."""
+    import shutil
+    import subprocess
+    import sys
+
+    clip = ROOT / "examples" / "speech.wav"
+    info = soundfile.info(str(clip))
+    assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16") and clip.stat().st_size < 100_000
+    folder = save_whisper(tmp_path / "w", chunk_length=3, max_source_positions=150)
+    r = invoke_cli("analyze", "--model", folder, "--audio", clip, "--generate", 5, "--out", tmp_path / "r")
+    assert r.exit_code == 0, r.output
+    record = json.loads((tmp_path / "r" / "run.json").read_text())["speech-attention"]["clips"][0]
+    assert record["seconds"] == round(info.duration, 4) and len(record["alignment"]) <= 5
+    if shutil.which("espeak-ng"):
+        out = tmp_path / "again.wav"
+        subprocess.run([sys.executable, str(ROOT / "examples" / "make_speech.py"), str(out)], check=True)
+        assert out.read_bytes() == clip.read_bytes()
+
+
+@pytest.mark.browser
+def test_speech_section_renders_in_chromium_without_errors_or_requests(tmp_path, chromium, whisper):
+    from conftest import watched_page
+    from probe.report import write_run
+
+    lm, paths = whisper
+    res = analyze_audio(lm, paths, max_new_tokens=6)
+    path = write_run(res, lm.tokenizer, tmp_path / "run")
+    with watched_page(chromium, path / "index.html") as (page, messages, requests):
+        page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
+        shown = page.evaluate("[...document.querySelectorAll('.speech-section img')]"
+                              ".filter(i => i.complete && i.naturalWidth > 0).length")
+        assert shown == 2 and page.locator(".speech-section svg").count() == 2
+        page.locator(".speech-section").screenshot(path=str(tmp_path / "speech.png"))
+        assert messages == []
+        assert [u for u in requests if not u.startswith(("data:", "file:"))] == []

@@ -53,7 +53,9 @@ def analyze_audio(lm: LoadedModel, items: Sequence, *, transcripts: Sequence[str
         transcripts: per clip, the text the decoder reads; None: the model writes it (greedy).
         max_new_tokens: the bound on a written transcript.
         n_clips: clips kept for pictures and alignment.
-        **kwargs: passed to :func:`probe.analysis.analyze` (batch_size, accumulators ...).
+        **kwargs: passed to :func:`probe.analysis.analyze` (batch_size, accumulators ...);
+            ``query_block`` defaults to 0 (whole maps: Whisper's 1500 frames are above the automatic
+            block capture's length, and the alignment reads whole cross-attention maps).
 
     Returns:
         The :class:`~probe.analysis.AnalysisResult`; ``heads`` has ``time_distance_s``,
@@ -64,5 +66,6 @@ def analyze_audio(lm: LoadedModel, items: Sequence, *, transcripts: Sequence[str
             wrong frame count.
     """
     extra = list(kwargs.pop("accumulators", ()))
+    kwargs.setdefault("query_block", 0)
     batches = clips(lm, items, transcripts, max_new_tokens)
     return analyze(lm, batches, accumulators=[*speech_accumulators(lm, n_clips), *extra], **kwargs)

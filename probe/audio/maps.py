@@ -26,6 +26,7 @@ import torch
 from ..accumulators import Accumulator
 from ..inputs import Batch
 from ..sites import Site
+from ..tokens import token_surface
 from .align import monotone_heads, monotonicity, token_times
 
 
@@ -39,7 +40,7 @@ class SpeechExample:
         waveform: [samples] float32 at ``rate`` Hz.
         rate: samples per second.
         frame_s: seconds per encoder frame.
-        tokens: the transcript's text tokens (labels).
+        tokens: the transcript's text tokens, as the text each stands for (``' word'``).
         cross: [decoder layers, heads, n + 1, frames] float32 cross-attention of the rows that place
             the n text tokens, over the frames that hold the clip.
         heads: the (layer, head) pairs the alignment uses.
@@ -139,7 +140,8 @@ class SpeechAttention(Accumulator):
     def _example(self, batch, b: int, p: int, n: int) -> dict:
         ids = batch.target.input_ids[b, p:p + n].tolist()
         return {"name": batch.texts[b].text, "waveform": batch.waveforms[b], "rate": batch.rate,
-                "frame_s": batch.frame_s, "tokens": [str(t) for t in self.tokenizer.convert_ids_to_tokens(ids)],
+                "frame_s": batch.frame_s,
+                "tokens": [token_surface(self.tokenizer.text, t) for t in self.tokenizer.convert_ids_to_tokens(ids)],
                 "cross": []}
 
     def merge(self, other: SpeechAttention) -> SpeechAttention:

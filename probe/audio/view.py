@@ -17,7 +17,7 @@ from .maps import SpeechExample
 
 #: Width in pixels of the time axis.
 WIDTH = 900
-_WAVE_H, _TOKEN_H, _HEAT_ROW = 80, 34, 10
+_WAVE_H, _TOKEN_H, _HEAT_ROW = 80, 34, 6
 
 
 def envelope(waveform: np.ndarray, columns: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,12 +82,12 @@ def speech_html(ex: SpeechExample) -> str:
              f"alignment heads ({escape(ex.source)}): {escape(heads)}</h3>", svg]
     rows = heat_rows(ex)
     if rows.size:
-        pixels = np.round(heat_colour(rows) * 255).astype(np.uint8)
         width = max(1, round(WIDTH * frames * ex.frame_s / seconds))
-        uri = png_data_uri(np.repeat(pixels, _HEAT_ROW, 0), width) if width >= frames else png_data_uri(pixels)
-        parts.append(f'<div><img src="{uri}" width="{width}" alt="cross-attention of the alignment heads" '
-                     'title="rows: the decoder while writing each text token (last: the end); columns: frames" '
-                     'style="image-rendering:pixelated;display:block"></div>')
+        cells = rows[np.repeat(np.arange(rows.shape[0]), _HEAT_ROW)][:, np.arange(width) * frames // width]
+        uri = png_data_uri(np.round(heat_colour(cells) * 255).astype(np.uint8))
+        parts.append(f'<div><img src="{uri}" width="{width}" height="{cells.shape[0]}" alt="cross-attention of the '
+                     'alignment heads" title="rows: the decoder while writing each text token (last: the end); '
+                     'columns: frames" style="display:block"></div>')
     table = "".join(f"<tr><td>{escape(t)}</td><td>{s:.2f}</td><td>{e:.2f}</td></tr>" for t, s, e in ex.alignment())
     if table:
         parts.append('<details><summary>token times</summary><table class="speech-times"><tr><th>token</th>'

@@ -163,6 +163,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
         seqs = audio_clips(lm, clips, list(transcripts) or None, generate or MAX_NEW_TOKENS)
         accumulators = speech_accumulators(lm, n_clips=min(examples, 2))
         rollout, generate = False, None  # the bound was the transcript's; the section draws the clips
+        query_block = 0 if query_block is None else query_block  # whole maps: the alignment reads them
     if paths is not None:
         from ..images import grid_accumulators, images
 
