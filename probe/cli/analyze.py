@@ -13,6 +13,7 @@ from .audioinput import audio_input, audio_options, check_speech_input
 from .group import hold, main, user_errors
 from .imageinput import check_model_input, image_input, image_options, parse_size
 from .options import check_files, limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
+from .pairinput import analyze_pair, is_pair_model
 from .summary import summary
 from .verify import verify_progress
 
@@ -133,12 +134,15 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
         raise InputError("give either --pairs (sources and targets) or --generate (sources only), not both")
     value_weighting(value_weighted, labels_by)  # --labels-by norm with --no-norm: before loading a model
     size = parse_size(image_size)
-    paths = image_input(image_files, image_folder, limit, bool(texts or corpus or pairs or coref or syntax_file))
+    # a dual encoder (CLIP, SigLIP) reads text and images together; its config is read only then
+    pair = bool((image_files or image_folder) and (texts or corpus)) and is_pair_model(model_name)
+    paths = image_input(image_files, image_folder, limit,
+                        not pair and bool(texts or corpus or pairs or coref or syntax_file))
     clips = audio_input(audio_files, transcripts, limit, bool(texts or corpus or pairs or coref or syntax_file
                                                               or paths))
     if clips is not None:
         seqs, source, annotated = clips, "--audio", None
-    elif paths is None:
+    elif paths is None or pair:
         seqs, source, annotated = _analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
     else:
         seqs, source, annotated = paths, "--image" if image_files else image_folder, None
@@ -148,6 +152,10 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
         out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     timings["input_s"] = time.perf_counter() - t
 
+    if pair:
+        return analyze_pair(model_name, seqs, source, paths, out, force=force, dtype=dtype, timings=timings,
+                            started=started, batch_size=batch_size, max_length=max_length, n_examples=examples,
+                            thresholds=thresholds)
     if generate is not None and clips is None and (config := peek_config(model_name)) is not None:
         check_generate_config(config, model_name, generate)  # before the weights load
     lm = load_model(model_name, dtype=dtype, device=device, device_map=device_map)
