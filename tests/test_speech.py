@@ -311,7 +311,8 @@ def test_cli_analyzes_a_clip_and_refuses_bad_input(tmp_path):
              ([], "is a speech model"),
              (["--audio", good, "--text", "hello"], "not both"),
              (["--transcript", "hi"], "goes with --audio"),
-             (["--audio", good, "--transcript", "a", "--transcript", "b"], "one per clip")]
+             (["--audio", good, "--transcript", "a", "--transcript", "b"], "one per clip"),
+             (["--audio", good, "--verify"], "does not run on images or audio")]
     for args, message in cases:
         one_error(invoke_cli("analyze", "--model", folder, *args, "--out", tmp_path / "x"), 1, message)
     one_error(invoke_cli("verify", "--model", folder), 1, "reads audio")

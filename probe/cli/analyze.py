@@ -140,6 +140,9 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
                         not pair and bool(texts or corpus or pairs or coref or syntax_file))
     clips = audio_input(audio_files, transcripts, limit, bool(texts or corpus or pairs or coref or syntax_file
                                                               or paths))
+    if run_verify and (clips is not None or paths is not None):  # before a model loads: verify reads text
+        raise InputError("--verify checks the attention on text; it does not run on images or audio (leave out "
+                         "--verify)")
     if clips is not None:
         seqs, source, annotated = clips, "--audio", None
     elif paths is None or pair:
