@@ -86,7 +86,8 @@ class AudioBatch(Batch):
                 "decoder_attention_mask": self.target.attention_mask, "use_cache": False}
 
     def to(self, device) -> AudioBatch:
-        """The features moved to ``device``."""
+        """The features (and the frame and token ids) moved to ``device``."""
+        super().to(device)
         self.input_features = self.input_features.to(device)
         return self
 

@@ -9,7 +9,7 @@ import click
 
 from .. import IMPORT_STARTED
 from ..util import plural, process_age
-from .audioinput import audio_input, audio_options, check_speech_input
+from .audioinput import audio_input, audio_options, check_speech_input, speech_input
 from .group import hold, main, user_errors
 from .imageinput import check_model_input, image_input, image_options, parse_size
 from .options import check_files, limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
@@ -168,11 +168,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
         check_model_input(lm, paths)
     accumulators = None
     if clips is not None:
-        from ..audio import MAX_NEW_TOKENS, speech_accumulators
-        from ..audio import clips as audio_clips
-
-        seqs = audio_clips(lm, clips, list(transcripts) or None, generate or MAX_NEW_TOKENS)
-        accumulators = speech_accumulators(lm, n_clips=min(examples, 2))
+        seqs, accumulators = speech_input(lm, clips, transcripts, generate, examples)
         rollout, generate = False, None  # the bound was the transcript's; the section draws the clips
         query_block = 0 if query_block is None else query_block  # whole maps: the alignment reads them
     if paths is not None:

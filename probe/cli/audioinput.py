@@ -56,3 +56,16 @@ def check_speech_input(lm, paths: list[str] | None) -> None:
         raise InputError(f"{lm.name} does not read audio (a speech model, Whisper, reads log-mel frames)")
     if paths is None and is_speech:
         raise InputError(f"{lm.name} is a speech model: give audio clips with --audio FILE")
+
+
+def speech_input(lm, paths: list[str], transcripts, generate: int | None, examples: int):
+    """The clips of a run (read, featurized and transcribed: at most ``generate`` tokens, default
+    :data:`probe.audio.MAX_NEW_TOKENS`) and the speech accumulator keeping ``min(examples, 2)`` clips.
+
+    Raises:
+        InputError: an unreadable clip, one too long, a wrong frame count, transcripts not one per clip.
+    """
+    from ..audio import MAX_NEW_TOKENS, clips, speech_accumulators
+
+    seqs = clips(lm, paths, list(transcripts) or None, generate or MAX_NEW_TOKENS)
+    return seqs, speech_accumulators(lm, n_clips=min(examples, 2))
