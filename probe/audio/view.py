@@ -13,6 +13,7 @@ from markupsafe import escape
 
 from ..errors import InputError
 from ..images.overlay import heat_colour, png_data_uri
+from ..sites import head_name
 from .maps import SpeechExample
 
 #: Width in pixels of the time axis.
@@ -72,7 +73,8 @@ def speech_html(ex: SpeechExample) -> str:
     """The HTML of one clip's picture (a heading, an SVG and the heat map as an ``<img>``)."""
     frames = ex.cross.shape[-1]
     seconds = max(frames * ex.frame_s, len(ex.waveform) / ex.rate, 1e-3)
-    heads = ", ".join(f"L{layer}H{h}" for layer, h in ex.heads) or "none"
+    heads = ", ".join(head_name({"stack": "decoder", "kind": "cross", "layer": layer}, h)
+                      for layer, h in ex.heads) or "none"
     height = _WAVE_H + _TOKEN_H + 22
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" class="speech-svg">'
            f'<line x1="0" y1="{_WAVE_H / 2}" x2="{WIDTH}" y2="{_WAVE_H / 2}" stroke="#ccc"/>'
