@@ -278,7 +278,7 @@ def announcement(lm, texts, source: str, world=None, counted: int | None = None)
     if counted is not None:
         how_many = f"{plural(counted, 'sequence')} from {source}" + (f" ({share[2:]})" if share else "")
     else:
-        how_many = f"{plural(len(texts), 'sequence')} ({source}{share})"
+        how_many = f"{plural(len(texts), getattr(texts, 'noun', 'sequence'))} ({source}{share})"
     layers = lm.geometry.n_layers
     if lm.kind == "encoder-decoder":
         layers = " + ".join(f"{n} {stack}" for stack, n in stack_depths(lm.sites).items())

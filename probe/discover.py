@@ -44,7 +44,8 @@ def _is_projection(module: nn.Module) -> bool:
 
 def _inputs(model: nn.Module, tokenizer, kind: str) -> dict:
     """One short sequence (an encoder-decoder model: a source and a shorter target; an image
-    model: its processor's grey image, :meth:`probe.pixels.PixelProcessor.discovery_inputs`)."""
+    model: its processor's grey image, :meth:`probe.pixels.PixelProcessor.discovery_inputs`; a speech
+    model: a silent window, :meth:`probe.sound.SpeechProcessor.discovery_inputs`)."""
     if hasattr(tokenizer, "discovery_inputs"):
         return tokenizer.discovery_inputs(next(model.parameters()).device)
     ids = [i for i in tokenizer(TEXT, add_special_tokens=True)["input_ids"]][:12]
@@ -313,7 +314,9 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
     kind = model_kind(model.config)
     inputs = _inputs(model, tokenizer, kind)
     first = inputs.get("input_ids", inputs.get("pixel_values"))
-    lengths = (first.shape[1], inputs.get("decoder_input_ids", first).shape[1])
+    # a speech model's features are longer than its encoder: its processor says the encoder's length
+    source = first.shape[1] if first is not None else int(tokenizer.positions)
+    lengths = (source, inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else source)
     names = {m: n for n, m in model.named_modules()}
     base = names[base_model(model)]
     projections = [(n, m) for n, m in model.named_modules() if _is_projection(m)]

@@ -18,11 +18,13 @@ import torch
 from torch import nn
 
 from .architectures import SPECS, get_spec, kind_of
+from .architectures.speech import is_speech
 from .architectures.vision import is_vision
 from .bounds import DTYPES
 from .errors import InputError, ModelLoadError, ProbeError, UnsupportedArchitectureError
 from .pixels import processor_for
 from .runfolder import claim
+from .sound import speech_processor_for
 
 log = logging.getLogger("probe.models")
 
@@ -51,6 +53,8 @@ def model_class(config, head: str | None = None):
                 else None)
     if head == "classification":
         return tr.AutoModelForSequenceClassification
+    if is_speech(config):  # reads log-mel frames: the speech sequence-to-sequence class
+        return tr.AutoModelForSpeechSeq2Seq
     kind = kind_of(config)
     if kind == "encoder-decoder":
         return tr.AutoModelForSeq2SeqLM
@@ -320,6 +324,8 @@ def load_folder(source, dtype, head: str | None = None, **kw):
         tokenizer = processor_for(source, config, **kw)
     else:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
+    if is_speech(config):  # a speech model: frames and text tokens (probe.sound)
+        tokenizer = speech_processor_for(source, config, tokenizer, **kw)
     cls = model_class(config, head)
     model, info = cls.from_pretrained(source, attn_implementation="eager", trust_remote_code=False,
                                       dtype=dtype or declared_dtype(config), output_loading_info=True, **PLACEMENT,

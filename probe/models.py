@@ -25,9 +25,10 @@ from huggingface_hub import constants
 from torch import nn
 
 from .architectures import SPECS, ArchSpec, get_spec, head_geometry, max_positions
+from .architectures.towers import is_pair
 from .core import LoadedModel
 from .discover import discover
-from .errors import ModelLoadError, ProbeError
+from .errors import ModelLoadError, ProbeError, UnsupportedArchitectureError
 from .hooks import ensure_eager
 from .loading import (
     HEADS,
@@ -376,10 +377,15 @@ def spec_for(model: nn.Module, tokenizer) -> ArchSpec:
     must call transformers' ``AttentionInterface``), and registered under its type.
 
     Raises:
-        UnsupportedArchitectureError: neither (one line saying what is missing).
+        UnsupportedArchitectureError: neither (one line saying what is missing), or a dual encoder
+            (:mod:`probe.towers` measures its towers).
     """
     if getattr(model.config, "model_type", None) in SPECS:
         return get_spec(model.config)
+    if is_pair(model.config, type(model)):  # two towers, two inputs: probe.towers splits them
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} is a dual encoder (a text and a vision tower): analyse it with images and "
+            "text together (probe analyze --image FILE --text TEXT; in Python probe.towers.load_towers)")
     return discover(model, tokenizer)
 
 

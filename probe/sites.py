@@ -23,8 +23,10 @@ import torch
 STACKS = ("encoder", "decoder")
 KINDS = ("self", "cross")
 
-#: The short site prefix of an encoder-decoder model's heads in display names, by (stack, kind).
-SITE_PREFIX = {("encoder", "self"): "enc", ("decoder", "self"): "dec", ("decoder", "cross"): "cross"}
+#: The short site prefix of an encoder-decoder model's heads in display names, by (stack, kind); a dual
+#: encoder's joined heads table (:mod:`probe.towers`) names its towers in ``stack`` (``text``, ``vision``).
+SITE_PREFIX = {("encoder", "self"): "enc", ("decoder", "self"): "dec", ("decoder", "cross"): "cross",
+               ("text", "self"): "text", ("vision", "self"): "vision"}
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,7 @@ def test_cli_analyzes_an_image_and_refuses_bad_input(tmp_path):
     runner = CliRunner()
     r = runner.invoke(main, ["analyze", "--model", str(folder), "--image", str(good), "--out", str(tmp_path / "r")])
     assert r.exit_code == 0, r.output
+    assert "Analyzing 1 image (--image)" in r.output
     heads = pd.read_csv(tmp_path / "r" / "heads.csv")
     assert len(heads) == 8 and heads["grid_distance"].notna().all()
     cases = [(["--image", str(tmp_path / "bad.jpg")], "cannot read image"),
@@ -284,7 +285,8 @@ def test_cli_analyzes_an_image_and_refuses_bad_input(tmp_path):
              ([], "is an image model"),
              (["--image", str(good), "--text", "hello"], "not both"),
              (["--image", str(good), "--image-size", "big"], "HEIGHTxWIDTH"),
-             (["--images", str(tmp_path / "vit")], "no image in")]
+             (["--images", str(tmp_path / "vit")], "no image in"),
+             (["--image", str(good), "--verify"], "does not run on images or audio")]
     for args, message in cases:
         r = runner.invoke(main, ["analyze", "--model", str(folder), *args, "--out", str(tmp_path / "x")])
         assert r.exit_code != 0 and message in r.output, (args, r.output)

@@ -72,3 +72,44 @@ def save_vision(kind: str, folder: Path, settings: dict | None = None) -> Path:
                             "image_processor_type": "ViTImageProcessor"}
     (Path(folder) / "preprocessor_config.json").write_text(json.dumps(settings))
     return Path(folder)
+
+
+#: dual encoders: pair config class name -> (text tower class name, vision tower class name)
+PAIRS = {"clip": ("CLIPConfig", "CLIPTextModel", "CLIPVisionModel"),
+         "siglip": ("SiglipConfig", "SiglipTextModel", "SiglipVisionModel")}
+
+
+def pair_model(kind: str, seed: int = 0):
+    """A random-init dual encoder of ``kind`` (:data:`PAIRS`): both towers 2 layers, 4 heads, 32
+    wide; the text tower with the test BPE vocabulary (1000), the vision tower on 32 x 32 images."""
+    import transformers as tr
+
+    cls = getattr(tr, PAIRS[kind][0])
+    config = cls(text_config=dict(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
+                                  pad_token_id=2),
+                 vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                    image_size=IMAGE, patch_size=PATCH, initializer_range=0.3))
+    torch.manual_seed(seed)
+    return tr.AutoModel.from_config(config).eval()
+
+
+def save_pair(kind: str, folder: Path) -> Path:
+    """A model folder of a tiny dual encoder with the test tokenizer and a 32 x 32 image processor."""
+    import shutil
+
+    folder = Path(folder)
+    pair_model(kind).save_pretrained(folder)
+    bpe = Path(__file__).parent / "data" / "bpe"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(bpe / name, folder / name)
+    save_vision_settings(folder)
+    return folder
+
+
+def save_vision_settings(folder: Path) -> None:
+    """The 32 x 32, mean = std = 0.5 processor settings of :func:`save_vision`."""
+    settings = {"size": {"height": IMAGE, "width": IMAGE}, "do_resize": True, "resample": 2, "do_rescale": True,
+                "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5], "image_processor_type": "ViTImageProcessor"}
+    (Path(folder) / "preprocessor_config.json").write_text(json.dumps(settings))

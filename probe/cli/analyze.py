@@ -9,9 +9,11 @@ import click
 
 from .. import IMPORT_STARTED
 from ..util import process_age
+from .audioinput import audio_input, audio_options, check_speech_input, speech_input
 from .group import hold, main, user_errors
 from .imageinput import check_model_input, image_input, image_options, parse_size
 from .options import check_files, limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
+from .pairinput import analyze_pair, is_pair_model
 from .summary import summary
 from .verify import verify_progress
 
@@ -68,6 +70,7 @@ _annotation_options = stacked(
 @model_option
 @_input_options
 @image_options
+@audio_options
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=None,
               help="Truncate sequences to this many tokens [default: the model's limit].")
@@ -98,7 +101,7 @@ _annotation_options = stacked(
 @placement_options
 @user_errors
 def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_files, image_folder, image_size,
-                    batch_size, max_length, out, force, examples,
+                    audio_files, transcripts, batch_size, max_length, out, force, examples,
                     thresholds, parse_special_tokens, rollout, run_verify, query_block, distance, map_sequences,
                     circuits, health, value_weighted, labels_by, progress, coref, syntax_file, device, dtype,
                     device_map) -> None:
@@ -117,6 +120,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     _check_usage(texts, corpus, pairs, generate, coref, syntax_file)  # before torch is imported: at once
     from .. import distributed
     from ..analyze_run import analysis_input, analyze_run, announcement, count_sequences, start_up_note
+    from ..errors import InputError
     from ..models import load_model, peek_config
     from ..report import claim_run_dir
     from ..seq2seq import as_targets, check_generate, check_generate_config
@@ -128,8 +132,18 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     t = time.perf_counter()
     value_weighting(value_weighted, labels_by)  # --labels-by norm with --no-norm: before loading a model
     size = parse_size(image_size)
-    paths = image_input(image_files, image_folder, limit, bool(texts or corpus or pairs or coref or syntax_file))
-    if paths is None:
+    # a dual encoder (CLIP, SigLIP) reads text and images together; its config is read only then
+    pair = bool((image_files or image_folder) and (texts or corpus)) and is_pair_model(model_name)
+    paths = image_input(image_files, image_folder, limit,
+                        not pair and bool(texts or corpus or pairs or coref or syntax_file))
+    clips = audio_input(audio_files, transcripts, limit, bool(texts or corpus or pairs or coref or syntax_file
+                                                              or paths))
+    if run_verify and (clips is not None or paths is not None):  # before a model loads: verify reads text
+        raise InputError("--verify checks the attention on text; it does not run on images or audio (leave out "
+                         "--verify)")
+    if clips is not None:
+        seqs, source, annotated = clips, "--audio", None
+    elif paths is None or pair:
         seqs, source, annotated = analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
     else:
         seqs, source, annotated = paths, "--image" if image_files else image_folder, None
@@ -139,11 +153,22 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
         out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     timings["input_s"] = time.perf_counter() - t
 
-    if generate is not None and (config := peek_config(model_name)) is not None:
+    if pair:
+        return analyze_pair(model_name, seqs, source, paths, out, force=force, dtype=dtype, timings=timings,
+                            started=started, batch_size=batch_size, max_length=max_length, n_examples=examples,
+                            thresholds=thresholds)
+    if generate is not None and clips is None and (config := peek_config(model_name)) is not None:
         check_generate_config(config, model_name, generate)  # before the weights load
     lm = load_model(model_name, dtype=dtype, device=device, device_map=device_map)
     timings["model_load_s"] = lm.load_seconds
-    check_model_input(lm, paths)
+    check_speech_input(lm, clips)
+    if clips is None:
+        check_model_input(lm, paths)
+    accumulators = None
+    if clips is not None:
+        seqs, accumulators = speech_input(lm, clips, transcripts, generate, examples)
+        rollout, generate = False, None  # the bound was the transcript's; the section draws the clips
+        query_block = 0 if query_block is None else query_block  # whole maps: the alignment reads them
     if paths is not None:
         from ..images import grid_accumulators, images
 
@@ -152,6 +177,8 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
     if generate is not None:
         check_generate(lm, generate)
+    if paths is not None:
+        accumulators = grid_accumulators(lm, n_images=min(examples, 2))
     click.echo(announcement(lm, seqs, source, world, counted), err=True)  # only once the analysis will run
     if pairs and lm.kind == "encoder-decoder":
         seqs = as_targets(seqs)  # the file's second column is the decoder's target
@@ -162,7 +189,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
         map_sequences=map_sequences, circuits=circuits, health=health, value_weighted=value_weighted,
         labels_by=labels_by, generate=generate, progress=show, world=world, timings=timings, started=started,
         verify_progress=verify_progress if show else None,
-        accumulators=grid_accumulators(lm, n_images=min(examples, 2)) if paths is not None else None)
+        accumulators=accumulators)
     if path is None:
         return  # rank 0 writes the one report
     summary(result, result.results.get("verification"), annotated is not None, lm.notes)

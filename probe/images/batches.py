@@ -111,6 +111,9 @@ class Images:
         InputError: no image, a processor that is not an image model's, or a bad size.
     """
 
+    #: what one item is called in messages (``Analyzing 2 images``).
+    noun = "image"
+
     def __init__(self, processor, items: Sequence, image_size: tuple[int, int] | None = None,
                  interpolates: bool = True) -> None:
         if not isinstance(processor, PixelProcessor):

@@ -74,7 +74,8 @@ def section_builder(build: Callable[..., Section | None]) -> Callable[..., Secti
 #: The modules that define section builders (each registers its own with :func:`section_builder`); a new
 #: section's module is added here.
 SECTION_MODULES = (
-    "probe.report.cross", "probe.report.images", "probe.report.norms", "probe.report.sinks", "probe.patterns.report",
+    "probe.report.cross", "probe.report.images", "probe.report.norms", "probe.report.speech", "probe.report.sinks",
+    "probe.patterns.report",
     "probe.linguistic.report", "probe.effects.report", "probe.effects.patch_report", "probe.pruning.report",
     "probe.view.rollout", "probe.view.section",
 )

@@ -1,0 +1,183 @@
+"""Audio clips to batches: soundfile reads them, SciPy resamples them to the model's rate, the
+model's feature extractor turns them into log-mel features, and each clip becomes a source of
+frames with a target of text tokens that :func:`probe.analysis.analyze` takes.
+
+A batch of clips is a :class:`probe.inputs.Batch` whose source ids name the encoder's frames
+(:mod:`probe.sound`: ``FRAME_ID + i``) and whose ``target`` holds the decoder's tokens: the prompt
+(the start token, and Whisper's language, task and no-timestamps tokens where the model has them)
+then the transcript, generated greedily or given (:mod:`probe.audio.transcript`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from math import gcd
+from pathlib import Path
+
+import numpy as np
+import soundfile
+import torch
+from scipy.signal import resample_poly
+
+from ..errors import InputError
+from ..inputs import Batch, Text
+from ..sound import SpeechProcessor
+from .transcript import given_ids, transcribe
+
+#: File endings soundfile (libsndfile) reads: WAV, FLAC, OGG/Vorbis, MP3, AIFF ...
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif")
+#: Tokens the model may write per clip when it transcribes (greedy), unless told otherwise.
+MAX_NEW_TOKENS = 48
+#: Clips transcribed at once.
+GENERATE_BATCH = 8
+
+
+def resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """``samples`` [n] at ``rate`` Hz resampled to ``target`` Hz with a polyphase filter
+    (:func:`scipy.signal.resample_poly`, up/down reduced by their greatest common divisor)."""
+    if rate == target:
+        return samples
+    g = gcd(int(rate), int(target))
+    return resample_poly(samples, int(target) // g, int(rate) // g).astype(np.float32)
+
+
+def read_audio(path, rate: int) -> np.ndarray:
+    """[samples] float32 mono audio of a file at ``rate`` Hz: channels averaged, resampled.
+
+    Raises:
+        InputError: a missing file or one soundfile cannot read, in one line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"audio file {str(path)!r} not found")
+    try:
+        data, file_rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError) as exc:
+        raise InputError(f"cannot read audio {str(path)!r}: {str(exc).splitlines()[0]}") from None
+    return resample(data.mean(1), int(file_rate), rate)
+
+
+@dataclass
+class AudioBatch(Batch):
+    """A batch of clips (:class:`probe.inputs.Batch` of frames, with the text tokens as ``target``).
+
+    Attributes:
+        input_features: [batch, mel bins, mel frames] float32 log-mel features.
+        waveforms: per row, the clip's samples at the model's rate ([samples] float32).
+        clip_frames: per row, the encoder frames that hold the clip (the rest is padding silence).
+        prompt_len: per row, the decoder's prompt tokens before the transcript.
+        n_text: per row, the transcript's tokens.
+        frame_s: seconds per encoder frame.
+        rate: samples per second of ``waveforms``.
+    """
+
+    input_features: torch.Tensor | None = None
+    waveforms: list | None = None
+    clip_frames: list | None = None
+    prompt_len: list | None = None
+    n_text: list | None = None
+    frame_s: float = 0.0
+    rate: int = 0
+
+    def model_inputs(self) -> dict:
+        """``input_features``, the decoder's ids and its mask (the encoder reads every frame)."""
+        return {"input_features": self.input_features, "decoder_input_ids": self.target.input_ids,
+                "decoder_attention_mask": self.target.attention_mask, "use_cache": False}
+
+    def to(self, device) -> AudioBatch:
+        """The features (and the frame and token ids) moved to ``device``."""
+        super().to(device)
+        self.input_features = self.input_features.to(device)
+        return self
+
+
+def _target(processor: SpeechProcessor, rows: list[list[int]], texts: list[Text]) -> Batch:
+    """The decoder's side: the rows right-padded with the pad token."""
+    B, T = len(rows), max(len(r) for r in rows)
+    pad = processor.pad_token_id if processor.pad_token_id is not None else 0
+    ids = torch.full((B, T), int(pad), dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    special = torch.zeros(B, T, dtype=torch.bool)
+    for b, row in enumerate(rows):
+        ids[b, :len(row)] = torch.tensor(row)
+        mask[b, :len(row)] = 1
+        special[b, :len(row)] = torch.tensor([processor.is_special(i) for i in row])
+    return Batch(ids, mask, None, torch.zeros(B, T, 2, dtype=torch.long), special,
+                 torch.full((B, T), -1, dtype=torch.long), texts, [t.index for t in texts], [False] * B)
+
+
+def _text_run(processor: SpeechProcessor, ids: Sequence[int]) -> int:
+    """How many of ``ids`` are text before the first special token (the end of the transcript)."""
+    for i, t in enumerate(ids):
+        if processor.is_special(t):
+            return i
+    return len(ids)
+
+
+class Clips:
+    """Audio clips for :func:`probe.analysis.analyze` (in place of texts): every clip is read,
+    turned into features and transcribed when the clips are made (before the analysis runs).
+
+    Args:
+        lm: a loaded speech model (its tokenizer a :class:`~probe.sound.SpeechProcessor`).
+        items: audio file paths.
+        transcripts: per clip, the text the decoder reads; None to let the model write it (greedy,
+            at most ``max_new_tokens`` tokens).
+        max_new_tokens: the bound on a written transcript.
+
+    Raises:
+        InputError: not a speech model, no clip, transcripts not one per clip, a missing or
+            unreadable file, a clip too long, a wrong frame count.
+    """
+
+    #: what one item is called in messages (``Analyzing 2 clips``).
+    noun = "clip"
+
+    def __init__(self, lm, items: Sequence, transcripts: Sequence[str] | None = None,
+                 max_new_tokens: int = MAX_NEW_TOKENS) -> None:
+        if not isinstance(lm.tokenizer, SpeechProcessor):
+            raise InputError(f"{lm.name} reads text, not audio (a speech model reads log-mel frames)")
+        items = [items] if isinstance(items, (str, Path)) else list(items)
+        if not items:
+            raise InputError("no audio clip given")
+        if transcripts is not None and len(transcripts) != len(items):
+            raise InputError(f"{len(transcripts)} transcripts for {len(items)} clips: give one per clip")
+        self.lm, self.items = lm, items
+        p: SpeechProcessor = lm.tokenizer
+        # read and transcribed now, before the analysis hooks the model: generation is no measured pass
+        self.waves = [read_audio(it, p.rate) for it in items]
+        self.features = [p.features(w, Path(it).name) for w, it in zip(self.waves, items)]
+        self.rows: list[tuple[int, list[int]]] = []
+        for i in range(0, len(items), GENERATE_BATCH):
+            feats = torch.stack(self.features[i:i + GENERATE_BATCH])
+            if transcripts is None:
+                self.rows += transcribe(lm, feats, max_new_tokens)
+            else:
+                self.rows += [given_ids(lm, feats[j:j + 1], transcripts[i + j]) for j in range(len(feats))]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def batch(self, start: int, stop: int) -> AudioBatch:
+        """One :class:`AudioBatch` of clips ``start`` to ``stop - 1``."""
+        p: SpeechProcessor = self.lm.tokenizer
+        items, waves = self.items[start:stop], self.waves[start:stop]
+        feats = torch.stack(self.features[start:stop])
+        prompt = [r[0] for r in self.rows[start:stop]]
+        rows = [r[1] for r in self.rows[start:stop]]
+        texts = [Text(Path(it).name, index=start + i, target=p.text.decode(r[n:], skip_special_tokens=True))
+                 for i, (it, r, n) in enumerate(zip(items, rows, prompt))]
+        B, P = len(items), p.positions
+        ids = torch.tensor([p.frame_ids()] * B, dtype=torch.long)
+        n_text = [_text_run(p, r[n:]) for r, n in zip(rows, prompt)]
+        return AudioBatch(ids, torch.ones(B, P, dtype=torch.long), None, torch.zeros(B, P, 2, dtype=torch.long),
+                          torch.zeros(B, P, dtype=torch.bool), torch.full((B, P), -1, dtype=torch.long), texts,
+                          list(range(start, start + B)), [False] * B, target=_target(p, rows, texts),
+                          input_features=feats, waveforms=waves, clip_frames=[p.frames_of(w.size) for w in waves],
+                          prompt_len=prompt, n_text=n_text, frame_s=p.frame_s, rate=p.rate)
+
+    def iter_batches(self, batch_size: int = 16) -> Iterator[AudioBatch]:
+        """Batches of ``batch_size`` clips, in order."""
+        for i in range(0, len(self.items), batch_size):
+            yield self.batch(i, min(i + batch_size, len(self.items)))

@@ -1,0 +1,23 @@
+"""The "Attention over audio" section: each kept clip's waveform with its tokens aligned to time
+and the alignment heads' cross-attention (:mod:`probe.audio.view`), and the alignment in run.json."""
+
+from __future__ import annotations
+
+from markupsafe import Markup, escape
+
+from ..audio.view import caption, speech_html
+from .sections import Section, section_builder
+
+
+@section_builder
+def speech_section(result, tokenizer) -> Section | None:
+    """The section, or None where no clip was analysed."""
+    examples = result.results.get("speech")
+    if not examples:
+        return None
+    html = f'<div class="speech-section"><p>{escape(caption())}</p>' + "".join(speech_html(ex) for ex in examples)
+    record = {"clips": [{"name": ex.name, "seconds": round(len(ex.waveform) / ex.rate, 4), "frame_s": ex.frame_s,
+                         "heads": [list(h) for h in ex.heads], "heads_from": ex.source,
+                         "alignment": [[t, round(s, 4), round(e, 4)] for t, s, e in ex.alignment()]}
+                        for ex in examples]}
+    return Section("speech-attention", "Attention over audio", Markup(html + "</div>"), record=record, order=16)
