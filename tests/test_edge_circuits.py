@@ -3,11 +3,14 @@ finite differences, and circuit passes (complete = clean run, empty = corrupted 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import invoke_cli, save_tiny, tiny_model
 from probe.circuits.attribution import capture_writes, edge_scores, logit_diff, node_scores
 from probe.circuits.checked import checked_graph
 from probe.circuits.evaluate import Evaluator, excluded_matrix, faithfulness_curve, random_edges, top_edges
@@ -219,3 +222,57 @@ def test_top_and_random_edges():
     draws = [random_edges(50, 7, s) for s in range(3)]
     assert all(d.sum() == 7 for d in draws) and not np.array_equal(draws[0], draws[1])
     assert np.array_equal(random_edges(50, 7, 0), draws[0])
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+PAIRS_TSV = ("The cat and the dog ran to\tThe dog and the cat ran to\t the\t a\n"
+             "When Mary and John went to the store, John gave a drink to\t"
+             "When Mary and John went to the store, Mary gave a drink to\t Mary\t John\n")
+
+
+@pytest.fixture(scope="module")
+def circuit_folder(tmp_path_factory):
+    """``probe circuit`` on a saved tiny LLaMA (EAP-IG m = 2, a circuit of 20 edges, 2 seeds)."""
+    root = tmp_path_factory.mktemp("circuit")
+    model = save_tiny("llama", root / "llama")
+    (root / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
+    result = invoke_cli("circuit", "--model", model, "--pairs", root / "pairs.tsv", "--steps", 2, "--edges", 20,
+                        "--seeds", 2, "--out", root / "run", "--no-progress")
+    assert result.exit_code == 0, result.output
+    return root / "run", json.loads((root / "run" / "run.json").read_text())["circuit"], result.output
+
+
+def test_circuit_command_writes_the_run_folder(circuit_folder):
+    folder, record, output = circuit_folder
+    edges, circuit = pd.read_csv(folder / "edges.csv"), pd.read_csv(folder / "circuit.csv")
+    assert list(edges.columns) == ["upstream", "downstream", "input", "score"]
+    assert len(edges) == record["edges"] == edge_count(2, 4, 2) and len(circuit) == record["circuit_edges"] == 20
+    # the circuit is the 20 edges of largest |score|
+    assert set(circuit["score"].abs().round(5)) == set(edges["score"].abs().nlargest(20).round(5))
+    nodes = pd.read_csv(folder / "nodes.csv")
+    sums = edges.groupby("upstream")["score"].sum()
+    assert np.allclose(nodes.set_index("node").loc[sums.index, "score"], sums, rtol=1e-4, atol=1e-6)
+    faith = pd.read_csv(folder / "faithfulness.csv")
+    assert list(faith.columns) == ["k", "faithfulness", "random_mean", "random_std"] and 20 in set(faith["k"])
+    heads = pd.read_csv(folder / "heads.csv")
+    assert {"circuit_score", "in_circuit"} <= set(heads.columns)
+    html = (folder / "index.html").read_text(encoding="utf-8")
+    assert 'class="circuit-graph"' in html and 'class="faith-plot"' in html
+    assert record["method"] == "eap-ig" and record["steps"] == 2 and "faithfulness" in output
+
+
+@pytest.mark.parametrize("args,message", [(["--steps", "0"], "--steps"), (["--edges", "0"], "--edges")])
+def test_circuit_command_usage_errors(args, message, tmp_path):
+    result = invoke_cli("circuit", "--model", tmp_path / "none", *args)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_circuit_command_refuses_more_edges_than_the_graph(tmp_path):
+    model = save_tiny("gpt2", tmp_path / "gpt2")
+    (tmp_path / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
+    result = invoke_cli("circuit", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--edges", 111,
+                        "--out", tmp_path / "run")
+    assert result.exit_code == 1 and "Error: --edges 111: " in result.output and "110 edges" in result.output
+    assert not (tmp_path / "run").exists()  # complete or absent
