@@ -16,7 +16,9 @@ from probe.circuits.checked import checked_graph
 from probe.circuits.evaluate import Evaluator, excluded_matrix, faithfulness_curve, random_edges, top_edges
 from probe.circuits.forward import Feed, split_pass
 from probe.circuits.graph import Graph, edge_count
+from probe.circuits.paths import path_patch
 from probe.effects.pairs import EncodedPairs
+from probe.effects.patching import head_logit_diffs
 from probe.errors import UnsupportedAnalysisError
 
 #: Sequential blocks, grouped key/value heads, parallel attention and MLP.
@@ -276,3 +278,27 @@ def test_circuit_command_refuses_more_edges_than_the_graph(tmp_path):
                         "--out", tmp_path / "run")
     assert result.exit_code == 1 and "Error: --edges 111: " in result.output and "110 edges" in result.output
     assert not (tmp_path / "run").exists()  # complete or absent
+
+
+# -- path patching --------------------------------------------------------------------------------
+
+
+def test_path_patching_a_last_layer_head_into_the_logits_is_its_activation_patching(wired):
+    lm, wiring, graph, _ = wired
+    enc = random_pairs(7)
+    last = graph.layers - 1
+    jobs = [(last, h, "all") for h in range(graph.heads)]
+    patched, base, _ = head_logit_diffs(lm, enc, jobs, run="clean", donor="corrupted")  # noising, probe patch's code
+    for h in range(graph.heads):
+        effect = path_patch(lm, wiring, graph, enc, [(last, h)], [("logits", graph.layers, 0)])
+        assert effect == pytest.approx(patched[h] - base[h], rel=1e-4, abs=1e-6)
+
+
+def test_path_patching_without_senders_or_difference_is_zero(wired):
+    lm, wiring, graph, _ = wired
+    enc = random_pairs(8)
+    same = EncodedPairs(enc.clean, enc.clean, enc.mask, enc.last, enc.answer, enc.wrong)
+    q = [("q", 1, 0), ("k", 1, graph.kv_heads - 1), ("logits", graph.layers, 0)]
+    assert path_patch(lm, wiring, graph, enc, [], q) == 0
+    assert path_patch(lm, wiring, graph, same, [(0, 0), (0, 1)], q) == 0
+    assert path_patch(lm, wiring, graph, enc, [(0, 0), (0, 1)], q) != 0

@@ -10,7 +10,7 @@ probe's attention function:
   be replaced, for integrated gradients);
 - each head's query, key and value: recomputed from the block's input plus the feed's delta for
   that head (:func:`probe.circuits.wiring.recompute`) where the feed gives one;
-- each head's output z (read: z_h W_O^h is the head's write);
+- each head's output z (read, and replaced where the feed says: z_h W_O^h is the head's write);
 - the MLP's norm (its input plus the feed's delta) and the MLP's output (read);
 - the final norm's input plus the feed's delta (the logits' input).
 """
@@ -43,6 +43,11 @@ class Feed:
         model's own stream before the final norm, [batch, T, d_model], before the logits' delta); also
         what the inputs read before their deltas: ``"stream"`` (a block's input) and ``"mlp_in"`` (the
         MLP's norm's input). A feed ignores the kinds it does not use."""
+
+    def z(self, layer: int, received: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs of ``layer`` that go on ([batch, T, heads, d_head]; the base class keeps
+        what the attention computed)."""
+        return received
 
     def recomputed(self, kind: str, layer: int, received: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         """Choose between what the attention function received at a head input ([batch, n, T, d]) and
@@ -83,8 +88,9 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
             return editor
 
         def output(tensor, call, i=i, layer=layer):
-            feed.wrote("heads", i, head_writes(layer, tensor))
-            return tensor
+            z = feed.z(i, tensor)
+            feed.wrote("heads", i, head_writes(layer, z))
+            return z
 
         def mlp_pre(module, args, i=i):
             feed.wrote("mlp_in", i, args[0])
