@@ -3,11 +3,14 @@ finite difference of activation patching, zero where there is nothing to patch, 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import invoke_cli, save_tiny, tiny_model
 from probe.effects.attribution import attribute_heads, correlation
 from probe.effects.pairs import EncodedPairs, Pair, encode_pairs
 from probe.effects.patching import logit_diffs, patched_pass, run_z
@@ -58,3 +61,18 @@ def test_last_position_is_part_of_all_positions_and_the_model_is_restored():
 def test_correlation():
     assert correlation([1, 2, 3], [2, 4, 6.5]) == pytest.approx(np.corrcoef([1, 2, 3], [2, 4, 6.5])[0, 1])
     assert np.isnan(correlation([1, 1, 1], [1, 2, 3]))
+
+
+def test_patch_command_with_attribution_reports_both_and_their_correlation(tmp_path):
+    model = save_tiny("llama", tmp_path / "llama")
+    (tmp_path / "pairs.tsv").write_text("\n".join("\t".join((p.clean, p.corrupted, p.answer, p.wrong)) for p in PAIRS),
+                                        encoding="utf-8")
+    result = invoke_cli("patch", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--method", "attribution",
+                        "--out", tmp_path / "run", "--no-progress")
+    assert result.exit_code == 0, result.output
+    patch = pd.read_csv(tmp_path / "run" / "patch.csv")
+    record = json.loads((tmp_path / "run" / "run.json").read_text())["patching"]["attribution"]
+    assert record["correlation"] == pytest.approx(correlation(patch["effect"], patch["attribution"]), abs=1e-4)
+    assert f"correlation {record['correlation']:.3f}" in result.output
+    assert "attribution" in pd.read_csv(tmp_path / "run" / "heads.csv").columns
+    assert 'data-fig="patch-attribution"' in (tmp_path / "run" / "index.html").read_text(encoding="utf-8")
