@@ -35,13 +35,23 @@ from .wiring import Wiring
 METHODS = ("eap-ig", "eap")
 
 
-def logit_diff(logits: torch.Tensor, enc: EncodedPairs, rows: slice) -> torch.Tensor:
+def metric_positions(enc: EncodedPairs, rows: slice) -> torch.Tensor:
+    """[P] the distinct positions where the metric reads the pairs ``rows`` (increasing)."""
+    return torch.unique(enc.last[rows])
+
+
+def logit_diff(logits: torch.Tensor, enc: EncodedPairs, rows: slice, positions: torch.Tensor | None = None
+               ) -> torch.Tensor:
     """[batch] logit(answer) - logit(wrong) at each pair's last real position.
 
     Args:
-        logits: [batch, T, vocab] of the pairs ``rows`` of ``enc``.
+        logits: [batch, T, vocab] of the pairs ``rows`` of ``enc``, or [batch, P, vocab] at ``positions``
+            (:func:`metric_positions`).
     """
-    at = logits[torch.arange(logits.shape[0]), enc.last[rows].to(logits.device)]
+    last = enc.last[rows]
+    if positions is not None:
+        last = torch.searchsorted(positions, last)
+    at = logits[torch.arange(logits.shape[0]), last.to(logits.device)]
     idx = torch.arange(len(at))
     return at[idx, enc.answer[rows].to(at.device)] - at[idx, enc.wrong[rows].to(at.device)]
 
@@ -67,9 +77,9 @@ def capture_writes(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: sl
     """Two passes (clean, corrupted prompts of ``rows``), recording every write."""
     out = []
     for ids in (enc.clean[rows], enc.corrupted[rows]):
-        feed = Capture(graph)
-        logits = split_pass(lm, wiring, ids, enc.mask[rows], feed)
-        out += [feed.outputs(), logit_diff(logits, enc, rows).double().cpu()]
+        feed, where = Capture(graph), metric_positions(enc, rows)
+        logits = split_pass(lm, wiring, ids, enc.mask[rows], feed, positions=where)
+        out += [feed.outputs(), logit_diff(logits, enc, rows, where).double().cpu()]
     return Writes(out[0], out[2], out[1], out[3])
 
 
@@ -86,8 +96,9 @@ def input_gradients(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: s
     B, T, D = x_clean.shape
     feed = Gradients(graph, B, T, D, x_clean.dtype, x_clean.device)
     with torch.enable_grad():
-        logits = split_pass(lm, wiring, enc.clean[rows], enc.mask[rows], feed, embed=embed)
-        metric = logit_diff(logits, enc, rows).sum() / len(enc)
+        where = metric_positions(enc, rows)
+        logits = split_pass(lm, wiring, enc.clean[rows], enc.mask[rows], feed, embed=embed, positions=where)
+        metric = logit_diff(logits, enc, rows, where).sum() / len(enc)
         keys = list(feed.leaves)
         grads = torch.autograd.grad(metric, [feed.leaves[k] for k in keys], allow_unused=True)
     return {k: torch.zeros_like(feed.leaves[k]) if g is None else g for k, g in zip(keys, grads)}

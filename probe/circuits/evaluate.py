@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from ..effects.pairs import EncodedPairs
-from .attribution import batches, capture_writes, logit_diff
+from .attribution import batches, capture_writes, logit_diff, metric_positions
 from .feeds import Patch
 from .forward import split_pass
 from .graph import Graph
@@ -94,8 +94,9 @@ class Evaluator:
         values = []
         for rows, writes in zip(self.rows, self.writes):
             feed = Patch(self.graph, writes.corrupted, excluded.to(writes.corrupted.device))
-            logits = split_pass(self.lm, self.wiring, self.enc.clean[rows], self.enc.mask[rows], feed)
-            values.append(logit_diff(logits, self.enc, rows).double().cpu())
+            where = metric_positions(self.enc, rows)
+            logits = split_pass(self.lm, self.wiring, self.enc.clean[rows], self.enc.mask[rows], feed, positions=where)
+            values.append(logit_diff(logits, self.enc, rows, where).double().cpu())
         self.passes += 1
         return float(torch.cat(values).mean())
 

@@ -17,6 +17,8 @@ probe's attention function:
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ..hooks import input_device, measuring
@@ -109,7 +111,7 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
 
 
 def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: Feed,
-               embed: torch.Tensor | None = None) -> torch.Tensor:
+               embed: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Run ``lm`` on ``ids`` with every graph input fed by ``feed`` (module docstring).
 
     Gradients flow where the caller enables them (``torch.enable_grad``) and the feed's deltas
@@ -120,9 +122,11 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
         ids, mask: [batch, T] token ids and attention mask (right-padded).
         feed: a :class:`Feed`.
         embed: [batch, T, d_model] to use as block 0's input in place of the embeddings, or None.
+        positions: [P] increasing positions whose logits are wanted (the unembedding runs on these
+            only where the model's forward takes ``logits_to_keep``), or None: every position.
 
     Returns:
-        logits [batch, T, vocab].
+        logits [batch, T, vocab], or [batch, P, vocab] at ``positions``.
     """
     install()
     streams: dict = {}
@@ -138,4 +142,9 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
             return None if delta is None else (args[0] + delta, *args[1:])
 
         m.hooks.forward_pre(wiring.final_norm, final_pre)
-        return lm.model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+        kw = {"input_ids": ids.to(device), "attention_mask": mask.to(device), "use_cache": False}
+        keep = positions is not None and "logits_to_keep" in inspect.signature(lm.model.forward).parameters
+        if keep:
+            kw["logits_to_keep"] = positions.to(device)
+        logits = lm.model(**kw).logits
+    return logits if positions is None or keep else logits[:, positions.to(logits.device)]
