@@ -15,7 +15,7 @@ from probe.circuits.attribution import capture_writes, edge_scores, logit_diff, 
 from probe.circuits.checked import checked_graph
 from probe.circuits.evaluate import Evaluator, excluded_matrix, faithfulness_curve, random_edges, top_edges
 from probe.circuits.forward import Feed, split_pass
-from probe.circuits.graph import Graph, edge_count
+from probe.circuits.graph import Graph, edge_count, prune
 from probe.circuits.paths import path_patch
 from probe.effects.pairs import EncodedPairs
 from probe.effects.patching import head_logit_diffs
@@ -302,3 +302,29 @@ def test_path_patching_without_senders_or_difference_is_zero(wired):
     assert path_patch(lm, wiring, graph, enc, [], q) == 0
     assert path_patch(lm, wiring, graph, same, [(0, 0), (0, 1)], q) == 0
     assert path_patch(lm, wiring, graph, enc, [(0, 0), (0, 1)], q) != 0
+
+
+def test_pruning_keeps_the_edges_on_paths_and_the_circuits_metric(wired):
+    lm, wiring, graph, _ = wired
+    enc = random_pairs(9)
+    ev = Evaluator(lm, wiring, graph, enc)
+    for seed in range(3):
+        circuit = random_edges(graph.n_edges, graph.n_edges // 3, seed)
+        kept = prune(graph, circuit)
+        assert not (kept & ~circuit).any() and kept.sum() < circuit.sum()
+        assert ev.metric(kept) == pytest.approx(ev.metric(circuit), abs=1e-5)
+        assert np.array_equal(prune(graph, kept), kept)  # nothing more to prune
+
+
+def test_pruning_by_hand():
+    graph = Graph(2, 2, 1)
+    up, down = graph.edge_index
+    names = [(graph.upstream_names[up[e]], graph.downstream_name(*graph.downstream[down[e]]),
+              graph.downstream[down[e]][0]) for e in range(graph.n_edges)]
+    circuit = np.zeros(graph.n_edges, dtype=bool)
+    path = [("input", "L0H0", "q"), ("L0H0", "logits", "logits")]
+    for key in [*path, ("L0H1", "logits", "logits"), ("input", "L1KV0", "v"), ("L0H0", "L1KV0", "k")]:
+        circuit[names.index(key)] = True
+    assert [names[e] for e in np.flatnonzero(prune(graph, circuit))] == path  # L0H1 unreached; L1 leads nowhere
+    circuit[names.index(("L1H1", "logits", "logits"))] = True  # now the key/value group of L1 leads on
+    assert sum(prune(graph, circuit)) == 5

@@ -132,3 +132,49 @@ def edge_count(layers: int, heads: int, kv_heads: int, parallel: bool = False) -
     """
     S = layers + (heads + 1) * layers * (layers - 1) // 2
     return (heads + 2 * kv_heads) * S + S + (0 if parallel else layers * heads) + 1 + layers * (heads + 1)
+
+
+def _reader_nodes(graph: Graph) -> list[list[int]]:
+    """For each input, the writers it belongs to (a query input: its head; a key/value input: the heads
+    of its group; an MLP input: the MLP); the logits' input: [] (the sink)."""
+    rep = graph.heads // graph.kv_heads
+    out = []
+    for kind, layer, index in graph.downstream:
+        if kind == "q":
+            out.append([graph.head_node(layer, index)])
+        elif kind in ("k", "v"):
+            out.append([graph.head_node(layer, h) for h in range(index * rep, (index + 1) * rep)])
+        elif kind == "mlp":
+            out.append([graph.mlp_node(layer)])
+        else:
+            out.append([])
+    return out
+
+
+def prune(graph: Graph, included: np.ndarray) -> np.ndarray:
+    """The edges of a circuit that lie on a path from the embeddings to the logits inside it; the others
+    carry nothing when the circuit runs (:mod:`probe.circuits.evaluate`): a writer no circuit path
+    reaches writes what it wrote in the corrupted run, and a reader with no circuit path on to the
+    logits changes nothing they read.
+
+    Args:
+        included: [edges] boolean, the circuit.
+
+    Returns:
+        [edges] boolean, a subset of ``included``.
+    """
+    up, down = graph.edge_index
+    inc = np.asarray(included, dtype=bool)
+    readers = _reader_nodes(graph)
+    reached = np.zeros(graph.n_upstream, dtype=bool)
+    reached[0] = True
+    for e in np.flatnonzero(inc):  # edges come in forward order of their inputs: one sweep suffices
+        if reached[up[e]]:
+            reached[readers[down[e]]] = True
+    useful = np.zeros(graph.n_upstream, dtype=bool)
+    for e in np.flatnonzero(inc)[::-1]:
+        d = down[e]
+        if not readers[d] or useful[readers[d]].any():
+            useful[up[e]] = True
+    keep = inc & reached[up]
+    return keep & np.array([not readers[d] or bool(useful[readers[d]].any()) for d in down])

@@ -16,6 +16,7 @@ from markupsafe import Markup, escape
 
 from ..report import LABEL_COLORS, label_family
 from ..report.sections import Section, render_fragment, section_builder
+from .graph import prune
 
 #: Edges drawn at most (the strongest of the circuit; the table and circuit.csv have them all).
 MAX_DRAWN = 400
@@ -138,6 +139,7 @@ def record(run) -> dict:
     row = f[f["k"] == k].iloc[0]
     return {"pairs": len(run.pairs), "source": run.source, "method": run.method, "steps": run.steps,
             "edges": run.graph.n_edges, "parallel": run.graph.parallel, "circuit_edges": k,
+            "circuit_edges_on_paths": int(prune(run.graph, run.circuit).sum()),
             "circuit_faithfulness": float(row["faithfulness"]), "ld_clean": run.ld_clean,
             "ld_corrupted": run.ld_corrupted, "m_full": run.faithfulness.m_full, "m_empty": run.faithfulness.m_empty,
             "curve": f[["k", "share", "faithfulness", "random_mean", "random_std"]].to_dict("records"),
@@ -162,8 +164,8 @@ def section(result, tokenizer) -> Section | None:
     f = run.faithfulness.frame
     files = {"edges.csv": edges[["upstream", "downstream", "input", "score"]].to_csv(index=False, float_format="%.6g"),
              "nodes.csv": nodes.to_csv(index=False, float_format="%.6g"),
-             "circuit.csv": chosen[["upstream", "downstream", "input", "score"]].to_csv(index=False,
-                                                                                      float_format="%.6g"),
+             "circuit.csv": chosen[["upstream", "downstream", "input", "score", "on_path"]].to_csv(
+                 index=False, float_format="%.6g"),
              "faithfulness.csv": f[["k", "faithfulness", "random_mean", "random_std"]].to_csv(index=False,
                                                                                               float_format="%.6g")}
     return Section(id="circuit", title="Circuit: edge attribution and faithfulness", html=html, files=files,

@@ -22,7 +22,7 @@ from ..util import progress_bar
 from .attribution import batches, edge_scores, node_scores
 from .checked import checked_graph
 from .evaluate import SHARES, Evaluator, Faithfulness, faithfulness_curve, top_edges
-from .graph import Graph
+from .graph import Graph, prune
 
 #: The circuit's default size: this share of all edges.
 DEFAULT_SHARE = 0.05
@@ -59,12 +59,13 @@ class CircuitRun:
 
     def edges_frame(self) -> pd.DataFrame:
         """One row per edge: ``upstream``, ``downstream`` (the node an input belongs to), ``input``
-        (q, k, v, mlp, logits), ``score``, ``in_circuit``; graph order."""
+        (q, k, v, mlp, logits), ``score``, ``in_circuit``, ``on_path`` (in the circuit and on a path from
+        the embeddings to the logits inside it, :func:`~probe.circuits.graph.prune`); graph order."""
         g, (up, down) = self.graph, self.graph.edge_index
         names = [g.downstream_name(*d) for d in g.downstream]
         return pd.DataFrame({"upstream": [g.upstream_names[u] for u in up], "downstream": [names[d] for d in down],
                              "input": [g.downstream[d][0] for d in down], "score": self.scores,
-                             "in_circuit": self.circuit})
+                             "in_circuit": self.circuit, "on_path": prune(g, self.circuit)})
 
     def nodes_frame(self) -> pd.DataFrame:
         """One row per writer: ``node``, ``kind`` (input, head, mlp), ``layer``, ``head`` (-1 but for
