@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .architectures import get_spec
+from .architectures.discovered import IMPLEMENTATION
 from .errors import UnsupportedArchitectureError
 from .lookups import lookup_hook
 
@@ -108,13 +109,16 @@ def ensure_eager(model: nn.Module) -> str | None:
     :func:`measuring` for a temporary switch).
 
     ``sdpa`` and flash attention return ``None`` for the attention probabilities
-    (transformers 5.x), so probe never silently gets empty weights.
+    (transformers 5.x), so probe never silently gets empty weights. A model running probe's own
+    function (:mod:`probe.interface`: an enclosing :func:`probe.intervene.intervening`, whose editors
+    act only there) keeps it: it returns the probabilities as eager attention does.
 
     Returns:
-        A note saying what was switched, or None if the model already ran eager attention.
+        A note saying what was switched, or None if the model already ran eager attention (or
+        probe's function).
     """
     impl = getattr(model.config, "_attn_implementation", "eager")
-    if impl in (None, "eager"):
+    if impl in (None, "eager", IMPLEMENTATION):
         return None
     model.set_attn_implementation("eager")
     if getattr(model.config, "_attn_implementation", "eager") != "eager":

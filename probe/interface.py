@@ -14,14 +14,19 @@ skipped: causality and padding are always in it).
 
 Inside, the probabilities and the value states are handed to whoever listens to the calling module
 (:func:`listen`, a registry keyed by module that capture fills), so capture does not depend on the
-module returning its weights. A keyword argument that could change the maths and that the
-function does not compute is refused in one line (:class:`InterfaceError`); the pass-through ones
-are in :data:`HARMLESS`. Scores and softmax run in float32 (the LLaMA-style eager functions already
-do; float32 models are unchanged).
+module returning its weights. The function is also probe's one intervention point: *editors*
+(:func:`edit`, registered per attention module through :class:`probe.hooks.Hooks`) may read or
+replace each head's query, key, value, pattern and output (before the output projection) at the
+named :data:`POINTS`; the setters built on them are in :mod:`probe.intervene`. A keyword argument
+that could change the maths and that the function does not compute is refused in one line
+(:class:`InterfaceError`); the pass-through ones are in :data:`HARMLESS`. Scores and softmax run in
+float32 (the LLaMA-style eager functions already do; float32 models are unchanged; float64 ones in
+float64).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,16 +62,22 @@ COMPUTED = frozenset({"softcap", "position_bias", "s_aux", "sinks"})
 class Call:
     """One attention call as the function saw it, handed to listeners.
 
+    The same object is what an editor (:func:`edit`) receives as its second argument; there the
+    fields computed after the editor's point are still None (``keep``, ``probs`` and ``output`` for
+    the ``"query"``/``"key"``/``"value"`` points; ``output`` for ``"pattern"``).
+
     Attributes:
         module: the attention module that called the function.
-        query: [batch, heads, query, d_qk] as received (after rotation).
-        key: [batch, kv_heads, key, d_qk] as received (grouped heads not repeated).
-        value: [batch, kv_heads, key, d_v] as received.
+        query: [batch, heads, query, d_qk] as received (after rotation), after the ``"query"`` editors.
+        key: [batch, kv_heads, key, d_qk] as received (grouped heads not repeated), after the
+            ``"key"`` editors.
+        value: [batch, kv_heads, key, d_v] as received, after the ``"value"`` editors.
         keep: boolean keep-mask broadcastable to [batch, heads, query, key] (True = may attend), or None.
         kwargs: every other keyword argument (``scaling``, ``sliding_window`` ...).
         probs: [batch, heads, query, key] the probabilities (rows of real queries sum to 1 without
-            sinks; masked keys exactly 0).
-        output: [batch, query, heads, d_v] what the function returns as ``attn_output``.
+            sinks; masked keys exactly 0), after the ``"pattern"`` editors.
+        output: [batch, query, heads, d_v] what the function returns as ``attn_output`` (each head's
+            output before the output projection), after the ``"output"`` editors.
         rows: under :func:`row_blocks`, the query rows (i0, i1) of this block (``probs`` [batch,
             heads, i1 - i0, key], ``output`` [batch, i1 - i0, heads, d_v], ``keep`` the block's rows);
             None: the whole map.
@@ -78,8 +89,8 @@ class Call:
     value: torch.Tensor
     keep: torch.Tensor | None
     kwargs: dict
-    probs: torch.Tensor
-    output: torch.Tensor
+    probs: torch.Tensor | None
+    output: torch.Tensor | None
     rows: tuple[int, int] | None = None
 
 
@@ -124,6 +135,84 @@ def listen(module: nn.Module | None, listener: Listener) -> Listening:
     else:
         _LISTENERS.setdefault(module, []).append(listener)
     return Listening(module, listener)
+
+
+#: The named points where editors act, in the order they run within a call:
+#:
+#: - ``"query"``: [batch, heads, query, d_qk], after rotation;
+#: - ``"key"``: [batch, kv_heads, key, d_qk] and ``"value"``: [batch, kv_heads, key, d_v], the key/value
+#:   heads as the model has them (grouped heads not yet repeated);
+#: - ``"pattern"``: [batch, heads, query, key], the probabilities before they weight the values (an
+#:   edited pattern's output is recomputed from it: probs @ v);
+#: - ``"output"``: [batch, query, heads, d_v], each head's output before the output projection (z).
+#:
+#: Under :func:`row_blocks` the ``"pattern"`` and ``"output"`` editors run once per block of query rows
+#: (:attr:`Call.rows`; [batch, heads, i1 - i0, key] and [batch, i1 - i0, heads, d_v]); the
+#: ``"query"``/``"key"``/``"value"`` editors run once per call, before the blocks.
+POINTS = ("query", "key", "value", "pattern", "output")
+
+#: ``editor(tensor, call) -> tensor``: the tensor at a point (:data:`POINTS`) and the call so far
+#: (:class:`Call`); returns the tensor the function goes on with, of the same shape (a reader returns
+#: its input unchanged).
+Editor = Callable[[torch.Tensor, Call], torch.Tensor]
+
+_EDITORS: WeakKeyDictionary = WeakKeyDictionary()  # module -> {point: [editor, ...]} in registration order
+
+
+class Editing:
+    """A registered editor; :meth:`remove` takes it away (the handle :class:`probe.hooks.Hooks` keeps)."""
+
+    def __init__(self, module: nn.Module, point: str, editor: Editor) -> None:
+        self.module, self.point, self.editor = module, point, editor
+
+    def remove(self) -> None:
+        """Unregister (idempotent)."""
+        points = _EDITORS.get(self.module, {})
+        group = points.get(self.point, [])
+        if self.editor in group:
+            group.remove(self.editor)
+        if not group:
+            points.pop(self.point, None)
+        if not points:
+            _EDITORS.pop(self.module, None)
+
+
+def edit(module: nn.Module, point: str, editor: Editor) -> Editing:
+    """Register ``editor(tensor, call) -> tensor`` at ``point`` of every call ``module`` makes to
+    probe's attention function. Editors of one point run in registration order, each on the previous
+    one's result, before the listeners (:func:`listen`) are handed the call. Gradients flow through
+    whatever the editors compute (use differentiable, out-of-place operations).
+
+    Args:
+        module: the attention module (an attention site's module).
+        point: one of :data:`POINTS`.
+        editor: :data:`Editor`; it must return a tensor of the same shape.
+
+    Returns:
+        A handle whose ``remove()`` unregisters it (give it to :meth:`probe.hooks.Hooks.own`).
+
+    Raises:
+        ValueError: ``point`` is not one of :data:`POINTS`.
+    """
+    if point not in POINTS:
+        raise ValueError(f"no edit point {point!r}; points: {', '.join(POINTS)}")
+    _EDITORS.setdefault(module, {}).setdefault(point, []).append(editor)
+    return Editing(module, point, editor)
+
+
+def edited(point: str, tensor: torch.Tensor, call: Call) -> torch.Tensor:
+    """``tensor`` after the editors of ``call.module`` at ``point`` (itself when there are none)."""
+    for editor in list(_EDITORS.get(call.module, {}).get(point, ())):
+        out = editor(tensor, call)
+        if out.shape != tensor.shape:
+            raise InterfaceError(f"an editor at {point!r} of {type(call.module).__name__} returned shape "
+                                 f"{tuple(out.shape)} for {tuple(tensor.shape)}")
+        tensor = out
+    return tensor
+
+
+def _edits(module: nn.Module, point: str) -> bool:
+    return bool(_EDITORS.get(module, {}).get(point))
 
 
 def probe_mask(*args, **kwargs):
@@ -222,26 +311,43 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if dropout and module.training:
         raise InterfaceError(f"{type(module).__name__} runs attention dropout {dropout:g} in train mode; "
                              "probe measures in eval mode")
-    H = query.shape[1]
-    k, v = repeat_heads(key, H), repeat_heads(value, H)
-    keep = _keep(attention_mask, query, k)
+    call = Call(module, query, key, value, None, {"scaling": scaling, **kwargs}, None, None)
+    for point in ("query", "key", "value"):
+        setattr(call, point, edited(point, getattr(call, point), call))
+    query, H = call.query, call.query.shape[1]
+    k, v = repeat_heads(call.key, H), repeat_heads(call.value, H)
+    call.keep = keep = _keep(attention_mask, query, k)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     terms = {"softcap": kwargs.get("softcap"), "bias": kwargs.get("position_bias"),
              "sinks": kwargs.get("s_aux", kwargs.get("sinks"))}
-    info = {"scaling": scaling, **kwargs}
     rows, Tq = _BLOCKS["rows"], query.shape[2]
     if rows is None:
         probs, output = _attend(query, k, v, keep, scale, **terms)
-        _hand(Call(module, query, key, value, keep, info, probs, output))
-        return output, probs
+        call = _finish(call, probs, output, v)
+        return call.output, call.probs
     outputs = []
     for i0 in range(0, Tq, rows):
         i1 = min(Tq, i0 + rows)
         part = {**terms, "bias": _rows(terms["bias"], i0, i1)}
         probs, output = _attend(query[:, :, i0:i1], k, v, _rows(keep, i0, i1), scale, **part)
-        _hand(Call(module, query, key, value, _rows(keep, i0, i1), info, probs, output, (i0, i1)))
-        outputs.append(output)
+        block = dataclasses.replace(call, keep=_rows(keep, i0, i1), rows=(i0, i1))
+        outputs.append(_finish(block, probs, output, v).output)
     return torch.cat(outputs, dim=1), None
+
+
+def _finish(call: Call, probs: torch.Tensor, output: torch.Tensor, v: torch.Tensor) -> Call:
+    """The call (or block) completed: the ``"pattern"`` editors (the output recomputed from an edited
+    pattern), the ``"output"`` editors, then the listeners. v: [batch, heads, key, d_v] repeated."""
+    call.probs = probs
+    if _edits(call.module, "pattern"):
+        pattern = edited("pattern", probs, call)
+        if pattern is not probs:
+            call.probs = pattern
+            output = (pattern.to(v.dtype) @ v).transpose(1, 2).contiguous()
+    call.output = output
+    call.output = edited("output", output, call)
+    _hand(call)
+    return call
 
 
 def _rows(x: torch.Tensor | None, i0: int, i1: int) -> torch.Tensor | None:
@@ -256,8 +362,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tenso
         probs = with_sinks(q, k, keep, scale, sinks, softcap, bias).to(v.dtype)
         out = probs @ v
     else:  # d_v may differ from d_qk (MLA)
-        out, probs = attention(q, k, v, keep, scale=scale, softmax_dtype=torch.float32,
-                               upcast=q.dtype != torch.float32, softcap=softcap, bias=bias)
+        wide = q.dtype in (torch.float32, torch.float64)  # float64 models keep their precision
+        out, probs = attention(q, k, v, keep, scale=scale, softmax_dtype=q.dtype if wide else torch.float32,
+                               upcast=not wide, softcap=softcap, bias=bias)
     return probs, out.transpose(1, 2).contiguous()
 
 

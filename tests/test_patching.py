@@ -25,6 +25,7 @@ from probe.effects.patching import (
     run_z,
 )
 from probe.errors import InputError
+from probe.intervene import intervening
 
 PAIRS = [Pair("The cat and the dog ran to", "The dog and the cat ran to", " the", " a"),
          Pair("When Mary and John went to the store, John gave a drink to",
@@ -65,7 +66,8 @@ def test_residual_stream_patched_before_the_last_layer_restores_everything(kind)
 def _manual_patch_ld(lm, enc, layer: int, head: int, positions: torch.Tensor) -> float:
     """Mean LD of the corrupted run with columns [head * d_head, (head + 1) * d_head) of ``layer``'s
     output-projection input taken from the clean run at ``positions`` ([pairs, T] bool): an
-    independent hook, one pass of the plain batch."""
+    independent hook, one pass of the plain batch (under the same attention function as the
+    patching: probe's, where the model calls the attention interface)."""
     dh = lm.geometry.d_head
     o = [o for _, o in site_outputs(lm.model, lm.spec)][layer]
     clean_z = run_z(lm, enc.clean, enc.mask)[1][layer]
@@ -78,7 +80,7 @@ def _manual_patch_ld(lm, enc, layer: int, head: int, positions: torch.Tensor) ->
 
     handle = o.register_forward_pre_hook(hook)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), intervening(lm):
             logits = lm.model(input_ids=enc.corrupted, attention_mask=enc.mask, use_cache=False).logits
     finally:
         handle.remove()

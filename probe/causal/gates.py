@@ -2,23 +2,22 @@
 
 Michel et al. 2019 ("Are Sixteen Heads Really Better than One?", sec. 2.2) write multi-head
 attention as sum_h xi_h Att_h(x) with a gate xi_h per head: xi_h = 0 removes head h, and
-dL/dxi_h is its importance. probe puts the gate in a forward pre-hook on the output projection
-(the architecture spec's ``o``), whose input is the heads' outputs side by side,
-[batch, seq, heads * d_head]: head h's slice is multiplied by its gate. This happens after the
-attention itself, so it works under every attention implementation (eager, sdpa: no
-backend can ignore it), and gates are ordinary tensors, differentiable when they require grad.
+dL/dxi_h is its importance. probe puts the gate at the intervention point's ``"output"``
+(:mod:`probe.intervene`): each head's output before the output projection, [batch, seq, heads,
+d_head], head h's slice multiplied by its gate, inside probe's attention function (a model outside
+transformers' attention interface: at the output projection's input, the same numbers). Gates are
+ordinary tensors, differentiable when they require grad.
 
 An instrument that silently does nothing is the worst kind: a model whose forward pass never
-calls the hooked projection (BLOOM with ``pretraining_tp > 1`` and ``slow_but_exact``, which
-applies it as ``F.linear`` on slices of its weight) would give every head the importance 0. So
-:func:`gated` first checks, once per model, on one short sentence, that every layer's gate hook
-runs and that gating heads changes the output (:func:`check_gates`).
+reaches the gate (BLOOM with ``pretraining_tp > 1`` and ``slow_but_exact`` applies its output
+projection as ``F.linear`` on slices of its weight, past the fallback's hook) would give every head
+the importance 0. So :func:`gated` first checks, once per model, on one short sentence, that every
+layer's gate runs and that gating heads changes the output (:func:`check_gates`).
 
 Gates are in the original numbering ([layers, heads], or [batch, layers, heads] for one gate per
 sequence). On a physically pruned model (``lm.pruned``) each slot of the projection takes the gate
-of the original head it holds; zero placeholder slots take 0. The hooks live in
-:func:`probe.hooks.measuring` (eval mode, attention implementation untouched) and are always
-removed on exit.
+of the original head it holds; zero placeholder slots take 0. The editors live in
+:func:`probe.intervene.intervening` (eval mode) and are always removed on exit.
 """
 
 from __future__ import annotations
@@ -30,10 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..architectures import site_outputs
 from ..capture import encode, forward
 from ..errors import ProbeError
-from ..hooks import measuring
+from ..intervene import Intervention, intervening
 from .heads import check_head_mask
 
 #: Models whose gates were seen to act (checked once per model object).
@@ -57,12 +55,15 @@ class Gates:
         values: [layers, heads] or [batch, layers, heads] multipliers (original numbering); None
             leaves every head as it is.
         notes: what :func:`probe.hooks.measuring` changed (restored on exit).
-        fired: layers whose gate hook ran (filled in by the hooks).
+        fired: layers whose gate ran (filled in by the editors).
+        intervention: the :class:`~probe.intervene.Intervention` the gates are editors of (other
+            editors may join it).
     """
 
     values: torch.Tensor | None
     notes: list[str]
     fired: set[int] = field(default_factory=set)
+    intervention: Intervention | None = None
 
 
 def _slot_heads(lm, layer: int) -> list[int | None]:
@@ -72,23 +73,22 @@ def _slot_heads(lm, layer: int) -> list[int | None]:
     return list(lm.pruned.layouts[layer].q)
 
 
-def _hook(state: Gates, layer: int, slots: list[int | None], d_head: int, shape: tuple[int, int]):
+def _editor(state: Gates, layer: int, slots: list[int | None], shape: tuple[int, int]):
+    """The ``"output"`` editor of ``layer``: z [batch, seq, slots, d_head] times each slot's gate."""
     index = torch.tensor([h if h is not None else 0 for h in slots])
     real = torch.tensor([h is not None for h in slots])
 
-    def hook(module, args):
+    def editor(z, call):
         state.fired.add(layer)
         if state.values is None:
-            return None
+            return z
         check_head_mask(state.values, *shape, what="gates")  # assigned between passes: checked where read
-        x = args[0]  # [batch, seq, slots * d_head]
-        B, T, W = x.shape
-        g = state.values[..., layer, :].index_select(-1, index.to(x.device)).to(x.dtype)  # [slots] or [batch, slots]
-        g = g * real.to(device=x.device, dtype=x.dtype)
+        g = state.values[..., layer, :].index_select(-1, index.to(z.device)).to(z.dtype)  # [slots] or [batch, slots]
+        g = g * real.to(device=z.device, dtype=z.dtype)
         g = g[:, None, :, None] if g.dim() == 2 else g[None, None, :, None]
-        return (((x.reshape(B, T, len(slots), d_head) * g).reshape(B, T, W)), *args[1:])
+        return z * g
 
-    return hook
+    return editor
 
 
 @contextmanager
@@ -99,8 +99,9 @@ def gated(lm, values: torch.Tensor | None = None, *, eager: bool = False) -> Ite
         lm: a :class:`~probe.models.LoadedModel`.
         values: [layers, heads] or [batch, layers, heads] gates (1 = head as is, 0 = head removed);
             None: no gating until ``Gates.values`` is set.
-        eager: also switch to eager attention (for passes that capture attention probabilities);
-            gates themselves work under any implementation.
+        eager: a model outside transformers' attention interface: also switch it to eager attention
+            (for passes that capture attention probabilities); the others run probe's attention
+            function, which hands its probabilities on.
 
     Yields:
         :class:`Gates`; every hook is removed on exit (also on exceptions).
@@ -110,13 +111,13 @@ def gated(lm, values: torch.Tensor | None = None, *, eager: bool = False) -> Ite
             heads] of this model (:func:`probe.causal.heads.check_head_mask`).
         ProbeError: the gates do not act on this model (:func:`check_gates`).
     """
-    d_head, shape = lm.geometry.d_head, (lm.geometry.n_layers, lm.geometry.n_heads)
+    shape = (lm.geometry.n_layers, lm.geometry.n_heads)
     if values is not None:
         check_head_mask(values, *shape, what="gates")
-    with measuring(lm.model, eager=eager) as m:
-        state = Gates(values, m.notes)
-        for site, o in site_outputs(lm.model, lm.spec):  # one-stack models: one site per layer
-            m.hooks.forward_pre(o, _hook(state, site.layer, _slot_heads(lm, site.layer), d_head, shape))
+    with intervening(lm, eager=eager) as iv:
+        state = Gates(values, iv.notes, intervention=iv)
+        # one-stack models: one site per layer
+        iv.edit("output", lambda site: _editor(state, site.layer, _slot_heads(lm, site.layer), shape))
         if lm.kind != "encoder-decoder" and not _ACTING.get(lm.model, False):
             check_gates(lm, state)
             _ACTING[lm.model] = True

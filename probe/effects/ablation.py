@@ -2,8 +2,8 @@
 0 (``zero``), by its mean over the real tokens of reference text (``mean``), or by its value on
 another text (``resample``; Chan et al. 2022, causal scrubbing's resampling ablation).
 
-The intervention point is the one of :mod:`probe.causal.gates`: a forward pre-hook on each site's
-output projection, whose input is the heads' outputs side by side, [batch, seq, heads * d_head]:
+The intervention point is the one of :mod:`probe.causal.gates`: the ``"output"`` point of
+:mod:`probe.intervene`, each head's output before the output projection, [batch, seq, heads, d_head]:
 
     z_h[t] <- (1 - a) z_h[t] + a f_h[t] [t real],   a = 1 for an ablated head, 0 otherwise,
 
@@ -35,14 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..architectures import site_outputs
 from ..capture import forward
 from ..causal.gates import gated
 from ..causal.heads import check_head_mask
 from ..causal.objectives import CausalLM, MaskedLM
 from ..errors import InputError
-from ..hooks import measuring
 from ..inputs import Batch
+from ..intervene import Cache, intervening
 from .objective import Seq2SeqLM
 
 KINDS = ("zero", "mean", "resample")
@@ -86,18 +85,11 @@ def site_real(batch: Batch, site) -> torch.Tensor:
 @torch.no_grad()
 def site_z(lm, batch: Batch) -> list[torch.Tensor]:
     """One clean pass: every site's output-projection input, [batch, T_site, heads * d_head], ``lm.sites`` order."""
-    out: dict[int, torch.Tensor] = {}
-
-    def hook_for(i: int):
-        def hook(module, args):
-            out[i] = args[0].detach().clone()
-        return hook
-
-    with measuring(lm.model, eager=False) as m:
-        for i, (_, o) in enumerate(site_outputs(lm.model, lm.spec)):
-            m.hooks.forward_pre(o, hook_for(i))
+    cache = Cache()
+    with intervening(lm) as iv:
+        iv.edit("output", lambda site: cache.reader(site))
         forward(lm, batch)
-    return [out[i] for i in range(len(out))]
+    return [cache[site].flatten(2).clone() for site in lm.sites]
 
 
 @torch.no_grad()
@@ -216,23 +208,23 @@ def _fill(state: Ablation, i: int, N: int, T: int, shape: tuple, like: torch.Ten
     return None
 
 
-def _ablate_hook(state: Ablation, i: int, site, n_sites: int, n_heads: int, d_head: int):
-    def hook(module, args):
+def _ablator(state: Ablation, i: int, site, n_sites: int, n_heads: int):
+    """Site ``i``'s ``"output"`` editor: z [N, T, heads, d_head] with the armed sets ablated."""
+    def editor(z, call):
         if state.sets is None:
-            return None
-        x = args[0]  # [N, T, heads * d_head]
-        N, T, W = x.shape
+            return z
+        N, T = z.shape[:2]
         check_head_mask(state.sets, n_sites, n_heads, what="ablation sets")  # set directly: checked where read
-        a = state.sets[:, i].repeat_interleave(N // len(state.sets), 0).to(device=x.device, dtype=x.dtype)  # [N, H]
+        a = state.sets[:, i].repeat_interleave(N // len(state.sets), 0).to(device=z.device, dtype=z.dtype)  # [N, H]
         if not a.any():
-            return None
-        x4 = x.reshape(N, T, n_heads, d_head) * (1 - a)[:, None, :, None]
-        fill = _fill(state, i, N, T, (n_heads, d_head), x)
+            return z
+        x4 = z * (1 - a)[:, None, :, None]
+        fill = _fill(state, i, N, T, z.shape[2:], z)
         if fill is not None:
-            real = site_real(state.batch, site)[:, :T].to(device=x.device, dtype=x.dtype)
+            real = site_real(state.batch, site)[:, :T].to(device=z.device, dtype=z.dtype)
             x4 = x4 + a[:, None, :, None] * fill * real[:, :, None, None]
-        return (x4.reshape(N, T, W), *args[1:])
-    return hook
+        return x4
+    return editor
 
 
 @contextmanager
@@ -247,21 +239,17 @@ def ablating(lm, kind: str, means: torch.Tensor | None = None) -> Iterator[Ablat
     Raises:
         InputError: an unknown kind.
         ValueError: ``mean`` without means (a programming mistake).
-        ProbeError: the hooks do not act on this model (:func:`probe.causal.gates.check_gates`).
+        ProbeError: the editors do not act on this model (:func:`probe.causal.gates.check_gates`).
     """
     check_kinds([kind])
     if kind == "mean" and means is None:
         raise ValueError("mean ablation needs the heads' means (head_means)")
-    g = lm.geometry
-    with gated(lm, None):  # the gates' check that the projections are called; its own hooks stay open
+    index = {site: i for i, site in enumerate(lm.sites)}
+    with gated(lm, None) as gates:  # the gates' check that the point acts; its editors stay open
         state = Ablation(kind, means if kind == "mean" else None)
-        handles = [o.register_forward_pre_hook(_ablate_hook(state, i, site, len(lm.sites), g.n_heads, g.d_head))
-                   for i, (site, o) in enumerate(site_outputs(lm.model, lm.spec))]
-        try:
-            yield state
-        finally:
-            for h in handles:
-                h.remove()
+        gates.intervention.edit("output", lambda site: _ablator(state, index[site], site, len(lm.sites),
+                                                                lm.geometry.n_heads))
+        yield state
 
 
 @torch.no_grad()

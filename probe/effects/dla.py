@@ -24,9 +24,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..architectures import site_block, site_outputs, weights
+from ..architectures import site_block, weights
 from ..errors import InputError, UnsupportedAnalysisError
-from ..hooks import input_device, measuring
+from ..hooks import input_device
+from ..intervene import Cache, intervening
 from .patching import EncodedPairs, Pair, builtin_pairs, check_patchable, encode_pairs, final_norm
 
 
@@ -85,15 +86,16 @@ def _components(lm, enc: EncodedPairs):
         x = x[0] if isinstance(x, tuple) else x
         got[key] = x[rows, enc.last.to(x.device)].detach().double().cpu()
 
-    device = input_device(lm.model)
-    with measuring(lm.model, eager=False) as m:
-        m.hooks.forward_pre(blocks[0], lambda mod, a, k: take("embed", a[0] if a else k["hidden_states"]),
-                            with_kwargs=True)
-        m.hooks.forward_pre(norm, lambda mod, a: take("final", a[0]))
-        for layer, (_, o) in enumerate(site_outputs(lm.model, lm.spec)):
-            m.hooks.forward_pre(o, lambda mod, a, layer=layer: take(("z", layer), a[0]))
-            m.hooks.forward(mlps[layer], lambda mod, a, out, layer=layer: take(("mlp", layer), out))
+    device, z = input_device(lm.model), Cache()
+    with intervening(lm) as iv:
+        iv.before(blocks[0], lambda a, k: take("embed", a[0] if a else k["hidden_states"]))
+        iv.before(norm, lambda a, k: take("final", a[0] if a else k["hidden_states"]))
+        iv.edit("output", lambda site: z.reader(site))
+        for layer, mlp in enumerate(mlps):
+            iv.after(mlp, lambda out, layer=layer: take(("mlp", layer), out))
         logits = lm.model(input_ids=enc.clean.to(device), attention_mask=enc.mask.to(device), use_cache=False).logits
+    for layer, site in enumerate(lm.sites):
+        take(("z", layer), z[site].flatten(2))  # [pairs, T, heads * d_head]
     at = logits[rows, enc.last].double().cpu()
     return got, norm, (at[rows, enc.answer] - at[rows, enc.wrong]), L
 

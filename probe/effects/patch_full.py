@@ -1,5 +1,6 @@
-"""Activation patching by whole forward passes: masked-LM encoders and encoder-decoder models (a
-decoder continues its recorded run from the patched block instead, :mod:`.patching`).
+"""Activation patching by whole forward passes, the one engine for every model kind: decoders,
+masked-LM encoders and encoder-decoder models. The head outputs are read and written at the
+``"output"`` point of :mod:`probe.intervene` (each head's output before the output projection).
 
 The metric reads the logits where :class:`~probe.effects.pairs.EncodedPairs` says (``last``): a
 masked-LM encoder's first mask, an encoder-decoder model's last decoder position (the decoder reads
@@ -18,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..architectures import site_outputs
-from ..hooks import input_device, measuring
+from ..hooks import input_device
+from ..intervene import Cache, intervening
 from .pairs import EncodedPairs
 
 
@@ -36,45 +37,49 @@ def model_inputs(lm, enc: EncodedPairs, ids: torch.Tensor, copies: int = 1) -> d
     return kw
 
 
-def patch_hook(lm, i: int, patches: dict, donor: list, alpha: float | None = None):
-    """The forward pre-hook on site ``i``'s output projection that puts the donor's head slices in
-    where ``patches[i]`` ([B, T, heads] bool) says; ``alpha`` None replaces the slice (exactly the
-    donor's value), a number interpolates z + alpha (donor - z). A site without patches is left alone."""
-    H, dh = lm.geometry.n_heads, lm.geometry.d_head
+def patch_editor(lm, i: int, patches: dict, donor: list, alpha: float | None = None):
+    """Site ``i``'s ``"output"`` editor (:mod:`probe.intervene`) that puts the donor's head outputs in
+    where ``patches[i]`` ([B, T, heads] bool) says; ``alpha`` None replaces them (exactly the donor's
+    value), a number interpolates z + alpha (donor - z). A site without patches is left alone.
 
-    def fn(module, args):
+    Args:
+        donor: per site [B, T, heads * d_head] the values patched in.
+    """
+    def editor(z, call):  # [B, T, heads, d_head]
         if i not in patches:
-            return None
-        x = args[0]
-        B, T, W = x.shape
-        x4, src = x.reshape(B, T, H, dh), donor[i].to(x.device, x.dtype).reshape(B, T, H, dh)
-        new = src if alpha is None else x4 + alpha * (src - x4)
-        return (torch.where(patches[i].to(x.device)[..., None], new, x4).reshape(B, T, W), *args[1:])
+            return z
+        src = donor[i].to(z.device, z.dtype).reshape(z.shape)
+        new = src if alpha is None else z + alpha * (src - z)
+        return torch.where(patches[i].to(z.device)[..., None], new, z)
 
-    return fn
+    return editor
+
+
+def patched_logits(lm, inputs: dict, patches: dict | None = None, donor: list | None = None,
+                   alpha: float | None = None, keep_z: bool = False):
+    """One pass on the model's keyword arguments ``inputs``: (its logits, every site's z [B, T_site,
+    heads * d_head] after the patches when ``keep_z``, else []), head outputs patched as in
+    :func:`patch_editor`."""
+    patches, zs = patches or {}, Cache()
+    index = {site: i for i, site in enumerate(lm.sites)}
+    with intervening(lm) as iv:
+        iv.edit("output", lambda site: patch_editor(lm, index[site], patches, donor, alpha))
+        if keep_z:
+            iv.edit("output", lambda site: zs.reader(site))
+        logits = lm.model(**inputs).logits
+    return logits, [zs[site].flatten(2).clone() for site in lm.sites] if keep_z else []
 
 
 @torch.no_grad()
 def full_pass(lm, enc: EncodedPairs, inputs: dict, copies: int, patches: dict | None = None,
               donor: list | None = None, keep_z: bool = False):
     """One pass: ([copies * pairs, vocab] logits at each pair's metric position, every site's z
-    [copies * pairs, T_site, heads * d_head] when ``keep_z``), head slices patched as in :func:`patch_hook`."""
-    patches, zs = patches or {}, {}
-
-    def keep(i):
-        def fn(module, args):
-            zs[i] = args[0].clone()
-        return fn
-
-    with measuring(lm.model, eager=False) as m:
-        for i, (_, o) in enumerate(site_outputs(lm.model, lm.spec)):
-            m.hooks.forward_pre(o, patch_hook(lm, i, patches, donor))
-            if keep_z:
-                m.hooks.forward_pre(o, keep(i))
-        logits = lm.model(**inputs).logits
+    [copies * pairs, T_site, heads * d_head] when ``keep_z``), head outputs patched as in
+    :func:`patch_editor`."""
+    logits, zs = patched_logits(lm, inputs, patches, donor, keep_z=keep_z)
     rows = torch.arange(copies * len(enc), device=logits.device)
     at = logits[rows, enc.last.repeat(copies).to(logits.device)]
-    return at, [zs[k] for k in sorted(zs)]
+    return at, zs
 
 
 def last_logit_diffs(logits_last: torch.Tensor, enc: EncodedPairs, copies: int) -> torch.Tensor:

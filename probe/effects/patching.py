@@ -7,39 +7,39 @@ encoders: the clean prompt's first mask; encoder-decoder models: the decoder's l
 the pair's target prefix; :mod:`.pairs`), averaged over the pairs: LD_c (clean run), LD_x
 (corrupted run), LD_p (a patched run).
 
-The intervention point is head h's slice z_h [batch, pos, d_head] of the output projection's input
-(the site of :mod:`probe.causal.gates`, a forward pre-hook), per query head (with grouped
-key/value heads every query head has its own slice). Denoising (default; Meng et al. 2022's
-restoration, TransformerLens ``get_act_patch_attn_head_out_all_pos``): the corrupted run with the
-clean z_h, effect P = (LD_p - LD_x) / (LD_c - LD_x): 0 = restores nothing, 1 = all of it.
-Noising: the clean run with the corrupted z_h, effect 1 - P. All real positions, or the last only.
+The intervention point is head h's output z_h [batch, pos, d_head] before the output projection
+(the ``"output"`` point of :mod:`probe.intervene`, where the gates of :mod:`probe.causal.gates` act
+too), per query head (with grouped key/value heads every query head has its own output).
+Denoising (default; Meng et al. 2022's restoration, TransformerLens
+``get_act_patch_attn_head_out_all_pos``): the corrupted run with the clean z_h, effect
+P = (LD_p - LD_x) / (LD_c - LD_x): 0 = restores nothing, 1 = all of it. Noising: the clean run
+with the corrupted z_h, effect 1 - P. All real positions, or the last only.
 When |LD_c - LD_x| < 0.1 the pair set barely separates the answers: the effect is the raw
 difference LD_p - LD_(unpatched run) in logits instead (the result says so).
 
 Several patched copies of the batch share one forward pass; every pass, the unpatched baselines
-included, has the same shape, so a patch that changes nothing gives exactly 0. Decoders continue
-the recorded run from the patched layer; masked-LM encoders and encoder-decoder models (every
-encoder self, decoder self and cross head) run whole passes (:mod:`.patch_full`).
+included, has the same shape, so a patch that changes nothing gives exactly 0. Every model kind
+runs whole passes, one engine (:mod:`.patch_full`): decoders, masked-LM encoders and
+encoder-decoder models (every encoder self, decoder self and cross head).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..architectures import get_spec, site_block, site_outputs, weights
+from ..architectures import get_spec, site_block, weights
 from ..causal.objectives import head_kind
 from ..errors import InputError, UnsupportedAnalysisError
-from ..hooks import input_device, measuring
+from ..hooks import input_device
+from ..intervene import intervening
 from .pairs import EncodedPairs, Pair, builtin_pairs, encode_pairs, parse_pairs, read_pairs
-from .patch_full import full_head_logit_diffs, full_pass, job_patches, last_logit_diffs, model_inputs, patch_hook
+from .patch_full import full_head_logit_diffs, full_pass, last_logit_diffs, model_inputs, patched_logits
 
 __all__ = ["EncodedPairs", "Pair", "builtin_pairs", "encode_pairs", "parse_pairs", "read_pairs", "MIN_GAP",
-           "DIRECTIONS", "check_patchable", "logit_diffs", "run_z", "patched_pass", "StackInputs", "capture_inputs",
-           "continue_pass", "last_logit_diffs", "head_logit_diffs", "normalise", "patch_heads", "patch_residual",
+           "DIRECTIONS", "check_patchable", "logit_diffs", "run_z", "patched_pass",
+           "last_logit_diffs", "head_logit_diffs", "normalise", "patch_heads", "patch_residual",
            "final_norm"]
 
 #: Below this |LD_c - LD_x| (logits) effects are not normalised (raw differences instead).
@@ -89,105 +89,32 @@ def logit_diffs(logits: torch.Tensor, enc: EncodedPairs, copies: int = 1) -> tor
     return (at[rows, a] - at[rows, b]).reshape(copies, n).cpu()
 
 
-def _layers(lm) -> list:
-    return [o for _, o in site_outputs(lm.model, lm.spec)]
-
-
 @torch.no_grad()
 def run_z(lm, ids: torch.Tensor, mask: torch.Tensor, copies: int = 1):
-    """One pass on ``ids`` repeated ``copies`` times: (logits, every layer's z [pairs, T, heads * d_head]
+    """One pass on ``ids`` repeated ``copies`` times: (logits, every site's z [pairs, T, heads * d_head]
     from the first copy)."""
-    zs = {}
-
-    def hook(layer):
-        def fn(module, args):
-            zs[layer] = args[0][: len(ids)].clone()
-        return fn
-
-    with measuring(lm.model, eager=False) as m:
-        for layer, o in enumerate(_layers(lm)):
-            m.hooks.forward_pre(o, hook(layer))
-        out = _forward(lm, ids.repeat(copies, 1), mask.repeat(copies, 1))
-    return out, [zs[k] for k in sorted(zs)]
+    logits, zs = patched_logits(lm, _inputs(lm, ids.repeat(copies, 1), mask.repeat(copies, 1)), keep_z=True)
+    return logits, [z[: len(ids)] for z in zs]
 
 
-def _forward(lm, ids, mask):
+def _inputs(lm, ids, mask) -> dict:
     device = input_device(lm.model)
-    return lm.model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "use_cache": False}
 
 
 @torch.no_grad()
 def patched_pass(lm, ids, mask, patches: dict, donor: list, alpha: float | None = None) -> torch.Tensor:
-    """Logits of one pass with head slices replaced.
+    """Logits of one pass with head outputs replaced (a one-stack model).
 
     Args:
         ids: [B, T] the run's tokens (copies side by side).
         mask: [B, T] 1 for real tokens.
-        patches: layer -> [B, T, heads] bool, where z_h takes the donor's value.
-        donor: per layer [B, T, heads * d_head] the values patched in.
-        alpha: None replaces the slice (exactly the donor's value); a number interpolates
+        patches: site index -> [B, T, heads] bool, where z_h takes the donor's value.
+        donor: per site [B, T, heads * d_head] the values patched in.
+        alpha: None replaces the output (exactly the donor's value); a number interpolates
             z + alpha (donor - z) (alpha = 1 equals the replacement up to rounding).
     """
-    with measuring(lm.model, eager=False) as m:
-        for layer, o in enumerate(_layers(lm)):
-            m.hooks.forward_pre(o, patch_hook(lm, layer, patches, donor, alpha))
-        return _forward(lm, ids, mask)
-
-
-@dataclass
-class StackInputs:
-    """What each block of one pass received, to continue a pass from any block (the blocks before a
-    patched layer compute nothing new, so they are not run again).
-
-    Attributes:
-        hidden: per block, its input hidden states [pairs, T, d_model].
-        calls: per block, ``(args, kwargs)`` of its call without the hidden states (masks and position
-            embeddings for ``copies`` copies).
-        copies: copies of the pairs in the pass.
-    """
-
-    hidden: list
-    calls: list
-    copies: int
-
-
-def _blocks(lm) -> list:
-    return [site_block(lm.model, lm.spec, s) for s in lm.sites]
-
-
-def _repeat(value, n: int, copies: int, heads: int):
-    """``value`` (a block argument: tensor, tuple, list, dict or other) with every tensor whose first
-    dimension is the batch of ``n`` rows (or batch x heads, BLOOM's ALiBi bias) repeated ``copies``
-    times along it (batch-major, as the copies are)."""
-    if isinstance(value, torch.Tensor):
-        batched = value.dim() and value.shape[0] in (n, n * heads)
-        return value.repeat(copies, *([1] * (value.dim() - 1))) if batched else value
-    if isinstance(value, (tuple, list)):
-        return type(value)(_repeat(v, n, copies, heads) for v in value)
-    if isinstance(value, dict):
-        return {k: _repeat(v, n, copies, heads) for k, v in value.items()}
-    return value
-
-
-@torch.no_grad()
-def capture_inputs(lm, ids: torch.Tensor, mask: torch.Tensor, copies: int) -> StackInputs:
-    """One pass of ``ids``, keeping every block's inputs, its other arguments (masks, position
-    embeddings) repeated for ``copies`` copies of the batch."""
-    n, saved = len(ids), {}
-
-    def hook(i):
-        def fn(module, args, kwargs):
-            x = args[0] if args else kwargs["hidden_states"]
-            rest = (args[1:], kwargs) if args else ((), {k: v for k, v in kwargs.items() if k != "hidden_states"})
-            saved[i] = (x.clone(), _repeat(rest, n, copies, lm.geometry.n_heads))
-        return fn
-
-    with measuring(lm.model, eager=False) as m:
-        for i, block in enumerate(_blocks(lm)):
-            m.hooks.forward_pre(block, hook(i), with_kwargs=True)
-        _forward(lm, ids, mask)
-    keys = sorted(saved)
-    return StackInputs([saved[k][0] for k in keys], [saved[k][1] for k in keys], copies)
+    return patched_logits(lm, _inputs(lm, ids, mask), patches, donor, alpha)[0]
 
 
 def final_norm(lm) -> torch.nn.Module:
@@ -203,75 +130,9 @@ def final_norm(lm) -> torch.nn.Module:
     return norm
 
 
-def _final(lm):
-    """(final norm, LM head, softcap or None) of a decoder."""
-    return final_norm(lm), lm.model.get_output_embeddings(), lm.spec.final_softcap(lm.model.config)
-
-
-@torch.no_grad()
-def continue_pass(lm, enc: EncodedPairs, inputs: StackInputs, start: int, patches: dict | None = None,
-                  donor: list | None = None) -> torch.Tensor:
-    """[copies * pairs, vocab] logits at each pair's last real position of a pass continued from block
-    ``start`` (its recorded input), with head slices patched as in :func:`patched_pass`."""
-    k = inputs.copies
-    patches = patches or {}
-    norm, head, cap = _final(lm)
-    with measuring(lm.model, eager=False) as m:
-        for layer, o in enumerate(_layers(lm)):
-            m.hooks.forward_pre(o, patch_hook(lm, layer, patches, donor))
-        blocks = _blocks(lm)
-        x = inputs.hidden[start].repeat(k, 1, 1)
-        for i in range(start, len(blocks)):
-            args, kwargs = inputs.calls[i]
-            out = blocks[i](x, *args, **kwargs) if args or "hidden_states" not in kwargs else blocks[i](
-                hidden_states=x, **kwargs)
-            x = out[0] if isinstance(out, tuple) else out
-        x = x[torch.arange(len(x)), enc.last.repeat(k).to(x.device)]
-        logits = head(norm(x))
-    return cap * torch.tanh(logits / cap) if cap else logits
-
-
-def head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted", donor: str = "clean",
-                     heads_per_pass: int = 16, progress=None) -> tuple[np.ndarray, np.ndarray, dict]:
-    """LD of patched runs, one per job, with the unpatched run of the same pass shape.
-
-    Each pass continues the recorded run from the lowest layer it patches; the unpatched run goes
-    through the same blocks and final projection, so a patch that changes nothing gives exactly 0.
-
-    Args:
-        jobs: (layer, head, where) with ``where`` ``all`` or ``last``.
-        run: ``clean`` or ``corrupted``: the run patched.
-        donor: ``clean`` or ``corrupted``: the run z_h comes from.
-        heads_per_pass: patched copies per forward pass (each pass patches one layer's jobs).
-        progress: a callable ``(done, total)`` or None.
-
-    Returns:
-        ``(ld_patched [jobs], ld_base [jobs], means)``: mean LD over pairs of each patched run and of
-        the unpatched run in the same copy; ``means``: ``clean`` and ``corrupted`` LD means.
-    """
-    k = max(1, min(heads_per_pass, len(jobs)))
-    ids = {"clean": enc.clean, "corrupted": enc.corrupted}
-    inputs = {name: capture_inputs(lm, ids[name], enc.mask, k) for name in ("clean", "corrupted")}
-    last = lm.geometry.n_layers - 1
-    base = last_logit_diffs(continue_pass(lm, enc, inputs[run], last), enc, k).mean(1).numpy()  # [k]
-    means = {name: float(last_logit_diffs(continue_pass(lm, enc, inputs[name], last), enc, k)[0].mean())
-             for name in ("clean", "corrupted")}
-    donor_z = [t.repeat(k, 1, 1) for t in run_z(lm, ids[donor], enc.mask)[1]]
-    patched, bases = np.zeros(len(jobs)), np.zeros(len(jobs))
-    by_layer: dict[int, list[int]] = {}
-    for i, job in enumerate(jobs):
-        by_layer.setdefault(job[0], []).append(i)
-    chunks = [group[s:s + k] for group in by_layer.values() for s in range(0, len(group), k)]
-    done = 0
-    for chunk in chunks:  # one layer per pass: it continues from that layer
-        logits = continue_pass(lm, enc, inputs[run], jobs[chunk[0]][0],
-                               job_patches(lm, enc, [jobs[i] for i in chunk], k), donor_z)
-        patched[chunk] = last_logit_diffs(logits, enc, k).mean(1).numpy()[: len(chunk)]
-        bases[chunk] = base[: len(chunk)]
-        done += len(chunk)
-        if progress:
-            progress(done, len(jobs))
-    return patched, bases, means
+#: LD of patched runs, one per job, by whole passes, for every model kind (the one engine:
+#: :func:`probe.effects.patch_full.full_head_logit_diffs`).
+head_logit_diffs = full_head_logit_diffs
 
 
 def normalise(raw: np.ndarray, gap: float, direction: str) -> tuple[np.ndarray, bool]:
@@ -316,8 +177,7 @@ def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denois
     jobs = [(i, head, where) for i in range(S) for where in ("all", "last") for head in range(H)]
     heads_per_pass = heads_per_pass or 2 * H
     run, donor = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
-    measure = head_logit_diffs if lm.kind == "decoder" else full_head_logit_diffs
-    ld_p, ld_base, means = measure(lm, enc, jobs, run=run, donor=donor, heads_per_pass=heads_per_pass,
+    ld_p, ld_base, means = head_logit_diffs(lm, enc, jobs, run=run, donor=donor, heads_per_pass=heads_per_pass,
                                    progress=progress)
     raw = (ld_p - ld_base).reshape(S, 2, H).transpose(1, 0, 2)  # [where, sites, heads]
     gap = means["clean"] - means["corrupted"]
@@ -360,11 +220,11 @@ def patch_residual(lm, pairs: list[Pair], layer: int) -> float:
     block = blocks[layer]
     saved = {}
 
-    def save(module, args, kwargs):
+    def save(args, kwargs):
         saved["call"] = ([a.clone() if torch.is_tensor(a) else a for a in args],
                          {k: v.clone() if torch.is_tensor(v) else v for k, v in kwargs.items()})
 
-    def load(module, args, kwargs):  # every tensor the block reads, from the clean run (masks are equal)
+    def load(args, kwargs):  # every tensor the block reads, from the clean run (masks are equal)
         a, kw = saved["call"]
         return (tuple(x if torch.is_tensor(x) else y for x, y in zip(a, args)),
                 {k: kw[k] if torch.is_tensor(kw.get(k)) else v for k, v in kwargs.items()})
@@ -372,9 +232,9 @@ def patch_residual(lm, pairs: list[Pair], layer: int) -> float:
     lds = {}
     for name, ids, hook in (("clean", enc.clean, save), ("patched", enc.corrupted, load),
                             ("corrupted", enc.corrupted, None)):
-        with measuring(lm.model, eager=False) as m:
+        with intervening(lm) as iv:
             if hook:
-                m.hooks.forward_pre(block, hook, with_kwargs=True)
+                iv.before(block, hook)
             lds[name] = float(last_logit_diffs(full_pass(lm, enc, model_inputs(lm, enc, ids), 1)[0], enc, 1).mean())
     gap = lds["clean"] - lds["corrupted"]
     if abs(gap) < MIN_GAP:
