@@ -143,7 +143,8 @@ def record(run) -> dict:
             "circuit_faithfulness": float(row["faithfulness"]), "ld_clean": run.ld_clean,
             "ld_corrupted": run.ld_corrupted, "m_full": run.faithfulness.m_full, "m_empty": run.faithfulness.m_empty,
             "curve": f[["k", "share", "faithfulness", "random_mean", "random_std"]].to_dict("records"),
-            "passes": run.passes, "seconds": {k: round(v, 3) for k, v in run.seconds.items()}, "notes": run.notes}
+            "passes": run.passes, "seeds": run.seeds, "seconds": {k: round(v, 3) for k, v in run.seconds.items()},
+            "notes": run.notes}
 
 
 @section_builder

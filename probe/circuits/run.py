@@ -41,6 +41,7 @@ class CircuitRun:
         ld_clean, ld_corrupted: the runs' mean logit differences.
         pairs, source: the pairs and where they came from; seconds: phase -> wall time; notes.
         passes: forward passes run, by phase (``edges``, ``faithfulness``).
+        seeds: random circuits per size.
     """
 
     graph: Graph
@@ -56,6 +57,7 @@ class CircuitRun:
     seconds: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     passes: dict = field(default_factory=dict)
+    seeds: int = 5
 
     def edges_frame(self) -> pd.DataFrame:
         """One row per edge: ``upstream``, ``downstream`` (the node an input belongs to), ``input``
@@ -142,7 +144,7 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         say(f"faithfulness ({evaluator.passes} circuits): done in {seconds['faithfulness_s']:.1f} s")
     passes = {"edges": n_batches * (2 + 2 * m), "faithfulness": n_batches * (2 + evaluator.passes)}
     return CircuitRun(graph, scores, method, m, top_edges(scores, k), curve, evaluator.ld_clean,
-                      evaluator.ld_corrupted, pairs, source, seconds, [], passes)
+                      evaluator.ld_corrupted, pairs, source, seconds, [], passes, seeds)
 
 
 class _bar:
