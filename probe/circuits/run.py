@@ -103,16 +103,17 @@ class CircuitRun:
         return out
 
 
-def circuit_sizes(n_edges: int, k: int) -> list[int]:
-    """The faithfulness curve's sizes: :data:`SHARES` of ``n_edges`` (at least 1 edge) and ``k``."""
-    return sorted({max(1, round(s * n_edges)) for s in SHARES} | {k})
+def circuit_sizes(n_edges: int, k: int, shares=SHARES) -> list[int]:
+    """The faithfulness curve's sizes: ``shares`` of ``n_edges`` (at least 1 edge) and ``k``."""
+    return sorted({max(1, round(s * n_edges)) for s in shares} | {k})
 
 
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", method: str = "eap-ig",
             steps: int = 5, edges: int | None = None, seeds: int = 5, batch_size: int = 8, progress: bool = False,
-            say=None) -> CircuitRun:
+            say=None, shares=None) -> CircuitRun:
     """Edge scores, the top-``edges`` circuit and the faithfulness curve of ``lm`` on ``pairs``
-    (default the built-in set); ``say``: a callable given one line per stage, or None.
+    (default the built-in set); ``say``: a callable given one line per stage, or None; ``shares``: the
+    curve's sizes as shares of all edges (default :data:`~probe.circuits.evaluate.SHARES`).
 
     Raises:
         UnsupportedAnalysisError: a model outside the graph (:func:`~probe.circuits.checked.checked_graph`).
@@ -127,7 +128,7 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         raise InputError(f"--edges {k}: {lm.name}'s graph has {graph.n_edges} edges")
     m = 1 if method == "eap" else steps
     n_batches, seconds = len(batches(len(enc), batch_size)), {}
-    sizes = circuit_sizes(graph.n_edges, k)
+    sizes = circuit_sizes(graph.n_edges, k, shares or SHARES)
     t = time.perf_counter()
     with _bar(progress, n_batches * m, f"{method} gradients", "backward") as bar:
         scores = edge_scores(lm, wiring, graph, enc, method=method, steps=steps, batch_size=batch_size,

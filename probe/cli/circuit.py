@@ -9,9 +9,21 @@ import time
 import click
 
 from .. import IMPORT_STARTED, bounds
+from ..errors import InputError
 from ..util import plural, process_age
 from .group import hold, main, user_errors
 from .options import click_callback, model_option, model_placement
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    """``--shares``: comma-separated numbers in (0, 1]."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise InputError(f"--shares must be comma-separated numbers in (0, 1], got {text!r}")
+    return tuple(bounds.fraction("--shares", v, closed_high=True) for v in values)
 
 
 @main.command("circuit")
@@ -29,6 +41,10 @@ from .options import click_callback, model_option, model_placement
 @click.option("--seeds", type=int, default=5, show_default=True,
               callback=click_callback(lambda v: bounds.positive_int("--seeds", v)),
               help="Random circuits per size for the faithfulness baseline.")
+@click.option("--shares", default=None, metavar="F,F,...",
+              callback=click_callback(lambda v: v if v is None else _shares(v)),
+              help="Circuit sizes of the faithfulness curve, as shares of all edges [default: 0.001, 0.002, 0.005, "
+                   "0.01, 0.02, 0.05, 0.1, 0.2, 0.5].")
 @click.option("--batch-size", type=int, default=8, show_default=True,
               callback=click_callback(lambda v: bounds.positive_int("--batch-size", v)),
               help="Pairs per forward pass.")
@@ -38,7 +54,7 @@ from .options import click_callback, model_option, model_placement
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
 @user_errors
-def circuit_command(model_name, pairs_file, method, steps, edges, seeds, batch_size, out, force, progress,
+def circuit_command(model_name, pairs_file, method, steps, edges, seeds, shares, batch_size, out, force, progress,
                     device=None, dtype=None) -> None:
     """Score every edge of the graph of heads and MLPs (embeddings, each head's query, key and value
     inputs, each MLP's input, the logits) by attribution patching between clean and corrupted prompts,
@@ -70,13 +86,13 @@ def circuit_command(model_name, pairs_file, method, steps, edges, seeds, batch_s
     show = sys.stderr.isatty() if progress is None else progress
     m = 1 if method == "eap" else steps
     n_batches = -(-len(pairs) // batch_size)
+    sizes = len(shares or SHARES) + 1
     click.echo(f"Circuit of {lm.name} on {plural(len(pairs), 'pair')} ({source}), {method}"
                f"{f' m={m}' if method == 'eap-ig' else ''}: cost {n_batches * (2 + m)} forward and {n_batches * m} "
-               f"backward passes for the scores, about {n_batches} x (4 + {len(SHARES) + 1} sizes x {1 + seeds}) "
-               "passes for faithfulness",
-               err=True)
+               f"backward passes for the scores, about {n_batches} x (4 + {sizes} sizes x {1 + seeds}) passes for "
+               "faithfulness", err=True)
     result, path = circuit_run(lm, pairs, out=out, force=force, source=source, method=method, steps=steps,
-                               edges=edges, seeds=seeds, batch_size=batch_size, progress=show,
+                               edges=edges, seeds=seeds, shares=shares, batch_size=batch_size, progress=show,
                                timings={"model_load_s": lm.load_seconds}, started=started,
                                say=None if show else lambda line: click.echo(line, err=True))
     f = result.faithfulness.frame
