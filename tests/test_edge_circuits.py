@@ -265,7 +265,8 @@ def test_circuit_command_writes_the_run_folder(circuit_folder):
     assert record["method"] == "eap-ig" and record["steps"] == 2 and "faithfulness" in output
 
 
-@pytest.mark.parametrize("args,message", [(["--steps", "0"], "--steps"), (["--edges", "0"], "--edges")])
+@pytest.mark.parametrize("args,message", [(["--steps", "0"], "--steps"), (["--edges", "0"], "--edges"),
+                                          (["--shares", "0.1,2"], "--shares"), (["--shares", "a"], "--shares")])
 def test_circuit_command_usage_errors(args, message, tmp_path):
     result = invoke_cli("circuit", "--model", tmp_path / "none", *args)
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
