@@ -2,7 +2,7 @@
 inputs that read from it, and one edge from every writer to every input that comes after it.
 
 Upstream nodes (writers), in forward order: the embeddings (``input``: token and position embeddings,
-the stream before the first block), every head ``L{l}H{h}`` (what it writes: z_h W_O^h, its output
+the stream before the first block), every head (``L3H5``) (what it writes: z_h W_O^h, its output
 before the output projection's bias times its rows of the output projection) and every MLP ``MLP{l}``
 (its output). A layer's nodes are its heads, then its MLP.
 
@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+
+from ..sites import head_name
 
 #: The kinds of downstream input.
 INPUTS = ("q", "k", "v", "mlp", "logits")
@@ -80,7 +82,7 @@ class Graph:
         """Display names of the writers, by index: ``input``, ``L0H0`` ... ``MLP0``, ..."""
         names = ["input"]
         for layer in range(self.layers):
-            names += [f"L{layer}H{h}" for h in range(self.heads)] + [f"MLP{layer}"]
+            names += [head_name(layer, h) for h in range(self.heads)] + [f"MLP{layer}"]
         return names
 
     # -- downstream inputs ------------------------------------------------------------------------
@@ -104,7 +106,7 @@ class Graph:
         if kind == "mlp":
             return f"MLP{layer}"
         grouped = kind in ("k", "v") and self.kv_heads != self.heads
-        return f"L{layer}{'KV' if grouped else 'H'}{index}"
+        return f"L{layer}KV{index}" if grouped else head_name(layer, index)
 
     @cached_property
     def edge_index(self) -> tuple[np.ndarray, np.ndarray]:

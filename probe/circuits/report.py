@@ -16,6 +16,7 @@ from markupsafe import Markup, escape
 
 from ..report import LABEL_COLORS, label_family
 from ..report.sections import Section, render_fragment, section_builder
+from ..sites import head_name
 from .graph import prune
 
 #: Edges drawn at most (the strongest of the circuit; the table and circuit.csv have them all).
@@ -28,7 +29,7 @@ COL, ROW, PAD = 64, 26, 40
 def _labels(heads) -> dict:
     if heads is None or "label" not in heads.columns:
         return {}
-    return {f"L{int(r['layer'])}H{int(r['head'])}": str(r.get("labels") or r.get("label") or "")
+    return {head_name(int(r["layer"]), int(r["head"])): str(r.get("labels") or r.get("label") or "")
             for r in heads.to_dict("records")}
 
 
@@ -45,7 +46,7 @@ def _positions(graph) -> dict:
     rep = graph.heads // graph.kv_heads
     for layer in range(graph.layers):
         for h in range(graph.heads):
-            pos[f"L{layer}H{h}"] = at(h, layer + 1)
+            pos[head_name(layer, h)] = at(h, layer + 1)
         for g in range(graph.kv_heads):
             pos[f"L{layer}KV{g}"] = at(g * rep + (rep - 1) / 2, layer + 1)
         pos[f"MLP{layer}"] = at(graph.heads, layer + 1)

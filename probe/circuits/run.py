@@ -18,6 +18,7 @@ from ..effects.patch_run import label_texts
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
 from ..report import claim_run_dir, write_run
+from ..sites import head_name
 from ..util import progress_bar
 from .attribution import batches, edge_scores, node_scores
 from .checked import checked_graph
@@ -99,7 +100,7 @@ class CircuitRun:
         for d in set(down[self.circuit]):
             kind, layer, index = g.downstream[d]
             heads = [index] if kind == "q" else range(index * rep, (index + 1) * rep) if kind in ("k", "v") else []
-            out |= {f"L{layer}H{h}" for h in heads} | ({f"MLP{layer}"} if kind == "mlp" else set())
+            out |= {head_name(layer, h) for h in heads} | ({f"MLP{layer}"} if kind == "mlp" else set())
         return out
 
 
