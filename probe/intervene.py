@@ -295,10 +295,20 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
     Inside: eval mode (if ``eval_mode``), probe's attention function (:data:`probe.interface.NAME`)
     for a model whose modules call the interface (:func:`native`), else its own attention (eager
     attention if ``eager``, so that probabilities exist; else as loaded) with the ``"output"`` point
-    applied at the output projection's input.
+    applied at the output projection's input. Contexts nest: an inner one (or an inner
+    :func:`probe.hooks.measuring`) keeps probe's function, and the fallback's hook is put once.
+
+    Args:
+        lm: a :class:`~probe.models.LoadedModel`.
+        eager: a model outside the interface: switch it to eager attention (so that its modules
+            return probabilities); the others run probe's function whatever ``eager`` says.
+        eval_mode: run in eval mode (no attention dropout).
 
     Yields:
         :class:`Intervention`.
+
+    Raises:
+        UnsupportedAnalysisError: a model outside the interface whose output projection is unknown.
     """
     own = native(lm.model) or lm.spec.discovered
     if own:

@@ -54,16 +54,17 @@ def test_probe_function_matches_the_models_own_attention(lm):
     torch.testing.assert_close(ours, own, rtol=0, atol=1e-5)
 
 
-def _surgery(lm, layer: int, head: int):
-    """W_O's rows reading head ``head`` of ``layer`` set to 0 (a copy of the weight kept to restore)."""
+def _surgery(lm, layer: int, head: int, alpha: float = 0.0):
+    """W_O's rows reading head ``head`` of ``layer`` multiplied by ``alpha`` (a copy of the weight kept
+    to restore)."""
     o = dict((s.layer, m) for s, m in site_outputs(lm.model, lm.spec))[layer]
     d = lm.geometry.d_head
     saved = o.weight.detach().clone()
     with torch.no_grad():
         if lm.spec.conv1d:  # GPT-2's Conv1D: weight [in, out]
-            o.weight[head * d:(head + 1) * d] = 0
+            o.weight[head * d:(head + 1) * d] *= alpha
         else:  # nn.Linear: weight [out, in]
-            o.weight[:, head * d:(head + 1) * d] = 0
+            o.weight[:, head * d:(head + 1) * d] *= alpha
     return o, saved
 
 
@@ -82,6 +83,22 @@ def test_zeroing_a_heads_output_equals_zeroing_its_rows_of_w_o(lm):
         zeroed = _logits(lm, batch)
     assert (zeroed - base).abs().max() > 1e-3  # the head matters
     torch.testing.assert_close(zeroed, surgery, rtol=0, atol=1e-6)
+
+
+def test_scaling_a_heads_output_by_alpha_equals_scaling_its_rows_of_w_o(lm):
+    """The worked example of docs/contributing.md: a setter checked against weight surgery."""
+    batch = encode(lm, TEXTS)
+    o, saved = _surgery(lm, 0, 1, alpha=2.5)
+    try:
+        with torch.no_grad(), intervening(lm):
+            surgery = _logits(lm, batch)
+    finally:
+        with torch.no_grad():
+            o.weight.copy_(saved)
+    with torch.no_grad(), intervening(lm) as iv:
+        iv.edit("output", lambda site: scale(2.5, heads=[1]) if site.layer == 0 else None)
+        scaled = _logits(lm, batch)
+    torch.testing.assert_close(scaled, surgery, rtol=0, atol=1e-5)
 
 
 def test_scaling_a_head_by_zero_is_zeroing_it_and_by_one_changes_nothing(lm):
