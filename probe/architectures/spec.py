@@ -191,6 +191,9 @@ class SiteSpec:
             reads is this norm of the residual stream), or None where probe's weight analyses do not
             apply (post-norm encoders, encoder-decoder models).
         mlp: path of the block's MLP (its output is the MLP's write to the residual stream), or None.
+        mlp_norm: path of the norm whose output is the MLP's input (what the MLP reads is this norm
+            of the residual stream), or None where it is not a module of its own (GPT-J and Falcon
+            share the attention's norm) or not named.
         causal: queries see only keys at or before their own position.
         stack_module: path of the module whose forward receives this stack's 2D padding mask
             (``"encoder"``/``"decoder"`` of an encoder-decoder model; ``""`` = the base model).
@@ -217,6 +220,7 @@ class SiteSpec:
     k_norm: str | None = None
     input_norm: str | None = None
     mlp: str | None = None
+    mlp_norm: str | None = None
     causal: bool = False
     stack_module: str = ""
     n_layers: Callable[..., int] | None = None

@@ -65,18 +65,21 @@ _DISTILBERT = ArchSpec(
 )
 _GPT2 = ArchSpec(
     family="gpt2", kind="decoder",
-    site_specs=one_stack("decoder", "h", "attn", "attn.c_proj", qkv="attn.c_attn", input_norm="ln_1", mlp="mlp"),
+    site_specs=one_stack("decoder", "h", "attn", "attn.c_proj", qkv="attn.c_attn", input_norm="ln_1", mlp="mlp",
+                         mlp_norm="ln_2"),
     qkv_layout="conv1d", conv1d=True, final_norm="ln_f", scaling=_gpt2_scaling, upcast=_gpt2_upcast,
     head_count_attrs=("num_heads",), width_attrs=("split_size", "embed_dim"),
 )
 _GPT_NEO = ArchSpec(
     family="gpt_neo", kind="decoder",
     site_specs=one_stack("decoder", "h", "attn.attention", "attn.attention.out_proj", q="attn.attention.q_proj",
-                         k="attn.attention.k_proj", v="attn.attention.v_proj", input_norm="ln_1", mlp="mlp"),
+                         k="attn.attention.k_proj", v="attn.attention.v_proj", input_norm="ln_1", mlp="mlp",
+                         mlp_norm="ln_2"),
     final_norm="ln_f", scaling=no_scaling, upcast=always_upcast, window=local_window,
     cache_kwargs=("layer_past", "cache", "past_key_values"), head_count_attrs=("num_heads",),
 )
-_PRE_NORM = dict(input_norm="input_layernorm", mlp="mlp")  # a pre-norm decoder block's norm and MLP
+#: a pre-norm decoder block's norm, MLP and the MLP's norm
+_PRE_NORM = dict(input_norm="input_layernorm", mlp="mlp", mlp_norm="post_attention_layernorm")
 _LLAMA_SITES = one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", q="self_attn.q_proj",
                          k="self_attn.k_proj", v="self_attn.v_proj", **_PRE_NORM)
 _QK_NORM_SITES = one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", q="self_attn.q_proj",

@@ -115,6 +115,18 @@ def block_mlp(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None:
     return None if path is None else site_block(model, spec, site).get_submodule(path)
 
 
+def mlp_norm(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None:
+    """The norm whose output the MLP of ``site``'s block reads, or None where the spec names none or the
+    block has no module at that path."""
+    path = site_spec(spec, site).mlp_norm
+    if path is None:
+        return None
+    try:
+        return site_block(model, spec, site).get_submodule(path)
+    except AttributeError:  # not in this configuration of the family
+        return None
+
+
 def final_norm(model: nn.Module, spec: ArchSpec) -> nn.Module | None:
     """A decoder's final norm (between the last block and the unembedding), or None where the spec names none."""
     return None if spec.final_norm is None else base_model(model).get_submodule(spec.final_norm)

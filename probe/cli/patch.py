@@ -20,6 +20,9 @@ from .options import click_callback, model_option, model_placement
               help="Tab-separated clean, corrupted, answer, wrong per line [default: the built-in IOI set].")
 @click.option("--direction", type=click.Choice(["denoise", "noise"]), default="denoise", show_default=True,
               help="denoise: corrupted run, clean head output; noise: clean run, corrupted head output.")
+@click.option("--method", type=click.Choice(["activation", "attribution"]), default="activation", show_default=True,
+              help="attribution: also attribution patching (the gradient estimate), with its correlation to "
+                   "activation patching.")
 @click.option("--heads-per-pass", type=int, default=None,
               callback=click_callback(lambda v: v if v is None else bounds.positive_int("--heads-per-pass", v)),
               help="Patched copies of the batch in one forward pass [default: 2 x heads, one layer a pass].")
@@ -34,7 +37,7 @@ from .options import click_callback, model_option, model_placement
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
 @user_errors
-def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offsets, out, force, as_json,
+def patch_command(model_name, pairs_file, direction, method, heads_per_pass, rope_offsets, out, force, as_json,
                   progress, device=None, dtype=None) -> None:
     """Patch each head's output (before the output projection) between clean and corrupted prompts
     and measure how much of the logit difference answer - wrong it restores; with the direct logit
@@ -69,7 +72,7 @@ def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offset
     click.echo(f"Patching {lm.name} ({plural(len(lm.sites) * lm.geometry.n_heads, 'head')}) on {len(pairs)} pairs "
                f"({source}), {direction}", err=True)
     result, path = patch_run(lm, pairs, out=out, force=force, source=source, direction=direction,
-                             heads_per_pass=heads_per_pass, progress=show, rope_offsets=rope_offsets,
+                             heads_per_pass=heads_per_pass, progress=show, rope_offsets=rope_offsets, method=method,
                              timings={"model_load_s": lm.load_seconds}, started=started,
                              say=None if show else lambda line: click.echo(line, err=True))  # no bars: a line a stage
     p = result.patching
@@ -82,6 +85,10 @@ def patch_command(model_name, pairs_file, direction, heads_per_pass, rope_offset
         click.echo(f"LD clean {p.attrs['ld_clean']:.4g}, corrupted {p.attrs['ld_corrupted']:.4g}; largest effects: "
                    + ", ".join(f"{head_name(r._asdict() if several else int(r.layer), int(r.head))} {r.effect:.3g}"
                                for r in top.itertuples()))
+        if "attribution" in p.attrs:
+            a = p.attrs["attribution"]
+            click.echo(f"attribution vs activation patching: correlation {a['correlation']:.3f} (all positions), "
+                       f"{a['correlation_last']:.3f} (last position)")
         click.echo(f"Report: {path / 'index.html'}")
     for note in result.notes:
         click.echo(f"note: {note}", err=True)

@@ -94,6 +94,10 @@ def section(result, tokenizer) -> Section | None:
                                           rows),
                "patch-last": signed_figure(p["effect_last"].to_numpy().reshape(L, H),
                                            "patching effect, last position", unit, rows)}
+    attribution = p.attrs.get("attribution")
+    if attribution is not None:
+        figures["patch-attribution"] = signed_figure(p["attribution"].to_numpy().reshape(L, H),
+                                                     "attribution patching, all positions", unit, rows)
     top = p.reindex(p["effect"].abs().sort_values(ascending=False).index).head(10)
     top_rows = [[_name(p, r), _fmt(r.effect), _fmt(r.effect_last)] for r in top.itertuples()]
     layer_rows, dla_attrs = [], None
@@ -112,9 +116,12 @@ def section(result, tokenizer) -> Section | None:
               "dla": dla_attrs, "composition_baseline": base,
               "rope": pr.composition.attrs["rope"] if pr.composition is not None else None,
               "k_partners": partners, "partners_of": why, "notes": pr.notes}
+    if attribution is not None:
+        record["attribution"] = attribution
     html = render_fragment("patching.html.j2", r=record, top_rows=top_rows, layer_rows=layer_rows,
                            partners=partners, fmt=_fmt)
-    files = {"patch.csv": p[["stack", "kind", "layer", "head", "effect", "effect_last", "raw", "raw_last"]]
+    extra = ["attribution", "attribution_last", "attribution_raw", "attribution_raw_last"] if attribution else []
+    files = {"patch.csv": p[["stack", "kind", "layer", "head", "effect", "effect_last", "raw", "raw_last", *extra]]
              .to_csv(index=False, float_format="%.6g")}
     if pr.composition is not None:
         files["composition.csv"] = pr.composition[["writer_layer", "writer_head", "reader_layer", "reader_head",

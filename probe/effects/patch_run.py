@@ -20,6 +20,7 @@ from ..models import peek_config, preview_model
 from ..patterns import CircuitProbe, circuit_probe
 from ..report import claim_run_dir, write_run
 from ..util import progress_bar
+from .attribution import attribute_heads, correlation
 from .composition import composition_scores
 from .dla import direct_logit_attribution, head_grid
 from .pairs import encode_pairs
@@ -47,7 +48,8 @@ class PatchRun:
 
     def heads_frame(self) -> pd.DataFrame:
         """``layer``, ``head``, ``effect``, ``effect_last``, ``dla`` (NaN without DLA): columns for heads.csv."""
-        out = self.patching[["stack", "kind", "layer", "head", "effect", "effect_last"]].copy()
+        extra = ["attribution"] if "attribution" in self.patching.columns else []
+        out = self.patching[["stack", "kind", "layer", "head", "effect", "effect_last", *extra]].copy()
         if self.dla is not None:
             L, H = int(out["layer"].max()) + 1, int(out["head"].max()) + 1
             out["dla"] = head_grid(self.dla, L, H)[out["layer"], out["head"]]
@@ -57,15 +59,19 @@ class PatchRun:
 
 
 #: The stages of ``probe patch``, as the stage lines name them.
-STAGES = {"patch_s": "activation patching", "dla_s": "direct logit attribution", "composition_s": "composition scores",
-          "analyze_s": "labelling analysis"}
+STAGES = {"patch_s": "activation patching", "attribution_s": "attribution patching",
+          "dla_s": "direct logit attribution", "composition_s": "composition scores", "analyze_s": "labelling analysis"}
 
 
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", direction: str = "denoise",
-            heads_per_pass: int | None = None, progress=None, rope_offsets: int = 1, say=None) -> PatchRun:
+            heads_per_pass: int | None = None, progress=None, rope_offsets: int = 1, say=None,
+            method: str = "activation") -> PatchRun:
     """Patching, DLA and composition of ``lm`` on ``pairs`` (default the built-in set); ``rope_offsets``:
     composition's RoPE offsets (:func:`~probe.effects.composition.composition_scores`); ``say``: a
-    callable given one line as each stage ends (``activation patching: done in 12.3 s``), or None.
+    callable given one line as each stage ends (``activation patching: done in 12.3 s``), or None;
+    ``method`` ``"attribution"`` adds attribution patching (:func:`~probe.effects.attribution.attribute_heads`)
+    beside activation patching: columns ``attribution``, ``attribution_last``, ``attribution_raw``,
+    ``attribution_raw_last`` and ``attrs["attribution"]``, the correlations of the two over the heads.
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`~probe.effects.patching.patch_heads`.
@@ -77,6 +83,11 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     seconds["patch_s"] = time.perf_counter() - t
     _said(say, seconds, "patch_s")
     notes += patching.attrs["notes"]
+    if method == "attribution":
+        t = time.perf_counter()
+        _add_attribution(patching, attribute_heads(lm, encode_pairs(lm, pairs), direction))
+        seconds["attribution_s"] = time.perf_counter() - t
+        _said(say, seconds, "attribution_s")
     results = {}
     steps = (("dla", lambda: direct_logit_attribution(lm, pairs)),
              ("composition", lambda: composition_scores(lm, rope_offsets)))
@@ -95,6 +106,16 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     return PatchRun(patching, results["dla"], results["composition"], pairs, source, seconds, notes)
 
 
+def _add_attribution(patching: pd.DataFrame, attribution: pd.DataFrame) -> None:
+    """Attribution patching's columns added to the patching frame (the same rows), and its correlations
+    with activation patching in ``attrs["attribution"]``."""
+    for col in ("attribution", "attribution_last", "attribution_raw", "attribution_raw_last"):
+        patching[col] = attribution[col].to_numpy()
+    patching.attrs["attribution"] = {
+        "correlation": correlation(patching["effect"], patching["attribution"]),
+        "correlation_last": correlation(patching["effect_last"], patching["attribution_last"])}
+
+
 def _said(say, seconds: dict, key: str) -> None:
     if say is not None:
         say(f"{STAGES[key]}: done in {seconds[key]:.1f} s")
@@ -111,7 +132,7 @@ def label_texts(lm, pairs: list[Pair]) -> list:
 def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, source: str = "built-in IOI set",
               direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
               timings: dict | None = None, started: float | None = None,
-              rope_offsets: int = 1, say=None) -> tuple[PatchRun, Path]:
+              rope_offsets: int = 1, say=None, method: str = "activation") -> tuple[PatchRun, Path]:
     """Measure (:func:`measure`), label the heads with a short analysis, write the run folder;
     ``say``: a callable given a line as each stage ends (for a log without progress bars), or None.
 
@@ -126,7 +147,7 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
                            leave=False) if progress else None
         try:
             result = measure(lm, pairs, source=source, direction=direction, heads_per_pass=heads_per_pass,
-                             rope_offsets=rope_offsets, say=say,
+                             rope_offsets=rope_offsets, say=say, method=method,
                              progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
         finally:
             if bar is not None:

@@ -329,7 +329,8 @@ def _write_files(result, tokenizer, path: Path, tmp: Path, verification, timings
     if started is not None:
         result.timings["total_s"] = round(now - started, 4)
         phases = ("startup_s", "input_s", "model_load_s", "circuits_s", "analyze_s", "verify_s", "rollout_s",
-                  "report_s", "patch_s", "dla_s", "composition_s")
+                  "report_s", "patch_s", "dla_s", "composition_s", "edges_s", "faithfulness_s",
+                  "attribution_s")
         result.timings["other_s"] = round(max(0.0, result.timings["total_s"] - sum(
             result.timings.get(k, 0.0) for k in phases)), 4)
     record["timings_s"] = result.timings

@@ -1,0 +1,163 @@
+"""Edge attribution: a first-order estimate of each edge's effect on the metric, for every edge at once.
+
+EAP (Syed et al. 2023, "Attribution Patching Outperforms Automated Circuit Discovery"): the score of
+the edge from writer u to input d is (o_u^corr - o_u^clean) . dM/d(input_d), summed over the pairs'
+positions and the model's width, the gradient taken in the clean run: one forward pass each on the
+clean and the corrupted prompts (the writes) and one forward and one backward pass for the gradients,
+per batch of pairs. The gradient at an input is the gradient along that input's path only (a head's
+query input: through that head's projection, the block's norm and the rotation, recomputed from the
+stream; :mod:`probe.circuits.forward`).
+
+EAP-IG (Hanna et al. 2024, "Have Faith in Faithfulness"), the inputs variant: the same product with
+the gradient averaged over m points on the straight line from the corrupted to the clean embeddings,
+alpha_k = k / m for k = 1 .. m (the right Riemann sum of the path integral, divided by m). m = 1 is
+EAP (alpha = 1: the clean run).
+
+M is the logit difference logit(answer) - logit(wrong) at each pair's last real position, averaged
+over the pairs, so scores are in logits of that mean; a node's score is the sum of its outgoing
+edges' scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..effects.pairs import EncodedPairs
+from .feeds import Capture, Gradients
+from .forward import split_pass
+from .graph import Graph
+from .wiring import Wiring
+
+#: The attribution methods.
+METHODS = ("eap-ig", "eap")
+
+
+def metric_positions(enc: EncodedPairs, rows: slice) -> torch.Tensor:
+    """[P] the distinct positions where the metric reads the pairs ``rows`` (increasing)."""
+    return torch.unique(enc.last[rows])
+
+
+def logit_diff(logits: torch.Tensor, enc: EncodedPairs, rows: slice, positions: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """[batch] logit(answer) - logit(wrong) at each pair's last real position.
+
+    Args:
+        logits: [batch, T, vocab] of the pairs ``rows`` of ``enc``, or [batch, P, vocab] at ``positions``
+            (:func:`metric_positions`).
+    """
+    last = enc.last[rows]
+    if positions is not None:
+        last = torch.searchsorted(positions, last)
+    at = logits[torch.arange(logits.shape[0]), last.to(logits.device)]
+    idx = torch.arange(len(at))
+    return at[idx, enc.answer[rows].to(at.device)] - at[idx, enc.wrong[rows].to(at.device)]
+
+
+def batches(n: int, size: int) -> list[slice]:
+    """Consecutive slices of ``size`` pairs (the last may be shorter)."""
+    return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+
+
+@dataclass
+class Writes:
+    """The writes of one batch in the clean and the corrupted runs, [writers, batch, T, d_model], and
+    the runs' logit differences [batch]."""
+
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    ld_clean: torch.Tensor
+    ld_corrupted: torch.Tensor
+
+
+@torch.no_grad()
+def capture_writes(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: slice) -> Writes:
+    """Two passes (clean, corrupted prompts of ``rows``), recording every write."""
+    out = []
+    for ids in (enc.clean[rows], enc.corrupted[rows]):
+        feed, where = Capture(graph), metric_positions(enc, rows)
+        logits = split_pass(lm, wiring, ids, enc.mask[rows], feed, positions=where)
+        out += [feed.outputs(), logit_diff(logits, enc, rows, where).double().cpu()]
+    return Writes(out[0], out[2], out[1], out[3])
+
+
+def input_gradients(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: slice, writes: Writes,
+                    alpha: float) -> dict:
+    """The gradient of M (the mean over all ``len(enc)`` pairs) at every input, with block 0 reading
+    corrupted + alpha (clean - corrupted) embeddings (alpha = 1: the clean run itself).
+
+    Returns:
+        (kind, layer) -> [n, batch, T, d_model] (``q``/``k``/``v``) or [batch, T, d_model].
+    """
+    x_clean, x_corr = writes.clean[0], writes.corrupted[0]
+    embed = None if alpha == 1 else x_corr + alpha * (x_clean - x_corr)
+    B, T, D = x_clean.shape
+    feed = Gradients(graph, B, T, D, x_clean.dtype, x_clean.device)
+    with torch.enable_grad():
+        where = metric_positions(enc, rows)
+        logits = split_pass(lm, wiring, enc.clean[rows], enc.mask[rows], feed, embed=embed, positions=where)
+        metric = logit_diff(logits, enc, rows, where).sum() / len(enc)
+        keys = list(feed.leaves)
+        grads = torch.autograd.grad(metric, [feed.leaves[k] for k in keys], allow_unused=True)
+    return {k: torch.zeros_like(feed.leaves[k]) if g is None else g for k, g in zip(keys, grads)}
+
+
+def edge_products(graph: Graph, diff: torch.Tensor, grads: dict) -> np.ndarray:
+    """[edges] (o_u^corr - o_u^clean) . gradient at the edge's input, in the graph's edge order.
+
+    Args:
+        diff: [writers, batch, T, d_model] corrupted minus clean writes.
+        grads: :func:`input_gradients`' dictionary (or a mean of several).
+    """
+    parts = []
+    for layer in range(graph.layers):
+        n = graph.reads("q", layer)
+        for kind in ("q", "k", "v"):
+            parts.append(torch.einsum("ubtd,hbtd->hu", diff[:n].double(), grads[(kind, layer)].double()).reshape(-1))
+        m = graph.reads("mlp", layer)
+        parts.append(torch.einsum("ubtd,btd->u", diff[:m].double(), grads[("mlp", layer)].double()))
+    parts.append(torch.einsum("ubtd,btd->u", diff.double(), grads[("logits", graph.layers)].double()))
+    return torch.cat(parts).cpu().numpy()
+
+
+def node_scores(graph: Graph, edges: np.ndarray) -> np.ndarray:
+    """[writers] each writer's score: the sum of its outgoing edges' scores."""
+    up, _ = graph.edge_index
+    return np.bincount(up, weights=edges, minlength=graph.n_upstream)
+
+
+def edge_scores(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, *, method: str = "eap-ig", steps: int = 5,
+                batch_size: int = 8, progress=None) -> np.ndarray:
+    """Every edge's score by EAP or EAP-IG (module docstring), summed over batches of pairs.
+
+    Args:
+        lm, wiring, graph: the model, its :func:`~probe.circuits.wiring.wire` and its :class:`Graph`.
+        enc: the encoded pairs.
+        method: ``"eap-ig"`` (``steps`` points) or ``"eap"`` (one point, alpha = 1).
+        steps: m, the integration points of EAP-IG.
+        batch_size: pairs per pass.
+        progress: called with the number of backward passes done after each, or None.
+
+    Returns:
+        [edges] float64, in logits of the mean logit difference.
+
+    Raises:
+        ValueError: an unknown method or steps < 1.
+    """
+    if method not in METHODS or steps < 1:
+        raise ValueError(f"method must be one of {METHODS} with steps >= 1, not {method!r}, {steps}")
+    m = 1 if method == "eap" else steps
+    total, done = np.zeros(graph.n_edges), 0
+    for rows in batches(len(enc), batch_size):
+        writes = capture_writes(lm, wiring, graph, enc, rows)
+        mean: dict = {}
+        for k in range(1, m + 1):
+            for key, g in input_gradients(lm, wiring, graph, enc, rows, writes, k / m).items():
+                mean[key] = mean.get(key, 0) + g / m
+            done += 1
+            if progress is not None:
+                progress(done)
+        total += edge_products(graph, writes.corrupted - writes.clean, mean)
+    return total

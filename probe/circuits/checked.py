@@ -1,0 +1,61 @@
+"""A model's circuit graph, checked by one short pass before any score is computed: the head inputs
+recomputed from the stream equal what probe's attention function receives, the stream before the
+final norm is the sum of the writes (and the output projections' biases), and the MLP reads the
+block's input (parallel attention and MLP) or the stream after the heads (sequential)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import UnsupportedAnalysisError
+from .feeds import Check
+from .forward import split_pass
+from .graph import Graph
+from .wiring import Wiring, wire
+
+#: Largest relative difference accepted between a recomputed and a received head input, and between
+#: the final stream and the sum of the writes (float32 arithmetic in another order).
+TOLERANCE = 1e-4
+
+
+@torch.no_grad()
+def checked_graph(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None = None
+                  ) -> tuple[Wiring, Graph, Check]:
+    """Wire ``lm``, run it once on ``ids`` (default: tokens 1 .. 6) and build its :class:`Graph`.
+
+    Returns:
+        (wiring, graph, the :class:`~probe.circuits.feeds.Check` of the pass: its ``errors``).
+
+    Raises:
+        UnsupportedAnalysisError: as :func:`~probe.circuits.wiring.wire`; a head input that the
+            recomputation does not reproduce, or a stream that is not the sum of the writes.
+    """
+    wiring = wire(lm)
+    g = lm.geometry
+    if ids is None:
+        ids = torch.arange(1, 7)[None]
+        mask = torch.ones_like(ids)
+    graph = Graph(g.n_layers, g.n_heads, g.n_kv_heads)
+    check = Check(graph)
+    split_pass(lm, wiring, ids, mask, check)
+    if set(check.errors) != {"q", "k", "v"} or len(check.reads) != 2 * g.n_layers or check.final is None:
+        raise UnsupportedAnalysisError(f"circuits: {lm.name}'s attention modules do not call probe's attention "
+                                       "function (transformers' AttentionInterface), where circuits feed each head")
+    bad = {k: e for k, e in check.errors.items() if e > TOLERANCE}
+    if bad:
+        raise UnsupportedAnalysisError(f"circuits: {lm.name}'s head inputs recomputed from the residual stream differ "
+                                       f"from what its attention receives (relative {bad}); its norm or rotation is "
+                                       "not the spec's")
+    parallel = all(torch.equal(check.reads[("stream", i)], check.reads[("mlp_in", i)]) for i in range(g.n_layers))
+    graph = Graph(g.n_layers, g.n_heads, g.n_kv_heads, parallel)
+    total = check.outputs().sum(0).double()
+    for layer in wiring.layers:
+        if layer.weights.b_O is not None:
+            total = total + layer.weights.b_O.double()
+    gap = float((total - check.final.double()).abs().max() / check.final.double().abs().max())
+    if gap > TOLERANCE:
+        raise UnsupportedAnalysisError(f"circuits: {lm.name}'s stream before the final norm is not the sum of what its "
+                                       f"embeddings, heads and MLPs write (relative difference {gap:.2g}): a norm "
+                                       "after a sub-layer or a residual inside a module")
+    check.decomposition = gap
+    return wiring, graph, check

@@ -1,0 +1,150 @@
+"""One forward pass of a decoder with every downstream input of the circuit graph fed separately.
+
+A *feed* decides, input by input, what is added to the residual stream that input reads
+(:meth:`Feed.delta`): nothing (the model's own pass), a zero tensor that asks for a gradient, or the
+difference that patches some edges. It is also told what every writer wrote (:meth:`Feed.wrote`).
+The pass itself (:func:`split_pass`) hooks, through :func:`probe.hooks.measuring` and the editors of
+probe's attention function:
+
+- each block's input (the stream its heads read; block 0's input is the embeddings' write, and may
+  be replaced, for integrated gradients);
+- each head's query, key and value: recomputed from the block's input plus the feed's delta for
+  that head (:func:`probe.circuits.wiring.recompute`) where the feed gives one;
+- each head's output z (read, and replaced where the feed says: z_h W_O^h is the head's write);
+- the MLP's norm (its input plus the feed's delta) and the MLP's output (read);
+- the final norm's input plus the feed's delta (the logits' input).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..hooks import input_device, measuring
+from ..interface import edit, install
+from .wiring import Wiring, head_writes, recompute
+
+#: The attention function's points that carry a head's inputs, by graph input kind.
+POINT_OF = {"q": "query", "k": "key", "v": "value"}
+
+
+class Feed:
+    """What a split pass adds at each input and what it is told of each write (the base class adds
+    nothing and listens to nothing: the model's own pass)."""
+
+    def delta(self, kind: str, layer: int) -> torch.Tensor | None:
+        """The addition to the stream read by the inputs of ``kind`` in ``layer``: [n, batch, T,
+        d_model] for ``q``/``k``/``v`` (n query or key/value heads), [batch, T, d_model] for ``mlp`` and
+        ``logits``; None: the model's own stream."""
+        return None
+
+    def wrote(self, kind: str, layer: int, out: torch.Tensor) -> None:
+        """``kind`` ``"input"`` (out [batch, T, d_model], the embeddings' write), ``"heads"`` ([heads,
+        batch, T, d_model], each head's write), ``"mlp"`` ([batch, T, d_model]) or ``"final"`` (the
+        model's own stream before the final norm, [batch, T, d_model], before the logits' delta); also
+        what the inputs read before their deltas: ``"stream"`` (a block's input) and ``"mlp_in"`` (the
+        MLP's norm's input). A feed ignores the kinds it does not use."""
+
+    def z(self, layer: int, received: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs of ``layer`` that go on ([batch, T, heads, d_head]; the base class keeps
+        what the attention computed)."""
+        return received
+
+    def recomputed(self, kind: str, layer: int, received: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """Choose between what the attention function received at a head input ([batch, n, T, d]) and
+        its recomputation from the fed streams; the base class takes the recomputation."""
+        return new
+
+
+def _hidden(args, kwargs):
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _with_hidden(args, kwargs, value):
+    if args:
+        return (value, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": value}
+
+
+def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.Tensor | None) -> None:
+    for i, layer in enumerate(wiring.layers):
+        def block_pre(module, args, kwargs, i=i):
+            hidden = _hidden(args, kwargs)
+            if i == 0 and embed is not None:
+                hidden = embed.to(hidden.dtype)
+                args, kwargs = _with_hidden(args, kwargs, hidden)
+            if i == 0:
+                feed.wrote("input", 0, hidden)
+            feed.wrote("stream", i, hidden)
+            streams[i] = hidden
+            return args, kwargs
+
+        def head_input(kind, i=i, layer=layer):
+            def editor(tensor, call):
+                delta = feed.delta(kind, i)
+                if delta is None:
+                    return tensor
+                new = recompute(layer, POINT_OF[kind], streams[i][None] + delta).to(tensor.dtype)
+                return feed.recomputed(kind, i, tensor, new)
+            return editor
+
+        def output(tensor, call, i=i, layer=layer):
+            z = feed.z(i, tensor)
+            feed.wrote("heads", i, head_writes(layer, z))
+            return z
+
+        def mlp_pre(module, args, i=i):
+            feed.wrote("mlp_in", i, args[0])
+            delta = feed.delta("mlp", i)
+            return None if delta is None else (args[0] + delta, *args[1:])
+
+        def mlp_out(module, args, out, i=i):
+            feed.wrote("mlp", i, out[0] if isinstance(out, tuple) else out)
+
+        hooks.forward_pre(layer.block, block_pre, with_kwargs=True)
+        for kind, point in POINT_OF.items():
+            hooks.own(edit(layer.attention, point, head_input(kind)))
+        hooks.own(edit(layer.attention, "output", output))
+        hooks.forward_pre(layer.mlp_norm, mlp_pre)
+        hooks.forward(layer.mlp, mlp_out)
+
+
+def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: Feed,
+               embed: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Run ``lm`` on ``ids`` with every graph input fed by ``feed`` (module docstring).
+
+    Gradients flow where the caller enables them (``torch.enable_grad``) and the feed's deltas
+    require them; parameters never do inside (:func:`probe.hooks.measuring` restores their flags).
+
+    Args:
+        lm: the :class:`~probe.core.LoadedModel`; wiring: its :func:`~probe.circuits.wiring.wire`.
+        ids, mask: [batch, T] token ids and attention mask (right-padded).
+        feed: a :class:`Feed`.
+        embed: [batch, T, d_model] to use as block 0's input in place of the embeddings, or None.
+        positions: [P] increasing positions whose logits are wanted (the unembedding runs on these
+            only where the model's forward takes ``logits_to_keep``), or None: every position.
+
+    Returns:
+        logits [batch, T, vocab], or [batch, P, vocab] at ``positions``.
+    """
+    install()
+    streams: dict = {}
+    device = input_device(lm.model)
+    with measuring(lm.model, implementation="probe") as m:
+        for p in lm.model.parameters():
+            p.requires_grad_(False)
+        _hook_layers(m.hooks, wiring, feed, streams, embed)
+
+        def final_pre(module, args):
+            feed.wrote("final", len(wiring.layers), args[0])
+            delta = feed.delta("logits", len(wiring.layers))
+            return None if delta is None else (args[0] + delta, *args[1:])
+
+        m.hooks.forward_pre(wiring.final_norm, final_pre)
+        kw = {"input_ids": ids.to(device), "attention_mask": mask.to(device), "use_cache": False}
+        keep = positions is not None and "logits_to_keep" in inspect.signature(lm.model.forward).parameters
+        if keep:
+            kw["logits_to_keep"] = positions.to(device)
+        logits = lm.model(**kw).logits
+    return logits if positions is None or keep else logits[:, positions.to(logits.device)]

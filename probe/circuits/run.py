@@ -1,0 +1,189 @@
+"""``probe circuit`` as a function: edge scores (EAP or EAP-IG) of one decoder on prompt pairs, the
+circuit of the top-scoring edges, its faithfulness curve against random circuits, the head labels of
+a short analysis, written as a run folder (report section, edges.csv, nodes.csv, circuit.csv,
+faithfulness.csv, heads.csv with ``circuit_score`` and ``in_circuit`` columns, run.json)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..analysis import analyze, merge_head_columns
+from ..effects.pairs import Pair, builtin_pairs, encode_pairs
+from ..effects.patch_run import label_texts
+from ..errors import InputError
+from ..patterns import CircuitProbe, circuit_probe
+from ..report import claim_run_dir, write_run
+from ..sites import head_name
+from ..util import progress_bar
+from .attribution import batches, edge_scores, node_scores
+from .checked import checked_graph
+from .evaluate import SHARES, Evaluator, Faithfulness, faithfulness_curve, top_edges
+from .graph import Graph, prune
+
+#: The circuit's default size: this share of all edges.
+DEFAULT_SHARE = 0.05
+
+
+@dataclass
+class CircuitRun:
+    """What ``probe circuit`` measured.
+
+    Attributes:
+        graph: the model's :class:`~probe.circuits.graph.Graph`.
+        scores: [edges] the edge scores (logits of the mean logit difference).
+        method: ``"eap-ig"`` or ``"eap"``; steps: EAP-IG's m (1 for EAP).
+        circuit: [edges] boolean, the chosen circuit (top ``k`` edges by absolute score).
+        faithfulness: the :class:`~probe.circuits.evaluate.Faithfulness` curve.
+        ld_clean, ld_corrupted: the runs' mean logit differences.
+        pairs, source: the pairs and where they came from; seconds: phase -> wall time; notes.
+        passes: forward passes run, by phase (``edges``, ``faithfulness``).
+        seeds: random circuits per size.
+    """
+
+    graph: Graph
+    scores: np.ndarray
+    method: str
+    steps: int
+    circuit: np.ndarray
+    faithfulness: Faithfulness
+    ld_clean: float
+    ld_corrupted: float
+    pairs: list[Pair]
+    source: str
+    seconds: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    passes: dict = field(default_factory=dict)
+    seeds: int = 5
+
+    def edges_frame(self) -> pd.DataFrame:
+        """One row per edge: ``upstream``, ``downstream`` (the node an input belongs to), ``input``
+        (q, k, v, mlp, logits), ``score``, ``in_circuit``, ``on_path`` (in the circuit and on a path from
+        the embeddings to the logits inside it, :func:`~probe.circuits.graph.prune`); graph order."""
+        g, (up, down) = self.graph, self.graph.edge_index
+        names = [g.downstream_name(*d) for d in g.downstream]
+        return pd.DataFrame({"upstream": [g.upstream_names[u] for u in up], "downstream": [names[d] for d in down],
+                             "input": [g.downstream[d][0] for d in down], "score": self.scores,
+                             "in_circuit": self.circuit, "on_path": prune(g, self.circuit)})
+
+    def nodes_frame(self) -> pd.DataFrame:
+        """One row per writer: ``node``, ``kind`` (input, head, mlp), ``layer``, ``head`` (-1 but for
+        heads), ``score`` (the sum of its outgoing edges' scores), ``circuit_edges`` (its outgoing
+        edges in the circuit)."""
+        g, (up, _) = self.graph, self.graph.edge_index
+        rows = [("input", -1, -1)] + [r for layer in range(g.layers)
+                                      for r in [("head", layer, h) for h in range(g.heads)] + [("mlp", layer, -1)]]
+        frame = pd.DataFrame(rows, columns=["kind", "layer", "head"])
+        frame.insert(0, "node", g.upstream_names)
+        frame["score"] = node_scores(g, self.scores)
+        frame["circuit_edges"] = np.bincount(up[self.circuit], minlength=g.n_upstream)
+        return frame
+
+    def heads_frame(self) -> pd.DataFrame:
+        """``layer``, ``head``, ``circuit_score``, ``in_circuit`` (the head has an edge in the circuit,
+        in or out): columns for heads.csv."""
+        nodes = self.nodes_frame()
+        heads = nodes[nodes["kind"] == "head"][["layer", "head", "score"]].rename(columns={"score": "circuit_score"})
+        heads["in_circuit"] = [name in self.circuit_nodes() for name in nodes.loc[heads.index, "node"]]
+        return heads.reset_index(drop=True)
+
+    def circuit_nodes(self) -> set[str]:
+        """The writers and heads with an edge in the circuit (a grouped key/value input counts for the
+        query heads it serves)."""
+        g, (up, down) = self.graph, self.graph.edge_index
+        out = {g.upstream_names[u] for u in up[self.circuit]}
+        rep = g.heads // g.kv_heads
+        for d in set(down[self.circuit]):
+            kind, layer, index = g.downstream[d]
+            heads = [index] if kind == "q" else range(index * rep, (index + 1) * rep) if kind in ("k", "v") else []
+            out |= {head_name(layer, h) for h in heads} | ({f"MLP{layer}"} if kind == "mlp" else set())
+        return out
+
+
+def circuit_sizes(n_edges: int, k: int, shares=SHARES) -> list[int]:
+    """The faithfulness curve's sizes: ``shares`` of ``n_edges`` (at least 1 edge) and ``k``."""
+    return sorted({max(1, round(s * n_edges)) for s in shares} | {k})
+
+
+def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", method: str = "eap-ig",
+            steps: int = 5, edges: int | None = None, seeds: int = 5, batch_size: int = 8, progress: bool = False,
+            say=None, shares=None) -> CircuitRun:
+    """Edge scores, the top-``edges`` circuit and the faithfulness curve of ``lm`` on ``pairs``
+    (default the built-in set); ``say``: a callable given one line per stage, or None; ``shares``: the
+    curve's sizes as shares of all edges (default :data:`~probe.circuits.evaluate.SHARES`).
+
+    Raises:
+        UnsupportedAnalysisError: a model outside the graph (:func:`~probe.circuits.checked.checked_graph`).
+        InputError: pairs that do not encode (:func:`~probe.effects.pairs.encode_pairs`); ``edges``
+            larger than the graph.
+    """
+    pairs = builtin_pairs() if pairs is None else pairs
+    enc = encode_pairs(lm, pairs)
+    wiring, graph, _ = checked_graph(lm)
+    k = edges if edges is not None else max(1, round(DEFAULT_SHARE * graph.n_edges))
+    if not 1 <= k <= graph.n_edges:
+        raise InputError(f"--edges {k}: {lm.name}'s graph has {graph.n_edges} edges")
+    m = 1 if method == "eap" else steps
+    n_batches, seconds = len(batches(len(enc), batch_size)), {}
+    sizes = circuit_sizes(graph.n_edges, k, shares or SHARES)
+    t = time.perf_counter()
+    with _bar(progress, n_batches * m, f"{method} gradients", "backward") as bar:
+        scores = edge_scores(lm, wiring, graph, enc, method=method, steps=steps, batch_size=batch_size,
+                             progress=bar)
+    seconds["edges_s"] = time.perf_counter() - t
+    if say:
+        say(f"edge scores ({method}, {graph.n_edges} edges): done in {seconds['edges_s']:.1f} s")
+    t = time.perf_counter()
+    evaluator = Evaluator(lm, wiring, graph, enc, batch_size)
+    with _bar(progress, 2 + len(sizes) * (1 + seeds), "circuit passes", "circuit") as bar:
+        curve = faithfulness_curve(evaluator, scores, sizes, seeds, progress=bar)
+    seconds["faithfulness_s"] = time.perf_counter() - t
+    if say:
+        say(f"faithfulness ({evaluator.passes} circuits): done in {seconds['faithfulness_s']:.1f} s")
+    passes = {"edges": n_batches * (2 + 2 * m), "faithfulness": n_batches * (2 + evaluator.passes)}
+    return CircuitRun(graph, scores, method, m, top_edges(scores, k), curve, evaluator.ld_clean,
+                      evaluator.ld_corrupted, pairs, source, seconds, [], passes, seeds)
+
+
+class _bar:
+    """A progress bar as a context manager whose instance is the progress callback (or None)."""
+
+    def __init__(self, show: bool, total: int, desc: str, unit: str) -> None:
+        self.bar = progress_bar(total=total, desc=desc, unit=unit, leave=False) if show else None
+
+    def __enter__(self):
+        return None if self.bar is None else (lambda done: self.bar.update(done - self.bar.n))
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def circuit_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, timings: dict | None = None,
+                started: float | None = None, say=None, progress: bool = False, **kw) -> tuple[CircuitRun, Path]:
+    """Measure (:func:`measure`, ``kw`` its options), label the heads with a short analysis, write the
+    run folder.
+
+    Returns:
+        ``(CircuitRun, run folder)``.
+
+    Raises:
+        InputError: ``out`` taken (claimed before the work starts); as :func:`measure`.
+    """
+    with claim_run_dir(out, lm.name, force) as folder:
+        result = measure(lm, pairs, progress=progress, say=say, **kw)
+        t = time.perf_counter()
+        analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
+                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
+        result.seconds["analyze_s"] = time.perf_counter() - t
+        if say:
+            say(f"labelling analysis: done in {result.seconds['analyze_s']:.1f} s")
+        analysis.heads = merge_head_columns(analysis.heads, result.heads_frame())
+        analysis.results["circuit"] = result
+        analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
+    return result, path

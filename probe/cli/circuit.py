@@ -1,0 +1,104 @@
+"""``probe circuit``: edge attribution over the graph of heads and MLPs (EAP, EAP-IG), the circuit of the
+top-scoring edges and its faithfulness against random circuits."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from .. import IMPORT_STARTED, bounds
+from ..errors import InputError
+from ..util import plural, process_age
+from .group import hold, main, user_errors
+from .options import click_callback, model_option, model_placement
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    """``--shares``: comma-separated numbers in (0, 1]."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise InputError(f"--shares must be comma-separated numbers in (0, 1], got {text!r}")
+    return tuple(bounds.fraction("--shares", v, closed_high=True) for v in values)
+
+
+@main.command("circuit")
+@model_option(default="smollm2")  # circuits run on decoders: the embedded decoder
+@click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Tab-separated clean, corrupted, answer, wrong per line [default: the built-in IOI set].")
+@click.option("--method", type=click.Choice(["eap-ig", "eap"]), default="eap-ig", show_default=True,
+              help="eap: gradient at the clean run; eap-ig: averaged over --steps points from corrupted to clean.")
+@click.option("--steps", type=int, default=5, show_default=True,
+              callback=click_callback(lambda v: bounds.positive_int("--steps", v)),
+              help="EAP-IG's integration points m (alpha = k/m, k = 1..m).")
+@click.option("--edges", type=int, default=None,
+              callback=click_callback(lambda v: v if v is None else bounds.positive_int("--edges", v)),
+              help="Edges in the circuit (the largest |score|) [default: 5% of all edges].")
+@click.option("--seeds", type=int, default=5, show_default=True,
+              callback=click_callback(lambda v: bounds.positive_int("--seeds", v)),
+              help="Random circuits per size for the faithfulness baseline.")
+@click.option("--shares", default=None, metavar="F,F,...",
+              callback=click_callback(lambda v: v if v is None else _shares(v)),
+              help="Circuit sizes of the faithfulness curve, as shares of all edges [default: 0.001, 0.002, 0.005, "
+                   "0.01, 0.02, 0.05, 0.1, 0.2, 0.5].")
+@click.option("--batch-size", type=int, default=8, show_default=True,
+              callback=click_callback(lambda v: bounds.positive_int("--batch-size", v)),
+              help="Pairs per forward pass.")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Run folder [default: a new reports/<model>-<time>].")
+@click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
+@click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
+@model_placement
+@user_errors
+def circuit_command(model_name, pairs_file, method, steps, edges, seeds, shares, batch_size, out, force, progress,
+                    device=None, dtype=None) -> None:
+    """Score every edge of the graph of heads and MLPs (embeddings, each head's query, key and value
+    inputs, each MLP's input, the logits) by attribution patching between clean and corrupted prompts,
+    keep the top-scoring edges as a circuit, and measure its faithfulness (the circuit run with every
+    other edge fed the corrupted run's activations) against random circuits of the same size.
+    Pre-norm decoders (GPT-2, LLaMA, Qwen, Mistral, Phi-3, GPT-NeoX ...).
+
+    \b
+    Pairs file: one pair a line, four tab-separated fields
+      clean  corrupted  answer  wrong
+    clean and corrupted must have the same number of tokens; answer and wrong one token each.
+    Default: the 20 built-in indirect-object pairs.
+    """
+    from ..circuits.evaluate import SHARES
+    from ..circuits.run import circuit_run
+    from ..effects.patch_run import builtin_refusal, check_before_loading
+    from ..effects.patching import builtin_pairs, read_pairs
+    from ..models import load_model
+    from ..report import claim_run_dir
+
+    age = process_age()
+    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
+    pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
+    check_before_loading(model_name, pairs, builtin=not pairs_file)
+    out = hold(claim_run_dir(out, model_name, force))
+    lm = load_model(model_name, dtype=dtype, device=device)
+    if lm.kind != "decoder" and not pairs_file:
+        raise builtin_refusal(lm.name, lm.kind)
+    show = sys.stderr.isatty() if progress is None else progress
+    m = 1 if method == "eap" else steps
+    n_batches = -(-len(pairs) // batch_size)
+    sizes = len(shares or SHARES) + 1
+    click.echo(f"Circuit of {lm.name} on {plural(len(pairs), 'pair')} ({source}), {method}"
+               f"{f' m={m}' if method == 'eap-ig' else ''}: cost {n_batches * (2 + m)} forward and {n_batches * m} "
+               f"backward passes for the scores, about {n_batches} x (4 + {sizes} sizes x {1 + seeds}) passes for "
+               "faithfulness", err=True)
+    result, path = circuit_run(lm, pairs, out=out, force=force, source=source, method=method, steps=steps,
+                               edges=edges, seeds=seeds, shares=shares, batch_size=batch_size, progress=show,
+                               timings={"model_load_s": lm.load_seconds}, started=started,
+                               say=None if show else lambda line: click.echo(line, err=True))
+    f = result.faithfulness.frame
+    k = int(result.circuit.sum())
+    row = f[f["k"] == k].iloc[0]
+    click.echo(f"{result.graph.n_edges} edges; LD clean {result.ld_clean:.4g}, corrupted {result.ld_corrupted:.4g}; "
+               f"circuit of {k} edges: faithfulness {row.faithfulness:.3f} (random {row.random_mean:.3f} "
+               f"+- {row.random_std:.3f})")
+    click.echo(f"Report: {path / 'index.html'}")
