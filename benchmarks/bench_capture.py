@@ -1,7 +1,7 @@
 """Benchmark: probe's capture + statistics vs a bare eager forward pass, side by side.
 
 Prints, measured in one run on the same batches (sorted by length, same batch size):
-  - time of ``probe.analysis.analyze``'s forward + statistics loop (hooks, token features,
+  - time of ``probe.runs.analysis.analyze``'s forward + statistics loop (hooks, token features,
     running sums; padding included) and of a bare eager forward with ``output_attentions=True``
     (inputs padded beforehand, not timed), interleaved over several repeats; ratio of medians;
   - peak resident memory (MiB) of a fresh process analysing 100 vs 1,000 sentences.
@@ -28,7 +28,7 @@ UD = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-ewt" / "en_ew
 
 
 def corpus(n: int) -> tuple[list[str], str]:
-    from probe.corpus import read_corpus, sample_texts
+    from probe.text.corpus import read_corpus, sample_texts
 
     if UD.exists():
         texts = read_corpus(UD)
@@ -54,8 +54,8 @@ def bare_forward(lm, batches) -> float:
 
 
 def child(model: str, n: int, batch_size: int) -> None:
-    from probe.analysis import analyze
-    from probe.models import load_model
+    from probe.loading.models import load_model
+    from probe.runs.analysis import analyze
 
     lm = load_model(model)
     texts, _ = corpus(n)
@@ -104,9 +104,9 @@ def main() -> None:
         child(args.model, args.child, args.batch_size)
         return
 
-    from probe.analysis import analyze
-    from probe.inputs import as_texts, iter_batches
-    from probe.models import load_model
+    from probe.loading.models import load_model
+    from probe.runs.analysis import analyze
+    from probe.text.inputs import as_texts, iter_batches
 
     lm = load_model(args.model)
     texts, source = corpus(args.n)

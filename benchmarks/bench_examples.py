@@ -28,8 +28,8 @@ def _status_kib(field: str) -> float:
 
 
 def child(model: str, tokens: int, n_texts: int, examples: int, crop: str) -> None:
-    from probe.analysis import analyze
-    from probe.models import load_model
+    from probe.loading.models import load_model
+    from probe.runs.analysis import analyze
 
     lm = load_model(model)
     texts = [TEXT * (tokens // 30 + 2)] * n_texts

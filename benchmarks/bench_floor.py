@@ -14,7 +14,7 @@ sample repeated):
   ``analyze`` with :func:`probe.patterns.pattern_accumulators` (distances, Kovaleva types, health) and,
   for decoders, the circuit probe (its own forward passes on repeated random tokens). Tokenization IS
   inside it. The report itself (rollout of the examples, HTML) is not timed.
-- ``tokenize``: the tokenization and batching of the texts alone (:func:`probe.inputs.iter_batches`),
+- ``tokenize``: the tokenization and batching of the texts alone (:func:`probe.text.inputs.iter_batches`),
   timed separately so that both ratios can be read: ``with tok`` = part / bare; ``without tok`` =
   (part - tokenize) / bare for the parts that tokenize.
 
@@ -58,7 +58,7 @@ def texts_for(n: int, path: str | None) -> tuple[list[str], str]:
         path = next((str(p) for p in UD_PLACES if p.exists()), None)
     if path is None:
         return bench_capture.corpus(n)
-    from probe.corpus import read_corpus
+    from probe.text.corpus import read_corpus
 
     texts = read_corpus(path)
     while len(texts) < n:
@@ -74,11 +74,11 @@ def timed(fn) -> float:
 
 def parts(lm, texts: list[str], batch_size: int) -> dict:
     """name -> zero-argument function running that part once."""
-    from probe.analysis import analyze
-    from probe.capture import forward
-    from probe.inputs import as_texts, iter_batches
+    from probe.capture.maps import forward
     from probe.patterns import CircuitProbe, circuit_probe, pattern_accumulators
     from probe.patterns.circuits import SINK_TEXTS
+    from probe.runs.analysis import analyze
+    from probe.text.inputs import as_texts, iter_batches
 
     batches = list(iter_batches(lm, as_texts(texts), batch_size=batch_size))
 
@@ -118,7 +118,7 @@ TOKENIZING = ("analyze()", "default probe analyze")
 
 
 def run(model: str, n: int, repeats: int, batch_size: int, corpus: str | None, dtype: str = "float32") -> dict:
-    from probe.models import load_model
+    from probe.loading.models import load_model
 
     texts, source = texts_for(n, corpus)
     lm = load_model(model, dtype=dtype)

@@ -29,7 +29,7 @@ def fastest(fn, repeats: int) -> float:
 
 
 def old_row(tilde, i: int) -> list[float]:
-    """The reported row the way probe.flow solved it before the compiled solver: networkx preflow-push."""
+    """The reported row the way probe.measures.flow solved it before the compiled solver: networkx preflow-push."""
     import networkx as nx
     from networkx.algorithms.flow import build_residual_network, preflow_push
 
@@ -50,7 +50,7 @@ def main() -> None:
     import torch
 
     import probe
-    from probe.corpus import sample_texts
+    from probe.text.corpus import sample_texts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="minilm")
@@ -73,8 +73,8 @@ def main() -> None:
                 probe.attention_flow(lm, text, max_length=T, max_tokens=T, rows=rows)
             row[f"flow_{rows}_s"] = round(fastest(flow, args.repeats), 3)
         if args.old:
-            from probe.flow import flow_values
-            from probe.rollout import encode_for_stack, stack_maps
+            from probe.measures.flow import flow_values
+            from probe.measures.rollout import encode_for_stack, stack_maps
 
             maps = stack_maps(lm, encode_for_stack(lm, [text], T))[0]
             start = time.perf_counter()

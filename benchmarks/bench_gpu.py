@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 def texts_of(lm, n: int, length: int) -> list[str]:
     """``n`` texts of at least ``length`` tokens: the built-in sample, rotated and joined."""
-    from probe.corpus import sample_texts
+    from probe.text.corpus import sample_texts
 
     sample = sample_texts()
     out = []
@@ -60,9 +60,9 @@ def synced(fn) -> tuple[float, float]:
 
 def measure(lm, length: int, n: int, batch_size: int, repeats: int) -> dict:
     """Median seconds and peak MiB of bare, analyze and tokenize at one length."""
-    from probe.analysis import analyze
-    from probe.capture import forward
-    from probe.inputs import as_texts, iter_batches
+    from probe.capture.maps import forward
+    from probe.runs.analysis import analyze
+    from probe.text.inputs import as_texts, iter_batches
 
     texts = texts_of(lm, n, length)
     batches = list(iter_batches(lm, as_texts(texts), batch_size=batch_size, max_length=length))
@@ -102,7 +102,7 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here; skipped")
         return
-    from probe.models import load_model
+    from probe.loading.models import load_model
 
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"

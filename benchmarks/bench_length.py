@@ -1,9 +1,9 @@
 """Benchmark: one long text analysed at full length, in flat memory (block capture).
 
 For each length (default 1,024, 2,048, 4,096 and 8,192 tokens) a fresh child process loads the
-model, runs ``probe.analysis.analyze`` on one text of exactly that many tokens (the UD English EWT
+model, runs ``probe.runs.analysis.analyze`` on one text of exactly that many tokens (the UD English EWT
 dev sentences concatenated, or the built-in sample repeated when that file is missing) with block
-capture at every length (the automatic block size, :data:`probe.blocks.BLOCK_PROBABILITIES`
+capture at every length (the automatic block size, :data:`probe.capture.blocks.BLOCK_PROBABILITIES`
 probabilities per block; ``--dense N`` adds one whole-map run of N tokens for reference), and reports its
 peak resident memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` of the child: the whole
 process, model weights included) and the seconds of the analysis. Then peak(longest) /
@@ -34,9 +34,9 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
 import numpy as np
-from probe.analysis import analyze
-from probe.blocks import BLOCK_PROBABILITIES
-from probe.models import load_model
+from probe.runs.analysis import analyze
+from probe.capture.blocks import BLOCK_PROBABILITIES
+from probe.loading.models import load_model
 from probe.patterns import HeadDistances
 
 args = json.loads(sys.stdin.read())
@@ -89,7 +89,7 @@ def sentences() -> list[str]:
         return [ln[len("# text = "):].strip() for ln in UD_DEV.read_text(encoding="utf-8").splitlines()
                 if ln.startswith("# text = ")]
     sys.path.insert(0, str(ROOT))
-    from probe.corpus import sample_texts
+    from probe.text.corpus import sample_texts
     return list(sample_texts())
 
 

@@ -1,6 +1,6 @@
 """Benchmark: what the coreference and syntax accumulators add to an analysis.
 
-Runs :func:`probe.analysis.analyze` on the same annotated texts with and without the coreference
+Runs :func:`probe.runs.analysis.analyze` on the same annotated texts with and without the coreference
 and syntax accumulators, interleaved (plain, with, plain, with ...) so that both see the same
 machine load, and prints the median seconds of each and their ratio. The texts: the built-in
 coreference set plus the first ``--sentences`` sentences of a CoNLL-U file (default: UD EWT dev
@@ -28,8 +28,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from probe import load_model
-    from probe.analysis import analyze
     from probe.linguistic import annotated_input
+    from probe.runs.analysis import analyze
 
     lm = load_model(args.model)
     source = annotated_input("builtin", str(args.conllu) if args.conllu.exists() else None, args.sentences)

@@ -38,7 +38,7 @@ from bench_capture import _reset_peak, _rss_kib  # noqa: E402
 def corpus(n: int, path: str | None = None) -> tuple[list[str], str]:
     if path is None:
         return bench_capture.corpus(n)
-    from probe.corpus import read_corpus
+    from probe.text.corpus import read_corpus
 
     texts = read_corpus(path)
     while len(texts) < n:
@@ -57,8 +57,8 @@ def accumulators(lm, which: str, map_sequences: int) -> list:
 
 
 def child(model: str, n: int, batch_size: int, map_sequences: int, path: str | None, kind: str) -> None:
-    from probe.analysis import analyze
-    from probe.models import load_model
+    from probe.loading.models import load_model
+    from probe.runs.analysis import analyze
 
     lm = load_model(model)
     texts, _ = corpus(n, path)
@@ -90,9 +90,9 @@ def main() -> None:
         child(args.model, args.child, args.batch_size, args.map_sequences, args.corpus, args.kind)
         return
 
-    from probe.analysis import analyze
-    from probe.models import load_model
+    from probe.loading.models import load_model
     from probe.patterns import circuit_probe
+    from probe.runs.analysis import analyze
 
     lm = load_model(args.model)
     texts, source = corpus(args.n, args.corpus)

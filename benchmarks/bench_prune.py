@@ -40,7 +40,7 @@ def half_of_the_heads(lm, seed: int = 0) -> dict[int, list[int]]:
 
 
 def bench(name: str, batch: int, tokens: int, repeats: int, warmup: int) -> dict:
-    from probe.models import load_model
+    from probe.loading.models import load_model
     from probe.pruning import remove_heads
     from probe.pruning.experiment import copy_model
 

@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from probe.corpus import sample_texts
+    from probe.text.corpus import sample_texts
 
     sample = sample_texts()
     rows = []

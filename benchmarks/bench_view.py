@@ -28,7 +28,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 
 
 def long_text(lm, tokens: int) -> str:
-    from probe.corpus import sample_texts
+    from probe.text.corpus import sample_texts
 
     text = " ".join(sample_texts())
     while len(lm.tokenizer(text, verbose=False)["input_ids"]) < tokens:

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from probe import load_model
-from probe.analysis import analyze
-from probe.corpus import read_corpus
-from probe.stats import INDEX, HeadStatistics
+from probe.measures.stats import INDEX, HeadStatistics
+from probe.runs.analysis import analyze
+from probe.text.corpus import read_corpus
 
 #: The shared data folder beside the repository root (a worktree elsewhere: PROBE_SHARED_DATA).
 SHARED_DATA = Path(os.environ.get("PROBE_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")

@@ -14,7 +14,7 @@ Public API (the CLI is a thin layer over it)::
     prune(lm, texts).to_json()                  # pruning curves (probe.pruning: gates, removal, saving)
     head_effects(lm, texts).heads               # zero / mean ablation effect of every head (probe.effects)
     attention_rollout(lm, "The cat sat.").row   # share of [CLS] (decoders: last token) from each input token
-    attention_flow(lm, "The cat sat.").row      # the same by maximum flow (probe.flow; <= 64 tokens by default)
+    attention_flow(lm, "The cat sat.").row      # the same by maximum flow (probe.measures.flow; <= 64 tokens)
 """
 
 import importlib as _importlib
@@ -33,19 +33,20 @@ __version__ = "0.1.0"
 #: transformers, pandas and scikit-learn take seconds): the first use of ``probe.NAME`` (or
 #: ``from probe import NAME``) imports its module, so ``probe --help`` and a usage error answer at once.
 _PUBLIC = {
-    "Accumulator": ".accumulators", "analyze": ".analysis", "run": ".analysis",
-    "attention_hooks": ".capture", "capture_attention": ".capture",
+    "Accumulator": ".measures.accumulators", "analyze": ".runs.analysis", "run": ".runs.analysis",
+    "attention_hooks": ".capture.maps", "capture_attention": ".capture.maps",
     "compare_runs": ".compare", "load_run": ".compare", "LoadedModel": ".core",
     "head_effects": ".effects", "composition_scores": ".effects.composition",
     "direct_logit_attribution": ".effects.dla", "Pair": ".effects.patching", "patch_heads": ".effects.patching",
-    "ProbeError": ".errors", "attention_flow": ".flow",
-    "Hooks": ".hooks", "ensure_eager": ".hooks", "measuring": ".hooks", "Text": ".inputs",
-    "from_pretrained_objects": ".models", "list_models": ".models", "load_model": ".models",
+    "ProbeError": ".errors", "attention_flow": ".measures.flow",
+    "Hooks": ".capture.hooks", "ensure_eager": ".capture.hooks", "measuring": ".capture.hooks", "Text": ".text.inputs",
+    "from_pretrained_objects": ".loading.models", "list_models": ".loading.models", "load_model": ".loading.models",
     "prune": ".pruning.experiment", "attention": ".reference", "swap_attention": ".reference",
-    "Attribution": ".rollout", "attention_rollout": ".rollout", "Site": ".sites",
-    "STATISTICS": ".stats", "HeadStatistics": ".stats", "attention_steps": ".steps", "verify": ".verification",
-    "HeadView": ".view", "ModelView": ".view", "model_view": ".notebook", "show": ".notebook",
-    "RolloutView": ".view.rollout", "rollout_view": ".notebook",
+    "Attribution": ".measures.rollout", "attention_rollout": ".measures.rollout", "Site": ".sites",
+    "STATISTICS": ".measures.stats", "HeadStatistics": ".measures.stats", "attention_steps": ".measures.steps",
+    "verify": ".verification",
+    "HeadView": ".view", "ModelView": ".view", "model_view": ".runs.notebook", "show": ".runs.notebook",
+    "RolloutView": ".view.rollout", "rollout_view": ".runs.notebook",
 }
 
 

@@ -1,7 +1,7 @@
 """The loaded model every part of probe works on: :class:`LoadedModel`.
 
 A small module at the bottom of the import graph, so that capture, analyses and verification can
-name the type without importing the loader (:mod:`probe.models` builds it and re-exports it).
+name the type without importing the loader (:mod:`probe.loading.models` builds it and re-exports it).
 """
 
 from __future__ import annotations

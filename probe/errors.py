@@ -21,7 +21,7 @@ class InputError(ProbeError):
 
 class UnsupportedAnalysisError(ProbeError):
     """An analysis was asked of a kind of model or site it does not measure (its rule:
-    :meth:`probe.accumulators.Accumulator.refusal`)."""
+    :meth:`probe.measures.accumulators.Accumulator.refusal`)."""
 
 
 class CaptureError(ProbeError):

@@ -10,8 +10,8 @@ errors from option values into usage errors (exit status 2) with
 from __future__ import annotations
 
 from .bounds import fraction, limit, max_length, positive_int, texts, tolerance
-from .classify import validate_thresholds
 from .errors import InputError
+from .measures.classify import validate_thresholds
 from .reference.mutants import MUTANTS
 
 __all__ = ["fraction", "limit", "max_length", "positive_int", "texts", "tolerance", "mutant", "thresholds",

@@ -31,8 +31,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-import probe.loading as ploading  # noqa: E402
-import probe.models as pm  # noqa: E402
+import probe.loading.checkpoints as ploading  # noqa: E402
+import probe.loading.models as pm  # noqa: E402
 from probe.cli import main  # noqa: E402
 
 #: The shared, read-only data folder (``shared/data`` beside the repository root; a checkout
@@ -99,7 +99,7 @@ def tolerance(kind: str, dtype: torch.dtype = torch.float32) -> dict:
 
 
 #: The per-head statistics with a unit and a scale (``entropy`` in nats, ``distance`` in tokens); every
-#: other statistic is a probability (see probe.stats).
+#: other statistic is a probability (see probe.measures.stats).
 SCALED_STATISTICS = frozenset({"entropy", "distance"})
 
 
@@ -108,13 +108,13 @@ def assert_statistics_close(actual, expected, names=None, dtype: torch.dtype = t
     (``"scaled"`` for :data:`SCALED_STATISTICS`, else ``"probability"``); NaN must match NaN.
 
     ``actual``/``expected``: DataFrames or Series labelled by statistic (``names`` defaults to the
-    labels of :data:`probe.stats.ALL_STATISTICS` they hold), or arrays ``[..., statistics]`` in the
+    labels of :data:`probe.measures.stats.ALL_STATISTICS` they hold), or arrays ``[..., statistics]`` in the
     order of ``names`` (required then).
     """
     import numpy as np
     import pandas as pd
 
-    from probe.stats import ALL_STATISTICS
+    from probe.measures.stats import ALL_STATISTICS
 
     labelled = isinstance(actual, (pd.DataFrame, pd.Series))
     if names is None:
@@ -330,7 +330,7 @@ def tiny_model(kind: str, tokenizer: str | None = None, *, seed: int = 0, wrap: 
         kind: a family or variant from :data:`KINDS`.
         tokenizer: ``"wordpiece"`` (MiniLM's, vocab 30522, has [SEP]) or ``"bpe"`` (the tests' byte-level
             BPE, vocab 1000, no sep token); default wordpiece for encoders, bpe for decoders.
-        wrap: return a probe :class:`~probe.models.LoadedModel` (via ``from_pretrained_objects``);
+        wrap: return a probe :class:`~probe.loading.models.LoadedModel` (via ``from_pretrained_objects``);
             else ``(model, tokenizer)``.
         config_kw: passed to :func:`tiny_config` (dropout, init, attn_implementation, max_positions, layers).
     """
@@ -356,7 +356,7 @@ def make_tiny():
 @pytest.fixture(scope="session")
 def tiny_generic():
     """The builder of tiny models of types without a hand spec (``tiny_generic(model_type)``, a
-    :class:`~probe.models.LoadedModel` whose spec was discovered; see ``generic_models.py``)."""
+    :class:`~probe.loading.models.LoadedModel` whose spec was discovered; see ``generic_models.py``)."""
     from generic_models import generic_lm
 
     return generic_lm

@@ -124,7 +124,7 @@ def generic_lm(model_type: str, seed: int = 0):
     """:func:`generic_model` wrapped by ``from_pretrained_objects`` (which discovers its spec), with the
     tests' WordPiece tokenizer for encoders and the BPE one otherwise."""
     from conftest import bert_tokenizer, bpe_tokenizer
-    from probe.models import from_pretrained_objects
+    from probe.loading.models import from_pretrained_objects
 
     tok = bert_tokenizer() if model_type in ENCODER_TYPES else bpe_tokenizer()
     return from_pretrained_objects(generic_model(model_type, tok, seed), tok, name=f"tiny-{model_type}")

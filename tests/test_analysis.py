@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import assert_statistics_close, tiny_model, tolerance
-from probe.accumulators import Accumulator, ExampleMaps
-from probe.analysis import analyze, run
-from probe.capture import capture_attention
+from probe.capture.maps import capture_attention
 from probe.errors import InputError
-from probe.inputs import as_texts, iter_batches
-from probe.stats import ALL_STATISTICS, HeadStatistics
+from probe.measures.accumulators import Accumulator, ExampleMaps
+from probe.measures.stats import ALL_STATISTICS, HeadStatistics
+from probe.runs.analysis import analyze, run
+from probe.text.inputs import as_texts, iter_batches
 
 TEXTS = ["The quick brown fox, which was very quick, jumped over the lazy dog.", "Hello world!",
          "A (small) test: does it work? Yes; it does.", "One two three."]
@@ -161,7 +161,7 @@ def test_unknown_word_tokens_are_counted_and_noted():
 
 
 def test_tiny_corpus_gets_a_note():
-    from probe.analysis import MIN_TOKENS
+    from probe.runs.analysis import MIN_TOKENS
 
     lm = tiny_model("bert")
     res = analyze(lm, ["Hi."], n_examples=0)

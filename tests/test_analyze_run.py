@@ -1,5 +1,5 @@
-"""``probe analyze`` as a library function: :func:`probe.analyze_run.analyze_run` gives a notebook the run
-the command writes (the same heads.csv and sections), and :func:`probe.analysis.merge_head_columns` is the
+"""``probe analyze`` as a library function: :func:`probe.runs.analyze.analyze_run` gives a notebook the run
+the command writes (the same heads.csv and sections), and :func:`probe.runs.analysis.merge_head_columns` is the
 one way a command's columns join the heads table."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import save_tiny, tiny_model
-from probe.analysis import merge_head_columns
-from probe.analyze_run import analysis_input, analyze_run, announcement, count_sequences
 from probe.cli import main
-from probe.corpus import sample_texts
 from probe.errors import InputError
-from probe.models import load_model
+from probe.loading.models import load_model
+from probe.runs.analysis import merge_head_columns
+from probe.runs.analyze import analysis_input, analyze_run, announcement, count_sequences
+from probe.text.corpus import sample_texts
 
 TEXTS = ["The cat sat on the mat and looked at the dog.", "When Mary and John went to the store, John gave a drink.",
          "A quick brown fox jumps over the lazy dog."]

@@ -1,4 +1,4 @@
-"""Block capture (probe.blocks): each site's attention computed a block of query rows at a time by
+"""Block capture (probe.capture.blocks): each site's attention computed a block of query rows at a time by
 the reference module; the model's outputs stay the model's and every statistic, value-weighted
 column and example map equals the whole-map (dense) path."""
 
@@ -12,23 +12,23 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import probe.analysis as analysis_module
+import probe.runs.analysis as analysis_module
 from conftest import save_tiny, tiny_model
-from probe import blocks
-from probe.accumulators import Accumulator
-from probe.analysis import analyze, run
-from probe.blocks import block_capture, query_block_for
-from probe.capture import capture_attention, encode, forward
+from probe.capture import blocks
+from probe.capture.blocks import block_capture, query_block_for
+from probe.capture.hooks import measuring
+from probe.capture.maps import capture_attention, encode, forward
 from probe.cli import main
-from probe.corpus import sample_texts
 from probe.errors import InputError, UnsupportedAnalysisError
-from probe.hooks import measuring
-from probe.inputs import Text, iter_batches
+from probe.loading.seq2seq import sides
+from probe.measures.accumulators import Accumulator
+from probe.measures.sinks import bin_edges
 from probe.pruning.removal import remove_heads
 from probe.reference import swap_attention
 from probe.report.sinks import SHOWN_FROM, sink_profile_section
-from probe.seq2seq import sides
-from probe.sinks import bin_edges
+from probe.runs.analysis import analyze, run
+from probe.text.corpus import sample_texts
+from probe.text.inputs import Text, iter_batches
 from probe.verification.compare import FP32_ATOL, NOISE_FACTOR
 
 TEXTS = ["The quick brown fox jumps over the lazy dog, and then it runs far away into the woods.",

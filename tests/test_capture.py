@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from conftest import DECODERS, FAMILIES, SEQ2SEQ, hook_snapshot, no_hooks, notes, tiny_model, tolerance
-from probe.analysis import analyze
-from probe.capture import attention_hooks, capture_attention, encode
+from probe.capture.hooks import ensure_eager
+from probe.capture.maps import attention_hooks, capture_attention, encode
 from probe.errors import CaptureError, InputError
-from probe.hooks import ensure_eager
-from probe.inputs import Text, as_texts, tokenize
-from probe.models import from_pretrained_objects
-from probe.seq2seq import sides
+from probe.loading.models import from_pretrained_objects
+from probe.loading.seq2seq import sides
+from probe.runs.analysis import analyze
+from probe.text.inputs import Text, as_texts, tokenize
 
 #: Six tokens with both tokenizers: the byte-level BPE (SmolLM2's and the tests', no special tokens added) and MiniLM's
 #: WordPiece ([CLS] the cat sat on [SEP]).
@@ -119,7 +119,7 @@ def test_sdpa_model_is_switched_to_eager_when_wrapped(family):
 def test_capture_switches_sdpa_to_eager_and_says_so(family, caplog):
     lm = tiny_model(family)
     lm.model.set_attn_implementation("sdpa")
-    with notes(caplog, "probe.hooks"):
+    with notes(caplog, "probe.capture.hooks"):
         captured = capture_attention(lm, ["One sentence here.", "Two."])
     assert lm.model.config._attn_implementation == "sdpa"  # switched for the capture, then restored
     assert any("'sdpa'" in n and "'eager'" in n for n in captured.notes)

@@ -15,14 +15,14 @@ import torch
 
 import probe.reference.swap as swap_module
 from conftest import bpe_tokenizer, tiny_model
-from probe.accumulators import Accumulator
-from probe.analysis import analyze, run
 from probe.errors import InputError, UnsupportedAnalysisError
-from probe.inputs import Text
+from probe.measures.accumulators import Accumulator
 from probe.patterns import circuit_probe, repeated_random_tokens
 from probe.patterns.circuits import CircuitScores, ids_batch, random_vocabulary
 from probe.reference import ReferenceAttention, swap_attention
+from probe.runs.analysis import analyze, run
 from probe.sites import Site
+from probe.text.inputs import Text
 
 N = 25
 

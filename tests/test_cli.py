@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-import probe.models as pm
+import probe.loading.models as pm
 from conftest import SHARED_DATA, conllu
 from probe.cli import main
-from probe.corpus import read_corpus
-from probe.stats import STATISTICS
+from probe.measures.stats import STATISTICS
+from probe.text.corpus import read_corpus
 
 UD_DEV = SHARED_DATA / "ud-ewt" / "en_ewt-ud-dev.conllu"
 NASTY = "Look: <script>alert(1)</script> & <b>bold</b> text."
@@ -315,8 +315,8 @@ CONLLU = conllu("corpus")
 @pytest.mark.slow
 def test_corpus_file_through_cli_reaches_the_analysis(tmp_path, monkeypatch, minilm):
     """A CoNLL-U corpus with --limit reaches analyze as exactly its first '# text =' sentences."""
-    import probe.analysis as pa
-    import probe.analyze_run
+    import probe.runs.analysis as pa
+    import probe.runs.analyze
 
     path = tmp_path / "tiny.conllu"
     path.write_text(CONLLU, encoding="utf-8")
@@ -331,7 +331,7 @@ def test_corpus_file_through_cli_reaches_the_analysis(tmp_path, monkeypatch, min
 
     monkeypatch.setattr(pm, "load_model", lambda name, **kw: minilm)
     monkeypatch.setattr(pa, "analyze", fake_analyze)
-    monkeypatch.setattr(probe.analyze_run, "analyze", fake_analyze)  # the run's own reference to it
+    monkeypatch.setattr(probe.runs.analyze, "analyze", fake_analyze)  # the run's own reference to it
     result = run("analyze", "--model", "minilm", "--corpus", str(path), "--limit", "2",
                  "--out", str(tmp_path / "o"))
     assert isinstance(result.exception, Stop), result.output
@@ -341,7 +341,7 @@ def test_corpus_file_through_cli_reaches_the_analysis(tmp_path, monkeypatch, min
 @pytest.mark.slow
 @pytest.mark.skipif(not UD_DEV.exists(), reason=f"shared UD EWT data not found at {UD_DEV}")
 def test_ud_ewt_50_sentences(minilm):
-    from probe.analysis import analyze
+    from probe.runs.analysis import analyze
 
     texts = read_corpus(UD_DEV, limit=50)
     assert len(texts) == 50 and all(t.strip() for t in texts)
@@ -405,7 +405,7 @@ def test_summary_times_add_up_to_the_wall_time(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_corpus_gets_a_note(minilm):
-    from probe.analysis import MIN_TOKENS, analyze
+    from probe.runs.analysis import MIN_TOKENS, analyze
 
     res = analyze(minilm, ["Hi."], n_examples=0)
     assert res.counts["tokens"] == 4 < MIN_TOKENS  # [CLS] hi . [SEP]
@@ -438,7 +438,7 @@ def tiny_bert_folder(tmp_path_factory):
 
 def test_coref_and_syntax_write_their_files(tiny_bert_folder, tmp_path):
     from probe.linguistic import coref_heads, syntax_heads
-    from probe.models import load_model
+    from probe.loading.models import load_model
 
     conllu = tmp_path / "three.conllu"
     conllu.write_text(TREES)

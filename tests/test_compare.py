@@ -13,15 +13,15 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-import probe.models as pm
+import probe.loading.models as pm
 from conftest import tiny_model
-from probe.analysis import analyze
 from probe.cli import main
 from probe.compare import align_layers, compare_runs, label_counts, layer_summary, load_run, most_changed, write_compare
 from probe.errors import InputError
+from probe.measures.stats import STATISTICS
 from probe.report import CSP, write_run
-from probe.stats import STATISTICS
-from probe.tokens import display_tokens
+from probe.runs.analysis import analyze
+from probe.text.tokens import display_tokens
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "When Maria finished, she celebrated.", "Short one."]
 
@@ -248,7 +248,7 @@ def test_encoder_decoder_runs_are_compared_site_by_site(tmp_path):
     """Each head is matched within its own (stack, kind): a cross-attention head of A with the
     cross-attention head of B at the same layer and index, never with an encoder head; the page
     draws one grid per site kind and names heads enc/dec/cross L4H5."""
-    from probe.inputs import Text
+    from probe.text.inputs import Text
 
     pairs = [Text("The cat sat on the mat.", target="Le chat."), Text("A dog ran home.", target="Un chien court.")]
     lm_a, lm_b = tiny_model("marian"), tiny_model("bart")

@@ -10,7 +10,7 @@ import torch
 from wordsupport import batch_of, wilson_by_hand
 
 from conftest import bert_tokenizer, tiny_model
-from probe.capture import capture_attention
+from probe.capture.maps import capture_attention
 from probe.linguistic import coref_heads
 from probe.linguistic.coref import CorefAccumulator, baseline_answers
 from probe.linguistic.gap import CorefExample, CorefSet, builtin_examples, parse_marked, split_words

@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from conftest import conllu
-from probe.corpus import check_texts, iter_lines, read_corpus, read_pairs, read_text_file, sample_texts, split_lines
 from probe.errors import InputError
+from probe.text.corpus import (
+    check_texts,
+    iter_lines,
+    read_corpus,
+    read_pairs,
+    read_text_file,
+    sample_texts,
+    split_lines,
+)
 
 CONLLU = conllu("corpus")
 

@@ -1,5 +1,5 @@
 """Model types without a hand-written spec: discovered from one forward pass through probe's attention
-function (probe/discover.py), verified against their own eager function, analyzed; and the types whose
+function (probe/capture/discover.py), verified against their own eager function, analyzed; and the types whose
 attention does not call the interface, refused in one line."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import torch
 from generic_models import ENCODER_TYPES, GENERIC, OWN_ATTENTION, generic_model
 
 from conftest import FAMILIES, assert_statistics_close, invoke_cli, one_error, tiny_model, tolerance
-from probe import interface
-from probe.analysis import analyze
 from probe.architectures import DISCOVERED, SPECS, get_spec, site_modules
-from probe.capture import capture_attention
+from probe.capture import interface
+from probe.capture.discover import discover
+from probe.capture.maps import capture_attention
 from probe.core import LoadedModel
-from probe.discover import discover
 from probe.errors import UnsupportedArchitectureError
-from probe.inputs import Text
+from probe.runs.analysis import analyze
+from probe.text.inputs import Text
 from probe.verification import verify
 
 TEXTS = ["The cat sat on the mat. It was warm.", "A dog ran to the park and back home again today."]

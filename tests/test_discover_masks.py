@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import tolerance
-from probe.discover import _bidirectional_band
+from probe.capture.discover import _bidirectional_band
+from probe.capture.interface import probe_attention, split_mask
 from probe.errors import UnsupportedArchitectureError
-from probe.interface import probe_attention, split_mask
-from probe.models import from_pretrained_objects
+from probe.loading.models import from_pretrained_objects
 from probe.verification import verify
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))

@@ -9,12 +9,12 @@ import torch
 from scipy.spatial.distance import jensenshannon
 
 from conftest import tiny_model
-from probe.analysis import analyze
-from probe.capture import capture_attention
-from probe.inputs import Batch, Text
+from probe.capture.maps import capture_attention
 from probe.patterns.distance import HeadDistances
 from probe.patterns.jsd import pairs, row_js, to_matrix
+from probe.runs.analysis import analyze
 from probe.sites import Site
+from probe.text.inputs import Batch, Text
 
 
 def make_batch(lengths: list[int], index: list[int] | None = None) -> Batch:

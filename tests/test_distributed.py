@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from conftest import SHARED_DATA, assert_statistics_close, save_tiny, tiny_model
-from probe.analysis import analyze
-from probe.corpus import iter_corpus
-from probe.distributed import World, detect, reducer, shard
-from probe.inputs import Text
-from probe.stats import ALL_STATISTICS
+from probe.measures.stats import ALL_STATISTICS
+from probe.runs.analysis import analyze
+from probe.runs.distributed import World, detect, reducer, shard
+from probe.text.corpus import iter_corpus
+from probe.text.inputs import Text
 
 TEXTS = [f"Sentence number {i}, with a comma; and {'more ' * (i % 5)}words." for i in range(23)]
 
@@ -238,7 +238,7 @@ def test_offloaded_and_split_models_give_the_same_statistics(how, tmp_path):
 
 def test_device_options_are_checked(tmp_path):
     from probe.errors import ModelLoadError
-    from probe.models import load_model, resolve_device
+    from probe.loading.models import load_model, resolve_device
 
     assert resolve_device("cpu") == "cpu" and resolve_device(None) is None
     assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -280,7 +280,7 @@ def test_a_stream_gives_what_a_list_gives():
 
 def test_stream_chunks_are_sorted_within_chunks_only():
     """A stream is tokenized a chunk at a time: batches never mix texts of two chunks."""
-    from probe.inputs import iter_batches
+    from probe.text.inputs import iter_batches
 
     lm = tiny_model("bert")
     texts = (Text(t, index=i) for i, t in enumerate(TEXTS))

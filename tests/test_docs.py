@@ -170,7 +170,7 @@ def test_mkdocs_build_strict(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "statistics" / "index.html").exists()
     reference = (tmp_path / "site" / "reference" / "index.html").read_text(encoding="utf-8")
-    assert 'id="probe.analysis.analyze"' in reference  # the API reference, read from the docstrings
+    assert 'id="probe.runs.analysis.analyze"' in reference  # the API reference, read from the docstrings
 
 
 def test_code_blocks_reads_fences_and_not_run_markers(tmp_path):

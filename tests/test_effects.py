@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from conftest import save_tiny, tiny_model
 from probe.architectures import site_outputs
-from probe.capture import encode, forward
+from probe.capture.maps import encode, forward
 from probe.cli import main
 from probe.effects import ablating, head_effects, head_means, label_groups, paired_bootstrap, random_sets, t_interval
 from probe.effects.ablation import repeat_batch

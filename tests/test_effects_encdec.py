@@ -14,12 +14,12 @@ from click.testing import CliRunner
 
 from conftest import save_tiny, tiny_model
 from probe.architectures import site_outputs
-from probe.capture import encode, forward
+from probe.capture.maps import encode, forward
 from probe.cli import main
 from probe.effects import ablating, head_effects, head_means
 from probe.effects.ablation import repeat_batch
 from probe.effects.measure import effect_columns
-from probe.inputs import Text
+from probe.text.inputs import Text
 
 PAIRS = [("The cat sat on the mat.", "Le chat est assis."), ("A dog barked twice.", "Un chien a aboye."),
          ("Rain fell all night.", "Il a plu toute la nuit."), ("She read the letter.", "Elle a lu la lettre."),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-import probe.loading as loading
+import probe.loading.checkpoints as loading
 from conftest import notes, tiny_model
 
 
@@ -34,7 +34,7 @@ def test_first_use_logs_an_estimate_and_every_step(tmp_path, monkeypatch, caplog
     with open(gguf, "wb") as fh:  # 100 MB, sparse
         fh.truncate(100 * 2**20)
     cached = tmp_path / "cache" / "m-dequantized-float32"
-    with notes(caplog, "probe.models"):
+    with notes(caplog, "probe.loading.models"):
         # the loader itself, past the test tiers' guard (this stand-in file is not a real model)
         got, _ = loading.load_gguf.__wrapped__(tmp_path, "m.gguf", cached, None)
     assert got is model

@@ -22,14 +22,14 @@ import pytest
 import torch
 
 from conftest import tiny_model, tolerance
-from probe.accumulators import sum_device
-from probe.analysis import analyze, run
-from probe.capture import capture_attention
-from probe.inputs import Batch, Text, as_texts, iter_batches
+from probe.capture.maps import capture_attention
+from probe.measures.accumulators import sum_device
+from probe.measures.sinks import SinkProfile
+from probe.measures.stats import INDEX, STATISTICS, HeadStatistics
 from probe.report import write_run
-from probe.sinks import SinkProfile
+from probe.runs.analysis import analyze, run
 from probe.sites import Site
-from probe.stats import INDEX, STATISTICS, HeadStatistics
+from probe.text.inputs import Batch, Text, as_texts, iter_batches
 
 HALF = (torch.bfloat16, torch.float16)
 KINDS = ("llama", "gpt2", "bert")
@@ -247,7 +247,7 @@ def test_a_folder_loads_in_its_declared_dtype_unless_asked(bf16_folder):
     """load_model: None gives the declared dtype with a note; a name or a torch dtype overrides it;
     anything else is a one-line ModelLoadError."""
     from probe.errors import ModelLoadError
-    from probe.models import load_model
+    from probe.loading.models import load_model
 
     lm = load_model(str(bf16_folder))
     assert lm.model.dtype == torch.bfloat16

@@ -14,7 +14,7 @@ import torch
 from conftest import tiny_model
 from probe import attention_steps, show
 from probe.architectures import site_outputs
-from probe.capture import encode, forward
+from probe.capture.maps import encode, forward
 from probe.causal.gates import gated
 from probe.causal.heads import normalize_heads, table_heads
 from probe.effects import ablating, composition_scores, head_effects, patch_residual

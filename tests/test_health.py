@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from conftest import DECODERS, SEQ2SEQ, tiny_model
-from probe.analysis import analyze
-from probe.capture import capture_attention, encode
+from probe.capture.maps import capture_attention, encode
 from probe.errors import InputError
 from probe.patterns import HealthProbe, health_checks, health_of, health_thresholds, pattern_accumulators
 from probe.reference import swap_attention
+from probe.runs.analysis import analyze
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "Short one.",
          "Birds sing in the morning and fly away over the hills.", "Why?"]
@@ -265,7 +265,7 @@ def test_smollm2_sinks_are_explained_and_a_short_text_needs_more(smollm2):
     """The field run: 11 words of text on SmolLM2 (10 tokens) flagged 38 saturated heads and 380
     duplicate pairs. Now: needs more text. On the built-in sample (371 tokens) its saturated heads
     and most near-identical pairs are attention sinks: explained by first-token, not flagged."""
-    from probe.corpus import sample_texts
+    from probe.text.corpus import sample_texts
 
     found, res = checks(smollm2, texts=["The quick brown fox jumps over the lazy dog."])
     assert res.counts["tokens"] == 10

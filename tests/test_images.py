@@ -21,8 +21,8 @@ from conftest import tolerance
 from probe.cli import main
 from probe.images import GridAttention, analyze_images, heat_cells, images, overlay, show_image
 from probe.images.overlay import ALPHA, heat_colour
-from probe.notebook import show
-from probe.pixels import PixelProcessor, patch_label
+from probe.loading.pixels import PixelProcessor, patch_label
+from probe.runs.notebook import show
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ def test_grid_measures_merge_like_one_pass(uniform_runs):
     items = [picture(seed=s) for s in range(3)]
     whole = GridAttention(lm.sites, 4, lm.tokenizer.specials)
     parts = [GridAttention(lm.sites, 4, lm.tokenizer.specials) for _ in range(2)]
-    from probe.analysis import run
+    from probe.runs.analysis import run
 
     run(lm, images(lm, items).iter_batches(2), [whole])
     run(lm, images(lm, items[:1]).iter_batches(), [parts[0]])

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from conftest import bert_tokenizer, bpe_tokenizer, tiny_model
-from probe.analysis import analyze
-from probe.capture import capture_attention, encode
-from probe.inputs import Text, as_texts, iter_batches, tokenize
-from probe.tokens import display_tokens, is_punctuation_text, punctuation_mask
+from probe.capture.maps import capture_attention, encode
+from probe.runs.analysis import analyze
+from probe.text.inputs import Text, as_texts, iter_batches, tokenize
+from probe.text.tokens import display_tokens, is_punctuation_text, punctuation_mask
 
 EMOJI_CJK = "I love \U0001F4A9 \u300cyes\u300d \u00bfqu\u00e9?"
 

@@ -1,4 +1,4 @@
-"""probe's attention function inside transformers' AttentionInterface (probe/interface.py): the maths
+"""probe's attention function inside transformers' AttentionInterface (probe/capture/interface.py): the maths
 against independent computations, the keyword arguments it refuses, the listener registry, row blocks
 and the implementation switch of ``measuring``."""
 
@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from conftest import tolerance
-from probe import interface
+from probe.capture import interface
+from probe.capture.hooks import Hooks, ModelState, measuring
+from probe.capture.interface import HARMLESS, NAME, install, listen, probe_attention, row_blocks
 from probe.errors import InterfaceError
-from probe.hooks import Hooks, ModelState, measuring
-from probe.interface import HARMLESS, NAME, install, listen, probe_attention, row_blocks
 
 
 class Module(nn.Module):

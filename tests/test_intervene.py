@@ -1,4 +1,4 @@
-"""The intervention point (probe.intervene, editors inside probe.interface.probe_attention): identity
+"""The intervention point (probe.capture.intervene, editors inside probe.capture.interface.probe_attention): identity
 edits change nothing, zeroing a head's output is weight surgery on W_O, an unchanged pattern gives
 the same output, q/k/v editors see the key/value heads as the model has them, gradients flow, and
 patching every head from another run gives that run's logits."""
@@ -12,11 +12,11 @@ import torch
 
 from conftest import tiny_model
 from probe.architectures import site_outputs
-from probe.capture import encode, forward
+from probe.capture.hooks import Hooks
+from probe.capture.interface import _EDITORS, POINTS, row_blocks
+from probe.capture.intervene import Cache, intervening, mean, patch, replace, scale, zero
+from probe.capture.maps import encode, forward
 from probe.errors import InterfaceError, ProbeError
-from probe.hooks import Hooks
-from probe.interface import _EDITORS, POINTS, row_blocks
-from probe.intervene import Cache, intervening, mean, patch, replace, scale, zero
 
 TEXTS = ["The cat sat on the mat.", "A dog ran home"]
 

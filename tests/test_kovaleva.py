@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from conftest import bert_tokenizer, tiny_model
-from probe.analysis import analyze
-from probe.capture import capture_attention, encode
-from probe.inputs import Text
+from probe.capture.maps import capture_attention, encode
 from probe.patterns.kovaleva import COLUMNS, TYPES, PatternTypes, segments, sequence_scores
+from probe.runs.analysis import analyze
 from probe.sites import Site
+from probe.text.inputs import Text
 
 
 @pytest.fixture(scope="module")

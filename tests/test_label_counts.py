@@ -16,10 +16,10 @@ import re
 import pytest
 
 from conftest import tiny_model
-from probe.analysis import analyze
 from probe.errors import InputError
 from probe.patterns import circuit_probe
 from probe.report import write_run
+from probe.runs.analysis import analyze
 
 TEXTS = ["The cat sat on the mat because it was warm.", "Birds sing in the morning and fly away."]
 

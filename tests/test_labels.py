@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probe.classify import LABEL_RULES, MIXED, cluster_heads, default_thresholds, label_heads
-from probe.stats import STATISTICS
+from probe.measures.classify import LABEL_RULES, MIXED, cluster_heads, default_thresholds, label_heads
+from probe.measures.stats import STATISTICS
 
 #: The labels' definition (docs/statistics.md), written out again here (not read from probe).
 DEFINED_RULES = {

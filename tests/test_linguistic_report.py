@@ -12,10 +12,10 @@ import pytest
 from test_report import _data
 
 from conftest import CHROMIUM_ARGS, conllu, tiny_model
-from probe.analysis import analyze
 from probe.linguistic import annotated_input
 from probe.linguistic.report import choose_view, summary_lines
 from probe.report import write_run
+from probe.runs.analysis import analyze
 
 CONLLU = conllu("didnt")
 

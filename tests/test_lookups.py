@@ -1,6 +1,6 @@
-"""Ids past the tables they index (probe.lookups): token ids vs the vocabulary, segment ids vs the
+"""Ids past the tables they index (probe.capture.lookups): token ids vs the vocabulary, segment ids vs the
 segment table, positions vs the position table (RoBERTa's offset included), checked in the one
-forward pre-hook every forward path runs under (probe.hooks.measuring).
+forward pre-hook every forward path runs under (probe.capture.hooks.measuring).
 
 The field case : a RoBERTa-style encoder with one segment type (type_vocab_size=1,
 pad_token_id=3) saved with a BERT tokenizer, which numbers the two segments of a sentence pair 0
@@ -19,15 +19,15 @@ import torch
 import transformers as tr
 from click.testing import CliRunner
 
-import probe.models as pm
+import probe.loading.models as pm
 from conftest import bert_tokenizer, tiny_config, tiny_model
 from probe import capture_attention, verify
-from probe.analysis import analyze
+from probe.capture.hooks import measuring
+from probe.capture.lookups import check_lookups
 from probe.cli import main
 from probe.errors import InputError
-from probe.hooks import measuring
-from probe.inputs import Text
-from probe.lookups import check_lookups
+from probe.runs.analysis import analyze
+from probe.text.inputs import Text
 
 PAIR = Text("Where did the cat sit?", pair="The cat sat on the mat.")
 
@@ -117,7 +117,7 @@ def small_vocab_bert(tmp_path=None):
 
 def test_token_ids_past_the_vocabulary_fail_on_every_forward_path():
     """capture, analyze, show and verify all run under the one check (the circuit probe: next test)."""
-    from probe.notebook import show
+    from probe.runs.notebook import show
     from probe.verification.battery import SENTENCE
 
     lm = small_vocab_bert()

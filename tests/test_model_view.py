@@ -14,15 +14,15 @@ from click.testing import CliRunner
 
 from conftest import CHROMIUM_ARGS, save_tiny, tiny_model
 from probe import attention_steps, show
-from probe.analysis import analyze
-from probe.analyze_run import report_steps
-from probe.capture import capture_attention
+from probe.capture.maps import capture_attention
 from probe.cli import main
-from probe.inputs import Text
-from probe.models import load_model
-from probe.notebook import model_view
+from probe.loading.models import load_model
 from probe.report import CSP, write_run
+from probe.runs.analysis import analyze
+from probe.runs.analyze import report_steps
+from probe.runs.notebook import model_view
 from probe.sites import Site
+from probe.text.inputs import Text
 from probe.view.assets import view_page
 from probe.view.modelview import LEVELS, model_view_data, pool_map, render_model_view
 from probe.view.stepview import STEPS_KEY

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-import probe.models as pm
+import probe.loading.models as pm
 from conftest import notes, save_tiny, tiny_model
 from probe.errors import ModelLoadError, UnsupportedArchitectureError
 
@@ -18,7 +18,7 @@ def test_gguf_cache_is_float32_whatever_dtype_came_first(tmp_path, monkeypatch, 
     """A bfloat16 first load must not leave bf16-rounded weights for later float32 loads; the
     first load says it is a one-time de-quantizing step."""
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
-    with notes(caplog, "probe.models"):
+    with notes(caplog, "probe.loading.models"):
         bf16 = pm.load_model("smollm2", dtype=torch.bfloat16)
     assert any("one-time step" in r.getMessage() and str(tmp_path) in r.getMessage() for r in caplog.records)
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
@@ -28,7 +28,7 @@ def test_gguf_cache_is_float32_whatever_dtype_came_first(tmp_path, monkeypatch, 
     with safe_open(str(next(folder.glob("*.safetensors"))), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in list(f.keys())[:20]} == {"F32"}
     caplog.clear()
-    with notes(caplog, "probe.models"):
+    with notes(caplog, "probe.loading.models"):
         fp32 = pm.load_model("smollm2")  # from the cache, silently
     assert not any("one-time" in r.getMessage() for r in caplog.records)
     assert next(fp32.model.parameters()).dtype == torch.float32

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from probe.cli import main
-from probe.support import COLUMNS, STATUSES, model_types, status_counts
+from probe.loading.support import COLUMNS, STATUSES, model_types, status_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))

@@ -1,4 +1,4 @@
-"""What measuring changes comes back exactly as it was (probe.hooks.measuring, ModelState).
+"""What measuring changes comes back exactly as it was (probe.capture.hooks.measuring, ModelState).
 
 The field case : a model in train mode with one block put back in eval mode
 (``model.train(); model.encoder.layer[0].eval()``). A tool that saved only the top-level flag and
@@ -15,9 +15,9 @@ import torch
 
 from conftest import tiny_model
 from probe import capture_attention, verify
-from probe.analysis import analyze
-from probe.hooks import measuring
-from probe.notebook import show
+from probe.capture.hooks import measuring
+from probe.runs.analysis import analyze
+from probe.runs.notebook import show
 
 TEXT = "The cat sat on the mat because it was warm."
 

@@ -15,13 +15,13 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import save_tiny, tiny_model
-from probe.analysis import analyze
-from probe.capture import encode
+from probe.capture.maps import encode
 from probe.cli import main
 from probe.compare import write_compare
 from probe.errors import InputError
-from probe.notebook import show
 from probe.report import write_run
+from probe.runs.analysis import analyze
+from probe.runs.notebook import show
 from probe.view.data import decoded_map
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "When Maria finished, she celebrated.", "Short one."]
@@ -35,7 +35,7 @@ def test_a_limit_the_special_tokens_fill_blames_the_limit(tmp_path):
                                          r".*3 or more"):
         encode(lm, ["The cat sat."], max_length=2)
     with pytest.raises(InputError, match=r"adds 3 special tokens to a sentence pair.*4 or more"):
-        from probe.inputs import Text
+        from probe.text.inputs import Text
         encode(lm, [Text("The cat.", pair="A dog.")], max_length=3)
     assert int(encode(lm, ["The cat sat."], max_length=3).lengths[0]) == 3  # one token of the text fits
     with pytest.raises(InputError, match="has no tokens besides special tokens"):  # the text's own fault

@@ -109,7 +109,7 @@ def test_refusals_come_before_the_weights_load(tmp_path, monkeypatch):
     """Issue 27 item 10: 'probe patch' on an encoder without its masked-LM head and 'probe analyze
     --generate' on an encoder were refused only after the model had loaded (87-104 s), --generate after
     'Analyzing ...': both are decided from the config, and the weights never load."""
-    import probe.models as pm
+    import probe.loading.models as pm
     from conftest import invoke_cli, one_error, save_tiny
 
     bert = save_tiny("bert", tmp_path / "bert")
@@ -130,7 +130,7 @@ def test_refusals_come_before_the_weights_load(tmp_path, monkeypatch):
 
 def test_pairs_the_tokenizer_refuses_are_refused_before_the_weights_load(tmp_path, monkeypatch):
     """Issue 27 item 10: unequal pair lengths and a multi-token answer waited for the model to load."""
-    import probe.models as pm
+    import probe.loading.models as pm
     from conftest import invoke_cli, one_error, save_tiny
 
     gpt2 = save_tiny("gpt2", tmp_path / "gpt2")

@@ -11,6 +11,7 @@ import torch
 
 from conftest import tiny_model
 from probe.architectures import site_outputs
+from probe.capture.intervene import intervening
 from probe.effects.patching import (
     MIN_GAP,
     Pair,
@@ -25,7 +26,6 @@ from probe.effects.patching import (
     run_z,
 )
 from probe.errors import InputError
-from probe.intervene import intervening
 
 PAIRS = [Pair("The cat and the dog ran to", "The dog and the cat ran to", " the", " a"),
          Pair("When Mary and John went to the store, John gave a drink to",

@@ -12,7 +12,7 @@ import torch
 import transformers
 from click.testing import CliRunner
 
-import probe.models as pm
+import probe.loading.models as pm
 from conftest import make_tokenizer, save_tiny, tiny_config, tiny_model
 from probe.architectures import site_outputs
 from probe.cli import main

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from probe.accumulators import Accumulator
-from probe.analysis import analyze
+from probe.measures.accumulators import Accumulator
 from probe.patterns import HeadDistances, HealthProbe, PatternTypes
+from probe.runs.analysis import analyze
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "A dog.", "Birds sing in the morning; they fly away.",
          "Rain.", "Seven small boats left the harbour before dawn."]

@@ -14,10 +14,10 @@ import pytest
 from test_report import _data
 
 from conftest import CHROMIUM_ARGS, tiny_model
-from probe.analysis import analyze
 from probe.patterns import TYPES, circuit_probe, pattern_accumulators
 from probe.patterns.report import GROUP_COLORS, viridis
 from probe.report import LABEL_COLORS, write_run
+from probe.runs.analysis import analyze
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "Short one.", "Birds sing in the morning; they fly away.",
          "Why?", "It rained all day, so we stayed in."]

@@ -10,15 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config, tiny_model
-from probe.capture import encode, forward
+from probe.capture.maps import encode, forward
 from probe.causal.gates import gated, ones
 from probe.causal.objectives import CausalLM, MaskedLM, default_objective, make_objective
-from probe.corpus import sample_texts
 from probe.errors import InputError
-from probe.models import from_pretrained_objects
+from probe.loading.models import from_pretrained_objects
 from probe.pruning.curves import schedule
 from probe.pruning.experiment import prune, split_corpus
 from probe.pruning.removal import remove_heads
+from probe.text.corpus import sample_texts
 
 TEXTS = sample_texts()[:12]
 
@@ -165,7 +165,7 @@ def test_mlm_masks_are_fixed_and_cover_15_percent_of_real_tokens():
     torch.manual_seed(0)
     lm = from_pretrained_objects(tr.BertForMaskedLM(tiny_config("bert", len(tok))), tok, name="tiny-mlm")
     assert default_objective(lm)[0] == "mlm"
-    from probe.inputs import Text, iter_batches
+    from probe.text.inputs import Text, iter_batches
 
     texts = [Text(t, meta={"index": i}) for i, t in enumerate(TEXTS[:4])]
     batches = list(iter_batches(lm, texts, batch_size=4))

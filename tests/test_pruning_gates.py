@@ -9,7 +9,7 @@ import torch
 
 from conftest import hook_snapshot, tiny_model
 from probe.architectures import site_outputs
-from probe.capture import encode, forward
+from probe.capture.maps import encode, forward
 from probe.causal.gates import gated, ones
 from probe.pruning.removal import remove_heads
 

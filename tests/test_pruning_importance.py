@@ -13,8 +13,8 @@ from conftest import tiny_model
 from probe.causal.gates import gated, ones
 from probe.causal.objectives import CausalLM, Fidelity, Objective
 from probe.errors import ProbeError
-from probe.inputs import Text, iter_batches
 from probe.pruning.importance import head_importance, normalize_per_layer
+from probe.text.inputs import Text, iter_batches
 
 TEXTS = ["The cat sat on the mat.", "A dog barked at the moon.", "Birds sing.", "It rained all day long."]
 #: The heads checked against finite differences (a few, to keep the test fast).

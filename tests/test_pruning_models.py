@@ -9,10 +9,10 @@ import torch
 
 from conftest import bert_tokenizer, tiny_config
 from probe.architectures import base_model
-from probe.capture import encode, forward
+from probe.capture.maps import encode, forward
 from probe.causal.gates import gated, ones
 from probe.errors import ModelLoadError
-from probe.models import load_model
+from probe.loading.models import load_model
 from probe.pruning.experiment import copy_model
 from probe.pruning.removal import parameter_count, remove_heads
 from probe.pruning.saving import save_pruned

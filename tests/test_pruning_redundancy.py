@@ -10,12 +10,12 @@ import torch
 from scipy.spatial.distance import jensenshannon
 
 from conftest import tiny_model, tolerance
-from probe.analysis import run
-from probe.capture import capture_attention
-from probe.inputs import Text, iter_batches
+from probe.capture.maps import capture_attention
 from probe.patterns.distance import NEAR_DUPLICATE, HeadDistances
 from probe.patterns.health import HEALTH_RULES
 from probe.pruning.redundancy import nearest, redundancy_pick
+from probe.runs.analysis import run
+from probe.text.inputs import Text, iter_batches
 
 
 def test_the_within_layer_distance_pruning_reads_is_the_token_weighted_mean_of_scipy():

@@ -12,18 +12,18 @@ import pytest
 import torch
 
 from conftest import FAMILIES, SEQ2SEQ, assert_statistics_close, hook_snapshot, tiny_model, tolerance
-from probe.analysis import analyze
 from probe.architectures import base_model, site_block, site_modules, site_outputs
-from probe.capture import capture_attention, encode, forward
+from probe.capture.intervene import intervening
+from probe.capture.maps import capture_attention, encode, forward
 from probe.causal.gates import gated, ones
 from probe.errors import InputError, UnsupportedAnalysisError
-from probe.intervene import intervening
-from probe.models import from_pretrained_objects, load_model
+from probe.loading.models import from_pretrained_objects, load_model
+from probe.measures.stats import STATISTICS
 from probe.pruning.experiment import copy_model
 from probe.pruning.heads import PRUNED_FILE
 from probe.pruning.removal import parameter_count, remove_heads
 from probe.pruning.saving import save_pruned
-from probe.stats import STATISTICS
+from probe.runs.analysis import analyze
 from probe.verification import verify
 
 TEXTS = ["The cat sat on the mat.", "A dog barked at the moon tonight, twice."]

@@ -15,8 +15,8 @@ import pytest
 
 import probe
 from conftest import CHROMIUM_ARGS, browser_or_skip, tiny_model, watched_page
-from probe.analysis import analyze
 from probe.report import CSP, MAX_HEATMAP_TOKENS, write_run
+from probe.runs.analysis import analyze
 
 NASTY = "Look: <script>alert(1)</script> & <b>bold</b> $x^2$ </script><script>alert(2)</script> text."
 TEXTS = ["The cat sat on the mat, and then it slept.", NASTY, "Short one."]

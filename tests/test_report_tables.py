@@ -13,13 +13,13 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import save_tiny, tiny_model
-from probe.analysis import analyze
 from probe.cli import main
-from probe.inputs import Text
 from probe.patterns import circuit_probe, pattern_accumulators
 from probe.patterns.report import groups_section, viridis
 from probe.report import LABEL_COLORS, LABEL_SHORT, label_family, write_run
+from probe.runs.analysis import analyze
 from probe.sites import head_name
+from probe.text.inputs import Text
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "Short one.", "Birds sing in the morning; they fly away.",
          "Why?", "It rained all day, so we stayed in."]

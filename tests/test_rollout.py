@@ -1,4 +1,4 @@
-"""Attention rollout and attention flow (probe.rollout, probe.flow).
+"""Attention rollout and attention flow (probe.measures.rollout, probe.measures.flow).
 
 Hand cases: small fixed maps (3-4 tokens, 2 layers, 2 heads) whose expected values are computed
 here independently, with exact fractions and explicit loops; the wrong variants (a reversed
@@ -21,9 +21,9 @@ from scipy.optimize import linprog
 import probe
 from conftest import FAMILIES, tiny_model
 from probe.errors import InputError, ProbeError
-from probe.flow import MAX_FLOW_TOKENS, flow_values, normalise_rows
-from probe.maxflow import ROUNDS, LayeredGraph
-from probe.rollout import residual_maps, rollout_matrix
+from probe.measures.flow import MAX_FLOW_TOKENS, flow_values, normalise_rows
+from probe.measures.maxflow import ROUNDS, LayeredGraph
+from probe.measures.rollout import residual_maps, rollout_matrix
 
 # --------------------------------------------------------------------------- hand-made maps
 
@@ -218,7 +218,7 @@ def test_flow_values_below_the_integer_resolution_are_exact(monkeypatch):
     assert abs(raw[0, 0] - expected) <= 1e-15
     assert abs(raw[0, 1] - 0.6) <= 1e-15
     assert raw[0, 2] == 0.0  # no edge into (0, 2)
-    monkeypatch.setattr("probe.maxflow.ROUNDS", 1)  # a single rounding is not enough: the fallback runs
+    monkeypatch.setattr("probe.measures.maxflow.ROUNDS", 1)  # a single rounding is not enough: the fallback runs
     with pytest.raises(AssertionError, match="did not converge"):
         flow_values(tilde, rows=[0])
     assert ROUNDS >= 3

@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 import probe
-import probe.models as pm
+import probe.loading.models as pm
 from conftest import CHROMIUM_ARGS, tiny_model
 from probe.cli import main
 from probe.errors import InputError
-from probe.notebook import rollout_view
+from probe.measures.rollout_examples import kept_layers, run_rollout
 from probe.report.sections import BUILDERS
-from probe.rollout_examples import kept_layers, run_rollout
+from probe.runs.notebook import rollout_view
 from probe.view.rollout import DIGITS, RolloutView, rollout_data, rollout_section
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "A <b>cat</b> sat.", "Short one here."]

@@ -9,16 +9,16 @@ import torch
 from click.testing import CliRunner
 
 from conftest import save_tiny, tiny_model
-from probe.accumulators import Accumulator, ExampleMaps, TokenCounts, check_supported
-from probe.analysis import analyze, run
+from probe.capture.hooks import Hooks
 from probe.errors import ProbeError, UnsupportedAnalysisError
-from probe.hooks import Hooks
-from probe.inputs import Text, iter_batches
 from probe.linguistic.coref import CorefAccumulator
 from probe.linguistic.syntax import SyntaxAccumulator
+from probe.measures.accumulators import Accumulator, ExampleMaps, TokenCounts, check_supported
+from probe.measures.stats import HeadStatistics
 from probe.patterns import HeadDistances, HealthProbe, PatternTypes, circuit_probe, pattern_accumulators
 from probe.patterns.circuits import CircuitProbe, CircuitScores, SinkShares
-from probe.stats import HeadStatistics
+from probe.runs.analysis import analyze, run
+from probe.text.inputs import Text, iter_batches
 
 ONE_STACK = [HeadDistances, PatternTypes, HealthProbe, CorefAccumulator, SyntaxAccumulator]
 DECODER_ONLY = [CircuitScores, SinkShares, CircuitProbe]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import probe.models as pm
+import probe.loading.models as pm
 from conftest import invoke_cli as run
 from conftest import one_error, save_tiny, tiny_model
 from probe.runfolder import MANIFEST
@@ -275,7 +275,7 @@ def test_prune_prints_a_median_speed_with_its_range_and_a_zero_as_0(setup):
 
 def test_speed_is_the_median_of_interleaved_ratios(monkeypatch):
     import probe.pruning.experiment as ex
-    from probe.capture import encode
+    from probe.capture.maps import encode
 
     lm = tiny_model("bert")
     durations = iter([1, 1] + [d for pair in zip([2] * 5, [1, 4, 2, 0.5, 1]) for d in pair])  # warm-up, 5 repeats
@@ -365,7 +365,7 @@ def test_gates_that_never_fire_stop_with_the_setting_named(tmp_path):
 
 
 def test_gates_that_act_pass_the_check():
-    from probe.capture import encode, forward
+    from probe.capture.maps import encode, forward
     from probe.causal.gates import gated, ones
 
     lm = tiny_model("bloom")  # pretraining_tp=1: dense is called, the gate acts
@@ -380,7 +380,7 @@ def test_gates_that_act_pass_the_check():
 
 
 def test_capture_names_the_sites_that_never_ran():
-    from probe.capture import check_fired
+    from probe.capture.maps import check_fired
     from probe.errors import CaptureError
 
     lm = tiny_model("bert")
@@ -391,11 +391,11 @@ def test_capture_names_the_sites_that_never_ran():
 
 
 def test_load_run_checks_every_site_kind_of_an_encoder_decoder_run(tmp_path):
-    from probe.analysis import analyze
     from probe.compare import load_run
     from probe.errors import InputError
-    from probe.inputs import Text
     from probe.report import write_run
+    from probe.runs.analysis import analyze
+    from probe.text.inputs import Text
 
     lm = tiny_model("bart")
     path = write_run(analyze(lm, [Text("The cat sat.", target="Le chat."), Text("Two dogs.", target="Deux chiens.")]),

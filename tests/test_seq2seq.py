@@ -2,7 +2,7 @@
 
 The reference here does not use probe's statistics: it runs each (source, target) pair ONE AT A
 TIME, unpadded, through the model's own ``output_attentions=True`` path (``encoder_attentions``,
-``decoder_attentions``, ``cross_attentions``) and applies the definitions of probe.stats row by row
+``decoder_attentions``, ``cross_attentions``) and applies the definitions of probe.measures.stats row by row
 with numpy (float64). probe's batched, padded, hook-captured ``analyze`` must agree with it.
 """
 
@@ -19,13 +19,13 @@ from click.testing import CliRunner
 from transformers import DynamicCache, EncoderDecoderCache
 
 from conftest import SCALED_STATISTICS, SEQ2SEQ, save_tiny, tiny_model
-from probe.analysis import analyze
-from probe.capture import encode
+from probe.capture.maps import encode
 from probe.errors import InputError
-from probe.inputs import Text
-from probe.seq2seq import as_targets, decoder_start_id, sides
+from probe.loading.seq2seq import as_targets, decoder_start_id, sides
+from probe.measures.stats import ALIGN_WINDOW, HeadStatistics
+from probe.runs.analysis import analyze
 from probe.sites import Site
-from probe.stats import ALIGN_WINDOW, HeadStatistics
+from probe.text.inputs import Text
 
 PAIRS = [
     ("The cat sat on the mat.", "Le chat est assis sur le tapis."),

@@ -21,14 +21,14 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from probe.analysis import analyze
 from probe.compare import load_run
-from probe.inputs import Text
-from probe.notebook import show
+from probe.loading.seq2seq import decoder_start_id
 from probe.report import write_run
-from probe.seq2seq import decoder_start_id
+from probe.runs.analysis import analyze
+from probe.runs.notebook import show
 from probe.sites import Site
-from probe.tokens import display_tokens
+from probe.text.inputs import Text
+from probe.text.tokens import display_tokens
 from probe.view import label_grid
 from probe.view.data import axis_tokens, decoded_map
 from probe.view.html import site_labels

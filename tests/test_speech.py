@@ -32,8 +32,8 @@ from probe.audio import (
     token_times,
 )
 from probe.errors import InputError
-from probe.models import load_model
-from probe.sound import FRAME_ID, SpeechProcessor
+from probe.loading.models import load_model
+from probe.loading.sound import FRAME_ID, SpeechProcessor
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAME_S = 0.02  # 160 samples per mel frame at 16 kHz, stride 2

@@ -7,11 +7,12 @@ from pathlib import Path
 from click.testing import CliRunner
 
 import probe
-from probe import analyze_run, models
 from probe.cli import analyze as analyze_cli
 from probe.cli import main, options
 from probe.cli import verify as verify_cli
+from probe.loading import models
 from probe.reference.mutants import MUTANTS
+from probe.runs import analyze as analyze_run
 
 
 def test_a_slow_start_up_is_explained_once(tmp_path, monkeypatch):
@@ -69,9 +70,10 @@ def test_a_missing_file_says_so_before_loading(tmp_path):
 def test_the_package_imports_its_public_names_on_first_use():
     code = ("import sys, probe\nassert 'torch' not in sys.modules\n"
             "from probe import analyze, capture_attention, load_model\n"
-            "import probe.analysis, probe.capture, probe.models\n"
-            "assert analyze is probe.analysis.analyze and capture_attention is probe.capture.capture_attention\n"
-            "assert load_model is probe.models.load_model and set(probe.__all__) <= set(dir(probe))\n"
+            "import probe.runs.analysis, probe.capture.maps, probe.loading.models\n"
+            "assert analyze is probe.runs.analysis.analyze\n"
+            "assert capture_attention is probe.capture.maps.capture_attention\n"
+            "assert load_model is probe.loading.models.load_model and set(probe.__all__) <= set(dir(probe))\n"
             "try:\n    probe.no_such_name\nexcept AttributeError as exc:\n    print(exc)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "module 'probe' has no attribute 'no_such_name'"

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from conftest import assert_statistics_close, hook_snapshot, tiny_model
-from probe.analysis import analyze
-from probe.capture import capture_attention
-from probe.stats import ALL_STATISTICS, STATISTICS, HeadStatistics
+from probe.capture.maps import capture_attention
+from probe.measures.stats import ALL_STATISTICS, STATISTICS, HeadStatistics
+from probe.runs.analysis import analyze
 
 #: Varied English: punctuation of many kinds, a subword-heavy word, short and long sentences.
 SENTENCES = [

@@ -1,4 +1,4 @@
-"""The statistics' contraction (probe.stats.map_sums: per-key products, diagonals, per-row weight
+"""The statistics' contraction (probe.measures.stats.map_sums: per-key products, diagonals, per-row weight
 vectors, row entropies) against the dense formulation it replaced: one weight per (query, key,
 statistic), built here from the definitions in float64 and contracted with the whole map.
 
@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from probe.capture import capture_attention
-from probe.inputs import Text
-from probe.seq2seq import sides
-from probe.stats import ALL_STATISTICS, INDEX, HeadStatistics
-from probe.statweights import token_features
+from probe.capture.maps import capture_attention
+from probe.loading.seq2seq import sides
+from probe.measures.stats import ALL_STATISTICS, INDEX, HeadStatistics
+from probe.measures.statweights import token_features
+from probe.text.inputs import Text
 
 TEXTS = ["The cat sat on the mat, and then -- quietly -- it left.", "Hello, world!",
          "One two three four five six seven eight nine ten eleven twelve thirteen."]

@@ -1,4 +1,4 @@
-"""The attention-step table (probe.steps): the softmax of the shown scaled scores is the model's own
+"""The attention-step table (probe.measures.steps): the softmax of the shown scaled scores is the model's own
 row, and the scaled score is the architecture's rule applied to q . k, on a tiny model of every
 supported kind and (slow) on the embedded minilm and smollm2."""
 
@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-import probe.steps as steps_module
+import probe.measures.steps as steps_module
 from conftest import KINDS, SEQ2SEQ, tiny_model
 from probe import attention_steps
-from probe.analysis import analyze
-from probe.analyze_run import report_steps
 from probe.architectures.position_bias import alibi_slopes
-from probe.capture import encode, forward
+from probe.capture.maps import encode, forward
 from probe.errors import InputError
-from probe.inputs import Text
+from probe.measures.steps import head_steps, heads_steps
 from probe.pruning.removal import remove_heads
+from probe.runs.analysis import analyze
+from probe.runs.analyze import report_steps
 from probe.sites import head_name
-from probe.steps import head_steps, heads_steps
+from probe.text.inputs import Text
 from probe.view.stepview import step_view_data
 
 TEXT = "the cat sat on the mat and then it ran away from the dog"
@@ -210,7 +210,7 @@ def test_report_steps_run_the_first_example_once(monkeypatch):
 def test_the_steps_and_the_rollout_of_a_sentence_pair_are_of_the_pair():
     """Issue 27 items 2 and 3: with --pairs the step views showed segment A alone (9 keys, no segment
     ids) and the rollout left out every example ("tokens differ"): both run on the input analysed."""
-    from probe.rollout_examples import run_rollout
+    from probe.measures.rollout_examples import run_rollout
 
     lm = tiny_model("bert")
     pair = Text("The cat sat on the mat.", pair="It was happy there.")

@@ -11,12 +11,12 @@ import torch
 from wordsupport import batch_of, tokenizer_only, wilson_by_hand
 
 from conftest import SHARED_DATA, bert_tokenizer, bpe_tokenizer, conllu, tiny_model
-from probe.capture import capture_attention
-from probe.inputs import iter_batches
+from probe.capture.maps import capture_attention
 from probe.linguistic.conllu import parse_conllu, read_conllu
 from probe.linguistic.syntax import SyntaxAccumulator, candidates, predictions
 from probe.linguistic.words import batch_words
 from probe.sites import Site
+from probe.text.inputs import iter_batches
 
 ENCODER = Site("encoder", 0)
 DECODER = Site("decoder", 0, causal=True)

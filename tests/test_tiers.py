@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import probe.loading as ploading
-import probe.models as pm
+import probe.loading.checkpoints as ploading
+import probe.loading.models as pm
 from conftest import SPECIAL_BPE, TierError, bpe_tokenizer, browser_or_skip, tolerance
 
 

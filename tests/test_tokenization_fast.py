@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from probe.inputs import Text, collate, tokenize
-from probe.tokenization import _word_ids
+from probe.text.inputs import Text, collate, tokenize
+from probe.text.tokenization import _word_ids
 
 TEXTS = ["The cat sat on the mat.", "  Leading and trailing spaces  ", "tabs\tand\nnew lines",
          "non\u00a0breaking\u2003em space, caf\u00e9 na\u00efve", "x", "Punctuation!!! (nested) [brackets]",

@@ -12,12 +12,12 @@ import torch
 from vision_models import IMAGE, PAIRS, PATCH, pair_model, save_pair, zero_queries_and_keys
 
 from conftest import bpe_tokenizer, invoke_cli, one_error, tolerance
-from probe.analysis import analyze
 from probe.architectures.towers import is_pair, tower_class, tower_weights
-from probe.models import from_pretrained_objects
-from probe.pixels import PixelProcessor
+from probe.loading.models import from_pretrained_objects
+from probe.loading.pixels import PixelProcessor
+from probe.runs.analysis import analyze
+from probe.runs.towers import analyze_towers, split_pair, towers_of
 from probe.sites import head_name
-from probe.towers import analyze_towers, split_pair, towers_of
 
 TEXTS = ["a house under the sun", "two dogs on a hill"]
 
@@ -82,7 +82,7 @@ def test_one_run_holds_both_towers_named_by_tower(kind):
 
 def test_a_pair_needs_both_inputs():
     from probe.errors import InputError, UnsupportedArchitectureError
-    from probe.models import spec_for
+    from probe.loading.models import spec_for
 
     pair, t = towers("clip")
     with pytest.raises(InputError, match="both text"):

@@ -1,6 +1,6 @@
 """Value-weighted (norm-based) attention, checked against an independent computation.
 
-The reference below does not use probe.values: it takes each layer's value-projection input x_j
+The reference below does not use probe.measures.values: it takes each layer's value-projection input x_j
 with a hook, slices the value and output projection weights per head by hand for each layout
 (nn.Linear rows, GPT-2 Conv1D columns, GPT-NeoX / BLOOM per-head fused blocks, Phi-3 stacked rows;
 query head h reads value head floor(h / (H / KV))), computes f_h(x_j) = (x_j W_V^g + b_V^g) W_O^h
@@ -22,15 +22,15 @@ from test_seq2seq import reference_cross_row
 from test_stats import SHORT, reference_heads
 
 from conftest import ONE_STACK, SEQ2SEQ, SHARED_DATA, assert_statistics_close, save_tiny, tiny_model
-from probe.analysis import analyze
 from probe.architectures import site_block, site_spec
-from probe.capture import capture_attention
+from probe.capture.maps import capture_attention
 from probe.cli import main
-from probe.corpus import read_corpus
 from probe.errors import InputError
-from probe.inputs import Text
+from probe.measures.stats import NORM_MASS, STATISTICS, by_norm
+from probe.runs.analysis import analyze
 from probe.sites import Site
-from probe.stats import NORM_MASS, STATISTICS, by_norm
+from probe.text.corpus import read_corpus
+from probe.text.inputs import Text
 
 # --------------------------------------------------------------------------- the reference
 

@@ -33,10 +33,10 @@ from conftest import (
     tolerance,
 )
 from probe.architectures import get_spec, site_block, site_modules
+from probe.capture.hooks import Hooks
 from probe.cli import main
 from probe.errors import ProbeError
-from probe.hooks import Hooks
-from probe.models import embedded_folder, from_pretrained_objects
+from probe.loading.models import embedded_folder, from_pretrained_objects
 from probe.reference import MUTANTS, MaskError, ReferenceAttention, Rope, mutant_applies, swap_attention
 from probe.verification import BF16_ATOL, NOISE_FACTOR, verify
 from probe.verification.battery import CACHE_TEXTS
@@ -846,7 +846,7 @@ def test_cli_verify_new_architectures(tmp_path, kind, mutant):
 @pytest.mark.slow
 @pytest.mark.parametrize("alias", ["minilm", "smollm2"])
 def test_embedded_models_pass_verification(alias):
-    from probe.models import load_model
+    from probe.loading.models import load_model
 
     if embedded_folder(alias) is None:
         pytest.skip(f"embedded model {alias} not installed")

@@ -10,7 +10,7 @@ import torch
 
 from conftest import ONE_STACK, tiny_model, tolerance
 from probe.architectures import site_block, site_spec, weights
-from probe.capture import encode, forward
+from probe.capture.maps import encode, forward
 from probe.causal.gates import gated
 
 

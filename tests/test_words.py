@@ -9,9 +9,9 @@ import torch
 from wordsupport import batch_of
 
 from conftest import bert_tokenizer, bpe_tokenizer, conllu
-from probe.inputs import Text
 from probe.linguistic.conllu import parse_conllu
 from probe.linguistic.words import align_row, batch_words, units, word_attention, word_matrix
+from probe.text.inputs import Text
 
 DIDNT = conllu("didnt")
 

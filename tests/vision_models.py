@@ -51,10 +51,10 @@ def zero_queries_and_keys(model) -> None:
 
 
 def tiny_vision(kind: str, *, uniform: bool = False, seed: int = 0):
-    """A :class:`probe.models.LoadedModel` of a tiny ``kind`` model with its processor (uniform
+    """A :class:`probe.loading.models.LoadedModel` of a tiny ``kind`` model with its processor (uniform
     attention when ``uniform``: queries and keys zeroed)."""
-    from probe.models import from_pretrained_objects
-    from probe.pixels import PixelProcessor
+    from probe.loading.models import from_pretrained_objects
+    from probe.loading.pixels import PixelProcessor
 
     model = vision_model(kind, seed)
     if uniform:

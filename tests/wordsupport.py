@@ -6,14 +6,14 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from probe.inputs import Text, collate, tokenize
+from probe.text.inputs import Text, collate, tokenize
 
 #: z for a two-sided 95% interval (the 0.975 quantile of the standard normal).
 Z95 = 1.959963984540054
 
 
 def tokenizer_only(tokenizer, max_length: int = 512):
-    """What :func:`probe.inputs.tokenize` and :func:`collate` need of a loaded model."""
+    """What :func:`probe.text.inputs.tokenize` and :func:`collate` need of a loaded model."""
     return SimpleNamespace(tokenizer=tokenizer, max_length=max_length)
 
 

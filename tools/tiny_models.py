@@ -103,7 +103,7 @@ def _multimodal(name: str) -> bool:
 
 
 def auto_class(kind: str):
-    """The auto class probe loads a model of ``kind`` with (``probe.loading.model_class``)."""
+    """The auto class probe loads a model of ``kind`` with (``probe.loading.checkpoints.model_class``)."""
     import transformers as tr
 
     return {"encoder-decoder": tr.AutoModelForSeq2SeqLM, "decoder": tr.AutoModelForCausalLM}.get(kind, tr.AutoModel)

@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 from tiny_models import build
 
-import probe.models as pm
-from probe.analysis import analyze
+import probe.loading.models as pm
 from probe.errors import ProbeError
-from probe.text import Text
+from probe.runs.analysis import analyze
+from probe.text.sequence import Text
 from probe.verification import verify
 
 TEXTS = ("The cat sat on the mat.", "A dog barked twice at night, then slept.", "Hello world.")

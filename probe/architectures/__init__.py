@@ -10,7 +10,7 @@ Everything else in ``probe`` asks this module instead of branching on the family
 architecture is one entry in :data:`SPECS` (plus a tiny-model test).
 
 A type without an entry whose attention calls transformers' ``AttentionInterface`` gets a spec
-discovered from one forward pass when it is loaded (:mod:`probe.discover`), filed in
+discovered from one forward pass when it is loaded (:mod:`probe.capture.discover`), filed in
 :data:`DISCOVERED` (:mod:`.discovered`), where :func:`get_spec` finds it after :data:`SPECS`.
 
 The package: :mod:`.spec` (the spec classes and behaviour rules), :mod:`.table` (the entries,

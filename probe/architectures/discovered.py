@@ -1,7 +1,7 @@
 """Specs built from what a forward pass showed, for model types without a hand-written entry.
 
-:func:`probe.discover.discover` runs one short forward pass with probe's attention function
-installed (:mod:`probe.interface`) and hands each call's findings here as :class:`Found`: the
+:func:`probe.capture.discover.discover` runs one short forward pass with probe's attention function
+installed (:mod:`probe.capture.interface`) and hands each call's findings here as :class:`Found`: the
 attention module's path (the nearest ``nn.ModuleList`` ancestor is the layer list, the rest the
 attention path), the stack and kind of the site, its causal flag and window, its head counts and the
 projections that were found and checked. :func:`build_spec` turns them into an
@@ -23,8 +23,8 @@ from .spec import QKV_LAYOUTS, ArchSpec, SiteSpec
 #: model_type -> the spec discovered for the model of that type loaded last.
 DISCOVERED: dict[str, ArchSpec] = {}
 
-#: The interface implementation name (:data:`probe.interface.NAME`, repeated here so that this package
-#: stays below :mod:`probe.interface` in the import graph).
+#: The interface implementation name (:data:`probe.capture.interface.NAME`, repeated here so that this package
+#: stays below :mod:`probe.capture.interface` in the import graph).
 IMPLEMENTATION = "probe"
 
 

@@ -325,7 +325,7 @@ class ArchSpec:
             output (BLOOM adds its input's residual; others nothing).
         implementation: the attention implementation probe measures under: ``"eager"`` (hand
             specs: the module returns its probabilities) or ``"probe"`` (a discovered spec:
-            probe's own function inside transformers' ``AttentionInterface``, :mod:`probe.interface`).
+            probe's own function inside transformers' ``AttentionInterface``, :mod:`probe.capture.interface`).
         fixed_sites: a discovered spec's sites, as found in a forward pass (empty: from the
             config, :func:`probe.architectures.sites`).
         dims: a discovered spec's ``(n_layers, n_heads, n_kv_heads, d_head, d_model)``

@@ -2,7 +2,7 @@
 and writes its transcript as decoder tokens; the decoder's cross-attention aligns each token to
 time.
 
-:func:`clips` turns audio files into batches :func:`probe.analysis.analyze` takes;
+:func:`clips` turns audio files into batches :func:`probe.runs.analysis.analyze` takes;
 :func:`analyze_audio` adds the time measures and the token-to-time alignment
 (:class:`SpeechAttention`, drawn by the report's section and :func:`show_speech`).
 docs/speech.md has the definitions.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..analysis import AnalysisResult, analyze
 from ..core import LoadedModel
+from ..runs.analysis import AnalysisResult, analyze
 from .align import dtw, median_filter, monotone_heads, monotonicity, token_times
 from .batches import AUDIO_SUFFIXES, MAX_NEW_TOKENS, AudioBatch, Clips, read_audio, resample
 from .maps import SpeechAttention, SpeechExample
@@ -44,7 +44,7 @@ def speech_accumulators(lm: LoadedModel, n_clips: int = 2) -> list:
 
 def analyze_audio(lm: LoadedModel, items: Sequence, *, transcripts: Sequence[str] | None = None,
                   max_new_tokens: int = MAX_NEW_TOKENS, n_clips: int = 2, **kwargs) -> AnalysisResult:
-    """Measure every head of a speech model on audio clips: :func:`probe.analysis.analyze` with the
+    """Measure every head of a speech model on audio clips: :func:`probe.runs.analysis.analyze` with the
     time measures and the alignment.
 
     Args:
@@ -53,12 +53,12 @@ def analyze_audio(lm: LoadedModel, items: Sequence, *, transcripts: Sequence[str
         transcripts: per clip, the text the decoder reads; None: the model writes it (greedy).
         max_new_tokens: the bound on a written transcript.
         n_clips: clips kept for pictures and alignment.
-        **kwargs: passed to :func:`probe.analysis.analyze` (batch_size, accumulators ...);
+        **kwargs: passed to :func:`probe.runs.analysis.analyze` (batch_size, accumulators ...);
             ``query_block`` defaults to 0 (whole maps: Whisper's 1500 frames are above the automatic
             block capture's length, and the alignment reads whole cross-attention maps).
 
     Returns:
-        The :class:`~probe.analysis.AnalysisResult`; ``heads`` has ``time_distance_s``,
+        The :class:`~probe.runs.analysis.AnalysisResult`; ``heads`` has ``time_distance_s``,
         ``audio_share``, ``monotonicity`` and ``alignment_head``, ``results["speech"]`` the aligned clips.
 
     Raises:

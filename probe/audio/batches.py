@@ -1,9 +1,9 @@
 """Audio clips to batches: soundfile reads them, SciPy resamples them to the model's rate, the
 model's feature extractor turns them into log-mel features, and each clip becomes a source of
-frames with a target of text tokens that :func:`probe.analysis.analyze` takes.
+frames with a target of text tokens that :func:`probe.runs.analysis.analyze` takes.
 
-A batch of clips is a :class:`probe.inputs.Batch` whose source ids name the encoder's frames
-(:mod:`probe.sound`: ``FRAME_ID + i``) and whose ``target`` holds the decoder's tokens: the prompt
+A batch of clips is a :class:`probe.text.inputs.Batch` whose source ids name the encoder's frames
+(:mod:`probe.loading.sound`: ``FRAME_ID + i``) and whose ``target`` holds the decoder's tokens: the prompt
 (the start token, and Whisper's language, task and no-timestamps tokens where the model has them)
 then the transcript, generated greedily or given (:mod:`probe.audio.transcript`).
 """
@@ -21,8 +21,8 @@ import torch
 from scipy.signal import resample_poly
 
 from ..errors import InputError
-from ..inputs import Batch, Text
-from ..sound import SpeechProcessor
+from ..loading.sound import SpeechProcessor
+from ..text.inputs import Batch, Text
 from .transcript import given_ids, transcribe
 
 #: File endings soundfile (libsndfile) reads: WAV, FLAC, OGG/Vorbis, MP3, AIFF ...
@@ -60,7 +60,7 @@ def read_audio(path, rate: int) -> np.ndarray:
 
 @dataclass
 class AudioBatch(Batch):
-    """A batch of clips (:class:`probe.inputs.Batch` of frames, with the text tokens as ``target``).
+    """A batch of clips (:class:`probe.text.inputs.Batch` of frames, with the text tokens as ``target``).
 
     Attributes:
         input_features: [batch, mel bins, mel frames] float32 log-mel features.
@@ -116,11 +116,11 @@ def _text_run(processor: SpeechProcessor, ids: Sequence[int]) -> int:
 
 
 class Clips:
-    """Audio clips for :func:`probe.analysis.analyze` (in place of texts): every clip is read,
+    """Audio clips for :func:`probe.runs.analysis.analyze` (in place of texts): every clip is read,
     turned into features and transcribed when the clips are made (before the analysis runs).
 
     Args:
-        lm: a loaded speech model (its tokenizer a :class:`~probe.sound.SpeechProcessor`).
+        lm: a loaded speech model (its tokenizer a :class:`~probe.loading.sound.SpeechProcessor`).
         items: audio file paths.
         transcripts: per clip, the text the decoder reads; None to let the model write it (greedy,
             at most ``max_new_tokens`` tokens).

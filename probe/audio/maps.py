@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator
-from ..inputs import Batch
+from ..measures.accumulators import Accumulator
 from ..sites import Site
-from ..tokens import token_surface
+from ..text.inputs import Batch
+from ..text.tokens import token_surface
 from .align import monotone_heads, monotonicity, token_times
 
 
@@ -82,7 +82,7 @@ class SpeechAttention(Accumulator):
     Args:
         sites: the model's sites.
         n_heads: heads per layer.
-        tokenizer: the model's :class:`~probe.sound.SpeechProcessor` (token labels).
+        tokenizer: the model's :class:`~probe.loading.sound.SpeechProcessor` (token labels).
         alignment: the checkpoint's (decoder layer, head) alignment heads, or None to choose the
             most monotone (:func:`probe.audio.align.monotone_heads`).
         n: clips kept for pictures and alignment.

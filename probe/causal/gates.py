@@ -3,7 +3,7 @@
 Michel et al. 2019 ("Are Sixteen Heads Really Better than One?", sec. 2.2) write multi-head
 attention as sum_h xi_h Att_h(x) with a gate xi_h per head: xi_h = 0 removes head h, and
 dL/dxi_h is its importance. probe puts the gate at the intervention point's ``"output"``
-(:mod:`probe.intervene`): each head's output before the output projection, [batch, seq, heads,
+(:mod:`probe.capture.intervene`): each head's output before the output projection, [batch, seq, heads,
 d_head], head h's slice multiplied by its gate, inside probe's attention function (a model outside
 transformers' attention interface: at the output projection's input, the same numbers). Gates are
 ordinary tensors, differentiable when they require grad.
@@ -17,7 +17,7 @@ layer's gate runs and that gating heads changes the output (:func:`check_gates`)
 Gates are in the original numbering ([layers, heads], or [batch, layers, heads] for one gate per
 sequence). On a physically pruned model (``lm.pruned``) each slot of the projection takes the gate
 of the original head it holds; zero placeholder slots take 0. The editors live in
-:func:`probe.intervene.intervening` (eval mode) and are always removed on exit.
+:func:`probe.capture.intervene.intervening` (eval mode) and are always removed on exit.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..capture import encode, forward
+from ..capture.intervene import Intervention, intervening
+from ..capture.maps import encode, forward
 from ..errors import ProbeError
-from ..intervene import Intervention, intervening
 from .heads import check_head_mask
 
 #: Models whose gates were seen to act (checked once per model object).
@@ -54,9 +54,9 @@ class Gates:
     Attributes:
         values: [layers, heads] or [batch, layers, heads] multipliers (original numbering); None
             leaves every head as it is.
-        notes: what :func:`probe.hooks.measuring` changed (restored on exit).
+        notes: what :func:`probe.capture.hooks.measuring` changed (restored on exit).
         fired: layers whose gate ran (filled in by the editors).
-        intervention: the :class:`~probe.intervene.Intervention` the gates are editors of (other
+        intervention: the :class:`~probe.capture.intervene.Intervention` the gates are editors of (other
             editors may join it).
     """
 
@@ -96,7 +96,7 @@ def gated(lm, values: torch.Tensor | None = None, *, eager: bool = False) -> Ite
     """Context manager: head gates on every layer of ``lm``.
 
     Args:
-        lm: a :class:`~probe.models.LoadedModel`.
+        lm: a :class:`~probe.loading.models.LoadedModel`.
         values: [layers, heads] or [batch, layers, heads] gates (1 = head as is, 0 = head removed);
             None: no gating until ``Gates.values`` is set.
         eager: a model outside transformers' attention interface: also switch it to eager attention

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from ..architectures import base_model
-from ..capture import forward
+from ..capture.hooks import measuring
+from ..capture.maps import forward
 from ..errors import InputError, ProbeError
-from ..hooks import measuring
 
 #: Objective means within this of 0 are 0. Every objective is >= 0 by definition (a
 #: cross-entropy, or 1 - cosine similarity), and float32 sums round an exact 0 (the unpruned

@@ -3,7 +3,7 @@
 A *feed* decides, input by input, what is added to the residual stream that input reads
 (:meth:`Feed.delta`): nothing (the model's own pass), a zero tensor that asks for a gradient, or the
 difference that patches some edges. It is also told what every writer wrote (:meth:`Feed.wrote`).
-The pass itself (:func:`split_pass`) hooks, through :func:`probe.hooks.measuring` and the editors of
+The pass itself (:func:`split_pass`) hooks, through :func:`probe.capture.hooks.measuring` and the editors of
 probe's attention function:
 
 - each block's input (the stream its heads read; block 0's input is the embeddings' write, and may
@@ -21,8 +21,8 @@ import inspect
 
 import torch
 
-from ..hooks import input_device, measuring
-from ..interface import edit, install
+from ..capture.hooks import input_device, measuring
+from ..capture.interface import edit, install
 from .wiring import Wiring, head_writes, recompute
 
 #: The attention function's points that carry a head's inputs, by graph input kind.
@@ -115,7 +115,7 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
     """Run ``lm`` on ``ids`` with every graph input fed by ``feed`` (module docstring).
 
     Gradients flow where the caller enables them (``torch.enable_grad``) and the feed's deltas
-    require them; parameters never do inside (:func:`probe.hooks.measuring` restores their flags).
+    require them; parameters never do inside (:func:`probe.capture.hooks.measuring` restores their flags).
 
     Args:
         lm: the :class:`~probe.core.LoadedModel`; wiring: its :func:`~probe.circuits.wiring.wire`.

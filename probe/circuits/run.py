@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analysis import analyze, merge_head_columns
 from ..effects.pairs import Pair, builtin_pairs, encode_pairs
 from ..effects.patch_run import label_texts
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
 from ..report import claim_run_dir, write_run
+from ..runs.analysis import analyze, merge_head_columns
 from ..sites import head_name
 from ..util import progress_bar
 from .attribution import batches, edge_scores, node_scores

@@ -10,7 +10,7 @@ Modules: :mod:`.group` (the ``probe`` group, error handling, logging, the consol
 command: :mod:`.analyze`, :mod:`.verify`, :mod:`.compare`, :mod:`.prune`, :mod:`.listing`
 (``probe models``), :mod:`.patch`; :mod:`.options` holds the options several commands share. Commands import
 what they need from the library when they run (``probe --help`` stays fast), and look up
-``probe.models.load_model`` at that moment (tests replace it).
+``probe.loading.models.load_model`` at that moment (tests replace it).
 """
 
 from __future__ import annotations

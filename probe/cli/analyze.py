@@ -45,7 +45,7 @@ _pattern_options = stacked(
                       "duplicates; repeatable)."),
 )
 
-#: --norm, --labels-by: value-weighted statistics (probe.values).
+#: --norm, --labels-by: value-weighted statistics (probe.measures.values).
 _norm_options = stacked(
     click.option("--norm/--no-norm", "value_weighted", default=True, show_default=True,
                  help="Value-weighted statistics (Kobayashi et al. 2020): every statistic also on the attention "
@@ -118,12 +118,12 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     launch, each process analyses its share of the corpus and rank 0 writes the one report.
     """
     _check_usage(texts, corpus, pairs, generate, coref, syntax_file)  # before torch is imported: at once
-    from .. import distributed
-    from ..analyze_run import analysis_input, analyze_run, announcement, count_sequences, start_up_note
     from ..errors import InputError
-    from ..models import load_model, peek_config
+    from ..loading.models import load_model, peek_config
+    from ..loading.seq2seq import as_targets, check_generate, check_generate_config
     from ..report import claim_run_dir
-    from ..seq2seq import as_targets, check_generate, check_generate_config
+    from ..runs import distributed
+    from ..runs.analyze import analysis_input, analyze_run, announcement, count_sequences, start_up_note
     from ..validate import value_weighting
 
     age = process_age()

@@ -49,7 +49,7 @@ def check_speech_input(lm, paths: list[str] | None) -> None:
     Raises:
         InputError: the input does not fit the model.
     """
-    from ..sound import SpeechProcessor
+    from ..loading.sound import SpeechProcessor
 
     is_speech = isinstance(lm.tokenizer, SpeechProcessor)
     if paths is not None and not is_speech:

@@ -72,7 +72,7 @@ def circuit_command(model_name, pairs_file, method, steps, edges, seeds, shares,
     from ..circuits.run import circuit_run
     from ..effects.patch_run import builtin_refusal, check_before_loading
     from ..effects.patching import builtin_pairs, read_pairs
-    from ..models import load_model
+    from ..loading.models import load_model
     from ..report import claim_run_dir
 
     age = process_age()

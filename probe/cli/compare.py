@@ -64,12 +64,12 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
 
 def _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, force):
     """Analyze two models on the same sequences (``probe compare --model A --model B``)."""
-    from ..analysis import analyze
     from ..compare.report import COMPARE_STEM
-    from ..corpus import check_texts, read_corpus, sample_texts
     from ..errors import InputError
-    from ..models import load_model
+    from ..loading.models import load_model
     from ..report import claim_run_dir
+    from ..runs.analysis import analyze
+    from ..text.corpus import check_texts, read_corpus, sample_texts
 
     if texts and corpus:
         raise InputError("give either --text or --corpus, not both")

@@ -64,14 +64,14 @@ def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds
     if corpus and pairs:
         raise click.UsageError("give either --corpus or --pairs, not both")
     check_files((corpus, "corpus file"), (pairs, "pairs file"))  # before torch is imported: at once
-    from ..corpus import check_texts, read_corpus, read_pairs, sample_texts
     from ..effects.induction import claim_lines
     from ..effects.run import effects_run
     from ..errors import InputError
-    from ..models import load_model
+    from ..loading.models import load_model
+    from ..loading.seq2seq import as_targets
     from ..report import claim_run_dir
-    from ..seq2seq import as_targets
     from ..sites import head_name
+    from ..text.corpus import check_texts, read_corpus, read_pairs, sample_texts
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED

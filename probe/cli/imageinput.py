@@ -63,7 +63,7 @@ def check_model_input(lm, paths: list[str] | None) -> None:
     Raises:
         InputError: the input does not fit the model.
     """
-    from ..pixels import PixelProcessor
+    from ..loading.pixels import PixelProcessor
 
     is_image_model = isinstance(lm.tokenizer, PixelProcessor)
     if paths is not None and not is_image_model:

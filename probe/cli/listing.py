@@ -17,7 +17,7 @@ def models_command(all_types: bool) -> None:
     if all_types:
         _all_types()
         return
-    from ..models import list_models
+    from ..loading.models import list_models
 
     click.echo(f"{'alias':<18}{'kind':<10}{'status':<15}target")
     for row in list_models():
@@ -33,7 +33,7 @@ def models_command(all_types: bool) -> None:
 
 
 def _all_types() -> None:
-    from ..support import model_types, status_counts
+    from ..loading.support import model_types, status_counts
 
     rows = [r for r in model_types() if r["status"] != "out of scope"]
     counts = status_counts(model_types())

@@ -12,7 +12,7 @@ from click.core import ParameterSource
 from .. import bounds
 from ..errors import InputError, ProbeError
 
-#: The default model (``probe.models.DEFAULT_MODEL``, which imports torch: not read here so that
+#: The default model (``probe.loading.models.DEFAULT_MODEL``, which imports torch: not read here so that
 #: ``probe --help`` starts without it; tests/test_start_up.py checks the two agree).
 DEFAULT_MODEL = "minilm"
 
@@ -51,7 +51,7 @@ def click_callback(check: Callable) -> Callable:
 
 def check_files(*files: tuple[str | None, str]) -> None:
     """Refuse a missing input file before any library is imported (a second, not the import of torch
-    and transformers), with the library's own words (:func:`probe.corpus.iter_lines`): ``files`` are
+    and transformers), with the library's own words (:func:`probe.text.corpus.iter_lines`): ``files`` are
     ``(path or None, what)`` pairs.
 
     Raises:
@@ -97,7 +97,7 @@ def placement_options(fn):
 
 def dtype_option(fn):
     """``--dtype``: the parameter dtype to load the model in (None: the model's own,
-    :func:`probe.models.load_model`)."""
+    :func:`probe.loading.models.load_model`)."""
     return click.option("--dtype", type=click.Choice(bounds.DTYPES), default=None,
                         help="Parameter dtype to load the model in [default: float32 for the embedded models; "
                              "a Hub model's or folder's own declared dtype]. Statistics are computed in float32 "

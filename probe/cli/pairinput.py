@@ -1,5 +1,5 @@
 """``probe analyze`` on a dual encoder (CLIP, SigLIP): its text tower on the text and its vision
-tower on the images, one run (:mod:`probe.towers`)."""
+tower on the images, one run (:mod:`probe.runs.towers`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def is_pair_model(model_name: str) -> bool:
     """Whether ``model_name`` is a dual encoder on this machine (its config read without weights;
     a Hub id not yet downloaded reads as False, and loading it then says what it is)."""
     from ..architectures.towers import is_pair
-    from ..models import peek_config
+    from ..loading.models import peek_config
 
     config = peek_config(model_name)
     return config is not None and is_pair(config)
@@ -28,7 +28,7 @@ def analyze_pair(model_name: str, texts, source: str, paths: list[str] | None, o
         InputError: no image, or no text given with ``--text`` / ``--corpus``.
     """
     from ..report import write_run
-    from ..towers import analyze_towers, load_towers
+    from ..runs.towers import analyze_towers, load_towers
     from ..util import plural
     from .summary import summary
 

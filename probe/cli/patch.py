@@ -54,7 +54,7 @@ def patch_command(model_name, pairs_file, direction, method, heads_per_pass, rop
     """
     from ..effects.patch_run import builtin_refusal, check_before_loading, patch_run
     from ..effects.patching import builtin_pairs, check_patchable, read_pairs
-    from ..models import load_model
+    from ..loading.models import load_model
     from ..report import claim_run_dir
     from ..sites import head_name
 

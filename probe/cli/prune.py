@@ -86,12 +86,12 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
     check_files((corpus, "corpus file"))  # before torch is imported: at once
     from pathlib import Path
 
-    from ..corpus import check_texts, read_corpus, sample_texts
-    from ..models import load_model
+    from ..loading.models import load_model
     from ..pruning.experiment import SPEED_REPEATS
     from ..pruning.run import prune_run, read_labels
     from ..pruning.saving import claim_target
     from ..report import claim_run_dir
+    from ..text.corpus import check_texts, read_corpus, sample_texts
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED

@@ -77,7 +77,7 @@ def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: flo
     in the padding, 1,024-token and key/value-cache cases; --quick checks one sentence."""
     import torch
 
-    from ..models import load_model
+    from ..loading.models import load_model
     from ..reference import mutant_applies
     from ..verification import BF16_ATOL, FP32_ATOL, verify
 

@@ -20,7 +20,7 @@ Alignment (stated in every comparison's notes):
 Columns of :func:`compare_runs`: ``layer``, ``head``, ``layer_b``, ``status`` (``both``,
 ``removed in A``, ``removed in B``, ``removed in both``, ``only in A``, ``only in B``),
 ``label_a``, ``label_b``, ``label_changed``, ``change`` (the mean |difference| over the
-statistics in probability units: all of :data:`probe.stats.STATISTICS` but ``entropy`` (nats)
+statistics in probability units: all of :data:`probe.measures.stats.STATISTICS` but ``entropy`` (nats)
 and ``distance`` (tokens)), then ``delta_<statistic>`` = B - A for each compared statistic, then
 ``<statistic>_a`` and ``<statistic>_b``. Compared statistics: those of STATISTICS both runs have,
 then every other numeric column both heads tables have (importance, coreference accuracy ...),
@@ -36,8 +36,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
+from ..measures.stats import STATISTICS
 from ..sites import SITE_PREFIX
-from ..stats import STATISTICS
 from ..util import plural
 from .runs import load_run
 
@@ -90,7 +90,7 @@ def compare_runs(a, b) -> pd.DataFrame:
     """Compare two runs head by head (B - A).
 
     Args:
-        a, b: analysis results (:class:`probe.analysis.AnalysisResult`) or run folders
+        a, b: analysis results (:class:`probe.runs.analysis.AnalysisResult`) or run folders
             (read with :func:`probe.compare.load_run`).
 
     Returns:

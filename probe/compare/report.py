@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis import versions
 from ..errors import InputError
+from ..measures.stats import STATISTICS
 from ..report import GROUP_SHORT, SITE_GROUPS, claim_run_dir
 from ..report.page import CSP, json_for_script, static_text, template_environment
 from ..report.portable import shorten_paths
+from ..runs.analysis import versions
 from ..sites import head_name
-from ..stats import STATISTICS
-from ..tokens import display_tokens
+from ..text.tokens import display_tokens
 from .diff import (
     NOT_PROBABILITY,
     as_result,

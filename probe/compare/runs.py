@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..accumulators import Example
-from ..analysis import AnalysisResult
 from ..errors import InputError
+from ..measures.accumulators import Example
+from ..runs.analysis import AnalysisResult
 from ..sites import head_name
 
 #: The example maps file of a run folder.
@@ -31,8 +31,8 @@ def examples_bytes(examples, labels: list[list[str]], target_labels: list[list[s
     """``examples.npz`` for a run folder: each example's maps as float16 and its tokens.
 
     Args:
-        examples: :class:`probe.accumulators.Example` objects (maps as kept: cropped).
-        labels: per example, readable token labels (:func:`probe.tokens.display_tokens`).
+        examples: :class:`probe.measures.accumulators.Example` objects (maps as kept: cropped).
+        labels: per example, readable token labels (:func:`probe.text.tokens.display_tokens`).
         target_labels: encoder-decoder models: per example, the target's token labels (the
             decoder start token first); the example's decoder maps are stored with them.
     """
@@ -79,7 +79,7 @@ def read_examples(path: str | Path) -> list[Example]:
 
 
 def load_run(folder: str | Path):
-    """Read a run folder back into the :class:`probe.analysis.AnalysisResult` the analysis returned.
+    """Read a run folder back into the :class:`probe.runs.analysis.AnalysisResult` the analysis returned.
 
     Args:
         folder: a folder written by ``probe analyze`` / :func:`probe.report.write_run`.

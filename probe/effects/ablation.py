@@ -3,7 +3,7 @@
 another text (``resample``; Chan et al. 2022, causal scrubbing's resampling ablation).
 
 The intervention point is the one of :mod:`probe.causal.gates`: the ``"output"`` point of
-:mod:`probe.intervene`, each head's output before the output projection, [batch, seq, heads, d_head]:
+:mod:`probe.capture.intervene`, each head's output before the output projection, [batch, seq, heads, d_head]:
 
     z_h[t] <- (1 - a) z_h[t] + a f_h[t] [t real],   a = 1 for an ablated head, 0 otherwise,
 
@@ -36,13 +36,13 @@ import numpy as np
 import torch
 
 from ..architectures import needs_weights
-from ..capture import forward
+from ..capture.intervene import Cache, intervening
+from ..capture.maps import forward
 from ..causal.gates import gated
 from ..causal.heads import check_head_mask
 from ..causal.objectives import CausalLM, MaskedLM
 from ..errors import InputError
-from ..inputs import Batch
-from ..intervene import Cache, intervening
+from ..text.inputs import Batch
 from .objective import Seq2SeqLM
 
 KINDS = ("zero", "mean", "resample")
@@ -101,7 +101,7 @@ def head_means(lm, batches: Sequence[Batch]) -> torch.Tensor:
     """Mean of each head's output before the output projection, over the real tokens of ``batches``.
 
     Args:
-        lm: a :class:`~probe.models.LoadedModel` (clean: no gate in force).
+        lm: a :class:`~probe.loading.models.LoadedModel` (clean: no gate in force).
         batches: the reference texts.
 
     Returns:

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from ..architectures import site_outputs
-from ..hooks import measuring
+from ..capture.hooks import measuring
 from .pairs import EncodedPairs
 from .patch_full import model_inputs, positions
 from .patching import normalise

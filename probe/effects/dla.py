@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from ..architectures import site_block, weights
+from ..capture.hooks import input_device
+from ..capture.intervene import Cache, intervening
 from ..errors import InputError, UnsupportedAnalysisError
-from ..hooks import input_device
-from ..intervene import Cache, intervening
 from .patching import EncodedPairs, Pair, builtin_pairs, check_patchable, encode_pairs, final_norm
 
 
@@ -104,7 +104,7 @@ def direct_logit_attribution(lm, pairs: list[Pair] | None = None) -> pd.DataFram
     """Direct logit attribution of every component on the clean prompts of ``pairs`` (mean over pairs).
 
     Args:
-        lm: a decoder-only :class:`~probe.models.LoadedModel` with its LM head.
+        lm: a decoder-only :class:`~probe.loading.models.LoadedModel` with its LM head.
         pairs: prompt pairs (default :func:`~probe.effects.patching.builtin_pairs`); only the clean
             prompt, answer and wrong answer are used.
 

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..capture import forward
+from ..capture.maps import forward
 from ..causal.objectives import Objective
 from ..errors import InputError
-from ..inputs import Text
 from ..patterns.circuits import adds_bos, ids_batch
+from ..text.inputs import Text
 from .ablation import DEFAULT_KINDS
 from .groups import SEEDS, paired_bootstrap, random_sets, t_interval
 from .measure import _mask, evaluate_sets

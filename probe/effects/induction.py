@@ -23,13 +23,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..capture import forward
+from ..capture.maps import forward
 from ..causal.heads import table_heads
 from ..causal.objectives import Objective
 from ..errors import InputError
-from ..inputs import Text
 from ..patterns.circuits import BATCH, N_TOKENS, SEED, ids_batch, repeated_random_tokens
 from ..sites import head_name
+from ..text.inputs import Text
 from .ablation import DEFAULT_KINDS
 from .groups import SEEDS, random_sets, t_interval
 from .measure import _mask, evaluate_sets

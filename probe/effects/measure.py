@@ -24,14 +24,14 @@ import pandas as pd
 import torch
 
 from .. import validate
-from ..analysis import AnalysisResult, analyze
 from ..causal.heads import normalize_heads, table_heads
 from ..causal.objectives import ZERO_WITHIN
 from ..causal.split import split_corpus
 from ..errors import InputError
-from ..inputs import Text, as_texts, iter_batches
 from ..patterns import CircuitProbe, circuit_probe
+from ..runs.analysis import AnalysisResult, analyze
 from ..sites import head_name
+from ..text.inputs import Text, as_texts, iter_batches
 from ..util import plural, progress_bar
 from .ablation import (
     DEFAULT_KINDS,
@@ -277,7 +277,7 @@ def _pool_notes(labels: pd.DataFrame) -> list[str]:
 
 def labelled_heads(lm, texts: Sequence[str | Text], *, batch_size: int = 16, max_length: int | None = None,
                    progress: bool = False) -> AnalysisResult:
-    """The usual analysis of ``texts`` (:func:`probe.analysis.analyze`; on decoders with the circuit
+    """The usual analysis of ``texts`` (:func:`probe.runs.analysis.analyze`; on decoders with the circuit
     probe, :func:`probe.patterns.circuit_probe`, whose scores give the ``induction`` label): its
     ``heads`` table has the labels the groups are made of."""
     finished = [circuit_probe(lm, sink_texts=texts)] if CircuitProbe.refusal(lm) is None else []
@@ -292,7 +292,7 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
     """Ablation effects of every head, and of every label group against random heads.
 
     Args:
-        lm: a complete :class:`~probe.models.LoadedModel` (encoder, decoder or encoder-decoder: every
+        lm: a complete :class:`~probe.loading.models.LoadedModel` (encoder, decoder or encoder-decoder: every
             site's heads), left unchanged.
         texts: the corpus, split into a reference half (means, donors) and a held-out half (effects);
             an encoder-decoder model's texts have targets (``Text(source, target=...)``).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..capture import forward
+from ..capture.maps import forward
 from ..causal.objectives import Objective, default_objective, make_objective
 from ..errors import InputError
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..inputs import Text
-from ..targets import decoder_start_id
-from ..tokenization import tokenize_side
+from ..text.inputs import Text
+from ..text.targets import decoder_start_id
+from ..text.tokenization import tokenize_side
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Activation patching by whole forward passes, the one engine for every model kind: decoders,
 masked-LM encoders and encoder-decoder models. The head outputs are read and written at the
-``"output"`` point of :mod:`probe.intervene` (each head's output before the output projection).
+``"output"`` point of :mod:`probe.capture.intervene` (each head's output before the output projection).
 
 The metric reads the logits where :class:`~probe.effects.pairs.EncodedPairs` says (``last``): a
 masked-LM encoder's first mask, an encoder-decoder model's last decoder position (the decoder reads
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..hooks import input_device
-from ..intervene import Cache, intervening
+from ..capture.hooks import input_device
+from ..capture.intervene import Cache, intervening
 from .pairs import EncodedPairs
 
 
@@ -38,7 +38,7 @@ def model_inputs(lm, enc: EncodedPairs, ids: torch.Tensor, copies: int = 1) -> d
 
 
 def patch_editor(lm, i: int, patches: dict, donor: list, alpha: float | None = None):
-    """Site ``i``'s ``"output"`` editor (:mod:`probe.intervene`) that puts the donor's head outputs in
+    """Site ``i``'s ``"output"`` editor (:mod:`probe.capture.intervene`) that puts the donor's head outputs in
     where ``patches[i]`` ([B, T, heads] bool) says; ``alpha`` None replaces them (exactly the donor's
     value), a number interpolates z + alpha (donor - z). A site without patches is left alone.
 

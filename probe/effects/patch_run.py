@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analysis import analyze, merge_head_columns
-from ..corpus import sample_texts
 from ..errors import InputError, UnsupportedAnalysisError
-from ..inputs import Text
-from ..models import peek_config, preview_model
+from ..loading.models import peek_config, preview_model
 from ..patterns import CircuitProbe, circuit_probe
 from ..report import claim_run_dir, write_run
+from ..runs.analysis import analyze, merge_head_columns
+from ..text.corpus import sample_texts
+from ..text.inputs import Text
 from ..util import progress_bar
 from .attribution import attribute_heads, correlation
 from .composition import composition_scores
@@ -169,7 +169,7 @@ def check_before_loading(name: str, pairs: list[Pair], builtin: bool) -> None:
     """The refusals of ``probe patch`` that the model's config and tokenizer decide, made before its
     weights load (which can take minutes): an encoder without its masked-LM head, the built-in set
     on a model that is not a decoder, pairs of unequal token counts or answers of several tokens
-    (:func:`probe.effects.pairs.encode_pairs` on :func:`probe.models.preview_model`). A model that is
+    (:func:`probe.effects.pairs.encode_pairs` on :func:`probe.loading.models.preview_model`). A model that is
     not on this machine (a Hub id) is checked after loading, as before.
 
     Raises:

@@ -8,7 +8,7 @@ the pair's target prefix; :mod:`.pairs`), averaged over the pairs: LD_c (clean r
 (corrupted run), LD_p (a patched run).
 
 The intervention point is head h's output z_h [batch, pos, d_head] before the output projection
-(the ``"output"`` point of :mod:`probe.intervene`, where the gates of :mod:`probe.causal.gates` act
+(the ``"output"`` point of :mod:`probe.capture.intervene`, where the gates of :mod:`probe.causal.gates` act
 too), per query head (with grouped key/value heads every query head has its own output).
 Denoising (default; Meng et al. 2022's restoration, TransformerLens
 ``get_act_patch_attn_head_out_all_pos``): the corrupted run with the clean z_h, effect
@@ -30,10 +30,10 @@ import pandas as pd
 import torch
 
 from ..architectures import get_spec, needs_weights, site_block, weights
+from ..capture.hooks import input_device
+from ..capture.intervene import intervening
 from ..causal.objectives import head_kind
 from ..errors import InputError, UnsupportedAnalysisError
-from ..hooks import input_device
-from ..intervene import intervening
 from .pairs import EncodedPairs, Pair, builtin_pairs, encode_pairs, parse_pairs, read_pairs
 from .patch_full import full_head_logit_diffs, full_pass, last_logit_diffs, model_inputs, patched_logits
 
@@ -150,7 +150,7 @@ def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denois
     """Activation patching of every head's z_h, all real positions and the last one.
 
     Args:
-        lm: a complete :class:`~probe.models.LoadedModel` with logits over the vocabulary: a decoder
+        lm: a complete :class:`~probe.loading.models.LoadedModel` with logits over the vocabulary: a decoder
             or encoder-decoder model with its LM head, or an encoder with its masked-LM head.
         pairs: the prompt pairs (default :func:`builtin_pairs`; masked-LM pairs hold a mask token,
             encoder-decoder pairs are sources with an optional target prefix).

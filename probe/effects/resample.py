@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..inputs import Batch, Text, collate, tokenize
+from ..text.inputs import Batch, Text, collate, tokenize
 
 #: The donors' seed unless given.
 RESAMPLE_SEED = 0

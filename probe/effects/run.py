@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..analysis import merge_head_columns
 from ..errors import InputError
 from ..patterns import CircuitProbe
 from ..report import claim_run_dir, write_run
+from ..runs.analysis import merge_head_columns
 from .ablation import check_model
 from .icl import icl_claim
 from .induction import induction_claim, induction_group

@@ -1,7 +1,7 @@
 """Attention on images: vision transformers (ViT, DeiT, DINOv2 with registers, CLIP and SigLIP
 vision towers) read images as special tokens then a grid of patches.
 
-:func:`images` turns image files or Pillow images into batches :func:`probe.analysis.analyze`
+:func:`images` turns image files or Pillow images into batches :func:`probe.runs.analysis.analyze`
 takes; :func:`analyze_images` adds the grid measures (:class:`GridAttention`) and the pictures
 (:class:`ImageMaps`, drawn by :func:`show_image`, ``probe.show(result)`` and the report's
 section). docs/images.md has the definitions.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..analysis import AnalysisResult, analyze
 from ..core import LoadedModel
+from ..runs.analysis import AnalysisResult, analyze
 from .batches import IMAGE_SUFFIXES, ImageBatch, Images, image_paths, images, read_image
 from .grid import GRID_LABELS, MEASURES, GridAttention, grid_geometry
 from .maps import ImageExample, ImageMaps
@@ -36,7 +36,7 @@ def grid_accumulators(lm: LoadedModel, n_images: int = 2, query=None) -> list:
 
 def analyze_images(lm: LoadedModel, items: Sequence, *, image_size: tuple[int, int] | None = None,
                    n_images: int = 2, query=None, **kwargs) -> AnalysisResult:
-    """Measure every head of an image model on images: :func:`probe.analysis.analyze` with the grid
+    """Measure every head of an image model on images: :func:`probe.runs.analysis.analyze` with the grid
     measures and the pictures.
 
     Args:
@@ -45,10 +45,10 @@ def analyze_images(lm: LoadedModel, items: Sequence, *, image_size: tuple[int, i
         image_size: (height, width) in pixels (default: the model's processor's size).
         n_images: images whose attention is kept for pictures.
         query: the row drawn (see :func:`grid_accumulators`).
-        **kwargs: passed to :func:`probe.analysis.analyze` (batch_size, accumulators ...).
+        **kwargs: passed to :func:`probe.runs.analysis.analyze` (batch_size, accumulators ...).
 
     Returns:
-        The :class:`~probe.analysis.AnalysisResult`; ``heads`` has the grid columns
+        The :class:`~probe.runs.analysis.AnalysisResult`; ``heads`` has the grid columns
         (``grid_distance``, ``cls_share`` ...) and labels, ``results["image_maps"]`` the pictures.
 
     Raises:

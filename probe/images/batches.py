@@ -1,8 +1,8 @@
 """Images to batches: Pillow reads them, the model's processor resizes and normalises them, and
-each becomes a sequence of special tokens then patches that :func:`probe.analysis.analyze` takes.
+each becomes a sequence of special tokens then patches that :func:`probe.runs.analysis.analyze` takes.
 
-A batch of images is a :class:`probe.inputs.Batch` whose token ids name positions
-(:mod:`probe.pixels`): the special tokens (``[CLS]``, registers, a distillation token) then patch
+A batch of images is a :class:`probe.text.inputs.Batch` whose token ids name positions
+(:mod:`probe.loading.pixels`): the special tokens (``[CLS]``, registers, a distillation token) then patch
 (r, c) for p = r * C + c, so the per-head statistics, example maps and views read it like text.
 """
 
@@ -18,8 +18,8 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import InputError
-from ..inputs import Batch, Text
-from ..pixels import PixelProcessor
+from ..loading.pixels import PixelProcessor
+from ..text.inputs import Batch, Text
 
 #: File endings read from an image folder (``--images``).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff")
@@ -27,7 +27,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".ti
 
 @dataclass
 class ImageBatch(Batch):
-    """A batch of images of one size (:class:`probe.inputs.Batch` with pixel values).
+    """A batch of images of one size (:class:`probe.text.inputs.Batch` with pixel values).
 
     Attributes:
         pixel_values: [batch, channels, height, width] float32 normalised pixels.
@@ -96,11 +96,11 @@ def _name(item, i: int) -> str:
 
 
 class Images:
-    """Images for :func:`probe.analysis.analyze` (in place of texts): paths or Pillow images, read
+    """Images for :func:`probe.runs.analysis.analyze` (in place of texts): paths or Pillow images, read
     when batched, all at one size.
 
     Args:
-        processor: the model's :class:`~probe.pixels.PixelProcessor` (``lm.tokenizer``).
+        processor: the model's :class:`~probe.loading.pixels.PixelProcessor` (``lm.tokenizer``).
         items: image paths or Pillow images.
         image_size: (height, width) in pixels, multiples of the patch side; default the model's own
             size. Another size needs a model that interpolates its position embeddings (ViT, DeiT,
@@ -157,7 +157,7 @@ def images(lm, items: Sequence, image_size: tuple[int, int] | None = None) -> Im
     """The images ``items`` (paths or Pillow images) ready for ``analyze(lm, images(lm, items))``.
 
     Args:
-        lm: a loaded image model (:func:`probe.models.load_model` of a ViT, DeiT, DINOv2, CLIP or
+        lm: a loaded image model (:func:`probe.loading.models.load_model` of a ViT, DeiT, DINOv2, CLIP or
             SigLIP vision folder).
         items: image paths or Pillow images.
         image_size: (height, width) in pixels (see :class:`Images`).

@@ -12,7 +12,7 @@ c_q = q % C of an R x C grid), with A the row of probabilities over every key:
 - ``patch_share``: the mass on all patches.
 
 Rows are averaged over every patch query row of every image, as the text statistics are
-(:mod:`probe.stats`). ``uniform_distance`` is the grid distance of uniform attention on the same
+(:mod:`probe.measures.stats`). ``uniform_distance`` is the grid distance of uniform attention on the same
 grids, the yardstick of the ``global`` label. The definitions: docs/images.md.
 """
 
@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator, present_heads
 from ..architectures.vision import REGISTER
-from ..inputs import Batch
+from ..measures.accumulators import Accumulator, present_heads
 from ..sites import Site
+from ..text.inputs import Batch
 
 #: The measures, in column order.
 MEASURES = ("grid_distance", "cls_share", "register_share", "local_share", "row_share", "column_share",

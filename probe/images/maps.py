@@ -1,5 +1,5 @@
 """The attention of a few images kept for pictures: one query row per head and layer, and the
-head-averaged maps that attention rollout multiplies (:mod:`probe.rollout`)."""
+head-averaged maps that attention rollout multiplies (:mod:`probe.measures.rollout`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..accumulators import Accumulator
-from ..inputs import Batch
-from ..rollout import residual_maps, rollout_matrix
+from ..measures.accumulators import Accumulator
+from ..measures.rollout import residual_maps, rollout_matrix
 from ..sites import Site
+from ..text.inputs import Batch
 
 
 @dataclass
@@ -55,7 +55,7 @@ class ImageExample:
         return np.asarray(row)[len(self.specials):].reshape(self.grid)
 
     def rollout(self) -> np.ndarray:
-        """[T] the drawn query's row of attention rollout (:func:`probe.rollout.rollout_matrix` on
+        """[T] the drawn query's row of attention rollout (:func:`probe.measures.rollout.rollout_matrix` on
         ``A~_l = 0.5 * mean_h A_l + 0.5 * I``); for the mean over queries, the mean of R's rows."""
         r = rollout_matrix(residual_maps(self.means[:, None]))
         return r.mean(0) if self.query is None else r[self.query]

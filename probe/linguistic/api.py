@@ -10,7 +10,7 @@
     tree = syntax_heads(lm, "en_ewt-ud-dev.conllu")
     tree.best                                    # Clark et al.'s Table 1 shape; tree.table = syntax.csv
 
-Both run only their own accumulator in probe's one analysis loop (:func:`probe.analysis.run`);
+Both run only their own accumulator in probe's one analysis loop (:func:`probe.runs.analysis.run`);
 ``probe analyze`` runs them next to the per-head statistics (:func:`annotated_input`).
 """
 
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..analysis import run
 from ..errors import InputError
-from ..inputs import Text, iter_batches
+from ..runs.analysis import run
+from ..text.inputs import Text, iter_batches
 from ..util import plural, progress_bar
 from .conllu import Treebank, read_conllu
 from .coref import CorefAccumulator, CorefResult
@@ -71,7 +71,7 @@ def coref_heads(lm, source: str | Path | CorefSet | None = "builtin", *, limit: 
         source: ``"builtin"`` (or None) for the built-in probe set, a GAP TSV file, or a
             :class:`~probe.linguistic.gap.CorefSet` of your own examples.
         limit: use the first ``limit`` examples.
-        batch_size, max_length: as :func:`probe.analysis.analyze`.
+        batch_size, max_length: as :func:`probe.runs.analysis.analyze`.
         preceding_only: leave out examples with a candidate after the pronoun (default: for causal
             models).
 

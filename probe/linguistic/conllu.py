@@ -28,9 +28,9 @@ from pathlib import Path
 
 import conllu
 
-from ..corpus import iter_lines, split_lines
 from ..errors import InputError
-from ..inputs import Text
+from ..text.corpus import iter_lines, split_lines
+from ..text.inputs import Text
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Sentence:
     sent_id: str = ""
 
     def to_text(self) -> Text:
-        """A :class:`probe.inputs.Text` whose words are the surface tokens and whose ``meta["syntax"]``
+        """A :class:`probe.text.inputs.Text` whose words are the surface tokens and whose ``meta["syntax"]``
         holds what :class:`probe.linguistic.syntax.SyntaxAccumulator` scores."""
         return Text(self.text, words=list(self.spans), meta={"syntax": {
             "surface": list(self.surface), "heads": list(self.heads), "relations": list(self.relations),
@@ -83,7 +83,7 @@ class Treebank:
     multiword_tokens: int = 0
 
     def texts(self) -> list[Text]:
-        """The aligned sentences as :class:`~probe.inputs.Text` (words and gold trees in meta)."""
+        """The aligned sentences as :class:`~probe.text.inputs.Text` (words and gold trees in meta)."""
         return [s.to_text() for s in self.sentences]
 
 
@@ -215,7 +215,7 @@ def parse_conllu(data: str, limit: int | None = None, source: str = "CoNLL-U inp
 
 def read_conllu(path: str | Path, limit: int | None = None) -> Treebank:
     """Read a CoNLL-U file (UTF-8) into a :class:`Treebank`, a sentence at a time: with a
-    ``limit``, reading stops after that many sentences (:func:`probe.corpus.iter_lines`).
+    ``limit``, reading stops after that many sentences (:func:`probe.text.corpus.iter_lines`).
 
     Raises:
         InputError: missing, unreadable or non-UTF-8 file, not CoNLL-U, or no sentence.

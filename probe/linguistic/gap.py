@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..corpus import iter_lines
 from ..errors import InputError
-from ..inputs import Text
+from ..text.corpus import iter_lines
+from ..text.inputs import Text
 
 #: Columns a GAP file must have (Webster et al. 2018; ``URL`` is optional).
 GAP_COLUMNS = ("ID", "Text", "Pronoun", "Pronoun-offset", "A", "A-offset", "A-coref", "B", "B-offset", "B-coref")
@@ -58,7 +58,7 @@ class CorefExample:
     b_coref: bool
 
     def to_text(self) -> Text:
-        """A :class:`~probe.inputs.Text` with its words (:func:`split_words`) and
+        """A :class:`~probe.text.inputs.Text` with its words (:func:`split_words`) and
         ``meta["coref"]``: word indices of ``pronoun``, ``a`` and ``b`` (every word the span
         overlaps), ``a_coref``, ``b_coref`` and ``id``."""
         spans = split_words(self.text)
@@ -137,7 +137,7 @@ class CorefSet:
     source: str
 
     def texts(self) -> list[Text]:
-        """The examples as :class:`~probe.inputs.Text` (words and mentions in meta)."""
+        """The examples as :class:`~probe.text.inputs.Text` (words and mentions in meta)."""
         return [ex.to_text() for ex in self.examples]
 
 
@@ -189,7 +189,7 @@ def _header_and_rows(lines: Iterable[str], limit: int | None) -> Iterator[str]:
 
 def read_gap(path: str | Path, limit: int | None = None) -> CorefSet:
     """Read a GAP TSV file (UTF-8); with a ``limit``, reading stops after that many rows
-    (:func:`probe.corpus.iter_lines`).
+    (:func:`probe.text.corpus.iter_lines`).
 
     Raises:
         InputError: missing, unreadable or non-UTF-8 file, or as :func:`parse_gap`.

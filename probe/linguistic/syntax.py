@@ -40,9 +40,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator, present_heads
-from ..inputs import Batch
+from ..measures.accumulators import Accumulator, present_heads
 from ..sites import Site
+from ..text.inputs import Batch
 from .intervals import accuracy, wilson
 from .words import batch_words, pooling, word_matrix
 

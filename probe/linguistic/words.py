@@ -6,7 +6,7 @@ the mean over its subword tokens (so every word-level row still sums to 1). Toke
 no word (special tokens such as [CLS]/[SEP]/BOS, and trailing whitespace) keep a column of their
 own, one per token, so the rows sum to 1 over words plus those columns.
 
-Which word a token belongs to comes from the batch (:attr:`probe.inputs.Batch.word_ids`: the word
+Which word a token belongs to comes from the batch (:attr:`probe.text.inputs.Batch.word_ids`: the word
 holding the token's first non-space character, from the tokenizer's character offsets), with two
 rules added here:
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..inputs import Batch
+from ..text.inputs import Batch
 
 #: Why a text is not aligned (the status values of :class:`BatchWords`).
 REASONS = {
@@ -53,7 +53,7 @@ class BatchWords:
         token_word: [batch, T] long, the unit of each token, named by the unit's first word index
             (whitespace-only tokens attached to the next word); -1 for special, padding and other
             no-word tokens.
-        n_words: per row, the number of words of its text (:meth:`probe.inputs.Text.word_spans`).
+        n_words: per row, the number of words of its text (:meth:`probe.text.inputs.Text.word_spans`).
         group: per row, the unit of each word (its first word's index; ``group[w] == w`` for a
             word that names its unit).
         status: per row, None when aligned, else a key of :data:`REASONS`.

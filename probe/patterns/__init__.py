@@ -1,6 +1,6 @@
 """Head groups, pattern types, attention health checks and decoder circuits.
 
-Each analysis is an accumulator of the one analysis loop (:func:`probe.analysis.run`), run in the
+Each analysis is an accumulator of the one analysis loop (:func:`probe.runs.analysis.run`), run in the
 same pass as the per-head statistics, except the decoder circuit probe, which runs on its own
 inputs (repeated random tokens) and joins the result through ``analyze(finished=[...])``:
 

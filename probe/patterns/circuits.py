@@ -14,7 +14,7 @@ token, on the rows of the second half (t = n..2n-1), token-weighted over rows an
 Decided here: the n tokens of one sequence are drawn without replacement (all distinct), so the
 earlier occurrence of every second-half token is unique (with replacement, a repeat inside the
 first half would make "the earlier occurrence" ambiguous); each token is still uniform over the
-vocabulary. The probe is its own small run of :func:`probe.analysis.run` (16 x 50 tokens: a few
+vocabulary. The probe is its own small run of :func:`probe.runs.analysis.run` (16 x 50 tokens: a few
 forward-pass seconds for SmolLM2 on two CPU cores), not part of the corpus pass.
 
 Attention sinks (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks"):
@@ -35,11 +35,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator, check_supported, present_heads
-from ..analysis import run
 from ..errors import InputError
-from ..inputs import Batch, Text, as_texts, tokenize
+from ..measures.accumulators import Accumulator, check_supported, present_heads
+from ..runs.analysis import run
 from ..sites import Site
+from ..text.inputs import Batch, Text, as_texts, tokenize
 
 #: Defaults of the probe (docs/statistics.md).
 N_TOKENS, BATCH, SEED = 25, 16, 0
@@ -212,9 +212,9 @@ class CircuitResult:
 
 
 class CircuitProbe(Accumulator):
-    """The finished circuit probe of one model, in the accumulator shape :func:`probe.analysis.analyze`
+    """The finished circuit probe of one model, in the accumulator shape :func:`probe.runs.analysis.analyze`
     takes as ``finished=[...]``: :meth:`columns` adds ``induction``, ``duplicate`` and ``prev_random`` to
-    heads.csv (the ``induction`` / ``duplicate-token`` labels follow from :data:`probe.classify.LABEL_RULES`)."""
+    heads.csv (``induction`` / ``duplicate-token`` labels follow from :data:`probe.measures.classify.LABEL_RULES`)."""
 
     name = "circuits"
     title = "the induction / duplicate-token probe"
@@ -260,13 +260,13 @@ def circuit_probe(lm, *, n: int = N_TOKENS, batch_size: int = BATCH, seed: int =
     """Run the repeated-random-token probe and the attention-sink comparison on a decoder.
 
     Args:
-        lm: a loaded causal model (:class:`~probe.models.LoadedModel`).
+        lm: a loaded causal model (:class:`~probe.loading.models.LoadedModel`).
         n: random tokens per half (default 25); batch_size: sequences (default 16); seed: of the draw.
         sink_texts: texts for the sinks (the first 16 are used, cut to 128 tokens); default the
             probe's random sequences.
 
     Returns:
-        A :class:`CircuitProbe` (pass it to :func:`probe.analysis.analyze` as ``finished=[...]``).
+        A :class:`CircuitProbe` (pass it to :func:`probe.runs.analysis.analyze` as ``finished=[...]``).
 
     Raises:
         UnsupportedAnalysisError: not a decoder-only model (:attr:`CircuitProbe.model_kinds`).

@@ -39,10 +39,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator
 from ..errors import InputError
-from ..inputs import Batch
+from ..measures.accumulators import Accumulator
 from ..sites import Site
+from ..text.inputs import Batch
 from .groups import head_groups
 from .jsd import SEED, Estimate, folded_size, row_js, sample_rows, to_matrix
 

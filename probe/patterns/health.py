@@ -5,7 +5,7 @@ Each check is a rule on a measured value, with a configurable threshold:
 
 | check | rule (default) | value |
 | --- | --- | --- |
-| ``saturated`` | max_weight >= 0.95 | :mod:`probe.stats` ``max_weight`` |
+| ``saturated`` | max_weight >= 0.95 | :mod:`probe.measures.stats` ``max_weight`` |
 | ``uniform`` | norm_entropy >= 0.95 | ``norm_entropy`` |
 | ``collapsed`` (to self) | self >= 0.8 | ``self`` |
 | ``duplicates`` | distance < 0.05 for a pair of heads of one layer | Jensen-Shannon divergence (bits) |
@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..accumulators import Accumulator, present_heads
-from ..classify import LABEL_RULES
 from ..errors import InputError
-from ..inputs import Batch
+from ..measures.accumulators import Accumulator, present_heads
+from ..measures.classify import LABEL_RULES
 from ..sites import Site, head_name
+from ..text.inputs import Batch
 from ..util import plural
 from .distance import NEAR_DUPLICATE
 
@@ -369,7 +369,7 @@ NOT_MEASURED = ("this analysis has no health checks: run it with analyze(lm, tex
 
 
 def health_of(result) -> list[Check]:
-    """The checks of an :class:`~probe.analysis.AnalysisResult` whose run had a :class:`HealthProbe`
+    """The checks of an :class:`~probe.runs.analysis.AnalysisResult` whose run had a :class:`HealthProbe`
     (its real tokens are the query rows).
 
     Raises:

@@ -16,7 +16,7 @@ The type is the first rule that holds: ``vertical+diagonal`` (v >= 0.3 and d >= 
 mean over its heads.
 
 Segments (decided here): a sequence has two segments when its text has a pair
-(:class:`probe.inputs.Text` ``pair``). A token's segment is its ``token_type_ids`` entry where the
+(:class:`probe.text.inputs.Text` ``pair``). A token's segment is its ``token_type_ids`` entry where the
 tokenizer gives segment ids that differ within the sequence (BERT: [CLS] A [SEP] -> 0, B [SEP] -> 1);
 otherwise (RoBERTa, byte-level BPE tokenizers: no segment ids) a real token is in segment 1 when its
 characters start after the first text, and a special token takes the segment of the token before it
@@ -32,10 +32,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..accumulators import Accumulator, present_heads
-from ..inputs import Batch
+from ..measures.accumulators import Accumulator, present_heads
+from ..measures.stats import token_features
 from ..sites import Site
-from ..stats import token_features
+from ..text.inputs import Batch
 
 #: Pattern types, in rule order, and the heads.csv column of each share.
 TYPES: tuple[str, ...] = ("vertical+diagonal", "vertical", "diagonal", "block", "heterogeneous")

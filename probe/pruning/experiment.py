@@ -21,12 +21,12 @@ import pandas as pd
 import torch
 
 from .. import validate
-from ..capture import forward
+from ..capture.maps import forward
 from ..causal.gates import gated, ones
 from ..causal.objectives import OBJECTIVES, default_objective, label_ids, make_objective
 from ..causal.split import split_corpus
 from ..errors import InputError, UnsupportedAnalysisError
-from ..inputs import Text, as_texts, iter_batches
+from ..text.inputs import Text, as_texts, iter_batches
 from ..util import progress_bar
 from .curves import ORDERS, Context, Curve, run_orders, schedule
 from .redundancy import nearest

@@ -26,10 +26,10 @@ from contextlib import contextmanager
 
 import torch
 
-from ..capture import add_attention_hooks
+from ..capture.hooks import Hooks, measuring
+from ..capture.maps import add_attention_hooks
 from ..causal.gates import Gates
 from ..errors import ProbeError
-from ..hooks import Hooks, measuring
 
 
 @contextmanager

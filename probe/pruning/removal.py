@@ -162,7 +162,7 @@ def remove_heads(lm, heads) -> Removal:
     (pruning again never shifts to another head), and the result is recorded in ``lm.pruned``.
 
     Args:
-        lm: a :class:`~probe.models.LoadedModel` (any supported family).
+        lm: a :class:`~probe.loading.models.LoadedModel` (any supported family).
         heads: ``{layer: [head, ...]}`` or ``(layer, head)`` pairs, original numbering.
 
     Returns:

@@ -9,10 +9,10 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from ..analysis import analyze, merge_head_columns
-from ..corpus import split_lines
 from ..errors import InputError
 from ..report import claim_run_dir, write_run
+from ..runs.analysis import analyze, merge_head_columns
+from ..text.corpus import split_lines
 from .experiment import PruneResult, prune
 from .saving import claim_target, save_pruned
 

@@ -7,7 +7,7 @@ the tokenizer, and
 layout of every layer. :func:`load_pruned_folder` builds the model from the config, removes the
 same heads the same way (:func:`probe.pruning.removal.apply_layout`), then loads the weights, so
 outputs are identical after the round trip. ``probe analyze/verify/prune
---model DIR`` load such a folder through :func:`probe.models.load_model`.
+--model DIR`` load such a folder through :func:`probe.loading.models.load_model`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_model
 
 from ..architectures import get_spec, head_geometry
 from ..errors import InputError, ModelLoadError
-from ..loading import declared_dtype
+from ..loading.checkpoints import declared_dtype
 from ..runfolder import claim
 from .heads import PRUNED_FILE, PrunedHeads, full_layout
 from .removal import apply_layout, parameter_count

@@ -1,5 +1,5 @@
 """Block capture inside the reference attention: one site's attention a block of query rows at a
-time (:mod:`probe.blocks` swaps it in and collects the blocks)."""
+time (:mod:`probe.capture.blocks` swaps it in and collects the blocks)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..architectures import base_model, get_spec, site_spec, sites
+from ..capture.hooks import Hooks
 from ..errors import UnsupportedArchitectureError
-from ..hooks import Hooks
 from .module import ForwardContext, ReferenceAttention
 from .mutants import mutant_class
 from .op import MaskError, as_keep_mask
@@ -110,10 +110,10 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
     On exit, also on exceptions, the originals are back and the hooks gone.
 
     Args:
-        model_or_lm: a :class:`~probe.models.LoadedModel` or a Hugging Face model of a supported type.
+        model_or_lm: a :class:`~probe.loading.models.LoadedModel` or a Hugging Face model of a supported type.
         mutant: None, or a name from :data:`probe.reference.mutants.MUTANTS` (a deliberately broken variant).
-        hooks: a :class:`~probe.hooks.Hooks` to register into (e.g. the one of
-            :func:`probe.hooks.measuring`); default a private one, removed on exit.
+        hooks: a :class:`~probe.capture.hooks.Hooks` to register into (e.g. the one of
+            :func:`probe.capture.hooks.measuring`); default a private one, removed on exit.
 
     Yields:
         :class:`Swapped`.

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis import AnalysisResult, versions
-from ..classify import LABEL_RULES
 from ..errors import InputError
+from ..measures.classify import LABEL_RULES
+from ..measures.stats import CROSS_STATISTICS, STATISTICS
+from ..runs.analysis import AnalysisResult, versions
 from ..sites import head_name
-from ..stats import CROSS_STATISTICS, STATISTICS
-from ..tokens import display_tokens
+from ..text.tokens import display_tokens
 from .page import (  # re-exported: the page's shared pieces, imported from here by older code
     CSP,
     LABEL_COLORS,
@@ -273,7 +273,7 @@ def write_run(result: AnalysisResult, tokenizer, out: str | Path | None = None, 
     shortened (:mod:`probe.report.portable`): nothing of the author's file system travels with them.
 
     Args:
-        result: what :func:`probe.analysis.analyze` returned.
+        result: what :func:`probe.runs.analysis.analyze` returned.
         tokenizer: the model's tokenizer (for readable token labels).
         out: the folder (default: a new ``reports/<model>-<timestamp>``).
         force: replace probe's files in an existing folder probe wrote (other files are kept).

@@ -1,7 +1,7 @@
 """The "Cross-attention" section of an encoder-decoder model's report.
 
 Which source words does each target word read? For the most aligned cross-attention heads
-(``aligned``, :mod:`probe.stats`) and the most focused one (``max_weight``), the section draws
+(``aligned``, :mod:`probe.measures.stats`) and the most focused one (``max_weight``), the section draws
 each example's map with the source tokens (keys) along the x-axis and the target tokens (queries,
 the decoder start token first) along the y-axis, and lists every cross-attention head's
 ``aligned``, ``distance`` and ``first`` values in a table (also in ``cross.csv``).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..sites import Site, head_name
-from ..tokens import display_tokens
+from ..text.tokens import display_tokens
 from .sections import Section, render_fragment, section_builder
 
 #: Heads drawn: this many by ``aligned``, then the most focused other head.

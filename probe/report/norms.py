@@ -1,5 +1,5 @@
 """The "Value-weighted attention" section: which stripes shrink, which grow, when each key's weight
-is multiplied by the norm of what it carries (Kobayashi et al. 2020, sec. 4; :mod:`probe.values`).
+is multiplied by the norm of what it carries (Kobayashi et al. 2020, sec. 4; :mod:`probe.measures.values`).
 
 Per layer (per site kind and layer for an encoder-decoder model), the mean over heads of the
 weight share of the first-token, sep and punctuation stripes (``first``, ``sep``, ``punct``) next
@@ -13,8 +13,8 @@ import math
 
 import pandas as pd
 
+from ..measures.stats import NORM_MASS, by_norm
 from ..sites import head_name, site_prefix
-from ..stats import NORM_MASS, by_norm
 from .sections import Section, render_fragment, section_builder
 
 #: The stripes compared, with their names on the page.

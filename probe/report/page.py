@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..analysis import AnalysisResult
-from ..classify import LABEL_RULES, MIXED, REMOVED
+from ..measures.classify import LABEL_RULES, MIXED, REMOVED
 from ..runfolder import claim, claim_new
+from ..runs.analysis import AnalysisResult
 from ..sites import head_name
 from ..util import plural
 

@@ -1,6 +1,6 @@
 """The "Attention sinks by position" section: per layer, the share of each query row that goes to
 the first token (and to the first four), in power-of-two bins of the query position
-(:mod:`probe.sinks`; Xiao et al. 2023, StreamingLLM, sec. 3.1). Shown when the analysed text has at
+(:mod:`probe.measures.sinks`; Xiao et al. 2023, StreamingLLM, sec. 3.1). Shown when the analysed text has at
 least :data:`SHOWN_FROM` tokens: shorter texts fill only the first few bins, and the decoder-circuit
 section already compares sinks with and without BOS on short inputs.
 """
@@ -23,7 +23,7 @@ def _clean(v: float):
 
 def _grid(frame, column: str, title: str) -> dict:
     """A layer x position-bin heatmap of ``column`` (a mean share, 0..1) of ``frame``
-    (:meth:`probe.sinks.SinkProfileResult.frame`)."""
+    (:meth:`probe.measures.sinks.SinkProfileResult.frame`)."""
     sites = list(dict.fromkeys(frame["site"]))
     bins = sorted(set(zip(frame["start"], frame["end"])))
     grid = np.full((len(sites), len(bins)), np.nan)

@@ -86,7 +86,7 @@ def _tokenize(lm: LoadedModel, texts, side: str = "right", **kw) -> dict:
     finally:
         tok.padding_side = old
     # ids past the model's tables (vocabulary, segments, positions) are checked at the forward call,
-    # by probe.lookups through probe.hooks.measuring, the one check of every forward path
+    # by probe.capture.lookups through probe.capture.hooks.measuring, the one check of every forward path
     return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
 

@@ -41,10 +41,10 @@ import torch
 
 from .. import validate
 from ..architectures import stack_layers
-from ..capture import add_attention_hooks
+from ..capture.hooks import input_device, measuring
+from ..capture.maps import add_attention_hooks
 from ..core import LoadedModel
 from ..errors import ProbeError
-from ..hooks import input_device, measuring
 from ..reference import mutant_applies, swap_attention
 from .battery import Case, battery, select_cases
 

@@ -3,7 +3,7 @@ against the model's own.
 
 Two comparisons on the battery's inputs (:mod:`.battery`; the padding-invariance case is left out):
 
-* **each call**: the model runs under probe's function (:mod:`probe.interface`), which records the
+* **each call**: the model runs under probe's function (:mod:`probe.capture.interface`), which records the
   query, key, value, mask and keyword arguments of every attention call; the model's own eager
   function (``eager_attention_forward`` of the module's modeling file) then runs on the same
   inputs (the mask as its additive 0 / finfo.min form). Probabilities (real query rows and keys) and
@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import torch
 
+from ..capture.hooks import Hooks, input_device, measuring
+from ..capture.interface import NAME, Call, site_listeners
 from ..core import LoadedModel
-from ..hooks import Hooks, input_device, measuring
-from ..interface import NAME, Call, site_listeners
 from .battery import Case, battery, select_cases
 from .compare import CaseResult, LayerResult, VerifyResult, _Max, _output_tensor
 

@@ -2,13 +2,13 @@
 
 What the page receives (JSON, inlined; :func:`view_data`):
 
-- ``tokens``: readable labels (:func:`probe.tokens.display_tokens`), drawn as canvas text (never
+- ``tokens``: readable labels (:func:`probe.text.tokens.display_tokens`), drawn as canvas text (never
   parsed as HTML).
 - ``sides`` and ``axes``: the token sides (each ``tokens``, ``units``, ``unitLabels``; side 0 is
   ``tokens``) and, per included layer, its (query side, key side). A one-stack model has one side;
   an encoder-decoder model two: the source (0) and the decoder's input (1: its start token and
   the target), so that decoder self-attention is drawn target x target and cross-attention
-  target (queries) x source (keys) (:func:`probe.seq2seq.sides`).
+  target (queries) x source (keys) (:func:`probe.loading.seq2seq.sides`).
 - ``headNames[l][h]`` / ``layerTitles[l]``: display names (:func:`probe.sites.head_name`:
   ``L4H5``, ``enc L4H5``, ``dec L4H5``, ``cross L4H5``).
 - ``maps[l][h]``: the [query, key] attention probabilities of head ``h`` of included layer ``l``,
@@ -18,7 +18,7 @@ What the page receives (JSON, inlined; :func:`view_data`):
   number per run). ``None`` marks a head that is not there (a removed head: its probabilities are
   NaN, :mod:`probe.pruning`).
 - ``units`` (word-level mode): per token, the index of its unit; a unit is a word (all tokens with
-  the same word id, :attr:`probe.inputs.Batch.word_ids`) or a token with no word (special tokens,
+  the same word id, :attr:`probe.text.inputs.Batch.word_ids`) or a token with no word (special tokens,
   whitespace-only tokens), each its own unit, so word-level rows still sum to 1 (docs/statistics.md,
   "Word-level attention"). The page aggregates: attention *to* a unit is the sum over its tokens,
   attention *from* a unit the mean over its tokens (:func:`word_attention` is the same in Python).

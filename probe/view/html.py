@@ -23,7 +23,7 @@ from ..images.view import image_html
 from ..report.page import choose_heads, json_for_script
 from ..runfolder import replace_file
 from ..sites import Site
-from ..tokens import display_tokens
+from ..text.tokens import display_tokens
 from ..util import plural
 from .assets import view_page, view_static
 from .data import LINE_THRESHOLD, MAX_VALUES, view_data
@@ -91,7 +91,7 @@ class HeadView:
 
     @classmethod
     def from_example(cls, example, tokenizer=None, *, heads_table=None, causal: bool = False, **kw) -> HeadView:
-        """The view of an analysis example (:class:`probe.accumulators.Example`), as far as its maps
+        """The view of an analysis example (:class:`probe.measures.accumulators.Example`), as far as its maps
         were kept (``analyze(..., example_tokens=...)``). An encoder-decoder model's example adds
         its decoder sites: decoder self-attention drawn on the target's tokens (the decoder start
         token first), cross-attention with target queries and source keys.
@@ -157,7 +157,7 @@ def _site(name: str) -> Site:
 
 def side_axes(site: Site) -> tuple[int, int]:
     """(query side, key side) of an encoder-decoder model's site in a view: 0 = source, 1 = target
-    (as :func:`probe.seq2seq.sides`)."""
+    (as :func:`probe.loading.seq2seq.sides`)."""
     if site.stack == "encoder":
         return 0, 0
     return (1, 0) if site.kind == "cross" else (1, 1)
@@ -181,7 +181,7 @@ def site_labels(heads_table, sites) -> dict[tuple[int, int], str]:
 
 def result_view(result, *, tokenizer=None, example: int = 0, layers=None, layer: int | None = None, heads=None,
                 max_values: int = MAX_VALUES, threshold: float = LINE_THRESHOLD, words: bool = True) -> HeadView:
-    """The head view of an analysis example (:class:`probe.analysis.AnalysisResult`, also one read
+    """The head view of an analysis example (:class:`probe.runs.analysis.AnalysisResult`, also one read
     back by :func:`probe.compare.load_run`): it draws the maps the analysis kept and runs nothing.
     An analysis of images adds the example image's attention pictures (:mod:`probe.images.view`).
 
@@ -220,7 +220,7 @@ def result_view(result, *, tokenizer=None, example: int = 0, layers=None, layer:
 
 def text_view(maps, sites, source: dict, target: dict | None = None, *, layers, title: str, causal: bool,
               note: str = "", layer: int | None = None, heads=None, threshold: float = LINE_THRESHOLD) -> HeadView:
-    """The head view of one text's maps, as a run of the model handed them (:func:`probe.notebook.show`).
+    """The head view of one text's maps, as a run of the model handed them (:func:`probe.runs.notebook.show`).
 
     Args:
         maps: per site, [heads, query, key] probabilities (None for a site not included).

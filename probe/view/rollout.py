@@ -6,10 +6,10 @@ attention weight ``mean_h A_l[i, j]`` of a chosen layer, the rollout ``R[i, j]``
 (:func:`probe.attention_flow`). Rollout and weights are kept for every row (clicking a token picks
 its row); flow only for the reported row ([CLS] for encoders, the last token for decoders), and
 only for texts of at most ``max_flow_tokens`` tokens (the others are counted and said). The values
-come from the same functions as the API (:func:`probe.rollout.stack_maps`,
-:func:`probe.rollout.rollout_matrix`, :func:`probe.flow.flow_values`), rounded to :data:`DIGITS`
-decimals for the page. The view runs no model: :mod:`probe.rollout_examples` computes the record it
-draws (:func:`probe.notebook.rollout_view` runs it on one text and draws it). The page's script is
+come from the same functions as the API (:func:`probe.measures.rollout.stack_maps`,
+:func:`probe.measures.rollout.rollout_matrix`, :func:`probe.measures.flow.flow_values`), rounded to :data:`DIGITS`
+decimals for the page. The view runs no model: :mod:`probe.measures.rollout_examples` computes the record it
+draws (:func:`probe.runs.notebook.rollout_view` runs it on one text and draws it). The page's script is
 ``static/rollout.js``: plain JavaScript, tokens set as text, never markup, no network.
 """
 
@@ -38,7 +38,7 @@ def _rounded(a) -> list:
 
 
 def rollout_data(record) -> dict:
-    """The page's data of a :class:`~probe.rollout_examples.RolloutRecord` (JSON-ready): per example the
+    """The page's data of a :class:`~probe.measures.rollout_examples.RolloutRecord` (JSON-ready): per example the
     tokens, the reported row, the weights of the kept layers, the whole rollout matrix and the reported
     row's flow (or None), and the notes."""
     examples = []
@@ -67,7 +67,7 @@ class RolloutView:
     """Weights | rollout | flow of one or more examples; shows itself in Jupyter (``_repr_html_``).
 
     Attributes:
-        record: the :class:`~probe.rollout_examples.RolloutRecord` (full-precision values).
+        record: the :class:`~probe.measures.rollout_examples.RolloutRecord` (full-precision values).
         data: what the page receives (:func:`rollout_data`).
     """
 
@@ -90,7 +90,7 @@ class RolloutView:
 @section_builder
 def rollout_section(result, tokenizer=None):
     """The report's "Attention rollout and flow" section, or None where it did not run
-    (``result.results["rollout"]``, a :class:`~probe.rollout_examples.RolloutRecord` the CLI adds;
+    (``result.results["rollout"]``, a :class:`~probe.measures.rollout_examples.RolloutRecord` the CLI adds;
     ``--no-rollout`` leaves it out)."""
     record = result.results.get("rollout")
     if record is None:

@@ -20,7 +20,7 @@ from ..compare.runs import EXAMPLES_FILE, examples_bytes
 from ..report.page import choose_heads
 from ..report.sections import Section, section_builder
 from ..report.sections import render_fragment as render_template
-from ..tokens import display_tokens
+from ..text.tokens import display_tokens
 from ..util import plural
 from .data import MAX_VALUES, SCALE, choose_layers
 from .html import HeadView, example_maps, render_fragment, site_labels
@@ -92,7 +92,7 @@ def model_view_section(result, tokenizer):
 @section_builder
 def steps_section(result, tokenizer):
     """The "Attention steps" section: the step view of the strongest head of each label on the first
-    example (:func:`probe.analyze_run.report_steps` put them in ``result.results``), or None."""
+    example (:func:`probe.runs.analyze.report_steps` put them in ``result.results``), or None."""
     steps = result.results.get(STEPS_KEY)
     if not steps:
         return None

@@ -1,7 +1,7 @@
 """The attention-step view: for one site and head, pick a query token and see every key's way to its
 weight, q . k, times the scale, plus the bias (capped where the model caps), the mask, the softmax,
 and the value-weighted contribution ||alpha_ij f_h(x_j)||, with the elementwise products q_d k_d
-that make each score drawn as a heat strip. The numbers are :func:`probe.steps.head_steps`' (the
+that make each score drawn as a heat strip. The numbers are :func:`probe.measures.steps.head_steps`' (the
 from-scratch attention on the model's own projections). Plain JavaScript in ``static/stepview.js``;
 tokens are only ever set as text, never parsed as markup.
 """
@@ -32,7 +32,7 @@ def _rounded(a: np.ndarray) -> list:
 
 def step_view_data(st: dict, *, encoder_decoder: bool = False, source: str | None = None,
                    site_index: int | None = None, query: int = 0) -> dict:
-    """What the step view's page receives, from :func:`probe.steps.head_steps`' dict.
+    """What the step view's page receives, from :func:`probe.measures.steps.head_steps`' dict.
 
     Args:
         st: one head's steps (numpy arrays [Tq, Tk], [Tq, d_head], [Tk, d_head], [Tk]).

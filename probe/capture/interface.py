@@ -1,0 +1,416 @@
+"""probe's attention inside transformers' ``AttentionInterface``: one capture point for every model
+whose attention modules call it.
+
+In transformers 5, most model folders send every attention call through the function registered in
+``ALL_ATTENTION_FUNCTIONS`` under ``config._attn_implementation``: it receives ``(module, query, key,
+value, attention_mask, scaling=..., dropout=..., **kwargs)`` with query [batch, heads, query, d_qk],
+key [batch, kv_heads, key, d_qk] and value [batch, kv_heads, key, d_v] after projection and
+rotation, and returns ``(attn_output [batch, query, heads, d_v], attn_weights)``. :func:`probe_attention`
+is such a function, computed by probe's verified from-scratch operation
+(:func:`probe.reference.op.attention`: scores, scaling, soft-capping, position bias, mask, softmax,
+weighted values; sink logits as one more column of the softmax), registered under :data:`NAME`
+with :func:`install`. Its masks come from :func:`probe_mask` (transformers' boolean mask, never
+skipped: causality and padding are always in it).
+
+Inside, the probabilities and the value states are handed to whoever listens to the calling module
+(:func:`listen`, a registry keyed by module that capture fills), so capture does not depend on the
+module returning its weights. The function is also probe's one intervention point: *editors*
+(:func:`edit`, registered per attention module through :class:`probe.capture.hooks.Hooks`) may read or
+replace each head's query, key, value, pattern and output (before the output projection) at the
+named :data:`POINTS`; the setters built on them are in :mod:`probe.capture.intervene`. A keyword argument
+that could change the maths and that the function does not compute is refused in one line
+(:class:`InterfaceError`); the pass-through ones are in :data:`HARMLESS`. Scores and softmax run in
+float32 (the LLaMA-style eager functions already do; float32 models are unchanged; float64 ones in
+float64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import nn
+
+from ..architectures import ArchSpec, site_modules
+from ..errors import InterfaceError
+from ..reference.op import attention, broadcast_keep, masked_softmax, scaled_scores
+from ..sites import Site
+
+#: The name probe's function and mask function are registered under.
+NAME = "probe"
+
+#: Keyword arguments that never change the maths here: pass-through (positions, caches, switches),
+#: or information already in the mask (``sliding_window``, ``is_causal``) or used by other backends
+#: only (flash attention's packed-sequence lengths). Read by discovery where useful.
+HARMLESS = frozenset({
+    "position_ids", "cache_position", "output_attentions", "output_hidden_states", "output_router_logits",
+    "use_cache", "return_dict", "num_items_in_batch", "layer_idx", "cache", "past_key_values", "past_key_value",
+    "sliding_window", "is_causal", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+    "seq_idx", "query_length", "key_length", "deterministic", "use_top_left_mask", "position_embeddings",
+    "encoder_hidden_states", "target_dtype", "implementation", "token_type_ids",
+})
+#: Keyword arguments the function computes (besides ``scaling`` and ``dropout``).
+COMPUTED = frozenset({"softcap", "position_bias", "s_aux", "sinks"})
+
+
+@dataclass
+class Call:
+    """One attention call as the function saw it, handed to listeners.
+
+    The same object is what an editor (:func:`edit`) receives as its second argument; there the
+    fields computed after the editor's point are still None (``keep``, ``probs`` and ``output`` for
+    the ``"query"``/``"key"``/``"value"`` points; ``output`` for ``"pattern"``).
+
+    Attributes:
+        module: the attention module that called the function.
+        query: [batch, heads, query, d_qk] as received (after rotation), after the ``"query"`` editors.
+        key: [batch, kv_heads, key, d_qk] as received (grouped heads not repeated), after the
+            ``"key"`` editors.
+        value: [batch, kv_heads, key, d_v] as received, after the ``"value"`` editors.
+        keep: boolean keep-mask broadcastable to [batch, heads, query, key] (True = may attend), or None.
+        kwargs: every other keyword argument (``scaling``, ``sliding_window`` ...).
+        probs: [batch, heads, query, key] the probabilities (rows of real queries sum to 1 without
+            sinks; masked keys exactly 0), after the ``"pattern"`` editors.
+        output: [batch, query, heads, d_v] what the function returns as ``attn_output`` (each head's
+            output before the output projection), after the ``"output"`` editors.
+        rows: under :func:`row_blocks`, the query rows (i0, i1) of this block (``probs`` [batch,
+            heads, i1 - i0, key], ``output`` [batch, i1 - i0, heads, d_v], ``keep`` the block's rows);
+            None: the whole map.
+        mask_bias: the finite values of a float (additive) mask where they are not all 0, [batch|1,
+            heads|1, query|1, key] (:func:`split_mask`; Doge's dynamic mask), added to the scores; else None.
+    """
+
+    module: nn.Module
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    keep: torch.Tensor | None
+    kwargs: dict
+    probs: torch.Tensor | None
+    output: torch.Tensor | None
+    rows: tuple[int, int] | None = None
+    mask_bias: torch.Tensor | None = None
+
+
+#: ``listener(call)``.
+Listener = Callable[[Call], None]
+
+_LISTENERS: WeakKeyDictionary = WeakKeyDictionary()  # module -> [listener, ...] in registration order
+_EVERY: list[Listener] = []  # listeners of every module (discovery, verification)
+_BLOCKS = {"rows": None}  # query rows per block under row_blocks(), else None
+
+
+@contextmanager
+def row_blocks(rows: int) -> Iterator[None]:
+    """Context manager: probe's function computes each call ``rows`` query rows at a time, hands each
+    block to the listeners (:attr:`Call.rows`) and returns no probabilities (``attn_weights`` None):
+    no [batch, heads, T, T] tensor exists (the long-context path, :mod:`probe.capture.blocks`)."""
+    saved, _BLOCKS["rows"] = _BLOCKS["rows"], rows
+    try:
+        yield
+    finally:
+        _BLOCKS["rows"] = saved
+
+
+class Listening:
+    """A registered listener; :meth:`remove` takes it away (the handle :class:`probe.capture.hooks.Hooks` keeps)."""
+
+    def __init__(self, module: nn.Module | None, listener: Listener) -> None:
+        self.module, self.listener = module, listener
+
+    def remove(self) -> None:
+        """Unregister (idempotent)."""
+        group = _EVERY if self.module is None else _LISTENERS.get(self.module, [])
+        if self.listener in group:
+            group.remove(self.listener)
+
+
+def listen(module: nn.Module | None, listener: Listener) -> Listening:
+    """Call ``listener(call)`` (:class:`Call`) each time ``module`` (None: any module) runs probe's
+    attention function. Returns a handle whose ``remove()`` unregisters it."""
+    if module is None:
+        _EVERY.append(listener)
+    else:
+        _LISTENERS.setdefault(module, []).append(listener)
+    return Listening(module, listener)
+
+
+#: The named points where editors act, in the order they run within a call:
+#:
+#: - ``"query"``: [batch, heads, query, d_qk], after rotation;
+#: - ``"key"``: [batch, kv_heads, key, d_qk] and ``"value"``: [batch, kv_heads, key, d_v], the key/value
+#:   heads as the model has them (grouped heads not yet repeated);
+#: - ``"pattern"``: [batch, heads, query, key], the probabilities before they weight the values (an
+#:   edited pattern's output is recomputed from it: probs @ v);
+#: - ``"output"``: [batch, query, heads, d_v], each head's output before the output projection (z).
+#:
+#: Under :func:`row_blocks` the ``"pattern"`` and ``"output"`` editors run once per block of query rows
+#: (:attr:`Call.rows`; [batch, heads, i1 - i0, key] and [batch, i1 - i0, heads, d_v]); the
+#: ``"query"``/``"key"``/``"value"`` editors run once per call, before the blocks.
+POINTS = ("query", "key", "value", "pattern", "output")
+
+#: ``editor(tensor, call) -> tensor``: the tensor at a point (:data:`POINTS`) and the call so far
+#: (:class:`Call`); returns the tensor the function goes on with, of the same shape (a reader returns
+#: its input unchanged).
+Editor = Callable[[torch.Tensor, Call], torch.Tensor]
+
+_EDITORS: WeakKeyDictionary = WeakKeyDictionary()  # module -> {point: [editor, ...]} in registration order
+
+
+class Editing:
+    """A registered editor; :meth:`remove` takes it away (the handle :class:`probe.capture.hooks.Hooks` keeps)."""
+
+    def __init__(self, module: nn.Module, point: str, editor: Editor) -> None:
+        self.module, self.point, self.editor = module, point, editor
+
+    def remove(self) -> None:
+        """Unregister (idempotent)."""
+        points = _EDITORS.get(self.module, {})
+        group = points.get(self.point, [])
+        if self.editor in group:
+            group.remove(self.editor)
+        if not group:
+            points.pop(self.point, None)
+        if not points:
+            _EDITORS.pop(self.module, None)
+
+
+def edit(module: nn.Module, point: str, editor: Editor) -> Editing:
+    """Register ``editor(tensor, call) -> tensor`` at ``point`` of every call ``module`` makes to
+    probe's attention function. Editors of one point run in registration order, each on the previous
+    one's result, before the listeners (:func:`listen`) are handed the call. Gradients flow through
+    whatever the editors compute (use differentiable, out-of-place operations).
+
+    Args:
+        module: the attention module (an attention site's module).
+        point: one of :data:`POINTS`.
+        editor: :data:`Editor`; it must return a tensor of the same shape.
+
+    Returns:
+        A handle whose ``remove()`` unregisters it (give it to :meth:`probe.capture.hooks.Hooks.own`).
+
+    Raises:
+        ValueError: ``point`` is not one of :data:`POINTS`.
+    """
+    if point not in POINTS:
+        raise ValueError(f"no edit point {point!r}; points: {', '.join(POINTS)}")
+    _EDITORS.setdefault(module, {}).setdefault(point, []).append(editor)
+    return Editing(module, point, editor)
+
+
+def edited(point: str, tensor: torch.Tensor, call: Call) -> torch.Tensor:
+    """``tensor`` after the editors of ``call.module`` at ``point`` (itself when there are none)."""
+    for editor in list(_EDITORS.get(call.module, {}).get(point, ())):
+        out = editor(tensor, call)
+        if out.shape != tensor.shape:
+            raise InterfaceError(f"an editor at {point!r} of {type(call.module).__name__} returned shape "
+                                 f"{tuple(out.shape)} for {tuple(tensor.shape)}")
+        tensor = out
+    return tensor
+
+
+def _edits(module: nn.Module, point: str) -> bool:
+    return bool(_EDITORS.get(module, {}).get(point))
+
+
+def probe_mask(*args, **kwargs):
+    """The mask function registered for :data:`NAME`: transformers' boolean ``sdpa_mask`` (True =
+    keep, [batch, 1, query, key]) never skipped, so that causality, windows and padding are always in
+    the mask the function receives."""
+    from transformers.masking_utils import sdpa_mask  # deferred: transformers takes ~1.5 s to import
+
+    kwargs.pop("allow_is_causal_skip", None)
+    kwargs.pop("allow_is_bidirectional_skip", None)
+    return sdpa_mask(*args, allow_is_causal_skip=False, allow_is_bidirectional_skip=False, **kwargs)
+
+
+def install() -> str:
+    """Register :func:`probe_attention` and :func:`probe_mask` with transformers under :data:`NAME`
+    (idempotent). Returns the name."""
+    from transformers import AttentionInterface  # deferred: transformers takes ~1.5 s to import
+    from transformers.masking_utils import AttentionMaskInterface  # deferred: as above
+
+    AttentionInterface.register(NAME, probe_attention)
+    AttentionMaskInterface.register(NAME, probe_mask)
+    return NAME
+
+
+def refuse_unknown(module: nn.Module, kwargs: dict) -> None:
+    """Refuse a keyword argument that is neither computed nor harmless and is not None.
+
+    Raises:
+        InterfaceError: one line naming the argument and the module's class.
+    """
+    for name, value in kwargs.items():
+        if value is None or name in HARMLESS or name in COMPUTED:
+            continue
+        raise InterfaceError(f"{type(module).__name__} passes {name!r} to the attention function, which probe's "
+                             "attention does not compute; refusing rather than measuring a different attention")
+
+
+def split_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor
+               ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """An attention function's mask as (keep-mask [batch|1, heads|1, query|1, key] bool, bias or None).
+
+    A boolean or integer mask is a keep-mask (:func:`probe.reference.op.as_keep_mask`). A float mask is
+    additive, as transformers' eager functions add it to the scores: keys at -inf or at or below half the
+    dtype's lowest value are masked, and the values of the other keys are a bias added to the scaled
+    scores (0 for most models, so a mask of zeros keeps every key; Doge's dynamic mask adds learned
+    values), None where they are all 0.
+    """
+    if mask is None:
+        return None, None
+    B, H, Tq, _ = query.shape
+    if not mask.is_floating_point():
+        return broadcast_keep(mask, B, H, Tq, key.shape[-2]), None
+    keep = mask > torch.finfo(mask.dtype).min / 2  # -inf and finfo.min (also after adding a finite bias)
+    bias = mask.masked_fill(~keep, 0.0)
+    keep = broadcast_keep(keep, B, H, Tq, key.shape[-2])
+    return keep, (bias if bool(bias.any()) else None)
+
+
+def repeat_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[batch, kv_heads, T, d] -> [batch, heads, T, d]: key/value head g serves query heads
+    g * (heads / kv_heads) ... (g + 1) * (heads / kv_heads) - 1 (transformers' ``repeat_kv`` order)."""
+    kv = x.shape[1]
+    if kv == n_heads:
+        return x
+    if n_heads % kv:
+        raise InterfaceError(f"{n_heads} query heads cannot share {kv} key/value heads evenly")
+    return x.repeat_interleave(n_heads // kv, dim=1)
+
+
+def with_sinks(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor | None, scale: float,
+               sinks: torch.Tensor, softcap: float | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """Probabilities with one sink logit per head (gpt-oss ``s_aux``): softmax over the keys and the
+    sink, the sink's column dropped (rows sum to less than 1). [batch, heads, query, key] float32."""
+    scores = scaled_scores(q.float(), k.float(), scale, softcap=softcap, bias=bias)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, -math.inf)
+    B, H, Tq, _ = scores.shape
+    sink = sinks.float().reshape(1, -1, 1, 1).expand(B, H, Tq, 1)
+    combined = torch.cat([scores, sink], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    return masked_softmax(combined, None, torch.float32)[..., :-1]
+
+
+def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                    **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """probe's attention as a transformers attention function (:data:`NAME`).
+
+    Args:
+        module: the calling attention module.
+        query: [batch, heads, query, d_qk]; key: [batch, kv_heads, key, d_qk]; value: [batch,
+            kv_heads, key, d_v] (grouped heads repeated here).
+        attention_mask: boolean keep-mask (:func:`probe_mask`), an additive 0/-inf (or finfo.min)
+            mask or 0/1, broadcastable to [batch, heads, query, key]; None: every key.
+        scaling: multiplier of q k^T (default d_qk ** -0.5).
+        dropout: attention dropout; only 0 (or a module in eval mode) is measured.
+        kwargs: ``softcap`` (scores become cap * tanh(scores / cap)), ``position_bias`` (added to
+            the scores: T5), ``s_aux`` / ``sinks`` (one sink logit per head: gpt-oss), and the
+            pass-through arguments of :data:`HARMLESS`.
+
+    Returns:
+        ``(attn_output [batch, query, heads, d_v], attn_weights [batch, heads, query, key])`` in
+        value's dtype; scores and softmax in float32.
+
+    Raises:
+        InterfaceError: an argument that would change the maths and that probe does not compute,
+            or dropout in train mode.
+    """
+    refuse_unknown(module, kwargs)
+    if dropout and module.training:
+        raise InterfaceError(f"{type(module).__name__} runs attention dropout {dropout:g} in train mode; "
+                             "probe measures in eval mode")
+    call = Call(module, query, key, value, None, {"scaling": scaling, **kwargs}, None, None)
+    for point in ("query", "key", "value"):
+        setattr(call, point, edited(point, getattr(call, point), call))
+    query, H = call.query, call.query.shape[1]
+    k, v = repeat_heads(call.key, H), repeat_heads(call.value, H)
+    keep, mask_bias = split_mask(attention_mask, query, k)
+    call.keep, call.mask_bias = keep, mask_bias
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    bias = kwargs.get("position_bias")
+    if mask_bias is not None:
+        bias = mask_bias if bias is None else bias + mask_bias
+    terms = {"softcap": kwargs.get("softcap"), "bias": bias, "sinks": kwargs.get("s_aux", kwargs.get("sinks"))}
+    rows, Tq = _BLOCKS["rows"], query.shape[2]
+    if rows is None:
+        probs, output = _attend(query, k, v, keep, scale, **terms)
+        call = _finish(call, probs, output, v)
+        return call.output, call.probs
+    outputs = []
+    for i0 in range(0, Tq, rows):
+        i1 = min(Tq, i0 + rows)
+        part = {**terms, "bias": _rows(terms["bias"], i0, i1)}
+        probs, output = _attend(query[:, :, i0:i1], k, v, _rows(keep, i0, i1), scale, **part)
+        block = dataclasses.replace(call, keep=_rows(keep, i0, i1), rows=(i0, i1),
+                                    mask_bias=_rows(mask_bias, i0, i1))
+        outputs.append(_finish(block, probs, output, v).output)
+    return torch.cat(outputs, dim=1), None
+
+
+def _finish(call: Call, probs: torch.Tensor, output: torch.Tensor, v: torch.Tensor) -> Call:
+    """The call (or block) completed: the ``"pattern"`` editors (the output recomputed from an edited
+    pattern), the ``"output"`` editors, then the listeners. v: [batch, heads, key, d_v] repeated."""
+    call.probs = probs
+    if _edits(call.module, "pattern"):
+        pattern = edited("pattern", probs, call)
+        if pattern is not probs:
+            call.probs = pattern
+            output = (pattern.to(v.dtype) @ v).transpose(1, 2).contiguous()
+    call.output = output
+    call.output = edited("output", output, call)
+    _hand(call)
+    return call
+
+
+def _rows(x: torch.Tensor | None, i0: int, i1: int) -> torch.Tensor | None:
+    """Query rows i0..i1-1 of a [batch, heads, query, key] tensor (a broadcast query dimension kept)."""
+    return x if x is None or x.dim() < 4 or x.shape[2] == 1 else x[:, :, i0:i1]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, scale: float,
+            softcap: float | None, bias: torch.Tensor | None, sinks: torch.Tensor | None) -> tuple:
+    """(probs [batch, heads, query, key], output [batch, query, heads, d_v]); k and v repeated."""
+    if sinks is not None:
+        probs = with_sinks(q, k, keep, scale, sinks, softcap, bias).to(v.dtype)
+        out = probs @ v
+    else:  # d_v may differ from d_qk (MLA)
+        wide = q.dtype in (torch.float32, torch.float64)  # float64 models keep their precision
+        out, probs = attention(q, k, v, keep, scale=scale, softmax_dtype=q.dtype if wide else torch.float32,
+                               upcast=not wide, softcap=softcap, bias=bias)
+    return probs, out.transpose(1, 2).contiguous()
+
+
+def _hand(call: Call) -> None:
+    for listener in list(_EVERY) + list(_LISTENERS.get(call.module, ())):
+        listener(call)
+
+
+def site_listeners(hooks, model: nn.Module, spec: ArchSpec, on_call: Callable[[Site, Call], None]) -> None:
+    """Register, into ``hooks`` (a :class:`probe.capture.hooks.Hooks`), one listener per attention module of
+    a discovered spec, calling ``on_call(site, call)``. A module that serves several sites (ALBERT's
+    shared layer) hands them in turn, in forward order."""
+    served: dict = {}
+    for site, module in site_modules(model, spec):
+        served.setdefault(module, []).append(site)
+
+    def make(sites: list[Site]):
+        state: dict = {"n": 0}
+
+        def on(call: Call) -> None:
+            if call.rows is None or call.rows[0] == 0:  # a new call (its first block)
+                state["site"] = sites[state["n"] % len(sites)]
+                state["n"] += 1
+            on_call(state["site"], call)
+        return on
+
+    for module, sites in served.items():
+        hooks.own(listen(module, make(sites)))

@@ -1,0 +1,1 @@
+"""measures: see docs/architecture.md."""

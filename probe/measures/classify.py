@@ -1,0 +1,119 @@
+"""Head labels from per-head statistics (docs/statistics.md, "Labels"), and clusters.
+
+A head gets every label whose rule ``statistic >= threshold`` holds; its primary label is the one
+whose statistic is highest relative to its threshold; a head with no label is ``mixed``
+(Kovaleva et al. 2019's "heterogeneous" pattern). Clusters group heads with similar statistic
+profiles (k-means on standardized statistics, scikit-learn), following Clark et al. 2019 sec. 6.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import pandas as pd
+
+#: label -> (statistic, default threshold). Thresholds are configurable and recorded with results.
+LABEL_RULES: dict[str, tuple[str, float]] = {
+    "previous-token": ("prev", 0.5),
+    "next-token": ("next", 0.5),
+    "self": ("self", 0.5),
+    "first-token": ("first", 0.5),
+    "sep": ("sep", 0.5),
+    "punctuation": ("punct", 0.5),
+    "broad": ("norm_entropy", 0.8),
+    "long-range": ("long", 0.5),
+    # decoder circuits on repeated random tokens (docs/statistics.md; columns from probe.patterns.circuit_probe)
+    "induction": ("induction", 0.4),
+    "duplicate-token": ("duplicate", 0.4),
+}
+
+MIXED = "mixed"
+#: The label of a head physically removed from the model (probe.pruning): it has no statistics.
+REMOVED = "removed"
+
+
+def default_thresholds() -> dict[str, float]:
+    """label -> threshold, the defaults (docs/statistics.md, "Labels")."""
+    return {label: thr for label, (_, thr) in LABEL_RULES.items()}
+
+
+def validate_thresholds(thresholds: dict[str, float] | None) -> None:
+    """Check label -> threshold overrides.
+
+    Raises:
+        ValueError: an unknown label, or a threshold that is not a number in (0, 1] (every
+            labelling statistic is a probability or a normalized entropy).
+    """
+    for name, value in (thresholds or {}).items():
+        if name not in LABEL_RULES:
+            raise ValueError(f"unknown label {name!r}; labels: {', '.join(LABEL_RULES)}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) <= 1:
+            raise ValueError(f"threshold of {name!r} must be in (0, 1] (every labelling statistic is a "
+                             f"probability or a normalized entropy), got {value!r}")
+
+
+def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None,
+                extra: list[tuple[int, int, str, float]] = ()) -> pd.DataFrame:
+    """Add ``label`` (primary) and ``labels`` (all, separated by ';') columns.
+
+    Args:
+        heads: one row per head with the statistic columns of :data:`probe.measures.stats.STATISTICS`
+            (a rule whose statistic column is absent never holds).
+        thresholds: label -> threshold overriding the defaults (unknown labels raise ValueError).
+        extra: labels other analyses give, ``(layer, head, label, strength)`` (see
+            :meth:`probe.measures.accumulators.Accumulator.head_labels`), ranked with the rules' value /
+            threshold ratios.
+
+    Returns:
+        A copy of ``heads`` with ``label`` and ``labels`` inserted after ``head``. A statistic that
+        is NaN (undefined for this model, e.g. ``next`` for a decoder) never gives its label.
+    """
+    validate_thresholds(thresholds)
+    thr = default_thresholds()
+    thr.update({name: float(value) for name, value in (thresholds or {}).items()})
+    given: dict[tuple[int, int], list[tuple[float, str]]] = {}
+    for layer, head, label, strength in extra:
+        given.setdefault((int(layer), int(head)), []).append((float(strength), label))
+    primaries, alls = [], []
+    for _, row in heads.iterrows():
+        held = list(given.get((int(row["layer"]), int(row["head"])), [])) if "layer" in row else []
+        for label, (stat, _) in LABEL_RULES.items():
+            value = row.get(stat, float("nan"))
+            if not (isinstance(value, float) and math.isnan(value)) and value >= thr[label]:
+                held.append((value / thr[label], label))
+        if held:
+            primaries.append(max(held)[1])
+            alls.append(";".join(label for _, label in sorted(held, reverse=True)))
+        else:
+            primaries.append(MIXED)
+            alls.append(MIXED)
+    out = heads.copy()
+    pos = list(out.columns).index("head") + 1 if "head" in out.columns else 0
+    out.insert(pos, "labels", alls)
+    out.insert(pos, "label", primaries)
+    return out
+
+
+def cluster_heads(heads: pd.DataFrame, statistics: list[str], n_clusters: int = 6,
+                  seed: int = 0) -> np.ndarray:
+    """Group heads with similar statistic profiles (k-means on z-scored statistics).
+
+    Args:
+        heads: one row per head.
+        statistics: the statistic columns to use (columns that are NaN everywhere are dropped).
+        n_clusters: clusters wanted (capped at the number of heads).
+
+    Returns:
+        [heads] int cluster ids.
+    """
+    from sklearn.cluster import KMeans  # deferred: scikit-learn takes ~1.5-2 s to import
+    from sklearn.preprocessing import StandardScaler  # deferred: scikit-learn takes ~1.5-2 s to import
+
+    cols = [c for c in statistics if heads[c].notna().any()]
+    x = heads[cols].fillna(heads[cols].mean()).to_numpy(dtype=float)
+    distinct = len(np.unique(np.round(x, 12), axis=0))
+    k = max(1, min(n_clusters, distinct))  # never more clusters than distinct profiles
+    x = StandardScaler().fit_transform(x)
+    return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(x)

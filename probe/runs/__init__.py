@@ -1,0 +1,1 @@
+"""runs: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""text: see docs/architecture.md."""
