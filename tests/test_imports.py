@@ -239,3 +239,14 @@ def test_every_module_imports_alone():
     for main in ("probe", "probe.cli"):
         done = subprocess.run([sys.executable, "-m", main, "--help"], capture_output=True, text=True)
         assert done.returncode == 0 and "Usage:" in done.stdout, (main, done.stderr[-500:])
+
+
+def test_hooks_are_registered_in_one_module():
+    """Every forward, pre-forward and backward hook on a module is registered by probe.capture.hooks
+    (:class:`~probe.capture.hooks.Hooks`), which removes them all on exit."""
+    registering = ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                   "register_full_backward_pre_hook", "register_backward_hook")
+    found = [f"{module}:{node.lineno}" for module, path in _modules().items()
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Attribute) and node.attr in registering]
+    assert found and all(f.startswith("probe.capture.hooks:") for f in found), found

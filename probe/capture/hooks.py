@@ -47,9 +47,12 @@ class Hooks:
         """Register ``fn(module, args, output)`` (or ``fn(module, args, kwargs, output)``) after forward."""
         self._handles.append(module.register_forward_hook(fn, with_kwargs=with_kwargs, always_call=always_call))
 
-    def forward_pre(self, module: nn.Module, fn: Callable, *, with_kwargs: bool = False) -> None:
-        """Register ``fn(module, args)`` (or ``fn(module, args, kwargs)``) before forward."""
-        self._handles.append(module.register_forward_pre_hook(fn, with_kwargs=with_kwargs))
+    def forward_pre(self, module: nn.Module, fn: Callable, *, with_kwargs: bool = False):
+        """Register ``fn(module, args)`` (or ``fn(module, args, kwargs)``) before forward. Returns the
+        handle (removed with the hooks; removing it earlier is allowed)."""
+        handle = module.register_forward_pre_hook(fn, with_kwargs=with_kwargs)
+        self._handles.append(handle)
+        return handle
 
     def own(self, handle) -> None:
         """Take charge of any handle with a ``remove()`` method (a :func:`probe.capture.interface.listen`

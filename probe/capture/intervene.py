@@ -278,8 +278,8 @@ _FALLBACK: weakref.WeakSet = weakref.WeakSet()  # output projections carrying th
 class _Fallback:
     """The fallback's pre-hook on one output projection (one at a time per projection)."""
 
-    def __init__(self, o: nn.Module, hook) -> None:
-        self.o, self.handle = o, o.register_forward_pre_hook(hook)
+    def __init__(self, hooks: Hooks, o: nn.Module, hook) -> None:
+        self.o, self.handle = o, hooks.forward_pre(o, hook)
         _FALLBACK.add(o)
 
     def remove(self) -> None:
@@ -321,7 +321,7 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
             modules = dict(site_modules(lm.model, lm.spec))
             for site, o in site_outputs(lm.model, lm.spec):
                 if o not in _FALLBACK:  # a nested context's editors are applied by the outer one's hook
-                    m.hooks.own(_Fallback(o, _output_hook(modules[site], _slots(lm, site))))
+                    m.hooks.own(_Fallback(m.hooks, o, _output_hook(modules[site], _slots(lm, site))))
         yield Intervention(lm, m.hooks, m.notes, own, served)
 
 
