@@ -9,6 +9,7 @@ import torch
 
 from conftest import bert_tokenizer, tiny_config
 from probe.architectures import base_model
+from probe.capture.intervene import intervening
 from probe.capture.maps import encode, forward
 from probe.causal.gates import gated, ones
 from probe.errors import ModelLoadError
@@ -62,7 +63,7 @@ def test_real_model_pruned_to_half_its_heads(fixture, request, tmp_path):
     pruned64.model.double()
     with torch.no_grad(), gated(gated64, mask.double()):
         true_hidden, true_out = _hidden_and_output(gated64, batch)
-    with torch.no_grad():
+    with torch.no_grad(), intervening(pruned64):  # the attention function the gates run under (probe's)
         hidden64, out64 = _hidden_and_output(pruned64, batch)
     torch.testing.assert_close(hidden64, true_hidden, atol=1e-9, rtol=0)
     torch.testing.assert_close(out64, true_out, atol=1e-9, rtol=0)
