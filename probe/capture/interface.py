@@ -394,23 +394,32 @@ def _hand(call: Call) -> None:
         listener(call)
 
 
-def site_listeners(hooks, model: nn.Module, spec: ArchSpec, on_call: Callable[[Site, Call], None]) -> None:
-    """Register, into ``hooks`` (a :class:`probe.capture.hooks.Hooks`), one listener per attention module of
-    a discovered spec, calling ``on_call(site, call)``. A module that serves several sites (ALBERT's
-    shared layer) hands them in turn, in forward order."""
+def served_sites(model: nn.Module, spec: ArchSpec) -> dict[nn.Module, list[Site]]:
+    """Each attention module of a model with the sites it serves, in forward order (one site each,
+    except a module shared by several layers: ALBERT's)."""
     served: dict = {}
     for site, module in site_modules(model, spec):
         served.setdefault(module, []).append(site)
+    return served
 
-    def make(sites: list[Site]):
-        state: dict = {"n": 0}
 
-        def on(call: Call) -> None:
-            if call.rows is None or call.rows[0] == 0:  # a new call (its first block)
-                state["site"] = sites[state["n"] % len(sites)]
-                state["n"] += 1
-            on_call(state["site"], call)
-        return on
+def in_turn(items: list) -> Callable[[Call], object]:
+    """``pick(call)``: for a module serving several sites, the item of the site this call belongs to:
+    ``items`` in turn, one per call (the blocks of one call under :func:`row_blocks` share its item)."""
+    state: dict = {"n": 0, "item": items[0]}
 
-    for module, sites in served.items():
-        hooks.own(listen(module, make(sites)))
+    def pick(call: Call):
+        if call.rows is None or call.rows[0] == 0:  # a new call (its first block)
+            state["item"] = items[state["n"] % len(items)]
+            state["n"] += 1
+        return state["item"]
+    return pick
+
+
+def site_listeners(hooks, model: nn.Module, spec: ArchSpec, on_call: Callable[[Site, Call], None]) -> None:
+    """Register, into ``hooks`` (a :class:`probe.capture.hooks.Hooks`), one listener per attention module of
+    a discovered spec, calling ``on_call(site, call)``. A module that serves several sites (ALBERT's
+    shared layer) hands them in turn, in forward order (:func:`in_turn`)."""
+    for module, sites in served_sites(model, spec).items():
+        pick = in_turn(sites)
+        hooks.own(listen(module, lambda call, pick=pick: on_call(pick(call), call)))

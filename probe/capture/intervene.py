@@ -52,11 +52,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..architectures import site_modules, site_outputs
+from ..architectures import site_outputs
 from ..errors import ProbeError
 from ..sites import Site
 from .hooks import Hooks, measuring
-from .interface import NAME, POINTS, Call, Editor, edit, edited, install
+from .interface import NAME, POINTS, Call, Editor, edit, edited, in_turn, install, served_sites
 
 #: The head axis of each point's tensor.
 HEAD_AXIS = {"query": 1, "key": 1, "value": 1, "pattern": 1, "output": 2}
@@ -251,12 +251,10 @@ def _by_call(editors: list[Editor | None]) -> Editor:
     """One module's editor handing each call to the editor of its site (calls in forward order)."""
     if len(editors) == 1:
         return editors[0]
-    state = {"n": 0, "i": 0}
+    pick = in_turn(editors)
 
     def editor(tensor: torch.Tensor, call: Call) -> torch.Tensor:
-        if call.rows is None or call.rows[0] == 0:
-            state["i"], state["n"] = state["n"] % len(editors), state["n"] + 1
-        own = editors[state["i"]]
+        own = pick(call)
         return tensor if own is None else own(tensor, call)
     return editor
 
@@ -314,11 +312,9 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
     if own:
         install()
     with measuring(lm.model, eager=own or eager, eval_mode=eval_mode, implementation=NAME if own else None) as m:
-        served: dict = {}
-        for site, module in site_modules(lm.model, lm.spec):
-            served.setdefault(module, []).append(site)
+        served = served_sites(lm.model, lm.spec)
         if not own:
-            modules = dict(site_modules(lm.model, lm.spec))
+            modules = {site: module for module, sites in served.items() for site in sites}
             for site, o in site_outputs(lm.model, lm.spec):
                 if o not in _FALLBACK:  # a nested context's editors are applied by the outer one's hook
                     m.hooks.own(_Fallback(m.hooks, o, _output_hook(modules[site], _slots(lm, site))))
