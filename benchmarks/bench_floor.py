@@ -72,6 +72,20 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def sdpa_pass(lm, batches) -> None:
+    """The floor: one bare forward pass over ``batches`` with sdpa attention (no probabilities), the
+    model switched back to eager afterwards."""
+    from probe.capture.maps import forward
+
+    lm.model.set_attn_implementation("sdpa")
+    try:
+        with torch.no_grad():
+            for b in batches:
+                forward(lm, b)
+    finally:
+        lm.model.set_attn_implementation("eager")
+
+
 def parts(lm, texts: list[str], batch_size: int) -> dict:
     """name -> zero-argument function running that part once."""
     from probe.capture.maps import forward
@@ -86,13 +100,7 @@ def parts(lm, texts: list[str], batch_size: int) -> dict:
         list(iter_batches(lm, as_texts(texts), batch_size=batch_size))
 
     def bare():
-        lm.model.set_attn_implementation("sdpa")
-        try:
-            with torch.no_grad():
-                for b in batches:
-                    forward(lm, b)
-        finally:
-            lm.model.set_attn_implementation("eager")
+        sdpa_pass(lm, batches)
 
     def eager():
         with torch.no_grad():

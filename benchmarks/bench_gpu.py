@@ -27,7 +27,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's probe, not an installed one
+from bench_floor import sdpa_pass  # noqa: E402  (the same floor as the CPU benchmark)
 
 
 def texts_of(lm, n: int, length: int) -> list[str]:
@@ -60,23 +62,13 @@ def synced(fn) -> tuple[float, float]:
 
 def measure(lm, length: int, n: int, batch_size: int, repeats: int) -> dict:
     """Median seconds and peak MiB of bare, analyze and tokenize at one length."""
-    from probe.capture.maps import forward
     from probe.runs.analysis import analyze
     from probe.text.inputs import as_texts, iter_batches
 
     texts = texts_of(lm, n, length)
     batches = list(iter_batches(lm, as_texts(texts), batch_size=batch_size, max_length=length))
 
-    def bare():
-        lm.model.set_attn_implementation("sdpa")
-        try:
-            with torch.no_grad():
-                for b in batches:
-                    forward(lm, b)
-        finally:
-            lm.model.set_attn_implementation("eager")
-
-    fns = {"bare": bare,
+    fns = {"bare": lambda: sdpa_pass(lm, batches),
            "analyze": lambda: analyze(lm, texts, batch_size=batch_size, max_length=length),
            "tokenize": lambda: list(iter_batches(lm, as_texts(texts), batch_size=batch_size, max_length=length))}
     for fn in fns.values():
