@@ -215,6 +215,8 @@ def _shrink(cls, vocab_size: int, token_ids: dict, given: dict | None = None):
     kw.update({k: v for k, v in STRUCTURED.items() if k in default})
     if isinstance(default.get("per_layer_config"), dict) and default["per_layer_config"]:
         kw["per_layer_config"] = _per_layer_overrides(default["per_layer_config"], default)
+    if "qk_rope_head_dim" in kw and default.get("head_dim") == default.get("qk_rope_head_dim"):
+        kw["head_dim"] = kw["qk_rope_head_dim"]  # MLA configs rotate head_dim features: the rotary part's size
     kw = {k: v for k, v in kw.items() if not _equal(v, default[k])}
     for key in VOCAB_KEYS:
         if key in default:
