@@ -320,9 +320,9 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
     own = native(lm.model) or lm.spec.discovered
     if own:
         install()
-    with ExitStack() as stack, measuring(lm.model, eager=own or eager, eval_mode=eval_mode,
-                                         implementation=NAME if own else None) as m:
-        own = own or swap_if_agrees(lm, m.hooks, stack)  # the reference module calls probe's function
+    with measuring(lm.model, eager=own or eager, eval_mode=eval_mode, implementation=NAME if own else None) as m, \
+            ExitStack() as stack:
+        own = own or swap_if_agrees(lm, stack)  # the reference module calls probe's function
         served = served_sites(lm.model, lm.spec)
         if not own:
             modules = {site: module for module, sites in served.items() for site in sites}

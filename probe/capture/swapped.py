@@ -22,7 +22,7 @@ from torch import nn
 from ..architectures import site_modules
 from ..errors import ProbeError
 from ..reference import ReferenceAttention, swap_attention
-from .hooks import Hooks, input_device
+from .hooks import input_device
 
 #: Tokens of the check's two rows (the second right-padded by :data:`PADDED`).
 LENGTH = 12
@@ -89,9 +89,10 @@ def _agrees(lm) -> bool:
     return own.shape == ours.shape and bool(torch.equal(own, ours))
 
 
-def swap_if_agrees(lm, hooks: Hooks, stack: ExitStack) -> bool:
-    """Swap probe's reference module into ``lm`` for the life of ``stack``, registered in ``hooks``,
-    where it reproduces the model (:func:`reference_agrees`); already swapped counts as swapped.
+def swap_if_agrees(lm, stack: ExitStack) -> bool:
+    """Swap probe's reference module into ``lm`` for the life of ``stack`` (its own hooks, so that
+    removing a context's editors keeps it), where it reproduces the model (:func:`reference_agrees`);
+    already swapped counts as swapped.
 
     Returns:
         Whether the model's sites run the reference module (and so probe's attention function).
@@ -100,5 +101,5 @@ def swap_if_agrees(lm, hooks: Hooks, stack: ExitStack) -> bool:
         return True
     if not reference_agrees(lm):
         return False
-    stack.enter_context(swap_attention(lm, hooks=hooks))
+    stack.enter_context(swap_attention(lm))
     return True
