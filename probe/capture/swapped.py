@@ -21,7 +21,8 @@ from torch import nn
 
 from ..architectures import site_modules
 from ..errors import ProbeError
-from ..reference import ReferenceAttention, swap_attention
+from ..reference.module import ReferenceAttention
+from ..reference.swap import swap_attention
 from .hooks import input_device
 
 #: Tokens of the check's two rows (the second right-padded by :data:`PADDED`).
