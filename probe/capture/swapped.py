@@ -60,15 +60,17 @@ def reference_agrees(lm) -> bool:
     """Whether probe's reference module reproduces ``lm`` bit for bit, as the model runs now (its
     dtype, device and attention implementation): the first output (logits, else the last hidden
     state) at the real positions of a fixed two-row batch, model as it is against the reference
-    swapped in. Cached per model, dtype, device and implementation. A model the reference cannot be
-    swapped into (no hand spec, an encoder-decoder, an unknown RoPE type ...) does not agree.
+    swapped in. Cached per model, dtype, device, implementation, train mode and parameter count. A
+    model the reference cannot be swapped into (no hand spec, an encoder-decoder, an unknown RoPE
+    type ...) does not agree.
 
     Returns:
         True: the swapped model's outputs equal the model's own (difference 0.0).
     """
     model = lm.model
+    size = sum(p.numel() for p in model.parameters())  # physically removed heads change it
     key = (next(model.parameters()).dtype, str(input_device(model)),
-           getattr(model.config, "_attn_implementation", None))
+           getattr(model.config, "_attn_implementation", None), model.training, size)
     cache = _AGREES.setdefault(model, {})
     if key not in cache:
         cache[key] = _agrees(lm)
