@@ -217,7 +217,8 @@ class Intervention:
         forward order.
 
         Raises:
-            ProbeError: a point other than ``"output"`` on a model outside the attention interface.
+            ProbeError: a point other than ``"output"`` on a model outside the attention interface that
+                probe's reference module does not reproduce (the output projection's fallback).
             ValueError: an unknown point.
         """
         if point not in POINTS:
