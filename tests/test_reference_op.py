@@ -1,4 +1,4 @@
-"""The bare attention operation (probe.reference.op): mask conventions (a 0/1 keep-mask is never
+"""The bare attention operation (probe.capture.op): mask conventions (a 0/1 keep-mask is never
 added as scores), the fill value (no fp16 overflow) and fully masked rows (0, not NaN), fp16 overflow of
 real scores (a masked key never wins).
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import tolerance
+from probe.capture.op import broadcast_keep
 from probe.reference import MaskError, as_keep_mask, attention
-from probe.reference.op import broadcast_keep
 
 
 def _reference(q, k, v, keep, scale=None):

@@ -532,7 +532,7 @@ def test_raw_outputs_match_without_preprocessing(kind):
 def test_swapped_llama_in_fp16_with_left_padding_gives_zero_for_masked_keys_and_no_nan(monkeypatch):
     """Natural weights, then the query projection x 1000 so that real scores overflow in fp16:
     masked keys (future and padding) get exactly 0, no NaN anywhere, every row sums to 1 or is 0."""
-    import probe.reference.module as module
+    import probe.capture.interface as module  # the reference module computes with probe's attention function
 
     lm = _half("llama", torch.float16)
     enc = _left_padded(lm, ["The cat sat on the mat.", "A much longer sentence with quite a few more tokens in it."])
@@ -543,9 +543,9 @@ def test_swapped_llama_in_fp16_with_left_padding_gives_zero_for_masked_keys_and_
     scores = []
     op = module.attention
 
-    def spy(q, k, v, **kw):
+    def spy(q, k, v, *args, **kw):
         scores.append(((q @ k.transpose(-2, -1)) * kw["scale"]).detach())
-        return op(q, k, v, **kw)
+        return op(q, k, v, *args, **kw)
 
     monkeypatch.setattr(module, "attention", spy)
     for factor in (1.0, 1000.0):

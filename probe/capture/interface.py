@@ -7,7 +7,7 @@ value, attention_mask, scaling=..., dropout=..., **kwargs)`` with query [batch, 
 key [batch, kv_heads, key, d_qk] and value [batch, kv_heads, key, d_v] after projection and
 rotation, and returns ``(attn_output [batch, query, heads, d_v], attn_weights)``. :func:`probe_attention`
 is such a function, computed by probe's verified from-scratch operation
-(:func:`probe.reference.op.attention`: scores, scaling, soft-capping, position bias, mask, softmax,
+(:func:`probe.capture.op.attention`: scores, scaling, soft-capping, position bias, mask, softmax,
 weighted values; sink logits as one more column of the softmax), registered under :data:`NAME`
 with :func:`install`. Its masks come from :func:`probe_mask` (transformers' boolean mask, never
 skipped: causality and padding are always in it).
@@ -38,8 +38,8 @@ from torch import nn
 
 from ..architectures import ArchSpec, site_modules
 from ..errors import InterfaceError
-from ..reference.op import attention, broadcast_keep, masked_softmax, scaled_scores
 from ..sites import Site
+from .op import attention, broadcast_keep, masked_softmax, scaled_scores
 
 #: The name probe's function and mask function are registered under.
 NAME = "probe"
@@ -54,8 +54,15 @@ HARMLESS = frozenset({
     "seq_idx", "query_length", "key_length", "deterministic", "use_top_left_mask", "position_embeddings",
     "encoder_hidden_states", "target_dtype", "implementation", "token_type_ids",
 })
+#: Keyword arguments that set how the scores and the softmax are rounded, passed by probe's reference
+#: module (:class:`probe.reference.ReferenceAttention`) so that the function computes each family's
+#: attention as its own eager code does (:func:`probe.capture.op.attention`): ``softmax_dtype``,
+#: ``upcast`` (GPT-Neo's float32 scores), ``fused_bias`` (BLOOM's ALiBi in one GEMM), ``divide_keys``
+#: (DeBERTa's keys divided before the product) and ``inner_bias`` (Falcon's eager ALiBi, added to
+#: q k^T before the scaling, [batch|1, heads, query|1, key]). Absent: float32 scores and softmax.
+ARITHMETIC = frozenset({"softmax_dtype", "upcast", "fused_bias", "divide_keys", "inner_bias"})
 #: Keyword arguments the function computes (besides ``scaling`` and ``dropout``).
-COMPUTED = frozenset({"softcap", "position_bias", "s_aux", "sinks"})
+COMPUTED = frozenset({"softcap", "position_bias", "s_aux", "sinks"}) | ARITHMETIC
 
 
 @dataclass
@@ -257,7 +264,7 @@ def split_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor
                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """An attention function's mask as (keep-mask [batch|1, heads|1, query|1, key] bool, bias or None).
 
-    A boolean or integer mask is a keep-mask (:func:`probe.reference.op.as_keep_mask`). A float mask is
+    A boolean or integer mask is a keep-mask (:func:`probe.capture.op.as_keep_mask`). A float mask is
     additive, as transformers' eager functions add it to the scores: keys at -inf or at or below half the
     dtype's lowest value are masked, and the values of the other keys are a bias added to the scaled
     scores (0 for most models, so a mask of zeros keeps every key; Doge's dynamic mask adds learned
@@ -313,8 +320,9 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         scaling: multiplier of q k^T (default d_qk ** -0.5).
         dropout: attention dropout; only 0 (or a module in eval mode) is measured.
         kwargs: ``softcap`` (scores become cap * tanh(scores / cap)), ``position_bias`` (added to
-            the scores: T5), ``s_aux`` / ``sinks`` (one sink logit per head: gpt-oss), and the
-            pass-through arguments of :data:`HARMLESS`.
+            the scores: T5; DeBERTa's c2p and p2c terms, ALiBi and MPNet's buckets from the reference
+            module), ``s_aux`` / ``sinks`` (one sink logit per head: gpt-oss), the rounding of
+            :data:`ARITHMETIC` and the pass-through arguments of :data:`HARMLESS`.
 
     Returns:
         ``(attn_output [batch, query, heads, d_v], attn_weights [batch, heads, query, key])`` in
@@ -339,7 +347,8 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     bias = kwargs.get("position_bias")
     if mask_bias is not None:
         bias = mask_bias if bias is None else bias + mask_bias
-    terms = {"softcap": kwargs.get("softcap"), "bias": bias, "sinks": kwargs.get("s_aux", kwargs.get("sinks"))}
+    terms = {"softcap": kwargs.get("softcap"), "bias": bias, "sinks": kwargs.get("s_aux", kwargs.get("sinks")),
+             "options": {name: kwargs[name] for name in ARITHMETIC if name in kwargs}}
     rows, Tq = _BLOCKS["rows"], query.shape[2]
     if rows is None:
         probs, output = _attend(query, k, v, keep, scale, **terms)
@@ -348,7 +357,7 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     outputs = []
     for i0 in range(0, Tq, rows):
         i1 = min(Tq, i0 + rows)
-        part = {**terms, "bias": _rows(terms["bias"], i0, i1)}
+        part = {**terms, "bias": _rows(terms["bias"], i0, i1), "options": _rows_of(terms["options"], i0, i1)}
         probs, output = _attend(query[:, :, i0:i1], k, v, _rows(keep, i0, i1), scale, **part)
         block = dataclasses.replace(call, keep=_rows(keep, i0, i1), rows=(i0, i1),
                                     mask_bias=_rows(mask_bias, i0, i1))
@@ -376,16 +385,22 @@ def _rows(x: torch.Tensor | None, i0: int, i1: int) -> torch.Tensor | None:
     return x if x is None or x.dim() < 4 or x.shape[2] == 1 else x[:, :, i0:i1]
 
 
+def _rows_of(options: dict, i0: int, i1: int) -> dict:
+    """The :data:`ARITHMETIC` options of query rows i0..i1-1 (``inner_bias`` cut like the bias)."""
+    return {**options, "inner_bias": _rows(options["inner_bias"], i0, i1)} if "inner_bias" in options else options
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, scale: float,
-            softcap: float | None, bias: torch.Tensor | None, sinks: torch.Tensor | None) -> tuple:
-    """(probs [batch, heads, query, key], output [batch, query, heads, d_v]); k and v repeated."""
+            softcap: float | None, bias: torch.Tensor | None, sinks: torch.Tensor | None, options: dict) -> tuple:
+    """(probs [batch, heads, query, key], output [batch, query, heads, d_v]); k and v repeated;
+    ``options``: the :data:`ARITHMETIC` keywords given."""
     if sinks is not None:
         probs = with_sinks(q, k, keep, scale, sinks, softcap, bias).to(v.dtype)
         out = probs @ v
     else:  # d_v may differ from d_qk (MLA)
         wide = q.dtype in (torch.float32, torch.float64)  # float64 models keep their precision
-        out, probs = attention(q, k, v, keep, scale=scale, softmax_dtype=q.dtype if wide else torch.float32,
-                               upcast=not wide, softcap=softcap, bias=bias)
+        rounding = {"softmax_dtype": q.dtype if wide else torch.float32, "upcast": not wide, **options}
+        out, probs = attention(q, k, v, keep, scale=scale, softcap=softcap, bias=bias, **rounding)
     return probs, out.transpose(1, 2).contiguous()
 
 

@@ -26,10 +26,14 @@ gradients flow through the edited tensors (and into a tensor ``alpha`` of :func:
 :func:`intervening` prepares a model: inside it every attention site whose module calls
 transformers' attention interface runs probe's function (a hand-spec model is switched to it for
 the context; a discovered one runs it already). A model whose attention modules do not call the
-interface (DeBERTa, BLOOM, Falcon in transformers 5) keeps its own attention; there, and only there,
-the ``"output"`` point is applied by a forward pre-hook on the output projection, whose input is
-the heads' outputs side by side ([batch, seq, heads * d_v]): the same editors, the same numbers; the
-other points are refused in one line (:class:`~probe.errors.ProbeError`).
+interface (DeBERTa, BLOOM, Falcon, GPT-Neo, MPNet in transformers 5) runs with probe's reference module
+swapped in, which computes the family's q, k, v and position terms and calls the same function
+(:mod:`probe.capture.swapped`), where that module reproduces the model bit for bit on a fixed check
+batch; every point then exists for it too. Where it does not (or cannot be swapped in), the model
+keeps its own attention; there, and only there, the ``"output"`` point is applied by a forward
+pre-hook on the output projection, whose input is the heads' outputs side by side ([batch, seq,
+heads * d_v]): the same editors, the same numbers; the other points are refused in one line
+(:class:`~probe.errors.ProbeError`).
 
 Under :func:`probe.capture.interface.row_blocks` the ``"pattern"`` and ``"output"`` editors run once per block
 of query rows (``call.rows = (i0, i1)``; the tensors hold rows i0..i1-1); :func:`replace` slices a
@@ -46,7 +50,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +61,7 @@ from ..errors import ProbeError, UnsupportedAnalysisError
 from ..sites import Site
 from .hooks import Hooks, measuring, native
 from .interface import NAME, POINTS, Call, Editor, edit, edited, in_turn, install, served_sites
+from .swapped import swap_if_agrees
 
 #: The head axis of each point's tensor.
 HEAD_AXIS = {"query": 1, "key": 1, "value": 1, "pattern": 1, "output": 2}
@@ -195,8 +200,9 @@ class Intervention:
         lm: the :class:`~probe.loading.models.LoadedModel`.
         hooks: the :class:`~probe.capture.hooks.Hooks` owning every editor (removed on exit).
         notes: what :func:`probe.capture.hooks.measuring` changed (restored on exit).
-        native: every point exists (probe's attention function runs); False: only ``"output"``, by
-            the output projection's pre-hook.
+        native: every point exists (probe's attention function runs: called by transformers'
+            interface, or by probe's reference module swapped in); False: only ``"output"``, by the
+            output projection's pre-hook.
     """
 
     lm: object
@@ -211,14 +217,16 @@ class Intervention:
         forward order.
 
         Raises:
-            ProbeError: a point other than ``"output"`` on a model outside the attention interface.
+            ProbeError: a point other than ``"output"`` on a model outside the attention interface that
+                probe's reference module does not reproduce (the output projection's fallback).
             ValueError: an unknown point.
         """
         if point not in POINTS:
             raise ValueError(f"no edit point {point!r}; points: {', '.join(POINTS)}")
         if point != "output" and not self.native:
-            raise ProbeError(f"{type(self.lm.model).__name__} does not call transformers' attention interface: "
-                             f"its heads' {point} cannot be edited (only their output)")
+            raise ProbeError(f"{type(self.lm.model).__name__} does not call transformers' attention interface and "
+                             f"probe's reference attention does not reproduce it as it runs: its heads' {point} "
+                             "cannot be edited (only their output)")
         for module, sites in self._sites.items():
             editors = [make(site) for site in sites]
             if any(e is not None for e in editors):
@@ -284,9 +292,11 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
     exit (also on exceptions).
 
     Inside: eval mode (if ``eval_mode``), probe's attention function (:data:`probe.capture.interface.NAME`)
-    for a model whose modules call the interface (:func:`native`), else its own attention (eager
-    attention if ``eager``, so that probabilities exist; else as loaded) with the ``"output"`` point
-    applied at the output projection's input. Contexts nest: an inner one (or an inner
+    for a model whose modules call the interface (:func:`native`); else probe's reference module,
+    which calls the same function, swapped in where it reproduces the model as it runs (eager
+    attention if ``eager``, else as loaded; :func:`probe.capture.swapped.reference_agrees`); else the
+    model's own attention with the ``"output"`` point applied at the output projection's input.
+    Contexts nest: an inner one (or an inner
     :func:`probe.capture.hooks.measuring`) keeps probe's function, and the fallback's hook is put once.
 
     Args:
@@ -310,7 +320,9 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
         o = lm.spec.site_specs[0].o
         raise UnsupportedAnalysisError(f"probe cannot read or write the heads of {lm.name}: the output projection "
                                        f"({o}) is never called: {why}")
-    with measuring(lm.model, eager=own or eager, eval_mode=eval_mode, implementation=NAME if own else None) as m:
+    with measuring(lm.model, eager=own or eager, eval_mode=eval_mode, implementation=NAME if own else None) as m, \
+            ExitStack() as stack:
+        own = own or swap_if_agrees(lm, stack)  # the reference module calls probe's function
         served = served_sites(lm.model, lm.spec)
         if not own:
             modules = {site: module for module, sites in served.items() for site in sites}

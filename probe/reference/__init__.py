@@ -9,7 +9,7 @@ with multi-head split/merge, rotary position embedding (Su et al. 2021, RoFormer
 grouped key/value heads (Ainslie et al. 2023, GQA). The only things taken from the model are its own
 projection modules (by reference, never copied) and its config.
 
-* :mod:`~probe.reference.op` - :func:`attention`, the bare operation on [batch, heads, T, d_head]
+* :mod:`~probe.capture.op` - :func:`attention`, the bare operation on [batch, heads, T, d_head]
   tensors, and the one mask convention checked at the door (0/1, boolean, additive; fp16-safe; empty rows give 0);
 * :mod:`~probe.reference.rotary` - RoPE frequencies from the config (every rope_type the supported
   families use, partial rotary included);
@@ -23,9 +23,9 @@ No preprocessing of weights happens anywhere: no folding of layer norms, no cent
 unembedding, no re-ordering of projection rows.
 """
 
+from ..capture.op import MaskError, as_keep_mask, attention
 from .module import ForwardContext, ReferenceAttention
 from .mutants import MUTANTS, mutant_applies, mutant_class
-from .op import MaskError, as_keep_mask, attention
 from .rotary import ROPE_TYPES, Rope, RopeError, apply_rope
 
 __all__ = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .op import attention
+from ..capture.op import attention
 
 
 def attend_in_blocks(module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None,

@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from ..architectures import ArchSpec, SiteSpec, head_geometry, site_spec
+from ..capture.interface import probe_attention
+from ..capture.op import MaskError, as_keep_mask
 from ..errors import ProbeError
 from ..sites import Site, causal_keep
 from .blocked import attend_in_blocks
-from .op import MaskError, as_keep_mask, attention
 from .recorded import record_steps
 from .rotary import Rope, apply_rope
 
@@ -308,6 +309,7 @@ class ReferenceAttention(nn.Module):
             if self.is_cross:
                 whole.is_updated[self.layer_idx] = True
         Tk = k.size(-2)  # a sliding-window cache returns only the last Tk <= past + T positions
+        own = k, v  # the key/value heads as the model has them (the attention function's "key"/"value")
         k, v = self.repeat_kv(k), self.repeat_kv(v)  # (B, nh, Tk, hs)
 
         # 2. which keys each query may see, and a position bias on the scores
@@ -330,12 +332,32 @@ class ReferenceAttention(nn.Module):
 
         if self.step_request is not None:
             self.record_steps(q, k, v, keep, bias, inner)
-        # 3. softmax(q k^T * scale + bias, masked) v; merge heads; output projection
-        y, probs = attention(q, k, v, mask=keep, scale=self.score_scale(), softmax_dtype=self.softmax_dtype,
-                             upcast=self.upcast, softcap=self.softcap, bias=bias,
-                             fused_bias=self.spec.position_bias.fused, divide_keys=self.spec.divide_keys,
-                             inner_bias=inner)  # (B, nh, T, hs), (B, nh, T, Tk)
+        # 3. softmax(q k^T * scale + bias, masked) v in probe's attention function; merge heads; output projection
+        y, probs = self.attend(q, *own, keep, bias, inner)  # (B, nh, T, hs), (B, nh, T, Tk)
         return self._output(y, kw, probs, bias)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
+               bias: torch.Tensor | None, inner: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """softmax(q k^T * scale + bias, masked) v, computed by probe's attention function
+        (:func:`probe.capture.interface.probe_attention`, this module as the caller), so that its
+        editors and listeners serve this site as they serve a model calling transformers' interface.
+
+        Args:
+            q: [batch, heads, T, d_head]; k, v: [batch, kv_heads, Tk, d_head] (not repeated).
+            keep: boolean keep-mask broadcastable to [batch, heads, T, Tk], or None.
+            bias: the position terms added to the scaled scores (:meth:`position_bias`), or None.
+            inner: Falcon's eager ALiBi, added to q k^T before the scaling, or None.
+
+        Returns:
+            ``(y [batch, heads, T, d_head], probs [batch, heads, T, Tk])`` (probs None under
+            :func:`probe.capture.interface.row_blocks`), rounded as the family's eager code rounds
+            (the spec's softmax dtype and upcast, BLOOM's fused GEMM, DeBERTa's divided keys).
+        """
+        out, probs = probe_attention(self, q, k, v, keep, scaling=self.score_scale(), softcap=self.softcap,
+                                     position_bias=bias, softmax_dtype=self.softmax_dtype, upcast=self.upcast,
+                                     fused_bias=self.spec.position_bias.fused, divide_keys=self.spec.divide_keys,
+                                     inner_bias=inner)  # (B, T, nh, hs)
+        return out.transpose(1, 2), probs
 
     def _output(self, y: torch.Tensor, kw: dict, probs: torch.Tensor | None, bias: torch.Tensor | None) -> tuple:
         """Merge heads, output projection, the architecture's residual; the original's output tuple

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
+from ..capture.op import masked_softmax, scaled_scores
 from ..errors import ProbeError
-from .op import masked_softmax, scaled_scores
 
 
 def record_steps(module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
                  bias: torch.Tensor | None, inner: torch.Tensor | None = None) -> None:
     """Keep one head's steps of this pass in ``module.steps`` (batch row 0, every query), with the same
-    functions :func:`~probe.reference.op.attention` runs (so the numbers are the module's own).
+    functions :func:`~probe.capture.op.attention` runs (so the numbers are the module's own).
 
     Args:
         module: the site's :class:`~probe.reference.module.ReferenceAttention` (its ``step_request``

@@ -11,10 +11,10 @@ from torch import nn
 
 from ..architectures import base_model, get_spec, site_spec, sites
 from ..capture.hooks import Hooks
+from ..capture.op import MaskError, as_keep_mask
 from ..errors import UnsupportedArchitectureError
 from .module import ForwardContext, ReferenceAttention
 from .mutants import mutant_class
-from .op import MaskError, as_keep_mask
 
 
 @dataclass
