@@ -21,7 +21,7 @@ def speech_section(result, tokenizer) -> Section | None:
         return None
     html = f'<div class="speech-section"><p>{escape(caption())}</p>' + "".join(speech_html(ex) for ex in examples)
     record = {"clips": [{"name": ex.name, "seconds": round(len(ex.waveform) / ex.rate, 4), "frame_s": ex.frame_s,
-                         "heads": [list(h) for h in ex.heads], "heads_from": ex.source,
+                         "offset_s": ex.offset_s, "heads": [list(h) for h in ex.heads], "heads_from": ex.source,
                          "alignment": [[t, round(s, 4), round(e, 4)] for t, s, e in ex.alignment()]}
                         for ex in examples]}
     return Section("speech-attention", "Attention over audio", Markup(html + "</div>"), record=record, order=16)
