@@ -179,3 +179,21 @@ def test_wavlm_keeps_its_own_attention_and_is_refused_in_one_line(tmp_path):
     r = CliRunner().invoke(main, ["analyze", "--model", str(tmp_path / "wavlm"), "--audio",
                                   str(clip(tmp_path / "a.wav", 2000)), "--out", str(tmp_path / "x")])
     assert r.exit_code != 0 and "AttentionInterface" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.browser
+def test_waveform_section_renders_in_chromium_without_errors_or_requests(tmp_path, chromium):
+    from conftest import watched_page
+    from probe.report import write_run
+
+    lm = tiny_wave("wav2vec2")
+    res = analyze_audio(lm, [clip(tmp_path / "a.wav", 6000), clip(tmp_path / "b.wav", 3000, seed=1)])
+    path = write_run(res, lm.tokenizer, tmp_path / "run")
+    with watched_page(chromium, path / "index.html") as (page, messages, requests):
+        page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
+        shown = page.evaluate("[...document.querySelectorAll('.speech-section img')]"
+                              ".filter(i => i.complete && i.naturalWidth > 0).length")
+        assert shown == 2 * 2 and page.locator(".speech-section svg").count() == 2  # 2 clips x 2 layers
+        page.locator(".speech-section").screenshot(path=str(tmp_path / "frames.png"))
+        assert messages == []
+        assert [u for u in requests if not u.startswith(("data:", "file:"))] == []
