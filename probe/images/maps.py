@@ -5,7 +5,8 @@ head-averaged maps that attention rollout (:mod:`probe.measures.rollout`) multip
 Flow costs one maximum flow per key for the drawn row (T solves on a graph of (L + 1) T nodes and
 up to L T^2 edges), T^2 for the mean over every query row. Measured on this project's 2-core
 machine (one thread, other jobs running): a 12-layer ViT-B/16 grid at 224 pixels (197 tokens,
-dense maps) takes 0.06 s per solve, about 12 s for the class token's row; the cost grows as T^3.
+dense maps) takes 0.06 s per solve, about 12 s for the class token's row (34 s with the machine
+loaded); the cost grows as T^3.
 Hence :data:`MAX_FLOW_SOLVES`: above it the flow is left out and the pictures say why.
 """
 
