@@ -37,4 +37,4 @@ def frames_section(result, tokenizer) -> Section | None:
             + "".join(frames_html(ex) for ex in examples) + "</div>")
     record = {"clips": [{"name": ex.name, "seconds": round(len(ex.waveform) / ex.rate, 4), "frame_s": ex.frame_s,
                          "frames": ex.frames} for ex in examples]}
-    return Section("speech-attention", "Attention over audio", Markup(html), record=record, order=16)
+    return Section("speech-attention", "Attention over audio", Markup(html), record=record, order=17)
