@@ -252,7 +252,7 @@ def test_show_image_and_the_report_section(tmp_path):
     res = analyze_images(lm, [picture(), picture(seed=3)])
     view = show_image(res, 1)
     html = view._repr_html_()
-    assert html.count("<img") == 2 + 2 * (1 + 4)  # image, rollout; per layer the mean and 4 heads
+    assert html.count("<img") == 3 + 2 * (1 + 4)  # image, rollout, flow; per layer the mean and 4 heads
     assert "http" not in html.replace("http-equiv", "")
     head_view = show(res, example=1, tokenizer=lm.tokenizer)  # probe.show: the head view and the pictures below
     assert head_view.images == view.html and head_view.to_html().count("<img") == html.count("<img")
@@ -262,6 +262,9 @@ def test_show_image_and_the_report_section(tmp_path):
     record = json.loads((path / "run.json").read_text())
     rollout = np.array(record["image-attention"]["images"][0]["rollout"])
     assert rollout.shape == (4, 4)
+    flow = np.array(record["image-attention"]["images"][0]["flow"])
+    ex = res.results["image_maps"][0]
+    np.testing.assert_allclose(flow, np.round(ex.patches(ex.flow()), 6))
     heads = pd.read_csv(path / "heads.csv")
     assert {"grid_distance", "cls_share", "register_share", "local_share", "row_share", "column_share"} <= set(heads)
 
@@ -314,7 +317,7 @@ def test_image_section_renders_in_chromium_without_errors_or_requests(tmp_path, 
         page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
         shown = page.evaluate("[...document.querySelectorAll('.img-att-section img')]"
                               ".filter(i => i.complete && i.naturalWidth > 0).length")
-        assert shown == 2 + 2 * 5
+        assert shown == 3 + 2 * 5
         page.locator(".img-att-section").screenshot(path=str(tmp_path / "images.png"))
         assert messages == []
         assert [u for u in requests if not u.startswith(("data:", "file:"))] == []

@@ -171,6 +171,7 @@ def test_sections_add_html_figures_files_and_record(tmp_path, monkeypatch):
 ALL_BUILDERS = {
     ("probe.report.cross", "cross_attention_section"), ("probe.report.images", "image_maps_section"),
     ("probe.report.norms", "value_weighted_section"), ("probe.report.speech", "speech_section"),
+    ("probe.report.speech", "frames_section"),
     ("probe.report.sinks", "sink_profile_section"), ("probe.patterns.report", "health_section"),
     ("probe.patterns.report", "groups_section"), ("probe.patterns.report", "types_section"),
     ("probe.patterns.report", "circuits_section"), ("probe.effects.report", "section"),

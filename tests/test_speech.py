@@ -98,9 +98,7 @@ def test_audio_is_mono_and_resampled_to_the_model_s_rate(tmp_path):
 def test_bad_audio_is_one_line_errors(tmp_path, whisper):
     lm, _ = whisper
     (tmp_path / "bad.wav").write_text("not audio")
-    long = write_tone(tmp_path / "long.wav", 2.5)
-    for item, message in [(tmp_path / "none.wav", "not found"), (tmp_path / "bad.wav", "cannot read audio"),
-                          (long, "lasts 2.50 s")]:
+    for item, message in [(tmp_path / "none.wav", "not found"), (tmp_path / "bad.wav", "cannot read audio")]:
         with pytest.raises(InputError, match=message):
             clips(lm, [item])
     empty = tmp_path / "empty.wav"

@@ -6,6 +6,11 @@ frame, one mel frame every ``hop_length`` samples) through convolutions that sho
 encoder's positions are therefore longer than a mel frame by the convolutions' total stride. The
 stride is read from the config and the feature extractor (mel frames per window over encoder
 positions per window), not assumed.
+
+Raw-waveform encoders (wav2vec2, HuBERT, data2vec-audio) read the samples themselves through 1-D
+convolutions without padding whose kernels and strides the config lists (``conv_kernel``,
+``conv_stride``): the frame count, the hop between frames and the span one frame sees follow from
+them and the sampling rate.
 """
 
 from __future__ import annotations
@@ -54,3 +59,45 @@ def alignment_heads(generation_config) -> list[tuple[int, int]] | None:
     if not heads:
         return None
     return [(int(layer), int(head)) for layer, head in heads]
+
+
+def is_waveform(config) -> bool:
+    """Whether ``config`` is a speech encoder that reads the raw waveform through a stack of 1-D
+    convolutions (wav2vec2, HuBERT, data2vec-audio: ``conv_kernel`` and ``conv_stride`` lists, no
+    decoder, no mel bins)."""
+    kernels, strides = getattr(config, "conv_kernel", None), getattr(config, "conv_stride", None)
+    return (isinstance(kernels, (list, tuple)) and isinstance(strides, (list, tuple)) and len(kernels) > 0
+            and len(kernels) == len(strides) and getattr(config, "num_mel_bins", None) is None
+            and not bool(getattr(config, "is_encoder_decoder", False)))
+
+
+def conv_layers(config) -> list[tuple[int, int]]:
+    """(kernel, stride) in samples of each convolution of a waveform encoder's feature extractor, first first."""
+    return [(int(k), int(s)) for k, s in zip(config.conv_kernel, config.conv_stride)]
+
+
+def conv_frames(config, n_samples: int) -> int:
+    """Frames the convolutions make of ``n_samples`` samples: each layer (kernel k, stride s, no
+    padding) turns n into ``(n - k) // s + 1`` (0 once n < k)."""
+    n = int(n_samples)
+    for k, s in conv_layers(config):
+        n = (n - k) // s + 1 if n >= k else 0
+    return n
+
+
+def conv_hop(config) -> int:
+    """Samples from one frame's start to the next's: the product of the strides (wav2vec2: 320)."""
+    hop = 1
+    for _, s in conv_layers(config):
+        hop *= s
+    return hop
+
+
+def receptive_field(config) -> int:
+    """Samples one frame sees: 1 + sum over layers of (k_l - 1) times the strides before layer l
+    (wav2vec2: 400, 25 ms at 16 kHz)."""
+    field, step = 1, 1
+    for k, s in conv_layers(config):
+        field += (k - 1) * step
+        step *= s
+    return field

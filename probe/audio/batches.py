@@ -6,6 +6,11 @@ A batch of clips is a :class:`probe.text.inputs.Batch` whose source ids name the
 (:mod:`probe.loading.sound`: ``FRAME_ID + i``) and whose ``target`` holds the decoder's tokens: the prompt
 (the start token, and Whisper's language, task and no-timestamps tokens where the model has them)
 then the transcript, generated greedily or given (:mod:`probe.audio.transcript`).
+
+A clip longer than the model's window (Whisper: 30 s) is cut into consecutive windows (:func:`windows`):
+window w holds samples ``w * n`` to ``(w + 1) * n - 1`` (n the window's samples), the last one the
+rest; each is analysed as a clip of its own, named ``name [start-end s]``, its times offset by its
+start.
 """
 
 from __future__ import annotations
@@ -58,6 +63,19 @@ def read_audio(path, rate: int) -> np.ndarray:
     return resample(data.mean(1), int(file_rate), rate)
 
 
+def windows(samples: np.ndarray, n: int) -> list[tuple[int, np.ndarray]]:
+    """(start in samples, piece) of ``samples`` cut into consecutive windows of ``n`` samples, the
+    last one the rest; an empty clip is one empty piece (refused later as empty)."""
+    if samples.size <= n:
+        return [(0, samples)]
+    return [(i, samples[i:i + n]) for i in range(0, samples.size, n)]
+
+
+def window_name(name: str, start: int, size: int, rate: int) -> str:
+    """``name [a-b s]``: the window of ``size`` samples from sample ``start``, in seconds."""
+    return f"{name} [{start / rate:g}-{(start + size) / rate:g} s]"
+
+
 @dataclass
 class AudioBatch(Batch):
     """A batch of clips (:class:`probe.text.inputs.Batch` of frames, with the text tokens as ``target``).
@@ -70,6 +88,7 @@ class AudioBatch(Batch):
         n_text: per row, the transcript's tokens.
         frame_s: seconds per encoder frame.
         rate: samples per second of ``waveforms``.
+        window_starts: per row, where its window starts in its file, in seconds (0 for a clip within one window).
     """
 
     input_features: torch.Tensor | None = None
@@ -79,6 +98,7 @@ class AudioBatch(Batch):
     n_text: list | None = None
     frame_s: float = 0.0
     rate: int = 0
+    window_starts: list | None = None
 
     def model_inputs(self) -> dict:
         """``input_features``, the decoder's ids and its mask (the encoder reads every frame)."""
@@ -117,7 +137,9 @@ def _text_run(processor: SpeechProcessor, ids: Sequence[int]) -> int:
 
 class Clips:
     """Audio clips for :func:`probe.runs.analysis.analyze` (in place of texts): every clip is read,
-    turned into features and transcribed when the clips are made (before the analysis runs).
+    cut into the model's windows where it is longer than one (:func:`windows`), turned into
+    features and transcribed when the clips are made (before the analysis runs). Each window is one
+    item: ``len(clips)`` counts windows.
 
     Args:
         lm: a loaded speech model (its tokenizer a :class:`~probe.loading.sound.SpeechProcessor`).
@@ -128,7 +150,7 @@ class Clips:
 
     Raises:
         InputError: not a speech model, no clip, transcripts not one per clip, a missing or
-            unreadable file, a clip too long, a wrong frame count.
+            unreadable file, a transcript for a clip longer than one window, a wrong frame count.
     """
 
     #: what one item is called in messages (``Analyzing 2 clips``).
@@ -143,13 +165,24 @@ class Clips:
             raise InputError("no audio clip given")
         if transcripts is not None and len(transcripts) != len(items):
             raise InputError(f"{len(transcripts)} transcripts for {len(items)} clips: give one per clip")
-        self.lm, self.items = lm, items
+        self.lm = lm
         p: SpeechProcessor = lm.tokenizer
         # read and transcribed now, before the analysis hooks the model: generation is no measured pass
-        self.waves = [read_audio(it, p.rate) for it in items]
-        self.features = [p.features(w, Path(it).name) for w, it in zip(self.waves, items)]
+        self.items, self.waves, self.offsets = [], [], []
+        for it in items:
+            pieces = windows(read_audio(it, p.rate), int(p.extractor.n_samples))
+            if transcripts is not None and len(pieces) > 1:
+                raise InputError(f"{Path(it).name} lasts longer than the model's {p.window_s:g} s window: it is cut "
+                                 "into windows, and one --transcript cannot be split between them (give the clip "
+                                 "in pieces of at most one window, each with its transcript)")
+            for start, piece in pieces:
+                name = Path(it).name if len(pieces) == 1 else window_name(Path(it).name, start, piece.size, p.rate)
+                self.items.append(name)
+                self.waves.append(piece)
+                self.offsets.append(start / p.rate)
+        self.features = [p.features(w, it) for w, it in zip(self.waves, self.items)]
         self.rows: list[tuple[int, list[int]]] = []
-        for i in range(0, len(items), GENERATE_BATCH):
+        for i in range(0, len(self.items), GENERATE_BATCH):
             feats = torch.stack(self.features[i:i + GENERATE_BATCH])
             if transcripts is None:
                 self.rows += transcribe(lm, feats, max_new_tokens)
@@ -166,7 +199,7 @@ class Clips:
         feats = torch.stack(self.features[start:stop])
         prompt = [r[0] for r in self.rows[start:stop]]
         rows = [r[1] for r in self.rows[start:stop]]
-        texts = [Text(Path(it).name, index=start + i, target=p.text.decode(r[n:], skip_special_tokens=True))
+        texts = [Text(it, index=start + i, target=p.text.decode(r[n:], skip_special_tokens=True))
                  for i, (it, r, n) in enumerate(zip(items, rows, prompt))]
         B, P = len(items), p.positions
         ids = torch.tensor([p.frame_ids()] * B, dtype=torch.long)
@@ -175,7 +208,8 @@ class Clips:
                           torch.zeros(B, P, dtype=torch.bool), torch.full((B, P), -1, dtype=torch.long), texts,
                           list(range(start, start + B)), [False] * B, target=_target(p, rows, texts),
                           input_features=feats, waveforms=waves, clip_frames=[p.frames_of(w.size) for w in waves],
-                          prompt_len=prompt, n_text=n_text, frame_s=p.frame_s, rate=p.rate)
+                          prompt_len=prompt, n_text=n_text, frame_s=p.frame_s, rate=p.rate,
+                          window_starts=self.offsets[start:stop])
 
     def iter_batches(self, batch_size: int = 16) -> Iterator[AudioBatch]:
         """Batches of ``batch_size`` clips, in order."""

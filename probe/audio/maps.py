@@ -45,7 +45,8 @@ class SpeechExample:
             the n text tokens, over the frames that hold the clip.
         heads: the (layer, head) pairs the alignment uses.
         source: where they come from (``"checkpoint"`` or ``"monotone"``).
-        starts, ends: [n] each token's start and end in seconds.
+        starts, ends: [n] each token's start and end in seconds, from the window's start.
+        offset_s: where the window starts in its file, in seconds (0 unless a long clip was cut).
     """
 
     index: int
@@ -59,6 +60,7 @@ class SpeechExample:
     source: str = ""
     starts: np.ndarray | None = None
     ends: np.ndarray | None = None
+    offset_s: float = 0.0
 
     def align(self, heads: list[tuple[int, int]], source: str) -> SpeechExample:
         """Set :attr:`heads` and the token times from their rows (:func:`probe.audio.align.token_times`)."""
@@ -69,10 +71,12 @@ class SpeechExample:
         return self
 
     def alignment(self) -> list[tuple[str, float, float]]:
-        """(token, start s, end s) per text token (empty where none was aligned)."""
+        """(token, start s, end s) per text token, in seconds of the file (the window's times plus
+        :attr:`offset_s`); empty where none was aligned."""
         if self.starts is None:
             return []
-        return [(t, float(s), float(e)) for t, s, e in zip(self.tokens, self.starts, self.ends)]
+        o = self.offset_s
+        return [(t, float(s) + o, float(e) + o) for t, s, e in zip(self.tokens, self.starts, self.ends)]
 
 
 class SpeechAttention(Accumulator):
@@ -140,7 +144,7 @@ class SpeechAttention(Accumulator):
     def _example(self, batch, b: int, p: int, n: int) -> dict:
         ids = batch.target.input_ids[b, p:p + n].tolist()
         return {"name": batch.texts[b].text, "waveform": batch.waveforms[b], "rate": batch.rate,
-                "frame_s": batch.frame_s,
+                "frame_s": batch.frame_s, "offset_s": (batch.window_starts or [0.0] * (b + 1))[b],
                 "tokens": [token_surface(self.tokenizer.text, t) for t in self.tokenizer.convert_ids_to_tokens(ids)],
                 "cross": []}
 
@@ -167,8 +171,9 @@ class SpeechAttention(Accumulator):
     def result(self) -> list[SpeechExample]:
         """The kept clips, in input order, aligned with :meth:`chosen` heads."""
         heads, source = self.chosen()
-        return [SpeechExample(idx, k["name"], k["waveform"], k["rate"], k["frame_s"], k["tokens"],
-                              np.stack(k["cross"])).align(heads, source) for idx, k in sorted(self.kept.items())]
+        return [SpeechExample(idx, k["name"], k["waveform"], k["rate"], k["frame_s"], k["tokens"], np.stack(k["cross"]),
+                              offset_s=k.get("offset_s", 0.0)).align(heads, source)
+                for idx, k in sorted(self.kept.items())]
 
     def columns(self) -> pd.DataFrame:
         """One row per encoder self-attention head (``time_distance_s``, ``audio_share``) and per

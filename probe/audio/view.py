@@ -43,7 +43,7 @@ def _wave_svg(ex: SpeechExample, seconds: float) -> str:
 def _token_svg(ex: SpeechExample, seconds: float) -> str:
     parts = []
     for i, (tok, s, e) in enumerate(ex.alignment()):
-        x0, x1 = WIDTH * s / seconds, WIDTH * e / seconds
+        x0, x1 = WIDTH * (s - ex.offset_s) / seconds, WIDTH * (e - ex.offset_s) / seconds
         y = _WAVE_H + 4 + (i % 2) * (_TOKEN_H / 2)
         parts.append(f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(x1 - x0, 1):.1f}" height="{_TOKEN_H / 2 - 2}" '
                      f'fill="{"#f2c14e" if i % 2 else "#f78154"}" opacity="0.8"><title>{escape(tok)}: '
@@ -52,12 +52,12 @@ def _token_svg(ex: SpeechExample, seconds: float) -> str:
     return "".join(parts)
 
 
-def _axis_svg(seconds: float, y: float) -> str:
+def _axis_svg(seconds: float, y: float, offset: float = 0.0) -> str:
     step = 0.5 if seconds <= 5 else 1.0 if seconds <= 10 else 5.0
     ticks = np.arange(0, seconds + 1e-9, step)
     return "".join(f'<line x1="{WIDTH * t / seconds:.1f}" y1="{y}" x2="{WIDTH * t / seconds:.1f}" y2="{y + 4}" '
-                   f'stroke="#333"/><text x="{WIDTH * t / seconds + 2:.1f}" y="{y + 14}" font-size="10">{t:g} s'
-                   "</text>" for t in ticks)
+                   f'stroke="#333"/><text x="{WIDTH * t / seconds + 2:.1f}" y="{y + 14}" font-size="10">'
+                   f"{t + offset:g} s</text>" for t in ticks)
 
 
 def heat_rows(ex: SpeechExample) -> np.ndarray:
@@ -78,7 +78,8 @@ def speech_html(ex: SpeechExample) -> str:
     height = _WAVE_H + _TOKEN_H + 22
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" class="speech-svg">'
            f'<line x1="0" y1="{_WAVE_H / 2}" x2="{WIDTH}" y2="{_WAVE_H / 2}" stroke="#ccc"/>'
-           + _wave_svg(ex, seconds) + _token_svg(ex, seconds) + _axis_svg(seconds, _WAVE_H + _TOKEN_H + 4)
+           + _wave_svg(ex, seconds) + _token_svg(ex, seconds)
+           + _axis_svg(seconds, _WAVE_H + _TOKEN_H + 4, ex.offset_s)
            + "</svg>")
     parts = [f"<h3>{escape(ex.name)}: {len(ex.waveform) / ex.rate:.2f} s, {len(ex.tokens)} text tokens, "
              f"alignment heads ({escape(ex.source)}): {escape(heads)}</h3>", svg]

@@ -270,7 +270,10 @@ def measuring(model: nn.Module, *, eager: bool = True, eval_mode: bool = True,
 def input_device(model) -> torch.device:
     """Where a model's inputs go: its embeddings' device (a model spread by a device map moves
     them on itself from the CPU when its embeddings are offloaded)."""
-    embeddings = model.get_input_embeddings()
+    try:
+        embeddings = model.get_input_embeddings()
+    except NotImplementedError:  # no embedding table (raw-waveform speech encoders): the first parameter's place
+        embeddings = model
     # an image model's patch embedding is a module holding a convolution: its first parameter
     weight = getattr(embeddings, "weight", None)
     weight = weight if isinstance(weight, torch.Tensor) else next(embeddings.parameters())

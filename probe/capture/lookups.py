@@ -73,7 +73,10 @@ def _padding_row(model: nn.Module) -> int | None:
 def _token_tables(model: nn.Module) -> dict[str, tuple[str, int]]:
     """input name -> (what, rows) of the token embedding tables."""
     out = {}
-    emb = model.get_input_embeddings()
+    try:
+        emb = model.get_input_embeddings()
+    except NotImplementedError:  # no token table to name (raw-waveform speech encoders: wav2vec2, HuBERT)
+        emb = None
     if emb is not None and _rows(emb) is not None:
         out["input_ids"] = ("vocabulary (vocab_size)", _rows(emb))
     decoder = getattr(getattr(model, "base_model", model), "decoder", None)

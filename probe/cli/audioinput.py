@@ -10,7 +10,8 @@ from .options import stacked
 #: --audio, --transcript: audio clips instead of text (speech encoder-decoder models).
 audio_options = stacked(
     click.option("--audio", "audio_files", multiple=True, metavar="FILE",
-                 help="An audio clip to analyze with a speech model (Whisper; repeatable): WAV, FLAC, OGG or MP3, "
+                 help="An audio clip to analyze with a speech model (Whisper, wav2vec2, HuBERT, data2vec-audio; "
+                      "repeatable): WAV, FLAC, OGG or MP3, "
                       "read with soundfile, mixed to mono and resampled to the model's rate. The model writes the "
                       "transcript (greedy, at most --generate tokens, default 48) unless --transcript gives it."),
     click.option("--transcript", "transcripts", multiple=True, metavar="TEXT",
@@ -50,10 +51,12 @@ def check_speech_input(lm, paths: list[str] | None) -> None:
         InputError: the input does not fit the model.
     """
     from ..loading.sound import SpeechProcessor
+    from ..loading.waves import WaveProcessor
 
-    is_speech = isinstance(lm.tokenizer, SpeechProcessor)
+    is_speech = isinstance(lm.tokenizer, (SpeechProcessor, WaveProcessor))
     if paths is not None and not is_speech:
-        raise InputError(f"{lm.name} does not read audio (a speech model, Whisper, reads log-mel frames)")
+        raise InputError(f"{lm.name} does not read audio (a speech model reads log-mel frames, as Whisper does, "
+                         "or the waveform, as wav2vec2 and HuBERT do)")
     if paths is None and is_speech:
         raise InputError(f"{lm.name} is a speech model: give audio clips with --audio FILE")
 

@@ -18,13 +18,14 @@ import torch
 from torch import nn
 
 from ..architectures import SPECS, get_spec, kind_of
-from ..architectures.speech import is_speech
+from ..architectures.speech import is_speech, is_waveform
 from ..architectures.vision import is_vision
 from ..bounds import DTYPES
 from ..errors import InputError, ModelLoadError, ProbeError, UnsupportedArchitectureError
 from ..runfolder import claim
 from .pixels import processor_for
 from .sound import speech_processor_for
+from .waves import wave_processor_for
 
 log = logging.getLogger("probe.loading.models")
 
@@ -322,6 +323,8 @@ def load_folder(source, dtype, head: str | None = None, **kw):
     require_supported(config)
     if is_vision(config):  # an image model: its processor names the tokens (probe.loading.pixels)
         tokenizer = processor_for(source, config, **kw)
+    elif is_waveform(config):  # a raw-waveform speech encoder: its frames are the tokens (probe.loading.waves)
+        tokenizer = wave_processor_for(source, config, **kw)
     else:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
     if is_speech(config):  # a speech model: frames and text tokens (probe.loading.sound)

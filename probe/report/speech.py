@@ -1,10 +1,14 @@
 """The "Attention over audio" section: each kept clip's waveform with its tokens aligned to time
-and the alignment heads' cross-attention (:mod:`probe.audio.view`), and the alignment in run.json."""
+and the alignment heads' cross-attention (:mod:`probe.audio.view`), and the alignment in run.json;
+for a raw-waveform encoder, the waveform and where each layer's attention lands
+(:mod:`probe.audio.frames`)."""
 
 from __future__ import annotations
 
 from markupsafe import Markup, escape
 
+from ..audio.frames import caption as frames_caption
+from ..audio.frames import frames_html
 from ..audio.view import caption, speech_html
 from .sections import Section, section_builder
 
@@ -17,7 +21,20 @@ def speech_section(result, tokenizer) -> Section | None:
         return None
     html = f'<div class="speech-section"><p>{escape(caption())}</p>' + "".join(speech_html(ex) for ex in examples)
     record = {"clips": [{"name": ex.name, "seconds": round(len(ex.waveform) / ex.rate, 4), "frame_s": ex.frame_s,
-                         "heads": [list(h) for h in ex.heads], "heads_from": ex.source,
+                         "offset_s": ex.offset_s, "heads": [list(h) for h in ex.heads], "heads_from": ex.source,
                          "alignment": [[t, round(s, 4), round(e, 4)] for t, s, e in ex.alignment()]}
                         for ex in examples]}
     return Section("speech-attention", "Attention over audio", Markup(html + "</div>"), record=record, order=16)
+
+
+@section_builder
+def frames_section(result, tokenizer) -> Section | None:
+    """The section of a raw-waveform encoder's clips, or None where none was analysed."""
+    examples = result.results.get("frames")
+    if not examples:
+        return None
+    html = (f'<div class="speech-section"><p>{escape(frames_caption())}</p>'
+            + "".join(frames_html(ex) for ex in examples) + "</div>")
+    record = {"clips": [{"name": ex.name, "seconds": round(len(ex.waveform) / ex.rate, 4), "frame_s": ex.frame_s,
+                         "frames": ex.frames} for ex in examples]}
+    return Section("speech-attention", "Attention over audio", Markup(html), record=record, order=17)
