@@ -42,7 +42,7 @@ def make_batch(lm, batch: int, tokens: int) -> dict:
 
 def bench(name: str, batch: int, tokens: int, repeats: int, warmup: int) -> dict:
     from probe.loading.models import load_model
-    from probe.reference import swap_attention
+    from probe.reference.swap import swap_attention
 
     lm = load_model(name)
     model = lm.model

@@ -41,7 +41,7 @@ _PUBLIC = {
     "ProbeError": ".errors", "attention_flow": ".measures.flow",
     "Hooks": ".capture.hooks", "ensure_eager": ".capture.hooks", "measuring": ".capture.hooks", "Text": ".text.inputs",
     "from_pretrained_objects": ".loading.models", "list_models": ".loading.models", "load_model": ".loading.models",
-    "prune": ".pruning.experiment", "attention": ".reference", "swap_attention": ".reference",
+    "prune": ".pruning.experiment", "attention": ".reference", "swap_attention": ".reference.swap",
     "Attribution": ".measures.rollout", "attention_rollout": ".measures.rollout", "Site": ".sites",
     "STATISTICS": ".measures.stats", "HeadStatistics": ".measures.stats", "attention_steps": ".measures.steps",
     "verify": ".verification",

@@ -24,7 +24,7 @@ from probe.loading.seq2seq import sides
 from probe.measures.accumulators import Accumulator
 from probe.measures.sinks import bin_edges
 from probe.pruning.removal import remove_heads
-from probe.reference import swap_attention
+from probe.reference.swap import swap_attention
 from probe.report.sinks import SHOWN_FROM, sink_profile_section
 from probe.runs.analysis import analyze, run
 from probe.text.corpus import sample_texts

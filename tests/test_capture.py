@@ -48,7 +48,7 @@ def test_causal_mask_kept_on_unpadded_sequence(family, tokenizer):
     ref = _eager_reference(lm.model, enc)
 
     captured = capture_attention(lm, SIX[tokenizer])
-    assert any("eager" in n for n in captured.notes)
+    assert any("'sdpa'" in n and "'probe'" in n for n in captured.notes)  # switched to probe's function
     assert len(captured.probs) == 2
     above = torch.triu(torch.ones(6, 6, dtype=torch.bool), diagonal=1)
     for layer, probs in enumerate(captured.probs):
@@ -116,14 +116,14 @@ def test_sdpa_model_is_switched_to_eager_when_wrapped(family):
 
 
 @pytest.mark.parametrize("family", ["bert", "distilbert", "gpt2", "llama"])
-def test_capture_switches_sdpa_to_eager_and_says_so(family, caplog):
+def test_capture_switches_sdpa_to_probes_function_and_says_so(family, caplog):
     lm = tiny_model(family)
     lm.model.set_attn_implementation("sdpa")
     with notes(caplog, "probe.capture.hooks"):
         captured = capture_attention(lm, ["One sentence here.", "Two."])
     assert lm.model.config._attn_implementation == "sdpa"  # switched for the capture, then restored
-    assert any("'sdpa'" in n and "'eager'" in n for n in captured.notes)
-    assert any("eager" in r.getMessage() for r in caplog.records)
+    assert any("'sdpa'" in n and "'probe'" in n for n in captured.notes)
+    assert any("'probe'" in r.getMessage() for r in caplog.records)
     T = captured.batch.input_ids.shape[1]
     assert [tuple(p.shape) for p in captured.probs] == [(2, 4, T, T)] * 2
     real = captured.probs[0][1, :, : int(captured.batch.lengths[1]), :]
@@ -131,7 +131,7 @@ def test_capture_switches_sdpa_to_eager_and_says_so(family, caplog):
 
     lm.model.set_attn_implementation("sdpa")
     result = analyze(lm, ["One sentence here.", "Two."], n_examples=1)
-    assert any("eager" in n for n in result.notes)
+    assert any("'sdpa'" in n and "'probe'" in n for n in result.notes)
     assert result.examples[0].probs.shape[:2] == (2, 4)
     assert result.heads[["self", "first", "entropy"]].notna().all().all()
 

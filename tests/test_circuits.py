@@ -19,7 +19,8 @@ from probe.errors import InputError, UnsupportedAnalysisError
 from probe.measures.accumulators import Accumulator
 from probe.patterns import circuit_probe, repeated_random_tokens
 from probe.patterns.circuits import CircuitScores, ids_batch, random_vocabulary
-from probe.reference import ReferenceAttention, swap_attention
+from probe.reference import ReferenceAttention
+from probe.reference.swap import swap_attention
 from probe.runs.analysis import analyze, run
 from probe.sites import Site
 from probe.text.inputs import Text

@@ -10,7 +10,7 @@ from conftest import DECODERS, SEQ2SEQ, tiny_model
 from probe.capture.maps import capture_attention, encode
 from probe.errors import InputError
 from probe.patterns import HealthProbe, health_checks, health_of, health_thresholds, pattern_accumulators
-from probe.reference import swap_attention
+from probe.reference.swap import swap_attention
 from probe.runs.analysis import analyze
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "Short one.",

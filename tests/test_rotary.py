@@ -14,7 +14,8 @@ import torch
 
 from conftest import ENCODERS, KINDS, family_of, tiny_model, tolerance
 from probe.architectures import get_spec, head_geometry, site_modules
-from probe.reference import ROPE_TYPES, Rope, RopeError, apply_rope, swap_attention
+from probe.reference import ROPE_TYPES, Rope, RopeError, apply_rope
+from probe.reference.swap import swap_attention
 from probe.verification import verify
 
 # decoders with rotary positions (GPT-2 and GPT-Neo have learned ones, BLOOM ALiBi, BART/Marian sinusoidal, T5 a bias)

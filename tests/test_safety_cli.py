@@ -340,28 +340,39 @@ def tp2_bloom():
     return model, tok
 
 
-def test_gates_that_never_fire_stop_with_the_setting_named(tmp_path):
+def test_heads_behind_a_projection_never_called_stop_every_method_with_the_setting_named(tmp_path):
     # BLOOM with pretraining_tp=2 and slow_but_exact=True computes its attention output
-    # projection as F.linear on slices of dense.weight without calling dense, so a gate hook on
-    # dense never runs and closing head 0 changes nothing; probe must say so, not blame the objective.
+    # projection as F.linear on slices of dense.weight without calling dense, so a hook on dense
+    # never runs: gates would close nothing and patching would read an empty cache. Every method
+    # that reads or writes heads must stop with one line naming the setting, not a KeyError.
     from probe.causal.gates import gated
-    from probe.errors import ProbeError
+    from probe.effects.pairs import Pair
+    from probe.effects.patching import patch_heads
+    from probe.errors import UnsupportedAnalysisError
 
     model, tok = tp2_bloom()
     lm = pm.from_pretrained_objects(model, tok, name="tiny-bloom-tp2")
-    with pytest.raises(ProbeError, match=r"output projection \(self_attention.dense\) of layer\(s\) 0, 1 is never "
-                                         r"called: the setting pretraining_tp=2, slow_but_exact=True"):
+    said = r"output projection \(self_attention.dense\) is never called: the setting pretraining_tp=2, slow_but_exact=True"
+    with pytest.raises(UnsupportedAnalysisError, match=said):
         with gated(lm):
             pass
+    with pytest.raises(UnsupportedAnalysisError, match=said):
+        patch_heads(lm, [Pair("The cat and the dog ran to", "The dog and the cat ran to", " the", " a")])
     folder = tmp_path / "bloom"
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
-    line = one_error(run("prune", "--model", folder, "--corpus", corpus, "--steps", 1, "--out", tmp_path / "run"), 1,
-                     "head gates do not act", "pretraining_tp=2, slow_but_exact=True", "slow_but_exact=False")
-    assert "objective" not in line
-    assert not (tmp_path / "run").exists()
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("clean\tcorrupted\tanswer\twrong\nThe cat and the dog ran to\tThe dog and the cat ran to\t the\t a\n",
+                     encoding="utf-8")
+    for command in (("prune", "--corpus", corpus, "--steps", 1), ("patch", "--pairs", pairs),
+                    ("effects", "-n", 4)):
+        out = tmp_path / command[0]
+        line = one_error(run(command[0], "--model", folder, *command[1:], "--out", out), 1,
+                         "is never called", "pretraining_tp=2, slow_but_exact=True", "slow_but_exact=False")
+        assert "objective" not in line and "KeyError" not in line
+        assert not out.exists()
 
 
 def test_gates_that_act_pass_the_check():

@@ -37,7 +37,8 @@ from probe.capture.hooks import Hooks
 from probe.cli import main
 from probe.errors import ProbeError
 from probe.loading.models import embedded_folder, from_pretrained_objects
-from probe.reference import MUTANTS, MaskError, ReferenceAttention, Rope, mutant_applies, swap_attention
+from probe.reference import MUTANTS, MaskError, ReferenceAttention, Rope, mutant_applies
+from probe.reference.swap import swap_attention
 from probe.verification import BF16_ATOL, NOISE_FACTOR, verify
 from probe.verification.battery import CACHE_TEXTS
 

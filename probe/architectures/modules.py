@@ -122,6 +122,26 @@ def site_outputs(model: nn.Module, spec: ArchSpec | None = None) -> list[tuple[S
             for site in sites(model.config)]
 
 
+#: Model settings under which a family computes its attention output projection without calling the
+#: projection module (so no hook on it runs): model type -> (the setting, or None where it is off; why,
+#: and the fix).
+OUTPUT_PROJECTION_BYPASSES = {
+    "bloom": (lambda c: f"pretraining_tp={c.pretraining_tp}, slow_but_exact=True"
+              if getattr(c, "pretraining_tp", 1) > 1 and getattr(c, "slow_but_exact", False) else None,
+              "applies it as F.linear on slices of its weight; load the model with slow_but_exact=False "
+              "(config.json), which applies the same projection in one call"),
+}
+
+
+def output_projection_bypass(config) -> str | None:
+    """Why a model's attention output projection module is never called, where a known setting of its
+    family does that (:data:`OUTPUT_PROJECTION_BYPASSES`): "the setting ... of this <type> model ...",
+    else None."""
+    known = OUTPUT_PROJECTION_BYPASSES.get(getattr(config, "model_type", None))
+    setting = known[0](config) if known else None
+    return f"the setting {setting} of this {config.model_type} model {known[1]}" if setting else None
+
+
 def stack_layers(model: nn.Module, spec: ArchSpec | None = None) -> dict[str, list[nn.Module]]:
     """The blocks of each stack (``{"encoder": [...], "decoder": [...]}``; one entry for
     single-stack models)."""

@@ -25,7 +25,7 @@ import torch
 
 from ..core import LoadedModel
 from ..errors import InputError
-from ..reference import swap_attention
+from ..reference.swap import swap_attention
 from ..sites import Site
 from ..text.inputs import Batch
 from .hooks import Hooks
@@ -103,7 +103,7 @@ def block_capture(lm: LoadedModel, rows: int, on_block: BlockCallback, hooks=Non
         hooks: a :class:`probe.capture.hooks.Hooks` to register into, or None (a private one).
 
     Yields:
-        The notes of the swap (:attr:`probe.reference.Swapped.notes`).
+        The notes of the swap (:attr:`probe.reference.swap.Swapped.notes`).
 
     Raises:
         UnsupportedArchitectureError: a model type the reference does not cover.

@@ -22,6 +22,7 @@ from torch import nn
 from ..architectures import get_spec
 from ..architectures.discovered import IMPLEMENTATION
 from ..errors import UnsupportedArchitectureError
+from .interface import install
 from .lookups import lookup_hook
 
 log = logging.getLogger(__name__)
@@ -82,29 +83,50 @@ class Hooks:
         self.remove()
 
 
+def native(model: nn.Module) -> bool:
+    """Whether the model's attention modules call transformers' attention interface (so probe's
+    attention function runs them and every intervention point exists): transformers' own test of its
+    modelling code."""
+    check = getattr(model, "_can_set_attn_implementation", None)
+    return bool(check()) if check is not None else False
+
+
 def measuring_implementation(model: nn.Module) -> str:
-    """The attention implementation probe measures a model under: its spec's
-    (:attr:`probe.architectures.ArchSpec.implementation`: ``"eager"`` for hand specs, ``"probe"``,
-    probe's own function in transformers' ``AttentionInterface``, for discovered ones)."""
+    """The attention implementation probe measures a model under: ``"probe"``, probe's own function in
+    transformers' ``AttentionInterface`` (:mod:`probe.capture.interface`), for every model whose
+    attention modules call the interface (discovered specs, and the hand families whose transformers
+    modules call it: BERT, GPT-2, LLaMA, ...); else ``"eager"`` (the module computes and returns its
+    probabilities itself: DeBERTa, BLOOM, Falcon, GPT-Neo, MPNet)."""
     try:
-        return get_spec(model.config).implementation
+        spec = get_spec(model.config)
     except UnsupportedArchitectureError:
         return "eager"
+    if spec.implementation == "eager" and native(model):
+        return IMPLEMENTATION
+    return spec.implementation
 
 
 def ensure_implementation(model: nn.Module, name: str) -> str | None:
     """Switch a model to the attention implementation ``name`` (not restored: use :func:`measuring`).
 
     Returns:
-        A note saying what was switched, or None if the model already ran it.
+        A note saying what was switched, or None if the model already ran it (or ran eager attention
+        and now runs probe's function: the same arithmetic, checked by ``probe verify``).
     """
     if name == "eager":
         return ensure_eager(model)
     impl = getattr(model.config, "_attn_implementation", "eager")
     if impl == name:
         return None
+    if name == IMPLEMENTATION:
+        install()
     model.set_attn_implementation(name)
-    return f"switched attention implementation from {impl!r} to {name!r} (probe's attention function)"
+    if name == IMPLEMENTATION and impl in (None, "eager"):
+        return None  # the eager arithmetic, written by probe (verified equal): nothing the user must know
+    note = (f"switched attention implementation from {impl!r} to {name!r} (probe's attention function, the eager "
+            "arithmetic) so that attention probabilities exist")
+    log.warning(note)
+    return note
 
 
 def ensure_eager(model: nn.Module) -> str | None:

@@ -52,10 +52,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..architectures import site_outputs
-from ..errors import ProbeError
+from ..architectures import output_projection_bypass, site_outputs
+from ..errors import ProbeError, UnsupportedAnalysisError
 from ..sites import Site
-from .hooks import Hooks, measuring
+from .hooks import Hooks, measuring, native
 from .interface import NAME, POINTS, Call, Editor, edit, edited, in_turn, install, served_sites
 
 #: The head axis of each point's tensor.
@@ -187,13 +187,6 @@ def patch(cache: Cache, name, point: str = "output", heads: Heads = None) -> Edi
                    if heads is not None else cache[name], point, heads)
 
 
-def native(model: nn.Module) -> bool:
-    """Whether the model's attention modules call transformers' attention interface (so every point
-    exists): transformers' own test of its modelling code."""
-    check = getattr(model, "_can_set_attn_implementation", None)
-    return bool(check()) if check is not None else False
-
-
 @dataclass
 class Intervention:
     """What :func:`intervening` yields.
@@ -306,11 +299,17 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
         :class:`Intervention`.
 
     Raises:
-        UnsupportedAnalysisError: a model outside the interface whose output projection is unknown.
+        UnsupportedAnalysisError: a model outside the interface whose output projection is unknown, or
+            is never called under a known setting of its family (BLOOM's ``pretraining_tp > 1`` with
+            ``slow_but_exact``), so that no head could be read or written.
     """
     own = native(lm.model) or lm.spec.discovered
     if own:
         install()
+    elif (why := output_projection_bypass(lm.model.config)) is not None:
+        o = lm.spec.site_specs[0].o
+        raise UnsupportedAnalysisError(f"probe cannot read or write the heads of {lm.name}: the output projection ({o}) "
+                                       f"is never called: {why}")
     with measuring(lm.model, eager=own or eager, eval_mode=eval_mode, implementation=NAME if own else None) as m:
         served = served_sites(lm.model, lm.spec)
         if not own:

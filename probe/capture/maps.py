@@ -36,7 +36,7 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
     """Register, into ``hooks``, one forward hook per site calling ``callback(site, probs)``.
 
     Hooks sit on the attention modules in place now (the swapped-in reference ones inside
-    :func:`probe.reference.swap_attention`).
+    :func:`probe.reference.swap.swap_attention`).
 
     Raises (at forward):
         CaptureError: a site returned no attention probabilities.
@@ -121,7 +121,7 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback,
     Raises:
         CaptureError: a site returned no attention probabilities.
     """
-    with measuring(lm.model, implementation=lm.spec.implementation) as m:
+    with measuring(lm.model) as m:
         if values is not None:
             values.hook(m.hooks)
         add_attention_hooks(m.hooks, lm, callback)

@@ -39,14 +39,6 @@ _ACTING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: Model settings known to bypass the output projection's module, by model type: a function of
 #: the config naming the setting (or None), and what to do instead.
-KNOWN_BYPASSES = {
-    "bloom": (lambda c: f"pretraining_tp={c.pretraining_tp}, slow_but_exact=True"
-              if getattr(c, "pretraining_tp", 1) > 1 and getattr(c, "slow_but_exact", False) else None,
-              "applies it as F.linear on slices of its weight; load the model with slow_but_exact=False "
-              "(config.json), which applies the same projection in one call"),
-}
-
-
 @dataclass
 class Gates:
     """The gates in force inside :func:`gated` (assign ``values`` to change them between passes).
@@ -131,7 +123,7 @@ def check_gates(lm, state: Gates) -> None:
 
     Raises:
         ProbeError: a layer's output projection is never called (naming the model setting where
-            it is a known one, :data:`KNOWN_BYPASSES`), or closing heads changes nothing.
+            it is a known one: :func:`probe.capture.intervene.intervening` refuses it first), or closing heads changes nothing.
     """
     batch = encode(lm, "The cat sat on the mat.")
     saved, state.fired = state.values, set()
@@ -162,10 +154,7 @@ def _output(out) -> torch.Tensor:
 
 def _bypass_message(lm, missing: list[int]) -> str:
     layers = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
-    known = KNOWN_BYPASSES.get(lm.model.config.model_type)
-    setting = known[0](lm.model.config) if known else None
-    why = (f": the setting {setting} of this {lm.model.config.model_type} model {known[1]}" if setting else
-           ": its forward pass computes the projection without calling that module")
+    why = ": its forward pass computes the projection without calling that module"
     o = lm.spec.site_specs[0].o  # gates act on one-stack models
     return f"head gates do not act on {lm.name}: the output projection ({o}) of layer(s) {layers} is never called{why}"
 

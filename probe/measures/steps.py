@@ -27,7 +27,7 @@ from ..capture.maps import attention_hooks, encode, forward
 from ..core import LoadedModel
 from ..errors import InputError
 from ..loading.seq2seq import sides
-from ..reference import swap_attention
+from ..reference.swap import swap_attention
 from ..sites import SITE_PREFIX, Site, head_name
 from ..text.inputs import Text
 from ..text.tokens import display_tokens

@@ -16,7 +16,8 @@ projection modules (by reference, never copied) and its config.
 * :mod:`~probe.reference.module` - :class:`ReferenceAttention`, a drop-in for one layer's attention
   module, one small method per step;
 * :mod:`~probe.reference.mutants` - deliberately broken variants, one overridden step each;
-* :mod:`~probe.reference.swap` - :func:`swap_attention`, reversible.
+* :mod:`~probe.reference.swap` - :func:`~probe.reference.swap.swap_attention`, reversible (imported from
+  its module: it registers hooks through :mod:`probe.capture.hooks`, which sits above the operation).
 
 No preprocessing of weights happens anywhere: no folding of layer norms, no centring of the
 unembedding, no re-ordering of projection rows.
@@ -26,7 +27,6 @@ from .module import ForwardContext, ReferenceAttention
 from .mutants import MUTANTS, mutant_applies, mutant_class
 from .op import MaskError, as_keep_mask, attention
 from .rotary import ROPE_TYPES, Rope, RopeError, apply_rope
-from .swap import Swapped, swap_attention
 
 __all__ = [
     "MUTANTS", "MaskError", "ForwardContext", "ReferenceAttention", "Swapped", "Rope", "RopeError",

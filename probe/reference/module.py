@@ -25,7 +25,7 @@ from .rotary import Rope, apply_rope
 class ForwardContext:
     """What the reference modules of one model read about the current forward pass.
 
-    Filled by a forward pre-hook on the base model (see :func:`probe.reference.swap_attention`) from
+    Filled by a forward pre-hook on the base model (see :func:`probe.reference.swap.swap_attention`) from
     the arguments the caller passed, before Hugging Face turns them into a 4D mask that already
     contains causality.
 

@@ -45,7 +45,8 @@ from ..capture.hooks import input_device, measuring
 from ..capture.maps import add_attention_hooks
 from ..core import LoadedModel
 from ..errors import ProbeError
-from ..reference import mutant_applies, swap_attention
+from ..reference import mutant_applies
+from ..reference.swap import swap_attention
 from .battery import Case, battery, select_cases
 
 __all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "NOISE_FACTOR"]
@@ -372,7 +373,7 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
     layer_hidden = {k: _Max() for k in keys}
     results, swap_notes = [], []
     output_name, out_total = "output", _Max()
-    with measuring(lm.model) as state:
+    with measuring(lm.model, implementation="eager") as state:  # the model's own attention, not probe's
         for index, case in enumerate(selected):
             if progress is not None:
                 progress(index, len(selected), case.name, None)
