@@ -278,3 +278,28 @@ def test_cli_dtype_and_device(bf16_folder, tmp_path):
     for command in ("patch", "prune", "effects"):
         result = invoke_cli(command, "--help")
         assert "--dtype [float32|bfloat16|float16]" in result.output and "--device" in result.output, command
+
+
+def test_bench_gpu_runs_on_the_cpu_and_refuses_cuda_without_one(bf16_folder):
+    """benchmarks/bench_gpu.py: ``--device cpu`` runs every part on a tiny model (one row per length,
+    a length above the model's limit skipped in words); ``--device cuda`` without CUDA is one Error line,
+    status 1, no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+    run_it = lambda *a: subprocess.run([sys.executable, str(script), "--model", str(bf16_folder), *a],  # noqa: E731
+                                       capture_output=True, text=True, timeout=600)
+    done = run_it("--device", "cpu", "--lengths", "8,100000", "--sequences", "2", "--batch-size", "2",
+                  "--repeats", "1")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(str(bf16_folder))]
+    assert [r[1] for r in rows] == ["8", "100000"] and rows[1][2] == "skipped:"
+    assert float(rows[0][2]) > 0 and float(rows[0][3]) > 0  # bare and analyze seconds
+    if not torch.cuda.is_available():
+        refused = run_it("--device", "cuda")
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert [line for line in refused.stderr.splitlines() if line] == [
+            "Error: no CUDA device here (torch.cuda.is_available() is False); --device cpu runs this script as a "
+            "smoke test"]
