@@ -104,14 +104,13 @@ DENSE_WEIGHTS = 2 ** 21
 
 
 def _dense_sums(a: torch.Tensor, d: DenseWeights) -> torch.Tensor:
-    """:func:`map_sums` with dense weights: one product for the per-key and diagonal statistics' row
-    values, one for the per-row weight vectors, one pass for the rows' entropy and max (float32), then
-    one float64 product adding the rows with their weights. [heads, len(ALL_STATISTICS)] float64."""
+    """:func:`map_sums` with dense weights: one product for the linear statistics' row values, one
+    pass for the rows' entropy and max (float32), then one float64 product adding the rows with
+    their weights. [heads, len(ALL_STATISTICS)] float64."""
     B, H, R, K = a.shape
-    linear = torch.einsum("bhrk,brck->bhrc", a, d.linear)  # [B, H, rows, per-key and diagonal channels]
-    positional = torch.einsum("bhrk,brck->bhrc", a, d.positional)  # [B, H, rows, positional channels]
+    linear = torch.einsum("bhrk,brkc->bhrc", a, d.linear)  # [B, H, rows, linear channels]
     entropy, top = _row_entropy_and_max(a)
-    vals = torch.cat([linear, positional, entropy[..., None], entropy[..., None], top[..., None]], -1)
+    vals = torch.cat([linear, entropy[..., None], entropy[..., None], top[..., None]], -1)
     dev = sum_device(a.device)
     # padded rows: 0 before any sum, whatever they hold (NaN x 0 is NaN: a weight of 0 is not enough)
     vals = vals.to(dev, torch.float64).masked_fill_(d.padded.to(dev), 0.0)

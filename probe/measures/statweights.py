@@ -152,12 +152,10 @@ class DenseWeights:
     where the number of operations, not their size, is the cost.
 
     Attributes:
-        linear: [batch, rows, len(names) - len(pos_names), keys] float32: row r's weight of key k in
-            the per-key and diagonal statistics (the per-key weights and one-hot diagonals of
+        linear: [batch, rows, keys, len(names)] float32: row r's weight of key k in each linear
+            statistic (per-key weights, one-hot diagonals and per-row vectors of
             :class:`ContractionWeights` side by side).
-        positional: :attr:`ContractionWeights.positional`, contracted as it is (the same products, so
-            the same float32 sums, as the per-part contraction).
-        names: the linear statistics of ``linear``'s channels, then of ``positional``'s.
+        names: the linear statistics of ``linear``'s channels.
         row_weights: [batch, rows, len(names) + len(ROW_CHANNELS)] float64: the weight of each row's
             value in each channel's sum (``names``, then :data:`ROW_CHANNELS`).
         index: [len(names) + len(ROW_CHANNELS)] int64 on the weights' device: each channel's
@@ -166,7 +164,6 @@ class DenseWeights:
     """
 
     linear: torch.Tensor
-    positional: torch.Tensor
     names: tuple[str, ...]
     row_weights: torch.Tensor
     index: torch.Tensor
@@ -174,22 +171,23 @@ class DenseWeights:
 
 
 def dense_weights(w: ContractionWeights) -> DenseWeights:
-    """:class:`DenseWeights` of ``w``, on its device: the per-key and diagonal weights as [batch, rows,
-    channels, keys] (a diagonal of offset o is row r's one-hot vector at key r + o; none where r + o
-    is not a key)."""
+    """:class:`DenseWeights` of ``w``, on its device: [batch, rows, keys, channels] (a diagonal of
+    offset o is row r's one-hot vector at key r + o; none where r + o is not a key)."""
     B, K, _ = w.keys.shape
     R = w.row_weights.shape[1]
-    parts = [w.keys.transpose(1, 2)[:, None].expand(B, R, len(w.key_names), K)]
+    parts = [w.keys[:, None].expand(B, R, K, len(w.key_names))]
     if w.diagonals:
         r = torch.arange(R, device=w.keys.device)[:, None]
         k = torch.arange(K, device=w.keys.device)[None, :]
-        eye = torch.stack([(k == r + offset) for _, offset in w.diagonals], 1).to(w.keys.dtype)  # [R, d, K]
-        parts.append(eye[None].expand(B, R, len(w.diagonals), K))
+        eye = torch.stack([(k == r + offset) for _, offset in w.diagonals], -1).to(w.keys.dtype)  # [R, K, d]
+        parts.append(eye[None].expand(B, R, K, len(w.diagonals)))
+    if w.pos_names:
+        parts.append(w.positional.transpose(2, 3))
     names = (*w.key_names, *(name for name, _ in w.diagonals), *w.pos_names)
     order = [INDEX[name] for name in (*names, *ROW_CHANNELS)]
     index = torch.tensor(order, dtype=torch.int64, device=w.keys.device)
-    return DenseWeights(torch.cat(parts, 2).contiguous(), w.positional, names, w.row_weights[..., order].double(),
-                        index, (w.real_rows == 0)[:, None, :, None])
+    return DenseWeights(torch.cat(parts, -1).contiguous(), names, w.row_weights[..., order].double(), index,
+                        (w.real_rows == 0)[:, None, :, None])
 
 
 def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFeatures | None = None,
