@@ -30,7 +30,6 @@ from .statweights import (  # re-exported: the statistics' names and definitions
     LONG_RANGE,
     STATISTICS,
     ContractionWeights,
-    DenseWeights,
     TokenFeatures,
     boundary_token_id,
     contraction_weights,
@@ -74,8 +73,6 @@ def map_sums(a: torch.Tensor, w: ContractionWeights) -> torch.Tensor:
         w: the batch's :class:`~probe.measures.statweights.ContractionWeights`, on ``a``'s device.
     """
     B, H, R, K = a.shape
-    if B * R * K * (len(w.key_names) + len(w.diagonals) + len(w.pos_names)) <= DENSE_WEIGHTS:
-        return _dense_sums(a, w.dense())
     vals = torch.zeros(B, H, R, len(ALL_STATISTICS), dtype=torch.float32, device=a.device)
     by_key = torch.matmul(a.reshape(B, H * R, K), w.keys).view(B, H, R, -1)  # [B, H, rows, key channels]
     for c, name in enumerate(w.key_names):
@@ -93,30 +90,6 @@ def map_sums(a: torch.Tensor, w: ContractionWeights) -> torch.Tensor:
     vals.masked_fill_(w.real_rows[:, None, :, None] == 0, 0.0)  # padded rows: out before any sum
     dev = sum_device(a.device)
     return torch.einsum("bhrc,brc->hc", vals.to(dev, torch.float64), w.row_weights.to(dev, torch.float64))
-
-
-#: :func:`map_sums` contracts a map with every linear statistic's per-row weights at once
-#: (:class:`~probe.measures.statweights.DenseWeights`) when those weights hold at most this many
-#: numbers (batch x rows x keys x statistics; 2^21: 8 MiB of float32), as one product per statistic
-#: family instead of one per statistic; larger maps and blocks use the per-key, diagonal and
-#: per-row parts separately (never [rows, keys, statistics] for a long map).
-DENSE_WEIGHTS = 2 ** 21
-
-
-def _dense_sums(a: torch.Tensor, d: DenseWeights) -> torch.Tensor:
-    """:func:`map_sums` with dense weights: one product for the linear statistics' row values, one
-    pass for the rows' entropy and max (float32), then one float64 product adding the rows with
-    their weights. [heads, len(ALL_STATISTICS)] float64."""
-    B, H, R, K = a.shape
-    linear = torch.einsum("bhrk,brkc->bhrc", a, d.linear)  # [B, H, rows, linear channels]
-    entropy, top = _row_entropy_and_max(a)
-    vals = torch.cat([linear, entropy[..., None], entropy[..., None], top[..., None]], -1)
-    dev = sum_device(a.device)
-    # padded rows: 0 before any sum, whatever they hold (NaN x 0 is NaN: a weight of 0 is not enough)
-    vals = vals.to(dev, torch.float64).masked_fill_(d.padded.to(dev), 0.0)
-    sums = torch.einsum("bhrc,brc->hc", vals, d.row_weights.to(dev))
-    out = torch.zeros(H, len(ALL_STATISTICS), dtype=torch.float64, device=dev)
-    return out.index_copy_(1, d.index.to(dev), sums)
 
 
 #: Maps of at most this many probabilities (batch x heads x rows x keys: 16 MiB of float32) have

@@ -131,64 +131,6 @@ class ContractionWeights:
                                   self.pos_names, self.row_weights.to(device), self.real_rows.to(device),
                                   self.rows.to(device), self.counts)
 
-    def dense(self) -> DenseWeights:
-        """Every linear statistic's per-row weight vector in one tensor (:class:`DenseWeights`), built
-        on the first call and kept (the weights of a batch serve every site that shares them)."""
-        cached = self.__dict__.get("_dense")
-        if cached is None:
-            cached = self.__dict__["_dense"] = dense_weights(self)
-        return cached
-
-
-#: The channels of a :class:`DenseWeights`' row values after the linear ones: the row's -sum A ln A
-#: (twice: ``entropy`` and ``norm_entropy``, weighted differently over the rows) and its max.
-ROW_CHANNELS: tuple[str, ...] = ("entropy", "norm_entropy", "max_weight")
-
-
-@dataclass
-class DenseWeights:
-    """The linear statistics of one batch (or row block) as one contraction, and the rows' weights
-    in the order of its channels: what :func:`probe.measures.stats.map_sums` uses on short maps,
-    where the number of operations, not their size, is the cost.
-
-    Attributes:
-        linear: [batch, rows, keys, len(names)] float32: row r's weight of key k in each linear
-            statistic (per-key weights, one-hot diagonals and per-row vectors of
-            :class:`ContractionWeights` side by side).
-        names: the linear statistics of ``linear``'s channels.
-        row_weights: [batch, rows, len(names) + len(ROW_CHANNELS)] float64: the weight of each row's
-            value in each channel's sum (``names``, then :data:`ROW_CHANNELS`).
-        index: [len(names) + len(ROW_CHANNELS)] int64 on the weights' device: each channel's
-            position in :data:`ALL_STATISTICS`.
-        padded: [batch, 1, rows, 1] bool, True on padded query rows (set to 0 before any sum).
-    """
-
-    linear: torch.Tensor
-    names: tuple[str, ...]
-    row_weights: torch.Tensor
-    index: torch.Tensor
-    padded: torch.Tensor
-
-
-def dense_weights(w: ContractionWeights) -> DenseWeights:
-    """:class:`DenseWeights` of ``w``, on its device: [batch, rows, keys, channels] (a diagonal of
-    offset o is row r's one-hot vector at key r + o; none where r + o is not a key)."""
-    B, K, _ = w.keys.shape
-    R = w.row_weights.shape[1]
-    parts = [w.keys[:, None].expand(B, R, K, len(w.key_names))]
-    if w.diagonals:
-        r = torch.arange(R, device=w.keys.device)[:, None]
-        k = torch.arange(K, device=w.keys.device)[None, :]
-        eye = torch.stack([(k == r + offset) for _, offset in w.diagonals], -1).to(w.keys.dtype)  # [R, K, d]
-        parts.append(eye[None].expand(B, R, K, len(w.diagonals)))
-    if w.pos_names:
-        parts.append(w.positional.transpose(2, 3))
-    names = (*w.key_names, *(name for name, _ in w.diagonals), *w.pos_names)
-    order = [INDEX[name] for name in (*names, *ROW_CHANNELS)]
-    index = torch.tensor(order, dtype=torch.int64, device=w.keys.device)
-    return DenseWeights(torch.cat(parts, -1).contiguous(), names, w.row_weights[..., order].double(), index,
-                        (w.real_rows == 0)[:, None, :, None])
-
 
 def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFeatures | None = None,
                         rows: tuple[int, int] | None = None, n_keys: int | None = None) -> ContractionWeights:
