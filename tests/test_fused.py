@@ -4,9 +4,6 @@
   probabilities with the values) equals the one computed again from the probabilities, on whole
   maps and on row blocks, for a model with grouped key/value heads; a half-precision model's
   rounded outputs are not used.
-- The statistics' one-product contraction (short maps) and the per-part one (long maps) give the
-  same sums on the maps of a real forward pass (tests/test_stats_contraction.py checks both against
-  the definitions).
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ import pytest
 import torch
 from generic_models import generic_lm
 
-from probe.measures import stats as stats_module
 from probe.measures import values as values_module
 from probe.runs.analysis import analyze
 
@@ -73,16 +69,3 @@ def test_a_half_models_rounded_outputs_are_not_used(grouped, monkeypatch):
     finally:
         grouped.model.float()
     assert calls["n"] == 0 and bool(np.isfinite(heads["norm_mass"]).all())
-
-
-def test_one_product_and_per_part_sums_agree_on_a_forward_pass(grouped, monkeypatch):
-    """analyze() with every map contracted in one product per family, and with the per-part
-    contraction: the same heads table within float32 rounding."""
-    monkeypatch.setattr(stats_module, "DENSE_WEIGHTS", 2 ** 40)
-    one = _heads(grouped)
-    monkeypatch.setattr(stats_module, "DENSE_WEIGHTS", 0)
-    parts = _heads(grouped)
-    numeric = [c for c in one.columns if one[c].dtype.kind == "f"]
-    assert len(numeric) > 20
-    for c in numeric:
-        np.testing.assert_allclose(one[c].to_numpy(), parts[c].to_numpy(), rtol=1e-5, atol=1e-7, err_msg=c)
