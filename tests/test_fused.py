@@ -69,3 +69,20 @@ def test_a_half_models_rounded_outputs_are_not_used(grouped, monkeypatch):
     finally:
         grouped.model.float()
     assert calls["n"] == 0 and bool(np.isfinite(heads["norm_mass"]).all())
+
+
+def test_an_output_editor_leaves_norm_mass_as_the_probabilities_give_it(grouped, monkeypatch):
+    """Under an editor at the ``"output"`` point (heads scaled by 0.5 inside :func:`intervening`), the
+    function's output is no longer the probabilities times the values: ``norm_mass`` is computed from
+    the probabilities and values (the same as with no output kept), not read from the edited output."""
+    from probe.capture.intervene import intervening, scale
+
+    def under_editor():
+        with intervening(grouped) as iv:
+            iv.edit("output", lambda site: scale(0.5))
+            return _heads(grouped)
+
+    edited = under_editor()
+    monkeypatch.setattr(values_module, "WIDE", ())
+    again = under_editor()
+    np.testing.assert_allclose(edited["norm_mass"].to_numpy(), again["norm_mass"].to_numpy(), rtol=1e-6)

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..architectures import ArchSpec, needs_weights, site_block, site_spec
 from ..capture.hooks import Hooks
-from ..capture.interface import site_listeners
+from ..capture.interface import has_editors, site_listeners
 from ..sites import Site
 
 
@@ -203,7 +203,8 @@ class ValueTracker:
         def keep(site: Site, call) -> None:
             if self.lm.spec.discovered and (call.rows is None or call.rows[0] == 0):
                 self._values[site] = call.value.detach()
-            if call.output.dtype in WIDE:  # each head's output as the function computed it (this call or block)
+            # each head's output as the function computed it (this call or block), unless an editor changed it
+            if call.output.dtype in WIDE and not has_editors(call.module, "output"):
                 self._outputs[site] = call.output.detach()
         # every model that runs probe's attention function hands its calls here (a hand-spec model under
         # eager attention never calls it: its values come from the value projection's hook below)
