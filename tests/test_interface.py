@@ -140,9 +140,14 @@ def test_measuring_switches_to_the_function_and_restores_the_implementation(tiny
     before = ModelState.of(model).config
     with measuring(model) as m:
         assert model.config._attn_implementation == NAME
-        assert any(NAME in n for n in m.notes)
+        assert m.notes == []  # from eager: the same arithmetic, nothing to tell
     assert model.config._attn_implementation == "eager"
     assert ModelState.of(model).config == before
+    model.set_attn_implementation("sdpa")  # a user's choice: no probabilities, so the switch is said
+    with measuring(model) as m:
+        assert model.config._attn_implementation == NAME
+        assert any("'sdpa'" in n and repr(NAME) in n and "restored" in n for n in m.notes)
+    assert model.config._attn_implementation == "sdpa"
 
 
 def test_install_registers_the_function_and_its_mask():
