@@ -352,7 +352,8 @@ def test_heads_behind_a_projection_never_called_stop_every_method_with_the_setti
 
     model, tok = tp2_bloom()
     lm = pm.from_pretrained_objects(model, tok, name="tiny-bloom-tp2")
-    said = r"output projection \(self_attention.dense\) is never called: the setting pretraining_tp=2, slow_but_exact=True"
+    said = (r"output projection \(self_attention.dense\) is never called: "
+            r"the setting pretraining_tp=2, slow_but_exact=True")
     with pytest.raises(UnsupportedAnalysisError, match=said):
         with gated(lm):
             pass
@@ -364,7 +365,8 @@ def test_heads_behind_a_projection_never_called_stop_every_method_with_the_setti
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("clean\tcorrupted\tanswer\twrong\nThe cat and the dog ran to\tThe dog and the cat ran to\t the\t a\n",
+    pairs.write_text("clean\tcorrupted\tanswer\twrong\n"
+                     "The cat and the dog ran to\tThe dog and the cat ran to\t the\t a\n",
                      encoding="utf-8")
     for command in (("prune", "--corpus", corpus, "--steps", 1), ("patch", "--pairs", pairs),
                     ("effects", "-n", 4)):

@@ -53,7 +53,8 @@ SIZES = {
     "rotary_dim": HEAD_DIM // 2, "rotary_emb_dim": HEAD_DIM // 2, "hidden_size_per_layer_input": HEAD_DIM,
 }
 #: Attributes capped (not raised) at a value: top-k routing, groups, windows.
-CAPS = {"num_experts_per_tok": 2, "num_experts_per_token": 2, "moe_topk": 2, "top_k": 2, "moe_k": 2, "n_shared_experts": 1, "num_shared_experts": 1,
+CAPS = {"num_experts_per_tok": 2, "num_experts_per_token": 2, "moe_topk": 2, "top_k": 2, "moe_k": 2,
+        "n_shared_experts": 1, "num_shared_experts": 1,
         "n_group": 1, "topk_group": 1, "sliding_window": 8, "attention_window": 8, "first_k_dense_replace": 1,
         "num_kv_heads": KV_HEADS, "num_kv_shared_layers": 0, "local_window_size": 8, "window_size": 8,
         "expand": 1, "mamba_expand": 1, "num_centroids": 64, "n_groups": 1, "mamba_n_groups": 1,

@@ -42,6 +42,7 @@ __all__ = [
     "ALIBI", "DISCOVERED", "DISENTANGLED", "FALCON_ALIBI", "MODEL_KINDS", "MPNET_RELATIVE", "NO_POSITION_BIAS",
     "QKV_LAYOUTS", "SPECS", "T5_RELATIVE", "ArchSpec", "Found", "HeadGeometry", "PositionBias", "SiteSpec",
     "base_model", "build_spec", "get_spec", "head_geometry", "kind_of", "max_positions", "model_kind",
-    "needs_weights", "one_stack", "output_projection_bypass", "register", "site_block", "site_modules", "site_outputs", "site_spec", "sites",
+    "needs_weights", "one_stack", "output_projection_bypass", "register", "site_block", "site_modules",
+    "site_outputs", "site_spec", "sites",
     "stack_layers",
 ]

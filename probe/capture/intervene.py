@@ -308,8 +308,8 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
         install()
     elif (why := output_projection_bypass(lm.model.config)) is not None:
         o = lm.spec.site_specs[0].o
-        raise UnsupportedAnalysisError(f"probe cannot read or write the heads of {lm.name}: the output projection ({o}) "
-                                       f"is never called: {why}")
+        raise UnsupportedAnalysisError(f"probe cannot read or write the heads of {lm.name}: the output projection "
+                                       f"({o}) is never called: {why}")
     with measuring(lm.model, eager=own or eager, eval_mode=eval_mode, implementation=NAME if own else None) as m:
         served = served_sites(lm.model, lm.spec)
         if not own:

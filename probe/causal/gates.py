@@ -123,7 +123,8 @@ def check_gates(lm, state: Gates) -> None:
 
     Raises:
         ProbeError: a layer's output projection is never called (naming the model setting where
-            it is a known one: :func:`probe.capture.intervene.intervening` refuses it first), or closing heads changes nothing.
+            it is a known one: :func:`probe.capture.intervene.intervening` refuses it first), or closing
+            heads changes nothing.
     """
     batch = encode(lm, "The cat sat on the mat.")
     saved, state.fired = state.values, set()
