@@ -16,6 +16,9 @@ Data flow: a forward hook on each site's value projection (:func:`add_value_hook
 values [batch, kv_heads, key, d_head] until the site's probabilities arrive; :class:`ValueTracker`
 then turns them into :class:`ValueNorms` (per head and key, and per head and query row: the norm of
 the head's output, ``norm_mass``) for the accumulators that read them (:mod:`probe.measures.stats`).
+A model that runs probe's attention function also hands each call's head outputs z_i = sum_j A[i, j]
+v_j to the tracker, and ``norm_mass`` is read from them (``head_output_norms``: float32 and float64
+models, no output editor) instead of a second product of the probabilities with the values.
 """
 
 from __future__ import annotations
