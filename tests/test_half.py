@@ -278,3 +278,80 @@ def test_cli_dtype_and_device(bf16_folder, tmp_path):
     for command in ("patch", "prune", "effects"):
         result = invoke_cli(command, "--help")
         assert "--dtype [float32|bfloat16|float16]" in result.output and "--device" in result.output, command
+
+
+def test_bench_gpu_runs_on_the_cpu_and_refuses_cuda_without_one(bf16_folder):
+    """benchmarks/bench_gpu.py: ``--device cpu`` runs every part on a tiny model (one row per length,
+    a length above the model's limit skipped in words); ``--device cuda`` without CUDA is one Error line,
+    status 1, no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+    run_it = lambda *a: subprocess.run([sys.executable, str(script), "--model", str(bf16_folder), *a],  # noqa: E731
+                                       capture_output=True, text=True, timeout=600)
+    done = run_it("--device", "cpu", "--lengths", "8,100000", "--sequences", "2", "--batch-size", "2",
+                  "--repeats", "1")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(str(bf16_folder))]
+    assert [r[1] for r in rows] == ["8", "100000"] and rows[1][2] == "skipped:"
+    assert float(rows[0][2]) > 0 and float(rows[0][3]) > 0  # bare and analyze seconds
+    if not torch.cuda.is_available():
+        refused = run_it("--device", "cuda")
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert [line for line in refused.stderr.splitlines() if line] == [
+            "Error: no CUDA device here (torch.cuda.is_available() is False); --device cpu runs this script as a "
+            "smoke test"]
+
+
+def test_float16_scores_that_overflow_give_the_float32_result_in_probes_function():
+    """probe's attention function on float16 queries and keys whose scores pass 65504: the
+    probabilities are the float32 computation on the same inputs (rounded once to float16), not NaN
+    and not the overflowed float16 scores' softmax."""
+    from torch import nn
+
+    from probe.capture.interface import probe_attention
+
+    g = torch.Generator().manual_seed(30)
+    q = (torch.randn(2, 4, 6, 16, generator=g) * 80).half()
+    k = (torch.randn(2, 2, 6, 16, generator=g) * 80).half()  # grouped: 2 key/value heads
+    v = torch.randn(2, 2, 6, 16, generator=g).half()
+    keep = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    keep[1, :, :, 4:] = False  # the second sequence: 4 real tokens
+    module = nn.Module().eval()
+    out, probs = probe_attention(module, q, k, v, keep, scaling=0.25)
+    out32, probs32 = probe_attention(module, q.float(), k.float(), v.float(), keep, scaling=0.25)
+    kk = k.repeat_interleave(2, dim=1)
+    scores16 = q @ kk.transpose(-2, -1) * 0.25
+    assert bool(scores16.isinf().any())  # the trap: float16 scores past 65504
+    assert probs.dtype == torch.float16 and not bool(torch.isnan(probs).any()) and not bool(torch.isnan(out).any())
+    torch.testing.assert_close(probs, probs32.half(), atol=0, rtol=0)
+    assert torch.count_nonzero(probs[~keep.expand_as(probs)]) == 0
+
+
+def test_a_float16_model_with_overflowing_scores_measures_without_nan():
+    """A tiny LLaMA in float16 whose query and key weights are scaled until scores pass 65504 (its
+    eager attention returns NaN): probe's function gives finite statistics wherever float32 has them
+    (NaN only for ``next`` on a causal model and ``sep`` without a sep token) and rows that sum to 1."""
+    lm = tiny_model("llama")
+    with torch.no_grad():
+        for layer in lm.model.model.layers:
+            layer.self_attn.q_proj.weight *= 60
+            layer.self_attn.k_proj.weight *= 60
+    lm.model.half()
+    cap = capture_attention(lm, TEXTS[:2])
+    real = cap.batch.real
+    for p in cap.probs:
+        rows = p[:, :, :, :].float().sum(-1)  # [B, H, T]
+        assert not bool(torch.isnan(p).any())
+        assert bool(((rows - 1).abs()[real[:, None, :].expand_as(rows)] <= 4e-3).all())
+    heads = _statistics(lm, TEXTS[:2])
+    lm.model.set_attn_implementation("eager")  # the model's own half-precision attention: NaN
+    from probe.capture.maps import forward
+    with torch.no_grad():
+        eager = forward(lm, cap.batch, output_attentions=True).attentions
+    assert any(bool(torch.isnan(a).any()) for a in eager)
+    expected_nan = {"next", "sep"}
+    for s in STATISTICS:
+        assert heads[s].isna().all() if s in expected_nan else heads[s].notna().all(), s

@@ -225,6 +225,12 @@ def _edits(module: nn.Module, point: str) -> bool:
     return bool(_EDITORS.get(module, {}).get(point))
 
 
+def has_editors(module: nn.Module, point: str) -> bool:
+    """Whether editors are registered at ``point`` (:data:`POINTS`) of ``module``'s calls now (a
+    reader of :attr:`Call.output` learns whether it is still the probabilities times the values)."""
+    return _edits(module, point)
+
+
 def probe_mask(*args, **kwargs):
     """The mask function registered for :data:`NAME`: transformers' boolean ``sdpa_mask`` (True =
     keep, [batch, 1, query, key]) never skipped, so that causality, windows and padding are always in

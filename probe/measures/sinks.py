@@ -89,6 +89,12 @@ class SinkProfileResult:
         return pd.DataFrame(out, columns=["site", "layer", "start", "end", "rows", "first", "first4"])
 
 
+def _rows_and_bins(real: torch.Tensor, i0: int, i1: int, n_bins: int, device: torch.device) -> tuple:
+    """([batch, i1 - i0] bool real query rows, [i1 - i0, n_bins] float64 one-hot position bins) on ``device``."""
+    bins = torch.nn.functional.one_hot(position_bins(torch.arange(i0, i1, device=device)), n_bins).double()
+    return real[:, i0:i1].to(device), bins
+
+
 class SinkProfile(Accumulator):
     """Attention to the first tokens by query position, per self-attention site and head
     (module docstring: ``first`` and ``first4``, in power-of-two bins of the query position).
@@ -124,9 +130,9 @@ class SinkProfile(Accumulator):
         i0, i1 = (0, probs.shape[2]) if rows is None else rows
         self.follow(probs.device)
         dev = self.sums.device  # probs' device (the CPU for MPS: no float64 there)
-        real = queries.real[:, i0:i1].to(dev)  # [B, r]
-        one_hot = torch.nn.functional.one_hot(position_bins(torch.arange(i0, i1, device=dev)),
-                                              self.rows.shape[1]).double()  # [r, bins]
+        # the block's real rows and position bins: built on the device once per batch and block, for every site
+        real, one_hot = queries.cached(("sink_rows", i0, i1, self.rows.shape[1], str(dev)),
+                                       lambda: _rows_and_bins(queries.real, i0, i1, self.rows.shape[1], dev))
         first = probs[..., 0].to(dev, torch.float64)  # [B, H, r]
         first4 = probs[..., :SINK_TOKENS].to(dev, torch.float64).sum(-1)
         s = self._index[site]

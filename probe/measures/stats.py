@@ -251,15 +251,20 @@ class HeadStatistics(Accumulator):
         if values is None:
             raise ValueError(f"value-weighted statistics of {site.name} need its value norms (probe.runs.analysis.run "
                              "hands them to an accumulator that reads values)")
-        tilde, empty = norm_weighted(a, values.norms[..., :nk])
-        if a.numel() <= JOINT_SUMS:  # a short map: A and N~ in one call (half the small operations)
-            both = map_sums(torch.cat([a, tilde], 1), w).to(dev)
-            self.sums[i] += both[:a.shape[1]]
-            self.norm_sums[i] += both[a.shape[1]:]
-        else:  # a long map or block: no concatenated copy
+        H = a.shape[1]
+        if a.numel() <= JOINT_SUMS:  # a short map: A and N~ side by side in one call (half the small operations)
+            both = a.new_empty(B, 2 * H, *a.shape[2:])
+            both[:, :H] = a
+            _, empty = norm_weighted(a, values.norms[..., :nk], out=both[:, H:])  # N~ written in place
+            sums = map_sums(both, w).to(dev)
+            self.sums[i] += sums[:H]
+            self.norm_sums[i] += sums[H:]
+            del both
+        else:  # a long map or block: no joint copy
+            tilde, empty = norm_weighted(a, values.norms[..., :nk])
             self.sums[i] += map_sums(a, w).to(dev)
             self.norm_sums[i] += map_sums(tilde, w).to(dev)
-        del tilde
+            del tilde
         self.norm_counts[i] += w.counts[None, :].to(dev)
         # rows with no value-weighted map: out of that head's counts (no host sync to ask whether any)
         self.norm_counts[i] -= torch.einsum("bhq,bqs->hs", empty.float(), w.rows).round().to(dev, torch.int64)

@@ -16,6 +16,9 @@ Data flow: a forward hook on each site's value projection (:func:`add_value_hook
 values [batch, kv_heads, key, d_head] until the site's probabilities arrive; :class:`ValueTracker`
 then turns them into :class:`ValueNorms` (per head and key, and per head and query row: the norm of
 the head's output, ``norm_mass``) for the accumulators that read them (:mod:`probe.measures.stats`).
+A model that runs probe's attention function also hands each call's head outputs z_i = sum_j A[i, j]
+v_j to the tracker, and ``norm_mass`` is read from them (``head_output_norms``: float32 and float64
+models, no output editor) instead of a second product of the probabilities with the values.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from torch import nn
 
 from ..architectures import ArchSpec, needs_weights, site_block, site_spec
 from ..capture.hooks import Hooks
-from ..capture.interface import site_listeners
+from ..capture.interface import has_editors, site_listeners
 from ..sites import Site
 
 
@@ -92,6 +95,26 @@ def output_norms(probs: torch.Tensor, v: torch.Tensor, gram: torch.Tensor) -> to
     vf = v.float()
     z = (probs.float().reshape(B, KV, (H // KV) * Tq, Tk) @ vf).reshape(B, H, Tq, d)
     sq = ((z @ gram.to(z.device)) * z).sum(-1)
+    return sq.clamp(min=0).sqrt()
+
+
+#: Dtypes in which each head's output handed by probe's attention function is used for ``norm_mass``
+#: as it is (:func:`head_output_norms`); a half-precision output (rounded to the dtype) is not: the
+#: norms are computed again from the probabilities in float32 (:func:`output_norms`).
+WIDE = (torch.float32, torch.float64)
+
+
+def head_output_norms(z: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """:func:`output_norms` from each head's output z_i = sum_j A[i, j] v_j as probe's attention
+    function computed it (:attr:`probe.capture.interface.Call.output`): no second product with the
+    values. [batch, heads, query].
+
+    Args:
+        z: [batch, query, heads, d_head] each head's output before the output projection.
+        gram: [heads, d_head, d_head].
+    """
+    zf = z.float().transpose(1, 2)  # [B, H, Tq, d]
+    sq = ((zf @ gram.to(zf.device)) * zf).sum(-1)
     return sq.clamp(min=0).sqrt()
 
 
@@ -170,16 +193,26 @@ class ValueTracker:
         self._values: dict[Site, torch.Tensor] = {}
         self._kept: dict[Site, tuple[torch.Tensor, torch.Tensor]] = {}  # block capture: (values, norms)
         self._grams: dict[Site, torch.Tensor] = {}
+        self._outputs: dict[Site, torch.Tensor] = {}  # probe's function: each head's output of the last call
 
     def hook(self, hooks: Hooks) -> None:
         """Register the value hooks of every site into ``hooks`` (a discovered spec: the values
-        [batch, kv_heads, key, d_head] probe's attention function received, :mod:`probe.capture.interface`)."""
+        [batch, kv_heads, key, d_head] probe's attention function received, :mod:`probe.capture.interface`).
+        Every call of probe's function also leaves each head's output (float32 or float64 models), from
+        which ``mass`` is read without a second product of the probabilities with the values."""
         if self.lm.spec.discovered:
             needs_weights(self.lm.spec, "value-weighted statistics", ("o",))
-            def keep(site: Site, call) -> None:
-                if call.rows is None or call.rows[0] == 0:
-                    self._values[site] = call.value.detach()
-            site_listeners(hooks, self.lm.model, self.lm.spec, keep)
+
+        def keep(site: Site, call) -> None:
+            if self.lm.spec.discovered and (call.rows is None or call.rows[0] == 0):
+                self._values[site] = call.value.detach()
+            # each head's output as the function computed it (this call or block), unless an editor changed it
+            if call.output.dtype in WIDE and not has_editors(call.module, "output"):
+                self._outputs[site] = call.output.detach()
+        # every model that runs probe's attention function hands its calls here (a hand-spec model under
+        # eager attention never calls it: its values come from the value projection's hook below)
+        site_listeners(hooks, self.lm.model, self.lm.spec, keep)
+        if self.lm.spec.discovered:
             return
         add_value_hooks(hooks, self.lm.model, self.lm.spec, self.lm.sites, self._values.__setitem__)
 
@@ -228,7 +261,8 @@ class ValueTracker:
         if rows is not None and site.causal and site.kind != "cross":  # keys after the block's last row: A = 0
             n_keys = probs.shape[-1] - (rows[2] - rows[1])
             probs, v = probs[..., :n_keys], v[..., :n_keys, :]
-        mass = output_norms(probs, v, gram)
+        z = self._outputs.pop(site, None)
+        mass = output_norms(probs, v, gram) if z is None or z.shape[1] != probs.shape[2] else head_output_norms(z, gram)
         if self.lm.pruned is not None and original_numbering:
             norms, mass = self.lm.pruned.expand(site.layer, norms), self.lm.pruned.expand(site.layer, mass)
         return ValueNorms(norms, mass)
