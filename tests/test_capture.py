@@ -294,3 +294,27 @@ def test_capture_restores_the_attention_implementation():
 def test_capture_rejects_max_length_below_two(max_length):
     with pytest.raises(InputError, match="at least 2"):
         capture_attention(tiny_model("bert"), "The cat sat.", max_length=max_length)
+
+
+@pytest.mark.parametrize("kind", ["deberta-v2", "bloom", "falcon", "falcon-alibi", "gpt_neo", "mpnet"])
+def test_families_outside_the_interface_are_captured_through_probes_function(kind, monkeypatch):
+    """DeBERTa, BLOOM, Falcon, GPT-Neo and MPNet compute attention inline; capture swaps in probe's
+    reference module, which calls probe's attention function: one call of its operation per site and
+    pass, maps equal to the model's own eager maps at every real row and key, modules back after."""
+    import probe.capture.interface as interface
+    from probe.capture.maps import forward
+    from probe.capture.swapped import is_swapped
+
+    lm = tiny_model(kind)
+    texts = ["One sentence here, a bit longer.", "Two."]
+    capture_attention(lm, texts)  # the first capture also checks, once per model, that the reference agrees
+    calls, op = [], interface.attention
+    monkeypatch.setattr(interface, "attention", lambda *a, **k: calls.append(1) or op(*a, **k))
+    captured = capture_attention(lm, texts)
+    monkeypatch.undo()
+    assert len(calls) == len(lm.sites) and not is_swapped(lm)
+    with torch.no_grad():
+        own = forward(lm, captured.batch, output_attentions=True).attentions
+    for probs, theirs in zip(captured.probs, own, strict=True):
+        for row, length in enumerate(captured.batch.lengths.tolist()):
+            assert torch.equal(probs[row, :, :length, :length], theirs[row, :, :length, :length])

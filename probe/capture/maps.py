@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +25,9 @@ from ..errors import CaptureError
 from ..measures.values import ValueTracker
 from ..sites import Site
 from ..text.inputs import Batch, Text, as_texts, collate, tokenize
-from .hooks import Hooks, input_device, measuring
+from .hooks import Hooks, input_device, measuring, native
 from .interface import site_listeners
+from .swapped import swap_if_agrees
 
 #: A capture callback: ``callback(site, probs)`` with probs [batch, heads, query, key].
 SiteCallback = Callable[[Site, torch.Tensor], None]
@@ -111,9 +112,14 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback,
     With ``values`` (a :class:`~probe.measures.values.ValueTracker`), each site's value projection is hooked
     too, so that ``values.take(site, probs)`` inside the callback gives that site's value norms.
 
-    Inside the context the model runs eager attention in eval mode (:func:`probe.capture.hooks.measuring`);
-    on exit (also on exceptions) every hook is removed and the attention implementation and
-    train/eval mode are restored.
+    Inside the context every attention call goes through probe's attention function
+    (:mod:`probe.capture.interface`), in eval mode (:func:`probe.capture.hooks.measuring`): a model whose
+    modules call transformers' attention interface runs it in place of eager attention; a hand family
+    whose modules compute attention inline (DeBERTa, BLOOM, Falcon, GPT-Neo, MPNet) gets probe's
+    reference module swapped in, which calls it, where that module reproduces the model bit for bit
+    (:func:`probe.capture.swapped.swap_if_agrees`), else runs eager attention and hands over the
+    probabilities its modules return. On exit (also on exceptions) every hook is removed, the modules
+    are put back and the attention implementation and train/eval mode are restored.
 
     Yields:
         Notes on what was changed to make capture correct (attention implementation, train mode).
@@ -121,7 +127,11 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback,
     Raises:
         CaptureError: a site returned no attention probabilities.
     """
-    with measuring(lm.model) as m:
+    with measuring(lm.model) as m, ExitStack() as stack:
+        if not lm.spec.discovered and not native(lm.model):
+            # a family whose modules compute attention inline: probe's reference module, which calls probe's
+            # attention function, stands in where it reproduces the model bit for bit (else the module's own maps)
+            swap_if_agrees(lm, stack)
         if values is not None:
             values.hook(m.hooks)
         add_attention_hooks(m.hooks, lm, callback)
