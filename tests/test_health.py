@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import DECODERS, SEQ2SEQ, tiny_model
-from probe.capture.maps import capture_attention, encode
+from probe.capture.maps import encode, forward
 from probe.errors import InputError
 from probe.patterns import HealthProbe, health_checks, health_of, health_thresholds, pattern_accumulators
 from probe.reference.swap import swap_attention
@@ -133,7 +133,8 @@ def test_deberta_padding_queries_spread_evenly_and_the_check_reads_real_rows():
     other families' padding rows stay in)."""
     lm = tiny_model("deberta-v2")
     batch = encode(lm, TEXTS[:2])
-    probs = capture_attention(lm, TEXTS[:2]).probs[0]  # (B, heads, T, T)
+    with torch.no_grad():  # the model's own maps (capture reads probe's reference module, equal on real rows)
+        probs = forward(lm, batch, output_attentions=True).attentions[0]  # (B, heads, T, T)
     short = int(batch.real.sum(1).argmin())
     pad_rows = probs[short, :, ~batch.real[short]]  # (heads, padding queries, T)
     assert pad_rows.numel() and torch.allclose(pad_rows, torch.full_like(pad_rows, 1 / probs.shape[-1]))

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
+from ..architectures import site_modules
 from ..core import LoadedModel
 from ..errors import InputError
 from ..reference.swap import swap_attention
@@ -30,6 +31,7 @@ from ..sites import Site
 from ..text.inputs import Batch
 from .hooks import Hooks
 from .interface import row_blocks, site_listeners
+from .swapped import is_swapped
 
 #: A batch whose longest sequence (either side of an encoder-decoder model) exceeds this many
 #: tokens is captured in query blocks unless the caller chose otherwise.
@@ -118,13 +120,30 @@ def block_capture(lm: LoadedModel, rows: int, on_block: BlockCallback, hooks=Non
     try:
         if lm.kind == "decoder":  # the reference builds its own masks: let Hugging Face skip its [T, T] one
             config._attn_implementation = "sdpa"
-        with swap_attention(lm, hooks=hooks) as swapped:
-            for site, module in zip(lm.sites, swapped.modules):
+        with _reference(lm, hooks) as (modules, notes):
+            for site, module in zip(lm.sites, modules):
                 module.query_block = rows
                 module.on_block = _bound(on_block, site)
-            yield swapped.notes
+            yield notes
     finally:
         config._attn_implementation = saved
+
+
+@contextmanager
+def _reference(lm: LoadedModel, hooks) -> Iterator[tuple[list, list]]:
+    """The reference modules at ``lm``'s sites, in site order, with the swap's notes: those capture
+    swapped in already (a family outside the attention interface, :mod:`probe.capture.swapped`; their
+    block settings cleared on exit), else swapped in for the context."""
+    if is_swapped(lm):
+        modules = [module for _, module in site_modules(lm.model, lm.spec)]
+        try:
+            yield modules, []
+        finally:
+            for module in modules:
+                module.query_block = module.on_block = None
+        return
+    with swap_attention(lm, hooks=hooks) as swapped:
+        yield swapped.modules, swapped.notes
 
 
 @contextmanager

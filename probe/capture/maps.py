@@ -50,6 +50,8 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
 
     def make_hook(site: Site):
         def hook(module, args, output):
+            if getattr(module, "query_block", None) is not None:
+                return  # a swapped-in reference module computing blocks hands them on (probe.capture.blocks)
             probs = probs_of(output)
             if probs is None:
                 raise CaptureError(
