@@ -1,0 +1,124 @@
+"""Activation and attribution patching of every component (probe patch --component): z as patch_heads,
+0 for a patch with the run's own value and for clean = corrupted, attribution = a finite difference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_model
+from probe.capture.intervene import intervening
+from probe.effects import components as comps
+from probe.effects.pairs import EncodedPairs, Pair, encode_pairs
+from probe.effects.patch_full import model_inputs, positions
+from probe.effects.patching import patch_heads
+from probe.errors import InputError, UnsupportedAnalysisError
+
+PAIRS = [Pair("The cat and the dog ran to", "The dog and the cat ran to", " the", " a"),
+         Pair("When Mary and John went to the store, John gave a drink to",
+              "When Mary and John went to the store, Mary gave a drink to", " Mary", " John")]
+KINDS = ["gpt2", "llama", "gpt_neox"]  # llama: grouped key/value heads; gpt_neox: parallel attention and MLP
+
+
+def _same(enc: EncodedPairs) -> EncodedPairs:
+    return EncodedPairs(enc.clean, enc.clean, enc.mask, enc.last, enc.answer, enc.wrong, source_last=enc.source_last)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_z_equals_patch_heads_and_units_follow_the_architecture(kind):
+    lm = tiny_model(kind)
+    enc = encode_pairs(lm, PAIRS)
+    z, heads = comps.patch_component(lm, enc, "z"), patch_heads(lm, PAIRS)
+    np.testing.assert_array_equal(z["raw"].to_numpy(), heads["raw"].to_numpy())
+    np.testing.assert_array_equal(z["effect_last"].to_numpy(), heads["effect_last"].to_numpy())
+    g = lm.geometry
+    assert comps.units(lm, "k") == ((g.n_kv_heads, "kv_head") if kind == "llama" else (g.n_heads, "head"))
+    assert len(comps.patch_component(lm, enc, "v")) == g.n_layers * comps.units(lm, "v")[0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", list(comps.COMPONENTS))
+def test_clean_equal_to_corrupted_gives_zero_for_both_methods(kind, name):
+    lm = tiny_model(kind)
+    same = _same(encode_pairs(lm, PAIRS))
+    frame = comps.patch_component(lm, same, name)
+    assert (frame[["raw", "raw_last"]].to_numpy() == 0).all() and not frame.attrs["normalized"]
+    attr = comps.attribute_component(lm, same, name)
+    assert (attr[["attribution_raw", "attribution_raw_last"]].to_numpy() == 0).all()
+
+
+@pytest.mark.parametrize("name", list(comps.COMPONENTS))
+def test_patching_a_component_with_its_own_value_gives_zero(name):
+    lm = tiny_model("llama")
+    enc = encode_pairs(lm, PAIRS)
+    frame = comps.patch_component(lm, enc, name, direction="noise")  # donor: the corrupted run
+    assert frame["raw"].abs().sum() > 0  # the runs differ
+    # the run patched from itself: the donor pass has the run's shape, so every raw difference is exactly 0
+    own = EncodedPairs(enc.corrupted, enc.corrupted, enc.mask, enc.last, enc.answer, enc.wrong,
+                       source_last=enc.source_last)
+    assert (comps.patch_component(lm, own, name)[["raw", "raw_last"]].to_numpy() == 0).all()
+
+
+def test_the_residual_stream_at_every_position_restores_everything():
+    lm = tiny_model("gpt2")
+    frame = comps.patch_component(lm, encode_pairs(lm, PAIRS), "resid")
+    # the whole input of any block from the clean run: the rest of the pass is the clean pass
+    assert frame["effect"].to_numpy() == pytest.approx(1.0, abs=1e-5)
+
+
+def _finite_difference(lm, enc, name, layer, unit, eps):
+    """(LD(run + eps d) - LD(run - eps d)) / 2 eps, d = donor - run on one unit at every position, denoising
+    (a central difference: LLaMA's RMSNorm computes in float32 even in a float64 model)."""
+    donor: dict = {}
+    with torch.no_grad():
+        with intervening(lm) as iv:
+            comps.install(iv, lm, name, comps.record(donor))
+            lm.model(**model_inputs(lm, enc, enc.clean))
+        lds = []
+        for step in (-eps, eps):
+            def nudge(i, t, step=step):
+                if i != layer:
+                    return t
+                T = t.shape[comps.COMPONENTS[name].pos_axis]
+                sel = torch.zeros(len(enc), comps.units(lm, name)[0], T, dtype=torch.bool)
+                sel[:, unit] = positions(lm, enc, i, "all")
+                return t + step * comps.to_layout(sel, name, t).to(t.dtype) * (donor[i] - t)
+            with intervening(lm) as iv:
+                comps.install(iv, lm, name, nudge)
+                logits = lm.model(**model_inputs(lm, enc, enc.corrupted)).logits.double()
+            rows = torch.arange(len(enc))
+            at = logits[rows, enc.last]
+            lds.append(float((at[rows, enc.answer] - at[rows, enc.wrong]).mean()))
+    return (lds[1] - lds[0]) / (2 * eps)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", ["q", "k", "v", "pattern", "resid", "mlp"])
+def test_attribution_equals_a_finite_difference(kind, name):
+    lm = tiny_model(kind)
+    lm.model.double()
+    enc = encode_pairs(lm, PAIRS)
+    frame = comps.attribute_component(lm, enc, name)
+    top = frame.reindex(frame["attribution_raw"].abs().sort_values(ascending=False).index).head(2)
+    for row in top.itertuples():
+        moved = _finite_difference(lm, enc, name, int(row.layer), max(int(row.head), 0), 1e-4)
+        assert moved == pytest.approx(row.attribution_raw, rel=0.02)
+
+
+def test_attribution_restores_flags_and_parse_refuses_unknown_names():
+    lm = tiny_model("gpt2")
+    lm.model.train()
+    flags = [p.requires_grad for p in lm.model.parameters()]
+    comps.attribute_component(lm, encode_pairs(lm, PAIRS), "q")
+    assert lm.model.training and [p.requires_grad for p in lm.model.parameters()] == flags
+    assert comps.parse_components("q, k,q,mlp") == ("q", "k", "mlp")
+    with pytest.raises(InputError, match="--component"):
+        comps.parse_components("z,attn")
+
+
+def test_components_other_than_z_are_refused_outside_the_attention_interface():
+    lm = tiny_model("bloom")
+    comps.check_components(lm, ["z"])
+    with pytest.raises(UnsupportedAnalysisError, match="attention interface"):
+        comps.check_components(lm, ["z", "q"])
