@@ -122,3 +122,38 @@ def test_components_other_than_z_are_refused_outside_the_attention_interface():
     comps.check_components(lm, ["z"])
     with pytest.raises(UnsupportedAnalysisError, match="attention interface"):
         comps.check_components(lm, ["z", "q"])
+
+
+def test_patch_command_writes_every_component_with_its_correlation(tmp_path):
+    import pandas as pd
+
+    from conftest import invoke_cli, save_tiny
+
+    model = save_tiny("llama", tmp_path / "llama")
+    (tmp_path / "pairs.tsv").write_text("\n".join("\t".join((p.clean, p.corrupted, p.answer, p.wrong)) for p in PAIRS),
+                                        encoding="utf-8")
+    result = invoke_cli("patch", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--component", "k,mlp",
+                        "--method", "attribution", "--out", tmp_path / "run", "--no-progress")
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(tmp_path / "run" / "components.csv")
+    assert list(dict.fromkeys(table["component"])) == ["z", "k", "mlp"]  # z always
+    lm = tiny_model("llama")
+    k = comps.patch_component(lm, encode_pairs(lm, PAIRS), "k")
+    got = table[table["component"] == "k"]
+    assert (got["unit"] == "kv_head").all()
+    np.testing.assert_allclose(got["effect"].to_numpy(), k["effect"].to_numpy(), rtol=1e-4, atol=1e-6)
+    corr = comps.correlation(got["effect"], got["attribution"])
+    assert "component k (4 kv_head units)" in result.output  # 2 layers x 2 key/value heads
+    assert f"correlation {corr:.3f}" in result.output
+    assert "<h3>Components</h3>" in (tmp_path / "run" / "index.html").read_text(encoding="utf-8")
+
+
+def test_bad_components_are_one_error_line(tmp_path):
+    from conftest import invoke_cli, one_error, save_tiny
+
+    one_error(invoke_cli("patch", "--model", tmp_path / "none", "--component", "z,attn"), 1, "--component")
+    model = save_tiny("bloom", tmp_path / "bloom")
+    (tmp_path / "pairs.tsv").write_text("\n".join("\t".join((p.clean, p.corrupted, p.answer, p.wrong)) for p in PAIRS),
+                                        encoding="utf-8")
+    one_error(invoke_cli("patch", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--component", "q",
+                         "--out", tmp_path / "run"), 1, "attention interface")

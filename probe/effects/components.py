@@ -42,6 +42,7 @@ from ..architectures import site_block
 from ..architectures.weights import block_mlp
 from ..capture.intervene import intervening, native
 from ..errors import InputError, UnsupportedAnalysisError
+from .attribution import correlation
 from .pairs import EncodedPairs
 from .patch_full import last_logit_diffs, model_inputs, positions
 from .patching import normalise
@@ -314,3 +315,47 @@ def attribute_component(lm, enc: EncodedPairs, name: str, direction: str = "deno
                               "attribution_raw": raw[0].ravel(), "attribution_raw_last": raw[1].ravel()})
     frame.attrs.update(ld_clean=ld_clean, ld_corrupted=ld_corr, normalized=normalized)
     return frame
+
+
+def measure_components(lm, enc: EncodedPairs, names, z: pd.DataFrame, *, direction: str = "denoise",
+                       attribution: bool = False, say=None) -> pd.DataFrame:
+    """Every component of ``names`` patched (and attributed when ``attribution``), one frame.
+
+    Args:
+        names: keys of :data:`COMPONENTS`; ``z`` is taken from ``z``, the frame
+            :func:`~probe.effects.patching.patch_heads` measured (with the ``attribution`` columns of
+            :func:`~probe.effects.patch_run.measure` when ``attribution``).
+        say: a callable given one line as each component ends, or None.
+
+    Returns:
+        The rows of :func:`patch_component` for each component in order (with the attribution columns
+        when ``attribution``); ``attrs["correlations"]``: component -> ``correlation``,
+        ``correlation_last`` of attribution against activation patching over its units (with
+        ``attribution``).
+
+    Raises:
+        UnsupportedAnalysisError: :func:`check_components`.
+    """
+    check_components(lm, names)
+    frames = []
+    for name in names:
+        if name == "z":
+            frame = z.copy()
+            frame.insert(0, "unit", "head")
+            frame.insert(0, "component", "z")
+        else:
+            frame = patch_component(lm, enc, name, direction=direction)
+            if attribution:
+                attr = attribute_component(lm, enc, name, direction)
+                for col in ("attribution", "attribution_last", "attribution_raw", "attribution_raw_last"):
+                    frame[col] = attr[col].to_numpy()
+        frames.append(frame)
+        if say is not None:
+            say(f"component {name}: {len(frame)} units patched")
+    out = pd.concat(frames, ignore_index=True)
+    if attribution:
+        out.attrs["correlations"] = {
+            f["component"].iloc[0]: {"correlation": correlation(f["effect"], f["attribution"]),
+                                     "correlation_last": correlation(f["effect_last"], f["attribution_last"])}
+            for f in frames}
+    return out
