@@ -138,10 +138,12 @@ def record(run) -> dict:
     f = run.faithfulness.frame
     k = int(run.circuit.sum())
     row = f[f["k"] == k].iloc[0]
-    return {"pairs": len(run.pairs), "source": run.source, "method": run.method, "steps": run.steps,
+    greedy = None if run.greedy is None else {**run.greedy.record(), "top_k_faithfulness": float(row["faithfulness"])}
+    return {"select": "top-k" if greedy is None else "greedy", "greedy": greedy,
+            "pairs": len(run.pairs), "source": run.source, "method": run.method, "steps": run.steps,
             "edges": run.graph.n_edges, "parallel": run.graph.parallel, "circuit_edges": k,
             "circuit_edges_on_paths": int(prune(run.graph, run.circuit).sum()),
-            "circuit_faithfulness": float(row["faithfulness"]), "ld_clean": run.ld_clean,
+            "circuit_faithfulness": run.circuit_faithfulness, "ld_clean": run.ld_clean,
             "ld_corrupted": run.ld_corrupted, "m_full": run.faithfulness.m_full, "m_empty": run.faithfulness.m_empty,
             "curve": f[["k", "share", "faithfulness", "random_mean", "random_std"]].to_dict("records"),
             "passes": run.passes, "seeds": run.seeds, "seconds": {k: round(v, 3) for k, v in run.seconds.items()},
