@@ -83,3 +83,23 @@ def test_circuit_command_with_greedy_selection(tmp_path):
     assert "greedy pruning from the complete graph" in (tmp_path / "run" / "index.html").read_text(encoding="utf-8")
     bad = invoke_cli("circuit", "--model", model, "--threshold", "1.5")
     assert bad.exit_code == 2 and "--threshold" in bad.output
+
+
+@pytest.mark.parametrize("greedy", [None, {"edges": 4, "share": 0.05, "faithfulness": 0.93}])
+def test_the_faithfulness_legend_stays_inside_the_figure(greedy):
+    import re
+
+    from probe.circuits.report import CHAR_WIDTH, faithfulness_svg
+
+    frame = pd.DataFrame({"k": [1, 10, 100], "share": [0.001, 0.01, 0.1], "faithfulness": [0.1, 0.5, 0.9],
+                          "random_mean": [0.0, 0.1, 0.3], "random_std": [0.01, 0.05, 0.1]})
+    svg = str(faithfulness_svg(frame, greedy))
+    width = float(re.search(r'viewBox="0 0 (\d+)', svg).group(1))
+    panel = re.search(r'<rect x="(\d+)" y="\d+" width="([\d.]+)"', svg)
+    right = float(panel.group(1)) + float(panel.group(2))
+    legend = [(float(x), text) for x, text in re.findall(r'<text x="([\d.]+)" y="[\d.]+">([^<]+)</text>', svg)
+              if float(x) > right]
+    assert {t for _, t in legend} >= {"top-k edges", "random (mean \u00b1 1 sd)"}
+    assert ("greedy circuit" in {t for _, t in legend}) == (greedy is not None)
+    assert all(x + CHAR_WIDTH * len(text) <= width for x, text in legend)  # 7 px a character: above 11 px sans
+    assert ('data-point="greedy"' in svg) == (greedy is not None)
