@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_patching_encdec import MLM_PAIRS, tiny_mlm
 
 from conftest import tiny_model
 from probe.capture.intervene import intervening
@@ -19,6 +20,21 @@ PAIRS = [Pair("The cat and the dog ran to", "The dog and the cat ran to", " the"
          Pair("When Mary and John went to the store, John gave a drink to",
               "When Mary and John went to the store, Mary gave a drink to", " Mary", " John")]
 KINDS = ["gpt2", "llama", "gpt_neox"]  # llama: grouped key/value heads; gpt_neox: parallel attention and MLP
+#: With a masked-LM encoder (the metric at the clean prompt's [MASK]); BERT's spec names no MLP of its own.
+ALL = [*KINDS, "bert-mlm"]
+
+
+def _model(kind):
+    return tiny_mlm() if kind == "bert-mlm" else tiny_model(kind)
+
+
+def _pairs(kind):
+    return MLM_PAIRS if kind == "bert-mlm" else PAIRS
+
+
+def _names(kind):
+    """The components of ``kind``: all but the MLP on BERT (test_bert_mlp_is_refused_in_one_line)."""
+    return [n for n in comps.COMPONENTS if not (kind == "bert-mlm" and n == "mlp")]
 
 
 def _same(enc: EncodedPairs) -> EncodedPairs:
@@ -37,27 +53,28 @@ def test_z_equals_patch_heads_and_units_follow_the_architecture(kind):
     assert len(comps.patch_component(lm, enc, "v")) == g.n_layers * comps.units(lm, "v")[0]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("name", list(comps.COMPONENTS))
-def test_clean_equal_to_corrupted_gives_zero_for_both_methods(kind, name):
-    lm = tiny_model(kind)
-    same = _same(encode_pairs(lm, PAIRS))
-    frame = comps.patch_component(lm, same, name)
-    assert (frame[["raw", "raw_last"]].to_numpy() == 0).all() and not frame.attrs["normalized"]
-    attr = comps.attribute_component(lm, same, name)
-    assert (attr[["attribution_raw", "attribution_raw_last"]].to_numpy() == 0).all()
+@pytest.mark.parametrize("kind", ALL)
+def test_clean_equal_to_corrupted_gives_zero_for_both_methods(kind):
+    lm = _model(kind)
+    same = _same(encode_pairs(lm, _pairs(kind)))
+    for name in _names(kind):
+        frame = comps.patch_component(lm, same, name)
+        assert (frame[["raw", "raw_last"]].to_numpy() == 0).all() and not frame.attrs["normalized"]
+        attr = comps.attribute_component(lm, same, name)
+        assert (attr[["attribution_raw", "attribution_raw_last"]].to_numpy() == 0).all()
 
 
-@pytest.mark.parametrize("name", list(comps.COMPONENTS))
-def test_patching_a_component_with_its_own_value_gives_zero(name):
-    lm = tiny_model("llama")
-    enc = encode_pairs(lm, PAIRS)
-    frame = comps.patch_component(lm, enc, name, direction="noise")  # donor: the corrupted run
-    assert frame["raw"].abs().sum() > 0  # the runs differ
-    # the run patched from itself: the donor pass has the run's shape, so every raw difference is exactly 0
+@pytest.mark.parametrize("kind", ["llama", "bert-mlm"])
+def test_patching_a_component_with_its_own_value_gives_zero(kind):
+    lm = _model(kind)
+    enc = encode_pairs(lm, _pairs(kind))
     own = EncodedPairs(enc.corrupted, enc.corrupted, enc.mask, enc.last, enc.answer, enc.wrong,
                        source_last=enc.source_last)
-    assert (comps.patch_component(lm, own, name)[["raw", "raw_last"]].to_numpy() == 0).all()
+    for name in _names(kind):
+        frame = comps.patch_component(lm, enc, name, direction="noise")  # donor: the corrupted run
+        assert frame["raw"].abs().sum() > 0  # the runs differ
+        # the run patched from itself: the donor pass has the run's shape, so every raw difference is exactly 0
+        assert (comps.patch_component(lm, own, name)[["raw", "raw_last"]].to_numpy() == 0).all()
 
 
 def test_the_residual_stream_at_every_position_restores_everything():
@@ -93,12 +110,11 @@ def _finite_difference(lm, enc, name, layer, unit, eps):
     return (lds[1] - lds[0]) / (2 * eps)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("name", ["q", "k", "v", "pattern", "resid", "mlp"])
+@pytest.mark.parametrize("kind,name", [(k, n) for k in ALL for n in _names(k) if n != "z"])
 def test_attribution_equals_a_finite_difference(kind, name):
-    lm = tiny_model(kind)
+    lm = _model(kind)
     lm.model.double()
-    enc = encode_pairs(lm, PAIRS)
+    enc = encode_pairs(lm, _pairs(kind))
     frame = comps.attribute_component(lm, enc, name)
     top = frame.reindex(frame["attribution_raw"].abs().sort_values(ascending=False).index).head(2)
     for row in top.itertuples():
@@ -115,6 +131,11 @@ def test_attribution_restores_flags_and_parse_refuses_unknown_names():
     assert comps.parse_components("q, k,q,mlp") == ("q", "k", "mlp")
     with pytest.raises(InputError, match="--component"):
         comps.parse_components("z,attn")
+
+
+def test_bert_mlp_is_refused_in_one_line():
+    with pytest.raises(UnsupportedAnalysisError, match="MLP"):
+        comps.check_components(tiny_mlm(), ["z", "mlp"])
 
 
 def test_components_other_than_z_are_refused_outside_the_attention_interface():

@@ -27,7 +27,9 @@ run's own value gives exactly 0). Attribution patching (Nanda 2023; Syed et al. 
 sum over its positions and features of (donor - run) * dLD/d(component) in the run, from one forward
 and one backward pass; the first-order estimate of the same raw difference.
 
-One-stack models (decoders, masked-LM encoders); an encoder-decoder model is patched for ``z`` only.
+One-stack models (decoders, masked-LM encoders: the metric at the clean prompt's [MASK]); an
+encoder-decoder model is patched for ``z`` only; ``mlp`` needs a spec naming the MLP module (not BERT's,
+whose MLP output module also adds the residual and norms it).
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ def check_components(lm, names) -> None:
         raise UnsupportedAnalysisError(f"{type(lm.model).__name__} does not call transformers' attention "
                                        f"interface: its heads' {', '.join(heads)} cannot be patched (only z)")
     if "mlp" in other and any(block_mlp(lm.model, lm.spec, s) is None for s in lm.sites):
-        raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its MLPs are")
+        raise UnsupportedAnalysisError(f"{lm.name}: probe's spec of {type(lm.model).__name__} names no module whose "
+                                       "output is the MLP's alone (a BERT-style block adds the residual and norms it "
+                                       "inside the MLP's output module), so there is no MLP output to patch")
     if {"resid", "mlp"} & set(other):
         blocks = {id(site_block(lm.model, lm.spec, s)) for s in lm.sites}
         if len(blocks) != len(lm.sites):
