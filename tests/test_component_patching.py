@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -153,11 +155,16 @@ def test_patch_command_writes_every_component_with_its_correlation(tmp_path):
     model = save_tiny("llama", tmp_path / "llama")
     (tmp_path / "pairs.tsv").write_text("\n".join("\t".join((p.clean, p.corrupted, p.answer, p.wrong)) for p in PAIRS),
                                         encoding="utf-8")
-    result = invoke_cli("patch", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--component", "k,mlp",
+    result = invoke_cli("patch", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--component", "k,mlp,resid",
                         "--method", "attribution", "--out", tmp_path / "run", "--no-progress")
     assert result.exit_code == 0, result.output
     table = pd.read_csv(tmp_path / "run" / "components.csv")
-    assert list(dict.fromkeys(table["component"])) == ["z", "k", "mlp"]  # z always
+    assert list(dict.fromkeys(table["component"])) == ["z", "k", "mlp", "resid"]  # z always
+    # resid at every position restores everything in every layer: a constant column, its correlation undefined
+    text = (tmp_path / "run" / "run.json").read_text(encoding="utf-8")
+    record = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in run.json"))["patching"]
+    rows = {c["component"]: c for c in record["components"]}
+    assert rows["resid"]["correlation"] is None and "correlation undefined (all positions)" in result.output
     lm = tiny_model("llama")
     k = comps.patch_component(lm, encode_pairs(lm, PAIRS), "k")
     got = table[table["component"] == "k"]

@@ -99,10 +99,15 @@ def patch_command(model_name, pairs_file, direction, method, component, heads_pe
             click.echo(f"attribution vs activation patching: correlation {a['correlation']:.3f} (all positions), "
                        f"{a['correlation_last']:.3f} (last position)")
         for c in (component_rows(result.components) if result.components is not None else []):
-            corr = (f"; attribution correlation {c['correlation']:.3f} (all positions), {c['correlation_last']:.3f} "
-                    "(last)") if "correlation" in c else ""
+            corr = (f"; attribution correlation {_corr(c['correlation'])} (all positions), "
+                    f"{_corr(c['correlation_last'])} (last)") if "correlation" in c else ""
             click.echo(f"component {c['component']} ({c['units']} {c['unit']} units): largest effect {c['top']} "
                        f"{c['top_effect']:.3g}{corr}")
         click.echo(f"Report: {path / 'index.html'}")
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
+
+
+def _corr(value) -> str:
+    """A correlation to print: three decimals, or ``undefined`` (one side constant)."""
+    return "undefined" if value is None else f"{value:.3f}"

@@ -78,7 +78,7 @@ def partner_rows(pr, heads) -> tuple[list[dict], str]:
 def component_rows(frame) -> list[dict]:
     """Per component of a components.csv frame: its unit kind, unit count, the unit with the largest
     |effect| (all positions) and that effect, and (with attribution) the correlations of attribution
-    against activation patching over its units."""
+    against activation patching over its units (None where one of them is constant, so undefined)."""
     correlations = frame.attrs.get("correlations", {})
     rows = []
     for name, part in frame.groupby("component", sort=False):
@@ -86,8 +86,9 @@ def component_rows(frame) -> list[dict]:
         unit = str(top["unit"])
         where = f"L{int(top['layer'])}" + ("" if unit == "layer" else f"{'KV' if unit == 'kv_head' else 'H'}"
                                                                        f"{int(top['head'])}")
+        corr = {k: v if math.isfinite(v) else None for k, v in correlations.get(name, {}).items()}
         rows.append({"component": name, "unit": unit, "units": len(part), "top": where,
-                     "top_effect": float(top["effect"]), **correlations.get(name, {})})
+                     "top_effect": float(top["effect"]), **corr})
     return rows
 
 
