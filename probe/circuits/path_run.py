@@ -44,8 +44,8 @@ def parse_senders(text: str, graph: Graph) -> list[tuple[int, int]]:
     for part in (p.strip() for p in text.split(",")):
         m = _HEAD.fullmatch(part)
         if m is None or int(m[1]) >= graph.layers or int(m[2]) >= graph.heads:
-            raise InputError(f"--senders: {part!r} is not a head of this model (L0H0 .. "
-                             f"L{graph.layers - 1}H{graph.heads - 1})")
+            raise InputError(f"--senders: {part!r} is not a head of this model ({head_name(0, 0)} .. "
+                             f"{head_name(graph.layers - 1, graph.heads - 1)})")
         out.append((int(m[1]), int(m[2])))
     return list(dict.fromkeys(out))
 
@@ -78,8 +78,9 @@ def receiver_name(graph: Graph, receiver: tuple[str, int, int]) -> str:
     kind, layer, index = receiver
     if kind == "logits":
         return "logits"
-    grouped = kind != "q" and graph.kv_heads != graph.heads
-    return f"L{layer}{'KV' if grouped else 'H'}{index}.{kind}"
+    if kind != "q" and graph.kv_heads != graph.heads:
+        return f"L{layer}KV{index}.{kind}"  # a key/value head, named as the circuit graph names it
+    return f"{head_name(layer, index)}.{kind}"
 
 
 @dataclass

@@ -84,8 +84,9 @@ def component_rows(frame) -> list[dict]:
     for name, part in frame.groupby("component", sort=False):
         top = part.loc[part["effect"].abs().idxmax()]
         unit = str(top["unit"])
-        where = f"L{int(top['layer'])}" + ("" if unit == "layer" else f"{'KV' if unit == 'kv_head' else 'H'}"
-                                                                       f"{int(top['head'])}")
+        layer, index = int(top["layer"]), int(top["head"])
+        where = (f"L{layer}" if unit == "layer" else f"L{layer}KV{index}" if unit == "kv_head"
+                 else head_name(layer, index))
         corr = {k: v if math.isfinite(v) else None for k, v in correlations.get(name, {}).items()}
         rows.append({"component": name, "unit": unit, "units": len(part), "top": where,
                      "top_effect": float(top["effect"]), **corr})
