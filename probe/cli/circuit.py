@@ -100,7 +100,8 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     click.echo(f"Circuit of {lm.name} on {plural(len(pairs), 'pair')} ({source}), {method}"
                f"{f' m={m}' if method == 'eap-ig' else ''}: cost {n_batches * (2 + m)} forward and {n_batches * m} "
                f"backward passes for the scores, about {n_batches} x (4 + {sizes} sizes x {1 + seeds}) passes for "
-               "faithfulness", err=True)
+               "faithfulness" + (f", up to {n_batches} x {max_passes} for greedy" if select == "greedy" else ""),
+               err=True)
     result, path = circuit_run(lm, pairs, out=out, force=force, source=source, method=method, steps=steps,
                                edges=edges, seeds=seeds, shares=shares, batch_size=batch_size, progress=show,
                                select=select, threshold=threshold, max_passes=max_passes,
