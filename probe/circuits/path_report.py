@@ -51,4 +51,4 @@ def section(result, tokenizer) -> Section | None:
                         for r in f.to_dict("records")], "seconds": {k: round(v, 3) for k, v in run.seconds.items()},
               "notes": run.notes}
     return Section(id="path", title="Path patching", html=html, files={"path.csv": f.to_csv(index=False,
-                   float_format="%.6g")}, record=record, order=45)
+                   float_format="%.6g")}, record=record, order=46)
