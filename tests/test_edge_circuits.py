@@ -94,10 +94,13 @@ def test_checked_graph_follows_the_architecture(wired):
     assert check.decomposition <= 1e-5  # the final stream is the sum of the writes and the b_O
 
 
-@pytest.mark.parametrize("kind", ["bert", "falcon", "gemma2"])
-def test_models_outside_the_graph_are_refused(kind):
-    with pytest.raises(UnsupportedAnalysisError, match="circuits"):
+@pytest.mark.parametrize("kind,why", [("bert", "norm the stream after each residual add"),
+                                      ("falcon", "a parallel block with one norm"),
+                                      ("gemma2", "not the sum of what its embeddings, heads and MLPs write")])
+def test_models_outside_the_graph_are_refused_saying_why(kind, why):
+    with pytest.raises(UnsupportedAnalysisError, match="circuits") as refused:
         checked_graph(tiny_model(kind))
+    assert why in str(refused.value)
 
 
 def test_split_pass_leaves_the_model_as_it_was(wired):

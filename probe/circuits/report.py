@@ -87,15 +87,26 @@ def circuit_svg(run, heads=None) -> Markup:
     return Markup("".join(out))
 
 
-def faithfulness_svg(frame) -> Markup:
+#: Legend text width per character at font-size 11 (sans-serif; an upper estimate, so the legend fits).
+CHAR_WIDTH = 7.0
+
+
+def faithfulness_svg(frame, greedy: dict | None = None) -> Markup:
     """Faithfulness (y) against the circuit's share of edges (x, log scale): the top-k circuits and the
-    random circuits' mean with a band of +-1 standard deviation."""
-    W, H, L, R, T, B = 640, 300, 56, 150, 20, 42
+    random circuits' mean with a band of +-1 standard deviation; ``greedy`` (``edges``, ``share``,
+    ``faithfulness``): the greedy circuit's point. The legend sits right of the panel in a margin
+    sized to its longest line."""
+    legend = [("faithfulness", "#0072B2", "", "top-k edges"),
+              ("random_mean", "#555555", "2 3", "random (mean \u00b1 1 sd)")]
+    names = [e[3] for e in legend] + (["greedy circuit"] if greedy else [])
+    W, H, L, T, B = 640, 300, 56, 20, 42
+    R = 10 + 22 + 5 + math.ceil(CHAR_WIDTH * max(len(n) for n in names)) + 8
     pw, ph = W - L - R, H - T - B
     xs = np.log10(frame["share"].to_numpy())
     x_lo, x_hi = float(xs.min()), float(xs.max()) if xs.max() > xs.min() else float(xs.min()) + 1
     vals = np.concatenate([frame["faithfulness"], frame["random_mean"] - frame["random_std"],
-                           frame["random_mean"] + frame["random_std"], [0.0, 1.0]])
+                           frame["random_mean"] + frame["random_std"], [0.0, 1.0],
+                           [greedy["faithfulness"]] if greedy else []])
     y_lo, y_hi = float(np.nanmin(vals)) - 0.05, float(np.nanmax(vals)) + 0.05
 
     def X(v):
@@ -120,17 +131,30 @@ def faithfulness_svg(frame) -> Markup:
     lower = [(X(x), Y(m - s)) for x, m, s in zip(xs, frame["random_mean"], frame["random_std"])]
     out.append('<polygon points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in upper + lower[::-1])
                + '" fill="#555" fill-opacity="0.15" stroke="none"/>')
-    for column, color, dash, name in (("faithfulness", "#0072B2", "", "top-k edges"),
-                                      ("random_mean", "#555555", "2 3", "random (mean \u00b1 1 sd)")):
+    for row, (column, color, dash, name) in enumerate(legend):
         pts = [(X(x), Y(v)) for x, v in zip(xs, frame[column])]
         out.append('<polyline points="' + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + f'" fill="none" '
                    f'stroke="{color}" stroke-width="2" stroke-dasharray="{dash}" data-curve="{column}"/>')
         out.extend(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{color}"/>' for a, b in pts)
-        ly = T + 8 + (0 if column == "faithfulness" else 18)
-        out.append(f'<line x1="{L + pw + 10}" y1="{ly}" x2="{L + pw + 32}" y2="{ly}" stroke="{color}" stroke-width="2" '
-                   f'stroke-dasharray="{dash}"/><text x="{L + pw + 37}" y="{ly + 4}">{escape(name)}</text>')
+        out.append(_legend_line(L + pw + 10, T + 8 + 18 * row, color, dash, name))
+    if greedy:
+        gx, gy = X(math.log10(greedy["share"])), Y(greedy["faithfulness"])
+        out.append(_diamond(gx, gy, 6, ' data-point="greedy"', f'<title>greedy circuit: {greedy["edges"]} edges, '
+                            f'faithfulness {greedy["faithfulness"]:.3f}</title>'))
+        ly = T + 8 + 18 * len(legend)
+        out.append(_diamond(L + pw + 21, ly, 5) + f'<text x="{L + pw + 37}" y="{ly + 4}">greedy circuit</text>')
     out.append("</svg>")
     return Markup("".join(out))
+
+
+def _diamond(x: float, y: float, r: float, attrs: str = "", inner: str = "") -> str:
+    return (f'<path d="M{x:.1f},{y - r:.1f} L{x + r:.1f},{y:.1f} L{x:.1f},{y + r:.1f} L{x - r:.1f},{y:.1f} Z" '
+            f'fill="#009E73"{attrs}>{inner}</path>')
+
+
+def _legend_line(x: float, y: float, color: str, dash: str, name: str) -> str:
+    return (f'<line x1="{x}" y1="{y}" x2="{x + 22}" y2="{y}" stroke="{color}" stroke-width="2" '
+            f'stroke-dasharray="{dash}"/><text x="{x + 27}" y="{y + 4}">{escape(name)}</text>')
 
 
 def record(run) -> dict:
@@ -138,14 +162,23 @@ def record(run) -> dict:
     f = run.faithfulness.frame
     k = int(run.circuit.sum())
     row = f[f["k"] == k].iloc[0]
-    return {"pairs": len(run.pairs), "source": run.source, "method": run.method, "steps": run.steps,
+    greedy = None if run.greedy is None else {**run.greedy.record(), "top_k_faithfulness": float(row["faithfulness"])}
+    return {"select": "top-k" if greedy is None else "greedy", "greedy": greedy,
+            "pairs": len(run.pairs), "source": run.source, "method": run.method, "steps": run.steps,
             "edges": run.graph.n_edges, "parallel": run.graph.parallel, "circuit_edges": k,
             "circuit_edges_on_paths": int(prune(run.graph, run.circuit).sum()),
-            "circuit_faithfulness": float(row["faithfulness"]), "ld_clean": run.ld_clean,
+            "circuit_faithfulness": run.circuit_faithfulness, "ld_clean": run.ld_clean,
             "ld_corrupted": run.ld_corrupted, "m_full": run.faithfulness.m_full, "m_empty": run.faithfulness.m_empty,
             "curve": f[["k", "share", "faithfulness", "random_mean", "random_std"]].to_dict("records"),
             "passes": run.passes, "seeds": run.seeds, "seconds": {k: round(v, 3) for k, v in run.seconds.items()},
             "notes": run.notes}
+
+
+def _greedy_point(run) -> dict | None:
+    if run.greedy is None:
+        return None
+    k = int(run.greedy.circuit.sum())
+    return {"edges": k, "share": max(k, 1) / run.graph.n_edges, "faithfulness": run.greedy.faithfulness}
 
 
 @section_builder
@@ -161,7 +194,7 @@ def section(result, tokenizer) -> Section | None:
     top_nodes = nodes.reindex(nodes["score"].abs().sort_values(ascending=False).index).head(15)
     rec = record(run)
     html = render_fragment("circuit.html.j2", r=rec, graph_svg=circuit_svg(run, heads),
-                           curve_svg=faithfulness_svg(run.faithfulness.frame), top_edges=top_edges,
+                           curve_svg=faithfulness_svg(run.faithfulness.frame, _greedy_point(run)), top_edges=top_edges,
                            top_nodes=top_nodes, labels=labels, drawn=min(MAX_DRAWN, len(chosen)))
     f = run.faithfulness.frame
     files = {"edges.csv": edges[["upstream", "downstream", "input", "score"]].to_csv(index=False, float_format="%.6g"),

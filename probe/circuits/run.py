@@ -24,6 +24,7 @@ from .attribution import batches, edge_scores, node_scores
 from .checked import checked_graph
 from .evaluate import SHARES, Evaluator, Faithfulness, faithfulness_curve, top_edges
 from .graph import Graph, prune
+from .greedy import THRESHOLD, Greedy, greedy_circuit
 
 #: The circuit's default size: this share of all edges.
 DEFAULT_SHARE = 0.05
@@ -43,6 +44,8 @@ class CircuitRun:
         pairs, source: the pairs and where they came from; seconds: phase -> wall time; notes.
         passes: forward passes run, by phase (``edges``, ``faithfulness``).
         seeds: random circuits per size.
+        greedy: the :class:`~probe.circuits.greedy.Greedy` pruning when the circuit was chosen by it
+            (``circuit`` is then its circuit), else None.
     """
 
     graph: Graph
@@ -59,6 +62,15 @@ class CircuitRun:
     notes: list[str] = field(default_factory=list)
     passes: dict = field(default_factory=dict)
     seeds: int = 5
+    greedy: Greedy | None = None
+
+    @property
+    def circuit_faithfulness(self) -> float:
+        """The chosen circuit's faithfulness (greedy's own pass, or the top-k row of the curve)."""
+        if self.greedy is not None:
+            return self.greedy.faithfulness
+        f = self.faithfulness.frame
+        return float(f[f["k"] == int(self.circuit.sum())].iloc[0]["faithfulness"])
 
     def edges_frame(self) -> pd.DataFrame:
         """One row per edge: ``upstream``, ``downstream`` (the node an input belongs to), ``input``
@@ -111,10 +123,14 @@ def circuit_sizes(n_edges: int, k: int, shares=SHARES) -> list[int]:
 
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", method: str = "eap-ig",
             steps: int = 5, edges: int | None = None, seeds: int = 5, batch_size: int = 8, progress: bool = False,
-            say=None, shares=None) -> CircuitRun:
-    """Edge scores, the top-``edges`` circuit and the faithfulness curve of ``lm`` on ``pairs``
-    (default the built-in set); ``say``: a callable given one line per stage, or None; ``shares``: the
-    curve's sizes as shares of all edges (default :data:`~probe.circuits.evaluate.SHARES`).
+            say=None, shares=None, select: str = "top-k", threshold: float = THRESHOLD,
+            max_passes: int | None = None) -> CircuitRun:
+    """Edge scores, the circuit and the faithfulness curve of ``lm`` on ``pairs`` (default the built-in
+    set); ``say``: a callable given one line per stage, or None; ``shares``: the curve's sizes as
+    shares of all edges (default :data:`~probe.circuits.evaluate.SHARES`). ``select``: ``top-k`` (the
+    ``edges`` of largest |score|) or ``greedy`` (:func:`~probe.circuits.greedy.greedy_circuit` keeping
+    faithfulness >= ``threshold`` within ``max_passes`` circuit passes; the curve then includes its
+    size, so the top-k circuit of the same size stands beside it).
 
     Raises:
         UnsupportedAnalysisError: a model outside the graph (:func:`~probe.circuits.checked.checked_graph`).
@@ -129,7 +145,6 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         raise InputError(f"--edges {k}: {lm.name}'s graph has {graph.n_edges} edges")
     m = 1 if method == "eap" else steps
     n_batches, seconds = len(batches(len(enc), batch_size)), {}
-    sizes = circuit_sizes(graph.n_edges, k, shares or SHARES)
     t = time.perf_counter()
     with _bar(progress, n_batches * m, f"{method} gradients", "backward") as bar:
         scores = edge_scores(lm, wiring, graph, enc, method=method, steps=steps, batch_size=batch_size,
@@ -139,14 +154,24 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         say(f"edge scores ({method}, {graph.n_edges} edges): done in {seconds['edges_s']:.1f} s")
     t = time.perf_counter()
     evaluator = Evaluator(lm, wiring, graph, enc, batch_size)
+    greedy = None
+    if select == "greedy":
+        with _bar(progress, max_passes, "greedy pruning", "circuit") as bar:
+            greedy = greedy_circuit(evaluator, scores, threshold, max_passes, progress=bar)
+        k = int(greedy.circuit.sum())
+        if say:
+            say(f"greedy pruning ({greedy.passes} circuits, {greedy.rounds} rounds): {k} edges kept, faithfulness "
+                f"{greedy.faithfulness:.3f}{'' if greedy.converged else ' (pass budget spent before convergence)'}")
+    sizes = circuit_sizes(graph.n_edges, k, shares or SHARES)
     with _bar(progress, 2 + len(sizes) * (1 + seeds), "circuit passes", "circuit") as bar:
         curve = faithfulness_curve(evaluator, scores, sizes, seeds, progress=bar)
     seconds["faithfulness_s"] = time.perf_counter() - t
     if say:
         say(f"faithfulness ({evaluator.passes} circuits): done in {seconds['faithfulness_s']:.1f} s")
     passes = {"edges": n_batches * (2 + 2 * m), "faithfulness": n_batches * (2 + evaluator.passes)}
-    return CircuitRun(graph, scores, method, m, top_edges(scores, k), curve, evaluator.ld_clean,
-                      evaluator.ld_corrupted, pairs, source, seconds, [], passes, seeds)
+    circuit = greedy.circuit if greedy is not None else top_edges(scores, k)
+    return CircuitRun(graph, scores, method, m, circuit, curve, evaluator.ld_clean,
+                      evaluator.ld_corrupted, pairs, source, seconds, [], passes, seeds, greedy)
 
 
 class _bar:

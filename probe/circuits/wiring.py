@@ -80,6 +80,9 @@ def wire(lm) -> Wiring:
         UnsupportedAnalysisError: not a decoder, or a block without a norm before its attention, an
             MLP or a norm of the MLP's own named by its spec, or a model without a final norm.
     """
+    if lm.kind == "encoder":
+        raise _refuse(lm, "it is an encoder model; probe's encoders (BERT-style) norm the stream after each residual "
+                          "add, so it is not the sum of what the heads and MLPs write")
     if lm.kind != "decoder":
         raise _refuse(lm, f"it is an {lm.kind} model")
     lm.require_all_heads("circuits")
@@ -89,6 +92,10 @@ def wire(lm) -> Wiring:
         parts = {"norm": input_norm(model, spec, site), "mlp": block_mlp(model, spec, site),
                  "mlp_norm": mlp_norm(model, spec, site)}
         missing = [name for name, part in parts.items() if part is None]
+        if missing == ["mlp_norm"] and site_spec(spec, site).mlp_norm is None:
+            raise _refuse(lm, f"its MLP reads the attention's norm in layer {site.layer} (a parallel block with one "
+                              "norm, as Falcon's and GPT-J's): the graph feeds each MLP's input apart from the heads' "
+                              "inputs, which one shared norm call does not separate")
         if missing:
             raise _refuse(lm, f"its spec names no {' and no '.join(missing)} in layer {site.layer}")
         norms = [None if p is None else block.get_submodule(p) for p in (paths.q_norm, paths.k_norm)]

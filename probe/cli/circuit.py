@@ -38,6 +38,16 @@ def _shares(text: str) -> tuple[float, ...]:
 @click.option("--edges", type=int, default=None,
               callback=click_callback(lambda v: v if v is None else bounds.positive_int("--edges", v)),
               help="Edges in the circuit (the largest |score|) [default: 5% of all edges].")
+@click.option("--select", type=click.Choice(["top-k", "greedy"]), default="top-k", show_default=True,
+              help="top-k: the --edges of largest |score|; greedy: remove edges from the lowest |score| up while "
+                   "faithfulness stays >= --threshold, re-evaluating the circuit each time, rounds repeated until "
+                   "nothing changes.")
+@click.option("--threshold", type=float, default=0.8, show_default=True,
+              callback=click_callback(lambda v: bounds.fraction("--threshold", v, closed_high=True)),
+              help="--select greedy: the faithfulness the circuit keeps.")
+@click.option("--max-passes", type=int, default=2000, show_default=True,
+              callback=click_callback(lambda v: bounds.positive_int("--max-passes", v)),
+              help="--select greedy: the most circuits evaluated (each one pass per batch of pairs).")
 @click.option("--seeds", type=int, default=5, show_default=True,
               callback=click_callback(lambda v: bounds.positive_int("--seeds", v)),
               help="Random circuits per size for the faithfulness baseline.")
@@ -54,8 +64,8 @@ def _shares(text: str) -> tuple[float, ...]:
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
 @user_errors
-def circuit_command(model_name, pairs_file, method, steps, edges, seeds, shares, batch_size, out, force, progress,
-                    device=None, dtype=None) -> None:
+def circuit_command(model_name, pairs_file, method, steps, edges, select, threshold, max_passes, seeds, shares,
+                    batch_size, out, force, progress, device=None, dtype=None) -> None:
     """Score every edge of the graph of heads and MLPs (embeddings, each head's query, key and value
     inputs, each MLP's input, the logits) by attribution patching between clean and corrupted prompts,
     keep the top-scoring edges as a circuit, and measure its faithfulness (the circuit run with every
@@ -90,15 +100,22 @@ def circuit_command(model_name, pairs_file, method, steps, edges, seeds, shares,
     click.echo(f"Circuit of {lm.name} on {plural(len(pairs), 'pair')} ({source}), {method}"
                f"{f' m={m}' if method == 'eap-ig' else ''}: cost {n_batches * (2 + m)} forward and {n_batches * m} "
                f"backward passes for the scores, about {n_batches} x (4 + {sizes} sizes x {1 + seeds}) passes for "
-               "faithfulness", err=True)
+               "faithfulness" + (f", up to {n_batches} x {max_passes} for greedy" if select == "greedy" else ""),
+               err=True)
     result, path = circuit_run(lm, pairs, out=out, force=force, source=source, method=method, steps=steps,
                                edges=edges, seeds=seeds, shares=shares, batch_size=batch_size, progress=show,
+                               select=select, threshold=threshold, max_passes=max_passes,
                                timings={"model_load_s": lm.load_seconds}, started=started,
                                say=None if show else lambda line: click.echo(line, err=True))
     f = result.faithfulness.frame
     k = int(result.circuit.sum())
     row = f[f["k"] == k].iloc[0]
+    g = result.greedy
+    chosen = f"circuit of {k} edges: faithfulness {row.faithfulness:.3f}"
+    if g is not None:
+        chosen = (f"greedy circuit of {k} edges: faithfulness {g.faithfulness:.3f} ({g.rounds} rounds, {g.passes} "
+                  f"circuits{'' if g.converged else ', --max-passes spent before convergence'}); top {k} edges "
+                  f"{row.faithfulness:.3f}")
     click.echo(f"{result.graph.n_edges} edges; LD clean {result.ld_clean:.4g}, corrupted {result.ld_corrupted:.4g}; "
-               f"circuit of {k} edges: faithfulness {row.faithfulness:.3f} (random {row.random_mean:.3f} "
-               f"+- {row.random_std:.3f})")
+               f"{chosen} (random {row.random_mean:.3f} +- {row.random_std:.3f})")
     click.echo(f"Report: {path / 'index.html'}")

@@ -23,6 +23,10 @@ from .options import click_callback, model_option, model_placement
 @click.option("--method", type=click.Choice(["activation", "attribution"]), default="activation", show_default=True,
               help="attribution: also attribution patching (the gradient estimate), with its correlation to "
                    "activation patching.")
+@click.option("--component", "component", default="z", show_default=True, metavar="C,C,...",
+              help="What is patched, comma-separated: z (each head's output), q (per query head), k, v (per "
+                   "key/value head where grouped), pattern (per head), resid (the residual stream entering each "
+                   "block), mlp (each MLP's output). z is always patched; the others go to components.csv.")
 @click.option("--heads-per-pass", type=int, default=None,
               callback=click_callback(lambda v: v if v is None else bounds.positive_int("--heads-per-pass", v)),
               help="Patched copies of the batch in one forward pass [default: 2 x heads, one layer a pass].")
@@ -37,8 +41,8 @@ from .options import click_callback, model_option, model_placement
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
 @user_errors
-def patch_command(model_name, pairs_file, direction, method, heads_per_pass, rope_offsets, out, force, as_json,
-                  progress, device=None, dtype=None) -> None:
+def patch_command(model_name, pairs_file, direction, method, component, heads_per_pass, rope_offsets, out, force,
+                  as_json, progress, device=None, dtype=None) -> None:
     """Patch each head's output (before the output projection) between clean and corrupted prompts
     and measure how much of the logit difference answer - wrong it restores; with the direct logit
     attribution of every head and the heads' Q/K/V-composition scores (decoders). Also masked-LM
@@ -52,6 +56,8 @@ def patch_command(model_name, pairs_file, direction, method, heads_per_pass, rop
     (with their leading space: " Mary"). Default: 20 indirect-object pairs written for probe,
     "When Mary and John went to the store, John gave a drink to" -> " Mary" vs " John".
     """
+    from ..effects.components import check_components, parse_components
+    from ..effects.patch_report import component_rows
     from ..effects.patch_run import builtin_refusal, check_before_loading, patch_run
     from ..effects.patching import builtin_pairs, check_patchable, read_pairs
     from ..loading.models import load_model
@@ -60,12 +66,14 @@ def patch_command(model_name, pairs_file, direction, method, heads_per_pass, rop
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
+    components = tuple(dict.fromkeys(("z", *parse_components(component))))
     pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
     check_before_loading(model_name, pairs, builtin=not pairs_file)  # the weights can take minutes to load
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     # an encoder with its masked-LM head where the checkpoint has one
     lm = load_model(model_name, head="auto", dtype=dtype, device=device)
     check_patchable(lm)
+    check_components(lm, components)
     if lm.kind != "decoder" and not pairs_file:
         raise builtin_refusal(lm.name, lm.kind)
     show = sys.stderr.isatty() if progress is None else progress
@@ -73,6 +81,7 @@ def patch_command(model_name, pairs_file, direction, method, heads_per_pass, rop
                f"({source}), {direction}", err=True)
     result, path = patch_run(lm, pairs, out=out, force=force, source=source, direction=direction,
                              heads_per_pass=heads_per_pass, progress=show, rope_offsets=rope_offsets, method=method,
+                             components=components,
                              timings={"model_load_s": lm.load_seconds}, started=started,
                              say=None if show else lambda line: click.echo(line, err=True))  # no bars: a line a stage
     p = result.patching
@@ -89,6 +98,16 @@ def patch_command(model_name, pairs_file, direction, method, heads_per_pass, rop
             a = p.attrs["attribution"]
             click.echo(f"attribution vs activation patching: correlation {a['correlation']:.3f} (all positions), "
                        f"{a['correlation_last']:.3f} (last position)")
+        for c in (component_rows(result.components) if result.components is not None else []):
+            corr = (f"; attribution correlation {_corr(c['correlation'])} (all positions), "
+                    f"{_corr(c['correlation_last'])} (last)") if "correlation" in c else ""
+            click.echo(f"component {c['component']} ({c['units']} {c['unit']} units): largest effect {c['top']} "
+                       f"{c['top_effect']:.3g}{corr}")
         click.echo(f"Report: {path / 'index.html'}")
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
+
+
+def _corr(value) -> str:
+    """A correlation to print: three decimals, or ``undefined`` (one side constant)."""
+    return "undefined" if value is None else f"{value:.3f}"

@@ -75,6 +75,24 @@ def partner_rows(pr, heads) -> tuple[list[dict], str]:
     return rows, readers_of[1]
 
 
+def component_rows(frame) -> list[dict]:
+    """Per component of a components.csv frame: its unit kind, unit count, the unit with the largest
+    |effect| (all positions) and that effect, and (with attribution) the correlations of attribution
+    against activation patching over its units (None where one of them is constant, so undefined)."""
+    correlations = frame.attrs.get("correlations", {})
+    rows = []
+    for name, part in frame.groupby("component", sort=False):
+        top = part.loc[part["effect"].abs().idxmax()]
+        unit = str(top["unit"])
+        layer, index = int(top["layer"]), int(top["head"])
+        where = (f"L{layer}" if unit == "layer" else f"L{layer}KV{index}" if unit == "kv_head"
+                 else head_name(layer, index))
+        corr = {k: v if math.isfinite(v) else None for k, v in correlations.get(name, {}).items()}
+        rows.append({"component": name, "unit": unit, "units": len(part), "top": where,
+                     "top_effect": float(top["effect"]), **corr})
+    return rows
+
+
 def _fmt(v, spec=".3g") -> str:
     return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
@@ -118,11 +136,15 @@ def section(result, tokenizer) -> Section | None:
               "k_partners": partners, "partners_of": why, "notes": pr.notes}
     if attribution is not None:
         record["attribution"] = attribution
+    if pr.components is not None:
+        record["components"] = component_rows(pr.components)
     html = render_fragment("patching.html.j2", r=record, top_rows=top_rows, layer_rows=layer_rows,
                            partners=partners, fmt=_fmt)
     extra = ["attribution", "attribution_last", "attribution_raw", "attribution_raw_last"] if attribution else []
     files = {"patch.csv": p[["stack", "kind", "layer", "head", "effect", "effect_last", "raw", "raw_last", *extra]]
              .to_csv(index=False, float_format="%.6g")}
+    if pr.components is not None:
+        files["components.csv"] = pr.components.to_csv(index=False, float_format="%.6g")
     if pr.composition is not None:
         files["composition.csv"] = pr.composition[["writer_layer", "writer_head", "reader_layer", "reader_head",
                                                    "q", "k", "v"]].to_csv(index=False, float_format="%.5g")

@@ -21,6 +21,7 @@ from ..text.corpus import sample_texts
 from ..text.inputs import Text
 from ..util import progress_bar
 from .attribution import attribute_heads, correlation
+from .components import check_components, measure_components
 from .composition import composition_scores
 from .dla import direct_logit_attribution, head_grid
 from .pairs import encode_pairs
@@ -36,6 +37,8 @@ class PatchRun:
         dla: :func:`~probe.effects.dla.direct_logit_attribution`'s frame, or None (``notes`` say why).
         composition: :func:`~probe.effects.composition.composition_scores`'s frame, or None.
         pairs: the pairs; source: where they came from; seconds: phase -> wall time (s); notes.
+        components: :func:`~probe.effects.components.measure_components`'s frame when components other
+            than z were asked for, else None.
     """
 
     patching: pd.DataFrame
@@ -45,6 +48,7 @@ class PatchRun:
     source: str
     seconds: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    components: pd.DataFrame | None = None
 
     def heads_frame(self) -> pd.DataFrame:
         """``layer``, ``head``, ``effect``, ``effect_last``, ``dla`` (NaN without DLA): columns for heads.csv."""
@@ -60,23 +64,28 @@ class PatchRun:
 
 #: The stages of ``probe patch``, as the stage lines name them.
 STAGES = {"patch_s": "activation patching", "attribution_s": "attribution patching",
+          "components_s": "component patching",
           "dla_s": "direct logit attribution", "composition_s": "composition scores", "analyze_s": "labelling analysis"}
 
 
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", direction: str = "denoise",
             heads_per_pass: int | None = None, progress=None, rope_offsets: int = 1, say=None,
-            method: str = "activation") -> PatchRun:
+            method: str = "activation", components: tuple[str, ...] = ("z",)) -> PatchRun:
     """Patching, DLA and composition of ``lm`` on ``pairs`` (default the built-in set); ``rope_offsets``:
     composition's RoPE offsets (:func:`~probe.effects.composition.composition_scores`); ``say``: a
     callable given one line as each stage ends (``activation patching: done in 12.3 s``), or None;
     ``method`` ``"attribution"`` adds attribution patching (:func:`~probe.effects.attribution.attribute_heads`)
     beside activation patching: columns ``attribution``, ``attribution_last``, ``attribution_raw``,
-    ``attribution_raw_last`` and ``attrs["attribution"]``, the correlations of the two over the heads.
+    ``attribution_raw_last`` and ``attrs["attribution"]``, the correlations of the two over the heads;
+    ``components``: what is patched (:data:`~probe.effects.components.COMPONENTS`): z always (the
+    heatmaps and heads.csv read it), the others into ``PatchRun.components``
+    (:func:`~probe.effects.components.measure_components`), by the same method.
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`~probe.effects.patching.patch_heads`.
     """
     pairs = builtin_pairs() if pairs is None else pairs
+    check_components(lm, components)
     seconds, notes = {}, []
     t = time.perf_counter()
     patching = patch_heads(lm, pairs, direction=direction, heads_per_pass=heads_per_pass, progress=progress)
@@ -88,6 +97,13 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         _add_attribution(patching, attribute_heads(lm, encode_pairs(lm, pairs), direction))
         seconds["attribution_s"] = time.perf_counter() - t
         _said(say, seconds, "attribution_s")
+    table = None
+    if tuple(components) != ("z",):
+        t = time.perf_counter()
+        table = measure_components(lm, encode_pairs(lm, pairs), components, patching, direction=direction,
+                                   attribution=method == "attribution")
+        seconds["components_s"] = time.perf_counter() - t
+        _said(say, seconds, "components_s")
     results = {}
     steps = (("dla", lambda: direct_logit_attribution(lm, pairs)),
              ("composition", lambda: composition_scores(lm, rope_offsets)))
@@ -103,7 +119,7 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     if results["dla"] is not None and not results["dla"].attrs["holds"]:
         miss = results["dla"].attrs["residual"]
         notes.append(f"dla: the decomposition misses the model's logit difference by {miss:.3g}")
-    return PatchRun(patching, results["dla"], results["composition"], pairs, source, seconds, notes)
+    return PatchRun(patching, results["dla"], results["composition"], pairs, source, seconds, notes, table)
 
 
 def _add_attribution(patching: pd.DataFrame, attribution: pd.DataFrame) -> None:
@@ -132,7 +148,8 @@ def label_texts(lm, pairs: list[Pair]) -> list:
 def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, source: str = "built-in IOI set",
               direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
               timings: dict | None = None, started: float | None = None,
-              rope_offsets: int = 1, say=None, method: str = "activation") -> tuple[PatchRun, Path]:
+              rope_offsets: int = 1, say=None, method: str = "activation",
+              components: tuple[str, ...] = ("z",)) -> tuple[PatchRun, Path]:
     """Measure (:func:`measure`), label the heads with a short analysis, write the run folder;
     ``say``: a callable given a line as each stage ends (for a log without progress bars), or None.
 
@@ -147,7 +164,7 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
                            leave=False) if progress else None
         try:
             result = measure(lm, pairs, source=source, direction=direction, heads_per_pass=heads_per_pass,
-                             rope_offsets=rope_offsets, say=say, method=method,
+                             rope_offsets=rope_offsets, say=say, method=method, components=components,
                              progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
         finally:
             if bar is not None:

@@ -77,7 +77,7 @@ SECTION_MODULES = (
     "probe.report.cross", "probe.report.images", "probe.report.norms", "probe.report.speech", "probe.report.sinks",
     "probe.patterns.report",
     "probe.linguistic.report", "probe.effects.report", "probe.effects.patch_report", "probe.pruning.report",
-    "probe.view.rollout", "probe.view.section", "probe.circuits.report",
+    "probe.view.rollout", "probe.view.section", "probe.circuits.report", "probe.circuits.path_report",
 )
 
 

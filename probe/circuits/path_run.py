@@ -1,0 +1,164 @@
+"""``probe path`` as a function: path patching (:func:`~probe.circuits.paths.path_patch`) of sender heads
+into chosen receivers (a head's query, key or value input, or the logits) on prompt pairs, each sender
+into each receiver and all of them together, written as a run folder (report section, path.csv,
+run.json; heads.csv with the labels of a short analysis).
+
+Norms on a receiver's input are recomputed from the patched stream (the norm before the head's
+projection, or the final norm before the logits): nothing is frozen but the other heads' outputs in
+the sender pass, as Wang et al. 2022 do.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ..effects.pairs import Pair, builtin_pairs, encode_pairs
+from ..effects.patch_full import full_pass, last_logit_diffs, model_inputs
+from ..effects.patch_run import label_texts
+from ..effects.patching import MIN_GAP
+from ..errors import InputError
+from ..patterns import CircuitProbe, circuit_probe
+from ..report import claim_run_dir, write_run
+from ..runs.analysis import analyze
+from ..sites import head_name
+from .checked import checked_graph
+from .graph import Graph
+from .paths import path_patch
+
+_HEAD = re.compile(r"L(\d+)H(\d+)")
+_INPUT = re.compile(r"L(\d+)(H|KV)(\d+)\.(q|k|v)")
+
+
+def parse_senders(text: str, graph: Graph) -> list[tuple[int, int]]:
+    """``--senders``: comma-separated heads ``L5H1`` (layer, head, 0-based), each once, in order.
+
+    Raises:
+        InputError: a name that is not a head of the model.
+    """
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        m = _HEAD.fullmatch(part)
+        if m is None or int(m[1]) >= graph.layers or int(m[2]) >= graph.heads:
+            raise InputError(f"--senders: {part!r} is not a head of this model ({head_name(0, 0)} .. "
+                             f"{head_name(graph.layers - 1, graph.heads - 1)})")
+        out.append((int(m[1]), int(m[2])))
+    return list(dict.fromkeys(out))
+
+
+def parse_receivers(text: str, graph: Graph) -> list[tuple[str, int, int]]:
+    """``--receivers``: comma-separated ``logits`` or a head's input ``L9H6.q``, ``L9H6.k``, ``L9H6.v``
+    (k and v: the key/value head serving query head 6), ``L9KV1.k`` (key/value head 1), as the graph's
+    inputs (kind, layer, index), each once, in order.
+
+    Raises:
+        InputError: anything else.
+    """
+    rep, out = graph.heads // graph.kv_heads, []
+    for part in (p.strip() for p in text.split(",")):
+        if part == "logits":
+            out.append(("logits", graph.layers, 0))
+            continue
+        m = _INPUT.fullmatch(part)
+        n = graph.kv_heads if m is not None and m[2] == "KV" else graph.heads
+        if m is None or int(m[1]) >= graph.layers or int(m[3]) >= n or (m[2] == "KV" and m[4] == "q"):
+            raise InputError(f"--receivers: {part!r} is neither logits nor a head's input of this model (L9H6.q, "
+                             "L9H6.k, L9H6.v, L9KV1.k)")
+        layer, index, kind = int(m[1]), int(m[3]), m[4]
+        out.append((kind, layer, index if kind == "q" or m[2] == "KV" else index // rep))
+    return list(dict.fromkeys(out))
+
+
+def receiver_name(graph: Graph, receiver: tuple[str, int, int]) -> str:
+    """``logits``, ``L9H6.q``, or ``L9KV1.k`` (``L9H6.k`` where every key/value head serves one query head)."""
+    kind, layer, index = receiver
+    if kind == "logits":
+        return "logits"
+    if kind != "q" and graph.kv_heads != graph.heads:
+        return f"L{layer}KV{index}.{kind}"  # a key/value head, named as the circuit graph names it
+    return f"{head_name(layer, index)}.{kind}"
+
+
+@dataclass
+class PathRun:
+    """What ``probe path`` measured.
+
+    Attributes:
+        frame: one row per sender and receiver and one for all together: ``senders``, ``receivers``
+            (names joined by ``+``), ``effect`` (M(path-patched) - M(clean), logits), ``share`` (effect /
+            (LD_corrupted - LD_clean): the share of corrupting everything that the path carries; NaN
+            when the two runs differ by less than :data:`~probe.effects.patching.MIN_GAP`).
+        ld_clean, ld_corrupted: the runs' mean logit differences.
+        pairs, source; seconds: phase -> wall time; notes.
+    """
+
+    frame: pd.DataFrame
+    ld_clean: float
+    ld_corrupted: float
+    pairs: list[Pair]
+    source: str
+    seconds: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *,
+            source: str = "built-in IOI set") -> PathRun:
+    """Path patching of each sender into each receiver, and of all senders into all receivers together.
+
+    Args:
+        lm: a decoder the circuit graph fits (:func:`~probe.circuits.checked.checked_graph`).
+        senders, receivers: as :func:`parse_senders` and :func:`parse_receivers` read them.
+        pairs: the prompt pairs (default the built-in set).
+
+    Raises:
+        UnsupportedAnalysisError: a model outside the graph. InputError: bad names, pairs that do not encode.
+    """
+    pairs = builtin_pairs() if pairs is None else pairs
+    enc = encode_pairs(lm, pairs)
+    wiring, graph, _ = checked_graph(lm)
+    send, receive = parse_senders(senders, graph), parse_receivers(receivers, graph)
+    t = time.perf_counter()
+    ld = {name: float(last_logit_diffs(full_pass(lm, enc, model_inputs(lm, enc, ids), 1)[0], enc, 1).mean())
+          for name, ids in (("clean", enc.clean), ("corrupted", enc.corrupted))}
+    gap = ld["corrupted"] - ld["clean"]
+    jobs = [([s], [r]) for s in send for r in receive]
+    if len(jobs) > 1:
+        jobs.append((send, receive))
+    rows = []
+    for s, r in jobs:
+        effect = path_patch(lm, wiring, graph, enc, s, r)
+        rows.append({"senders": "+".join(head_name(*h) for h in s),
+                     "receivers": "+".join(receiver_name(graph, x) for x in r), "effect": effect,
+                     "share": effect / gap if abs(gap) >= MIN_GAP else float("nan")})
+    notes = [] if abs(gap) >= MIN_GAP else [
+        f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no share of the corrupted run's change"]
+    return PathRun(pd.DataFrame(rows), ld["clean"], ld["corrupted"], pairs, source,
+                   {"path_s": time.perf_counter() - t}, notes)
+
+
+def path_run(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *, out=None, force: bool = False,
+             source: str = "built-in IOI set", progress: bool = False, timings: dict | None = None,
+             started: float | None = None) -> tuple[PathRun, Path]:
+    """Measure (:func:`measure`), label the heads with a short analysis, write the run folder.
+
+    Returns:
+        ``(PathRun, run folder)``.
+
+    Raises:
+        InputError: ``out`` taken (claimed before the work starts); as :func:`measure`.
+    """
+    with claim_run_dir(out, lm.name, force) as folder:
+        result = measure(lm, senders, receivers, pairs, source=source)
+        t = time.perf_counter()
+        analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
+                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
+        result.seconds["analyze_s"] = time.perf_counter() - t
+        analysis.results["path"] = result
+        analysis.notes += result.notes
+        analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
+    return result, path

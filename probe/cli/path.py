@@ -1,0 +1,67 @@
+"""``probe path``: path patching of sender heads into chosen receivers (a head's q, k or v input, or the logits)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from .. import IMPORT_STARTED
+from ..util import process_age
+from .group import hold, main, user_errors
+from .options import model_option, model_placement
+
+
+@main.command("path")
+@model_option(default="smollm2")  # path patching runs on decoders: the embedded decoder
+@click.option("--senders", required=True, metavar="L5H1,L5H2",
+              help="Sender heads, comma-separated (layer and head, 0-based).")
+@click.option("--receivers", required=True, metavar="logits|L9H6.q,...",
+              help="Receivers, comma-separated: logits, or a head's query, key or value input (L9H6.q, L9H6.k, "
+                   "L9H6.v; k and v of a grouped model name the key/value head serving that query head, or "
+                   "L9KV1.k).")
+@click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Tab-separated clean, corrupted, answer, wrong per line [default: the built-in IOI set].")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Run folder [default: a new reports/<model>-<time>].")
+@click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
+@click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
+@model_placement
+@user_errors
+def path_command(model_name, senders, receivers, pairs_file, out, force, progress, device=None, dtype=None) -> None:
+    """Path patching (Wang et al. 2022): the clean run with the sender heads' outputs from the corrupted
+    run and every other head frozen at its clean output, read only by the receivers; the change of the
+    logit difference answer - wrong, for each sender into each receiver and for all together. Norms on
+    a receiver's input are recomputed from the patched stream. Pre-norm decoders the circuit graph fits
+    (GPT-2, LLaMA, Qwen, Mistral, Phi-3, GPT-NeoX ...).
+
+    \b
+    Pairs file: one pair a line, four tab-separated fields
+      clean  corrupted  answer  wrong
+    """
+    from ..circuits.path_run import path_run
+    from ..effects.patch_run import builtin_refusal, check_before_loading
+    from ..effects.patching import builtin_pairs, read_pairs
+    from ..loading.models import load_model
+    from ..report import claim_run_dir
+
+    age = process_age()
+    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
+    pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
+    check_before_loading(model_name, pairs, builtin=not pairs_file)
+    out = hold(claim_run_dir(out, model_name, force))
+    lm = load_model(model_name, dtype=dtype, device=device)
+    if lm.kind != "decoder" and not pairs_file:
+        raise builtin_refusal(lm.name, lm.kind)
+    show = sys.stderr.isatty() if progress is None else progress
+    result, path = path_run(lm, senders, receivers, pairs, out=out, force=force, source=source, progress=show,
+                            timings={"model_load_s": lm.load_seconds}, started=started)
+    click.echo(f"LD clean {result.ld_clean:.4g}, corrupted {result.ld_corrupted:.4g}; path patching (norms on the "
+               "receivers' inputs recomputed from the patched stream):")
+    for r in result.frame.itertuples():
+        share = "" if r.share != r.share else f" (share {r.share:.3f})"
+        click.echo(f"  {r.senders} -> {r.receivers}: {r.effect:.4g}{share}")
+    click.echo(f"Report: {path / 'index.html'}")
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
