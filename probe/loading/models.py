@@ -128,7 +128,7 @@ def list_models() -> list[dict]:
 
 
 def _alternatives() -> str:
-    return "use an embedded model (minilm, smollm2) or a local folder"
+    return f"use an embedded model ({', '.join(EMBEDDED)}) or a local folder"
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
