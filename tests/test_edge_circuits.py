@@ -265,6 +265,7 @@ def test_circuit_command_writes_the_run_folder(circuit_folder):
     assert {"circuit_score", "in_circuit"} <= set(heads.columns)
     html = (folder / "index.html").read_text(encoding="utf-8")
     assert 'class="circuit-graph"' in html and 'class="faith-plot"' in html
+    assert "-0.000" not in html  # a faithfulness that rounds to zero is written 0.000
     assert record["method"] == "eap-ig" and record["steps"] == 2 and "faithfulness" in output
 
 

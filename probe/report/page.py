@@ -170,12 +170,20 @@ def json_for_script(data) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def fixed(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals, a value that rounds to zero written ``0.000``, never ``-0.000``
+    (the Jinja filter ``fixed``)."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
 @lru_cache(maxsize=1)
 def template_environment():
     """The Jinja environment of ``report/templates`` (autoescaped; filters and globals for heads and labels),
     built once."""
     env = Environment(loader=PackageLoader("probe", "report/templates"), autoescape=select_autoescape(["html", "j2"]))
     env.filters["plural"] = plural  # {{ n|plural("sequence") }} -> "1 sequence", "2 sequences"
+    env.filters["fixed"] = fixed  # {{ x|fixed(3) }} -> "0.123"; -0.0001 -> "0.000"
     env.globals["head_name"] = head_name
     env.globals["label_short"] = label_short
     env.globals["label_color"] = label_color
