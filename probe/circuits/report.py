@@ -116,7 +116,8 @@ def faithfulness_svg(frame, greedy: dict | None = None) -> Markup:
         return T + (y_hi - v) / (y_hi - y_lo) * ph
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="100%" role="img" '
-           f'style="max-width:{W}px" aria-label="faithfulness curve" class="faith-plot" font-size="11" font-family="sans-serif">',
+           f'style="max-width:{W}px" aria-label="faithfulness curve" class="faith-plot" font-size="11" '
+           'font-family="sans-serif">',
            f'<rect x="{L}" y="{T}" width="{pw}" height="{ph}" fill="#fff" stroke="#999"/>']
     for level in (0.0, 1.0):
         out.append(f'<line x1="{L}" y1="{Y(level):.1f}" x2="{L + pw}" y2="{Y(level):.1f}" stroke="#bbb" '
