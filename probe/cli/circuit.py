@@ -11,8 +11,9 @@ import click
 from .. import IMPORT_STARTED, bounds
 from ..errors import InputError
 from ..util import plural, process_age
-from .group import hold, main, user_errors
+from .group import main, user_errors
 from .options import click_callback, model_option, model_placement
+from .pairstart import pairs_and_model
 
 
 def _shares(text: str) -> tuple[float, ...]:
@@ -80,19 +81,10 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     """
     from ..circuits.evaluate import SHARES
     from ..circuits.run import circuit_run
-    from ..effects.patch_run import builtin_refusal, check_before_loading
-    from ..effects.patching import builtin_pairs, read_pairs
-    from ..loading.models import load_model
-    from ..report import claim_run_dir
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
-    check_before_loading(model_name, pairs, builtin=not pairs_file)
-    out = hold(claim_run_dir(out, model_name, force))
-    lm = load_model(model_name, dtype=dtype, device=device)
-    if lm.kind != "decoder" and not pairs_file:
-        raise builtin_refusal(lm.name, lm.kind)
+    lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device)
     show = sys.stderr.isatty() if progress is None else progress
     m = 1 if method == "eap" else steps
     n_batches = -(-len(pairs) // batch_size)

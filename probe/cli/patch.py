@@ -10,8 +10,9 @@ import click
 
 from .. import IMPORT_STARTED, bounds
 from ..util import plural, process_age
-from .group import hold, main, user_errors
+from .group import main, user_errors
 from .options import click_callback, model_option, model_placement
+from .pairstart import pairs_and_model
 
 
 @main.command("patch")
@@ -58,24 +59,21 @@ def patch_command(model_name, pairs_file, direction, method, component, heads_pe
     """
     from ..effects.components import check_components, parse_components
     from ..effects.patch_report import component_rows
-    from ..effects.patch_run import builtin_refusal, check_before_loading, patch_run
-    from ..effects.patching import builtin_pairs, check_patchable, read_pairs
-    from ..loading.models import load_model
-    from ..report import claim_run_dir
+    from ..effects.patch_run import patch_run
+    from ..effects.patching import check_patchable
     from ..sites import head_name
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     components = tuple(dict.fromkeys(("z", *parse_components(component))))
-    pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
-    check_before_loading(model_name, pairs, builtin=not pairs_file)  # the weights can take minutes to load
-    out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
+
+    def check(lm) -> None:
+        check_patchable(lm)
+        check_components(lm, components)
+
     # an encoder with its masked-LM head where the checkpoint has one
-    lm = load_model(model_name, head="auto", dtype=dtype, device=device)
-    check_patchable(lm)
-    check_components(lm, components)
-    if lm.kind != "decoder" and not pairs_file:
-        raise builtin_refusal(lm.name, lm.kind)
+    lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
+                                             head="auto", check=check)
     show = sys.stderr.isatty() if progress is None else progress
     click.echo(f"Patching {lm.name} ({plural(len(lm.sites) * lm.geometry.n_heads, 'head')}) on {len(pairs)} pairs "
                f"({source}), {direction}", err=True)

@@ -9,8 +9,9 @@ import click
 
 from .. import IMPORT_STARTED
 from ..util import process_age
-from .group import hold, main, user_errors
+from .group import main, user_errors
 from .options import model_option, model_placement
+from .pairstart import pairs_and_model
 
 
 @main.command("path")
@@ -41,19 +42,10 @@ def path_command(model_name, senders, receivers, pairs_file, out, force, progres
       clean  corrupted  answer  wrong
     """
     from ..circuits.path_run import path_run
-    from ..effects.patch_run import builtin_refusal, check_before_loading
-    from ..effects.patching import builtin_pairs, read_pairs
-    from ..loading.models import load_model
-    from ..report import claim_run_dir
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
-    check_before_loading(model_name, pairs, builtin=not pairs_file)
-    out = hold(claim_run_dir(out, model_name, force))
-    lm = load_model(model_name, dtype=dtype, device=device)
-    if lm.kind != "decoder" and not pairs_file:
-        raise builtin_refusal(lm.name, lm.kind)
+    lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device)
     show = sys.stderr.isatty() if progress is None else progress
     result, path = path_run(lm, senders, receivers, pairs, out=out, force=force, source=source, progress=show,
                             timings={"model_load_s": lm.load_seconds}, started=started)

@@ -1,0 +1,48 @@
+"""The start shared by the commands on prompt pairs (``probe patch``, ``probe circuit``,
+``probe path``): the pairs read and checked, the run folder claimed, then the model loaded, in that
+order, so that a bad pairs file or a taken folder fails before minutes of loading weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .group import hold
+
+
+def pairs_and_model(model_name: str, pairs_file, out, force: bool, *, dtype, device, head: str | None = None,
+                    check: Callable | None = None):
+    """Read the pairs (``pairs_file``, else the built-in indirect-object pairs), check them against the
+    model's tokenizer, claim ``out`` for the command's life, load the model and check it.
+
+    Args:
+        model_name: an alias, a folder or a Hub id.
+        pairs_file: a pairs TSV, or None for the built-in pairs (decoders only).
+        out, force: the run folder and whether an existing one may be replaced.
+        dtype, device: where and how the weights sit.
+        head: the model head to load (``"auto"``: a masked-LM head where the checkpoint has one), or
+            None for the loader's default.
+        check: called with the loaded model before anything runs (raises to refuse it).
+
+    Returns:
+        ``(lm, pairs, source, out)``: the loaded model, the pairs, where they came from, the claimed
+        run folder's path.
+
+    Raises:
+        InputError: a bad pairs file, or pairs that do not fit the tokenizer; the built-in pairs on a
+            model that is not a decoder; ``out`` a file, not empty without ``force``, or being written
+            by another run.
+    """
+    from ..effects.patch_run import builtin_refusal, check_before_loading
+    from ..effects.patching import builtin_pairs, read_pairs
+    from ..loading.models import load_model
+    from ..report import claim_run_dir
+
+    pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
+    check_before_loading(model_name, pairs, builtin=not pairs_file)  # the weights can take minutes to load
+    out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
+    lm = load_model(model_name, dtype=dtype, device=device, **({} if head is None else {"head": head}))
+    if check is not None:
+        check(lm)
+    if lm.kind != "decoder" and not pairs_file:
+        raise builtin_refusal(lm.name, lm.kind)
+    return lm, pairs, source, out
