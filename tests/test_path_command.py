@@ -61,5 +61,12 @@ def test_bad_names_are_one_error_line_before_any_run_folder(tmp_path):
     model = save_tiny("gpt2", tmp_path / "gpt2")
     (tmp_path / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
     one_error(invoke_cli("path", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--senders", "L0H1",
-                         "--receivers", "L7H0.q", "--out", tmp_path / "run"), 1, "--receivers", "L7H0.q")
+                         "--receivers", "L7H0.q", "--out", tmp_path / "run"), 1, "--receivers", "L7H0.q",
+              "layers 0 .. 1")
+    assert not (tmp_path / "run").exists()
+    # a name of the wrong form is a usage error, found before the model loads (no such model folder here)
+    for option, value in (("--senders", "foo"), ("--senders", "L0H1,"), ("--receivers", "L1H0.x")):
+        names = {"--senders": "L0H1", "--receivers": "logits", option: value}
+        one_error(invoke_cli("path", "--model", tmp_path / "none", "--senders", names["--senders"], "--receivers",
+                             names["--receivers"], "--out", tmp_path / "run"), 2, option, "not a name of that form")
     assert not (tmp_path / "run").exists()

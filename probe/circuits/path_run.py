@@ -34,6 +34,21 @@ _HEAD = re.compile(r"L(\d+)H(\d+)")
 _INPUT = re.compile(r"L(\d+)(H|KV)(\d+)\.(q|k|v)")
 
 
+def check_names(option: str, text: str) -> None:
+    """The form of ``--senders`` (``L5H1,L5H2``) or ``--receivers`` (``logits``, ``L9H6.q``, ``L9KV1.k``),
+    before any model is loaded (whether each name exists is checked once the model is there).
+
+    Raises:
+        InputError: an empty list, or a name of another form.
+    """
+    form = _HEAD if option == "--senders" else _INPUT
+    parts = [p.strip() for p in text.split(",")]
+    for part in parts:
+        if not (form.fullmatch(part) or (option == "--receivers" and part == "logits")):
+            example = "L5H1,L5H2" if option == "--senders" else "logits,L9H6.q,L9H6.k,L9KV1.v"
+            raise InputError(f"{option}: {part!r} is not a name of that form ({example})")
+
+
 def parse_senders(text: str, graph: Graph) -> list[tuple[int, int]]:
     """``--senders``: comma-separated heads ``L5H1`` (layer, head, 0-based), each once, in order.
 
@@ -66,8 +81,10 @@ def parse_receivers(text: str, graph: Graph) -> list[tuple[str, int, int]]:
         m = _INPUT.fullmatch(part)
         n = graph.kv_heads if m is not None and m[2] == "KV" else graph.heads
         if m is None or int(m[1]) >= graph.layers or int(m[3]) >= n or (m[2] == "KV" and m[4] == "q"):
-            raise InputError(f"--receivers: {part!r} is neither logits nor a head's input of this model (L9H6.q, "
-                             "L9H6.k, L9H6.v, L9KV1.k)")
+            last = graph.layers - 1
+            kv = f", L{last}KV{graph.kv_heads - 1}.k" if graph.kv_heads != graph.heads else ""
+            raise InputError(f"--receivers: {part!r} is neither logits nor a head's input of this model (layers 0 .. "
+                             f"{last}, heads 0 .. {graph.heads - 1}: L{last}H0.q, L{last}H0.k, L{last}H0.v{kv})")
         layer, index, kind = int(m[1]), int(m[3]), m[4]
         out.append((kind, layer, index if kind == "q" or m[2] == "KV" else index // rep))
     return list(dict.fromkeys(out))

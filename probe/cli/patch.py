@@ -15,6 +15,13 @@ from .options import click_callback, model_option, model_placement
 from .pairstart import pairs_and_model
 
 
+def _components(text: str) -> None:
+    """The --component list, checked before the model loads (a usage error: exit 2)."""
+    from ..effects.components import parse_components  # deferred: the library (torch) only once a command runs
+
+    parse_components(text)
+
+
 @main.command("patch")
 @model_option(default="smollm2")  # patching runs on decoders: the embedded decoder
 @click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, path_type=str), default=None,
@@ -25,6 +32,7 @@ from .pairstart import pairs_and_model
               help="attribution: also attribution patching (the gradient estimate), with its correlation to "
                    "activation patching.")
 @click.option("--component", "component", default="z", show_default=True, metavar="C,C,...",
+              callback=click_callback(lambda v: _components(v)),
               help="What is patched, comma-separated: z (each head's output), q (per query head), k, v (per "
                    "key/value head where grouped), pattern (per head), resid (the residual stream entering each "
                    "block), mlp (each MLP's output). z is always patched; the others go to components.csv.")

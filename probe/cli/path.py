@@ -10,15 +10,24 @@ import click
 from .. import IMPORT_STARTED
 from ..util import process_age
 from .group import main, user_errors
-from .options import model_option, model_placement
+from .options import click_callback, model_option, model_placement
 from .pairstart import pairs_and_model
+
+
+def _names(option: str, text: str) -> None:
+    """The form of a --senders or --receivers list, before the model loads (a usage error: exit 2)."""
+    from ..circuits.path_run import check_names  # deferred: the library (torch) only once a command runs
+
+    check_names(option, text)
 
 
 @main.command("path")
 @model_option(default="smollm2")  # path patching runs on decoders: the embedded decoder
 @click.option("--senders", required=True, metavar="L5H1,L5H2",
+              callback=click_callback(lambda v: _names("--senders", v)),
               help="Sender heads, comma-separated (layer and head, 0-based).")
 @click.option("--receivers", required=True, metavar="logits|L9H6.q,...",
+              callback=click_callback(lambda v: _names("--receivers", v)),
               help="Receivers, comma-separated: logits, or a head's query, key or value input (L9H6.q, L9H6.k, "
                    "L9H6.v; k and v of a grouped model name the key/value head serving that query head, or "
                    "L9KV1.k).")
