@@ -97,3 +97,10 @@ def progress_bar(**kw):
 
             return notebook_bar(**kw)
     return text_bar(**kw)
+
+
+def fixed(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals, a value that rounds to zero written ``0.000``, never ``-0.000``
+    (the Jinja filter ``fixed``)."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text

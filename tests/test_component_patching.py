@@ -179,7 +179,7 @@ def test_patch_command_writes_every_component_with_its_correlation(tmp_path):
 def test_bad_components_are_one_error_line(tmp_path):
     from conftest import invoke_cli, one_error, save_tiny
 
-    one_error(invoke_cli("patch", "--model", tmp_path / "none", "--component", "z,attn"), 2, "--component")  # before loading
+    one_error(invoke_cli("patch", "--model", tmp_path / "none", "--component", "z,attn"), 2, "--component")
     model = save_tiny("bloom", tmp_path / "bloom")
     (tmp_path / "pairs.tsv").write_text("\n".join("\t".join((p.clean, p.corrupted, p.answer, p.wrong)) for p in PAIRS),
                                         encoding="utf-8")

@@ -274,7 +274,7 @@ def test_a_bar_axis_writes_its_ticks_with_one_number_of_decimals(chromium, tmp_p
 
 
 def test_fixed_writes_a_value_that_rounds_to_zero_without_a_sign():
-    from probe.report.page import fixed
+    from probe.util import fixed
 
     assert [fixed(-0.0004), fixed(0.0), fixed(-0.0006), fixed(1.23456, 2), fixed(-2.5, 1)] == \
         ["0.000", "0.000", "-0.001", "1.23", "-2.5"]

@@ -22,7 +22,8 @@ CAPTION = ("Path patching (Wang et al. 2022) on {pairs} prompt pairs ({source}):
 
 
 def _fmt(v: float, spec: str = ".4g") -> str:
-    return "" if not math.isfinite(v) else format(v, spec)
+    text = "" if not math.isfinite(v) else format(v, spec)
+    return text[1:] if text.startswith("-") and float(text) == 0 else text  # rounds to zero: no sign
 
 
 def _labels(heads) -> dict:

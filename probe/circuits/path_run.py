@@ -147,10 +147,10 @@ def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *
         jobs.append((send, receive))
     rows = []
     for s, r in jobs:
-        effect = path_patch(lm, wiring, graph, enc, s, r)
+        effect = path_patch(lm, wiring, graph, enc, s, r) + 0.0  # + 0.0: an exact zero is 0, not -0
         rows.append({"senders": "+".join(head_name(*h) for h in s),
                      "receivers": "+".join(receiver_name(graph, x) for x in r), "effect": effect,
-                     "share": effect / gap if abs(gap) >= MIN_GAP else float("nan")})
+                     "share": effect / gap + 0.0 if abs(gap) >= MIN_GAP else float("nan")})
     notes = [] if abs(gap) >= MIN_GAP else [
         f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no share of the corrupted run's change"]
     return PathRun(pd.DataFrame(rows), ld["clean"], ld["corrupted"], pairs, source,

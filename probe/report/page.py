@@ -23,7 +23,7 @@ from ..measures.classify import LABEL_RULES, MIXED, REMOVED
 from ..runfolder import claim, claim_new
 from ..runs.analysis import AnalysisResult
 from ..sites import head_name
-from ..util import plural
+from ..util import fixed, plural
 
 #: Colors of the primary labels in the layer x head grid (colour-blind-safe Okabe-Ito palette + greys).
 LABEL_COLORS = {
@@ -168,13 +168,6 @@ def json_for_script(data) -> str:
     """JSON safe inside a <script> element (no '<', '>' or '&' that could close it)."""
     text = json.dumps(data, separators=(",", ":"), default=json_default)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def fixed(value: float, digits: int = 3) -> str:
-    """``value`` with ``digits`` decimals, a value that rounds to zero written ``0.000``, never ``-0.000``
-    (the Jinja filter ``fixed``)."""
-    text = f"{value:.{digits}f}"
-    return text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
 @lru_cache(maxsize=1)
