@@ -333,3 +333,21 @@ def test_pruning_by_hand():
     assert [names[e] for e in np.flatnonzero(prune(graph, circuit))] == path  # L0H1 unreached; L1 leads nowhere
     circuit[names.index(("L1H1", "logits", "logits"))] = True  # now the key/value group of L1 leads on
     assert sum(prune(graph, circuit)) == 5
+
+
+def test_pairs_that_barely_differ_get_a_note_on_the_faithfulness():
+    # clean = corrupted: M(full) - M(empty) is 0, so every faithfulness divides by noise; the run says so
+    from probe.circuits.run import measure
+    from probe.effects.pairs import Pair
+
+    lm = tiny_model("gpt2")
+    same = [Pair(clean, clean, answer, wrong) for clean, _, answer, wrong in
+            (line.split("\t") for line in PAIRS_TSV.strip().split("\n"))]
+    run = measure(lm, same, steps=1, edges=4, seeds=1, shares=[0.1])
+    assert run.ld_clean == run.ld_corrupted
+    assert len(run.notes) == 1 and "barely separate the answers" in run.notes[0]
+    from probe.effects.patching import MIN_GAP
+
+    pairs = [Pair(*line.split("\t")) for line in PAIRS_TSV.strip().split("\n")]
+    run = measure(lm, pairs, steps=1, edges=4, seeds=1, shares=[0.1])
+    assert (run.notes == []) == (abs(run.ld_clean - run.ld_corrupted) >= MIN_GAP)  # a note exactly below the gap

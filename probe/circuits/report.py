@@ -64,8 +64,9 @@ def circuit_svg(run, heads=None) -> Markup:
     top = float(drawn["score"].abs().max()) if len(drawn) else 1.0
     W = 2 * PAD + (g.heads + 1) * COL
     H = 2 * PAD + (g.layers + 1) * ROW
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" '
-           'aria-label="circuit graph" class="circuit-graph" font-size="9" font-family="sans-serif">']
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="100%" role="img" '
+           f'style="max-width:{W}px" aria-label="circuit graph" class="circuit-graph" font-size="9" '
+           'font-family="sans-serif">']  # scales down to its panel (SmolLM2's graph is wider than one)
     for r in drawn.itertuples():
         (x1, y1), (x2, y2) = pos[r.upstream], pos[r.downstream]
         width = 0.4 + 3.6 * abs(r.score) / (top or 1.0)

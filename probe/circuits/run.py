@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..effects.pairs import Pair, builtin_pairs, encode_pairs
 from ..effects.patch_run import label_texts
+from ..effects.patching import MIN_GAP
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
 from ..report import claim_run_dir, write_run
@@ -170,8 +171,12 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         say(f"faithfulness ({evaluator.passes} circuits): done in {seconds['faithfulness_s']:.1f} s")
     passes = {"edges": n_batches * (2 + 2 * m), "faithfulness": n_batches * (2 + evaluator.passes)}
     circuit = greedy.circuit if greedy is not None else top_edges(scores, k)
+    gap = evaluator.ld_clean - evaluator.ld_corrupted
+    notes = [] if abs(gap) >= MIN_GAP else [
+        f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: the pairs barely separate the answers, so every "
+        "faithfulness divides by a difference of that size and is dominated by noise"]
     return CircuitRun(graph, scores, method, m, circuit, curve, evaluator.ld_clean,
-                      evaluator.ld_corrupted, pairs, source, seconds, [], passes, seeds, greedy)
+                      evaluator.ld_corrupted, pairs, source, seconds, notes, passes, seeds, greedy)
 
 
 class _bar:

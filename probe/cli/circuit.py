@@ -10,7 +10,7 @@ import click
 
 from .. import IMPORT_STARTED, bounds
 from ..errors import InputError
-from ..util import plural, process_age
+from ..util import fixed, plural, process_age
 from .group import main, user_errors
 from .options import click_callback, model_option, model_placement
 from .pairstart import pairs_and_model
@@ -103,11 +103,14 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     k = int(result.circuit.sum())
     row = f[f["k"] == k].iloc[0]
     g = result.greedy
-    chosen = f"circuit of {k} edges: faithfulness {row.faithfulness:.3f}"
+    chosen = f"circuit of {k} edges: faithfulness {fixed(row.faithfulness)}"
     if g is not None:
-        chosen = (f"greedy circuit of {k} edges: faithfulness {g.faithfulness:.3f} ({g.rounds} rounds, {g.passes} "
-                  f"circuits{'' if g.converged else ', --max-passes spent before convergence'}); top {k} edges "
-                  f"{row.faithfulness:.3f}")
+        chosen = (f"greedy circuit of {plural(k, 'edge')}: faithfulness {fixed(g.faithfulness)} "
+                  f"({plural(g.rounds, 'round')}, {g.passes} circuits"
+                  f"{'' if g.converged else ', --max-passes spent before convergence'}); top {k} edges "
+                  f"{fixed(row.faithfulness)}")
     click.echo(f"{result.graph.n_edges} edges; LD clean {result.ld_clean:.4g}, corrupted {result.ld_corrupted:.4g}; "
-               f"{chosen} (random {row.random_mean:.3f} +- {row.random_std:.3f})")
+               f"{chosen} (random {fixed(row.random_mean)} +- {fixed(row.random_std)})")
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
     click.echo(f"Report: {path / 'index.html'}")
