@@ -70,3 +70,13 @@ def test_bad_names_are_one_error_line_before_any_run_folder(tmp_path):
         one_error(invoke_cli("path", "--model", tmp_path / "none", "--senders", names["--senders"], "--receivers",
                              names["--receivers"], "--out", tmp_path / "run"), 2, option, "not a name of that form")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_encoder_is_refused_by_its_kind_not_by_its_pairs(tmp_path):
+    # path patching and circuits need a pre-norm decoder: an encoder hears that, not advice on its pairs
+    model = save_tiny("bert", tmp_path / "bert")
+    for command in (("path", "--senders", "L0H0", "--receivers", "logits"), ("circuit",)):
+        line = one_error(invoke_cli(*command, "--model", model, "--out", tmp_path / "run"), 1,
+                         "circuits need a pre-norm decoder", "it is an encoder model")
+        assert "--pairs" not in line and "masked-LM" not in line
+        assert not (tmp_path / "run").exists()

@@ -73,6 +73,20 @@ def _rope(lm, layer: int) -> Rope | None:
     return Rope.from_config(params, g.d_head, getattr(lm.model.config, "max_position_embeddings", None))
 
 
+def check_kind(lm) -> None:
+    """Refuse, before any pass, a model the head graph does not fit by its kind: an encoder (its stream
+    is normed after each residual add) or an encoder-decoder model.
+
+    Raises:
+        UnsupportedAnalysisError: not a decoder.
+    """
+    if lm.kind == "encoder":
+        raise _refuse(lm, "it is an encoder model; probe's encoders (BERT-style) norm the stream after each residual "
+                          "add, so it is not the sum of what the heads and MLPs write")
+    if lm.kind != "decoder":
+        raise _refuse(lm, f"it is an {lm.kind} model")
+
+
 def wire(lm) -> Wiring:
     """The modules and weights of every layer of ``lm`` (a :class:`~probe.core.LoadedModel`).
 
@@ -80,11 +94,7 @@ def wire(lm) -> Wiring:
         UnsupportedAnalysisError: not a decoder, or a block without a norm before its attention, an
             MLP or a norm of the MLP's own named by its spec, or a model without a final norm.
     """
-    if lm.kind == "encoder":
-        raise _refuse(lm, "it is an encoder model; probe's encoders (BERT-style) norm the stream after each residual "
-                          "add, so it is not the sum of what the heads and MLPs write")
-    if lm.kind != "decoder":
-        raise _refuse(lm, f"it is an {lm.kind} model")
+    check_kind(lm)
     lm.require_all_heads("circuits")
     model, spec, layers = lm.model, lm.spec, []
     for site, module in site_modules(model, spec):

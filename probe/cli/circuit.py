@@ -81,10 +81,12 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     """
     from ..circuits.evaluate import SHARES
     from ..circuits.run import circuit_run
+    from ..circuits.wiring import check_kind
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device)
+    lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
+                                             kind_check=check_kind)  # decoders only
     show = sys.stderr.isatty() if progress is None else progress
     m = 1 if method == "eap" else steps
     n_batches = -(-len(pairs) // batch_size)

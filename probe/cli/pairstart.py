@@ -10,7 +10,7 @@ from .group import hold
 
 
 def pairs_and_model(model_name: str, pairs_file, out, force: bool, *, dtype, device, head: str | None = None,
-                    check: Callable | None = None):
+                    check: Callable | None = None, kind_check: Callable | None = None):
     """Read the pairs (``pairs_file``, else the built-in indirect-object pairs), check them against the
     model's tokenizer, claim ``out`` for the command's life, load the model and check it.
 
@@ -22,6 +22,8 @@ def pairs_and_model(model_name: str, pairs_file, out, force: bool, *, dtype, dev
         head: the model head to load (``"auto"``: a masked-LM head where the checkpoint has one), or
             None for the loader's default.
         check: called with the loaded model before anything runs (raises to refuse it).
+        kind_check: the command's refusal by the model's kind, called before the weights load (with
+            the model's preview, where it is on this machine) and again once loaded.
 
     Returns:
         ``(lm, pairs, source, out)``: the loaded model, the pairs, where they came from, the claimed
@@ -38,11 +40,12 @@ def pairs_and_model(model_name: str, pairs_file, out, force: bool, *, dtype, dev
     from ..report import claim_run_dir
 
     pairs, source = (read_pairs(pairs_file), pairs_file) if pairs_file else (builtin_pairs(), "built-in IOI set")
-    check_before_loading(model_name, pairs, builtin=not pairs_file)  # the weights can take minutes to load
+    check_before_loading(model_name, pairs, builtin=not pairs_file, kind_check=kind_check)  # weights take minutes
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     lm = load_model(model_name, dtype=dtype, device=device, **({} if head is None else {"head": head}))
-    if check is not None:
-        check(lm)
+    for each in (kind_check, check):
+        if each is not None:
+            each(lm)
     if lm.kind != "decoder" and not pairs_file:
         raise builtin_refusal(lm.name, lm.kind)
     return lm, pairs, source, out

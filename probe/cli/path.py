@@ -51,10 +51,12 @@ def path_command(model_name, senders, receivers, pairs_file, out, force, progres
       clean  corrupted  answer  wrong
     """
     from ..circuits.path_run import path_run
+    from ..circuits.wiring import check_kind
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device)
+    lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
+                                             kind_check=check_kind)  # decoders only
     show = sys.stderr.isatty() if progress is None else progress
     result, path = path_run(lm, senders, receivers, pairs, out=out, force=force, source=source, progress=show,
                             timings={"model_load_s": lm.load_seconds}, started=started)

@@ -182,20 +182,26 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
     return result, path
 
 
-def check_before_loading(name: str, pairs: list[Pair], builtin: bool) -> None:
+def check_before_loading(name: str, pairs: list[Pair], builtin: bool, kind_check=None) -> None:
     """The refusals of ``probe patch`` that the model's config and tokenizer decide, made before its
     weights load (which can take minutes): an encoder without its masked-LM head, the built-in set
     on a model that is not a decoder, pairs of unequal token counts or answers of several tokens
     (:func:`probe.effects.pairs.encode_pairs` on :func:`probe.loading.models.preview_model`). A model that is
     not on this machine (a Hub id) is checked after loading, as before.
 
+    ``kind_check``: a command's own refusal of the model by its kind, called with the preview first
+    (``probe circuit`` and ``probe path``: decoders only).
+
     Raises:
-        UnsupportedAnalysisError, InputError: as :func:`probe.effects.patching.patch_heads`.
+        UnsupportedAnalysisError, InputError: as :func:`probe.effects.patching.patch_heads`, or as
+            ``kind_check``.
     """
     config = peek_config(name)
     preview = preview_model(name) if config is not None else None
     if preview is None:
         return
+    if kind_check is not None:
+        kind_check(preview)
     check_patchable_config(config, name)
     if builtin and preview.kind != "decoder":
         raise builtin_refusal(name, preview.kind)
