@@ -278,3 +278,18 @@ def test_fixed_writes_a_value_that_rounds_to_zero_without_a_sign():
 
     assert [fixed(-0.0004), fixed(0.0), fixed(-0.0006), fixed(1.23456, 2), fixed(-2.5, 1)] == \
         ["0.000", "0.000", "-0.001", "1.23", "-2.5"]
+
+
+def test_a_cropped_cross_attention_map_says_so(monkeypatch):
+    import types
+
+    import probe.report.cross as cross
+
+    monkeypatch.setattr(cross, "display_tokens", lambda tok, text, ids, offsets, special: [str(i) for i in ids])
+    n = cross.MAX_TOKENS + 52
+    ex = types.SimpleNamespace(text="x", ids=list(range(n)), offsets=[(0, 0)] * n, special=[False] * n,
+                               target={"text": "y", "ids": [0, 1, 2], "offsets": [(0, 0)] * 3, "special": [False] * 3},
+                               decoder={"decoder.0.cross": np.full((1, 3, n), 1 / n)})
+    figure = cross.cross_figure(ex, None, 0, 0, "L0H0")
+    assert figure["cols"] == cross.MAX_TOKENS and figure["rows"] == 3
+    assert figure["title"] == f"L0H0, first {cross.MAX_TOKENS} of {n} source positions"

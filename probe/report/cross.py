@@ -42,8 +42,12 @@ def cross_figure(ex, tokenizer, layer: int, head: int, title: str) -> dict:
     nq, nk = min(probs.shape[0], MAX_TOKENS), min(probs.shape[1], MAX_TOKENS)
     source = display_tokens(tokenizer, ex.text, ex.ids, ex.offsets, ex.special)[:nk]
     target = display_tokens(tokenizer, t["text"], t["ids"], [tuple(o) for o in t["offsets"]], t["special"])[:nq]
+    cut = [f"first {n} of {total} {what}" for n, total, what in ((nq, probs.shape[0], "target tokens"),
+                                                                  (nk, probs.shape[1], "source positions"))
+           if n < total]
     return {
-        "rows": nq, "cols": nk, "scale": 1000, "vmin": 0.0, "vmax": 1.0, "cmap": "blues", "title": title,
+        "rows": nq, "cols": nk, "scale": 1000, "vmin": 0.0, "vmax": 1.0, "cmap": "blues",
+        "title": title + "".join(f", {c}" for c in cut),  # a cropped map says so
         "values": np.rint(probs[:nq, :nk] * 1000).astype(int).ravel().tolist(),
         "rowLabels": target, "colLabels": source,
         "xLabel": "source token (key)", "yLabel": "target token (query)",
