@@ -396,7 +396,7 @@ def test_summary_times_add_up_to_the_wall_time(tmp_path):
     parts = dict((name.strip(), float(v)) for name, v in re.findall(r"([a-z -]+) ([\d.]+) s", m.group(2)))
     assert set(parts) == {"start-up", "model load", "analysis", "rollout", "report", "other"}
     assert sum(parts.values()) == pytest.approx(total, abs=1e-9)  # what the user reads adds up
-    assert wall - 0.5 <= total <= wall
+    assert wall - 0.5 <= total <= wall + 0.05  # the line writes the total to 0.1 s: rounding may pass the wall
     t = json.loads((out / "run.json").read_text())["timings_s"]
     phases = ("startup_s", "input_s", "model_load_s", "analyze_s", "rollout_s", "report_s", "other_s")
     assert sum(t[k] for k in phases) == pytest.approx(t["total_s"], abs=1e-3)
