@@ -12,7 +12,7 @@ from .. import IMPORT_STARTED, bounds
 from ..errors import InputError
 from ..util import fixed, plural, process_age
 from .group import main, user_errors
-from .options import click_callback, model_option, model_placement
+from .options import click_callback, model_option, model_placement, run_folder_options
 from .pairstart import pairs_and_model
 
 
@@ -59,9 +59,7 @@ def _shares(text: str) -> tuple[float, ...]:
 @click.option("--batch-size", type=int, default=8, show_default=True,
               callback=click_callback(lambda v: bounds.positive_int("--batch-size", v)),
               help="Pairs per forward pass.")
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Run folder [default: a new reports/<model>-<time>].")
-@click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
+@run_folder_options
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
 @user_errors

@@ -12,7 +12,7 @@ import click
 from .. import IMPORT_STARTED, bounds
 from ..util import plural, process_age
 from .group import hold, main, user_errors
-from .options import check_files, click_callback, limit_option, model_option, model_placement
+from .options import check_files, click_callback, limit_option, model_option, model_placement, run_folder_options
 
 
 @main.command("effects")
@@ -38,9 +38,7 @@ from .options import check_files, click_callback, limit_option, model_option, mo
 @click.option("--clusters", is_flag=True,
               help="Also ablate each head group (the report's clusters) against random heads (more passes).")
 @click.option("--no-induction", "no_induction", is_flag=True, help="Decoders: skip the induction claim.")
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Run folder [default: a new reports/<model>-<time>].")
-@click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
+@run_folder_options
 @click.option("--json", "as_json", is_flag=True, help="Print the label table and the claim as JSON.")
 @click.option("--batch-size", type=int, default=16, show_default=True,
               callback=click_callback(lambda v: bounds.positive_int("--batch-size", v)))

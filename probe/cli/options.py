@@ -76,6 +76,15 @@ def stacked(*options):
     return apply
 
 
+def run_folder_options(fn):
+    """``--out/-o`` (the run folder, default a new ``reports/<model>-<time>``) and ``--force``."""
+    return stacked(
+        click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
+                     help="Run folder [default: a new reports/<model>-<time>]."),
+        click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote."),
+    )(fn)
+
+
 def model_option(fn=None, *, default: str = DEFAULT_MODEL):
     """``--model/-m``: an alias, a Hub id, a local folder or a .gguf file (``default``: the command's
     default model; ``@model_option`` or ``@model_option(default="smollm2")``)."""

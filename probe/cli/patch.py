@@ -11,7 +11,7 @@ import click
 from .. import IMPORT_STARTED, bounds
 from ..util import plural, process_age
 from .group import main, user_errors
-from .options import click_callback, model_option, model_placement
+from .options import click_callback, model_option, model_placement, run_folder_options
 from .pairstart import pairs_and_model
 
 
@@ -43,9 +43,7 @@ def _components(text: str) -> None:
               callback=click_callback(lambda v: bounds.positive_int("--rope-offsets", v)),
               help="RoPE models: average the Q- and K-composition scores over relative offsets D = 0..K-1 "
                    "(1: the content term D = 0 only).")
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Run folder [default: a new reports/<model>-<time>].")
-@click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
+@run_folder_options
 @click.option("--json", "as_json", is_flag=True, help="Print the section's record as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement

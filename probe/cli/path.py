@@ -10,7 +10,7 @@ import click
 from .. import IMPORT_STARTED
 from ..util import fixed, process_age
 from .group import main, user_errors
-from .options import click_callback, model_option, model_placement
+from .options import click_callback, model_option, model_placement, run_folder_options
 from .pairstart import pairs_and_model
 
 
@@ -33,9 +33,7 @@ def _names(option: str, text: str) -> None:
                    "L9KV1.k).")
 @click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Tab-separated clean, corrupted, answer, wrong per line [default: the built-in IOI set].")
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Run folder [default: a new reports/<model>-<time>].")
-@click.option("--force", is_flag=True, help="Replace probe's own files in an --out folder probe wrote.")
+@run_folder_options
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
 @user_errors
