@@ -99,8 +99,14 @@ def progress_bar(**kw):
     return text_bar(**kw)
 
 
-def fixed(value: float, digits: int = 3) -> str:
-    """``value`` with ``digits`` decimals, a value that rounds to zero written ``0.000``, never ``-0.000``
-    (the Jinja filter ``fixed``)."""
-    text = f"{value:.{digits}f}"
+def formatted(value: float, spec: str) -> str:
+    """``format(value, spec)``, a value that rounds to zero written without a sign (``0.000``, never
+    ``-0.000``)."""
+    text = format(value, spec)
     return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+def fixed(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals, no sign on a value that rounds to zero (the Jinja filter
+    ``fixed``)."""
+    return formatted(value, f".{digits}f")

@@ -11,6 +11,7 @@ import math
 
 from ..report.sections import Section, render_fragment, section_builder
 from ..sites import head_name
+from ..util import formatted
 
 CAPTION = ("Path patching (Wang et al. 2022) on {pairs} prompt pairs ({source}): the clean run with the senders' "
            "outputs taken from the corrupted run and every other head's output frozen at its clean value (MLPs "
@@ -22,8 +23,7 @@ CAPTION = ("Path patching (Wang et al. 2022) on {pairs} prompt pairs ({source}):
 
 
 def _fmt(v: float, spec: str = ".4g") -> str:
-    text = "" if not math.isfinite(v) else format(v, spec)
-    return text[1:] if text.startswith("-") and float(text) == 0 else text  # rounds to zero: no sign
+    return "" if not math.isfinite(v) else formatted(v, spec)
 
 
 def _labels(heads) -> dict:
