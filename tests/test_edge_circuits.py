@@ -12,7 +12,7 @@ import torch
 
 from conftest import invoke_cli, save_tiny, tiny_model
 from probe.circuits.attribution import capture_writes, edge_scores, logit_diff, node_scores
-from probe.circuits.checked import checked_graph
+from probe.circuits.checked import checked_graph, graph_of
 from probe.circuits.evaluate import Evaluator, excluded_matrix, faithfulness_curve, random_edges, top_edges
 from probe.circuits.forward import Feed, split_pass
 from probe.circuits.graph import Graph, edge_count, prune
@@ -21,8 +21,12 @@ from probe.effects.pairs import EncodedPairs
 from probe.effects.patching import head_logit_diffs
 from probe.errors import UnsupportedAnalysisError
 
-#: Sequential blocks, grouped key/value heads, parallel attention and MLP.
-KINDS = ("gpt2", "llama", "gpt_neox")
+#: Sequential blocks, grouped key/value heads, parallel attention and MLP, and a parallel block with one
+#: norm and one key/value head (Falcon's: the MLP reads the attention's norm; probe's reference module
+#: swapped in, as Falcon's modules compute attention themselves).
+KINDS = ("gpt2", "llama", "gpt_neox", "falcon")
+#: Whether each kind's MLP reads the same stream as its attention.
+PARALLEL = {"gpt2": False, "llama": False, "gpt_neox": True, "falcon": True}
 
 
 def random_pairs(seed: int = 0, n: int = 4, T: int = 6) -> EncodedPairs:
@@ -40,8 +44,8 @@ def random_pairs(seed: int = 0, n: int = 4, T: int = 6) -> EncodedPairs:
 @pytest.fixture(scope="module", params=KINDS)
 def wired(request):
     lm = tiny_model(request.param)
-    wiring, graph, check = checked_graph(lm)
-    return lm, wiring, graph, check
+    with graph_of(lm) as (wiring, graph, check):
+        yield lm, wiring, graph, check
 
 
 # -- the graph ------------------------------------------------------------------------------------
@@ -87,20 +91,42 @@ def test_checked_graph_follows_the_architecture(wired):
     lm, _, graph, check = wired
     g = lm.geometry
     assert (graph.layers, graph.heads, graph.kv_heads) == (g.n_layers, g.n_heads, g.n_kv_heads)
-    assert graph.parallel == (lm.spec.family == "gpt_neox")  # the tiny NeoX uses the parallel residual
+    assert graph.parallel == PARALLEL[lm.spec.family]  # the tiny NeoX and Falcon use the parallel residual
     assert graph.n_edges == edge_count(g.n_layers, g.n_heads, g.n_kv_heads, graph.parallel)
     # each head's q, k, v recomputed from the clean stream equals what the attention function received
-    assert set(check.errors) == {"q", "k", "v"} and max(check.errors.values()) <= 1e-6
+    # (and an MLP that reads the attention's norm, that norm recomputed from the block's input)
+    assert set(check.errors) == {"q", "k", "v"} | ({"mlp"} if lm.spec.family == "falcon" else set())
+    assert max(check.errors.values()) <= 1e-6
     assert check.decomposition <= 1e-5  # the final stream is the sum of the writes and the b_O
 
 
 @pytest.mark.parametrize("kind,why", [("bert", "norm the stream after each residual add"),
-                                      ("falcon", "a parallel block with one norm"),
                                       ("gemma2", "not the sum of what its embeddings, heads and MLPs write")])
 def test_models_outside_the_graph_are_refused_saying_why(kind, why):
     with pytest.raises(UnsupportedAnalysisError, match="circuits") as refused:
         checked_graph(tiny_model(kind))
     assert why in str(refused.value)
+
+
+@pytest.mark.parametrize("kind,parallel,kv", [("falcon-new", True, 2), ("falcon-alibi", False, 4)])
+def test_falcons_other_blocks_fit_the_graph(kind, parallel, kv):
+    # two parallel norms (ln_attn, ln_mlp) with grouped heads; a sequential block with ALiBi
+    with graph_of(tiny_model(kind)) as (_, graph, check):
+        assert (graph.parallel, graph.kv_heads) == (parallel, kv)
+        assert max(check.errors.values()) <= 1e-6 and check.decomposition <= 1e-5
+
+
+def test_an_mlp_said_to_read_the_attentions_norm_but_reading_its_own_is_refused(monkeypatch):
+    # the check's pass recomputes a shared-norm MLP's input from the block's input: a spec that names no
+    # MLP norm for a sequential block (whose MLP reads its own norm after the heads) fails it in one line
+    import dataclasses
+
+    lm = tiny_model("llama")
+    spec = lm.spec
+    sites = tuple(dataclasses.replace(s, mlp_norm=None) for s in spec.site_specs)
+    monkeypatch.setattr(lm, "spec", dataclasses.replace(spec, site_specs=sites))
+    with pytest.raises(UnsupportedAnalysisError, match="does not read the attention's norm"):
+        checked_graph(lm)
 
 
 def test_split_pass_leaves_the_model_as_it_was(wired):

@@ -189,11 +189,12 @@ class SiteSpec:
             or None.
         input_norm: path of the norm before the attention in a pre-norm block (what the attention
             reads is this norm of the residual stream), or None where probe's weight analyses do not
-            apply (post-norm encoders, encoder-decoder models).
+            apply (post-norm encoders, encoder-decoder models). ``"a|b"``: the first of the
+            alternatives the block has (a family whose configurations name it differently).
         mlp: path of the block's MLP (its output is the MLP's write to the residual stream), or None.
         mlp_norm: path of the norm whose output is the MLP's input (what the MLP reads is this norm
             of the residual stream), or None where it is not a module of its own (GPT-J and Falcon
-            share the attention's norm) or not named.
+            share the attention's norm) or not named; alternatives as ``input_norm``.
         causal: queries see only keys at or before their own position.
         stack_module: path of the module whose forward receives this stack's 2D padding mask
             (``"encoder"``/``"decoder"`` of an encoder-decoder model; ``""`` = the base model).

@@ -155,7 +155,8 @@ _BLOOM = ArchSpec(
 _FALCON = ArchSpec(
     family="falcon", kind="decoder",
     site_specs=one_stack("decoder", "h", "self_attention", "self_attention.dense",
-                         qkv="self_attention.query_key_value", input_norm="input_layernorm", mlp="mlp"),
+                         qkv="self_attention.query_key_value", input_norm="input_layernorm|ln_attn", mlp="mlp",
+                         mlp_norm="post_attention_layernorm|ln_mlp"),
     final_norm="ln_f", qkv_layout="grouped", rotary=True, rope=rope_unless_alibi, kv_heads=kv_heads_multi_query,
     position_bias=FALCON_ALIBI, kv_head_count_attrs=("num_kv_heads",), probs_argument="output_attentions",
     note=alibi_note,

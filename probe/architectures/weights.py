@@ -95,18 +95,23 @@ def norm_eps(norm: nn.Module) -> float | None:
     return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None)
 
 
+def _present(block: nn.Module, path: str | None) -> nn.Module | None:
+    """The first module of ``block`` at one of the ``|``-separated alternatives of ``path`` (a family
+    whose configurations name one norm differently), or None where none is there."""
+    for alternative in (path or "").split("|"):
+        try:
+            return block.get_submodule(alternative) if alternative else None
+        except AttributeError:  # not in this configuration of the family
+            continue
+    return None
+
+
 def input_norm(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None:
     """The norm before the attention of ``site``'s block (pre-norm decoders), or None where the spec names
-    none or the block has no module at the path the spec names (Falcon's ``new_decoder_architecture``
-    with two parallel norms, ``ln_attn`` and ``ln_mlp``, in place of ``input_layernorm``)."""
-    path = site_spec(spec, site).input_norm
-    block = site_block(model, spec, site)
-    if path is None:
-        return None
-    try:
-        return block.get_submodule(path)
-    except AttributeError:  # not in this configuration of the family
-        return None
+    none or the block has no module at the paths the spec names (``"input_layernorm|ln_attn"``: Falcon
+    names it ``ln_attn`` with ``new_decoder_architecture`` and two parallel norms, ``ln_attn`` and
+    ``ln_mlp``)."""
+    return _present(site_block(model, spec, site), site_spec(spec, site).input_norm)
 
 
 def block_mlp(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None:
@@ -117,14 +122,9 @@ def block_mlp(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None:
 
 def mlp_norm(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None:
     """The norm whose output the MLP of ``site``'s block reads, or None where the spec names none or the
-    block has no module at that path."""
-    path = site_spec(spec, site).mlp_norm
-    if path is None:
-        return None
-    try:
-        return site_block(model, spec, site).get_submodule(path)
-    except AttributeError:  # not in this configuration of the family
-        return None
+    block has no module at the paths it names (Falcon's parallel block with one norm: its MLP reads the
+    attention's)."""
+    return _present(site_block(model, spec, site), site_spec(spec, site).mlp_norm)
 
 
 def final_norm(model: nn.Module, spec: ArchSpec) -> nn.Module | None:

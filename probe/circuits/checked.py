@@ -5,8 +5,13 @@ block's input (parallel attention and MLP) or the stream after the heads (sequen
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
 import torch
 
+from ..capture.hooks import native
+from ..capture.swapped import swap_if_agrees
 from ..errors import UnsupportedAnalysisError
 from .feeds import Check
 from .forward import split_pass
@@ -38,14 +43,14 @@ def checked_graph(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None
     graph = Graph(g.n_layers, g.n_heads, g.n_kv_heads)
     check = Check(graph)
     split_pass(lm, wiring, ids, mask, check)
-    if set(check.errors) != {"q", "k", "v"} or len(check.reads) != 2 * g.n_layers or check.final is None:
+    if not {"q", "k", "v"} <= set(check.errors) or len(check.reads) != 2 * g.n_layers or check.final is None:
         raise UnsupportedAnalysisError(f"circuits: {lm.name}'s attention modules do not call probe's attention "
                                        "function (transformers' AttentionInterface), where circuits feed each head")
     bad = {k: e for k, e in check.errors.items() if e > TOLERANCE}
     if bad:
         raise UnsupportedAnalysisError(f"circuits: {lm.name}'s head inputs recomputed from the residual stream differ "
                                        f"from what its attention receives (relative {bad}); its norm or rotation is "
-                                       "not the spec's")
+                                       "not the spec's, or its MLP does not read the attention's norm")
     parallel = all(torch.equal(check.reads[("stream", i)], check.reads[("mlp_in", i)]) for i in range(g.n_layers))
     graph = Graph(g.n_layers, g.n_heads, g.n_kv_heads, parallel)
     total = check.outputs().sum(0).double()
@@ -59,3 +64,21 @@ def checked_graph(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None
                                        "after a sub-layer or a residual inside a module")
     check.decomposition = gap
     return wiring, graph, check
+
+
+@contextmanager
+def graph_of(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None = None
+             ) -> Iterator[tuple[Wiring, Graph, Check]]:
+    """:func:`checked_graph` of ``lm``, for the life of the context: a hand-spec family whose attention
+    modules compute attention themselves (Falcon, BLOOM, GPT-Neo in transformers 5) runs probe's
+    reference module in their place where it reproduces the model bit for bit
+    (:func:`probe.capture.swapped.swap_if_agrees`), so that every head's inputs pass through probe's
+    attention function; the model is as it was afterwards.
+
+    Raises:
+        UnsupportedAnalysisError: as :func:`checked_graph`.
+    """
+    with ExitStack() as stack:
+        if not (native(lm.model) or lm.spec.discovered):
+            swap_if_agrees(lm, stack)
+        yield checked_graph(lm, ids, mask)

@@ -40,7 +40,8 @@ class Capture(Feed):
 
 class Check(Capture):
     """Capture, and compare every head input recomputed from the model's own stream with what the
-    attention function received; the received one goes on. :attr:`errors`: kind -> the largest
+    attention function received (and the input of an MLP that reads the attention's norm with that
+    norm recomputed: kind ``"mlp"``); the received one goes on. :attr:`errors`: kind -> the largest
     absolute difference over layers divided by the largest absolute value received."""
 
     def __init__(self, graph: Graph) -> None:
@@ -48,6 +49,8 @@ class Check(Capture):
         self.errors: dict[str, float] = {}
 
     def delta(self, kind: str, layer: int) -> torch.Tensor | None:
+        if kind == "mlp":
+            return torch.zeros(1, 1, 1)  # asks an MLP that reads the attention's norm for its recomputation
         if kind not in ("q", "k", "v"):
             return None
         n = self.graph.heads if kind == "q" else self.graph.kv_heads

@@ -11,7 +11,9 @@ probe's attention function:
 - each head's query, key and value: recomputed from the block's input plus the feed's delta for
   that head (:func:`probe.circuits.wiring.recompute`) where the feed gives one;
 - each head's output z (read, and replaced where the feed says: z_h W_O^h is the head's write);
-- the MLP's norm (its input plus the feed's delta) and the MLP's output (read);
+- the MLP's norm (its input plus the feed's delta) and the MLP's output (read); where the MLP reads the
+  attention's norm (one norm per parallel block: Falcon, GPT-J), the MLP's input is that norm of the
+  block's input plus the feed's delta, so the MLP and the heads read streams of their own;
 - the final norm's input plus the feed's delta (the logits' input).
 """
 
@@ -21,7 +23,7 @@ import inspect
 
 import torch
 
-from ..capture.hooks import input_device, measuring
+from ..capture.hooks import input_device, measuring, native
 from ..capture.interface import edit, install
 from .wiring import Wiring, head_writes, recompute
 
@@ -52,8 +54,9 @@ class Feed:
         return received
 
     def recomputed(self, kind: str, layer: int, received: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        """Choose between what the attention function received at a head input ([batch, n, T, d]) and
-        its recomputation from the fed streams; the base class takes the recomputation."""
+        """Choose between what the attention function received at a head input ([batch, n, T, d]), or
+        an MLP that reads the attention's norm at its input ([batch, T, d_model]), and its recomputation
+        from the fed streams; the base class takes the recomputation."""
         return new
 
 
@@ -99,14 +102,26 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
             delta = feed.delta("mlp", i)
             return None if delta is None else (args[0] + delta, *args[1:])
 
+        def shared_norm_pre(module, args, i=i, layer=layer):
+            feed.wrote("mlp_in", i, streams[i])
+            delta = feed.delta("mlp", i)
+            if delta is None:
+                return None
+            new = layer.norm(streams[i] + delta).to(args[0].dtype)
+            return (feed.recomputed("mlp", i, args[0], new), *args[1:])
+
         def mlp_out(module, args, out, i=i):
-            feed.wrote("mlp", i, out[0] if isinstance(out, tuple) else out)
+            out = out[0] if isinstance(out, tuple) else out
+            feed.wrote("mlp", i, out.clone())  # a copy: Falcon adds the attention's output to it in place
 
         hooks.forward_pre(layer.block, block_pre, with_kwargs=True)
         for kind, point in POINT_OF.items():
             hooks.own(edit(layer.attention, point, head_input(kind)))
         hooks.own(edit(layer.attention, "output", output))
-        hooks.forward_pre(layer.mlp_norm, mlp_pre)
+        if layer.mlp_norm is None:
+            hooks.forward_pre(layer.mlp, shared_norm_pre)
+        else:
+            hooks.forward_pre(layer.mlp_norm, mlp_pre)
         hooks.forward(layer.mlp, mlp_out)
 
 
@@ -131,7 +146,8 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
     install()
     streams: dict = {}
     device = input_device(lm.model)
-    with measuring(lm.model, implementation="probe") as m:
+    own = native(lm.model) or lm.spec.discovered  # else probe's reference module swapped in calls the function
+    with measuring(lm.model, implementation="probe" if own else None) as m:
         for p in lm.model.parameters():
             p.requires_grad_(False)
         _hook_layers(m.hooks, wiring, feed, streams, embed)

@@ -26,7 +26,7 @@ from ..patterns import CircuitProbe, circuit_probe
 from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze
 from ..sites import head_name
-from .checked import checked_graph
+from .checked import graph_of
 from .graph import Graph
 from .paths import path_patch
 
@@ -127,7 +127,7 @@ def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *
     """Path patching of each sender into each receiver, and of all senders into all receivers together.
 
     Args:
-        lm: a decoder the circuit graph fits (:func:`~probe.circuits.checked.checked_graph`).
+        lm: a decoder the circuit graph fits (:func:`~probe.circuits.checked.graph_of`).
         senders, receivers: as :func:`parse_senders` and :func:`parse_receivers` read them.
         pairs: the prompt pairs (default the built-in set).
 
@@ -136,25 +136,25 @@ def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *
     """
     pairs = builtin_pairs() if pairs is None else pairs
     enc = encode_pairs(lm, pairs)
-    wiring, graph, _ = checked_graph(lm)
-    send, receive = parse_senders(senders, graph), parse_receivers(receivers, graph)
-    t = time.perf_counter()
-    ld = {name: float(last_logit_diffs(full_pass(lm, enc, model_inputs(lm, enc, ids), 1)[0], enc, 1).mean())
-          for name, ids in (("clean", enc.clean), ("corrupted", enc.corrupted))}
-    gap = ld["corrupted"] - ld["clean"]
-    jobs = [([s], [r]) for s in send for r in receive]
-    if len(jobs) > 1:
-        jobs.append((send, receive))
-    rows = []
-    for s, r in jobs:
-        effect = path_patch(lm, wiring, graph, enc, s, r) + 0.0  # + 0.0: an exact zero is 0, not -0
-        rows.append({"senders": "+".join(head_name(*h) for h in s),
-                     "receivers": "+".join(receiver_name(graph, x) for x in r), "effect": effect,
-                     "share": effect / gap + 0.0 if abs(gap) >= MIN_GAP else float("nan")})
-    notes = [] if abs(gap) >= MIN_GAP else [
-        f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no share of the corrupted run's change"]
-    return PathRun(pd.DataFrame(rows), ld["clean"], ld["corrupted"], pairs, source,
-                   {"path_s": time.perf_counter() - t}, notes)
+    with graph_of(lm) as (wiring, graph, _):
+        send, receive = parse_senders(senders, graph), parse_receivers(receivers, graph)
+        t = time.perf_counter()
+        ld = {name: float(last_logit_diffs(full_pass(lm, enc, model_inputs(lm, enc, ids), 1)[0], enc, 1).mean())
+              for name, ids in (("clean", enc.clean), ("corrupted", enc.corrupted))}
+        gap = ld["corrupted"] - ld["clean"]
+        jobs = [([s], [r]) for s in send for r in receive]
+        if len(jobs) > 1:
+            jobs.append((send, receive))
+        rows = []
+        for s, r in jobs:
+            effect = path_patch(lm, wiring, graph, enc, s, r) + 0.0  # + 0.0: an exact zero is 0, not -0
+            rows.append({"senders": "+".join(head_name(*h) for h in s),
+                         "receivers": "+".join(receiver_name(graph, x) for x in r), "effect": effect,
+                         "share": effect / gap + 0.0 if abs(gap) >= MIN_GAP else float("nan")})
+        notes = [] if abs(gap) >= MIN_GAP else [
+            f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no share of the corrupted run's change"]
+        return PathRun(pd.DataFrame(rows), ld["clean"], ld["corrupted"], pairs, source,
+                       {"path_s": time.perf_counter() - t}, notes)
 
 
 def path_run(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *, out=None, force: bool = False,

@@ -22,7 +22,7 @@ from ..runs.analysis import analyze, merge_head_columns
 from ..sites import head_name
 from ..util import progress_bar
 from .attribution import batches, edge_scores, node_scores
-from .checked import checked_graph
+from .checked import graph_of
 from .evaluate import SHARES, Evaluator, Faithfulness, faithfulness_curve, top_edges
 from .graph import Graph, prune
 from .greedy import THRESHOLD, Greedy, greedy_circuit
@@ -134,49 +134,49 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     size, so the top-k circuit of the same size stands beside it).
 
     Raises:
-        UnsupportedAnalysisError: a model outside the graph (:func:`~probe.circuits.checked.checked_graph`).
+        UnsupportedAnalysisError: a model outside the graph (:func:`~probe.circuits.checked.graph_of`).
         InputError: pairs that do not encode (:func:`~probe.effects.pairs.encode_pairs`); ``edges``
             larger than the graph.
     """
     pairs = builtin_pairs() if pairs is None else pairs
     enc = encode_pairs(lm, pairs)
-    wiring, graph, _ = checked_graph(lm)
-    k = edges if edges is not None else max(1, round(DEFAULT_SHARE * graph.n_edges))
-    if not 1 <= k <= graph.n_edges:
-        raise InputError(f"--edges {k}: {lm.name}'s graph has {graph.n_edges} edges")
-    m = 1 if method == "eap" else steps
-    n_batches, seconds = len(batches(len(enc), batch_size)), {}
-    t = time.perf_counter()
-    with _bar(progress, n_batches * m, f"{method} gradients", "backward") as bar:
-        scores = edge_scores(lm, wiring, graph, enc, method=method, steps=steps, batch_size=batch_size,
-                             progress=bar)
-    seconds["edges_s"] = time.perf_counter() - t
-    if say:
-        say(f"edge scores ({method}, {graph.n_edges} edges): done in {seconds['edges_s']:.1f} s")
-    t = time.perf_counter()
-    evaluator = Evaluator(lm, wiring, graph, enc, batch_size)
-    greedy = None
-    if select == "greedy":
-        with _bar(progress, max_passes, "greedy pruning", "circuit") as bar:
-            greedy = greedy_circuit(evaluator, scores, threshold, max_passes, progress=bar)
-        k = int(greedy.circuit.sum())
+    with graph_of(lm) as (wiring, graph, _):
+        k = edges if edges is not None else max(1, round(DEFAULT_SHARE * graph.n_edges))
+        if not 1 <= k <= graph.n_edges:
+            raise InputError(f"--edges {k}: {lm.name}'s graph has {graph.n_edges} edges")
+        m = 1 if method == "eap" else steps
+        n_batches, seconds = len(batches(len(enc), batch_size)), {}
+        t = time.perf_counter()
+        with _bar(progress, n_batches * m, f"{method} gradients", "backward") as bar:
+            scores = edge_scores(lm, wiring, graph, enc, method=method, steps=steps, batch_size=batch_size,
+                                 progress=bar)
+        seconds["edges_s"] = time.perf_counter() - t
         if say:
-            say(f"greedy pruning ({greedy.passes} circuits, {greedy.rounds} rounds): {k} edges kept, faithfulness "
-                f"{greedy.faithfulness:.3f}{'' if greedy.converged else ' (pass budget spent before convergence)'}")
-    sizes = circuit_sizes(graph.n_edges, k, shares or SHARES)
-    with _bar(progress, 2 + len(sizes) * (1 + seeds), "circuit passes", "circuit") as bar:
-        curve = faithfulness_curve(evaluator, scores, sizes, seeds, progress=bar)
-    seconds["faithfulness_s"] = time.perf_counter() - t
-    if say:
-        say(f"faithfulness ({evaluator.passes} circuits): done in {seconds['faithfulness_s']:.1f} s")
-    passes = {"edges": n_batches * (2 + 2 * m), "faithfulness": n_batches * (2 + evaluator.passes)}
-    circuit = greedy.circuit if greedy is not None else top_edges(scores, k)
-    gap = evaluator.ld_clean - evaluator.ld_corrupted
-    notes = [] if abs(gap) >= MIN_GAP else [
-        f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: the pairs barely separate the answers, so every "
-        "faithfulness divides by a difference of that size and is dominated by noise"]
-    return CircuitRun(graph, scores, method, m, circuit, curve, evaluator.ld_clean,
-                      evaluator.ld_corrupted, pairs, source, seconds, notes, passes, seeds, greedy)
+            say(f"edge scores ({method}, {graph.n_edges} edges): done in {seconds['edges_s']:.1f} s")
+        t = time.perf_counter()
+        evaluator = Evaluator(lm, wiring, graph, enc, batch_size)
+        greedy = None
+        if select == "greedy":
+            with _bar(progress, max_passes, "greedy pruning", "circuit") as bar:
+                greedy = greedy_circuit(evaluator, scores, threshold, max_passes, progress=bar)
+            k = int(greedy.circuit.sum())
+            if say:
+                say(f"greedy pruning ({greedy.passes} circuits, {greedy.rounds} rounds): {k} edges kept, faithfulness "
+                    f"{greedy.faithfulness:.3f}{'' if greedy.converged else ' (pass budget spent before convergence)'}")
+        sizes = circuit_sizes(graph.n_edges, k, shares or SHARES)
+        with _bar(progress, 2 + len(sizes) * (1 + seeds), "circuit passes", "circuit") as bar:
+            curve = faithfulness_curve(evaluator, scores, sizes, seeds, progress=bar)
+        seconds["faithfulness_s"] = time.perf_counter() - t
+        if say:
+            say(f"faithfulness ({evaluator.passes} circuits): done in {seconds['faithfulness_s']:.1f} s")
+        passes = {"edges": n_batches * (2 + 2 * m), "faithfulness": n_batches * (2 + evaluator.passes)}
+        circuit = greedy.circuit if greedy is not None else top_edges(scores, k)
+        gap = evaluator.ld_clean - evaluator.ld_corrupted
+        notes = [] if abs(gap) >= MIN_GAP else [
+            f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: the pairs barely separate the answers, so every "
+            "faithfulness divides by a difference of that size and is dominated by noise"]
+        return CircuitRun(graph, scores, method, m, circuit, curve, evaluator.ld_clean,
+                          evaluator.ld_corrupted, pairs, source, seconds, notes, passes, seeds, greedy)
 
 
 class _bar:

@@ -4,8 +4,10 @@ embedding, the MLP and its norm; the final norm. And each head's query, key and 
 a residual stream of its own: the norm before the block, the head's projection (and q/k norm), the
 rotation, batched over heads, so that every head can read a different stream.
 
-Only pre-norm decoders whose residual stream is the sum of what the embeddings, heads and MLPs write
-fit the graph; :func:`wire` refuses the others in one line.
+Only pre-norm models whose residual stream is the sum of what the embeddings, heads and MLPs write
+fit the graph; :func:`wire` refuses the others in one line. A parallel block whose MLP reads the
+attention's own norm (Falcon's and GPT-J's one norm per block) fits: the MLP's input is that norm
+recomputed from a stream of the MLP's own (:mod:`probe.circuits.forward`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class Layer:
         weights: the heads' weights (:class:`~probe.architectures.weights.AttentionWeights`).
         q_norm, k_norm: per-head norms on q and k (Qwen3, Gemma 3), or None.
         rope: the rotary embedding, or None without one.
-        mlp: the MLP; mlp_norm: the norm whose output the MLP reads.
+        mlp: the MLP; mlp_norm: the norm whose output the MLP reads, or None where the MLP reads the
+            attention's norm (``norm``: one norm for a parallel block, as Falcon's and GPT-J's).
     """
 
     block: nn.Module
@@ -44,7 +47,7 @@ class Layer:
     k_norm: nn.Module | None
     rope: Rope | None
     mlp: nn.Module
-    mlp_norm: nn.Module
+    mlp_norm: nn.Module | None
 
 
 @dataclass
@@ -102,10 +105,8 @@ def wire(lm) -> Wiring:
         parts = {"norm": input_norm(model, spec, site), "mlp": block_mlp(model, spec, site),
                  "mlp_norm": mlp_norm(model, spec, site)}
         missing = [name for name, part in parts.items() if part is None]
-        if missing == ["mlp_norm"] and site_spec(spec, site).mlp_norm is None:
-            raise _refuse(lm, f"its MLP reads the attention's norm in layer {site.layer} (a parallel block with one "
-                              "norm, as Falcon's and GPT-J's): the graph feeds each MLP's input apart from the heads' "
-                              "inputs, which one shared norm call does not separate")
+        if missing == ["mlp_norm"]:
+            missing = []  # the MLP reads the attention's norm (one norm per parallel block; the check's pass asks)
         if missing:
             raise _refuse(lm, f"its spec names no {' and no '.join(missing)} in layer {site.layer}")
         norms = [None if p is None else block.get_submodule(p) for p in (paths.q_norm, paths.k_norm)]
