@@ -108,23 +108,24 @@ def generic_config(model_type: str, vocab_size: int, init: float = 0.3):
     return config
 
 
-def generic_model(model_type: str, tokenizer, seed: int = 0):
+def generic_model(model_type: str, tokenizer, seed: int = 0, masked_lm: bool = False):
     """A random-init model of ``model_type`` (its LM head for decoders and encoder-decoder models,
-    the bare model for encoders), eager attention, eval mode."""
+    the bare model for encoders, or with its masked-LM head where ``masked_lm``), eager attention,
+    eval mode."""
     import transformers as tr
 
     config = generic_config(model_type, len(tokenizer))
-    cls = (tr.AutoModel if model_type in ENCODER_TYPES else tr.AutoModelForSeq2SeqLM
-           if config.is_encoder_decoder else tr.AutoModelForCausalLM)
+    cls = (tr.AutoModelForMaskedLM if masked_lm else tr.AutoModel if model_type in ENCODER_TYPES
+           else tr.AutoModelForSeq2SeqLM if config.is_encoder_decoder else tr.AutoModelForCausalLM)
     torch.manual_seed(seed)
     return cls.from_config(config, attn_implementation="eager").eval()
 
 
-def generic_lm(model_type: str, seed: int = 0):
+def generic_lm(model_type: str, seed: int = 0, masked_lm: bool = False):
     """:func:`generic_model` wrapped by ``from_pretrained_objects`` (which discovers its spec), with the
     tests' WordPiece tokenizer for encoders and the BPE one otherwise."""
     from conftest import bert_tokenizer, bpe_tokenizer
     from probe.loading.models import from_pretrained_objects
 
     tok = bert_tokenizer() if model_type in ENCODER_TYPES else bpe_tokenizer()
-    return from_pretrained_objects(generic_model(model_type, tok, seed), tok, name=f"tiny-{model_type}")
+    return from_pretrained_objects(generic_model(model_type, tok, seed, masked_lm), tok, name=f"tiny-{model_type}")

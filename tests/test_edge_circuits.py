@@ -21,12 +21,22 @@ from probe.effects.pairs import EncodedPairs
 from probe.effects.patching import head_logit_diffs
 from probe.errors import UnsupportedAnalysisError
 
-#: Sequential blocks, grouped key/value heads, parallel attention and MLP, and a parallel block with one
+#: Sequential blocks, grouped key/value heads, parallel attention and MLP, a parallel block with one
 #: norm and one key/value head (Falcon's: the MLP reads the attention's norm; probe's reference module
-#: swapped in, as Falcon's modules compute attention themselves).
-KINDS = ("gpt2", "llama", "gpt_neox", "falcon")
+#: swapped in, as Falcon's modules compute attention themselves), and a pre-norm encoder with its
+#: masked-LM head whose spec probe discovers (ModernBERT: norms, MLPs and rotation found by a pass).
+KINDS = ("gpt2", "llama", "gpt_neox", "falcon", "modernbert")
 #: Whether each kind's MLP reads the same stream as its attention.
-PARALLEL = {"gpt2": False, "llama": False, "gpt_neox": True, "falcon": True}
+PARALLEL = {"gpt2": False, "llama": False, "gpt_neox": True, "falcon": True, "modernbert": False}
+
+
+def circuit_model(kind: str):
+    """A tiny model of ``kind`` (:data:`KINDS`); ModernBERT with its masked-LM head."""
+    if kind == "modernbert":
+        from generic_models import generic_lm
+
+        return generic_lm("modernbert", masked_lm=True)
+    return tiny_model(kind)
 
 
 def random_pairs(seed: int = 0, n: int = 4, T: int = 6) -> EncodedPairs:
@@ -43,7 +53,7 @@ def random_pairs(seed: int = 0, n: int = 4, T: int = 6) -> EncodedPairs:
 
 @pytest.fixture(scope="module", params=KINDS)
 def wired(request):
-    lm = tiny_model(request.param)
+    lm = circuit_model(request.param)
     with graph_of(lm) as (wiring, graph, check):
         yield lm, wiring, graph, check
 
@@ -96,16 +106,39 @@ def test_checked_graph_follows_the_architecture(wired):
     # each head's q, k, v recomputed from the clean stream equals what the attention function received
     # (and an MLP that reads the attention's norm, that norm recomputed from the block's input)
     assert set(check.errors) == {"q", "k", "v"} | ({"mlp"} if lm.spec.family == "falcon" else set())
+    assert lm.kind == ("encoder" if lm.spec.family == "modernbert" else "decoder")
     assert max(check.errors.values()) <= 1e-6
     assert check.decomposition <= 1e-5  # the final stream is the sum of the writes and the b_O
 
 
-@pytest.mark.parametrize("kind,why", [("bert", "norm the stream after each residual add"),
-                                      ("gemma2", "not the sum of what its embeddings, heads and MLPs write")])
+@pytest.mark.parametrize("kind,why", [("bert", "a post-norm encoder"),
+                                      ("gemma2", "not the sum of what its embeddings, heads and MLPs write"),
+                                      ("generic:xlm-roberta", "a post-norm model"),
+                                      ("generic:glm4", "not the sum of what its embeddings, heads and MLPs write"),
+                                      ("generic:opt", "recomputed from the residual stream differ"),
+                                      ("generic:modernbert", "language-model head")])
 def test_models_outside_the_graph_are_refused_saying_why(kind, why):
+    # BERT, XLM-R: norms after each residual add; Gemma 2, GLM-4: norms on each sub-layer's output; OPT
+    # scales its queries inside the module; a bare ModernBertModel has no logits
+    from generic_models import generic_lm
+
+    lm = generic_lm(kind.split(":")[1]) if kind.startswith("generic:") else tiny_model(kind)
     with pytest.raises(UnsupportedAnalysisError, match="circuits") as refused:
-        checked_graph(tiny_model(kind))
+        with graph_of(lm):
+            pass
     assert why in str(refused.value)
+
+
+@pytest.mark.parametrize("model_type,turn,parallel", [("smollm3", "half", False), ("cohere", "pairs", True),
+                                                      ("gpt_oss", "half-repeat", False), ("phi", "half", True)])
+def test_discovered_models_fit_the_graph_with_the_turn_their_attention_uses(model_type, turn, parallel):
+    # the norms, MLPs and rotation of a model without a hand spec, found by a pass and checked: each
+    # recomputed q, k, v within 1e-6 of what the attention received, the stream the sum of the writes
+    from generic_models import generic_lm
+
+    with graph_of(generic_lm(model_type)) as (wiring, graph, check):
+        assert graph.parallel == parallel and max(check.errors.values()) <= 1e-6 and check.decomposition <= 1e-5
+        assert {layer.turn for layer in wiring.layers} <= {turn, "none"} and turn in {w.turn for w in wiring.layers}
 
 
 @pytest.mark.parametrize("kind,parallel,kv", [("falcon-new", True, 2), ("falcon-alibi", False, 4)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_edge_circuits import PAIRS_TSV
@@ -72,11 +73,41 @@ def test_bad_names_are_one_error_line_before_any_run_folder(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_an_encoder_is_refused_by_its_kind_not_by_its_pairs(tmp_path):
-    # path patching and circuits need a pre-norm decoder: an encoder hears that, not advice on its pairs
+def test_a_post_norm_encoder_is_refused_by_its_kind_not_by_its_pairs(tmp_path):
+    # path patching and circuits need a pre-norm model: BERT hears that, not advice on its pairs
     model = save_tiny("bert", tmp_path / "bert")
     for command in (("path", "--senders", "L0H0", "--receivers", "logits"), ("circuit",)):
         line = one_error(invoke_cli(*command, "--model", model, "--out", tmp_path / "run"), 1,
-                         "circuits need a pre-norm decoder", "it is an encoder model")
+                         "circuits need a pre-norm model", "it is a post-norm encoder")
         assert "--pairs" not in line and "masked-LM" not in line
         assert not (tmp_path / "run").exists()
+
+
+def test_a_pre_norm_encoder_runs_path_patching_and_circuits_on_masked_pairs(tmp_path):
+    # ModernBERT (spec discovered, masked-LM head): the metric at each prompt's [MASK]; both commands
+    # write complete run folders (the values: tests/test_edge_circuits.py on the same model)
+    from generic_models import generic_model
+
+    from conftest import bert_tokenizer
+
+    tok = bert_tokenizer()
+    generic_model("modernbert", tok, masked_lm=True).save_pretrained(tmp_path / "mb")
+    tok.save_pretrained(tmp_path / "mb")
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("The capital of France is [MASK] .\tThe capital of Italy is [MASK] .\t paris\t rome\n"
+                     "She went to the [MASK] to buy bread .\tShe went to the [MASK] to buy shoes .\t bakery\t store\n",
+                     encoding="utf-8")
+    result = invoke_cli("path", "--model", tmp_path / "mb", "--pairs", pairs, "--senders", "L1H0,L1H1,L1H2,L1H3",
+                        "--receivers", "logits", "--out", tmp_path / "path", "--no-progress")
+    assert result.exit_code == 0, result.output
+    frame = pd.read_csv(tmp_path / "path" / "path.csv")
+    assert len(frame) == 5 and frame["effect"].notna().all()  # each head alone, then the four together
+    assert (frame["effect"] != 0).all()  # each last-layer head writes to the logits directly
+    result = invoke_cli("circuit", "--model", tmp_path / "mb", "--pairs", pairs, "--steps", 2, "--edges", 20,
+                        "--seeds", 2, "--out", tmp_path / "circuit", "--no-progress")
+    assert result.exit_code == 0, result.output
+    edges = pd.read_csv(tmp_path / "circuit" / "edges.csv")
+    assert len(edges) == 110  # 2 layers of 4 heads, no grouping, sequential: as GPT-2's graph
+    nodes = pd.read_csv(tmp_path / "circuit" / "nodes.csv").set_index("node")["score"]
+    sums = edges.groupby("upstream")["score"].sum()
+    assert np.allclose(nodes.loc[sums.index], sums, rtol=1e-4, atol=1e-6)

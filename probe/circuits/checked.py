@@ -16,11 +16,44 @@ from ..errors import UnsupportedAnalysisError
 from .feeds import Check
 from .forward import split_pass
 from .graph import Graph
-from .wiring import Wiring, wire
+from .wiring import TURNS, Wiring, wire
 
 #: Largest relative difference accepted between a recomputed and a received head input, and between
 #: the final stream and the sum of the writes (float32 arithmetic in another order).
 TOLERANCE = 1e-4
+
+
+def _fit_turns(lm, wiring: Wiring, graph: Graph, ids: torch.Tensor, mask: torch.Tensor) -> Check:
+    """The check's pass; for a model whose spec was discovered, each layer's way of turning q and k
+    (:data:`~probe.circuits.wiring.TURNS`) is the one whose recomputed q and k come closest to what its
+    attention received, trying them in order until every layer is within :data:`TOLERANCE`. Returns
+    the last pass's :class:`~probe.circuits.feeds.Check` (run again with the layers' final choice)."""
+    check = Check(graph)
+    split_pass(lm, wiring, ids, mask, check)
+    turning = [i for i, layer in enumerate(wiring.layers) if layer.turn is not None]
+    if not turning:
+        return check
+    best: dict[int, tuple[float, str]] = {}
+    for how in TURNS:
+        if how != TURNS[0]:
+            for i in turning:
+                wiring.layers[i].turn = how
+            check = Check(graph)
+            try:
+                split_pass(lm, wiring, ids, mask, check)
+            except (RuntimeError, ValueError):  # cos and sin of a width this way cannot use
+                continue
+        for i in turning:
+            err = max(check.layer_errors.get((k, i), 0.0) for k in ("q", "k"))
+            if i not in best or err < best[i][0]:
+                best[i] = (err, how)
+        if all(best[i][0] <= TOLERANCE for i in turning):
+            break
+    for i in turning:
+        wiring.layers[i].turn = best[i][1]
+    check = Check(graph)
+    split_pass(lm, wiring, ids, mask, check)
+    return check
 
 
 @torch.no_grad()
@@ -41,8 +74,7 @@ def checked_graph(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None
         ids = torch.arange(1, 7)[None]
         mask = torch.ones_like(ids)
     graph = Graph(g.n_layers, g.n_heads, g.n_kv_heads)
-    check = Check(graph)
-    split_pass(lm, wiring, ids, mask, check)
+    check = _fit_turns(lm, wiring, graph, ids, mask)
     if not {"q", "k", "v"} <= set(check.errors) or len(check.reads) != 2 * g.n_layers or check.final is None:
         raise UnsupportedAnalysisError(f"circuits: {lm.name}'s attention modules do not call probe's attention "
                                        "function (transformers' AttentionInterface), where circuits feed each head")

@@ -42,11 +42,13 @@ class Check(Capture):
     """Capture, and compare every head input recomputed from the model's own stream with what the
     attention function received (and the input of an MLP that reads the attention's norm with that
     norm recomputed: kind ``"mlp"``); the received one goes on. :attr:`errors`: kind -> the largest
-    absolute difference over layers divided by the largest absolute value received."""
+    absolute difference over layers divided by the largest absolute value received; :attr:`layer_errors`:
+    (kind, layer) -> that layer's."""
 
     def __init__(self, graph: Graph) -> None:
         super().__init__(graph)
         self.errors: dict[str, float] = {}
+        self.layer_errors: dict[tuple[str, int], float] = {}
 
     def delta(self, kind: str, layer: int) -> torch.Tensor | None:
         if kind == "mlp":
@@ -59,6 +61,7 @@ class Check(Capture):
     def recomputed(self, kind, layer, received, new):
         err = float((new.double() - received.double()).abs().max() / received.double().abs().max().clamp_min(1e-30))
         self.errors[kind] = max(self.errors.get(kind, 0.0), err)
+        self.layer_errors[(kind, layer)] = err
         return received
 
 

@@ -9,7 +9,8 @@ probe's attention function:
 - each block's input (the stream its heads read; block 0's input is the embeddings' write, and may
   be replaced, for integrated gradients);
 - each head's query, key and value: recomputed from the block's input plus the feed's delta for
-  that head (:func:`probe.circuits.wiring.recompute`) where the feed gives one;
+  that head (:func:`probe.circuits.wiring.recompute`) where the feed gives one (a model whose spec was
+  discovered: turned by the cos and sin its attention module received);
 - each head's output z (read, and replaced where the feed says: z_h W_O^h is the head's write);
 - the MLP's norm (its input plus the feed's delta) and the MLP's output (read); where the MLP reads the
   attention's norm (one norm per parallel block: Falcon, GPT-J), the MLP's input is that norm of the
@@ -25,6 +26,7 @@ import torch
 
 from ..capture.hooks import input_device, measuring, native
 from ..capture.interface import edit, install
+from ..errors import UnsupportedAnalysisError
 from .wiring import Wiring, head_writes, recompute
 
 #: The attention function's points that carry a head's inputs, by graph input kind.
@@ -88,7 +90,8 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
                 delta = feed.delta(kind, i)
                 if delta is None:
                     return tensor
-                new = recompute(layer, POINT_OF[kind], streams[i][None] + delta).to(tensor.dtype)
+                new = recompute(layer, POINT_OF[kind], streams[i][None] + delta, streams.get(("turns", i)))
+                new = new.to(tensor.dtype)
                 return feed.recomputed(kind, i, tensor, new)
             return editor
 
@@ -114,7 +117,13 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
             out = out[0] if isinstance(out, tuple) else out
             feed.wrote("mlp", i, out.clone())  # a copy: Falcon adds the attention's output to it in place
 
+        def attention_pre(module, args, kwargs, i=i):
+            streams[("turns", i)] = kwargs.get("position_embeddings")  # (cos, sin) the module turns q, k by
+            return None
+
         hooks.forward_pre(layer.block, block_pre, with_kwargs=True)
+        if layer.turn is not None:
+            hooks.forward_pre(layer.attention, attention_pre, with_kwargs=True)
         for kind, point in POINT_OF.items():
             hooks.own(edit(layer.attention, point, head_input(kind)))
         hooks.own(edit(layer.attention, "output", output))
@@ -162,5 +171,9 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
         keep = positions is not None and "logits_to_keep" in inspect.signature(lm.model.forward).parameters
         if keep:
             kw["logits_to_keep"] = positions.to(device)
-        logits = lm.model(**kw).logits
+        logits = getattr(lm.model(**kw), "logits", None)
+        if logits is None:
+            raise UnsupportedAnalysisError(f"circuits need a model with its language-model head: {lm.name} is a "
+                                           f"{type(lm.model).__name__}, which gives no logits (load a checkpoint "
+                                           "whose architectures name ...ForCausalLM or ...ForMaskedLM)")
     return logits if positions is None or keep else logits[:, positions.to(logits.device)]

@@ -18,10 +18,12 @@ import torch
 from torch import nn
 
 from ..architectures import site_block, site_modules
+from ..architectures.discovered import needs_weights
 from ..architectures.modules import head_geometry, site_spec
 from ..architectures.weights import AttentionWeights, attention_weights, block_mlp, final_norm, input_norm, mlp_norm
 from ..errors import UnsupportedAnalysisError
 from ..reference.rotary import Rope, apply_rope
+from .parts import find_parts
 
 
 @dataclass
@@ -37,6 +39,9 @@ class Layer:
         rope: the rotary embedding, or None without one.
         mlp: the MLP; mlp_norm: the norm whose output the MLP reads, or None where the MLP reads the
             attention's norm (``norm``: one norm for a parallel block, as Falcon's and GPT-J's).
+        turn: a model whose spec was discovered: how q and k turn by the cos and sin the attention
+            module receives (``position_embeddings``), one of :data:`TURNS` (chosen by the graph's check
+            pass, :func:`probe.circuits.checked.checked_graph`); None: by the rotation the spec names.
     """
 
     block: nn.Module
@@ -48,6 +53,7 @@ class Layer:
     rope: Rope | None
     mlp: nn.Module
     mlp_norm: nn.Module | None
+    turn: str | None = None
 
 
 @dataclass
@@ -64,12 +70,12 @@ class Wiring:
 
 
 def _refuse(lm, why: str) -> UnsupportedAnalysisError:
-    return UnsupportedAnalysisError(f"circuits need a pre-norm decoder whose heads and MLPs add to the residual "
+    return UnsupportedAnalysisError(f"circuits need a pre-norm model whose heads and MLPs add to the residual "
                                     f"stream; {lm.name}: {why}")
 
 
 def _rope(lm, layer: int) -> Rope | None:
-    params = lm.spec.rope(lm.model.config, layer) if lm.spec.rotary else None
+    params = lm.spec.rope(lm.model.config, layer) if lm.spec.rotary and not lm.spec.discovered else None
     if params is None:
         return None
     g = head_geometry(lm.model.config)
@@ -77,16 +83,19 @@ def _rope(lm, layer: int) -> Rope | None:
 
 
 def check_kind(lm) -> None:
-    """Refuse, before any pass, a model the head graph does not fit by its kind: an encoder (its stream
-    is normed after each residual add) or an encoder-decoder model.
+    """Refuse, before any pass, a model the head graph does not fit by its kind: an encoder-decoder
+    model, or an encoder with a hand-written spec (BERT-style: its stream is normed after each
+    residual add). A pre-norm encoder whose spec was discovered (ModernBERT) goes on to the graph's
+    check.
 
     Raises:
-        UnsupportedAnalysisError: not a decoder.
+        UnsupportedAnalysisError: not a decoder or a discovered encoder.
     """
-    if lm.kind == "encoder":
-        raise _refuse(lm, "it is an encoder model; probe's encoders (BERT-style) norm the stream after each residual "
-                          "add, so it is not the sum of what the heads and MLPs write")
-    if lm.kind != "decoder":
+    if lm.kind == "encoder" and not lm.spec.discovered:
+        raise _refuse(lm, "it is a post-norm encoder (BERT-style: the stream is normed after each residual add, so "
+                          "it is not the sum of what the heads and MLPs write); pre-norm encoders such as ModernBERT "
+                          "fit")
+    if lm.kind not in ("decoder", "encoder"):
         raise _refuse(lm, f"it is an {lm.kind} model")
 
 
@@ -100,21 +109,33 @@ def wire(lm) -> Wiring:
     check_kind(lm)
     lm.require_all_heads("circuits")
     model, spec, layers = lm.model, lm.spec, []
-    for site, module in site_modules(model, spec):
+    if spec.discovered:
+        needs_weights(spec, "circuits")
+    found = find_parts(lm) if spec.discovered else None
+    for i, (site, module) in enumerate(site_modules(model, spec)):
         block, paths = site_block(model, spec, site), site_spec(spec, site)
-        parts = {"norm": input_norm(model, spec, site), "mlp": block_mlp(model, spec, site),
-                 "mlp_norm": mlp_norm(model, spec, site)}
+        if found is None:
+            parts = {"norm": input_norm(model, spec, site), "mlp": block_mlp(model, spec, site),
+                     "mlp_norm": mlp_norm(model, spec, site)}
+        else:
+            parts = {"norm": found.norm[i], "mlp": found.mlp[i], "mlp_norm": found.mlp_norm[i]}
         missing = [name for name, part in parts.items() if part is None]
         if missing == ["mlp_norm"]:
             missing = []  # the MLP reads the attention's norm (one norm per parallel block; the check's pass asks)
+        if "norm" in missing and found is not None:
+            raise _refuse(lm, f"probe found no norm before the attention in layer {site.layer} (a post-norm model: its "
+                              "stream is normed after each residual add, so it is not the sum of what the heads and "
+                              "MLPs write)")
         if missing:
-            raise _refuse(lm, f"its spec names no {' and no '.join(missing)} in layer {site.layer}")
+            where = "its spec names" if found is None else "probe found"
+            raise _refuse(lm, f"{where} no {' and no '.join(missing)} in layer {site.layer}")
         norms = [None if p is None else block.get_submodule(p) for p in (paths.q_norm, paths.k_norm)]
         layers.append(Layer(block, module, parts["norm"], attention_weights(model, spec, site), *norms,
-                            _rope(lm, site.layer), parts["mlp"], parts["mlp_norm"]))
-    last = final_norm(model, spec)
+                            _rope(lm, site.layer), parts["mlp"], parts["mlp_norm"],
+                            TURNS[0] if spec.discovered else None))
+    last = final_norm(model, spec) if found is None else found.final
     if last is None:
-        raise _refuse(lm, "its spec names no final norm")
+        raise _refuse(lm, "its spec names no final norm" if found is None else "probe found no final norm")
     return Wiring(layers, last)
 
 
@@ -126,7 +147,44 @@ def _project(layer: Layer, streams: torch.Tensor, W: torch.Tensor, b: torch.Tens
     return out if b is None else out + b.to(out.dtype)[None, :, None, :]
 
 
-def _rotate(layer: Layer, x: torch.Tensor) -> torch.Tensor:
+#: The ways a model whose spec was discovered may turn q and k by the (cos, sin) its attention module
+#: receives, [batch, T, w]: ``half`` the "rotate half" layout (dimensions i and i + w/2; LLaMA, partial
+#: where w is narrower than a head), ``none`` (a layer without rotation: SmolLM3's NoPE layers),
+#: ``half-repeat`` (cos and sin of half width, repeated: gpt-oss), ``pairs`` (dimensions 2i and 2i + 1:
+#: Cohere), ``pairs-half`` (the first half of cos and sin, each value twice, on pairs: GLM-4).
+TURNS = ("half", "none", "half-repeat", "pairs", "pairs-half")
+
+
+def _pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (2i, 2i + 1) of the first ``cos.shape[-1]`` features of [batch, heads, T, d]."""
+    cos, sin = cos[:, None], sin[:, None]
+    w = cos.size(-1)
+    rot, rest = x[..., :w], x[..., w:]
+    turned = torch.stack((-rot[..., 1::2], rot[..., 0::2]), dim=-1).flatten(-2)
+    out = rot * cos + turned * sin
+    return out if rest.size(-1) == 0 else torch.cat((out, rest), dim=-1)
+
+
+def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, how: str) -> torch.Tensor:
+    """q or k [batch, heads, T, d_head] turned by cos, sin [batch or 1, T, w] the way ``how``
+    (:data:`TURNS`) says."""
+    if how == "none":
+        return x
+    if how == "half":
+        return apply_rope(x, cos, sin)
+    if how == "half-repeat":
+        return apply_rope(x, torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
+    if how == "pairs":
+        return _pairs(x, cos, sin)
+    if how == "pairs-half":
+        half = cos.shape[-1] // 2
+        return _pairs(x, cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1))
+    raise ValueError(f"no turn {how!r}; turns: {', '.join(TURNS)}")
+
+
+def _rotate(layer: Layer, x: torch.Tensor, turns: tuple | None) -> torch.Tensor:
+    if layer.turn is not None:
+        return x if turns is None else turn(x, turns[0].to(x.dtype), turns[1].to(x.dtype), layer.turn)
     if layer.rope is None:
         return x
     positions = torch.arange(x.shape[2], device=x.device)[None]
@@ -134,7 +192,7 @@ def _rotate(layer: Layer, x: torch.Tensor) -> torch.Tensor:
     return apply_rope(x, cos, sin)
 
 
-def recompute(layer: Layer, point: str, streams: torch.Tensor) -> torch.Tensor:
+def recompute(layer: Layer, point: str, streams: torch.Tensor, turns: tuple | None = None) -> torch.Tensor:
     """A layer's queries, keys or values, each head from a residual stream of its own.
 
     Args:
@@ -142,6 +200,8 @@ def recompute(layer: Layer, point: str, streams: torch.Tensor) -> torch.Tensor:
         point: ``"query"`` (one stream per query head), ``"key"`` or ``"value"`` (one per key/value head).
         streams: [n, batch, T, d_model] the stream each head reads (before the block's norm), n the
             heads of ``point``.
+        turns: (cos, sin) [batch or 1, T, d_rot] the attention module received as
+            ``position_embeddings`` (used where ``layer.turn`` is set), or None.
 
     Returns:
         [batch, n, T, d_head], as probe's attention function receives it: after the norm, the
@@ -157,7 +217,7 @@ def recompute(layer: Layer, point: str, streams: torch.Tensor) -> torch.Tensor:
         x, extra = _project(layer, streams, w.W_K, w.b_K), layer.k_norm
     if extra is not None:
         x = extra(x)
-    return _rotate(layer, x)
+    return _rotate(layer, x, turns)
 
 
 def head_writes(layer: Layer, z: torch.Tensor) -> torch.Tensor:

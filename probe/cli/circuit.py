@@ -69,7 +69,8 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     inputs, each MLP's input, the logits) by attribution patching between clean and corrupted prompts,
     keep the top-scoring edges as a circuit, and measure its faithfulness (the circuit run with every
     other edge fed the corrupted run's activations) against random circuits of the same size.
-    Pre-norm decoders (GPT-2, LLaMA, Qwen, Mistral, Phi-3, GPT-NeoX ...).
+    Pre-norm models whose stream is the sum of the writes (GPT-2, LLaMA, Qwen, Mistral, Phi-3,
+    GPT-NeoX, Falcon, and models found by a pass such as ModernBERT with its masked-LM head).
 
     \b
     Pairs file: one pair a line, four tab-separated fields
@@ -84,7 +85,7 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
-                                             kind_check=check_kind)  # decoders only
+                                             head="auto", kind_check=check_kind)  # pre-norm models
     show = sys.stderr.isatty() if progress is None else progress
     m = 1 if method == "eap" else steps
     n_batches = -(-len(pairs) // batch_size)

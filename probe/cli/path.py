@@ -41,8 +41,8 @@ def path_command(model_name, senders, receivers, pairs_file, out, force, progres
     """Path patching (Wang et al. 2022): the clean run with the sender heads' outputs from the corrupted
     run and every other head frozen at its clean output, read only by the receivers; the change of the
     logit difference answer - wrong, for each sender into each receiver and for all together. Norms on
-    a receiver's input are recomputed from the patched stream. Pre-norm decoders the circuit graph fits
-    (GPT-2, LLaMA, Qwen, Mistral, Phi-3, GPT-NeoX ...).
+    a receiver's input are recomputed from the patched stream. Pre-norm models the circuit graph fits
+    (GPT-2, LLaMA, Qwen, Mistral, Phi-3, GPT-NeoX, Falcon, ModernBERT ...).
 
     \b
     Pairs file: one pair a line, four tab-separated fields
@@ -54,7 +54,7 @@ def path_command(model_name, senders, receivers, pairs_file, out, force, progres
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
-                                             kind_check=check_kind)  # decoders only
+                                             head="auto", kind_check=check_kind)  # pre-norm models
     show = sys.stderr.isatty() if progress is None else progress
     result, path = path_run(lm, senders, receivers, pairs, out=out, force=force, source=source, progress=show,
                             timings={"model_load_s": lm.load_seconds}, started=started)

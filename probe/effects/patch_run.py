@@ -190,7 +190,7 @@ def check_before_loading(name: str, pairs: list[Pair], builtin: bool, kind_check
     not on this machine (a Hub id) is checked after loading, as before.
 
     ``kind_check``: a command's own refusal of the model by its kind, called with the preview first
-    (``probe circuit`` and ``probe path``: decoders only).
+    (``probe circuit`` and ``probe path``: pre-norm models only).
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`probe.effects.patching.patch_heads`, or as
