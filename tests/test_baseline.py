@@ -27,9 +27,12 @@ def runs(tmp_path_factory):
 
 
 def assert_frames_equal_to_six_digits(now: pd.DataFrame, then: pd.DataFrame, where: str) -> None:
-    """Same columns and rows; numeric cells within one unit of the sixth significant digit, text equal.
-    A heads table's ``dtype`` column came later (the model's dtype beside its numbers): it must say
-    float32, the dtype the stored values were measured in."""
+    """Same columns and rows; numeric cells within one unit of the sixth significant digit or 5e-6
+    (float32 rounding of the O(1) logits an effect is a difference of: two CPUs' matrix kernels add in
+    different orders, and an effect of 0.01 then moves in its sixth digit), text equal; group numbers
+    (``cluster``) the same partition of the heads under some renaming (k-means numbers its groups in
+    the order it finds them). A heads table's ``dtype`` column came later (the model's dtype beside its
+    numbers): it must say float32, the dtype the stored values were measured in."""
     if "dtype" in now.columns and "dtype" not in then.columns:
         assert set(now["dtype"]) == {"float32"}, where
         now = now.drop(columns="dtype")
@@ -37,10 +40,13 @@ def assert_frames_equal_to_six_digits(now: pd.DataFrame, then: pd.DataFrame, whe
     assert len(now) == len(then), where
     for col in then.columns:
         a, b = now[col], then[col]
-        if pd.api.types.is_numeric_dtype(b) and pd.api.types.is_numeric_dtype(a):
+        if col == "cluster":
+            pairs = set(zip(a.tolist(), b.tolist()))
+            assert len(pairs) == len(set(a)) == len(set(b)), f"{where} {col}: another partition of the heads"
+        elif pd.api.types.is_numeric_dtype(b) and pd.api.types.is_numeric_dtype(a):
             x, y = a.to_numpy(float), b.to_numpy(float)
             assert np.array_equal(np.isnan(x), np.isnan(y)), f"{where} {col}: missing values moved"
-            ok = np.isclose(x, y, rtol=1e-5, atol=1e-9) | np.isnan(y)
+            ok = np.isclose(x, y, rtol=1e-5, atol=5e-6) | np.isnan(y)
             assert ok.all(), f"{where} {col}: {x[~ok]} != {y[~ok]}"
         else:
             assert a.astype(str).tolist() == b.astype(str).tolist(), f"{where} {col}"
