@@ -326,6 +326,12 @@ def test_circuit_command_writes_the_run_folder(circuit_folder):
     assert 'class="circuit-graph"' in html and 'class="faith-plot"' in html
     assert "-0.000" not in html  # a faithfulness that rounds to zero is written 0.000
     assert record["method"] == "eap-ig" and record["steps"] == 2 and "faithfulness" in output
+    # the cost announced before the run is the count run.json keeps
+    import re
+
+    announced = re.search(r"about (\d+) x \((\d+) \+ (\d+) sizes x (\d+)\)", output)
+    batches, fixed, sizes, each = map(int, announced.groups())
+    assert batches * (fixed + sizes * each) == record["passes"]["faithfulness"]
 
 
 @pytest.mark.parametrize("args,message", [(["--steps", "0"], "--steps"), (["--edges", "0"], "--edges"),

@@ -79,7 +79,8 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     Default: the 20 built-in indirect-object pairs.
     """
     from ..circuits.evaluate import SHARES
-    from ..circuits.run import circuit_run
+    from ..circuits.graph import edge_count
+    from ..circuits.run import DEFAULT_SHARE, circuit_run, circuit_sizes
     from ..circuits.wiring import check_kind
 
     age = process_age()
@@ -89,7 +90,9 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     show = sys.stderr.isatty() if progress is None else progress
     m = 1 if method == "eap" else steps
     n_batches = -(-len(pairs) // batch_size)
-    sizes = len(shares or SHARES) + 1
+    g = lm.geometry  # the curve's sizes as the run will count them (a parallel block has L x H edges fewer)
+    n_edges = edge_count(g.n_layers, g.n_heads, g.n_kv_heads)
+    sizes = len(circuit_sizes(n_edges, edges or max(1, round(DEFAULT_SHARE * n_edges)), shares or SHARES))
     click.echo(f"Circuit of {lm.name} on {plural(len(pairs), 'pair')} ({source}), {method}"
                f"{f' m={m}' if method == 'eap-ig' else ''}: cost {n_batches * (2 + m)} forward and {n_batches * m} "
                f"backward passes for the scores, about {n_batches} x (4 + {sizes} sizes x {1 + seeds}) passes for "
