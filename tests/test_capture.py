@@ -300,7 +300,8 @@ def test_capture_rejects_max_length_below_two(max_length):
 def test_families_outside_the_interface_are_captured_through_probes_function(kind, monkeypatch):
     """DeBERTa, BLOOM, Falcon, GPT-Neo and MPNet compute attention inline; capture swaps in probe's
     reference module, which calls probe's attention function: one call of its operation per site and
-    pass, maps equal to the model's own eager maps at every real row and key, modules back after."""
+    pass, maps equal to the model's own eager maps at every real row and key (float32 rounding),
+    modules back after."""
     import probe.capture.interface as interface
     from probe.capture.maps import forward
     from probe.capture.swapped import is_swapped
@@ -317,4 +318,6 @@ def test_families_outside_the_interface_are_captured_through_probes_function(kin
         own = forward(lm, captured.batch, output_attentions=True).attentions
     for probs, theirs in zip(captured.probs, own, strict=True):
         for row, length in enumerate(captured.batch.lengths.tolist()):
-            assert torch.equal(probs[row, :, :length, :length], theirs[row, :, :length, :length])
+            # to float32 rounding: equal on the swap check's batch, a few ulps on others on some CPUs
+            torch.testing.assert_close(probs[row, :, :length, :length], theirs[row, :, :length, :length],
+                                       rtol=0, atol=1e-5)

@@ -61,7 +61,9 @@ def test_clean_equal_to_corrupted_gives_zero_for_both_methods(kind):
     same = _same(encode_pairs(lm, _pairs(kind)))
     for name in _names(kind):
         frame = comps.patch_component(lm, same, name)
-        assert (frame[["raw", "raw_last"]].to_numpy() == 0).all() and not frame.attrs["normalized"]
+        # 0, to float32 rounding of the logits: exactly 0 where a CPU's kernels add a batch of patched
+        # copies as they add the single run (an Intel CPU); 2e-6 for BERT's on an AMD EPYC
+        assert (frame[["raw", "raw_last"]].abs().to_numpy() <= 1e-5).all() and not frame.attrs["normalized"]
         attr = comps.attribute_component(lm, same, name)
         assert (attr[["attribution_raw", "attribution_raw_last"]].to_numpy() == 0).all()
 
@@ -75,8 +77,9 @@ def test_patching_a_component_with_its_own_value_gives_zero(kind):
     for name in _names(kind):
         frame = comps.patch_component(lm, enc, name, direction="noise")  # donor: the corrupted run
         assert frame["raw"].abs().sum() > 0  # the runs differ
-        # the run patched from itself: the donor pass has the run's shape, so every raw difference is exactly 0
-        assert (comps.patch_component(lm, own, name)[["raw", "raw_last"]].to_numpy() == 0).all()
+        # the run patched from itself: the donor pass has the run's shape, so every raw difference is 0 (to
+        # float32 rounding of the logits where the patched copies' batch rounds otherwise, as above)
+        assert (comps.patch_component(lm, own, name)[["raw", "raw_last"]].abs().to_numpy() <= 1e-5).all()
 
 
 def test_the_residual_stream_at_every_position_restores_everything():

@@ -2,8 +2,11 @@
 interface (DeBERTa-v2, BLOOM, Falcon, GPT-Neo, MPNet): probe's reference module, swapped in, calls
 probe's attention function, so every point exists; identity edits change nothing bit for bit, the
 model's own outputs are kept at every real position, zeroing a head's output is weight surgery on
-W_O, the pattern read there is the model's own eager map; where the reference does not reproduce the
-model as it runs, only the output point exists (the output projection's pre-hook)."""
+W_O, the pattern read there is the model's own eager map (each to float32 rounding: bit for bit on
+the swap check's batch, and on other batches on some CPUs; a few ulps where a CPU's matrix kernels
+add another shape in another order, 1e-6 measured for DeBERTa-v2 and Falcon on an AMD EPYC); where
+the reference does not reproduce the model as it runs, only the output point exists (the output
+projection's pre-hook)."""
 
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ def test_the_reference_reproduces_the_model_and_serves_every_point(lm):
                 iv.edit(point, lambda site: (lambda t, call: t.clone()))
             same = _logits(lm, batch)
     assert not is_swapped(lm)  # the model's own modules are back
-    assert torch.equal(ref[real], own[real])
+    torch.testing.assert_close(ref[real], own[real], rtol=1e-5, atol=1e-5)
     assert torch.equal(same, ref)
 
 
@@ -72,7 +75,7 @@ def test_zeroing_a_heads_output_equals_zeroing_its_rows_of_w_o(lm):
         iv.edit("output", lambda site: zero(heads=[2]) if site.layer == 1 else None)
         zeroed = _logits(lm, batch)
     assert (zeroed - base)[real].abs().max() > 1e-3  # the head matters
-    torch.testing.assert_close(zeroed[real], surgery[real], rtol=0, atol=1e-6)
+    torch.testing.assert_close(zeroed[real], surgery[real], rtol=1e-5, atol=1e-5)
 
 
 def test_the_pattern_read_at_the_function_is_the_models_own_eager_map(lm):
@@ -87,7 +90,7 @@ def test_the_pattern_read_at_the_function_is_the_models_own_eager_map(lm):
     ours = cache[lm.sites[0]]
     for b in range(len(TEXTS)):
         rows = real[b].nonzero().flatten()
-        torch.testing.assert_close(ours[b][:, rows][..., rows], own[b][:, rows][..., rows], rtol=0, atol=0)
+        torch.testing.assert_close(ours[b][:, rows][..., rows], own[b][:, rows][..., rows], rtol=0, atol=1e-5)
 
 
 def test_a_zeroed_value_head_silences_the_query_heads_it_serves():

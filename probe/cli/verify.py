@@ -57,7 +57,7 @@ def verify_progress(index: int, total: int, name: str, result) -> None:
 @click.option("--atol", type=float, default=None,
               callback=click_callback(lambda v: bounds.tolerance("--atol", v)),
               help="Absolute tolerance [default: 1e-05 for float32, 0.01 for bfloat16/float16].")
-@click.option("--rtol", type=float, default=0.0, show_default=True,
+@click.option("--rtol", type=float, default=1e-5, show_default=True,
               callback=click_callback(lambda v: bounds.tolerance("--rtol", v)), help="Relative tolerance.")
 @click.option("--mutant", type=click.Choice(MUTANT_NAMES),
               default=None, help="Verify a deliberately broken attention instead (expected to FAIL).")

@@ -8,6 +8,7 @@ from .battery import Case, case_names  # (the battery() function stays in .batte
 from .compare import (
     BF16_ATOL,
     FP32_ATOL,
+    FP32_RTOL,
     NOISE_FACTOR,
     CaseResult,
     LayerResult,
@@ -15,5 +16,5 @@ from .compare import (
 )
 from .entry import verify
 
-__all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "NOISE_FACTOR",
-           "Case", "case_names"]
+__all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "FP32_RTOL",
+           "NOISE_FACTOR", "Case", "case_names"]

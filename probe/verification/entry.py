@@ -7,12 +7,12 @@ from collections.abc import Callable
 from .. import validate
 from ..core import LoadedModel
 from ..errors import ProbeError
-from .compare import FP32_ATOL, CaseResult, VerifyResult
+from .compare import FP32_ATOL, FP32_RTOL, CaseResult, VerifyResult
 from .compare import verify as verify_reference
 from .generic import verify_generic
 
 
-def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, *, rtol: float = 0.0,
+def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, *, rtol: float = FP32_RTOL,
            cases: list[str] | None = None,
            progress: Callable[[int, int, str, CaseResult | None], None] | None = None) -> VerifyResult:
     """Check that probe's attention reproduces the model.
