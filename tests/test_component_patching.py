@@ -188,3 +188,19 @@ def test_bad_components_are_one_error_line(tmp_path):
                                         encoding="utf-8")
     one_error(invoke_cli("patch", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--component", "q",
                          "--out", tmp_path / "run"), 1, "attention interface")
+
+
+def test_falcon_heads_are_patched_through_the_swapped_reference_module(monkeypatch):
+    # Falcon computes attention inside its module; probe's reference module, swapped in where it reproduces
+    # the model, gives q, k, v and pattern their place; units follow multi-query heads (one key/value head)
+    lm = tiny_model("falcon")
+    enc = encode_pairs(lm, PAIRS)
+    assert comps.units(lm, "k") == (1, "kv_head")
+    for name in ("q", "k", "v", "pattern"):
+        frame = comps.patch_component(lm, enc, name)
+        assert len(frame) == lm.geometry.n_layers * comps.units(lm, name)[0] and frame["raw"].abs().sum() > 0
+        same = comps.patch_component(lm, _same(enc), name)
+        assert (same[["raw", "raw_last"]].abs().to_numpy() <= 1e-5).all()
+    monkeypatch.setattr(comps, "reference_agrees", lambda lm: False)  # a model the reference does not reproduce
+    with pytest.raises(UnsupportedAnalysisError, match="q cannot be patched"):
+        comps.check_components(lm, ["z", "q"])

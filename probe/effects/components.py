@@ -43,6 +43,7 @@ import torch
 from ..architectures import site_block
 from ..architectures.weights import block_mlp
 from ..capture.intervene import intervening, native
+from ..capture.swapped import reference_agrees
 from ..errors import InputError, UnsupportedAnalysisError
 from .attribution import correlation
 from .pairs import EncodedPairs
@@ -101,8 +102,10 @@ def units(lm, name: str) -> tuple[int, str]:
 
 def check_components(lm, names) -> None:
     """Raises UnsupportedAnalysisError where a component cannot be patched on ``lm``: anything but ``z``
-    on an encoder-decoder model, on a model that does not call transformers' attention interface (its
-    q, k, v and pattern do not exist apart), or on one whose blocks or MLPs are not one per layer."""
+    on an encoder-decoder model, on a model that does not call transformers' attention interface and
+    that probe's reference module (which calls probe's function; swapped in by
+    :func:`probe.capture.intervene.intervening`) does not reproduce (its q, k, v and pattern do not
+    exist apart), or on one whose blocks or MLPs are not one per layer."""
     other = [n for n in names if n != "z"]
     if not other:
         return
@@ -110,9 +113,10 @@ def check_components(lm, names) -> None:
         raise UnsupportedAnalysisError(f"{lm.name} is an encoder-decoder model: probe patches only its heads' "
                                        f"output z, not {', '.join(other)}")
     heads = [n for n in other if COMPONENTS[n].point is not None]
-    if heads and not (native(lm.model) or lm.spec.discovered):
+    if heads and not (native(lm.model) or lm.spec.discovered or reference_agrees(lm)):
         raise UnsupportedAnalysisError(f"{type(lm.model).__name__} does not call transformers' attention "
-                                       f"interface: its heads' {', '.join(heads)} cannot be patched (only z)")
+                                       "interface, and probe's reference module does not reproduce it as it runs: "
+                                       f"its heads' {', '.join(heads)} cannot be patched (only z)")
     if "mlp" in other and any(block_mlp(lm.model, lm.spec, s) is None for s in lm.sites):
         raise UnsupportedAnalysisError(f"{lm.name}: probe's spec of {type(lm.model).__name__} names no module whose "
                                        "output is the MLP's alone (a BERT-style block adds the residual and norms it "
