@@ -115,11 +115,12 @@ def test_checked_graph_follows_the_architecture(wired):
                                       ("gemma2", "not the sum of what its embeddings, heads and MLPs write"),
                                       ("generic:xlm-roberta", "a post-norm model"),
                                       ("generic:glm4", "not the sum of what its embeddings, heads and MLPs write"),
-                                      ("generic:opt", "recomputed from the residual stream differ"),
+                                      ("generic:opt", "queries change inside the attention module"),
+                                      ("generic:gptj", "a rotation probe does not reproduce"),
                                       ("generic:modernbert", "language-model head")])
 def test_models_outside_the_graph_are_refused_saying_why(kind, why):
     # BERT, XLM-R: norms after each residual add; Gemma 2, GLM-4: norms on each sub-layer's output; OPT
-    # scales its queries inside the module; a bare ModernBertModel has no logits
+    # scales its queries inside the module; GPT-J turns q and k inside it; a bare ModernBertModel has no logits
     from generic_models import generic_lm
 
     lm = generic_lm(kind.split(":")[1]) if kind.startswith("generic:") else tiny_model(kind)
@@ -416,3 +417,32 @@ def test_pairs_that_barely_differ_get_a_note_on_the_faithfulness():
     pairs = [Pair(*line.split("\t")) for line in PAIRS_TSV.strip().split("\n")]
     run = measure(lm, pairs, steps=1, edges=4, seeds=1, shares=[0.1])
     assert (run.notes == []) == (abs(run.ld_clean - run.ld_corrupted) >= MIN_GAP)  # a note exactly below the gap
+
+
+def test_a_bfloat16_model_fits_the_graph_and_its_complete_circuit_is_the_clean_run():
+    # the check's tolerance follows the dtype (the stream is added up in bfloat16); deltas take the model's dtype
+    lm = tiny_model("llama")
+    lm.model.to(torch.bfloat16)
+    with graph_of(lm) as (wiring, graph, check):
+        assert check.decomposition <= 0.0625 and max(check.errors.values()) <= 0.0625
+        enc = random_pairs(4)
+        ev = Evaluator(lm, wiring, graph, enc, batch_size=3)
+        assert ev.metric(np.ones(graph.n_edges, dtype=bool)) == ev.ld_clean
+        assert ev.metric(np.zeros(graph.n_edges, dtype=bool)) == pytest.approx(ev.ld_corrupted, abs=0.1)
+        assert np.isfinite(edge_scores(lm, wiring, graph, enc, method="eap")).all()
+
+
+def test_circuit_command_refuses_a_model_outside_the_graph_before_its_plan(tmp_path):
+    # OPT scales its queries inside the module: the check's pass says so in one line, before the cost line
+    from generic_models import generic_model
+
+    from conftest import bpe_tokenizer, one_error
+
+    tok = bpe_tokenizer()
+    generic_model("opt", tok).save_pretrained(tmp_path / "opt")
+    tok.save_pretrained(tmp_path / "opt")
+    (tmp_path / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
+    result = invoke_cli("circuit", "--model", tmp_path / "opt", "--pairs", tmp_path / "pairs.tsv",
+                        "--out", tmp_path / "run")
+    one_error(result, 1, "queries change inside the attention module")
+    assert "Circuit of" not in result.output and not (tmp_path / "run").exists()

@@ -23,6 +23,15 @@ from .wiring import TURNS, Wiring, wire
 TOLERANCE = 1e-4
 
 
+def tolerance(lm) -> float:
+    """:data:`TOLERANCE`, or 8 units of rounding of a half-precision model's dtype (bfloat16: 0.0625;
+    float16: 0.0078): the residual stream is added up in that dtype, layer after layer. A structure the
+    graph does not fit differs by far more (0.7 to 8 relative, measured on Falcon with a shared norm
+    read as its own and on GLM-4)."""
+    dtype = next(lm.model.parameters()).dtype
+    return max(TOLERANCE, 8 * torch.finfo(dtype).eps) if dtype.is_floating_point else TOLERANCE
+
+
 def _fit_turns(lm, wiring: Wiring, graph: Graph, ids: torch.Tensor, mask: torch.Tensor) -> Check:
     """The check's pass; for a model whose spec was discovered, each layer's way of turning q and k
     (:data:`~probe.circuits.wiring.TURNS`) is the one whose recomputed q and k come closest to what its
@@ -47,13 +56,26 @@ def _fit_turns(lm, wiring: Wiring, graph: Graph, ids: torch.Tensor, mask: torch.
             err = max(check.layer_errors.get((k, i), 0.0) for k in ("q", "k"))
             if i not in best or err < best[i][0]:
                 best[i] = (err, how)
-        if all(best[i][0] <= TOLERANCE for i in turning):
+        if all(best[i][0] <= tolerance(lm) for i in turning):
             break
     for i in turning:
         wiring.layers[i].turn = best[i][1]
     check = Check(graph)
     split_pass(lm, wiring, ids, mask, check)
     return check
+
+
+def _cause(kinds: set[str]) -> str:
+    """The likely cause of a recomputation that does not reproduce the inputs of ``kinds``."""
+    if "mlp" in kinds:
+        return "its MLP does not read the attention's norm (it reads a norm of its own that probe did not find)"
+    if kinds == {"q"}:
+        return ("its queries change inside the attention module after their projection (scaled there, as OPT's), "
+                "which the recomputation does not do")
+    if kinds <= {"q", "k"}:
+        return ("its queries and keys turn by a rotation probe does not reproduce (computed inside the module from "
+                "the positions, as GPT-J's, or a layout probe does not know)")
+    return "its norm before the attention or its projections are not the ones probe found"
 
 
 @torch.no_grad()
@@ -78,11 +100,11 @@ def checked_graph(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None
     if not {"q", "k", "v"} <= set(check.errors) or len(check.reads) != 2 * g.n_layers or check.final is None:
         raise UnsupportedAnalysisError(f"circuits: {lm.name}'s attention modules do not call probe's attention "
                                        "function (transformers' AttentionInterface), where circuits feed each head")
-    bad = {k: e for k, e in check.errors.items() if e > TOLERANCE}
+    bad = {k: e for k, e in check.errors.items() if e > tolerance(lm)}
     if bad:
-        raise UnsupportedAnalysisError(f"circuits: {lm.name}'s head inputs recomputed from the residual stream differ "
-                                       f"from what its attention receives (relative {bad}); its norm or rotation is "
-                                       "not the spec's, or its MLP does not read the attention's norm")
+        differ = ", ".join(f"{k} by {e:.2g}" for k, e in bad.items())
+        raise UnsupportedAnalysisError(f"circuits: {lm.name}'s inputs recomputed from the residual stream differ from "
+                                       f"what its modules receive (relative: {differ}): {_cause(set(bad))}")
     parallel = all(torch.equal(check.reads[("stream", i)], check.reads[("mlp_in", i)]) for i in range(g.n_layers))
     graph = Graph(g.n_layers, g.n_heads, g.n_kv_heads, parallel)
     total = check.outputs().sum(0).double()
@@ -90,7 +112,7 @@ def checked_graph(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None
         if layer.weights.b_O is not None:
             total = total + layer.weights.b_O.double()
     gap = float((total - check.final.double()).abs().max() / check.final.double().abs().max())
-    if gap > TOLERANCE:
+    if gap > tolerance(lm):
         raise UnsupportedAnalysisError(f"circuits: {lm.name}'s stream before the final norm is not the sum of what its "
                                        f"embeddings, heads and MLPs write (relative difference {gap:.2g}): a norm "
                                        "after a sub-layer or a residual inside a module")

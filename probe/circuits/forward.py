@@ -90,7 +90,8 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
                 delta = feed.delta(kind, i)
                 if delta is None:
                     return tensor
-                new = recompute(layer, POINT_OF[kind], streams[i][None] + delta, streams.get(("turns", i)))
+                stream = streams[i][None] + delta.to(streams[i].dtype)  # a delta in the model's dtype
+                new = recompute(layer, POINT_OF[kind], stream, streams.get(("turns", i)))
                 new = new.to(tensor.dtype)
                 return feed.recomputed(kind, i, tensor, new)
             return editor
@@ -103,14 +104,14 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
         def mlp_pre(module, args, i=i):
             feed.wrote("mlp_in", i, args[0])
             delta = feed.delta("mlp", i)
-            return None if delta is None else (args[0] + delta, *args[1:])
+            return None if delta is None else (args[0] + delta.to(args[0].dtype), *args[1:])
 
         def shared_norm_pre(module, args, i=i, layer=layer):
             feed.wrote("mlp_in", i, streams[i])
             delta = feed.delta("mlp", i)
             if delta is None:
                 return None
-            new = layer.norm(streams[i] + delta).to(args[0].dtype)
+            new = layer.norm(streams[i] + delta.to(streams[i].dtype)).to(args[0].dtype)
             return (feed.recomputed("mlp", i, args[0], new), *args[1:])
 
         def mlp_out(module, args, out, i=i):
@@ -164,7 +165,7 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
         def final_pre(module, args):
             feed.wrote("final", len(wiring.layers), args[0])
             delta = feed.delta("logits", len(wiring.layers))
-            return None if delta is None else (args[0] + delta, *args[1:])
+            return None if delta is None else (args[0] + delta.to(args[0].dtype), *args[1:])
 
         m.hooks.forward_pre(wiring.final_norm, final_pre)
         kw = {"input_ids": ids.to(device), "attention_mask": mask.to(device), "use_cache": False}

@@ -17,7 +17,7 @@ CAPTION = ("Path patching (Wang et al. 2022) on {pairs} prompt pairs ({source}):
            "outputs taken from the corrupted run and every other head's output frozen at its clean value (MLPs "
            "recomputed); only the receivers then read that stream, each through its own norm recomputed from the "
            "patched stream (no frozen-norm shortcut). Effect = M(path-patched) - M(clean), M = logit(answer) - "
-           "logit(wrong) at the last position, mean over pairs (clean {clean:.4g}, corrupted {corrupted:.4g}); share "
+           "logit(wrong) at {metric_at}, mean over pairs (clean {clean:.4g}, corrupted {corrupted:.4g}); share "
            "= effect / (M(corrupted) - M(clean)), 1: the path alone moves M as far as the corrupted run. A receiver "
            "at or below a sender's layer reads nothing it writes (effect 0).")
 
@@ -43,10 +43,11 @@ def section(result, tokenizer) -> Section | None:
     f = run.frame
     rows = [[r.senders, "; ".join(x for x in (labels.get(s, "") for s in r.senders.split("+")) if x), r.receivers,
              _fmt(r.effect), _fmt(r.share, ".3f")] for r in f.itertuples()]
-    caption = CAPTION.format(pairs=len(run.pairs), source=run.source, clean=run.ld_clean, corrupted=run.ld_corrupted)
+    caption = CAPTION.format(pairs=len(run.pairs), source=run.source, clean=run.ld_clean, corrupted=run.ld_corrupted,
+                             metric_at=run.metric_at)
     html = render_fragment("section_table.html.j2", caption=caption, figures=[],
                            columns=["senders", "their labels", "receivers", "effect (logits)", "share"], rows=rows)
-    record = {"pairs": len(run.pairs), "source": run.source, "ld_clean": run.ld_clean,
+    record = {"pairs": len(run.pairs), "source": run.source, "metric_at": run.metric_at, "ld_clean": run.ld_clean,
               "ld_corrupted": run.ld_corrupted, "norms": "recomputed from the patched stream",
               "paths": [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()}
                         for r in f.to_dict("records")], "seconds": {k: round(v, 3) for k, v in run.seconds.items()},

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..effects.pairs import Pair, builtin_pairs, encode_pairs
+from ..effects.pairs import Pair, builtin_pairs, encode_pairs, metric_place
 from ..effects.patch_full import full_pass, last_logit_diffs, model_inputs
 from ..effects.patch_run import label_texts
 from ..effects.patching import MIN_GAP
@@ -110,7 +110,8 @@ class PathRun:
             (LD_corrupted - LD_clean): the share of corrupting everything that the path carries; NaN
             when the two runs differ by less than :data:`~probe.effects.patching.MIN_GAP`).
         ld_clean, ld_corrupted: the runs' mean logit differences.
-        pairs, source; seconds: phase -> wall time; notes.
+        pairs, source; seconds: phase -> wall time; notes; metric_at: where the metric reads the logits,
+        in words (:func:`~probe.effects.pairs.metric_place`).
     """
 
     frame: pd.DataFrame
@@ -120,6 +121,7 @@ class PathRun:
     source: str
     seconds: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    metric_at: str = "the last real position"
 
 
 def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *,
@@ -154,7 +156,7 @@ def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *
         notes = [] if abs(gap) >= MIN_GAP else [
             f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no share of the corrupted run's change"]
         return PathRun(pd.DataFrame(rows), ld["clean"], ld["corrupted"], pairs, source,
-                       {"path_s": time.perf_counter() - t}, notes)
+                       {"path_s": time.perf_counter() - t}, notes, metric_place(lm.kind))
 
 
 def path_run(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *, out=None, force: bool = False,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..effects.pairs import Pair, builtin_pairs, encode_pairs
+from ..effects.pairs import Pair, builtin_pairs, encode_pairs, metric_place
 from ..effects.patch_run import label_texts
 from ..effects.patching import MIN_GAP
 from ..errors import InputError
@@ -45,6 +45,7 @@ class CircuitRun:
         pairs, source: the pairs and where they came from; seconds: phase -> wall time; notes.
         passes: forward passes run, by phase (``edges``, ``faithfulness``).
         seeds: random circuits per size.
+        metric_at: where the metric reads the logits, in words (:func:`~probe.effects.pairs.metric_place`).
         greedy: the :class:`~probe.circuits.greedy.Greedy` pruning when the circuit was chosen by it
             (``circuit`` is then its circuit), else None.
     """
@@ -64,6 +65,7 @@ class CircuitRun:
     passes: dict = field(default_factory=dict)
     seeds: int = 5
     greedy: Greedy | None = None
+    metric_at: str = "the last real position"
 
     @property
     def circuit_faithfulness(self) -> float:
@@ -176,7 +178,8 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
             f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: the pairs barely separate the answers, so every "
             "faithfulness divides by a difference of that size and is dominated by noise"]
         return CircuitRun(graph, scores, method, m, circuit, curve, evaluator.ld_clean,
-                          evaluator.ld_corrupted, pairs, source, seconds, notes, passes, seeds, greedy)
+                          evaluator.ld_corrupted, pairs, source, seconds, notes, passes, seeds, greedy,
+                          metric_place(lm.kind))
 
 
 class _bar:

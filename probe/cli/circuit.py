@@ -78,6 +78,7 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     clean and corrupted must have the same number of tokens; answer and wrong one token each.
     Default: the 20 built-in indirect-object pairs.
     """
+    from ..circuits.checked import graph_of
     from ..circuits.evaluate import SHARES
     from ..circuits.graph import edge_count
     from ..circuits.run import DEFAULT_SHARE, circuit_run, circuit_sizes
@@ -87,6 +88,8 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
                                              head="auto", kind_check=check_kind)  # pre-norm models
+    with graph_of(lm):  # a model the graph does not fit: one error line before the plan (six tokens, once)
+        pass
     show = sys.stderr.isatty() if progress is None else progress
     m = 1 if method == "eap" else steps
     n_batches = -(-len(pairs) // batch_size)

@@ -100,8 +100,8 @@ def patch_command(model_name, pairs_file, direction, method, component, heads_pe
                                for r in top.itertuples()))
         if "attribution" in p.attrs:
             a = p.attrs["attribution"]
-            click.echo(f"attribution vs activation patching: correlation {a['correlation']:.3f} (all positions), "
-                       f"{a['correlation_last']:.3f} (last position)")
+            click.echo(f"attribution vs activation patching: correlation {_corr(a['correlation'])} (all positions), "
+                       f"{_corr(a['correlation_last'])} (last position)")
         for c in (component_rows(result.components) if result.components is not None else []):
             corr = (f"; attribution correlation {_corr(c['correlation'])} (all positions), "
                     f"{_corr(c['correlation_last'])} (last)") if "correlation" in c else ""
@@ -113,5 +113,5 @@ def patch_command(model_name, pairs_file, direction, method, component, heads_pe
 
 
 def _corr(value) -> str:
-    """A correlation to print: three decimals, or ``undefined`` (one side constant)."""
-    return "undefined" if value is None else f"{value:.3f}"
+    """A correlation to print: three decimals, or ``undefined`` (one side constant, or fewer than 3 units)."""
+    return "undefined" if value is None or value != value else f"{value:.3f}"

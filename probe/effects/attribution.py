@@ -89,8 +89,9 @@ def attribute_heads(lm, enc: EncodedPairs, direction: str = "denoise") -> pd.Dat
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:
-    """Pearson correlation of two per-head columns (NaN when either is constant)."""
+    """Pearson correlation of two per-unit columns (NaN when either is constant, or with fewer than 3
+    units, where it is +-1 whatever the values: Falcon's one key/value head a layer)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.std() == 0 or b.std() == 0:
+    if len(a) < 3 or a.std() == 0 or b.std() == 0:
         return float("nan")
     return float(np.corrcoef(a, b)[0, 1])

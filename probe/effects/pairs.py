@@ -67,6 +67,13 @@ class EncodedPairs:
         return len(self.last)
 
 
+def metric_place(kind: str) -> str:
+    """Where the metric reads the logits of a model of ``kind`` (``"encoder"``, ``"decoder"``,
+    ``"encoder-decoder"``), in words for a report: :attr:`EncodedPairs.last`."""
+    return {"encoder": "the clean prompt's [MASK]",
+            "encoder-decoder": "the decoder's last real position"}.get(kind, "the last real position")
+
+
 def builtin_pairs() -> list[Pair]:
     """The built-in indirect-object-identification set (20 pairs, written for probe in the spirit of
     Wang et al. 2022): "When Mary and John went to the store, John gave a drink to" -> " Mary" vs

@@ -127,6 +127,7 @@ def section(result, tokenizer) -> Section | None:
     partners, why = partner_rows(pr, result.heads)
     base = pr.composition.attrs["baseline"] if pr.composition is not None else None
     record = {"pairs": len(pr.pairs), "source": pr.source, "direction": p.attrs["direction"],
+              "metric_at": pr.metric_at,
               "ld_clean": p.attrs["ld_clean"], "ld_corrupted": p.attrs["ld_corrupted"],
               "normalized": p.attrs["normalized"], "seconds": {k: round(v, 3) for k, v in pr.seconds.items()},
               "top": [{"head": r[0], "effect": float(t.effect), "effect_last": float(t.effect_last)}

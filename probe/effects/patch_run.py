@@ -24,7 +24,7 @@ from .attribution import attribute_heads, correlation
 from .components import check_components, measure_components
 from .composition import composition_scores
 from .dla import direct_logit_attribution, head_grid
-from .pairs import encode_pairs
+from .pairs import encode_pairs, metric_place
 from .patching import Pair, builtin_pairs, check_patchable_config, patch_heads
 
 
@@ -39,6 +39,7 @@ class PatchRun:
         pairs: the pairs; source: where they came from; seconds: phase -> wall time (s); notes.
         components: :func:`~probe.effects.components.measure_components`'s frame when components other
             than z were asked for, else None.
+        metric_at: where the metric reads the logits, in words (:func:`~probe.effects.pairs.metric_place`).
     """
 
     patching: pd.DataFrame
@@ -49,6 +50,7 @@ class PatchRun:
     seconds: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     components: pd.DataFrame | None = None
+    metric_at: str = "the last real position"
 
     def heads_frame(self) -> pd.DataFrame:
         """``layer``, ``head``, ``effect``, ``effect_last``, ``dla`` (NaN without DLA): columns for heads.csv."""
@@ -119,7 +121,8 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     if results["dla"] is not None and not results["dla"].attrs["holds"]:
         miss = results["dla"].attrs["residual"]
         notes.append(f"dla: the decomposition misses the model's logit difference by {miss:.3g}")
-    return PatchRun(patching, results["dla"], results["composition"], pairs, source, seconds, notes, table)
+    return PatchRun(patching, results["dla"], results["composition"], pairs, source, seconds, notes, table,
+                    metric_place(lm.kind))
 
 
 def _add_attribution(patching: pd.DataFrame, attribution: pd.DataFrame) -> None:
