@@ -35,7 +35,8 @@ def _labels(heads) -> dict:
 
 def _positions(graph) -> dict:
     """Node name -> (x, y): one row per layer (the embeddings at the bottom, the logits at the top), the
-    heads then the MLP along it; a key/value input's point is the middle of its group's heads."""
+    heads then the MLP along it; a key/value input's point is the middle of its group's heads (drawn as a
+    bar under the group, its key and value edges ending side by side on it)."""
     width = graph.heads + 1
     height = graph.layers + 2
 
@@ -67,8 +68,18 @@ def circuit_svg(run, heads=None) -> Markup:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="100%" role="img" '
            f'style="max-width:{W}px" aria-label="circuit graph" class="circuit-graph" font-size="9" '
            'font-family="sans-serif">']  # scales down to its panel (SmolLM2's graph is wider than one)
+    rep = g.heads // g.kv_heads
+    for name in sorted({d for d in drawn["downstream"] if "KV" in d}):  # a key/value head: a bar under its group
+        layer, group = (int(x) for x in name[1:].split("KV"))
+        first, last = head_name(layer, group * rep), head_name(layer, (group + 1) * rep - 1)
+        (xa, y), (xb, _) = pos[first], pos[last]
+        out.append(f'<line x1="{xa - 6:.1f}" y1="{y + 9:.1f}" x2="{xb + 6:.1f}" y2="{y + 9:.1f}" stroke="#333" '
+                   f'stroke-width="2"><title>{escape(name)}: the key/value head read by {escape(first)}-{escape(last)}'
+                   '</title></line>')
     for r in drawn.itertuples():
         (x1, y1), (x2, y2) = pos[r.upstream], pos[r.downstream]
+        if "KV" in r.downstream:  # key and value inputs of one group side by side, on its bar
+            x2, y2 = x2 + (-4 if r.input == "k" else 4), y2 + 4
         width = 0.4 + 3.6 * abs(r.score) / (top or 1.0)
         out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2 + 5:.1f}" '
                    f'stroke="{SIGN_COLOR[r.score >= 0]}" stroke-width="{width:.2f}" stroke-opacity="0.55">'
