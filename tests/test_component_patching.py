@@ -143,8 +143,12 @@ def test_bert_mlp_is_refused_in_one_line():
         comps.check_components(tiny_mlm(), ["z", "mlp"])
 
 
-def test_components_other_than_z_are_refused_outside_the_attention_interface():
+def test_components_other_than_z_are_refused_where_the_reference_does_not_reproduce_the_model(monkeypatch):
+    # BLOOM computes attention inside its module: q is patched through probe's reference module where that
+    # reproduces the model, refused where not (z is patched either way)
     lm = tiny_model("bloom")
+    comps.check_components(lm, ["z", "q"])
+    monkeypatch.setattr(comps, "reference_agrees", lambda lm: False)
     comps.check_components(lm, ["z"])
     with pytest.raises(UnsupportedAnalysisError, match="attention interface"):
         comps.check_components(lm, ["z", "q"])
@@ -179,15 +183,17 @@ def test_patch_command_writes_every_component_with_its_correlation(tmp_path):
     assert "<h3>Components</h3>" in (tmp_path / "run" / "index.html").read_text(encoding="utf-8")
 
 
-def test_bad_components_are_one_error_line(tmp_path):
+def test_bad_components_are_one_error_line(tmp_path, monkeypatch):
     from conftest import invoke_cli, one_error, save_tiny
 
     one_error(invoke_cli("patch", "--model", tmp_path / "none", "--component", "z,attn"), 2, "--component")
     model = save_tiny("bloom", tmp_path / "bloom")
     (tmp_path / "pairs.tsv").write_text("\n".join("\t".join((p.clean, p.corrupted, p.answer, p.wrong)) for p in PAIRS),
                                         encoding="utf-8")
+    monkeypatch.setattr(comps, "reference_agrees", lambda lm: False)  # a BLOOM the reference does not reproduce
     one_error(invoke_cli("patch", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--component", "q",
                          "--out", tmp_path / "run"), 1, "attention interface")
+    assert not (tmp_path / "run").exists()
 
 
 def test_falcon_heads_are_patched_through_the_swapped_reference_module(monkeypatch):
