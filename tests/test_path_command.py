@@ -56,6 +56,10 @@ def test_path_command_writes_each_path_and_all_together(tmp_path):
     assert record["norms"] == "recomputed from the patched stream" and "recomputed from the patched stream" in \
         result.output
     assert "Path patching" in (tmp_path / "run" / "index.html").read_text(encoding="utf-8")
+    assert "exactly 0" not in result.output  # every path here carries something
+    below = invoke_cli("path", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--senders", "L1H0",
+                       "--receivers", "L0H2.q", "--out", tmp_path / "below", "--no-progress")
+    assert below.exit_code == 0 and ": 0 (share 0.000)" in below.output and "reads nothing the sender" in below.output
 
 
 def test_bad_names_are_one_error_line_before_any_run_folder(tmp_path):

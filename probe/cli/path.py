@@ -63,6 +63,9 @@ def path_command(model_name, senders, receivers, pairs_file, out, force, progres
     for r in result.frame.itertuples():
         share = "" if r.share != r.share else f" (share {fixed(r.share, 3)})"
         click.echo(f"  {r.senders} -> {r.receivers}: {r.effect:.4g}{share}")
+    if (result.frame["effect"] == 0).any():
+        click.echo("  (an effect of exactly 0: a receiver at or below its sender's layer reads nothing the sender "
+                   "writes)")
     click.echo(f"Report: {path / 'index.html'}")
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
