@@ -21,7 +21,9 @@ def format_table(result) -> str:
     """The human-readable verification report: one row per layer, then the output and the cases."""
     lines = [f"probe verify: {result.model} ({result.dtype}), atol {result.atol:g}"
              + (f", rtol {result.rtol:g}" if result.rtol else "")
-             + (f", mutant {result.mutant}" if result.mutant else "")]
+             + (f", mutant {result.mutant}" if result.mutant else ""),
+             "(each value passes within atol + rtol x |original|; max rel is max |difference| / max |original|, "
+             "a summary, not the rule)"]
     lines.append(f"{'layer':>5}  {'attn max abs':>12}  {'attn max rel':>12}  {'hidden max abs':>14}  "
                  f"{'hidden max rel':>14}  result")
     for r in result.per_layer:
