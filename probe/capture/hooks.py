@@ -91,6 +91,14 @@ def native(model: nn.Module) -> bool:
     return bool(check()) if check is not None else False
 
 
+def calls_function(lm) -> bool:
+    """Whether ``lm``'s (a :class:`~probe.loading.models.LoadedModel`) attention modules call probe's
+    attention function themselves: they call transformers' interface (:func:`native`), or its spec was
+    discovered through that function. Otherwise (DeBERTa, BLOOM, Falcon, GPT-Neo, MPNet) probe's reference
+    module must be swapped in for the function to run (:func:`probe.capture.swapped.swap_if_agrees`)."""
+    return native(lm.model) or lm.spec.discovered
+
+
 def measuring_implementation(model: nn.Module) -> str:
     """The attention implementation probe measures a model under: ``"probe"``, probe's own function in
     transformers' ``AttentionInterface`` (:mod:`probe.capture.interface`), for every model whose

@@ -59,7 +59,7 @@ from torch import nn
 from ..architectures import output_projection_bypass, site_outputs
 from ..errors import ProbeError, UnsupportedAnalysisError
 from ..sites import Site
-from .hooks import Hooks, measuring, native
+from .hooks import Hooks, calls_function, measuring
 from .interface import NAME, POINTS, Call, Editor, edit, edited, in_turn, install, served_sites
 from .swapped import swap_if_agrees
 
@@ -313,7 +313,7 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
             is never called under a known setting of its family (BLOOM's ``pretraining_tp > 1`` with
             ``slow_but_exact``), so that no head could be read or written.
     """
-    own = native(lm.model) or lm.spec.discovered
+    own = calls_function(lm)
     if own:
         install()
     elif (why := output_projection_bypass(lm.model.config)) is not None:

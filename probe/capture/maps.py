@@ -25,7 +25,7 @@ from ..errors import CaptureError
 from ..measures.values import ValueTracker
 from ..sites import Site
 from ..text.inputs import Batch, Text, as_texts, collate, tokenize
-from .hooks import Hooks, input_device, measuring, native
+from .hooks import Hooks, calls_function, input_device, measuring
 from .interface import site_listeners
 from .swapped import swap_if_agrees
 
@@ -130,7 +130,7 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback,
         CaptureError: a site returned no attention probabilities.
     """
     with measuring(lm.model) as m, ExitStack() as stack:
-        if not lm.spec.discovered and not native(lm.model):
+        if not calls_function(lm):
             # a family whose modules compute attention inline: probe's reference module, which calls probe's
             # attention function, stands in where it reproduces the model bit for bit (else the module's own maps)
             swap_if_agrees(lm, stack)

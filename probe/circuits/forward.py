@@ -24,7 +24,7 @@ import inspect
 
 import torch
 
-from ..capture.hooks import input_device, measuring, native
+from ..capture.hooks import calls_function, input_device, measuring
 from ..capture.interface import edit, install
 from ..errors import UnsupportedAnalysisError
 from .wiring import Wiring, head_writes, recompute
@@ -156,7 +156,7 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
     install()
     streams: dict = {}
     device = input_device(lm.model)
-    own = native(lm.model) or lm.spec.discovered  # else probe's reference module swapped in calls the function
+    own = calls_function(lm)  # else probe's reference module, swapped in, calls the function
     with measuring(lm.model, implementation="probe" if own else None) as m:
         for p in lm.model.parameters():
             p.requires_grad_(False)

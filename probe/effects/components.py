@@ -42,7 +42,8 @@ import torch
 
 from ..architectures import site_block
 from ..architectures.weights import block_mlp
-from ..capture.intervene import intervening, native
+from ..capture.hooks import calls_function
+from ..capture.intervene import intervening
 from ..capture.swapped import reference_agrees
 from ..errors import InputError, UnsupportedAnalysisError
 from .attribution import correlation
@@ -113,7 +114,7 @@ def check_components(lm, names) -> None:
         raise UnsupportedAnalysisError(f"{lm.name} is an encoder-decoder model: probe patches only its heads' "
                                        f"output z, not {', '.join(other)}")
     heads = [n for n in other if COMPONENTS[n].point is not None]
-    if heads and not (native(lm.model) or lm.spec.discovered or reference_agrees(lm)):
+    if heads and not (calls_function(lm) or reference_agrees(lm)):
         raise UnsupportedAnalysisError(f"{type(lm.model).__name__} does not call transformers' attention "
                                        "interface, and probe's reference module does not reproduce it as it runs: "
                                        f"its heads' {', '.join(heads)} cannot be patched (only z)")
