@@ -10,7 +10,7 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from ..capture.hooks import native
+from ..capture.hooks import calls_function
 from ..capture.swapped import swap_if_agrees
 from ..errors import UnsupportedAnalysisError
 from .feeds import Check
@@ -32,10 +32,10 @@ def tolerance(lm) -> float:
     return max(TOLERANCE, 8 * torch.finfo(dtype).eps) if dtype.is_floating_point else TOLERANCE
 
 
-def _fit_turns(lm, wiring: Wiring, graph: Graph, ids: torch.Tensor, mask: torch.Tensor) -> Check:
+def _fit_turns(lm, wiring: Wiring, graph: Graph, ids: torch.Tensor, mask: torch.Tensor, tol: float) -> Check:
     """The check's pass; for a model whose spec was discovered, each layer's way of turning q and k
     (:data:`~probe.circuits.wiring.TURNS`) is the one whose recomputed q and k come closest to what its
-    attention received, trying them in order until every layer is within :data:`TOLERANCE`. Returns
+    attention received, trying them in order until every layer is within ``tol``. Returns
     the last pass's :class:`~probe.circuits.feeds.Check` (run again with the layers' final choice)."""
     check = Check(graph)
     split_pass(lm, wiring, ids, mask, check)
@@ -56,7 +56,7 @@ def _fit_turns(lm, wiring: Wiring, graph: Graph, ids: torch.Tensor, mask: torch.
             err = max(check.layer_errors.get((k, i), 0.0) for k in ("q", "k"))
             if i not in best or err < best[i][0]:
                 best[i] = (err, how)
-        if all(best[i][0] <= tolerance(lm) for i in turning):
+        if all(best[i][0] <= tol for i in turning):
             break
     for i in turning:
         wiring.layers[i].turn = best[i][1]
@@ -96,11 +96,12 @@ def checked_graph(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None
         ids = torch.arange(1, 7)[None]
         mask = torch.ones_like(ids)
     graph = Graph(g.n_layers, g.n_heads, g.n_kv_heads)
-    check = _fit_turns(lm, wiring, graph, ids, mask)
+    tol = tolerance(lm)
+    check = _fit_turns(lm, wiring, graph, ids, mask, tol)
     if not {"q", "k", "v"} <= set(check.errors) or len(check.reads) != 2 * g.n_layers or check.final is None:
         raise UnsupportedAnalysisError(f"circuits: {lm.name}'s attention modules do not call probe's attention "
                                        "function (transformers' AttentionInterface), where circuits feed each head")
-    bad = {k: e for k, e in check.errors.items() if e > tolerance(lm)}
+    bad = {k: e for k, e in check.errors.items() if e > tol}
     if bad:
         differ = ", ".join(f"{k} by {e:.2g}" for k, e in bad.items())
         raise UnsupportedAnalysisError(f"circuits: {lm.name}'s inputs recomputed from the residual stream differ from "
@@ -112,7 +113,7 @@ def checked_graph(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None
         if layer.weights.b_O is not None:
             total = total + layer.weights.b_O.double()
     gap = float((total - check.final.double()).abs().max() / check.final.double().abs().max())
-    if gap > tolerance(lm):
+    if gap > tol:
         raise UnsupportedAnalysisError(f"circuits: {lm.name}'s stream before the final norm is not the sum of what its "
                                        f"embeddings, heads and MLPs write (relative difference {gap:.2g}): a norm "
                                        "after a sub-layer or a residual inside a module")
@@ -133,6 +134,6 @@ def graph_of(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None = No
         UnsupportedAnalysisError: as :func:`checked_graph`.
     """
     with ExitStack() as stack:
-        if not (native(lm.model) or lm.spec.discovered):
+        if not calls_function(lm):
             swap_if_agrees(lm, stack)
         yield checked_graph(lm, ids, mask)

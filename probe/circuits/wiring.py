@@ -22,7 +22,7 @@ from ..architectures.discovered import needs_weights
 from ..architectures.modules import head_geometry, site_spec
 from ..architectures.weights import AttentionWeights, attention_weights, block_mlp, final_norm, input_norm, mlp_norm
 from ..errors import UnsupportedAnalysisError
-from ..reference.rotary import Rope, apply_rope
+from ..reference.rotary import Rope, apply_rope, apply_rope_pairs
 from .parts import find_parts
 
 
@@ -155,16 +155,6 @@ def _project(layer: Layer, streams: torch.Tensor, W: torch.Tensor, b: torch.Tens
 TURNS = ("half", "none", "half-repeat", "pairs", "pairs-half")
 
 
-def _pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (2i, 2i + 1) of the first ``cos.shape[-1]`` features of [batch, heads, T, d]."""
-    cos, sin = cos[:, None], sin[:, None]
-    w = cos.size(-1)
-    rot, rest = x[..., :w], x[..., w:]
-    turned = torch.stack((-rot[..., 1::2], rot[..., 0::2]), dim=-1).flatten(-2)
-    out = rot * cos + turned * sin
-    return out if rest.size(-1) == 0 else torch.cat((out, rest), dim=-1)
-
-
 def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, how: str) -> torch.Tensor:
     """q or k [batch, heads, T, d_head] turned by cos, sin [batch or 1, T, w] the way ``how``
     (:data:`TURNS`) says."""
@@ -175,10 +165,10 @@ def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, how: str) -> tor
     if how == "half-repeat":
         return apply_rope(x, torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
     if how == "pairs":
-        return _pairs(x, cos, sin)
+        return apply_rope_pairs(x, cos, sin)
     if how == "pairs-half":
         half = cos.shape[-1] // 2
-        return _pairs(x, cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1))
+        return apply_rope_pairs(x, cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1))
     raise ValueError(f"no turn {how!r}; turns: {', '.join(TURNS)}")
 
 

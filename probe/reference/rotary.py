@@ -188,3 +188,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     rotated = torch.cat((-x2, x1), dim=-1)  # (B, nh, T, d_rot)
     out = rot * cos + rotated * sin
     return out if rest.size(-1) == 0 else torch.cat((out, rest), dim=-1)
+
+
+def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` features of a [batch, heads, T, d_head] tensor in adjacent
+    pairs (x_2i, x_2i+1), RoFormer's layout (Su et al. 2021, eq. 34; Cohere, GLM-4, GPT-J), where
+    :func:`apply_rope` pairs dimension i with i + d_rot/2; features beyond d_rot pass through.
+
+    Args:
+        cos, sin: [batch, T, d_rot], each angle's value at both features of its pair.
+    """
+    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d_rot)
+    d_rot = cos.size(-1)
+    rot, rest = x[..., :d_rot], x[..., d_rot:]
+    turned = torch.stack((-rot[..., 1::2], rot[..., 0::2]), dim=-1).flatten(-2)  # (-x_2i+1, x_2i) per pair
+    out = rot * cos + turned * sin
+    return out if rest.size(-1) == 0 else torch.cat((out, rest), dim=-1)
