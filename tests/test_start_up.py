@@ -13,6 +13,7 @@ from probe.cli import verify as verify_cli
 from probe.loading import models
 from probe.reference.mutants import MUTANTS
 from probe.runs import analyze as analyze_run
+from probe.verification import FP32_RTOL
 
 
 def test_a_slow_start_up_is_explained_once(tmp_path, monkeypatch):
@@ -84,3 +85,4 @@ def test_the_command_lines_copies_of_library_names_agree():
     """The command line writes the default model and the mutant names without importing torch."""
     assert options.DEFAULT_MODEL == models.DEFAULT_MODEL
     assert list(verify_cli.MUTANT_NAMES) == sorted(MUTANTS)
+    assert verify_cli.FP32_RTOL == FP32_RTOL

@@ -15,6 +15,9 @@ from .options import click_callback, device_option, dtype_option, model_option
 #: ``probe --help`` starts without it; tests/test_start_up.py checks the two agree).
 MUTANT_NAMES = ("alibi-sign", "c2p-sign", "causal-inverted", "merge-without-transpose", "no-causal-mask",
                 "no-padding-mask", "no-scale", "scale-d-model")
+#: ``probe.verification.FP32_RTOL``, the default relative tolerance (written here for the same reason and
+#: checked by the same test).
+FP32_RTOL = 1e-5
 
 
 def format_table(result) -> str:
@@ -59,7 +62,7 @@ def verify_progress(index: int, total: int, name: str, result) -> None:
 @click.option("--atol", type=float, default=None,
               callback=click_callback(lambda v: bounds.tolerance("--atol", v)),
               help="Absolute tolerance [default: 1e-05 for float32, 0.01 for bfloat16/float16].")
-@click.option("--rtol", type=float, default=1e-5, show_default=True,
+@click.option("--rtol", type=float, default=FP32_RTOL, show_default=True,
               callback=click_callback(lambda v: bounds.tolerance("--rtol", v)), help="Relative tolerance.")
 @click.option("--mutant", type=click.Choice(MUTANT_NAMES),
               default=None, help="Verify a deliberately broken attention instead (expected to FAIL).")
