@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..effects.pairs import Pair, builtin_pairs, encode_pairs, metric_place
+from ..effects.pairs import LAST_POSITION, Pair, builtin_pairs, encode_pairs, metric_place
 from ..effects.patch_full import full_pass, last_logit_diffs, model_inputs
 from ..effects.patch_run import label_texts
 from ..effects.patching import MIN_GAP
@@ -121,7 +121,7 @@ class PathRun:
     source: str
     seconds: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    metric_at: str = "the last real position"
+    metric_at: str = LAST_POSITION
 
 
 def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..effects.pairs import Pair, builtin_pairs, encode_pairs, metric_place
+from ..effects.pairs import LAST_POSITION, Pair, builtin_pairs, encode_pairs, metric_place
 from ..effects.patch_run import label_texts
 from ..effects.patching import MIN_GAP
 from ..errors import InputError
@@ -65,7 +65,7 @@ class CircuitRun:
     passes: dict = field(default_factory=dict)
     seeds: int = 5
     greedy: Greedy | None = None
-    metric_at: str = "the last real position"
+    metric_at: str = LAST_POSITION
 
     @property
     def circuit_faithfulness(self) -> float:
@@ -127,9 +127,11 @@ def circuit_sizes(n_edges: int, k: int, shares=SHARES) -> list[int]:
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", method: str = "eap-ig",
             steps: int = 5, edges: int | None = None, seeds: int = 5, batch_size: int = 8, progress: bool = False,
             say=None, shares=None, select: str = "top-k", threshold: float = THRESHOLD,
-            max_passes: int | None = None) -> CircuitRun:
+            max_passes: int | None = None, plan=None) -> CircuitRun:
     """Edge scores, the circuit and the faithfulness curve of ``lm`` on ``pairs`` (default the built-in
-    set); ``say``: a callable given one line per stage, or None; ``shares``: the curve's sizes as
+    set); ``say``: a callable given one line per stage, or None; ``plan``: called once the graph is
+    checked, before any score, as ``plan(graph, sizes)`` (sizes: the faithfulness curve's sizes of the
+    top-k circuit), or None; ``shares``: the curve's sizes as
     shares of all edges (default :data:`~probe.circuits.evaluate.SHARES`). ``select``: ``top-k`` (the
     ``edges`` of largest |score|) or ``greedy`` (:func:`~probe.circuits.greedy.greedy_circuit` keeping
     faithfulness >= ``threshold`` within ``max_passes`` circuit passes; the curve then includes its
@@ -146,6 +148,8 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         k = edges if edges is not None else max(1, round(DEFAULT_SHARE * graph.n_edges))
         if not 1 <= k <= graph.n_edges:
             raise InputError(f"--edges {k}: {lm.name}'s graph has {graph.n_edges} edges")
+        if plan:
+            plan(graph, len(circuit_sizes(graph.n_edges, k, shares or SHARES)))
         m = 1 if method == "eap" else steps
         n_batches, seconds = len(batches(len(enc), batch_size)), {}
         t = time.perf_counter()

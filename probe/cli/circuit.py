@@ -78,32 +78,27 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     clean and corrupted must have the same number of tokens; answer and wrong one token each.
     Default: the 20 built-in indirect-object pairs.
     """
-    from ..circuits.checked import graph_of
-    from ..circuits.evaluate import SHARES
-    from ..circuits.graph import edge_count
-    from ..circuits.run import DEFAULT_SHARE, circuit_run, circuit_sizes
+    from ..circuits.run import circuit_run
     from ..circuits.wiring import check_kind
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
                                              head="auto", kind_check=check_kind)  # pre-norm models
-    with graph_of(lm):  # a model the graph does not fit: one error line before the plan (six tokens, once)
-        pass
     show = sys.stderr.isatty() if progress is None else progress
     m = 1 if method == "eap" else steps
     n_batches = -(-len(pairs) // batch_size)
-    g = lm.geometry  # the curve's sizes as the run will count them (a parallel block has L x H edges fewer)
-    n_edges = edge_count(g.n_layers, g.n_heads, g.n_kv_heads)
-    sizes = len(circuit_sizes(n_edges, edges or max(1, round(DEFAULT_SHARE * n_edges)), shares or SHARES))
-    click.echo(f"Circuit of {lm.name} on {plural(len(pairs), 'pair')} ({source}), {method}"
-               f"{f' m={m}' if method == 'eap-ig' else ''}: cost {n_batches * (2 + m)} forward and {n_batches * m} "
-               f"backward passes for the scores, about {n_batches} x (4 + {sizes} sizes x {1 + seeds}) passes for "
-               "faithfulness" + (f", up to {n_batches} x {max_passes} for greedy" if select == "greedy" else ""),
-               err=True)
+
+    def plan(graph, sizes: int) -> None:  # once the graph is checked: a model it does not fit gets only its error
+        click.echo(f"Circuit of {lm.name} on {plural(len(pairs), 'pair')} ({source}), {method}"
+                   f"{f' m={m}' if method == 'eap-ig' else ''}, {graph.n_edges} edges: cost {n_batches * (2 + m)} "
+                   f"forward and {n_batches * m} backward passes for the scores, about {n_batches} x (4 + {sizes} "
+                   f"sizes x {1 + seeds}) passes for faithfulness"
+                   + (f", up to {n_batches} x {max_passes} for greedy" if select == "greedy" else ""), err=True)
+
     result, path = circuit_run(lm, pairs, out=out, force=force, source=source, method=method, steps=steps,
                                edges=edges, seeds=seeds, shares=shares, batch_size=batch_size, progress=show,
-                               select=select, threshold=threshold, max_passes=max_passes,
+                               select=select, threshold=threshold, max_passes=max_passes, plan=plan,
                                timings={"model_load_s": lm.load_seconds}, started=started,
                                say=None if show else lambda line: click.echo(line, err=True))
     f = result.faithfulness.frame

@@ -67,11 +67,15 @@ class EncodedPairs:
         return len(self.last)
 
 
+#: Where a decoder's metric reads the logits, in words (:func:`metric_place`).
+LAST_POSITION = "the last real position"
+
+
 def metric_place(kind: str) -> str:
     """Where the metric reads the logits of a model of ``kind`` (``"encoder"``, ``"decoder"``,
     ``"encoder-decoder"``), in words for a report: :attr:`EncodedPairs.last`."""
     return {"encoder": "the clean prompt's [MASK]",
-            "encoder-decoder": "the decoder's last real position"}.get(kind, "the last real position")
+            "encoder-decoder": "the decoder's last real position"}.get(kind, LAST_POSITION)
 
 
 def builtin_pairs() -> list[Pair]:

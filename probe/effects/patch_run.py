@@ -24,7 +24,7 @@ from .attribution import attribute_heads, correlation
 from .components import check_components, measure_components
 from .composition import composition_scores
 from .dla import direct_logit_attribution, head_grid
-from .pairs import encode_pairs, metric_place
+from .pairs import LAST_POSITION, encode_pairs, metric_place
 from .patching import Pair, builtin_pairs, check_patchable_config, patch_heads
 
 
@@ -50,7 +50,7 @@ class PatchRun:
     seconds: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     components: pd.DataFrame | None = None
-    metric_at: str = "the last real position"
+    metric_at: str = LAST_POSITION
 
     def heads_frame(self) -> pd.DataFrame:
         """``layer``, ``head``, ``effect``, ``effect_last``, ``dla`` (NaN without DLA): columns for heads.csv."""
