@@ -32,6 +32,11 @@ def test_names_parse_to_the_graph_inputs():
             parse_receivers(bad, graph)
     with pytest.raises(InputError, match="--senders"):
         parse_senders("L0H9", graph)
+    # out-of-range heads (layer 2 of 2, head 4 of 4, a negative layer) are refused naming the model's range,
+    # never wrapped or dropped
+    for bad in ("L2H0", "L0H4", "L-1H0"):
+        with pytest.raises(InputError, match=r"--senders: .* \(L0H0 \.\. L1H3\)"):
+            parse_senders(bad, graph)
 
 
 def test_path_command_writes_each_path_and_all_together(tmp_path):
