@@ -278,6 +278,9 @@ def test_fixed_writes_a_value_that_rounds_to_zero_without_a_sign():
 
     assert [fixed(-0.0004), fixed(0.0), fixed(-0.0006), fixed(1.23456, 2), fixed(-2.5, 1)] == \
         ["0.000", "0.000", "-0.001", "1.23", "-2.5"]
+    from probe.effects.patch_report import _fmt  # the patching section's cells (a composition z of -0.04)
+
+    assert [_fmt(-0.04, ".1f"), _fmt(-0.06, ".1f"), _fmt(None), _fmt(float("nan"))] == ["0.0", "-0.1", "", ""]
 
 
 def test_a_cropped_cross_attention_map_says_so(monkeypatch):

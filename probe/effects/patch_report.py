@@ -15,6 +15,7 @@ import numpy as np
 
 from ..report.sections import Section, render_fragment, section_builder
 from ..sites import head_name
+from ..util import formatted
 from .composition import top_partners
 from .dla import dla_by_layer, head_grid
 from .report import row_labels, site_rows
@@ -94,7 +95,7 @@ def component_rows(frame) -> list[dict]:
 
 
 def _fmt(v, spec=".3g") -> str:
-    return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+    return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else formatted(v, spec)
 
 
 @section_builder
