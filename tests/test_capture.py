@@ -309,8 +309,8 @@ def test_families_outside_the_interface_are_captured_through_probes_function(kin
     lm = tiny_model(kind)
     texts = ["One sentence here, a bit longer.", "Two."]
     capture_attention(lm, texts)  # the first capture also checks, once per model, that the reference agrees
-    calls, op = [], interface.attention
-    monkeypatch.setattr(interface, "attention", lambda *a, **k: calls.append(1) or op(*a, **k))
+    calls, op = [], interface.scored_attention
+    monkeypatch.setattr(interface, "scored_attention", lambda *a, **k: calls.append(1) or op(*a, **k))
     captured = capture_attention(lm, texts)
     monkeypatch.undo()
     assert len(calls) == len(lm.sites) and not is_swapped(lm)

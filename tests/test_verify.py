@@ -542,13 +542,13 @@ def test_swapped_llama_in_fp16_with_left_padding_gives_zero_for_masked_keys_and_
     assert not real.all()
     keep = real[:, None, None, :] & torch.tril(torch.ones(T, T, dtype=torch.bool))  # (B, 1, T, T)
     scores = []
-    op = module.attention
+    op = module.scored_attention
 
     def spy(q, k, v, *args, **kw):
         scores.append(((q @ k.transpose(-2, -1)) * kw["scale"]).detach())
         return op(q, k, v, *args, **kw)
 
-    monkeypatch.setattr(module, "attention", spy)
+    monkeypatch.setattr(module, "scored_attention", spy)
     for factor in (1.0, 1000.0):
         for layer in (site_block(lm.model, lm.spec, site) for site in lm.sites):
             layer.self_attn.q_proj.weight.data *= factor

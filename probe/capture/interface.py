@@ -39,7 +39,7 @@ from torch import nn
 from ..architectures import ArchSpec, site_modules
 from ..errors import InterfaceError
 from ..sites import Site
-from .op import attention, broadcast_keep, masked_softmax, scaled_scores
+from .op import Scores, broadcast_keep, masked_softmax, scaled_scores, scored_attention
 
 #: The name probe's function and mask function are registered under.
 NAME = "probe"
@@ -90,6 +90,9 @@ class Call:
             None: the whole map.
         mask_bias: the finite values of a float (additive) mask where they are not all 0, [batch|1,
             heads|1, query|1, key] (:func:`split_mask`; Doge's dynamic mask), added to the scores; else None.
+        scores: under :func:`scored`, the :class:`~probe.capture.op.Scores` the softmax read (this
+            call's or block's rows); None otherwise, with sink logits, and where a ``"pattern"``
+            editor changed the probabilities.
     """
 
     module: nn.Module
@@ -102,6 +105,7 @@ class Call:
     output: torch.Tensor | None
     rows: tuple[int, int] | None = None
     mask_bias: torch.Tensor | None = None
+    scores: Scores | None = None
 
 
 #: ``listener(call)``.
@@ -110,6 +114,7 @@ Listener = Callable[[Call], None]
 _LISTENERS: WeakKeyDictionary = WeakKeyDictionary()  # module -> [listener, ...] in registration order
 _EVERY: list[Listener] = []  # listeners of every module (discovery, verification)
 _BLOCKS = {"rows": None}  # query rows per block under row_blocks(), else None
+_SCORED = {"depth": 0}  # > 0 inside scored(): calls keep their scores
 
 
 @contextmanager
@@ -122,6 +127,18 @@ def row_blocks(rows: int) -> Iterator[None]:
         yield
     finally:
         _BLOCKS["rows"] = saved
+
+
+@contextmanager
+def scored() -> Iterator[None]:
+    """Context manager: each call of probe's function hands its listeners the scores its softmax read
+    (:attr:`Call.scores`: the probabilities' row entropies then need no logarithm of the map,
+    :func:`probe.measures.stats.map_sums`); outside, the function does not keep them."""
+    _SCORED["depth"] += 1
+    try:
+        yield
+    finally:
+        _SCORED["depth"] -= 1
 
 
 class Listening:
@@ -357,28 +374,28 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
              "options": {name: kwargs[name] for name in ARITHMETIC if name in kwargs}}
     rows, Tq = _BLOCKS["rows"], query.shape[2]
     if rows is None:
-        probs, output = _attend(query, k, v, keep, scale, **terms)
-        call = _finish(call, probs, output, v)
+        probs, output, scores = _attend(query, k, v, keep, scale, **terms)
+        call = _finish(call, probs, output, v, scores)
         return call.output, call.probs
     outputs = []
     for i0 in range(0, Tq, rows):
         i1 = min(Tq, i0 + rows)
         part = {**terms, "bias": _rows(terms["bias"], i0, i1), "options": _rows_of(terms["options"], i0, i1)}
-        probs, output = _attend(query[:, :, i0:i1], k, v, _rows(keep, i0, i1), scale, **part)
+        probs, output, scores = _attend(query[:, :, i0:i1], k, v, _rows(keep, i0, i1), scale, **part)
         block = dataclasses.replace(call, keep=_rows(keep, i0, i1), rows=(i0, i1),
                                     mask_bias=_rows(mask_bias, i0, i1))
-        outputs.append(_finish(block, probs, output, v).output)
+        outputs.append(_finish(block, probs, output, v, scores).output)
     return torch.cat(outputs, dim=1), None
 
 
-def _finish(call: Call, probs: torch.Tensor, output: torch.Tensor, v: torch.Tensor) -> Call:
+def _finish(call: Call, probs: torch.Tensor, output: torch.Tensor, v: torch.Tensor, scores: Scores | None) -> Call:
     """The call (or block) completed: the ``"pattern"`` editors (the output recomputed from an edited
     pattern), the ``"output"`` editors, then the listeners. v: [batch, heads, key, d_v] repeated."""
-    call.probs = probs
+    call.probs, call.scores = probs, scores
     if _edits(call.module, "pattern"):
         pattern = edited("pattern", probs, call)
         if pattern is not probs:
-            call.probs = pattern
+            call.probs, call.scores = pattern, None  # the scores are no longer those of the probabilities
             output = (pattern.to(v.dtype) @ v).transpose(1, 2).contiguous()
     call.output = output
     call.output = edited("output", output, call)
@@ -398,16 +415,18 @@ def _rows_of(options: dict, i0: int, i1: int) -> dict:
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, scale: float,
             softcap: float | None, bias: torch.Tensor | None, sinks: torch.Tensor | None, options: dict) -> tuple:
-    """(probs [batch, heads, query, key], output [batch, query, heads, d_v]); k and v repeated;
-    ``options``: the :data:`ARITHMETIC` keywords given."""
+    """(probs [batch, heads, query, key], output [batch, query, heads, d_v], the :class:`Scores` under
+    :func:`scored` or None); k and v repeated; ``options``: the :data:`ARITHMETIC` keywords given."""
+    scores = None
     if sinks is not None:
         probs = with_sinks(q, k, keep, scale, sinks, softcap, bias).to(v.dtype)
         out = probs @ v
     else:  # d_v may differ from d_qk (MLA)
         wide = q.dtype in (torch.float32, torch.float64)  # float64 models keep their precision
         rounding = {"softmax_dtype": q.dtype if wide else torch.float32, "upcast": not wide, **options}
-        out, probs = attention(q, k, v, keep, scale=scale, softcap=softcap, bias=bias, **rounding)
-    return probs, out.transpose(1, 2).contiguous()
+        out, probs, scores = scored_attention(q, k, v, keep, scale=scale, softcap=softcap, bias=bias,
+                                              scored=_SCORED["depth"] > 0, **rounding)
+    return probs, out.transpose(1, 2).contiguous(), scores
 
 
 def _hand(call: Call) -> None:

@@ -26,7 +26,8 @@ from ..measures.values import ValueTracker
 from ..sites import Site
 from ..text.inputs import Batch, Text, as_texts, collate, tokenize
 from .hooks import Hooks, calls_function, input_device, measuring
-from .interface import site_listeners
+from .interface import scored, site_listeners
+from .op import Scores
 from .swapped import swap_if_agrees
 
 #: A capture callback: ``callback(site, probs)`` with probs [batch, heads, query, key].
@@ -106,13 +107,48 @@ def check_fired(lm: LoadedModel, seen) -> None:
                            "call their attention modules, so probe cannot measure them")
 
 
+class ScoreTracker:
+    """The :class:`~probe.capture.op.Scores` of each site's last call (or row block) of probe's attention
+    function, kept until :meth:`take` (:func:`attention_hooks` with ``scores``).
+
+    Args:
+        lm: the loaded model; a pruned one's scores are put in the original numbering (NaN for
+            removed heads), as its probabilities are.
+    """
+
+    def __init__(self, lm: LoadedModel) -> None:
+        self.lm = lm
+        self._kept: dict[Site, tuple[torch.Tensor, Scores | None]] = {}
+
+    def hook(self, hooks: Hooks) -> None:
+        """Listen to every site's calls of probe's function, keeping each call's scores (into ``hooks``)."""
+        def keep(site: Site, call) -> None:
+            self._kept[site] = (call.probs, call.scores)
+        site_listeners(hooks, self.lm.model, self.lm.spec, keep)
+
+    def take(self, site: Site, probs: torch.Tensor) -> Scores | None:
+        """The scores of ``probs``, the site's probabilities just handed over (as its module returned
+        them: before a pruned model's heads are put in the original numbering), or None: a module
+        that computes attention itself, sink logits, an edited pattern, or probabilities that are not
+        those the function computed (a forward hook that replaced them). They are let go."""
+        kept, scores = self._kept.pop(site, (None, None))
+        if scores is None or kept.shape != probs.shape or kept.data_ptr() != probs.data_ptr():
+            return None
+        if self.lm.pruned is None:
+            return scores
+        expand = self.lm.pruned.expand
+        return Scores(expand(site.layer, scores.values), expand(site.layer, scores.top[..., None])[..., 0])
+
+
 @contextmanager
-def attention_hooks(lm: LoadedModel, callback: SiteCallback,
-                    values: ValueTracker | None = None) -> Iterator[list[str]]:
+def attention_hooks(lm: LoadedModel, callback: SiteCallback, values: ValueTracker | None = None,
+                    scores: ScoreTracker | None = None) -> Iterator[list[str]]:
     """Context manager: call ``callback(site, probs)`` for every site on every forward pass.
 
     With ``values`` (a :class:`~probe.measures.values.ValueTracker`), each site's value projection is hooked
-    too, so that ``values.take(site, probs)`` inside the callback gives that site's value norms.
+    too, so that ``values.take(site, probs)`` inside the callback gives that site's value norms; with
+    ``scores`` (a :class:`ScoreTracker`), ``scores.take(site)`` gives the scores the probabilities were
+    computed from, where probe's attention function computed them.
 
     Inside the context every attention call goes through probe's attention function
     (:mod:`probe.capture.interface`), in eval mode (:func:`probe.capture.hooks.measuring`): a model whose
@@ -136,6 +172,9 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback,
             swap_if_agrees(lm, stack)
         if values is not None:
             values.hook(m.hooks)
+        if scores is not None:
+            scores.hook(m.hooks)
+            stack.enter_context(scored())
         add_attention_hooks(m.hooks, lm, callback)
         yield m.notes
 

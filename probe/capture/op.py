@@ -9,6 +9,7 @@ Nothing here calls transformers' attention functions or ``scaled_dot_product_att
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +81,24 @@ def broadcast_keep(mask: torch.Tensor, batch: int, n_heads: int, n_query: int, n
     return keep
 
 
+@dataclass
+class Scores:
+    """The scores a call's softmax read, for statistics computed from them without a logarithm of
+    the probabilities (:func:`probe.measures.stats.map_sums`: the entropy -sum_j p_j ln p_j =
+    ln Z - sum_j p_j s_j, with ln Z = ``top`` - ln max_j p_j).
+
+    Attributes:
+        values: [batch, heads, query, key] the scores before the mask (softcap and bias included):
+            p_j = exp(s_j - ln Z) at every key the mask keeps; finite, or the caller falls back to
+            the probabilities. Float32 for half-precision models, else the model's dtype.
+        top: [batch, heads, query] the largest score among the keys the mask keeps (-inf for a
+            row without one).
+    """
+
+    values: torch.Tensor
+    top: torch.Tensor
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               causal: bool = False, scale: float | None = None, *, window: int | None = None,
               softmax_dtype: torch.dtype | None = None, upcast: bool = False,
@@ -122,6 +141,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         MaskError: a mask with values other than the accepted conventions, or a shape that does not fit.
         ValueError: q, k, v shapes that do not fit together.
     """
+    out, probs, _ = _attention(q, k, v, mask, causal, scale, window, softmax_dtype, upcast, softcap, bias,
+                               fused_bias, divide_keys, inner_bias, scored=False)
+    return out, probs
+
+
+def scored_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                     causal: bool = False, scale: float | None = None, *, window: int | None = None,
+                     softmax_dtype: torch.dtype | None = None, upcast: bool = False,
+                     softcap: float | None = None, bias: torch.Tensor | None = None,
+                     fused_bias: bool = False, divide_keys: bool = False,
+                     inner_bias: torch.Tensor | None = None, scored: bool = True
+                     ) -> tuple[torch.Tensor, torch.Tensor, Scores | None]:
+    """:func:`attention` (the same arguments, the same ``out`` and ``probs``, bit for bit), and the
+    :class:`Scores` its softmax read (None unless ``scored``): ``(out, probs, scores)``."""
+    return _attention(q, k, v, mask, causal, scale, window, softmax_dtype, upcast, softcap, bias, fused_bias,
+                      divide_keys, inner_bias, scored=scored)
+
+
+def _attention(q, k, v, mask, causal, scale, window, softmax_dtype, upcast, softcap, bias, fused_bias, divide_keys,
+               inner_bias, *, scored: bool) -> tuple[torch.Tensor, torch.Tensor, Scores | None]:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be [batch, heads, T, d_head]; "
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -146,9 +185,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         scores = scaled_scores(q, k, scale, upcast=True, softcap=softcap, bias=bias, fused_bias=fused_bias,
                                divide_keys=divide_keys, inner_bias=inner_bias)
         softmax_dtype = torch.float32
-    probs = masked_softmax(scores, keep, softmax_dtype).to(v.dtype)  # (B, nh, Tq, Tk), rows sum to 1
+    masked = scores if keep is None else scores.masked_fill(~keep, -math.inf)  # set, not added: no fp16 overflow
+    probs = masked_softmax(masked, None, softmax_dtype).to(v.dtype)  # (B, nh, Tq, Tk), rows sum to 1
     out = probs @ v  # (B, nh, Tq, Tk) x (B, nh, Tk, hs) -> (B, nh, Tq, hs)
-    return out, probs
+    return out, probs, (Scores(scores, masked.amax(-1)) if scored else None)
 
 
 def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float, *, upcast: bool = False,

@@ -5,7 +5,8 @@ accumulators::
 
     acc.begin_batch(batch)                 # optional, before the forward pass
     acc.update(site, probs, batch)         # every site; probs [batch, heads, query, key]
-                                           # (+ values=ValueNorms when acc.reads_values)
+                                           # (+ values=ValueNorms when acc.reads_values,
+                                           #  scores=Scores or None when acc.reads_scores)
     acc.end_batch(batch)                   # optional, after the forward pass
     acc.merge(other)                       # add another accumulator of the same kind (in place)
     acc.result()                           # what it measured
@@ -87,6 +88,9 @@ class Accumulator:
     #: :func:`probe.runs.analysis.run` hooks the value projections and calls ``update(site, probs, batch,
     #: values=...)`` with the site's :class:`probe.measures.values.ValueNorms`.
     reads_values: bool = False
+    #: :func:`probe.runs.analysis.run` calls ``update(site, probs, batch, scores=...)`` with the
+    #: :class:`probe.capture.op.Scores` the probabilities were computed from (or None).
+    reads_scores: bool = False
     #: :meth:`update` takes blocks of query rows, ``update(site, probs, batch, rows=(i0, i1))`` (the
     #: module docstring's protocol), and its results equal the whole-map ones within 1e-5 (float32).
     #: False: whole maps only (left out of block-captured batches, with a note).

@@ -8,7 +8,6 @@ profiles (k-means on standardized statistics, scikit-learn), following Clark et 
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
@@ -76,13 +75,18 @@ def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None,
     given: dict[tuple[int, int], list[tuple[float, str]]] = {}
     for layer, head, label, strength in extra:
         given.setdefault((int(layer), int(head)), []).append((float(strength), label))
+    # each rule's value / threshold where it holds (NaN never holds), one column at a time
+    ratios = {}
+    for label, (stat, _) in LABEL_RULES.items():
+        if stat in heads.columns:
+            values = heads[stat].to_numpy(dtype=float)
+            ratios[label] = [v / thr[label] if v >= thr[label] else None for v in values.tolist()]
+    keys = (list(zip(heads["layer"].astype(int), heads["head"].astype(int))) if "layer" in heads.columns
+            else [None] * len(heads))
     primaries, alls = [], []
-    for _, row in heads.iterrows():
-        held = list(given.get((int(row["layer"]), int(row["head"])), [])) if "layer" in row else []
-        for label, (stat, _) in LABEL_RULES.items():
-            value = row.get(stat, float("nan"))
-            if not (isinstance(value, float) and math.isnan(value)) and value >= thr[label]:
-                held.append((value / thr[label], label))
+    for i, key in enumerate(keys):
+        held = list(given.get(key, []))
+        held += [(ratio[i], label) for label, ratio in ratios.items() if ratio[i] is not None]
         if held:
             primaries.append(max(held)[1])
             alls.append(";".join(label for _, label in sorted(held, reverse=True)))

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..capture.op import Scores
 from ..loading.seq2seq import sides
 from ..sites import Site
 from ..text.inputs import Batch
@@ -35,7 +36,7 @@ from .statweights import (  # re-exported: the statistics' names and definitions
     contraction_weights,
     token_features,
 )
-from .values import ValueNorms, norm_weighted
+from .values import ValueNorms
 
 __all__ = [
     "ALIGN_WINDOW", "ALL_STATISTICS", "BY_NORM", "CROSS_STATISTICS", "LINEAR", "LONG_RANGE", "NORM_MASS",
@@ -54,62 +55,144 @@ def by_norm(name: str) -> str:
     return name + BY_NORM
 
 
-def map_sums(a: torch.Tensor, w: ContractionWeights) -> torch.Tensor:
-    """Every statistic's sum over the valid rows of one batch of maps (or of one row block of them):
-    [heads, len(ALL_STATISTICS)] float64 on ``a``'s device (the CPU for an MPS device, which has no
-    float64: :func:`probe.measures.accumulators.sum_device`; a statistic the site's kind lacks: 0).
+def map_sums(a: torch.Tensor, w: ContractionWeights, norms: torch.Tensor | None = None,
+             scores: Scores | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Every statistic's sum over the valid rows of one batch of maps (or of one row block of them),
+    for the attention probabilities A and, with ``norms``, for the value-weighted map N~ of the same
+    call: ``(sums, norm_sums, empty)``, sums and norm_sums [heads, len(ALL_STATISTICS)] float64 on
+    ``a``'s device (the CPU for an MPS device, which has no float64:
+    :func:`probe.measures.accumulators.sum_device`; a statistic the site's kind lacks: 0); without
+    ``norms``, norm_sums and empty are None.
 
-    The one implementation of the statistics: applied to attention probabilities and to the
-    value-weighted map alike. Each query row's value of every statistic is computed in float32
-    (a matrix product with the per-key weights, diagonals, per-row weight vectors, the row's
-    -sum A ln A and its max: :class:`~probe.measures.statweights.ContractionWeights`), then the rows are
-    added in float64 with their weights: row blocks give the same per-row values as whole maps, and
-    a long map's sum does not lose digits. Padded query rows are set to 0 before any sum, whatever
-    they hold (a half-precision model returns them uniform; a fully masked row may be NaN).
+    The one implementation of the statistics. Each query row's value of every statistic is computed
+    in float32 (a matrix product with the per-key weights, diagonals, per-row weight vectors, the
+    row's entropy and its max: :class:`~probe.measures.statweights.ContractionWeights`), then the
+    rows are added in float64 with their weights: row blocks give the same per-row values as whole
+    maps, and a long map's sum does not lose digits. Padded query rows are set to 0 before any sum,
+    whatever they hold (a half-precision model returns them uniform; a fully masked row may be NaN).
+
+    The value-weighted map is never built: its row values are those of N[i, j] = A[i, j] n_j
+    (n_j = ||f_h(x_j)||) divided by the row's total Z_i = sum_j N[i, j] (each statistic of N~ is
+    linear in the row, or its max), computed beside A's in the same operations. The entropy of a
+    row comes from the scores its softmax read where ``scores`` are given (no logarithm over the
+    map): with ln Z_A = top - ln max_j A[i, j] the row's log normalizer, ``-sum A ln A = ln Z_A
+    sum_j A - sum_j A s`` and ``-sum N~ ln N~ = ln Z + ln Z_A - (sum_j N s + sum_j A n ln n) / Z``;
+    else (eager maps, an edited pattern, scores that are not finite) from ln A.
 
     Args:
         a: [batch, heads, query, key] float32 maps whose real rows sum to 1 (or are all 0); maps of
             a half-precision model are converted to float32 by the caller, before any statistic.
         w: the batch's :class:`~probe.measures.statweights.ContractionWeights`, on ``a``'s device.
+        norms: [batch, heads, key] n_j = ||f_h(x_j)|| (:class:`~probe.measures.values.ValueNorms`), or
+            None: A's statistics only.
+        scores: the :class:`~probe.capture.op.Scores` A was computed from, its keys cut to ``a``'s, or None.
+
+    Returns:
+        empty: [batch, heads, query] bool, the rows whose N sums to 0 (no value-weighted map: all
+        their values 0); NaN stays NaN (the removed heads of a pruned model).
     """
     B, H, R, K = a.shape
-    vals = torch.zeros(B, H, R, len(ALL_STATISTICS), dtype=torch.float32, device=a.device)
-    by_key = torch.matmul(a.reshape(B, H * R, K), w.keys).view(B, H, R, -1)  # [B, H, rows, key channels]
-    for c, name in enumerate(w.key_names):
-        vals[..., INDEX[name]] = by_key[..., c]
-    for name, offset in w.diagonals:
-        vals[..., INDEX[name]] = _diagonal(a, offset)
-    if w.pos_names:
-        by_row = torch.einsum("bhrk,brck->bhrc", a, w.positional)  # [B, H, rows, positional channels]
-        for c, name in enumerate(w.pos_names):
-            vals[..., INDEX[name]] = by_row[..., c]
-    entropy, top = _row_entropy_and_max(a)
-    vals[..., INDEX["entropy"]] = entropy
-    vals[..., INDEX["norm_entropy"]] = entropy
-    vals[..., INDEX["max_weight"]] = top
+    if norms is None:
+        parts = [a]
+    elif a.numel() <= JOINT_SUMS:  # a short map: A and N side by side along the heads, one operation for both
+        x = a.new_empty(B, 2 * H, R, K)
+        x[:, :H] = a
+        torch.mul(a, norms[:, :, None, :], out=x[:, H:])
+        parts = [x]
+    else:  # a long map or block: one after the other (no joint copy)
+        parts = [a, a * norms[:, :, None, :]]
+    columns = [_linear_values(x, w) for x in parts]
+    cols = columns[0] if len(columns) == 1 else {k: torch.cat([c[k] for c in columns], 1) for k in columns[0]}
+    total = cols.pop("total")  # [B, G, rows]: sum_j A, and Z = sum_j N
+    # entropies, N's in units of its row total (times Z: N's row values are all divided by Z below)
+    entropy = None if scores is None else _entropy_from_scores(parts, a, norms, scores, cols["max_weight"], total, w)
+    if entropy is None:
+        entropy = torch.cat([_row_entropy(x) for x in parts], 1)
+        if norms is not None:  # Z (-sum N~ ln N~) = -sum_j N ln N + Z ln Z
+            entropy[:, H:] += torch.special.xlogy(total[:, H:], total[:, H:])
+    cols["entropy"] = cols["norm_entropy"] = entropy
+    zero = a.new_zeros(()).expand_as(total)
+    vals = torch.stack([cols.get(name, zero) for name in ALL_STATISTICS], -1)  # [B, G, rows, statistics]
+    empty = None
+    if norms is not None:  # N~'s row values: N's divided by Z (0 on rows where Z = 0; NaN stays NaN)
+        Z = total[:, H:]
+        empty = Z == 0
+        vals[:, H:] *= (1.0 / torch.where(empty, torch.inf, Z))[..., None]
     vals.masked_fill_(w.real_rows[:, None, :, None] == 0, 0.0)  # padded rows: out before any sum
     dev = sum_device(a.device)
-    return torch.einsum("bhrc,brc->hc", vals.to(dev, torch.float64), w.row_weights.to(dev, torch.float64))
+    sums = torch.einsum("bhrc,brc->hc", vals.to(dev, torch.float64), w.row_weights.to(dev, torch.float64))
+    return (sums, None, None) if norms is None else (sums[:H], sums[H:], empty)
+
+
+def _linear_values(x: torch.Tensor, w: ContractionWeights) -> dict[str, torch.Tensor]:
+    """The row values of [batch, G, rows, keys] maps (A, N, or both side by side) of every statistic
+    but the entropies, each [batch, G, rows] float32 (N's not yet divided by its row total), and
+    each row's total sum_j x (``"total"``)."""
+    B, G, R, K = x.shape
+    # per-key channels and the row total: [batch, channels, keys] x [batch, keys, G * rows]
+    by_key = torch.matmul(w.keys, x.reshape(B, G * R, K).transpose(1, 2)).view(B, -1, G, R)
+    cols = {name: by_key[:, c] for c, name in enumerate(w.key_names)}
+    cols["total"] = by_key[:, -1]
+    for name, offset in w.diagonals:
+        cols[name] = _diagonal(x, offset)
+    if w.pos_names:
+        by_row = torch.einsum("bhrk,brck->bhrc", x, w.positional)  # [B, G, rows, positional channels]
+        cols.update({name: by_row[..., c] for c, name in enumerate(w.pos_names)})
+    cols["max_weight"] = x.amax(-1)
+    return cols
+
+
+def _entropy_from_scores(parts: list[torch.Tensor], a: torch.Tensor, norms: torch.Tensor | None, scores: Scores,
+                         top: torch.Tensor, total: torch.Tensor, w: ContractionWeights) -> torch.Tensor | None:
+    """[B, G, rows] the entropy of every row of A (and Z times that of N~) from the scores
+    (:func:`map_sums`), or None where a real row's value is not finite (then :func:`_row_entropy`)."""
+    B, H, R, K = a.shape
+    s = scores.values[..., :K].float()
+    lnz = scores.top.float() - torch.log(top[:, :H])  # ln Z_A, the row's log normalizer
+    dots = torch.cat([_row_dots(x, s) for x in parts], 1)  # sum_j A s (and sum_j N s)
+    entropy = lnz * total[:, :H] - dots[:, :H]
+    if norms is not None:  # Z H(N~) = Z ln Z + Z ln Z_A - sum_j N s - sum_j A n ln n
+        nlogn = torch.matmul(torch.special.xlogy(norms, norms)[:, :, None, :], a.transpose(-1, -2))[:, :, 0]
+        Z = total[:, H:]
+        entropy = torch.cat([entropy, torch.special.xlogy(Z, Z) + Z * lnz - dots[:, H:] - nlogn], 1)
+    real = w.real_rows[:, None, :] > 0
+    if not bool((torch.isfinite(entropy) | ~real).all()):
+        return None
+    return entropy
+
+
+def _row_dots(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """sum_j x[b, g, i, j] s[b, h, i, j] of [batch, G, rows, keys] maps (G a multiple of s's heads H,
+    g = c H + h), [batch, G, rows]; a chunk of rows at a time (no product of a long map is kept whole)."""
+    B, G, R, K = x.shape
+    H = s.shape[1]
+    x5 = x.view(B, G // H, H, R, K)
+    step = max(1, CHUNK // max(B * G * K, 1))
+    if step >= R:
+        return (x5 * s[:, None]).sum(-1).view(B, G, R)
+    out = torch.empty(B, G // H, H, R, dtype=x.dtype, device=x.device)
+    for r0 in range(0, R, step):
+        out[..., r0:r0 + step] = (x5[..., r0:r0 + step, :] * s[:, None, :, r0:r0 + step]).sum(-1)
+    return out.view(B, G, R)
 
 
 #: Maps of at most this many probabilities (batch x heads x rows x keys: 16 MiB of float32) have
-#: their attention and value-weighted statistics summed in one :func:`map_sums` call on the two maps
-#: stacked along the heads (the per-call operations dominate a short map's cost); larger ones in two.
+#: their attention and value-weighted statistics computed side by side (A and N along the heads in
+#: one buffer: half the operations); larger ones one after the other.
 JOINT_SUMS = 2 ** 22
 
-#: :func:`_row_entropy_and_max` works on this many probabilities at a time (4 MiB of float32: its
-#: passes over a chunk stay in the processor's cache).
+#: :func:`_row_entropy` works on this many probabilities at a time (4 MiB of float32: its passes
+#: over a chunk stay in the processor's cache).
 CHUNK = 2 ** 20
 
 
-def _row_entropy_and_max(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """-sum_j A ln A (nats, 0 ln 0 = 0) and max_j A of every row of [..., keys] maps: two tensors
-    of shape ``a.shape[:-1]``. ln A is taken of max(A, the smallest normal float) (a third of
-    ``torch.special.entr``'s time), a chunk of rows at a time in one reused buffer."""
+def _row_entropy(a: torch.Tensor) -> torch.Tensor:
+    """-sum_j A ln A (nats, 0 ln 0 = 0) of every row of [..., keys] maps: shape ``a.shape[:-1]``.
+    ln A is taken of max(A, the smallest normal float) (a third of ``torch.special.entr``'s time), a
+    chunk of rows at a time in one reused buffer."""
     K = a.shape[-1]
     flat = a.reshape(-1, K)
     entropy = torch.empty(flat.shape[0], dtype=a.dtype, device=a.device)
-    top = torch.empty_like(entropy)
     step = max(1, CHUNK // max(K, 1))
     buf = torch.empty(min(step, flat.shape[0]), K, dtype=a.dtype, device=a.device)
     tiny = torch.finfo(a.dtype).tiny
@@ -119,18 +202,20 @@ def _row_entropy_and_max(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         torch.clamp_min(x, tiny, out=t)
         t.log_().mul_(x)
         torch.sum(t, -1, out=entropy[r0:r0 + step])
-        torch.amax(x, -1, out=top[r0:r0 + step])
-    return entropy.neg_().view(a.shape[:-1]), top.view(a.shape[:-1])
+    return entropy.neg_().view(a.shape[:-1])
 
 
 def _diagonal(a: torch.Tensor, offset: int) -> torch.Tensor:
     """[batch, heads, rows] A[r, r + offset] of [batch, heads, rows, keys] maps (0 where r + offset
     is not a key)."""
     R, K = a.shape[-2:]
-    out = a.new_zeros(a.shape[:-1])
     r0, r1 = max(0, -offset), min(R, K - offset)
+    diag = torch.diagonal(a, offset=offset, dim1=-2, dim2=-1)
+    if r0 == 0 and r1 - r0 == R:
+        return diag
+    out = a.new_zeros(a.shape[:-1])
     if r1 > r0:
-        out[..., r0:r1] = torch.diagonal(a, offset=offset, dim1=-2, dim2=-1)[..., :r1 - r0]
+        out[..., r0:r1] = diag[..., :r1 - r0]
     return out
 
 
@@ -193,6 +278,9 @@ class HeadStatistics(Accumulator):
         """:func:`probe.runs.analysis.run` hands :meth:`update` the site's value norms."""
         return self.value_weighted
 
+    #: :func:`probe.runs.analysis.run` hands :meth:`update` the scores of probe's attention function.
+    reads_scores = True
+
     @property
     def encoder_decoder(self) -> bool:
         """The sites are those of an encoder-decoder model (it has cross-attention)."""
@@ -211,12 +299,14 @@ class HeadStatistics(Accumulator):
         return len(self.sites)
 
     def update(self, site: Site, probs: torch.Tensor, batch: Batch, values: ValueNorms | None = None,
-               rows: tuple[int, int] | None = None) -> None:
+               rows: tuple[int, int] | None = None, scores: Scores | None = None) -> None:
         """Add one batch of one site: ``probs`` is [batch, heads, query, key] attention probabilities
         (queries and keys of the site's sides: :func:`probe.loading.seq2seq.sides`); ``values`` the site's
         value norms (needed with ``value_weighted``; [batch, heads, key] and [batch, heads, query]).
         With ``rows`` = (i0, i1) (block capture), probs and ``values.mass`` hold query rows i0..i1-1
-        only; the sums of a site's blocks are those of its whole map.
+        only; the sums of a site's blocks are those of its whole map. ``scores``: the
+        :class:`~probe.capture.op.Scores` probe's attention function computed ``probs`` from (the
+        entropies then need no logarithm of the map: :func:`map_sums`), or None.
 
         Raises:
             ValueError: value-weighted statistics without ``values``.
@@ -245,26 +335,17 @@ class HeadStatistics(Accumulator):
         self.follow(a.device)
         self.counts[i] += w.counts
         dev = self.sums.device
-        if not self.value_weighted:
-            self.sums[i] += map_sums(a, w).to(dev)
-            return
-        if values is None:
+        if self.value_weighted and values is None:
             raise ValueError(f"value-weighted statistics of {site.name} need its value norms (probe.runs.analysis.run "
                              "hands them to an accumulator that reads values)")
-        H = a.shape[1]
-        if a.numel() <= JOINT_SUMS:  # a short map: A and N~ side by side in one call (half the small operations)
-            both = a.new_empty(B, 2 * H, *a.shape[2:])
-            both[:, :H] = a
-            _, empty = norm_weighted(a, values.norms[..., :nk], out=both[:, H:])  # N~ written in place
-            sums = map_sums(both, w).to(dev)
-            self.sums[i] += sums[:H]
-            self.norm_sums[i] += sums[H:]
-            del both
-        else:  # a long map or block: no joint copy
-            tilde, empty = norm_weighted(a, values.norms[..., :nk])
-            self.sums[i] += map_sums(a, w).to(dev)
-            self.norm_sums[i] += map_sums(tilde, w).to(dev)
-            del tilde
+        norms = values.norms[..., :nk] if self.value_weighted else None
+        if scores is not None and scores.values.shape[:-1] != probs.shape[:-1]:
+            scores = None  # not this call's (a module that called the function more than once)
+        sums, norm_sums, empty = map_sums(a, w, norms, scores)
+        self.sums[i] += sums.to(dev)
+        if not self.value_weighted:
+            return
+        self.norm_sums[i] += norm_sums.to(dev)
         self.norm_counts[i] += w.counts[None, :].to(dev)
         # rows with no value-weighted map: out of that head's counts (no host sync to ask whether any)
         self.norm_counts[i] -= torch.einsum("bhq,bqs->hs", empty.float(), w.rows).round().to(dev, torch.int64)

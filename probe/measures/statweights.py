@@ -95,13 +95,14 @@ class ContractionWeights:
     statistic sums, without a dense [rows, keys, statistics] tensor.
 
     Each linear statistic's per-row value is one of: a sum of the row's A over keys with a per-key
-    weight (``keys``: first, sep, punct: one matrix product of the map with [keys, channels]); one
+    weight (``keys``: first, sep, punct: one matrix product of [channels, keys] with the map); one
     entry A[r, r + offset] (``diagonals``: self, prev, next); or a sum with a per-row weight vector over
     the keys (``positional``: distance, long, aligned, which depend on (i, j)). Row values are then
     added over the rows with ``row_weights``.
 
     Attributes:
-        keys: [batch, keys, len(key_names)] float: per-key weights (1 on the first key, on sep keys...).
+        keys: [batch, len(key_names) + 1, keys] float: per-key weights (1 on the first key, on sep
+            keys...), and a last channel of ones (the row's total).
         key_names: the statistics of ``keys``' channels.
         diagonals: (statistic, offset) pairs: the statistic's row value is A[r, r + offset] (0 where
             r + offset is not a key); offsets count keys from the block's first row.
@@ -185,7 +186,7 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFea
     offset = (q - k).abs()  # [rows, nk]
     far = (offset > LONG_RANGE)[None] & (k != 0)[None] & ~sep[:, None, :]  # [B, rows, nk]
     positional = torch.stack([offset.float()[None].expand_as(far), far.float()], 2)  # [B, rows, 2, nk]
-    key_w = torch.stack([(k[0] == 0).float().expand_as(sep), sep.float(), feats.punct[:, :nk].float()], -1)
+    key_w = _channels([(k[0] == 0).float().expand_as(sep), sep.float(), feats.punct[:, :nk].float()])
     next_rows = torch.zeros_like(real) if site.causal else real & (q.T <= lengths[:, None] - 2)
     kq = visible_keys(site, lengths, T).float()[:, i0:i1]  # [B, rows]
     valid = _valid_rows(real, kq, feats.has_sep, {"prev": real & (q.T >= 1), "next": next_rows,
@@ -193,6 +194,11 @@ def contraction_weights(feats: TokenFeatures, site: Site, T: int, keys: TokenFea
     return ContractionWeights(key_w, ("first", "sep", "punct"), (("self", i0), ("prev", i0 - 1), ("next", i0 + 1)),
                               positional, ("distance", "long"), _row_weights(valid, kq), real.float(), valid,
                               valid.sum((0, 1)).round().to(torch.int64))
+
+
+def _channels(weights: list[torch.Tensor]) -> torch.Tensor:
+    """[batch, len(weights) + 1, keys]: the per-key weights ([batch, keys] each) and a channel of ones."""
+    return torch.stack(weights + [torch.ones_like(weights[0])], 1)
 
 
 def _valid_rows(real: torch.Tensor, kq: torch.Tensor, has_sep: bool, own: dict) -> torch.Tensor:
@@ -229,7 +235,7 @@ def _cross_weights(feats: TokenFeatures, keys: TokenFeatures, site: Site, i0: in
     diag = torch.where(T > 1, torch.floor(i * (S - 1) / (T - 1).clamp(min=1) + 0.5), torch.zeros(()))
     aligned = ((j - diag).abs() <= ALIGN_WINDOW).float()
     sep = keys.sep.float() if keys.has_sep else torch.zeros_like(keys.sep, dtype=torch.float32)
-    key_w = torch.stack([(j[0] == 0).float().expand_as(sep), sep, keys.punct.float()], -1)  # [B, S, 3]
+    key_w = _channels([(j[0] == 0).float().expand_as(sep), sep, keys.punct.float()])  # [B, 4, S]
     kq = visible_keys(site, keys.real.sum(1), i1 - i0).float()  # every real source key: S
     none = torch.zeros_like(real)  # self, prev, next and long are undefined here: count 0
     valid = _valid_rows(real, kq, keys.has_sep, {name: none for name in ("self", "prev", "next", "long")})

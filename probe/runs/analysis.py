@@ -21,7 +21,7 @@ import torch
 
 from .. import validate
 from ..capture.blocks import AUTO_LENGTH, block_capture, check_query_block, lean_outputs, longest, query_block_for
-from ..capture.maps import attention_hooks, check_fired, forward
+from ..capture.maps import ScoreTracker, attention_hooks, check_fired, forward
 from ..core import LoadedModel
 from ..errors import InputError
 from ..loading.seq2seq import check_generate, stack_depths, with_generated_targets
@@ -58,7 +58,9 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
     Accumulators that read values (``reads_values``) also get each site's
     :class:`~probe.measures.values.ValueNorms` (``update(site, probs, batch, values=...)``), from hooks on the
-    value projections of the same forward pass.
+    value projections of the same forward pass; those that read scores (``reads_scores``) get the
+    :class:`~probe.capture.op.Scores` probe's attention function computed the probabilities from
+    (``scores=...``; None where it did not).
 
     Raises:
         InputError: a bad ``query_block``.
@@ -71,17 +73,19 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     query_block = check_query_block(query_block)
     state: dict = {"seen": set(), "active": list(accumulators), "left": {}, "blocked": [0, 0]}
     reads = {id(acc): getattr(acc, "reads_values", False) for acc in accumulators}
+    scored = {id(acc): getattr(acc, "reads_scores", False) for acc in accumulators}
     tracker = ValueTracker(lm) if any(reads.values()) else None
+    score_tracker = ScoreTracker(lm) if any(scored.values()) else None
 
     def hand(site, probs, values, rows):
+        scores = score_tracker.take(site, probs) if score_tracker is not None else None
         if lm.pruned is not None:
             probs = lm.pruned.expand(site.layer, probs)
         extra = {} if rows is None else {"rows": rows}
         for acc in state["active"]:
-            if reads[id(acc)]:
-                acc.update(site, probs, state["batch"], values=values, **extra)
-            else:
-                acc.update(site, probs, state["batch"], **extra)
+            more = {**extra, **({"values": values} if reads[id(acc)] else {}),
+                    **({"scores": scores} if scored[id(acc)] else {})}
+            acc.update(site, probs, state["batch"], **more)
 
     def on_site(site, probs):
         if state["seen"] is not None:
@@ -96,7 +100,7 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
             values = tracker.take_block(site, probs, (*rows, n_query))
         hand(site, probs, values, rows)
 
-    with torch.no_grad(), attention_hooks(lm, on_site, tracker) as notes:
+    with torch.no_grad(), attention_hooks(lm, on_site, tracker, score_tracker) as notes:
         for batch in batches:
             state["batch"] = batch
             rows = query_block_for(lm, batch, query_block)
