@@ -145,16 +145,23 @@ def _linear_values(x: torch.Tensor, w: ContractionWeights) -> dict[str, torch.Te
 def _entropy_from_scores(parts: list[torch.Tensor], a: torch.Tensor, norms: torch.Tensor | None, scores: Scores,
                          top: torch.Tensor, total: torch.Tensor, w: ContractionWeights) -> torch.Tensor | None:
     """[B, G, rows] the entropy of every row of A (and Z times that of N~) from the scores
-    (:func:`map_sums`), or None where a real row's value is not finite (then :func:`_row_entropy`)."""
+    (:func:`map_sums`), or None where a real row's value is not finite (then :func:`_row_entropy`).
+
+    The scores are taken relative to the row's largest kept score m (s_j - m <= 0, 0 at the top key),
+    so that a near one-hot row's small entropy is not the difference of two large numbers:
+    ln Z_A - s_j = -ln max_j A - (s_j - m)."""
     B, H, R, K = a.shape
-    s = scores.values[..., :K].float()
-    lnz = scores.top.float() - torch.log(top[:, :H])  # ln Z_A, the row's log normalizer
-    dots = torch.cat([_row_dots(x, s) for x in parts], 1)  # sum_j A s (and sum_j N s)
-    entropy = lnz * total[:, :H] - dots[:, :H]
-    if norms is not None:  # Z H(N~) = Z ln Z + Z ln Z_A - sum_j N s - sum_j A n ln n
+    shifted = scores.values[..., :K].float() - scores.top.float()[..., None]  # s_j - m
+    lead = -torch.log(top[:, :H])  # -ln max_j A = ln Z_A - m
+    dots = torch.cat([_row_dots(x, shifted) for x in parts], 1)  # sum_j A (s - m) (and sum_j N (s - m))
+    # A as captured is the softmax rounded to float32, A_j = p_j (1 + e_j): its entropy is that of p,
+    # sum_j A (ln Z_A - s_j), less sum_j A e_j = sum_j A - 1 (to first order): the row's rounding
+    drift = total[:, :H] - 1
+    entropy = (lead - drift) * total[:, :H] - dots[:, :H]
+    if norms is not None:  # Z H(N~) = Z ln Z + Z (ln Z_A - m) - sum_j N (s - m) - sum_j A n ln n, less Z drift
         nlogn = torch.matmul(torch.special.xlogy(norms, norms)[:, :, None, :], a.transpose(-1, -2))[:, :, 0]
         Z = total[:, H:]
-        entropy = torch.cat([entropy, torch.special.xlogy(Z, Z) + Z * lnz - dots[:, H:] - nlogn], 1)
+        entropy = torch.cat([entropy, torch.special.xlogy(Z, Z) + Z * (lead - drift) - dots[:, H:] - nlogn], 1)
     real = w.real_rows[:, None, :] > 0
     if not bool((torch.isfinite(entropy) | ~real).all()):
         return None
