@@ -23,6 +23,7 @@ from probe.capture.interface import edit, listen, scored
 from probe.capture.maps import forward
 from probe.capture.op import Scores
 from probe.loading.seq2seq import sides
+from probe.measures import stats
 from probe.measures.accumulators import Accumulator
 from probe.measures.stats import INDEX, HeadStatistics, map_sums
 from probe.measures.statweights import TokenFeatures, contraction_weights, token_features
@@ -31,6 +32,12 @@ from probe.sites import Site
 from probe.text.inputs import Text, as_texts, iter_batches
 
 KINDS = ("bert", "qwen2-window", "bart", "llama")
+
+
+@pytest.fixture(autouse=True)
+def scored_from_any_size(monkeypatch):
+    """The tiny models' maps are small: every map takes the scores path here."""
+    monkeypatch.setattr(stats, "SCORED_FROM", 0)
 
 
 class Recorder(Accumulator):
