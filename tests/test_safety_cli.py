@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -204,12 +205,21 @@ SIGINT_RUN = textwrap.dedent("""
 """)
 
 
+def _interruptible() -> None:
+    """In the child before it runs: Ctrl-C as a shell's foreground command gets it. A signal ignored
+    or blocked in the test process (something earlier in a long pytest run can leave SIGINT so) is
+    inherited across exec, and the interrupt this test sends would never arrive."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_mid_write_exits_130_with_one_line_and_no_folder(setup, tmp_path):
     root, model, _, _ = setup
     out = tmp_path / "run"
     res = subprocess.run([sys.executable, "-c", SIGINT_RUN, "analyze", "--model", str(model), "--text", "Hello.",
                           "--out", str(out), "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+                         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+                         preexec_fn=_interruptible)
     assert res.returncode == 130, res.stderr
     assert res.stderr.strip().splitlines()[-1] == "Interrupted." and "Traceback" not in res.stderr
     assert "Report:" not in res.stdout
