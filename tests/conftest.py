@@ -18,6 +18,7 @@ No test may reach the Hugging Face Hub: HF_HUB_OFFLINE is set here, before anyth
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -368,6 +369,35 @@ def save_tiny(kind: str, folder: Path, tokenizer: str | None = None, **kw) -> Pa
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+#: Hand families whose transformers modules computed attention themselves in some release (Falcon moved
+#: onto transformers' AttentionInterface in 5.25): which of them still do is measured, not listed.
+OWN_ATTENTION_CANDIDATES = ("bloom", "deberta-v2", "falcon", "falcon-alibi", "gpt_neo", "mpnet")
+
+
+@functools.cache
+def outside_interface(kinds: tuple[str, ...] = OWN_ATTENTION_CANDIDATES) -> tuple[str, ...]:
+    """Of ``kinds``, those whose modules do not call transformers' AttentionInterface in the installed
+    release (transformers' own test, :func:`probe.capture.hooks.native`, on a tiny model): probe's reference
+    module must be swapped in for probe's attention function to run them."""
+    from probe.capture.hooks import native
+
+    return tuple(k for k in kinds if not native(tiny_model(k, wrap=False)[0]))
+
+
+def unreproduced(kind: str = "bloom", scale: float = 1.5):
+    """A tiny model of ``kind`` (outside the interface) that probe's reference module does not reproduce as
+    it runs: a forward hook of the user's own on every attention module scales its output, and the swapped
+    reference runs no such hook. Its release-independent stand-in for a model whose arithmetic the reference
+    does not copy."""
+    from probe.architectures import site_modules
+
+    lm = tiny_model(kind)
+    for _, module in site_modules(lm.model, lm.spec):
+        module.register_forward_hook(lambda m, args, out: (out[0] * scale, *out[1:]) if isinstance(out, tuple)
+                                     else out * scale)
+    return lm
 
 
 # --------------------------------------------------------------------------- embedded models

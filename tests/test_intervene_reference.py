@@ -1,5 +1,6 @@
 """The intervention point on the hand families whose transformers modules do not call the attention
-interface (DeBERTa-v2, BLOOM, Falcon, GPT-Neo, MPNet): probe's reference module, swapped in, calls
+interface in the installed release (measured; BLOOM, DeBERTa-v2, GPT-Neo, MPNet in 5.25, Falcon too until
+5.24): probe's reference module, swapped in, calls
 probe's attention function, so every point exists; identity edits change nothing bit for bit, the
 model's own outputs are kept at every real position, zeroing a head's output is weight surgery on
 W_O, the pattern read there is the model's own eager map (each to float32 rounding: bit for bit on
@@ -13,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import OWN_ATTENTION_CANDIDATES, outside_interface, tiny_model, unreproduced
 from probe.architectures import site_outputs
 from probe.capture.interface import POINTS
 from probe.capture.intervene import Cache, intervening, zero
@@ -23,7 +24,9 @@ from probe.errors import ProbeError
 from probe.reference import ReferenceAttention
 
 TEXTS = ["The cat sat on the mat.", "A dog ran home"]
-OUTSIDE = ("deberta-v2", "bloom", "falcon", "falcon-alibi", "gpt_neo", "mpnet")
+OUTSIDE = outside_interface()
+#: The same families where the installed release moved them onto the interface.
+MOVED = tuple(k for k in OWN_ATTENTION_CANDIDATES if k not in OUTSIDE)
 
 
 def _logits(lm, batch):
@@ -115,17 +118,11 @@ def test_nested_contexts_swap_once_and_restore_the_models_modules():
     assert [m for _, m in site_outputs(lm.model, lm.spec)] == sites
 
 
-def _falcon_alibi_sdpa():
-    """Tiny Falcon with ALiBi running its sdpa path (probe loads it eager; switched back here)."""
-    lm = tiny_model("falcon-alibi")
-    lm.model.config._attn_implementation = "sdpa"
-    return lm
-
-
 def test_where_the_reference_does_not_reproduce_the_model_only_the_output_point_exists():
-    """Falcon with ALiBi under sdpa adds ALiBi once; its eager path, which the reference reproduces,
-    adds it twice (docs/verification.md): the reference disagrees, the output projection's hook stays."""
-    lm = _falcon_alibi_sdpa()
+    """A model the reference does not reproduce as it runs (the user's own hook scales each attention
+    module's output; the swapped reference would skip it): not swapped, q/k/v/pattern refused in one line,
+    the output projection's hook stays and works."""
+    lm = unreproduced(OUTSIDE[0])
     batch = encode(lm, TEXTS)
     assert not reference_agrees(lm)
     with torch.no_grad(), intervening(lm) as iv:
@@ -135,3 +132,21 @@ def test_where_the_reference_does_not_reproduce_the_model_only_the_output_point_
         base = _logits(lm, batch)
         iv.edit("output", lambda site: zero(heads=[1]) if site.layer == 0 else None)
         assert (_logits(lm, batch) - base).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", MOVED or ["none"])
+def test_a_family_moved_onto_the_interface_runs_probes_function_without_a_swap(kind):
+    """Where a release moved a hand family onto the interface (Falcon in 5.25), probe follows it there with no
+    code change: every point exists without the reference module, identity edits change nothing bit for bit."""
+    if kind == "none":
+        pytest.skip("no hand family of this release moved onto the interface")
+    lm = tiny_model(kind)
+    batch = encode(lm, TEXTS)
+    with torch.no_grad():
+        own = _logits(lm, batch)
+        with intervening(lm) as iv:
+            assert iv.native and not is_swapped(lm)
+            for point in POINTS:
+                iv.edit(point, lambda site: (lambda t, call: t.clone()))
+            same = _logits(lm, batch)
+    assert torch.equal(same, own)

@@ -17,6 +17,8 @@ from probe.architectures.disentangled import (
     relative_span,
     relative_table,
 )
+from probe.architectures.falcon import eager_alibi_count
+from probe.errors import UnsupportedArchitectureError
 from probe.reference.position_bias import alibi_bias, alibi_slopes, t5_bias, t5_buckets
 
 
@@ -218,32 +220,61 @@ def test_deberta_scale_counts_the_position_terms():
 @pytest.mark.parametrize("heads", [4, 6])
 def test_falcon_alibi_values_match_falcons_tensor(heads):
     """Falcon's ALiBi in bfloat16 (slopes and products), from a left-padded mask, equals its own
-    ``build_alibi_tensor``; the reference adds it inside the scaled scores and again after them."""
+    ``build_alibi_tensor``; the reference adds it after the scaling (a / sqrt(d)) and, where the installed
+    release's eager attention adds it twice (measured), also inside the scaled scores."""
+    from transformers import FalconConfig
     from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
     mask = torch.tensor([[0, 0, 1, 1, 1, 1] + [1] * 300, [1] * 306])
     theirs = build_alibi_tensor(mask, heads, torch.float32).view(2, heads, 1, -1)
-    module = types.SimpleNamespace(config=types.SimpleNamespace(alibi=True), n_head=heads, alibi_sign=1.0,
-                                   d_head=16, score_scale=lambda: 0.25)
+    config = FalconConfig(alibi=True)
+    module = types.SimpleNamespace(config=config, n_head=heads, alibi_sign=1.0, d_head=16)
     positions = (mask.cumsum(-1) - 1) * mask
-    inner = FALCON_ALIBI.inner_bias(module, 306, 306, 0, positions, "cpu")
-    assert torch.equal(inner, theirs)
     assert torch.equal(FALCON_ALIBI(module, 306, 306, 0, positions, "cpu"), theirs / 4.0)
-    assert not torch.equal(inner, alibi_bias(alibi_slopes(heads), positions))  # float32 slopes differ
-    module.config.alibi = False
+    inner = FALCON_ALIBI.inner_bias(module, 306, 306, 0, positions, "cpu")
+    if eager_alibi_count(FalconConfig) == 2:
+        assert torch.equal(inner, theirs)
+        assert not torch.equal(inner, alibi_bias(alibi_slopes(heads), positions))  # float32 slopes differ
+    else:
+        assert inner is None
+    module.config = FalconConfig(alibi=False)
     assert FALCON_ALIBI(module, 6, 6, 0, None, "cpu") is None
     assert FALCON_ALIBI.inner_bias(module, 6, 6, 0, None, "cpu") is None
 
 
-def test_falcon_eager_and_sdpa_differ_with_alibi_and_agree_without():
-    """transformers' eager Falcon attention adds ALiBi twice (in the scores and in the mask), sdpa
-    once: the logits differ with ALiBi and agree without (docs/verification.md)."""
+def _falcon_logits(kind: str, impl: str, enc: dict) -> torch.Tensor:
+    model, _ = tiny_model(kind, wrap=False, attn_implementation=impl)
+    with torch.no_grad():
+        return model(**enc).logits
+
+
+def test_the_measured_alibi_count_is_what_separates_falcons_eager_and_sdpa_logits():
+    """The count is read from the eager maps of a tiny model; checked here against the logits of another
+    model: sdpa adds ALiBi once in every release, so eager and sdpa agree exactly when the measured count
+    is 1 (transformers >= 5.25) and differ when it is 2 (5.0-5.24, eager adds it inside the scaled scores
+    and again through the mask); without ALiBi they agree in every release."""
+    from transformers import FalconConfig
+
+    count = eager_alibi_count(FalconConfig)
+    assert count in (1, 2)
     enc = {"input_ids": torch.arange(10, 40)[None]}
-    for kind, apart in (("falcon-alibi", True), ("falcon", False)):
-        logits = {}
-        for impl in ("eager", "sdpa"):
-            model, _ = tiny_model(kind, wrap=False, attn_implementation=impl)
-            with torch.no_grad():
-                logits[impl] = model(**enc).logits
-        gap = float((logits["eager"] - logits["sdpa"]).abs().max())
-        assert gap > 0.1 if apart else gap <= 1e-5, (kind, gap)
+    for kind, apart in (("falcon-alibi", count == 2), ("falcon", False)):
+        gap = float((_falcon_logits(kind, "eager", enc) - _falcon_logits(kind, "sdpa", enc)).abs().max())
+        assert gap > 0.1 if apart else gap <= 1e-5, (kind, count, gap)
+
+
+def test_the_alibi_count_is_read_from_the_model_code_not_the_release_number(monkeypatch):
+    """A Falcon whose ALiBi tensor is tripled (patched in its modelling code) is measured as adding it 3 (or,
+    on a release that adds it twice, 6) times, and refused in one line: the count comes from what the code
+    computes, not from a version number."""
+    from transformers import FalconConfig
+    from transformers.models.falcon import modeling_falcon
+
+    real = modeling_falcon.build_alibi_tensor
+    monkeypatch.setattr(modeling_falcon, "build_alibi_tensor", lambda *a, **k: 3 * real(*a, **k))
+    eager_alibi_count.cache_clear()  # measured once per process: measure the patched code
+    try:
+        with pytest.raises(UnsupportedArchitectureError, match=r"adds its ALiBi bias [36] times \(measured\)"):
+            eager_alibi_count(FalconConfig)
+    finally:
+        eager_alibi_count.cache_clear()  # the next use measures the real code again

@@ -708,14 +708,21 @@ def _rel_without_norm(m):
     m._rel_embeddings[0] = (m.rel_embeddings[0], None)
 
 
-def _alibi_once(m):  # Falcon's ALiBi added once (the sdpa path), not as the eager path does
-    m.spec = replace(m.spec, position_bias=replace(m.spec.position_bias, inner=None))
+def _alibi_other_count(m):
+    """Falcon's ALiBi added the number of times the installed release's eager attention does not (measured):
+    once where it adds it twice (transformers 5.0-5.24), twice where it adds it once (5.25 on)."""
+    from probe.architectures.falcon import _alibi_values, eager_alibi_count
+
+    def inner(module, n_query, n_key, past, key_positions, device, content=None):
+        return _alibi_values(module, n_key, key_positions, device)
+    other = None if eager_alibi_count(type(m.config)) == 2 else inner
+    m.spec = replace(m.spec, position_bias=replace(m.spec.position_bias, inner=other))
 
 
 BREAKS = {
     "deberta-v2-scale-without-position-terms": ("deberta-v2", _set(scale=16 ** -0.5)),  # 1/sqrt(3 d_head)
     "deberta-v2-positions-not-normalised": ("deberta-v2", _rel_without_norm),
-    "falcon-alibi-once": ("falcon-alibi", _alibi_once),
+    "falcon-alibi-other-count": ("falcon-alibi", _alibi_other_count),
     "gpt_neox-full-rotary": ("gpt_neox", _full_rotary),
     "phi3-full-rotary": ("phi3", _full_rotary),
     "phi3-kv-split": ("phi3", _swap_kv_split),

@@ -20,6 +20,7 @@ The package: :mod:`.spec` (the spec classes and behaviour rules), :mod:`.table` 
 """
 
 from .discovered import DISCOVERED, Found, build_spec, model_kind, needs_weights, register
+from .falcon import FALCON_ALIBI
 from .modules import (
     HeadGeometry,
     base_model,
@@ -34,7 +35,7 @@ from .modules import (
     stack_layers,
 )
 from .mpnet import MPNET_RELATIVE
-from .position_bias import ALIBI, DISENTANGLED, FALCON_ALIBI, NO_POSITION_BIAS, T5_RELATIVE, PositionBias
+from .position_bias import ALIBI, DISENTANGLED, NO_POSITION_BIAS, T5_RELATIVE, PositionBias
 from .spec import MODEL_KINDS, QKV_LAYOUTS, ArchSpec, SiteSpec, one_stack
 from .table import SPECS, get_spec, kind_of
 

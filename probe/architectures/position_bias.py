@@ -125,7 +125,8 @@ class PositionBias:
         fused: the original adds it inside the score GEMM (``baddbmm``; BLOOM), which the
             reference copies for the same rounding.
         inner: a bias added to q k^T before the scaling, called like ``compute``, or None (Falcon's
-            eager ALiBi adds one there as well as after).
+            eager ALiBi in transformers 5.0-5.24 adds one there as well as after; the function may
+            return None where the installed release adds none).
     """
 
     name: str
@@ -184,38 +185,11 @@ def _disentangled(module, n_query, n_key, past, key_positions, device, content=N
     return disentangled_bias(q, k, heads("p2c", "query"), heads("c2p", "key"), c, past, module.c2p_sign)
 
 
-def _falcon_alibi_values(module, n_key, key_positions, device) -> torch.Tensor | None:
-    """Falcon's a = m_h * j [batch|1, heads, 1, key] (float32 holding bfloat16 values: its
-    ``build_alibi_tensor`` rounds the slopes and the products to bfloat16), None without ALiBi."""
-    if not getattr(module.config, "alibi", False):
-        return None
-    if key_positions is None:
-        key_positions = torch.arange(n_key, device=device)[None]  # (1, Tk)
-    slopes = alibi_slopes(module.n_head).to(device).bfloat16()[None, :, None, None]
-    return (module.alibi_sign * slopes * key_positions[:, None, None, :]).float()  # bf16 product, as float32
-
-
-def _falcon_alibi(module, n_query, n_key, past, key_positions, device, content=None) -> torch.Tensor | None:
-    """Falcon with ``alibi=True`` as transformers' eager Falcon attention computes it (the path whose
-    probabilities exist): a enters inside the scaled scores, (q k^T + a) / sqrt(d) (:func:`_falcon_alibi_inner`),
-    and once more through the attention mask, + a / sqrt(d) (this part). Transformers' sdpa path and the
-    original Falcon code add it once (docs/verification.md)."""
-    a = _falcon_alibi_values(module, n_key, key_positions, device)
-    return None if a is None else a / math.sqrt(module.d_head)
-
-
-def _falcon_alibi_inner(module, n_query, n_key, past, key_positions, device, content=None) -> torch.Tensor | None:
-    """Falcon's a, added to q k^T before the scaling (see :func:`_falcon_alibi`)."""
-    return _falcon_alibi_values(module, n_key, key_positions, device)
-
-
 #: No bias (most architectures).
 NO_POSITION_BIAS = PositionBias("none", _no_bias)
 #: BLOOM's ALiBi (Press et al. 2022), added inside the score GEMM as BLOOM does.
 ALIBI = PositionBias("alibi", _alibi, fused=True)
 #: T5's bucketed relative position bias (Raffel et al. 2020).
 T5_RELATIVE = PositionBias("t5", _t5)
-#: Falcon's optional ALiBi, as transformers' eager attention adds it (twice; see :func:`_falcon_alibi`).
-FALCON_ALIBI = PositionBias("falcon-alibi", _falcon_alibi, inner=_falcon_alibi_inner)
 #: DeBERTa-v2/v3's disentangled attention (He et al. 2021).
 DISENTANGLED = PositionBias("disentangled", _disentangled)

@@ -10,10 +10,10 @@ import torch
 from ..errors import UnsupportedArchitectureError
 from .discovered import DISCOVERED, model_kind
 from .disentangled import disentangled_scaling, separate_position_projections
-from .falcon import alibi_note, kv_heads_multi_query, rope_unless_alibi
+from .falcon import FALCON_ALIBI, alibi_note, kv_heads_multi_query, rope_unless_alibi
 from .gpt_neo import always_upcast, local_window, no_scaling
 from .mpnet import MPNET_RELATIVE, mpnet_offset, shared_bias_table
-from .position_bias import ALIBI, DISENTANGLED, FALCON_ALIBI, T5_RELATIVE
+from .position_bias import ALIBI, DISENTANGLED, T5_RELATIVE
 from .spec import (  # the rules the entries point at
     ArchSpec,
     SiteSpec,
