@@ -94,8 +94,9 @@ def native(model: nn.Module) -> bool:
 def calls_function(lm) -> bool:
     """Whether ``lm``'s (a :class:`~probe.loading.models.LoadedModel`) attention modules call probe's
     attention function themselves: they call transformers' interface (:func:`native`), or its spec was
-    discovered through that function. Otherwise (DeBERTa, BLOOM, Falcon, GPT-Neo, MPNet) probe's reference
-    module must be swapped in for the function to run (:func:`probe.capture.swapped.swap_if_agrees`)."""
+    discovered through that function. Otherwise (DeBERTa, BLOOM, GPT-Neo, MPNet; Falcon until transformers
+    5.24) probe's reference module must be swapped in for the function to run
+    (:func:`probe.capture.swapped.swap_if_agrees`)."""
     return native(lm.model) or lm.spec.discovered
 
 
@@ -104,7 +105,7 @@ def measuring_implementation(model: nn.Module) -> str:
     transformers' ``AttentionInterface`` (:mod:`probe.capture.interface`), for every model whose
     attention modules call the interface (discovered specs, and the hand families whose transformers
     modules call it: BERT, GPT-2, LLaMA, ...); else ``"eager"`` (the module computes and returns its
-    probabilities itself: DeBERTa, BLOOM, Falcon, GPT-Neo, MPNet)."""
+    probabilities itself: DeBERTa, BLOOM, GPT-Neo, MPNet; Falcon until transformers 5.24)."""
     try:
         spec = get_spec(model.config)
     except UnsupportedArchitectureError:

@@ -26,7 +26,7 @@ gradients flow through the edited tensors (and into a tensor ``alpha`` of :func:
 :func:`intervening` prepares a model: inside it every attention site whose module calls
 transformers' attention interface runs probe's function (a hand-spec model is switched to it for
 the context; a discovered one runs it already). A model whose attention modules do not call the
-interface (DeBERTa, BLOOM, Falcon, GPT-Neo, MPNet in transformers 5) runs with probe's reference module
+interface (DeBERTa, BLOOM, GPT-Neo, MPNet; Falcon until transformers 5.24) runs with probe's reference module
 swapped in, which computes the family's q, k, v and position terms and calls the same function
 (:mod:`probe.capture.swapped`), where that module reproduces the model bit for bit on a fixed check
 batch; every point then exists for it too. Where it does not (or cannot be swapped in), the model

@@ -153,7 +153,7 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback, values: ValueTracke
     Inside the context every attention call goes through probe's attention function
     (:mod:`probe.capture.interface`), in eval mode (:func:`probe.capture.hooks.measuring`): a model whose
     modules call transformers' attention interface runs it in place of eager attention; a hand family
-    whose modules compute attention inline (DeBERTa, BLOOM, Falcon, GPT-Neo, MPNet) gets probe's
+    whose modules compute attention inline (DeBERTa, BLOOM, GPT-Neo, MPNet; Falcon until 5.24) gets probe's
     reference module swapped in, which calls it, where that module reproduces the model bit for bit
     (:func:`probe.capture.swapped.swap_if_agrees`), else runs eager attention and hands over the
     probabilities its modules return. On exit (also on exceptions) every hook is removed, the modules

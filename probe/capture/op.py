@@ -125,7 +125,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         divide_keys: compute ``q (k^T / (1 / scale))``, the keys divided before the product, as
             DeBERTa does (the same value; rounding as the original's).
         inner_bias: added to q k^T before the scaling, broadcastable to [batch, heads, query, key]
-            (Falcon's eager ALiBi: ``(q k^T + a) * scale + bias``).
+            (Falcon's eager ALiBi up to transformers 5.24: ``(q k^T + a) * scale + bias``).
 
     Returns:
         ``(out, probs)``: out [batch, heads, query, d_head] and probs [batch, heads, query, key], both

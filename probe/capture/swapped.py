@@ -1,5 +1,6 @@
 """probe's reference module as the intervention point of a hand-spec model outside the attention
-interface (DeBERTa, BLOOM, Falcon, GPT-Neo, MPNet in transformers 5).
+interface (DeBERTa, BLOOM, GPT-Neo, MPNet in transformers 5.25; Falcon until 5.24: transformers' own test
+of the loaded model says which, :func:`probe.capture.hooks.native`).
 
 Their transformers modules compute attention inline and never call the function registered in
 ``AttentionInterface``. probe's from-scratch module (:class:`probe.reference.ReferenceAttention`)
