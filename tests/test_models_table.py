@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from probe.cli import main
-from probe.loading.support import COLUMNS, STATUSES, model_types, status_counts
+from probe.loading.support import COLUMNS, STAMP, STATUSES, model_types, status_counts, table_version
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -76,10 +77,15 @@ def test_per_layer_lists_keep_every_kind_of_layer():
 
 
 def test_the_committed_table_is_whole_and_consistent():
-    """One row per model type of the installed transformers, in the same order, kinds as computed now;
-    docs/models.md's status column equals the tsv's; the counts add up."""
+    """Stamped with the transformers version it was made with, as docs/models.md says; on that version, one
+    row per model type of the installed transformers, in the same order, kinds as computed now (on another,
+    `probe models --all` says so: the next test); docs/models.md's status column equals the tsv's; the counts
+    add up."""
     rows = model_types()
-    assert [(r["type"], r["kind"]) for r in rows] == tiny_models.text_types()
+    made = table_version()
+    assert made and f"every text model type of transformers {made}:" in DOCS.read_text(encoding="utf-8")
+    if made == version("transformers"):
+        assert [(r["type"], r["kind"]) for r in rows] == tiny_models.text_types()
     assert all(set(r) == set(COLUMNS) and r["status"] in STATUSES for r in rows)
     assert all((r["status"] == "out of scope") == (r["kind"] == "not text") for r in rows)
     assert all(r["reason"] == "" for r in rows if r["status"] == "works")
@@ -110,13 +116,35 @@ def test_probe_models_all_prints_the_table():
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     text_rows = [r for r in model_types() if r["kind"] != "not text"]
-    assert len(lines) == len(text_rows) + 2  # header, rows, counts
+    assert len(lines) == len(text_rows) + 2 + (table_version() != version("transformers"))  # header, rows, counts
     for r, line in zip(text_rows, lines[1:]):
         assert line.split()[:3] == [r["type"], r["kind"], r["status"]], line
         assert (r["reason"] or f"verify max difference {r['max_diff']}") in line
     c = status_counts(model_types())
-    assert lines[-1].startswith(f"{c['all']['works']} of {len(text_rows)} text model types work")
+    assert lines[len(text_rows) + 1].startswith(f"{c['all']['works']} of {len(text_rows)} text model types work")
     assert "--all" in CliRunner().invoke(main, ["models", "--help"]).stdout
+
+
+@pytest.mark.parametrize("installed", ["same", "9.9.9"])
+def test_probe_models_all_says_when_the_installed_transformers_is_not_the_tables(monkeypatch, installed):
+    """The table says what probe did on the transformers it was made with: on another installed version one
+    more line names both versions and how to remake the table; on the same version nothing is added."""
+    import probe.cli.listing  # noqa: F401 - the module whose version lookup is replaced
+
+    installed = table_version() if installed == "same" else installed
+    monkeypatch.setattr("importlib.metadata.version", lambda name: installed if name == "transformers" else "0")
+    lines = CliRunner().invoke(main, ["models", "--all"]).stdout.splitlines()
+    text_rows = [r for r in model_types() if r["kind"] != "not text"]
+    extra = lines[len(text_rows) + 2:]
+    if installed == table_version():
+        assert extra == []
+    else:
+        assert len(extra) == 1 and f"made with transformers {table_version()}" in extra[0]
+        assert f"transformers {installed} is installed" in extra[0] and "tools/models_table.py" in extra[0]
+
+
+def test_the_tools_stamp_is_the_one_probe_reads():
+    assert models_table.STAMP == STAMP
 
 
 @pytest.mark.slow

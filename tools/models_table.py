@@ -29,6 +29,9 @@ from tiny_models import ROOT, text_types  # noqa: E402 - the folder of this scri
 BUILD_CAP, RUN_CAP, RECYCLE = 20.0, 120.0, 40
 COLUMNS = ("type", "kind", "status", "reason", "analyze", "max_diff", "seconds")
 KINDS = ("decoder", "encoder", "encoder-decoder", "not text")
+#: The tsv's first line before the version (``probe.loading.support.STAMP``, which reads it; a test checks
+#: they agree): not imported, so that this process does not import probe.
+STAMP = "# transformers "
 OUT_OF_SCOPE = "not text: out of scope here (vision, speech or multimodal)"
 
 
@@ -123,18 +126,20 @@ def table(types: list[tuple[str, str]], echo=print) -> list[dict]:
     return rows
 
 
-def write_tsv(rows: list[dict], path: Path) -> None:
-    """``probe/data/models.tsv``: the :data:`COLUMNS`, one row per type."""
+def write_tsv(rows: list[dict], path: Path, version: str) -> None:
+    """``probe/data/models.tsv``: the stamp line (``# transformers VERSION``), then the :data:`COLUMNS`,
+    one row per type."""
     with open(path, "w", newline="", encoding="utf-8") as f:
+        f.write(f"{STAMP}{version}\n")
         w = csv.DictWriter(f, COLUMNS, delimiter="\t", lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
 
 
 def read_tsv(path: Path) -> list[dict]:
-    """The rows of a table written by :func:`write_tsv`."""
+    """The rows of a table written by :func:`write_tsv` (its stamp line skipped)."""
     with open(path, encoding="utf-8") as f:
-        return list(csv.DictReader(f, delimiter="\t"))
+        return list(csv.DictReader((line for line in f if not line.startswith("#")), delimiter="\t"))
 
 
 def counts(rows: list[dict]) -> dict:
@@ -231,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     tsv_path = (args.out / "models.tsv") if args.out else ROOT / "probe" / "data" / "models.tsv"
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(markdown(rows, transformers.__version__), encoding="utf-8")
-    write_tsv(rows, tsv_path)
+    write_tsv(rows, tsv_path, transformers.__version__)
     print(f"wrote {md_path} and {tsv_path}")
     return 0
 

@@ -33,7 +33,9 @@ def models_command(all_types: bool) -> None:
 
 
 def _all_types() -> None:
-    from ..loading.support import model_types, status_counts
+    from importlib.metadata import version
+
+    from ..loading.support import model_types, status_counts, version_note
 
     rows = [r for r in model_types() if r["status"] != "out of scope"]
     counts = status_counts(model_types())
@@ -46,3 +48,6 @@ def _all_types() -> None:
                         if kind not in ("all", "not text"))
     click.echo(f"{counts['all']['works']} of {len(rows)} text model types work ({by_kind}); "
                f"{counts['all']['out of scope']} other types (vision, speech, multimodal) are out of scope.")
+    note = version_note(version("transformers"))
+    if note:
+        click.echo(note)
