@@ -56,8 +56,10 @@ class LayeredGraph:
         rows, cols = np.concatenate([u, v]), np.concatenate([v, u])
         data = np.concatenate([tilde[layer, a, b], np.zeros(len(u))])
         order = np.lexsort((cols, rows))
-        self.rows, self.cols, self.cap = rows[order], cols[order], data[order]
-        self.indptr = np.concatenate([[0], np.cumsum(np.bincount(self.rows, minlength=self.n))])
+        # 32-bit indices where they fit: scipy before 1.14 computes maximum flow only on those
+        self.index = np.int32 if len(rows) < 2 ** 31 else np.int64
+        self.rows, self.cols, self.cap = rows[order].astype(self.index), cols[order].astype(self.index), data[order]
+        self.indptr = np.concatenate([[0], np.cumsum(np.bincount(self.rows, minlength=self.n))]).astype(self.index)
         self.into_input = self.cols < T  # entries that end in layer 0
         self.incoming = np.bincount(self.cols, weights=self.cap, minlength=self.n)
         self._nx: nx.DiGraph | None = None
@@ -69,7 +71,7 @@ class LayeredGraph:
         """A CSR matrix on the pattern (only the entries where ``keep`` is True, if given)."""
         if keep is None:
             return sp.csr_array((data, self.cols, self.indptr), shape=(self.n, self.n))
-        indptr = np.concatenate([[0], np.cumsum(np.bincount(self.rows[keep], minlength=self.n))])
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(self.rows[keep], minlength=self.n))]).astype(self.index)
         return sp.csr_array((data[keep], self.cols[keep], indptr), shape=(self.n, self.n))
 
     def reach(self, source: int, data: np.ndarray) -> np.ndarray:
