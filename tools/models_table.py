@@ -110,7 +110,8 @@ class Runner:
 
 
 def table(types: list[tuple[str, str]], echo=print) -> list[dict]:
-    """A row for every ``(model_type, kind)``: ``not text`` ones out of scope, the others tried."""
+    """A row for every ``(model_type, kind)``: ``not text`` ones out of scope, the others tried. A type that
+    timed out is tried once more at the end in a fresh worker (a busy machine slows one try, not two)."""
     from try_model import row  # deferred: probe's import (seconds) only where a type is tried
 
     runner, rows = Runner(), []
@@ -121,6 +122,12 @@ def table(types: list[tuple[str, str]], echo=print) -> list[dict]:
             rows.append(r)
             if kind != "not text":
                 echo(f"[{i}/{len(types)}] {model_type} ({kind}): {r['status']} {r['reason']} {r['seconds']} s")
+        for i, r in enumerate(rows):
+            if r["reason"].startswith("timed out"):
+                runner.stop()  # a fresh worker for each retry
+                rows[i] = runner.run(r["type"], r["kind"])
+                echo(f"[again] {r['type']} ({r['kind']}): {rows[i]['status']} {rows[i]['reason']} "
+                     f"{rows[i]['seconds']} s")
     finally:
         runner.stop()
     return rows
