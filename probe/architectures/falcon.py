@@ -17,6 +17,7 @@ import math
 import torch
 
 from ..errors import UnsupportedArchitectureError
+from ..util import quiet_transformers
 from .position_bias import PositionBias, alibi_slopes
 from .spec import _query_heads, _rope_single
 
@@ -57,7 +58,6 @@ def eager_alibi_count(config_class: type) -> int:
     """
     from transformers import AutoModel  # deferred: transformers takes ~1.5 s to import
 
-    from ..util import quiet_transformers
 
     config = config_class(hidden_size=_HEADS * _D_HEAD, num_attention_heads=_HEADS, num_hidden_layers=1,
                           vocab_size=8, bos_token_id=0, eos_token_id=0, alibi=True, multi_query=False,
