@@ -1,7 +1,11 @@
 """A model's circuit graph, checked by one short pass before any score is computed: the head inputs
 recomputed from the stream equal what probe's attention function receives, the stream before the
 final norm is the sum of the writes (and the output projections' biases), and the MLP reads the
-block's input (parallel attention and MLP) or the stream after the heads (sequential)."""
+block's input (parallel attention and MLP) or the stream after the heads (sequential).
+
+A layer whose inputs recomputed from its weights do not match what its attention received (queries
+scaled inside the module as OPT's, a rotation computed inside it as GPT-J's) is recomputed by
+rerunning its attention module instead (:func:`probe.circuits.wiring.rerun`), and checked again."""
 
 from __future__ import annotations
 
@@ -65,6 +69,20 @@ def _fit_turns(lm, wiring: Wiring, graph: Graph, ids: torch.Tensor, mask: torch.
     return check
 
 
+def _fit(lm, wiring: Wiring, graph: Graph, ids: torch.Tensor, mask: torch.Tensor, tol: float) -> Check:
+    """:func:`_fit_turns`, then every layer whose recomputed q, k or v still differ by more than
+    ``tol`` rerun by its attention module, and the check's pass again."""
+    check = _fit_turns(lm, wiring, graph, ids, mask, tol)
+    off = [i for i, layer in enumerate(wiring.layers)
+           if not layer.rerun and max(check.layer_errors.get((k, i), 0.0) for k in ("q", "k", "v")) > tol]
+    if not off:
+        return check
+    for i in off:
+        wiring.layers[i].rerun = True
+    check = Check(graph)
+    split_pass(lm, wiring, ids, mask, check)
+    return check
+
 def _cause(kinds: set[str]) -> str:
     """The likely cause of a recomputation that does not reproduce the inputs of ``kinds``."""
     if "mlp" in kinds:
@@ -97,7 +115,7 @@ def checked_graph(lm, ids: torch.Tensor | None = None, mask: torch.Tensor | None
         mask = torch.ones_like(ids)
     graph = Graph(g.n_layers, g.n_heads, g.n_kv_heads)
     tol = tolerance(lm)
-    check = _fit_turns(lm, wiring, graph, ids, mask, tol)
+    check = _fit(lm, wiring, graph, ids, mask, tol)
     if not {"q", "k", "v"} <= set(check.errors) or len(check.reads) != 2 * g.n_layers or check.final is None:
         raise UnsupportedAnalysisError(f"circuits: {lm.name}'s attention modules do not call probe's attention "
                                        "function (transformers' AttentionInterface), where circuits feed each head")

@@ -1,0 +1,167 @@
+"""Circuits, path patching and direct logit attribution on the research families whose blocks are not
+GPT-2's or LLaMA's: norms after each sub-layer (Gemma 2 and 3, GLM-4; OLMo2 with no norm before its
+sub-layers and a q/k norm over the whole projection), per-head q/k norms (Qwen3, Qwen3-MoE), MLA's
+low-rank projections and shared rotary key (DeepSeek-V2/V3), a rotation computed inside the module
+(GPT-J), queries scaled inside it and ``project_in``/``project_out`` (OPT), a stacked projection
+(Phi-3) and experts (Mixtral). On each tiny model: every head's recomputed q, k, v equal what the
+attention received and the stream before the final norm is the sum of the writes (the check's pass),
+the complete circuit is the clean run exactly and the empty one the corrupted run, EAP's edge scores
+equal finite differences within 2% (in float64), path patching a last-layer head into the logits is its activation
+patching, and DLA's terms add up to the logit difference. Post-LN models (BERT, XLM-R, OPT with
+``do_layer_norm_before=False``) are refused by DLA, composition, circuits and path patching in one
+line naming post-LN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_dla_composition import PAIRS, _identity
+from test_edge_circuits import PAIRS_TSV, _OneInput, random_pairs
+
+from conftest import bpe_tokenizer, invoke_cli, one_error, tiny_model
+from probe.circuits.attribution import capture_writes, edge_scores, logit_diff
+from probe.circuits.checked import graph_of
+from probe.circuits.evaluate import Evaluator
+from probe.circuits.forward import split_pass
+from probe.circuits.paths import path_patch
+from probe.effects.composition import composition_scores
+from probe.effects.dla import direct_logit_attribution
+from probe.effects.patching import head_logit_diffs
+from probe.errors import UnsupportedAnalysisError
+
+#: family -> (hand-written kind of conftest.tiny_model, or "generic:<type>"), whether its MLP reads the
+#: same stream as its attention, and whether its layers are rerun (q, k, v by the module's own code)
+FAMILIES = {
+    "gemma2": ("gemma2", False, False), "gemma3": ("gemma3", False, False), "qwen3": ("qwen3", False, False),
+    "phi3": ("phi3", False, False), "olmo2": ("generic:olmo2", False, True),
+    "qwen3_moe": ("generic:qwen3_moe", False, True), "gptj": ("generic:gptj", True, True),
+    "opt": ("generic:opt", False, True), "opt-proj": ("generic:opt-proj", False, True),
+    "glm4": ("generic:glm4", False, False), "mixtral": ("generic:mixtral", False, False),
+    "deepseek_v2": ("generic:deepseek_v2", False, True), "deepseek_v3": ("generic:deepseek_v3", False, True),
+}
+
+
+def family_model(family: str):
+    from generic_models import generic_lm
+
+    kind = FAMILIES[family][0]
+    return generic_lm(kind.split(":")[1]) if kind.startswith("generic:") else tiny_model(kind)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def wired(request):
+    lm = family_model(request.param)
+    with graph_of(lm) as (wiring, graph, check):
+        yield request.param, lm, wiring, graph, check
+
+
+def test_the_check_pass_proves_the_recomputed_inputs_and_the_sum(wired):
+    family, lm, wiring, graph, check = wired
+    _, parallel, rerun = FAMILIES[family]
+    assert graph.parallel == parallel
+    assert [layer.rerun for layer in wiring.layers] == [rerun] * graph.layers
+    assert {"q", "k", "v"} <= set(check.errors) and max(check.errors.values()) <= 1e-6
+    assert check.decomposition <= 1e-5
+    posts = {layer.attn_post is not None for layer in wiring.layers}
+    assert posts == {family in ("gemma2", "gemma3", "glm4", "olmo2")}
+
+
+def test_complete_circuit_is_the_clean_run_and_empty_the_corrupted(wired):
+    _, lm, wiring, graph, _ = wired
+    ev = Evaluator(lm, wiring, graph, random_pairs(4), batch_size=3)
+    assert ev.metric(np.ones(graph.n_edges, dtype=bool)) == ev.ld_clean
+    assert ev.metric(np.zeros(graph.n_edges, dtype=bool)) == pytest.approx(ev.ld_corrupted, abs=1e-5)
+    assert ev.ld_clean != pytest.approx(ev.ld_corrupted, abs=1e-3)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_eap_edge_scores_equal_finite_differences(family):
+    # in float64 (float32's rounding moves a difference by up to 3% on the tiny MoE models; DeepSeek-V3's
+    # router still computes in float32, hence a step of 1e-3, not smaller)
+    lm = family_model(family)
+    if hasattr(lm.model, "set_experts_implementation"):
+        lm.model.set_experts_implementation("eager")  # grouped matrix products take no float64
+    lm.model.double()
+    with graph_of(lm) as (wiring, graph, _):
+        enc = random_pairs(3)
+        scores = edge_scores(lm, wiring, graph, enc, method="eap")
+        writes = capture_writes(lm, wiring, graph, enc, slice(0, len(enc)))
+        up, down = graph.edge_index
+        clean = float(writes.ld_clean.mean())
+        eps, checked = 1e-3, set()
+        for e in np.argsort(-np.abs(scores)):  # the largest edge into each kind of input
+            kind = graph.downstream[down[e]][0]
+            if kind in checked or abs(scores[e]) < 0.02:
+                continue
+            checked.add(kind)
+            feed = _OneInput(graph, graph.downstream[down[e]], eps * (writes.corrupted - writes.clean)[up[e]])
+            with torch.no_grad():
+                moved = float(logit_diff(split_pass(lm, wiring, enc.clean, enc.mask, feed), enc, slice(0, 4)).mean())
+            assert (moved - clean) / eps == pytest.approx(scores[e], rel=0.02), kind
+        assert len(checked) >= 3
+
+
+def test_path_patching_a_last_layer_head_into_the_logits_is_its_activation_patching(wired):
+    _, lm, wiring, graph, _ = wired
+    enc = random_pairs(7)
+    last = graph.layers - 1
+    patched, base, _ = head_logit_diffs(lm, enc, [(last, h, "all") for h in range(graph.heads)], run="clean",
+                                        donor="corrupted")
+    for h in range(graph.heads):
+        effect = path_patch(lm, wiring, graph, enc, [(last, h)], [("logits", graph.layers, 0)])
+        assert effect == pytest.approx(patched[h] - base[h], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_dla_terms_add_up_to_the_logit_difference(family):
+    lm = family_model(family)
+    frame = direct_logit_attribution(lm, PAIRS)
+    _identity(frame)
+    assert (frame["component"] == "head").sum() == lm.geometry.n_layers * lm.geometry.n_heads
+
+
+# -- post-LN --------------------------------------------------------------------------------------
+
+
+POST_LN = ("bert", "generic:xlm-roberta", "generic:opt-postln")
+
+
+def _post_ln_model(kind: str):
+    from generic_models import generic_lm
+
+    return generic_lm(kind.split(":")[1]) if kind.startswith("generic:") else tiny_model(kind)
+
+
+@pytest.mark.parametrize("kind", POST_LN)
+def test_post_ln_models_are_refused_by_every_stream_analysis_naming_post_ln(kind):
+    lm = _post_ln_model(kind)
+    for run in (lambda: direct_logit_attribution(lm, PAIRS), lambda: composition_scores(lm),
+                lambda: graph_of(lm).__enter__()):
+        with pytest.raises(UnsupportedAnalysisError, match="post-LN") as refused:
+            run()
+        assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("command", ["circuit", "path"])
+def test_the_cli_refuses_a_post_ln_model_in_one_line_without_a_run_folder(command, tmp_path):
+    from generic_models import generic_model
+
+    tok = bpe_tokenizer()
+    generic_model("opt-postln", tok).save_pretrained(tmp_path / "opt")
+    tok.save_pretrained(tmp_path / "opt")
+    (tmp_path / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
+    extra = {"circuit": [], "path": ["--senders", "L0H0", "--receivers", "logits"]}[command]
+    result = invoke_cli(command, "--model", tmp_path / "opt", "--pairs", tmp_path / "pairs.tsv", *extra,
+                        "--out", tmp_path / "run")
+    one_error(result, 1, "post-LN")
+    assert not (tmp_path / "run").exists()
+
+
+def test_probe_patch_notes_why_a_post_ln_model_gets_no_dla_or_composition():
+    # patching a post-LN model is sound; its run says in one line each why DLA and composition are left out
+    from probe.effects.patch_run import measure
+
+    run = measure(_post_ln_model("generic:opt-postln"), PAIRS)
+    assert run.dla is None and run.composition is None
+    assert [n.split(":")[0] for n in run.notes if "post-LN" in n] == ["dla", "composition"]
