@@ -62,6 +62,8 @@ def generic_config(model_type: str, vocab_size: int, init: float = 0.3):
                                            do_layer_norm_before=False, max_position_embeddings=POS, init_std=init),
         "gptj": lambda: tr.GPTJConfig(n_embd=H, n_layer=LAYERS, n_head=HEADS, rotary_dim=8, n_positions=POS,
                                       bos_token_id=1, eos_token_id=2),
+        "codegen": lambda: tr.CodeGenConfig(n_embd=H, n_layer=LAYERS, n_head=HEADS, rotary_dim=8, n_positions=POS,
+                                            n_ctx=POS, bos_token_id=1, eos_token_id=2),
         "gpt_neox_japanese": lambda: tr.GPTNeoXJapaneseConfig(hidden_size=H, num_hidden_layers=LAYERS,
                                                               num_attention_heads=HEADS, intermediate_multiple_size=2,
                                                               max_position_embeddings=POS, bos_token_id=1,

@@ -2,7 +2,8 @@
 GPT-2's or LLaMA's: norms after each sub-layer (Gemma 2 and 3, GLM-4; OLMo2 with no norm before its
 sub-layers and a q/k norm over the whole projection), per-head q/k norms (Qwen3, Qwen3-MoE), MLA's
 low-rank projections and shared rotary key (DeepSeek-V2/V3), a rotation computed inside the module
-(GPT-J), queries scaled inside it and ``project_in``/``project_out`` (OPT), a stacked projection
+(GPT-J, CodeGen: ``rotary_dim``, adjacent pairs; CodeGen's fused projection interleaved by shard), queries
+scaled inside it and ``project_in``/``project_out`` (OPT), a stacked projection
 (Phi-3) and experts (Mixtral). On each tiny model: every head's recomputed q, k, v equal what the
 attention received and the stream before the final norm is the sum of the writes (the check's pass),
 the complete circuit is the clean run exactly and the empty one the corrupted run, EAP's edge scores
@@ -36,6 +37,7 @@ FAMILIES = {
     "gemma2": ("gemma2", False, False), "gemma3": ("gemma3", False, False), "qwen3": ("qwen3", False, False),
     "phi3": ("phi3", False, False), "olmo2": ("generic:olmo2", False, True),
     "qwen3_moe": ("generic:qwen3_moe", False, True), "gptj": ("generic:gptj", True, True),
+    "codegen": ("generic:codegen", True, True),
     "opt": ("generic:opt", False, True), "opt-proj": ("generic:opt-proj", False, True),
     "glm4": ("generic:glm4", False, False), "mixtral": ("generic:mixtral", False, False),
     "deepseek_v2": ("generic:deepseek_v2", False, True), "deepseek_v3": ("generic:deepseek_v3", False, True),
@@ -165,3 +167,81 @@ def test_probe_patch_notes_why_a_post_ln_model_gets_no_dla_or_composition():
     run = measure(_post_ln_model("generic:opt-postln"), PAIRS)
     assert run.dla is None and run.composition is None
     assert [n.split(":")[0] for n in run.notes if "post-LN" in n] == ["dla", "composition"]
+
+
+def _gemma2_drawn():
+    """A tiny Gemma 2 whose norm gains are drawn at random (a fresh model's are 1) and whose final
+    logits are soft-capped (cap 5), as Gemma 2's are (cap 30)."""
+    lm = tiny_model("gemma2")
+    lm.model.config.final_logit_softcapping = 5.0  # read at each forward
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in lm.model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return lm
+
+
+def test_gemma2_with_drawn_gains_and_a_soft_cap_fits_circuits_and_dla():
+    # the post-norms' gains are part of each head's write; DLA's sum is the logit difference before the cap
+    lm = _gemma2_drawn()
+    _identity(direct_logit_attribution(lm, PAIRS))
+    with graph_of(lm) as (wiring, graph, check):
+        assert max(check.errors.values()) <= 1e-6 and check.decomposition <= 1e-5
+        ev = Evaluator(lm, wiring, graph, random_pairs(4), batch_size=3)
+        assert ev.metric(np.ones(graph.n_edges, dtype=bool)) == ev.ld_clean
+        assert ev.metric(np.zeros(graph.n_edges, dtype=bool)) == pytest.approx(ev.ld_corrupted, abs=1e-5)
+
+
+def test_gemma2_composition_folds_the_post_attention_norms_gain_into_w_o():
+    lm = _gemma2_drawn()
+    frame = composition_scores(lm)
+    g = lm.geometry
+    blocks = [lm.model.model.layers[i] for i in range(g.n_layers)]
+    gain = lambda norm: torch.diag(1 + norm.weight.detach().double())  # noqa: E731 - Gemma stores gain - 1
+
+    def dense(layer, head):
+        block, kv = blocks[layer], head // (g.n_heads // g.n_kv_heads)
+        attn, gamma = block.self_attn, gain(block.input_layernorm)
+        rows = lambda w, i: w.weight.detach().double()[i * g.d_head:(i + 1) * g.d_head].T  # noqa: E731
+        W_Q, W_K, W_V = gamma @ rows(attn.q_proj, head), gamma @ rows(attn.k_proj, kv), gamma @ rows(attn.v_proj, kv)
+        W_O = attn.o_proj.weight.detach().double()[:, head * g.d_head:(head + 1) * g.d_head].T
+        return W_Q @ W_K.T, W_V @ W_O @ gain(block.post_attention_layernorm)
+
+    norm = torch.linalg.matrix_norm
+    for h1, h2 in [(0, 1), (2, 3)]:
+        _, OV1 = dense(0, h1)
+        QK2, OV2 = dense(1, h2)
+        row = frame[(frame.writer_layer == 0) & (frame.writer_head == h1) & (frame.reader_head == h2)].iloc[0]
+        for mode, B in (("q", QK2), ("k", QK2.T), ("v", OV2)):
+            assert row[mode] == pytest.approx(float(norm(OV1 @ B) / (norm(OV1) * norm(B))), rel=1e-9), mode
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "generic:gptj"])
+def test_probe_circuit_runs_on_a_saved_model_of_a_new_family(kind, tmp_path):
+    # the command end to end: a complete run folder, every edge scored, the 10 of largest |score| kept
+    import json
+
+    import pandas as pd
+    from generic_models import generic_model
+
+    from conftest import save_tiny
+    from probe.circuits.graph import edge_count
+
+    if kind.startswith("generic:"):
+        tok = bpe_tokenizer()
+        generic_model(kind.split(":")[1], tok).save_pretrained(tmp_path / "model")
+        tok.save_pretrained(tmp_path / "model")
+        model = tmp_path / "model"
+    else:
+        model = save_tiny(kind, tmp_path / "model")
+    (tmp_path / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
+    result = invoke_cli("circuit", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--steps", 1, "--edges", 10,
+                        "--seeds", 1, "--out", tmp_path / "run", "--no-progress")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "run" / "run.json").read_text())["circuit"]
+    parallel, kv = (True, 4) if kind == "generic:gptj" else (False, 2)
+    edges = pd.read_csv(tmp_path / "run" / "edges.csv")
+    assert record["edges"] == len(edges) == edge_count(2, 4, kv, parallel) and np.isfinite(edges["score"]).all()
+    circuit = pd.read_csv(tmp_path / "run" / "circuit.csv")
+    assert set(circuit["score"].abs().round(5)) == set(edges["score"].abs().nlargest(10).round(5))

@@ -84,16 +84,13 @@ def _fit(lm, wiring: Wiring, graph: Graph, ids: torch.Tensor, mask: torch.Tensor
     return check
 
 def _cause(kinds: set[str]) -> str:
-    """The likely cause of a recomputation that does not reproduce the inputs of ``kinds``."""
+    """The likely cause of a recomputation that does not reproduce the inputs of ``kinds`` (q, k and v
+    are rerun by the attention module where the weights did not reproduce them: what is left is the
+    stream the module reads)."""
     if "mlp" in kinds:
         return "its MLP does not read the attention's norm (it reads a norm of its own that probe did not find)"
-    if kinds == {"q"}:
-        return ("its queries change inside the attention module after their projection (scaled there, as OPT's), "
-                "which the recomputation does not do")
-    if kinds <= {"q", "k"}:
-        return ("its queries and keys turn by a rotation probe does not reproduce (computed inside the module from "
-                "the positions, as GPT-J's, or a layout probe does not know)")
-    return "its norm before the attention or its projections are not the ones probe found"
+    return ("not even its attention module rerun on the stream reproduces them: its norm before the attention is not "
+            "the one probe found, or the module reads more than the block's input")
 
 
 @torch.no_grad()
