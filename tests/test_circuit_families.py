@@ -123,6 +123,21 @@ def test_dla_terms_add_up_to_the_logit_difference(family):
     assert (frame["component"] == "head").sum() == lm.geometry.n_layers * lm.geometry.n_heads
 
 
+@pytest.mark.parametrize("family", ["gemma2", "glm4", "olmo2", "gptj", "deepseek_v2"])
+def test_bfloat16_models_of_the_new_families_fit_the_graph(family):
+    # post-norms linearised and modules rerun in the model's dtype: the check within bfloat16's 8 eps (as
+    # for LLaMA), the complete circuit the clean run exactly (a discovered norm's kind is read in float32)
+    lm = family_model(family)
+    lm.model.to(torch.bfloat16)
+    with graph_of(lm) as (wiring, graph, check):
+        assert check.decomposition <= 0.0625 and max(check.errors.values()) <= 0.0625
+        enc = random_pairs(4)
+        ev = Evaluator(lm, wiring, graph, enc, batch_size=3)
+        assert ev.metric(np.ones(graph.n_edges, dtype=bool)) == ev.ld_clean
+        assert ev.metric(np.zeros(graph.n_edges, dtype=bool)) == pytest.approx(ev.ld_corrupted, abs=0.1)
+        assert np.isfinite(edge_scores(lm, wiring, graph, enc, method="eap")).all()
+
+
 # -- post-LN --------------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ detached, in the weights' own dtype: callers choose the precision.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -165,16 +166,19 @@ def _frozen(kind: str, offset: float, norm: nn.Module, x: torch.Tensor):
 def norm_rule(spec: ArchSpec, norm: nn.Module, x: torch.Tensor) -> tuple[str, float]:
     """(kind, gain offset) of ``norm``: the spec's :attr:`~ArchSpec.norm` and
     :attr:`~ArchSpec.norm_offset` for a hand-written spec; for a discovered one, the kind and offset
-    (0 or 1) whose computation reproduces the module's output on ``x`` [..., d_model] (relative 1e-4).
+    (0 or 1) whose computation reproduces the module's output on ``x`` [..., d_model] (relative 1e-4;
+    a float32 copy of the module, so that a half-precision model's rounding does not blur them).
 
     Raises:
         UnsupportedAnalysisError: a discovered norm none of them reproduces.
     """
     if not spec.discovered:
         return spec.norm, spec.norm_offset
-    weight = getattr(norm, "weight", None)
+    ref = copy.deepcopy(norm).float()  # in float32 whatever the model's dtype: the kinds differ by more
+    for hooks in (ref._forward_hooks, ref._forward_pre_hooks):  # a copy without the pass's hooks
+        hooks.clear()
     with torch.no_grad():
-        y = norm(x.to(weight.dtype) if weight is not None else x).double()
+        y = ref(x.float()).double()
         for kind in NORMS:
             for offset in (0.0, 1.0):
                 try:
