@@ -138,6 +138,21 @@ def test_bfloat16_models_of_the_new_families_fit_the_graph(family):
         assert np.isfinite(edge_scores(lm, wiring, graph, enc, method="eap")).all()
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen3"])
+def test_rerunning_the_attention_module_gives_the_scores_of_the_recomputation_from_weights(kind):
+    # the two ways of feeding a head its own stream agree where both apply (GPT-2's fused Conv1D, LLaMA's
+    # grouped heads and rotation, Qwen3's per-head q/k norms): EAP-IG's scores within float32 rounding
+    lm = tiny_model(kind)
+    enc = random_pairs(1)
+    with graph_of(lm) as (wiring, graph, _):
+        weights = edge_scores(lm, wiring, graph, enc, method="eap-ig", steps=3)
+        for layer in wiring.layers:
+            layer.rerun = True
+        rerun = edge_scores(lm, wiring, graph, enc, method="eap-ig", steps=3)
+    assert np.abs(weights).max() > 0.1
+    np.testing.assert_allclose(rerun, weights, rtol=1e-5, atol=1e-6 * np.abs(weights).max())
+
+
 # -- post-LN --------------------------------------------------------------------------------------
 
 
