@@ -53,8 +53,17 @@ def generic_config(model_type: str, vocab_size: int, init: float = 0.3):
     builders = {
         "opt": lambda: tr.OPTConfig(hidden_size=H, num_hidden_layers=LAYERS, ffn_dim=2 * H, num_attention_heads=HEADS,
                                     word_embed_proj_dim=H, max_position_embeddings=POS, init_std=init),
+        # OPT-350m's variants: project_in/project_out around a narrower embedding; post-LN blocks
+        "opt-proj": lambda: tr.OPTConfig(hidden_size=H, num_hidden_layers=LAYERS, ffn_dim=2 * H,
+                                         num_attention_heads=HEADS, word_embed_proj_dim=H // 2,
+                                         max_position_embeddings=POS, init_std=init),
+        "opt-postln": lambda: tr.OPTConfig(hidden_size=H, num_hidden_layers=LAYERS, ffn_dim=2 * H,
+                                           num_attention_heads=HEADS, word_embed_proj_dim=H,
+                                           do_layer_norm_before=False, max_position_embeddings=POS, init_std=init),
         "gptj": lambda: tr.GPTJConfig(n_embd=H, n_layer=LAYERS, n_head=HEADS, rotary_dim=8, n_positions=POS,
                                       bos_token_id=1, eos_token_id=2),
+        "codegen": lambda: tr.CodeGenConfig(n_embd=H, n_layer=LAYERS, n_head=HEADS, rotary_dim=8, n_positions=POS,
+                                            n_ctx=POS, bos_token_id=1, eos_token_id=2),
         "gpt_neox_japanese": lambda: tr.GPTNeoXJapaneseConfig(hidden_size=H, num_hidden_layers=LAYERS,
                                                               num_attention_heads=HEADS, intermediate_multiple_size=2,
                                                               max_position_embeddings=POS, bos_token_id=1,
@@ -102,7 +111,7 @@ def generic_config(model_type: str, vocab_size: int, init: float = 0.3):
     if hasattr(config, "initializer_range"):
         config.initializer_range = init
     for attr in ("init_std", "initializer_factor"):
-        if hasattr(config, attr) and model_type != "opt":
+        if hasattr(config, attr) and not model_type.startswith("opt"):
             setattr(config, attr, init if attr == "init_std" else 1.0)
     config._attn_implementation = "eager"
     return config

@@ -111,16 +111,12 @@ def test_checked_graph_follows_the_architecture(wired):
     assert check.decomposition <= 1e-5  # the final stream is the sum of the writes and the b_O
 
 
-@pytest.mark.parametrize("kind,why", [("bert", "a post-norm encoder"),
-                                      ("gemma2", "not the sum of what its embeddings, heads and MLPs write"),
-                                      ("generic:xlm-roberta", "a post-norm model"),
-                                      ("generic:glm4", "not the sum of what its embeddings, heads and MLPs write"),
-                                      ("generic:opt", "queries change inside the attention module"),
-                                      ("generic:gptj", "a rotation probe does not reproduce"),
+@pytest.mark.parametrize("kind,why", [("bert", "is post-LN"), ("generic:xlm-roberta", "is post-LN"),
+                                      ("generic:opt-postln", "is post-LN"),
                                       ("generic:modernbert", "language-model head")])
 def test_models_outside_the_graph_are_refused_saying_why(kind, why):
-    # BERT, XLM-R: norms after each residual add; Gemma 2, GLM-4: norms on each sub-layer's output; OPT
-    # scales its queries inside the module; GPT-J turns q and k inside it; a bare ModernBertModel has no logits
+    # BERT, XLM-R, OPT-350m's blocks: norms after each residual add; a bare ModernBertModel has no logits
+    # (Gemma 2, GLM-4, OPT and GPT-J fit now: tests/test_circuit_families.py)
     from generic_models import generic_lm
 
     lm = generic_lm(kind.split(":")[1]) if kind.startswith("generic:") else tiny_model(kind)
@@ -433,16 +429,16 @@ def test_a_bfloat16_model_fits_the_graph_and_its_complete_circuit_is_the_clean_r
 
 
 def test_circuit_command_refuses_a_model_outside_the_graph_before_its_plan(tmp_path):
-    # OPT scales its queries inside the module: the check's pass says so in one line, before the cost line
+    # OPT-350m's post-LN blocks: refused in one line, before the cost line
     from generic_models import generic_model
 
     from conftest import bpe_tokenizer, one_error
 
     tok = bpe_tokenizer()
-    generic_model("opt", tok).save_pretrained(tmp_path / "opt")
+    generic_model("opt-postln", tok).save_pretrained(tmp_path / "opt")
     tok.save_pretrained(tmp_path / "opt")
     (tmp_path / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
     result = invoke_cli("circuit", "--model", tmp_path / "opt", "--pairs", tmp_path / "pairs.tsv",
                         "--out", tmp_path / "run")
-    one_error(result, 1, "queries change inside the attention module")
+    one_error(result, 1, "is post-LN")
     assert "Circuit of" not in result.output and not (tmp_path / "run").exists()

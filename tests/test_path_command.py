@@ -85,9 +85,10 @@ def test_bad_names_are_one_error_line_before_any_run_folder(tmp_path):
 def test_a_post_norm_encoder_is_refused_by_its_kind_not_by_its_pairs(tmp_path):
     # path patching and circuits need a pre-norm model: BERT hears that, not advice on its pairs
     model = save_tiny("bert", tmp_path / "bert")
-    for command in (("path", "--senders", "L0H0", "--receivers", "logits"), ("circuit",)):
+    for command, what in ((("path", "--senders", "L0H0", "--receivers", "logits"), "path patching"),
+                          (("circuit",), "circuits")):
         line = one_error(invoke_cli(*command, "--model", model, "--out", tmp_path / "run"), 1,
-                         "circuits need a pre-norm model", "it is a post-norm encoder")
+                         f"{what} needs a pre-LN model", "is post-LN")
         assert "--pairs" not in line and "masked-LM" not in line
         assert not (tmp_path / "run").exists()
 

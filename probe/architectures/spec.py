@@ -195,6 +195,9 @@ class SiteSpec:
         mlp_norm: path of the norm whose output is the MLP's input (what the MLP reads is this norm
             of the residual stream), or None where it is not a module of its own (GPT-J and Falcon
             share the attention's norm) or not named; alternatives as ``input_norm``.
+        attn_post, mlp_post: paths of the norms on the attention's and the MLP's output, before
+            their residual adds (Gemma 2 and 3: ``post_attention_layernorm`` and
+            ``post_feedforward_layernorm``), or None.
         causal: queries see only keys at or before their own position.
         stack_module: path of the module whose forward receives this stack's 2D padding mask
             (``"encoder"``/``"decoder"`` of an encoder-decoder model; ``""`` = the base model).
@@ -222,6 +225,8 @@ class SiteSpec:
     input_norm: str | None = None
     mlp: str | None = None
     mlp_norm: str | None = None
+    attn_post: str | None = None
+    mlp_post: str | None = None
     causal: bool = False
     stack_module: str = ""
     n_layers: Callable[..., int] | None = None

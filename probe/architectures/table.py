@@ -109,10 +109,17 @@ _PHI3 = ArchSpec(
     config_head_attrs=("num_attention_heads",),
 )
 _GEMMA = replace(_LLAMA, family="gemma", norm_offset=1.0)  # Gemma's RMSNorm multiplies by 1 + weight
+#: Gemma 2 and 3: a norm on each sub-layer's output before its residual add, and the MLP's own norm
+_SANDWICH = dict(input_norm="input_layernorm", mlp="mlp", mlp_norm="pre_feedforward_layernorm",
+                 attn_post="post_attention_layernorm", mlp_post="post_feedforward_layernorm")
 _GEMMA2 = replace(_GEMMA, family="gemma2", scaling=_query_pre_attn_scaling, final_softcap=_final_logit_softcap,
-                  window=_window_by_layer_type, softcap=_gemma2_softcap)
-_GEMMA3 = replace(_GEMMA2, family="gemma3", softcap=_no_softcap, site_specs=_QK_NORM_SITES,
-                  rope=_rope_by_layer_type)
+                  window=_window_by_layer_type, softcap=_gemma2_softcap,
+                  site_specs=one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", q="self_attn.q_proj",
+                                       k="self_attn.k_proj", v="self_attn.v_proj", **_SANDWICH))
+_GEMMA3 = replace(_GEMMA2, family="gemma3", softcap=_no_softcap, rope=_rope_by_layer_type,
+                  site_specs=one_stack("decoder", "layers", "self_attn", "self_attn.o_proj", q="self_attn.q_proj",
+                                       k="self_attn.k_proj", v="self_attn.v_proj", q_norm="self_attn.q_norm",
+                                       k_norm="self_attn.k_norm", **_SANDWICH))
 
 def _bart_sites(prefix_q: str = "q_proj", out: str = "out_proj") -> tuple[SiteSpec, ...]:
     def site(stack, kind, module, causal):

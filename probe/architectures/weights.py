@@ -12,14 +12,16 @@ detached, in the weights' own dtype: callers choose the precision.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..errors import UnsupportedAnalysisError
 from ..sites import Site
 from .modules import base_model, head_geometry, site_block, site_spec
-from .spec import ArchSpec
+from .spec import NORMS, ArchSpec
 
 
 @dataclass
@@ -142,3 +144,62 @@ def unembedding(model: nn.Module) -> torch.Tensor:
     if head is None:
         raise ValueError(f"{type(model).__name__} has no language-model head")
     return head.weight.detach().t()
+
+
+def _frozen(kind: str, offset: float, norm: nn.Module, x: torch.Tensor):
+    """(fn, beta): ``norm`` of kind ``kind`` (:data:`~probe.architectures.spec.NORMS`) with gain
+    weight + ``offset``, its per-row scale frozen at ``x`` [..., d_model] (float64)."""
+    x = x.double()
+    gamma = norm.weight.detach().double() + offset if getattr(norm, "weight", None) is not None else 1.0
+    eps = norm_eps(norm)
+    if eps is None:
+        raise UnsupportedAnalysisError(f"the norm {type(norm).__name__} has no epsilon probe can read")
+    if kind == "layernorm":
+        sigma = (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+        bias = getattr(norm, "bias", None)
+        beta = bias.detach().double() if bias is not None else torch.zeros(x.shape[-1], dtype=torch.float64)
+        return (lambda c: gamma * (c - c.mean(-1, keepdim=True)) / sigma), beta
+    rms = ((x ** 2).mean(-1, keepdim=True) + eps).sqrt()
+    return (lambda c: gamma * c / rms), torch.zeros(x.shape[-1], dtype=torch.float64)
+
+
+def norm_rule(spec: ArchSpec, norm: nn.Module, x: torch.Tensor) -> tuple[str, float]:
+    """(kind, gain offset) of ``norm``: the spec's :attr:`~ArchSpec.norm` and
+    :attr:`~ArchSpec.norm_offset` for a hand-written spec; for a discovered one, the kind and offset
+    (0 or 1) whose computation reproduces the module's output on ``x`` [..., d_model] (relative 1e-4;
+    a float32 copy of the module, so that a half-precision model's rounding does not blur them).
+
+    Raises:
+        UnsupportedAnalysisError: a discovered norm none of them reproduces.
+    """
+    if not spec.discovered:
+        return spec.norm, spec.norm_offset
+    ref = copy.deepcopy(norm).float()  # in float32 whatever the model's dtype: the kinds differ by more
+    for hooks in (ref._forward_hooks, ref._forward_pre_hooks):  # a copy without the pass's hooks
+        hooks.clear()
+    with torch.no_grad():
+        y = ref(x.float()).double()
+        for kind in NORMS:
+            for offset in (0.0, 1.0):
+                try:
+                    fn, beta = _frozen(kind, offset, norm, x)
+                except (AttributeError, UnsupportedAnalysisError):
+                    continue
+                if float((fn(x.double()) + beta - y).abs().max()) <= 1e-4 * (float(y.abs().max()) + 1e-30):
+                    return kind, offset
+    raise UnsupportedAnalysisError(f"the norm {type(norm).__name__} computes neither a LayerNorm nor an RMSNorm "
+                                   "probe can linearise")
+
+
+def frozen_norm(spec: ArchSpec, norm: nn.Module, x: torch.Tensor):
+    """A norm linearised at input ``x`` [..., d_model]: (fn(c) for components [..., d_model], beta), in
+    float64. With each row's scale frozen at ``x``'s, the norm is linear in its input:
+    n(c) = gamma (c - mean_d c) / sigma for LayerNorm (sigma = sqrt(Var_d x + eps)) and
+    n(c) = gamma c / sqrt(mean_d x^2 + eps) for RMSNorm (Gemma: 1 + gamma), so n(x) = sum_c n(c) + beta
+    for any split of x into components c (the norm's kind: :func:`norm_rule`).
+
+    Raises:
+        UnsupportedAnalysisError: an RMS norm without a known epsilon, or a discovered norm probe
+            cannot linearise.
+    """
+    return _frozen(*norm_rule(spec, norm, x), norm, x)

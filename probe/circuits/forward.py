@@ -12,9 +12,10 @@ probe's attention function:
   that head (:func:`probe.circuits.wiring.recompute`) where the feed gives one (a model whose spec was
   discovered: turned by the cos and sin its attention module received);
 - each head's output z (read, and replaced where the feed says: z_h W_O^h is the head's write);
-- the MLP's norm (its input plus the feed's delta) and the MLP's output (read); where the MLP reads the
-  attention's norm (one norm per parallel block: Falcon, GPT-J), the MLP's input is that norm of the
-  block's input plus the feed's delta, so the MLP and the heads read streams of their own;
+- the MLP's norm (its input plus the feed's delta) and the MLP's output (read; its post-norm's output
+  where it has one); where the MLP reads the attention's norm (one norm per parallel block: Falcon,
+  GPT-J), the MLP's input is that norm of the block's input plus the feed's delta, so the MLP and the
+  heads read streams of their own; where it reads the stream itself (OLMo2), its input plus the delta;
 - the final norm's input plus the feed's delta (the logits' input).
 """
 
@@ -27,7 +28,7 @@ import torch
 from ..capture.hooks import calls_function, input_device, measuring
 from ..capture.interface import edit, install
 from ..errors import UnsupportedAnalysisError
-from .wiring import Wiring, head_writes, recompute
+from .wiring import RERUNNING, Taken, Wiring, head_writes, recompute, rerun
 
 #: The attention function's points that carry a head's inputs, by graph input kind.
 POINT_OF = {"q": "query", "k": "key", "v": "value"}
@@ -72,7 +73,7 @@ def _with_hidden(args, kwargs, value):
     return args, {**kwargs, "hidden_states": value}
 
 
-def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.Tensor | None) -> None:
+def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.Tensor | None, spec) -> None:
     for i, layer in enumerate(wiring.layers):
         def block_pre(module, args, kwargs, i=i):
             hidden = _hidden(args, kwargs)
@@ -87,24 +88,30 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
 
         def head_input(kind, i=i, layer=layer):
             def editor(tensor, call):
+                if RERUNNING and RERUNNING[-1] is layer.attention:
+                    raise Taken({"query": call.query, "key": call.key, "value": call.value})
                 delta = feed.delta(kind, i)
                 if delta is None:
                     return tensor
                 stream = streams[i][None] + delta.to(streams[i].dtype)  # a delta in the model's dtype
-                new = recompute(layer, POINT_OF[kind], stream, streams.get(("turns", i)))
+                if layer.rerun:
+                    new = rerun(layer, POINT_OF[kind], stream, streams[("call", i)])
+                else:
+                    new = recompute(layer, POINT_OF[kind], stream, streams.get(("turns", i)))
                 new = new.to(tensor.dtype)
                 return feed.recomputed(kind, i, tensor, new)
             return editor
 
         def output(tensor, call, i=i, layer=layer):
             z = feed.z(i, tensor)
-            feed.wrote("heads", i, head_writes(layer, z))
+            feed.wrote("heads", i, head_writes(layer, z, spec))
             return z
 
-        def mlp_pre(module, args, i=i):
-            feed.wrote("mlp_in", i, args[0])
+        def mlp_pre(module, args, i=i):  # OPT's MLP reads [batch * T, d_model]
+            x = args[0].reshape(streams[i].shape)
+            feed.wrote("mlp_in", i, x)
             delta = feed.delta("mlp", i)
-            return None if delta is None else (args[0] + delta.to(args[0].dtype), *args[1:])
+            return None if delta is None else ((x + delta.to(x.dtype)).reshape(args[0].shape), *args[1:])
 
         def shared_norm_pre(module, args, i=i, layer=layer):
             feed.wrote("mlp_in", i, streams[i])
@@ -116,23 +123,27 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
 
         def mlp_out(module, args, out, i=i):
             out = out[0] if isinstance(out, tuple) else out
+            out = out.reshape(streams[i].shape)  # OPT's MLP writes [batch * T, d_model]
             feed.wrote("mlp", i, out.clone())  # a copy: Falcon adds the attention's output to it in place
 
         def attention_pre(module, args, kwargs, i=i):
-            streams[("turns", i)] = kwargs.get("position_embeddings")  # (cos, sin) the module turns q, k by
+            if not RERUNNING:
+                streams[("turns", i)] = kwargs.get("position_embeddings")  # (cos, sin) the module turns q, k by
+                streams[("call", i)] = (args, kwargs)  # for a rerun
             return None
 
         hooks.forward_pre(layer.block, block_pre, with_kwargs=True)
-        if layer.turn is not None:
-            hooks.forward_pre(layer.attention, attention_pre, with_kwargs=True)
+        hooks.forward_pre(layer.attention, attention_pre, with_kwargs=True)
         for kind, point in POINT_OF.items():
             hooks.own(edit(layer.attention, point, head_input(kind)))
         hooks.own(edit(layer.attention, "output", output))
-        if layer.mlp_norm is None:
-            hooks.forward_pre(layer.mlp, shared_norm_pre)
-        else:
+        if layer.mlp_norm is not None:
             hooks.forward_pre(layer.mlp_norm, mlp_pre)
-        hooks.forward(layer.mlp, mlp_out)
+        elif layer.norm is None:
+            hooks.forward_pre(layer.mlp, mlp_pre)  # the MLP reads the stream itself
+        else:
+            hooks.forward_pre(layer.mlp, shared_norm_pre)
+        hooks.forward(layer.writer, mlp_out)
 
 
 def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: Feed,
@@ -160,7 +171,7 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
     with measuring(lm.model, implementation="probe" if own else None) as m:
         for p in lm.model.parameters():
             p.requires_grad_(False)
-        _hook_layers(m.hooks, wiring, feed, streams, embed)
+        _hook_layers(m.hooks, wiring, feed, streams, embed, lm.spec)
 
         def final_pre(module, args):
             feed.wrote("final", len(wiring.layers), args[0])

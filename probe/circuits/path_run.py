@@ -28,6 +28,7 @@ from ..runs.analysis import analyze
 from ..sites import head_name
 from .checked import graph_of
 from .graph import Graph
+from .parts import check_pre_ln
 from .paths import path_patch
 
 _HEAD = re.compile(r"L(\d+)H(\d+)")
@@ -138,6 +139,7 @@ def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *
     """
     pairs = builtin_pairs() if pairs is None else pairs
     enc = encode_pairs(lm, pairs)
+    check_pre_ln(lm, "path patching")
     with graph_of(lm) as (wiring, graph, _):
         send, receive = parse_senders(senders, graph), parse_receivers(receivers, graph)
         t = time.perf_counter()

@@ -54,7 +54,7 @@ def path_command(model_name, senders, receivers, pairs_file, out, force, progres
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
-                                             head="auto", kind_check=check_kind)  # pre-norm models
+                                             head="auto", kind_check=lambda lm: check_kind(lm, "path patching"))
     show = sys.stderr.isatty() if progress is None else progress
     result, path = path_run(lm, senders, receivers, pairs, out=out, force=force, source=source, progress=show,
                             timings={"model_load_s": lm.load_seconds}, started=started)

@@ -10,7 +10,9 @@ query head reads). For a writer h1 in layer l1 and a reader h2 in a later layer 
     V: |W_OV^h1 W_OV^h2|_F / (...)
 
 (the paper's column convention transposes every matrix; the numbers are the same). The reader's
-input-norm gamma is folded into the rows of its W_Q, W_K, W_V; with LayerNorm the writer is centred,
+input-norm gamma is folded into the rows of its W_Q, W_K, W_V, and a norm on the attention's output
+(Gemma 2 and 3) into the columns of W_O (its per-token scale, the same for every head of a token, is
+left out as the input norm's is); with LayerNorm the writer is centred,
 W_OV^h1 (I - 11^T / d_model); q/k norm gammas (Qwen3) scale W_Q / W_K columns; per-token scales and
 biases are left out (the scores do not depend on a scale). Norms of products are computed factored:
 |L_A M R_B|_F^2 = tr(M^T L_A^T L_A M R_B R_B^T) with M = R_A L_B, [d_head, d_head].
@@ -35,7 +37,9 @@ import pandas as pd
 import torch
 
 from ..architectures import needs_weights, site_outputs, weights
+from ..architectures.modules import site_block, site_spec
 from ..causal.heads import normalize_heads
+from ..circuits.parts import check_pre_ln
 from ..errors import InputError, UnsupportedAnalysisError
 from ..reference import Rope
 from .dla import head_out_weights
@@ -53,6 +57,14 @@ def _input_norm(lm, layer: int) -> tuple[torch.Tensor | None, bool]:
     return weights.norm_gain(lm.spec, norm, torch.float64), lm.spec.norm == "layernorm"
 
 
+def _post_norm_gain(lm, layer: int) -> torch.Tensor | None:
+    """The gain [d_model] (float64) of the norm a hand-written spec names on the attention's output
+    (:attr:`~probe.architectures.SiteSpec.attn_post`), or None."""
+    site = lm.sites[layer]
+    norm = weights._present(site_block(lm.model, lm.spec, site), site_spec(lm.spec, site).attn_post)
+    return None if norm is None else weights.norm_gain(lm.spec, norm, torch.float64)
+
+
 def _qkv(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """W_Q [heads, d_model, d_head], W_K and W_V [kv_heads, d_model, d_head] of ``layer`` (float64), the
     per-head q/k norms' gains folded in (:func:`probe.architectures.weights.attention_weights`)."""
@@ -67,7 +79,7 @@ def head_factors(lm) -> dict:
     """Per layer, the factors of W_QK and W_OV (float64), the reader's norm folded in:
     ``q``, ``k``, ``v`` [layers, heads, d_model, d_head] (k, v repeated per query head),
     ``o`` [layers, heads, d_head, d_model] (the writer's: centred for LayerNorm models) and
-    ``o_reader`` (as stored)."""
+    ``o_reader`` (as stored, a post-norm's gain folded in)."""
     g = lm.geometry
     out = {m: [] for m in ("q", "k", "v", "o", "o_reader")}
     for layer in range(g.n_layers):
@@ -78,6 +90,9 @@ def head_factors(lm) -> dict:
         if gamma is not None:
             q, k, v = (t * gamma[None, :, None] for t in (q, k, v))
         o_reader = head_out_weights(lm, layer)[0]
+        post = _post_norm_gain(lm, layer)
+        if post is not None:  # a norm on the attention's output (Gemma 2, 3): its gain is part of W_O
+            o_reader = o_reader * post
         o = o_reader - o_reader.mean(-1, keepdim=True) if layernorm else o_reader
         for name, t in zip(("q", "k", "v", "o", "o_reader"), (q, k, v, o, o_reader)):
             out[name].append(t)
@@ -146,6 +161,7 @@ def baseline(d_model: int, d_head: int, mode: str = "k", n: int = BASELINE_PAIRS
 
 def check_composable(lm) -> None:
     """Raises UnsupportedAnalysisError unless ``lm`` is a complete pre-norm decoder-only model."""
+    check_pre_ln(lm, "composition scores")
     if lm.kind != "decoder":
         raise UnsupportedAnalysisError(f"composition scores are computed for decoder-only (pre-norm) models; "
                                        f"{lm.name} is an {lm.kind} model")

@@ -25,8 +25,10 @@ import torch
 from torch import nn
 
 from ..architectures import site_block, weights
+from ..architectures.modules import site_spec
 from ..capture.hooks import input_device
 from ..capture.intervene import Cache, intervening
+from ..circuits.parts import check_pre_ln, find_parts
 from ..errors import InputError, UnsupportedAnalysisError
 from .patching import EncodedPairs, Pair, builtin_pairs, check_patchable, encode_pairs, final_norm
 
@@ -46,58 +48,65 @@ def head_out_weights(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     return w, b.double() if b is not None else torch.zeros(w.shape[-1], dtype=w.dtype)
 
 
-def frozen_norm(spec, norm: nn.Module, x: torch.Tensor):
-    """The final norm linearised at input ``x`` [n, d_model]: (fn(c) for components [..., n, d_model], beta).
-
-    Args:
-        spec: the architecture (its :attr:`~probe.architectures.ArchSpec.norm` and ``norm_offset``).
-        norm: the final norm module.
-        x: [n, d_model] its input.
+def _parts(lm) -> tuple[list, list, nn.Module, list]:
+    """(per layer the module whose output is the MLP's write, per layer the attention's post-norm or
+    None, the final norm, the linear maps between the final norm and the unembedding): from the spec,
+    or for a discovered spec found by a pass (:func:`probe.circuits.parts.find_parts`).
 
     Raises:
-        UnsupportedAnalysisError: an RMS norm without a known epsilon.
+        UnsupportedAnalysisError: no MLP or no final norm known.
     """
-    x = x.double()
-    gamma = weights.norm_gain(spec, norm, torch.float64)
-    if spec.norm == "layernorm":
-        sigma = (x.var(-1, unbiased=False) + norm.eps).sqrt()[:, None]
-        beta = norm.bias.detach().double() if norm.bias is not None else torch.zeros_like(gamma)
-        return (lambda c: gamma * (c - c.mean(-1, keepdim=True)) / sigma), beta
-    eps = weights.norm_eps(norm)
-    if eps is None:
-        raise UnsupportedAnalysisError(f"the final norm {type(norm).__name__} has no epsilon probe can read")
-    rms = ((x ** 2).mean(-1) + eps).sqrt()[:, None]
-    return (lambda c: gamma * c / rms), torch.zeros_like(gamma)
+    if lm.spec.discovered:
+        parts = find_parts(lm)
+        writers = [post or out or mlp for mlp, out, post in zip(parts.mlp, parts.mlp_out, parts.mlp_post)]
+        posts, norm, between = parts.attn_post, parts.final, parts.after_final
+        if norm is None:
+            raise UnsupportedAnalysisError(f"{lm.name}: probe found no final norm")
+    else:
+        writers, posts = [], []
+        for site in lm.sites:
+            block, paths = site_block(lm.model, lm.spec, site), site_spec(lm.spec, site)
+            post = weights._present(block, paths.mlp_post)
+            writers.append(post or weights.block_mlp(lm.model, lm.spec, site))
+            posts.append(weights._present(block, paths.attn_post))
+        norm, between = final_norm(lm), []
+    if any(m is None for m in writers):
+        raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its MLPs are")
+    return writers, posts, norm, between
 
 
 @torch.no_grad()
 def _components(lm, enc: EncodedPairs):
-    """One clean pass: the embeddings, z (per layer, last position), MLP outputs, final-norm input
-    and logits, each [pairs, ...] at each pair's last real position."""
+    """One clean pass: the embeddings, z (per layer, last position), MLP writes, the post-norms'
+    inputs, final-norm input and the unembedding's logits (before a final soft-cap or scale), each
+    [pairs, ...] at each pair's last real position."""
     L = lm.geometry.n_layers
-    norm = final_norm(lm)
+    writers, posts, norm, between = _parts(lm)
     blocks = [site_block(lm.model, lm.spec, s) for s in lm.sites]
-    mlps = [weights.block_mlp(lm.model, lm.spec, s) for s in lm.sites]
-    if any(m is None for m in mlps):
-        raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its MLPs are")
     rows, got = torch.arange(len(enc)), {}
 
     def take(key, x: torch.Tensor) -> None:
         x = x[0] if isinstance(x, tuple) else x
+        x = x.reshape(len(enc), -1, x.shape[-1])  # OPT's MLP: [pairs * T, d_model]
         got[key] = x[rows, enc.last.to(x.device)].detach().double().cpu()
 
     device, z = input_device(lm.model), Cache()
+    unembed = lm.model.get_output_embeddings()
     with intervening(lm) as iv:
         iv.before(blocks[0], lambda a, k: take("embed", a[0] if a else k["hidden_states"]))
         iv.before(norm, lambda a, k: take("final", a[0] if a else k["hidden_states"]))
         iv.edit("output", lambda site: z.reader(site))
-        for layer, mlp in enumerate(mlps):
+        for layer, mlp in enumerate(writers):
             iv.after(mlp, lambda out, layer=layer: take(("mlp", layer), out))
-        logits = lm.model(input_ids=enc.clean.to(device), attention_mask=enc.mask.to(device), use_cache=False).logits
+        for layer, post in enumerate(posts):
+            if post is not None:
+                iv.before(post, lambda a, k, layer=layer: take(("post_in", layer), a[0] if a else k["hidden_states"]))
+        iv.after(unembed, lambda out: take("logits", out))
+        lm.model(input_ids=enc.clean.to(device), attention_mask=enc.mask.to(device), use_cache=False)
     for layer, site in enumerate(lm.sites):
         take(("z", layer), z[site].flatten(2))  # [pairs, T, heads * d_head]
-    at = logits[rows, enc.last].double().cpu()
-    return got, norm, (at[rows, enc.answer] - at[rows, enc.wrong]), L
+    at = got["logits"]
+    return got, norm, (at[rows, enc.answer] - at[rows, enc.wrong]), L, posts, between
 
 
 def direct_logit_attribution(lm, pairs: list[Pair] | None = None) -> pd.DataFrame:
@@ -118,23 +127,29 @@ def direct_logit_attribution(lm, pairs: list[Pair] | None = None) -> pd.DataFram
         UnsupportedAnalysisError: not a decoder with an LM head, an unknown norm, or components that
             do not add up to the final norm's input (an architecture this linearisation does not fit).
     """
+    check_pre_ln(lm, "direct logit attribution")
     if lm.kind != "decoder":
         raise UnsupportedAnalysisError(f"direct logit attribution is computed for decoder-only models here; "
                                        f"{lm.name} is an {lm.kind} model")
     lm.require_all_heads("direct logit attribution")
     check_patchable(lm)
     enc = encode_pairs(lm, builtin_pairs() if pairs is None else pairs)
-    got, norm, ld, L = _components(lm, enc)
+    got, norm, ld, L, posts, between = _components(lm, enc)
     unembed = lm.model.get_output_embeddings()
     W_U = weights.unembedding(lm.model).double()  # [d_model, vocab]
+    for linear in reversed(between):  # OPT's project_out: logits = project_out(norm(x)) W_U
+        W_U = linear.weight.detach().double().T @ W_U
     u = (W_U[:, enc.answer] - W_U[:, enc.wrong]).T  # [pairs, d_model]
-    fn, beta = frozen_norm(lm.spec, norm, got["final"])
+    fn, beta = weights.frozen_norm(lm.spec, norm, got["final"])
     rows, parts, total = [], [], got["embed"].clone()
     rows.append(("embed", -1, -1)), parts.append(got["embed"])
     for layer in range(L):
         W_O, b_O = head_out_weights(lm, layer)
         z = got[("z", layer)].reshape(len(enc), lm.geometry.n_heads, lm.geometry.d_head)
         heads = torch.einsum("nhd,hdm->hnm", z, W_O)  # [heads, pairs, d_model]
+        if posts[layer] is not None:  # the attention's post-norm, its scale frozen at the clean run
+            post, post_beta = weights.frozen_norm(lm.spec, posts[layer], got[("post_in", layer)])
+            heads, b_O = post(heads), post(b_O.expand_as(got["embed"])) + post_beta
         for h in range(lm.geometry.n_heads):
             rows.append(("head", layer, h)), parts.append(heads[h])
         rows.append(("b_O", layer, -1)), parts.append(b_O.expand_as(got["embed"]))
