@@ -31,11 +31,14 @@ from ..architectures import base_model
 from ..architectures.discovered import Found, build_spec, model_kind, register
 from ..architectures.spec import ArchSpec
 from ..errors import InterfaceError
+from .failures import forward_failures
 from .hooks import measuring
 from .interface import NAME, Call, install, listen
 
 #: The discovery pass's text (any text works; a dozen tokens).
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank today."
+#: The step an exception inside the model's own forward pass is reported in (:mod:`probe.capture.failures`).
+STEP = "discovery (one short forward pass to find the attention modules)"
 
 
 def _is_projection(module: nn.Module) -> bool:
@@ -309,6 +312,7 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
     Raises:
         UnsupportedArchitectureError: the attention never calls the interface (the model keeps its
             own attention code), or a structure probe cannot measure (one line each).
+        ModelForwardError: the model's own forward pass raised an exception (its reason, one line).
     """
     install()
     kind = model_kind(model.config)
@@ -327,7 +331,7 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
         if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
             io.setdefault(module, []).append((args[0].detach(), output.detach()))
 
-    with measuring(model, eager=False) as m:
+    with measuring(model, eager=False) as m, forward_failures(STEP, model):
         model.set_attn_implementation(NAME)
         m.hooks.own(listen(None, calls.append))
         for _, module in projections:
