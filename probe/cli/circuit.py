@@ -13,7 +13,7 @@ from ..errors import InputError
 from ..util import fixed, plural, process_age
 from .group import main, user_errors
 from .options import click_callback, model_option, model_placement, run_folder_options
-from .pairstart import pairs_and_model
+from .pairstart import pair_input, pairs_and_model
 
 
 def _shares(text: str) -> tuple[float, ...]:
@@ -78,13 +78,14 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     clean and corrupted must have the same number of tokens; answer and wrong one token each.
     Default: the 20 built-in indirect-object pairs.
     """
+    given = pair_input(pairs_file)  # before torch is imported: a bad pairs file is answered at once
     from ..circuits.run import circuit_run
     from ..circuits.wiring import check_kind
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
-                                             head="auto", kind_check=check_kind)  # pre-norm models
+                                             head="auto", given=given, kind_check=check_kind)  # pre-norm models
     show = sys.stderr.isatty() if progress is None else progress
     m = 1 if method == "eap" else steps
     n_batches = -(-len(pairs) // batch_size)
