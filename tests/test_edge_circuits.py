@@ -375,6 +375,31 @@ def test_path_patching_without_senders_or_difference_is_zero(wired):
     assert path_patch(lm, wiring, graph, enc, [(0, 0), (0, 1)], q) != 0
 
 
+def test_path_patching_is_exactly_zero_where_nothing_reaches_the_receivers_however_recomputation_rounds(
+        wired, monkeypatch):
+    """Where nothing reaches a receiver (prompts that do not differ; a receiver at or below every sender's
+    layer) the effect is exactly 0, not a rounding of it: on SmolLM2 it was about 1.5e-7, because the
+    receiver's input was recomputed from the unchanged stream and the recomputation rounds in another
+    order than the model's own pass. Here the recomputation is made to round visibly (x (1 + 1e-6)),
+    so that any receiver recomputed without need shows; the effect of a path that does carry something
+    stays non-zero."""
+    import probe.circuits.forward as forward
+
+    exact = forward.recompute
+    monkeypatch.setattr(forward, "recompute", lambda *a, **k: exact(*a, **k) * (1 + 1e-6))
+    lm, wiring, graph, _ = wired
+    enc = random_pairs(8)
+    same = EncodedPairs(enc.clean, enc.clean, enc.mask, enc.last, enc.answer, enc.wrong)
+    top = graph.layers - 1
+    inputs = [("q", top, 0), ("k", top, graph.kv_heads - 1), ("v", top, 0)]
+    for receiver in [*inputs, ("logits", graph.layers, 0)]:
+        assert path_patch(lm, wiring, graph, same, [(0, 1)], [receiver]) == 0.0, receiver
+    for receiver in inputs:  # at the sender's layer, and below it: the stream before the sender writes
+        assert path_patch(lm, wiring, graph, enc, [(top, 1)], [receiver]) == 0.0, receiver
+        assert path_patch(lm, wiring, graph, enc, [(top, 1), (0, 1)], [("q", 0, 2), receiver]) != 0.0
+        assert path_patch(lm, wiring, graph, enc, [(0, 1)], [receiver]) != 0.0
+
+
 def test_pruning_keeps_the_edges_on_paths_and_the_circuits_metric(wired):
     lm, wiring, graph, _ = wired
     enc = random_pairs(9)
