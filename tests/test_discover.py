@@ -228,9 +228,9 @@ def test_query_and_key_projections_holding_the_same_weights_are_told_apart():
     more pass tells them apart by what they feed: the spec names q_proj and k_proj, and the discovered
     model measures what the hand spec measures."""
     import transformers as tr
+    from generic_models import generic_config
 
     from conftest import bpe_tokenizer
-    from generic_models import generic_config
     from probe.loading.models import from_pretrained_objects
 
     lm = tiny_model("llama", kv_heads=4)
