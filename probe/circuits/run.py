@@ -38,7 +38,8 @@ class CircuitRun:
     Attributes:
         graph: the model's :class:`~probe.circuits.graph.Graph`.
         scores: [edges] the edge scores (logits of the mean logit difference).
-        method: ``"eap-ig"`` or ``"eap"``; steps: EAP-IG's m (1 for EAP).
+        method: ``"eap-ig"`` or ``"eap"``; steps: EAP-IG's m (1 for EAP); points: EAP-IG's integration
+            points, ``"right"`` or ``"left"`` (:data:`~probe.circuits.attribution.POINTS`; None for EAP).
         circuit: [edges] boolean, the chosen circuit (top ``k`` edges by absolute score).
         faithfulness: the :class:`~probe.circuits.evaluate.Faithfulness` curve.
         ld_clean, ld_corrupted: the runs' mean logit differences.
@@ -66,6 +67,7 @@ class CircuitRun:
     seeds: int = 5
     greedy: Greedy | None = None
     metric_at: str = LAST_POSITION
+    points: str | None = "right"
 
     @property
     def circuit_faithfulness(self) -> float:
@@ -127,7 +129,7 @@ def circuit_sizes(n_edges: int, k: int, shares=SHARES) -> list[int]:
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", method: str = "eap-ig",
             steps: int = 5, edges: int | None = None, seeds: int = 5, batch_size: int = 8, progress: bool = False,
             say=None, shares=None, select: str = "top-k", threshold: float = THRESHOLD,
-            max_passes: int | None = None, plan=None) -> CircuitRun:
+            max_passes: int | None = None, plan=None, points: str = "right") -> CircuitRun:
     """Edge scores, the circuit and the faithfulness curve of ``lm`` on ``pairs`` (default the built-in
     set); ``say``: a callable given one line per stage, or None; ``plan``: called once the graph is
     checked, before any score, as ``plan(graph, sizes)`` (sizes: the faithfulness curve's sizes of the
@@ -135,7 +137,8 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     shares of all edges (default :data:`~probe.circuits.evaluate.SHARES`). ``select``: ``top-k`` (the
     ``edges`` of largest |score|) or ``greedy`` (:func:`~probe.circuits.greedy.greedy_circuit` keeping
     faithfulness >= ``threshold`` within ``max_passes`` circuit passes; the curve then includes its
-    size, so the top-k circuit of the same size stands beside it).
+    size, so the top-k circuit of the same size stands beside it). ``points``: EAP-IG's integration
+    points (:func:`~probe.circuits.attribution.alphas`: ``right``, the default, or ``left``, hannamw/EAP-IG's).
 
     Raises:
         UnsupportedAnalysisError: a model outside the graph (:func:`~probe.circuits.checked.graph_of`).
@@ -155,7 +158,7 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         t = time.perf_counter()
         with _bar(progress, n_batches * m, f"{method} gradients", "backward") as bar:
             scores = edge_scores(lm, wiring, graph, enc, method=method, steps=steps, batch_size=batch_size,
-                                 progress=bar)
+                                 progress=bar, points=points)
         seconds["edges_s"] = time.perf_counter() - t
         if say:
             say(f"edge scores ({method}, {graph.n_edges} edges): done in {seconds['edges_s']:.1f} s")
@@ -183,7 +186,7 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
             "faithfulness divides by a difference of that size and is dominated by noise"]
         return CircuitRun(graph, scores, method, m, circuit, curve, evaluator.ld_clean,
                           evaluator.ld_corrupted, pairs, source, seconds, notes, passes, seeds, greedy,
-                          metric_place(lm.kind))
+                          metric_place(lm.kind), None if method == "eap" else points)
 
 
 class _bar:
