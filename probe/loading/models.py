@@ -14,6 +14,7 @@ GGUF dequantization and its cache, device placement); a pruned model's folder is
 from __future__ import annotations
 
 import importlib.util
+import logging
 import socket
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from ..util import quiet_transformers
 from .checkpoints import (
     HEADS,
     PLACEMENT,
+    busy_estimate,
     cache_dir,
     finish_tokenizer,
     load_folder,
@@ -45,7 +47,7 @@ from .checkpoints import (
     resolve_device,
     resolve_dtype,
 )
-from .ctranslate import whisper_folder
+from .ctranslate import FIRST_USE_SECONDS, whisper_folder
 
 
 @dataclass(frozen=True)
@@ -296,11 +298,18 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
 
 def _load_ctranslate2(name: str, folder: Path, dtype, notes: list[str]):
     """(model, tokenizer) of an embedded CTranslate2 Whisper: its transformers copy in probe's cache,
-    written on first use (:func:`probe.loading.ctranslate.whisper_folder`, a few seconds)."""
+    written on first use (:func:`probe.loading.ctranslate.whisper_folder`), announced on the log with
+    an estimate and then each step with its time, as a GGUF model's first use is."""
     cached = dequantized_cache(name)
     if (cached / "config.json").exists():
         notes.append(f"loaded the converted copy cached in {cached}")
     else:
+        size_mb = (folder / "model.bin").stat().st_size / 2**20 if (folder / "model.bin").exists() else 0.0
+        logging.getLogger("probe.loading.models").warning(
+            "first use of %s: converting its CTranslate2 weights (%.0f MB) to a float32 transformers folder in %s; "
+            "a one-time step of about %d s on 2 idle CPU cores, longer on a busy or slower machine%s; later runs "
+            "load the converted copy in seconds", name, size_mb, cached, FIRST_USE_SECONDS,
+            busy_estimate(FIRST_USE_SECONDS))
         whisper_folder(folder, cached)
         notes.append(f"first use: converted the CTranslate2 weights to a transformers folder in {cached}")
     return load_folder(cached, dtype)
