@@ -220,6 +220,19 @@ def test_usage_error_is_one_line_through_the_entry_point(tmp_path):
     assert "probe analyze --help" in lines[0]
 
 
+def test_a_path_given_as_text_is_analysed_as_text_with_a_note(out, tiny_bert_folder, tmp_path):
+    """``--text /some/dir`` is analysed as its characters (it is text); a note says --text takes text and
+    a file of texts is --corpus."""
+    result = run("analyze", "--model", str(tiny_bert_folder), "--text", str(tmp_path), "--out", str(out),
+                 "--no-distance", "--no-circuits", "--no-norm")
+    assert result.exit_code == 0, result.output
+    note = [ln for ln in result.stderr.splitlines() if ln.startswith("note: --text takes the text itself")]
+    assert len(note) == 1 and "(a folder on this machine)" in note[0] and "--corpus FILE" in note[0]
+    plain = run("analyze", "--model", str(tiny_bert_folder), "--text", "a/b is not a path here", "--out",
+                str(out.parent / "plain"), "--no-distance", "--no-circuits", "--no-norm")
+    assert plain.exit_code == 0 and "--text takes the text itself" not in plain.stderr
+
+
 @pytest.mark.parametrize("text", ["\u200b", "   \u200b  "])
 def test_text_with_only_special_tokens(text, out, tiny_bert_folder):
     assert_clean_error(run("analyze", "--model", str(tiny_bert_folder), "--text", text, "--out", str(out)),

@@ -313,6 +313,10 @@ def test_cli_analyze_and_verify_a_saved_generic_model(tmp_path):
     result = invoke_cli("verify", "--model", folder, "--no-progress")
     assert result.exit_code == 0, result.output
     assert "PASS" in result.stdout and "right-padded (sdpa)" in result.stdout and "output (logits)" in result.stdout
+    lines = result.stdout.splitlines()
+    cases = lines[lines.index("cases:") + 1:]
+    cases = [ln for ln in cases if ln.startswith("  ") and "max abs" in ln]
+    assert len(cases) > 3 and len({ln.index("max abs") for ln in cases}) == 1, cases  # the (sdpa) rows aligned too
     result = invoke_cli("analyze", "--model", folder, "--text", "The cat sat on the mat.", "--text",
                         "A dog ran home.", "--out", tmp_path / "run")
     assert result.exit_code == 0, result.output

@@ -225,6 +225,13 @@ def _check_input(texts, corpus, pairs, limit, audio_files) -> int | None:
 
     if texts:
         check_texts(list(texts), limit)
+        import os
+
+        for text in texts:  # a path given as --text is analysed as the text it is: say so, once per path
+            if os.sep in text and os.path.exists(text.strip()):
+                kind = "folder" if os.path.isdir(text.strip()) else "file"
+                click.echo(f"note: --text takes the text itself: {text!r} (a {kind} on this machine) is analysed as "
+                           f"those characters; a file of texts is --corpus FILE", err=True)
     for path in audio_files:
         check_audio(str(path))
     return count_sequences(corpus, pairs, limit)
