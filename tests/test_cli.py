@@ -240,6 +240,28 @@ def test_text_with_only_special_tokens(text, out, tiny_bert_folder):
     assert not out.exists()
 
 
+def test_a_folder_without_weights_or_tokenizer_says_which(tmp_path, out, tiny_bert_folder):
+    """A folder with only config.json got transformers' cut-off "Couldn't instantiate the backend tokenizer
+    from one of: " (nothing about the weights); one without tokenizer files loaded with a tokenizer built
+    from nothing. Each is refused in one line naming what is missing."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(tiny_bert_folder / "config.json", bare / "config.json")
+    line = assert_clean_error(run("analyze", "--model", str(bare), "--text", "Hi.", "--out", str(out)), "no weights")
+    assert "and no tokenizer files" in line and "nothing to load" in line
+    weights = tmp_path / "no-tok"
+    weights.mkdir()
+    for f in tiny_bert_folder.iterdir():
+        if f.name in ("config.json", "model.safetensors"):
+            shutil.copy(f, weights / f.name)
+    line = assert_clean_error(run("analyze", "--model", str(weights), "--text", "Hi.", "--out", str(out)),
+                              "no tokenizer files")
+    assert "no weights" not in line and "tokenizer.save_pretrained" in line
+    assert not out.exists()
+
+
 def test_model_path_that_is_a_file(tmp_path, out):
     f = tmp_path / "corpus.txt"
     f.write_text("not a model\n")

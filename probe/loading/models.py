@@ -274,12 +274,18 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
                 raise ModelLoadError(f"model folder not found: {name}")
             if not (path / "config.json").exists():
                 raise ModelLoadError(f"{name} is not a model folder (no config.json)")
+            lacks = folder_lacks(path)
+            if lacks:  # transformers would say something else (a tokenizer built from nothing, cut-off words)
+                raise ModelLoadError(f"{name} holds a config.json but no {' and no '.join(lacks)}: "
+                                     + ("nothing to load" if lacks[0].startswith("weights") else
+                                        "save the tokenizer beside the model (tokenizer.save_pretrained(folder))"))
             try:
                 model, tokenizer, pruned = _load_local(path, dtype, head, notes)
             except ProbeError:
                 raise
             except Exception as exc:  # noqa: BLE001
-                raise ModelLoadError(f"cannot load model folder {name}: {str(exc).splitlines()[0]}") from None
+                why = str(exc).splitlines()[0].strip().rstrip(":") or type(exc).__name__
+                raise ModelLoadError(f"cannot load model folder {name}: {why}") from None
             source = str(path)
         else:
             hub_id = HUB_ALIASES.get(name, name)
@@ -313,6 +319,24 @@ def _load_ctranslate2(name: str, folder: Path, dtype, notes: list[str]):
         whisper_folder(folder, cached)
         notes.append(f"first use: converted the CTranslate2 weights to a transformers folder in {cached}")
     return load_folder(cached, dtype)
+
+
+#: Files that hold a tokenizer, an image processor or a feature extractor (:func:`folder_lacks`).
+TOKENIZER_FILES = frozenset({"tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
+                             "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "preprocessor_config.json"})
+
+
+def folder_lacks(path: Path) -> list[str]:
+    """What a model folder holding a config.json lacks, in words: ``weights (...)`` (no
+    ``*.safetensors``, ``*.bin`` or shard index) and ``tokenizer files (...)`` (none of
+    :data:`TOKENIZER_FILES` and no ``*.model``); empty when it has both."""
+    names = {p.name for p in path.iterdir() if p.is_file()}
+    lacks = []
+    if not any(n.endswith((".safetensors", ".bin", ".index.json")) and n != "training_args.bin" for n in names):
+        lacks.append("weights (model.safetensors or pytorch_model.bin)")
+    if not names & TOKENIZER_FILES and not any(n.endswith(".model") for n in names):
+        lacks.append("tokenizer files (tokenizer.json, tokenizer_config.json or a vocabulary)")
+    return lacks
 
 
 def _local_folder(name: str) -> Path | None:
