@@ -104,7 +104,8 @@ def circuit_command(model_name, pairs_file, method, steps, points, edges, select
                                points=points, edges=edges, seeds=seeds, shares=shares, batch_size=batch_size,
                                progress=show, select=select, threshold=threshold, max_passes=max_passes, plan=plan,
                                timings={"model_load_s": lm.load_seconds}, started=started,
-                               say=None if show else lambda line: click.echo(line, err=True))
+                               say=None if show else lambda line: click.echo(line, err=True),
+                               estimate=lambda line: click.echo(line, err=True))
     f = result.faithfulness.frame
     k = int(result.circuit.sum())
     row = f[f["k"] == k].iloc[0]
