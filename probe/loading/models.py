@@ -395,9 +395,29 @@ def preview_model(name: str) -> LoadedModel | None:
                        source=str(folder), max_length=_max_length(config, tokenizer))
 
 
+def _asked_attention(path: Path) -> str | None:
+    """The attention implementation a folder's config.json asks for (``attn_implementation`` or
+    ``_attn_implementation``), or None."""
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    asked = config.get("attn_implementation") or config.get("_attn_implementation")
+    return asked if isinstance(asked, str) else None
+
+
 def _load_local(path: Path, dtype, head: str | None, notes: list[str]):
     """A local model folder: (model, tokenizer, pruned). A folder holding a pruned model's record
     (:mod:`probe.pruning.saving`) is built from its config with the same heads removed."""
+    asked = _asked_attention(path)
+    if asked not in (None, "eager"):
+        notes.append(f"the folder's config asks for {asked} attention; loaded with eager attention, which probe "
+                     "measures through its own attention function (sdpa and flash kernels return no probabilities)")
+        logging.getLogger("probe.loading.models").warning(notes[-1])  # said in the command's output too
     if not (path / PRUNED_FILE).exists():
         return (*load_folder(path, dtype, head), None)
     from transformers import AutoConfig  # deferred: transformers takes ~1.5 s to import
