@@ -138,6 +138,7 @@ def test_the_first_use_conversion_is_announced_with_each_step_and_its_time(ct2_f
     import probe.loading.models as models
 
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(logging.getLogger("probe"), "propagate", True)  # the CLI's set-up, run earlier, stops it
     folder, _ = ct2_folder
     with caplog.at_level(logging.WARNING, logger="probe.loading.models"):
         notes: list[str] = []
