@@ -44,6 +44,7 @@ from .checkpoints import (
     load_gguf,
     model_class,
     place,
+    require_supported,
     resolve_device,
     resolve_dtype,
 )
@@ -276,6 +277,7 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
                 raise ModelLoadError(f"{name} is not a model folder (no config.json)")
             lacks = folder_lacks(path)
             if lacks:  # transformers would say something else (a tokenizer built from nothing, cut-off words)
+                _refuse_unsupported(path)  # a type probe cannot measure is the first thing to say
                 raise ModelLoadError(f"{name} holds a config.json but no {' and no '.join(lacks)}: "
                                      + ("nothing to load" if lacks[0].startswith("weights") else
                                         "save the tokenizer beside the model (tokenizer.save_pretrained(folder))"))
@@ -393,6 +395,18 @@ def preview_model(name: str) -> LoadedModel | None:
         return None
     return LoadedModel(model=None, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
                        source=str(folder), max_length=_max_length(config, tokenizer))
+
+
+def _refuse_unsupported(path: Path) -> None:
+    """Raise :func:`~probe.loading.checkpoints.require_supported`'s error for a folder whose model type
+    probe cannot measure; nothing for a config transformers cannot read (the caller says what is missing)."""
+    from transformers import AutoConfig  # deferred: transformers takes ~1.5 s to import
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - the folder's other lacks are the message then
+        return
+    require_supported(config)
 
 
 def _asked_attention(path: Path) -> str | None:
