@@ -44,11 +44,11 @@ from .checkpoints import (
     load_gguf,
     model_class,
     place,
-    require_supported,
     resolve_device,
     resolve_dtype,
 )
 from .ctranslate import FIRST_USE_SECONDS, whisper_folder
+from .folders import asked_attention, folder_lacks, refuse_unsupported
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,7 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
                 raise ModelLoadError(f"{name} is not a model folder (no config.json)")
             lacks = folder_lacks(path)
             if lacks:  # transformers would say something else (a tokenizer built from nothing, cut-off words)
-                _refuse_unsupported(path)  # a type probe cannot measure is the first thing to say
+                refuse_unsupported(path)  # a type probe cannot measure is the first thing to say
                 raise ModelLoadError(f"{name} holds a config.json but no {' and no '.join(lacks)}: "
                                      + ("nothing to load" if lacks[0].startswith("weights") else
                                         "save the tokenizer beside the model (tokenizer.save_pretrained(folder))"))
@@ -321,24 +321,6 @@ def _load_ctranslate2(name: str, folder: Path, dtype, notes: list[str]):
         whisper_folder(folder, cached)
         notes.append(f"first use: converted the CTranslate2 weights to a transformers folder in {cached}")
     return load_folder(cached, dtype)
-
-
-#: Files that hold a tokenizer, an image processor or a feature extractor (:func:`folder_lacks`).
-TOKENIZER_FILES = frozenset({"tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
-                             "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "preprocessor_config.json"})
-
-
-def folder_lacks(path: Path) -> list[str]:
-    """What a model folder holding a config.json lacks, in words: ``weights (...)`` (no
-    ``*.safetensors``, ``*.bin`` or shard index) and ``tokenizer files (...)`` (none of
-    :data:`TOKENIZER_FILES` and no ``*.model``); empty when it has both."""
-    names = {p.name for p in path.iterdir() if p.is_file()}
-    lacks = []
-    if not any(n.endswith((".safetensors", ".bin", ".index.json")) and n != "training_args.bin" for n in names):
-        lacks.append("weights (model.safetensors or pytorch_model.bin)")
-    if not names & TOKENIZER_FILES and not any(n.endswith(".model") for n in names):
-        lacks.append("tokenizer files (tokenizer.json, tokenizer_config.json or a vocabulary)")
-    return lacks
 
 
 def _local_folder(name: str) -> Path | None:
@@ -397,37 +379,10 @@ def preview_model(name: str) -> LoadedModel | None:
                        source=str(folder), max_length=_max_length(config, tokenizer))
 
 
-def _refuse_unsupported(path: Path) -> None:
-    """Raise :func:`~probe.loading.checkpoints.require_supported`'s error for a folder whose model type
-    probe cannot measure; nothing for a config transformers cannot read (the caller says what is missing)."""
-    from transformers import AutoConfig  # deferred: transformers takes ~1.5 s to import
-
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except Exception:  # noqa: BLE001 - the folder's other lacks are the message then
-        return
-    require_supported(config)
-
-
-def _asked_attention(path: Path) -> str | None:
-    """The attention implementation a folder's config.json asks for (``attn_implementation`` or
-    ``_attn_implementation``), or None."""
-    import json
-
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    asked = config.get("attn_implementation") or config.get("_attn_implementation")
-    return asked if isinstance(asked, str) else None
-
-
 def _load_local(path: Path, dtype, head: str | None, notes: list[str]):
     """A local model folder: (model, tokenizer, pruned). A folder holding a pruned model's record
     (:mod:`probe.pruning.saving`) is built from its config with the same heads removed."""
-    asked = _asked_attention(path)
+    asked = asked_attention(path)
     if asked not in (None, "eager"):
         notes.append(f"the folder's config asks for {asked} attention; loaded with eager attention, which probe "
                      "measures through its own attention function (sdpa and flash kernels return no probabilities)")
