@@ -290,6 +290,21 @@ def test_a_folder_whose_config_asks_for_flash_attention_says_what_it_is_measured
     assert plain.exit_code == 0 and not [r for r in caplog.records if "asks for" in r.getMessage()]
 
 
+def test_a_truncated_text_says_where_and_why(out, tiny_bert_folder):
+    """A text cut to the model's limit (a ModernBERT's 65 tokens) was counted as truncated without the
+    limit or its reason; the summary names both."""
+    result = run("analyze", "--model", str(tiny_bert_folder), "--text", " ".join(["word"] * 100), "--out",
+                 str(out), "--no-distance", "--no-circuits", "--no-norm")
+    assert result.exit_code == 0, result.output
+    rec = json.loads((out / "run.json").read_text())
+    limit = rec["model"]["max_length"]
+    assert rec["counts"]["truncated"] == 1 and rec["settings"]["max_length"] == limit
+    assert f", 1 truncated at {limit} tokens (the model's limit)" in result.stdout
+    shorter = run("analyze", "--model", str(tiny_bert_folder), "--text", " ".join(["word"] * 100), "--max-length",
+                  20, "--out", str(out.parent / "short"), "--no-distance", "--no-circuits", "--no-norm")
+    assert shorter.exit_code == 0 and ", 1 truncated at 20 tokens (--max-length)" in shorter.stdout
+
+
 def test_model_path_that_is_a_file(tmp_path, out):
     f = tmp_path / "corpus.txt"
     f.write_text("not a model\n")
