@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 
 from .errors import InputError
+from .measures.rules import validate_thresholds
 
 #: Parameter dtypes a model can be loaded in (``--dtype``, ``load_model(dtype=...)``); here, where the
 #: command line reads it without importing torch.
@@ -88,3 +90,90 @@ def fraction(name: str, value, *, closed_low: bool = False, closed_high: bool = 
         lo, hi = "[" if closed_low else "(", "]" if closed_high else ")"
         raise InputError(f"{name} must be in {lo}0, 1{hi}, got {value!r}")
     return float(value)
+
+
+def thresholds(values: dict | None) -> dict[str, float]:
+    """Label thresholds (label -> number in (0, 1]; :data:`probe.measures.rules.LABEL_RULES`).
+
+    Raises:
+        InputError: an unknown label or a value outside (0, 1].
+    """
+    try:
+        validate_thresholds(values)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    return {k: float(v) for k, v in (values or {}).items()}
+
+
+#: The ablations of a head (:mod:`probe.effects.ablation`, ``--ablation``), in the order they are run.
+ABLATION_KINDS = ("zero", "mean", "resample")
+
+
+def ablation_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
+    """``kinds`` in :data:`ABLATION_KINDS` order, each once.
+
+    Raises:
+        InputError: none, or an unknown kind.
+    """
+    bad = [k for k in kinds if k not in ABLATION_KINDS]
+    if bad or not kinds:
+        raise InputError(f"unknown ablation {', '.join(map(repr, bad)) or '(none)'}; choose from "
+                         f"{', '.join(ABLATION_KINDS)}")
+    return tuple(k for k in ABLATION_KINDS if k in kinds)
+
+
+#: A head's name (``L5H1``: layer and head, 0-based), and a receiver's input (``L9H6.q``, ``L9KV1.k``).
+HEAD_NAME = re.compile(r"L(\d+)H(\d+)")
+INPUT_NAME = re.compile(r"L(\d+)(H|KV)(\d+)\.(q|k|v)")
+
+
+def head_names(option: str, text: str) -> None:
+    """The form of ``--senders`` (``L5H1,L5H2``) or ``--receivers`` (``logits``, ``L9H6.q``, ``L9KV1.k``),
+    before any model is loaded (whether each name exists is checked once the model is there).
+
+    Raises:
+        InputError: an empty list, or a name of another form.
+    """
+    form = HEAD_NAME if option == "--senders" else INPUT_NAME
+    for part in (p.strip() for p in text.split(",")):
+        if not (form.fullmatch(part) or (option == "--receivers" and part == "logits")):
+            example = "L5H1,L5H2" if option == "--senders" else "logits,L9H6.q,L9H6.k,L9KV1.v"
+            raise InputError(f"{option}: {part!r} is not a name of that form ({example})")
+
+
+#: What labels may rest on (``analyze(labels_by=...)``, ``--labels-by``).
+LABELS_BY = ("weight", "norm")
+
+
+def value_weighting(value_weighted: bool, labels_by: str) -> dict:
+    """``{"value_weighted": ..., "labels_by": ...}`` after checking ``labels_by``: ``"weight"`` (the
+    attention statistics) or ``"norm"`` (their value-weighted forms).
+
+    Raises:
+        InputError: another value, or ``"norm"`` with the value-weighted statistics turned off.
+    """
+    if labels_by not in LABELS_BY:
+        raise InputError(f"labels by must be one of {', '.join(LABELS_BY)}, got {labels_by!r}")
+    if labels_by == "norm" and not value_weighted:
+        raise InputError("labels by norm need the value-weighted statistics; they are turned off (--no-norm)")
+    return {"value_weighted": bool(value_weighted), "labels_by": labels_by}
+
+
+#: The orders heads are pruned in (:mod:`probe.pruning.curves`, ``--order``).
+PRUNING_ORDERS = ("importance", "redundancy", "random")
+
+#: What ``probe patch --component`` patches (:data:`probe.effects.components.COMPONENTS`, same names).
+COMPONENT_NAMES = ("z", "q", "k", "v", "pattern", "resid", "mlp")
+
+
+def components(text: str) -> tuple[str, ...]:
+    """``--component``: comma-separated names of :data:`COMPONENT_NAMES`, in the order given, each once.
+
+    Raises:
+        InputError: an unknown or empty name.
+    """
+    names = [n.strip() for n in text.split(",")]
+    bad = [n for n in names if n not in COMPONENT_NAMES]
+    if not names or bad:
+        raise InputError(f"--component {text!r}: comma-separated, from {', '.join(COMPONENT_NAMES)}")
+    return tuple(dict.fromkeys(names))

@@ -31,3 +31,9 @@ class CaptureError(ProbeError):
 class InterfaceError(UnsupportedArchitectureError):
     """A model's attention passes probe's attention function something it does not compute (an unknown
     keyword argument that could change the maths), or a structure probe cannot discover."""
+
+
+class ModelForwardError(ProbeError):
+    """A model's own forward pass raised an exception during one of probe's steps (discovery, capture,
+    verification ...): the model, not probe, refused its input (an X-MOD model with no language id).
+    Built by :func:`probe.capture.failures.forward_failures`."""

@@ -220,11 +220,89 @@ def test_usage_error_is_one_line_through_the_entry_point(tmp_path):
     assert "probe analyze --help" in lines[0]
 
 
+def test_a_path_given_as_text_is_analysed_as_text_with_a_note(out, tiny_bert_folder, tmp_path):
+    """``--text /some/dir`` is analysed as its characters (it is text); a note says --text takes text and
+    a file of texts is --corpus."""
+    result = run("analyze", "--model", str(tiny_bert_folder), "--text", str(tmp_path), "--out", str(out),
+                 "--no-distance", "--no-circuits", "--no-norm")
+    assert result.exit_code == 0, result.output
+    note = [ln for ln in result.stderr.splitlines() if ln.startswith("note: --text takes the text itself")]
+    assert len(note) == 1 and "(a folder on this machine)" in note[0] and "--corpus FILE" in note[0]
+    plain = run("analyze", "--model", str(tiny_bert_folder), "--text", "a/b is not a path here", "--out",
+                str(out.parent / "plain"), "--no-distance", "--no-circuits", "--no-norm")
+    assert plain.exit_code == 0 and "--text takes the text itself" not in plain.stderr
+
+
 @pytest.mark.parametrize("text", ["\u200b", "   \u200b  "])
 def test_text_with_only_special_tokens(text, out, tiny_bert_folder):
     assert_clean_error(run("analyze", "--model", str(tiny_bert_folder), "--text", text, "--out", str(out)),
                        "no tokens besides special tokens")
     assert not out.exists()
+
+
+def test_a_folder_without_weights_or_tokenizer_says_which(tmp_path, out, tiny_bert_folder):
+    """A folder with only config.json got transformers' cut-off "Couldn't instantiate the backend tokenizer
+    from one of: " (nothing about the weights); one without tokenizer files loaded with a tokenizer built
+    from nothing. Each is refused in one line naming what is missing."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(tiny_bert_folder / "config.json", bare / "config.json")
+    line = assert_clean_error(run("analyze", "--model", str(bare), "--text", "Hi.", "--out", str(out)), "no weights")
+    assert "and no tokenizer files" in line and "nothing to load" in line
+    weights = tmp_path / "no-tok"
+    weights.mkdir()
+    for f in tiny_bert_folder.iterdir():
+        if f.name in ("config.json", "model.safetensors"):
+            shutil.copy(f, weights / f.name)
+    line = assert_clean_error(run("analyze", "--model", str(weights), "--text", "Hi.", "--out", str(out)),
+                              "no tokenizer files")
+    assert "no weights" not in line and "tokenizer.save_pretrained" in line
+    assert not out.exists()
+
+
+def test_a_folder_whose_config_asks_for_flash_attention_says_what_it_is_measured_with(tmp_path, out,
+                                                                                    tiny_bert_folder, monkeypatch,
+                                                                                    caplog):
+    """A config asking for flash_attention_2 was loaded with eager attention without a word in the command's
+    output: the note says so, on probe's log as the command runs, and in run.json."""
+    import logging
+    import shutil
+
+    folder = tmp_path / "fa2"
+    shutil.copytree(tiny_bert_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "attn_implementation": "flash_attention_2"}))
+    said = "the folder's config asks for flash_attention_2 attention; loaded with eager attention"
+    # on probe's log, which the command prints as note: lines (read here however an earlier test set it up)
+    monkeypatch.setattr(logging.getLogger("probe"), "propagate", True)
+    with caplog.at_level(logging.WARNING, logger="probe.loading.models"):
+        result = run("analyze", "--model", str(folder), "--text", "The cat sat on the mat.", "--out", str(out),
+                     "--no-distance", "--no-circuits", "--no-norm")
+    assert result.exit_code == 0, result.output
+    assert [r.getMessage() for r in caplog.records if said in r.getMessage()]
+    assert any(said in n for n in json.loads((out / "run.json").read_text())["notes"])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="probe.loading.models"):
+        plain = run("analyze", "--model", str(tiny_bert_folder), "--text", "The cat sat on the mat.", "--out",
+                    str(tmp_path / "plain"), "--no-distance", "--no-circuits", "--no-norm")
+    assert plain.exit_code == 0 and not [r for r in caplog.records if "asks for" in r.getMessage()]
+
+
+def test_a_truncated_text_says_where_and_why(out, tiny_bert_folder):
+    """A text cut to the model's limit (a ModernBERT's 65 tokens) was counted as truncated without the
+    limit or its reason; the summary names both."""
+    result = run("analyze", "--model", str(tiny_bert_folder), "--text", " ".join(["word"] * 100), "--out",
+                 str(out), "--no-distance", "--no-circuits", "--no-norm")
+    assert result.exit_code == 0, result.output
+    rec = json.loads((out / "run.json").read_text())
+    limit = rec["model"]["max_length"]
+    assert rec["counts"]["truncated"] == 1 and rec["settings"]["max_length"] == limit
+    assert f", 1 truncated at {limit} tokens (the model's limit)" in result.stdout
+    shorter = run("analyze", "--model", str(tiny_bert_folder), "--text", " ".join(["word"] * 100), "--max-length",
+                  20, "--out", str(out.parent / "short"), "--no-distance", "--no-circuits", "--no-norm")
+    assert shorter.exit_code == 0 and ", 1 truncated at 20 tokens (--max-length)" in shorter.stdout
 
 
 def test_model_path_that_is_a_file(tmp_path, out):

@@ -128,6 +128,37 @@ def test_the_converted_folder_is_the_same_model(ct2_folder, tmp_path):
     assert not (tmp_path / "hf.partial").exists()
 
 
+def test_the_first_use_conversion_is_announced_with_each_step_and_its_time(ct2_folder, tmp_path, monkeypatch,
+                                                                         caplog):
+    """whisper-tiny-en's first use (a conversion of 31-74 s on a busy 2-core machine) printed nothing; it is
+    announced as a GGUF model's de-quantizing is: what it does and its estimate, then each step and its
+    time, on probe's log (the CLI's ``note:`` lines); a second load says it read the converted copy."""
+    import logging
+
+    import probe.loading.models as models
+
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(logging.getLogger("probe"), "propagate", True)  # the CLI's set-up, run earlier, stops it
+    folder, _ = ct2_folder
+    with caplog.at_level(logging.WARNING, logger="probe.loading.models"):
+        notes: list[str] = []
+        models._load_ctranslate2("tiny-ct2", folder, None, notes)
+    lines = [r.getMessage() for r in caplog.records if r.name == "probe.loading.models"]
+    assert lines[0].startswith("first use of tiny-ct2: converting its CTranslate2 weights (") and \
+        f"about {models.FIRST_USE_SECONDS} s on 2 idle CPU cores" in lines[0]
+    steps = [ln.strip() for ln in lines[1:]]
+    assert [s.split(" ", 1)[0] for s in steps] == ["1/3", "1/3", "2/3", "2/3", "3/3", "3/3"]
+    assert all(s.endswith("...") for s in steps[::2]) and all(" done in " in s for s in steps[1::2])
+    assert notes == [f"first use: converted the CTranslate2 weights to a transformers folder in "
+                     f"{tmp_path / 'cache' / 'tiny-ct2-dequantized-float32'}"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="probe.loading.models"):
+        notes = []
+        models._load_ctranslate2("tiny-ct2", folder, None, notes)
+    assert not [r for r in caplog.records if r.name == "probe.loading.models"]
+    assert notes[0].startswith("loaded the converted copy cached in ")
+
+
 def test_other_versions_specs_and_missing_files_are_refused(ct2_folder, tmp_path):
     folder, model = ct2_folder
     bad = tmp_path / "bad"

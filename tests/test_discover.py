@@ -225,6 +225,48 @@ def test_hand_families_discovered_give_the_eager_paths_statistics(kind):
     assert_statistics_close(analyze(generic, texts).heads, analyze(lm, texts).heads, err_msg=kind)
 
 
+def _tie_queries_and_keys(model) -> None:
+    """Give every layer's key projection its query projection's weights (one parameter, two modules)."""
+    for module in model.modules():
+        if hasattr(module, "q_proj") and hasattr(module, "k_proj"):
+            module.k_proj.weight = module.q_proj.weight
+
+
+def test_query_and_key_projections_holding_the_same_weights_are_told_apart():
+    """Two projections of equal weights give equal outputs, which discovery compared alone: it named the
+    query projection for the keys too (a LLaMA), or refused the model. Nudging each one's output in one
+    more pass tells them apart by what they feed: the spec names q_proj and k_proj, and the discovered
+    model measures what the hand spec measures."""
+    import transformers as tr
+    from generic_models import generic_config
+
+    from conftest import bpe_tokenizer
+    from probe.loading.models import from_pretrained_objects
+
+    lm = tiny_model("llama", kv_heads=4)
+    _tie_queries_and_keys(lm.model)
+    try:
+        spec = discover(lm.model, lm.tokenizer)
+    finally:
+        DISCOVERED.pop(lm.model_type, None)
+    assert [(s.q, s.k, s.v) for s in spec.site_specs] == [("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")]
+    generic = LoadedModel(lm.model, lm.tokenizer, spec, lm.geometry, lm.name, lm.source, lm.max_length)
+    assert_statistics_close(analyze(generic, TEXTS).heads, analyze(lm, TEXTS).heads)
+    tok = bpe_tokenizer()  # a type without a hand-written spec, discovered as it loads
+    config = generic_config("olmo", len(tok))
+    config.num_key_value_heads = config.num_attention_heads
+    torch.manual_seed(0)
+    model = tr.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    _tie_queries_and_keys(model)
+    try:
+        olmo = from_pretrained_objects(model, tok, name="tiny-olmo-tied")
+        assert [(s.q, s.k) for s in olmo.spec.site_specs] == [("self_attn.q_proj", "self_attn.k_proj")]
+        result = verify(olmo, cases=["right-padded"])
+        assert result.passed, result.to_json()
+    finally:
+        DISCOVERED.pop("olmo", None)
+
+
 @pytest.mark.parametrize("kind", OWN_ATTENTION_HAND)
 def test_hand_families_that_compute_their_own_attention_cannot_be_discovered(kind):
     """The hand families left out above never call the interface: discovery says so, so their hand
@@ -281,6 +323,10 @@ def test_cli_analyze_and_verify_a_saved_generic_model(tmp_path):
     result = invoke_cli("verify", "--model", folder, "--no-progress")
     assert result.exit_code == 0, result.output
     assert "PASS" in result.stdout and "right-padded (sdpa)" in result.stdout and "output (logits)" in result.stdout
+    lines = result.stdout.splitlines()
+    cases = lines[lines.index("cases:") + 1:]
+    cases = [ln for ln in cases if ln.startswith("  ") and "max abs" in ln]
+    assert len(cases) > 3 and len({ln.index("max abs") for ln in cases}) == 1, cases  # the (sdpa) rows aligned too
     result = invoke_cli("analyze", "--model", folder, "--text", "The cat sat on the mat.", "--text",
                         "A dog ran home.", "--out", tmp_path / "run")
     assert result.exit_code == 0, result.output

@@ -189,6 +189,70 @@ def test_eap_ig_with_one_step_is_eap(wired):
     assert np.abs(eap).max() > 0
 
 
+def _logits_edges_by_hand(model, enc: EncodedPairs, alphas: list[float]) -> np.ndarray:
+    """EAP-IG's scores of the edges into the logits of a GPT-2, computed on transformers' model alone
+    (no split pass, no feed): each writer's corrupted minus clean write (the embeddings; each head's z_h
+    W_O^h from the output projection's input; each MLP's output), dotted with dM/d(final norm input)
+    averaged over the points ``alphas`` of the embeddings' line from corrupted to clean."""
+    blocks, n = model.transformer.h, len(enc)
+    H = model.config.n_head
+
+    def writes(ids):
+        zs, mlps = [], []
+        hooks = [b.attn.c_proj.register_forward_pre_hook(lambda m, a: zs.append(a[0].detach())) for b in blocks]
+        hooks += [b.mlp.register_forward_hook(lambda m, a, o: mlps.append(o.detach())) for b in blocks]
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=enc.mask, output_hidden_states=True)
+        for h in hooks:
+            h.remove()
+        rows = [out.hidden_states[0]]
+        for block, z, mlp in zip(blocks, zs, mlps):
+            d = z.shape[-1] // H
+            w = block.attn.c_proj.weight  # Conv1D: [in, out]
+            rows += [z[..., h * d:(h + 1) * d] @ w[h * d:(h + 1) * d] for h in range(H)] + [mlp]
+        return torch.stack(rows)
+
+    diff = writes(enc.corrupted) - writes(enc.clean)
+    wte = model.transformer.wte
+    grad = torch.zeros_like(diff[0])
+    for alpha in alphas:  # the same position embeddings in both runs: interpolating the tokens' is the stream's
+        x = (wte(enc.corrupted) + alpha * (wte(enc.clean) - wte(enc.corrupted))).detach()
+        seen: dict = {}
+
+        def leaf(module, args, seen=seen):
+            seen["x"] = args[0].detach().requires_grad_()
+            return (seen["x"],)
+
+        hook = model.transformer.ln_f.register_forward_pre_hook(leaf)
+        logits = model(inputs_embeds=x, attention_mask=enc.mask).logits
+        hook.remove()
+        rows = torch.arange(n)
+        last = logits[rows, enc.last]
+        metric = (last[rows, enc.answer] - last[rows, enc.wrong]).sum() / n
+        grad += torch.autograd.grad(metric, seen["x"])[0] / len(alphas)
+    return torch.einsum("ubtd,btd->u", diff.double(), grad.double()).detach().numpy()
+
+
+def test_eap_ig_left_points_equal_an_independent_computation_on_gpt2():
+    """``points="left"`` (alpha = k/m, k = 0..m-1, hannamw/EAP-IG's convention) gives, at the edges into
+    the logits, the integrated gradients computed on transformers' GPT-2 alone; the default ``right``
+    (k = 1..m) is that computation at its own points, and the two differ (the end points differ)."""
+    lm = tiny_model("gpt2")
+    enc = random_pairs(4)
+    m = 3
+    with graph_of(lm) as (wiring, graph, _):
+        logits_edges = np.array([graph.downstream[d][0] == "logits" for d in graph.edge_index[1]])
+        got = {points: edge_scores(lm, wiring, graph, enc, method="eap-ig", steps=m, points=points)[logits_edges]
+               for points in ("left", "right")}
+    with torch.enable_grad():
+        left = _logits_edges_by_hand(lm.model, enc, [k / m for k in range(m)])
+        right = _logits_edges_by_hand(lm.model, enc, [k / m for k in range(1, m + 1)])
+    assert len(left) == graph.n_upstream and np.abs(left).max() > 1e-3
+    np.testing.assert_allclose(got["left"], left, rtol=1e-4, atol=1e-6 * np.abs(left).max())
+    np.testing.assert_allclose(got["right"], right, rtol=1e-4, atol=1e-6 * np.abs(right).max())
+    assert np.abs(got["left"] - got["right"]).max() > 1e-3 * np.abs(left).max()
+
+
 def test_node_score_is_the_sum_of_its_edges(wired):
     lm, wiring, graph, _ = wired
     scores = edge_scores(lm, wiring, graph, random_pairs(2), method="eap-ig", steps=2)
@@ -323,6 +387,9 @@ def test_circuit_command_writes_the_run_folder(circuit_folder):
     assert 'class="circuit-graph"' in html and 'class="faith-plot"' in html
     assert "-0.000" not in html  # a faithfulness that rounds to zero is written 0.000
     assert record["method"] == "eap-ig" and record["steps"] == 2 and "faithfulness" in output
+    assert record["points"] == "right"  # the default convention, named
+    # the cost in minutes, announced after the first measured pass
+    assert "estimate from the first pass (" in output and " min in all on this machine" in output
     # the cost announced before the run is the count run.json keeps
     import re
 
@@ -331,8 +398,42 @@ def test_circuit_command_writes_the_run_folder(circuit_folder):
     assert batches * (fixed + sizes * each) == record["passes"]["faithfulness"]
 
 
+def test_the_cost_estimate_scales_the_first_pass_by_the_passes_to_come():
+    """The first pass is a batch's 2 forward passes and one forward and backward pass (about 5 forward
+    passes); the scores are batches x (2 + 3 m) of them, faithfulness batches x circuits."""
+    from probe.circuits.run import cost_estimate
+
+    line = cost_estimate(10.0, 3, 5, 50)  # a forward pass 2 s: scores 3 x 17 x 2 = 102 s, faithfulness 300 s
+    assert line == ("estimate from the first pass (10.0 s): about 1.7 min for the scores and 5.0 min for "
+                    "faithfulness, 7 min in all on this machine as loaded now")
+
+
+def test_circuit_command_with_left_points_writes_the_librarys_left_scores(tmp_path):
+    """``--points left`` reaches the scores (edges.csv equals the library's ``points="left"``), is named in
+    run.json and in the line announcing the run, and the page says which points."""
+    model = save_tiny("gpt2", tmp_path / "gpt2")
+    (tmp_path / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
+    result = invoke_cli("circuit", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--steps", 2, "--points",
+                        "left", "--edges", 5, "--seeds", 1, "--shares", "0.5", "--out", tmp_path / "run",
+                        "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["circuit"]["points"] == "left"
+    assert "m=2 (left points)" in result.output
+    assert "k = 0..m-1" in (tmp_path / "run" / "index.html").read_text(encoding="utf-8")
+    lm = tiny_model("gpt2")
+    from probe.effects.pairs import encode_pairs
+    from probe.text.pairfile import parse_pairs
+
+    enc = encode_pairs(lm, parse_pairs(PAIRS_TSV, "pairs"))
+    with graph_of(lm) as (wiring, graph, _):
+        want = edge_scores(lm, wiring, graph, enc, method="eap-ig", steps=2, points="left")
+    edges = pd.read_csv(tmp_path / "run" / "edges.csv")
+    assert edges["score"].to_numpy() == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
 @pytest.mark.parametrize("args,message", [(["--steps", "0"], "--steps"), (["--edges", "0"], "--edges"),
-                                          (["--shares", "0.1,2"], "--shares"), (["--shares", "a"], "--shares")])
+                                          (["--shares", "0.1,2"], "--shares"), (["--shares", "a"], "--shares"),
+                                          (["--points", "middle"], "--points")])
 def test_circuit_command_usage_errors(args, message, tmp_path):
     result = invoke_cli("circuit", "--model", tmp_path / "none", *args)
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
@@ -369,6 +470,31 @@ def test_path_patching_without_senders_or_difference_is_zero(wired):
     assert path_patch(lm, wiring, graph, enc, [], q) == 0
     assert path_patch(lm, wiring, graph, same, [(0, 0), (0, 1)], q) == 0
     assert path_patch(lm, wiring, graph, enc, [(0, 0), (0, 1)], q) != 0
+
+
+def test_path_patching_is_exactly_zero_where_nothing_reaches_the_receivers_however_recomputation_rounds(
+        wired, monkeypatch):
+    """Where nothing reaches a receiver (prompts that do not differ; a receiver at or below every sender's
+    layer) the effect is exactly 0, not a rounding of it: on SmolLM2 it was about 1.5e-7, because the
+    receiver's input was recomputed from the unchanged stream and the recomputation rounds in another
+    order than the model's own pass. Here the recomputation is made to round visibly (x (1 + 1e-6)),
+    so that any receiver recomputed without need shows; the effect of a path that does carry something
+    stays non-zero."""
+    import probe.circuits.forward as forward
+
+    exact = forward.recompute
+    monkeypatch.setattr(forward, "recompute", lambda *a, **k: exact(*a, **k) * (1 + 1e-6))
+    lm, wiring, graph, _ = wired
+    enc = random_pairs(8)
+    same = EncodedPairs(enc.clean, enc.clean, enc.mask, enc.last, enc.answer, enc.wrong)
+    top = graph.layers - 1
+    inputs = [("q", top, 0), ("k", top, graph.kv_heads - 1), ("v", top, 0)]
+    for receiver in [*inputs, ("logits", graph.layers, 0)]:
+        assert path_patch(lm, wiring, graph, same, [(0, 1)], [receiver]) == 0.0, receiver
+    for receiver in inputs:  # at the sender's layer, and below it: the stream before the sender writes
+        assert path_patch(lm, wiring, graph, enc, [(top, 1)], [receiver]) == 0.0, receiver
+        assert path_patch(lm, wiring, graph, enc, [(top, 1), (0, 1)], [("q", 0, 2), receiver]) != 0.0
+        assert path_patch(lm, wiring, graph, enc, [(0, 1)], [receiver]) != 0.0
 
 
 def test_pruning_keeps_the_edges_on_paths_and_the_circuits_metric(wired):

@@ -326,6 +326,41 @@ def test_reports_carry_no_path_of_the_authors_file_system(setup, tmp_path):
     assert "<td>tinypkg/model</td>" in html
 
 
+def test_no_page_or_record_of_any_command_holds_an_absolute_path(tmp_path):
+    """Every page and record the commands on prompt pairs, a corpus and run folders write, with the model,
+    the pairs file and the corpus in folders of the author's: no absolute path (``probe circuit``,
+    ``path`` and ``patch --pairs FILE`` wrote the file's absolute path into index.html, and ``effects``
+    the model's folder in a note, while run.json was clean)."""
+    from test_edge_circuits import PAIRS_TSV
+
+    model = save_tiny("llama", tmp_path / "models" / "llama")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
+    (data / "corpus.txt").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    (data / "two.tsv").write_text("The cat sat.\tIt was warm.\nA dog ran.\tIt was fast.\n", encoding="utf-8")
+    out = tmp_path / "out"
+    pairs = ["--pairs", data / "pairs.tsv"]
+    for name, args in {
+        "circuit": ["circuit", *pairs, "--steps", 1, "--edges", 5, "--seeds", 1, "--no-progress"],
+        "path": ["path", *pairs, "--senders", "L0H1", "--receivers", "logits,L1H0.q", "--no-progress"],
+        "patch": ["patch", *pairs],
+        "analyze": ["analyze", "--corpus", data / "corpus.txt", "--no-progress"],
+        "segments": ["analyze", "--pairs", data / "two.tsv", "--no-progress"],
+        "effects": ["effects", "--corpus", data / "corpus.txt", "--seeds", 5, "--copies", 1, "--no-progress"],
+    }.items():
+        result = run(*args[:1], "--model", model, *args[1:], "--out", out / name)
+        assert result.exit_code == 0, (name, result.output)
+    assert run("compare", out / "analyze", out / "segments", "--out", out / "compare").exit_code == 0
+    written = [f for f in out.rglob("*") if f.suffix in (".html", ".json", ".svg")]
+    assert {f.parent.name for f in written if f.name == "index.html"} == {
+        "circuit", "path", "patch", "analyze", "segments", "effects", "compare"}
+    for page in written:
+        text = page.read_text(encoding="utf-8")
+        assert str(tmp_path) not in text and str(tmp_path.resolve()) not in text, page
+    assert "(pairs.tsv)" in (out / "path" / "index.html").read_text(encoding="utf-8")  # the file, by its name
+
+
 def test_short_path_rules():
     from probe.report.portable import short_path, shorten_paths
 
@@ -336,6 +371,16 @@ def test_short_path_rules():
     note = "loaded the copy cached in /root/.cache/probe/smollm2 at 2.0 tokens/s (1/2 done)"
     assert shorten_paths({"notes": [note]}) == {"notes": ["loaded the copy cached in smollm2 at 2.0 tokens/s "
                                                           "(1/2 done)"]}
+    # a result object (a dataclass) is copied with its paths shortened, and returned itself when it holds none
+    from probe.circuits.path_run import PathRun
+
+    run_ = PathRun(frame=None, ld_clean=1.0, ld_corrupted=0.0, pairs=[], source="/home/me/data/pairs.tsv",
+                   notes=["read /home/me/data/pairs.tsv"])
+    shown = shorten_paths({"path": run_})["path"]
+    assert (shown.source, shown.notes, shown.ld_clean) == ("pairs.tsv", ["read pairs.tsv"], 1.0)
+    assert run_.source == "/home/me/data/pairs.tsv"  # the run's own record is left as it was
+    kept = PathRun(frame=None, ld_clean=1.0, ld_corrupted=0.0, pairs=[], source="built-in IOI set")
+    assert shorten_paths(kept) is kept
 
 
 # --------------------------------------------------------------------------- gates that never act

@@ -114,7 +114,7 @@ def test_a_feature_extractor_that_does_not_fit_the_model_is_a_wrong_frame_count(
     tr.WhisperFeatureExtractor(feature_size=80, chunk_length=3, hop_length=150).save_pretrained(folder)
     r = invoke_cli("analyze", "--model", folder, "--audio", write_tone(tmp_path / "a.wav", 0.5), "--out",
                    tmp_path / "r")
-    one_error(r, 1, "wrong frame count", "not a whole multiple")
+    one_error(r, 1, "wrong frame count", "not a whole multiple", "the model needs 200 (100 positions x the stride 2")
 
 
 # ----------------------------------------------------------------------------- alignment

@@ -86,3 +86,67 @@ def test_the_command_lines_copies_of_library_names_agree():
     assert options.DEFAULT_MODEL == models.DEFAULT_MODEL
     assert list(verify_cli.MUTANT_NAMES) == sorted(MUTANTS)
     assert verify_cli.FP32_RTOL == FP32_RTOL
+    from probe import bounds
+    from probe.effects.components import COMPONENTS
+    from probe.pruning.curves import ORDERS
+
+    assert tuple(COMPONENTS) == bounds.COMPONENT_NAMES and ORDERS == bounds.PRUNING_ORDERS
+
+
+#: Runs probe's entry point with torch and transformers made impossible to import: importing either
+#: raises, and the command would end in a traceback instead of its one line.
+_WITHOUT_TORCH = """
+import sys
+class Forbidden:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers"):
+            raise ImportError(f"{name} imported before the usage error was answered")
+sys.meta_path.insert(0, Forbidden())
+sys.argv = ["probe", *sys.argv[1:]]
+from probe.cli import entry
+entry()
+"""
+
+
+def _bad_inputs(tmp: Path) -> list[tuple[list[str], int, str]]:
+    """(arguments, exit status, a fragment of the one line) of the usage errors a newcomer met after
+    7-14 s of importing torch (issue 42, item 4), and the others of their kind."""
+    bad = tmp / "latin1.txt"
+    bad.write_bytes(b"fine line\ncaf\xe9 au lait\n")
+    noise = tmp / "noise.wav"
+    noise.write_text("this is not audio\n")
+    out = str(tmp / "out")
+    return [
+        (["analyze", "--text", "Hi.", "--threshold", "induction=5", "-o", out], 2, "must be in (0, 1]"),
+        (["analyze", "--text", "Hi.", "--threshold", "bogus=0.5", "-o", out], 2, "unknown label 'bogus'"),
+        (["analyze", "--text", "Hi.", "--health-threshold", "saturated=2", "-o", out], 2, "must be in (0, 1]"),
+        (["analyze", "--labels-by", "norm", "--no-norm", "-o", out], 1, "--no-norm"),
+        (["effects", "--ablation", "bogus", "-o", out], 2, "unknown ablation 'bogus'"),
+        (["analyze", "--text", "", "-o", out], 1, "text 1 is empty"),
+        (["analyze", "--text", "Hi.", "--text", "   ", "-o", out], 1, "text 2 is empty"),
+        (["analyze", "--corpus", str(bad), "-o", out], 1, "line 2 is not valid UTF-8"),
+        (["effects", "--corpus", str(bad), "-o", out], 1, "line 2 is not valid UTF-8"),
+        (["prune", "--corpus", str(bad), "-o", out], 1, "line 2 is not valid UTF-8"),
+        (["compare", "--model", "a", "--model", "b", "--corpus", str(bad), "-o", out], 1, "not valid UTF-8"),
+        (["circuit", "--pairs", str(bad), "-o", out], 1, "cannot read pairs file"),
+        (["patch", "--pairs", str(bad), "-o", out], 1, "cannot read pairs file"),
+        (["path", "--receivers", "L9H6.q", "-o", out], 2, "Missing option '--senders'"),
+        (["path", "--senders", "5.1", "--receivers", "logits", "-o", out], 2, "'5.1' is not a name of that form"),
+        (["patch", "--component", "bogus", "-o", out], 2, "--component 'bogus'"),
+        (["prune", "--order", "bogus", "-o", out], 2, "distinct orders"),
+        (["analyze", "--model", "whisper-tiny-en", "--audio", str(noise), "-o", out], 1, "cannot read audio"),
+    ]
+
+
+def test_usage_errors_are_answered_before_torch_is_imported(tmp_path):
+    """Each bad input of :func:`_bad_inputs` through the real entry point, in an interpreter where
+    importing torch or transformers raises: its exit status and exactly one ``Error:`` line, and no
+    run folder."""
+    root = Path(__file__).parent.parent
+    for args, code, fragment in _bad_inputs(tmp_path):
+        done = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, *args], capture_output=True, text=True,
+                              cwd=root, timeout=120)
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        assert done.returncode == code and len(lines) == 1, (args, done.stderr)
+        assert lines[0].startswith("Error:") and fragment in lines[0], (args, lines[0])
+        assert not (tmp_path / "out").exists(), args

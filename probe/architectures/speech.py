@@ -28,6 +28,10 @@ def is_speech(config) -> bool:
             and bool(getattr(config, "is_encoder_decoder", False)))
 
 
+#: Mel frames per encoder position of a Whisper encoder (its second convolution's stride; the first's is 1).
+ENCODER_STRIDE = 2
+
+
 def conv_stride(config, mel_frames: int) -> int:
     """Mel frames per encoder position: ``mel_frames`` (the feature extractor's frames per window,
     ``nb_max_frames``) over the config's ``max_source_positions``.
@@ -38,7 +42,10 @@ def conv_stride(config, mel_frames: int) -> int:
     positions = int(config.max_source_positions)
     if mel_frames <= 0 or mel_frames % positions:
         raise ValueError(f"the feature extractor gives {mel_frames} mel frames per window, not a whole multiple "
-                         f"of the model's {positions} encoder positions")
+                         f"of the model's {positions} encoder positions: the model needs {ENCODER_STRIDE * positions} "
+                         f"({positions} positions x the stride {ENCODER_STRIDE} of its second convolution), which a "
+                         "feature extractor gives with chunk_length x sampling_rate / hop_length = "
+                         f"{ENCODER_STRIDE * positions}")
     return mel_frames // positions
 
 

@@ -15,7 +15,9 @@ from each call:
   projection's input and output);
 * the query, key and value projections, checked: recomputing what the function received from a
   found module's output must give it exactly (values everywhere; queries and keys at position 0,
-  where rotary embeddings are the identity). What is not found is listed in
+  where rotary embeddings are the identity). Modules whose outputs are equal (a query and a key
+  projection holding the same weights) are told apart by what they feed: each one's output nudged in
+  one more pass, the input of the call that changes is its role. What is not found is listed in
   :attr:`~probe.architectures.ArchSpec.missing`, and the analyses that need those weights refuse.
 
 The findings become an :class:`~probe.architectures.ArchSpec`
@@ -31,11 +33,14 @@ from ..architectures import base_model
 from ..architectures.discovered import Found, build_spec, model_kind, register
 from ..architectures.spec import ArchSpec
 from ..errors import InterfaceError
-from .hooks import measuring
+from .failures import forward_failures
+from .hooks import Hooks, measuring
 from .interface import NAME, Call, install, listen
 
 #: The discovery pass's text (any text works; a dozen tokens).
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank today."
+#: The step an exception inside the model's own forward pass is reported in (:mod:`probe.capture.failures`).
+STEP = "discovery (one short forward pass to find the attention modules)"
 
 
 def _is_projection(module: nn.Module) -> bool:
@@ -182,26 +187,33 @@ def _fused(layout: str, o: torch.Tensor, H: int, KV: int, d: int) -> tuple:
     return _split(q, H, d), _split(k, KV, d), _split(v, KV, d)
 
 
-def _projections(call: Call, io: dict, near: list[tuple[str, nn.Module]]) -> dict:
+def _projections(call: Call, io: dict, near: list[tuple[str, nn.Module]], fed=None) -> dict:
     """The q/k/v paths (or one fused ``qkv`` and its layout) among ``near`` ((path, module) in the
     layer), each checked against what the call received: values everywhere, queries and keys at
-    position 0 (rotary embeddings are the identity there)."""
+    position 0 (rotary embeddings are the identity there).
+
+    Modules whose outputs are equal (a query and a key projection holding the same weights) all pass
+    that check: ``fed(path, module)`` then says which of ``"q"``, ``"k"``, ``"v"`` the module feeds
+    (:class:`_Fed`: its output nudged in one more pass, what the call received that changed), and a
+    role is given to the modules that feed it only. Without ``fed`` the first module in ``near`` is taken.
+    """
     H, d_qk = call.query.shape[1], call.query.shape[-1]
     KV, d_v = call.key.shape[1], call.value.shape[-1]
     q0, k0 = call.query[:, :, :1], call.key[:, :, :1]
     found: dict = {}
+    candidates: dict[str, list] = {"q": [], "k": [], "v": []}
     for path, module in near:
         rec = io.get(module, [])
         for name, want, n, d, first in (("q", q0, H, d_qk, True), ("k", k0, KV, d_qk, True),
                                         ("v", call.value, KV, d_v, False)):
-            if name not in found and _matches(rec, want, lambda o, n=n, d=d, f=first: _split(o, n, d)[:, :, :1]
-                                              if f else _split(o, n, d)):
-                found[name] = path
+            if _matches(rec, want, lambda o, n=n, d=d, f=first: _split(o, n, d)[:, :, :1] if f else _split(o, n, d)):
+                candidates[name].append((path, module))
         for name, want, n in (("q", call.query, H), ("k", call.key, KV)):
-            if name not in found and any(_rotated(_split(o, n, d_qk), want) for _, o in rec
-                                         if o.shape[-1] == n * d_qk and o.shape[1] == want.shape[2]):
-                found[name] = path
-        if d_qk != d_v or {"q", "k", "v"} <= found.keys() or "qkv" in found:
+            if (path, module) not in candidates[name] and any(
+                    _rotated(_split(o, n, d_qk), want) for _, o in rec
+                    if o.shape[-1] == n * d_qk and o.shape[1] == want.shape[2]):
+                candidates[name].append((path, module))
+        if d_qk != d_v or all(candidates.values()) or "qkv" in found:
             continue
         for layout, conv in (("stacked", False), ("conv1d", True), ("per_head", False)):
             if conv != (type(module).__name__ == "Conv1D") or (layout != "stacked" and KV != H):
@@ -210,7 +222,39 @@ def _projections(call: Call, io: dict, near: list[tuple[str, nn.Module]]) -> dic
                    for i, (want, n) in enumerate(((q0, 1), (k0, 1), (call.value, call.value.shape[2])))):
                 found.update(qkv=path, layout=layout)
                 break
+    for name, found_here in candidates.items():
+        if len(found_here) > 1 and fed is not None:
+            found_here = [(path, module) for path, module in found_here if name in fed(path, module)]
+        if found_here:
+            found[name] = found_here[0][0]
     return found
+
+
+class _Fed:
+    """Which of a call's query, key and value a projection feeds, found by nudging its output (one more
+    forward pass per module asked about; only where modules' outputs are equal). Within its own layer, a
+    projection's output reaches only the inputs it feeds: the other two are computed from the layer's
+    input, which the nudge has not reached."""
+
+    def __init__(self, model: nn.Module, inputs: dict, calls: list[Call]) -> None:
+        self.model, self.inputs, self.calls = model, inputs, calls
+        self.call: Call | None = None
+        self._seen: dict = {}
+
+    def __call__(self, path: str, module: nn.Module) -> set[str]:
+        index = next(i for i, c in enumerate(self.calls) if c is self.call)
+        key = (index, path)
+        if key not in self._seen:
+            again: list[Call] = []
+            with Hooks() as hooks:
+                hooks.own(listen(None, again.append))
+                hooks.forward(module, lambda m, args, out: out + 1.0)
+                self.model(**self.inputs)
+            was, now = self.call, again[index]
+            self._seen[key] = {name for name, a, b in (("q", was.query, now.query), ("k", was.key, now.key),
+                                                       ("v", was.value, now.value))
+                               if a.shape != b.shape or not torch.equal(a, b)}
+        return self._seen[key]
 
 
 def _output_projection(call: Call, io: dict, near: list[tuple[str, nn.Module]]) -> str | None:
@@ -245,12 +289,15 @@ def _site_of(call: Call, kind: str, lengths: tuple[int, int]) -> tuple[str, str]
     return ("decoder", "self") if Tk == target else ("decoder", "cross")
 
 
-def _found(call: Call, where: tuple[str, str, str, str], base: str, io, projections, count) -> Found:
+def _found(call: Call, where: tuple[str, str, str, str], base: str, io, projections, count,
+           fed: _Fed | None = None) -> Found:
     """One call's :class:`Found`: ``where`` is (stack, kind of site, layer path, attention path)."""
     stack, site_kind, layer_path, attention = where
     causal, window = _causal(call) if site_kind == "self" else (False, None)
     near = _near(layer_path, attention, projections)
-    proj = _projections(call, io, near)
+    if fed is not None:
+        fed.call = call
+    proj = _projections(call, io, near, fed)
     H, KV, d_v = call.query.shape[1], call.key.shape[1], call.value.shape[-1]
     layers = layer_path.rpartition(".")[0]
     if base and not layers.startswith(base + "."):
@@ -309,6 +356,7 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
     Raises:
         UnsupportedArchitectureError: the attention never calls the interface (the model keeps its
             own attention code), or a structure probe cannot measure (one line each).
+        ModelForwardError: the model's own forward pass raised an exception (its reason, one line).
     """
     install()
     kind = model_kind(model.config)
@@ -327,14 +375,16 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
         if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
             io.setdefault(module, []).append((args[0].detach(), output.detach()))
 
-    with measuring(model, eager=False) as m:
+    with measuring(model, eager=False) as m, forward_failures(STEP, model):
         model.set_attn_implementation(NAME)
         m.hooks.own(listen(None, calls.append))
         for _, module in projections:
             m.hooks.forward(module, record)
         model(**inputs)
-    count: dict = {}
-    found = [_found(c, w, base, io, projections, count) for c, w in zip(calls, _places(model, calls, names, kind,
-                                                                                       lengths))]
+        m.hooks.remove()
+        count: dict = {}
+        fed = _Fed(model, inputs, calls)  # modules with equal outputs: told apart by what they feed
+        found = [_found(c, w, base, io, projections, count, fed)
+                 for c, w in zip(calls, _places(model, calls, names, kind, lengths))]
     spec = build_spec(model.config.model_type, kind, found, _d_model(model), _position_offset(model))
     return register(model.config.model_type, spec)

@@ -59,9 +59,13 @@ from torch import nn
 from ..architectures import output_projection_bypass, site_outputs
 from ..errors import ProbeError, UnsupportedAnalysisError
 from ..sites import Site
+from .failures import forward_failures
 from .hooks import Hooks, calls_function, measuring
 from .interface import NAME, POINTS, Call, Editor, edit, edited, in_turn, install, served_sites
 from .swapped import swap_if_agrees
+
+#: The step an exception inside the model's own forward pass is reported in (:mod:`probe.capture.failures`).
+STEP = "the intervention's forward passes (heads read or edited)"
 
 #: The head axis of each point's tensor.
 HEAD_AXIS = {"query": 1, "key": 1, "value": 1, "pattern": 1, "output": 2}
@@ -312,6 +316,7 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
         UnsupportedAnalysisError: a model outside the interface whose output projection is unknown, or
             is never called under a known setting of its family (BLOOM's ``pretraining_tp > 1`` with
             ``slow_but_exact``), so that no head could be read or written.
+        ModelForwardError: the model's own forward pass raised an exception (:mod:`probe.capture.failures`).
     """
     own = calls_function(lm)
     if own:
@@ -321,7 +326,7 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
         raise UnsupportedAnalysisError(f"probe cannot read or write the heads of {lm.name}: the output projection "
                                        f"({o}) is never called: {why}")
     with measuring(lm.model, eager=own or eager, eval_mode=eval_mode, implementation=NAME if own else None) as m, \
-            ExitStack() as stack:
+            ExitStack() as stack, forward_failures(STEP, lm.model):
         own = own or swap_if_agrees(lm, stack)  # the reference module calls probe's function
         served = served_sites(lm.model, lm.spec)
         if not own:

@@ -25,11 +25,14 @@ from ..errors import CaptureError
 from ..measures.values import ValueTracker
 from ..sites import Site
 from ..text.inputs import Batch, Text, as_texts, collate, tokenize
+from .failures import forward_failures
 from .hooks import Hooks, calls_function, input_device, measuring
 from .interface import scored, site_listeners
 from .op import Scores
 from .swapped import swap_if_agrees
 
+#: The step an exception inside the model's own forward pass is reported in (:mod:`probe.capture.failures`).
+STEP = "capture (the forward passes that record attention)"
 #: A capture callback: ``callback(site, probs)`` with probs [batch, heads, query, key].
 SiteCallback = Callable[[Site, torch.Tensor], None]
 
@@ -164,8 +167,9 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback, values: ValueTracke
 
     Raises:
         CaptureError: a site returned no attention probabilities.
+        ModelForwardError: the model's own forward pass raised an exception (:mod:`probe.capture.failures`).
     """
-    with measuring(lm.model) as m, ExitStack() as stack:
+    with measuring(lm.model) as m, ExitStack() as stack, forward_failures(STEP, lm.model):
         if not calls_function(lm):
             # a family whose modules compute attention inline: probe's reference module, which calls probe's
             # attention function, stands in where it reproduces the model bit for bit (else the module's own maps)

@@ -9,9 +9,12 @@ query input: through that head's projection, the block's norm and the rotation, 
 stream; :mod:`probe.circuits.forward`).
 
 EAP-IG (Hanna et al. 2024, "Have Faith in Faithfulness"), the inputs variant: the same product with
-the gradient averaged over m points on the straight line from the corrupted to the clean embeddings,
-alpha_k = k / m for k = 1 .. m (the right Riemann sum of the path integral, divided by m). m = 1 is
-EAP (alpha = 1: the clean run).
+the gradient averaged over m points on the straight line from the corrupted to the clean embeddings
+(a Riemann sum of the path integral, divided by m). Two conventions (:data:`POINTS`): ``"right"``,
+probe's default, alpha_k = k / m for k = 1 .. m (the clean run is a point; m = 1 is EAP, alpha = 1);
+``"left"``, alpha_k = k / m for k = 0 .. m - 1 (the corrupted run is a point, the clean run is not),
+as the reference implementation (hannamw/EAP-IG, ``EAP-IG-inputs``) integrates. The two differ by
+the end points: m left = m right - g(1) + g(0), g the gradient at alpha.
 
 M is the logit difference logit(answer) - logit(wrong) at each pair's last real position, averaged
 over the pairs, so scores are in logits of that mean; a node's score is the sum of its outgoing
@@ -33,6 +36,21 @@ from .wiring import Wiring
 
 #: The attribution methods.
 METHODS = ("eap-ig", "eap")
+#: EAP-IG's integration points (module docstring): ``right`` alpha = k / m, k = 1 .. m (the default);
+#: ``left`` k = 0 .. m - 1 (hannamw/EAP-IG's).
+POINTS = ("right", "left")
+
+
+def alphas(m: int, points: str = "right") -> list[float]:
+    """The m points alpha (0: the corrupted embeddings, 1: the clean ones) EAP-IG averages the gradient
+    over, by the convention ``points`` (:data:`POINTS`).
+
+    Raises:
+        ValueError: m < 1 or another convention.
+    """
+    if m < 1 or points not in POINTS:
+        raise ValueError(f"m must be >= 1 and points one of {POINTS}, not {m!r}, {points!r}")
+    return [k / m for k in (range(1, m + 1) if points == "right" else range(m))]
 
 
 def metric_positions(enc: EncodedPairs, rows: slice) -> torch.Tensor:
@@ -129,7 +147,7 @@ def node_scores(graph: Graph, edges: np.ndarray) -> np.ndarray:
 
 
 def edge_scores(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, *, method: str = "eap-ig", steps: int = 5,
-                batch_size: int = 8, progress=None) -> np.ndarray:
+                batch_size: int = 8, progress=None, points: str = "right") -> np.ndarray:
     """Every edge's score by EAP or EAP-IG (module docstring), summed over batches of pairs.
 
     Args:
@@ -138,23 +156,26 @@ def edge_scores(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, *, method: 
         method: ``"eap-ig"`` (``steps`` points) or ``"eap"`` (one point, alpha = 1).
         steps: m, the integration points of EAP-IG.
         batch_size: pairs per pass.
+        points: EAP-IG's convention, ``"right"`` (alpha = k/m, k = 1..m) or ``"left"`` (k = 0..m-1,
+            hannamw/EAP-IG's); EAP is alpha = 1 either way.
         progress: called with the number of backward passes done after each, or None.
 
     Returns:
         [edges] float64, in logits of the mean logit difference.
 
     Raises:
-        ValueError: an unknown method or steps < 1.
+        ValueError: an unknown method or convention, or steps < 1.
     """
     if method not in METHODS or steps < 1:
         raise ValueError(f"method must be one of {METHODS} with steps >= 1, not {method!r}, {steps}")
     m = 1 if method == "eap" else steps
+    points_at = [1.0] if method == "eap" else alphas(m, points)
     total, done = np.zeros(graph.n_edges), 0
     for rows in batches(len(enc), batch_size):
         writes = capture_writes(lm, wiring, graph, enc, rows)
         mean: dict = {}
-        for k in range(1, m + 1):
-            for key, g in input_gradients(lm, wiring, graph, enc, rows, writes, k / m).items():
+        for alpha in points_at:
+            for key, g in input_gradients(lm, wiring, graph, enc, rows, writes, alpha).items():
                 mean[key] = mean.get(key, 0) + g / m
             done += 1
             if progress is not None:

@@ -10,13 +10,13 @@ the sender pass, as Wang et al. 2022 do.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from ..bounds import HEAD_NAME, INPUT_NAME  # noqa: F401 (check_names: re-exported)
 from ..effects.pairs import LAST_POSITION, Pair, builtin_pairs, encode_pairs, metric_place
 from ..effects.patch_full import full_pass, last_logit_diffs, model_inputs
 from ..effects.patch_run import label_texts
@@ -31,24 +31,6 @@ from .graph import Graph
 from .parts import check_pre_ln
 from .paths import path_patch
 
-_HEAD = re.compile(r"L(\d+)H(\d+)")
-_INPUT = re.compile(r"L(\d+)(H|KV)(\d+)\.(q|k|v)")
-
-
-def check_names(option: str, text: str) -> None:
-    """The form of ``--senders`` (``L5H1,L5H2``) or ``--receivers`` (``logits``, ``L9H6.q``, ``L9KV1.k``),
-    before any model is loaded (whether each name exists is checked once the model is there).
-
-    Raises:
-        InputError: an empty list, or a name of another form.
-    """
-    form = _HEAD if option == "--senders" else _INPUT
-    parts = [p.strip() for p in text.split(",")]
-    for part in parts:
-        if not (form.fullmatch(part) or (option == "--receivers" and part == "logits")):
-            example = "L5H1,L5H2" if option == "--senders" else "logits,L9H6.q,L9H6.k,L9KV1.v"
-            raise InputError(f"{option}: {part!r} is not a name of that form ({example})")
-
 
 def parse_senders(text: str, graph: Graph) -> list[tuple[int, int]]:
     """``--senders``: comma-separated heads ``L5H1`` (layer, head, 0-based), each once, in order.
@@ -58,7 +40,7 @@ def parse_senders(text: str, graph: Graph) -> list[tuple[int, int]]:
     """
     out = []
     for part in (p.strip() for p in text.split(",")):
-        m = _HEAD.fullmatch(part)
+        m = HEAD_NAME.fullmatch(part)
         if m is None or int(m[1]) >= graph.layers or int(m[2]) >= graph.heads:
             raise InputError(f"--senders: {part!r} is not a head of this model ({head_name(0, 0)} .. "
                              f"{head_name(graph.layers - 1, graph.heads - 1)})")
@@ -79,7 +61,7 @@ def parse_receivers(text: str, graph: Graph) -> list[tuple[str, int, int]]:
         if part == "logits":
             out.append(("logits", graph.layers, 0))
             continue
-        m = _INPUT.fullmatch(part)
+        m = INPUT_NAME.fullmatch(part)
         n = graph.kv_heads if m is not None and m[2] == "KV" else graph.heads
         if m is None or int(m[1]) >= graph.layers or int(m[3]) >= n or (m[2] == "KV" and m[4] == "q"):
             last = graph.layers - 1

@@ -12,9 +12,16 @@ Three kinds of pass on the clean prompts:
    norm recomputed from that stream; the receiver's other inputs, and every other input, as in the
    clean run).
 
-The effect is M(pass 3) - M(clean), M the mean logit difference. With no sender, or clean prompts equal
-to the corrupted ones, it is 0; with one last-layer head as sender and the logits as receiver, it is
-the activation patching of that head (noising: the clean run with the head's corrupted output).
+The effect is M(pass 3) - M(clean), M the mean logit difference. With one last-layer head as sender and
+the logits as receiver, it is the activation patching of that head (noising: the clean run with the
+head's corrupted output).
+
+Exactly 0, not a rounding of it, where nothing reaches the receivers: with no sender, with clean prompts
+equal to the corrupted ones, and for a receiver at or below every sender's layer (it reads the stream
+before any sender writes). Pass 3 feeds only the receivers whose stream pass 2 changed (a receiver whose
+stream is bit for bit the clean run's, or that no sender can reach, is the model's own), keeps every
+other head's input as the model computed it (a recomputation from the same stream may round otherwise
+in another order), and is not run at all when no receiver changed.
 """
 
 from __future__ import annotations
@@ -56,13 +63,23 @@ class _Senders(Capture):
 
 
 class _Receivers(Feed):
-    """Pass 3: the receivers' inputs fed pass 2's streams."""
+    """Pass 3: the receivers' inputs fed pass 2's streams; every other head input as the model computed it."""
 
     def __init__(self, graph: Graph, receivers: list, moved: dict) -> None:
         self.graph, self.receivers, self.moved = graph, receivers, moved
 
+    def _rows(self, kind, layer) -> list[int]:
+        return [index for (k, lay, index) in self.receivers if (k, lay) == (kind, layer)]
+
+    def recomputed(self, kind, layer, received, new):
+        """The receivers' heads recomputed from the fed stream, the other heads as received."""
+        rows = self._rows(kind, layer)
+        out = received.clone()
+        out[:, rows] = new[:, rows]
+        return out
+
     def delta(self, kind, layer):
-        rows = [index for (k, lay, index) in self.receivers if (k, lay) == (kind, layer)]
+        rows = self._rows(kind, layer)
         if not rows:
             return None
         shift = self.moved[(kind, layer)]
@@ -101,13 +118,22 @@ def path_patch(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, senders: lis
         logits = split_pass(lm, wiring, ids, enc.mask, runs[name])
         if name == "clean":
             base = float(logit_diff(logits, enc, rows).double().mean())
+    first = min((layer for layer, _ in senders), default=None)
+    # a receiver at or below every sender's layer reads the stream before any sender writes: nothing to feed
+    reached = [r for r in receivers if first is not None and (r[0] == "logits" or r[1] > first)]
     second = _Senders(graph, runs["clean"].zs, runs["corrupted"].zs, set(senders))
-    split_pass(lm, wiring, enc.clean, enc.mask, second)
+    if reached:
+        split_pass(lm, wiring, enc.clean, enc.mask, second)
     moved = {}
-    for kind, layer, _ in receivers:
+    for kind, layer, _ in reached:
         if kind == "logits":
-            moved[(kind, layer)] = second.final - runs["clean"].final
+            shift = second.final - runs["clean"].final
         else:
-            moved[(kind, layer)] = second.reads[("stream", layer)] - runs["clean"].reads[("stream", layer)]
-    logits = split_pass(lm, wiring, enc.clean, enc.mask, _Receivers(graph, receivers, moved))
+            shift = second.reads[("stream", layer)] - runs["clean"].reads[("stream", layer)]
+        if bool(shift.any()):  # a stream bit for bit the clean run's: the receiver is the model's own
+            moved[(kind, layer)] = shift
+    fed = [r for r in reached if (r[0], r[1]) in moved]
+    if not fed:
+        return 0.0
+    logits = split_pass(lm, wiring, enc.clean, enc.mask, _Receivers(graph, fed, moved))
     return float(logit_diff(logits, enc, rows).double().mean()) - base

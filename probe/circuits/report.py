@@ -178,6 +178,7 @@ def record(run) -> dict:
     greedy = None if run.greedy is None else {**run.greedy.record(), "top_k_faithfulness": float(row["faithfulness"])}
     return {"select": "top-k" if greedy is None else "greedy", "greedy": greedy, "metric_at": run.metric_at,
             "pairs": len(run.pairs), "source": run.source, "method": run.method, "steps": run.steps,
+            "points": run.points,
             "edges": run.graph.n_edges, "parallel": run.graph.parallel, "circuit_edges": k,
             "circuit_edges_on_paths": int(prune(run.graph, run.circuit).sum()),
             "circuit_faithfulness": run.circuit_faithfulness, "ld_clean": run.ld_clean,

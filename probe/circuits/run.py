@@ -38,7 +38,8 @@ class CircuitRun:
     Attributes:
         graph: the model's :class:`~probe.circuits.graph.Graph`.
         scores: [edges] the edge scores (logits of the mean logit difference).
-        method: ``"eap-ig"`` or ``"eap"``; steps: EAP-IG's m (1 for EAP).
+        method: ``"eap-ig"`` or ``"eap"``; steps: EAP-IG's m (1 for EAP); points: EAP-IG's integration
+            points, ``"right"`` or ``"left"`` (:data:`~probe.circuits.attribution.POINTS`; None for EAP).
         circuit: [edges] boolean, the chosen circuit (top ``k`` edges by absolute score).
         faithfulness: the :class:`~probe.circuits.evaluate.Faithfulness` curve.
         ld_clean, ld_corrupted: the runs' mean logit differences.
@@ -66,6 +67,7 @@ class CircuitRun:
     seeds: int = 5
     greedy: Greedy | None = None
     metric_at: str = LAST_POSITION
+    points: str | None = "right"
 
     @property
     def circuit_faithfulness(self) -> float:
@@ -119,6 +121,26 @@ class CircuitRun:
         return out
 
 
+def cost_estimate(first_s: float, batches: int, m: int, circuits: int) -> str:
+    """The line announcing a circuit run's cost from its first measured pass.
+
+    The first progress call comes after a batch's two forward passes (the clean and corrupted writes) and
+    one forward and backward pass (the first integration point): about 5 forward passes, a backward pass
+    costing about two forward ones. The scores then cost ``batches`` x (2 + 3 m) forward passes and the
+    faithfulness about ``batches`` x ``circuits`` (each circuit evaluated is one pass per batch, plus the
+    full and empty runs), the labelling analysis and the report a few more seconds.
+
+    Args:
+        first_s: seconds of the first pass (from the start of the scores).
+        batches: batches of pairs; m: EAP-IG's points (1 for EAP); circuits: circuits evaluated per batch.
+    """
+    forward = first_s / 5
+    scores, faith = forward * batches * (2 + 3 * m), forward * batches * circuits
+    return (f"estimate from the first pass ({first_s:.1f} s): about {scores / 60:.1f} min for the scores and "
+            f"{faith / 60:.1f} min for faithfulness, {(scores + faith) / 60:.0f} min in all on this machine as "
+            "loaded now")
+
+
 def circuit_sizes(n_edges: int, k: int, shares=SHARES) -> list[int]:
     """The faithfulness curve's sizes: ``shares`` of ``n_edges`` (at least 1 edge) and ``k``."""
     return sorted({max(1, round(s * n_edges)) for s in shares} | {k})
@@ -127,7 +149,7 @@ def circuit_sizes(n_edges: int, k: int, shares=SHARES) -> list[int]:
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", method: str = "eap-ig",
             steps: int = 5, edges: int | None = None, seeds: int = 5, batch_size: int = 8, progress: bool = False,
             say=None, shares=None, select: str = "top-k", threshold: float = THRESHOLD,
-            max_passes: int | None = None, plan=None) -> CircuitRun:
+            max_passes: int | None = None, plan=None, points: str = "right", estimate=None) -> CircuitRun:
     """Edge scores, the circuit and the faithfulness curve of ``lm`` on ``pairs`` (default the built-in
     set); ``say``: a callable given one line per stage, or None; ``plan``: called once the graph is
     checked, before any score, as ``plan(graph, sizes)`` (sizes: the faithfulness curve's sizes of the
@@ -135,7 +157,10 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     shares of all edges (default :data:`~probe.circuits.evaluate.SHARES`). ``select``: ``top-k`` (the
     ``edges`` of largest |score|) or ``greedy`` (:func:`~probe.circuits.greedy.greedy_circuit` keeping
     faithfulness >= ``threshold`` within ``max_passes`` circuit passes; the curve then includes its
-    size, so the top-k circuit of the same size stands beside it).
+    size, so the top-k circuit of the same size stands beside it). ``points``: EAP-IG's integration
+    points (:func:`~probe.circuits.attribution.alphas`: ``right``, the default, or ``left``, hannamw/EAP-IG's).
+    ``estimate``: a callable given one line after the first gradient pass, the run's cost in minutes
+    from that pass's time (:func:`cost_estimate`), or None.
 
     Raises:
         UnsupportedAnalysisError: a model outside the graph (:func:`~probe.circuits.checked.graph_of`).
@@ -153,9 +178,19 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         m = 1 if method == "eap" else steps
         n_batches, seconds = len(batches(len(enc), batch_size)), {}
         t = time.perf_counter()
+        sizes_planned = len(circuit_sizes(graph.n_edges, k, shares or SHARES))
+        circuits = 4 + sizes_planned * (1 + seeds) + ((max_passes or 0) if select == "greedy" else 0)
+        start = time.perf_counter()
+
+        def first(done, bar=None) -> None:  # after the first backward pass: the whole run's cost from its time
+            if done == 1 and estimate is not None:
+                estimate(cost_estimate(time.perf_counter() - start, n_batches, m, circuits))
+            if bar is not None:
+                bar(done)
+
         with _bar(progress, n_batches * m, f"{method} gradients", "backward") as bar:
             scores = edge_scores(lm, wiring, graph, enc, method=method, steps=steps, batch_size=batch_size,
-                                 progress=bar)
+                                 progress=lambda done, bar=bar: first(done, bar), points=points)
         seconds["edges_s"] = time.perf_counter() - t
         if say:
             say(f"edge scores ({method}, {graph.n_edges} edges): done in {seconds['edges_s']:.1f} s")
@@ -183,7 +218,7 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
             "faithfulness divides by a difference of that size and is dominated by noise"]
         return CircuitRun(graph, scores, method, m, circuit, curve, evaluator.ld_clean,
                           evaluator.ld_corrupted, pairs, source, seconds, notes, passes, seeds, greedy,
-                          metric_place(lm.kind))
+                          metric_place(lm.kind), None if method == "eap" else points)
 
 
 class _bar:

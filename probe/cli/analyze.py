@@ -7,9 +7,9 @@ import time
 
 import click
 
-from .. import IMPORT_STARTED
+from .. import IMPORT_STARTED, bounds
 from ..util import process_age
-from .audioinput import audio_input, audio_options, check_speech_input, speech_input
+from .audioinput import audio_input, audio_options, check_audio, check_speech_input, speech_input
 from .group import hold, main, user_errors
 from .imageinput import check_model_input, image_input, image_options, parse_size
 from .options import check_files, limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
@@ -118,19 +118,19 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     launch, each process analyses its share of the corpus and rank 0 writes the one report.
     """
     _check_usage(texts, corpus, pairs, generate, coref, syntax_file)  # before torch is imported: at once
+    user_errors(bounds.value_weighting)(value_weighted, labels_by)  # --labels-by norm with --no-norm
+    counted = _check_input(texts, corpus, pairs, limit, audio_files)  # also before torch: a streamed file's count
     from ..errors import InputError
     from ..loading.models import load_model, peek_config
     from ..loading.seq2seq import as_targets, check_generate, check_generate_config
     from ..report import claim_run_dir
     from ..runs import distributed
-    from ..runs.analyze import analysis_input, analyze_run, announcement, count_sequences, start_up_note
-    from ..validate import value_weighting
+    from ..runs.analyze import analysis_input, analyze_run, announcement, start_up_note
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     timings = {"startup_s": time.perf_counter() - started}
     t = time.perf_counter()
-    value_weighting(value_weighted, labels_by)  # --labels-by norm with --no-norm: before loading a model
     size = parse_size(image_size)
     # a dual encoder (CLIP, SigLIP) reads text and images together; its config is read only then
     pair = bool((image_files or image_folder) and (texts or corpus)) and is_pair_model(model_name)
@@ -147,7 +147,6 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
         seqs, source, annotated = analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
     else:
         seqs, source, annotated = paths, "--image" if image_files else image_folder, None
-    counted = count_sequences(corpus, pairs, limit)  # a streamed file's sequences, for the start line
     world = distributed.detect()
     if world is None or world.main:  # rank 0 writes the one report
         out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
@@ -210,6 +209,32 @@ def _check_usage(texts, corpus, pairs, generate, coref, syntax_file) -> None:
         raise click.UsageError("give either --pairs (sources and targets) or --generate (sources only), not both")
     check_files((corpus, "corpus file"), (pairs, "pairs file"), (syntax_file, "CoNLL-U file"),
                 (None if coref in (None, "builtin") else coref, "GAP file"))
+
+
+@user_errors
+def _check_input(texts, corpus, pairs, limit, audio_files) -> int | None:
+    """The given input read before torch is imported (a second, not the import): each ``--text`` not
+    empty, a corpus or pairs file counted in a first read (UTF-8, at least one sequence, well-formed
+    pairs), each ``--audio`` file an audio file (:func:`probe.audio.sniff.check_audio`). Returns the
+    number of sequences of a corpus or pairs file (None for the other inputs).
+
+    Raises:
+        click.ClickException: the library's one line (exit status 1).
+    """
+    from ..text.corpus import check_texts, count_sequences
+
+    if texts:
+        check_texts(list(texts), limit)
+        import os
+
+        for text in texts:  # a path given as --text is analysed as the text it is: say so, once per path
+            if os.sep in text and os.path.exists(text.strip()):
+                kind = "folder" if os.path.isdir(text.strip()) else "file"
+                click.echo(f"note: --text takes the text itself: {text!r} (a {kind} on this machine) is analysed as "
+                           f"those characters; a file of texts is --corpus FILE", err=True)
+    for path in audio_files:
+        check_audio(str(path))
+    return count_sequences(corpus, pairs, limit)
 
 
 def started_as_command() -> bool:

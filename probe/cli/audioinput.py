@@ -44,6 +44,26 @@ def audio_input(files, transcripts, limit: int | None, other_input: bool) -> lis
     return paths
 
 
+def check_audio(path: str) -> None:
+    """Refuse a file that is not audio soundfile reads (its header only: milliseconds), before torch is
+    imported and a speech model loads, with :func:`probe.audio.batches.read_audio`'s words. A missing
+    file is left to :func:`audio_input`.
+
+    Raises:
+        InputError: ``cannot read audio 'PATH': <soundfile's reason>``.
+    """
+    import os
+
+    if not os.path.isfile(path):
+        return
+    import soundfile  # numpy and libsndfile, no torch
+
+    try:
+        soundfile.info(path)
+    except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError) as exc:
+        raise InputError(f"cannot read audio {path!r}: {str(exc).splitlines()[0]}") from None
+
+
 def check_speech_input(lm, paths: list[str] | None) -> None:
     """Refuse audio for a model that does not read it, and text for a speech model, in one line.
 

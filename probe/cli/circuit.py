@@ -13,7 +13,7 @@ from ..errors import InputError
 from ..util import fixed, plural, process_age
 from .group import main, user_errors
 from .options import click_callback, model_option, model_placement, run_folder_options
-from .pairstart import pairs_and_model
+from .pairstart import pair_input, pairs_and_model
 
 
 def _shares(text: str) -> tuple[float, ...]:
@@ -35,7 +35,10 @@ def _shares(text: str) -> tuple[float, ...]:
               help="eap: gradient at the clean run; eap-ig: averaged over --steps points from corrupted to clean.")
 @click.option("--steps", type=int, default=5, show_default=True,
               callback=click_callback(lambda v: bounds.positive_int("--steps", v)),
-              help="EAP-IG's integration points m (alpha = k/m, k = 1..m).")
+              help="EAP-IG's integration points m (alpha = k/m, k = 1..m; see --points).")
+@click.option("--points", type=click.Choice(["right", "left"]), default="right", show_default=True,
+              help="EAP-IG's points: right, alpha = k/m for k = 1..m (the clean run is one); left, k = 0..m-1 (the "
+                   "corrupted run is one: hannamw/EAP-IG's convention, for comparing with published scores).")
 @click.option("--edges", type=int, default=None,
               callback=click_callback(lambda v: v if v is None else bounds.positive_int("--edges", v)),
               help="Edges in the circuit (the largest |score|) [default: 5% of all edges].")
@@ -63,7 +66,7 @@ def _shares(text: str) -> tuple[float, ...]:
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
 @user_errors
-def circuit_command(model_name, pairs_file, method, steps, edges, select, threshold, max_passes, seeds, shares,
+def circuit_command(model_name, pairs_file, method, steps, points, edges, select, threshold, max_passes, seeds, shares,
                     batch_size, out, force, progress, device=None, dtype=None) -> None:
     """Score every edge of the graph of heads and MLPs (embeddings, each head's query, key and value
     inputs, each MLP's input, the logits) by attribution patching between clean and corrupted prompts,
@@ -78,29 +81,31 @@ def circuit_command(model_name, pairs_file, method, steps, edges, select, thresh
     clean and corrupted must have the same number of tokens; answer and wrong one token each.
     Default: the 20 built-in indirect-object pairs.
     """
+    given = pair_input(pairs_file)  # before torch is imported: a bad pairs file is answered at once
     from ..circuits.run import circuit_run
     from ..circuits.wiring import check_kind
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
-                                             head="auto", kind_check=check_kind)  # pre-norm models
+                                             head="auto", given=given, kind_check=check_kind)  # pre-norm models
     show = sys.stderr.isatty() if progress is None else progress
     m = 1 if method == "eap" else steps
     n_batches = -(-len(pairs) // batch_size)
 
     def plan(graph, sizes: int) -> None:  # once the graph is checked: a model it does not fit gets only its error
         click.echo(f"Circuit of {lm.name} on {plural(len(pairs), 'pair')} ({source}), {method}"
-                   f"{f' m={m}' if method == 'eap-ig' else ''}, {graph.n_edges} edges: cost {n_batches * (2 + m)} "
-                   f"forward and {n_batches * m} backward passes for the scores, about {n_batches} x (4 + {sizes} "
-                   f"sizes x {1 + seeds}) passes for faithfulness"
+                   f"{f' m={m} ({points} points)' if method == 'eap-ig' else ''}, {graph.n_edges} edges: cost "
+                   f"{n_batches * (2 + m)} forward and {n_batches * m} backward passes for the scores, about "
+                   f"{n_batches} x (4 + {sizes} sizes x {1 + seeds}) passes for faithfulness"
                    + (f", up to {n_batches} x {max_passes} for greedy" if select == "greedy" else ""), err=True)
 
     result, path = circuit_run(lm, pairs, out=out, force=force, source=source, method=method, steps=steps,
-                               edges=edges, seeds=seeds, shares=shares, batch_size=batch_size, progress=show,
-                               select=select, threshold=threshold, max_passes=max_passes, plan=plan,
+                               points=points, edges=edges, seeds=seeds, shares=shares, batch_size=batch_size,
+                               progress=show, select=select, threshold=threshold, max_passes=max_passes, plan=plan,
                                timings={"model_load_s": lm.load_seconds}, started=started,
-                               say=None if show else lambda line: click.echo(line, err=True))
+                               say=None if show else lambda line: click.echo(line, err=True),
+                               estimate=lambda line: click.echo(line, err=True))
     f = result.faithfulness.frame
     k = int(result.circuit.sum())
     row = f[f["k"] == k].iloc[0]

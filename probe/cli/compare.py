@@ -35,20 +35,21 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
     compare.json. Runs of different depths are aligned by relative depth (the report says how);
     encoder-decoder runs are compared site kind by site kind (stack, kind columns).
     """
-    from ..compare import compare_runs, load_run, write_compare
-    from ..compare.report import compare_name
-    from ..report import claim_run_dir
-
     if bool(runs) == bool(models) or (runs and len(runs) != 2) or (models and len(models) != 2):
         raise click.UsageError("give two run folders (RUN_A RUN_B) or two models (--model A --model B)")
     if runs and (texts or corpus or limit):
         raise click.UsageError("--text, --corpus and --limit go with --model, not with run folders")
+    given = None if runs else _sequences(texts, corpus, limit)  # before torch is imported: at once
+    from ..compare import compare_runs, load_run, write_compare
+    from ..compare.report import compare_name
+    from ..report import claim_run_dir
+
     if runs:
         a, b = load_run(runs[0]), load_run(runs[1])
         out = hold(claim_run_dir(out, compare_name(a, b), force, kind="compare"))
         tokenizers = (None, None)
     else:
-        a, b, tokenizers, out = _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, force)
+        a, b, tokenizers, out = _analyze_pair(models, given, batch_size, max_length, out, force)
     path = write_compare(a, b, out, force=force, top=top, tokenizers=tokenizers)
     df = compare_runs(a, b)
     changed, gone = int(df["label_changed"].sum()), int(df["status"].str.startswith("removed").sum())
@@ -62,23 +63,30 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
     click.echo(f"Report: {path / 'index.html'}")
 
 
-def _analyze_pair(models, texts, corpus, limit, batch_size, max_length, out, force):
-    """Analyze two models on the same sequences (``probe compare --model A --model B``)."""
-    from ..compare.report import COMPARE_STEM
+def _sequences(texts, corpus, limit) -> tuple[list[str], str]:
+    """The sequences of ``probe compare --model A --model B`` and where they come from, read before
+    torch is imported (:mod:`probe.text.corpus` needs no heavy library)."""
     from ..errors import InputError
-    from ..loading.models import load_model
-    from ..report import claim_run_dir
-    from ..runs.analysis import analyze
     from ..text.corpus import check_texts, read_corpus, sample_texts
 
     if texts and corpus:
         raise InputError("give either --text or --corpus, not both")
     if corpus:
-        seqs, source = read_corpus(corpus, limit), corpus
-    elif texts:
-        seqs, source = check_texts(list(texts), limit), "--text"
-    else:
-        seqs, source = check_texts(sample_texts(), limit), "built-in sample"
+        return read_corpus(corpus, limit), corpus
+    if texts:
+        return check_texts(list(texts), limit), "--text"
+    return check_texts(sample_texts(), limit), "built-in sample"
+
+
+def _analyze_pair(models, given, batch_size, max_length, out, force):
+    """Analyze two models on the same sequences (``probe compare --model A --model B``); ``given`` is
+    (sequences, source) from :func:`_sequences`."""
+    from ..compare.report import COMPARE_STEM
+    from ..loading.models import load_model
+    from ..report import claim_run_dir
+    from ..runs.analysis import analyze
+
+    seqs, source = given
     # claimed before loading a model: one run per folder
     out = hold(claim_run_dir(out, COMPARE_STEM.format(*(Path(m).name for m in models)), force, kind="compare"))
     results, tokenizers = [], []

@@ -62,6 +62,11 @@ def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds
     if corpus and pairs:
         raise click.UsageError("give either --corpus or --pairs, not both")
     check_files((corpus, "corpus file"), (pairs, "pairs file"))  # before torch is imported: at once
+    from ..text.corpus import check_texts, read_corpus, read_pairs, sample_texts
+
+    # read before torch is imported: a file that is not UTF-8 or holds no text is answered at once
+    seqs, source = ((read_corpus(corpus, limit), corpus) if corpus else (read_pairs(pairs, limit), pairs) if pairs
+                    else (check_texts(sample_texts(), limit), "sample"))
     from ..effects.induction import claim_lines
     from ..effects.run import effects_run
     from ..errors import InputError
@@ -69,13 +74,10 @@ def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds
     from ..loading.seq2seq import as_targets
     from ..report import claim_run_dir
     from ..sites import head_name
-    from ..text.corpus import check_texts, read_corpus, read_pairs, sample_texts
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     kinds = ablation if isinstance(ablation, tuple) else _ablation_kinds(ablation)  # checked when given
-    seqs, source = ((read_corpus(corpus, limit), corpus) if corpus else (read_pairs(pairs, limit), pairs) if pairs
-                    else (check_texts(sample_texts(), limit), "sample"))
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model
     lm = load_model(model_name, head={"mlm": "mlm"}.get(objective, "auto"), dtype=dtype, device=device)
     if lm.kind == "encoder-decoder":
@@ -114,7 +116,8 @@ def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds
 
 
 def _ablation_kinds(value: str) -> tuple[str, ...]:
-    """``--ablation``'s comma-separated kinds, checked by :func:`probe.effects.ablation.check_kinds`."""
-    from ..effects.ablation import check_kinds
+    """``--ablation``'s comma-separated kinds, checked by :func:`probe.bounds.ablation_kinds` (before torch
+    is imported)."""
+    from ..bounds import ablation_kinds
 
-    return check_kinds([k.strip() for k in value.split(",") if k.strip()])
+    return ablation_kinds([k.strip() for k in value.split(",") if k.strip()])

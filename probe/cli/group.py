@@ -15,7 +15,9 @@ from ..errors import ProbeError
 
 
 def user_errors(fn):
-    """Turn :class:`ProbeError` into click's one-line ``Error: ...`` with exit status 1."""
+    """Turn :class:`ProbeError` into click's one-line ``Error: ...`` with exit status 1, and so an
+    exception raised inside the model's own forward pass that no step of probe named
+    (:mod:`probe.capture.failures`; the command is the step)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -23,6 +25,14 @@ def user_errors(fn):
             return fn(*args, **kwargs)
         except ProbeError as exc:
             raise click.ClickException(str(exc)) from None
+        except Exception as exc:
+            if "torch" not in sys.modules:  # no model ran: not the model's
+                raise
+            from ..capture.failures import failure, from_model
+
+            if not from_model(exc):
+                raise
+            raise click.ClickException(str(failure(click.get_current_context().command_path, exc))) from None
 
     return wrapper
 

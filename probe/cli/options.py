@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 
@@ -15,22 +14,6 @@ from ..errors import InputError, ProbeError
 #: The default model (``probe.loading.models.DEFAULT_MODEL``, which imports torch: not read here so that
 #: ``probe --help`` starts without it; tests/test_start_up.py checks the two agree).
 DEFAULT_MODEL = "minilm"
-
-
-class Deferred:
-    """A library module imported on its first attribute access: the command line reads options
-    without importing torch, transformers or pandas (``probe --help``, a usage error and a missing
-    file answer in about a second); a command imports what it needs when it runs."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, attr: str):
-        return getattr(importlib.import_module(self._name), attr)
-
-
-#: :mod:`probe.validate` (label thresholds need pandas), imported when ``--threshold`` is given.
-validate = Deferred("probe.validate")
 
 
 def click_callback(check: Callable) -> Callable:
@@ -151,7 +134,7 @@ def parse_thresholds(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
     if not values:
         return {}
     try:
-        return validate.thresholds(_assignments(values, "LABEL"))
+        return bounds.thresholds(_assignments(values, "LABEL"))
     except ProbeError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -161,7 +144,7 @@ def parse_health(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
     :func:`probe.patterns.health.health_thresholds`."""
     if not values:
         return {}
-    from ..patterns.health import health_thresholds
+    from ..measures.rules import health_thresholds  # no heavy library: answered before torch is imported
 
     out = _assignments(values, "CHECK")
     try:

@@ -12,14 +12,14 @@ from .. import IMPORT_STARTED, bounds
 from ..util import plural, process_age
 from .group import main, user_errors
 from .options import click_callback, model_option, model_placement, run_folder_options
-from .pairstart import pairs_and_model
+from .pairstart import pair_input, pairs_and_model
 
 
 def _components(text: str) -> None:
     """The --component list, checked before the model loads (a usage error: exit 2)."""
-    from ..effects.components import parse_components  # deferred: the library (torch) only once a command runs
+    from ..bounds import components  # no heavy library: answered before torch is imported
 
-    parse_components(text)
+    components(text)
 
 
 @main.command("patch")
@@ -63,6 +63,7 @@ def patch_command(model_name, pairs_file, direction, method, component, heads_pe
     (with their leading space: " Mary"). Default: 20 indirect-object pairs written for probe,
     "When Mary and John went to the store, John gave a drink to" -> " Mary" vs " John".
     """
+    given = pair_input(pairs_file)  # before torch is imported: a bad pairs file is answered at once
     from ..effects.components import check_components, parse_components
     from ..effects.patch_report import component_rows
     from ..effects.patch_run import patch_run
@@ -79,7 +80,7 @@ def patch_command(model_name, pairs_file, direction, method, component, heads_pe
 
     # an encoder with its masked-LM head where the checkpoint has one
     lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
-                                             head="auto", check=check)
+                                             head="auto", given=given, check=check)
     show = sys.stderr.isatty() if progress is None else progress
     click.echo(f"Patching {lm.name} ({plural(len(lm.sites) * lm.geometry.n_heads, 'head')}) on {len(pairs)} pairs "
                f"({source}), {direction}", err=True)

@@ -11,14 +11,14 @@ from .. import IMPORT_STARTED
 from ..util import fixed, process_age
 from .group import main, user_errors
 from .options import click_callback, model_option, model_placement, run_folder_options
-from .pairstart import pairs_and_model
+from .pairstart import pair_input, pairs_and_model
 
 
 def _names(option: str, text: str) -> None:
     """The form of a --senders or --receivers list, before the model loads (a usage error: exit 2)."""
-    from ..circuits.path_run import check_names  # deferred: the library (torch) only once a command runs
+    from ..bounds import head_names  # no heavy library: answered before torch is imported
 
-    check_names(option, text)
+    head_names(option, text)
 
 
 @main.command("path")
@@ -48,13 +48,15 @@ def path_command(model_name, senders, receivers, pairs_file, out, force, progres
     Pairs file: one pair a line, four tab-separated fields
       clean  corrupted  answer  wrong
     """
+    given = pair_input(pairs_file)  # before torch is imported: a bad pairs file is answered at once
     from ..circuits.path_run import path_run
     from ..circuits.wiring import check_kind
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
-                                             head="auto", kind_check=lambda lm: check_kind(lm, "path patching"))
+                                             head="auto", given=given,
+                                             kind_check=lambda lm: check_kind(lm, "path patching"))  # pre-norm models
     show = sys.stderr.isatty() if progress is None else progress
     result, path = path_run(lm, senders, receivers, pairs, out=out, force=force, source=source, progress=show,
                             timings={"model_load_s": lm.load_seconds}, started=started)

@@ -16,16 +16,14 @@ from .options import check_files, click_callback, limit_option, model_option, mo
 
 
 def _orders(ctx, param, value: str) -> list[str]:
-    """``--order``: a comma-separated list of distinct orders (the default as written: the library,
-    which imports torch, is read only for an order given on the command line)."""
+    """``--order``: a comma-separated list of distinct orders (:data:`probe.bounds.PRUNING_ORDERS`)."""
     orders = [o.strip() for o in value.split(",") if o.strip()]
     if ctx.get_parameter_source(param.name) is ParameterSource.DEFAULT:
         return orders
-    from ..pruning.curves import ORDERS
-
-    bad = [o for o in orders if o not in ORDERS]
+    bad = [o for o in orders if o not in bounds.PRUNING_ORDERS]
     if bad or not orders or len(set(orders)) != len(orders):
-        raise click.BadParameter(f"{value!r}: a comma-separated list of distinct orders from {', '.join(ORDERS)}")
+        raise click.BadParameter(f"{value!r}: a comma-separated list of distinct orders from "
+                                 f"{', '.join(bounds.PRUNING_ORDERS)}")
     return orders
 
 
@@ -86,16 +84,19 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
     check_files((corpus, "corpus file"))  # before torch is imported: at once
     from pathlib import Path
 
+    from ..text.corpus import check_texts, read_corpus, sample_texts
+
+    # read before torch is imported: a file that is not UTF-8 or holds no text is answered at once
+    seqs, source = (read_corpus(corpus, limit), corpus) if corpus else (check_texts(sample_texts(), limit), "sample")
+
     from ..loading.models import load_model
     from ..pruning.experiment import SPEED_REPEATS
     from ..pruning.run import prune_run, read_labels
     from ..pruning.saving import claim_target
     from ..report import claim_run_dir
-    from ..text.corpus import check_texts, read_corpus, sample_texts
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    seqs, source = (read_corpus(corpus, limit), corpus) if corpus else (check_texts(sample_texts(), limit), "sample")
     label_list = read_labels(labels, len(seqs)) if labels else None
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     if save_to:

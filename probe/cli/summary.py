@@ -11,7 +11,11 @@ from ..util import plural
 def summary(result, verification: dict | None, annotated: bool, loading_notes: list[str]) -> None:
     """The summary line (labels, counts, where the time went), the coreference/syntax lines, notes."""
     counts = ", ".join(f"{n} {label}" for label, n in result.label_counts("primary").items())
-    trunc = f", {result.counts['truncated']} truncated" if result.counts["truncated"] else ""
+    trunc = ""
+    if result.counts["truncated"]:  # and why: the model's limit, or --max-length
+        limit = result.settings.get("max_length")
+        why = "the model's limit" if limit == result.model.get("max_length") else "--max-length"
+        trunc = f", {result.counts['truncated']} truncated" + (f" at {limit} tokens ({why})" if limit else "")
     verdict = "" if verification is None else f"; verify {'PASS' if verification['passed'] else 'FAIL'}"
     t = result.timings
     parts = [("start-up", t["startup_s"] + t["input_s"]), ("model load", t["model_load_s"])]

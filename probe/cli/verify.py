@@ -35,12 +35,14 @@ def format_table(result) -> str:
     lines.append(f"output ({result.output_name}): max abs {result.output_max_abs:.3e}, "
                  f"max rel {result.output_max_rel:.3e}")
     lines.append("cases:")
+    name_w = max([18, *(len(c.name) for c in result.cases)])  # "sentence-pair (sdpa)" is 20
+    shape_w = max([11, *(len(str(c.shape)) for c in result.cases)])
     for c in result.cases:
         extra = ""
         if c.padding_max_abs is not None:
             extra = f"; padded vs alone {c.padding_max_abs:.3e} (batching noise {c.batching_noise:.3e})"
-        lines.append(f"  {c.name:<18} {str(c.shape):<11} max abs {c.max_abs_diff:.3e}  {c.seconds:6.1f} s  "
-                     f"{'PASS' if c.passed else 'FAIL'}  ({c.description}{extra})")
+        lines.append(f"  {c.name:<{name_w}} {str(c.shape):<{shape_w}} max abs {c.max_abs_diff:.3e}  "
+                     f"{c.seconds:6.1f} s  {'PASS' if c.passed else 'FAIL'}  ({c.description}{extra})")
     for note in result.notes:
         lines.append(f"note: {note}")
     lines.append(f"{'PASS' if result.passed else 'FAIL'}: max abs diff {result.max_abs_diff:.3e}")

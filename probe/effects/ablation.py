@@ -36,6 +36,8 @@ import numpy as np
 import torch
 
 from ..architectures import needs_weights
+from ..bounds import ABLATION_KINDS
+from ..bounds import ablation_kinds as check_kinds
 from ..capture.intervene import Cache, intervening
 from ..capture.maps import forward
 from ..causal.gates import gated
@@ -45,7 +47,7 @@ from ..errors import InputError
 from ..text.inputs import Batch
 from .objective import Seq2SeqLM
 
-KINDS = ("zero", "mean", "resample")
+KINDS = ABLATION_KINDS
 #: The kinds measured unless asked otherwise.
 DEFAULT_KINDS = ("zero", "mean")
 
@@ -61,18 +63,6 @@ def check_model(lm) -> None:
     """
     lm.require_all_heads("ablation")
     needs_weights(lm.spec, "ablation (at the output projection's input)", ("o",))
-
-
-def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
-    """``kinds`` in :data:`KINDS` order, each once.
-
-    Raises:
-        InputError: none, or an unknown kind.
-    """
-    bad = [k for k in kinds if k not in KINDS]
-    if bad or not kinds:
-        raise InputError(f"unknown ablation {', '.join(map(repr, bad)) or '(none)'}; choose from {', '.join(KINDS)}")
-    return tuple(k for k in KINDS if k in kinds)
 
 
 def causal(lm) -> bool:

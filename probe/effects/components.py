@@ -42,10 +42,11 @@ import torch
 
 from ..architectures import site_block
 from ..architectures.weights import block_mlp
+from ..bounds import components as parse_components  # noqa: F401 (re-exported)
 from ..capture.hooks import calls_function
 from ..capture.intervene import intervening
 from ..capture.swapped import reference_agrees
-from ..errors import InputError, UnsupportedAnalysisError
+from ..errors import UnsupportedAnalysisError
 from .attribution import correlation
 from .pairs import EncodedPairs
 from .patch_full import last_logit_diffs, model_inputs, positions
@@ -74,19 +75,6 @@ COMPONENTS = {c.name: c for c in (
     Component("z", "output", 2, 1), Component("q", "query", 1, 2), Component("k", "key", 1, 2),
     Component("v", "value", 1, 2), Component("pattern", "pattern", 1, 2), Component("resid", None, None, 1),
     Component("mlp", None, None, 1))}
-
-
-def parse_components(text: str) -> tuple[str, ...]:
-    """``--component``: comma-separated names of :data:`COMPONENTS`, in the order given, each once.
-
-    Raises:
-        InputError: an unknown or empty name.
-    """
-    names = [n.strip() for n in text.split(",")]
-    bad = [n for n in names if n not in COMPONENTS]
-    if not names or bad:
-        raise InputError(f"--component {text!r}: comma-separated, from {', '.join(COMPONENTS)}")
-    return tuple(dict.fromkeys(names))
 
 
 def units(lm, name: str) -> tuple[int, str]:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError
+from .checkpoints import loading_step
 
 #: CTranslate2's type ids -> NumPy types.
 TYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
@@ -148,12 +149,24 @@ def _token_ids(tokenizer: dict) -> dict[str, int]:
     return {t["content"]: int(t["id"]) for t in tokenizer.get("added_tokens", [])}
 
 
+#: What :func:`whisper_folder` is announced to take on 2 idle cores, in seconds: measured on this project's
+#: 2-core machine at a load average of 10-12, whisper-tiny-en's 72 MB took 31 s of wall time (0.8 s reading,
+#: 24.5 s building the model, 1.6 s saving) and 7 s of CPU, imports included; a busy machine adds
+#: :func:`~probe.loading.checkpoints.busy_estimate`'s share.
+FIRST_USE_SECONDS = 10
+
+#: The steps of :func:`whisper_folder`, each said on the log with its time
+#: (:func:`~probe.loading.checkpoints.loading_step`).
+STEPS = 3
+
+
 def whisper_folder(source: Path, target: Path) -> Path:
     """Write a transformers Whisper folder at ``target`` from a CTranslate2 Whisper folder ``source``
     (``model.bin``, ``config.json``, ``tokenizer.json``): the model in float32 safetensors, its
     generation config (alignment heads, prompt tokens, suppressed tokens), a Whisper feature
     extractor for its mel bins, and the tokenizer. Written to a temporary folder and moved into
-    place, so that an interrupted conversion leaves nothing half-written.
+    place, so that an interrupted conversion leaves nothing half-written. Each of its :data:`STEPS`
+    steps is said on the log, then its time.
 
     Raises:
         ModelLoadError: not a Whisper spec, or files missing.
@@ -164,33 +177,37 @@ def whisper_folder(source: Path, target: Path) -> Path:
     for name in ("model.bin", "config.json", "tokenizer.json"):
         if not (source / name).is_file():
             raise ModelLoadError(f"{source} has no {name}: not a CTranslate2 Whisper folder")
-    spec, variables = read_ct2(source / "model.bin")
-    if spec != "WhisperSpec":
-        raise ModelLoadError(f"{source / 'model.bin'} holds a {spec}, not a Whisper model")
-    settings = json.loads((source / "config.json").read_text())
-    ids = _token_ids(json.loads((source / "tokenizer.json").read_text()))
-    geometry, state = whisper_state(variables)
-    end, start = ids["<|endoftext|>"], ids["<|startoftranscript|>"]
-    tokens = dict(decoder_start_token_id=start, bos_token_id=end, eos_token_id=end, pad_token_id=end,
-                  begin_suppress_tokens=settings.get("suppress_ids_begin"),
-                  suppress_tokens=settings.get("suppress_ids"))
-    config = tr.WhisperConfig(**geometry, **tokens)
-    model = tr.WhisperForConditionalGeneration(config)
-    model.load_state_dict(state, strict=False)  # proj_out is tied to the token embedding
-    model.tie_weights()
-    extra = {}
-    if geometry["vocab_size"] >= 51865 and settings.get("lang_ids"):  # multilingual: language and task tokens
-        names = {v: k for k, v in ids.items()}
-        extra = dict(lang_to_id={names[i]: int(i) for i in settings["lang_ids"] if i in names},
-                     task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]})
-    generation = tr.GenerationConfig(**tokens, alignment_heads=settings.get("alignment_heads"),
-                                     no_timestamps_token_id=ids.get("<|notimestamps|>"), **extra)
+    with loading_step(f"reading the CTranslate2 weights ({(source / 'model.bin').stat().st_size / 2**20:.0f} MB)",
+                      1, STEPS):
+        spec, variables = read_ct2(source / "model.bin")
+        if spec != "WhisperSpec":
+            raise ModelLoadError(f"{source / 'model.bin'} holds a {spec}, not a Whisper model")
+        settings = json.loads((source / "config.json").read_text())
+        ids = _token_ids(json.loads((source / "tokenizer.json").read_text()))
+    with loading_step("building the transformers model (float32)", 2, STEPS):
+        geometry, state = whisper_state(variables)
+        end, start = ids["<|endoftext|>"], ids["<|startoftranscript|>"]
+        tokens = dict(decoder_start_token_id=start, bos_token_id=end, eos_token_id=end, pad_token_id=end,
+                      begin_suppress_tokens=settings.get("suppress_ids_begin"),
+                      suppress_tokens=settings.get("suppress_ids"))
+        config = tr.WhisperConfig(**geometry, **tokens)
+        model = tr.WhisperForConditionalGeneration(config)
+        model.load_state_dict(state, strict=False)  # proj_out is tied to the token embedding
+        model.tie_weights()
+        extra = {}
+        if geometry["vocab_size"] >= 51865 and settings.get("lang_ids"):  # multilingual: language and task tokens
+            names = {v: k for k, v in ids.items()}
+            extra = dict(lang_to_id={names[i]: int(i) for i in settings["lang_ids"] if i in names},
+                         task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]})
+        generation = tr.GenerationConfig(**tokens, alignment_heads=settings.get("alignment_heads"),
+                                         no_timestamps_token_id=ids.get("<|notimestamps|>"), **extra)
     partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    generation.save_pretrained(partial)
-    tr.WhisperFeatureExtractor(feature_size=geometry["num_mel_bins"]).save_pretrained(partial)
-    shutil.copy(source / "tokenizer.json", partial / "tokenizer.json")
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
+    with loading_step("saving the transformers folder", 3, STEPS):
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save_pretrained(partial)
+        generation.save_pretrained(partial)
+        tr.WhisperFeatureExtractor(feature_size=geometry["num_mel_bins"]).save_pretrained(partial)
+        shutil.copy(source / "tokenizer.json", partial / "tokenizer.json")
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
     return target

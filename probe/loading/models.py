@@ -14,6 +14,7 @@ GGUF dequantization and its cache, device placement); a pruned model's folder is
 from __future__ import annotations
 
 import importlib.util
+import logging
 import socket
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from ..util import quiet_transformers
 from .checkpoints import (
     HEADS,
     PLACEMENT,
+    busy_estimate,
     cache_dir,
     finish_tokenizer,
     load_folder,
@@ -45,7 +47,8 @@ from .checkpoints import (
     resolve_device,
     resolve_dtype,
 )
-from .ctranslate import whisper_folder
+from .ctranslate import FIRST_USE_SECONDS, whisper_folder
+from .folders import asked_attention, folder_lacks, refuse_unsupported
 
 
 @dataclass(frozen=True)
@@ -272,12 +275,19 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
                 raise ModelLoadError(f"model folder not found: {name}")
             if not (path / "config.json").exists():
                 raise ModelLoadError(f"{name} is not a model folder (no config.json)")
+            lacks = folder_lacks(path)
+            if lacks:  # transformers would say something else (a tokenizer built from nothing, cut-off words)
+                refuse_unsupported(path)  # a type probe cannot measure is the first thing to say
+                raise ModelLoadError(f"{name} holds a config.json but no {' and no '.join(lacks)}: "
+                                     + ("nothing to load" if lacks[0].startswith("weights") else
+                                        "save the tokenizer beside the model (tokenizer.save_pretrained(folder))"))
             try:
                 model, tokenizer, pruned = _load_local(path, dtype, head, notes)
             except ProbeError:
                 raise
             except Exception as exc:  # noqa: BLE001
-                raise ModelLoadError(f"cannot load model folder {name}: {str(exc).splitlines()[0]}") from None
+                why = str(exc).splitlines()[0].strip().rstrip(":") or type(exc).__name__
+                raise ModelLoadError(f"cannot load model folder {name}: {why}") from None
             source = str(path)
         else:
             hub_id = HUB_ALIASES.get(name, name)
@@ -296,11 +306,18 @@ def _load_by_name(name: str, dtype, use_cache: bool, notes: list[str], head: str
 
 def _load_ctranslate2(name: str, folder: Path, dtype, notes: list[str]):
     """(model, tokenizer) of an embedded CTranslate2 Whisper: its transformers copy in probe's cache,
-    written on first use (:func:`probe.loading.ctranslate.whisper_folder`, a few seconds)."""
+    written on first use (:func:`probe.loading.ctranslate.whisper_folder`), announced on the log with
+    an estimate and then each step with its time, as a GGUF model's first use is."""
     cached = dequantized_cache(name)
     if (cached / "config.json").exists():
         notes.append(f"loaded the converted copy cached in {cached}")
     else:
+        size_mb = (folder / "model.bin").stat().st_size / 2**20 if (folder / "model.bin").exists() else 0.0
+        logging.getLogger("probe.loading.models").warning(
+            "first use of %s: converting its CTranslate2 weights (%.0f MB) to a float32 transformers folder in %s; "
+            "a one-time step of about %d s on 2 idle CPU cores, longer on a busy or slower machine%s; later runs "
+            "load the converted copy in seconds", name, size_mb, cached, FIRST_USE_SECONDS,
+            busy_estimate(FIRST_USE_SECONDS))
         whisper_folder(folder, cached)
         notes.append(f"first use: converted the CTranslate2 weights to a transformers folder in {cached}")
     return load_folder(cached, dtype)
@@ -365,6 +382,11 @@ def preview_model(name: str) -> LoadedModel | None:
 def _load_local(path: Path, dtype, head: str | None, notes: list[str]):
     """A local model folder: (model, tokenizer, pruned). A folder holding a pruned model's record
     (:mod:`probe.pruning.saving`) is built from its config with the same heads removed."""
+    asked = asked_attention(path)
+    if asked not in (None, "eager"):
+        notes.append(f"the folder's config asks for {asked} attention; loaded with eager attention, which probe "
+                     "measures through its own attention function (sdpa and flash kernels return no probabilities)")
+        logging.getLogger("probe.loading.models").warning(notes[-1])  # said in the command's output too
     if not (path / PRUNED_FILE).exists():
         return (*load_folder(path, dtype, head), None)
     from transformers import AutoConfig  # deferred: transformers takes ~1.5 s to import

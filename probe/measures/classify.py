@@ -8,49 +8,10 @@ profiles (k-means on standardized statistics, scikit-learn), following Clark et 
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import pandas as pd
 
-#: label -> (statistic, default threshold). Thresholds are configurable and recorded with results.
-LABEL_RULES: dict[str, tuple[str, float]] = {
-    "previous-token": ("prev", 0.5),
-    "next-token": ("next", 0.5),
-    "self": ("self", 0.5),
-    "first-token": ("first", 0.5),
-    "sep": ("sep", 0.5),
-    "punctuation": ("punct", 0.5),
-    "broad": ("norm_entropy", 0.8),
-    "long-range": ("long", 0.5),
-    # decoder circuits on repeated random tokens (docs/statistics.md; columns from probe.patterns.circuit_probe)
-    "induction": ("induction", 0.4),
-    "duplicate-token": ("duplicate", 0.4),
-}
-
-MIXED = "mixed"
-#: The label of a head physically removed from the model (probe.pruning): it has no statistics.
-REMOVED = "removed"
-
-
-def default_thresholds() -> dict[str, float]:
-    """label -> threshold, the defaults (docs/statistics.md, "Labels")."""
-    return {label: thr for label, (_, thr) in LABEL_RULES.items()}
-
-
-def validate_thresholds(thresholds: dict[str, float] | None) -> None:
-    """Check label -> threshold overrides.
-
-    Raises:
-        ValueError: an unknown label, or a threshold that is not a number in (0, 1] (every
-            labelling statistic is a probability or a normalized entropy).
-    """
-    for name, value in (thresholds or {}).items():
-        if name not in LABEL_RULES:
-            raise ValueError(f"unknown label {name!r}; labels: {', '.join(LABEL_RULES)}")
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) <= 1:
-            raise ValueError(f"threshold of {name!r} must be in (0, 1] (every labelling statistic is a "
-                             f"probability or a normalized entropy), got {value!r}")
+from .rules import LABEL_RULES, MIXED, REMOVED, default_thresholds, validate_thresholds  # noqa: F401 (re-exported)
 
 
 def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None,

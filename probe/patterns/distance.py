@@ -41,14 +41,11 @@ import torch
 
 from ..errors import InputError
 from ..measures.accumulators import Accumulator
+from ..measures.rules import NEAR_DUPLICATE  # noqa: F401 (re-exported: the near-duplicate distance)
 from ..sites import Site
 from ..text.inputs import Batch
 from .groups import head_groups
 from .jsd import SEED, Estimate, folded_size, row_js, sample_rows, to_matrix
-
-#: Heads of one layer closer than this (bits) are near-duplicates: the health check's
-#: ``duplicates`` and pruning's redundancy both read it here.
-NEAR_DUPLICATE = 0.05
 
 #: Defaults of the model-wide (map) accumulation: first sequences of the corpus, query rows of each.
 MAP_SEQUENCES = 200

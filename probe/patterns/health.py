@@ -41,28 +41,17 @@ exactly 0 (masked scores are -inf before the softmax).
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ..errors import InputError
 from ..measures.accumulators import Accumulator, present_heads
 from ..measures.classify import LABEL_RULES
+from ..measures.rules import HEALTH_RULES, health_thresholds  # noqa: F401 (health_thresholds: re-exported)
 from ..sites import Site, head_name
 from ..text.inputs import Batch
 from ..util import plural
-from .distance import NEAR_DUPLICATE
-
-#: check -> (statistic, default threshold, comparison, what it points at). Order = report order.
-HEALTH_RULES: dict[str, tuple[str, float, str, str]] = {
-    "saturated": ("max_weight", 0.95, ">=", "one-hot softmax: missing or wrong score scale, very large logits"),
-    "uniform": ("norm_entropy", 0.95, ">=", "scores too small (scale applied twice), dead head"),
-    "collapsed": ("self", 0.8, ">=", "a head that only copies its own token"),
-    "duplicates": ("distance", NEAR_DUPLICATE, "<", "redundant heads, pruning candidates"),
-    "padding": ("padding", 0.0, ">", "a mask bug: must be exactly 0"),
-}
 
 #: Labels that explain a saturated head or a duplicate pair: each puts a row's mass on one position.
 EXPLAINING = ("previous-token", "next-token", "self", "first-token", "sep", "punctuation")
@@ -75,24 +64,6 @@ NEED_ROWS = ("saturated", "uniform", "collapsed", "duplicates")
 #: Titles of the checks on the page.
 TITLES = {"saturated": "saturated", "uniform": "uniform", "collapsed": "collapsed to self",
           "duplicates": "duplicate heads", "padding": "padding attended"}
-
-
-def health_thresholds(overrides: dict | None = None) -> dict[str, float]:
-    """check -> threshold: the defaults (docs/statistics.md) with ``overrides``.
-
-    Raises:
-        InputError: an unknown check, ``padding`` (fixed at 0), or a value outside (0, 1].
-    """
-    out = {name: rule[1] for name, rule in HEALTH_RULES.items()}
-    for name, value in (overrides or {}).items():
-        if name not in HEALTH_RULES:
-            raise InputError(f"unknown health check {name!r}; checks: {', '.join(HEALTH_RULES)}")
-        if name == "padding":
-            raise InputError("the padding check has no threshold: any probability on a padding key is a mask bug")
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) <= 1:
-            raise InputError(f"health threshold of {name!r} must be in (0, 1], got {value!r}")
-        out[name] = float(value)
-    return out
 
 
 class HealthProbe(Accumulator):

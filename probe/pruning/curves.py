@@ -24,13 +24,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..bounds import PRUNING_ORDERS
 from ..causal.objectives import ZERO_WITHIN
 from ..errors import InputError
 from ..patterns.distance import HeadDistances
 from .importance import head_importance, normalize_per_layer
 from .redundancy import redundancy_pick
 
-ORDERS = ("importance", "redundancy", "random")
+#: The orders heads are pruned in (named where the command line reads them without torch).
+ORDERS = PRUNING_ORDERS
 
 
 def schedule(n_total: int, n_start: int, fraction: float, steps: int) -> list[int]:

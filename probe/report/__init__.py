@@ -308,7 +308,8 @@ def _write_files(result, tokenizer, path: Path, tmp: Path, verification, timings
     """The files of :func:`write_run`, written into ``tmp`` (``path``: where they will be)."""
     result.timings.update({k: round(v, 4) for k, v in (timings or {}).items()})
     shown = dataclasses.replace(result, model=shorten_paths(result.model, path),
-                                settings=shorten_paths(result.settings, path), notes=shorten_paths(result.notes, path))
+                                settings=shorten_paths(result.settings, path), notes=shorten_paths(result.notes, path),
+                                results=shorten_paths(result.results, path))  # a circuit run's pairs file ...
     sections = build_sections(shown, tokenizer)
     extra = {"verification": verification} if verification else {}
     extra.update({sec.id: sec.record for sec in sections if sec.record is not None})

@@ -15,6 +15,7 @@ Relative paths and Hub ids (``org/name``) are kept as they are.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path, PurePath
@@ -46,12 +47,30 @@ def short_path(path: str, folder: str | Path | None = None) -> str:
 
 
 def shorten_paths(value, folder: str | Path | None = None):
-    """A copy of ``value`` (str, dict, list, tuple; other values as they are) with every absolute
-    path in its strings shortened by :func:`short_path`."""
+    """A copy of ``value`` (str, dict, list, tuple, and the dataclass instances a run's results are, such
+    as a circuit run whose ``source`` is its pairs file; other values as they are) with every absolute
+    path in its strings shortened by :func:`short_path`. A value with no absolute path is returned itself."""
     if isinstance(value, str):
         return _ABSOLUTE.sub(lambda m: short_path(m.group(0).rstrip("/\\"), folder), value)
     if isinstance(value, dict):
         return {k: shorten_paths(v, folder) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         return type(value)(shorten_paths(v, folder) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed = {f.name: shorten_paths(getattr(value, f.name), folder) for f in dataclasses.fields(value)
+                   if f.init and _holds_absolute(getattr(value, f.name))}
+        return dataclasses.replace(value, **changed) if changed else value
     return value
+
+
+def _holds_absolute(value) -> bool:
+    """Whether a str, or a dict, list, tuple or dataclass instance holding strings, has an absolute path."""
+    if isinstance(value, str):
+        return _ABSOLUTE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_holds_absolute(v) for v in value.values())
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return any(_holds_absolute(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(f.init and _holds_absolute(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False

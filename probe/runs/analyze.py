@@ -37,7 +37,7 @@ from ..patterns.circuits import SINK_TEXTS
 from ..report import claim_run_dir, write_run
 from ..report.page import choose_heads
 from ..sites import head_name
-from ..text.corpus import check_texts, iter_corpus, iter_pairs, peek, sample_texts
+from ..text.corpus import check_texts, count_sequences, iter_corpus, iter_pairs, peek, sample_texts  # noqa: F401 (count_sequences: re-exported)
 from ..util import plural
 from ..verification import verify
 from ..view.stepview import STEP_MAX_TOKENS, STEPS_KEY, step_view_data
@@ -260,14 +260,6 @@ def analysis_input(texts=(), corpus: str | None = None, pairs: str | None = None
     if texts:
         return check_texts(list(texts), limit), "--text", None
     return check_texts(sample_texts(), limit), "built-in sample", None
-
-
-def count_sequences(corpus: str | None, pairs: str | None, limit: int | None) -> int | None:
-    """The number of sequences a corpus or pairs file holds (at most ``limit``), counted in a first read
-    of the file (the analysis streams it again: memory stays flat); None for the other inputs."""
-    if not (corpus or pairs):
-        return None
-    return sum(1 for _ in (iter_corpus(corpus, limit) if corpus else iter_pairs(pairs, limit)))
 
 
 def announcement(lm, texts, source: str, world=None, counted: int | None = None) -> str:

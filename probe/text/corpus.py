@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-from .. import validate
+from .. import bounds as validate  # no heavy library: --corpus is read before torch is imported
 from ..errors import InputError
-from .inputs import Text
+from .sequence import Text
 
 #: A CoNLL-U sentence-text comment: ``# text = ...``.
 _TEXT_LINE = re.compile(r"#\s*text\s*=(.*)")
@@ -200,3 +200,17 @@ def check_texts(texts: list[str], limit: int | None = None) -> list[str]:
     validate.limit(limit)
     texts = validate.texts(texts)
     return list(texts[:limit] if limit else texts)
+
+
+def count_sequences(corpus: str | None, pairs: str | None, limit: int | None) -> int | None:
+    """The number of sequences a corpus or pairs file holds (at most ``limit``), counted in a first read
+    of the file (the analysis streams it again: memory stays flat); None for the other inputs. The
+    command line reads it before torch is imported, so a file that is not UTF-8, has no text or a
+    malformed pair is answered at once.
+
+    Raises:
+        InputError: what :func:`iter_corpus` or :func:`iter_pairs` raises.
+    """
+    if not (corpus or pairs):
+        return None
+    return sum(1 for _ in (iter_corpus(corpus, limit) if corpus else iter_pairs(pairs, limit)))
