@@ -1,0 +1,6 @@
+"""Why a head attends where it does: its attention scores split by the sources of its query and key
+(:func:`why`; the stream walk in :mod:`probe.why.stream`)."""
+
+from .score import Why, why
+
+__all__ = ["Why", "why"]
