@@ -15,7 +15,7 @@ Public API (the CLI is a thin layer over it)::
     head_effects(lm, texts).heads               # zero / mean ablation effect of every head (probe.effects)
     attention_rollout(lm, "The cat sat.").row   # share of [CLS] (decoders: last token) from each input token
     attention_flow(lm, "The cat sat.").row      # the same by maximum flow (probe.measures.flow; <= 64 tokens)
-    why(lm, "The cat sat.", "L1H0").contributions  # each score split by what built its query and key (probe.why)
+    why(lm, "The cat sat.", "L1H0").contributions  # each score split by what built its query and key (probe.qk)
 """
 
 import importlib as _importlib
@@ -45,7 +45,7 @@ _PUBLIC = {
     "prune": ".pruning.experiment", "attention": ".reference", "swap_attention": ".reference.swap",
     "Attribution": ".measures.rollout", "attention_rollout": ".measures.rollout", "Site": ".sites",
     "STATISTICS": ".measures.stats", "HeadStatistics": ".measures.stats", "attention_steps": ".measures.steps",
-    "verify": ".verification", "why": ".why", "Why": ".why",
+    "verify": ".verification", "why": ".qk", "Why": ".qk",
     "HeadView": ".view", "ModelView": ".view", "model_view": ".runs.notebook", "show": ".runs.notebook",
     "RolloutView": ".view.rollout", "rollout_view": ".runs.notebook",
 }

@@ -1,7 +1,7 @@
 """Why a head attends where it does: each attention score split by what built its query and its key
 (Elhage et al. 2021, "the QK circuit"; Kissane et al. 2024; Anthropic 2025, QK attributions).
 
-The stream the head reads at positions i and j is a sum over sources (:mod:`probe.why.stream`), its
+The stream the head reads at positions i and j is a sum over sources (:mod:`probe.qk.stream`), its
 norms frozen at the run. The head's query is then a sum too: q_{a,i} = R_i qn(W_Q n(c_{a,i})), with
 R_i the rotation at position i (linear), qn the per-head q norm (Qwen3, Gemma 3) frozen the same way;
 the ``bias`` source also carries W_Q beta + b_Q. The same for keys with W_K at j (grouped heads: the
@@ -190,7 +190,7 @@ def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, m
     Raises:
         InputError: a head or query row out of range (naming the valid ranges).
         UnsupportedAnalysisError: an encoder-decoder model, or a structure the decomposition does not
-            walk (:mod:`probe.why.stream`).
+            walk (:mod:`probe.qk.stream`).
     """
     started = time.perf_counter()
     if lm.kind not in ("decoder", "encoder"):

@@ -10,7 +10,7 @@ that run before the first block. From these the stream is rebuilt as a sum over 
 - each earlier head ``L3H5``: z_h W_O^h, its slice of the output projection;
 - each earlier MLP ``MLP3``: what the block added besides its attention (the MLP's output with its
   own bias, after a norm of its own where the family has one: Gemma 2's post-feed-forward norm);
-- ``bias``: the output projections' biases and every norm's beta (and, in :mod:`probe.why.score`,
+- ``bias``: the output projections' biases and every norm's beta (and, in :mod:`probe.qk.score`,
   b_Q and b_K).
 
 A norm is frozen at the run: its per-token statistics (LayerNorm's mean and sigma, RMSNorm's root
@@ -25,7 +25,7 @@ block the sum of the sources is checked against the block's output (relative 1e-
 walk does not reproduce is refused in one line.
 
 With ``frozen=False`` each source is normalised by its own statistics instead (what a norm applied to
-one writer alone would do): the parts no longer add up to the stream, and :func:`probe.why.why`
+one writer alone would do): the parts no longer add up to the stream, and :func:`probe.why`
 reports by how much the score misses.
 """
 
