@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 import probe
-from conftest import tiny_model
+from conftest import invoke_cli, one_error, save_tiny, tiny_model, watched_page
 from probe.errors import InputError, UnsupportedAnalysisError
 from probe.qk.pattern import first_order, pair_effects, softmax_row
 from probe.qk.table import REST, pairs_frame, source_shares
@@ -177,3 +179,66 @@ def test_bad_heads_and_rows_are_refused_in_one_line(models):
 def test_encoder_decoder_models_are_refused():
     with pytest.raises(UnsupportedAnalysisError, match="encoder-decoder"):
         probe.why(tiny_model("bart"), TEXT, "L0H0")
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def saved_gpt2(tmp_path_factory):
+    return save_tiny("gpt2", tmp_path_factory.mktemp("why") / "gpt2")
+
+
+def test_why_command_writes_the_pairs_of_the_top_keys(saved_gpt2, tmp_path):
+    """why.csv holds each top key's largest pairs and the rest, adding up to the library's contributions
+    (equal to the model's score within 1e-5); run.json records the check; the page names the head and
+    carries the three figures."""
+    out = tmp_path / "run"
+    result = invoke_cli("why", "--model", saved_gpt2, "--text", TEXT, "--head", "L1H2", "--query", "6", "--top", "3",
+                        "--out", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "L1H2 at query 6" in result.output
+    frame = pd.read_csv(out / "why.csv")
+    assert list(frame.columns[:9]) == ["head", "query", "key", "key_token", "attention", "score", "query_source",
+                                       "key_source", "contribution"]
+    lm = probe.load_model(str(saved_gpt2))
+    w = probe.why(lm, TEXT, "L1H2", query=6)
+    assert list(dict.fromkeys(frame["key"])) == w.top_keys(3)
+    for key, rows in frame.groupby("key"):
+        assert rows["contribution"].sum() == pytest.approx(w.scores[key], abs=1e-4)
+        assert len(rows) == 11 and rows.iloc[-1]["query_source"] == REST
+    assert set(frame["head"]) == {"L1H2"} and set(frame["query"]) == {6}
+    record = json.loads((out / "run.json").read_text())["why"]
+    assert record["head"] == "L1H2" and record["holds"] and record["residual"] <= 1e-5
+    assert [k["key"] for k in record["top_keys"]] == w.top_keys(3)
+    page = (out / "index.html").read_text()
+    assert "Why L1H2 attends where it does" in page
+    for fig in ("why-row", "why-bars", "why-heat"):
+        assert f'data-fig="{fig}"' in page
+    assert "http://" not in page.split("<body", 1)[1].replace("http://www.w3.org", "")
+
+
+def test_why_command_refuses_bad_input_in_one_line_and_writes_nothing(saved_gpt2, tmp_path):
+    out = tmp_path / "run"
+    args = ("--model", saved_gpt2, "--text", "The cat sat.", "--out", out, "--no-progress")
+    one_error(invoke_cli("why", *args, "--head", "L2H0"), 1, "layer 2 out of range", "layers 0-1 and heads 0-3")
+    assert not out.exists()
+    one_error(invoke_cli("why", *args, "--head", "L1H4"), 1, "head L1H4 out of range", "heads 0-3")
+    one_error(invoke_cli("why", *args, "--head", "L1H0", "--query", "50"), 1, "query 50 out of range", "rows 0-")
+    one_error(invoke_cli("why", *args, "--head", "head1"), 2, "not a head of the form L5H1")
+    one_error(invoke_cli("why", *args, "--head", "L1H0", "--top", "0"), 2, "--top")
+    assert not out.exists()
+
+
+@pytest.mark.browser
+def test_why_page_renders_without_console_messages_or_requests(chromium, saved_gpt2, tmp_path):
+    out = tmp_path / "run"
+    result = invoke_cli("why", "--model", saved_gpt2, "--text", TEXT, "--head", "L1H1", "--out", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    with watched_page(chromium, out / "index.html") as (page, messages, requests):
+        page.wait_for_load_state("load")
+        drawn = page.evaluate("""() => ['why-row', 'why-bars', 'why-heat'].map(
+            id => { const c = document.querySelector(`canvas[data-fig="${id}"]`); return c ? c.width : 0; })""")
+    assert all(w > 0 for w in drawn), drawn
+    assert messages == []
+    assert all(url.startswith("file://") for url in requests), requests
