@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import InputError
+from ..patterns import CircuitProbe, circuit_probe
 from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze
 from ..sites import head_name
@@ -87,7 +88,8 @@ def why_run(lm, text: str, head, query: int | None = None, *, top: int = 5, out=
     with claim_run_dir(out, lm.name, force) as folder:
         result = measure(lm, text, head, query, top)
         t = time.perf_counter()
-        analysis = analyze(lm, [text] + sample_texts(), progress=progress)
+        analysis = analyze(lm, [text] + sample_texts(), progress=progress,  # labels, induction included on decoders
+                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
         result.seconds["analyze_s"] = time.perf_counter() - t
         heads = analysis.heads
         if "layer" in heads.columns and "label" in heads.columns:
