@@ -89,6 +89,10 @@ class Recorded:
     ids: torch.Tensor | None = None
 
 
+class _Heard(Exception):
+    """Raised by the listener of the head's layer once it has the call: the pass stops there."""
+
+
 def _row(x) -> torch.Tensor:
     x = x[0] if isinstance(x, tuple) else x
     return x[0].detach().double().cpu()
@@ -162,8 +166,15 @@ def record(lm, batch, layer: int) -> Recorded:
                     got.z = tensor[0].detach().double().cpu()
                     return tensor
                 hooks.own(edit(attention, "output", z_reader))
-        hooks.own(listen(attentions[layer], lambda call: setattr(rec, "call", call)))
-        forward(lm, batch)
+        def heard(call):
+            rec.call = call
+            raise _Heard  # the layers after the head's are not needed
+
+        hooks.own(listen(attentions[layer], heard))
+        try:
+            forward(lm, batch)
+        except _Heard:
+            pass
     if rec.call is None:
         raise UnsupportedAnalysisError(f"why: {lm.name}'s attention modules do not call probe's attention function "
                                        "(transformers' AttentionInterface), where the scores are read")
@@ -175,11 +186,14 @@ class Stream:
     """The stream as a sum of sources: ``names`` and ``parts`` (one [T, d_model] float64 tensor each);
     the ``bias`` source is always there."""
 
-    def __init__(self, names: list[str], parts: list[torch.Tensor], frozen: bool, spec) -> None:
+    def __init__(self, names: list[str], parts: list[torch.Tensor], frozen: bool, spec,
+                 total: torch.Tensor | None = None) -> None:
         self.names, self.parts, self.frozen, self.spec = list(names), list(parts), frozen, spec
         if BIAS not in self.names:
             self.names.append(BIAS)
             self.parts.append(torch.zeros_like(parts[0]))
+        self._total = torch.stack(self.parts).sum(0) if total is None else total  # kept up to date by add()
+        self._stacked: torch.Tensor | None = None
 
     def add(self, name: str, part: torch.Tensor) -> None:
         if name == BIAS:
@@ -187,13 +201,18 @@ class Stream:
         else:
             self.names.append(name)
             self.parts.append(part)
+        self._total = self._total + part
+        self._stacked = None
 
     def total(self) -> torch.Tensor:
-        return torch.stack(self.parts).sum(0)
+        """[T, width] the sum of the sources."""
+        return self._total
 
     def stacked(self) -> torch.Tensor:
         """[sources, T, width]."""
-        return torch.stack(self.parts)
+        if self._stacked is None:
+            self._stacked = torch.stack(self.parts)
+        return self._stacked
 
     def normed(self, norm: nn.Module, x: torch.Tensor, out: torch.Tensor, where: str) -> Stream:
         """A new stream: every source through ``norm`` frozen at its input ``x`` (its output ``out``
@@ -201,9 +220,12 @@ class Stream:
         statistics."""
         fn, beta = frozen_map(self.spec, norm, x, out, where)
         if self.frozen:
-            parts = list(fn(self.stacked()).unbind(0))
-        else:
-            parts = [frozen_map(self.spec, norm, p, None, where, check=False)[0](p) for p in self.parts]
+            stacked = fn(self.stacked())
+            stacked[self.names.index(BIAS)] += beta
+            new = Stream(self.names, list(stacked.unbind(0)), True, self.spec, fn(self.total()) + beta)
+            new._stacked = stacked
+            return new
+        parts = [frozen_map(self.spec, norm, p, None, where, check=False)[0](p) for p in self.parts]
         new = Stream(self.names, parts, self.frozen, self.spec)
         new.add(BIAS, beta.expand_as(x))
         return new
@@ -280,7 +302,7 @@ def _block(lm, stream: Stream, got: Block, layer: int) -> Stream:
             written, o = written.normed(norm, inp, out, f"after layer {layer}'s attention"), out
             used.add(k)
             break
-    after = Stream(stream.names, stream.parts, stream.frozen, lm.spec)
+    after = Stream(stream.names, stream.parts, stream.frozen, lm.spec, stream.total())
     for name, part in zip(written.names, written.parts):
         after.add(name, part)
     s1, mlp = got.x_in + o, f"MLP{layer}"
@@ -309,7 +331,7 @@ def reads(lm, rec: Recorded, layer: int, frozen: bool = True) -> Stream:
     stream = _embeddings(lm, rec, frozen)
     for i in range(layer + 1):
         got = rec.blocks[i]
-        if got.x_in is None or got.x_out is None or got.reads is None:
+        if got.x_in is None or got.reads is None or (i < layer and got.x_out is None):
             raise UnsupportedAnalysisError(f"why: probe did not see layer {i} of {lm.name} run as one block")
         _check(stream, got.x_in, lm, f"input of layer {i}")
         if i == layer:
