@@ -169,6 +169,61 @@ def _text(lm, batch) -> list[str]:
                           [tuple(o) for o in batch.offsets[0, :n].tolist()], batch.special[0, :n].tolist())
 
 
+@dataclass
+class Sides:
+    """One head's query and key split by source on one sequence (:func:`sides`).
+
+    Attributes:
+        names: the source names; q: [sources, rows, d_head] the query rows asked for; k: [sources, T,
+            d_head] every key; scale: the scores' multiplier; call: the layer's
+            :class:`~probe.capture.interface.Call`; T: real tokens; ids: [T] token ids; batch: the
+            encoded sequence.
+    """
+
+    names: list[str]
+    q: torch.Tensor
+    k: torch.Tensor
+    scale: float
+    call: object
+    T: int
+    ids: torch.Tensor
+    batch: object
+
+
+def check_model(lm, head) -> tuple[int, int]:
+    """(layer, head) of ``head`` on ``lm``, after the model checks of :func:`why`."""
+    if lm.kind not in ("decoder", "encoder"):
+        raise UnsupportedAnalysisError(f"why: {lm.name} is an {lm.kind} model; probe splits the scores of decoder-only "
+                                       "and encoder-only models")
+    lm.require_all_heads("why")
+    g = lm.geometry
+    return parse_head(head, g.n_layers, g.n_heads)
+
+
+def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool = True) -> Sides:
+    """The query (rows ``rows``, default all) and key of head (``layer``, ``h``) split by source on the
+    first sequence of ``batch``, norms frozen at the run (see the module docstring)."""
+    T = int(batch.attention_mask[0].sum())
+    rows = slice(0, T) if rows is None else rows
+    rec = record(lm, batch, layer)
+    stream = reads(lm, rec, layer, frozen)
+    parts = stream.stacked()  # [S, T, d_model]
+    call = rec.call
+    g = lm.geometry
+    w = attention_weights(lm.model, lm.spec, lm.sites[layer])
+    paths, block = site_spec(lm.spec, lm.sites[layer]), site_block(lm.model, lm.spec, lm.sites[layer])
+    norms = [None if p is None else block.get_submodule(p) for p in (paths.q_norm, paths.k_norm)]
+    kv = h // (g.n_heads // g.n_kv_heads)
+    q_recv = call.query[0, h, rows].double().cpu()
+    k_recv = call.key[0, kv, :T].double().cpu()
+    q = _side(lm, rec, layer, parts, w.W_Q[h], None if w.b_Q is None else w.b_Q[h], norms[0], q_recv, frozen, rows)
+    k = _side(lm, rec, layer, parts, w.W_K[kv], None if w.b_K is None else w.b_K[kv], norms[1], k_recv,
+              frozen, slice(0, T))
+    scaling = call.kwargs.get("scaling")
+    scale = q_recv.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    return Sides(stream.names, q, k, scale, call, T, batch.input_ids[0, :T], batch)
+
+
 @torch.no_grad()
 def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, max_length: int | None = None) -> Why:
     """Split head ``head``'s attention scores at query row ``query`` by the sources of its query and key.
@@ -193,33 +248,15 @@ def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, m
             walk (:mod:`probe.qk.stream`).
     """
     started = time.perf_counter()
-    if lm.kind not in ("decoder", "encoder"):
-        raise UnsupportedAnalysisError(f"why: {lm.name} is an {lm.kind} model; probe splits the scores of decoder-only "
-                                       "and encoder-only models")
-    lm.require_all_heads("why")
-    g = lm.geometry
-    layer, h = parse_head(head, g.n_layers, g.n_heads)
+    layer, h = check_model(lm, head)
     batch = encode(lm, [text], max_length)
     T = int(batch.attention_mask[0].sum())
     i = T - 1 if query is None else query
     if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < T):
         raise InputError(f"query {query!r} out of range: the text has {T} tokens, rows 0-{T - 1}")
-    rec = record(lm, batch, layer)
-    stream = reads(lm, rec, layer, frozen)
-    parts = stream.stacked()  # [S, T, d_model]
-    call = rec.call
-    w = attention_weights(lm.model, lm.spec, lm.sites[layer])
-    paths, block = site_spec(lm.spec, lm.sites[layer]), site_block(lm.model, lm.spec, lm.sites[layer])
-    norms = [None if p is None else block.get_submodule(p) for p in (paths.q_norm, paths.k_norm)]
-    kv = h // (g.n_heads // g.n_kv_heads)
+    sd = sides(lm, batch, layer, h, slice(i, i + 1), frozen)
+    call, q, k, scale = sd.call, sd.q[:, 0], sd.k, sd.scale
     q_recv = call.query[0, h, i].double().cpu()
-    k_recv = call.key[0, kv].double().cpu()
-    q = _side(lm, rec, layer, parts, w.W_Q[h], None if w.b_Q is None else w.b_Q[h], norms[0], q_recv[None],
-              frozen, slice(i, i + 1))[:, 0]
-    k = _side(lm, rec, layer, parts, w.W_K[kv], None if w.b_K is None else w.b_K[kv], norms[1], k_recv,
-              frozen, slice(0, T))
-    scaling = call.kwargs.get("scaling")
-    scale = q_recv.shape[-1] ** -0.5 if scaling is None else float(scaling)
     C = scale * torch.einsum("ae,bje->abj", q, k)
     s = scale * (repeat_heads(call.key, call.query.shape[1])[0, h].double().cpu() @ q_recv)
     keep = _at(call.keep, h, i)
@@ -244,7 +281,7 @@ def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, m
     if frozen and residual > tol:
         notes.append(f"the contributions miss the model's scores by {residual:.3g} (tolerance {tol:.2g})")
     pattern = call.probs[0, h, i, :T].double().cpu().numpy()
-    return Why(lm.name, layer, h, i, _text(lm, batch), stream.names, C.numpy(), s[:T].numpy(),
+    return Why(lm.name, layer, h, i, _text(lm, batch), sd.names, C.numpy(), s[:T].numpy(),
                None if bias is None else bias[:T].double().cpu().numpy(), pattern,
                keep.numpy(), float(softcap) if softcap else None, residual, tol, frozen,
                time.perf_counter() - started, notes)
