@@ -13,8 +13,10 @@ import torch
 import probe
 from conftest import invoke_cli, one_error, save_tiny, tiny_model, watched_page
 from probe.errors import InputError, UnsupportedAnalysisError
+from probe.qk.corpus import fits, why_corpus
 from probe.qk.pattern import first_order, pair_effects, softmax_row
 from probe.qk.table import REST, pairs_frame, source_shares
+from probe.text.corpus import sample_texts
 
 TEXT = "The cat sat on the mat and the dog sat on the rug."
 #: The families of the issue: absolute positions (GPT-2), rotary with grouped key/value heads (LLaMA),
@@ -242,3 +244,66 @@ def test_why_page_renders_without_console_messages_or_requests(chromium, saved_g
     assert all(w > 0 for w in drawn), drawn
     assert messages == []
     assert all(url.startswith("file://") for url in requests), requests
+
+
+# --------------------------------------------------------------------------- over a corpus
+
+
+def test_corpus_mean_is_the_mean_of_the_single_rows_that_fit_the_label(models):
+    """why_corpus's mean matrix equals the mean, over the rows whose top key fits the label, of probe.why's
+    matrix at that key (row by row, a separate computation), and its sum is the mean score."""
+    lm = models["llama"]
+    texts = [TEXT, "A dog ran in the park and the dog sat down."]
+    c = why_corpus(lm, texts, "L1H0", "previous-token")
+    mats, scores = [], []
+    for text in texts:
+        n = len(probe.why(lm, text, "L1H0").tokens)
+        for i in range(n):
+            w = probe.why(lm, text, "L1H0", query=i)
+            j = w.top_keys(1)[0]
+            if j == i - 1:
+                mats.append(w.matrix(j))
+                scores.append(w.scores[j])
+    assert c.rows == len(mats) > 0 and c.rows_seen == sum(len(probe.why(lm, t, "L1H0").tokens) for t in texts)
+    np.testing.assert_allclose(c.mean, np.mean(mats, 0), atol=1e-9)
+    assert c.mean_score == pytest.approx(np.mean(scores))
+    assert c.mean.sum() == pytest.approx(c.mean_score, abs=1e-5)
+    assert c.residual <= 1e-5
+
+
+def test_corpus_names_the_position_embedding_behind_the_planted_head():
+    lm = _planted_previous_token_gpt2()
+    c = why_corpus(lm, sample_texts()[:4], "L0H0", "previous-token")
+    assert c.rows >= 0.9 * c.rows_seen
+    top = c.shares().iloc[0]
+    assert top["source"] == "position embedding" and top["key_share"] > 0.95
+    assert "its key side reads position embedding" in c.sentence()
+
+
+def test_row_rules():
+    ids = torch.tensor([5, 7, 9, 5, 7])
+    assert fits("previous-token", ids, 3, 2) and not fits("previous-token", ids, 3, 1)
+    assert fits("induction", ids, 3, 1) and not fits("induction", ids, 3, 2)  # 5 at 0 then 7: the token after
+    assert fits("duplicate-token", ids, 3, 0) and not fits("duplicate-token", ids, 3, 3)
+    assert fits("first-token", ids, 4, 0) and fits("self", ids, 2, 2)
+    with pytest.raises(InputError, match="no row rule for the label 'broad'"):
+        fits("broad", ids, 1, 0)
+
+
+def test_why_command_over_a_corpus(saved_gpt2, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The cat sat on the mat.\nA dog ran in the park and the dog sat.\n", encoding="utf-8")
+    out = tmp_path / "run"
+    result = invoke_cli("why", "--model", saved_gpt2, "--corpus", corpus, "--head", "L1H2", "--label", "first-token",
+                        "--out", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "L1H2 (first-token) over" in result.output
+    frame = pd.read_csv(out / "why_corpus.csv")
+    record = json.loads((out / "run.json").read_text())["why"]
+    assert record["corpus"] and record["label"] == "first-token" and record["texts"] == 2
+    if record["rows"]:
+        assert frame["contribution"].sum() == pytest.approx(record["mean_score"], abs=1e-4)
+    one_error(invoke_cli("why", "--model", saved_gpt2, "--corpus", corpus, "--text", "x", "--head", "L1H2"), 2,
+              "either --text or --corpus")
+    one_error(invoke_cli("why", "--model", saved_gpt2, "--corpus", tmp_path / "none.txt", "--head", "L1H2"), 1,
+              "not found")

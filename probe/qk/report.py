@@ -71,7 +71,10 @@ def _bars_figure(w, keys: list[int]) -> dict:
 
 
 def _heat_figure(w, key: int) -> dict:
-    M = w.matrix(key)
+    return _heat(w.matrix(key), w.sources, f"C at key {_key_label(w, key)}: query source (rows) x key source (columns)")
+
+
+def _heat(M: np.ndarray, sources: list[str], title: str) -> dict:
     rows = list(np.argsort(-np.abs(M).sum(1), kind="stable")[:SOURCES])
     cols = list(np.argsort(-np.abs(M).sum(0), kind="stable")[:SOURCES])
     r_rest = [a for a in range(M.shape[0]) if a not in rows]
@@ -81,10 +84,9 @@ def _heat_figure(w, key: int) -> dict:
     grid = np.array([[M[np.ix_(ra, cb)].sum() for cb in Cs] for ra in R])
     span = float(np.abs(grid).max()) or 1.0
     return {"rows": len(R), "cols": len(Cs), "scale": SCALE, "vmin": -span, "vmax": span, "cmap": "rdbu",
-            "title": f"C at key {_key_label(w, key)}: query source (rows) x key source (columns)",
-            "values": [int(round(v * SCALE)) for v in grid.ravel()],
-            "rowLabels": [w.sources[a] for a in rows] + (["other"] if r_rest else []),
-            "colLabels": [w.sources[b] for b in cols] + (["other"] if c_rest else []),
+            "title": title, "values": [int(round(v * SCALE)) for v in grid.ravel()],
+            "rowLabels": [sources[a] for a in rows] + (["other"] if r_rest else []),
+            "colLabels": [sources[b] for b in cols] + (["other"] if c_rest else []),
             "xLabel": "key source", "yLabel": "query source", "unit": "score units", "cellName": "C"}
 
 
@@ -94,6 +96,8 @@ def section(result, tokenizer) -> Section | None:
     run = getattr(result, "results", {}).get("why")
     if run is None:
         return None
+    if run.corpus is not None:
+        return _corpus_section(run)
     w, labels = run.why, run.labels
     keys = w.top_keys(run.top)
     cap = (f" Soft-capped head (cap {w.softcap:g}): the sum is the pre-cap score; the pattern reads cap tanh(s / cap)."
@@ -124,3 +128,29 @@ def section(result, tokenizer) -> Section | None:
     files = {"why.csv": run.frame.to_csv(index=False, float_format="%.6g")}
     return Section(id="why", title=f"Why {w.name} attends where it does", html=html, figures=figures, files=files,
                    record=run.record(), order=47)
+
+
+def _corpus_section(run) -> Section:
+    c, labels = run.corpus, run.labels
+    caption = (f"{c.sentence(labels)}. The contributions C_ij[a, b] (query source a, key source b; norms frozen at "
+               f"each run) are averaged over the rows whose most attended key fits the label {c.label!r}; each "
+               f"row's sum is checked against the model's score (largest difference {c.residual:.2g}, tolerance "
+               f"{c.tolerance:.2g}). share = mean C / mean score.")
+    figures = {}
+    if c.rows:
+        figures["why-corpus-heat"] = _heat(c.mean, c.sources, f"mean C over {c.rows} rows: query source (rows) x "
+                                                              "key source (columns)")
+    fig_list = [{"id": k, "title": v["title"]} for k, v in figures.items()]
+    rows = [[r.query_source, labels.get(r.query_source, ""), r.key_source, labels.get(r.key_source, ""),
+             _fmt(r.contribution), _fmt(r.share, ".3f")] for r in run.frame.itertuples()]
+    html = render_fragment("section_table.html.j2", caption=caption, figures=fig_list, rows=rows,
+                           columns=["query source", "its label", "key source", "its label", "mean C", "share"])
+    share_rows = [[r.source, labels.get(r.source, ""), _fmt(r.query_side), _fmt(r.query_share, ".3f"),
+                   _fmt(r.key_side), _fmt(r.key_share, ".3f")] for r in run.shares.head(2 * SOURCES).itertuples()]
+    html += render_fragment("section_table.html.j2", figures=[], caption="Each source's part of the mean score.",
+                            columns=["source", "its label", "query side", "share", "key side", "share"],
+                            rows=share_rows)
+    files = {"why_corpus.csv": run.frame.to_csv(index=False, float_format="%.6g"),
+             "why_sources.csv": run.shares.to_csv(index=False, float_format="%.6g")}
+    return Section(id="why", title=f"Why {c.name} attends where it does, over a corpus", html=html, figures=figures,
+                   files=files, record=run.record(), order=47)
