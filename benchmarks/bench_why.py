@@ -10,7 +10,11 @@ same 200 tokens on the same machine (the ratio is the figure to compare across m
 
 minilm: its heads labelled previous-token on the built-in sample, on one sentence: the same sources.
 
-Usage: python benchmarks/bench_why.py [--heads L17H4,L23H2,L23H7] [--rows 150,175,199] [--skip-minilm]
+With --corpus-heads: the contributions of those heads averaged over every row of --texts repeated
+sequences whose top key is the induction target (probe.qk.corpus).
+
+Usage: PYTHONPATH=. python benchmarks/bench_why.py [--heads L17H4,L23H2,L23H7] [--rows 150,175,199] [--skip-minilm]
+       PYTHONPATH=. python benchmarks/bench_why.py --corpus-heads L17H4,L17H5,L18H6,L23H2 --texts 2
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 import probe
 from probe.patterns import CircuitProbe, circuit_probe
+from probe.qk.corpus import why_corpus
 from probe.qk.table import source_shares
 from probe.sites import head_name
 from probe.text.corpus import sample_texts
@@ -83,6 +88,16 @@ def smollm2(heads: list[str], rows: list[int]) -> None:
                 print(f"    at the induction target {target}: key side {ks}; query side {qs}")
 
 
+def smollm2_corpus(heads: list[str], texts: int) -> None:
+    """probe.qk.corpus.why_corpus over ``texts`` repeated random-word sequences (seeds 0 ..), label induction."""
+    lm = probe.load_model("smollm2")
+    labels = labels_of(lm)
+    corpus = [repeated_text(lm, seed=k) for k in range(texts)]
+    for head in heads:
+        c = why_corpus(lm, corpus, head, "induction")
+        print(f"{c.sentence(labels, n=3)}; residual {c.residual:.2g}; {c.seconds:.1f} s")
+
+
 def minilm() -> None:
     lm = probe.load_model("minilm")
     labels = labels_of(lm)
@@ -113,7 +128,13 @@ def main() -> None:
     parser.add_argument("--rows", default="150,175,199")
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--corpus-heads", default=None, help="SmolLM2 heads to average over repeated random words "
+                        "(label induction), e.g. L17H4,L17H5,L18H6,L23H2; then nothing else runs")
+    parser.add_argument("--texts", type=int, default=2)
     args = parser.parse_args()
+    if args.corpus_heads:
+        smollm2_corpus(args.corpus_heads.split(","), args.texts)
+        return
     if not args.skip_minilm:
         minilm()
     if not args.skip_smollm2:

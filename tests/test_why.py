@@ -307,3 +307,55 @@ def test_why_command_over_a_corpus(saved_gpt2, tmp_path):
               "either --text or --corpus")
     one_error(invoke_cli("why", "--model", saved_gpt2, "--corpus", tmp_path / "none.txt", "--head", "L1H2"), 1,
               "not found")
+
+
+# --------------------------------------------------------------------------- real models (slow)
+
+
+def _repeated_words(lm, n: int = 100, seed: int = 0) -> str:
+    words = sorted(w for w in lm.tokenizer.get_vocab() if w.startswith("Ġ") and w[1:].isalpha() and len(w) > 3)
+    g = torch.Generator().manual_seed(seed)
+    once = lm.tokenizer.convert_tokens_to_string([words[k] for k in torch.randint(len(words), (n,), generator=g)])
+    return once + once
+
+
+def test_smollm2_induction_head_keys_are_built_by_a_previous_token_head(smollm2):
+    """On 100 random words repeated, L17H4's score at the induction target (row 199 -> key 100) adds up
+    to the model's within 1e-5 (1 + max |s|), and the largest key-side source there is a head whose
+    previous-token score on this very sequence (mean A[i, i - 1] from capture_attention) is above 0.5."""
+    text = _repeated_words(smollm2)
+    w = probe.why(smollm2, text, "L17H4", query=199)
+    assert len(w.tokens) == 200 and w.holds
+    assert w.residual <= 1e-5 * (1 + np.abs(w.scores).max())
+    target = 100
+    assert w.tokens[target - 1] == w.tokens[199]
+    key_side = w.matrix(target).sum(0)
+    top = w.sources[int(np.abs(key_side).argmax())]
+    assert top.startswith("L") and "H" in top
+    layer, head = (int(x) for x in top[1:].split("H"))
+    maps = probe.capture_attention(smollm2, text)[layer][0, head].double()
+    prev = float(torch.diagonal(maps, -1).mean())
+    assert prev > 0.5, (top, prev)
+
+
+def test_minilm_previous_token_heads_read_the_position_embedding(minilm):
+    """For every minilm head whose previous-token score on the sentence is above 0.5, the contributions
+    add up to its scores, and at j = i - 1 the position embedding is the largest key-side source on most
+    rows."""
+    text = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat."
+    captured = probe.capture_attention(minilm, text)
+    found = 0
+    for layer in range(minilm.geometry.n_layers):
+        for head in range(minilm.geometry.n_heads):
+            maps = captured[layer][0, head].double()
+            if float(torch.diagonal(maps, -1)[1:].mean()) <= 0.5:
+                continue
+            found += 1
+            wins, n = 0, maps.shape[0] - 2
+            for i in range(1, n + 1):
+                w = probe.why(minilm, text, (layer, head), query=i)
+                assert w.holds
+                key_side = w.matrix(i - 1).sum(0)
+                wins += w.sources[int(np.abs(key_side).argmax())] == "position embedding"
+            assert wins > n / 2, (layer, head, wins, n)
+    assert found >= 1
