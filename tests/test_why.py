@@ -359,3 +359,25 @@ def test_minilm_previous_token_heads_read_the_position_embedding(minilm):
                 wins += w.sources[int(np.abs(key_side).argmax())] == "position embedding"
             assert wins > n / 2, (layer, head, wins, n)
     assert found >= 1
+
+
+@pytest.mark.parametrize("model_type", ("phi", "stablelm", "glm4", "smollm3", "modernbert"))
+def test_families_without_a_hand_spec_add_up_too(tiny_generic, model_type):
+    """Discovered models (partial rotary, pairwise rotation, NoPE layers, a pre-norm encoder): every head's
+    contributions add up to its score within 1e-5 (1 + max |s|)."""
+    lm = tiny_generic(model_type)
+    for layer in range(lm.geometry.n_layers):
+        for head in range(lm.geometry.n_heads):
+            w = probe.why(lm, TEXT, (layer, head))
+            assert w.residual <= 1e-5 * (1 + np.abs(w.scores).max()), (model_type, layer, head)
+
+
+@pytest.mark.parametrize("model_type,fragment", [("opt", "queries of layer 1 recomputed from the stream differ"),
+                                                 ("olmo", "neither a LayerNorm nor an RMSNorm"),
+                                                 ("albert", "shares one attention module")])
+def test_what_the_walk_does_not_reproduce_is_refused_in_one_line(tiny_generic, model_type, fragment):
+    """OPT scales its queries inside the module, OLMo's norm has no weight, ALBERT shares its layers: none
+    returns a decomposition that does not add up."""
+    with pytest.raises(UnsupportedAnalysisError, match=fragment) as info:
+        probe.why(tiny_generic(model_type), TEXT, (1, 0))
+    assert "\n" not in str(info.value)

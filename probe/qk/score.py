@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..architectures.discovered import needs_weights
 from ..architectures.modules import site_block, site_spec
 from ..architectures.weights import attention_weights
 from ..capture.interface import repeat_heads
@@ -32,7 +33,7 @@ from ..errors import InputError, UnsupportedAnalysisError
 from ..reference.rotary import Rope
 from ..sites import head_name
 from ..text.tokens import display_tokens
-from .stream import frozen_map, reads, record
+from .stream import close, frozen_map, reads, record
 
 #: The identity's tolerance in float32: |sum C - s| <= TOLERANCE (1 + max |s|).
 TOLERANCE = 1e-5
@@ -196,6 +197,8 @@ def check_model(lm, head) -> tuple[int, int]:
         raise UnsupportedAnalysisError(f"why: {lm.name} is an {lm.kind} model; probe splits the scores of decoder-only "
                                        "and encoder-only models")
     lm.require_all_heads("why")
+    if lm.spec.discovered:
+        needs_weights(lm.spec, "why")
     g = lm.geometry
     return parse_head(head, g.n_layers, g.n_heads)
 
@@ -219,6 +222,14 @@ def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool
     q = _side(lm, rec, layer, parts, w.W_Q[h], None if w.b_Q is None else w.b_Q[h], norms[0], q_recv, frozen, rows)
     k = _side(lm, rec, layer, parts, w.W_K[kv], None if w.b_K is None else w.b_K[kv], norms[1], k_recv,
               frozen, slice(0, T))
+    if frozen:
+        for side, got, recv in (("queries", q, q_recv), ("keys", k, k_recv)):
+            if not close(got.sum(0), recv):
+                gap = float((got.sum(0) - recv).abs().max() / recv.abs().max())
+                raise UnsupportedAnalysisError(
+                    f"why: {lm.name}'s {side} of layer {layer} recomputed from the stream differ from what its "
+                    f"attention function receives (relative {gap:.2g}): they change inside the attention module "
+                    "after the projection (a scale, or a rotation computed there) in a way probe does not reproduce")
     scaling = call.kwargs.get("scaling")
     scale = q_recv.shape[-1] ** -0.5 if scaling is None else float(scaling)
     return Sides(stream.names, q, k, scale, call, T, batch.input_ids[0, :T], batch)
