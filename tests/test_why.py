@@ -381,3 +381,26 @@ def test_what_the_walk_does_not_reproduce_is_refused_in_one_line(tiny_generic, m
     with pytest.raises(UnsupportedAnalysisError, match=fragment) as info:
         probe.why(tiny_generic(model_type), TEXT, (1, 0))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ("qwen2", "mistral", "phi3", "gemma3", "roberta", "distilbert", "mpnet", "deberta-v2",
+                                  "falcon", "gpt_neo", "bloom"))
+def test_other_families_add_up_or_say_by_how_much_they_miss(kind):
+    """Biases on q and k (Qwen2), windows, partial rotary, q/k norms (Gemma 3), relative position biases
+    (MPNet, DeBERTa: reported beside the pairs), and the families whose attention runs through probe's
+    reference module (Falcon, GPT-Neo, BLOOM with ALiBi): each head adds up within 1e-5 (1 + max |s|), or
+    its notes give the miss."""
+    lm = tiny_model(kind)
+    held = 0
+    for layer in range(lm.geometry.n_layers):
+        for head in range(lm.geometry.n_heads):
+            w = probe.why(lm, TEXT, (layer, head))
+            miss = float(np.abs(w.contributions.sum((0, 1)) - w.scores)[w.keep].max())
+            assert w.residual == pytest.approx(miss)
+            if w.holds:
+                held += 1
+            else:
+                assert any(f"miss the model's scores by {miss:.3g}" in n for n in w.notes)
+            if kind in ("mpnet", "deberta-v2", "bloom"):
+                assert w.position_bias is not None
+    assert held >= lm.geometry.n_heads  # at least one layer holds everywhere

@@ -285,6 +285,9 @@ def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, m
     if bias is not None:
         notes.append("a position bias is added to the scores after the product; it is no source pair and is reported "
                      "beside them")
+        if lm.spec.family.startswith("deberta"):
+            notes.append("DeBERTa's content-to-position and position-to-content terms are in that bias: they depend on "
+                         "the query's and the key's content but are not split by source here")
     if not frozen:
         notes.append(f"norms not frozen (each source normed by its own statistics): the contributions miss the "
                      f"model's scores by up to {residual:.3g}")

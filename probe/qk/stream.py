@@ -32,6 +32,7 @@ reports by how much the score misses.
 from __future__ import annotations
 
 import dataclasses
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import torch
@@ -42,6 +43,7 @@ from ..architectures.weights import output_weights
 from ..capture.hooks import calls_function, measuring
 from ..capture.interface import Call, edit, install, listen, served_sites
 from ..capture.maps import forward
+from ..capture.swapped import swap_if_agrees
 from ..circuits.parts import is_norm
 from ..effects.dla import frozen_norm
 from ..errors import UnsupportedAnalysisError
@@ -117,6 +119,13 @@ def record(lm, batch, layer: int) -> Recorded:
         UnsupportedAnalysisError: a model whose attention modules do not call probe's attention
             function, or that shares one attention module between layers.
     """
+    with ExitStack() as stack:
+        if not calls_function(lm):  # Falcon, BLOOM, GPT-Neo: probe's reference module, where it reproduces the model
+            swap_if_agrees(lm, stack)
+        return _record(lm, batch, layer)
+
+
+def _record(lm, batch, layer: int) -> Recorded:
     model, spec = lm.model, lm.spec
     pairs = site_modules(model, spec)
     if any(len(sites) > 1 for sites in served_sites(model, spec).values()):
@@ -132,6 +141,8 @@ def record(lm, batch, layer: int) -> Recorded:
         for name, mod in base_model(model).named_modules():
             if id(mod) in inside:
                 continue
+            if isinstance(mod, nn.Embedding) and "rel" in name.rsplit(".", 1)[-1].lower():
+                continue  # a relative-position table (MPNet, DeBERTa): a bias on the scores, not a write
             if isinstance(mod, nn.Embedding):
                 source = _embedding_name(lm, name, mod)
                 hooks.forward(mod, lambda mod_, a, out, s=source: None if state["started"]
