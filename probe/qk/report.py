@@ -96,8 +96,12 @@ def section(result, tokenizer) -> Section | None:
     run = getattr(result, "results", {}).get("why")
     if run is None:
         return None
-    if run.corpus is not None:
-        return _corpus_section(run)
+    title, html, figures, files = _corpus_parts(run) if run.corpus is not None else _row_parts(run)
+    return Section(id="why", title=title, html=html, figures=figures, files=files, record=run.record(), order=47)
+
+
+def _row_parts(run) -> tuple:
+    """(title, html, figures, files) of one query row."""
     w, labels = run.why, run.labels
     keys = w.top_keys(run.top)
     cap = (f" Soft-capped head (cap {w.softcap:g}): the sum is the pre-cap score; the pattern reads cap tanh(s / cap)."
@@ -126,11 +130,11 @@ def section(result, tokenizer) -> Section | None:
         "side sum_a C[a, b] (each column adds up to s_ij)."), columns=["source", "its label", "query side",
                                                                         "key side"], rows=share_rows)
     files = {"why.csv": run.frame.to_csv(index=False, float_format="%.6g")}
-    return Section(id="why", title=f"Why {w.name} attends where it does", html=html, figures=figures, files=files,
-                   record=run.record(), order=47)
+    return f"Why {w.name} attends where it does", html, figures, files
 
 
-def _corpus_section(run) -> Section:
+def _corpus_parts(run) -> tuple:
+    """(title, html, figures, files) of an average over a corpus."""
     c, labels = run.corpus, run.labels
     caption = (f"{c.sentence(labels)}. The contributions C_ij[a, b] (query source a, key source b; norms frozen at "
                f"each run) are averaged over the rows whose most attended key fits the label {c.label!r}; each "
@@ -152,5 +156,4 @@ def _corpus_section(run) -> Section:
                             rows=share_rows)
     files = {"why_corpus.csv": run.frame.to_csv(index=False, float_format="%.6g"),
              "why_sources.csv": run.shares.to_csv(index=False, float_format="%.6g")}
-    return Section(id="why", title=f"Why {c.name} attends where it does, over a corpus", html=html, figures=figures,
-                   files=files, record=run.record(), order=47)
+    return f"Why {c.name} attends where it does, over a corpus", html, figures, files
