@@ -15,6 +15,7 @@ Public API (the CLI is a thin layer over it)::
     head_effects(lm, texts).heads               # zero / mean ablation effect of every head (probe.effects)
     attention_rollout(lm, "The cat sat.").row   # share of [CLS] (decoders: last token) from each input token
     attention_flow(lm, "The cat sat.").row      # the same by maximum flow (probe.measures.flow; <= 64 tokens)
+    why(lm, "The cat sat.", "L1H0").contributions  # each score split by what built its query and key (probe.qk)
 """
 
 import importlib as _importlib
@@ -44,7 +45,7 @@ _PUBLIC = {
     "prune": ".pruning.experiment", "attention": ".reference", "swap_attention": ".reference.swap",
     "Attribution": ".measures.rollout", "attention_rollout": ".measures.rollout", "Site": ".sites",
     "STATISTICS": ".measures.stats", "HeadStatistics": ".measures.stats", "attention_steps": ".measures.steps",
-    "verify": ".verification",
+    "verify": ".verification", "why": ".qk", "Why": ".qk",
     "HeadView": ".view", "ModelView": ".view", "model_view": ".runs.notebook", "show": ".runs.notebook",
     "RolloutView": ".view.rollout", "rollout_view": ".runs.notebook",
 }
@@ -70,5 +71,5 @@ __all__ = [
     "show", "HeadView", "load_run", "compare_runs", "prune", "head_effects", "attention_rollout", "attention_flow",
     "Attribution", "Pair", "patch_heads", "direct_logit_attribution", "composition_scores",
     "rollout_view", "RolloutView",
-    "attention_steps", "model_view", "ModelView",
+    "attention_steps", "model_view", "ModelView", "why", "Why",
 ]

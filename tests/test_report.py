@@ -179,7 +179,7 @@ ALL_BUILDERS = {
     ("probe.linguistic.report", "syntax_section"), ("probe.pruning.report", "section"),
     ("probe.view.rollout", "rollout_section"), ("probe.view.section", "head_view_section"),
     ("probe.view.section", "model_view_section"), ("probe.view.section", "steps_section"),
-    ("probe.circuits.report", "section"), ("probe.circuits.path_report", "section"),
+    ("probe.circuits.report", "section"), ("probe.circuits.path_report", "section"), ("probe.qk.report", "section"),
 }
 
 

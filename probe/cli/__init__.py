@@ -15,7 +15,7 @@ what they need from the library when they run (``probe --help`` stays fast), and
 
 from __future__ import annotations
 
-from . import analyze, circuit, compare, effects, listing, patch, path, prune, verify  # noqa: F401 (each registers its command on ``main``)
+from . import analyze, circuit, compare, effects, listing, patch, path, prune, verify, why  # noqa: F401 (each registers its command on ``main``)
 from .group import INTERRUPTED, ProbeGroup, entry, hold, main, user_errors
 
 __all__ = ["INTERRUPTED", "ProbeGroup", "entry", "hold", "main", "user_errors"]

@@ -78,6 +78,7 @@ SECTION_MODULES = (
     "probe.patterns.report",
     "probe.linguistic.report", "probe.effects.report", "probe.effects.patch_report", "probe.pruning.report",
     "probe.view.rollout", "probe.view.section", "probe.circuits.report", "probe.circuits.path_report",
+    "probe.qk.report",
 )
 
 

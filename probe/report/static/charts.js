@@ -4,7 +4,8 @@
  *   scatter: {kind, title, xs, ys, tips, colors (hex per point) | values (0..1 per point) + cmap,
  *             legend [[name, hex]], xLabel, yLabel}
  *   bars:    {kind, mode "stack" | "group", title, categories, series [{name, color, values}],
- *             vmax, xLabel, yLabel, unit}
+ *             vmax, vmin (default 0; below 0: signed values, a stack's negative parts go down from 0),
+ *             xLabel, yLabel, unit}
  */
 (function () {
   "use strict";
@@ -112,10 +113,10 @@
     title(ctx, fig, left);
     legend(ctx, items, left, (fig.title ? 24 : 6) + 5, plotW);
     var cats = fig.categories, nc = cats.length, ns = fig.series.length, stack = fig.mode !== "group";
-    var vmax = fig.vmax || 1, slot = plotW / nc, barW = Math.max(1, Math.min(stack ? 48 : 24, stack ? slot * 0.8 : slot * 0.8 / ns));
-    function py(v) { return top + plotH - Math.max(0, Math.min(1, v / vmax)) * plotH; }
+    var vmax = fig.vmax || 1, vmin = Math.min(0, fig.vmin || 0), slot = plotW / nc, barW = Math.max(1, Math.min(stack ? 48 : 24, stack ? slot * 0.8 : slot * 0.8 / ns));
+    function py(v) { return top + plotH - Math.max(0, Math.min(1, (v - vmin) / (vmax - vmin))) * plotH; }
     ctx.strokeStyle = "#ddd"; ctx.fillStyle = "#444"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
-    var ticks = [0, 1, 2, 3, 4].map(function (t) { return vmax * t / 4; }), tickText = axisLabels(ticks);
+    var ticks = [0, 1, 2, 3, 4].map(function (t) { return vmin + (vmax - vmin) * t / 4; }), tickText = axisLabels(ticks);
     for (var t = 0; t <= 4; t++) {
       var y = py(ticks[t]);
       ctx.beginPath(); ctx.moveTo(left, y + 0.5); ctx.lineTo(left + plotW, y + 0.5); ctx.stroke();
@@ -123,15 +124,17 @@
     }
     var rects = [];
     for (var c = 0; c < nc; c++) {
-      var base = 0;
+      var base = 0, below = 0;  // a stack's positive parts rise from 0, its negative parts go down from 0
       for (var s = 0; s < ns; s++) {
         var val = fig.series[s].values[c];
         if (val === null || val === undefined || isNaN(val)) continue;
         var x = left + (c + 0.5) * slot - (stack ? barW : barW * ns) / 2 + (stack ? 0 : s * barW);
-        var yTop = py(stack ? base + val : val), yBot = py(stack ? base : 0);
+        var from = stack ? (val >= 0 ? base : below) : 0;
+        var yTop = py(Math.max(from, from + val)), yBot = py(Math.min(from, from + val));
         ctx.fillStyle = fig.series[s].color; ctx.fillRect(x, yTop, barW, Math.max(0, yBot - yTop));
         rects.push([x, yTop, barW, yBot - yTop, c, s, val]);
-        if (stack) base += val;
+        if (stack && val >= 0) base += val;
+        if (stack && val < 0) below += val;
       }
     }
     ctx.fillStyle = "#444"; ctx.textAlign = "center"; ctx.textBaseline = "top";

@@ -1,0 +1,145 @@
+"""Benchmark and measurement: ``probe.why`` on the embedded models.
+
+SmolLM2: 100 random whole-word tokens repeated (200 tokens). For each induction head (default L17H4,
+L23H2, L23H7) and a few query rows of the second copy: the key the head attends to most, whether it is
+the induction target (the token after the earlier copy of the query's token), the check, and at that
+key the largest key-side and query-side sources (sum over the other side) with their share of the
+score and each source head's label (a short analysis of the built-in sample plus the decoder circuit
+probe, as ``probe why`` labels heads). Time of one head and row, beside one plain forward pass of the
+same 200 tokens on the same machine (the ratio is the figure to compare across machines).
+
+minilm: its heads labelled previous-token on the built-in sample, on one sentence: the same sources.
+
+With --corpus-heads: the contributions of those heads averaged over every row of --texts repeated
+sequences whose top key is the induction target (probe.qk.corpus).
+
+Usage: PYTHONPATH=. python benchmarks/bench_why.py [--heads L17H4,L23H2,L23H7] [--rows 150,175,199] [--skip-minilm]
+       PYTHONPATH=. python benchmarks/bench_why.py --corpus-heads L17H4,L17H5,L18H6,L23H2 --texts 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+import probe
+from probe.patterns import CircuitProbe, circuit_probe
+from probe.qk.corpus import why_corpus
+from probe.qk.table import source_shares
+from probe.sites import head_name
+from probe.text.corpus import sample_texts
+
+
+def labels_of(lm) -> dict:
+    finished = [circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else []
+    heads = probe.analyze(lm, sample_texts(), finished=finished).heads
+    return {head_name(int(r.layer), int(r.head)): str(r.label) for r in heads.itertuples()}
+
+
+def sides(w, key: int, labels: dict, n: int = 3) -> tuple[str, str]:
+    shares = source_shares(w, key)
+    s = w.scores[key]
+    out = []
+    for side in ("key_side", "query_side"):
+        top = shares.reindex(shares[side].abs().sort_values(ascending=False).index).head(n)
+        out.append(", ".join(f"{r.source}{' (' + labels[r.source] + ')' if r.source in labels else ''} "
+                             f"{getattr(r, side) / s:+.2f}" for r in top.itertuples()))
+    return out[0], out[1]
+
+
+def repeated_text(lm, n: int = 100, seed: int = 0) -> str:
+    words = sorted(w for w in lm.tokenizer.get_vocab() if w.startswith("Ġ") and w[1:].isalpha() and len(w) > 3)
+    g = torch.Generator().manual_seed(seed)
+    pick = [words[k] for k in torch.randint(len(words), (n,), generator=g).tolist()]
+    once = lm.tokenizer.convert_tokens_to_string(pick)
+    return once + once
+
+
+def smollm2(heads: list[str], rows: list[int]) -> None:
+    lm = probe.load_model("smollm2")
+    text = repeated_text(lm)
+    ids = probe.capture_attention(lm, text).batch.input_ids[0]
+    T = len(ids)
+    print(f"SmolLM2, {T} tokens (100 random words twice), float32, {torch.get_num_threads()} threads")
+    t = time.perf_counter()
+    probe.capture_attention(lm, text)
+    forward = time.perf_counter() - t
+    labels = labels_of(lm)
+    print(f"one forward pass with capture: {forward:.2f} s; heads labelled induction: "
+          f"{sorted(k for k, v in labels.items() if v == 'induction')}; previous-token: "
+          f"{sorted(k for k, v in labels.items() if v == 'previous-token')}")
+    for head in heads:
+        for i in rows:
+            t = time.perf_counter()
+            w = probe.why(lm, text, head, query=i)
+            dt = time.perf_counter() - t
+            key = w.top_keys(1)[0]
+            earlier = [j for j in range(i) if int(ids[j]) == int(ids[i])]
+            target = earlier[-1] + 1 if earlier else None
+            ks, qs = sides(w, key, labels)
+            print(f"{head} ({labels.get(head)}) row {i}: {dt:.2f} s ({dt / forward:.1f} forward passes), residual "
+                  f"{w.residual:.2g}; top key {key} (A {w.pattern[key]:.3f}; induction target {target}, A "
+                  f"{w.pattern[target] if target is not None else float('nan'):.3f}), s {w.scores[key]:.3g}")
+            if target is not None:
+                ks, qs = sides(w, target, labels)
+                print(f"    at the induction target {target}: key side {ks}; query side {qs}")
+
+
+def smollm2_corpus(heads: list[str], texts: int) -> None:
+    """probe.qk.corpus.why_corpus over ``texts`` repeated random-word sequences (seeds 0 ..), label induction."""
+    lm = probe.load_model("smollm2")
+    labels = labels_of(lm)
+    corpus = [repeated_text(lm, seed=k) for k in range(texts)]
+    for head in heads:
+        c = why_corpus(lm, corpus, head, "induction")
+        print(f"{c.sentence(labels, n=3)}; residual {c.residual:.2g}; {c.seconds:.1f} s")
+
+
+def minilm() -> None:
+    lm = probe.load_model("minilm")
+    labels = labels_of(lm)
+    prev = sorted((k for k, v in labels.items() if v == "previous-token"), key=lambda k: (len(k), k))
+    text = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat."
+    print(f"minilm: heads labelled previous-token: {prev}")
+    for head in prev:
+        keys_side, hits = [], 0
+        w0 = probe.why(lm, text, head, query=1)
+        n = len(w0.tokens)
+        for i in range(1, n - 1):
+            w = probe.why(lm, text, head, query=i)
+            key = w.top_keys(1)[0]
+            hits += key == i - 1
+            M = w.matrix(i - 1)
+            keys_side.append((M.sum(0) / w.scores[i - 1], M.sum(1) / w.scores[i - 1], w.residual))
+        k = np.mean([x[0] for x in keys_side], 0)
+        q = np.mean([x[1] for x in keys_side], 0)
+        order_k, order_q = np.argsort(-np.abs(k))[:3], np.argsort(-np.abs(q))[:3]
+        print(f"{head}: top key = i - 1 on {hits}/{n - 2} rows; worst residual {max(x[2] for x in keys_side):.2g}; "
+              f"mean share at j = i - 1, key side: " + ", ".join(f"{w.sources[a]} {k[a]:+.2f}" for a in order_k)
+              + "; query side: " + ", ".join(f"{w.sources[a]} {q[a]:+.2f}" for a in order_q))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--heads", default="L17H4,L23H2,L23H7")
+    parser.add_argument("--rows", default="150,175,199")
+    parser.add_argument("--skip-minilm", action="store_true")
+    parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--corpus-heads", default=None, help="SmolLM2 heads to average over repeated random words "
+                        "(label induction), e.g. L17H4,L17H5,L18H6,L23H2; then nothing else runs")
+    parser.add_argument("--texts", type=int, default=2)
+    args = parser.parse_args()
+    if args.corpus_heads:
+        smollm2_corpus(args.corpus_heads.split(","), args.texts)
+        return
+    if not args.skip_minilm:
+        minilm()
+    if not args.skip_smollm2:
+        smollm2(args.heads.split(","), [int(r) for r in args.rows.split(",")])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""``probe why`` as a function: one head's scores at one query row split by source (:func:`probe.why`),
+the heads labelled by a short analysis, written as a run folder (report section, why.csv, run.json)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InputError
+from ..patterns import CircuitProbe, circuit_probe
+from ..report import claim_run_dir, write_run
+from ..runs.analysis import analyze
+from ..sites import head_name
+from ..text.corpus import sample_texts
+from .corpus import RULES, CorpusWhy, why_corpus
+from .score import Why, check_model, why
+from .table import pairs_frame, source_shares
+
+#: Source pairs listed per key in why.csv (the rest in one row).
+PAIRS = 10
+#: why.csv's columns, in order.
+COLUMNS = ("head", "query", "key", "key_token", "attention", "score", "query_source", "key_source", "contribution",
+           "share", "abs_share", "dA_first", "dA_exact", "dA_without_query_source", "dA_without_key_source")
+
+
+@dataclass
+class WhyRun:
+    """What ``probe why`` measured: ``why`` (the :class:`~probe.qk.Why`), ``frame`` (why.csv),
+    ``shares`` (per source, query and key side, at the top key), ``labels`` (head name -> its label in
+    the short analysis), ``top`` (keys listed), ``seconds``, ``notes``."""
+
+    why: Why | None
+    frame: pd.DataFrame
+    shares: pd.DataFrame
+    top: int
+    labels: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    corpus: CorpusWhy | None = None
+
+    def record(self) -> dict:
+        """The run.json entry."""
+        if self.corpus is not None:
+            c = self.corpus
+            return {"head": c.name, "corpus": True, "label": c.label, "texts": c.texts, "rows": c.rows,
+                    "rows_seen": c.rows_seen, "mean_score": c.mean_score, "residual": c.residual,
+                    "tolerance": c.tolerance, "holds": c.residual <= c.tolerance, "sources": len(c.sources),
+                    "sentence": c.sentence(self.labels), "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+                    "notes": self.notes}
+        w = self.why
+        top = w.top_keys(self.top)
+        return {"head": w.name, "query": w.query, "query_token": w.tokens[w.query], "tokens": len(w.tokens),
+                "sources": len(w.sources), "frozen_norms": w.frozen, "softcap": w.softcap,
+                "position_bias": w.position_bias is not None, "residual": w.residual, "tolerance": w.tolerance,
+                "holds": w.holds, "top_keys": [{"key": j, "token": w.tokens[j], "attention": float(w.pattern[j]),
+                                               "score": float(w.scores[j])} for j in top],
+                "pairs_per_key": PAIRS, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+                "notes": self.notes}
+
+
+def check_top(top: int) -> None:
+    """Raises InputError unless ``top`` >= 1."""
+    if not (isinstance(top, int) and top >= 1):
+        raise InputError(f"--top must be at least 1, got {top!r}")
+
+
+def measure(lm, text: str, head, query: int | None = None, top: int = 5) -> WhyRun:
+    """:func:`probe.why` and its tables (``top`` keys, :data:`PAIRS` pairs each).
+
+    Raises:
+        InputError: as :func:`probe.why`, or ``top`` below 1.
+    """
+    check_top(top)
+    w = why(lm, text, head, query)
+    frame = pairs_frame(w, keys=top, pairs=PAIRS)[list(COLUMNS)]
+    shares = source_shares(w, w.top_keys(1)[0])
+    notes = list(w.notes)
+    if not w.holds:
+        notes.append(f"the decomposition misses the model's score by {w.residual:.3g} (more than {w.tolerance:.2g})")
+    return WhyRun(w, frame, shares, top, seconds={"why_s": w.seconds}, notes=notes)
+
+
+def corpus_frame(c: CorpusWhy, pairs: int = 2 * PAIRS) -> pd.DataFrame:
+    """The ``pairs`` largest mean pairs, then the rest: ``head``, ``label``, ``rows``, ``query_source``,
+    ``key_source``, ``contribution`` (mean C over the rows), ``share`` (of the mean score)."""
+    M = c.mean
+    order = np.argsort(-np.abs(np.nan_to_num(M)), axis=None, kind="stable")[:pairs]
+    rows = []
+    for k in order:
+        a, b = np.unravel_index(k, M.shape)
+        rows.append((c.sources[a], c.sources[b], float(M[a, b])))
+    rows.append(("(other pairs)", "(other pairs)", float(np.nansum(M)) - sum(r[2] for r in rows)))
+    frame = pd.DataFrame(rows, columns=["query_source", "key_source", "contribution"])
+    frame.insert(0, "rows", c.rows)
+    frame.insert(0, "label", c.label)
+    frame.insert(0, "head", c.name)
+    frame["share"] = frame["contribution"] / c.mean_score if c.rows else np.nan
+    return frame
+
+
+def why_run(lm, text: str | None, head, query: int | None = None, *, top: int = 5, out=None, force: bool = False,
+            progress: bool = False, timings: dict | None = None, started: float | None = None,
+            corpus: list[str] | None = None, label: str | None = None) -> tuple[WhyRun, Path]:
+    """Measure (:func:`measure`), label the heads with a short analysis (the text and the built-in
+    sample), write the run folder.
+
+    With ``corpus`` (texts), the contributions are averaged over the rows whose top key fits ``label``
+    (default: the head's label in the short analysis; :func:`probe.qk.corpus.why_corpus`) instead.
+
+    Returns:
+        ``(WhyRun, run folder)``.
+
+    Raises:
+        InputError: ``out`` taken (claimed before the work starts); as :func:`measure`; with a corpus,
+            a label (given or found) that names no key.
+    """
+    if corpus is not None:
+        return _corpus_run(lm, corpus, head, label, out=out, force=force, progress=progress, timings=timings,
+                           started=started)
+    with claim_run_dir(out, lm.name, force) as folder:
+        result = measure(lm, text, head, query, top)
+        t = time.perf_counter()
+        analysis = analyze(lm, [text] + sample_texts(), progress=progress,  # labels, induction included on decoders
+                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
+        result.seconds["analyze_s"] = time.perf_counter() - t
+        result.labels = _labels(analysis)
+        analysis.results["why"] = result
+        analysis.notes += result.notes
+        analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
+    return result, path
+
+
+def _labels(analysis) -> dict:
+    heads = analysis.heads
+    if "layer" not in heads.columns or "label" not in heads.columns:
+        return {}
+    return {head_name(int(r.layer), int(r.head)): str(r.label) for r in heads.itertuples()}
+
+
+def _corpus_run(lm, texts: list[str], head, label: str | None, *, out, force: bool, progress: bool,
+                timings: dict | None, started: float | None) -> tuple[WhyRun, Path]:
+    layer, h = check_model(lm, head)
+    if label is not None and label not in RULES:
+        raise InputError(f"--label {label!r} names no key; labels with one: {', '.join(RULES)}")
+    with claim_run_dir(out, lm.name, force) as folder:
+        t = time.perf_counter()
+        analysis = analyze(lm, list(texts) + sample_texts(), progress=progress,
+                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
+        labels, seconds = _labels(analysis), {"analyze_s": time.perf_counter() - t}
+        name = head_name(layer, h)
+        label = label or labels.get(name)
+        if label not in RULES:
+            raise InputError(f"{name} is labelled {label!r}, which names no key to average over; give --label (one "
+                             f"of {', '.join(RULES)})")
+        c = why_corpus(lm, texts, (layer, h), label)
+        seconds["why_corpus_s"] = c.seconds
+        notes = list(c.notes)
+        if c.rows and c.residual > c.tolerance:
+            notes.append(f"the decomposition misses the model's score by {c.residual:.3g} (more than "
+                         f"{c.tolerance:.2g})")
+        result = WhyRun(None, corpus_frame(c), c.shares(), 0, labels, seconds, notes, c)
+        analysis.results["why"] = result
+        analysis.notes += notes
+        analysis.timings.update({k: round(v, 4) for k, v in seconds.items()})
+        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
+    return result, path

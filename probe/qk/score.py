@@ -1,0 +1,301 @@
+"""Why a head attends where it does: each attention score split by what built its query and its key
+(Elhage et al. 2021, "the QK circuit"; Kissane et al. 2024; Anthropic 2025, QK attributions).
+
+The stream the head reads at positions i and j is a sum over sources (:mod:`probe.qk.stream`), its
+norms frozen at the run. The head's query is then a sum too: q_{a,i} = R_i qn(W_Q n(c_{a,i})), with
+R_i the rotation at position i (linear), qn the per-head q norm (Qwen3, Gemma 3) frozen the same way;
+the ``bias`` source also carries W_Q beta + b_Q. The same for keys with W_K at j (grouped heads: the
+key/value head that serves the query head). So, exactly at the run,
+
+    s_ij = scale * q_i . k_j = sum_a sum_b C_ij[a, b],   C_ij[a, b] = scale * q_{a,i} . k_{b,j},
+
+where s_ij is the score probe's attention function computes from the query and key it receives
+(before soft-capping, Gemma 2, and before a position bias, which is reported beside it). The check
+``residual`` = max_j |sum C_ij - s_ij| over the keys the mask keeps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..architectures.discovered import needs_weights
+from ..architectures.modules import site_block, site_spec
+from ..architectures.weights import attention_weights
+from ..capture.interface import repeat_heads
+from ..capture.maps import encode
+from ..causal.heads import normalize_heads
+from ..circuits.wiring import TURNS, turn
+from ..errors import InputError, UnsupportedAnalysisError
+from ..reference.rotary import Rope
+from ..sites import head_name
+from ..text.tokens import display_tokens
+from .stream import close, frozen_map, reads, record
+
+#: The identity's tolerance in float32: |sum C - s| <= TOLERANCE (1 + max |s|).
+TOLERANCE = 1e-5
+
+
+@dataclass
+class Why:
+    """One head's scores at one query row, split by source.
+
+    Attributes:
+        model: the model's name; layer, head: the head; query: the query row i (0-based).
+        tokens: the sequence's tokens, as reports show them.
+        sources: the source names (``token embedding``, ``L3H5``, ``MLP3``, ``bias`` ...).
+        contributions: [sources (query side), sources (key side), keys] float64, C_ij[a, b] (score units).
+        scores: [keys] s_ij, the model's score read at probe's attention function (pre-cap; without
+            the position bias).
+        position_bias: [keys] the bias added to the scores (ALiBi, T5 buckets, a float mask), or None.
+        pattern: [keys] the model's attention probabilities A_ij.
+        keep: [keys] bool, the keys the mask keeps.
+        softcap: the soft-capping constant (Gemma 2): the contributions add to the pre-cap score.
+        residual: max over kept keys of |sum_ab C_ij[a, b] - s_ij|; tolerance: the bound it is held to.
+        frozen: whether the norms were frozen at the run (False: each source normed by itself; the
+            sum then misses by ``residual``).
+        seconds: wall time; notes: what the reader must know.
+    """
+
+    model: str
+    layer: int
+    head: int
+    query: int
+    tokens: list[str]
+    sources: list[str]
+    contributions: np.ndarray
+    scores: np.ndarray
+    position_bias: np.ndarray | None
+    pattern: np.ndarray
+    keep: np.ndarray
+    softcap: float | None
+    residual: float
+    tolerance: float
+    frozen: bool = True
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return head_name(self.layer, self.head)
+
+    @property
+    def holds(self) -> bool:
+        """Whether the contributions add up to the model's scores within :attr:`tolerance`."""
+        return self.residual <= self.tolerance
+
+    def top_keys(self, n: int = 5) -> list[int]:
+        """The ``n`` kept keys with the largest attention, in decreasing order."""
+        order = np.argsort(-np.where(self.keep, self.pattern, -1.0), kind="stable")
+        return [int(j) for j in order[:min(n, int(self.keep.sum()))]]
+
+    def matrix(self, key: int) -> np.ndarray:
+        """[sources, sources] C_ij[a, b] at ``key``."""
+        return self.contributions[:, :, key]
+
+
+def parse_head(head, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """``(layer, head)`` or ``"L5H1"`` as (layer, head), checked against the model.
+
+    Raises:
+        InputError: another form, or a head out of range (naming the model's ranges).
+    """
+    if isinstance(head, str):
+        text = head.strip().upper()
+        if not (text.startswith("L") and "H" in text and text[1:].replace("H", "", 1).isdigit()):
+            raise InputError(f"head {head!r} is not of the form L5H1 (layer and head, 0-based)")
+        layer, h = text[1:].split("H")
+        head = (int(layer), int(h))
+    (layer, hs), = normalize_heads([tuple(head)], n_layers, n_heads).items()
+    return layer, hs[0]
+
+
+def _rotation(lm, rec, layer: int, T: int):
+    """(cos, sin) [1, T, w] float64 the layer's queries and keys turn by, or None."""
+    turns = rec.blocks[layer].turns
+    if turns is not None:
+        return turns
+    spec, config = lm.spec, lm.model.config
+    params = spec.rope(config, layer) if spec.rotary and not spec.discovered else None
+    if params is None:
+        return None
+    rope = Rope.from_config(params, lm.geometry.d_head, getattr(config, "max_position_embeddings", None))
+    return rope.cos_sin(torch.arange(T)[None], torch.float64)
+
+
+def _side(lm, rec, layer: int, parts: torch.Tensor, W: torch.Tensor, b, norm, received: torch.Tensor, frozen: bool,
+          rows: slice):
+    """One side (query or key) of one head per source: [sources, rows, d_head], rotated, with the
+    per-head norm frozen; ``received`` [rows, d_head] what the attention function got (picks the
+    rotation's layout)."""
+    x = torch.einsum("std,de->ste", parts[:, rows], W.detach().double().cpu())
+    if b is not None:
+        x[-1] = x[-1] + b.detach().double().cpu()
+    if norm is not None:
+        total = x.sum(0)
+        fn, _ = frozen_map(lm.spec, norm, total, None, f"on layer {layer}'s queries or keys")
+        x = fn(x) if frozen else torch.stack([frozen_map(lm.spec, norm, p, None, "", check=False)[0](p) for p in x])
+    turns = _rotation(lm, rec, layer, rec.blocks[layer].x_in.shape[0])
+    if turns is None:
+        return x
+    cos, sin = (t[:, rows].double() for t in turns)
+    best = None
+    for how in TURNS:
+        try:
+            turned = turn(x[None], cos, sin, how)[0]
+        except (RuntimeError, ValueError):
+            continue
+        err = float((turned.sum(0) - received).abs().max())
+        if best is None or err < best[0]:
+            best = (err, turned)
+    return x if best is None else best[1]
+
+
+def _at(x: torch.Tensor | None, h: int, i: int) -> torch.Tensor | None:
+    """Row (h, i) of a [batch|1, heads|1, query|1, key] tensor, as [key] (broadcast dimensions read once)."""
+    if x is None:
+        return None
+    x = x[0]
+    x = x[0] if x.shape[0] == 1 else x[h]
+    return x[0] if x.shape[0] == 1 else x[i]
+
+
+def _text(lm, batch) -> list[str]:
+    n = int(batch.attention_mask[0].sum())
+    t = batch.texts[0]
+    return display_tokens(lm.tokenizer, t.text, batch.input_ids[0, :n].tolist(),
+                          [tuple(o) for o in batch.offsets[0, :n].tolist()], batch.special[0, :n].tolist())
+
+
+@dataclass
+class Sides:
+    """One head's query and key split by source on one sequence (:func:`sides`).
+
+    Attributes:
+        names: the source names; q: [sources, rows, d_head] the query rows asked for; k: [sources, T,
+            d_head] every key; scale: the scores' multiplier; call: the layer's
+            :class:`~probe.capture.interface.Call`; T: real tokens; ids: [T] token ids; batch: the
+            encoded sequence.
+    """
+
+    names: list[str]
+    q: torch.Tensor
+    k: torch.Tensor
+    scale: float
+    call: object
+    T: int
+    ids: torch.Tensor
+    batch: object
+
+
+def check_model(lm, head) -> tuple[int, int]:
+    """(layer, head) of ``head`` on ``lm``, after the model checks of :func:`why`."""
+    if lm.kind not in ("decoder", "encoder"):
+        raise UnsupportedAnalysisError(f"why: {lm.name} is an {lm.kind} model; probe splits the scores of decoder-only "
+                                       "and encoder-only models")
+    lm.require_all_heads("why")
+    if lm.spec.discovered:
+        needs_weights(lm.spec, "why")
+    g = lm.geometry
+    return parse_head(head, g.n_layers, g.n_heads)
+
+
+def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool = True) -> Sides:
+    """The query (rows ``rows``, default all) and key of head (``layer``, ``h``) split by source on the
+    first sequence of ``batch``, norms frozen at the run (see the module docstring)."""
+    T = int(batch.attention_mask[0].sum())
+    rows = slice(0, T) if rows is None else rows
+    rec = record(lm, batch, layer)
+    stream = reads(lm, rec, layer, frozen)
+    parts = stream.stacked()  # [S, T, d_model]
+    call = rec.call
+    g = lm.geometry
+    w = attention_weights(lm.model, lm.spec, lm.sites[layer])
+    paths, block = site_spec(lm.spec, lm.sites[layer]), site_block(lm.model, lm.spec, lm.sites[layer])
+    norms = [None if p is None else block.get_submodule(p) for p in (paths.q_norm, paths.k_norm)]
+    kv = h // (g.n_heads // g.n_kv_heads)
+    q_recv = call.query[0, h, rows].double().cpu()
+    k_recv = call.key[0, kv, :T].double().cpu()
+    q = _side(lm, rec, layer, parts, w.W_Q[h], None if w.b_Q is None else w.b_Q[h], norms[0], q_recv, frozen, rows)
+    k = _side(lm, rec, layer, parts, w.W_K[kv], None if w.b_K is None else w.b_K[kv], norms[1], k_recv,
+              frozen, slice(0, T))
+    if frozen:
+        for side, got, recv in (("queries", q, q_recv), ("keys", k, k_recv)):
+            if not close(got.sum(0), recv):
+                gap = float((got.sum(0) - recv).abs().max() / recv.abs().max())
+                raise UnsupportedAnalysisError(
+                    f"why: {lm.name}'s {side} of layer {layer} recomputed from the stream differ from what its "
+                    f"attention function receives (relative {gap:.2g}): they change inside the attention module "
+                    "after the projection (a scale, or a rotation computed there) in a way probe does not reproduce")
+    scaling = call.kwargs.get("scaling")
+    scale = q_recv.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    return Sides(stream.names, q, k, scale, call, T, batch.input_ids[0, :T], batch)
+
+
+@torch.no_grad()
+def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, max_length: int | None = None) -> Why:
+    """Split head ``head``'s attention scores at query row ``query`` by the sources of its query and key.
+
+    Args:
+        lm: a :class:`~probe.loading.models.LoadedModel` (decoders and encoders whose attention calls
+            probe's attention function; one sequence).
+        text: the sequence.
+        head: ``(layer, head)`` or ``"L5H1"`` (0-based).
+        query: the query row i (0-based token position); None: the last token.
+        frozen: freeze every norm at the run (default; the decomposition is exact). False: each source
+            normed by its own statistics, to show how far that is from the score (``residual``).
+        max_length: token limit (default: the model's).
+
+    Returns:
+        A :class:`Why`: contributions [sources, sources, keys] with sum over both source axes equal to
+        the model's score s_ij at every kept key (``residual`` says by how much it is not).
+
+    Raises:
+        InputError: a head or query row out of range (naming the valid ranges).
+        UnsupportedAnalysisError: an encoder-decoder model, or a structure the decomposition does not
+            walk (:mod:`probe.qk.stream`).
+    """
+    started = time.perf_counter()
+    layer, h = check_model(lm, head)
+    batch = encode(lm, [text], max_length)
+    T = int(batch.attention_mask[0].sum())
+    i = T - 1 if query is None else query
+    if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < T):
+        raise InputError(f"query {query!r} out of range: the text has {T} tokens, rows 0-{T - 1}")
+    sd = sides(lm, batch, layer, h, slice(i, i + 1), frozen)
+    call, q, k, scale = sd.call, sd.q[:, 0], sd.k, sd.scale
+    q_recv = call.query[0, h, i].double().cpu()
+    C = scale * torch.einsum("ae,bje->abj", q, k)
+    s = scale * (repeat_heads(call.key, call.query.shape[1])[0, h].double().cpu() @ q_recv)
+    keep = _at(call.keep, h, i)
+    keep = torch.ones(T, dtype=torch.bool) if keep is None else keep.cpu()[:T]
+    bias = call.kwargs.get("position_bias")
+    if call.mask_bias is not None:
+        bias = call.mask_bias if bias is None else bias + call.mask_bias
+    bias = _at(bias, h, i)
+    residual = float((C.sum((0, 1)) - s[:T])[keep].abs().max())
+    softcap = call.kwargs.get("softcap")
+    notes = []
+    if softcap:
+        notes.append(f"soft-capped scores (cap {softcap:g}): the contributions add up to the pre-cap score s_ij; the "
+                     "pattern reads cap * tanh(s_ij / cap)")
+    if bias is not None:
+        notes.append("a position bias is added to the scores after the product; it is no source pair and is reported "
+                     "beside them")
+        if lm.spec.family.startswith("deberta"):
+            notes.append("DeBERTa's content-to-position and position-to-content terms are in that bias: they depend on "
+                         "the query's and the key's content but are not split by source here")
+    if not frozen:
+        notes.append(f"norms not frozen (each source normed by its own statistics): the contributions miss the "
+                     f"model's scores by up to {residual:.3g}")
+    tol = TOLERANCE * (1 + float(s[:T][keep].abs().max()))
+    if frozen and residual > tol:
+        notes.append(f"the contributions miss the model's scores by {residual:.3g} (tolerance {tol:.2g})")
+    pattern = call.probs[0, h, i, :T].double().cpu().numpy()
+    return Why(lm.name, layer, h, i, _text(lm, batch), sd.names, C.numpy(), s[:T].numpy(),
+               None if bias is None else bias[:T].double().cpu().numpy(), pattern,
+               keep.numpy(), float(softcap) if softcap else None, residual, tol, frozen,
+               time.perf_counter() - started, notes)
