@@ -99,7 +99,8 @@ def test_discovered_paths_heads_and_windows(tiny_generic):
     modern = tiny_generic("modernbert")
     assert modern.spec.qkv_layout == "stacked" and modern.spec.site_specs[0].qkv == "attn.Wqkv"
     assert modern.kind == "encoder" and not any(site.causal for site in modern.sites)
-    assert modern.max_length <= modern.spec.length_limit  # its bidirectional window never binds
+    # its local layers' bidirectional window (local_attention 64: 32 keys each side) is in their sites
+    assert [(site.window, site.ahead) for site in modern.sites] == [(None, 0), (65, 32)]
 
 
 def test_t5_family_layers_are_the_blocks_not_each_blocks_sub_layers(tiny_generic):

@@ -37,7 +37,8 @@ class Found:
         layer: index in the layer list.
         layers: path of the layer list (``nn.ModuleList``) relative to the base model.
         attention: path of the attention module relative to one layer.
-        causal: the mask is causal. window: sliding window (keys, itself included) or None.
+        causal: the mask is causal. window: sliding window (keys, itself included) or None; ahead: of a
+            bidirectional window's keys, those after the query (:attr:`probe.sites.Site.ahead`).
         n_heads, n_kv_heads: query and key/value heads. d_head: a value head's width.
         o: path of the output projection relative to one layer, or None.
         q, k, v, qkv: projection paths relative to one layer (None where not found).
@@ -65,6 +66,7 @@ class Found:
     layout: str = "separate"
     conv1d: bool = False
     path: str = ""
+    ahead: int = 0
 
 
 def model_kind(config) -> str:
@@ -136,14 +138,13 @@ def build_spec(model_type: str, kind: str, found: list[Found], d_model: int, pos
     missing = tuple(p for p in ("q", "k", "v", "o")
                     if any(getattr(f, p) is None and not (p != "o" and f.qkv) for f in found))
     layout = first.layout if first.layout in QKV_LAYOUTS else "separate"
-    windows = [f.window for f in found if f.window is not None and not f.causal]  # bidirectional windows
     n_layers = max(f.layer for f in found if (f.stack, f.kind) == (first.stack, first.kind)) + 1
     return ArchSpec(
         family=model_type, kind=kind, site_specs=tuple(_site_spec(g) for g in groups.values()),
         qkv_layout=layout, conv1d=first.conv1d, implementation=IMPLEMENTATION,
-        fixed_sites=tuple(Site(f.stack, f.layer, f.kind, causal=f.causal, window=f.window if f.causal else None)
+        fixed_sites=tuple(Site(f.stack, f.layer, f.kind, causal=f.causal, window=f.window, ahead=f.ahead)
                           for f in found),
-        site_paths=tuple(f.path for f in found), length_limit=min(windows) if windows else None,
+        site_paths=tuple(f.path for f in found),
         dims=(n_layers, first.n_heads, first.n_kv_heads, first.d_head, d_model), missing=missing,
         position_offset=lambda config, n=position_offset: n,
     )

@@ -192,7 +192,9 @@ def model_summary(lm: LoadedModel) -> dict:
     """Name, source, type, kind, geometry and parameter count of a loaded model (JSON-ready).
 
     ``kind`` is ``"encoder"``, ``"decoder"`` or ``"encoder-decoder"``; ``causal`` says whether every
-    site is causal (decoder-only models); encoder-decoder models add ``stacks`` (layers per stack).
+    site is causal (decoder-only models); encoder-decoder models add ``stacks`` (layers per stack). A model with
+    sliding windows adds ``site_windows``: each windowed site's :meth:`probe.sites.Site.record` (its window, keys
+    before and after the query).
     """
     g = lm.geometry
     return {
@@ -205,6 +207,8 @@ def model_summary(lm: LoadedModel) -> dict:
         "removed_heads": 0 if lm.pruned is None else sum(len(h) for h in lm.pruned.removed().values()),
         "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
         **({"stacks": stack_depths(lm.sites)} if lm.kind == "encoder-decoder" else {}),
+        **({"site_windows": [s.record() for s in lm.sites if s.window is not None]}
+           if any(s.window is not None for s in lm.sites) else {}),
     }
 
 
