@@ -31,6 +31,7 @@ from ..measures.sinks import SinkProfile
 from ..measures.stats import HeadStatistics, by_norm
 from ..measures.values import ValueTracker, value_weighting_for
 from ..text.inputs import Batch, Text, as_texts, iter_batches, stream_texts
+from ..text.tokens import label_examples
 from ..util import plural, progress_bar
 
 
@@ -297,7 +298,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     c = counts.result()
     return AnalysisResult(
         model=model_summary(lm), heads=heads, stats=stats, thresholds=thresholds_used, counts=c.as_dict(),
-        examples=examples.result(),
+        examples=label_examples(examples.result(), lm.tokenizer),
         settings={"batch_size": batch_size, "max_length": validate.max_length(max_length, lm.max_length),
                   "n_examples": n_examples, "example_tokens": example_tokens, "n_clusters": n_clusters,
                   "parse_special_tokens": parse_special_tokens, "query_block": query_block,
