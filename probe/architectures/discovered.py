@@ -156,12 +156,72 @@ def register(model_type: str, spec: ArchSpec) -> ArchSpec:
     return spec
 
 
+def refuse_capture_only(spec: ArchSpec, what: str) -> None:
+    """Refuse ``what`` (an analysis, by name) on a capture-only model (:attr:`ArchSpec.capture_only`).
+
+    Raises:
+        UnsupportedArchitectureError: one line naming the analysis, the type and what does run.
+    """
+    if spec.capture_only:
+        raise UnsupportedArchitectureError(
+            f"{what} does not run on {spec.family}: its attention is its own code, outside transformers' "
+            "AttentionInterface, and probe only captures the maps its eager path returns (statistics, views, labels)")
+
+
+def build_maps_spec(model_type: str, kind: str, found: list[tuple[str, int, int]], layer_split: int, base: str,
+                    n_heads: int, d_model: int, d_head: int, probs_argument: str | None) -> ArchSpec:
+    """A capture-only :class:`ArchSpec` (:attr:`ArchSpec.capture_only`) from the attention modules whose output
+    tuples held the maps of an ``output_attentions`` pass (:func:`probe.capture.eager_maps.discover_maps`).
+
+    Args:
+        found: per layer, in order: (module path from the model's root, index of the maps in its output tuple,
+            the layer's number).
+        layer_split: the position of the layer number in the paths' parts.
+        base: the base model's path from the root ("" where the model is its own base).
+        n_heads: heads per layer (of its maps). d_model: hidden width. d_head: a head's width (the config's).
+        probs_argument: the modules' forward argument that asks for the maps (``output_attentions``), or None.
+
+    Raises:
+        UnsupportedArchitectureError: an encoder-decoder model, or maps at different tuple positions.
+    """
+    if kind == "encoder-decoder":
+        raise UnsupportedArchitectureError(
+            f"{model_type}: its attention never called transformers' AttentionInterface, and probe captures the maps "
+            "of such a model's own attention code for one-stack models only (not encoder-decoder)")
+    indexes = {i for _, i, _ in found}
+    if len(indexes) != 1:
+        raise UnsupportedArchitectureError(f"{model_type}: its attention modules return their maps at different "
+                                           f"positions {sorted(indexes)}; probe needs one")
+    index = indexes.pop()
+    stack = "encoder" if kind == "encoder" else "decoder"
+    parts = [path.split(".") for path, _, _ in found]
+    strip = len(base.split(".")) if base else 0
+    layers = {".".join(q[strip:layer_split]) for q in parts}
+    attention = {".".join(q[layer_split + 1:]) for q in parts}
+    if len(layers) != 1 or len(attention) != 1:
+        raise UnsupportedArchitectureError(f"{model_type}: its attention modules sit at different paths; probe needs "
+                                           "one per layer")
+    layer_path, attention_path = layers.pop(), attention.pop()
+    causal = kind == "decoder"
+    site = SiteSpec(stack, "self", layer_path, attention_path, "", causal=causal)
+    return ArchSpec(
+        family=model_type, kind=kind, site_specs=(site,), implementation="eager", capture_only=True,
+        fixed_sites=tuple(Site(stack, n, "self", causal=causal) for n in range(len(found))),
+        site_paths=tuple(".".join(q[strip:layer_split + 1]) for q in parts),
+        dims=(len(found), n_heads, n_heads, d_head, d_model), missing=("q", "k", "v", "o"),
+        probs=lambda output, i=index: output[i] if isinstance(output, tuple) and len(output) > i else None,
+        probs_argument=probs_argument,
+    )
+
+
 def needs_weights(spec: ArchSpec, what: str, parts: tuple[str, ...] = ("q", "k", "v", "o")) -> None:
-    """Refuse an analysis that needs projection weights a discovered spec did not find.
+    """Refuse an analysis that needs projection weights a discovered spec did not find (or any, on a
+    capture-only model: :func:`refuse_capture_only`).
 
     Raises:
         UnsupportedArchitectureError: one line naming the analysis and the missing projections.
     """
+    refuse_capture_only(spec, what)
     gone = [p for p in parts if p in spec.missing]
     if gone:
         raise UnsupportedArchitectureError(

@@ -336,6 +336,11 @@ class ArchSpec:
             a layer shared by several sites, ALBERT's, appears once per site).
         missing: a discovered spec's projections that were not found and checked (``"q"``, ``"k"``,
             ``"v"``, ``"o"``): the analyses that need their weights refuse the model.
+        capture_only: the model's attention is its own code, outside transformers' ``AttentionInterface``
+            (RoFormer, XGLM ...): probe reads the maps its eager path returns (:attr:`probs`; built by
+            :func:`probe.architectures.discovered.build_maps_spec`) for statistics, views and labels, and
+            refuses by name everything else (verify, steps, block capture, interventions:
+            :func:`probe.architectures.discovered.refuse_capture_only`).
     """
 
     family: str
@@ -376,6 +381,7 @@ class ArchSpec:
     dims: tuple[int, int, int, int, int] | None = None
     site_paths: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()
+    capture_only: bool = False
 
     @property
     def discovered(self) -> bool:

@@ -30,9 +30,15 @@ from torch import nn
 from ..architectures import base_model
 from ..architectures.discovered import Found, build_spec, model_kind, register
 from ..architectures.spec import ArchSpec
-from ..errors import InterfaceError
+from ..errors import InterfaceError, UnsupportedArchitectureError
 from .hooks import measuring
 from .interface import NAME, Call, install, listen
+
+
+class NoInterfaceCalls(UnsupportedArchitectureError):
+    """The model's attention never called transformers' ``AttentionInterface`` in the discovery pass (its modules
+    compute attention themselves): :func:`probe.capture.eager_maps.discover_maps` may still read its maps."""
+
 
 #: The discovery pass's text (any text works; a dozen tokens).
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank today."
@@ -355,8 +361,8 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
         (:data:`probe.architectures.discovered.DISCOVERED`).
 
     Raises:
-        UnsupportedArchitectureError: the attention never calls the interface (the model keeps its
-            own attention code), or a structure probe cannot measure (one line each).
+        NoInterfaceCalls: the attention never calls the interface (the model keeps its own attention code).
+        UnsupportedArchitectureError: a structure probe cannot measure (one line each).
     """
     install()
     kind = model_kind(model.config)
@@ -381,6 +387,9 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
         for _, module in projections:
             m.hooks.forward(module, record)
         model(**inputs)
+    if not calls:
+        raise NoInterfaceCalls(f"{model.config.model_type}: its attention never called transformers' "
+                               "AttentionInterface in a forward pass, and probe has no hand-written spec for it")
     count: dict = {}
     longer = _longer_pass(model, tokenizer, kind, calls) or [None] * len(calls)
     found = [_found(c, w, base, io, projections, count, masks) for c, w, masks

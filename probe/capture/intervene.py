@@ -57,6 +57,7 @@ import torch
 from torch import nn
 
 from ..architectures import output_projection_bypass, site_outputs
+from ..architectures.discovered import refuse_capture_only
 from ..errors import ProbeError, UnsupportedAnalysisError
 from ..sites import Site
 from .hooks import Hooks, calls_function, measuring
@@ -313,6 +314,7 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
             is never called under a known setting of its family (BLOOM's ``pretraining_tp > 1`` with
             ``slow_but_exact``), so that no head could be read or written.
     """
+    refuse_capture_only(lm.spec, "an intervention on heads (ablation, patching, pruning gates, attribution)")
     own = calls_function(lm)
     if own:
         install()
