@@ -112,3 +112,22 @@ def test_cli_analyze_writes_a_run_and_verify_is_one_error_line(tmp_path, model_t
     assert result.exit_code == 0, result.output
     assert (tmp_path / "run" / "heads.csv").exists() and (tmp_path / "run" / "index.html").exists()
     one_error(invoke_cli("verify", "--model", tmp_path / "m"), 1, f"probe verify does not run on {model_type}")
+
+
+def test_maps_that_are_not_probabilities_are_refused_at_capture():
+    """A capture-only model's maps are checked as they come: rows summing to 1 (or 0: fully masked) and no negative
+    weight pass; an approximation's row (Nystromformer's landmarks at length) is one CaptureError line."""
+    from probe.capture.maps import check_probabilities
+    from probe.errors import CaptureError
+    from probe.sites import Site
+
+    site = Site("encoder", 0)
+    good = torch.softmax(torch.randn(2, 3, 5, 5), -1)
+    good[1, :, 4] = 0  # a fully masked row
+    check_probabilities("toy", site, good)
+    negative = good.clone()
+    negative[0, 0, 0, :2] += torch.tensor([-1.0, 1.0])  # the row still sums to 1, one weight below 0
+    assert bool((negative[0, 0, 0] < 0).any())
+    for bad in (good * 1.01, negative):
+        with pytest.raises(CaptureError, match="toy returns at 5 tokens are not attention probabilities"):
+            check_probabilities("toy", site, bad)

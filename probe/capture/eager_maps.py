@@ -89,9 +89,20 @@ def discover_maps(model: nn.Module, tokenizer, why: str = "") -> ArchSpec:
                                                "probe cannot capture them")
         path, i = max(held, key=lambda h: h[0].count("."))  # the innermost module: the attention itself
         found.append((path, i, layer))
+        T = len(ids)
+        if tuple(a.shape[-2:]) != (T, T) or not torch.allclose(a.float().sum(-1), torch.ones(()), atol=1e-4) \
+                or bool((a < 0).any()):
+            raise UnsupportedArchitectureError(f"{fail}and the maps it returns are not attention probabilities of "
+                                               f"its {T} tokens ([..., {T}, {T}], rows summing to 1): probe cannot "
+                                               "measure them")
         if kind == "decoder" and bool(a[0].float().triu(1).abs().max() > 0):
             raise UnsupportedArchitectureError(f"{fail}and its decoder's maps are not causal: probe cannot place them")
-    split = _layer_split(model, [p for p, _, _ in found])
+    paths = [p for p, _, _ in found]
+    last = paths[0].split(".")
+    if last[-1].isdigit() and isinstance(model.get_submodule(".".join(last[:-1])), nn.ModuleList):
+        split = len(last) - 1  # the attention modules are the list's items (XLM, FlauBERT: model.attentions)
+    else:
+        split = _layer_split(model, paths)
     attention = model.get_submodule(found[0][0])
     probs_argument = "output_attentions" if "output_attentions" in inspect.signature(attention.forward).parameters \
         else None
