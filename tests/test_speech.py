@@ -295,7 +295,7 @@ def test_show_speech_and_the_report_section(tmp_path, whisper):
     assert {"time_distance_s", "audio_share", "monotonicity", "alignment_head"} <= set(heads)
 
 
-def test_views_of_an_audio_run_label_frames_by_time_without_a_tokenizer(whisper):
+def test_views_of_an_audio_run_label_frames_by_time_without_a_tokenizer(whisper, tmp_path):
     """probe.show / probe.model_view of an audio analysis, no tokenizer given: encoder frames are labelled by their
     start time (frame i: i x 0.02 s), the decoder's tokens by the model's tokenizer."""
     import probe
@@ -317,6 +317,10 @@ def test_views_of_an_audio_run_label_frames_by_time_without_a_tokenizer(whisper)
     assert target["labels"][0] == "<|im_start|>"
     model_view = probe.model_view(res, example=0)
     assert model_view.head_view.data["tokens"] == frames[:n]
+    from probe.report import write_run
+
+    page = (write_run(res, None, tmp_path / "run") / "index.html").read_text(encoding="utf-8")  # no tokenizer either
+    assert frames[1] in page
 
 
 def test_cli_analyzes_a_clip_and_refuses_bad_input(tmp_path):
