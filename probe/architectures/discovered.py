@@ -209,7 +209,7 @@ def build_maps_spec(model_type: str, kind: str, found: list[tuple[str, int, int]
         fixed_sites=tuple(Site(stack, n, "self", causal=causal) for n in range(len(found))),
         site_paths=tuple(".".join(q[strip:layer_split + 1]) for q in parts),
         dims=(len(found), n_heads, n_heads, d_head, d_model), missing=("q", "k", "v", "o"),
-        probs=lambda output, i=index: output[i] if isinstance(output, tuple) and len(output) > i else None,
+        probs=lambda output, i=index: output[i] if isinstance(output, (tuple, list)) and len(output) > i else None,
         probs_argument=probs_argument,
     )
 

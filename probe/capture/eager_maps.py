@@ -66,7 +66,7 @@ def discover_maps(model: nn.Module, tokenizer, why: str = "") -> ArchSpec:
     returned: list[tuple[str, int, torch.Tensor]] = []  # (module path, index in its output tuple, tensor)
 
     def record(module, args, output):
-        if isinstance(output, tuple):
+        if isinstance(output, (tuple, list)):
             for i, t in enumerate(output):
                 if isinstance(t, torch.Tensor) and t.dim() == 4:
                     returned.append((names[module], i, t))
@@ -83,7 +83,8 @@ def discover_maps(model: nn.Module, tokenizer, why: str = "") -> ArchSpec:
                                            "probe cannot capture it")
     found = []
     for layer, a in enumerate(maps):
-        held = [(path, i) for path, i, t in returned if t is a]
+        held = [(path, i) for path, i, t in returned if t is a] or [  # the same values in another tensor
+            (path, i) for path, i, t in returned if t.shape == a.shape and torch.equal(t, a)]
         if not held:
             raise UnsupportedArchitectureError(f"{fail}and no module of layer {layer} returned the maps it reports; "
                                                "probe cannot capture them")
