@@ -115,3 +115,29 @@ def test_max_length_above_the_limit_is_refused_not_capped(modern):
     with pytest.raises(InputError, match="max length 5000 tokens is above the model's limit of 4096"):
         capture_attention(modern, "a short text", max_length=5000)
     assert capture_attention(modern, long_text(), max_length=1000).probs[0].shape[-1] == 1000  # honoured
+
+
+def test_a_causal_window_binds_at_16_times_its_length(tiny_generic):
+    """Starcoder2 (causal, window 4) on 64 tokens: every row's nonzero weights are exactly its last 4 keys, k_i in
+    norm_entropy is min(i + 1, 4), and whole maps and blocks of 10 rows give the same statistics."""
+    from probe.capture.maps import capture_attention
+    from probe.runs.analysis import analyze
+
+    lm = tiny_generic("starcoder2")
+    assert [s.window for s in lm.sites] == [4, 4] and lm.max_length == 64
+    text = long_text(200)
+    cap = capture_attention(lm, text, max_length=64)
+    T = cap.probs[0].shape[-1]
+    i = torch.arange(T)
+    offset = i[:, None] - i[None, :]  # i - j
+    band = (offset >= 0) & (offset < 4)
+    for probs in cap.probs:
+        assert T == 64 and bool((probs[0][:, ~band] == 0).all()) and bool((probs[0][:, band] > 0).all())
+    whole = analyze(lm, [text], max_length=64, query_block=0, n_examples=0)
+    blocks = analyze(lm, [text], max_length=64, query_block=10, n_examples=0)
+    assert_statistics_close(blocks.heads, whole.heads)
+    k = np.minimum(np.arange(T) + 1, 4)
+    p = cap.probs[0][0].double().numpy()
+    h = -(p * np.log(np.where(p > 0, p, 1))).sum(-1)
+    want = (h[:, 1:] / np.log(k[1:])).mean(-1)  # rows with k_i >= 2
+    np.testing.assert_allclose(whole.heads[whole.heads.layer == 0]["norm_entropy"], want, rtol=1e-5)
