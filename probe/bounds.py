@@ -38,16 +38,20 @@ def limit(value: int | None) -> int | None:
 
 
 def max_length(value: int | None, model_limit: int) -> int:
-    """The token limit per sequence: ``value`` capped at the model's limit (default: the model's).
+    """The token limit per sequence: ``value`` as given (default: the model's limit), never changed.
 
     Raises:
         InputError: ``value`` below 2 (a sequence needs at least two tokens to have attention to
-            measure).
+            measure), or above the model's limit (its position table, or its tokenizer's
+            ``model_max_length``): one line naming both.
     """
     if value is None:
         return model_limit
     positive_int("max length (tokens)", value, 2)
-    return min(int(value), model_limit)
+    if int(value) > model_limit:
+        raise InputError(f"max length {int(value)} tokens is above the model's limit of {model_limit} tokens "
+                         "(its position table or its tokenizer's model_max_length); give at most that")
+    return int(value)
 
 
 def texts(items: Iterable, what: str = "text") -> list:

@@ -39,7 +39,11 @@ class Site:
         kind: ``"self"`` or ``"cross"``.
         causal: queries see only keys at or before their own position.
         window: sliding-window size (a query sees at most this many keys, itself included), or
-            None for no window.
+            None for no window. A causal window's keys end at the query; a bidirectional one (ModernBERT's
+            local layers, T5Gemma's encoder) is a band around it.
+        ahead: of a bidirectional window's keys, how many lie after the query (0 for a causal site): query i
+            sees keys i - (window - 1 - ahead) .. i + ahead (ModernBERT, ``local_attention`` L: a window of
+            L + 1 keys, L / 2 ahead).
     """
 
     stack: str
@@ -47,10 +51,24 @@ class Site:
     kind: str = "self"
     causal: bool = False
     window: int | None = None
+    ahead: int = 0
 
     def __post_init__(self) -> None:
         if self.stack not in STACKS or self.kind not in KINDS:
             raise ValueError(f"bad site {self.stack!r}/{self.kind!r}; stacks {STACKS}, kinds {KINDS}")
+
+    @property
+    def band(self) -> tuple[int, int] | None:
+        """(keys before the query, keys after it) that its window lets it see, or None for no window."""
+        if self.window is None:
+            return None
+        return self.window - 1 - self.ahead, self.ahead
+
+    def record(self) -> dict:
+        """The site's mask as JSON: ``{"site", "causal", "window", "before", "after"}`` (window None: every
+        key the mask's causality allows)."""
+        before, after = self.band or (None, None)
+        return {"site": self.name, "causal": self.causal, "window": self.window, "before": before, "after": after}
 
     @property
     def name(self) -> str:
@@ -78,15 +96,40 @@ def causal_keep(n_query: int, n_key: int, *, window: int | None = None, device=N
     return keep
 
 
+def band_keep(site: Site, n_query: int, n_key: int, *, device=None) -> torch.Tensor | None:
+    """Boolean [query, key] mask of a bidirectional window (queries and keys one sequence): query i keeps
+    keys i - before .. i + after (:attr:`Site.band`; transformers' rule ``|i - j| <= w`` for ModernBERT's
+    ``w = local_attention / 2``); None for a site without one (a causal site: :func:`causal_keep`)."""
+    if site.causal or site.window is None:
+        return None
+    before, after = site.band
+    offset = torch.arange(n_key, device=device)[None, :] - torch.arange(n_query, device=device)[:, None]
+    return (offset >= -before) & (offset <= after)
+
+
+def first_visible(site: Site, T: int) -> torch.Tensor:
+    """[T] the first key position each query position may see under the site's window (0 without one)."""
+    pos = torch.arange(T)
+    if site.window is None:
+        return torch.zeros(T, dtype=torch.long)
+    return (pos - site.band[0]).clamp(min=0)
+
+
 def visible_keys(site: Site, lengths: torch.Tensor, T: int) -> torch.Tensor:
     """[batch, T] number of keys k_i each query row may see under the site's own mask.
 
     ``lengths`` [batch] are the real tokens of each right-padded row: an encoder row sees every
     real token (k_i = length), a causal row sees positions 0..i (k_i = i + 1), and a sliding window
-    of W keys caps that at W (k_i = min(i + 1, W)). Padded rows get the same formula; callers mask
-    them out.
+    of W keys caps that at W (k_i = min(i + 1, W)). A bidirectional window of ``before`` keys before
+    the query and ``after`` after it (:attr:`Site.band`) sees the real keys of that band:
+    k_i = min(length - 1, i + after) - max(0, i - before) + 1. Padded rows get the same formula
+    (at least 0); callers mask them out.
     """
     pos = torch.arange(T, device=lengths.device)
+    if not site.causal and site.window is not None:
+        before, after = site.band
+        last = torch.minimum(pos[None, :] + after, lengths[:, None] - 1)
+        return (last - (pos - before).clamp(min=0)[None, :] + 1).clamp(min=0)
     if not site.causal:
         return lengths[:, None].expand(-1, T)
     k = pos + 1

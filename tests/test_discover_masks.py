@@ -53,11 +53,12 @@ def test_a_float_mask_is_additive_its_finite_values_a_bias():
     assert split_mask(mask > low / 2, q, k)[1] is None  # a boolean mask: a keep-mask, no bias
 
 
-def test_a_bidirectional_band_gives_the_length_that_never_binds():
+def test_a_bidirectional_band_gives_the_keys_before_and_after_each_query():
     i = torch.arange(10)
     offset = i[None, :] - i[:, None]  # j - i
-    assert _bidirectional_band(offset.abs() <= 3) == 4
-    assert _bidirectional_band((offset >= -3) & (offset <= 4)) == 4  # T5Gemma 2's: 3 before, 4 after
+    assert _bidirectional_band(offset.abs() <= 3) == (3, 3)
+    assert _bidirectional_band((offset >= -3) & (offset <= 4)) == (3, 4)  # T5Gemma 2's: 3 before, 4 after
+    assert _bidirectional_band(offset.abs() <= 9) is None  # the whole sequence: not seen at this length
     assert _bidirectional_band(offset <= 0) is None  # causal
     assert _bidirectional_band(torch.ones(10, 10, dtype=torch.bool)) is None  # full
     holes = offset.abs() <= 3
@@ -70,8 +71,7 @@ def test_a_bidirectional_band_gives_the_length_that_never_binds():
 def test_types_with_their_own_masks_are_verified(model_type, cases):
     """Doge (a float mask with learned values), LayoutLM and Switch Transformers (float masks of zeros), the
     kv-cache of Switch Transformers (its model passes use_cache to the encoder: the encoder runs first, as
-    in generation), T5Gemma (a bidirectional sliding window in the encoder: the length is capped so that it
-    never binds)."""
+    in generation), T5Gemma (a bidirectional sliding window in the encoder, in each encoder site's record)."""
     lm = tiny(model_type)
     result = verify(lm, cases=cases)
     assert result.passed, result.to_json()
@@ -79,9 +79,11 @@ def test_types_with_their_own_masks_are_verified(model_type, cases):
     if model_type == "t5gemma":
         config = lm.model.config.encoder
         windows = [t == "sliding_attention" for t in config.layer_types]
-        assert any(windows) and lm.spec.length_limit is not None
-        # transformers' bidirectional window keeps |i - j| <= sliding_window: sequences of window + 1 tokens fit
-        assert lm.spec.length_limit == config.sliding_window + 1 and lm.max_length <= lm.spec.length_limit
+        assert any(windows)
+        # transformers' bidirectional window keeps |i - j| <= sliding_window: 2 w + 1 keys, w after the query
+        w = config.sliding_window
+        assert [(s.window, s.ahead) for s in lm.sites if s.stack == "encoder"] == [
+            (2 * w + 1, w) if sliding else (None, 0) for sliding in windows]
 
 
 @pytest.mark.parametrize("model_type,why", [

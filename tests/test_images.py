@@ -269,6 +269,31 @@ def test_show_image_and_the_report_section(tmp_path):
     assert {"grid_distance", "cls_share", "register_share", "local_share", "row_share", "column_share"} <= set(heads)
 
 
+def test_views_of_an_image_run_label_its_tokens_without_a_tokenizer(tmp_path):
+    """probe.show / probe.model_view of an image analysis, no tokenizer given: the tokens are the model's special
+    tokens ([CLS], registers) then ``patch (r, c)`` row by row, the processor's own labels; nothing asks for a
+    tokenizer (before, the views raised "a tokenizer is needed")."""
+    import probe
+
+    lm = tiny_vision("dinov2_with_registers")
+    res = analyze_images(lm, [picture(), picture(seed=3)], n_examples=2, example_tokens=None)
+    for example in (0, 1):
+        ex = res.examples[example]
+        want = lm.tokenizer.convert_ids_to_tokens(ex.ids)
+        rows, cols = lm.tokenizer.grid()
+        specials = list(lm.tokenizer.specials)
+        assert want == specials + [patch_label(r, c) for r in range(rows) for c in range(cols)]
+        assert specials == ["[CLS]", "[REG]", "[REG]", "[REG]"]
+        view = show(res, example=example)
+        assert view.data["tokens"] == want
+        model_view = probe.model_view(res, example=example)
+        assert model_view.head_view.data["tokens"] == want
+    from probe.report import write_run
+
+    page = (write_run(res, None, tmp_path / "run") / "index.html").read_text(encoding="utf-8")  # no tokenizer either
+    assert "patch (0, 0)" in page
+
+
 # ----------------------------------------------------------------------------- command line
 
 

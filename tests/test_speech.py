@@ -295,6 +295,34 @@ def test_show_speech_and_the_report_section(tmp_path, whisper):
     assert {"time_distance_s", "audio_share", "monotonicity", "alignment_head"} <= set(heads)
 
 
+def test_views_of_an_audio_run_label_frames_by_time_without_a_tokenizer(whisper, tmp_path):
+    """probe.show / probe.model_view of an audio analysis, no tokenizer given: encoder frames are labelled by their
+    start time (frame i: i x 0.02 s), the decoder's tokens by the model's tokenizer."""
+    import probe
+    from probe.runs.notebook import show
+
+    lm, paths = whisper
+    res = analyze_audio(lm, paths, max_new_tokens=6, n_examples=1)
+    ex = res.examples[0]
+    frames = [f"{i * FRAME_S:.2f} s" for i in range(len(ex.ids))]
+    assert ex.ids == [FRAME_ID + i for i in range(len(ex.ids))]
+    view = show(res, example=0)
+    n = len(view.data["tokens"])
+    assert view.data["tokens"] == frames[:n] and n >= 2
+    target = ex.target
+    assert len(target["labels"]) == len(target["ids"])
+    for i, label in zip(target["ids"], target["labels"]):  # special tokens by their names
+        if lm.tokenizer.is_special(int(i)):
+            assert label == lm.tokenizer.text.convert_ids_to_tokens(int(i))
+    assert target["labels"][0] == "<|im_start|>"
+    model_view = probe.model_view(res, example=0)
+    assert model_view.head_view.data["tokens"] == frames[:n]
+    from probe.report import write_run
+
+    page = (write_run(res, None, tmp_path / "run") / "index.html").read_text(encoding="utf-8")  # no tokenizer either
+    assert frames[1] in page
+
+
 def test_cli_analyzes_a_clip_and_refuses_bad_input(tmp_path):
     folder = save_whisper(tmp_path / "w")
     good = write_tone(tmp_path / "a.wav", 0.8)

@@ -37,7 +37,8 @@ class Found:
         layer: index in the layer list.
         layers: path of the layer list (``nn.ModuleList``) relative to the base model.
         attention: path of the attention module relative to one layer.
-        causal: the mask is causal. window: sliding window (keys, itself included) or None.
+        causal: the mask is causal. window: sliding window (keys, itself included) or None; ahead: of a
+            bidirectional window's keys, those after the query (:attr:`probe.sites.Site.ahead`).
         n_heads, n_kv_heads: query and key/value heads. d_head: a value head's width.
         o: path of the output projection relative to one layer, or None.
         q, k, v, qkv: projection paths relative to one layer (None where not found).
@@ -65,6 +66,7 @@ class Found:
     layout: str = "separate"
     conv1d: bool = False
     path: str = ""
+    ahead: int = 0
 
 
 def model_kind(config) -> str:
@@ -136,14 +138,13 @@ def build_spec(model_type: str, kind: str, found: list[Found], d_model: int, pos
     missing = tuple(p for p in ("q", "k", "v", "o")
                     if any(getattr(f, p) is None and not (p != "o" and f.qkv) for f in found))
     layout = first.layout if first.layout in QKV_LAYOUTS else "separate"
-    windows = [f.window for f in found if f.window is not None and not f.causal]  # bidirectional windows
     n_layers = max(f.layer for f in found if (f.stack, f.kind) == (first.stack, first.kind)) + 1
     return ArchSpec(
         family=model_type, kind=kind, site_specs=tuple(_site_spec(g) for g in groups.values()),
         qkv_layout=layout, conv1d=first.conv1d, implementation=IMPLEMENTATION,
-        fixed_sites=tuple(Site(f.stack, f.layer, f.kind, causal=f.causal, window=f.window if f.causal else None)
+        fixed_sites=tuple(Site(f.stack, f.layer, f.kind, causal=f.causal, window=f.window, ahead=f.ahead)
                           for f in found),
-        site_paths=tuple(f.path for f in found), length_limit=min(windows) if windows else None,
+        site_paths=tuple(f.path for f in found),
         dims=(n_layers, first.n_heads, first.n_kv_heads, first.d_head, d_model), missing=missing,
         position_offset=lambda config, n=position_offset: n,
     )
@@ -155,12 +156,72 @@ def register(model_type: str, spec: ArchSpec) -> ArchSpec:
     return spec
 
 
+def refuse_capture_only(spec: ArchSpec, what: str) -> None:
+    """Refuse ``what`` (an analysis, by name) on a capture-only model (:attr:`ArchSpec.capture_only`).
+
+    Raises:
+        UnsupportedArchitectureError: one line naming the analysis, the type and what does run.
+    """
+    if spec.capture_only:
+        raise UnsupportedArchitectureError(
+            f"{what} does not run on {spec.family}: its attention is its own code, outside transformers' "
+            "AttentionInterface, and probe only captures the maps its eager path returns (statistics, views, labels)")
+
+
+def build_maps_spec(model_type: str, kind: str, found: list[tuple[str, int, int]], layer_split: int, base: str,
+                    n_heads: int, d_model: int, d_head: int, probs_argument: str | None) -> ArchSpec:
+    """A capture-only :class:`ArchSpec` (:attr:`ArchSpec.capture_only`) from the attention modules whose output
+    tuples held the maps of an ``output_attentions`` pass (:func:`probe.capture.eager_maps.discover_maps`).
+
+    Args:
+        found: per layer, in order: (module path from the model's root, index of the maps in its output tuple,
+            the layer's number).
+        layer_split: the position of the layer number in the paths' parts.
+        base: the base model's path from the root ("" where the model is its own base).
+        n_heads: heads per layer (of its maps). d_model: hidden width. d_head: a head's width (the config's).
+        probs_argument: the modules' forward argument that asks for the maps (``output_attentions``), or None.
+
+    Raises:
+        UnsupportedArchitectureError: an encoder-decoder model, or maps at different tuple positions.
+    """
+    if kind == "encoder-decoder":
+        raise UnsupportedArchitectureError(
+            f"{model_type}: its attention never called transformers' AttentionInterface, and probe captures the maps "
+            "of such a model's own attention code for one-stack models only (not encoder-decoder)")
+    indexes = {i for _, i, _ in found}
+    if len(indexes) != 1:
+        raise UnsupportedArchitectureError(f"{model_type}: its attention modules return their maps at different "
+                                           f"positions {sorted(indexes)}; probe needs one")
+    index = indexes.pop()
+    stack = "encoder" if kind == "encoder" else "decoder"
+    parts = [path.split(".") for path, _, _ in found]
+    strip = len(base.split(".")) if base else 0
+    layers = {".".join(q[strip:layer_split]) for q in parts}
+    attention = {".".join(q[layer_split + 1:]) for q in parts}
+    if len(layers) != 1 or len(attention) != 1:
+        raise UnsupportedArchitectureError(f"{model_type}: its attention modules sit at different paths; probe needs "
+                                           "one per layer")
+    layer_path, attention_path = layers.pop(), attention.pop()
+    causal = kind == "decoder"
+    site = SiteSpec(stack, "self", layer_path, attention_path, "", causal=causal)
+    return ArchSpec(
+        family=model_type, kind=kind, site_specs=(site,), implementation="eager", capture_only=True,
+        fixed_sites=tuple(Site(stack, n, "self", causal=causal) for n in range(len(found))),
+        site_paths=tuple(".".join(q[strip:layer_split + 1]) for q in parts),
+        dims=(len(found), n_heads, n_heads, d_head, d_model), missing=("q", "k", "v", "o"),
+        probs=lambda output, i=index: output[i] if isinstance(output, (tuple, list)) and len(output) > i else None,
+        probs_argument=probs_argument,
+    )
+
+
 def needs_weights(spec: ArchSpec, what: str, parts: tuple[str, ...] = ("q", "k", "v", "o")) -> None:
-    """Refuse an analysis that needs projection weights a discovered spec did not find.
+    """Refuse an analysis that needs projection weights a discovered spec did not find (or any, on a
+    capture-only model: :func:`refuse_capture_only`).
 
     Raises:
         UnsupportedArchitectureError: one line naming the analysis and the missing projections.
     """
+    refuse_capture_only(spec, what)
     gone = [p for p in parts if p in spec.missing]
     if gone:
         raise UnsupportedArchitectureError(

@@ -158,7 +158,7 @@ def max_positions(config) -> int | None:
     limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions")
               if isinstance(getattr(config, a, None), int)]
     spec = get_spec(config)
-    limits = [n - spec.position_offset(config) for n in limits] + [spec.length_limit] * bool(spec.length_limit)
+    limits = [n - spec.position_offset(config) for n in limits]
     return min(limits) if limits else None
 
 

@@ -339,11 +339,13 @@ class ArchSpec:
             output projection reads per head), or None: read from the config.
         site_paths: a discovered spec's layer of each fixed site (path relative to the base model;
             a layer shared by several sites, ALBERT's, appears once per site).
-        length_limit: longest sequence (tokens) at which every site still sees every key: a
-            discovered encoder's bidirectional sliding window (ModernBERT's local layers), which
-            :class:`~probe.sites.Site` does not express; None: no such limit.
         missing: a discovered spec's projections that were not found and checked (``"q"``, ``"k"``,
             ``"v"``, ``"o"``): the analyses that need their weights refuse the model.
+        capture_only: the model's attention is its own code, outside transformers' ``AttentionInterface``
+            (RoFormer, XGLM ...): probe reads the maps its eager path returns (:attr:`probs`; built by
+            :func:`probe.architectures.discovered.build_maps_spec`) for statistics, views and labels, and
+            refuses by name everything else (verify, steps, block capture, interventions:
+            :func:`probe.architectures.discovered.refuse_capture_only`).
     """
 
     family: str
@@ -383,8 +385,8 @@ class ArchSpec:
     fixed_sites: tuple[Site, ...] = ()
     dims: tuple[int, int, int, int, int] | None = None
     site_paths: tuple[str, ...] = ()
-    length_limit: int | None = None
     missing: tuple[str, ...] = ()
+    capture_only: bool = False
 
     @property
     def discovered(self) -> bool:

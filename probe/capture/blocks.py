@@ -24,6 +24,7 @@ from contextlib import contextmanager
 import torch
 
 from ..architectures import site_modules
+from ..architectures.discovered import refuse_capture_only
 from ..core import LoadedModel
 from ..errors import InputError
 from ..reference.swap import swap_attention
@@ -78,7 +79,9 @@ def query_block_for(lm: LoadedModel, batch: Batch, query_block: int | None = Non
             per block); 0: whole maps; n >= 1: blocks of n rows for every batch.
     """
     T, B, H = longest(batch), len(batch), lm.geometry.n_heads
-    if query_block == 0:
+    if lm.spec.capture_only and query_block:  # its maps come whole from its own code
+        refuse_capture_only(lm.spec, "block capture (query_block)")
+    if query_block == 0 or lm.spec.capture_only:
         return None
     if query_block is not None:
         return query_block

@@ -32,10 +32,16 @@ from torch import nn
 from ..architectures import base_model
 from ..architectures.discovered import Found, build_spec, model_kind, register
 from ..architectures.spec import ArchSpec
-from ..errors import InterfaceError
+from ..errors import InterfaceError, UnsupportedArchitectureError
 from .failures import forward_failures
 from .hooks import Hooks, measuring
 from .interface import NAME, Call, install, listen
+
+
+class NoInterfaceCalls(UnsupportedArchitectureError):
+    """The model's attention never called transformers' ``AttentionInterface`` in the discovery pass (its modules
+    compute attention themselves): :func:`probe.capture.eager_maps.discover_maps` may still read its maps."""
+
 
 #: The discovery pass's text (any text works; a dozen tokens).
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank today."
@@ -47,15 +53,18 @@ def _is_projection(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
 
-def _inputs(model: nn.Module, tokenizer, kind: str) -> dict:
+def _inputs(model: nn.Module, tokenizer, kind: str, n: int | None = None) -> dict:
     """One short sequence (an encoder-decoder model: a source and a shorter target; an image
     model: its processor's grey image, :meth:`probe.loading.pixels.PixelProcessor.discovery_inputs`; a speech
-    model: a silent window, :meth:`probe.loading.sound.SpeechProcessor.discovery_inputs`)."""
+    model: a silent window, :meth:`probe.loading.sound.SpeechProcessor.discovery_inputs`); ``n``: a text of
+    ``n`` tokens instead (the text repeated)."""
     if hasattr(tokenizer, "discovery_inputs"):
         return tokenizer.discovery_inputs(next(model.parameters()).device)
     ids = [i for i in tokenizer(TEXT, add_special_tokens=True)["input_ids"]][:12]
     if len(ids) < 6:
         ids = (ids * 6)[:6]
+    if n is not None:
+        ids = (ids * (n // len(ids) + 1))[:n]
     device = model.get_input_embeddings().weight.device
     source = torch.tensor([ids], device=device if device.type != "meta" else "cpu")
     inputs = {"input_ids": source, "attention_mask": torch.ones_like(source)}
@@ -97,32 +106,37 @@ def _layer_split(model: nn.Module, paths: list[str]) -> tuple[str, str]:
     return levels[0]
 
 
-def _causal(call: Call) -> tuple[bool, int | None]:
-    """(causal, window) of a self-attention call, from its mask (row 0, head 0) and keyword arguments."""
+def _causal(call: Call) -> tuple[bool, int | None, int]:
+    """(causal, window, ahead) of a self-attention call, from its mask (row 0, head 0) and keyword
+    arguments (:class:`probe.sites.Site`'s ``window`` and ``ahead``). A bidirectional window is read from the
+    mask alone (its ``sliding_window`` argument means different things in different models); one that does not
+    bind at this call's length gives window None (:func:`discover` runs a longer pass for it)."""
     window = call.kwargs.get("sliding_window")
     Tq, Tk = call.query.shape[-2], call.key.shape[-2]
     if call.keep is None:
-        return bool(call.kwargs.get("is_causal", getattr(call.module, "is_causal", False))), window
+        causal = bool(call.kwargs.get("is_causal", getattr(call.module, "is_causal", False)))
+        return causal, window if causal else None, 0
     keep = call.keep[0, 0].expand(Tq, Tk)
     if bool(keep.all()):
-        return False, window
+        return False, None, 0
     tri = torch.ones(Tq, Tk, dtype=torch.bool, device=keep.device).tril(Tk - Tq)
     band = _bidirectional_band(keep)
-    if band is not None:  # a bidirectional sliding window (T5Gemma's encoder): the length that never binds
-        return False, band
+    if band is not None:  # a bidirectional sliding window (ModernBERT's local layers, T5Gemma's encoder)
+        before, after = band
+        return False, before + 1 + after, after
     if bool((keep & ~tri).any()):
         raise InterfaceError(f"{type(call.module).__name__}: a mask that is neither causal nor full "
-                             "(a bidirectional window shorter than the discovery text); probe cannot measure it")
+                             "nor a band around each query; probe cannot measure it")
     if not torch.equal(keep, tri) and window is None:
         window = int(keep[-1].sum())
-    return True, window
+    return True, window, 0
 
 
-def _bidirectional_band(keep: torch.Tensor) -> int | None:
-    """The longest sequence a bidirectional sliding window [query, key] lets every query see whole, or
-    None for another mask. The window is a band, -before <= j - i <= after (queries and keys one
-    sequence; T5Gemma's encoder: 4 keys after, 3 before), and a sequence of min(before, after) + 1
-    tokens fits in it."""
+def _bidirectional_band(keep: torch.Tensor) -> tuple[int, int] | None:
+    """(keys before, keys after) each query of a bidirectional sliding window [query, key] sees, or None
+    for another mask. The window is a band, -before <= j - i <= after (queries and keys one sequence;
+    ModernBERT's local layers: |j - i| <= local_attention / 2), that binds at this length (some query
+    misses a key)."""
     Tq, Tk = keep.shape
     if Tq != Tk:
         return None
@@ -130,8 +144,8 @@ def _bidirectional_band(keep: torch.Tensor) -> int | None:
     i = torch.arange(Tq, device=keep.device)
     offset = i[None, :] - i[:, None]  # j - i
     band = (offset >= -before) & (offset <= after)
-    fits = 0 < min(before, after) < Tq - 1  # 0: causal (or its mirror); Tq - 1: the band holds the sequence
-    return min(before, after) + 1 if fits and torch.equal(keep, band) else None
+    binds = 0 < before < Tq - 1 and 0 < after < Tq - 1  # 0: causal (or its mirror); Tq - 1: not seen at this length
+    return (before, after) if binds and torch.equal(keep, band) else None
 
 
 def _pair_norms(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -290,10 +304,12 @@ def _site_of(call: Call, kind: str, lengths: tuple[int, int]) -> tuple[str, str]
 
 
 def _found(call: Call, where: tuple[str, str, str, str], base: str, io, projections, count,
-           fed: _Fed | None = None) -> Found:
-    """One call's :class:`Found`: ``where`` is (stack, kind of site, layer path, attention path)."""
+           fed: _Fed | None = None, masks: Call | None = None) -> Found:
+    """One call's :class:`Found`: ``where`` is (stack, kind of site, layer path, attention path); ``fed``
+    tells apart projections with equal outputs; ``masks``: the same call of the longer pass
+    (:func:`_longer_pass`), whose mask gives causality and window."""
     stack, site_kind, layer_path, attention = where
-    causal, window = _causal(call) if site_kind == "self" else (False, None)
+    causal, window, ahead = _causal(masks or call) if site_kind == "self" else (False, None, 0)
     near = _near(layer_path, attention, projections)
     if fed is not None:
         fed.call = call
@@ -308,7 +324,7 @@ def _found(call: Call, where: tuple[str, str, str, str], base: str, io, projecti
                  causal, window, H, KV, d_v, o=_output_projection(call, io, near), q=proj.get("q"),
                  k=proj.get("k"), v=proj.get("v"), qkv=proj.get("qkv"), layout=proj.get("layout", "separate"),
                  conv1d=any(type(m).__name__ == "Conv1D" for _, m in near), path=layer_path[len(base) + 1:]
-                 if base else layer_path)
+                 if base else layer_path, ahead=ahead)
 
 
 def _places(model: nn.Module, calls: list[Call], names: dict, kind: str, lengths) -> list[tuple]:
@@ -323,6 +339,44 @@ def _places(model: nn.Module, calls: list[Call], names: dict, kind: str, lengths
         i = split[key]
         out.append((*key, ".".join(parts[: i + 1]), ".".join(parts[i + 1:])))
     return out
+
+
+def _unresolved_window(call: Call) -> int:
+    """The ``sliding_window`` argument of a self-attention call whose bidirectional window this pass's length
+    does not show (its mask full, or a band seen on one side only), else 0."""
+    window = call.kwargs.get("sliding_window")
+    if not isinstance(window, int) or call.query.shape[-2] != call.key.shape[-2]:
+        return 0
+    if call.keep is None:
+        causal = bool(call.kwargs.get("is_causal", getattr(call.module, "is_causal", False)))
+        return 0 if causal else window
+    keep = call.keep[0, 0].expand(call.query.shape[-2], call.key.shape[-2])
+    if not bool(keep.triu(1).any()):  # causal
+        return 0
+    return window if _bidirectional_band(keep) is None else 0
+
+
+@torch.no_grad()
+def _longer_pass(model: nn.Module, tokenizer, kind: str, calls: list[Call]) -> list[Call] | None:
+    """The calls of a pass long enough to show every bidirectional sliding window (ModernBERT's local
+    layers: 2 x the largest ``sliding_window`` argument + 4 tokens, at most the position table's length), or
+    None where the discovery pass showed them all. A window wider than the model's positions never binds."""
+    need = max((_unresolved_window(c) for c in calls), default=0)
+    if not need:
+        return None
+    config = model.config
+    limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions")
+              if isinstance(getattr(config, a, None), int)]
+    n = min([2 * need + 4] + [limit - _position_offset(model) for limit in limits])
+    longer: list[Call] = []
+    with measuring(model, eager=False) as m:
+        model.set_attn_implementation(NAME)
+        m.hooks.own(listen(None, longer.append))
+        model(**_inputs(model, tokenizer, kind, n))
+    if len(longer) != len(calls):
+        raise InterfaceError(f"a pass of {n} tokens called the attention {len(longer)} times, one of 12 tokens "
+                             f"{len(calls)} times; probe cannot read the sliding windows")
+    return longer
 
 
 def _position_offset(model: nn.Module) -> int:
@@ -354,8 +408,8 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
         (:data:`probe.architectures.discovered.DISCOVERED`).
 
     Raises:
-        UnsupportedArchitectureError: the attention never calls the interface (the model keeps its
-            own attention code), or a structure probe cannot measure (one line each).
+        NoInterfaceCalls: the attention never calls the interface (the model keeps its own attention code).
+        UnsupportedArchitectureError: a structure probe cannot measure (one line each).
         ModelForwardError: the model's own forward pass raised an exception (its reason, one line).
     """
     install()
@@ -381,10 +435,16 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
         for _, module in projections:
             m.hooks.forward(module, record)
         model(**inputs)
-        m.hooks.remove()
-        count: dict = {}
+    if not calls:
+        raise NoInterfaceCalls(f"{model.config.model_type}: its attention never called transformers' "
+                               "AttentionInterface in a forward pass, and probe has no hand-written spec for it")
+    with forward_failures(STEP, model):
+        longer = _longer_pass(model, tokenizer, kind, calls) or [None] * len(calls)
+    count: dict = {}
+    with measuring(model, eager=False), forward_failures(STEP, model):
+        model.set_attn_implementation(NAME)
         fed = _Fed(model, inputs, calls)  # modules with equal outputs: told apart by what they feed
-        found = [_found(c, w, base, io, projections, count, fed)
-                 for c, w in zip(calls, _places(model, calls, names, kind, lengths))]
+        found = [_found(c, w, base, io, projections, count, fed, masks) for c, w, masks
+                 in zip(calls, _places(model, calls, names, kind, lengths), longer)]
     spec = build_spec(model.config.model_type, kind, found, _d_model(model), _position_offset(model))
     return register(model.config.model_type, spec)

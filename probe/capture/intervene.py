@@ -57,6 +57,7 @@ import torch
 from torch import nn
 
 from ..architectures import output_projection_bypass, site_outputs
+from ..architectures.discovered import refuse_capture_only
 from ..errors import ProbeError, UnsupportedAnalysisError
 from ..sites import Site
 from .failures import forward_failures
@@ -318,6 +319,7 @@ def intervening(lm, *, eager: bool = False, eval_mode: bool = True) -> Iterator[
             ``slow_but_exact``), so that no head could be read or written.
         ModelForwardError: the model's own forward pass raised an exception (:mod:`probe.capture.failures`).
     """
+    refuse_capture_only(lm.spec, "an intervention on heads (ablation, patching, pruning gates, attribution)")
     own = calls_function(lm)
     if own:
         install()

@@ -61,6 +61,8 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
                 raise CaptureError(
                     f"site {site.name} returned no attention probabilities "
                     f"(attention implementation {model.config._attn_implementation!r}); load with eager attention")
+            if lm.spec.capture_only:
+                check_probabilities(lm.spec.family, site, probs)
             callback(site, probs.detach())
         return hook
 
@@ -69,6 +71,23 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
         if name is not None and name in inspect.signature(module.forward).parameters:  # not the reference's
             hooks.forward_pre(module, _ask_for_probs(module, name), with_kwargs=True)
         hooks.forward(module, make_hook(site))
+
+
+def check_probabilities(family: str, site: Site, probs: torch.Tensor) -> None:
+    """Check the maps a capture-only model's own code returned (:attr:`probe.architectures.ArchSpec.capture_only`):
+    no negative weight, every row summing to 1 or to 0 (a fully masked row), as attention probabilities do.
+
+    Raises:
+        CaptureError: maps that are not attention probabilities (an approximation at this length, Nystromformer's
+            landmarks), in one line.
+    """
+    with torch.no_grad():
+        sums = probs.float().sum(-1)
+        off = ((sums - 1).abs() > 1e-3) & (sums.abs() > 1e-6)
+        if bool(off.any()) or bool((probs < 0).any()):
+            raise CaptureError(f"site {site.name}: the maps {family} returns at {probs.shape[-1]} tokens are not "
+                               "attention probabilities (a negative weight or a row not summing to 1; its own code "
+                               "approximates them at this length): probe cannot measure them")
 
 
 def add_listeners(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -> None:

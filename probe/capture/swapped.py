@@ -79,7 +79,7 @@ def reference_agrees(lm) -> bool:
 
 
 def _agrees(lm) -> bool:
-    if lm.spec.discovered or lm.kind == "encoder-decoder":
+    if lm.spec.discovered or lm.spec.capture_only or lm.kind == "encoder-decoder":
         return False
     inputs = _check_inputs(lm)
     real = inputs["attention_mask"].bool()

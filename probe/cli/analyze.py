@@ -73,7 +73,8 @@ _annotation_options = stacked(
 @audio_options
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=None,
-              help="Truncate sequences to this many tokens [default: the model's limit].")
+              help="Truncate sequences to this many tokens, at most the model's limit (above it: an error) "
+                   "[default: the model's limit].")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
 @click.option("--force", is_flag=True,

@@ -25,9 +25,10 @@ import torch
 from huggingface_hub import constants
 from torch import nn
 
-from ..architectures import SPECS, ArchSpec, get_spec, head_geometry, max_positions
+from ..architectures import SPECS, ArchSpec, get_spec, head_geometry, max_positions, register
 from ..architectures.towers import is_pair
-from ..capture.discover import discover
+from ..capture.discover import NoInterfaceCalls, discover
+from ..capture.eager_maps import discover_maps
 from ..capture.hooks import ensure_eager
 from ..core import LoadedModel
 from ..errors import ModelLoadError, ProbeError, UnsupportedArchitectureError
@@ -420,7 +421,9 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
 def spec_for(model: nn.Module, tokenizer) -> ArchSpec:
     """The spec of a built model: its hand-written entry (:data:`probe.architectures.SPECS`), else
     discovered from one short forward pass (:func:`probe.capture.discover.discover`; the model's attention
-    must call transformers' ``AttentionInterface``), and registered under its type.
+    calls transformers' ``AttentionInterface``), else capture-only from the maps its eager path returns
+    (:func:`probe.capture.eager_maps.discover_maps`: statistics, views and labels; everything else refused by
+    name), and registered under its type.
 
     Raises:
         UnsupportedArchitectureError: neither (one line saying what is missing), or a dual encoder
@@ -432,7 +435,10 @@ def spec_for(model: nn.Module, tokenizer) -> ArchSpec:
         raise UnsupportedArchitectureError(
             f"{type(model).__name__} is a dual encoder (a text and a vision tower): analyse it with images and "
             "text together (probe analyze --image FILE --text TEXT; in Python probe.runs.towers.load_towers)")
-    return discover(model, tokenizer)
+    try:
+        return discover(model, tokenizer)
+    except NoInterfaceCalls as exc:  # its attention is its own code: capture-only, from the maps it returns
+        return register(model.config.model_type, discover_maps(model, tokenizer, str(exc).partition(": ")[2]))
 
 
 def _max_length(config, tokenizer) -> int:

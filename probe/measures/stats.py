@@ -339,7 +339,7 @@ class HeadStatistics(Accumulator):
         if rows is not None and site.causal and site.kind != "cross":  # later keys: probability exactly 0
             nk = Tk - (T - rows[1])
             a = a[..., :nk]
-        key = ("contraction", site.kind, site.causal, site.window, Tq, Tk, rows, str(a.device))
+        key = ("contraction", site.kind, site.causal, site.window, site.ahead, Tq, Tk, rows, str(a.device))
 
         def build() -> ContractionWeights:
             return contraction_weights(feats, site, Tk if site.kind != "cross" else T, key_feats, rows,

@@ -286,6 +286,10 @@ def value_weighting_for(lm, value_weighted: bool, labels_by: str) -> tuple[bool,
         return value_weighted, None
     if labels_by == "norm":
         needs_weights(lm.spec, "labels by norm (value-weighted statistics)", ("o",))
+    if lm.spec.capture_only:
+        return False, (f"value-weighted statistics (the _by_norm columns, norm_mass) left out: {lm.spec.family}'s "
+                       "attention is its own code, and probe reads only the maps it returns (no value or output "
+                       "projection); the attention statistics do not need them")
     return False, (f"value-weighted statistics (the _by_norm columns, norm_mass) left out: they need the output "
                    f"projection weights of {lm.spec.family}, which probe did not find (and check) in its attention "
                    "modules (gated or differential attention); the attention statistics do not need them")

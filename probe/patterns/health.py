@@ -49,7 +49,7 @@ import torch
 from ..measures.accumulators import Accumulator, present_heads
 from ..measures.classify import LABEL_RULES
 from ..measures.rules import HEALTH_RULES, health_thresholds  # noqa: F401 (health_thresholds: re-exported)
-from ..sites import Site, head_name
+from ..sites import Site, first_visible, head_name
 from ..text.inputs import Batch
 from ..util import plural
 
@@ -107,9 +107,7 @@ class HealthProbe(Accumulator):
         """[batch, T, T] bool: padding keys of rows that may see at least one real key."""
         real = batch.real.cpu()[:, :T]
         lengths = real.sum(1)
-        pos = torch.arange(T)
-        first_visible = (pos - site.window + 1).clamp(min=0) if (site.causal and site.window) else torch.zeros(T)
-        rows = first_visible[None, :] < lengths[:, None]  # [B, T]
+        rows = first_visible(site, T)[None, :] < lengths[:, None]  # [B, T]
         if self.real_rows_only:
             rows = rows & real
         return rows[:, :, None] & ~real[:, None, :]
@@ -124,7 +122,7 @@ class HealthProbe(Accumulator):
             return
         i0 = 0 if rows is None else int(rows[0])
         # only the key columns past the shortest row can be padding: the rest is never read
-        cells = batch.cached(("padding-cells", site.causal, site.window, T, str(probs.device)),
+        cells = batch.cached(("padding-cells", site.causal, site.window, site.ahead, T, str(probs.device)),
                              lambda: self._cells(batch, site, T)[:, :, shortest:].to(probs.device))
         cells = cells[:, i0:i0 + probs.shape[-2]]
         values = probs.detach()[..., shortest:].transpose(0, 1)[:, cells]  # [heads, padding cells]

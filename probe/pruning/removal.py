@@ -140,7 +140,7 @@ def removal_unsupported(lm) -> str | None:
     """Why heads cannot be physically removed from ``lm``, or None where they can."""
     if lm.kind == "encoder-decoder":
         return f"{lm.name} is an encoder-decoder model (head removal covers one-stack models)"
-    if lm.spec.discovered:
+    if lm.spec.discovered or lm.spec.capture_only:
         return (f"{lm.model_type} has no hand-written spec: removing heads rewrites its modules' head counts and "
                 "projection layouts, which only a hand spec names")
     if not lm.spec.layout.cuttable:

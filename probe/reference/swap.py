@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..architectures import base_model, get_spec, site_spec, sites
+from ..architectures.discovered import refuse_capture_only
 from ..capture.hooks import Hooks
 from ..capture.op import MaskError, as_keep_mask
 from ..errors import UnsupportedArchitectureError
@@ -126,6 +127,8 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
     """
     model = getattr(model_or_lm, "model", model_or_lm)
     spec = get_spec(model.config)
+    refuse_capture_only(spec, "probe's from-scratch attention module (verification by swapping, attention steps, "
+                              "block capture, mutants)")
     if spec.discovered:
         raise UnsupportedArchitectureError(
             f"{spec.family} has no hand-written spec: probe's from-scratch attention module (verification by "

@@ -187,7 +187,7 @@ def _attention_figures(result: AnalysisResult, tokenizer) -> tuple[dict, list[di
     figures, blocks = {}, []
     labels = {}
     for i, ex in enumerate(result.examples[:EXAMPLES_DRAWN]):
-        labels[i] = display_tokens(tokenizer, ex.text, ex.ids, ex.offsets, ex.special)
+        labels[i] = getattr(ex, "labels", None) or display_tokens(tokenizer, ex.text, ex.ids, ex.offsets, ex.special)
     seq2seq = "stack" in result.heads  # the examples' maps drawn here are the encoder's
     for layer, head, label, reason in choose_heads(result):
         name = head_name({"stack": "encoder", "kind": "self", "layer": layer} if seq2seq else layer, head)

@@ -40,8 +40,9 @@ def cross_figure(ex, tokenizer, layer: int, head: int, title: str) -> dict:
     t = ex.target
     probs = ex.decoder[f"decoder.{layer}.cross"][head]  # [target, source]
     nq, nk = min(probs.shape[0], MAX_TOKENS), min(probs.shape[1], MAX_TOKENS)
-    source = display_tokens(tokenizer, ex.text, ex.ids, ex.offsets, ex.special)[:nk]
-    target = display_tokens(tokenizer, t["text"], t["ids"], [tuple(o) for o in t["offsets"]], t["special"])[:nq]
+    source = (getattr(ex, "labels", None) or display_tokens(tokenizer, ex.text, ex.ids, ex.offsets, ex.special))[:nk]
+    target = (t.get("labels") or display_tokens(tokenizer, t["text"], t["ids"], [tuple(o) for o in t["offsets"]],
+                                                t["special"]))[:nq]
     cut = [f"first {n} of {total} {what}" for n, total, what in ((nq, probs.shape[0], "target tokens"),
                                                                   (nk, probs.shape[1], "source positions"))
            if n < total]

@@ -75,6 +75,7 @@ def section_builder(build: Callable[..., Section | None]) -> Callable[..., Secti
 #: section's module is added here.
 SECTION_MODULES = (
     "probe.report.cross", "probe.report.images", "probe.report.norms", "probe.report.speech", "probe.report.sinks",
+    "probe.report.routers",
     "probe.patterns.report",
     "probe.linguistic.report", "probe.effects.report", "probe.effects.patch_report", "probe.pruning.report",
     "probe.view.rollout", "probe.view.section", "probe.circuits.report", "probe.circuits.path_report",

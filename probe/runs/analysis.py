@@ -21,16 +21,19 @@ import torch
 
 from .. import validate
 from ..capture.blocks import AUTO_LENGTH, block_capture, check_query_block, lean_outputs, longest, query_block_for
+from ..capture.hooks import Hooks
 from ..capture.maps import ScoreTracker, attention_hooks, check_fired, forward
 from ..core import LoadedModel
 from ..errors import InputError
 from ..loading.seq2seq import check_generate, stack_depths, with_generated_targets
 from ..measures.accumulators import Accumulator, Example, ExampleMaps, TokenCounts, check_block_ready, check_supported
 from ..measures.classify import LABEL_RULES, REMOVED, cluster_heads, default_thresholds, label_heads
+from ..measures.routers import RouterLoad, find_routers
 from ..measures.sinks import SinkProfile
 from ..measures.stats import HeadStatistics, by_norm
 from ..measures.values import ValueTracker, value_weighting_for
 from ..text.inputs import Batch, Text, as_texts, iter_batches, stream_texts
+from ..text.tokens import label_examples
 from ..util import plural, progress_bar
 
 
@@ -60,7 +63,9 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     :class:`~probe.measures.values.ValueNorms` (``update(site, probs, batch, values=...)``), from hooks on the
     value projections of the same forward pass; those that read scores (``reads_scores``) get the
     :class:`~probe.capture.op.Scores` probe's attention function computed the probabilities from
-    (``scores=...``; None where it did not).
+    (``scores=...``; None where it did not). Accumulators that read other modules (``hooks_model``: the MoE
+    routers, :class:`probe.measures.routers.RouterLoad`) register their hooks through ``acc.hook(hooks)``,
+    removed on exit.
 
     Raises:
         InputError: a bad ``query_block``.
@@ -100,7 +105,10 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
             values = tracker.take_block(site, probs, (*rows, n_query))
         hand(site, probs, values, rows)
 
-    with torch.no_grad(), attention_hooks(lm, on_site, tracker, score_tracker) as notes:
+    with torch.no_grad(), attention_hooks(lm, on_site, tracker, score_tracker) as notes, Hooks() as own:
+        for acc in accumulators:
+            if getattr(acc, "hooks_model", False):
+                acc.hook(own)
         for batch in batches:
             state["batch"] = batch
             rows = query_block_for(lm, batch, query_block)
@@ -192,7 +200,9 @@ def model_summary(lm: LoadedModel) -> dict:
     """Name, source, type, kind, geometry and parameter count of a loaded model (JSON-ready).
 
     ``kind`` is ``"encoder"``, ``"decoder"`` or ``"encoder-decoder"``; ``causal`` says whether every
-    site is causal (decoder-only models); encoder-decoder models add ``stacks`` (layers per stack).
+    site is causal (decoder-only models); encoder-decoder models add ``stacks`` (layers per stack). A model with
+    sliding windows adds ``site_windows``: each windowed site's :meth:`probe.sites.Site.record` (its window, keys
+    before and after the query).
     """
     g = lm.geometry
     return {
@@ -205,6 +215,8 @@ def model_summary(lm: LoadedModel) -> dict:
         "removed_heads": 0 if lm.pruned is None else sum(len(h) for h in lm.pruned.removed().values()),
         "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
         **({"stacks": stack_depths(lm.sites)} if lm.kind == "encoder-decoder" else {}),
+        **({"site_windows": [s.record() for s in lm.sites if s.window is not None]}
+           if any(s.window is not None for s in lm.sites) else {}),
     }
 
 
@@ -234,7 +246,9 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             a ``group`` (:class:`probe.patterns.HeadDistances`'s Jensen-Shannon groups replace it).
         progress: show a tqdm progress bar.
         parse_special_tokens: let typed special-token strings become special tokens (default: typed text is text).
-        accumulators: extra accumulators run in the same pass (results in ``results[acc.name]``).
+        accumulators: extra accumulators run in the same pass (results in ``results[acc.name]``). A
+            mixture-of-experts model (one stack) always adds :class:`probe.measures.routers.RouterLoad`
+            (``results["routers"]``: each token's experts and weights per layer, the experts' load).
         finished: accumulators that already ran on their own inputs (e.g. the decoder circuit probe,
             :func:`probe.patterns.circuit_probe`): not run on the texts; their columns, labels and
             results join the result like the others'.
@@ -277,6 +291,8 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     examples = ExampleMaps(range(n_examples), lm.sites, example_tokens)
     counts = TokenCounts(getattr(lm.tokenizer, "unk_token_id", None))
     sinks = SinkProfile(lm.sites, lm.geometry.n_heads)
+    if lm.kind != "encoder-decoder" and find_routers(lm):  # a mixture-of-experts model: its routers beside the heads
+        accumulators = [*accumulators, RouterLoad(lm, n_examples)]
     batches = items.iter_batches(batch_size) if prepared else iter_batches(
         lm, items, batch_size=batch_size, max_length=max_length, parse_special_tokens=parse_special_tokens)
     t1 = time.perf_counter()
@@ -293,7 +309,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
     c = counts.result()
     return AnalysisResult(
         model=model_summary(lm), heads=heads, stats=stats, thresholds=thresholds_used, counts=c.as_dict(),
-        examples=examples.result(),
+        examples=label_examples(examples.result(), lm.tokenizer),
         settings={"batch_size": batch_size, "max_length": validate.max_length(max_length, lm.max_length),
                   "n_examples": n_examples, "example_tokens": example_tokens, "n_clusters": n_clusters,
                   "parse_special_tokens": parse_special_tokens, "query_block": query_block,

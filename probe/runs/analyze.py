@@ -197,7 +197,7 @@ def report_steps(lm, result: AnalysisResult, *, limit: int = 8) -> list[dict]:
         examples); ``name`` is the head's in the original numbering, ``head`` its slot in a physically
         pruned layer.
     """
-    if not result.examples or lm.spec.discovered:  # the steps come from a hand spec's from-scratch module
+    if not result.examples or lm.spec.discovered or lm.spec.capture_only:  # steps: a hand spec's from-scratch module
         return []
     ex = result.examples[0]
     n = int(ex.probs.shape[-1])

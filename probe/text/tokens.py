@@ -100,3 +100,23 @@ def display_tokens(tokenizer, text: str, ids: Sequence[int], offsets: Sequence[t
             labels.append(f"{char} ({m + 1}/{k})" if k > 1 else f"{char} (part)")
         i = j
     return labels
+
+
+def label_examples(examples: list, tokenizer) -> list:
+    """The analysis examples of an image or audio model with their token labels stored
+    (``Example.labels``, and ``target["labels"]`` for an encoder-decoder model's decoder side), so that
+    views and reports label them without a tokenizer: image tokens as their special names (``[CLS]``,
+    registers) and ``patch (r, c)``, audio frames by their start time (``0.42 s``), decoder tokens by the
+    model's tokenizer (:class:`probe.loading.pixels.PixelProcessor`, :class:`probe.loading.sound.SpeechProcessor`).
+    A text model's examples are returned as they are (its tokenizer labels them where they are shown).
+    """
+    if not hasattr(tokenizer, "discovery_inputs"):  # a text tokenizer: the views take it
+        return examples
+    for ex in examples:
+        if ex.labels is None:
+            ex.labels = display_tokens(tokenizer, ex.text, ex.ids, ex.offsets, ex.special)
+        t = ex.target
+        if t is not None and t.get("labels") is None:
+            t["labels"] = display_tokens(tokenizer, t["text"], t["ids"], [tuple(o) for o in t["offsets"]],
+                                         t["special"])
+    return examples

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import validate
+from ..architectures.discovered import refuse_capture_only
 from ..core import LoadedModel
 from ..errors import ProbeError
 from .compare import FP32_ATOL, FP32_RTOL, CaseResult, VerifyResult
@@ -28,6 +29,7 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
         InputError: unknown mutant, negative or non-finite tolerance.
         ProbeError: unknown case name or no case; a mutant asked of a model without a hand spec.
     """
+    refuse_capture_only(lm.spec, "probe verify")
     if not lm.spec.discovered:
         return verify_reference(lm, atol, mutant, rtol=rtol, cases=cases, progress=progress)
     validate.mutant(mutant)
