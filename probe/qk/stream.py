@@ -15,7 +15,7 @@ that run before the first block. From these the stream is rebuilt as a sum over 
 
 A norm is frozen at the run: its per-token statistics (LayerNorm's mean and sigma, RMSNorm's root
 mean square) are those of its actual input, so it is an affine map, N(sum_a c_a) = sum_a n(c_a) + beta
-with n linear (:func:`probe.effects.dla.frozen_norm`, whether the module is a LayerNorm or an RMSNorm
+with n linear (:func:`probe.architectures.weights.frozen_norm`, whether the module is a LayerNorm or an RMSNorm
 is the form that reproduces its output at the run). Where each norm sits is read from the values,
 not from names: a norm whose input is the attention's output is a post-attention norm (Gemma 2: the
 heads' writes go through it), a norm whose input is the block's input plus the attention's output is
@@ -39,13 +39,12 @@ import torch
 from torch import nn
 
 from ..architectures import base_model, site_block, site_modules
-from ..architectures.weights import output_weights
+from ..architectures.weights import frozen_norm, output_weights
 from ..capture.hooks import calls_function, measuring
 from ..capture.interface import Call, edit, install, listen, served_sites
 from ..capture.maps import forward
 from ..capture.swapped import swap_if_agrees
 from ..circuits.parts import is_norm
-from ..effects.dla import frozen_norm
 from ..errors import UnsupportedAnalysisError
 from ..sites import head_name
 
@@ -243,7 +242,7 @@ class Stream:
 
 
 def frozen_map(spec, norm: nn.Module, x: torch.Tensor, out: torch.Tensor | None, where: str, check: bool = True):
-    """(fn, beta): ``norm`` linearised at input ``x`` [T, width] (:func:`probe.effects.dla.frozen_norm`), as a
+    """(fn, beta): ``norm`` linearised at input ``x`` [T, width] (:func:`probe.architectures.weights.frozen_norm`), as a
     LayerNorm or an RMSNorm, whichever reproduces ``out`` (its output at the run; None: ``norm(x)``).
 
     Raises:
