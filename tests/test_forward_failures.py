@@ -77,8 +77,9 @@ def test_capture_names_its_step_when_the_model_refuses_there(tmp_path, forget_xm
 
 
 def test_any_exception_of_the_models_code_is_the_models_and_probes_own_are_not():
-    """The rule (module docstring): through a module call, and the innermost frame outside torch and the
-    standard library is not probe's. Torch raising for the model's code counts as the model's."""
+    """The rule (module docstring): through a module call, and no frame inside it is probe's. Torch raising for
+    the model's code counts as the model's; a callback of the user's that probe's listener called does not
+    (tests/test_capture.py: it leaves as it was raised)."""
     layer = torch.nn.Linear(4, 3)
     with pytest.raises(ModelForwardError, match=r"^step failed inside Linear's own forward pass: RuntimeError: "):
         with forward_failures("step", layer):

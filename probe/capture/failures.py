@@ -6,11 +6,11 @@ is the user's to fix (another model, a setting in its config), not a bug in prob
 answers it in one line naming probe's step and the model's reason (:class:`~probe.errors.ModelForwardError`).
 
 An exception is the model's when its traceback passes through a module's forward call
-(``torch.nn.Module.__call__``) and its innermost frame outside torch and the standard library is not
-in probe's package: the model's modelling code (transformers, or code shipped with the model) raised
-it, or torch raised it for that code. An exception raised in probe's attention function, hooks or
-reference modules keeps its traceback (a bug in probe), and a :class:`~probe.errors.ProbeError` passes as
-it is.
+(``torch.nn.Module.__call__``) and no frame inside that call is in probe's package: the model's modelling
+code (transformers, or code shipped with the model) raised it, or torch raised it for that code. An
+exception that passed through probe's attention function, hooks, listeners or reference modules keeps its
+traceback (a bug in probe, or a user's callback that probe called), and a :class:`~probe.errors.ProbeError`
+passes as it is.
 """
 
 from __future__ import annotations
@@ -20,13 +20,9 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
-
 from ..errors import ModelForwardError, ProbeError
 
 _PROBE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 _MODULE_CALL = os.path.join("torch", "nn", "modules", "module.py")
 
 #: (words in the model's message, lowercase; what the user can do) for the reasons probe can explain.
@@ -36,22 +32,17 @@ HINTS = (
 )
 
 
-def _library(path: str) -> bool:
-    """Torch or the standard library (not a third-party package installed beside it)."""
-    return path.startswith(_TORCH) or (path.startswith(_STDLIB) and "site-packages" not in path[len(_STDLIB):])
-
-
 def from_model(exc: BaseException) -> bool:
     """Whether ``exc`` was raised inside a model's own forward pass (see the module's docstring)."""
     if isinstance(exc, (ProbeError, KeyboardInterrupt, SystemExit, GeneratorExit)) or not isinstance(exc, Exception):
         return False
     files = [os.path.abspath(frame.f_code.co_filename) for frame, _ in traceback.walk_tb(exc.__traceback__)]
-    if not any(f.endswith(_MODULE_CALL) for f in files):
+    call = next((i for i, f in enumerate(files) if f.endswith(_MODULE_CALL)), None)
+    if call is None:
         return False
-    for path in reversed(files):
-        if not _library(path):
-            return not path.startswith(_PROBE)
-    return False
+    # inside the outermost module call, no frame of probe's: an exception that passed through probe's attention
+    # function, hooks or listeners (a bug in probe, or a user's callback probe called) is not the model's
+    return not any(f.startswith(_PROBE) for f in files[call + 1:])
 
 
 def reason(exc: BaseException, model=None) -> str:
