@@ -97,7 +97,7 @@ def norm_eps(norm: nn.Module) -> float | None:
     return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None)
 
 
-def _present(block: nn.Module, path: str | None) -> nn.Module | None:
+def present_module(block: nn.Module, path: str | None) -> nn.Module | None:
     """The first module of ``block`` at one of the ``|``-separated alternatives of ``path`` (a family
     whose configurations name one norm differently), or None where none is there."""
     for alternative in (path or "").split("|"):
@@ -113,7 +113,7 @@ def input_norm(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None
     none or the block has no module at the paths the spec names (``"input_layernorm|ln_attn"``: Falcon
     names it ``ln_attn`` with ``new_decoder_architecture`` and two parallel norms, ``ln_attn`` and
     ``ln_mlp``)."""
-    return _present(site_block(model, spec, site), site_spec(spec, site).input_norm)
+    return present_module(site_block(model, spec, site), site_spec(spec, site).input_norm)
 
 
 def block_mlp(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None:
@@ -126,7 +126,7 @@ def mlp_norm(model: nn.Module, spec: ArchSpec, site: Site) -> nn.Module | None:
     """The norm whose output the MLP of ``site``'s block reads, or None where the spec names none or the
     block has no module at the paths it names (Falcon's parallel block with one norm: its MLP reads the
     attention's)."""
-    return _present(site_block(model, spec, site), site_spec(spec, site).mlp_norm)
+    return present_module(site_block(model, spec, site), site_spec(spec, site).mlp_norm)
 
 
 def final_norm(model: nn.Module, spec: ArchSpec) -> nn.Module | None:
@@ -146,7 +146,7 @@ def unembedding(model: nn.Module) -> torch.Tensor:
     return head.weight.detach().t()
 
 
-def _frozen(kind: str, offset: float, norm: nn.Module, x: torch.Tensor):
+def frozen_as(kind: str, offset: float, norm: nn.Module, x: torch.Tensor):
     """(fn, beta): ``norm`` of kind ``kind`` (:data:`~probe.architectures.spec.NORMS`) with gain
     weight + ``offset``, its per-row scale frozen at ``x`` [..., d_model] (float64)."""
     x = x.double()
@@ -182,7 +182,7 @@ def norm_rule(spec: ArchSpec, norm: nn.Module, x: torch.Tensor) -> tuple[str, fl
         for kind in NORMS:
             for offset in (0.0, 1.0):
                 try:
-                    fn, beta = _frozen(kind, offset, norm, x)
+                    fn, beta = frozen_as(kind, offset, norm, x)
                 except (AttributeError, UnsupportedAnalysisError):
                     continue
                 if float((fn(x.double()) + beta - y).abs().max()) <= 1e-4 * (float(y.abs().max()) + 1e-30):
@@ -202,4 +202,4 @@ def frozen_norm(spec: ArchSpec, norm: nn.Module, x: torch.Tensor):
         UnsupportedAnalysisError: an RMS norm without a known epsilon, or a discovered norm probe
             cannot linearise.
     """
-    return _frozen(*norm_rule(spec, norm, x), norm, x)
+    return frozen_as(*norm_rule(spec, norm, x), norm, x)

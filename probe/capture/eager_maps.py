@@ -23,6 +23,7 @@ from ..architectures import base_model
 from ..architectures.discovered import build_maps_spec, model_kind
 from ..architectures.spec import ArchSpec
 from ..errors import UnsupportedArchitectureError
+from .discover import TEXT, _layer_split
 from .hooks import Hooks, measuring
 
 
@@ -50,8 +51,6 @@ def discover_maps(model: nn.Module, tokenizer, why: str = "") -> ArchSpec:
         UnsupportedArchitectureError: an encoder-decoder model, no maps returned, maps no module returned, a
             decoder whose maps are not causal (one line each).
     """
-    from .discover import TEXT, _layer_split  # deferred: discover imports this module's caller
-
     kind = model_kind(model.config)
     model_type = model.config.model_type
     if kind == "encoder-decoder":

@@ -33,6 +33,7 @@ from torch import nn
 from ..architectures import base_model, site_block, site_modules
 from ..architectures.modules import site_spec
 from ..capture.hooks import Hooks, input_device
+from ..errors import UnsupportedAnalysisError
 
 _NORM_NAME = re.compile(r"norm|(^|_)ln(_|\d|$)")
 
@@ -184,8 +185,6 @@ def check_pre_ln(lm, what: str) -> None:
     Raises:
         UnsupportedAnalysisError: ``lm`` is post-LN.
     """
-    from ..errors import UnsupportedAnalysisError
-
     if post_ln(lm):
         raise UnsupportedAnalysisError(
             f"{what} needs a pre-LN model, and {lm.name} is post-LN: each block normalises the residual stream "

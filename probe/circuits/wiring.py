@@ -33,15 +33,15 @@ from ..architectures.discovered import needs_weights
 from ..architectures.modules import head_geometry, site_spec
 from ..architectures.weights import (
     AttentionWeights,
-    _frozen,
-    _present,
     attention_weights,
     block_mlp,
     final_norm,
+    frozen_as,
     input_norm,
     mlp_norm,
     norm_rule,
     output_weights,
+    present_module,
 )
 from ..errors import UnsupportedAnalysisError
 from ..reference.rotary import Rope, apply_rope, apply_rope_pairs
@@ -154,7 +154,8 @@ def wire(lm) -> Wiring:
         if found is None:
             parts = {"norm": input_norm(model, spec, site), "mlp": block_mlp(model, spec, site),
                      "mlp_norm": mlp_norm(model, spec, site), "mlp_out": None,
-                     "attn_post": _present(block, paths.attn_post), "mlp_post": _present(block, paths.mlp_post)}
+                     "attn_post": present_module(block, paths.attn_post),
+                     "mlp_post": present_module(block, paths.mlp_post)}
         else:
             parts = {"norm": found.norm[i], "mlp": found.mlp[i], "mlp_norm": found.mlp_norm[i],
                      "mlp_out": found.mlp_out[i], "attn_post": found.attn_post[i], "mlp_post": found.mlp_post[i]}
@@ -335,5 +336,5 @@ def head_writes(layer: Layer, z: torch.Tensor, spec=None) -> torch.Tensor:
     total = x.detach().sum(0)
     if layer.post_norm is None:
         layer.post_norm = norm_rule(spec, layer.attn_post, total)
-    fn, beta = _frozen(*layer.post_norm, layer.attn_post, total)
+    fn, beta = frozen_as(*layer.post_norm, layer.attn_post, total)
     return fn(x.double()).to(x.dtype) + (beta / len(x)).to(x.dtype)

@@ -61,7 +61,7 @@ def _post_norm_gain(lm, layer: int) -> torch.Tensor | None:
     """The gain [d_model] (float64) of the norm a hand-written spec names on the attention's output
     (:attr:`~probe.architectures.SiteSpec.attn_post`), or None."""
     site = lm.sites[layer]
-    norm = weights._present(site_block(lm.model, lm.spec, site), site_spec(lm.spec, site).attn_post)
+    norm = weights.present_module(site_block(lm.model, lm.spec, site), site_spec(lm.spec, site).attn_post)
     return None if norm is None else weights.norm_gain(lm.spec, norm, torch.float64)
 
 

@@ -66,9 +66,9 @@ def _parts(lm) -> tuple[list, list, nn.Module, list]:
         writers, posts = [], []
         for site in lm.sites:
             block, paths = site_block(lm.model, lm.spec, site), site_spec(lm.spec, site)
-            post = weights._present(block, paths.mlp_post)
+            post = weights.present_module(block, paths.mlp_post)
             writers.append(post or weights.block_mlp(lm.model, lm.spec, site))
-            posts.append(weights._present(block, paths.attn_post))
+            posts.append(weights.present_module(block, paths.attn_post))
         norm, between = final_norm(lm), []
     if any(m is None for m in writers):
         raise UnsupportedAnalysisError(f"{lm.name}: probe does not know where its MLPs are")

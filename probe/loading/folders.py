@@ -3,6 +3,7 @@ files, whether its model type can be measured, which attention implementation it
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .checkpoints import require_supported
@@ -40,8 +41,6 @@ def refuse_unsupported(path: Path) -> None:
 def asked_attention(path: Path) -> str | None:
     """The attention implementation a folder's config.json asks for (``attn_implementation`` or
     ``_attn_implementation``), or None."""
-    import json
-
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

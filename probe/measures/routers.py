@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..architectures import stack_layers
+from ..text.tokens import display_tokens
 from .accumulators import Accumulator
 
 
@@ -181,8 +182,6 @@ class RouterLoad(Accumulator):
 
     def end_batch(self, batch) -> None:
         """Fold in the routers' outputs of this batch: rows of real tokens only (rows are batch x T, row-major)."""
-        from ..text.tokens import display_tokens
-
         real = batch.real.cpu()
         B, T = real.shape
         flat = real.reshape(-1)
