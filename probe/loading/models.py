@@ -438,6 +438,8 @@ def spec_for(model: nn.Module, tokenizer) -> ArchSpec:
     try:
         return discover(model, tokenizer)
     except NoInterfaceCalls as exc:  # its attention is its own code: capture-only, from the maps it returns
+        if hasattr(tokenizer, "discovery_inputs"):  # a speech or image model: capture-only reads text models only
+            raise
         return register(model.config.model_type, discover_maps(model, tokenizer, str(exc).partition(": ")[2]))
 
 
