@@ -23,16 +23,8 @@ from ..architectures import base_model
 from ..architectures.discovered import build_maps_spec, model_kind
 from ..architectures.spec import ArchSpec
 from ..errors import UnsupportedArchitectureError
-from .discover import TEXT, _layer_split
+from .discover import TEXT, _d_model, _layer_split
 from .hooks import Hooks, measuring
-
-
-def _d_model(model: nn.Module) -> int:
-    config = model.config
-    for attr in ("hidden_size", "d_model", "n_embd", "dim"):
-        if isinstance(getattr(config, attr, None), int):
-            return int(getattr(config, attr))
-    return int(model.get_input_embeddings().weight.shape[-1])
 
 
 @torch.no_grad()
