@@ -101,3 +101,17 @@ def test_any_exception_of_the_models_code_is_the_models_and_probes_own_are_not()
         raise KeyError("outside")
     except KeyError as exc:
         assert not from_model(exc)
+
+
+def test_verification_names_its_step_when_the_model_refuses_there(tmp_path, forget_xmod):
+    """MiniMax refused transformers' key/value cache inside its forward pass in `probe verify`, and the
+    models table showed the raw ``ValueError``: verification is a step like discovery and capture."""
+    from probe.loading.models import load_model
+    from probe.verification import verify
+
+    lm = load_model(str(_xmod(tmp_path / "xmod", "en_XX")))
+    assert verify(lm, cases=["sentence"]).passed
+    lm.model.config.default_language = None
+    with pytest.raises(ModelForwardError, match=r"^verification \(.*\) failed inside XmodModel's own forward pass: "
+                                                r"ValueError: Input language unknown"):
+        verify(lm, cases=["sentence"])

@@ -88,6 +88,27 @@ def test_position_bias_softcap_and_sinks():
     assert bool((sunk.sum(-1) < 1).all())  # the sink takes a share of every row
 
 
+def test_a_sink_logit_per_head_and_query_row_is_the_formula_whole_and_in_row_blocks():
+    """Inkling 2's sinks: [batch, heads, query, 1], a logit projected from each query token."""
+    q, k, v = qkv(T=7, KV=4)
+    keep = padded_causal(2, 7, [7, 4])
+    sinks = torch.randn(2, 4, 7, 1, generator=torch.Generator().manual_seed(3))
+    s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * 0.5
+    s = torch.cat([s.masked_fill(~keep, -math.inf), sinks.double()], -1)  # the sink as one more key
+    expected = torch.softmax(s, -1)[..., :-1]
+    module = Module()
+    out, probs = probe_attention(module, q, k, v, keep, scaling=0.5, sinks=sinks)
+    torch.testing.assert_close(probs.double(), expected, **tolerance("probability"))
+    torch.testing.assert_close(out.double(), torch.einsum("bhqk,bhkd->bqhd", expected, v.double()),
+                               **tolerance("scaled"))
+    blocks = []
+    with Hooks() as hooks, row_blocks(3):
+        hooks.own(listen(module, lambda call: blocks.append(call.probs)))
+        out_b, _ = probe_attention(module, q, k, v, keep, scaling=0.5, sinks=sinks)
+    torch.testing.assert_close(torch.cat(blocks, 2), probs, **tolerance("probability"))
+    torch.testing.assert_close(out_b, out, **tolerance("scaled"))
+
+
 def test_an_unknown_argument_that_could_change_the_maths_is_refused_by_name():
     q, k, v = qkv()
     with pytest.raises(InterfaceError, match="'head_mask'") as err:

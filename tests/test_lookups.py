@@ -22,6 +22,7 @@ from click.testing import CliRunner
 import probe.loading.models as pm
 from conftest import bert_tokenizer, tiny_config, tiny_model
 from probe import capture_attention, verify
+from probe.architectures import DISCOVERED
 from probe.capture.hooks import measuring
 from probe.capture.lookups import check_lookups
 from probe.cli import main
@@ -183,3 +184,27 @@ def test_explicit_and_cached_positions_are_checked():
     check_lookups(lm.model, {"input_ids": ids, "attention_mask": torch.ones(1, rows)})
     with pytest.raises(InputError, match=f"position row {rows} \\({rows + 1} tokens\\)"):
         check_lookups(lm.model, {"input_ids": ids, "attention_mask": torch.ones(1, rows + 1)})
+
+
+def test_a_decoder_alone_reads_its_decoder_table_with_the_input_ids():
+    """WhisperForCausalLM: the decoder's table (model.decoder.embed_positions, max_target_positions rows)
+    indexed by input_ids, not decoder_input_ids; its limit is the model's (it used to end in
+    "IndexError: index 128 is out of bounds" in `probe verify`'s max-length case)."""
+    tok = bert_tokenizer()
+    config = tr.WhisperConfig(vocab_size=len(tok), pad_token_id=0, d_model=32, decoder_layers=1,
+                              decoder_attention_heads=2, decoder_ffn_dim=64, encoder_layers=1,
+                              encoder_attention_heads=2, encoder_ffn_dim=64,
+                              max_target_positions=16, max_source_positions=16, num_mel_bins=8)
+    torch.manual_seed(0)
+    model = tr.WhisperForCausalLM(config).eval()
+    before = DISCOVERED.pop("whisper", None)  # a speech test's discovery of the whole model is kept apart
+    try:
+        assert pm.from_pretrained_objects(model, tok, name="tiny-whisper-decoder").max_length == 16
+    finally:
+        DISCOVERED.pop("whisper", None)
+        if before is not None:
+            DISCOVERED["whisper"] = before
+    check_lookups(model, {"input_ids": torch.zeros(1, 16, dtype=torch.long)})  # rows 0..15: fits
+    with pytest.raises(InputError, match=r"position row 16 \(17 tokens\) is outside the model's position table "
+                                         r"of 16 rows \(model\.decoder\.embed_positions"):
+        check_lookups(model, {"input_ids": torch.zeros(1, 17, dtype=torch.long)})

@@ -4,6 +4,7 @@ transformers' model types, probe run on each, the result equal to the committed 
 from __future__ import annotations
 
 import math
+import re
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -90,6 +91,8 @@ def test_the_committed_table_is_whole_and_consistent():
     assert all((r["status"] == "out of scope") == (r["kind"] == "not text") for r in rows)
     assert all(r["reason"] == "" for r in rows if r["status"] == "works")
     assert all(r["reason"] for r in rows if r["status"] == "refused")
+    # every refusal names probe's step or the reason, never a bare exception ("IndexError: index 128 ...")
+    assert not [r["type"] for r in rows if re.match(r"\w+(Error|Exception|Warning):", r["reason"])]
     assert all(r["analyze"] == "ran" for r in rows if r["status"] == "works")
     text = DOCS.read_text(encoding="utf-8")
     assert models_table.status_column(text) == {r["type"]: r["status"] for r in rows if r["kind"] != "not text"}

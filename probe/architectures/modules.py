@@ -154,8 +154,10 @@ def stack_layers(model: nn.Module, spec: ArchSpec | None = None) -> dict[str, li
 
 
 def max_positions(config) -> int | None:
-    """Longest sequence the position table allows (tokens), or None where nothing limits it."""
-    limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions")
+    """Longest sequence the position table allows (tokens), or None where nothing limits it
+    (``max_target_positions``: the decoder's table of Whisper-style configs, read where the decoder runs
+    alone, as WhisperForCausalLM)."""
+    limits = [getattr(config, a) for a in ("max_position_embeddings", "n_positions", "max_target_positions")
               if isinstance(getattr(config, a, None), int)]
     spec = get_spec(config)
     limits = [n - spec.position_offset(config) for n in limits]

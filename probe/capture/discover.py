@@ -65,7 +65,8 @@ def _inputs(model: nn.Module, tokenizer, kind: str, n: int | None = None) -> dic
         ids = (ids * 6)[:6]
     if n is not None:
         ids = (ids * (n // len(ids) + 1))[:n]
-    device = model.get_input_embeddings().weight.device
+    table = model.get_input_embeddings()
+    device = getattr(table, "weight", table).device  # Perceiver's input embeddings are a bare Parameter
     source = torch.tensor([ids], device=device if device.type != "meta" else "cpu")
     inputs = {"input_ids": source, "attention_mask": torch.ones_like(source)}
     if kind == "encoder-decoder":

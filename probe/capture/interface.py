@@ -317,13 +317,17 @@ def repeat_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def with_sinks(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor | None, scale: float,
                sinks: torch.Tensor, softcap: float | None, bias: torch.Tensor | None) -> torch.Tensor:
-    """Probabilities with one sink logit per head (gpt-oss ``s_aux``): softmax over the keys and the
-    sink, the sink's column dropped (rows sum to less than 1). [batch, heads, query, key] float32."""
+    """Probabilities with a sink logit: softmax over the keys and the sink, the sink's column dropped
+    (rows sum to less than 1). [batch, heads, query, key] float32.
+
+    ``sinks``: one logit per head ([heads], gpt-oss ``s_aux``), or one per head and query row
+    ([batch, heads, query, 1], Inkling 2's per-token sinks, projected from each token's hidden state)."""
     scores = scaled_scores(q.float(), k.float(), scale, softcap=softcap, bias=bias)
     if keep is not None:
         scores = scores.masked_fill(~keep, -math.inf)
     B, H, Tq, _ = scores.shape
-    sink = sinks.float().reshape(1, -1, 1, 1).expand(B, H, Tq, 1)
+    per_row = sinks.dim() == 4
+    sink = (sinks.float() if per_row else sinks.float().reshape(1, -1, 1, 1)).expand(B, H, Tq, 1)
     combined = torch.cat([scores, sink], dim=-1)
     combined = combined - combined.max(dim=-1, keepdim=True).values
     return masked_softmax(combined, None, torch.float32)[..., :-1]
@@ -344,8 +348,8 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         dropout: attention dropout; only 0 (or a module in eval mode) is measured.
         kwargs: ``softcap`` (scores become cap * tanh(scores / cap)), ``position_bias`` (added to
             the scores: T5; DeBERTa's c2p and p2c terms, ALiBi and MPNet's buckets from the reference
-            module), ``s_aux`` / ``sinks`` (one sink logit per head: gpt-oss), the rounding of
-            :data:`ARITHMETIC` and the pass-through arguments of :data:`HARMLESS`.
+            module), ``s_aux`` / ``sinks`` (a sink logit per head: gpt-oss; per head and query row:
+            Inkling 2), the rounding of :data:`ARITHMETIC` and the pass-through arguments of :data:`HARMLESS`.
 
     Returns:
         ``(attn_output [batch, query, heads, d_v], attn_weights [batch, heads, query, key])`` in
@@ -380,7 +384,8 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     outputs = []
     for i0 in range(0, Tq, rows):
         i1 = min(Tq, i0 + rows)
-        part = {**terms, "bias": _rows(terms["bias"], i0, i1), "options": _rows_of(terms["options"], i0, i1)}
+        part = {**terms, "bias": _rows(terms["bias"], i0, i1), "options": _rows_of(terms["options"], i0, i1),
+                "sinks": _rows(terms["sinks"], i0, i1)}
         probs, output, scores = _attend(query[:, :, i0:i1], k, v, _rows(keep, i0, i1), scale, **part)
         block = dataclasses.replace(call, keep=_rows(keep, i0, i1), rows=(i0, i1),
                                     mask_bias=_rows(mask_bias, i0, i1))

@@ -164,7 +164,9 @@ def _highest_position(model: nn.Module, table: nn.Module, ids: torch.Tensor, inp
 
 def _check_positions(model: nn.Module, tables: _Tables, inputs: dict) -> None:
     for name, table in tables.positions:
-        decoder = "decoder" in name.split(".")
+        # a decoder's table reads the decoder's ids in an encoder-decoder model, the input ids in a
+        # decoder alone (WhisperForCausalLM's model.decoder.embed_positions)
+        decoder = "decoder" in name.split(".") and bool(getattr(model.config, "is_encoder_decoder", False))
         ids = inputs.get("decoder_input_ids" if decoder else "input_ids")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.numel() == 0:
             continue

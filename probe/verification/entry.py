@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from .. import validate
 from ..architectures.discovered import refuse_capture_only
+from ..capture.failures import forward_failures
 from ..core import LoadedModel
 from ..errors import ProbeError
 from .compare import FP32_ATOL, FP32_RTOL, CaseResult, VerifyResult
@@ -28,8 +29,20 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
     Raises:
         InputError: unknown mutant, negative or non-finite tolerance.
         ProbeError: unknown case name or no case; a mutant asked of a model without a hand spec.
+        ModelForwardError: the model's own forward pass raised an exception on one of the inputs
+            (MiniMax refuses transformers' key/value cache), named as verification's step.
     """
     refuse_capture_only(lm.spec, "probe verify")
+    with forward_failures(STEP, lm.model):
+        return _verify(lm, atol, mutant, rtol, cases, progress)
+
+
+#: The step a model's own exception is reported in (:mod:`probe.capture.failures`).
+STEP = "verification (the battery of inputs through probe's attention and the model's own)"
+
+
+def _verify(lm: LoadedModel, atol: float, mutant: str | None, rtol: float, cases: list[str] | None,
+            progress) -> VerifyResult:
     if not lm.spec.discovered:
         return verify_reference(lm, atol, mutant, rtol=rtol, cases=cases, progress=progress)
     validate.mutant(mutant)
