@@ -51,6 +51,13 @@ def test_first_use_logs_an_estimate_and_every_step(tmp_path, monkeypatch, caplog
         assert lines[2 * i - 1] == f"  {i}/4 {what} ..."
         assert re.fullmatch(rf"  {i}/4 {re.escape(what)}: done in \d+\.\d s", lines[2 * i])
     assert (cached / "config.json").exists() and not list(cached.parent.glob(cached.name + ".*"))
+    # a .gguf file given by its path (no cache folder): the same steps, numbered the same, step 4 skipped
+    caplog.clear()
+    with notes(caplog, "probe.loading.models"):
+        loading.load_gguf.__wrapped__(tmp_path, "m.gguf", None, None)
+    uncached = list(dict.fromkeys(r.getMessage() for r in caplog.records))
+    assert uncached[0:6:2] == [f"  {i}/4 {what} ..." for i, what in enumerate(steps[:3], 1)]
+    assert uncached[-1].startswith("  4/4 saving the float32 copy: skipped") and len(uncached) == 7
 
 
 def test_estimate_scales_with_the_file():

@@ -222,7 +222,7 @@ def load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
     if cached is not None and (cached / "config.json").exists():
         return load_folder(cached, dtype)
     size_mb = (folder / gguf_file).stat().st_size / 2**20 if (folder / gguf_file).exists() else 0.0
-    steps = 4 if cached is not None else 3
+    steps = 4  # the same numbering with a cache folder or without (then step 4 says it is skipped)
     if cached is not None:
         estimate = first_use_estimate(size_mb)
         log.warning("first use of %s: de-quantizing its GGUF weights (%.0f MB) to float32 and caching them in %s; "
@@ -247,6 +247,8 @@ def load_gguf(folder: Path, gguf_file: str, cached: Path | None, dtype):
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds here
         raise ModelLoadError(f"cannot load GGUF file {folder / gguf_file}: {str(exc).splitlines()[0]}") from None
     if cached is None:
+        log.warning("  4/4 saving the float32 copy: skipped (a .gguf file given by its path is not cached: it is "
+                    "de-quantized on each load)")
         return model, tokenizer
     with loading_step(f"saving the float32 copy ({_megabytes(model):.0f} MB)", 4, steps):
         saved = _save_cache(model, tokenizer, cached)

@@ -120,10 +120,29 @@ def _pattern_analyses(lm, distance: bool, map_sequences: int, health, query_bloc
                       skipped: list[str]) -> list:
     """The pattern accumulators that fit ``lm`` (the library's own rule; the others said in ``skipped``)."""
     offered = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
-    refused = [acc.refusal(lm) for acc in offered if acc.refusal(lm) is not None]
+    refused = [(acc.title, acc.refusal(lm)) for acc in offered if acc.refusal(lm) is not None]
     if refused:
-        skipped.append("not run: " + "; ".join(refused))
+        skipped.append("not run: " + "; ".join(_grouped(refused)))
     return _block_ready([acc for acc in offered if acc.refusal(lm) is None], query_block, skipped)
+
+
+def _grouped(refused: list[tuple[str, str]]) -> list[str]:
+    """Refusals (title, reason starting with the title) of the same cause said once: "head distances and
+    Kovaleva pattern types are for encoder and decoder models; M is an encoder-decoder model"."""
+    causes: dict[str, list[str]] = {}
+    for title, reason in refused:
+        cause = reason[len(title):] if reason.startswith(title + " is ") else reason
+        causes.setdefault(cause, []).append(title if cause is not reason else "")
+    said = []
+    for cause, titles in causes.items():
+        titles = [t for t in titles if t]
+        if not titles:
+            said.append(cause)
+        elif len(titles) == 1:
+            said.append(titles[0] + cause)
+        else:
+            said.append(f"{', '.join(titles[:-1])} and {titles[-1]}" + cause.replace(" is ", " are ", 1))
+    return said
 
 
 def _block_ready(extra: list, query_block: int | None, skipped: list[str]) -> list:
