@@ -104,6 +104,16 @@ def test_long_example_is_cropped_and_marked(tmp_path):
 _browser = browser_or_skip  # the name other test modules import
 
 
+def test_the_report_does_not_scroll_sideways_in_a_phone_wide_window(run_dir, chromium):
+    """At 390 px the page is as wide as the window: wide figures (the rollout view, 834 px) scroll in
+    their own box."""
+    path, _ = run_dir
+    with watched_page(chromium, path / "index.html", viewport=(390, 800)) as (page, messages, _):
+        page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
+        assert page.evaluate("document.documentElement.scrollWidth") == 390
+        assert messages == []
+
+
 def test_report_draws_every_figure_offline_in_chromium(run_dir, chromium):
     """Every canvas is drawn, the page makes no request beyond itself and logs no error, and the
     tooltip of an attention cell shows that cell's probability from the data."""

@@ -380,4 +380,20 @@ def test_speech_section_renders_in_chromium_without_errors_or_requests(tmp_path,
         assert shown == 2 and page.locator(".speech-section svg").count() == 2
         page.locator(".speech-section").screenshot(path=str(tmp_path / "speech.png"))
         assert messages == []
+        page.set_viewport_size({"width": 390, "height": 800})  # a phone: the section scrolls, not the page
+        assert page.evaluate("document.documentElement.scrollWidth") == 390
         assert [u for u in requests if not u.startswith(("data:", "file:"))] == []
+
+
+def test_token_labels_never_overlap_in_a_lane():
+    """Tokens closer than their labels are wide (Whisper's short sub-words) go to the next lane; none is
+    laid over another; a label with no lane left keeps its box (its title names it)."""
+    from probe.audio.view import _CHAR_W, _LANES, token_lanes
+
+    spans = [(5.0 * i, 5.0 * i + 4, "word") for i in range(12)] + [(400.0, 460.0, "a")]
+    lanes = token_lanes(spans)
+    # labels of 28 px (2 + 4 x 6.5) and a 2 px gap, 5 px apart: 4 lanes, then none until x = 30
+    assert lanes[:7] == [0, 1, 2, 3, None, None, 0] and lanes[-1] == 0
+    for lane in range(_LANES):
+        placed = [(x0, max(x1, x0 + 2 + _CHAR_W * len(t))) for (x0, x1, t), k in zip(spans, lanes) if k == lane]
+        assert all(b[0] >= a[1] for a, b in itertools.pairwise(placed)), (lane, placed)

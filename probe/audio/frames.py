@@ -126,11 +126,12 @@ def frames_html(ex: FrameExample) -> str:
     (a PNG data URI) of the weight each frame receives, averaged over heads and query frames, each
     strip over its largest value."""
     seconds = max(ex.frames * ex.frame_s, len(ex.waveform) / ex.rate, 1e-3)
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{_WAVE_H + 22}" class="speech-svg">'
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{_WAVE_H + 22}" '
+           f'viewBox="0 0 {WIDTH} {_WAVE_H + 22}" class="speech-svg">'
            f'<line x1="0" y1="{_WAVE_H / 2}" x2="{WIDTH}" y2="{_WAVE_H / 2}" stroke="#ccc"/>'
            + _wave_svg(ex, seconds) + _axis_svg(seconds, _WAVE_H + 4) + "</svg>")
     parts = [f"<h3>{escape(ex.name)}: {len(ex.waveform) / ex.rate:.2f} s, {ex.frames} frames of "
-             f"{ex.frame_s * 1000:g} ms</h3>", svg]
+             f"{ex.frame_s * 1000:g} ms</h3>", f'<div style="overflow-x:auto">{svg}</div>']
     width = max(1, round(WIDTH * ex.frames * ex.frame_s / seconds))
     for layer, heads in enumerate(ex.received):
         row = heads.mean(0)
@@ -138,9 +139,11 @@ def frames_html(ex: FrameExample) -> str:
         row = row / top if top > 0 else np.zeros_like(row)
         cells = np.repeat(row[np.arange(width) * ex.frames // width][None], _STRIP_H, 0)
         uri = png_data_uri(np.round(heat_colour(cells) * 255).astype(np.uint8))
-        parts.append(f'<div class="frames-strip"><img src="{uri}" width="{width}" height="{_STRIP_H}" '
+        parts.append(f'<div class="frames-strip" style="overflow-x:auto;white-space:nowrap">'
+                     f'<img src="{uri}" width="{width}" height="{_STRIP_H}" '
                      f'alt="L{layer}: weight each frame receives" title="L{layer}: weight each frame receives, '
-                     f'mean over heads and query frames" style="display:inline-block;vertical-align:middle"> '
+                     f'mean over heads and query frames" '
+                     f'style="display:inline-block;vertical-align:middle;max-width:none"> '
                      f'<span style="font-size:11px">L{layer}</span></div>')
     return "".join(parts)
 

@@ -18,7 +18,7 @@ from .maps import SpeechExample
 
 #: Width in pixels of the time axis.
 WIDTH = 900
-_WAVE_H, _TOKEN_H, _HEAT_ROW = 80, 34, 6
+_WAVE_H, _HEAT_ROW = 80, 6
 
 
 def envelope(waveform: np.ndarray, columns: int) -> tuple[np.ndarray, np.ndarray]:
@@ -40,16 +40,41 @@ def _wave_svg(ex: SpeechExample, seconds: float) -> str:
     return f'<polygon points="{" ".join(points)}" fill="#4a6fa5"/>'
 
 
-def _token_svg(ex: SpeechExample, seconds: float) -> str:
+#: Lanes of token labels under the waveform, the height of one, and a label's width per character (px;
+#: 11 px sans-serif text is at most about 6.5 px a character).
+_LANES, _LANE_H, _CHAR_W = 4, 17, 6.5
+
+
+def token_lanes(spans: list[tuple[float, float, str]]) -> list[int | None]:
+    """The lane of each token's label (x0, x1 in px, token), the first where it does not overlap the
+    label before it (a label is as wide as its box or its text, whichever is wider); None where no lane
+    of :data:`_LANES` has room (the box stays, its title names the token)."""
+    ends = [-np.inf] * _LANES
+    lanes: list[int | None] = []
+    for x0, x1, tok in spans:
+        right = max(x1, x0 + 2 + _CHAR_W * len(tok))
+        lane = next((k for k in range(_LANES) if ends[k] <= x0), None)
+        if lane is not None:
+            ends[lane] = right + 2
+        lanes.append(lane)
+    return lanes
+
+
+def _token_svg(ex: SpeechExample, seconds: float) -> tuple[str, float]:
+    """The token boxes and labels under the waveform, and their height (px)."""
+    spans = [(WIDTH * (s - ex.offset_s) / seconds, WIDTH * (e - ex.offset_s) / seconds, tok)
+             for tok, s, e in ex.alignment()]
+    lanes = token_lanes(spans)
+    height = _LANE_H * (1 + max((k for k in lanes if k is not None), default=0))
     parts = []
-    for i, (tok, s, e) in enumerate(ex.alignment()):
-        x0, x1 = WIDTH * (s - ex.offset_s) / seconds, WIDTH * (e - ex.offset_s) / seconds
-        y = _WAVE_H + 4 + (i % 2) * (_TOKEN_H / 2)
-        parts.append(f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(x1 - x0, 1):.1f}" height="{_TOKEN_H / 2 - 2}" '
+    for i, ((x0, x1, tok), lane, (_, s, e)) in enumerate(zip(spans, lanes, ex.alignment())):
+        y = _WAVE_H + 4 + (lane if lane is not None else 0) * _LANE_H
+        parts.append(f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(x1 - x0, 1):.1f}" height="{_LANE_H - 2}" '
                      f'fill="{"#f2c14e" if i % 2 else "#f78154"}" opacity="0.8"><title>{escape(tok)}: '
-                     f'{s:.2f}-{e:.2f} s</title></rect><text x="{x0 + 2:.1f}" y="{y + 12:.1f}" '
-                     f'font-size="11">{escape(tok)}</text>')
-    return "".join(parts)
+                     f'{s:.2f}-{e:.2f} s</title></rect>')
+        if lane is not None:
+            parts.append(f'<text x="{x0 + 2:.1f}" y="{y + 12:.1f}" font-size="11">{escape(tok)}</text>')
+    return "".join(parts), height
 
 
 def _axis_svg(seconds: float, y: float, offset: float = 0.0) -> str:
@@ -75,22 +100,26 @@ def speech_html(ex: SpeechExample) -> str:
     seconds = max(frames * ex.frame_s, len(ex.waveform) / ex.rate, 1e-3)
     heads = ", ".join(head_name({"stack": "decoder", "kind": "cross", "layer": layer}, h)
                       for layer, h in ex.heads) or "none"
-    height = _WAVE_H + _TOKEN_H + 22
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" class="speech-svg">'
+    tokens, tokens_h = _token_svg(ex, seconds)
+    height = _WAVE_H + tokens_h + 22
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+           f'viewBox="0 0 {WIDTH} {height}" class="speech-svg">'
            f'<line x1="0" y1="{_WAVE_H / 2}" x2="{WIDTH}" y2="{_WAVE_H / 2}" stroke="#ccc"/>'
-           + _wave_svg(ex, seconds) + _token_svg(ex, seconds)
-           + _axis_svg(seconds, _WAVE_H + _TOKEN_H + 4, ex.offset_s)
+           + _wave_svg(ex, seconds) + tokens
+           + _axis_svg(seconds, _WAVE_H + tokens_h + 4, ex.offset_s)
            + "</svg>")
     parts = [f"<h3>{escape(ex.name)}: {len(ex.waveform) / ex.rate:.2f} s, {len(ex.tokens)} text tokens, "
-             f"alignment heads ({escape(ex.source)}): {escape(heads)}</h3>", svg]
+             f"alignment heads ({escape(ex.source)}): {escape(heads)}</h3>",
+             f'<div style="overflow-x:auto">{svg}</div>']
     rows = heat_rows(ex)
     if rows.size:
         width = max(1, round(WIDTH * frames * ex.frame_s / seconds))
         cells = rows[np.repeat(np.arange(rows.shape[0]), _HEAT_ROW)][:, np.arange(width) * frames // width]
         uri = png_data_uri(np.round(heat_colour(cells) * 255).astype(np.uint8))
-        parts.append(f'<div><img src="{uri}" width="{width}" height="{cells.shape[0]}" alt="cross-attention of the '
+        parts.append(f'<div style="overflow-x:auto"><img src="{uri}" width="{width}" height="{cells.shape[0]}" '
+                     'alt="cross-attention of the '
                      'alignment heads" title="rows: the decoder while writing each text token (last: the end); '
-                     'columns: frames" style="display:block"></div>')
+                     'columns: frames" style="display:block;max-width:none"></div>')
     table = "".join(f"<tr><td>{escape(t)}</td><td>{s:.2f}</td><td>{e:.2f}</td></tr>" for t, s, e in ex.alignment())
     if table:
         parts.append('<details><summary>token times</summary><table class="speech-times"><tr><th>token</th>'
