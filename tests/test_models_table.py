@@ -99,6 +99,12 @@ def test_the_committed_table_is_whole_and_consistent():
     c = status_counts(rows)
     assert f"**{c['all']['works']} work, {c['all']['refused']} refused**" in text
     assert sum(c["all"].values()) == len(rows)
+    # the README says the same counts
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    text_types = sum(1 for r in rows if r["kind"] != "not text")
+    analyzed = sum(1 for r in rows if r["analyze"] == "ran")
+    assert (f"stamped with ({made}) on a tiny model, and `probe models --all` prints it. Of its {text_types} text "
+            f"types, {c['all']['works']} pass `probe verify` and `probe analyze` runs on {analyzed};") in readme
 
 
 def test_markdown_cells_escape_what_markdown_reads():
