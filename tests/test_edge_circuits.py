@@ -568,3 +568,51 @@ def test_circuit_command_refuses_a_model_outside_the_graph_before_its_plan(tmp_p
                         "--out", tmp_path / "run")
     one_error(result, 1, "is post-LN")
     assert "Circuit of" not in result.output and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("share", [0.0, 0.03, 0.5, 1.0])
+def test_patch_deltas_equal_the_dense_sum_over_excluded_edges(parallel, share):
+    """The patch feed's deltas (one product per layer for q, k, v and the MLP, the layer's heads added
+    for the MLP) equal -sum over the excluded edges of (write - corrupted write), computed input by input
+    with every writer, in forward order as a split pass asks (grouped key/value heads, parallel or not)."""
+    from probe.circuits.evaluate import excluded_matrix
+    from probe.circuits.feeds import Patch
+    from probe.circuits.graph import Graph
+
+    graph = Graph(layers=3, heads=4, kv_heads=2, parallel=parallel)
+    g = torch.Generator().manual_seed(7)
+    corrupted = torch.randn(graph.n_upstream, 2, 5, 6, generator=g)
+    writes = torch.randn(graph.n_upstream, 2, 5, 6, generator=g)
+    included = np.random.default_rng(3).random(graph.n_edges) < share
+    excluded = excluded_matrix(graph, included)
+    feed = Patch(graph, corrupted, excluded)
+    diff = (writes - corrupted).double()
+
+    def expected(kind, layer):
+        rows = [d for d, (k, l_, _) in enumerate(graph.downstream) if (k, l_) == (kind, layer)]
+        n = graph.reads(kind, None if kind == "logits" else layer)
+        w = excluded[rows, :n].double()
+        if not bool(w.any()):
+            return None
+        out = -torch.einsum("ru,ubtd->rbtd", w, diff[:n])
+        return out if kind in ("q", "k", "v") else out[0]
+
+    feed.wrote("input", 0, writes[0])
+    for layer in range(graph.layers):
+        asked = ["q", "k", "v"] + (["mlp"] if parallel else [])
+        got = {kind: feed.delta(kind, layer) for kind in asked}
+        first = graph.head_node(layer, 0)
+        feed.wrote("heads", layer, writes[first:first + graph.heads])
+        if not parallel:
+            got["mlp"] = feed.delta("mlp", layer)
+        feed.wrote("mlp", layer, writes[graph.mlp_node(layer)])
+        for kind, value in got.items():
+            want = expected(kind, layer)
+            assert (value is None) == (want is None), (kind, layer)
+            if want is not None:
+                torch.testing.assert_close(value.double(), want, rtol=1e-6, atol=1e-5)
+    want, value = expected("logits", graph.layers), feed.delta("logits", graph.layers)
+    assert (value is None) == (want is None)
+    if want is not None:
+        torch.testing.assert_close(value.double(), want, rtol=1e-6, atol=1e-5)

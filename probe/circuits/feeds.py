@@ -101,6 +101,7 @@ class Patch(Feed):
         self.rows: dict[tuple[str, int], list[int]] = {}
         for d, (kind, layer, _) in enumerate(graph.downstream):
             self.rows.setdefault((kind, layer), []).append(d)
+        self._ready: dict[tuple[str, int], torch.Tensor | None] = {}
 
     def wrote(self, kind: str, layer: int, out: torch.Tensor) -> None:
         g = self.graph
@@ -116,11 +117,35 @@ class Patch(Feed):
             self.diff[u:u + g.heads] = out.detach() - self.corrupted[u:u + g.heads]
 
     def delta(self, kind: str, layer: int) -> torch.Tensor | None:
-        rows = self.rows[(kind, layer)]
+        """Minus the excluded edges' differences summed into each input of (kind, layer).
+
+        A layer's q, k, v and MLP inputs all read writers 0 .. n - 1 (the MLP also the layer's heads),
+        so when q asks, one product over those writers serves the four; k and v take theirs as made,
+        the MLP adds the layer's heads when it asks. Reading the writes once a layer rather than four
+        times is most of what a circuit's pass costs beyond the model's own forward pass."""
+        if kind in ("k", "v", "mlp") and (kind, layer) in self._ready:
+            part = self._ready.pop((kind, layer))
+            if kind == "mlp":
+                n, m = self.graph.reads("q", layer), self.graph.reads("mlp", layer)
+                tail = self.excluded[self.rows[("mlp", layer)], n:m]
+                if bool(tail.any()):
+                    part = part - (tail @ self.diff[n:m].reshape(m - n, -1)).reshape(1, *self.diff.shape[1:])
+                return part[0] if bool(self.excluded[self.rows[("mlp", layer)], :m].any()) else None
+            return part if bool(self.excluded[self.rows[(kind, layer)]].any()) else None
+        kinds = ("q", "k", "v", "mlp") if kind == "q" else (kind,)
+        rows = [d for k in kinds for d in self.rows[(k, layer)]]
         n = self.graph.reads(kind, None if kind == "logits" else layer)
         weights = self.excluded[rows, :n]
-        if not bool(weights.any()):
-            return None
         shape = self.diff.shape[1:]
-        out = -(weights @ self.diff[:n].reshape(n, -1)).reshape(len(rows), *shape)
-        return out if kind in ("q", "k", "v") else out[0]
+        if kind != "q":
+            if not bool(weights.any()):
+                return None
+            out = -(weights @ self.diff[:n].reshape(n, -1)).reshape(len(rows), *shape)
+            return out if kind in ("k", "v") else out[0]
+        if bool(weights.any()):
+            out = -(weights @ self.diff[:n].reshape(n, -1)).reshape(len(rows), *shape)
+        else:
+            out = torch.zeros(len(rows), *shape, dtype=self.diff.dtype, device=self.diff.device)
+        parts = out.split([len(self.rows[(k, layer)]) for k in kinds])
+        self._ready.update({(k, layer): part for k, part in zip(kinds[1:], parts[1:])})
+        return parts[0] if bool(self.excluded[self.rows[("q", layer)]].any()) else None
