@@ -6,6 +6,7 @@ Usage (from the repository root)::
     python tools/feature_matrix.py --out DIR         # write features.tsv and models.md under DIR instead
     python tools/feature_matrix.py --types llama,vit # only these types (printed, nothing written)
     python tools/feature_matrix.py --render          # docs/models.md's matrix from probe/data/features.tsv
+    python tools/feature_matrix.py --update dbrx,vit # rerun these types, their rows replaced in both
 
 The types are the text types of ``tools/models_table.py`` (the ``not text`` ones left out) and the
 image and speech types probe knows (``tools/try_features.py``: :func:`other_types`). Each type runs in a
@@ -192,9 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, help="folder for models.md and features.tsv (default: docs/, probe/data/)")
     p.add_argument("--types", help="comma-separated model types: run only these, print, write nothing")
+    p.add_argument("--update", help="comma-separated model types: rerun only these and replace their rows in "
+                                    "probe/data/features.tsv and docs/models.md")
     p.add_argument("--render", action="store_true",
                    help="write docs/models.md's matrix from probe/data/features.tsv as it is (no model is run)")
     args = p.parse_args(argv)
+    if args.update:  # only these types rerun, their rows replaced in the committed matrix
+        tsv = ROOT / "probe" / "data" / "features.tsv"
+        version = tsv.read_text(encoding="utf-8").split("\n", 1)[0][len(STAMP):].strip()
+        if version != transformers.__version__:
+            print(f"Error: features.tsv was made with transformers {version}; {transformers.__version__} is installed")
+            return 1
+        wanted = set(args.update.split(","))
+        fresh = {(r["type"], r["kind"]): r for r in matrix([t for t in all_types() if t[0] in wanted])}
+        write_tsv([fresh.get((r["type"], r["kind"]), r) for r in read_tsv(tsv)], tsv, version)
+        args.render = True
     if args.render:
         tsv = ROOT / "probe" / "data" / "features.tsv"
         md_path = ROOT / "docs" / "models.md"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections import Counter
 from importlib import resources
 
@@ -101,9 +102,10 @@ MEDIA_KINDS = ("image", "speech")
 
 
 def general_reason(row: dict[str, str], feature: str) -> str:
-    """A refused cell's reason with the type's tiny model (``tiny-TYPE``) and a quoted type name written
-    ``TYPE``, so that one reason of many types reads as one."""
-    return row[feature].replace(f"tiny-{row['type']}", "TYPE").replace(f"'{row['type']}'", "'TYPE'")
+    """A refused cell's reason with the type's tiny model (``tiny-TYPE``) and the type's name (as a word of
+    its own) written ``TYPE``, so that one reason of many types reads as one."""
+    text = row[feature].replace(f"tiny-{row['type']}", "TYPE")
+    return re.sub(rf"(?<![\w-]){re.escape(row['type'])}(?![\w-])", "TYPE", text)
 
 
 def reason_numbers(rows: list[dict[str, str]]) -> dict[str, int]:
