@@ -186,8 +186,9 @@ def _text_checks(lm, kind: str) -> dict[str, Callable[[], object]]:
         return lambda: (check_patchable(lm), check_components(lm, [name]),
                         patch_component(lm, encode_pairs(lm, pairs), name))
 
-    def graph(what, run):  # a model the graph does not fit refused before the pairs are encoded (as DLA does)
-        return lambda: (check_kind(lm, what), run())
+    def graph(what, run):  # a model the graph does not fit refused before the pairs are encoded (as DLA does);
+        # an encoder's metric reads its masked-LM head's logits
+        return lambda: (check_kind(lm, what), check_patchable(lm) if lm.kind == "encoder" else None, run())
 
     return {
         "capture": lambda: capture_attention(lm, texts[0]),
