@@ -147,3 +147,18 @@ def test_a_hand_written_family_reads_its_weights_as_before():
     lm = tiny_model("llama")
     assert not probed(lm)
     assert composition_scores(lm).attrs["notes"] == []
+
+
+def test_probe_patch_on_olmo2_writes_composition_and_says_how_it_was_read():
+    """probe patch's run on OLMo2 (composition was refused: projections not found) holds the scores of
+    composition_scores and one note naming the modules' matrices."""
+    from test_dla_composition import PAIRS
+
+    from probe.effects.patch_run import measure
+
+    lm = generic_lm("olmo2")
+    run = measure(lm, PAIRS)
+    assert run.composition is not None
+    alone = composition_scores(lm)
+    assert run.composition[["q", "k", "v"]].to_numpy().tolist() == alone[["q", "k", "v"]].to_numpy().tolist()
+    assert [n for n in run.notes if n.startswith("composition:")] == [f"composition: {alone.attrs['notes'][0]}"]
