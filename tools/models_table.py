@@ -218,9 +218,10 @@ def markdown(rows: list[dict], version: str) -> str:
 
 
 def status_column(md: str) -> dict[str, str]:
-    """``{type: status}`` read back from a :func:`markdown` page's table."""
+    """``{type: status}`` read back from a :func:`markdown` page's table (the feature matrix after
+    :data:`BEGIN` left out)."""
     out = {}
-    for line in md.splitlines():
+    for line in md.split(BEGIN)[0].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("| `") and len(cells) >= 3:
             out[cells[0].strip("`")] = cells[2]
