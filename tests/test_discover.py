@@ -182,13 +182,15 @@ def test_roberta_numbering_is_found():
 
 def test_projections_not_found_refuse_the_analyses_that_need_them(tiny_generic):
     """DeepSeek-V3's multi-head latent attention has no per-head q/k/v projection; capture, statistics
-    and verification work, composition refuses in one line."""
+    and verification work, composition reads its matrices from the modules (tests/test_composition_modules.py)
+    and says so; a model whose output projection was not found (DiffLlama) is refused composition in one line."""
     from probe.effects.composition import composition_scores
 
     lm = tiny_generic("deepseek_v3")
     assert set(lm.spec.missing) == {"q", "k", "v"} and lm.geometry.d_head == 12  # value heads: v_head_dim
-    with pytest.raises(UnsupportedArchitectureError, match="composition scores needs the q, k, v projection"):
-        composition_scores(lm)
+    assert "read from its attention modules" in composition_scores(lm).attrs["notes"][0]
+    with pytest.raises(UnsupportedArchitectureError, match="composition .* o projection weights of diffllama"):
+        composition_scores(tiny_generic("diffllama"))
     heads = analyze(lm, TEXTS).heads
     assert "norm_mass" in heads  # value-weighted statistics: values from the function, o found
 

@@ -10,6 +10,7 @@ it without a word.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -107,6 +108,12 @@ def test_statistics_at_2048_tokens_whole_and_in_blocks_agree_and_use_the_windows
     rec = whole.model["site_windows"]
     assert rec == [{"site": f"encoder.{n}.self", "causal": False, "window": LOCAL + 1, "before": LOCAL // 2,
                     "after": LOCAL // 2} for n in (1, 2)]
+    # heads.csv: each head's window beside its statistics, empty on the global layer
+    per_layer = whole.heads.drop_duplicates("layer").set_index("layer")["window"]
+    assert [None if pd.isna(w) else int(w) for w in per_layer] == [None, LOCAL + 1, LOCAL + 1]
+    csv_rows = whole.heads.to_csv(index=False).splitlines()
+    column = csv_rows[0].split(",").index("window")
+    assert {row.split(",")[column] for row in csv_rows[1:]} == {"", str(LOCAL + 1)}
 
 
 def test_max_length_above_the_limit_is_refused_not_capped(modern):

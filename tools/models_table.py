@@ -33,6 +33,8 @@ KINDS = ("decoder", "encoder", "encoder-decoder", "not text")
 #: they agree): not imported, so that this process does not import probe.
 STAMP = "# transformers "
 OUT_OF_SCOPE = "not text: out of scope here (vision, speech or multimodal)"
+#: The markers of docs/models.md's block that ``tools/feature_matrix.py`` writes (kept when this table is rewritten).
+BEGIN, END = "<!-- feature matrix: begin -->", "<!-- feature matrix: end -->"
 
 
 def _worker(jobs, results) -> None:
@@ -50,17 +52,24 @@ def _worker(jobs, results) -> None:
         results.put(("row", try_type(model_type, kind, built=lambda: results.put(("built", None)))))
 
 
+def _start_worker(ctx, target):
+    """A daemon process of ``target(jobs, results)`` and its two queues."""
+    jobs, results = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=target, args=(jobs, results), daemon=True)
+    proc.start()
+    return proc, jobs, results
+
+
 class Runner:
     """One worker process at a time, replaced after a time-out, a crash or :data:`RECYCLE` types."""
 
-    def __init__(self):
+    def __init__(self, target=_worker):
         self.ctx = mp.get_context("spawn")
+        self.target = target  # the worker's loop: jobs in, ("built", None) and ("row", row) messages out
         self.proc, self.done = None, 0
 
     def _start(self):
-        self.jobs, self.results = self.ctx.Queue(), self.ctx.Queue()
-        self.proc = self.ctx.Process(target=_worker, args=(self.jobs, self.results), daemon=True)
-        self.proc.start()
+        self.proc, self.jobs, self.results = _start_worker(self.ctx, self.target)
         self.done = 0
 
     def stop(self):
@@ -209,13 +218,29 @@ def markdown(rows: list[dict], version: str) -> str:
 
 
 def status_column(md: str) -> dict[str, str]:
-    """``{type: status}`` read back from a :func:`markdown` page's table."""
+    """``{type: status}`` read back from a :func:`markdown` page's table (the feature matrix after
+    :data:`BEGIN` left out)."""
     out = {}
-    for line in md.splitlines():
+    for line in md.split(BEGIN)[0].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("| `") and len(cells) >= 3:
             out[cells[0].strip("`")] = cells[2]
     return out
+
+
+def splice(page: str, block: str) -> str:
+    """``page`` with its :data:`BEGIN` ... :data:`END` block replaced by ``block`` (appended if it has none)."""
+    if BEGIN in page and END in page:
+        head, rest = page.split(BEGIN, 1)
+        return head + block + rest.split(END, 1)[1]
+    return page.rstrip("\n") + "\n\n" + block + "\n"
+
+
+def block_of(page: str) -> str | None:
+    """The :data:`BEGIN` ... :data:`END` block of ``page`` (markers included), or None."""
+    if BEGIN not in page or END not in page:
+        return None
+    return BEGIN + page.split(BEGIN, 1)[1].split(END, 1)[0] + END
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     md_path = (args.out / "models.md") if args.out else ROOT / "docs" / "models.md"
     tsv_path = (args.out / "models.tsv") if args.out else ROOT / "probe" / "data" / "models.tsv"
     md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(markdown(rows, transformers.__version__), encoding="utf-8")
+    page = markdown(rows, transformers.__version__)
+    old = block_of(md_path.read_text(encoding="utf-8")) if md_path.exists() else None
+    md_path.write_text(splice(page, old) if old else page, encoding="utf-8")  # the feature matrix kept
     write_tsv(rows, tsv_path, transformers.__version__)
     print(f"wrote {md_path} and {tsv_path}")
     return 0

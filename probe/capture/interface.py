@@ -61,8 +61,11 @@ HARMLESS = frozenset({
 #: (DeBERTa's keys divided before the product) and ``inner_bias`` (Falcon's eager ALiBi, added to
 #: q k^T before the scaling, [batch|1, heads, query|1, key]). Absent: float32 scores and softmax.
 ARITHMETIC = frozenset({"softmax_dtype", "upcast", "fused_bias", "divide_keys", "inner_bias"})
-#: Keyword arguments the function computes (besides ``scaling`` and ``dropout``).
-COMPUTED = frozenset({"softcap", "position_bias", "s_aux", "sinks"}) | ARITHMETIC
+#: Keyword arguments the function computes (besides ``scaling`` and ``dropout``); ``indices``: the keys a
+#: sparse-attention indexer chose for each query ([batch, query, top-k]: DeepSeek-V3.2's DSA, GLM-MoE-DSA,
+#: HY-V4, AXK2 pass it to any function but eager and SDPA, whose mask they fold it into), kept by
+#: :func:`index_keep`.
+COMPUTED = frozenset({"softcap", "position_bias", "s_aux", "sinks", "indices"}) | ARITHMETIC
 
 
 @dataclass
@@ -283,6 +286,14 @@ def refuse_unknown(module: nn.Module, kwargs: dict) -> None:
                              "attention does not compute; refusing rather than measuring a different attention")
 
 
+def index_keep(indices: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """The keep-mask [batch, 1, query, key] of a sparse indexer's choice: True at the ``indices``
+    [batch, query, top-k] of each query's keys, False elsewhere (DeepSeek-V3.2's eager path masks the
+    keys it did not choose in the same way: ``ones.scatter(-1, indices, False)`` as its masked keys)."""
+    out = torch.zeros(*indices.shape[:2], n_keys, dtype=torch.bool, device=indices.device)
+    return out.scatter(-1, indices.long(), True).unsqueeze(1)
+
+
 def split_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor
                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """An attention function's mask as (keep-mask [batch|1, heads|1, query|1, key] bool, bias or None).
@@ -369,6 +380,9 @@ def probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     query, H = call.query, call.query.shape[1]
     k, v = repeat_heads(call.key, H), repeat_heads(call.value, H)
     keep, mask_bias = split_mask(attention_mask, query, k)
+    if kwargs.get("indices") is not None:  # a sparse indexer's keys: the others masked, as the eager path does
+        chosen = index_keep(kwargs["indices"], k.shape[-2])
+        keep = chosen if keep is None else keep & chosen
     call.keep, call.mask_bias = keep, mask_bias
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     bias = kwargs.get("position_bias")

@@ -183,8 +183,11 @@ def check_pre_ln(lm, what: str) -> None:
     line, before any pass is measured.
 
     Raises:
-        UnsupportedAnalysisError: ``lm`` is post-LN.
+        UnsupportedAnalysisError: ``lm`` is post-LN, or an image or speech model (its processor reads
+            images or audio, not the text these analyses are measured on).
     """
+    if hasattr(lm.tokenizer, "discovery_inputs"):  # an image or speech processor (probe.capture.discover)
+        raise UnsupportedAnalysisError(f"{what}: measured on text models only; {lm.name} is an image or speech model")
     if post_ln(lm):
         raise UnsupportedAnalysisError(
             f"{what} needs a pre-LN model, and {lm.name} is post-LN: each block normalises the residual stream "

@@ -41,8 +41,8 @@ from ..sites import SITE_PREFIX
 from ..util import plural
 from .runs import load_run
 
-#: heads.csv columns that are identifiers or arbitrary ids, never differenced.
-NOT_COMPARED = {"layer", "head", "layer_b", "cluster", "group", "stack", "kind"}
+#: heads.csv columns that are identifiers, arbitrary ids or settings (a head's sliding window), never differenced.
+NOT_COMPARED = {"layer", "head", "layer_b", "cluster", "group", "stack", "kind", "window"}  # window: a setting
 
 #: The label of a physically removed head (probe.pruning writes it into heads.csv).
 REMOVED = "removed"

@@ -39,10 +39,11 @@ import torch
 from ..architectures import needs_weights, site_outputs, weights
 from ..architectures.modules import site_block, site_spec
 from ..causal.heads import normalize_heads
-from ..circuits.parts import check_pre_ln
+from ..circuits.parts import check_pre_ln, find_parts
 from ..errors import InputError, UnsupportedAnalysisError
 from ..reference import Rope
 from .dla import head_out_weights
+from .projections import module_projections
 
 MODES = ("q", "k", "v")
 BASELINE_PAIRS = 200
@@ -75,22 +76,50 @@ def _qkv(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q, k, v
 
 
+def probed(lm) -> bool:
+    """Whether ``lm``'s q, k, v matrices are read from its attention modules
+    (:func:`probe.effects.projections.module_projections`): a discovered spec that found the output
+    projection but not (all of) q, k and v (OLMo2, Qwen3-MoE, DeepSeek's MLA, CodeGen)."""
+    spec = lm.spec
+    return bool(spec.discovered and not spec.capture_only and "o" not in spec.missing
+                and any(p in spec.missing for p in ("q", "k", "v")))
+
+
+def _found_norms(lm, parts, layer: int) -> tuple[torch.Tensor | None, bool, torch.Tensor | None]:
+    """(input norm gain or None, is LayerNorm, post-norm gain or None) of ``layer`` from the norms
+    :func:`probe.circuits.parts.find_parts` found (float64)."""
+    norm, post = parts.norm[layer], parts.attn_post[layer]
+    gain = None if norm is None or getattr(norm, "weight", None) is None else weights.norm_gain(
+        lm.spec, norm, torch.float64)
+    layernorm = norm is not None and "rms" not in type(norm).__name__.lower()
+    return gain, layernorm, None if post is None else weights.norm_gain(lm.spec, post, torch.float64)
+
+
 def head_factors(lm) -> dict:
     """Per layer, the factors of W_QK and W_OV (float64), the reader's norm folded in:
     ``q``, ``k``, ``v`` [layers, heads, d_model, d_head] (k, v repeated per query head),
     ``o`` [layers, heads, d_head, d_model] (the writer's: centred for LayerNorm models) and
-    ``o_reader`` (as stored, a post-norm's gain folded in)."""
+    ``o_reader`` (as stored, a post-norm's gain folded in). Where :func:`probed`, q, k and v are the
+    matrices measured from the attention modules and the norms those :func:`~probe.circuits.parts.find_parts`
+    finds (MLA: q and k are d_qk wide, v d_v)."""
     g = lm.geometry
     out = {m: [] for m in ("q", "k", "v", "o", "o_reader")}
+    from_modules = module_projections(lm) if probed(lm) else None
+    parts = find_parts(lm) if from_modules is not None else None
     for layer in range(g.n_layers):
-        q, k, v = _qkv(lm, layer)
-        gamma, layernorm = _input_norm(lm, layer)
-        group = torch.arange(g.n_heads) // (g.n_heads // g.n_kv_heads)
+        if from_modules is None:
+            q, k, v = _qkv(lm, layer)
+            gamma, layernorm = _input_norm(lm, layer)
+            post = _post_norm_gain(lm, layer)
+        else:
+            p = from_modules[layer]
+            q, k, v = p.W_Q, p.W_K, p.W_V
+            gamma, layernorm, post = _found_norms(lm, parts, layer)
+        group = torch.arange(g.n_heads) // (g.n_heads // k.shape[0])
         k, v = k[group], v[group]
         if gamma is not None:
             q, k, v = (t * gamma[None, :, None] for t in (q, k, v))
         o_reader = head_out_weights(lm, layer)[0]
-        post = _post_norm_gain(lm, layer)
         if post is not None:  # a norm on the attention's output (Gemma 2, 3): its gain is part of W_O
             o_reader = o_reader * post
         o = o_reader - o_reader.mean(-1, keepdim=True) if layernorm else o_reader
@@ -166,7 +195,7 @@ def check_composable(lm) -> None:
         raise UnsupportedAnalysisError(f"composition scores are computed for decoder-only (pre-norm) models; "
                                        f"{lm.name} is an {lm.kind} model")
     lm.require_all_heads("composition")
-    needs_weights(lm.spec, "composition scores")
+    needs_weights(lm.spec, "composition scores", ("o",) if probed(lm) else ("q", "k", "v", "o"))
     if len(site_outputs(lm.model, lm.spec)) != lm.geometry.n_layers:
         raise UnsupportedAnalysisError(f"{lm.name}: one attention site per layer expected")
 
@@ -194,7 +223,8 @@ def composition_scores(lm, rope_offsets: int = 1) -> pd.DataFrame:
         One row per (writer, reader) with l1 < l2: ``writer_layer``, ``writer_head``, ``reader_layer``,
         ``reader_head``, ``q``, ``k``, ``v`` and ``q_z``, ``k_z``, ``v_z`` (z-scores against the
         random baseline). ``attrs``: ``baseline`` (mode -> mean, std, n), ``rope`` (``"delta0"``,
-        ``"mean D=0..K-1"`` or None without RoPE).
+        ``"mean D=0..K-1"`` or None without RoPE), ``notes`` (where the matrices were read from the
+        modules: :func:`probed`).
 
     Raises:
         UnsupportedAnalysisError: not a complete decoder-only model.
@@ -231,7 +261,10 @@ def composition_scores(lm, rope_offsets: int = 1) -> pd.DataFrame:
     for m in MODES:
         frame[f"{m}_z"] = (frame[m] - base[m]["mean"]) / base[m]["std"]
     rope = None if not rotary else "delta0" if offsets == 1 else f"mean D=0..{offsets - 1}"
-    frame.attrs.update(baseline=base, rope=rope)
+    notes = [] if not probed(lm) else [
+        f"{lm.model_type}'s q, k and v matrices are read from its attention modules (probe.effects.projections), "
+        "the norms inside them taken linear: their per-token scales are left out, as the input norm's are"]
+    frame.attrs.update(baseline=base, rope=rope, notes=notes)
     return frame
 
 

@@ -118,6 +118,8 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
             notes.append(f"{name}: {exc}")
         seconds[f"{name}_s"] = time.perf_counter() - t
         _said(say, seconds, f"{name}_s")
+    if results["composition"] is not None:  # read from the modules: the scores' approximation said
+        notes += [f"composition: {n}" for n in results["composition"].attrs.get("notes", [])]
     if results["dla"] is not None and not results["dla"].attrs["holds"]:
         miss = results["dla"].attrs["residual"]
         notes.append(f"dla: the decomposition misses the model's logit difference by {miss:.3g}")

@@ -375,6 +375,8 @@ def _heads_table(lm: LoadedModel, stats: HeadStatistics, extras: Sequence[Accumu
     heads = labelled(heads, thresholds, [lab for acc in extras for lab in acc.head_labels()], labels_by)
     if "group" not in heads.columns:
         heads["cluster"] = cluster_heads(heads, list(stats.statistics), n_clusters=n_clusters)
+    if any(site.window is not None for site in lm.sites):  # sliding windows: each head's site's window
+        heads["window"] = site_windows(lm.sites, heads)
     if lm.pruned is not None:  # physically removed heads: no statistic, label "removed", no cluster
         gone = [(layer, h) for layer, hs in lm.pruned.removed().items() for h in hs]
         rows = heads.set_index(["layer", "head"]).index.isin(gone)
@@ -385,6 +387,21 @@ def _heads_table(lm: LoadedModel, stats: HeadStatistics, extras: Sequence[Accumu
 
 #: The columns that name a head in a heads table (``stack`` and ``kind`` on encoder-decoder models only).
 HEAD_KEYS = ("stack", "kind", "layer", "head")
+
+
+def site_windows(sites, heads: pd.DataFrame) -> pd.Series:
+    """The ``window`` column of a heads table: each head's site's sliding window (the most keys a query
+    sees, itself included; :attr:`probe.sites.Site.window`), empty (<NA>) where the site has none; the
+    keys before and after the query are in run.json's ``site_windows``.
+
+    Args:
+        sites: the model's sites. heads: one row per head, with ``layer`` (and ``stack``/``kind`` where
+            the model has several stacks).
+    """
+    keys = [k for k in ("stack", "kind") if k in heads.columns]
+    window = {tuple(getattr(s, k) for k in keys) + (s.layer,): s.window for s in sites}
+    rows = zip(*(heads[k] for k in keys), heads["layer"]) if keys else ((layer,) for layer in heads["layer"])
+    return pd.Series(pd.array([window.get(tuple(r)) for r in rows], dtype="Int64"), index=heads.index)
 
 
 def merge_head_columns(heads: pd.DataFrame, frame: pd.DataFrame, columns=None) -> pd.DataFrame:
