@@ -383,6 +383,42 @@ def test_what_the_walk_does_not_reproduce_is_refused_in_one_line(tiny_generic, m
     assert "\n" not in str(info.value)
 
 
+def test_bloom_adds_up_on_every_head_its_first_norm_included():
+    """BLOOM's first block reads its LayerNorm of the embedding LayerNorm's output: an input already
+    normalised, so that norm is the identity within the walk's 1e-4 but not within float32. The walk
+    takes the norm where it reproduces the read more closely, and every head of every layer adds up
+    within 1e-5 (1 + max |s|) (it missed by about 1e-4 of the score in layer 0 when the identity was
+    taken)."""
+    lm = tiny_model("bloom")
+    for layer in range(lm.geometry.n_layers):
+        for head in range(lm.geometry.n_heads):
+            for query in (None, 2):
+                w = probe.why(lm, TEXT, (layer, head), query=query)
+                miss = float(np.abs(w.contributions.sum((0, 1)) - w.scores)[w.keep].max())
+                assert miss <= 1e-5 * (1 + np.abs(w.scores).max()) and w.holds, (layer, head, miss)
+                assert w.position_bias is not None  # ALiBi, beside the pairs
+
+
+def test_query_and_key_biases_are_the_bias_sources_part(models):
+    """b_Q and b_K join the ``bias`` source: adding a vector to layer 1's b_Q changes, of the query-side
+    parts sum_b C[a, b], only the bias row's, by scale * delta . k_j (computed here from the key side)."""
+    lm = tiny_model("gpt2")
+    before = probe.why(lm, TEXT, "L1H1")
+    attn = lm.model.transformer.h[1].attn
+    delta = torch.zeros(attn.c_attn.bias.shape[0])
+    d_head = lm.geometry.d_head
+    delta[d_head:2 * d_head] = 0.5  # head 1's query
+    with torch.no_grad():
+        attn.c_attn.bias += delta
+    after = probe.why(lm, TEXT, "L1H1")
+    assert after.holds and after.sources == before.sources
+    changed = np.abs(after.contributions.sum(1) - before.contributions.sum(1)).max(-1)  # [sources]
+    bias = after.sources.index("bias")
+    assert changed[bias] > 1e-2 and np.delete(changed, bias).max() <= 1e-9
+    np.testing.assert_allclose(after.contributions.sum((0, 1)) - before.contributions.sum((0, 1)),
+                               after.scores - before.scores, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ("qwen2", "mistral", "phi3", "gemma3", "roberta", "distilbert", "mpnet", "deberta-v2",
                                   "falcon", "gpt_neo", "bloom"))
 def test_other_families_add_up_or_say_by_how_much_they_miss(kind):

@@ -33,7 +33,7 @@ from ..errors import InputError, UnsupportedAnalysisError
 from ..reference.rotary import Rope
 from ..sites import head_name
 from ..text.tokens import display_tokens
-from .stream import close, frozen_map, reads, record
+from .stream import BIAS, close, frozen_map, reads, record
 
 #: The identity's tolerance in float32: |sum C - s| <= TOLERANCE (1 + max |s|).
 TOLERANCE = 1e-5
@@ -127,13 +127,13 @@ def _rotation(lm, rec, layer: int, T: int):
 
 
 def _side(lm, rec, layer: int, parts: torch.Tensor, W: torch.Tensor, b, norm, received: torch.Tensor, frozen: bool,
-          rows: slice):
+          rows: slice, bias_at: int):
     """One side (query or key) of one head per source: [sources, rows, d_head], rotated, with the
     per-head norm frozen; ``received`` [rows, d_head] what the attention function got (picks the
-    rotation's layout)."""
+    rotation's layout); the projection's bias joins source ``bias_at`` (``bias``)."""
     x = torch.einsum("std,de->ste", parts[:, rows], W.detach().double().cpu())
     if b is not None:
-        x[-1] = x[-1] + b.detach().double().cpu()
+        x[bias_at] = x[bias_at] + b.detach().double().cpu()
     if norm is not None:
         total = x.sum(0)
         fn, _ = frozen_map(lm.spec, norm, total, None, f"on layer {layer}'s queries or keys")
@@ -219,9 +219,10 @@ def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool
     kv = h // (g.n_heads // g.n_kv_heads)
     q_recv = call.query[0, h, rows].double().cpu()
     k_recv = call.key[0, kv, :T].double().cpu()
-    q = _side(lm, rec, layer, parts, w.W_Q[h], None if w.b_Q is None else w.b_Q[h], norms[0], q_recv, frozen, rows)
+    q = _side(lm, rec, layer, parts, w.W_Q[h], None if w.b_Q is None else w.b_Q[h], norms[0], q_recv, frozen, rows,
+              stream.names.index(BIAS))
     k = _side(lm, rec, layer, parts, w.W_K[kv], None if w.b_K is None else w.b_K[kv], norms[1], k_recv,
-              frozen, slice(0, T))
+              frozen, slice(0, T), stream.names.index(BIAS))
     if frozen:
         for side, got, recv in (("queries", q, q_recv), ("keys", k, k_recv)):
             if not close(got.sum(0), recv):

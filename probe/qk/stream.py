@@ -55,11 +55,30 @@ TOLERANCE = 1e-4
 TOKEN, POSITION, SEGMENT, BIAS = "token embedding", "position embedding", "segment embedding", "bias"
 
 
+def gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| (inf where the shapes differ)."""
+    if a.shape != b.shape:
+        return float("inf")
+    return float((a - b).abs().max()) / max(float(b.abs().max()), 1e-30)
+
+
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = TOLERANCE) -> bool:
     """Whether ``a`` equals ``b`` within ``tol`` times the largest |b| (same shape)."""
-    if a.shape != b.shape:
-        return False
-    return float((a - b).abs().max()) <= tol * max(float(b.abs().max()), 1e-30)
+    return gap(a, b) <= tol
+
+
+def _through_norm(stream: Stream, x: torch.Tensor, y: torch.Tensor, norms, where: str) -> Stream | None:
+    """``stream`` (value ``x``) as what reads ``y``: itself, or through the recorded norm (module, input,
+    output) whose input is ``x`` and output ``y``, whichever reproduces ``y`` more closely (a norm applied
+    to an input that is already normalised, as BLOOM's first block's after the embedding LayerNorm, is
+    the identity within the tolerance but not within float32: the norm is taken then); None: neither."""
+    best = (gap(x, y), None)
+    for norm, inp, out in norms:
+        if close(inp, x) and close(out, y):
+            best = min(best, (gap(inp, x) + gap(out, y), (norm, inp, out)), key=lambda b: b[0])
+    if best[0] > TOLERANCE:
+        return None
+    return stream if best[1] is None else stream.normed(*best[1], where)
 
 
 @dataclass
@@ -276,11 +295,9 @@ def _embeddings(lm, rec: Recorded, frozen: bool) -> Stream:
         merged[name] = merged.get(name, 0) + part.expand_as(x0)
     stream = Stream(list(merged), list(merged.values()), frozen, lm.spec)
     pre = stream.total()
-    if close(pre, x0):
-        return stream
-    for norm, inp, out in rec.pre_norms:
-        if close(inp, pre) and close(out, x0):
-            return stream.normed(norm, inp, out, "after the embeddings")
+    walked = _through_norm(stream, pre, x0, rec.pre_norms, "after the embeddings")
+    if walked is not None:
+        return walked
     alpha = float((x0 * pre).sum() / (pre * pre).sum())
     if close(alpha * pre, x0):  # Gemma multiplies the embeddings by sqrt(d_model)
         stream.parts = [alpha * p for p in stream.parts]
@@ -348,9 +365,7 @@ def reads(lm, rec: Recorded, layer: int, frozen: bool = True) -> Stream:
             break
         stream = _block(lm, stream, got, i)
     got = rec.blocks[layer]
-    if close(got.reads, got.x_in):
-        return stream
-    for norm, inp, out in got.norms:
-        if close(inp, got.x_in) and close(out, got.reads):
-            return stream.normed(norm, inp, out, f"before layer {layer}'s attention")
+    walked = _through_norm(stream, got.x_in, got.reads, got.norms, f"before layer {layer}'s attention")
+    if walked is not None:
+        return walked
     raise UnsupportedAnalysisError(f"why: layer {layer} of {lm.name} reads neither its input nor a norm of it")
