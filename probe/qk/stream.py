@@ -118,6 +118,13 @@ def _row(x) -> torch.Tensor:
     return x[0].detach().double().cpu()
 
 
+def _lookup(out) -> torch.Tensor:
+    """An embedding lookup's output as [T, d_model] float64: batch row 0, or the whole output where the
+    table was looked up without a batch ([T, d_model]: Marian's sinusoidal positions)."""
+    out = out[0] if isinstance(out, tuple) else out
+    return (out[0] if out.dim() == 3 else out).detach().double().cpu()
+
+
 def _embedding_name(lm, name: str, module: nn.Module) -> str:
     if module is lm.model.get_input_embeddings():
         return TOKEN
@@ -126,6 +133,9 @@ def _embedding_name(lm, name: str, module: nn.Module) -> str:
         return SEGMENT
     if "pos" in low or low.endswith("wpe"):
         return POSITION
+    last = low.rsplit(".", 1)[-1]
+    if "tok" in last or "word" in last or last == "wte" or last == "shared":  # an encoder-decoder's own tables
+        return TOKEN
     raise UnsupportedAnalysisError(f"why: {lm.name} looks up an embedding {name!r} before its first block that probe "
                                    "cannot name (token, position or segment)")
 
@@ -164,7 +174,7 @@ def _record(lm, batch, layer: int) -> Recorded:
             if isinstance(mod, nn.Embedding):
                 source = _embedding_name(lm, name, mod)
                 hooks.forward(mod, lambda mod_, a, out, s=source: None if state["started"]
-                              else rec.embeds.append((s, _row(out))))
+                              else rec.embeds.append((s, _lookup(out))))
             elif name and is_norm(name.rsplit(".", 1)[-1], mod):
                 hooks.forward(mod, lambda mod_, a, out: None if state["started"]
                               else rec.pre_norms.append((mod_, _row(a[0]), _row(out))))
@@ -300,8 +310,17 @@ def _embeddings(lm, rec: Recorded, frozen: bool) -> Stream:
         return walked
     alpha = float((x0 * pre).sum() / (pre * pre).sum())
     if close(alpha * pre, x0):  # Gemma multiplies the embeddings by sqrt(d_model)
-        stream.parts = [alpha * p for p in stream.parts]
-        return stream
+        return Stream(stream.names, [alpha * p for p in stream.parts], frozen, lm.spec)
+    # one factor per table (Marian scales its token embeddings by sqrt(d_model), not its positions)
+    used = [k for k, p in enumerate(stream.parts) if float(p.abs().max()) > 0]
+    A = torch.stack([stream.parts[k].flatten() for k in used], 1)
+    factors = torch.linalg.lstsq(A, x0.flatten()[:, None]).solution[:, 0]
+    parts = list(stream.parts)
+    for k, f in zip(used, factors.tolist()):
+        parts[k] = f * parts[k]
+    scaled = Stream(stream.names, parts, frozen, lm.spec)
+    if close(scaled.total(), x0):
+        return scaled
     raise UnsupportedAnalysisError(f"why: {lm.name}'s first block does not read the sum of its embedding lookups "
                                    f"({', '.join(merged)}), with or without a norm")
 
