@@ -354,6 +354,24 @@ def test_corpus_mean_is_the_mean_of_the_single_rows_that_fit_the_label(models):
     assert c.residual <= 1e-5
 
 
+@pytest.mark.parametrize("kind", ("bert", "gpt2", "gemma2"))
+def test_corpus_in_padded_batches_equals_one_text_at_a_time(models, kind, monkeypatch):
+    """Texts of different lengths read in one right-padded pass give the rows, mean matrix and mean score
+    of one pass per text (BATCH = 1): padding reaches no real token's stream, norm or score (an encoder's
+    keys included), up to float32 rounding."""
+    lm = models[kind]
+    texts = [TEXT, "A dog ran.", "The dog sat down in the park and the cat ran off to the barn."]
+    monkeypatch.setattr("probe.qk.corpus.BATCH", 1)
+    alone = max((why_corpus(lm, texts, "L1H0", label) for label in ("first-token", "self", "previous-token",
+                                                                       "next-token")), key=lambda c: c.rows)
+    monkeypatch.undo()
+    batched = why_corpus(lm, texts, "L1H0", alone.label)
+    assert batched.rows == alone.rows > 0 and batched.rows_seen == alone.rows_seen
+    np.testing.assert_allclose(batched.mean, alone.mean, rtol=1e-5, atol=1e-6 * np.abs(alone.mean).max())
+    assert batched.mean_score == pytest.approx(alone.mean_score, rel=1e-6)
+    assert batched.residual <= batched.tolerance
+
+
 def test_corpus_names_the_position_embedding_behind_the_planted_head():
     lm = _planted_previous_token_gpt2()
     c = why_corpus(lm, sample_texts()[:4], "L0H0", "previous-token")

@@ -252,12 +252,14 @@ def check_cross(lm, head) -> tuple[Site, int]:
     return cross[layer], h
 
 
-def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool = True) -> Sides:
+def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool = True, rec=None) -> Sides:
     """The query (rows ``rows``, default all) and key of head (``layer``, ``h``) split by source on the
-    first sequence of ``batch``, norms frozen at the run (see the module docstring)."""
-    T = int(batch.attention_mask[0].sum())
+    first sequence of ``batch``, norms frozen at the run (see the module docstring); ``rec``: that
+    sequence's pass already recorded (:func:`probe.qk.stream.record_rows`; ``batch`` then unread)."""
+    if rec is None:
+        rec = record(lm, batch, layer)
+    T = int(rec.blocks[layer].x_in.shape[0])
     rows = slice(0, T) if rows is None else rows
-    rec = record(lm, batch, layer)
     stream = reads(lm, rec, layer, frozen)
     parts = stream.stacked()  # [S, T, d_model]
     call = rec.call
@@ -282,7 +284,7 @@ def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool
                     "after the projection (a scale, or a rotation computed there) in a way probe does not reproduce")
     scaling = call.kwargs.get("scaling")
     scale = q_recv.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    return Sides(stream.names, q, k, scale, call, T, batch.input_ids[0, :T], batch)
+    return Sides(stream.names, q, k, scale, call, T, rec.ids[:T], batch)
 
 
 @torch.no_grad()
