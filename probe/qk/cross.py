@@ -18,6 +18,10 @@ each sub-layer's sum goes through a norm, the layer's output is a norm's output)
 attention and the MLP read a norm of the stream and add to it); which, is read from the values of the
 run as for one-stack models. The sources of the two sides are distinct: the result lists both, the
 decoder's first (their key-side parts are zero, and the encoder's query-side parts).
+
+Cross-attention ("encoder-decoder attention") is that of Vaswani et al. 2017, sec. 3.2.3; the split of
+its scores is the QK circuit of Elhage et al. 2021 ("A Mathematical Framework for Transformer
+Circuits"), read on one run with the two sides' writers of their own stacks.
 """
 
 from __future__ import annotations
@@ -92,7 +96,8 @@ def _hidden(args, kwargs):
 
 def record_cross(lm, batch, site: Site) -> CrossRecord:
     """Run ``lm`` once on ``batch`` (one source and its target) up to the call of cross-attention
-    ``site``, recording what :class:`CrossRecord` lists.
+    ``site``, recording what :class:`CrossRecord` lists (tensors float64, [tokens, d_model]; z
+    [tokens, heads, d_head]; the call's query [1, heads, T, d_head] and key [1, kv_heads, S, d_head]).
 
     Raises:
         UnsupportedAnalysisError: attention modules that do not call probe's attention function.
@@ -263,7 +268,9 @@ class CrossParts:
 
 def cross_sides(lm, batch, site: Site, h: int, rows: slice, frozen: bool = True) -> CrossParts:
     """The query (target rows ``rows``) and key (every source token) of cross-attention head ``h`` of
-    ``site`` split by source on the first pair of ``batch`` (module docstring).
+    ``site`` split by source on the first pair of ``batch`` (module docstring; Elhage et al. 2021's QK
+    circuit with the two stacks' writers): q [sources, rows, d_head] and k [sources, S, d_head] in the
+    model's query/key units, float64, so that scale * q.sum(0) . k.sum(0) is the model's score.
 
     Raises:
         UnsupportedAnalysisError: a structure the walk does not reproduce (said in one line: which
