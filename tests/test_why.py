@@ -316,9 +316,11 @@ def test_why_command_refuses_bad_input_in_one_line_and_writes_nothing(saved_gpt2
 
 
 @pytest.mark.browser
-def test_why_page_renders_without_console_messages_or_requests(chromium, saved_gpt2, tmp_path):
+@pytest.mark.parametrize("kind,head", [("gpt2", "L1H1"), ("bart", "cross L1H1")])
+def test_why_page_renders_without_console_messages_or_requests(chromium, saved_gpt2, tmp_path, kind, head):
+    model = saved_gpt2 if kind == "gpt2" else save_tiny(kind, tmp_path / kind)
     out = tmp_path / "run"
-    result = invoke_cli("why", "--model", saved_gpt2, "--text", TEXT, "--head", "L1H1", "--out", out, "--no-progress")
+    result = invoke_cli("why", "--model", model, "--text", TEXT, "--head", head, "--out", out, "--no-progress")
     assert result.exit_code == 0, result.output
     with watched_page(chromium, out / "index.html") as (page, messages, requests):
         page.wait_for_load_state("load")
