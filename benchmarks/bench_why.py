@@ -13,8 +13,14 @@ minilm: its heads labelled previous-token on the built-in sample, on one sentenc
 With --corpus-heads: the contributions of those heads averaged over every row of --texts repeated
 sequences whose top key is the induction target (probe.qk.corpus).
 
+With --timing: the time goal, one head and row over 200 tokens (repeated random words) and one head
+over a 200-sentence corpus (examples/corpus.txt, the UD sample's sentences and the built-in sample,
+cycled to --sentences), each beside a bare forward pass of the same input (no capture, no hooks) and
+the machine's load (os.getloadavg, as uptime prints it); run it from two checkouts to compare code.
+
 Usage: PYTHONPATH=. python benchmarks/bench_why.py [--heads L17H4,L23H2,L23H7] [--rows 150,175,199] [--skip-minilm]
        PYTHONPATH=. python benchmarks/bench_why.py --corpus-heads L17H4,L17H5,L18H6,L23H2 --texts 2
+       PYTHONPATH=. python benchmarks/bench_why.py --timing [--timing-heads L17H4,L23H2] [--sentences 200]
 """
 
 from __future__ import annotations
@@ -122,6 +128,59 @@ def minilm() -> None:
               + "; query side: " + ", ".join(f"{w.sources[a]} {q[a]:+.2f}" for a in order_q))
 
 
+def corpus_sentences(n: int) -> list[str]:
+    """``n`` sentences: examples/corpus.txt, the UD sample's, the built-in sample, cycled."""
+    from pathlib import Path
+
+    from probe.text.corpus import read_corpus
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    base = [line.strip() for line in (root / "corpus.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
+    base += [t if isinstance(t, str) else t.text for t in read_corpus(str(root / "ud-sample.conllu"))]
+    base += sample_texts()
+    return [base[k % len(base)] for k in range(n)]
+
+
+def timing(heads: list[str], sentences: int, repeats: int = 3) -> None:
+    """The time goal: probe.why on one row of 200 tokens, why_corpus over ``sentences`` sentences, each
+    beside bare forward passes of the same inputs, with the load average before and after."""
+    import os
+
+    from probe.capture.maps import encode, forward
+
+    lm = probe.load_model("smollm2")
+    text = repeated_text(lm)
+    corpus = corpus_sentences(sentences)
+
+    def bare(texts) -> float:
+        t = time.perf_counter()
+        with torch.no_grad():
+            for x in texts:
+                forward(lm, encode(lm, [x]))
+        return time.perf_counter() - t
+
+    probe.why(lm, text, heads[0], query=199)  # warm: first calls
+    print(f"load average before: {os.getloadavg()[0]:.2f}; {torch.get_num_threads()} threads; probe from "
+          f"{probe.__file__}")
+    for head in heads:
+        one = []
+        for _ in range(repeats):
+            f = bare([text])
+            t = time.perf_counter()
+            w = probe.why(lm, text, head, query=199)
+            one.append((time.perf_counter() - t, f))
+        best = min(one)
+        print(f"{head} row 199 of {len(w.tokens)} tokens: why {best[0]:.2f} s, bare forward {best[1]:.2f} s, ratio "
+              f"{best[0] / best[1]:.2f} (best of {repeats}); residual {w.residual:.2g}, top key {w.top_keys(1)[0]}")
+    f = bare(corpus)
+    t = time.perf_counter()
+    c = why_corpus(lm, corpus, heads[0], "previous-token")
+    dt = time.perf_counter() - t
+    print(f"{heads[0]} over {sentences} sentences: why_corpus {dt:.1f} s, bare forward of each {f:.1f} s, ratio "
+          f"{dt / f:.2f}; rows {c.rows}, mean score {c.mean_score:.6g}, residual {c.residual:.2g}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--heads", default="L17H4,L23H2,L23H7")
@@ -131,7 +190,13 @@ def main() -> None:
     parser.add_argument("--corpus-heads", default=None, help="SmolLM2 heads to average over repeated random words "
                         "(label induction), e.g. L17H4,L17H5,L18H6,L23H2; then nothing else runs")
     parser.add_argument("--texts", type=int, default=2)
+    parser.add_argument("--timing", action="store_true", help="the time goal only (see the module docstring)")
+    parser.add_argument("--timing-heads", default="L17H4,L23H2")
+    parser.add_argument("--sentences", type=int, default=200)
     args = parser.parse_args()
+    if args.timing:
+        timing(args.timing_heads.split(","), args.sentences)
+        return
     if args.corpus_heads:
         smollm2_corpus(args.corpus_heads.split(","), args.texts)
         return

@@ -29,6 +29,10 @@ from ..capture.maps import encode
 from ..errors import InputError
 from ..sites import head_name
 from .score import TOLERANCE, check_model, sides
+from .stream import record_rows
+
+#: Texts run in one pass (right-padded): the model's weights are read once per batch instead of per text.
+BATCH = 16
 
 #: The labels whose rows can be told by their most attended key.
 RULES = ("previous-token", "next-token", "self", "first-token", "induction", "duplicate-token", "sep")
@@ -117,7 +121,8 @@ class CorpusWhy:
 @torch.no_grad()
 def why_corpus(lm, texts: Sequence[str], head, label: str, *, max_length: int | None = None) -> CorpusWhy:
     """Average head ``head``'s contributions over every row of ``texts`` whose most attended key fits
-    ``label`` (one pass per text; see the module docstring).
+    ``label`` (one pass per :data:`BATCH` texts, each text's rows read from its row of the batch; see
+    the module docstring).
 
     Args:
         lm: as :func:`probe.why`; texts: the corpus; head: ``(layer, head)`` or ``"L5H1"``;
@@ -138,9 +143,11 @@ def why_corpus(lm, texts: Sequence[str], head, label: str, *, max_length: int | 
         raise InputError("no text given")
     sep_id = getattr(lm.tokenizer, "sep_token_id", None)
     total, score_sum, rows, seen, residual, top_score, names = None, 0.0, 0, 0, 0.0, 0.0, None
-    for text in texts:
-        batch = encode(lm, [text], max_length)
-        sd = sides(lm, batch, layer, h, None, True)
+    texts = list(texts)
+    recorded = (rec for k in range(0, len(texts), BATCH)
+                for rec in record_rows(lm, encode(lm, texts[k:k + BATCH], max_length), layer))
+    for rec in recorded:
+        sd = sides(lm, None, layer, h, None, True, rec=rec)
         if names is None:
             names = sd.names
         T, probs = sd.T, sd.call.probs[0, h, :sd.T, :sd.T].double().cpu()

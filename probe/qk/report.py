@@ -107,7 +107,7 @@ def _row_parts(run) -> tuple:
     cap = (f" Soft-capped head (cap {w.softcap:g}): the sum is the pre-cap score; the pattern reads cap tanh(s / cap)."
            if w.softcap else "")
     kept = w.scores[w.keep]
-    caption = CAPTION.format(head=w.name, query=w.query, token=w.tokens[w.query], residual=w.residual,
+    caption = CAPTION.format(head=w.name, query=w.query, token=w.query_token, residual=w.residual,
                              smax=float(np.abs(kept).max()) if len(kept) else 0.0, tol=w.tolerance, cap=cap)
     figures = {"why-row": _row_figure(w), "why-bars": _bars_figure(w, keys), "why-heat": _heat_figure(w, keys[0])}
     fig_list = [{"id": k, "title": v["title"]} for k, v in figures.items()]

@@ -16,6 +16,7 @@ from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze
 from ..sites import head_name
 from ..text.corpus import sample_texts
+from ..text.sequence import Text
 from .corpus import RULES, CorpusWhy, why_corpus
 from .score import Why, check_model, why
 from .table import pairs_frame, source_shares
@@ -53,7 +54,7 @@ class WhyRun:
                     "notes": self.notes}
         w = self.why
         top = w.top_keys(self.top)
-        return {"head": w.name, "query": w.query, "query_token": w.tokens[w.query], "tokens": len(w.tokens),
+        return {"head": w.name, "query": w.query, "query_token": w.query_token, "tokens": len(w.tokens),
                 "sources": len(w.sources), "frozen_norms": w.frozen, "softcap": w.softcap,
                 "position_bias": w.position_bias is not None, "residual": w.residual, "tolerance": w.tolerance,
                 "holds": w.holds, "top_keys": [{"key": j, "token": w.tokens[j], "attention": float(w.pattern[j]),
@@ -68,14 +69,15 @@ def check_top(top: int) -> None:
         raise InputError(f"--top must be at least 1, got {top!r}")
 
 
-def measure(lm, text: str, head, query: int | None = None, top: int = 5) -> WhyRun:
-    """:func:`probe.why` and its tables (``top`` keys, :data:`PAIRS` pairs each).
+def measure(lm, text: str, head, query: int | None = None, top: int = 5, target: str | None = None) -> WhyRun:
+    """:func:`probe.why` and its tables (``top`` keys, :data:`PAIRS` pairs each; ``target``: an
+    encoder-decoder model's decoder text).
 
     Raises:
         InputError: as :func:`probe.why`, or ``top`` below 1.
     """
     check_top(top)
-    w = why(lm, text, head, query)
+    w = why(lm, text, head, query, target=target)
     frame = pairs_frame(w, keys=top, pairs=PAIRS)[list(COLUMNS)]
     shares = source_shares(w, w.top_keys(1)[0])
     notes = list(w.notes)
@@ -104,9 +106,13 @@ def corpus_frame(c: CorpusWhy, pairs: int = 2 * PAIRS) -> pd.DataFrame:
 
 def why_run(lm, text: str | None, head, query: int | None = None, *, top: int = 5, out=None, force: bool = False,
             progress: bool = False, timings: dict | None = None, started: float | None = None,
-            corpus: list[str] | None = None, label: str | None = None) -> tuple[WhyRun, Path]:
+            corpus: list[str] | None = None, label: str | None = None,
+            target: str | None = None) -> tuple[WhyRun, Path]:
     """Measure (:func:`measure`), label the heads with a short analysis (the text and the built-in
     sample), write the run folder.
+
+    On an encoder-decoder model ``text`` is the source and ``target`` the decoder's text (default: the
+    source); the short analysis reads each sample text as its own target.
 
     With ``corpus`` (texts), the contributions are averaged over the rows whose top key fits ``label``
     (default: the head's label in the short analysis; :func:`probe.qk.corpus.why_corpus`) instead.
@@ -122,9 +128,12 @@ def why_run(lm, text: str | None, head, query: int | None = None, *, top: int = 
         return _corpus_run(lm, corpus, head, label, out=out, force=force, progress=progress, timings=timings,
                            started=started)
     with claim_run_dir(out, lm.name, force) as folder:
-        result = measure(lm, text, head, query, top)
+        result = measure(lm, text, head, query, top, target)
         t = time.perf_counter()
-        analysis = analyze(lm, [text] + sample_texts(), progress=progress,  # labels, induction included on decoders
+        texts = [text] + sample_texts()
+        if lm.kind == "encoder-decoder":  # the analysis reads pairs: the source as its own target
+            texts = [Text(text, target=text if target is None else target)] + [Text(t, target=t) for t in texts[1:]]
+        analysis = analyze(lm, texts, progress=progress,  # labels, induction included on decoders
                            finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
         result.seconds["analyze_s"] = time.perf_counter() - t
         result.labels = _labels(analysis)
@@ -139,6 +148,8 @@ def _labels(analysis) -> dict:
     heads = analysis.heads
     if "layer" not in heads.columns or "label" not in heads.columns:
         return {}
+    if "stack" in heads.columns:  # encoder-decoder: the names carry the site kind (enc, dec, cross)
+        return {head_name(r, int(r.head)): str(r.label) for r in heads.itertuples()}
     return {head_name(int(r.layer), int(r.head)): str(r.label) for r in heads.itertuples()}
 
 

@@ -31,9 +31,11 @@ from ..causal.heads import normalize_heads
 from ..circuits.wiring import TURNS, turn
 from ..errors import InputError, UnsupportedAnalysisError
 from ..reference.rotary import Rope
-from ..sites import head_name
+from ..sites import Site, head_name
+from ..text.sequence import Text
 from ..text.tokens import display_tokens
-from .stream import close, frozen_map, reads, record
+from .cross import cross_sides
+from .stream import BIAS, close, frozen_map, reads, record
 
 #: The identity's tolerance in float32: |sum C - s| <= TOLERANCE (1 + max |s|).
 TOLERANCE = 1e-5
@@ -58,6 +60,9 @@ class Why:
         frozen: whether the norms were frozen at the run (False: each source normed by itself; the
             sum then misses by ``residual``).
         seconds: wall time; notes: what the reader must know.
+        query_tokens: cross-attention: the target's tokens (the query rows; ``tokens`` are then the
+            source's, the keys); None elsewhere.
+        site: cross-attention: the head's :class:`~probe.sites.Site` (named ``cross L0H1``); None elsewhere.
     """
 
     model: str
@@ -77,10 +82,17 @@ class Why:
     frozen: bool = True
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    query_tokens: list[str] | None = None
+    site: Site | None = None
 
     @property
     def name(self) -> str:
-        return head_name(self.layer, self.head)
+        return head_name(self.layer if self.site is None else self.site, self.head)
+
+    @property
+    def query_token(self) -> str:
+        """The query row's token (cross-attention: the target's; else ``tokens[query]``)."""
+        return (self.tokens if self.query_tokens is None else self.query_tokens)[self.query]
 
     @property
     def holds(self) -> bool:
@@ -127,13 +139,13 @@ def _rotation(lm, rec, layer: int, T: int):
 
 
 def _side(lm, rec, layer: int, parts: torch.Tensor, W: torch.Tensor, b, norm, received: torch.Tensor, frozen: bool,
-          rows: slice):
+          rows: slice, bias_at: int):
     """One side (query or key) of one head per source: [sources, rows, d_head], rotated, with the
     per-head norm frozen; ``received`` [rows, d_head] what the attention function got (picks the
-    rotation's layout)."""
+    rotation's layout); the projection's bias joins source ``bias_at`` (``bias``)."""
     x = torch.einsum("std,de->ste", parts[:, rows], W.detach().double().cpu())
     if b is not None:
-        x[-1] = x[-1] + b.detach().double().cpu()
+        x[bias_at] = x[bias_at] + b.detach().double().cpu()
     if norm is not None:
         total = x.sum(0)
         fn, _ = frozen_map(lm.spec, norm, total, None, f"on layer {layer}'s queries or keys")
@@ -192,10 +204,19 @@ class Sides:
 
 
 def check_model(lm, head) -> tuple[int, int]:
-    """(layer, head) of ``head`` on ``lm``, after the model checks of :func:`why`."""
+    """(layer, head) of ``head`` on ``lm``, after the model checks of :func:`why` (one-stack models).
+
+    Raises:
+        UnsupportedAnalysisError: an encoder-decoder model (:func:`check_cross` reads its cross-attention
+            heads) or a model of another kind.
+    """
+    if lm.kind == "encoder-decoder":
+        raise UnsupportedAnalysisError(f"why: {lm.name} is an encoder-decoder model; probe splits its cross-attention "
+                                       "heads one query row at a time (probe.why with --text, a head named "
+                                       "'cross L0H1'), not over a corpus and not its self-attention heads")
     if lm.kind not in ("decoder", "encoder"):
         raise UnsupportedAnalysisError(f"why: {lm.name} is an {lm.kind} model; probe splits the scores of decoder-only "
-                                       "and encoder-only models")
+                                       "and encoder-only models and the cross-attention of encoder-decoder models")
     lm.require_all_heads("why")
     if lm.spec.discovered:
         needs_weights(lm.spec, "why")
@@ -203,12 +224,42 @@ def check_model(lm, head) -> tuple[int, int]:
     return parse_head(head, g.n_layers, g.n_heads)
 
 
-def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool = True) -> Sides:
+def check_cross(lm, head) -> tuple[Site, int]:
+    """(cross-attention site, head) of ``head`` (``"cross L0H1"`` or ``(site, head)``) on an
+    encoder-decoder model ``lm``.
+
+    Raises:
+        InputError: a head without its site kind, or out of range (naming the cross-attention layers
+            and heads).
+        UnsupportedAnalysisError: an encoder or decoder self-attention head (not split yet), a model
+            whose spec lacks the projection weights.
+    """
+    lm.require_all_heads("why")
+    if lm.spec.discovered:
+        needs_weights(lm.spec, "why")
+    cross = [s for s in lm.sites if s.kind == "cross"]
+    if isinstance(head, tuple) and len(head) == 2 and isinstance(head[0], Site):
+        head = head_name(head[0], head[1])
+    prefix, _, rest = str(head).strip().partition(" ")
+    if prefix.lower() in ("enc", "dec") and rest:
+        raise UnsupportedAnalysisError(f"why: on the encoder-decoder model {lm.name} probe splits the scores of "
+                                       f"cross-attention heads (cross L0H1); its {prefix.lower()} self-attention "
+                                       "heads are not split yet")
+    if prefix.lower() != "cross" or not rest:
+        raise InputError(f"head {head!r}: on an encoder-decoder model name a cross-attention head with its site kind, "
+                         "as probe names them: 'cross L0H1'")
+    layer, h = parse_head(rest, len(cross), lm.geometry.n_heads)
+    return cross[layer], h
+
+
+def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool = True, rec=None) -> Sides:
     """The query (rows ``rows``, default all) and key of head (``layer``, ``h``) split by source on the
-    first sequence of ``batch``, norms frozen at the run (see the module docstring)."""
-    T = int(batch.attention_mask[0].sum())
+    first sequence of ``batch``, norms frozen at the run (see the module docstring); ``rec``: that
+    sequence's pass already recorded (:func:`probe.qk.stream.record_rows`; ``batch`` then unread)."""
+    if rec is None:
+        rec = record(lm, batch, layer)
+    T = int(rec.blocks[layer].x_in.shape[0])
     rows = slice(0, T) if rows is None else rows
-    rec = record(lm, batch, layer)
     stream = reads(lm, rec, layer, frozen)
     parts = stream.stacked()  # [S, T, d_model]
     call = rec.call
@@ -219,9 +270,10 @@ def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool
     kv = h // (g.n_heads // g.n_kv_heads)
     q_recv = call.query[0, h, rows].double().cpu()
     k_recv = call.key[0, kv, :T].double().cpu()
-    q = _side(lm, rec, layer, parts, w.W_Q[h], None if w.b_Q is None else w.b_Q[h], norms[0], q_recv, frozen, rows)
+    q = _side(lm, rec, layer, parts, w.W_Q[h], None if w.b_Q is None else w.b_Q[h], norms[0], q_recv, frozen, rows,
+              stream.names.index(BIAS))
     k = _side(lm, rec, layer, parts, w.W_K[kv], None if w.b_K is None else w.b_K[kv], norms[1], k_recv,
-              frozen, slice(0, T))
+              frozen, slice(0, T), stream.names.index(BIAS))
     if frozen:
         for side, got, recv in (("queries", q, q_recv), ("keys", k, k_recv)):
             if not close(got.sum(0), recv):
@@ -232,19 +284,22 @@ def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool
                     "after the projection (a scale, or a rotation computed there) in a way probe does not reproduce")
     scaling = call.kwargs.get("scaling")
     scale = q_recv.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    return Sides(stream.names, q, k, scale, call, T, batch.input_ids[0, :T], batch)
+    return Sides(stream.names, q, k, scale, call, T, rec.ids[:T], batch)
 
 
 @torch.no_grad()
-def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, max_length: int | None = None) -> Why:
+def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, max_length: int | None = None,
+        target: str | None = None) -> Why:
     """Split head ``head``'s attention scores at query row ``query`` by the sources of its query and key.
 
     Args:
         lm: a :class:`~probe.loading.models.LoadedModel` (decoders and encoders whose attention calls
-            probe's attention function; one sequence).
-        text: the sequence.
-        head: ``(layer, head)`` or ``"L5H1"`` (0-based).
-        query: the query row i (0-based token position); None: the last token.
+            probe's attention function; one sequence; encoder-decoder models: their cross-attention
+            heads, :mod:`probe.qk.cross`).
+        text: the sequence (encoder-decoder: the source).
+        head: ``(layer, head)`` or ``"L5H1"`` (0-based); encoder-decoder: ``"cross L0H1"``.
+        query: the query row i (0-based token position; encoder-decoder: of the target); None: the last.
+        target: encoder-decoder models: the decoder's text (default: ``text`` itself).
         frozen: freeze every norm at the run (default; the decomposition is exact). False: each source
             normed by its own statistics, to show how far that is from the score (``residual``).
         max_length: token limit (default: the model's).
@@ -255,10 +310,14 @@ def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, m
 
     Raises:
         InputError: a head or query row out of range (naming the valid ranges).
-        UnsupportedAnalysisError: an encoder-decoder model, or a structure the decomposition does not
-            walk (:mod:`probe.qk.stream`).
+        UnsupportedAnalysisError: an encoder-decoder model's self-attention head, or a structure the
+            decomposition does not walk (:mod:`probe.qk.stream`, :mod:`probe.qk.cross`).
     """
     started = time.perf_counter()
+    if lm.kind == "encoder-decoder":
+        return _why_cross(lm, text, target, head, query, frozen, max_length, started)
+    if target is not None:
+        raise InputError(f"a target goes with encoder-decoder models; {lm.name} is an {lm.kind} model")
     layer, h = check_model(lm, head)
     batch = encode(lm, [text], max_length)
     T = int(batch.attention_mask[0].sum())
@@ -267,9 +326,33 @@ def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, m
         raise InputError(f"query {query!r} out of range: the text has {T} tokens, rows 0-{T - 1}")
     sd = sides(lm, batch, layer, h, slice(i, i + 1), frozen)
     call, q, k, scale = sd.call, sd.q[:, 0], sd.k, sd.scale
+    return _result(lm, layer, h, i, call, q, k, scale, T, frozen, sd.names, _text(lm, batch), started)
+
+
+def _why_cross(lm, text, target, head, query, frozen, max_length, started) -> Why:
+    site, h = check_cross(lm, head)
+    batch = encode(lm, [Text(text, target=text if target is None else target)], max_length)
+    S, T = int(batch.attention_mask[0].sum()), int(batch.target.attention_mask[0].sum())
+    i = T - 1 if query is None else query
+    if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < T):
+        raise InputError(f"query {query!r} out of range: the target has {T} tokens, rows 0-{T - 1}")
+    cp = cross_sides(lm, batch, site, h, slice(i, i + 1), frozen)
+    w = _result(lm, site.layer, h, i, cp.call, cp.q[:, 0], cp.k, cp.scale, S, frozen, cp.names, _text(lm, batch),
+                started, query_tokens=_text(lm, batch.target), site=site)
+    if w.position_bias is not None and not w.position_bias.any():  # T5's cross-attention: a bias of zeros
+        w.position_bias = None
+        w.notes = [n for n in w.notes if not n.startswith("a position bias")]
+    if target is None:
+        w.notes.append("the decoder read the source itself as its target (give a target to read another)")
+    return w
+
+
+def _result(lm, layer, h, i, call, q, k, scale, T, frozen, names, tokens, started, **extra) -> Why:
+    """The :class:`Why` of query row ``i`` from its query parts ``q`` [sources, d_head] and the key
+    parts ``k`` [sources, T, d_head] (T keys) and the layer's call."""
     q_recv = call.query[0, h, i].double().cpu()
     C = scale * torch.einsum("ae,bje->abj", q, k)
-    s = scale * (repeat_heads(call.key, call.query.shape[1])[0, h].double().cpu() @ q_recv)
+    s = scale * (repeat_heads(call.key, call.query.shape[1])[0, h, :T].double().cpu() @ q_recv)
     keep = _at(call.keep, h, i)
     keep = torch.ones(T, dtype=torch.bool) if keep is None else keep.cpu()[:T]
     bias = call.kwargs.get("position_bias")
@@ -295,7 +378,7 @@ def why(lm, text: str, head, query: int | None = None, *, frozen: bool = True, m
     if frozen and residual > tol:
         notes.append(f"the contributions miss the model's scores by {residual:.3g} (tolerance {tol:.2g})")
     pattern = call.probs[0, h, i, :T].double().cpu().numpy()
-    return Why(lm.name, layer, h, i, _text(lm, batch), sd.names, C.numpy(), s[:T].numpy(),
+    return Why(lm.name, layer, h, i, tokens, names, C.numpy(), s[:T].numpy(),
                None if bias is None else bias[:T].double().cpu().numpy(), pattern,
                keep.numpy(), float(softcap) if softcap else None, residual, tol, frozen,
-               time.perf_counter() - started, notes)
+               time.perf_counter() - started, notes, **extra)

@@ -32,6 +32,7 @@ reports by how much the score misses.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -55,11 +56,30 @@ TOLERANCE = 1e-4
 TOKEN, POSITION, SEGMENT, BIAS = "token embedding", "position embedding", "segment embedding", "bias"
 
 
+def gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| (inf where the shapes differ)."""
+    if a.shape != b.shape:
+        return float("inf")
+    return float((a - b).abs().max()) / max(float(b.abs().max()), 1e-30)
+
+
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = TOLERANCE) -> bool:
     """Whether ``a`` equals ``b`` within ``tol`` times the largest |b| (same shape)."""
-    if a.shape != b.shape:
-        return False
-    return float((a - b).abs().max()) <= tol * max(float(b.abs().max()), 1e-30)
+    return gap(a, b) <= tol
+
+
+def _through_norm(stream: Stream, x: torch.Tensor, y: torch.Tensor, norms, where: str) -> Stream | None:
+    """``stream`` (value ``x``) as what reads ``y``: itself, or through the recorded norm (module, input,
+    output) whose input is ``x`` and output ``y``, whichever reproduces ``y`` more closely (a norm applied
+    to an input that is already normalised, as BLOOM's first block's after the embedding LayerNorm, is
+    the identity within the tolerance but not within float32: the norm is taken then); None: neither."""
+    best = (gap(x, y), None)
+    for norm, inp, out in norms:
+        if close(inp, x) and close(out, y):
+            best = min(best, (gap(inp, x) + gap(out, y), (norm, inp, out)), key=lambda b: b[0])
+    if best[0] > TOLERANCE:
+        return None
+    return stream if best[1] is None else stream.normed(*best[1], where)
 
 
 @dataclass
@@ -94,9 +114,22 @@ class _Heard(Exception):
     """Raised by the listener of the head's layer once it has the call: the pass stops there."""
 
 
+def _rows(x) -> torch.Tensor:
+    """Every batch row of a recorded tensor, float64 on the CPU."""
+    x = x[0] if isinstance(x, tuple) else x
+    return x.detach().double().cpu()
+
+
 def _row(x) -> torch.Tensor:
     x = x[0] if isinstance(x, tuple) else x
     return x[0].detach().double().cpu()
+
+
+def _lookup(out) -> torch.Tensor:
+    """An embedding lookup's output as [T, d_model] float64: batch row 0, or the whole output where the
+    table was looked up without a batch ([T, d_model]: Marian's sinusoidal positions)."""
+    out = out[0] if isinstance(out, tuple) else out
+    return (out[0] if out.dim() == 3 else out).detach().double().cpu()
 
 
 def _embedding_name(lm, name: str, module: nn.Module) -> str:
@@ -107,8 +140,56 @@ def _embedding_name(lm, name: str, module: nn.Module) -> str:
         return SEGMENT
     if "pos" in low or low.endswith("wpe"):
         return POSITION
+    last = low.rsplit(".", 1)[-1]
+    if "tok" in last or "word" in last or last == "wte" or last == "shared":  # an encoder-decoder's own tables
+        return TOKEN
     raise UnsupportedAnalysisError(f"why: {lm.name} looks up an embedding {name!r} before its first block that probe "
                                    "cannot name (token, position or segment)")
+
+
+def record_rows(lm, batch, layer: int) -> list[Recorded]:
+    """:func:`record` for every sequence of ``batch`` in one pass: one :class:`Recorded` per row, cut to
+    the row's real tokens (right padding; its ``call`` holds that row's query, key and probabilities).
+    What a padded batch computes for a row's real tokens is what the row alone computes, up to float32
+    rounding in another order (the corpus average reads rows this way: one pass per batch, not per text).
+
+    Raises:
+        UnsupportedAnalysisError: as :func:`record`.
+    """
+    with ExitStack() as stack:
+        if not calls_function(lm):
+            swap_if_agrees(lm, stack)
+        whole = _record(lm, batch, layer, whole=True)
+    return [_cut(whole, b, int(n)) for b, n in enumerate(batch.attention_mask.sum(1).tolist())]
+
+
+def _cut(rec: Recorded, b: int, n: int) -> Recorded:
+    """Row ``b`` of a batch's :class:`Recorded` (tensors [batch, T, ...]), its first ``n`` tokens."""
+    def row(x):
+        if x.dim() < 3:  # a lookup without a batch: [T, d_model]
+            return x[:n]
+        return x[b if x.shape[0] > 1 else 0, :n]
+
+    def first(t):
+        return t[b:b + 1] if t.shape[0] > 1 else t
+
+    blocks = [Block(None if g.x_in is None else row(g.x_in), None if g.x_out is None else row(g.x_out),
+                    None if g.reads is None else row(g.reads), [(m, row(i), row(o)) for m, i, o in g.norms],
+                    None if g.z is None else row(g.z),
+                    None if g.turns is None else tuple(first(t)[:, :n] for t in g.turns)) for g in rec.blocks]
+    call = rec.call
+    if call is not None:
+        keep = call.keep
+        if keep is not None:
+            keep = first(keep)
+            keep = keep[..., :n, :n] if keep.shape[-2] > 1 else keep[..., :n]
+        call = dataclasses.replace(call, query=call.query[b:b + 1, :, :n], key=call.key[b:b + 1, :, :n],
+                                   value=call.value[b:b + 1, :, :n], probs=call.probs[b:b + 1, :, :n, :n],
+                                   keep=keep, output=None, mask_bias=None if call.mask_bias is None else
+                                   first(call.mask_bias)[..., :n] if call.mask_bias.shape[-2] == 1 else
+                                   first(call.mask_bias)[..., :n, :n])
+    return Recorded([(s, row(e)) for s, e in rec.embeds], [(m, row(i), row(o)) for m, i, o in rec.pre_norms],
+                    blocks, call, None if rec.ids is None else rec.ids[b, :n])
 
 
 def record(lm, batch, layer: int) -> Recorded:
@@ -124,56 +205,95 @@ def record(lm, batch, layer: int) -> Recorded:
         return _record(lm, batch, layer)
 
 
-def _record(lm, batch, layer: int) -> Recorded:
+#: Per model: what :func:`_record` hooks (the walk over its modules, the same on every call).
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _Plan:
+    blocks: list
+    attentions: list
+    embeddings: list  # (module, source name) looked up outside the blocks
+    norms: list  # norm modules outside the blocks
+    block_norms: list  # per block: its norm modules outside its attention module
+
+
+def _plan(lm) -> _Plan:
+    """The modules :func:`_record` hooks on ``lm``, found once per model (a walk over every module; not
+    kept where probe's reference modules are swapped in for the pass).
+
+    Raises:
+        UnsupportedAnalysisError: one attention module shared between layers, an embedding probe cannot name.
+    """
+    cached = calls_function(lm)  # else probe's reference modules are swapped in for this pass only
+    plan = _PLANS.get(lm.model) if cached else None
+    if plan is not None:
+        return plan
     model, spec = lm.model, lm.spec
     pairs = site_modules(model, spec)
     if any(len(sites) > 1 for sites in served_sites(model, spec).values()):
         raise UnsupportedAnalysisError(f"why: {lm.name} shares one attention module between layers")
-    blocks = [site_block(model, spec, site) for site, _ in pairs[:layer + 1]]
-    attentions = [m for _, m in pairs[:layer + 1]]
-    inside = {id(x) for site, _ in pairs for x in site_block(model, spec, site).modules()}
+    blocks = [site_block(model, spec, site) for site, _ in pairs]
+    inside = {id(x) for b in blocks for x in b.modules()}
+    plan = _Plan(blocks, [m for _, m in pairs], [], [], [])
+    for name, mod in base_model(model).named_modules():
+        if id(mod) in inside:
+            continue
+        if isinstance(mod, nn.Embedding) and "rel" in name.rsplit(".", 1)[-1].lower():
+            continue  # a relative-position table (MPNet, DeBERTa): a bias on the scores, not a write
+        if isinstance(mod, nn.Embedding):
+            plan.embeddings.append((mod, _embedding_name(lm, name, mod)))
+        elif name and is_norm(name.rsplit(".", 1)[-1], mod):
+            plan.norms.append(mod)
+    for block, attention in zip(blocks, plan.attentions):
+        own = {id(x) for x in attention.modules()}
+        plan.block_norms.append([mod for name, mod in block.named_modules()
+                                 if name and id(mod) not in own and is_norm(name.rsplit(".", 1)[-1], mod)])
+    if cached:
+        _PLANS[lm.model] = plan
+    return plan
+
+
+def _record(lm, batch, layer: int, whole: bool = False) -> Recorded:
+    """:func:`record`'s pass; ``whole``: every batch row kept ([batch, T, ...], ``ids`` [batch, T])."""
+    model = lm.model
+    take, lookup, first = (_rows, _rows, (lambda t: t)) if whole else (_row, _lookup, (lambda t: t[0]))
+    plan = _plan(lm)
+    blocks, attentions = plan.blocks[:layer + 1], plan.attentions[:layer + 1]
     rec = Recorded(blocks=[Block() for _ in blocks])
     state = {"started": False}
     install()
     with measuring(model, implementation="probe" if calls_function(lm) else None) as measured:
         hooks = measured.hooks
-        for name, mod in base_model(model).named_modules():
-            if id(mod) in inside:
-                continue
-            if isinstance(mod, nn.Embedding) and "rel" in name.rsplit(".", 1)[-1].lower():
-                continue  # a relative-position table (MPNet, DeBERTa): a bias on the scores, not a write
-            if isinstance(mod, nn.Embedding):
-                source = _embedding_name(lm, name, mod)
-                hooks.forward(mod, lambda mod_, a, out, s=source: None if state["started"]
-                              else rec.embeds.append((s, _row(out))))
-            elif name and is_norm(name.rsplit(".", 1)[-1], mod):
-                hooks.forward(mod, lambda mod_, a, out: None if state["started"]
-                              else rec.pre_norms.append((mod_, _row(a[0]), _row(out))))
+        for mod, source in plan.embeddings:
+            hooks.forward(mod, lambda mod_, a, out, s=source: None if state["started"]
+                          else rec.embeds.append((s, lookup(out))))
+        for mod in plan.norms:
+            hooks.forward(mod, lambda mod_, a, out: None if state["started"]
+                          else rec.pre_norms.append((mod_, take(a[0]), take(out))))
         for i, (block, attention) in enumerate(zip(blocks, attentions)):
             got = rec.blocks[i]
 
             def block_in(mod_, args, kwargs, got=got):
                 state["started"] = True
-                got.x_in = _row(args[0] if args else kwargs["hidden_states"])
+                got.x_in = take(args[0] if args else kwargs["hidden_states"])
 
             def block_out(mod_, args, out, got=got):
-                got.x_out = _row(out)
+                got.x_out = take(out)
 
             def reads(mod_, args, kwargs, got=got):
-                got.reads = _row(args[0] if args else kwargs["hidden_states"])
+                got.reads = take(args[0] if args else kwargs["hidden_states"])
                 pe = kwargs.get("position_embeddings")
                 got.turns = None if pe is None else tuple(t.detach().double().cpu() for t in pe)
 
             hooks.forward_pre(block, block_in, with_kwargs=True)
             hooks.forward(block, block_out)
             hooks.forward_pre(attention, reads, with_kwargs=True)
-            own = {id(x) for x in attention.modules()}
-            for name, mod in block.named_modules():
-                if name and id(mod) not in own and is_norm(name.rsplit(".", 1)[-1], mod):
-                    hooks.forward(mod, lambda mod_, a, out, got=got: got.norms.append((mod_, _row(a[0]), _row(out))))
+            for mod in plan.block_norms[i]:
+                hooks.forward(mod, lambda mod_, a, out, got=got: got.norms.append((mod_, take(a[0]), take(out))))
             if i < layer:
                 def z_reader(tensor, call, got=got):
-                    got.z = tensor[0].detach().double().cpu()
+                    got.z = first(tensor).detach().double().cpu()
                     return tensor
                 hooks.own(edit(attention, "output", z_reader))
         def heard(call):
@@ -188,7 +308,7 @@ def _record(lm, batch, layer: int) -> Recorded:
     if rec.call is None:
         raise UnsupportedAnalysisError(f"why: {lm.name}'s attention modules do not call probe's attention function "
                                        "(transformers' AttentionInterface), where the scores are read")
-    rec.ids = batch.input_ids[0]
+    rec.ids = batch.input_ids if whole else batch.input_ids[0]
     return rec
 
 
@@ -276,15 +396,22 @@ def _embeddings(lm, rec: Recorded, frozen: bool) -> Stream:
         merged[name] = merged.get(name, 0) + part.expand_as(x0)
     stream = Stream(list(merged), list(merged.values()), frozen, lm.spec)
     pre = stream.total()
-    if close(pre, x0):
-        return stream
-    for norm, inp, out in rec.pre_norms:
-        if close(inp, pre) and close(out, x0):
-            return stream.normed(norm, inp, out, "after the embeddings")
+    walked = _through_norm(stream, pre, x0, rec.pre_norms, "after the embeddings")
+    if walked is not None:
+        return walked
     alpha = float((x0 * pre).sum() / (pre * pre).sum())
     if close(alpha * pre, x0):  # Gemma multiplies the embeddings by sqrt(d_model)
-        stream.parts = [alpha * p for p in stream.parts]
-        return stream
+        return Stream(stream.names, [alpha * p for p in stream.parts], frozen, lm.spec)
+    # one factor per table (Marian scales its token embeddings by sqrt(d_model), not its positions)
+    used = [k for k, p in enumerate(stream.parts) if float(p.abs().max()) > 0]
+    A = torch.stack([stream.parts[k].flatten() for k in used], 1)
+    factors = torch.linalg.lstsq(A, x0.flatten()[:, None]).solution[:, 0]
+    parts = list(stream.parts)
+    for k, f in zip(used, factors.tolist()):
+        parts[k] = f * parts[k]
+    scaled = Stream(stream.names, parts, frozen, lm.spec)
+    if close(scaled.total(), x0):
+        return scaled
     raise UnsupportedAnalysisError(f"why: {lm.name}'s first block does not read the sum of its embedding lookups "
                                    f"({', '.join(merged)}), with or without a norm")
 
@@ -348,9 +475,8 @@ def reads(lm, rec: Recorded, layer: int, frozen: bool = True) -> Stream:
             break
         stream = _block(lm, stream, got, i)
     got = rec.blocks[layer]
-    if close(got.reads, got.x_in):
-        return stream
-    for norm, inp, out in got.norms:
-        if close(inp, got.x_in) and close(out, got.reads):
-            return stream.normed(norm, inp, out, f"before layer {layer}'s attention")
+    walked = _through_norm(stream, got.x_in, got.reads, got.norms, f"before layer {layer}'s attention")
+    if walked is not None:
+        return walked
     raise UnsupportedAnalysisError(f"why: layer {layer} of {lm.name} reads neither its input nor a norm of it")
+
