@@ -72,7 +72,7 @@ class Accumulator:
     refuse an accumulator that does not fit the model, and the CLI leaves it out).
 
     Attributes:
-        name: key of the result in :attr:`probe.runs.analysis.AnalysisResult.results`.
+        name: key of the result in :attr:`probe.records.AnalysisResult.results`.
         title: what the analysis is called in messages.
         model_kinds: the kinds of model it measures (:data:`probe.architectures.MODEL_KINDS`).
         site_kinds: the kinds of site it reads (``"self"``, ``"cross"``).

@@ -338,7 +338,7 @@ NOT_MEASURED = ("this analysis has no health checks: run it with analyze(lm, tex
 
 
 def health_of(result) -> list[Check]:
-    """The checks of an :class:`~probe.runs.analysis.AnalysisResult` whose run had a :class:`HealthProbe`
+    """The checks of an :class:`~probe.records.AnalysisResult` whose run had a :class:`HealthProbe`
     (its real tokens are the query rows).
 
     Raises:

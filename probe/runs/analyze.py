@@ -34,6 +34,7 @@ from ..measures.rollout_examples import MAX_EXAMPLES, run_rollout
 from ..measures.steps import heads_steps
 from ..patterns import CircuitProbe, circuit_probe, pattern_accumulators
 from ..patterns.circuits import SINK_TEXTS
+from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..report.page import choose_heads
 from ..sites import head_name
@@ -42,7 +43,7 @@ from ..util import plural
 from ..verification import verify
 from ..view.stepview import STEP_MAX_TOKENS, STEPS_KEY, step_view_data
 from . import distributed
-from .analysis import AnalysisResult, analyze
+from .analysis import analyze
 
 
 def analyze_run(lm, texts, *, out=None, force: bool = False, source: str = "texts", annotated=None,

@@ -24,7 +24,8 @@ from ..images import analyze_images
 from ..loading.checkpoints import load_folder
 from ..loading.models import from_pretrained_objects
 from ..loading.pixels import processor_for
-from .analysis import AnalysisResult, analyze
+from ..records import AnalysisResult
+from .analysis import analyze
 
 
 @dataclass
@@ -106,7 +107,7 @@ def analyze_towers(towers: Towers, texts: Sequence, images: Sequence, **kwargs) 
         **kwargs: passed to both analyses (batch_size, thresholds ...).
 
     Returns:
-        One :class:`~probe.runs.analysis.AnalysisResult`: ``heads`` holds every head of both towers,
+        One :class:`~probe.records.AnalysisResult`: ``heads`` holds every head of both towers,
         ``stack`` naming the tower (``text`` first), the grid columns empty on the text tower's rows;
         the text tower's statistics, counts and examples; the vision tower's pictures
         (``results["image_maps"]``); ``results["towers"]`` each tower's own result.
