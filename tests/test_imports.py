@@ -182,7 +182,7 @@ def test_no_private_name_is_imported_across_packages():
 MODEL_RUNNING = {"probe.capture.maps", "probe.runs.analysis", "probe.runs.analyze", "probe.measures.steps",
                  "probe.measures.rollout", "probe.measures.flow", "probe.measures.rollout_examples",
                  "probe.capture.hooks", "probe.loading.models", "probe.loading.checkpoints", "probe.capture.blocks",
-                 "probe.runs.distributed", "probe.runs.notebook", "probe.reference", "probe.verification"}
+                 "probe.runs.distributed", "probe.runs.notebook", "probe.capture.reference", "probe.verification"}
 
 
 def test_views_import_no_module_that_runs_a_model():

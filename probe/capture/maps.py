@@ -41,7 +41,7 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
     """Register, into ``hooks``, one forward hook per site calling ``callback(site, probs)``.
 
     Hooks sit on the attention modules in place now (the swapped-in reference ones inside
-    :func:`probe.reference.swap.swap_attention`).
+    :func:`probe.capture.reference.swap.swap_attention`).
 
     Raises (at forward):
         CaptureError: a site returned no attention probabilities.

@@ -43,8 +43,8 @@ from ..architectures.weights import (
     output_weights,
     present_module,
 )
+from ..capture.reference.rotary import Rope, apply_rope, apply_rope_pairs
 from ..errors import UnsupportedAnalysisError
-from ..reference.rotary import Rope, apply_rope, apply_rope_pairs
 from .parts import check_pre_ln, find_parts
 
 

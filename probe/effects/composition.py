@@ -38,10 +38,10 @@ import torch
 
 from ..architectures import needs_weights, site_outputs, weights
 from ..architectures.modules import site_block, site_spec
+from ..capture.reference import Rope
 from ..causal.heads import normalize_heads
 from ..circuits.parts import check_pre_ln
 from ..errors import InputError, UnsupportedAnalysisError
-from ..reference import Rope
 from .dla import head_out_weights
 
 MODES = ("q", "k", "v")

@@ -1,6 +1,6 @@
 """The steps of one attention weight: for one site, head and query token, every key's score from
 the query and key vectors to the softmax, from the from-scratch attention
-(:class:`probe.reference.ReferenceAttention`) run on the model's own projections.
+(:class:`probe.capture.reference.ReferenceAttention`) run on the model's own projections.
 
     steps = attention_steps(lm, "The cat sat on the mat.", site=3, head=5, query=4)
     steps[["token", "score", "scaled_score", "probability"]]
@@ -24,10 +24,10 @@ import torch
 from ..architectures import site_outputs
 from ..capture.hooks import measuring
 from ..capture.maps import attention_hooks, encode, forward
+from ..capture.reference.swap import swap_attention
 from ..core import LoadedModel
 from ..errors import InputError
 from ..loading.seq2seq import sides
-from ..reference.swap import swap_attention
 from ..sites import SITE_PREFIX, Site, head_name
 from ..text.inputs import Text
 from ..text.tokens import display_tokens
