@@ -8,7 +8,7 @@ This module names models (aliases, embedded packages, the cache folder) and retu
 :class:`~probe.core.LoadedModel` (defined in :mod:`probe.core`, re-exported here);
 :mod:`probe.loading.checkpoints` turns a checkpoint into a ``transformers`` model (auto class and task head,
 GGUF dequantization and its cache, device placement); a pruned model's folder is read by
-:func:`probe.pruning.saving.load_pruned_folder`.
+:func:`probe.loading.pruned.load_pruned_folder`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from ..capture.eager_maps import discover_maps
 from ..capture.hooks import ensure_eager
 from ..core import LoadedModel
 from ..errors import ModelLoadError, ProbeError, UnsupportedArchitectureError
-from ..pruning.heads import PRUNED_FILE
-from ..pruning.saving import load_pruned_folder
 from ..util import quiet_transformers
 from .checkpoints import (
     HEADS,
@@ -50,6 +48,7 @@ from .checkpoints import (
 )
 from .ctranslate import FIRST_USE_SECONDS, whisper_folder
 from .folders import asked_attention, folder_lacks, refuse_unsupported
+from .pruned import PRUNED_FILE, load_pruned_folder
 
 
 @dataclass(frozen=True)
