@@ -46,8 +46,8 @@ _PUBLIC = {
     "Attribution": ".measures.rollout", "attention_rollout": ".measures.rollout", "Site": ".sites",
     "STATISTICS": ".measures.stats", "HeadStatistics": ".measures.stats", "attention_steps": ".measures.steps",
     "verify": ".verification", "why": ".qk", "Why": ".qk",
-    "HeadView": ".view", "ModelView": ".view", "model_view": ".runs.notebook", "show": ".runs.notebook",
-    "RolloutView": ".view.rollout", "rollout_view": ".runs.notebook",
+    "HeadView": ".view", "ModelView": ".view", "model_view": ".entries.notebook", "show": ".entries.notebook",
+    "RolloutView": ".view.rollout", "rollout_view": ".entries.notebook",
 }
 
 

@@ -19,10 +19,10 @@ from vision_models import IMAGE, PATCH, VISION, save_vision, tiny_vision
 
 from conftest import tolerance
 from probe.cli import main
+from probe.entries.notebook import show
 from probe.images import GridAttention, analyze_images, heat_cells, images, overlay, show_image
 from probe.images.overlay import ALPHA, heat_colour
 from probe.loading.pixels import PixelProcessor, patch_label
-from probe.runs.notebook import show
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -299,7 +299,7 @@ def test_views_of_an_audio_run_label_frames_by_time_without_a_tokenizer(whisper,
     """probe.show / probe.model_view of an audio analysis, no tokenizer given: encoder frames are labelled by their
     start time (frame i: i x 0.02 s), the decoder's tokens by the model's tokenizer."""
     import probe
-    from probe.runs.notebook import show
+    from probe.entries.notebook import show
 
     lm, paths = whisper
     res = analyze_audio(lm, paths, max_new_tokens=6, n_examples=1)

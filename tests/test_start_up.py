@@ -11,8 +11,8 @@ from probe.capture.reference.mutants import MUTANTS
 from probe.cli import analyze as analyze_cli
 from probe.cli import main, options
 from probe.cli import verify as verify_cli
+from probe.entries import analyze as analyze_run
 from probe.loading import models
-from probe.runs import analyze as analyze_run
 from probe.verification import FP32_RTOL
 
 

@@ -121,12 +121,12 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     _check_usage(texts, corpus, pairs, generate, coref, syntax_file)  # before torch is imported: at once
     user_errors(bounds.value_weighting)(value_weighted, labels_by)  # --labels-by norm with --no-norm
     counted = _check_input(texts, corpus, pairs, limit, audio_files)  # also before torch: a streamed file's count
+    from ..entries.analyze import analysis_input, analyze_run, announcement, start_up_note
     from ..errors import InputError
     from ..loading.models import load_model, peek_config
     from ..loading.seq2seq import as_targets, check_generate, check_generate_config
     from ..report import claim_run_dir
     from ..runs import distributed
-    from ..runs.analyze import analysis_input, analyze_run, announcement, start_up_note
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED

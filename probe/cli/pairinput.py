@@ -1,5 +1,5 @@
 """``probe analyze`` on a dual encoder (CLIP, SigLIP): its text tower on the text and its vision
-tower on the images, one run (:mod:`probe.runs.towers`)."""
+tower on the images, one run (:mod:`probe.entries.towers`)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def analyze_pair(model_name: str, texts, source: str, paths: list[str] | None, o
     Raises:
         InputError: no image, or no text given with ``--text`` / ``--corpus``.
     """
+    from ..entries.towers import analyze_towers, load_towers
     from ..report import write_run
-    from ..runs.towers import analyze_towers, load_towers
     from ..util import plural
     from .summary import summary
 

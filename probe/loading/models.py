@@ -426,14 +426,14 @@ def spec_for(model: nn.Module, tokenizer) -> ArchSpec:
 
     Raises:
         UnsupportedArchitectureError: neither (one line saying what is missing), or a dual encoder
-            (:mod:`probe.runs.towers` measures its towers).
+            (:mod:`probe.entries.towers` measures its towers).
     """
     if getattr(model.config, "model_type", None) in SPECS:
         return get_spec(model.config)
-    if is_pair(model.config, type(model)):  # two towers, two inputs: probe.runs.towers splits them
+    if is_pair(model.config, type(model)):  # two towers, two inputs: probe.entries.towers splits them
         raise UnsupportedArchitectureError(
             f"{type(model).__name__} is a dual encoder (a text and a vision tower): analyse it with images and "
-            "text together (probe analyze --image FILE --text TEXT; in Python probe.runs.towers.load_towers)")
+            "text together (probe analyze --image FILE --text TEXT; in Python probe.entries.towers.load_towers)")
     try:
         return discover(model, tokenizer)
     except NoInterfaceCalls as exc:  # its attention is its own code: capture-only, from the maps it returns

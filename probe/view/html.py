@@ -220,7 +220,7 @@ def result_view(result, *, tokenizer=None, example: int = 0, layers=None, layer:
 
 def text_view(maps, sites, source: dict, target: dict | None = None, *, layers, title: str, causal: bool,
               note: str = "", layer: int | None = None, heads=None, threshold: float = LINE_THRESHOLD) -> HeadView:
-    """The head view of one text's maps, as a run of the model handed them (:func:`probe.runs.notebook.show`).
+    """The head view of one text's maps, as a run of the model handed them (:func:`probe.entries.notebook.show`).
 
     Args:
         maps: per site, [heads, query, key] probabilities (None for a site not included).

@@ -25,7 +25,7 @@ from ..loading.checkpoints import load_folder
 from ..loading.models import from_pretrained_objects
 from ..loading.pixels import processor_for
 from ..records import AnalysisResult
-from .analysis import analyze
+from ..runs.analysis import analyze
 
 
 @dataclass

@@ -9,7 +9,7 @@ lines the command prints. The command line only reads options and prints.
 Example::
 
     from probe import load_model
-    from probe.runs.analyze import analyze_run
+    from probe.entries.analyze import analyze_run
     lm = load_model("minilm")
     result, folder = analyze_run(lm, ["The cat sat on the mat."], out="reports/cat")
 """
@@ -37,13 +37,13 @@ from ..patterns.circuits import SINK_TEXTS
 from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..report.page import choose_heads
+from ..runs import distributed
+from ..runs.analysis import analyze
 from ..sites import head_name
 from ..text.corpus import check_texts, count_sequences, iter_corpus, iter_pairs, peek, sample_texts  # noqa: F401 (count_sequences: re-exported)
 from ..util import plural
 from ..verification import verify
 from ..view.stepview import STEP_MAX_TOKENS, STEPS_KEY, step_view_data
-from . import distributed
-from .analysis import analyze
 
 
 def analyze_run(lm, texts, *, out=None, force: bool = False, source: str = "texts", annotated=None,
