@@ -45,7 +45,7 @@ _pattern_options = stacked(
                       "duplicates; repeatable)."),
 )
 
-#: --norm, --labels-by: value-weighted statistics (probe.measures.values).
+#: --norm, --labels-by: value-weighted statistics (probe.capture.values).
 _norm_options = stacked(
     click.option("--norm/--no-norm", "value_weighted", default=True, show_default=True,
                  help="Value-weighted statistics (Kobayashi et al. 2020): every statistic also on the attention "

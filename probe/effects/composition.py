@@ -40,7 +40,7 @@ from ..architectures import needs_weights, site_outputs, weights
 from ..architectures.modules import site_block, site_spec
 from ..capture.reference import Rope
 from ..causal.heads import normalize_heads
-from ..circuits.parts import check_pre_ln
+from ..causal.parts import check_pre_ln
 from ..errors import InputError, UnsupportedAnalysisError
 from .dla import head_out_weights
 

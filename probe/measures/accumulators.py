@@ -86,7 +86,7 @@ class Accumulator:
     #: model): merging reads only the measured state.
     transient: tuple[str, ...] = ()
     #: :func:`probe.runs.analysis.run` hooks the value projections and calls ``update(site, probs, batch,
-    #: values=...)`` with the site's :class:`probe.measures.values.ValueNorms`.
+    #: values=...)`` with the site's :class:`probe.capture.values.ValueNorms`.
     reads_values: bool = False
     #: :func:`probe.runs.analysis.run` calls ``update(site, probs, batch, scores=...)`` with the
     #: :class:`probe.capture.op.Scores` the probabilities were computed from (or None).

@@ -48,7 +48,7 @@ import torch
 
 from ..measures.accumulators import Accumulator, present_heads
 from ..measures.classify import LABEL_RULES
-from ..measures.rules import HEALTH_RULES, health_thresholds  # noqa: F401 (health_thresholds: re-exported)
+from ..rules import HEALTH_RULES, health_thresholds  # noqa: F401 (health_thresholds: re-exported)
 from ..sites import Site, first_visible, head_name
 from ..text.inputs import Batch
 from ..util import plural

@@ -20,6 +20,7 @@ from .. import validate
 from ..capture.blocks import AUTO_LENGTH, block_capture, check_query_block, lean_outputs, longest, query_block_for
 from ..capture.hooks import Hooks
 from ..capture.maps import ScoreTracker, attention_hooks, check_fired, forward
+from ..capture.values import ValueTracker, value_weighting_for
 from ..core import LoadedModel
 from ..errors import InputError
 from ..loading.seq2seq import check_generate, stack_depths, with_generated_targets
@@ -28,7 +29,6 @@ from ..measures.classify import LABEL_RULES, REMOVED, cluster_heads, default_thr
 from ..measures.routers import RouterLoad, find_routers
 from ..measures.sinks import SinkProfile
 from ..measures.stats import HeadStatistics, by_norm
-from ..measures.values import ValueTracker, value_weighting_for
 from ..records import AnalysisResult
 from ..text.inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from ..text.tokens import label_examples
@@ -58,7 +58,7 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     A model whose heads were physically removed (``lm.pruned``) hands accumulators its
     probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
     Accumulators that read values (``reads_values``) also get each site's
-    :class:`~probe.measures.values.ValueNorms` (``update(site, probs, batch, values=...)``), from hooks on the
+    :class:`~probe.capture.values.ValueNorms` (``update(site, probs, batch, values=...)``), from hooks on the
     value projections of the same forward pass; those that read scores (``reads_scores``) get the
     :class:`~probe.capture.op.Scores` probe's attention function computed the probabilities from
     (``scores=...``; None where it did not). Accumulators that read other modules (``hooks_model``: the MoE
