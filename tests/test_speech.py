@@ -17,7 +17,7 @@ import torch
 from scipy.stats import spearmanr
 from speech_models import POSITIONS, RATE, save_whisper, whisper_config, write_tone
 
-from conftest import invoke_cli, one_error, tolerance
+from conftest import assert_same_run, invoke_cli, one_error, tolerance
 from probe.architectures.speech import alignment_heads, conv_stride, frame_seconds, is_speech
 from probe.audio import (
     analyze_audio,
@@ -381,3 +381,17 @@ def test_speech_section_renders_in_chromium_without_errors_or_requests(tmp_path,
         page.locator(".speech-section").screenshot(path=str(tmp_path / "speech.png"))
         assert messages == []
         assert [u for u in requests if not u.startswith(("data:", "file:"))] == []
+
+
+def test_analyze_run_on_a_clip_writes_the_command_s_run_folder(tmp_path):
+    """probe.analyze_run(model, audio=CLIP) is `probe analyze --model MODEL --audio CLIP` in one call: the same
+    files, the same heads.csv byte for byte, the same run.json but for the times."""
+    import probe
+
+    folder = save_whisper(tmp_path / "w")
+    clip = write_tone(tmp_path / "a.wav", 0.8)
+    r = invoke_cli("analyze", "--model", folder, "--audio", clip, "--generate", 6, "--out", tmp_path / "cmd")
+    assert r.exit_code == 0, r.output
+    result, out = probe.analyze_run(str(folder), audio=str(clip), generate=6, out=tmp_path / "lib")
+    assert out == tmp_path / "lib" and result.results["speech"]
+    assert_same_run(tmp_path / "cmd", out)

@@ -22,7 +22,7 @@ from ..core import LoadedModel
 from ..errors import InputError, ModelLoadError
 from ..images import analyze_images
 from ..loading.checkpoints import load_folder
-from ..loading.models import from_pretrained_objects
+from ..loading.models import from_pretrained_objects, peek_config
 from ..loading.pixels import processor_for
 from ..records import AnalysisResult
 from ..runs.analysis import analyze
@@ -125,3 +125,11 @@ def analyze_towers(towers: Towers, texts: Sequence, images: Sequence, **kwargs) 
     return replace(text, model=model, heads=heads, notes=notes,
                    results={**vision.results, **text.results, "image_maps": vision.results.get("image_maps"),
                             "towers": {"text": text, "vision": vision}})
+
+
+def is_pair_model(model_name: str) -> bool:
+    """Whether ``model_name`` is a dual encoder on this machine (its config read without weights;
+    a Hub id not yet downloaded reads as False, and loading it then says what it is)."""
+    config = peek_config(model_name)
+    return config is not None and is_pair(config)
+
