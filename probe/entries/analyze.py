@@ -35,8 +35,8 @@ from ..images import grid_accumulators
 from ..images.batches import check_model_input, image_input
 from ..images.batches import images as image_batches
 from ..linguistic import annotated_input
+from ..loading import models as loading  # load_model and peek_config read as attributes: a test may stand in for them
 from ..loading.checkpoints import cache_dir
-from ..loading.models import load_model, peek_config
 from ..loading.seq2seq import as_targets, check_generate, check_generate_config, stack_depths
 from ..measures.accumulators import check_supported
 from ..measures.rollout_examples import MAX_EXAMPLES, run_rollout
@@ -163,9 +163,9 @@ def analyze_run(model, texts=None, *, corpus: str | None = None, pairs: str | No
                              started=started, announce=announce, batch_size=batch_size, max_length=max_length,
                              n_examples=examples, thresholds=thresholds)
         if isinstance(model, str):
-            if generate is not None and clip_paths is None and (config := peek_config(model)) is not None:
+            if generate is not None and clip_paths is None and (config := loading.peek_config(model)) is not None:
                 check_generate_config(config, model, generate)  # before the weights load
-            lm = load_model(model, dtype=dtype, device=device, device_map=device_map)
+            lm = loading.load_model(model, dtype=dtype, device=device, device_map=device_map)
             timings["model_load_s"] = lm.load_seconds
         else:
             lm = model

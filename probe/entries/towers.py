@@ -21,8 +21,9 @@ from ..architectures.towers import TOWERS, is_pair, tower_class, tower_weights
 from ..core import LoadedModel
 from ..errors import InputError, ModelLoadError
 from ..images import analyze_images
+from ..loading import models as loading  # peek_config read as an attribute: a test may stand in for it
 from ..loading.checkpoints import load_folder
-from ..loading.models import from_pretrained_objects, peek_config
+from ..loading.models import from_pretrained_objects
 from ..loading.pixels import processor_for
 from ..records import AnalysisResult
 from ..runs.analysis import analyze
@@ -130,6 +131,6 @@ def analyze_towers(towers: Towers, texts: Sequence, images: Sequence, **kwargs) 
 def is_pair_model(model_name: str) -> bool:
     """Whether ``model_name`` is a dual encoder on this machine (its config read without weights;
     a Hub id not yet downloaded reads as False, and loading it then says what it is)."""
-    config = peek_config(model_name)
+    config = loading.peek_config(model_name)
     return config is not None and is_pair(config)
 
