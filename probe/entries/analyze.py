@@ -117,10 +117,11 @@ def analyze_run(model, texts=None, *, corpus: str | None = None, pairs: str | No
             the folder ...). annotated: an annotated input whose texts are ``texts`` (or None).
         announce: called with the line saying what is analysed, once the analysis will run (None: silent).
         counted: the sequences of a corpus or pairs file if already counted (for ``announce``).
-        batch_size, max_length, examples, thresholds, parse_special_tokens, rollout, run_verify,
-        query_block, distance, map_sequences, circuits, health, value_weighted, labels_by, generate,
-        progress, world, timings, started, verify_progress, accumulators: as :func:`analyze_texts`
-        (``world``: default :func:`probe.runs.distributed.detect`).
+        batch_size, max_length, examples, thresholds, parse_special_tokens: as :func:`analyze_texts`.
+        rollout, run_verify, query_block, distance, map_sequences, circuits: as :func:`analyze_texts`.
+        health, value_weighted, labels_by, generate, progress: as :func:`analyze_texts`.
+        world: as :func:`analyze_texts`; default :func:`probe.runs.distributed.detect`.
+        timings, started, verify_progress, accumulators: as :func:`analyze_texts`.
 
     Returns:
         A :class:`Run` (``result, folder = analyze_run(...)``).
