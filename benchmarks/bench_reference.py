@@ -3,7 +3,7 @@
 For each model, one batch (default 16 sequences x 128 tokens, no padding) is run through the same
 weights three ways, interleaved (the order rotates every repeat) after a few warm-up passes:
 
-  - ``swapped``: every attention module replaced by :class:`probe.reference.ReferenceAttention`
+  - ``swapped``: every attention module replaced by :class:`probe.capture.reference.ReferenceAttention`
     (the model's config left on eager, as ``probe verify`` runs it);
   - ``eager``:   Hugging Face's eager attention (returns probabilities, like the swapped one);
   - ``sdpa``:    Hugging Face with ``torch.nn.functional.scaled_dot_product_attention`` (no probabilities).
@@ -41,8 +41,8 @@ def make_batch(lm, batch: int, tokens: int) -> dict:
 
 
 def bench(name: str, batch: int, tokens: int, repeats: int, warmup: int) -> dict:
+    from probe.capture.reference.swap import swap_attention
     from probe.loading.models import load_model
-    from probe.reference.swap import swap_attention
 
     lm = load_model(name)
     model = lm.model

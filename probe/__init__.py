@@ -8,6 +8,7 @@ Public API (the CLI is a thin layer over it)::
     captured[0]                                 # site 0 (encoder.0.self): [batch, heads, query, key]
     result = analyze(lm, ["First sentence.", "Second one."])
     result.heads                                # pandas DataFrame, one row per (layer, head)
+    result, folder = analyze_run("vit", images="photos/")  # what `probe analyze` does, one call, any input
     verify(lm).passed                           # from-scratch attention reproduces the model
     show(lm, "The cat sat on the mat.")         # interactive head view (Jupyter; offline)
     compare_runs(result, load_run("reports/smollm2-..."))  # per-head differences, B - A
@@ -42,12 +43,13 @@ _PUBLIC = {
     "ProbeError": ".errors", "attention_flow": ".measures.flow",
     "Hooks": ".capture.hooks", "ensure_eager": ".capture.hooks", "measuring": ".capture.hooks", "Text": ".text.inputs",
     "from_pretrained_objects": ".loading.models", "list_models": ".loading.models", "load_model": ".loading.models",
-    "prune": ".pruning.experiment", "attention": ".reference", "swap_attention": ".reference.swap",
+    "prune": ".pruning.experiment", "attention": ".capture.reference",
+    "swap_attention": ".capture.reference.swap",
     "Attribution": ".measures.rollout", "attention_rollout": ".measures.rollout", "Site": ".sites",
     "STATISTICS": ".measures.stats", "HeadStatistics": ".measures.stats", "attention_steps": ".measures.steps",
     "verify": ".verification", "why": ".qk", "Why": ".qk",
-    "HeadView": ".view", "ModelView": ".view", "model_view": ".runs.notebook", "show": ".runs.notebook",
-    "RolloutView": ".view.rollout", "rollout_view": ".runs.notebook",
+    "HeadView": ".view", "ModelView": ".view", "model_view": ".entries.notebook", "show": ".entries.notebook",
+    "RolloutView": ".view.rollout", "rollout_view": ".entries.notebook", "analyze_run": ".entries.analyze",
 }
 
 
@@ -71,5 +73,5 @@ __all__ = [
     "show", "HeadView", "load_run", "compare_runs", "prune", "head_effects", "attention_rollout", "attention_flow",
     "Attribution", "Pair", "patch_heads", "direct_logit_attribution", "composition_scores",
     "rollout_view", "RolloutView",
-    "attention_steps", "model_view", "ModelView", "why", "Why",
+    "attention_steps", "model_view", "ModelView", "why", "Why", "analyze_run",
 ]

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from .errors import InputError
-from .measures.rules import validate_thresholds
+from .rules import validate_thresholds
 
 #: Parameter dtypes a model can be loaded in (``--dtype``, ``load_model(dtype=...)``); here, where the
 #: command line reads it without importing torch.
@@ -97,7 +97,7 @@ def fraction(name: str, value, *, closed_low: bool = False, closed_high: bool = 
 
 
 def thresholds(values: dict | None) -> dict[str, float]:
-    """Label thresholds (label -> number in (0, 1]; :data:`probe.measures.rules.LABEL_RULES`).
+    """Label thresholds (label -> number in (0, 1]; :data:`probe.rules.LABEL_RULES`).
 
     Raises:
         InputError: an unknown label or a value outside (0, 1].

@@ -30,7 +30,7 @@ class LoadedModel:
         load_seconds: wall time of loading (seconds).
         notes: what loading changed or the user should know.
         pruned: for a model whose heads were physically removed, which heads are gone and how each
-            layer's heads sit in its projections (:class:`probe.pruning.heads.PrunedHeads`, original
+            layer's heads sit in its projections (:class:`probe.loading.pruned.PrunedHeads`, original
             numbering); None for a complete model.
     """
 

@@ -24,7 +24,7 @@ STACKS = ("encoder", "decoder")
 KINDS = ("self", "cross")
 
 #: The short site prefix of an encoder-decoder model's heads in display names, by (stack, kind); a dual
-#: encoder's joined heads table (:mod:`probe.runs.towers`) names its towers in ``stack`` (``text``, ``vision``).
+#: encoder's joined heads table (:mod:`probe.entries.towers`) names its towers in ``stack`` (``text``, ``vision``).
 SITE_PREFIX = {("encoder", "self"): "enc", ("decoder", "self"): "dec", ("decoder", "cross"): "cross",
                ("text", "self"): "text", ("vision", "self"): "vision"}
 

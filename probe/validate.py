@@ -10,19 +10,6 @@ errors from option values into usage errors (exit status 2) with
 from __future__ import annotations
 
 from .bounds import LABELS_BY, fraction, limit, max_length, positive_int, texts, thresholds, tolerance, value_weighting
-from .errors import InputError
-from .reference.mutants import MUTANTS
 
-__all__ = ["fraction", "limit", "max_length", "positive_int", "texts", "tolerance", "mutant", "thresholds",
+__all__ = ["fraction", "limit", "max_length", "positive_int", "texts", "tolerance", "thresholds",
            "value_weighting", "LABELS_BY"]
-
-
-def mutant(name: str | None) -> str | None:
-    """A mutant name from :data:`probe.reference.MUTANTS` (or None).
-
-    Raises:
-        InputError: an unknown name (the message lists the known ones).
-    """
-    if name is not None and name not in MUTANTS:
-        raise InputError(f"unknown mutant {name!r}; choose from {', '.join(MUTANTS)}")
-    return name

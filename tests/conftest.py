@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import shutil
@@ -593,3 +594,14 @@ def one_error(result, code: int, *fragments) -> str:
         assert f in errors[0], errors[0]
     return errors[0]
 
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Two run folders hold the same files, the same heads.csv and the same run.json but for times."""
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    assert (a / "heads.csv").read_bytes() == (b / "heads.csv").read_bytes()
+    ra, rb = (json.loads((f / "run.json").read_text(encoding="utf-8")) for f in (a, b))
+    for record in (ra, rb):
+        record.pop("timings_s")
+        record.pop("created", None)
+    assert ra == rb

@@ -1,4 +1,4 @@
-"""``probe analyze`` as a library function: :func:`probe.runs.analyze.analyze_run` gives a notebook the run
+"""``probe analyze`` as a library function: :func:`probe.entries.analyze.analyze_run` gives a notebook the run
 the command writes (the same heads.csv and sections), and :func:`probe.runs.analysis.merge_head_columns` is the
 one way a command's columns join the heads table."""
 
@@ -12,10 +12,10 @@ from click.testing import CliRunner
 
 from conftest import save_tiny, tiny_model
 from probe.cli import main
+from probe.entries.analyze import analysis_input, analyze_run, announcement, count_sequences
 from probe.errors import InputError
 from probe.loading.models import load_model
 from probe.runs.analysis import merge_head_columns
-from probe.runs.analyze import analysis_input, analyze_run, announcement, count_sequences
 from probe.text.corpus import sample_texts
 
 TEXTS = ["The cat sat on the mat and looked at the dog.", "When Mary and John went to the store, John gave a drink.",

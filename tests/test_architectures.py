@@ -160,7 +160,7 @@ def test_behaviour_the_attention_branches_on_is_chosen_once_in_the_spec():
     import torch
 
     from probe.architectures import ALIBI, DISENTANGLED, FALCON_ALIBI, MPNET_RELATIVE, NO_POSITION_BIAS, T5_RELATIVE
-    from probe.reference import ReferenceAttention
+    from probe.capture.reference import ReferenceAttention
 
     biases = {t: spec.position_bias for t, spec in SPECS.items()}
     assert biases["bloom"] is ALIBI and ALIBI.fused and biases["t5"] is T5_RELATIVE and not T5_RELATIVE.fused

@@ -18,13 +18,13 @@ from probe.capture import blocks
 from probe.capture.blocks import block_capture, query_block_for
 from probe.capture.hooks import measuring
 from probe.capture.maps import capture_attention, encode, forward
+from probe.capture.reference.swap import swap_attention
 from probe.cli import main
 from probe.errors import InputError, UnsupportedAnalysisError
 from probe.loading.seq2seq import sides
 from probe.measures.accumulators import Accumulator
 from probe.measures.sinks import bin_edges
 from probe.pruning.removal import remove_heads
-from probe.reference.swap import swap_attention
 from probe.report.sinks import SHOWN_FROM, sink_profile_section
 from probe.runs.analysis import analyze, run
 from probe.text.corpus import sample_texts

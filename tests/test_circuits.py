@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-import probe.reference.swap as swap_module
+import probe.capture.reference.swap as swap_module
 from conftest import bpe_tokenizer, tiny_model
+from probe.capture.reference import ReferenceAttention
+from probe.capture.reference.swap import swap_attention
 from probe.errors import InputError, UnsupportedAnalysisError
 from probe.measures.accumulators import Accumulator
 from probe.patterns import circuit_probe, repeated_random_tokens
 from probe.patterns.circuits import CircuitScores, ids_batch, random_vocabulary
-from probe.reference import ReferenceAttention
-from probe.reference.swap import swap_attention
 from probe.runs.analysis import analyze, run
 from probe.sites import Site
 from probe.text.inputs import Text

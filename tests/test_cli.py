@@ -395,8 +395,8 @@ CONLLU = conllu("corpus")
 @pytest.mark.slow
 def test_corpus_file_through_cli_reaches_the_analysis(tmp_path, monkeypatch, minilm):
     """A CoNLL-U corpus with --limit reaches analyze as exactly its first '# text =' sentences."""
+    import probe.entries.analyze
     import probe.runs.analysis as pa
-    import probe.runs.analyze
 
     path = tmp_path / "tiny.conllu"
     path.write_text(CONLLU, encoding="utf-8")
@@ -411,7 +411,7 @@ def test_corpus_file_through_cli_reaches_the_analysis(tmp_path, monkeypatch, min
 
     monkeypatch.setattr(pm, "load_model", lambda name, **kw: minilm)
     monkeypatch.setattr(pa, "analyze", fake_analyze)
-    monkeypatch.setattr(probe.runs.analyze, "analyze", fake_analyze)  # the run's own reference to it
+    monkeypatch.setattr(probe.entries.analyze, "analyze", fake_analyze)  # the run's own reference to it
     result = run("analyze", "--model", "minilm", "--corpus", str(path), "--limit", "2",
                  "--out", str(tmp_path / "o"))
     assert isinstance(result.exception, Stop), result.output

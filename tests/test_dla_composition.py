@@ -12,11 +12,11 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from conftest import tiny_model
 from probe.architectures import site_block, site_outputs
+from probe.capture.reference.swap import swap_attention
 from probe.effects.composition import _qkv, baseline, composition_scores, top_partners
 from probe.effects.dla import direct_logit_attribution, dla_by_layer, head_grid
 from probe.effects.patching import Pair, builtin_pairs
 from probe.errors import InputError, UnsupportedAnalysisError
-from probe.reference.swap import swap_attention
 
 PAIRS = [Pair("The cat and the dog ran to", "The dog and the cat ran to", " the", " a"),
          Pair("When Mary and John went to the store, John gave a drink to",

@@ -13,7 +13,7 @@ import pytest
 import torch
 from generic_models import generic_lm
 
-from probe.measures import values as values_module
+from probe.capture import values as values_module
 from probe.runs.analysis import analyze
 
 TEXTS = ["The cat sat on the mat and looked around the room, quietly.", "A dog.",

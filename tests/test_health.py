@@ -8,9 +8,9 @@ import torch
 
 from conftest import DECODERS, SEQ2SEQ, tiny_model
 from probe.capture.maps import encode, forward
+from probe.capture.reference.swap import swap_attention
 from probe.errors import InputError
 from probe.patterns import HealthProbe, health_checks, health_of, health_thresholds, pattern_accumulators
-from probe.reference.swap import swap_attention
 from probe.runs.analysis import analyze
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "Short one.",

@@ -17,12 +17,12 @@ from click.testing import CliRunner
 from PIL import Image
 from vision_models import IMAGE, PATCH, VISION, save_vision, tiny_vision
 
-from conftest import tolerance
+from conftest import assert_same_run, tolerance
 from probe.cli import main
+from probe.entries.notebook import show
 from probe.images import GridAttention, analyze_images, heat_cells, images, overlay, show_image
 from probe.images.overlay import ALPHA, heat_colour
 from probe.loading.pixels import PixelProcessor, patch_label
-from probe.runs.notebook import show
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -346,3 +346,22 @@ def test_image_section_renders_in_chromium_without_errors_or_requests(tmp_path, 
         page.locator(".img-att-section").screenshot(path=str(tmp_path / "images.png"))
         assert messages == []
         assert [u for u in requests if not u.startswith(("data:", "file:"))] == []
+
+
+def test_analyze_run_on_an_image_folder_writes_the_command_s_run_folder(tmp_path):
+    """probe.analyze_run(model, images=FOLDER) is `probe analyze --model MODEL --images FOLDER` in one call:
+    the same files, the same heads.csv byte for byte, the same run.json but for the times."""
+    import probe
+
+    folder = save_vision("vit", tmp_path / "vit")
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    picture(48, 32, seed=3).save(photos / "a.png")
+    picture(40, 40, seed=4).save(photos / "b.png")
+    r = CliRunner().invoke(main, ["analyze", "--model", str(folder), "--images", str(photos), "--out",
+                                  str(tmp_path / "cmd")])
+    assert r.exit_code == 0, r.output
+    result, out = probe.analyze_run(str(folder), images=str(photos), out=tmp_path / "lib")
+    assert out == tmp_path / "lib" and len(result.heads) == 8
+    assert_same_run(tmp_path / "cmd", out)
+

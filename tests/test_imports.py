@@ -5,11 +5,14 @@ allow-list (and the command line's, which loads the library only when a command 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import probe
 
@@ -178,11 +181,11 @@ def test_no_private_name_is_imported_across_packages():
 
 
 #: Modules that run a model (a forward pass, or the loop that makes them). The views draw what they
-#: are handed: probe.runs.notebook (and the commands' library functions) run the model and call them.
-MODEL_RUNNING = {"probe.capture.maps", "probe.runs.analysis", "probe.runs.analyze", "probe.measures.steps",
+#: are handed: probe.entries.notebook (and the commands' library functions) run the model and call them.
+MODEL_RUNNING = {"probe.capture.maps", "probe.runs.analysis", "probe.entries.analyze", "probe.measures.steps",
                  "probe.measures.rollout", "probe.measures.flow", "probe.measures.rollout_examples",
                  "probe.capture.hooks", "probe.loading.models", "probe.loading.checkpoints", "probe.capture.blocks",
-                 "probe.runs.distributed", "probe.runs.notebook", "probe.reference", "probe.verification"}
+                 "probe.runs.distributed", "probe.entries.notebook", "probe.capture.reference", "probe.verification"}
 
 
 def test_views_import_no_module_that_runs_a_model():
@@ -250,3 +253,67 @@ def test_hooks_are_registered_in_one_module():
              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
              if isinstance(node, ast.Attribute) and node.attr in registering]
     assert found and all(f.startswith("probe.capture.hooks:") for f in found), found
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """import-linter's ``lint-imports`` on the package under ``root``, with the contracts of ``root``'s
+    pyproject.toml (the package found there first: PYTHONPATH)."""
+    code = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
+
+
+def _layers() -> list[list[str]]:
+    """The layers of pyproject.toml's contract ``layers``, top first, each a list of module names."""
+    config = tomllib.loads((ROOT.parent / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    contract = next(c for c in config["contracts"] if c["id"] == "layers")
+    return [[m.strip() for m in layer.split("|")] for layer in contract["layers"]]
+
+
+def test_the_layer_contract_holds():
+    """Every import of probe, direct or through others, goes down the layers declared in pyproject.toml
+    (import-linter's ``layers`` contracts, no exception listed; ``.ci/run`` runs the same check)."""
+    done = _lint_imports(ROOT.parent)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "2 kept, 0 broken" in done.stdout
+    assert "ignore_imports" not in (ROOT.parent / "pyproject.toml").read_text(encoding="utf-8")
+
+
+def test_the_layer_contract_declares_every_package_and_matches_the_graph():
+    """The contract names each package and top-level module once, and this file's own graph agrees with it:
+    no edge of the module graph goes from a lower layer to a higher one."""
+    layers = _layers()
+    names = [m for layer in layers for m in layer]
+    children = {p.stem if p.suffix else p.name for p in ROOT.iterdir()
+                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    assert sorted(names) == sorted(children)
+    height = {m: len(layers) - i for i, layer in enumerate(layers) for m in layer}
+    _, edges, _ = _graph()
+
+    def top(module: str) -> str | None:
+        bits = module.split(".")
+        return bits[1] if len(bits) > 1 else None
+
+    up = [f"{m} -> {t}" for m, ts in edges.items() for t in ts
+          if top(m) and top(t) and top(m) != top(t) and height[top(m)] < height[top(t)]]
+    assert up == []
+
+
+def test_the_architecture_page_draws_the_declared_layers():
+    """docs/architecture.md's import rules draw the contract's order, line for line."""
+    page = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = page[page.index("## Import rules"):].split("```text\n", 1)[1].split("```", 1)[0]
+    assert [[m.strip() for m in line.split("|")] for line in block.strip().splitlines()] == _layers()
+
+
+def test_an_upward_import_breaks_the_layer_contract(tmp_path):
+    """The check can fail: a copy of probe with one import added from capture (low) to report (high)
+    breaks the contract, and import-linter names that import."""
+    shutil.copytree(ROOT, tmp_path / "probe", ignore=shutil.ignore_patterns("__pycache__", "data", "*.tsv"))
+    shutil.copy(ROOT.parent / "pyproject.toml", tmp_path / "pyproject.toml")
+    op = tmp_path / "probe" / "capture" / "op.py"
+    op.write_text(op.read_text(encoding="utf-8") + "\nfrom ..report import page  # noqa: E402\n", encoding="utf-8")
+    done = _lint_imports(tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "probe.capture.op -> probe.report.page" in done.stdout
+    assert "probe's layers point down BROKEN" in done.stdout

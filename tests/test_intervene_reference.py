@@ -19,9 +19,9 @@ from probe.architectures import site_outputs
 from probe.capture.interface import POINTS
 from probe.capture.intervene import Cache, intervening, zero
 from probe.capture.maps import encode, forward
+from probe.capture.reference import ReferenceAttention
 from probe.capture.swapped import is_swapped, reference_agrees
 from probe.errors import ProbeError
-from probe.reference import ReferenceAttention
 
 TEXTS = ["The cat sat on the mat.", "A dog ran home"]
 OUTSIDE = outside_interface()

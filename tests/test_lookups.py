@@ -118,7 +118,7 @@ def small_vocab_bert(tmp_path=None):
 
 def test_token_ids_past_the_vocabulary_fail_on_every_forward_path():
     """capture, analyze, show and verify all run under the one check (the circuit probe: next test)."""
-    from probe.runs.notebook import show
+    from probe.entries.notebook import show
     from probe.verification.battery import SENTENCE
 
     lm = small_vocab_bert()

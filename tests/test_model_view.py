@@ -16,11 +16,11 @@ from conftest import CHROMIUM_ARGS, save_tiny, tiny_model
 from probe import attention_steps, show
 from probe.capture.maps import capture_attention
 from probe.cli import main
+from probe.entries.analyze import report_steps
+from probe.entries.notebook import model_view
 from probe.loading.models import load_model
 from probe.report import CSP, write_run
 from probe.runs.analysis import analyze
-from probe.runs.analyze import report_steps
-from probe.runs.notebook import model_view
 from probe.sites import Site
 from probe.text.inputs import Text
 from probe.view.assets import view_page

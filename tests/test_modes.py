@@ -16,8 +16,8 @@ import torch
 from conftest import tiny_model
 from probe import capture_attention, verify
 from probe.capture.hooks import measuring
+from probe.entries.notebook import show
 from probe.runs.analysis import analyze
-from probe.runs.notebook import show
 
 TEXT = "The cat sat on the mat because it was warm."
 

@@ -18,10 +18,10 @@ from conftest import save_tiny, tiny_model
 from probe.capture.maps import encode
 from probe.cli import main
 from probe.compare import write_compare
+from probe.entries.notebook import show
 from probe.errors import InputError
 from probe.report import write_run
 from probe.runs.analysis import analyze
-from probe.runs.notebook import show
 from probe.view.data import decoded_map
 
 TEXTS = ["The cat sat on the mat, and then it slept.", "When Maria finished, she celebrated.", "Short one."]

@@ -18,8 +18,8 @@ from probe.architectures.disentangled import (
     relative_table,
 )
 from probe.architectures.falcon import eager_alibi_count
+from probe.capture.reference.position_bias import alibi_bias, alibi_slopes, t5_bias, t5_buckets
 from probe.errors import UnsupportedArchitectureError
-from probe.reference.position_bias import alibi_bias, alibi_slopes, t5_bias, t5_buckets
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 112])

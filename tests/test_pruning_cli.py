@@ -12,7 +12,7 @@ import pytest
 
 from conftest import invoke_cli as run
 from conftest import one_error, save_tiny
-from probe.pruning.heads import PRUNED_FILE
+from probe.loading.pruned import PRUNED_FILE
 from probe.report import CSP
 
 SENTENCES = ["The cat sat on the mat.", "A dog barked at the moon.", "Birds sing in the morning.",

@@ -1,4 +1,4 @@
-"""probe.pruning.heads: original numbering, per-layer layouts (grouped key/value heads,
+"""probe.loading.pruned: original numbering, per-layer layouts (grouped key/value heads,
 placeholders), the JSON record, and probabilities put back into the original numbering."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from probe.causal.heads import normalize_heads
 from probe.errors import InputError
-from probe.pruning.heads import LayerLayout, PrunedHeads, full_layout, plan_layer
+from probe.loading.pruned import LayerLayout, PrunedHeads, full_layout, plan_layer
 
 
 def test_plan_without_groups_keeps_heads_in_order():

@@ -18,9 +18,9 @@ from probe.capture.maps import capture_attention, encode, forward
 from probe.causal.gates import gated, ones
 from probe.errors import InputError, UnsupportedAnalysisError
 from probe.loading.models import from_pretrained_objects, load_model
+from probe.loading.pruned import PRUNED_FILE
 from probe.measures.stats import STATISTICS
 from probe.pruning.experiment import copy_model
-from probe.pruning.heads import PRUNED_FILE
 from probe.pruning.removal import parameter_count, remove_heads
 from probe.pruning.saving import save_pruned
 from probe.runs.analysis import analyze

@@ -14,7 +14,7 @@ import torch
 
 from conftest import tolerance
 from probe.capture.op import broadcast_keep
-from probe.reference import MaskError, as_keep_mask, attention
+from probe.capture.reference import MaskError, as_keep_mask, attention
 
 
 def _reference(q, k, v, keep, scale=None):

@@ -13,10 +13,10 @@ import probe
 import probe.loading.models as pm
 from conftest import CHROMIUM_ARGS, tiny_model
 from probe.cli import main
+from probe.entries.notebook import rollout_view
 from probe.errors import InputError
 from probe.measures.rollout_examples import kept_layers, run_rollout
 from probe.report.sections import BUILDERS
-from probe.runs.notebook import rollout_view
 from probe.view.rollout import DIGITS, RolloutView, rollout_data, rollout_section
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "A <b>cat</b> sat.", "Short one here."]

@@ -1,4 +1,4 @@
-"""RoPE from scratch (probe.reference.rotary) against each tiny model's own rotary module.
+"""RoPE from scratch (probe.capture.reference.rotary) against each tiny model's own rotary module.
 
 Per layer, the settings come from ``get_spec(config).rope(config, layer)``; the frequencies,
 the cos/sin scale and cos/sin themselves (at several sequence lengths, for the length-dependent
@@ -14,8 +14,8 @@ import torch
 
 from conftest import ENCODERS, KINDS, family_of, tiny_model, tolerance
 from probe.architectures import get_spec, head_geometry, site_modules
-from probe.reference import ROPE_TYPES, Rope, RopeError, apply_rope
-from probe.reference.swap import swap_attention
+from probe.capture.reference import ROPE_TYPES, Rope, RopeError, apply_rope
+from probe.capture.reference.swap import swap_attention
 from probe.verification import verify
 
 # decoders with rotary positions (GPT-2 and GPT-Neo have learned ones, BLOOM ALiBi, BART/Marian sinusoidal, T5 a bias)

@@ -22,10 +22,10 @@ import torch
 
 from conftest import tiny_model
 from probe.compare import load_run
+from probe.entries.notebook import show
 from probe.loading.seq2seq import decoder_start_id
 from probe.report import write_run
 from probe.runs.analysis import analyze
-from probe.runs.notebook import show
 from probe.sites import Site
 from probe.text.inputs import Text
 from probe.text.tokens import display_tokens

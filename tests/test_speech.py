@@ -17,7 +17,7 @@ import torch
 from scipy.stats import spearmanr
 from speech_models import POSITIONS, RATE, save_whisper, whisper_config, write_tone
 
-from conftest import invoke_cli, one_error, tolerance
+from conftest import assert_same_run, invoke_cli, one_error, tolerance
 from probe.architectures.speech import alignment_heads, conv_stride, frame_seconds, is_speech
 from probe.audio import (
     analyze_audio,
@@ -299,7 +299,7 @@ def test_views_of_an_audio_run_label_frames_by_time_without_a_tokenizer(whisper,
     """probe.show / probe.model_view of an audio analysis, no tokenizer given: encoder frames are labelled by their
     start time (frame i: i x 0.02 s), the decoder's tokens by the model's tokenizer."""
     import probe
-    from probe.runs.notebook import show
+    from probe.entries.notebook import show
 
     lm, paths = whisper
     res = analyze_audio(lm, paths, max_new_tokens=6, n_examples=1)
@@ -397,3 +397,17 @@ def test_token_labels_never_overlap_in_a_lane():
     for lane in range(_LANES):
         placed = [(x0, max(x1, x0 + 2 + _CHAR_W * len(t))) for (x0, x1, t), k in zip(spans, lanes) if k == lane]
         assert all(b[0] >= a[1] for a, b in itertools.pairwise(placed)), (lane, placed)
+
+
+def test_analyze_run_on_a_clip_writes_the_command_s_run_folder(tmp_path):
+    """probe.analyze_run(model, audio=CLIP) is `probe analyze --model MODEL --audio CLIP` in one call: the same
+    files, the same heads.csv byte for byte, the same run.json but for the times."""
+    import probe
+
+    folder = save_whisper(tmp_path / "w")
+    clip = write_tone(tmp_path / "a.wav", 0.8)
+    r = invoke_cli("analyze", "--model", folder, "--audio", clip, "--generate", 6, "--out", tmp_path / "cmd")
+    assert r.exit_code == 0, r.output
+    result, out = probe.analyze_run(str(folder), audio=str(clip), generate=6, out=tmp_path / "lib")
+    assert out == tmp_path / "lib" and result.results["speech"]
+    assert_same_run(tmp_path / "cmd", out)

@@ -7,12 +7,12 @@ from pathlib import Path
 from click.testing import CliRunner
 
 import probe
+from probe.capture.reference.mutants import MUTANTS
 from probe.cli import analyze as analyze_cli
 from probe.cli import main, options
 from probe.cli import verify as verify_cli
+from probe.entries import analyze as analyze_run
 from probe.loading import models
-from probe.reference.mutants import MUTANTS
-from probe.runs import analyze as analyze_run
 from probe.verification import FP32_RTOL
 
 

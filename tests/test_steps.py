@@ -15,11 +15,11 @@ from conftest import KINDS, SEQ2SEQ, tiny_model
 from probe import attention_steps
 from probe.architectures.position_bias import alibi_slopes
 from probe.capture.maps import encode, forward
+from probe.entries.analyze import report_steps
 from probe.errors import InputError
 from probe.measures.steps import head_steps, heads_steps
 from probe.pruning.removal import remove_heads
 from probe.runs.analysis import analyze
-from probe.runs.analyze import report_steps
 from probe.sites import head_name
 from probe.text.inputs import Text
 from probe.view.stepview import step_view_data

@@ -13,10 +13,10 @@ from vision_models import IMAGE, PAIRS, PATCH, pair_model, save_pair, zero_queri
 
 from conftest import bpe_tokenizer, invoke_cli, one_error, tolerance
 from probe.architectures.towers import is_pair, tower_class, tower_weights
+from probe.entries.towers import analyze_towers, split_pair, towers_of
 from probe.loading.models import from_pretrained_objects
 from probe.loading.pixels import PixelProcessor
 from probe.runs.analysis import analyze
-from probe.runs.towers import analyze_towers, split_pair, towers_of
 from probe.sites import head_name
 
 TEXTS = ["a house under the sun", "two dogs on a hill"]

@@ -1,6 +1,6 @@
 """Value-weighted (norm-based) attention, checked against an independent computation.
 
-The reference below does not use probe.measures.values: it takes each layer's value-projection input x_j
+The reference below does not use probe.capture.values: it takes each layer's value-projection input x_j
 with a hook, slices the value and output projection weights per head by hand for each layout
 (nn.Linear rows, GPT-2 Conv1D columns, GPT-NeoX / BLOOM per-head fused blocks, Phi-3 stacked rows;
 query head h reads value head floor(h / (H / KV))), computes f_h(x_j) = (x_j W_V^g + b_V^g) W_O^h

@@ -34,11 +34,11 @@ from conftest import (
 )
 from probe.architectures import get_spec, site_block, site_modules
 from probe.capture.hooks import Hooks
+from probe.capture.reference import MUTANTS, MaskError, ReferenceAttention, Rope, mutant_applies
+from probe.capture.reference.swap import swap_attention
 from probe.cli import main
 from probe.errors import ProbeError
 from probe.loading.models import embedded_folder, from_pretrained_objects
-from probe.reference import MUTANTS, MaskError, ReferenceAttention, Rope, mutant_applies
-from probe.reference.swap import swap_attention
 from probe.verification import BF16_ATOL, NOISE_FACTOR, verify
 from probe.verification.battery import CACHE_TEXTS
 

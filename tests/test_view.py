@@ -12,10 +12,10 @@ import pytest
 
 from conftest import CHROMIUM_ARGS, tiny_model
 from probe.capture.maps import capture_attention
+from probe.entries.notebook import show
 from probe.errors import InputError
 from probe.report import CSP, write_run
 from probe.runs.analysis import analyze
-from probe.runs.notebook import show
 from probe.text.tokens import display_tokens
 from probe.view import VIEW_CSP, HeadView
 from probe.view.data import (
@@ -413,8 +413,8 @@ def test_lines_are_drawn_at_load_before_any_hover(browser, tmp_path, where):
 def test_the_head_view_opens_on_one_head():
     """Issue 27 item 6: show() and model_view() opened with every head of layer 0 checked (a hairball),
     and steps=(site, head) left the head view on layer 0: one head, the step view's where there is one."""
+    from probe.entries.notebook import model_view
     from probe.report.page import choose_heads
-    from probe.runs.notebook import model_view
 
     lm = tiny_model("gpt2")
     text = "The cat sat on the mat."

@@ -169,9 +169,9 @@ def _text_checks(lm, kind: str) -> dict[str, Callable[[], object]]:
     from probe.effects.measure import head_effects
     from probe.effects.pairs import encode_pairs
     from probe.effects.patching import check_patchable, patch_heads
+    from probe.entries.notebook import model_view
     from probe.measures.steps import attention_steps
     from probe.runs.analysis import analyze
-    from probe.runs.notebook import model_view
 
     texts = [Text(s, target=t) for s, t in zip(TEXTS[:2], TARGETS)] if kind == "encoder-decoder" else list(TEXTS[:2])
     pairs = {"decoder": DECODER_PAIRS, "encoder-decoder": SEQ2SEQ_PAIRS}.get(kind, MLM_PAIRS)
@@ -225,7 +225,7 @@ def _media_checks(lm, kind: str, folder: Path) -> dict[str, Callable[[], object]
                 state["result"] = analyze_audio(lm, [_clip(folder)], max_new_tokens=4, n_clips=1)
         return state["result"]
 
-    from probe.runs.notebook import model_view
+    from probe.entries.notebook import model_view
 
     checks.update(capture=result, value_weighted=lambda: _value_weighted(result()),
                   views=lambda: model_view(result()).head_view)

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from ..core import LoadedModel
 from ..errors import InputError
 from ..loading.waves import WaveProcessor
-from ..runs.analysis import AnalysisResult, analyze
+from ..records import AnalysisResult
+from ..runs.analysis import analyze
 from .align import dtw, median_filter, monotone_heads, monotonicity, token_times
 from .batches import AUDIO_SUFFIXES, MAX_NEW_TOKENS, AudioBatch, Clips, read_audio, resample
 from .frames import FrameAttention, FrameExample, frames_html
@@ -75,7 +76,7 @@ def analyze_audio(lm: LoadedModel, items: Sequence, *, transcripts: Sequence[str
             block capture's length, and the alignment reads whole cross-attention maps).
 
     Returns:
-        The :class:`~probe.runs.analysis.AnalysisResult`; ``heads`` has ``time_distance_s``,
+        The :class:`~probe.records.AnalysisResult`; ``heads`` has ``time_distance_s``,
         ``audio_share``, ``monotonicity`` and ``alignment_head``, ``results["speech"]`` the aligned clips
         (a waveform encoder: ``time_distance_s`` and ``uniform_time_s``, ``results["frames"]`` the clips).
 

@@ -27,6 +27,7 @@ from scipy.signal import resample_poly
 
 from ..errors import InputError
 from ..loading.sound import SpeechProcessor
+from ..loading.waves import WaveProcessor
 from ..text.inputs import Batch, Text
 from .transcript import given_ids, transcribe
 
@@ -215,3 +216,40 @@ class Clips:
         """Batches of ``batch_size`` clips, in order."""
         for i in range(0, len(self.items), batch_size):
             yield self.batch(i, min(i + batch_size, len(self.items)))
+
+
+def audio_input(files, transcripts, limit: int | None, other_input: bool) -> list[str] | None:
+    """The audio paths of ``--audio`` (at most ``limit``), each checked to exist before a model is
+    loaded; None when none was given.
+
+    Raises:
+        InputError: text or images given too, a missing file, transcripts not one per clip.
+    """
+    if not files:
+        if transcripts:
+            raise InputError("--transcript goes with --audio (the transcript of a clip)")
+        return None
+    if other_input:
+        raise InputError("give either audio (--audio) or text or images, not both")
+    paths = [str(p) for p in files]
+    paths = paths[:limit] if limit else paths
+    for path in paths:
+        if not Path(path).is_file():
+            raise InputError(f"audio file {path!r} not found")
+    if transcripts and len(transcripts) != len(paths):
+        raise InputError(f"{len(transcripts)} --transcript for {len(paths)} --audio clips: give one per clip")
+    return paths
+
+
+def check_speech_input(lm, paths: list[str] | None) -> None:
+    """Refuse audio for a model that does not read it, and text for a speech model, in one line.
+
+    Raises:
+        InputError: the input does not fit the model.
+    """
+    is_speech = isinstance(lm.tokenizer, (SpeechProcessor, WaveProcessor))
+    if paths is not None and not is_speech:
+        raise InputError(f"{lm.name} does not read audio (a speech model reads log-mel frames, as Whisper does, "
+                         "or the waveform, as wav2vec2 and HuBERT do)")
+    if paths is None and is_speech:
+        raise InputError(f"{lm.name} is a speech model: give audio clips with --audio FILE")

@@ -2,7 +2,7 @@
 
 Hugging Face's eager attention materializes every layer's [batch, heads, T, T] scores and
 probabilities; at T = 8,192 tokens that is gigabytes per layer before any statistic is computed.
-Under block capture, probe's from-scratch attention (:class:`probe.reference.ReferenceAttention`,
+Under block capture, probe's from-scratch attention (:class:`probe.capture.reference.ReferenceAttention`,
 checked by ``probe verify`` to reproduce the model) is swapped into every site and computes each
 layer's attention for query rows i0..i1-1 against every key (scores, masks, position bias, softmax,
 probs @ V per block). Each block [batch, heads, i1 - i0, key] is handed to a callback and let go,
@@ -27,11 +27,11 @@ from ..architectures import site_modules
 from ..architectures.discovered import refuse_capture_only
 from ..core import LoadedModel
 from ..errors import InputError
-from ..reference.swap import swap_attention
 from ..sites import Site
 from ..text.inputs import Batch
 from .hooks import Hooks
 from .interface import row_blocks, site_listeners
+from .reference.swap import swap_attention
 from .swapped import is_swapped
 
 #: A batch whose longest sequence (either side of an encoder-decoder model) exceeds this many
@@ -108,7 +108,7 @@ def block_capture(lm: LoadedModel, rows: int, on_block: BlockCallback, hooks=Non
         hooks: a :class:`probe.capture.hooks.Hooks` to register into, or None (a private one).
 
     Yields:
-        The notes of the swap (:attr:`probe.reference.swap.Swapped.notes`).
+        The notes of the swap (:attr:`probe.capture.reference.swap.Swapped.notes`).
 
     Raises:
         UnsupportedArchitectureError: a model type the reference does not cover.

@@ -55,7 +55,7 @@ HARMLESS = frozenset({
     "encoder_hidden_states", "target_dtype", "implementation", "token_type_ids",
 })
 #: Keyword arguments that set how the scores and the softmax are rounded, passed by probe's reference
-#: module (:class:`probe.reference.ReferenceAttention`) so that the function computes each family's
+#: module (:class:`probe.capture.reference.ReferenceAttention`) so that the function computes each family's
 #: attention as its own eager code does (:func:`probe.capture.op.attention`): ``softmax_dtype``,
 #: ``upcast`` (GPT-Neo's float32 scores), ``fused_bias`` (BLOOM's ALiBi in one GEMM), ``divide_keys``
 #: (DeBERTa's keys divided before the product) and ``inner_bias`` (Falcon's eager ALiBi, added to

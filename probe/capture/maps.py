@@ -22,7 +22,6 @@ import torch
 from ..architectures import site_modules
 from ..core import LoadedModel
 from ..errors import CaptureError
-from ..measures.values import ValueTracker
 from ..sites import Site
 from ..text.inputs import Batch, Text, as_texts, collate, tokenize
 from .failures import forward_failures
@@ -30,6 +29,7 @@ from .hooks import Hooks, calls_function, input_device, measuring
 from .interface import scored, site_listeners
 from .op import Scores
 from .swapped import swap_if_agrees
+from .values import ValueTracker
 
 #: The step an exception inside the model's own forward pass is reported in (:mod:`probe.capture.failures`).
 STEP = "capture (the forward passes that record attention)"
@@ -41,7 +41,7 @@ def add_attention_hooks(hooks: Hooks, lm: LoadedModel, callback: SiteCallback) -
     """Register, into ``hooks``, one forward hook per site calling ``callback(site, probs)``.
 
     Hooks sit on the attention modules in place now (the swapped-in reference ones inside
-    :func:`probe.reference.swap.swap_attention`).
+    :func:`probe.capture.reference.swap.swap_attention`).
 
     Raises (at forward):
         CaptureError: a site returned no attention probabilities.
@@ -167,7 +167,7 @@ def attention_hooks(lm: LoadedModel, callback: SiteCallback, values: ValueTracke
                     scores: ScoreTracker | None = None) -> Iterator[list[str]]:
     """Context manager: call ``callback(site, probs)`` for every site on every forward pass.
 
-    With ``values`` (a :class:`~probe.measures.values.ValueTracker`), each site's value projection is hooked
+    With ``values`` (a :class:`~probe.capture.values.ValueTracker`), each site's value projection is hooked
     too, so that ``values.take(site, probs)`` inside the callback gives that site's value norms; with
     ``scores`` (a :class:`ScoreTracker`), ``scores.take(site)`` gives the scores the probabilities were
     computed from, where probe's attention function computed them.
@@ -238,7 +238,7 @@ class Captured:
         notes: what capture changed (attention implementation, train mode).
         norms: with ``capture_attention(..., value_norms=True)``, one tensor per site, [batch, heads,
             key]: ||f_h(x_j)||, the norm of key j's value vector carried through head h's slice of the
-            output projection (:mod:`probe.measures.values`; ||A[i, j] f_h(x_j)|| = A[i, j] ||f_h(x_j)||);
+            output projection (:mod:`probe.capture.values`; ||A[i, j] f_h(x_j)|| = A[i, j] ||f_h(x_j)||);
             else None.
     """
 

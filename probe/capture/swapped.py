@@ -3,7 +3,7 @@ interface (DeBERTa, BLOOM, GPT-Neo, MPNet in transformers 5.25; Falcon until 5.2
 of the loaded model says which, :func:`probe.capture.hooks.native`).
 
 Their transformers modules compute attention inline and never call the function registered in
-``AttentionInterface``. probe's from-scratch module (:class:`probe.reference.ReferenceAttention`)
+``AttentionInterface``. probe's from-scratch module (:class:`probe.capture.reference.ReferenceAttention`)
 computes each family's q, k, v and position terms and then calls probe's attention function
 (:func:`probe.capture.interface.probe_attention`), so with it swapped in every point of the function
 (query, key, value, pattern, output) exists for these families too. It is swapped in only where it
@@ -22,9 +22,9 @@ from torch import nn
 
 from ..architectures import site_modules
 from ..errors import ProbeError
-from ..reference.module import ReferenceAttention
-from ..reference.swap import swap_attention
 from .hooks import input_device
+from .reference.module import ReferenceAttention
+from .reference.swap import swap_attention
 
 #: Tokens of the check's two rows (the second right-padded by :data:`PADDED`).
 LENGTH = 12

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..bounds import HEAD_NAME, INPUT_NAME  # noqa: F401 (check_names: re-exported)
+from ..causal.parts import check_pre_ln
 from ..effects.pairs import LAST_POSITION, Pair, builtin_pairs, encode_pairs, metric_place
 from ..effects.patch_full import full_pass, last_logit_diffs, model_inputs
 from ..effects.patch_run import label_texts
@@ -28,7 +29,6 @@ from ..runs.analysis import analyze
 from ..sites import head_name
 from .checked import graph_of
 from .graph import Graph
-from .parts import check_pre_ln
 from .paths import path_patch
 
 

@@ -43,9 +43,9 @@ from ..architectures.weights import (
     output_weights,
     present_module,
 )
+from ..capture.reference.rotary import Rope, apply_rope, apply_rope_pairs
+from ..causal.parts import check_pre_ln, find_parts
 from ..errors import UnsupportedAnalysisError
-from ..reference.rotary import Rope, apply_rope, apply_rope_pairs
-from .parts import check_pre_ln, find_parts
 
 
 @dataclass
@@ -125,7 +125,7 @@ def _rope(lm, layer: int) -> Rope | None:
 
 def check_kind(lm, what: str = "circuits") -> None:
     """Refuse, before any pass, a model the head graph does not fit by its kind: an encoder-decoder
-    model, or a post-LN model (:func:`probe.circuits.parts.check_pre_ln`). A pre-norm encoder whose
+    model, or a post-LN model (:func:`probe.causal.parts.check_pre_ln`). A pre-norm encoder whose
     spec was discovered (ModernBERT) goes on to the graph's check.
 
     Raises:

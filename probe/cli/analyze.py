@@ -9,11 +9,10 @@ import click
 
 from .. import IMPORT_STARTED, bounds
 from ..util import process_age
-from .audioinput import audio_input, audio_options, check_audio, check_speech_input, speech_input
-from .group import hold, main, user_errors
-from .imageinput import check_model_input, image_input, image_options, parse_size
+from .audioinput import audio_options, check_audio
+from .group import main, user_errors
+from .imageinput import image_options, parse_size
 from .options import check_files, limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
-from .pairinput import analyze_pair, is_pair_model
 from .summary import summary
 from .verify import verify_progress
 
@@ -45,7 +44,7 @@ _pattern_options = stacked(
                       "duplicates; repeatable)."),
 )
 
-#: --norm, --labels-by: value-weighted statistics (probe.measures.values).
+#: --norm, --labels-by: value-weighted statistics (probe.capture.values).
 _norm_options = stacked(
     click.option("--norm/--no-norm", "value_weighted", default=True, show_default=True,
                  help="Value-weighted statistics (Kobayashi et al. 2020): every statistic also on the attention "
@@ -121,81 +120,27 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     _check_usage(texts, corpus, pairs, generate, coref, syntax_file)  # before torch is imported: at once
     user_errors(bounds.value_weighting)(value_weighted, labels_by)  # --labels-by norm with --no-norm
     counted = _check_input(texts, corpus, pairs, limit, audio_files)  # also before torch: a streamed file's count
-    from ..errors import InputError
-    from ..loading.models import load_model, peek_config
-    from ..loading.seq2seq import as_targets, check_generate, check_generate_config
-    from ..report import claim_run_dir
-    from ..runs import distributed
-    from ..runs.analyze import analysis_input, analyze_run, announcement, start_up_note
+    from ..entries.analyze import analyze_run, start_up_note
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
     timings = {"startup_s": time.perf_counter() - started}
-    t = time.perf_counter()
-    size = parse_size(image_size)
-    # a dual encoder (CLIP, SigLIP) reads text and images together; its config is read only then
-    pair = bool((image_files or image_folder) and (texts or corpus)) and is_pair_model(model_name)
-    paths = image_input(image_files, image_folder, limit,
-                        not pair and bool(texts or corpus or pairs or coref or syntax_file))
-    clips = audio_input(audio_files, transcripts, limit, bool(texts or corpus or pairs or coref or syntax_file
-                                                              or paths))
-    if run_verify and (clips is not None or paths is not None):  # before a model loads: verify reads text
-        raise InputError("--verify checks the attention on text; it does not run on images or audio (leave out "
-                         "--verify)")
-    if clips is not None:
-        seqs, source, annotated = clips, "--audio", None
-    elif paths is None or pair:
-        seqs, source, annotated = analysis_input(texts, corpus, pairs, coref, syntax_file, limit)
-    else:
-        seqs, source, annotated = paths, "--image" if image_files else image_folder, None
-    world = distributed.detect()
-    if world is None or world.main:  # rank 0 writes the one report
-        out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
-    timings["input_s"] = time.perf_counter() - t
-
-    if pair:
-        return analyze_pair(model_name, seqs, source, paths, out, force=force, dtype=dtype, timings=timings,
-                            started=started, batch_size=batch_size, max_length=max_length, n_examples=examples,
-                            thresholds=thresholds)
-    if generate is not None and clips is None and (config := peek_config(model_name)) is not None:
-        check_generate_config(config, model_name, generate)  # before the weights load
-    lm = load_model(model_name, dtype=dtype, device=device, device_map=device_map)
-    timings["model_load_s"] = lm.load_seconds
-    check_speech_input(lm, clips)
-    if clips is None:
-        check_model_input(lm, paths)
-    accumulators = None
-    if clips is not None:
-        seqs, accumulators = speech_input(lm, clips, transcripts, generate, examples)
-        rollout, generate = False, None  # the bound was the transcript's; the section draws the clips
-        query_block = 0 if query_block is None else query_block  # whole maps: the alignment reads them
-    if paths is not None:
-        from ..images import grid_accumulators, images
-
-        seqs = images(lm, paths, size)
-        rollout = False  # the image section draws its own rollout over the patches
-    show = (sys.stderr.isatty() if progress is None else progress) and (world is None or world.main)
-    if generate is not None:
-        check_generate(lm, generate)
-    if paths is not None:
-        accumulators = grid_accumulators(lm, n_images=min(examples, 2))
-    click.echo(announcement(lm, seqs, source, world, counted), err=True)  # only once the analysis will run
-    if pairs and lm.kind == "encoder-decoder":
-        seqs = as_targets(seqs)  # the file's second column is the decoder's target
-    result, path = analyze_run(
-        lm, seqs, out=out, force=force, source=source, annotated=annotated, batch_size=batch_size,
-        max_length=max_length, examples=examples, thresholds=thresholds, parse_special_tokens=parse_special_tokens,
-        rollout=rollout, run_verify=run_verify, query_block=query_block, distance=distance,
-        map_sequences=map_sequences, circuits=circuits, health=health, value_weighted=value_weighted,
-        labels_by=labels_by, generate=generate, progress=show, world=world, timings=timings, started=started,
-        verify_progress=verify_progress if show else None,
-        accumulators=accumulators)
-    if path is None:
+    run = analyze_run(
+        model_name, texts, corpus=corpus, pairs=pairs, coref=coref, syntax=syntax_file, images=image_files,
+        image_folder=image_folder, image_size=parse_size(image_size), audio=audio_files, transcripts=transcripts,
+        limit=limit, out=out, force=force, device=device, dtype=dtype, device_map=device_map,
+        batch_size=batch_size, max_length=max_length, examples=examples, thresholds=thresholds,
+        parse_special_tokens=parse_special_tokens, rollout=rollout, run_verify=run_verify, query_block=query_block,
+        distance=distance, map_sequences=map_sequences, circuits=circuits, health=health,
+        value_weighted=value_weighted, labels_by=labels_by, generate=generate,
+        progress=sys.stderr.isatty() if progress is None else progress, timings=timings, started=started,
+        verify_progress=verify_progress, announce=lambda line: click.echo(line, err=True), counted=counted)
+    if run.folder is None:
         return  # rank 0 writes the one report
-    summary(result, result.results.get("verification"), annotated is not None, lm.notes)
+    summary(run.result, run.result.results.get("verification"), run.annotated, run.loading_notes)
     if started_as_command() and (note := start_up_note(timings["startup_s"])):  # in a test runner or notebook
         click.echo(note)  # the "start-up" is the host process's age: only the command's own is explained
-    click.echo(f"Report: {path / 'index.html'}")
+    click.echo(f"Report: {run.folder / 'index.html'}")
 
 
 def _check_usage(texts, corpus, pairs, generate, coref, syntax_file) -> None:

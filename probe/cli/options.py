@@ -144,7 +144,7 @@ def parse_health(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
     :func:`probe.patterns.health.health_thresholds`."""
     if not values:
         return {}
-    from ..measures.rules import health_thresholds  # no heavy library: answered before torch is imported
+    from ..rules import health_thresholds  # no heavy library: answered before torch is imported
 
     out = _assignments(values, "CHECK")
     try:

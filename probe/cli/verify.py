@@ -11,7 +11,7 @@ from ..errors import ProbeError
 from .group import main, user_errors
 from .options import click_callback, device_option, dtype_option, model_option
 
-#: The names of ``probe.reference.mutants.MUTANTS`` (that module imports torch: not read here so that
+#: The names of ``probe.capture.reference.mutants.MUTANTS`` (that module imports torch: not read here so that
 #: ``probe --help`` starts without it; tests/test_start_up.py checks the two agree).
 MUTANT_NAMES = ("alibi-sign", "c2p-sign", "causal-inverted", "merge-without-transpose", "no-causal-mask",
                 "no-padding-mask", "no-scale", "scale-d-model")
@@ -84,8 +84,8 @@ def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: flo
     in the padding, 1,024-token and key/value-cache cases; --quick checks one sentence."""
     import torch
 
+    from ..capture.reference import mutant_applies
     from ..loading.models import load_model
-    from ..reference import mutant_applies
     from ..verification import BF16_ATOL, FP32_ATOL, verify
 
     lm = load_model(model_name, dtype=dtype, device=device)

@@ -90,7 +90,7 @@ def compare_runs(a, b) -> pd.DataFrame:
     """Compare two runs head by head (B - A).
 
     Args:
-        a, b: analysis results (:class:`probe.runs.analysis.AnalysisResult`) or run folders
+        a, b: analysis results (:class:`probe.records.AnalysisResult`) or run folders
             (read with :func:`probe.compare.load_run`).
 
     Returns:

@@ -18,10 +18,10 @@ import numpy as np
 
 from ..errors import InputError
 from ..measures.stats import STATISTICS
+from ..records import versions
 from ..report import GROUP_SHORT, SITE_GROUPS, claim_run_dir
 from ..report.page import CSP, json_for_script, static_text, template_environment
 from ..report.portable import shorten_paths
-from ..runs.analysis import versions
 from ..sites import head_name
 from ..text.tokens import display_tokens
 from .diff import (

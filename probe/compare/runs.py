@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..errors import InputError
 from ..measures.accumulators import Example
-from ..runs.analysis import AnalysisResult
+from ..records import AnalysisResult
 from ..sites import head_name
 
 #: The example maps file of a run folder.
@@ -79,7 +79,7 @@ def read_examples(path: str | Path) -> list[Example]:
 
 
 def load_run(folder: str | Path):
-    """Read a run folder back into the :class:`probe.runs.analysis.AnalysisResult` the analysis returned.
+    """Read a run folder back into the :class:`probe.records.AnalysisResult` the analysis returned.
 
     Args:
         folder: a folder written by ``probe analyze`` / :func:`probe.report.write_run`.

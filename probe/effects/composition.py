@@ -38,10 +38,10 @@ import torch
 
 from ..architectures import needs_weights, site_outputs, weights
 from ..architectures.modules import site_block, site_spec
+from ..capture.reference import Rope
 from ..causal.heads import normalize_heads
-from ..circuits.parts import check_pre_ln, find_parts
+from ..causal.parts import check_pre_ln, find_parts
 from ..errors import InputError, UnsupportedAnalysisError
-from ..reference import Rope
 from .dla import head_out_weights
 from .projections import module_projections
 
@@ -87,7 +87,7 @@ def probed(lm) -> bool:
 
 def _found_norms(lm, parts, layer: int) -> tuple[torch.Tensor | None, bool, torch.Tensor | None]:
     """(input norm gain or None, is LayerNorm, post-norm gain or None) of ``layer`` from the norms
-    :func:`probe.circuits.parts.find_parts` found (float64)."""
+    :func:`probe.causal.parts.find_parts` found (float64)."""
     norm, post = parts.norm[layer], parts.attn_post[layer]
     gain = None if norm is None or getattr(norm, "weight", None) is None else weights.norm_gain(
         lm.spec, norm, torch.float64)
@@ -100,7 +100,7 @@ def head_factors(lm) -> dict:
     ``q``, ``k``, ``v`` [layers, heads, d_model, d_head] (k, v repeated per query head),
     ``o`` [layers, heads, d_head, d_model] (the writer's: centred for LayerNorm models) and
     ``o_reader`` (as stored, a post-norm's gain folded in). Where :func:`probed`, q, k and v are the
-    matrices measured from the attention modules and the norms those :func:`~probe.circuits.parts.find_parts`
+    matrices measured from the attention modules and the norms those :func:`~probe.causal.parts.find_parts`
     finds (MLA: q and k are d_qk wide, v d_v)."""
     g = lm.geometry
     out = {m: [] for m in ("q", "k", "v", "o", "o_reader")}

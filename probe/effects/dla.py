@@ -28,7 +28,7 @@ from ..architectures import site_block, weights
 from ..architectures.modules import site_spec
 from ..capture.hooks import input_device
 from ..capture.intervene import Cache, intervening
-from ..circuits.parts import check_pre_ln, find_parts
+from ..causal.parts import check_pre_ln, find_parts
 from ..errors import InputError, UnsupportedAnalysisError
 from .patching import EncodedPairs, Pair, builtin_pairs, check_patchable, encode_pairs, final_norm
 
@@ -51,7 +51,7 @@ def head_out_weights(lm, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _parts(lm) -> tuple[list, list, nn.Module, list]:
     """(per layer the module whose output is the MLP's write, per layer the attention's post-norm or
     None, the final norm, the linear maps between the final norm and the unembedding): from the spec,
-    or for a discovered spec found by a pass (:func:`probe.circuits.parts.find_parts`).
+    or for a discovered spec found by a pass (:func:`probe.causal.parts.find_parts`).
 
     Raises:
         UnsupportedAnalysisError: no MLP or no final norm known.

@@ -29,7 +29,8 @@ from ..causal.objectives import ZERO_WITHIN
 from ..causal.split import split_corpus
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
-from ..runs.analysis import AnalysisResult, analyze
+from ..records import AnalysisResult
+from ..runs.analysis import analyze
 from ..sites import head_name
 from ..text.inputs import Text, as_texts, iter_batches
 from ..util import plural, progress_bar

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..core import LoadedModel
-from ..runs.analysis import AnalysisResult, analyze
+from ..records import AnalysisResult
+from ..runs.analysis import analyze
 from .batches import IMAGE_SUFFIXES, ImageBatch, Images, image_paths, images, read_image
 from .grid import GRID_LABELS, MEASURES, GridAttention, grid_geometry
 from .maps import MAX_FLOW_SOLVES, ImageExample, ImageMaps
@@ -51,7 +52,7 @@ def analyze_images(lm: LoadedModel, items: Sequence, *, image_size: tuple[int, i
         **kwargs: passed to :func:`probe.runs.analysis.analyze` (batch_size, accumulators ...).
 
     Returns:
-        The :class:`~probe.runs.analysis.AnalysisResult`; ``heads`` has the grid columns
+        The :class:`~probe.records.AnalysisResult`; ``heads`` has the grid columns
         (``grid_distance``, ``cls_share`` ...) and labels, ``results["image_maps"]`` the pictures.
 
     Raises:

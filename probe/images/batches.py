@@ -167,3 +167,36 @@ def images(lm, items: Sequence, image_size: tuple[int, int] | None = None) -> Im
     """
     asks = "interpolate_pos_encoding" in inspect.signature(lm.model.forward).parameters
     return Images(lm.tokenizer, items, image_size, interpolates=asks)
+
+
+def image_input(files, folder, limit: int | None, other_input: bool) -> list[str] | None:
+    """The image paths of ``--image`` and ``--images`` (at most ``limit``), each checked readable
+    before a model is loaded; None when neither was given.
+
+    Raises:
+        InputError: text input given too, a missing folder or file, a file Pillow cannot read.
+    """
+    if not files and folder is None:
+        return None
+    if other_input:
+        raise InputError("give either images (--image, --images) or text (--text, --corpus, --pairs, --coref, "
+                         "--syntax), not both")
+    paths = [str(p) for p in files] + ([str(p) for p in image_paths(folder)] if folder is not None else [])
+    paths = paths[:limit] if limit else paths
+    for path in paths:
+        read_image(path)
+    return paths
+
+
+def check_model_input(lm, paths: list[str] | None) -> None:
+    """Refuse images for a text model and text for an image model, in one line.
+
+    Raises:
+        InputError: the input does not fit the model.
+    """
+    is_image_model = isinstance(lm.tokenizer, PixelProcessor)
+    if paths is not None and not is_image_model:
+        raise InputError(f"{lm.name} reads text, not images (an image model has a patch size and an image size "
+                         "in its config)")
+    if paths is None and is_image_model:
+        raise InputError(f"{lm.name} is an image model: give images with --image FILE or --images FOLDER")

@@ -96,7 +96,7 @@ def show_image(result, image: int = 0, tile: int = TILE) -> ImageView:
     """The attention pictures of image ``image`` of an analysis of images (for a notebook).
 
     Args:
-        result: an :class:`probe.runs.analysis.AnalysisResult` of :func:`probe.images.analyze_images`
+        result: an :class:`probe.records.AnalysisResult` of :func:`probe.images.analyze_images`
             (or of ``analyze`` with an :class:`probe.images.maps.ImageMaps` accumulator).
         image: which kept image (0: the first).
         tile: width in pixels of each head's picture.

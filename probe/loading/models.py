@@ -8,7 +8,7 @@ This module names models (aliases, embedded packages, the cache folder) and retu
 :class:`~probe.core.LoadedModel` (defined in :mod:`probe.core`, re-exported here);
 :mod:`probe.loading.checkpoints` turns a checkpoint into a ``transformers`` model (auto class and task head,
 GGUF dequantization and its cache, device placement); a pruned model's folder is read by
-:func:`probe.pruning.saving.load_pruned_folder`.
+:func:`probe.loading.pruned.load_pruned_folder`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from ..capture.eager_maps import discover_maps
 from ..capture.hooks import ensure_eager
 from ..core import LoadedModel
 from ..errors import ModelLoadError, ProbeError, UnsupportedArchitectureError
-from ..pruning.heads import PRUNED_FILE
-from ..pruning.saving import load_pruned_folder
 from ..util import quiet_transformers
 from .checkpoints import (
     HEADS,
@@ -50,6 +48,7 @@ from .checkpoints import (
 )
 from .ctranslate import FIRST_USE_SECONDS, whisper_folder
 from .folders import asked_attention, folder_lacks, refuse_unsupported
+from .pruned import PRUNED_FILE, load_pruned_folder
 
 
 @dataclass(frozen=True)
@@ -427,14 +426,14 @@ def spec_for(model: nn.Module, tokenizer) -> ArchSpec:
 
     Raises:
         UnsupportedArchitectureError: neither (one line saying what is missing), or a dual encoder
-            (:mod:`probe.runs.towers` measures its towers).
+            (:mod:`probe.entries.towers` measures its towers).
     """
     if getattr(model.config, "model_type", None) in SPECS:
         return get_spec(model.config)
-    if is_pair(model.config, type(model)):  # two towers, two inputs: probe.runs.towers splits them
+    if is_pair(model.config, type(model)):  # two towers, two inputs: probe.entries.towers splits them
         raise UnsupportedArchitectureError(
             f"{type(model).__name__} is a dual encoder (a text and a vision tower): analyse it with images and "
-            "text together (probe analyze --image FILE --text TEXT; in Python probe.runs.towers.load_towers)")
+            "text together (probe analyze --image FILE --text TEXT; in Python probe.entries.towers.load_towers)")
     try:
         return discover(model, tokenizer)
     except NoInterfaceCalls as exc:  # its attention is its own code: capture-only, from the maps it returns

@@ -72,7 +72,7 @@ class Accumulator:
     refuse an accumulator that does not fit the model, and the CLI leaves it out).
 
     Attributes:
-        name: key of the result in :attr:`probe.runs.analysis.AnalysisResult.results`.
+        name: key of the result in :attr:`probe.records.AnalysisResult.results`.
         title: what the analysis is called in messages.
         model_kinds: the kinds of model it measures (:data:`probe.architectures.MODEL_KINDS`).
         site_kinds: the kinds of site it reads (``"self"``, ``"cross"``).
@@ -86,7 +86,7 @@ class Accumulator:
     #: model): merging reads only the measured state.
     transient: tuple[str, ...] = ()
     #: :func:`probe.runs.analysis.run` hooks the value projections and calls ``update(site, probs, batch,
-    #: values=...)`` with the site's :class:`probe.measures.values.ValueNorms`.
+    #: values=...)`` with the site's :class:`probe.capture.values.ValueNorms`.
     reads_values: bool = False
     #: :func:`probe.runs.analysis.run` calls ``update(site, probs, batch, scores=...)`` with the
     #: :class:`probe.capture.op.Scores` the probabilities were computed from (or None).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .rules import LABEL_RULES, MIXED, REMOVED, default_thresholds, validate_thresholds  # noqa: F401 (re-exported)
+from ..rules import LABEL_RULES, MIXED, REMOVED, default_thresholds, validate_thresholds  # noqa: F401 (re-exported)
 
 
 def label_heads(heads: pd.DataFrame, thresholds: dict[str, float] | None = None,

@@ -89,7 +89,7 @@ def rollout_example(lm: LoadedModel, text: Text, index: int = 0, *, max_length: 
 def text_rollout(lm: LoadedModel, text: str | Text, *, max_length: int | None = None,
                  max_flow_tokens: int = MAX_FLOW_TOKENS) -> RolloutRecord:
     """Weights, rollout and the reported row's flow of one text as a record (one forward pass); flow left
-    out, and said, above ``max_flow_tokens`` tokens. :func:`probe.runs.notebook.rollout_view` draws it.
+    out, and said, above ``max_flow_tokens`` tokens. :func:`probe.entries.notebook.rollout_view` draws it.
 
     Raises:
         InputError: an empty text, max_length below 2.

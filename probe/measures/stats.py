@@ -7,7 +7,7 @@ query rows, kept as running sums and counts (:class:`HeadStatistics`) so memory 
 the corpus and partial results merge across batches, processes or machines.
 
 Every statistic is also computed, by the same code (:func:`map_sums`), on the value-weighted map
-N~ of Kobayashi et al. 2020 (:mod:`probe.measures.values`): the column ``<statistic>_by_norm``, with
+N~ of Kobayashi et al. 2020 (:mod:`probe.capture.values`): the column ``<statistic>_by_norm``, with
 ``norm_mass``, the mean norm of the head's output.
 """
 
@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from ..capture.op import Scores
+from ..capture.values import ValueNorms
 from ..loading.seq2seq import sides
 from ..sites import Site
 from ..text.inputs import Batch
@@ -36,7 +37,6 @@ from .statweights import (  # re-exported: the statistics' names and definitions
     contraction_weights,
     token_features,
 )
-from .values import ValueNorms
 
 __all__ = [
     "ALIGN_WINDOW", "ALL_STATISTICS", "BY_NORM", "CROSS_STATISTICS", "LINEAR", "LONG_RANGE", "NORM_MASS",
@@ -84,7 +84,7 @@ def map_sums(a: torch.Tensor, w: ContractionWeights, norms: torch.Tensor | None 
         a: [batch, heads, query, key] float32 maps whose real rows sum to 1 (or are all 0); maps of
             a half-precision model are converted to float32 by the caller, before any statistic.
         w: the batch's :class:`~probe.measures.statweights.ContractionWeights`, on ``a``'s device.
-        norms: [batch, heads, key] n_j = ||f_h(x_j)|| (:class:`~probe.measures.values.ValueNorms`), or
+        norms: [batch, heads, key] n_j = ||f_h(x_j)|| (:class:`~probe.capture.values.ValueNorms`), or
             None: A's statistics only.
         scores: the :class:`~probe.capture.op.Scores` A was computed from, its keys cut to ``a``'s, or None.
 
@@ -257,7 +257,7 @@ class HeadStatistics(Accumulator):
     head of a site sees the same rows). Corpus values (:meth:`means`) are sums / counts, the
     token-weighted mean over real query rows. Instances merge with :meth:`merge`.
 
-    With ``value_weighted``, the same statistics of the value-weighted map N~ (:mod:`probe.measures.values`)
+    With ``value_weighted``, the same statistics of the value-weighted map N~ (:mod:`probe.capture.values`)
     are kept in ``norm_sums`` [sites, heads, statistics] and ``norm_counts`` (per head: a row
     whose value-weighted map is all 0 is left out of that head's counts), and the norm of each head's
     output in ``mass_sums`` [sites, heads] (counted over every real query row).
@@ -267,7 +267,7 @@ class HeadStatistics(Accumulator):
         n_heads: query heads per site.
         tokenizer: the model's tokenizer (its sep token, and token surfaces where offsets are missing).
         value_weighted: also keep the value-weighted statistics (:meth:`update` then needs the site's
-            :class:`~probe.measures.values.ValueNorms`, which :func:`probe.runs.analysis.run` hands it).
+            :class:`~probe.capture.values.ValueNorms`, which :func:`probe.runs.analysis.run` hands it).
     """
 
     name = "statistics"

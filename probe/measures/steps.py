@@ -1,6 +1,6 @@
 """The steps of one attention weight: for one site, head and query token, every key's score from
 the query and key vectors to the softmax, from the from-scratch attention
-(:class:`probe.reference.ReferenceAttention`) run on the model's own projections.
+(:class:`probe.capture.reference.ReferenceAttention`) run on the model's own projections.
 
     steps = attention_steps(lm, "The cat sat on the mat.", site=3, head=5, query=4)
     steps[["token", "score", "scaled_score", "probability"]]
@@ -22,17 +22,17 @@ import pandas as pd
 import torch
 
 from ..architectures import site_outputs
+from ..capture import values
 from ..capture.hooks import measuring
 from ..capture.maps import attention_hooks, encode, forward
+from ..capture.reference.swap import swap_attention
+from ..capture.values import output_gram
 from ..core import LoadedModel
 from ..errors import InputError
 from ..loading.seq2seq import sides
-from ..reference.swap import swap_attention
 from ..sites import SITE_PREFIX, Site, head_name
 from ..text.inputs import Text
 from ..text.tokens import display_tokens
-from . import values
-from .values import output_gram
 
 #: Tolerance of the check that the softmax row equals the model's captured probabilities (fp32).
 STEP_ATOL = 1e-5
@@ -95,7 +95,7 @@ def find_site(lm: LoadedModel, site) -> Site:
 def value_norms(lm: LoadedModel, site: Site, head: int, v: torch.Tensor) -> torch.Tensor:
     """||f_h(x_j)|| = ||v_j W_O^h|| per key [Tk], v [Tk, d_head] the head's values (with their bias),
     through the value-weighted attention's own Gram matrix of the output projection
-    (:func:`probe.measures.values.output_gram`, :func:`probe.measures.values.value_norms`; Kobayashi et al. 2020,
+    (:func:`probe.capture.values.output_gram`, :func:`probe.capture.values.value_norms`; Kobayashi et al. 2020,
     sec. 3; b_O is not split between heads). A physically pruned layer's projection holds
     only its present heads' blocks; ``head`` counts those."""
     out = dict(site_outputs(lm.model))[site]

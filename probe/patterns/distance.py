@@ -41,7 +41,7 @@ import torch
 
 from ..errors import InputError
 from ..measures.accumulators import Accumulator
-from ..measures.rules import NEAR_DUPLICATE  # noqa: F401 (re-exported: the near-duplicate distance)
+from ..rules import NEAR_DUPLICATE  # noqa: F401 (re-exported: the near-duplicate distance)
 from ..sites import Site
 from ..text.inputs import Batch
 from .groups import head_groups

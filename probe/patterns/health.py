@@ -48,7 +48,7 @@ import torch
 
 from ..measures.accumulators import Accumulator, present_heads
 from ..measures.classify import LABEL_RULES
-from ..measures.rules import HEALTH_RULES, health_thresholds  # noqa: F401 (health_thresholds: re-exported)
+from ..rules import HEALTH_RULES, health_thresholds  # noqa: F401 (health_thresholds: re-exported)
 from ..sites import Site, first_visible, head_name
 from ..text.inputs import Batch
 from ..util import plural
@@ -338,7 +338,7 @@ NOT_MEASURED = ("this analysis has no health checks: run it with analyze(lm, tex
 
 
 def health_of(result) -> list[Check]:
-    """The checks of an :class:`~probe.runs.analysis.AnalysisResult` whose run had a :class:`HealthProbe`
+    """The checks of an :class:`~probe.records.AnalysisResult` whose run had a :class:`HealthProbe`
     (its real tokens are the query rows).
 
     Raises:

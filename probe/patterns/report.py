@@ -1,6 +1,6 @@
 """Report sections of the pattern analyses (each registers itself with :func:`probe.report.sections.section_builder`).
 
-Each builder takes an :class:`~probe.runs.analysis.AnalysisResult` and the tokenizer and returns a
+Each builder takes an :class:`~probe.records.AnalysisResult` and the tokenizer and returns a
 :class:`~probe.report.sections.Section` (HTML fragment from its own template, canvas figure data,
 files for the run folder, a run.json entry) or None when its analysis did not run. Figures are data
 for the page's inline scripts (heatmaps: ``static/heatmap.js``; scatter and bars:

@@ -1,7 +1,7 @@
 """Head pruning: gates, importance and redundancy, pruning curves against random orders, and heads
 physically removed from the weights (saved and loaded back).
 
-Modules (each small): :mod:`~probe.pruning.heads` (original numbering and per-layer layouts),
+Modules (each small): :mod:`~probe.loading.pruned` (original numbering and per-layer layouts),
 :mod:`~probe.pruning.importance` (Michel et al. 2019), :mod:`~probe.pruning.redundancy`
 (the redundancy order, from :mod:`probe.patterns.distance`'s Jensen-Shannon distances),
 :mod:`~probe.pruning.curves` (orders and curves),
@@ -26,12 +26,12 @@ from __future__ import annotations
 from ..causal.gates import gated
 from ..causal.objectives import OBJECTIVES, default_objective
 from ..causal.split import split_corpus
+from ..loading.pruned import PRUNED_FILE, PrunedHeads, load_pruned_folder
 from .curves import ORDERS
 from .experiment import PruneResult, prune
-from .heads import PRUNED_FILE, PrunedHeads
 from .importance import head_importance, normalize_per_layer
 from .removal import remove_heads
-from .saving import load_pruned_folder, save_pruned
+from .saving import save_pruned
 
 __all__ = [
     "OBJECTIVES", "ORDERS", "PRUNED_FILE", "PruneResult", "PrunedHeads", "default_objective",

@@ -7,9 +7,9 @@ Every layout of :data:`probe.architectures.QKV_LAYOUTS` is handled from the spec
 fused projection (blocks of 3 x d_head rows per head) and Phi-3's stacked projection
 (q | k | v rows). Attributes listed in the spec (``head_count_attrs``, ``width_attrs``,
 ``kv_group_attr``, ``kv_head_count_attrs``) are set to the new values; a module that reads its
-head count from the config (``config_head_attrs``, Phi-3) gets a :class:`ConfigView` with its own.
+head count from the config (``config_head_attrs``, Phi-3) gets a :class:`probe.loading.pruned.ConfigView` with its own.
 The layout of a layer (which original head sits in which slot, grouped key/value heads, zero
-placeholders) is planned by :func:`probe.pruning.heads.plan_layer`.
+placeholders) is planned by :func:`probe.loading.pruned.plan_layer`.
 
 Removal is exact up to float summation order: a removed head's slice is dropped where the gated
 model multiplies it by 0, so the pruned model's outputs equal the gated model's (float32, atol 1e-5;
@@ -20,83 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 
-from ..architectures import ALIBI, ArchSpec, SiteSpec, site_block, site_spec, sites
+from ..architectures import ALIBI, ArchSpec, site_block, site_spec, sites
 from ..causal.heads import normalize_heads
 from ..errors import InputError, UnsupportedAnalysisError
+from ..loading.pruned import PrunedHeads, apply_layout, plan_layer
 from ..sites import head_name
-from .heads import LayerLayout, PrunedHeads, plan_layer
-
-
-class ConfigView:
-    """A module's own view of the model config: ``overrides`` (its head count), everything else
-    read from, and written to, the shared config (so ``set_attn_implementation`` still reaches it)."""
-
-    def __init__(self, base, **overrides) -> None:
-        base = base._base if isinstance(base, ConfigView) else base
-        object.__setattr__(self, "_base", base)
-        object.__setattr__(self, "_overrides", dict(overrides))
-
-    def __getattr__(self, name):
-        overrides = object.__getattribute__(self, "_overrides")
-        if name in overrides:
-            return overrides[name]
-        return getattr(object.__getattribute__(self, "_base"), name)
-
-    def __setattr__(self, name, value) -> None:
-        setattr(self._base, name, value)
-
-
-@dataclass
-class _Slots:
-    """Indices into the current projections of the new layout's slots (None: zero placeholder)."""
-
-    q: list[int | None]
-    kv: list[int | None]
-    old_q: int
-    old_kv: int
-
-
-def _source(current: LayerLayout, new: LayerLayout) -> _Slots:
-    q = [None if h is None else current.q.index(h) for h in new.q]
-    kv = [None if j is None else current.kv.index(j) for j in new.kv]
-    return _Slots(q, kv, len(current.q), len(current.kv))
-
-
-def _slice(attn_layer: nn.Module, spec: ArchSpec, paths: SiteSpec, s: _Slots, d: int) -> None:
-    """Cut the query/key/value projections and the output projection's input of one layer to the new
-    slots (the layout's own rules: :meth:`probe.architectures.layout.ProjectionLayout.cut_qkv`)."""
-    spec.layout.cut_qkv(lambda role: attn_layer.get_submodule(getattr(paths, role)), s.q, s.kv, s.old_q, s.old_kv, d)
-    spec.layout.cut_output(attn_layer.get_submodule(paths.o), s.q, d)
-
-
-def _set_counts(attn: nn.Module, spec: ArchSpec, lay: LayerLayout, d: int, config) -> None:
-    for attr in spec.head_count_attrs:
-        setattr(attn, attr, len(lay.q))
-    for attr in spec.width_attrs:
-        setattr(attn, attr, len(lay.q) * d)
-    if spec.kv_group_attr:
-        setattr(attn, spec.kv_group_attr, lay.group)
-    for attr in spec.kv_head_count_attrs:
-        setattr(attn, attr, len(lay.kv))
-    if spec.config_head_attrs:
-        attn.config = ConfigView(config, **{a: len(lay.q) for a in spec.config_head_attrs})
-
-
-def apply_layout(model: nn.Module, spec: ArchSpec, layer: int, current: LayerLayout, new: LayerLayout,
-                 d_head: int) -> None:
-    """Rewrite one layer's projections from ``current`` to ``new`` (both in original numbering), in place.
-
-    Zero placeholder slots get zero query/key/value rows and zero output-projection columns.
-    """
-    site = sites(model.config)[layer]  # one-stack models: one self-attention site per layer
-    block, paths = site_block(model, spec, site), site_spec(spec, site)
-    s = _source(current, new)
-    with torch.no_grad():
-        _slice(block, spec, paths, s, d_head)
-    _set_counts(block.get_submodule(paths.attention), spec, new, d_head, model.config)
 
 
 def _slot_costs(model: nn.Module, spec: ArchSpec, layer: int, d: int, d_model: int) -> tuple[int, int]:

@@ -37,7 +37,7 @@ from ..architectures.weights import attention_weights, output_weights
 from ..capture.hooks import calls_function, measuring
 from ..capture.interface import edit, install, listen
 from ..capture.maps import forward
-from ..circuits.parts import is_norm
+from ..causal.parts import is_norm
 from ..errors import UnsupportedAnalysisError
 from ..sites import Site, head_name
 from .stream import (

@@ -27,10 +27,10 @@ from ..architectures.modules import site_block, site_spec
 from ..architectures.weights import attention_weights
 from ..capture.interface import repeat_heads
 from ..capture.maps import encode
+from ..capture.reference.rotary import Rope
 from ..causal.heads import normalize_heads
 from ..circuits.wiring import TURNS, turn
 from ..errors import InputError, UnsupportedAnalysisError
-from ..reference.rotary import Rope
 from ..sites import Site, head_name
 from ..text.sequence import Text
 from ..text.tokens import display_tokens

@@ -45,7 +45,7 @@ from ..capture.hooks import calls_function, measuring
 from ..capture.interface import Call, edit, install, listen, served_sites
 from ..capture.maps import forward
 from ..capture.swapped import swap_if_agrees
-from ..circuits.parts import is_norm
+from ..causal.parts import is_norm
 from ..errors import UnsupportedAnalysisError
 from ..sites import head_name
 

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import InputError
 from ..measures.classify import LABEL_RULES
 from ..measures.stats import CROSS_STATISTICS, STATISTICS
-from ..runs.analysis import AnalysisResult, versions
+from ..records import AnalysisResult, versions
 from ..sites import head_name
 from ..text.tokens import display_tokens
 from .page import (  # re-exported: the page's shared pieces, imported from here by older code

@@ -1,5 +1,5 @@
 """The "Value-weighted attention" section: which stripes shrink, which grow, when each key's weight
-is multiplied by the norm of what it carries (Kobayashi et al. 2020, sec. 4; :mod:`probe.measures.values`).
+is multiplied by the norm of what it carries (Kobayashi et al. 2020, sec. 4; :mod:`probe.capture.values`).
 
 Per layer (per site kind and layer for an encoder-decoder model), the mean over heads of the
 weight share of the first-token, sep and punctuation stripes (``first``, ``sep``, ``punct``) next

@@ -20,8 +20,8 @@ import numpy as np
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..measures.classify import LABEL_RULES, MIXED, REMOVED
+from ..records import AnalysisResult
 from ..runfolder import claim, claim_new
-from ..runs.analysis import AnalysisResult
 from ..sites import head_name
 from ..util import fixed, plural
 

@@ -9,13 +9,10 @@ and example maps are cropped to what is shown.
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -23,15 +20,16 @@ from .. import validate
 from ..capture.blocks import AUTO_LENGTH, block_capture, check_query_block, lean_outputs, longest, query_block_for
 from ..capture.hooks import Hooks
 from ..capture.maps import ScoreTracker, attention_hooks, check_fired, forward
+from ..capture.values import ValueTracker, value_weighting_for
 from ..core import LoadedModel
 from ..errors import InputError
 from ..loading.seq2seq import check_generate, stack_depths, with_generated_targets
-from ..measures.accumulators import Accumulator, Example, ExampleMaps, TokenCounts, check_block_ready, check_supported
+from ..measures.accumulators import Accumulator, ExampleMaps, TokenCounts, check_block_ready, check_supported
 from ..measures.classify import LABEL_RULES, REMOVED, cluster_heads, default_thresholds, label_heads
 from ..measures.routers import RouterLoad, find_routers
 from ..measures.sinks import SinkProfile
 from ..measures.stats import HeadStatistics, by_norm
-from ..measures.values import ValueTracker, value_weighting_for
+from ..records import AnalysisResult
 from ..text.inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from ..text.tokens import label_examples
 from ..util import plural, progress_bar
@@ -60,7 +58,7 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     A model whose heads were physically removed (``lm.pruned``) hands accumulators its
     probabilities in the original numbering, [batch, heads, query, key] with NaN for removed heads.
     Accumulators that read values (``reads_values``) also get each site's
-    :class:`~probe.measures.values.ValueNorms` (``update(site, probs, batch, values=...)``), from hooks on the
+    :class:`~probe.capture.values.ValueNorms` (``update(site, probs, batch, values=...)``), from hooks on the
     value projections of the same forward pass; those that read scores (``reads_scores``) get the
     :class:`~probe.capture.op.Scores` probe's attention function computed the probabilities from
     (``scores=...``; None where it did not). Accumulators that read other modules (``hooks_model``: the MoE
@@ -145,55 +143,6 @@ def _left_out_notes(state: dict, query_block: int | None) -> list[str]:
              else f"of blocks of {query_block} query rows")
     return [f"{title} needs whole attention maps: left out of the {plural(n, 'sequence')} {which}, captured in "
             f"query blocks (longest {T} tokens)" for title in state["left"]]
-
-
-@dataclass
-class AnalysisResult:
-    """Everything ``analyze`` measured.
-
-    Attributes:
-        model: name, source, type, geometry and parameter count (:func:`model_summary`).
-        heads: one row per (layer, head): ``layer``, ``head``, ``label`` (primary), ``labels``
-            (all, ';'-separated), one column per statistic of :data:`probe.measures.stats.STATISTICS`,
-            the columns extra accumulators add (:meth:`~probe.measures.accumulators.Accumulator.columns`),
-            and ``cluster`` (k-means on the statistics) unless an accumulator gave ``group``.
-        stats: the raw running sums and counts (mergeable with another run's).
-        thresholds: label -> threshold used.
-        counts: sequences, tokens (real, special included), truncated sequences, batches,
-            unknown-word tokens, longest sequence.
-        examples: a few sequences with their attention maps (cropped to ``settings["example_tokens"]``).
-        settings: batch size, max length, example count and crop ...
-        timings: seconds (``analyze_s`` in all, of which ``forward_and_statistics_s``).
-        notes: what probe changed to capture correctly, and what the user should know.
-        results: results of any extra accumulators, by their ``name``; always ``"sink_profile"``
-            (:class:`probe.measures.sinks.SinkProfileResult`: attention to the first tokens by query position).
-    """
-
-    model: dict
-    heads: pd.DataFrame
-    stats: HeadStatistics
-    thresholds: dict[str, float]
-    counts: dict
-    examples: list[Example]
-    settings: dict
-    timings: dict
-    notes: list[str] = field(default_factory=list)
-    results: dict = field(default_factory=dict)
-
-    def label_counts(self, which: str = "primary") -> dict[str, int]:
-        """Label -> number of heads, by count: ``"primary"`` (each head counted once, under its
-        primary label; the counts add up to the heads) or ``"all"`` (every head that holds the label,
-        primary or not; a head with several labels counts for each).
-
-        Raises:
-            InputError: another ``which``.
-        """
-        if which == "primary":
-            return self.heads["label"].value_counts().to_dict()
-        if which == "all":
-            held = self.heads["labels"].astype(str).str.split(";").explode()
-            return held[held != ""].value_counts().to_dict()
-        raise InputError(f"which must be 'primary' or 'all', got {which!r}")
 
 
 def model_summary(lm: LoadedModel) -> dict:
@@ -463,12 +412,3 @@ def input_notes(counts, tokenizer) -> list[str]:
                      f"are {unk}: the tokenizer has no piece for some characters (emoji, rare scripts), so "
                      f"attention to them is measured on {unk}")
     return notes
-
-
-def versions() -> dict:
-    """Versions of Python and the libraries whose behaviour shapes the numbers."""
-    import transformers  # deferred: transformers takes ~1.5 s to import
-
-    return {"probe": __import__("probe").__version__, "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "pandas": pd.__version__, "numpy": np.__version__}

@@ -1,6 +1,6 @@
 """``probe verify``, one feature in one package: the battery of inputs (:mod:`.battery`: the cases
 hand-written attention is known to fail on) and the comparison of the model as loaded with the
-model whose attention modules are swapped for the from-scratch attention of :mod:`probe.reference`
+model whose attention modules are swapped for the from-scratch attention of :mod:`probe.capture.reference`
 (:mod:`.compare`: layer by layer, probabilities, hidden states and outputs; the tolerances).
 """
 

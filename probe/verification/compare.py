@@ -1,7 +1,7 @@
 """``verify``: check that the from-scratch attention reproduces the original model (the comparison).
 
 The model is run twice on a battery of inputs, once as loaded (eager attention) and once with every
-layer's attention module swapped for :class:`probe.reference.ReferenceAttention`, and the two runs
+layer's attention module swapped for :class:`probe.capture.reference.ReferenceAttention`, and the two runs
 are compared layer by layer: attention probabilities (every head, real query rows and real keys
 only), each layer's hidden states (real positions only) and the final outputs (logits if the model
 has an LM head, else ``last_hidden_state``). Nothing is preprocessed on either side (no folding of norms, no centring).
@@ -47,10 +47,11 @@ from .. import validate
 from ..architectures import stack_layers
 from ..capture.hooks import input_device, measuring
 from ..capture.maps import add_attention_hooks
+from ..capture.reference import mutant_applies
+from ..capture.reference.mutants import check_mutant
+from ..capture.reference.swap import swap_attention
 from ..core import LoadedModel
 from ..errors import ProbeError
-from ..reference import mutant_applies
-from ..reference.swap import swap_attention
 from .battery import Case, battery, select_cases
 
 __all__ = ["VerifyResult", "LayerResult", "CaseResult", "verify", "BF16_ATOL", "FP32_ATOL", "FP32_RTOL",
@@ -351,7 +352,7 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
             It is measured in eager attention and eval mode (noted) and restored afterwards.
         atol: absolute tolerance (probabilities are in [0, 1]; hidden states and logits in the
             model's units). Default 1e-5 for float32; use :data:`BF16_ATOL` (1e-2) for bfloat16.
-        mutant: None, or a name from :data:`probe.reference.MUTANTS` to verify a deliberately
+        mutant: None, or a name from :data:`probe.capture.reference.MUTANTS` to verify a deliberately
             broken variant (expected to FAIL; a note says when it cannot change anything).
         rtol: relative tolerance: a value passes when ``|swapped - original| <= atol + rtol * |original|``
             (default :data:`FP32_RTOL`, 1e-5).
@@ -368,7 +369,7 @@ def verify(lm: LoadedModel, atol: float = FP32_ATOL, mutant: str | None = None, 
         InputError: unknown mutant, negative or non-finite tolerance.
         ProbeError: unknown case name or no case; a tokenizer that does not fit the model.
     """
-    validate.mutant(mutant)
+    check_mutant(mutant)
     atol, rtol = validate.tolerance("atol", atol), validate.tolerance("rtol", rtol)
     notes = list(lm.notes)
     if mutant is not None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from .. import validate
 from ..architectures.discovered import refuse_capture_only
 from ..capture.failures import forward_failures
+from ..capture.reference.mutants import check_mutant
 from ..core import LoadedModel
 from ..errors import ProbeError
 from .compare import FP32_ATOL, FP32_RTOL, CaseResult, VerifyResult
@@ -45,7 +46,7 @@ def _verify(lm: LoadedModel, atol: float, mutant: str | None, rtol: float, cases
             progress) -> VerifyResult:
     if not lm.spec.discovered:
         return verify_reference(lm, atol, mutant, rtol=rtol, cases=cases, progress=progress)
-    validate.mutant(mutant)
+    check_mutant(mutant)
     atol, rtol = validate.tolerance("atol", atol), validate.tolerance("rtol", rtol)
     if mutant is not None:
         raise ProbeError(f"mutants break probe's from-scratch attention module, which needs a hand-written spec; "

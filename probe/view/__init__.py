@@ -11,7 +11,7 @@ report, :func:`probe.view.grid.label_grid` colours the layer x head grid in a no
 :mod:`probe.view.stepview` one head's attention steps (``probe.attention_steps``' numbers).
 
 The views only draw what they are handed (maps, tokens, an analysis result, a rollout record) and
-run no model: ``probe.show``, ``probe.model_view`` and ``probe.rollout_view`` (:mod:`probe.runs.notebook`)
+run no model: ``probe.show``, ``probe.model_view`` and ``probe.rollout_view`` (:mod:`probe.entries.notebook`)
 run the model on a text and hand the result to them.
 """
 

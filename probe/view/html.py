@@ -181,7 +181,7 @@ def site_labels(heads_table, sites) -> dict[tuple[int, int], str]:
 
 def result_view(result, *, tokenizer=None, example: int = 0, layers=None, layer: int | None = None, heads=None,
                 max_values: int = MAX_VALUES, threshold: float = LINE_THRESHOLD, words: bool = True) -> HeadView:
-    """The head view of an analysis example (:class:`probe.runs.analysis.AnalysisResult`, also one read
+    """The head view of an analysis example (:class:`probe.records.AnalysisResult`, also one read
     back by :func:`probe.compare.load_run`): it draws the maps the analysis kept and runs nothing.
     An analysis of images adds the example image's attention pictures (:mod:`probe.images.view`).
 
@@ -220,7 +220,7 @@ def result_view(result, *, tokenizer=None, example: int = 0, layers=None, layer:
 
 def text_view(maps, sites, source: dict, target: dict | None = None, *, layers, title: str, causal: bool,
               note: str = "", layer: int | None = None, heads=None, threshold: float = LINE_THRESHOLD) -> HeadView:
-    """The head view of one text's maps, as a run of the model handed them (:func:`probe.runs.notebook.show`).
+    """The head view of one text's maps, as a run of the model handed them (:func:`probe.entries.notebook.show`).
 
     Args:
         maps: per site, [heads, query, key] probabilities (None for a site not included).

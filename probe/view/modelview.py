@@ -150,7 +150,7 @@ def result_model_view(result, *, tokenizer=None, example: int = 0, heads_table=N
     """The model view of an analysis example (its maps as the analysis kept them; nothing runs).
 
     Args:
-        result: an analysis result (:class:`probe.runs.analysis.AnalysisResult`, or one read back).
+        result: an analysis result (:class:`probe.records.AnalysisResult`, or one read back).
         tokenizer: for a result without stored token labels. example: which example of the result.
         heads_table: a heads DataFrame whose primary labels colour the borders (default: the result's own).
         cells: most cells per thumbnail side.

@@ -9,7 +9,7 @@ only for texts of at most ``max_flow_tokens`` tokens (the others are counted and
 come from the same functions as the API (:func:`probe.measures.rollout.stack_maps`,
 :func:`probe.measures.rollout.rollout_matrix`, :func:`probe.measures.flow.flow_values`), rounded to :data:`DIGITS`
 decimals for the page. The view runs no model: :mod:`probe.measures.rollout_examples` computes the record it
-draws (:func:`probe.runs.notebook.rollout_view` runs it on one text and draws it). The page's script is
+draws (:func:`probe.entries.notebook.rollout_view` runs it on one text and draws it). The page's script is
 ``static/rollout.js``: plain JavaScript, tokens set as text, never markup, no network.
 """
 

@@ -92,7 +92,7 @@ def model_view_section(result, tokenizer):
 @section_builder
 def steps_section(result, tokenizer):
     """The "Attention steps" section: the step view of the strongest head of each label on the first
-    example (:func:`probe.runs.analyze.report_steps` put them in ``result.results``), or None."""
+    example (:func:`probe.entries.analyze.report_steps` put them in ``result.results``), or None."""
     steps = result.results.get(STEPS_KEY)
     if not steps:
         return None

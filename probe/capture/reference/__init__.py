@@ -11,24 +11,25 @@ projection modules (by reference, never copied) and its config.
 
 * :mod:`~probe.capture.op` - :func:`attention`, the bare operation on [batch, heads, T, d_head]
   tensors, and the one mask convention checked at the door (0/1, boolean, additive; fp16-safe; empty rows give 0);
-* :mod:`~probe.reference.rotary` - RoPE frequencies from the config (every rope_type the supported
+* :mod:`~probe.capture.reference.rotary` - RoPE frequencies from the config (every rope_type the supported
   families use, partial rotary included);
-* :mod:`~probe.reference.module` - :class:`ReferenceAttention`, a drop-in for one layer's attention
+* :mod:`~probe.capture.reference.module` - :class:`ReferenceAttention`, a drop-in for one layer's attention
   module, one small method per step;
-* :mod:`~probe.reference.mutants` - deliberately broken variants, one overridden step each;
-* :mod:`~probe.reference.swap` - :func:`~probe.reference.swap.swap_attention`, reversible (imported from
+* :mod:`~probe.capture.reference.mutants` - deliberately broken variants, one overridden step each;
+* :mod:`~probe.capture.reference.swap` - :func:`~probe.capture.reference.swap.swap_attention`, reversible (imported from
   its module: it registers hooks through :mod:`probe.capture.hooks`, which sits above the operation).
 
 No preprocessing of weights happens anywhere: no folding of layer norms, no centring of the
 unembedding, no re-ordering of projection rows.
 """
 
-from ..capture.op import MaskError, as_keep_mask, attention
+from ..op import MaskError, as_keep_mask, attention
 from .module import ForwardContext, ReferenceAttention
-from .mutants import MUTANTS, mutant_applies, mutant_class
+from .mutants import MUTANTS, check_mutant, mutant_applies, mutant_class
 from .rotary import ROPE_TYPES, Rope, RopeError, apply_rope
 
 __all__ = [
     "MUTANTS", "MaskError", "ForwardContext", "ReferenceAttention", "Swapped", "Rope", "RopeError",
-    "ROPE_TYPES", "as_keep_mask", "attention", "apply_rope", "mutant_applies", "mutant_class", "swap_attention",
+    "ROPE_TYPES", "as_keep_mask", "attention", "apply_rope", "check_mutant", "mutant_applies", "mutant_class",
+    "swap_attention",
 ]

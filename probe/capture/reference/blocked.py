@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..capture.op import attention
+from ..op import attention
 
 
 def attend_in_blocks(module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None,
@@ -22,7 +22,7 @@ def attend_in_blocks(module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     of the whole map).
 
     Args:
-        module: the site's :class:`~probe.reference.module.ReferenceAttention` (its steps: mask, bias,
+        module: the site's :class:`~probe.capture.reference.module.ReferenceAttention` (its steps: mask, bias,
             scale; its ``query_block`` and ``on_block``).
         q: [batch, heads, T, d_head] after norms and RoPE; k, v: [batch, heads, Tk, d_head] after
             repeating grouped key/value heads.

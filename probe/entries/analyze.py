@@ -1,51 +1,243 @@
 """``probe analyze`` as a function: the run a notebook gets by calling :func:`analyze_run` is the one
-the command writes. It composes the decoder circuit probe (on decoders), the pattern analyses, the
-annotated probes of ``--coref``/``--syntax``, the loop (:func:`probe.runs.analysis.analyze`), verification,
-attention rollout and flow of the first examples, the report's attention-step views, and the run
-folder (:func:`probe.report.write_run`); :func:`analysis_input` reads what ``--text``, ``--corpus``,
-``--pairs``, ``--coref`` and ``--syntax`` name, :func:`announcement` and :func:`start_up_note` are the
-lines the command prints. The command line only reads options and prints.
+the command writes, for every kind of input the command takes (texts, a corpus, pairs, annotated text,
+images, audio clips, a dual encoder's texts and images). :func:`analyze_run` reads the input, loads the
+model and dispatches on the input's kind; :func:`analyze_texts` composes the decoder circuit probe (on
+decoders), the pattern analyses, the annotated probes of ``--coref``/``--syntax``, the loop
+(:func:`probe.runs.analysis.analyze`), verification, attention rollout and flow of the first examples,
+the report's attention-step views, and the run folder (:func:`probe.report.write_run`);
+:func:`analysis_input` reads what ``--text``, ``--corpus``, ``--pairs``, ``--coref`` and ``--syntax``
+name, :func:`announcement` and :func:`start_up_note` are the lines the command prints. The command line
+only reads options, calls :func:`analyze_run` and prints.
 
 Example::
 
-    from probe import load_model
-    from probe.runs.analyze import analyze_run
-    lm = load_model("minilm")
-    result, folder = analyze_run(lm, ["The cat sat on the mat."], out="reports/cat")
+    import probe
+    result, folder = probe.analyze_run("minilm", ["The cat sat on the mat."], out="reports/cat")
+    result, folder = probe.analyze_run("vit", images="photos/", out="reports/photos")
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
+from ..audio import MAX_NEW_TOKENS, clips, speech_accumulators
+from ..audio.batches import audio_input, check_speech_input
 from ..capture.blocks import AUTO_LENGTH
 from ..capture.maps import encode
 from ..errors import InputError
+from ..images import grid_accumulators
+from ..images.batches import check_model_input, image_input
+from ..images.batches import images as image_batches
 from ..linguistic import annotated_input
+from ..loading import models as loading  # load_model and peek_config read as attributes: a test may stand in for them
 from ..loading.checkpoints import cache_dir
-from ..loading.seq2seq import stack_depths
+from ..loading.seq2seq import as_targets, check_generate, check_generate_config, stack_depths
 from ..measures.accumulators import check_supported
 from ..measures.rollout_examples import MAX_EXAMPLES, run_rollout
 from ..measures.steps import heads_steps
 from ..patterns import CircuitProbe, circuit_probe, pattern_accumulators
 from ..patterns.circuits import SINK_TEXTS
+from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..report.page import choose_heads
+from ..runs import distributed
+from ..runs.analysis import analyze
 from ..sites import head_name
 from ..text.corpus import check_texts, count_sequences, iter_corpus, iter_pairs, peek, sample_texts  # noqa: F401 (count_sequences: re-exported)
 from ..util import plural
 from ..verification import verify
 from ..view.stepview import STEP_MAX_TOKENS, STEPS_KEY, step_view_data
-from . import distributed
-from .analysis import AnalysisResult, analyze
+from .towers import analyze_towers, is_pair_model, load_towers
 
 
-def analyze_run(lm, texts, *, out=None, force: bool = False, source: str = "texts", annotated=None,
+@dataclasses.dataclass
+class Run:
+    """What :func:`analyze_run` gives: unpacks as ``(result, folder)``.
+
+    Attributes:
+        result: the :class:`~probe.records.AnalysisResult` (with ``run_verify``, ``results["verification"]``).
+        folder: the run folder written; None on a process other than rank 0 of a distributed run.
+        loading_notes: what loading the model said (also among ``result.notes``; the command does not repeat them).
+        annotated: whether the input was annotated text (``coref``/``syntax``): the command prints its scores.
+    """
+
+    result: AnalysisResult
+    folder: Path | None
+    loading_notes: list[str] = dataclasses.field(default_factory=list)
+    annotated: bool = False
+
+    def __iter__(self):
+        return iter((self.result, self.folder))
+
+
+def analyze_run(model, texts=None, *, corpus: str | None = None, pairs: str | None = None,
+                coref: str | None = None, syntax: str | None = None, images=None, image_folder=None,
+                image_size: tuple[int, int] | None = None, audio=None, transcripts=(), limit: int | None = None,
+                out=None, force: bool = False, device=None, dtype=None, device_map=None,
+                source: str | None = None, annotated=None, batch_size: int = 16, max_length: int | None = None,
+                examples: int = 3, thresholds=None, parse_special_tokens: bool = False, rollout: bool = True,
+                run_verify: bool = False, query_block: int | None = None, distance: bool = True,
+                map_sequences: int = 200, circuits: bool = True, health=None, value_weighted: bool = True,
+                labels_by: str = "weight", generate: int | None = None, progress: bool = False, world=None,
+                timings: dict | None = None, started: float | None = None,
+                verify_progress: Callable | None = None, accumulators: list | None = None,
+                announce: Callable[[str], None] | None = None, counted: int | None = None) -> Run:
+    """Analyse a model on any input ``probe analyze`` takes and write the run folder the command writes.
+
+    The kind of input decides the run: texts (given, a corpus, a pairs file, the built-in sample),
+    annotated text (``coref``, ``syntax``), images (an image model: ``images``, ``image_folder``),
+    audio clips (a speech model: ``audio``), or texts and images together (a dual encoder, CLIP or
+    SigLIP: its text tower on the texts, its vision tower on the images). Everything is checked
+    before the model loads, and the run folder is claimed before anything runs (no partial folder on
+    an error).
+
+    Args:
+        model: a model name (alias, Hub id, folder, GGUF file: :func:`probe.loading.models.load_model`)
+            or a :class:`~probe.core.LoadedModel`.
+        texts: strings (``--text``; checked, at most ``limit``) or :class:`~probe.text.inputs.Text`
+            objects or a stream of them (used as given). None with no other input: the built-in sample.
+        corpus, pairs: a plain-text or CoNLL-U corpus, a file of tab-separated pairs (read as analysed).
+        coref, syntax: a GAP file (or ``"builtin"``) and a CoNLL-U file whose trees are scored.
+        images: image files (or one folder, a ``str`` or ``Path`` naming a directory); image_folder: a
+            folder whose every image is read, by name (``--images``). Read with Pillow, checked before
+            the model loads.
+        image_size: ``(height, width)`` in pixels instead of the processor's size.
+        audio: audio clips (a path or a list); transcripts: one per clip (default: the model's own).
+        limit: at most this many sequences, images or clips (of each annotated file).
+        out, force: the run folder (default a new ``reports/<model>-<time>``) and whether probe's own
+            files in it are replaced.
+        device, dtype, device_map: where and how a named model loads (:func:`probe.loading.models.load_model`).
+        source: ``run.json``'s ``settings.input`` (default: what the input was: ``--text``, the file,
+            the folder ...). annotated: an annotated input whose texts are ``texts`` (or None).
+        announce: called with the line saying what is analysed, once the analysis will run (None: silent).
+        counted: the sequences of a corpus or pairs file if already counted (for ``announce``).
+        batch_size, max_length, examples, thresholds, parse_special_tokens: as :func:`analyze_texts`.
+        rollout, run_verify, query_block, distance, map_sequences, circuits: as :func:`analyze_texts`.
+        health, value_weighted, labels_by, generate, progress: as :func:`analyze_texts`.
+        world: as :func:`analyze_texts`; default :func:`probe.runs.distributed.detect`.
+        timings, started, verify_progress, accumulators: as :func:`analyze_texts`.
+
+    Returns:
+        A :class:`Run` (``result, folder = analyze_run(...)``).
+
+    Raises:
+        InputError: two kinds of input, an unreadable input, input the model does not read, a model
+            that cannot be loaded, ``out`` taken; UnsupportedAnalysisError: as :func:`analyze_texts`.
+    """
+    t = time.perf_counter()
+    timings = {} if timings is None else timings
+    name = model if isinstance(model, str) else model.name
+    texts = [texts] if isinstance(texts, str) else texts
+    if isinstance(images, (str, os.PathLike)) and os.path.isdir(images) and image_folder is None:
+        images, image_folder = (), images  # one folder: every image in it, as --images reads it
+    image_files = [images] if isinstance(images, (str, os.PathLike)) else list(images or ())
+    audio_files = [audio] if isinstance(audio, (str, os.PathLike)) else list(audio or ())
+    text_given = bool(texts or corpus or pairs)
+    # a dual encoder (CLIP, SigLIP) reads text and images together; its config is read only then
+    pair = (bool((image_files or image_folder) and (texts or corpus)) and isinstance(model, str)
+            and is_pair_model(model))
+    paths = image_input(image_files, image_folder, limit, not pair and bool(text_given or coref or syntax))
+    clip_paths = audio_input(audio_files, transcripts, limit, bool(text_given or coref or syntax or paths))
+    if run_verify and (clip_paths is not None or paths is not None):  # before a model loads: verify reads text
+        raise InputError("--verify checks the attention on text; it does not run on images or audio (leave out "
+                         "--verify)")
+    if clip_paths is not None:
+        seqs, given_source = clip_paths, "--audio"
+    elif paths is None or pair:
+        seqs, given_source, annotated = _texts(texts, corpus, pairs, coref, syntax, limit, annotated)
+    else:
+        seqs, given_source = paths, "--image" if image_files else str(image_folder)
+    source = given_source if source is None else source
+    world = distributed.detect() if world is None else world
+    main = world is None or world.main
+    with claim_run_dir(out, name, force) if main else nullcontext() as claim:  # one run per folder
+        out = claim.path if main else out
+        timings["input_s"] = time.perf_counter() - t
+        if pair:
+            return _pair_run(model, seqs, source, paths, out, force=force, dtype=dtype, timings=timings,
+                             started=started, announce=announce, batch_size=batch_size, max_length=max_length,
+                             n_examples=examples, thresholds=thresholds)
+        if isinstance(model, str):
+            if generate is not None and clip_paths is None and (config := loading.peek_config(model)) is not None:
+                check_generate_config(config, model, generate)  # before the weights load
+            lm = loading.load_model(model, dtype=dtype, device=device, device_map=device_map)
+            timings["model_load_s"] = lm.load_seconds
+        else:
+            lm = model
+        check_speech_input(lm, clip_paths)
+        if clip_paths is None:
+            check_model_input(lm, paths)
+        extra = list(accumulators or [])
+        if clip_paths is not None:
+            seqs = clips(lm, clip_paths, list(transcripts) or None, generate or MAX_NEW_TOKENS)
+            extra += speech_accumulators(lm, n_clips=min(examples, 2))
+            rollout, generate = False, None  # the bound was the transcript's; the section draws the clips
+            query_block = 0 if query_block is None else query_block  # whole maps: the alignment reads them
+        if paths is not None:
+            seqs = image_batches(lm, paths, image_size)
+            rollout = False  # the image section draws its own rollout over the patches
+        if generate is not None:
+            check_generate(lm, generate)
+        if paths is not None:
+            extra += grid_accumulators(lm, n_images=min(examples, 2))
+        if announce is not None:
+            announce(announcement(lm, seqs, source, world, counted))  # only once the analysis will run
+        if pairs and lm.kind == "encoder-decoder":
+            seqs = as_targets(seqs)  # the file's second column is the decoder's target
+        show = progress and main
+        result, path = analyze_texts(
+            lm, seqs, out=out, force=force, source=source, annotated=annotated, batch_size=batch_size,
+            max_length=max_length, examples=examples, thresholds=thresholds,
+            parse_special_tokens=parse_special_tokens, rollout=rollout, run_verify=run_verify,
+            query_block=query_block, distance=distance, map_sequences=map_sequences, circuits=circuits,
+            health=health, value_weighted=value_weighted, labels_by=labels_by, generate=generate, progress=show,
+            world=world, timings=timings, started=started, verify_progress=verify_progress if show else None,
+            accumulators=extra or None)
+    return Run(result, path, list(lm.notes), annotated is not None)
+
+
+def _texts(texts, corpus, pairs, coref, syntax, limit, annotated):
+    """The texts of a run, where they come from and the annotated input (or None): strings through
+    :func:`analysis_input`, :class:`~probe.text.inputs.Text` objects or a stream as given."""
+    if annotated is not None or (texts is not None and not (isinstance(texts, (list, tuple))
+                                                            and all(isinstance(x, str) for x in texts))):
+        if corpus or pairs or coref or syntax:
+            raise InputError("give either texts or a file (corpus, pairs, coref, syntax), not both")
+        return texts, "texts", annotated
+    return analysis_input(texts or (), corpus, pairs, coref, syntax, limit)
+
+
+def _pair_run(model_name: str, texts, source: str, paths: list[str] | None, out, *, force: bool, dtype,
+              timings: dict, started: float | None, announce, **analysis) -> Run:
+    """A dual encoder's run: load the pair's towers, analyse the texts and the images, write one run folder.
+
+    Raises:
+        InputError: no image, or no text given.
+    """
+    if not paths or source == "built-in sample":
+        raise InputError(f"{model_name} is a dual encoder (text and vision towers): give images (--image, --images) "
+                         "and text (--text, --corpus) together")
+    t = time.perf_counter()
+    towers = load_towers(model_name, dtype=dtype)
+    timings["model_load_s"] = time.perf_counter() - t
+    texts = list(texts)
+    if announce is not None:
+        announce(f"Analyzing {plural(len(texts), 'sequence')} ({source}) with the text tower and "
+                 f"{plural(len(paths), 'image')} with the vision tower of {model_name}: "
+                 f"{towers.text.geometry.n_layers} + {towers.vision.geometry.n_layers} layers")
+    result = analyze_towers(towers, texts, paths, **analysis)
+    result.settings["input"] = f"{source} and images"
+    path = write_run(result, towers.text.tokenizer, out, force=force, timings=timings, started=started)
+    return Run(result, path, list(towers.text.notes), False)
+
+
+def analyze_texts(lm, texts, *, out=None, force: bool = False, source: str = "texts", annotated=None,
                 batch_size: int = 16, max_length: int | None = None, examples: int = 3, thresholds=None,
                 parse_special_tokens: bool = False, rollout: bool = True, run_verify: bool = False,
                 query_block: int | None = None, distance: bool = True, map_sequences: int = 200,
@@ -53,7 +245,9 @@ def analyze_run(lm, texts, *, out=None, force: bool = False, source: str = "text
                 generate: int | None = None, progress: bool = False, world=None, timings: dict | None = None,
                 started: float | None = None, verify_progress: Callable | None = None,
                 accumulators: list | None = None) -> tuple[AnalysisResult, Path | None]:
-    """Measure every head of ``lm`` on ``texts`` and write the run folder, as ``probe analyze`` does.
+    """Measure every head of a loaded model on its texts and write the run folder: the composition
+    :func:`analyze_run` runs once the input is read and the model loaded (text, pairs, annotated text,
+    images or clips already turned into sequences).
 
     Args:
         lm: a loaded model.

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ProbeError
+from ...errors import ProbeError
 
 #: rope_type values computed here. Any other type is an error at swap time, never a silent fallback.
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "proportional")

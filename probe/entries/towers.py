@@ -21,10 +21,12 @@ from ..architectures.towers import TOWERS, is_pair, tower_class, tower_weights
 from ..core import LoadedModel
 from ..errors import InputError, ModelLoadError
 from ..images import analyze_images
+from ..loading import models as loading  # peek_config read as an attribute: a test may stand in for it
 from ..loading.checkpoints import load_folder
 from ..loading.models import from_pretrained_objects
 from ..loading.pixels import processor_for
-from .analysis import AnalysisResult, analyze
+from ..records import AnalysisResult
+from ..runs.analysis import analyze
 
 
 @dataclass
@@ -106,7 +108,7 @@ def analyze_towers(towers: Towers, texts: Sequence, images: Sequence, **kwargs) 
         **kwargs: passed to both analyses (batch_size, thresholds ...).
 
     Returns:
-        One :class:`~probe.runs.analysis.AnalysisResult`: ``heads`` holds every head of both towers,
+        One :class:`~probe.records.AnalysisResult`: ``heads`` holds every head of both towers,
         ``stack`` naming the tower (``text`` first), the grid columns empty on the text tower's rows;
         the text tower's statistics, counts and examples; the vision tower's pictures
         (``results["image_maps"]``); ``results["towers"]`` each tower's own result.
@@ -124,3 +126,11 @@ def analyze_towers(towers: Towers, texts: Sequence, images: Sequence, **kwargs) 
     return replace(text, model=model, heads=heads, notes=notes,
                    results={**vision.results, **text.results, "image_maps": vision.results.get("image_maps"),
                             "towers": {"text": text, "vision": vision}})
+
+
+def is_pair_model(model_name: str) -> bool:
+    """Whether ``model_name`` is a dual encoder on this machine (its config read without weights;
+    a Hub id not yet downloaded reads as False, and loading it then says what it is)."""
+    config = loading.peek_config(model_name)
+    return config is not None and is_pair(config)
+

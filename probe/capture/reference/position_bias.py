@@ -2,6 +2,6 @@
 :mod:`probe.architectures.position_bias` with the rule each architecture's spec chooses, and
 re-exported here, their old home."""
 
-from ..architectures.position_bias import alibi_bias, alibi_slopes, t5_bias, t5_buckets
+from ...architectures.position_bias import alibi_bias, alibi_slopes, t5_bias, t5_buckets
 
 __all__ = ["alibi_bias", "alibi_slopes", "t5_bias", "t5_buckets"]

@@ -1,6 +1,6 @@
 """``ReferenceAttention``: one layer's attention written from the formula, around the model's own
 projection modules. Each step is a small method, in forward order, so a deliberately broken
-variant (:mod:`probe.reference.mutants`) overrides exactly one of them.
+variant (:mod:`probe.capture.reference.mutants`) overrides exactly one of them.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..architectures import ArchSpec, SiteSpec, head_geometry, site_spec
-from ..capture.interface import probe_attention
-from ..capture.op import MaskError, as_keep_mask
-from ..errors import ProbeError
-from ..sites import Site, causal_keep
+from ...architectures import ArchSpec, SiteSpec, head_geometry, site_spec
+from ...errors import ProbeError
+from ...sites import Site, causal_keep
+from ..interface import probe_attention
+from ..op import MaskError, as_keep_mask
 from .blocked import attend_in_blocks
 from .recorded import record_steps
 from .rotary import Rope, apply_rope
@@ -26,7 +26,7 @@ from .rotary import Rope, apply_rope
 class ForwardContext:
     """What the reference modules of one model read about the current forward pass.
 
-    Filled by a forward pre-hook on the base model (see :func:`probe.reference.swap.swap_attention`) from
+    Filled by a forward pre-hook on the base model (see :func:`probe.capture.reference.swap.swap_attention`) from
     the arguments the caller passed, before Hugging Face turns them into a 4D mask that already
     contains causality.
 
@@ -238,7 +238,7 @@ class ReferenceAttention(nn.Module):
     def record_steps(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
                      bias: torch.Tensor | None, inner: torch.Tensor | None = None) -> None:
         """Keep the steps of head :attr:`step_request` of this pass in :attr:`steps`
-        (:func:`probe.reference.recorded.record_steps`: the arguments, the keys and raises)."""
+        (:func:`probe.capture.reference.recorded.record_steps`: the arguments, the keys and raises)."""
         record_steps(self, q, k, v, keep, bias, inner)
 
     # -- forward ------------------------------------------------------------------------------------
@@ -381,5 +381,6 @@ class ReferenceAttention(nn.Module):
     def attend_in_blocks(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None,
                          past: int, key_positions: torch.Tensor | None) -> torch.Tensor:
         """The attention output [batch, heads, T, d_head], :attr:`query_block` query rows at a time,
-        each block's probabilities handed to :attr:`on_block` (:func:`probe.reference.blocked.attend_in_blocks`)."""
+        each block's probabilities handed to :attr:`on_block`
+        (:func:`probe.capture.reference.blocked.attend_in_blocks`)."""
         return attend_in_blocks(self, q, k, v, padding, past, key_positions)

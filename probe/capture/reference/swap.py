@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..architectures import base_model, get_spec, site_spec, sites
-from ..architectures.discovered import refuse_capture_only
-from ..capture.hooks import Hooks
-from ..capture.op import MaskError, as_keep_mask
-from ..errors import UnsupportedArchitectureError
+from ...architectures import base_model, get_spec, site_spec, sites
+from ...architectures.discovered import refuse_capture_only
+from ...errors import UnsupportedArchitectureError
+from ..hooks import Hooks
+from ..op import MaskError, as_keep_mask
 from .module import ForwardContext, ReferenceAttention
 from .mutants import mutant_class
 
@@ -112,7 +112,7 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
 
     Args:
         model_or_lm: a :class:`~probe.loading.models.LoadedModel` or a Hugging Face model of a supported type.
-        mutant: None, or a name from :data:`probe.reference.mutants.MUTANTS` (a deliberately broken variant).
+        mutant: None, or a name from :data:`probe.capture.reference.mutants.MUTANTS` (a deliberately broken variant).
         hooks: a :class:`~probe.capture.hooks.Hooks` to register into (e.g. the one of
             :func:`probe.capture.hooks.measuring`); default a private one, removed on exit.
 

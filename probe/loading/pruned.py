@@ -1,4 +1,13 @@
-"""Heads in the original numbering, and the physical layout of each layer after heads are removed.
+"""A pruned model's saved format, read by loading: heads in the original numbering, the physical layout of
+each layer after heads are removed, and the folder built back into a model (:func:`load_pruned_folder`).
+
+A pruned model's folder holds the ORIGINAL config (``config.json``: its layers x heads), the smaller
+weights (``model.safetensors``, under the model's own parameter names, tied tensors stored once),
+the tokenizer, and :data:`PRUNED_FILE`: the removed heads in the original numbering and the layout of
+every layer. :func:`load_pruned_folder` builds the model from the config, removes the same heads the
+same way (:func:`apply_layout`), then loads the weights, so outputs are identical after the round trip
+(:mod:`probe.pruning.saving` writes such a folder; :mod:`probe.pruning.removal` removes heads from a
+loaded model with the same :func:`apply_layout`).
 
 A pruned model keeps its original config (layers x heads); every head keeps its original number
 (layer, head) for its whole life, however many heads were removed before it. What changes is the
@@ -21,13 +30,19 @@ residual passes through unchanged.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from torch import nn
 
-from ..errors import InputError
+from ..architectures import ArchSpec, SiteSpec, get_spec, head_geometry, site_block, site_spec, sites
+from ..errors import InputError, ModelLoadError
+from .checkpoints import declared_dtype
 
 #: The file naming a pruned model's removed heads, beside its config.json.
 PRUNED_FILE = "probe_pruned_heads.json"
@@ -194,3 +209,152 @@ class PrunedHeads:
             return cls(int(data["heads"]), int(data["kv_heads"]), [LayerLayout.from_json(x) for x in data["layouts"]])
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"malformed pruned-heads file: {exc}") from None
+
+
+#: The weights file of a pruned model's folder.
+WEIGHTS = "model.safetensors"
+
+
+class ConfigView:
+    """A module's own view of the model config: ``overrides`` (its head count), everything else
+    read from, and written to, the shared config (so ``set_attn_implementation`` still reaches it)."""
+
+    def __init__(self, base, **overrides) -> None:
+        base = base._base if isinstance(base, ConfigView) else base
+        object.__setattr__(self, "_base", base)
+        object.__setattr__(self, "_overrides", dict(overrides))
+
+    def __getattr__(self, name):
+        overrides = object.__getattribute__(self, "_overrides")
+        if name in overrides:
+            return overrides[name]
+        return getattr(object.__getattribute__(self, "_base"), name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._base, name, value)
+
+
+@dataclass
+class _Slots:
+    """Indices into the current projections of the new layout's slots (None: zero placeholder)."""
+
+    q: list[int | None]
+    kv: list[int | None]
+    old_q: int
+    old_kv: int
+
+
+def _source(current: LayerLayout, new: LayerLayout) -> _Slots:
+    q = [None if h is None else current.q.index(h) for h in new.q]
+    kv = [None if j is None else current.kv.index(j) for j in new.kv]
+    return _Slots(q, kv, len(current.q), len(current.kv))
+
+
+def _slice(attn_layer: nn.Module, spec: ArchSpec, paths: SiteSpec, s: _Slots, d: int) -> None:
+    """Cut the query/key/value projections and the output projection's input of one layer to the new
+    slots (the layout's own rules: :meth:`probe.architectures.layout.ProjectionLayout.cut_qkv`)."""
+    spec.layout.cut_qkv(lambda role: attn_layer.get_submodule(getattr(paths, role)), s.q, s.kv, s.old_q, s.old_kv, d)
+    spec.layout.cut_output(attn_layer.get_submodule(paths.o), s.q, d)
+
+
+def _set_counts(attn: nn.Module, spec: ArchSpec, lay: LayerLayout, d: int, config) -> None:
+    for attr in spec.head_count_attrs:
+        setattr(attn, attr, len(lay.q))
+    for attr in spec.width_attrs:
+        setattr(attn, attr, len(lay.q) * d)
+    if spec.kv_group_attr:
+        setattr(attn, spec.kv_group_attr, lay.group)
+    for attr in spec.kv_head_count_attrs:
+        setattr(attn, attr, len(lay.kv))
+    if spec.config_head_attrs:
+        attn.config = ConfigView(config, **{a: len(lay.q) for a in spec.config_head_attrs})
+
+
+def apply_layout(model: nn.Module, spec: ArchSpec, layer: int, current: LayerLayout, new: LayerLayout,
+                 d_head: int) -> None:
+    """Rewrite one layer's projections from ``current`` to ``new`` (both in original numbering), in place.
+
+    Zero placeholder slots get zero query/key/value rows and zero output-projection columns.
+    """
+    site = sites(model.config)[layer]  # one-stack models: one self-attention site per layer
+    block, paths = site_block(model, spec, site), site_spec(spec, site)
+    s = _source(current, new)
+    with torch.no_grad():
+        _slice(block, spec, paths, s, d_head)
+    _set_counts(block.get_submodule(paths.attention), spec, new, d_head, model.config)
+
+
+def _state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    if not (folder / WEIGHTS).is_file():
+        raise ModelLoadError(f"{folder}: no {WEIGHTS} beside {PRUNED_FILE}")
+    return load_file(str(folder / WEIGHTS))
+
+
+def _load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """Load ``state`` into ``model``, matching keys saved with or without the base-model prefix
+    (a masked-LM checkpoint loaded as the bare encoder); tied weights may be absent.
+
+    Raises:
+        ModelLoadError: a weight the model needs is missing, or a shape differs.
+    """
+    target = model.state_dict()
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    mapped = {}
+    for key, value in state.items():
+        for cand in (key, key[len(prefix) + 1:] if key.startswith(prefix + ".") else None, f"{prefix}.{key}"):
+            if cand in target:
+                mapped[cand] = value
+                break
+    loaded_ptrs = {target[k].data_ptr() for k in mapped}
+    missing = [k for k in target if k not in mapped and target[k].data_ptr() not in loaded_ptrs]
+    if missing:
+        raise ModelLoadError(f"{folder}: the saved weights lack {len(missing)} tensor(s) this model needs "
+                             f"(first: {missing[0]}); was it saved from another model class?")
+    bad = [k for k, v in mapped.items() if tuple(v.shape) != tuple(target[k].shape)]
+    if bad:
+        raise ModelLoadError(f"{folder}: weight {bad[0]} is {tuple(mapped[bad[0]].shape)} but the pruned layout "
+                             f"gives {tuple(target[bad[0]].shape)}: {PRUNED_FILE} does not match the weights")
+    model.load_state_dict(mapped, strict=False)
+
+
+def load_pruned_folder(folder: str | Path, model_class, dtype: torch.dtype | None = None):
+    """Build a pruned model from its folder (see the module docstring).
+
+    Args:
+        folder: a folder written by :func:`probe.pruning.saving.save_pruned`.
+        model_class: the ``transformers`` auto class to build (``AutoModel``, ``AutoModelForCausalLM`` ...).
+        dtype: parameter dtype (default: the one its config declares, else float32).
+
+    Returns:
+        ``(model, tokenizer, pruned)``: eval mode, eager attention; ``pruned`` a
+        :class:`~probe.loading.pruned.PrunedHeads` in the original numbering.
+
+    Raises:
+        ModelLoadError: unreadable record, missing weights, or weights that do not fit the record.
+    """
+    from transformers import AutoConfig, AutoTokenizer  # deferred: transformers takes ~1.5 s to import
+    from transformers.initialization import no_init_weights  # deferred: transformers takes ~1.5 s to import
+
+    path = Path(folder)
+    try:
+        pruned = PrunedHeads.from_json(json.loads((path / PRUNED_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError, InputError) as exc:
+        raise ModelLoadError(f"cannot read {path / PRUNED_FILE}: {exc}") from None
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    spec = get_spec(config)
+    geo = head_geometry(config)
+    if (pruned.n_layers, pruned.n_heads, pruned.n_kv_heads) != (geo.n_layers, geo.n_heads, geo.n_kv_heads):
+        raise ModelLoadError(f"{path / PRUNED_FILE} describes {pruned.n_layers} x {pruned.n_heads} heads but the "
+                             f"config has {geo.n_layers} x {geo.n_heads}")
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    with no_init_weights():
+        model = model_class.from_config(config, attn_implementation="eager", trust_remote_code=False)
+    model.tie_weights()  # skipped by no_init_weights; tied tensors are saved once
+    full = full_layout(geo.n_heads, geo.n_kv_heads)
+    for layer, lay in enumerate(pruned.layouts):
+        if lay != full:
+            apply_layout(model, spec, layer, full, lay, geo.d_head)
+    _load_weights(model, _state_dict(path), path)
+    model = model.to(dtype or declared_dtype(config))
+    model.eval()
+    return model, tokenizer, pruned

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..architectures import ALIBI, DISENTANGLED, FALCON_ALIBI, get_spec, head_geometry
-from ..architectures.disentangled import position_terms
-from ..errors import ProbeError
+from ...architectures import ALIBI, DISENTANGLED, FALCON_ALIBI, get_spec, head_geometry
+from ...architectures.disentangled import position_terms
+from ...errors import InputError, ProbeError
 from .module import ReferenceAttention
 
 
@@ -108,6 +108,17 @@ def mutant_class(name: str | None) -> type[ReferenceAttention]:
     if name not in MUTANTS:
         raise ProbeError(f"unknown mutant {name!r}; choose from {', '.join(MUTANTS)}")
     return MUTANTS[name][1]
+
+
+def check_mutant(name: str | None) -> str | None:
+    """A mutant name from :data:`MUTANTS` (or None), checked before a model is loaded.
+
+    Raises:
+        InputError: an unknown name (the message lists the known ones).
+    """
+    if name is not None and name not in MUTANTS:
+        raise InputError(f"unknown mutant {name!r}; choose from {', '.join(MUTANTS)}")
+    return name
 
 
 def mutant_applies(name: str, model_or_lm) -> tuple[bool, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numbers
 
-from ..errors import InputError
+from .errors import InputError
 
 #: label -> (statistic, default threshold). Thresholds are configurable and recorded with results.
 LABEL_RULES: dict[str, tuple[str, float]] = {

@@ -1,12 +1,12 @@
-"""The intermediate steps of one head in a reference attention pass (``probe.reference.module``'s
+"""The intermediate steps of one head in a reference attention pass (``probe.capture.reference.module``'s
 ``record_steps``), computed with the same functions the pass runs."""
 
 from __future__ import annotations
 
 import torch
 
-from ..capture.op import masked_softmax, scaled_scores
-from ..errors import ProbeError
+from ...errors import ProbeError
+from ..op import masked_softmax, scaled_scores
 
 
 def record_steps(module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
@@ -15,7 +15,7 @@ def record_steps(module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep
     functions :func:`~probe.capture.op.attention` runs (so the numbers are the module's own).
 
     Args:
-        module: the site's :class:`~probe.reference.module.ReferenceAttention` (its ``step_request``
+        module: the site's :class:`~probe.capture.reference.module.ReferenceAttention` (its ``step_request``
             head, scale, softcap, softmax dtype and spec).
         q: [batch, heads, T, d_head] after q/k norms and RoPE; k, v: [batch, heads, Tk, d_head]
             after repeating grouped key/value heads; keep: [batch|1, 1, T|1, Tk] or None;

@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from ..architectures import ArchSpec, needs_weights, site_block, site_spec
-from ..capture.hooks import Hooks
-from ..capture.interface import has_editors, site_listeners
 from ..sites import Site
+from .hooks import Hooks
+from .interface import has_editors, site_listeners
 
 
 def value_states(spec: ArchSpec, output: torch.Tensor, n_heads: int, d_head: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ from ..loading.seq2seq import sides
 from ..measures.flow import MAX_FLOW_TOKENS
 from ..measures.rollout_examples import text_rollout
 from ..measures.steps import head_steps
+from ..records import AnalysisResult
 from ..text.inputs import Batch, Text
 from ..text.tokens import display_tokens
 from ..util import plural
@@ -25,7 +26,6 @@ from ..view.html import HeadView, add_steps, initial_head, result_view, text_vie
 from ..view.modelview import THUMB_CELLS, ModelView, build_model_view, result_model_view
 from ..view.rollout import RolloutView
 from ..view.stepview import STEP_MAX_TOKENS, step_view_data
-from .analysis import AnalysisResult
 
 
 def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, layer: int | None = None,
@@ -34,7 +34,7 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
     """An interactive head view (bertviz's head view, offline), for Jupyter or a page.
 
     ``show(lm, "The cat sat.")`` runs the model on one text and keeps only the layers shown;
-    ``show(result)`` shows an analysis example (:class:`probe.runs.analysis.AnalysisResult`, also one
+    ``show(result)`` shows an analysis example (:class:`probe.records.AnalysisResult`, also one
     read back by :func:`probe.compare.load_run`; :func:`probe.view.html.result_view`); an analysis
     of images adds the example image's attention pictures (:mod:`probe.images.view`).
 
