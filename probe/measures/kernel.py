@@ -29,6 +29,10 @@ import torch
 PATH_ENV = "PROBE_STATS_PATH"
 #: The paths :func:`stats_path` chooses from.
 PATHS = ("torch", "kernel")
+#: Maps of at least this many probabilities (batch x heads x rows x keys) are shared among torch's
+#: threads (numba's parallel loop over (batch, head) pairs) when torch has more than one; smaller ones,
+#: and every map under one thread, run on the calling thread alone.
+PARALLEL_FROM = 2 ** 18
 #: The first call's compile (or cache load) is announced on stderr when it takes longer than this (seconds).
 ANNOUNCE_AFTER = 1.0
 
@@ -60,10 +64,13 @@ def _compiled():
     except ImportError:
         return None
     fn = _jit(numba)
-    # the first call compiles (or loads numba's cache): do it here, on a tiny input, and time it
-    _run_kernel(fn, np.zeros((1, 1, 1, 1), np.float32), np.ones((1, 1, 1), np.float32), np.zeros(0, np.int64),
-                np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((1, 1, 0, 1), np.float32), np.zeros(0, np.int64),
-                np.ones((1, 1, 1), np.float32), np.ones((1, 1), np.float32), None, None, None, (0, 1, 2))
+    # the first call compiles (or loads numba's cache): do it here, on a tiny input, and time it; the
+    # parallel kernel only where torch has more than one thread (else compiled when it is first needed)
+    for parallel in (False, True)[:1 + (torch.get_num_threads() > 1)]:
+        _run_kernel(fn, np.zeros((1, 1, 1, 1), np.float32), np.ones((1, 1, 1), np.float32), np.zeros(0, np.int64),
+                    np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((1, 1, 0, 1), np.float32),
+                    np.zeros(0, np.int64), np.ones((1, 1, 1), np.float32), np.ones((1, 1), np.float32), None, None,
+                    None, (0, 1, 2), parallel)
     seconds = time.perf_counter() - t
     if seconds > ANNOUNCE_AFTER:
         print(f"probe: compiled the statistics kernel in {seconds:.1f} s (cached for later runs)", file=sys.stderr)
@@ -118,7 +125,7 @@ def _np(x: torch.Tensor) -> np.ndarray:
 
 
 def _run_kernel(fn, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights, real_rows,
-                norms, scores_values, scores_top, special):
+                norms, scores_values, scores_top, special, parallel: bool | None = None):
     B, H, R, K = a.shape
     S = row_weights.shape[-1]
     with_norms = norms is not None
@@ -127,19 +134,28 @@ def _run_kernel(fn, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_
     empty = np.zeros((B, H, R), np.bool_)
     bad = np.zeros(B * H, np.bool_)
     dummy3 = np.zeros((1, 1, 1), np.float32)
-    fn.set_threads(torch.get_num_threads())  # as many threads as torch's operations
-    fn.statistics_kernel(a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights, real_rows,
-                         norms if with_norms else dummy3, with_norms,
-                         scores_values if scored else np.zeros((1, 1, 1, 1), np.float32),
-                         scores_top if scored else dummy3, scored, np.asarray(special, np.int64), part, empty, bad)
+    threads = torch.get_num_threads()  # as many threads as torch's operations
+    if parallel is None:
+        parallel = threads > 1 and a.size >= PARALLEL_FROM
+    if parallel:
+        fn.set_threads(threads)
+        kernel = fn.statistics_kernel
+    else:  # one thread, or a map too small to share: no thread pool (whose idle workers may spin)
+        kernel = fn.statistics_kernel_serial
+    kernel(a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights, real_rows,
+           norms if with_norms else dummy3, with_norms,
+           scores_values if scored else np.zeros((1, 1, 1, 1), np.float32),
+           scores_top if scored else dummy3, scored, np.asarray(special, np.int64), part, empty, bad)
     return part, empty, bool(bad.any())
 
 
 @dataclass(frozen=True)
 class Compiled:
-    """numba's compiled :func:`statistics_kernel`, and how to set its threads."""
+    """numba's compiled :func:`statistics_kernel` (parallel) and :func:`statistics_kernel_serial`, and
+    how to set the parallel one's threads."""
 
     statistics_kernel: Callable
+    statistics_kernel_serial: Callable
     numba: object
 
     def set_threads(self, n: int) -> None:
@@ -157,9 +173,10 @@ def _jit(numba) -> Compiled:
     for name in ("_dot", "_xlogx"):
         space[name] = numba.njit(cache=True, fastmath=FASTMATH, inline="always")(space[name])
     space["_top"] = numba.njit(cache=True, inline="always")(space["_top"])
+    space["_pair"] = numba.njit(cache=True, nogil=True, fastmath=FASTMATH)(space["_pair"])
     space["prange"] = numba.prange
-    kernel = numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)(statistics_kernel)
-    return Compiled(kernel, numba)
+    return Compiled(numba.njit(parallel=True, cache=True, nogil=True)(statistics_kernel),
+                    numba.njit(cache=True, nogil=True)(statistics_kernel_serial), numba)
 
 
 #: The kernel's parallel range: ``range`` in Python, numba's ``prange`` once compiled (:func:`_jit`).
@@ -202,114 +219,132 @@ def statistics_kernel(a, keys, key_cols, diag_cols, diag_offsets, positional, po
     """Add each real row's statistics, times its row weights, into ``part`` [batch, heads, 2, statistics]
     float64 (index 2: A, then N~), set ``empty`` [batch, heads, rows] where N sums to 0 and ``bad``
     [batch * heads] where an entropy from the scores is not finite: the arithmetic of
-    :func:`probe.measures.kernel.kernel_sums` (which documents the arguments), per (batch, head) pair
-    in parallel. Numbers are read as float64 (a [batch, heads, rows, key] float32 map); nothing is returned.
+    :func:`kernel_sums` (which documents the arguments), the (batch, head) pairs in parallel
+    (:func:`_pair`). Numbers are read as float64 (a [batch, heads, rows, key] float32 map).
     """
+    B, H = a.shape[0], a.shape[1]
+    for bh in prange(B * H):
+        _pair(bh, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights, real_rows,
+              norms, with_norms, scores_values, scores_top, scored, special, part, empty, bad)
+
+
+def statistics_kernel_serial(a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights,
+                             real_rows, norms, with_norms, scores_values, scores_top, scored, special, part, empty,
+                             bad):
+    """:func:`statistics_kernel` on the calling thread alone (no thread pool: one torch thread, small maps)."""
+    B, H = a.shape[0], a.shape[1]
+    for bh in range(B * H):
+        _pair(bh, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights, real_rows,
+              norms, with_norms, scores_values, scores_top, scored, special, part, empty, bad)
+
+
+def _pair(bh, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights, real_rows,
+          norms, with_norms, scores_values, scores_top, scored, special, part, empty, bad):
+    """The rows of one (batch, head) pair, ``bh`` = batch x heads + head: :func:`statistics_kernel`."""
     B, H, R, K = a.shape
     C1 = keys.shape[1]
     P = positional.shape[2]
     D = diag_cols.shape[0]
     S = row_weights.shape[2]
     ent_col, nent_col, max_col = special[0], special[1], special[2]
-    for bh in prange(B * H):
-        b = bh // H
-        h = bh - b * H
-        acc = np.zeros((2, C1))
-        pacc = np.zeros((2, P))
-        vals = np.zeros((2, S))
-        nlogn = np.zeros(K)
-        ns = np.zeros(K)
-        xs = np.zeros(K)
-        ys = np.zeros(K)
-        pw = np.zeros(K)
-        kw = np.empty((C1, K))
-        for c in range(C1):
-            for j in range(K):
-                kw[c, j] = np.float64(keys[b, c, j])
+    b = bh // H
+    h = bh - b * H
+    acc = np.zeros((2, C1))
+    pacc = np.zeros((2, P))
+    vals = np.zeros((2, S))
+    nlogn = np.zeros(K)
+    ns = np.zeros(K)
+    xs = np.zeros(K)
+    ys = np.zeros(K)
+    pw = np.zeros(K)
+    kw = np.empty((C1, K))
+    for c in range(C1):
+        for j in range(K):
+            kw[c, j] = np.float64(keys[b, c, j])
+    if with_norms:
+        for j in range(K):
+            n = np.float64(norms[b, h, j])
+            ns[j] = n
+            nlogn[j] = 0.0 if n == 0.0 else n * np.log(n)
+    for r in range(R):
+        real = real_rows[b, r] != 0
+        if not real:
+            if with_norms:  # a padded row adds nothing; only whether its N sums to 0
+                z = 0.0
+                for j in range(K):
+                    z += np.float64(a[b, h, r, j]) * np.float64(norms[b, h, j])
+                empty[b, h, r] = z == 0.0
+            continue
+        for j in range(K):  # the row as float64: A, and N = A n
+            xs[j] = np.float64(a[b, h, r, j])
         if with_norms:
             for j in range(K):
-                n = np.float64(norms[b, h, j])
-                ns[j] = n
-                nlogn[j] = 0.0 if n == 0.0 else n * np.log(n)
-        for r in range(R):
-            real = real_rows[b, r] != 0
-            if not real:
-                if with_norms:  # a padded row adds nothing; only whether its N sums to 0
-                    z = 0.0
-                    for j in range(K):
-                        z += np.float64(a[b, h, r, j]) * np.float64(norms[b, h, j])
-                    empty[b, h, r] = z == 0.0
-                continue
-            for j in range(K):  # the row as float64: A, and N = A n
-                xs[j] = np.float64(a[b, h, r, j])
+                ys[j] = xs[j] * ns[j]
+        for c in range(C1):
+            acc[0, c] = _dot(xs, kw[c], K)
             if with_norms:
-                for j in range(K):
-                    ys[j] = xs[j] * ns[j]
-            for c in range(C1):
-                acc[0, c] = _dot(xs, kw[c], K)
-                if with_norms:
-                    acc[1, c] = _dot(ys, kw[c], K)
+                acc[1, c] = _dot(ys, kw[c], K)
+        for p in range(P):
+            for j in range(K):
+                pw[j] = np.float64(positional[b, r, p, j])
+            pacc[0, p] = _dot(xs, pw, K)
+            if with_norms:
+                pacc[1, p] = _dot(ys, pw, K)
+        top_a = _top(xs, K)
+        top_n = _top(ys, K) if with_norms else 0.0
+        a_nlogn = 0.0  # sum A n ln n (scores)
+        if scored:
+            m = np.float64(scores_top[b, h, r])
+            for j in range(K):
+                pw[j] = np.float64(scores_values[b, h, r, j]) - m
+            log_a = _dot(xs, pw, K)  # sum A (s - m)
+            log_n = _dot(ys, pw, K) if with_norms else 0.0  # sum N (s - m)
+            if with_norms:
+                a_nlogn = _dot(xs, nlogn, K)
+        else:
+            log_a = _xlogx(xs, K)  # sum A ln A
+            log_n = _xlogx(ys, K) if with_norms else 0.0  # sum N ln N
+        total_a = acc[0, C1 - 1]
+        z = acc[1, C1 - 1]
+        zlogz = 0.0 if z == 0.0 else z * np.log(z)
+        if scored:
+            lead = -np.log(top_a) - (total_a - 1.0)  # ln Z_A - m, less the row's rounding
+            ent_a = lead * total_a - log_a
+            ent_n = zlogz + z * lead - log_n - a_nlogn
+            if not (np.isfinite(ent_a) and (np.isfinite(ent_n) or not with_norms)):
+                bad[bh] = True
+        else:
+            ent_a = -log_a
+            ent_n = zlogz - log_n
+        if total_a != total_a:  # a NaN row (a removed head): its max is NaN too
+            top_a = np.nan
+        if z != z:
+            top_n = np.nan
+        G = 2 if with_norms else 1
+        for g in range(G):
+            vals[g, :] = 0.0
+            for c in range(C1 - 1):
+                vals[g, key_cols[c]] = acc[g, c]
             for p in range(P):
-                for j in range(K):
-                    pw[j] = np.float64(positional[b, r, p, j])
-                pacc[0, p] = _dot(xs, pw, K)
+                vals[g, pos_cols[p]] = pacc[g, p]
+        for d in range(D):
+            j = r + diag_offsets[d]
+            if 0 <= j < K:
+                x = np.float64(a[b, h, r, j])
+                vals[0, diag_cols[d]] = x
                 if with_norms:
-                    pacc[1, p] = _dot(ys, pw, K)
-            top_a = _top(xs, K)
-            top_n = _top(ys, K) if with_norms else 0.0
-            a_nlogn = 0.0  # sum A n ln n (scores)
-            if scored:
-                m = np.float64(scores_top[b, h, r])
-                for j in range(K):
-                    pw[j] = np.float64(scores_values[b, h, r, j]) - m
-                log_a = _dot(xs, pw, K)  # sum A (s - m)
-                log_n = _dot(ys, pw, K) if with_norms else 0.0  # sum N (s - m)
-                if with_norms:
-                    a_nlogn = _dot(xs, nlogn, K)
-            else:
-                log_a = _xlogx(xs, K)  # sum A ln A
-                log_n = _xlogx(ys, K) if with_norms else 0.0  # sum N ln N
-            total_a = acc[0, C1 - 1]
-            z = acc[1, C1 - 1]
-            zlogz = 0.0 if z == 0.0 else z * np.log(z)
-            if scored:
-                lead = -np.log(top_a) - (total_a - 1.0)  # ln Z_A - m, less the row's rounding
-                ent_a = lead * total_a - log_a
-                ent_n = zlogz + z * lead - log_n - a_nlogn
-                if not (np.isfinite(ent_a) and (np.isfinite(ent_n) or not with_norms)):
-                    bad[bh] = True
-            else:
-                ent_a = -log_a
-                ent_n = zlogz - log_n
-            if total_a != total_a:  # a NaN row (a removed head): its max is NaN too
-                top_a = np.nan
-            if z != z:
-                top_n = np.nan
-            G = 2 if with_norms else 1
-            for g in range(G):
-                vals[g, :] = 0.0
-                for c in range(C1 - 1):
-                    vals[g, key_cols[c]] = acc[g, c]
-                for p in range(P):
-                    vals[g, pos_cols[p]] = pacc[g, p]
-            for d in range(D):
-                j = r + diag_offsets[d]
-                if 0 <= j < K:
-                    x = np.float64(a[b, h, r, j])
-                    vals[0, diag_cols[d]] = x
-                    if with_norms:
-                        vals[1, diag_cols[d]] = x * np.float64(norms[b, h, j])
-            vals[0, ent_col] = ent_a
-            vals[0, nent_col] = ent_a
-            vals[0, max_col] = top_a
-            if with_norms:
-                vals[1, ent_col] = ent_n
-                vals[1, nent_col] = ent_n
-                vals[1, max_col] = top_n
-                empty[b, h, r] = z == 0.0
-                inv = 0.0 if z == 0.0 else 1.0 / z
-                for c in range(S):
-                    vals[1, c] *= inv
-            for g in range(G):
-                for c in range(S):
-                    part[b, h, g, c] += vals[g, c] * np.float64(row_weights[b, r, c])
+                    vals[1, diag_cols[d]] = x * np.float64(norms[b, h, j])
+        vals[0, ent_col] = ent_a
+        vals[0, nent_col] = ent_a
+        vals[0, max_col] = top_a
+        if with_norms:
+            vals[1, ent_col] = ent_n
+            vals[1, nent_col] = ent_n
+            vals[1, max_col] = top_n
+            empty[b, h, r] = z == 0.0
+            inv = 0.0 if z == 0.0 else 1.0 / z
+            for c in range(S):
+                vals[1, c] *= inv
+        for g in range(G):
+            for c in range(S):
+                part[b, h, g, c] += vals[g, c] * np.float64(row_weights[b, r, c])
