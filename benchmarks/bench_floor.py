@@ -160,14 +160,15 @@ def run(model: str, n: int, repeats: int, batch_size: int, corpus: str | None, d
            "threads": torch.get_num_threads(), "clock": clock, "path": os.environ.get(PATH_ENV, "kernel"),
            "times": times, "median_s": med, "min_s": {name: min(v) for name, v in times.items()}}
     if calls:
-        out["map_sums"] = per_call(lm, texts, batch_size, repeats, calls)
+        out["map_sums"] = per_call(lm, texts, batch_size, repeats, calls, clock)
     return out
 
 
-def per_call(lm, texts: list[str], batch_size: int, repeats: int, limit: int) -> dict:
+def per_call(lm, texts: list[str], batch_size: int, repeats: int, limit: int, clock: str = "wall") -> dict:
     """The statistics' own time per call on both paths: the first ``limit`` calls of
     :func:`probe.measures.stats.map_sums` in one ``analyze()`` run, recorded, then timed on each path
-    over ``repeats`` interleaved rounds (each call's minimum; the sums of those minima / calls, s)."""
+    over ``repeats`` interleaved rounds with ``clock`` (each call's minimum; the sums of those minima
+    / calls, s)."""
     from probe.measures import stats
     from probe.runs.analysis import analyze
 
@@ -189,9 +190,7 @@ def per_call(lm, texts: list[str], batch_size: int, repeats: int, limit: int) ->
     for _ in range(repeats):
         for path, mins in best.items():
             for i, call in enumerate(calls):
-                t = time.perf_counter()
-                original(*call, path=path)
-                mins[i] = min(mins[i], time.perf_counter() - t)
+                mins[i] = min(mins[i], timed(lambda c=call, p=path: original(*c, path=p), clock))
     shapes = sorted({tuple(c[0].shape) for c in calls})
     return {"calls": len(calls), "shapes": [shapes[0], shapes[-1]],
             "per_call_s": {path: sum(m) / len(m) for path, m in best.items()}}

@@ -170,6 +170,7 @@ def _jit(numba) -> Compiled:
     cache folder where that is not writable). The helpers become numba functions in this module's
     namespace, where the kernel finds them when it is compiled; ``prange`` becomes numba's parallel range."""
     space = globals()
+    space["_work_shape"] = numba.njit(cache=True)(space["_work_shape"])
     for name in ("_dot", "_xlogx"):
         space[name] = numba.njit(cache=True, fastmath=FASTMATH, inline="always")(space[name])
     space["_top"] = numba.njit(cache=True, inline="always")(space["_top"])
@@ -224,8 +225,9 @@ def statistics_kernel(a, keys, key_cols, diag_cols, diag_offsets, positional, po
     """
     B, H = a.shape[0], a.shape[1]
     for bh in prange(B * H):
+        work = np.empty(_work_shape(a, keys, positional, row_weights))  # each pair its own
         _pair(bh, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights, real_rows,
-              norms, with_norms, scores_values, scores_top, scored, special, part, empty, bad)
+              norms, with_norms, scores_values, scores_top, scored, special, part, empty, bad, work)
 
 
 def statistics_kernel_serial(a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights,
@@ -233,14 +235,22 @@ def statistics_kernel_serial(a, keys, key_cols, diag_cols, diag_offsets, positio
                              bad):
     """:func:`statistics_kernel` on the calling thread alone (no thread pool: one torch thread, small maps)."""
     B, H = a.shape[0], a.shape[1]
+    work = np.empty(_work_shape(a, keys, positional, row_weights))  # one buffer for every pair
     for bh in range(B * H):
         _pair(bh, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights, real_rows,
-              norms, with_norms, scores_values, scores_top, scored, special, part, empty, bad)
+              norms, with_norms, scores_values, scores_top, scored, special, part, empty, bad, work)
+
+
+def _work_shape(a, keys, positional, row_weights):
+    """The shape of :func:`_pair`'s float64 scratch buffer: 11 + channels rows of the longest of keys,
+    statistics, channels."""
+    return (11 + keys.shape[1], max(a.shape[3], row_weights.shape[2], keys.shape[1], positional.shape[2], 1))
 
 
 def _pair(bh, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, row_weights, real_rows,
-          norms, with_norms, scores_values, scores_top, scored, special, part, empty, bad):
-    """The rows of one (batch, head) pair, ``bh`` = batch x heads + head: :func:`statistics_kernel`."""
+          norms, with_norms, scores_values, scores_top, scored, special, part, empty, bad, work):
+    """The rows of one (batch, head) pair, ``bh`` = batch x heads + head: :func:`statistics_kernel`;
+    ``work`` a scratch buffer (:func:`_work_shape`, no allocation per pair)."""
     B, H, R, K = a.shape
     C1 = keys.shape[1]
     P = positional.shape[2]
@@ -249,15 +259,11 @@ def _pair(bh, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, 
     ent_col, nent_col, max_col = special[0], special[1], special[2]
     b = bh // H
     h = bh - b * H
-    acc = np.zeros((2, C1))
-    pacc = np.zeros((2, P))
-    vals = np.zeros((2, S))
-    nlogn = np.zeros(K)
-    ns = np.zeros(K)
-    xs = np.zeros(K)
-    ys = np.zeros(K)
-    pw = np.zeros(K)
-    kw = np.empty((C1, K))
+    acc = work[0:2]  # per-key channel sums of A and N
+    pacc = work[2:4]  # per-row weight vector sums of A and N
+    vals = work[4:6]  # the row's statistics of A and N~
+    nlogn, ns, xs, ys, pw = work[6], work[7], work[8], work[9], work[10]  # n ln n, n, A, N, a weight vector
+    kw = work[11:11 + C1]  # the per-key weights as float64
     for c in range(C1):
         for j in range(K):
             kw[c, j] = np.float64(keys[b, c, j])

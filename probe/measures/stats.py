@@ -80,7 +80,7 @@ def map_sums(a: torch.Tensor, w: ContractionWeights, norms: torch.Tensor | None 
     :data:`SCORED_FROM` probabilities (no logarithm over the map): with ln Z_A = top - ln max_j
     A[i, j] the row's log normalizer, ``-sum A ln A = ln Z_A sum_j A - sum_j A s`` and ``-sum N~ ln
     N~ = ln Z + ln Z_A - (sum_j N s + sum_j A n ln n) / Z`` (:func:`_entropy_from_scores`); else
-    (eager maps, an edited pattern, scores that are not finite, a small map) from ln A.
+    (eager maps, an edited pattern, scores that are not finite, a small map on the torch path) from ln A.
 
     Args:
         a: [batch, heads, query, key] float32 maps whose real rows sum to 1 (or are all 0); maps of
@@ -100,10 +100,9 @@ def map_sums(a: torch.Tensor, w: ContractionWeights, norms: torch.Tensor | None 
     Raises:
         ValueError: ``path`` (or ``PROBE_STATS_PATH``) is not ``torch`` or ``kernel``.
     """
-    if stats_path(a, path) == "kernel":
-        scored = scores is not None and a.numel() >= SCORED_FROM
-        *out, finite = _kernel(a, w, norms, scores if scored else None)
-        if scored and not finite:  # as below: a real row's entropy from the scores is not finite, so from ln A
+    if stats_path(a, path) == "kernel":  # the scores at every size: a product per probability, not a logarithm
+        *out, finite = _kernel(a, w, norms, scores)
+        if scores is not None and not finite:  # as below: a real row's entropy from the scores is not finite, so from ln A
             *out, _ = _kernel(a, w, norms, None)
         return tuple(out)
     return _torch_sums(a, w, norms, scores)
