@@ -73,7 +73,10 @@ def _compiled():
                     None, (0, 1, 2), parallel)
     seconds = time.perf_counter() - t
     if seconds > ANNOUNCE_AFTER:
-        print(f"probe: compiled the statistics kernel in {seconds:.1f} s (cached for later runs)", file=sys.stderr)
+        compiled = any(k.stats.cache_misses for k in (fn.statistics_kernel, fn.statistics_kernel_serial))
+        what = "compiled the statistics kernel (cached for later runs)" if compiled else \
+            "loaded the statistics kernel from numba's cache"
+        print(f"probe: {what} in {seconds:.1f} s", file=sys.stderr)
     return fn
 
 
@@ -189,29 +192,31 @@ prange = range
 FASTMATH = {"reassoc", "contract"}
 
 
-def _dot(x, w, n):
-    """sum_j x[j] w[j] over the first n entries (float64)."""
+def _dot(work, i, k, n):
+    """sum_j work[i, j] work[k, j] over the first n entries (rows of one buffer: no array view, whose
+    reference count would cost more than the product on short rows)."""
     s = 0.0
     for j in range(n):
-        s += x[j] * w[j]
+        s += work[i, j] * work[k, j]
     return s
 
 
-def _top(x, n):
-    """max_j x[j] of non-negative x (0 for n = 0)."""
+def _top(work, i, n):
+    """max_j work[i, j] of non-negative entries (0 for n = 0)."""
     m = 0.0
     for j in range(n):
-        if x[j] > m:
-            m = x[j]
+        if work[i, j] > m:
+            m = work[i, j]
     return m
 
 
-def _xlogx(x, n):
-    """sum_j x[j] ln x[j], 0 ln 0 = 0 (NaN stays NaN)."""
+def _xlogx(work, i, n):
+    """sum_j x_j ln x_j of x = work[i, :n], 0 ln 0 = 0 (NaN stays NaN)."""
     s = 0.0
     for j in range(n):
-        if x[j] != 0.0:
-            s += x[j] * np.log(x[j])
+        x = work[i, j]
+        if x != 0.0:
+            s += x * np.log(x)
     return s
 
 
@@ -259,57 +264,57 @@ def _pair(bh, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, 
     ent_col, nent_col, max_col = special[0], special[1], special[2]
     b = bh // H
     h = bh - b * H
-    acc = work[0:2]  # per-key channel sums of A and N
-    pacc = work[2:4]  # per-row weight vector sums of A and N
-    vals = work[4:6]  # the row's statistics of A and N~
-    nlogn, ns, xs, ys, pw = work[6], work[7], work[8], work[9], work[10]  # n ln n, n, A, N, a weight vector
-    kw = work[11:11 + C1]  # the per-key weights as float64
+    # rows of work: 0-1 the per-key channel sums of A and N, 2-3 the per-row weight vector sums, 4-5 the
+    # row's statistics of A and N~, 6 n ln n, 7 n, 8 the row of A, 9 of N, 10 a weight vector, 11.. the
+    # per-key weights (float64)
+    acc, pacc, vals = work[0:2], work[2:4], work[4:6]
+    NLOGN, NS, XS, YS, PW, KW = 6, 7, 8, 9, 10, 11
     for c in range(C1):
         for j in range(K):
-            kw[c, j] = np.float64(keys[b, c, j])
+            work[KW + c, j] = np.float64(keys[b, c, j])
     if with_norms:
         for j in range(K):
             n = np.float64(norms[b, h, j])
-            ns[j] = n
-            nlogn[j] = 0.0 if n == 0.0 else n * np.log(n)
+            work[NS, j] = n
+            work[NLOGN, j] = 0.0 if n == 0.0 else n * np.log(n)
     for r in range(R):
         real = real_rows[b, r] != 0
         if not real:
             if with_norms:  # a padded row adds nothing; only whether its N sums to 0
                 z = 0.0
                 for j in range(K):
-                    z += np.float64(a[b, h, r, j]) * np.float64(norms[b, h, j])
+                    z += np.float64(a[b, h, r, j]) * work[NS, j]
                 empty[b, h, r] = z == 0.0
             continue
         for j in range(K):  # the row as float64: A, and N = A n
-            xs[j] = np.float64(a[b, h, r, j])
+            work[XS, j] = np.float64(a[b, h, r, j])
         if with_norms:
             for j in range(K):
-                ys[j] = xs[j] * ns[j]
+                work[YS, j] = work[XS, j] * work[NS, j]
         for c in range(C1):
-            acc[0, c] = _dot(xs, kw[c], K)
+            acc[0, c] = _dot(work, XS, KW + c, K)
             if with_norms:
-                acc[1, c] = _dot(ys, kw[c], K)
+                acc[1, c] = _dot(work, YS, KW + c, K)
         for p in range(P):
             for j in range(K):
-                pw[j] = np.float64(positional[b, r, p, j])
-            pacc[0, p] = _dot(xs, pw, K)
+                work[PW, j] = np.float64(positional[b, r, p, j])
+            pacc[0, p] = _dot(work, XS, PW, K)
             if with_norms:
-                pacc[1, p] = _dot(ys, pw, K)
-        top_a = _top(xs, K)
-        top_n = _top(ys, K) if with_norms else 0.0
+                pacc[1, p] = _dot(work, YS, PW, K)
+        top_a = _top(work, XS, K)
+        top_n = _top(work, YS, K) if with_norms else 0.0
         a_nlogn = 0.0  # sum A n ln n (scores)
         if scored:
             m = np.float64(scores_top[b, h, r])
             for j in range(K):
-                pw[j] = np.float64(scores_values[b, h, r, j]) - m
-            log_a = _dot(xs, pw, K)  # sum A (s - m)
-            log_n = _dot(ys, pw, K) if with_norms else 0.0  # sum N (s - m)
+                work[PW, j] = np.float64(scores_values[b, h, r, j]) - m
+            log_a = _dot(work, XS, PW, K)  # sum A (s - m)
+            log_n = _dot(work, YS, PW, K) if with_norms else 0.0  # sum N (s - m)
             if with_norms:
-                a_nlogn = _dot(xs, nlogn, K)
+                a_nlogn = _dot(work, XS, NLOGN, K)
         else:
-            log_a = _xlogx(xs, K)  # sum A ln A
-            log_n = _xlogx(ys, K) if with_norms else 0.0  # sum N ln N
+            log_a = _xlogx(work, XS, K)  # sum A ln A
+            log_n = _xlogx(work, YS, K) if with_norms else 0.0  # sum N ln N
         total_a = acc[0, C1 - 1]
         z = acc[1, C1 - 1]
         zlogz = 0.0 if z == 0.0 else z * np.log(z)
@@ -328,7 +333,8 @@ def _pair(bh, a, keys, key_cols, diag_cols, diag_offsets, positional, pos_cols, 
             top_n = np.nan
         G = 2 if with_norms else 1
         for g in range(G):
-            vals[g, :] = 0.0
+            for c in range(S):
+                vals[g, c] = 0.0
             for c in range(C1 - 1):
                 vals[g, key_cols[c]] = acc[g, c]
             for p in range(P):
