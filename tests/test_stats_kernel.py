@@ -182,6 +182,24 @@ def sixth_digit(x: np.ndarray) -> np.ndarray:
     return 10.0 ** (np.floor(np.log10(np.maximum(np.abs(x), 1e-300))) - 5)
 
 
+def test_a_kernel_that_does_not_compile_leaves_the_torch_path(monkeypatch, capsys):
+    """numba present but failing to compile: one line on stderr, then the torch path (stats_path)."""
+    def fail(numba):
+        raise RuntimeError("no compiler")
+
+    a = torch.rand(1, 1, 2, 2)
+    monkeypatch.setattr(kernel, "_jit", fail)
+    kernel._compiled.cache_clear()
+    try:
+        assert stats_path(a) == "torch" and stats_path(a) == "torch"
+        err = capsys.readouterr().err
+        assert err.count("did not compile (RuntimeError)") == 1 and len(err.strip().splitlines()) == 1
+    finally:
+        monkeypatch.undo()
+        kernel._compiled.cache_clear()  # the next use loads numba's cache again
+    assert stats_path(a) == "kernel"
+
+
 @pytest.mark.parametrize("kind", ["bert", "llama"])
 def test_heads_csv_is_the_same_on_both_paths(kind, monkeypatch):
     """heads.csv of a tiny model on the kernel, on the torch path forced by the environment variable,

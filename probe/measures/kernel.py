@@ -57,20 +57,25 @@ def stats_path(a: torch.Tensor, requested: str | None = None) -> str:
 @lru_cache(maxsize=1)
 def _compiled():
     """The compiled kernel (:class:`Compiled`; numba's cache on disk: compiled once per machine), or
-    None without numba."""
+    None without numba or where it fails to compile (said in one line on stderr)."""
     t = time.perf_counter()
     try:
         import numba  # deferred: imported (0.3-0.6 s) by the first statistics on the kernel path only
     except ImportError:
         return None
-    fn = _jit(numba)
-    # the first call compiles (or loads numba's cache): do it here, on a tiny input, and time it; the
-    # parallel kernel only where torch has more than one thread (else compiled when it is first needed)
-    for parallel in (False, True)[:1 + (torch.get_num_threads() > 1)]:
-        _run_kernel(fn, np.zeros((1, 1, 1, 1), np.float32), np.ones((1, 1, 1), np.float32), np.zeros(0, np.int64),
-                    np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((1, 1, 0, 1), np.float32),
-                    np.zeros(0, np.int64), np.ones((1, 1, 1), np.float32), np.ones((1, 1), np.float32), None, None,
-                    None, (0, 1, 2), parallel)
+    try:
+        fn = _jit(numba)
+        # the first call compiles (or loads numba's cache): do it here, on a tiny input, and time it; the
+        # parallel kernel only where torch has more than one thread (else compiled when it is first needed)
+        for parallel in (False, True)[:1 + (torch.get_num_threads() > 1)]:
+            _run_kernel(fn, np.zeros((1, 1, 1, 1), np.float32), np.ones((1, 1, 1), np.float32), np.zeros(0, np.int64),
+                        np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((1, 1, 0, 1), np.float32),
+                        np.zeros(0, np.int64), np.ones((1, 1, 1), np.float32), np.ones((1, 1), np.float32), None, None,
+                        None, (0, 1, 2), parallel)
+    except Exception as err:  # numba present but unable to compile here: the tensor operations, the same numbers
+        print(f"probe: the statistics kernel did not compile ({type(err).__name__}); the statistics use "
+              "the tensor operations", file=sys.stderr)
+        return None
     seconds = time.perf_counter() - t
     if seconds > ANNOUNCE_AFTER:
         compiled = any(k.stats.cache_misses for k in (fn.statistics_kernel, fn.statistics_kernel_serial))
@@ -173,11 +178,11 @@ def _jit(numba) -> Compiled:
     cache folder where that is not writable). The helpers become numba functions in this module's
     namespace, where the kernel finds them when it is compiled; ``prange`` becomes numba's parallel range."""
     space = globals()
-    space["_work_shape"] = numba.njit(cache=True)(space["_work_shape"])
-    for name in ("_dot", "_xlogx"):
-        space[name] = numba.njit(cache=True, fastmath=FASTMATH, inline="always")(space[name])
-    space["_top"] = numba.njit(cache=True, inline="always")(space["_top"])
-    space["_pair"] = numba.njit(cache=True, nogil=True, fastmath=FASTMATH)(space["_pair"])
+    options = {"_work_shape": {}, "_dot": {"fastmath": FASTMATH, "inline": "always"}, "_top": {"inline": "always"},
+               "_xlogx": {"fastmath": FASTMATH, "inline": "always"}, "_pair": {"nogil": True, "fastmath": FASTMATH}}
+    for name, kw in options.items():
+        if not hasattr(space[name], "py_func"):  # not yet numba's (a second call keeps the first's)
+            space[name] = numba.njit(cache=True, **kw)(space[name])
     space["prange"] = numba.prange
     return Compiled(numba.njit(parallel=True, cache=True, nogil=True)(statistics_kernel),
                     numba.njit(cache=True, nogil=True)(statistics_kernel_serial), numba)

@@ -102,7 +102,7 @@ def map_sums(a: torch.Tensor, w: ContractionWeights, norms: torch.Tensor | None 
     """
     if stats_path(a, path) == "kernel":  # the scores at every size: a product per probability, not a logarithm
         *out, finite = _kernel(a, w, norms, scores)
-        if scores is not None and not finite:  # as below: a real row's entropy from the scores is not finite, so from ln A
+        if scores is not None and not finite:  # as below: a real row's entropy from the scores is not finite
             *out, _ = _kernel(a, w, norms, None)
         return tuple(out)
     return _torch_sums(a, w, norms, scores)
