@@ -163,6 +163,30 @@ def test_a_removed_heads_nan_stays_nan_and_empty_rows_are_the_same():
     assert bool(empty[:, 2].all()) and float(norm_sums[2].abs().sum()) == 0
 
 
+def test_the_parallel_kernel_gives_the_serial_ones_sums(monkeypatch):
+    """Under several torch threads (numba's parallel loop over (batch, head) pairs, here from any map
+    size): the same sums as on one thread, bit for bit (each pair adds its own rows), and the torch path's."""
+    site, lengths, T = CASES["causal"]
+    gen = torch.Generator().manual_seed(13)
+    feats = features(lengths, T, gen)
+    keep = feats.real[:, None, None, :] & (torch.arange(T)[None] <= torch.arange(T)[:, None])
+    a, scores, norms = maps(keep.expand(len(lengths), 4, T, T), gen, 3.0)
+    w = contraction_weights(feats, site, T)
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(kernel, "PARALLEL_FROM", 0)
+    try:
+        torch.set_num_threads(1)
+        serial = map_sums(a, w, norms, scores, path="kernel")
+        torch.set_num_threads(2)
+        parallel = map_sums(a, w, norms, scores, path="kernel")
+        assert_same(w, a, norms, scores)
+    finally:
+        torch.set_num_threads(threads)
+    assert kernel._compiled().statistics_kernel.signatures  # the parallel kernel ran
+    for x, y in zip(serial, parallel):
+        assert torch.equal(x, y)
+
+
 def test_the_path_is_chosen_in_one_place(monkeypatch):
     a = torch.rand(1, 1, 2, 2)
     assert stats_path(a) == "kernel" and stats_path(a, "torch") == "torch"
