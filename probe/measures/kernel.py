@@ -6,10 +6,13 @@ short texts their dispatch, not their arithmetic, is the time. :func:`kernel_sum
 probability once and keeps, per query row, every statistic of the attention map A and of the
 value-weighted map N~ (Kobayashi et al. 2020) in float64, then adds the real rows with their
 weights: the same sums as the torch path (which stays the reference in the tests and the fallback).
+The statistics are those of Clark et al. 2019 (sections 3-4), Kovaleva et al. 2019 and Voita et al.
+2019, defined in :func:`probe.measures.statweights.contraction_weights`.
 
 The kernel is plain Python (:func:`statistics_kernel`, runnable as it is, slowly) compiled by numba
-on first use. Which path runs is decided in one place, :func:`stats_path`: the kernel where numba imports and the
-maps are float32 on the CPU, unless the environment variable :data:`PATH_ENV` is ``torch``.
+on first use. Which path runs is decided in one place, :func:`stats_path`: the kernel where numba
+imports and the maps are float32 on the CPU, unless the environment variable :data:`PATH_ENV` is
+``torch``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def stats_path(a: torch.Tensor, requested: str | None = None) -> str:
     """Which path computes the statistics of maps ``a`` ([batch, heads, query, key]): ``"kernel"``
     where numba imports, ``a`` is float32 on the CPU and neither ``requested`` nor the environment
     variable :data:`PATH_ENV` says ``torch``; else ``"torch"`` (GPU and MPS maps, numba missing).
-    The one place the choice is made; a fallback is silent (the numbers are the same).
+    The one place the choice is made; a fallback is silent (the numbers are the same), except a
+    kernel that fails to compile, said once in one line on stderr (:func:`_compiled`).
 
     Raises:
         ValueError: ``requested`` or :data:`PATH_ENV` is not one of :data:`PATHS`.
