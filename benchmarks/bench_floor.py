@@ -20,12 +20,19 @@ sample repeated):
 
 The machine's load average (``os.getloadavg``) is printed before and after.
 
+``--path torch|kernel`` chooses how the per-head statistics are computed in every part
+(:func:`probe.measures.kernel.stats_path`: the tensor operations, or one compiled pass per call,
+which falls back to the tensor operations where numba is missing). After the table, the statistics'
+own time per call (:func:`probe.measures.stats.map_sums`) is printed for both paths, side by side:
+the first ``--calls`` calls of one ``analyze()`` run are recorded, then each path runs them over the
+same interleaved repeats (minimum per call, microseconds).
+
 ``--dtype bfloat16`` (or float16) loads the model in that dtype for every part (the statistics are
 still computed in float32 and summed in float64); the table's first line says the dtype.
 
 Usage: python benchmarks/bench_floor.py [--model minilm] [--n 500] [--repeats 3] [--batch-size 16]
                                         [--threads 2] [--corpus FILE] [--json OUT] [--dtype float32]
-                                        [--clock wall|cpu]
+                                        [--clock wall|cpu] [--path torch|kernel] [--calls 64]
 Goals (issue 19): default <= 1.15x and analyze() <= 1.05x the bare sdpa forward.
 """
 
@@ -134,7 +141,7 @@ TOKENIZING = ("analyze()", "default probe analyze")
 
 
 def run(model: str, n: int, repeats: int, batch_size: int, corpus: str | None, dtype: str = "float32",
-        clock: str = "wall") -> dict:
+        clock: str = "wall", calls: int = 64) -> dict:
     from probe.loading.models import load_model
 
     texts, source = texts_for(n, corpus)
@@ -147,8 +154,46 @@ def run(model: str, n: int, repeats: int, batch_size: int, corpus: str | None, d
         for name, fn in fns.items():
             times[name].append(timed(fn, clock))
     med = {name: statistics.median(v) for name, v in times.items()}
-    return {"model": model, "dtype": dtype, "n": n, "source": source, "batch_size": batch_size, "repeats": repeats,
-            "threads": torch.get_num_threads(), "clock": clock, "times": times, "median_s": med}
+    from probe.measures.kernel import PATH_ENV
+
+    out = {"model": model, "dtype": dtype, "n": n, "source": source, "batch_size": batch_size, "repeats": repeats,
+           "threads": torch.get_num_threads(), "clock": clock, "path": os.environ.get(PATH_ENV, "kernel"),
+           "times": times, "median_s": med, "min_s": {name: min(v) for name, v in times.items()}}
+    if calls:
+        out["map_sums"] = per_call(lm, texts, batch_size, repeats, calls, clock)
+    return out
+
+
+def per_call(lm, texts: list[str], batch_size: int, repeats: int, limit: int, clock: str = "wall") -> dict:
+    """The statistics' own time per call on both paths: the first ``limit`` calls of
+    :func:`probe.measures.stats.map_sums` in one ``analyze()`` run, recorded, then timed on each path
+    over ``repeats`` interleaved rounds with ``clock`` (each call's minimum; the sums of those minima
+    / calls, s)."""
+    from probe.measures import stats
+    from probe.runs.analysis import analyze
+
+    calls, original = [], stats.map_sums
+
+    def record(a, w, norms=None, scores=None, path=None):
+        if len(calls) < limit:
+            calls.append((a.clone(), w, None if norms is None else norms.clone(), scores))
+        return original(a, w, norms, scores, path)
+
+    stats.map_sums = record
+    try:
+        analyze(lm, texts, batch_size=batch_size)
+    finally:
+        stats.map_sums = original
+    best = {path: [float("inf")] * len(calls) for path in ("torch", "kernel")}
+    for path in best:  # warm-up (the kernel's first call loads it)
+        original(*calls[0], path=path)
+    for _ in range(repeats):
+        for path, mins in best.items():
+            for i, call in enumerate(calls):
+                mins[i] = min(mins[i], timed(lambda c=call, p=path: original(*c, path=p), clock))
+    shapes = sorted({tuple(c[0].shape) for c in calls})
+    return {"calls": len(calls), "shapes": [shapes[0], shapes[-1]],
+            "per_call_s": {path: sum(m) / len(m) for path, m in best.items()}}
 
 
 def table(r: dict, load_before, load_after) -> str:
@@ -156,14 +201,23 @@ def table(r: dict, load_before, load_after) -> str:
     bare, tok = med["bare sdpa"], med["tokenize"]
     lines = [f"{r['model']} ({r.get('dtype', 'float32')}): {r['n']} texts ({r['source']}), "
              f"batch {r['batch_size']}, {r['threads']} threads, "
-             f"{r['repeats']} interleaved repeats, {r.get('clock', 'wall')} clock; load average before {load_before}, "
+             f"{r['repeats']} interleaved repeats, {r.get('clock', 'wall')} clock, statistics path "
+             f"{r.get('path', 'torch')}; load average before {load_before}, "
              f"after {load_after}",
-             f"{'part':<28}{'median s':>10}{'tokenizes':>11}{'x bare (with tok)':>19}{'x bare (without tok)':>22}"]
+             f"{'part':<28}{'median s':>10}{'tokenizes':>11}{'x bare (with tok)':>19}{'x bare (without tok)':>22}"
+             f"{'min s':>9}{'min x bare':>12}"]
     for name in ("bare sdpa", "eager + output_attentions", "analyze()", "default probe analyze", "tokenize"):
         t = med[name]
         inside = name in TOKENIZING
         without = (t - tok) / bare if inside else t / bare
-        lines.append(f"{name:<28}{t:>10.3f}{'yes' if inside else 'no':>11}{t / bare:>18.2f}x{without:>21.2f}x")
+        low = r.get("min_s", med)
+        lines.append(f"{name:<28}{t:>10.3f}{'yes' if inside else 'no':>11}{t / bare:>18.2f}x{without:>21.2f}x"
+                     f"{low[name]:>9.3f}{low[name] / low['bare sdpa']:>11.2f}x")
+    if "map_sums" in r:
+        m = r["map_sums"]
+        t, k = m["per_call_s"]["torch"], m["per_call_s"]["kernel"]
+        lines.append(f"statistics per call (map_sums, first {m['calls']} calls, maps {m['shapes'][0]} to "
+                     f"{m['shapes'][1]}): torch {1e6 * t:.0f} us, kernel {1e6 * k:.0f} us ({t / k:.2f}x)")
     lines.append("with tok: the part as timed / bare sdpa (bare and eager never tokenize; analyze() and the default "
                  "tokenize inside); without tok: (part - tokenize) / bare sdpa. Goals: default <= 1.15x, "
                  "analyze() <= 1.05x.")
@@ -183,13 +237,21 @@ def main() -> None:
                         help="parameter dtype of the model in every part")
     parser.add_argument("--clock", default="wall", choices=tuple(CLOCKS),
                         help="wall seconds, or this process's CPU seconds (steadier on a shared machine)")
+    parser.add_argument("--path", default=None, choices=("torch", "kernel"),
+                        help="how the statistics are computed [default: PROBE_STATS_PATH, else kernel]")
+    parser.add_argument("--calls", type=int, default=64,
+                        help="statistics calls timed on both paths after the table (0: none)")
     args = parser.parse_args()
+    if args.path:
+        from probe.measures.kernel import PATH_ENV
+
+        os.environ[PATH_ENV] = args.path
     if args.repeats < 3:
         parser.error("--repeats must be at least 3 (medians of interleaved repeats)")
     torch.set_num_threads(args.threads)
     before = tuple(round(x, 2) for x in os.getloadavg())
     r = run(args.model, args.n or DEFAULT_N.get(args.model, 200), args.repeats, args.batch_size, args.corpus,
-            args.dtype, args.clock)
+            args.dtype, args.clock, args.calls)
     after = tuple(round(x, 2) for x in os.getloadavg())
     print(table(r, before, after))
     if args.json:

@@ -22,7 +22,8 @@ ROOT = Path(probe.__file__).parent
 #: runs never need it); every such import says so in a comment.
 DEFERRED = {"transformers", "sklearn", "statsmodels", "accelerate",
             "gguf",  # only while a GGUF file is loaded
-            "ipywidgets", "tqdm"}  # optional notebook widgets; tqdm.auto imported once with its warning silenced
+            "ipywidgets", "tqdm",  # optional notebook widgets; tqdm.auto imported once with its warning silenced
+            "numba"}  # the statistics' compiled pass: imported (0.3-0.6 s) by its first call
 
 
 def _modules() -> dict[str, Path]:

@@ -23,6 +23,7 @@ from ..loading.seq2seq import sides
 from ..sites import Site
 from ..text.inputs import Batch
 from .accumulators import Accumulator, sum_device
+from .kernel import kernel_sums, stats_path
 from .statweights import (  # re-exported: the statistics' names and definitions
     ALIGN_WINDOW,
     ALL_STATISTICS,
@@ -56,7 +57,8 @@ def by_norm(name: str) -> str:
 
 
 def map_sums(a: torch.Tensor, w: ContractionWeights, norms: torch.Tensor | None = None,
-             scores: Scores | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+             scores: Scores | None = None, path: str | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Every statistic's sum over the valid rows of one batch of maps (or of one row block of them),
     for the attention probabilities A and, with ``norms``, for the value-weighted map N~ of the same
     call: ``(sums, norm_sums, empty)``, sums and norm_sums [heads, len(ALL_STATISTICS)] float64 on
@@ -78,7 +80,7 @@ def map_sums(a: torch.Tensor, w: ContractionWeights, norms: torch.Tensor | None 
     :data:`SCORED_FROM` probabilities (no logarithm over the map): with ln Z_A = top - ln max_j
     A[i, j] the row's log normalizer, ``-sum A ln A = ln Z_A sum_j A - sum_j A s`` and ``-sum N~ ln
     N~ = ln Z + ln Z_A - (sum_j N s + sum_j A n ln n) / Z`` (:func:`_entropy_from_scores`); else
-    (eager maps, an edited pattern, scores that are not finite, a small map) from ln A.
+    (eager maps, an edited pattern, scores that are not finite, a small map on the torch path) from ln A.
 
     Args:
         a: [batch, heads, query, key] float32 maps whose real rows sum to 1 (or are all 0); maps of
@@ -87,11 +89,36 @@ def map_sums(a: torch.Tensor, w: ContractionWeights, norms: torch.Tensor | None 
         norms: [batch, heads, key] n_j = ||f_h(x_j)|| (:class:`~probe.capture.values.ValueNorms`), or
             None: A's statistics only.
         scores: the :class:`~probe.capture.op.Scores` A was computed from, its keys cut to ``a``'s, or None.
+        path: ``"torch"`` (the tensor operations below), ``"kernel"`` (the same sums in one compiled
+            pass: :mod:`probe.measures.kernel`, where it applies) or None (the environment variable
+            ``PROBE_STATS_PATH``, else the kernel where it applies): :func:`probe.measures.kernel.stats_path`.
 
     Returns:
         empty: [batch, heads, query] bool, the rows whose N sums to 0 (no value-weighted map: all
         their values 0); NaN stays NaN (the removed heads of a pruned model).
+
+    Raises:
+        ValueError: ``path`` (or ``PROBE_STATS_PATH``) is not ``torch`` or ``kernel``.
     """
+    if stats_path(a, path) == "kernel":  # the scores at every size: a product per probability, not a logarithm
+        *out, finite = _kernel(a, w, norms, scores)
+        if scores is not None and not finite:  # as below: a real row's entropy from the scores is not finite
+            *out, _ = _kernel(a, w, norms, None)
+        return tuple(out)
+    return _torch_sums(a, w, norms, scores)
+
+
+def _kernel(a: torch.Tensor, w: ContractionWeights, norms: torch.Tensor | None, scores: Scores | None):
+    """:func:`probe.measures.kernel.kernel_sums` of one call, with ``w``'s channels as statistic columns."""
+    return kernel_sums(a, w.keys, [INDEX[n] for n in w.key_names], [(INDEX[n], o) for n, o in w.diagonals],
+                       w.positional, [INDEX[n] for n in w.pos_names], w.row_weights, w.real_rows, norms,
+                       None if scores is None else scores.values, None if scores is None else scores.top,
+                       (INDEX["entropy"], INDEX["norm_entropy"], INDEX["max_weight"]))
+
+
+def _torch_sums(a: torch.Tensor, w: ContractionWeights, norms: torch.Tensor | None,
+                scores: Scores | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`map_sums` by tensor operations (on any device): the reference the kernel is tested against."""
     B, H, R, K = a.shape
     if norms is None:
         parts = [a]
