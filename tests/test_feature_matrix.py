@@ -148,5 +148,13 @@ def test_the_whole_matrix_is_true(tmp_path):
     does today."""
     assert feature_matrix.main(["--out", str(tmp_path)]) == 0
     fresh = feature_matrix.read_tsv(tmp_path / "features.tsv")
-    assert [{f: r[f] for f in ("type", "kind", *FEATURES)} for r in fresh] == [
-        {f: r[f] for f in ("type", "kind", *FEATURES)} for r in feature_rows()]
+    committed = feature_rows()
+    assert [(r["type"], r["kind"]) for r in fresh] == [(r["type"], r["kind"]) for r in committed]
+
+    def timed(row) -> bool:  # a cell stopped at the time cap depends on the machine's load, not on probe
+        return any(row[f].startswith(("timed out", "not tried: the worker was stopped")) for f in FEATURES)
+
+    raced = [a["type"] for a, b in zip(fresh, committed) if timed(a) or timed(b)]
+    assert len(raced) <= 3, raced  # kimi_linear's verify and composition take about a minute on 2 cores
+    assert [{f: r[f] for f in ("type", "kind", *FEATURES)} for r in fresh if r["type"] not in raced] == [
+        {f: r[f] for f in ("type", "kind", *FEATURES)} for r in committed if r["type"] not in raced]

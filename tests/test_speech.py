@@ -380,8 +380,10 @@ def test_speech_section_renders_in_chromium_without_errors_or_requests(tmp_path,
         assert shown == 2 and page.locator(".speech-section svg").count() == 2
         page.locator(".speech-section").screenshot(path=str(tmp_path / "speech.png"))
         assert messages == []
-        page.set_viewport_size({"width": 390, "height": 800})  # a phone: the section scrolls, not the page
-        assert page.evaluate("document.documentElement.scrollWidth") == 390
+    with watched_page(chromium, path / "index.html", viewport=(390, 800)) as (page, messages, _):
+        page.wait_for_function("document.body.getAttribute('data-figures-drawn') !== null")
+        assert page.evaluate("document.documentElement.scrollWidth") == 390  # a phone: the section scrolls
+        assert messages == []
         assert [u for u in requests if not u.startswith(("data:", "file:"))] == []
 
 
