@@ -128,14 +128,24 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], int, str]]:
         (["effects", "--corpus", str(bad), "-o", out], 1, "line 2 is not valid UTF-8"),
         (["prune", "--corpus", str(bad), "-o", out], 1, "line 2 is not valid UTF-8"),
         (["compare", "--model", "a", "--model", "b", "--corpus", str(bad), "-o", out], 1, "not valid UTF-8"),
-        (["circuit", "--pairs", str(bad), "-o", out], 1, "cannot read pairs file"),
-        (["patch", "--pairs", str(bad), "-o", out], 1, "cannot read pairs file"),
+        (["circuit", "--pairs", str(bad), "-o", out], 1, "line 2 is not valid UTF-8"),
+        (["patch", "--pairs", str(bad), "-o", out], 1, "line 2 is not valid UTF-8"),
         (["path", "--receivers", "L9H6.q", "-o", out], 2, "Missing option '--senders'"),
         (["path", "--senders", "5.1", "--receivers", "logits", "-o", out], 2, "'5.1' is not a name of that form"),
         (["patch", "--component", "bogus", "-o", out], 2, "--component 'bogus'"),
         (["prune", "--order", "bogus", "-o", out], 2, "distinct orders"),
         (["analyze", "--model", "whisper-tiny-en", "--audio", str(noise), "-o", out], 1, "cannot read audio"),
     ]
+
+
+def test_an_unreadable_audio_file_is_named_once(tmp_path):
+    """soundfile's own message repeats the path ("Error opening 'F': Format not recognised."): once is enough."""
+    noise = tmp_path / "noise.wav"
+    noise.write_bytes(b"not audio at all")
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, "analyze", "--model", "whisper-tiny-en", "--audio",
+                           str(noise), "-o", str(tmp_path / "r")], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, timeout=120)
+    assert done.returncode == 1 and done.stderr.count(str(noise)) == 1, done.stderr
 
 
 def test_usage_errors_are_answered_before_torch_is_imported(tmp_path):

@@ -222,6 +222,12 @@ def test_cross_attention_with_unfrozen_norms_misses_and_says_by_how_much():
     assert any("not frozen" in n for n in loose.notes)
 
 
+def test_a_cross_head_of_a_model_without_cross_attention_says_so():
+    lm = tiny_model("bert")
+    with pytest.raises(InputError, match=r"^head 'cross L0H0': .* is an encoder model with no cross-attention"):
+        probe.why(lm, "The cat sat on the mat.", "cross L0H0")
+
+
 def test_encoder_decoder_cases_not_split_are_refused_in_one_line():
     lm = tiny_model("bart")
     for head, kind in (("enc L0H0", "enc self-attention heads are not split yet"),

@@ -60,7 +60,8 @@ def read_audio(path, rate: int) -> np.ndarray:
     try:
         data, file_rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError) as exc:
-        raise InputError(f"cannot read audio {str(path)!r}: {str(exc).splitlines()[0]}") from None
+        reason = str(exc).splitlines()[0].replace(f"Error opening {str(path)!r}: ", "")  # soundfile repeats the path
+        raise InputError(f"cannot read audio {str(path)!r}: {reason}") from None
     return resample(data.mean(1), int(file_rate), rate)
 
 

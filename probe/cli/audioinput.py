@@ -36,4 +36,5 @@ def check_audio(path: str) -> None:
     try:
         soundfile.info(path)
     except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError) as exc:
-        raise InputError(f"cannot read audio {path!r}: {str(exc).splitlines()[0]}") from None
+        reason = str(exc).splitlines()[0].replace(f"Error opening {path!r}: ", "")  # soundfile repeats the path
+        raise InputError(f"cannot read audio {path!r}: {reason}") from None

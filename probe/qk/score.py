@@ -221,6 +221,9 @@ def check_model(lm, head) -> tuple[int, int]:
     if lm.spec.discovered:
         needs_weights(lm.spec, "why")
     g = lm.geometry
+    if isinstance(head, str) and head.strip().lower().startswith("cross"):
+        raise InputError(f"head {head!r}: {lm.name} is {'an' if lm.kind == 'encoder' else 'a'} {lm.kind} model with "
+                         "no cross-attention; its heads are named L5H1 (layer and head, 0-based)")
     return parse_head(head, g.n_layers, g.n_heads)
 
 

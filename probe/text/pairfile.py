@@ -43,9 +43,15 @@ def read_pairs(path: str | Path) -> list[Pair]:
         InputError: unreadable file, a line without four or five fields, or no pair.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read pairs file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read pairs file {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:  # named as the corpus reader names it
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}: line {line} is not valid UTF-8 (byte {raw[exc.start]:#04x} at offset "
+                         f"{exc.start})") from None
     return parse_pairs(text, str(path))
 
 
