@@ -323,7 +323,12 @@ def repeat_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
         return x
     if n_heads % kv:
         raise InterfaceError(f"{n_heads} query heads cannot share {kv} key/value heads evenly")
-    return x.repeat_interleave(n_heads // kv, dim=1)
+    B, _, T, d = x.shape
+    # expand and reshape as transformers' repeat_kv does, not repeat_interleave: with one key/value head
+    # the reshape stays a stride-0 view, and the matmuls that read it then take the same kernel as the
+    # model's own eager attention (a copy takes another one on some CPUs, AVX-512 among them, and rounds
+    # differently in the last bit)
+    return x[:, :, None].expand(B, kv, n_heads // kv, T, d).reshape(B, n_heads, T, d)
 
 
 def with_sinks(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor | None, scale: float,
