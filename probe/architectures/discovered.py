@@ -94,10 +94,27 @@ def _same(found: list[Found], what: str):
     return values.pop()
 
 
+def _projection(found: list[Found], what: str) -> str | None:
+    """The path of one projection across the layers of one kind of site: the same path in every layer, or
+    None where some layers have none that probe found and checked (a layer that reads the keys and values
+    of another, Kolibri's shared ones; a layer whose queries pass a norm, Llama 4's): not found for all, so
+    that what needs it refuses in one line while capture and statistics run.
+
+    Raises:
+        UnsupportedArchitectureError: two different paths.
+    """
+    paths = {getattr(f, what) for f in found}
+    if None in paths and len(paths) > 1:
+        return None
+    return _same(found, what)
+
+
 def _site_spec(found: list[Found]) -> SiteSpec:
-    """One :class:`SiteSpec` from the calls of one (stack, kind); paths must agree across layers."""
+    """One :class:`SiteSpec` from the calls of one (stack, kind); paths must agree across layers (a
+    projection found in some layers only counts as not found, :func:`_projection`)."""
     first = found[0]
-    paths = {w: _same(found, w) for w in ("layers", "attention", "o", "q", "k", "v", "qkv")}
+    paths = {w: _same(found, w) for w in ("layers", "attention")}
+    paths.update({w: _projection(found, w) for w in ("o", "q", "k", "v", "qkv")})
     return SiteSpec(first.stack, first.kind, paths["layers"], paths["attention"], paths["o"] or "",
                     q=paths["q"], k=paths["k"], v=paths["v"], qkv=paths["qkv"], causal=first.causal)
 

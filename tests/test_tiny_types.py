@@ -1,0 +1,57 @@
+"""Types the supported-models table gained (issue 48 item 11): each built as tools/models_table.py builds it
+(tools/tiny_models.py: the shrunk default config, with the smallest per-type change that builds where the
+default does not), wrapped by probe, and its captured maps equal to the model's own eager attention
+(``output_attentions``, not probe's function); the attention steps of a site equal them too."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from probe.capture.maps import capture_attention, encode, forward
+from probe.loading.models import from_pretrained_objects
+from probe.measures.steps import heads_steps
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import tiny_models  # noqa: E402 - tools/ is not a package: its folder on the path first
+
+TEXT = "The cat sat on the mat and then it ran away from the dog."
+
+#: Default configs that did not build (an override each in tiny_models.OVERRIDES), a projection found in some
+#: layers only (Kolibri's layers that read another layer's keys and values, Llama 4's normed queries: not
+#: found for every layer), a language the model needs (X-MOD) and a width the default did not derive.
+GAINED = ("cohere_compass_text", "dbrx", "dots3_note_text", "kolibri1_1", "lfm2_moe", "qwen4_exp_text", "zamba",
+          "llama4_text", "xmod", "bailing_hybrid")
+
+
+def tiny(model_type: str):
+    model, tok = tiny_models.build(model_type, dict(tiny_models.text_types())[model_type])
+    return from_pretrained_objects(model, tok, name=f"tiny-{model_type}")
+
+
+@pytest.mark.parametrize("model_type", GAINED)
+def test_a_gained_type_captures_the_models_own_maps(model_type):
+    lm = tiny(model_type)
+    captured = capture_attention(lm, TEXT)
+    with torch.no_grad():
+        own = [a for a in forward(lm, encode(lm, [TEXT]), output_attentions=True).attentions if a is not None]
+    assert len(own) == len(lm.sites) >= 1  # hybrid models: their attention layers only
+    for i, site in enumerate(lm.sites):
+        np.testing.assert_allclose(captured[i].numpy(), own[i].float().numpy(), atol=1e-5, err_msg=site.name)
+    site = lm.sites[-1]
+    for st in heads_steps(lm, TEXT, [(site, h) for h in range(own[-1].shape[1])]):
+        np.testing.assert_allclose(st["probs"], own[-1][0, st["head"]].float().numpy(), atol=1e-5)
+
+
+def test_overrides_change_only_what_they_name():
+    """An override is merged into the shrunk config: a sub-config keeps its other shrunk values."""
+    config = tiny_models.tiny_config("dbrx", 1000)
+    assert config.attn_config.rope_theta == 10000.0 and config.attn_config.clip_qkv == 8.0
+    assert config.attn_config.kv_n_heads == tiny_models.tiny_config("dbrx", 1000).attn_config.kv_n_heads
+    assert config.d_model == tiny_models.HIDDEN and config.n_layers == tiny_models.LAYERS
+    assert tiny_models.tiny_config("xmod", 1000).default_language == "en_XX"
