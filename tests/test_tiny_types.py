@@ -55,3 +55,35 @@ def test_overrides_change_only_what_they_name():
     assert config.attn_config.kv_n_heads == tiny_models.tiny_config("dbrx", 1000).attn_config.kv_n_heads
     assert config.d_model == tiny_models.HIDDEN and config.n_layers == tiny_models.LAYERS
     assert tiny_models.tiny_config("xmod", 1000).default_language == "en_XX"
+
+
+#: Encoder-decoder types whose attention is their own code (BigBird-Pegasus: its encoder's), read from the maps
+#: their eager path returns (capture-only).
+OWN_CODE_SEQ2SEQ = ("fsmt", "mvp", "bigbird_pegasus")
+
+
+@pytest.mark.parametrize("model_type", OWN_CODE_SEQ2SEQ)
+def test_an_encoder_decoder_with_its_own_attention_code_is_captured_from_its_maps(model_type):
+    """Every site (the encoder's self-attention, each decoder layer's self- and cross-attention) holds the map the
+    model returns for it (``encoder_attentions``, ``decoder_attentions``, ``cross_attentions``); what needs more
+    than the maps (verify, steps) is refused in one line."""
+    from probe.errors import UnsupportedArchitectureError
+    from probe.measures.steps import attention_steps
+    from probe.text.inputs import Text
+
+    lm = tiny(model_type)
+    assert lm.spec.capture_only and lm.kind == "encoder-decoder"
+    text = Text("The cat sat on the mat today.", target="A dog ran home.")
+    captured = capture_attention(lm, text)
+    with torch.no_grad():
+        out = forward(lm, encode(lm, [text]), output_attentions=True)
+    own = {("encoder", "self"): out.encoder_attentions, ("decoder", "self"): out.decoder_attentions,
+           ("decoder", "cross"): out.cross_attentions}
+    assert [(s.stack, s.kind) for s in lm.sites] == [("encoder", "self")] * 2 + [("decoder", "self"),
+                                                                                  ("decoder", "cross")] * 2
+    for i, site in enumerate(lm.sites):
+        want = own[site.stack, site.kind][site.layer]
+        np.testing.assert_allclose(captured[i].numpy(), want.float().numpy(), atol=1e-6, err_msg=site.name)
+    assert captured[2].shape[-2:] == (captured[2].shape[-1],) * 2 and captured[3].shape[-1] == captured[0].shape[-1]
+    with pytest.raises(UnsupportedArchitectureError, match="attention steps"):
+        attention_steps(lm, text)
