@@ -24,9 +24,10 @@ TEXT = "The cat sat on the mat and then it ran away from the dog."
 
 #: Default configs that did not build (an override each in tiny_models.OVERRIDES), a projection found in some
 #: layers only (Kolibri's layers that read another layer's keys and values, Llama 4's normed queries: not
-#: found for every layer), a language the model needs (X-MOD) and a width the default did not derive.
+#: found for every layer), a language the model needs (X-MOD), a width the default did not derive, and hybrids
+#: whose default pattern left no attention layer among two (Granite 4 hybrid, RecurrentGemma).
 GAINED = ("cohere_compass_text", "dbrx", "dots3_note_text", "kolibri1_1", "lfm2_moe", "qwen4_exp_text", "zamba",
-          "llama4_text", "xmod", "bailing_hybrid")
+          "llama4_text", "xmod", "bailing_hybrid", "granitemoehybrid", "recurrent_gemma")
 
 
 def tiny(model_type: str):

@@ -83,6 +83,10 @@ OVERRIDES = {
     "kolibri1_1": {"index_num_heads": 1, "index_layers": [LAYERS - 1]},
     # the model needs a language id for each input; its config names the language its adapters use by default
     "xmod": {"default_language": "en_XX"},
+    # hybrids whose default pattern puts no attention layer among the tiny model's two (Granite 4's checkpoints
+    # and RecurrentGemma's mix them in): a recurrent layer, then an attention layer
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
     # one shared attention block tied across its hybrid layers: two of them, so that there is a layer to tie
     "zamba": {"layers_block_type": ["hybrid", "hybrid"]},
     # the query/key width is qk_nope + qk_rope (not derived); the linear-attention heads split the width; one
