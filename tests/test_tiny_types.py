@@ -88,3 +88,15 @@ def test_an_encoder_decoder_with_its_own_attention_code_is_captured_from_its_map
     assert captured[2].shape[-2:] == (captured[2].shape[-1],) * 2 and captured[3].shape[-1] == captured[0].shape[-1]
     with pytest.raises(UnsupportedArchitectureError, match="attention steps"):
         attention_steps(lm, text)
+
+
+def test_maps_that_are_not_tensors_of_one_head_grid_are_refused_in_one_line():
+    """PEGASUS-X's encoder returns its global and local maps as a dict (LongT5's as 5-d blocks): refused by name,
+    not an AttributeError from inside probe."""
+    from probe.errors import UnsupportedArchitectureError
+
+    model, tok = tiny_models.build("pegasus_x", "encoder-decoder")
+    with pytest.raises(UnsupportedArchitectureError) as err:
+        from_pretrained_objects(model, tok)
+    assert "encoder self-attention maps it returns are not [batch, heads, query, key] tensors" in str(err.value)
+    assert "\n" not in str(err.value)

@@ -25,7 +25,11 @@ from ..architectures.discovered import build_maps_spec, build_seq2seq_maps_spec,
 from ..architectures.spec import ArchSpec
 from ..errors import UnsupportedArchitectureError
 from .discover import TEXT, _d_model, _layer_split
+from .failures import forward_failures
 from .hooks import Hooks, measuring
+
+#: The step an exception inside the model's own forward pass is reported in (:mod:`probe.capture.failures`).
+STEP = "capture-only discovery (one short forward pass with output_attentions, to find the maps the model returns)"
 
 
 @torch.no_grad()
@@ -43,6 +47,7 @@ def discover_maps(model: nn.Module, tokenizer, why: str = "") -> ArchSpec:
         The spec (not registered: :func:`probe.architectures.discovered.register` files it).
 
     Raises:
+        ModelForwardError: the model's own forward pass raised an exception (one line naming it).
         UnsupportedArchitectureError: no maps returned, maps no module returned, maps that are not
             probabilities of the pass's tokens (an encoder-decoder's: [source, source] for its encoder,
             [target, target] causal for its decoder, [target, source] for cross-attention), a decoder whose
@@ -67,7 +72,7 @@ def discover_maps(model: nn.Module, tokenizer, why: str = "") -> ArchSpec:
                 if isinstance(t, torch.Tensor) and t.dim() == 4:
                     returned.append((names[module], i, t))
 
-    with measuring(model, eager=True), Hooks() as own:
+    with measuring(model, eager=True), Hooks() as own, forward_failures(STEP, model):
         for module in model.modules():
             if module is not model:
                 own.forward(module, record)
@@ -86,6 +91,9 @@ def discover_maps(model: nn.Module, tokenizer, why: str = "") -> ArchSpec:
         if not maps or any(a is None for a in maps):
             raise UnsupportedArchitectureError(f"{fail}and it returns no attention maps with output_attentions=True: "
                                                "probe cannot capture it")
+        if any(not isinstance(a, torch.Tensor) or a.dim() != 4 for a in maps):  # PEGASUS-X: global and local maps
+            raise UnsupportedArchitectureError(f"{fail}and the {stack} {site_kind}-attention maps it returns are not "
+                                               "[batch, heads, query, key] tensors: probe cannot measure them")
         groups[stack, site_kind] = [_held(fail, returned, a, layer, shape, causal) for layer, a in enumerate(maps)]
     base = names[base_model(model)]
     attention = model.get_submodule(groups[kinds[0][:2]][0][0])
