@@ -114,7 +114,7 @@ def markdown_block(rows: list[dict], version: str) -> str:
         "as probe loads a checkpoint without its masked-LM head), so the analyses that compare answer",
         "logits refuse them. `probe models --features` prints the same matrix. Regenerate it (and",
         "`probe/data/features.tsv`) with `python tools/feature_matrix.py` (each type in a worker process, a",
-        f"feature stopped after {FEATURE_CAP:.0f} s; about 13 minutes on 2 busy cores); a test reruns a sample",
+        f"feature stopped after {FEATURE_CAP:.0f} s; about 16 minutes on 2 busy cores); a test reruns a sample",
         "of seven types and the slow tier every row.", "",
         "| feature | what runs | text types | image and speech |", "| --- | --- | --- | --- |",
     ]
