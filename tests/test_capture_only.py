@@ -95,7 +95,7 @@ def test_verify_steps_blocks_and_interventions_are_refused_by_name(own):
     from probe.verification import verify
 
     for call, what in ((lambda: verify(own), "probe verify"),
-                       (lambda: attention_steps(own, TEXTS[0], site=0, head=0, query=1), "from-scratch attention"),
+                       (lambda: attention_steps(own, TEXTS[0], site=0, head=0, query=1), "attention steps"),
                        (lambda: analyze(own, TEXTS, query_block=4), "block capture"),
                        (lambda: intervening(own).__enter__(), "an intervention on heads")):
         with pytest.raises(UnsupportedArchitectureError, match=what) as err:

@@ -352,15 +352,14 @@ def test_unknown_model_name_subprocess(tmp_path):
 
 @pytest.mark.parametrize("model_type", ["fsmt", "prophetnet"])
 def test_unsupported_model_type_folder(tmp_path, out, model_type):
-    """An encoder-decoder type whose attention is its own code is refused before any weight is read (a one-stack
-    type of that kind, XLNet or MPT, is loaded and captured from its maps: tests/test_capture_only.py)."""
+    """A folder of an encoder-decoder type whose attention is its own code, holding a config alone: one line,
+    nothing to load. Such a type is no longer refused before its weights are read: FSMT and MVP are captured
+    from the maps they return (tests/test_tiny_types.py), ProphetNet is refused once loaded, in one line."""
     folder = tmp_path / f"{model_type}-model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": model_type}), encoding="utf-8")
-    line = assert_clean_error(run("analyze", "--model", str(folder), "--text", "Hi.", "--out", str(out)),
-                              repr(model_type))
-    for supported in ("bert", "distilbert", "gpt2", "llama", "roberta"):
-        assert supported in line
+    assert_clean_error(run("analyze", "--model", str(folder), "--text", "Hi.", "--out", str(out)),
+                       str(folder), "no weights")
     assert not out.exists()
 
 

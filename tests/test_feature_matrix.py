@@ -16,6 +16,7 @@ from probe.loading.support import (
     FEATURES,
     MEDIA_KINDS,
     RAN,
+    feature_cells,
     feature_counts,
     feature_rows,
     general_reason,
@@ -106,8 +107,7 @@ def test_probe_models_features_prints_the_matrix():
     numbers = reason_numbers(rows)
     assert lines[0].split() == ["type", "kind", *FEATURES.values()]
     for r, line in zip(rows, lines[1:]):
-        cells = ["+" if r[f] == RAN else str(numbers[general_reason(r, f)]) for f in FEATURES]
-        assert line.split() == [r["type"], r["kind"], *cells], line
+        assert line.split() == [r["type"], r["kind"], *feature_cells(r, numbers)], line
     legend = lines[len(rows) + 1]
     counts = feature_counts(rows)
     assert legend.startswith("+: ran") and f"circ {counts['circuit']['text']}/{counts['circuit']['media']}" in legend
@@ -158,3 +158,25 @@ def test_the_whole_matrix_is_true(tmp_path):
     assert len(raced) <= 3, raced  # kimi_linear's verify and composition take about a minute on 2 cores
     assert [{f: r[f] for f in ("type", "kind", *FEATURES)} for r in fresh if r["type"] not in raced] == [
         {f: r[f] for f in ("type", "kind", *FEATURES)} for r in committed if r["type"] not in raced]
+
+
+def test_both_tools_run_one_worker_loop_and_say_why_a_type_was_stopped():
+    """tools/workers.py is the one worker loop (issue 46 item 3): both tools run its Runner and turn what it
+    gave (a row, or the cells before a time-out or a crash) into their rows."""
+    import workers
+
+    assert feature_matrix.Runner is models_table.Runner is workers.Runner
+    assert feature_matrix.run_types is models_table.run_types is workers.run_types
+    built = workers.Outcome(None, built=True, cells={"capture": RAN, "verify": RAN}, why="timed out", seconds=70.0)
+    r = feature_matrix.row_of("aa", "decoder", built)
+    assert (r["capture"], r["verify"], r["value_weighted"]) == (RAN, RAN, "timed out: took over 60 s")
+    assert r["ablation"] == "not tried: the worker was stopped at value_weighted (timed out: took over 60 s)"
+    r = feature_matrix.row_of("aa", "decoder", workers.Outcome(None, why="timed out", seconds=21.0))
+    assert all(r[f] == "timed out: building took over 20 s" for f in FEATURES)
+    crash = "crashed: the worker process exited with code -9"
+    assert feature_matrix.row_of("aa", "decoder", workers.Outcome(None, built=True, why=crash))["capture"] == crash
+    r = models_table.row_of("aa", "decoder", workers.Outcome(None, built=True, why="timed out", seconds=130.0))
+    assert (r["status"], r["reason"]) == ("refused", "timed out: verify and analyze took over 120 s")
+    assert models_table.row_of("aa", "decoder", workers.Outcome(None, why=crash))["reason"] == crash
+    mine = {"type": "aa"}
+    assert models_table.row_of("aa", "decoder", workers.Outcome(mine)) is mine

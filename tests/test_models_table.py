@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from probe.cli import main
-from probe.loading.support import COLUMNS, STAMP, STATUSES, model_types, status_counts, table_version
+from probe.loading.support import COLUMNS, STAMP, STATUSES, model_types, status_counts, table_version, type_note
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -128,7 +128,7 @@ def test_probe_models_all_prints_the_table():
     assert len(lines) == len(text_rows) + 2 + (table_version() != version("transformers"))  # header, rows, counts
     for r, line in zip(text_rows, lines[1:]):
         assert line.split()[:3] == [r["type"], r["kind"], r["status"]], line
-        assert (r["reason"] or f"verify max difference {r['max_diff']}") in line
+        assert type_note(r) in line
     c = status_counts(model_types())
     assert lines[len(text_rows) + 1].startswith(f"{c['all']['works']} of {len(text_rows)} text model types work")
     assert "--all" in CliRunner().invoke(main, ["models", "--help"]).stdout

@@ -10,11 +10,11 @@ Usage (from the repository root)::
 
 The types are the text types of ``tools/models_table.py`` (the ``not text`` ones left out) and the
 image and speech types probe knows (``tools/try_features.py``: :func:`other_types`). Each type runs in a
-worker process (``tools/models_table.py``'s runner): a build over ``BUILD_CAP`` seconds or a feature
-over :data:`FEATURE_CAP` stops the worker; that feature's cell says ``timed out`` and the features after it
-``not tried``, and the type is tried once more at the end in a fresh worker. docs/models.md keeps the
-matrix between ``models_table.BEGIN`` and ``END`` (``tools/models_table.py`` keeps that block when it rewrites
-the page).
+worker process (``tools/workers.py``, the loop ``tools/models_table.py`` runs too): a build over ``BUILD_CAP``
+seconds or a feature over :data:`FEATURE_CAP` stops the worker; that feature's cell says ``timed out`` and
+the features after it ``not tried``, and the type is tried once more at the end in a fresh worker.
+docs/models.md keeps the matrix between ``models_table.BEGIN`` and ``END`` (``tools/models_table.py`` keeps
+that block when it rewrites the page).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's probe, not an installed one
-from models_table import BEGIN, BUILD_CAP, END, RECYCLE, STAMP, Runner, _cell, splice  # noqa: E402 - the folder of this script first
+from models_table import BEGIN, BUILD_CAP, END, STAMP, _cell, splice  # noqa: E402 - the folder of this script first
 from tiny_models import ROOT, text_types  # noqa: E402
+from workers import Outcome, Runner, run_types  # noqa: E402
 
 #: The matrix's columns after ``type`` and ``kind`` (``tools/try_features.py``'s FEATURES and
 #: ``probe.loading.support.FEATURES``, repeated here; a test checks they agree), and their short headers.
@@ -41,64 +42,24 @@ RAN = "ran"
 IMAGE_SPEECH = ("image", "speech")
 
 
-def _worker(jobs, results) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    sys.path.insert(0, str(ROOT))
-    import torch  # deferred: only the worker process imports torch, transformers and probe
-    from try_features import try_features  # deferred: the worker's own path is set above
-
-    torch.set_num_threads(1)
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        model_type, kind = job
-        results.put(("row", try_features(model_type, kind, built=lambda: results.put(("built", None)),
-                                         report=lambda f, c: results.put(("cell", f, c)))))
-
-
 def blank(model_type: str, kind: str, cells: dict, default: str, seconds: float) -> dict:
     """A row of ``cells``, ``default`` in the features not among them."""
     return {"type": model_type, "kind": kind, **{f: cells.get(f, default) for f in FEATURES},
             "seconds": f"{seconds:.1f}"}
 
 
-class FeatureRunner(Runner):
-    """:class:`models_table.Runner` whose worker reports each feature's cell as it is known."""
-
-    def __init__(self):
-        super().__init__(_worker)
-
-    def run(self, model_type: str, kind: str) -> dict:
-        if self.proc is None or self.done >= RECYCLE:
-            self.stop()
-            self._start()
-            start_cap = 120.0  # the worker imports torch, transformers and probe first
-        else:
-            start_cap = 0.0
-        self.done += 1
-        start = time.monotonic()
-        self.jobs.put((model_type, kind))
-        msg = self._wait(BUILD_CAP + start_cap, start_cap)
-        cells: dict = {}
-        while msg is not None and msg[0] in ("built", "cell"):
-            if msg[0] == "cell":
-                cells[msg[1]] = msg[2]
-            msg = self._wait(FEATURE_CAP, 0.0)
-        if msg is not None and msg[0] == "row":
-            return msg[1]
-        self.stop()
-        seconds = time.monotonic() - start
-        if not cells and msg is None:
-            return blank(model_type, kind, {}, f"timed out: building took over {BUILD_CAP:.0f} s", seconds)
-        if msg is None:
-            stuck = FEATURES[len(cells)]
-            why = f"timed out: took over {FEATURE_CAP:.0f} s"
-        else:
-            stuck = FEATURES[len(cells)] if cells else FEATURES[0]
-            why = f"crashed: the worker process exited with code {msg[1]}"
-        cells[stuck] = why
-        return blank(model_type, kind, cells, f"not tried: the worker was stopped at {stuck} ({why})", seconds)
+def row_of(model_type: str, kind: str, outcome: Outcome) -> dict:
+    """A type's row: the worker's, or the cells it reported before it was stopped, the feature it was stopped
+    at saying why and the features after it ``not tried``."""
+    if outcome.row is not None:
+        return outcome.row
+    if not outcome.built and outcome.why == "timed out":
+        return blank(model_type, kind, {}, f"timed out: building took over {BUILD_CAP:.0f} s", outcome.seconds)
+    cells = dict(outcome.cells)
+    stuck = FEATURES[len(cells)]
+    why = f"timed out: took over {FEATURE_CAP:.0f} s" if outcome.why == "timed out" else outcome.why
+    cells[stuck] = why
+    return blank(model_type, kind, cells, f"not tried: the worker was stopped at {stuck} ({why})", outcome.seconds)
 
 
 def _stopped(r: dict) -> bool:
@@ -106,23 +67,11 @@ def _stopped(r: dict) -> bool:
 
 
 def matrix(types: list[tuple[str, str]], echo=print) -> list[dict]:
-    """A row for every ``(model_type, kind)``; a type whose worker was stopped is tried once more at the end
-    in a fresh worker (a busy machine slows one try, not two)."""
-    runner, rows = FeatureRunner(), []
-    try:
-        for i, (model_type, kind) in enumerate(types, 1):
-            rows.append(runner.run(model_type, kind))
-            echo(f"[{i}/{len(types)}] {model_type} ({kind}): {sum(rows[-1][f] == RAN for f in FEATURES)} of "
-                 f"{len(FEATURES)} ran, {rows[-1]['seconds']} s")
-        for i, r in enumerate(rows):
-            if _stopped(r):
-                runner.stop()
-                rows[i] = runner.run(r["type"], r["kind"])
-                echo(f"[again] {r['type']} ({r['kind']}): {sum(rows[i][f] == RAN for f in FEATURES)} ran, "
-                     f"{rows[i]['seconds']} s")
-    finally:
-        runner.stop()
-    return rows
+    """A row for every ``(model_type, kind)``, each in a worker process (``tools/workers.py``: a build over
+    ``BUILD_CAP`` or a feature over :data:`FEATURE_CAP` stops it); a type whose worker was stopped is tried once
+    more at the end in a fresh worker (a busy machine slows one try, not two)."""
+    return run_types(types, Runner("try_features", "try_features", BUILD_CAP, FEATURE_CAP), row_of, _stopped, echo,
+                     lambda r: f"{sum(r[f] == RAN for f in FEATURES)} of {len(FEATURES)} ran, {r['seconds']} s")
 
 
 def all_types() -> list[tuple[str, str]]:
@@ -150,7 +99,7 @@ def read_tsv(path: Path) -> list[dict]:
 
 def markdown_block(rows: list[dict], version: str) -> str:
     """The matrix's block of docs/models.md, ``BEGIN`` to ``END``."""
-    from probe.loading.support import feature_counts, general_reason, reason_numbers  # deferred: after ROOT on the path
+    from probe.loading.support import feature_cells, feature_counts, reason_numbers  # deferred: after ROOT on the path
 
     n_text = sum(r["kind"] not in IMAGE_SPEECH for r in rows)
     numbers = reason_numbers(rows)
@@ -165,7 +114,7 @@ def markdown_block(rows: list[dict], version: str) -> str:
         "as probe loads a checkpoint without its masked-LM head), so the analyses that compare answer",
         "logits refuse them. `probe models --features` prints the same matrix. Regenerate it (and",
         "`probe/data/features.tsv`) with `python tools/feature_matrix.py` (each type in a worker process, a",
-        f"feature stopped after {FEATURE_CAP:.0f} s; about 13 minutes on 2 busy cores); a test reruns a sample",
+        f"feature stopped after {FEATURE_CAP:.0f} s; about 16 minutes on 2 busy cores); a test reruns a sample",
         "of seven types and the slow tier every row.", "",
         "| feature | what runs | text types | image and speech |", "| --- | --- | --- | --- |",
     ]
@@ -181,7 +130,7 @@ def markdown_block(rows: list[dict], version: str) -> str:
     lines += ["", "| type | kind | " + " | ".join(SHORT) + " |",
               "| --- | --- | " + " | ".join(["---"] * len(SHORT)) + " |"]
     for r in rows:
-        cells = ["+" if r[f] == RAN else str(numbers[general_reason(r, f)]) for f in FEATURES]
+        cells = feature_cells(r, numbers)
         lines.append(f"| `{r['type']}` | {r['kind']} | " + " | ".join(cells) + " |")
     lines += ["", "Reasons:", ""]
     lines += [f"{n}. {_cell(reason)}" for reason, n in numbers.items()]

@@ -5,28 +5,29 @@ Usage (from the repository root)::
     python tools/models_table.py                  # every type: docs/models.md, probe/data/models.tsv
     python tools/models_table.py --out DIR        # write both files under DIR instead
     python tools/models_table.py --types llama,t5 # only these types (printed, nothing written)
+    python tools/models_table.py --update dbrx,t5 # rerun these types, their rows replaced in both files
 
-Each type runs in a worker process (one at a time, in sorted order): a build that takes more than
-:data:`BUILD_CAP` seconds, or a verify and analysis more than :data:`RUN_CAP`, is stopped and
-recorded as ``timed out``; a worker that dies is recorded with its exit code and replaced. The
-worker is replaced every :data:`RECYCLE` types so that memory stays flat.
+Each type runs in a worker process (``tools/workers.py``: one at a time, in sorted order): a build that
+takes more than :data:`BUILD_CAP` seconds, or a verify and analysis more than :data:`RUN_CAP`, is stopped
+and recorded as ``timed out`` (and tried once more at the end); a worker that dies is recorded with its
+exit code and replaced.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import multiprocessing as mp
-import queue
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's probe, not an installed one
 from tiny_models import ROOT, text_types  # noqa: E402 - the folder of this script first
+from workers import Outcome, Runner, run_types  # noqa: E402
 
-BUILD_CAP, RUN_CAP, RECYCLE = 20.0, 120.0, 40
+BUILD_CAP, RUN_CAP = 20.0, 120.0
 COLUMNS = ("type", "kind", "status", "reason", "analyze", "max_diff", "seconds")
 KINDS = ("decoder", "encoder", "encoder-decoder", "not text")
 #: The tsv's first line before the version (``probe.loading.support.STAMP``, which reads it; a test checks
@@ -37,109 +38,34 @@ OUT_OF_SCOPE = "not text: out of scope here (vision, speech or multimodal)"
 BEGIN, END = "<!-- feature matrix: begin -->", "<!-- feature matrix: end -->"
 
 
-def _worker(jobs, results) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    sys.path.insert(0, str(ROOT))
-    import torch  # deferred: only the worker process imports torch, transformers and probe
-    from try_model import try_type  # deferred: the worker's own path is set above
-
-    torch.set_num_threads(1)
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        model_type, kind = job
-        results.put(("row", try_type(model_type, kind, built=lambda: results.put(("built", None)))))
+def runner() -> Runner:
+    """The worker loop (``tools/workers.py``) running ``try_model.try_type`` under this table's caps."""
+    return Runner("try_model", "try_type", BUILD_CAP, RUN_CAP)
 
 
-def _start_worker(ctx, target):
-    """A daemon process of ``target(jobs, results)`` and its two queues."""
-    jobs, results = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=target, args=(jobs, results), daemon=True)
-    proc.start()
-    return proc, jobs, results
+def row_of(model_type: str, kind: str, outcome: Outcome) -> dict:
+    """A type's row: the worker's, or ``refused`` with why the worker was stopped."""
+    from try_model import row  # deferred: probe's import (seconds) only where a type is tried
 
-
-class Runner:
-    """One worker process at a time, replaced after a time-out, a crash or :data:`RECYCLE` types."""
-
-    def __init__(self, target=_worker):
-        self.ctx = mp.get_context("spawn")
-        self.target = target  # the worker's loop: jobs in, ("built", None) and ("row", row) messages out
-        self.proc, self.done = None, 0
-
-    def _start(self):
-        self.proc, self.jobs, self.results = _start_worker(self.ctx, self.target)
-        self.done = 0
-
-    def stop(self):
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.join()
-            self.proc = None
-
-    def _wait(self, cap: float, first_cap: float):
-        """The next message, or None after ``cap`` seconds (``first_cap`` while the worker starts)."""
-        deadline = time.monotonic() + cap
-        while True:
-            try:
-                return self.results.get(timeout=1.0)
-            except queue.Empty:
-                if not self.proc.is_alive():
-                    return ("died", self.proc.exitcode)
-                if time.monotonic() > deadline:
-                    return None
-
-    def run(self, model_type: str, kind: str) -> dict:
-        from try_model import row  # deferred: probe's import (seconds) only where a type is tried
-
-        if self.proc is None or self.done >= RECYCLE:
-            self.stop()
-            self._start()
-            start_cap = 120.0  # the worker imports torch, transformers and probe first
-        else:
-            start_cap = 0.0
-        self.done += 1
-        start = time.monotonic()
-        self.jobs.put((model_type, kind))
-        msg = self._wait(BUILD_CAP + start_cap, start_cap)
-        if msg is not None and msg[0] == "built":
-            msg = self._wait(RUN_CAP, 0.0)
-            what = f"verify and analyze took over {RUN_CAP:.0f} s"
-        else:
-            what = f"building took over {BUILD_CAP:.0f} s"
-        if msg is None:
-            self.stop()
-            return row(model_type, kind, "refused", f"timed out: {what}", seconds=time.monotonic() - start)
-        if msg[0] == "died":
-            self.stop()
-            return row(model_type, kind, "refused", f"crashed: the worker process exited with code {msg[1]}",
-                       seconds=time.monotonic() - start)
-        return msg[1]
+    if outcome.row is not None:
+        return outcome.row
+    why = outcome.why
+    if why == "timed out":
+        what = f"verify and analyze took over {RUN_CAP:.0f} s" if outcome.built else \
+            f"building took over {BUILD_CAP:.0f} s"
+        why = f"timed out: {what}"
+    return row(model_type, kind, "refused", why, seconds=outcome.seconds)
 
 
 def table(types: list[tuple[str, str]], echo=print) -> list[dict]:
-    """A row for every ``(model_type, kind)``: ``not text`` ones out of scope, the others tried. A type that
-    timed out is tried once more at the end in a fresh worker (a busy machine slows one try, not two)."""
+    """A row for every ``(model_type, kind)``: ``not text`` ones out of scope, the others tried (each in a worker
+    process, ``tools/workers.py``; a type that timed out is tried once more at the end in a fresh worker)."""
     from try_model import row  # deferred: probe's import (seconds) only where a type is tried
 
-    runner, rows = Runner(), []
-    try:
-        for i, (model_type, kind) in enumerate(types, 1):
-            r = (row(model_type, kind, "out of scope", OUT_OF_SCOPE) if kind == "not text"
-                 else runner.run(model_type, kind))
-            rows.append(r)
-            if kind != "not text":
-                echo(f"[{i}/{len(types)}] {model_type} ({kind}): {r['status']} {r['reason']} {r['seconds']} s")
-        for i, r in enumerate(rows):
-            if r["reason"].startswith("timed out"):
-                runner.stop()  # a fresh worker for each retry
-                rows[i] = runner.run(r["type"], r["kind"])
-                echo(f"[again] {r['type']} ({r['kind']}): {rows[i]['status']} {rows[i]['reason']} "
-                     f"{rows[i]['seconds']} s")
-    finally:
-        runner.stop()
-    return rows
+    tried = [t for t in types if t[1] != "not text"]
+    rows = iter(run_types(tried, runner(), row_of, lambda r: r["reason"].startswith("timed out"), echo,
+                          lambda r: f"{r['status']} {r['reason']} {r['seconds']} s"))
+    return [row(t, kind, "out of scope", OUT_OF_SCOPE) if kind == "not text" else next(rows) for t, kind in types]
 
 
 def write_tsv(rows: list[dict], path: Path, version: str) -> None:
@@ -209,9 +135,10 @@ def markdown(rows: list[dict], version: str) -> str:
     lines += ["", "Most common refusals:", ""]
     lines += [f"- {n} x {_cell(reason)}" for reason, n in reasons(rows)]
     lines += ["", "| type | kind | status | why / notes |", "| --- | --- | --- | --- |"]
+    from probe.loading.support import type_note  # deferred: probe's import only where a page is written
+
     for r in text_rows:
-        note = f"verify max difference {r['max_diff']}" if r["status"] == "works" else _cell(r["reason"])
-        lines.append(f"| `{r['type']}` | {r['kind']} | {r['status']} | {note} |")
+        lines.append(f"| `{r['type']}` | {r['kind']} | {r['status']} | {_cell(type_note(r))} |")
     lines += ["", "Out of scope here (no text auto class, or images, audio or video in the config): "
               + ", ".join(f"`{r['type']}`" for r in rows if r["kind"] == "not text") + ".", ""]
     return "\n".join(lines)
@@ -243,6 +170,29 @@ def block_of(page: str) -> str | None:
     return BEGIN + page.split(BEGIN, 1)[1].split(END, 1)[0] + END
 
 
+def write_page(rows: list[dict], md_path: Path, version: str) -> None:
+    """docs/models.md (or ``md_path``) from ``rows``, the feature matrix's block kept."""
+    page = markdown(rows, version)
+    old = block_of(md_path.read_text(encoding="utf-8")) if md_path.exists() else None
+    md_path.write_text(splice(page, old) if old else page, encoding="utf-8")
+
+
+def update(wanted: list[str], version: str) -> int:
+    """``--update``: rerun ``wanted`` types, their rows replaced in probe/data/models.tsv and docs/models.md."""
+    tsv = ROOT / "probe" / "data" / "models.tsv"
+    made = tsv.read_text(encoding="utf-8").split("\n", 1)[0][len(STAMP):].strip()
+    if made != version:
+        print(f"Error: models.tsv was made with transformers {made}; {version} is installed")
+        return 1
+    fresh = {(r["type"], r["kind"]): r for r in table([t for t in text_types() if t[0] in set(wanted)],
+                                                     echo=lambda s: print(s, flush=True))}
+    rows = [fresh.get((r["type"], r["kind"]), r) for r in read_tsv(tsv)]
+    write_tsv(rows, tsv, version)
+    write_page(rows, ROOT / "docs" / "models.md", version)
+    print(f"wrote {tsv} and docs/models.md: {dict(counts(rows)['all'])}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import transformers  # deferred: its version only (the workers import it for the work)
 
@@ -250,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="folder for models.md and models.tsv (default: docs/, probe/data/)")
     p.add_argument("--types", help="comma-separated model types: run only these, print, write nothing")
     p.add_argument("--every", type=int, default=1, help="every n-th text type only (a deterministic sample)")
+    p.add_argument("--update", help="comma-separated model types: rerun only these and replace their rows in "
+                                    "probe/data/models.tsv and docs/models.md")
     args = p.parse_args(argv)
+    if args.update:
+        return update(args.update.split(","), transformers.__version__)
     types = text_types()
     if args.types:
         wanted = set(args.types.split(","))
@@ -267,9 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     md_path = (args.out / "models.md") if args.out else ROOT / "docs" / "models.md"
     tsv_path = (args.out / "models.tsv") if args.out else ROOT / "probe" / "data" / "models.tsv"
     md_path.parent.mkdir(parents=True, exist_ok=True)
-    page = markdown(rows, transformers.__version__)
-    old = block_of(md_path.read_text(encoding="utf-8")) if md_path.exists() else None
-    md_path.write_text(splice(page, old) if old else page, encoding="utf-8")  # the feature matrix kept
+    write_page(rows, md_path, transformers.__version__)  # the feature matrix kept
     write_tsv(rows, tsv_path, transformers.__version__)
     print(f"wrote {md_path} and {tsv_path}")
     return 0

@@ -65,6 +65,35 @@ NONE_DEFAULTS = {"n_routed_experts": EXPERTS, "num_experts_per_tok": 2, "n_share
 STRUCTURED = {"axial_pos_embds_dim": [HIDDEN // 2, HIDDEN // 2], "axial_pos_shape": [8, POSITIONS // 8],
               "attention_types": [[["global", "local"], LAYERS // 2]], "block_sizes": [1, 1],
               "block_repeats": [1, 1], "attn_layer_indices": [LAYERS - 1]}
+#: Per-type settings where the shrunk default config does not build (the default itself leaves a value the
+#: model needs unset, or a rule the config checks fails at the tiny sizes): the smallest change that builds,
+#: merged into the shrunk config (a dict into a sub-config's dict).
+OVERRIDES = {
+    # the rotary embedding reads rope_parameters[layer_type]; the default leaves them empty
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # the attention reads its sub-config's rope_theta, which the default sub-config does not hold, and clamps
+    # q, k, v with clip_qkv, None in the default (DBRX's checkpoints: 8)
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
+    # the default leaves layer_types None (a conv layer, then an attention layer)
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # the sparse-attention indexer's sizes are None in the default: 2 heads of 16, a budget of 16 keys in blocks of 4
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM,
+                       "indexer_budget": 16, "indexer_compress_ratio": 4},
+    # the indexer's heads per key head, and its layers inside the tiny model's two
+    "kolibri1_1": {"index_num_heads": 1, "index_layers": [LAYERS - 1]},
+    # the model needs a language id for each input; its config names the language its adapters use by default
+    "xmod": {"default_language": "en_XX"},
+    # hybrids whose default pattern puts no attention layer among the tiny model's two (Granite 4's checkpoints
+    # and RecurrentGemma's mix them in): a recurrent layer, then an attention layer
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    # one shared attention block tied across its hybrid layers: two of them, so that there is a layer to tie
+    "zamba": {"layers_block_type": ["hybrid", "hybrid"]},
+    # the query/key width is qk_nope + qk_rope (not derived); the linear-attention heads split the width; one
+    # group of experts (8 groups of 4 experts would be empty)
+    "bailing_hybrid": {"qk_head_dim": 16, "linear_head_dim": HEAD_DIM, "linear_num_heads": HEADS,
+                       "num_expert_group": 1},
+}
 VOCAB_KEYS = ("vocab_size", "n_vocab", "padded_vocab_size", "vocab_size_per_layer_input")
 LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "num_decoder_layers")
 #: Key/value head counts: 2 where the default is grouped (fewer than the heads), else the head count.
@@ -163,6 +192,10 @@ def _per_layer_overrides(overrides: dict, default: dict) -> dict:
         if key in SIZES and isinstance(value, int) and isinstance(base, int) and base > 0:
             value = SIZES[key] * max(1, min(4, value // base))
         scaled[key] = value
+    heads = first.get("num_attention_heads")
+    for key in KV_NAMES:  # key/value heads as many as the query heads stay so (a config may require it)
+        if key in first and heads is not None:
+            scaled[key] = scaled["num_attention_heads"] if first[key] == heads else min(first[key], KV_HEADS)
     return {str(LAYERS - 1): scaled}
 
 
@@ -236,6 +269,9 @@ def _shrink(cls, vocab_size: int, token_ids: dict, given: dict | None = None):
             if any(not _equal(shrunk.get(k), v) for k, v in default[key].items() if k != "attn_implementation"):
                 kw[key] = shrunk  # only a changed sub-config: some parents fill theirs in only when absent
     kw["attn_implementation"] = "eager"
+    for key, value in (OVERRIDES.get(default.get("model_type"), {}) if given is None else {}).items():
+        kw[key] = {**(kw.get(key) or default.get(key) or {}), **value} if isinstance(value, dict) and isinstance(
+            default.get(key), dict) else value
     return cls(**{**(given or {}), **kw})
 
 

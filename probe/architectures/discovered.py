@@ -94,10 +94,27 @@ def _same(found: list[Found], what: str):
     return values.pop()
 
 
+def _projection(found: list[Found], what: str) -> str | None:
+    """The path of one projection across the layers of one kind of site: the same path in every layer, or
+    None where some layers have none that probe found and checked (a layer that reads the keys and values
+    of another, Kolibri's shared ones; a layer whose queries pass a norm, Llama 4's): not found for all, so
+    that what needs it refuses in one line while capture and statistics run.
+
+    Raises:
+        UnsupportedArchitectureError: two different paths.
+    """
+    paths = {getattr(f, what) for f in found}
+    if None in paths and len(paths) > 1:
+        return None
+    return _same(found, what)
+
+
 def _site_spec(found: list[Found]) -> SiteSpec:
-    """One :class:`SiteSpec` from the calls of one (stack, kind); paths must agree across layers."""
+    """One :class:`SiteSpec` from the calls of one (stack, kind); paths must agree across layers (a
+    projection found in some layers only counts as not found, :func:`_projection`)."""
     first = found[0]
-    paths = {w: _same(found, w) for w in ("layers", "attention", "o", "q", "k", "v", "qkv")}
+    paths = {w: _same(found, w) for w in ("layers", "attention")}
+    paths.update({w: _projection(found, w) for w in ("o", "q", "k", "v", "qkv")})
     return SiteSpec(first.stack, first.kind, paths["layers"], paths["attention"], paths["o"] or "",
                     q=paths["q"], k=paths["k"], v=paths["v"], qkv=paths["qkv"], causal=first.causal)
 
@@ -182,12 +199,8 @@ def build_maps_spec(model_type: str, kind: str, found: list[tuple[str, int, int]
         probs_argument: the modules' forward argument that asks for the maps (``output_attentions``), or None.
 
     Raises:
-        UnsupportedArchitectureError: an encoder-decoder model, or maps at different tuple positions.
+        UnsupportedArchitectureError: maps at different tuple positions, or modules at different paths.
     """
-    if kind == "encoder-decoder":
-        raise UnsupportedArchitectureError(
-            f"{model_type}: its attention never called transformers' AttentionInterface, and probe captures the maps "
-            "of such a model's own attention code for one-stack models only (not encoder-decoder)")
     indexes = {i for _, i, _ in found}
     if len(indexes) != 1:
         raise UnsupportedArchitectureError(f"{model_type}: its attention modules return their maps at different "
@@ -209,6 +222,57 @@ def build_maps_spec(model_type: str, kind: str, found: list[tuple[str, int, int]
         fixed_sites=tuple(Site(stack, n, "self", causal=causal) for n in range(len(found))),
         site_paths=tuple(".".join(q[strip:layer_split + 1]) for q in parts),
         dims=(len(found), n_heads, n_heads, d_head, d_model), missing=("q", "k", "v", "o"),
+        probs=lambda output, i=index: output[i] if isinstance(output, (tuple, list)) and len(output) > i else None,
+        probs_argument=probs_argument,
+    )
+
+
+def build_seq2seq_maps_spec(model_type: str, groups: dict, splits: dict, base: str, n_heads: int, d_model: int,
+                            d_head: int, probs_argument: str | None) -> ArchSpec:
+    """:func:`build_maps_spec` of an encoder-decoder model: its encoder's self-attention, its decoder's self- and
+    cross-attention, each kind of site with its own layer list and attention path, the sites in forward order
+    (the encoder's layers, then each decoder layer's self- and cross-attention).
+
+    Args:
+        groups: ``(stack, kind)`` -> per layer, in order: (module path from the model's root, index of the maps
+            in its output tuple, the layer's number). splits: ``(stack, kind)`` -> the position of the layer
+            number in its paths' parts. The other arguments: as :func:`build_maps_spec`.
+
+    Raises:
+        UnsupportedArchitectureError: maps at different tuple positions, modules at different paths within one
+            kind of site, or decoder self- and cross-attention of different layer counts.
+    """
+    indexes = {i for found in groups.values() for _, i, _ in found}
+    if len(indexes) != 1:
+        raise UnsupportedArchitectureError(f"{model_type}: its attention modules return their maps at different "
+                                           f"positions {sorted(indexes)}; probe needs one")
+    index = indexes.pop()
+    strip = len(base.split(".")) if base else 0
+    specs, layer_of = [], {}
+    for (stack, kind), found in groups.items():
+        parts = [path.split(".") for path, _, _ in found]
+        split = splits[stack, kind]
+        layers = {".".join(q[strip:split]) for q in parts}
+        attention = {".".join(q[split + 1:]) for q in parts}
+        if len(layers) != 1 or len(attention) != 1:
+            raise UnsupportedArchitectureError(f"{model_type}: its {stack} {kind}-attention modules sit at different "
+                                               "paths; probe needs one per layer")
+        specs.append(SiteSpec(stack, kind, layers.pop(), attention.pop(), "", causal=(stack, kind) == ("decoder",
+                                                                                                      "self")))
+        layer_of[stack, kind] = [".".join(q[strip:split + 1]) for q in parts]
+    n_dec = len(layer_of["decoder", "self"])
+    if len(layer_of["decoder", "cross"]) != n_dec:
+        raise UnsupportedArchitectureError(f"{model_type}: its decoder has {n_dec} self-attention and "
+                                           f"{len(layer_of['decoder', 'cross'])} cross-attention maps; probe needs one "
+                                           "of each per layer")
+    sites = [(Site("encoder", n, "self"), path) for n, path in enumerate(layer_of["encoder", "self"])]
+    for n in range(n_dec):
+        sites += [(Site("decoder", n, "self", causal=True), layer_of["decoder", "self"][n]),
+                  (Site("decoder", n, "cross"), layer_of["decoder", "cross"][n])]
+    return ArchSpec(
+        family=model_type, kind="encoder-decoder", site_specs=tuple(specs), implementation="eager",
+        capture_only=True, fixed_sites=tuple(s for s, _ in sites), site_paths=tuple(p for _, p in sites),
+        dims=(len(layer_of["encoder", "self"]), n_heads, n_heads, d_head, d_model), missing=("q", "k", "v", "o"),
         probs=lambda output, i=index: output[i] if isinstance(output, (tuple, list)) and len(output) > i else None,
         probs_argument=probs_argument,
     )

@@ -409,7 +409,8 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
         (:data:`probe.architectures.discovered.DISCOVERED`).
 
     Raises:
-        NoInterfaceCalls: the attention never calls the interface (the model keeps its own attention code).
+        NoInterfaceCalls: the attention never calls the interface (the model keeps its own attention code), or an
+            encoder-decoder model's encoder never does.
         UnsupportedArchitectureError: a structure probe cannot measure (one line each).
         ModelForwardError: the model's own forward pass raised an exception (its reason, one line).
     """
@@ -447,5 +448,10 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
         fed = _Fed(model, inputs, calls)  # modules with equal outputs: told apart by what they feed
         found = [_found(c, w, base, io, projections, count, fed, masks) for c, w, masks
                  in zip(calls, _places(model, calls, names, kind, lengths), longer)]
+    if kind == "encoder-decoder" and not any((f.stack, f.kind) == ("encoder", "self") for f in found):
+        # its encoder computes attention itself (BigBird-Pegasus): the model is read from its maps, as a whole
+        raise NoInterfaceCalls(f"{model.config.model_type}: its encoder's attention never called transformers' "
+                               "AttentionInterface in a forward pass (only its decoder's did), and probe has no "
+                               "hand-written spec for it")
     spec = build_spec(model.config.model_type, kind, found, _d_model(model), _position_offset(model))
     return register(model.config.model_type, spec)

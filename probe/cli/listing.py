@@ -43,15 +43,14 @@ def models_command(all_types: bool, features: bool) -> None:
 def _all_types() -> None:
     from importlib.metadata import version
 
-    from ..loading.support import model_types, status_counts, version_note
+    from ..loading.support import model_types, status_counts, type_note, version_note
 
     rows = [r for r in model_types() if r["status"] != "out of scope"]
     counts = status_counts(model_types())
     width = max(len(r["type"]) for r in rows) + 2
     click.echo(f"{'type':<{width}}{'kind':<17}{'status':<9}why / notes")
     for r in rows:
-        note = f"verify max difference {r['max_diff']}" if r["status"] == "works" else r["reason"]
-        click.echo(f"{r['type']:<{width}}{r['kind']:<17}{r['status']:<9}{note}")
+        click.echo(f"{r['type']:<{width}}{r['kind']:<17}{r['status']:<9}{type_note(r)}")
     by_kind = ", ".join(f"{kind} {c['works']}/{c['works'] + c['refused']}" for kind, c in sorted(counts.items())
                         if kind not in ("all", "not text"))
     click.echo(f"{counts['all']['works']} of {len(rows)} text model types work ({by_kind}); "
@@ -67,10 +66,9 @@ def _features() -> None:
     from ..loading.support import (
         FEATURES,
         MEDIA_KINDS,
-        RAN,
+        feature_cells,
         feature_counts,
         feature_rows,
-        general_reason,
         reason_numbers,
         version_note,
     )
@@ -81,7 +79,7 @@ def _features() -> None:
     widths = [max(len(short), 3) + 1 for short in FEATURES.values()]
     click.echo(f"{'type':<{type_w}}{'kind':<17}" + "".join(f"{s:<{w}}" for s, w in zip(FEATURES.values(), widths)))
     for r in rows:
-        cells = ["+" if r[f] == RAN else str(numbers[general_reason(r, f)]) for f in FEATURES]
+        cells = feature_cells(r, numbers)
         click.echo(f"{r['type']:<{type_w}}{r['kind']:<17}" + "".join(f"{c:<{w}}" for c, w in zip(cells, widths)))
     n_media = sum(r["kind"] in MEDIA_KINDS for r in rows)
     n_text = len(rows) - n_media

@@ -410,7 +410,7 @@ def report_steps(lm, result: AnalysisResult, *, limit: int = 8) -> list[dict]:
         examples); ``name`` is the head's in the original numbering, ``head`` its slot in a physically
         pruned layer.
     """
-    if not result.examples or lm.spec.discovered or lm.spec.capture_only:  # steps: a hand spec's from-scratch module
+    if not result.examples or lm.spec.capture_only:  # a capture-only model hands probe no query or key
         return []
     ex = result.examples[0]
     n = int(ex.probs.shape[-1])

@@ -53,7 +53,8 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
         steps: a model and a text only: ``(site, head)`` adds the attention-step view of that head
             (:mod:`probe.view.stepview`; a pinned query token of that site opens there); default the
             initial layer's first selected head for texts of at most
-            :data:`~probe.view.stepview.STEP_MAX_TOKENS` tokens; ``False``: none.
+            :data:`~probe.view.stepview.STEP_MAX_TOKENS` tokens (none on a capture-only model, whose own
+            attention code shows probe no query or key); ``False``: none.
         rollout: a model and a text only: add the weights | attention rollout | attention flow view
             of the text below (:func:`rollout_view`; Abnar & Zuidema 2020).
 
@@ -79,8 +80,8 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
                      causal=source.kind != "encoder", note=note, layer=layer, heads=heads, threshold=threshold)
     if rollout:
         view.rollout = rollout_view(source, text, max_length=max_length)
-    if steps is False or (steps is None and view.data["n"] > STEP_MAX_TOKENS):
-        return view
+    if steps is False or (steps is None and (view.data["n"] > STEP_MAX_TOKENS or source.spec.capture_only)):
+        return view  # a capture-only model (its own attention code) hands probe no query or key to show
     site, head = steps if steps is not None else initial_head(view)
     st = head_steps(source, text, site, int(head), max_length)
     where = source.sites.index(st["site"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..architectures import SPECS, get_spec, kind_of, model_kind
+from ..architectures import SPECS, get_spec, kind_of
 from ..architectures.speech import is_speech, is_waveform
 from ..architectures.vision import is_vision
 from ..bounds import DTYPES
@@ -66,10 +66,10 @@ def model_class(config, head: str | None = None):
 
 def require_supported(config) -> None:
     """Refuse, before any weight is read, a model type probe cannot measure: a hand-written spec's
-    refusals (:func:`probe.architectures.get_spec`), or an encoder-decoder type without one whose model class
-    does not send its attention through transformers' ``AttentionInterface`` (transformers' own check of the
-    modeling file), so that discovery (:mod:`probe.capture.discover`) could not see it (a one-stack type is
-    captured from the maps its eager path returns: :mod:`probe.capture.eager_maps`).
+    refusals (:func:`probe.architectures.get_spec`), or a type without one that transformers has no model
+    class for. A type whose attention is its own code, outside transformers' ``AttentionInterface``, is read
+    from the maps its eager path returns once it is loaded (:mod:`probe.capture.eager_maps`; one-stack and
+    encoder-decoder models), or refused then, in one line.
 
     Raises:
         UnsupportedArchitectureError: one line saying what is missing.
@@ -84,12 +84,10 @@ def require_supported(config) -> None:
         cls = tr.AutoModel._model_mapping[type(config)]
     except (KeyError, ValueError):
         cls = None
-    if cls is None or (not cls._can_set_attn_implementation() and model_kind(config) == "encoder-decoder"):
+    if cls is None:
         raise UnsupportedArchitectureError(
-            f"unsupported architecture {model_type!r}: probe has no hand-written spec for it, and its attention "
-            "modules compute attention themselves instead of calling transformers' AttentionInterface, so probe "
-            "cannot capture it (it reads the maps of such a model's own attention code for one-stack models only); "
-            f"hand-written types: {', '.join(sorted(SPECS))}")
+            f"unsupported architecture {model_type!r}: probe has no hand-written spec for it, and transformers has no "
+            f"model class for it; hand-written types: {', '.join(sorted(SPECS))}")
 
 
 def finish_tokenizer(tokenizer) -> None:

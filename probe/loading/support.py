@@ -115,6 +115,18 @@ def reason_numbers(rows: list[dict[str, str]]) -> dict[str, int]:
     return {reason: i for i, (reason, _) in enumerate(sorted(c.items(), key=lambda x: (-x[1], x[0])), 1)}
 
 
+def feature_cells(row: dict[str, str], numbers: dict[str, int]) -> list[str]:
+    """A matrix row's cells as the matrix shows them: ``+`` where the feature ran, else its reason's number
+    (``numbers``: :func:`reason_numbers`), in :data:`FEATURES` order (``probe models --features``, docs/models.md)."""
+    return ["+" if row[f] == RAN else str(numbers[general_reason(row, f)]) for f in FEATURES]
+
+
+def type_note(row: dict[str, str]) -> str:
+    """A models-table row's note: verify's largest difference where the type works, else why it is refused
+    (``probe models --all``, docs/models.md)."""
+    return f"verify max difference {row['max_diff']}" if row["status"] == "works" else row["reason"]
+
+
 def feature_counts(rows: list[dict[str, str]]) -> dict[str, dict[str, int]]:
     """How many types each feature ran on: ``{feature: {"text": n, "media": n}}`` (media: image and speech)."""
     return {f: {"text": sum(r[f] == RAN for r in rows if r["kind"] not in MEDIA_KINDS),

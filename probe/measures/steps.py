@@ -1,6 +1,5 @@
 """The steps of one attention weight: for one site, head and query token, every key's score from
-the query and key vectors to the softmax, from the from-scratch attention
-(:class:`probe.capture.reference.ReferenceAttention`) run on the model's own projections.
+the query and key vectors to the softmax, read from the attention call the model itself makes.
 
     steps = attention_steps(lm, "The cat sat on the mat.", site=3, head=5, query=4)
     steps[["token", "score", "scaled_score", "probability"]]
@@ -9,12 +8,27 @@ The steps follow scaled dot-product attention (Vaswani et al. 2017, sec. 3.2.1) 
 architecture's own rule: the score is q . k (after RoPE where the model rotates q and k; the key
 from the key/value head the query head reads under GQA), the scaled score is
 ``softcap(score * scale) + bias`` (the scale 1/sqrt(d_head), GPT-2's options, Gemma's
-``query_pre_attn_scalar``, 1 for T5; ALiBi's or T5's position bias; Gemma 2's softcap), then the
-mask and the softmax. The probabilities are checked against the ones the model itself returned.
+``query_pre_attn_scalar``, 1 for T5; ALiBi's or T5's position bias, DeBERTa's relative terms; Gemma 2's
+softcap), then the mask (causality, padding, a sliding window) and the softmax, with a sink logit as
+one more softmax column where the model has one (gpt-oss). The probabilities are checked against the
+ones the model's attention returned.
+
+Where the numbers come from (``via``): ``"function"`` (the default) records them inside probe's
+attention function (:mod:`probe.capture.interface`), from the :class:`~probe.capture.interface.Call`
+that every model whose attention calls transformers' attention interface makes (the hand-written
+families and every discovered type), and that probe's reference module makes for the hand families
+whose transformers code computes attention inline (DeBERTa, BLOOM, GPT-Neo, MPNet): the query after
+rotation, the key and value heads as the model has them, the mask, the scaling and the extra terms,
+so the steps are the model's own. ``"reference"`` runs probe's from-scratch module
+(:class:`probe.capture.reference.ReferenceAttention`, hand families only), which projects q, k and v
+from the weights itself: the independent route the tests compare with. Models whose attention is their
+own code outside the interface (capture-only types: RoFormer, XGLM, ...) hand probe no query or key,
+only their maps, and are refused in one line.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,17 +36,25 @@ import pandas as pd
 import torch
 
 from ..architectures import site_outputs
+from ..architectures.discovered import refuse_capture_only
 from ..capture import values
-from ..capture.hooks import measuring
+from ..capture.failures import forward_failures
+from ..capture.hooks import calls_function, measuring
+from ..capture.interface import ARITHMETIC, site_listeners, with_sinks
 from ..capture.maps import attention_hooks, encode, forward
+from ..capture.op import scaled_scores, scored_attention
 from ..capture.reference.swap import swap_attention
+from ..capture.swapped import swap_if_agrees
 from ..capture.values import output_gram
 from ..core import LoadedModel
-from ..errors import InputError
+from ..errors import CaptureError, InputError, UnsupportedArchitectureError
 from ..loading.seq2seq import sides
 from ..sites import SITE_PREFIX, Site, head_name
 from ..text.inputs import Text
 from ..text.tokens import display_tokens
+
+#: The step an exception inside the model's own forward pass is reported in (:mod:`probe.capture.failures`).
+STEP = "the attention steps' forward pass"
 
 #: Tolerance of the check that the softmax row equals the model's captured probabilities (fp32).
 STEP_ATOL = 1e-5
@@ -104,43 +126,109 @@ def value_norms(lm: LoadedModel, site: Site, head: int, v: torch.Tensor) -> torc
     return values.value_norms(v[None, None], gram)[0, 0].to(v.dtype)
 
 
-def head_steps(lm: LoadedModel, text, site=0, head: int = 0, max_length: int | None = None) -> dict:
+def head_steps(lm: LoadedModel, text, site=0, head: int = 0, max_length: int | None = None, *,
+               via: str = "function") -> dict:
     """One head's steps for every query of one text, as numpy arrays (what the step view draws).
 
     Returns:
-        A dict: ``site`` (:class:`Site`), ``head``, ``kv_head``, ``scale``, ``softcap``; ``q`` [Tq, d_head],
-        ``k``, ``v`` [Tk, d_head]; ``score``, ``bias``, ``scaled``, ``keep``, ``probs`` (the from-scratch
-        softmax) and ``model_probs`` (what the model returned) [Tq, Tk]; ``value_norm`` [Tk];
-        ``q_tokens``, ``k_tokens`` (display tokens). Real tokens only (one text: no padding).
+        A dict: ``site`` (:class:`Site`), ``head``, ``kv_head``, ``scale``, ``softcap``; ``q`` [Tq, d_qk],
+        ``k`` [Tk, d_qk], ``v`` [Tk, d_v]; ``score``, ``bias``, ``scaled``, ``keep``, ``probs`` (the softmax
+        recomputed from these steps) and ``model_probs`` (what the model's attention returned) [Tq, Tk];
+        ``value_norm`` [Tk] (NaN where probe found no output projection); ``output`` [Tq, d_v] (the head's
+        output before the output projection); ``sink`` [Tq] (the sink logit of each query row, one more
+        softmax column: rows of ``probs`` then sum to less than 1) or None; ``q_tokens``, ``k_tokens``
+        (display tokens). Real tokens only (one text: no padding).
 
     Raises:
         InputError: no such site or head; not one text.
+        UnsupportedArchitectureError: a capture-only model (:func:`heads_steps`).
     """
-    return heads_steps(lm, text, [(site, head)], max_length)[0]
+    return heads_steps(lm, text, [(site, head)], max_length, via=via)[0]
 
 
-def heads_steps(lm: LoadedModel, text, picks, max_length: int | None = None, *, model_probs: bool = True) -> list[dict]:
-    """:func:`head_steps` of several heads of one text, in as few forward passes as the picks allow:
-    one from-scratch pass per head of the site with the most picks (each site records one head a
-    pass), and one pass of the model itself for ``model_probs`` (every picked site at once).
+def heads_steps(lm: LoadedModel, text, picks, max_length: int | None = None, *, model_probs: bool = True,
+                via: str = "function") -> list[dict]:
+    """:func:`head_steps` of several heads of one text.
 
     Args:
         lm: a loaded model; text: one text (as :func:`attention_steps` takes it).
         picks: ``(site, head)`` pairs (a site as :func:`find_site` takes it).
         max_length: token limit (default: the model's limit).
-        model_probs: also the model's own probabilities (``model_probs``; False leaves that pass out and
-            the key absent).
+        model_probs: also the model's own probabilities (``model_probs``; False leaves them out and the
+            key absent).
+        via: ``"function"``: one forward pass of the model with probe's attention function recording
+            every pick from its calls (:func:`call_steps`), the probabilities the call returned as
+            ``model_probs``; a hand family that probe's reference module does not reproduce as it runs
+            (BLOOM with ``slow_but_exact``) falls back to ``"reference"``. ``"reference"``: probe's
+            from-scratch module (hand families only), one pass per head of the site with the most picks,
+            and one pass of the model for ``model_probs`` (module docstring).
 
     Returns:
         :func:`head_steps`' dicts, one per pick, in order.
 
     Raises:
-        InputError: no such site or head; not one text.
+        InputError: no such site or head; not one text; an unknown ``via``.
+        UnsupportedArchitectureError: a capture-only model (its own attention code: no query or key to
+            show); ``via="reference"`` on a type without a hand-written spec.
     """
     if not isinstance(text, (str, Text)):
         raise InputError("attention steps need one text (a string or probe.Text)")
+    if via not in ("function", "reference"):
+        raise InputError(f"via must be 'function' or 'reference', not {via!r}")
+    refuse_capture_only(lm.spec, "attention steps (the query and key vectors, the scaled scores)")
     wanted = [(find_site(lm, site), int(head)) for site, head in picks]
     batch = encode(lm, [text], max_length)
+    with torch.no_grad():
+        found = _function_steps(lm, batch, wanted) if via == "function" else None
+        if found is None:
+            recorded, captured = _reference_steps(lm, batch, wanted, model_probs)
+        else:
+            recorded = found
+            captured = {pick: st.pop("model_probs") for pick, st in found.items()}
+    return [_steps_dict(lm, batch, where, head, recorded[(where, head)],
+                        captured.get((where, head)) if model_probs else None) for where, head in wanted]
+
+
+def _function_steps(lm: LoadedModel, batch, wanted: list[tuple[Site, int]]) -> dict | None:
+    """Every pick's steps from one forward pass through probe's attention function (:func:`call_steps`,
+    with ``model_probs``), or None where the model does not run the function (a hand family outside
+    the interface whose reference module does not reproduce it: the caller uses the reference route)."""
+    heads_at: dict[Site, list[int]] = {}
+    for where, head in wanted:
+        heads_at.setdefault(where, [])
+        if head not in heads_at[where]:
+            heads_at[where].append(head)
+    got: dict[tuple[Site, int], dict] = {}
+    bad: list[str] = []
+
+    def on_call(site: Site, call) -> None:
+        if site not in heads_at or call.rows is not None or any((site, h) in got for h in heads_at[site]):
+            return  # not picked, a block of rows (not under steps), or a second call of the site
+        n = call.query.shape[1]
+        for head in heads_at[site]:
+            if not 0 <= head < n:
+                bad.append(f"no head {head}: {_short(lm, site)} has heads 0-{n - 1}")
+                return
+            got[(site, head)] = call_steps(call, head)
+
+    with measuring(lm.model) as m, ExitStack() as stack, forward_failures(STEP, lm.model):
+        if not calls_function(lm) and not swap_if_agrees(lm, stack):
+            return None
+        site_listeners(m.hooks, lm.model, lm.spec, on_call)
+        forward(lm, batch)
+    if bad:
+        raise InputError(bad[0])
+    missing = [where.name for where, head in wanted if (where, head) not in got]
+    if missing:
+        raise CaptureError(f"site {missing[0]} of {lm.name} made no call of probe's attention function in a forward "
+                           "pass: probe has no steps to show there")
+    return got
+
+
+def _reference_steps(lm: LoadedModel, batch, wanted: list[tuple[Site, int]], model_probs: bool) -> tuple[dict, dict]:
+    """Every pick's steps from probe's from-scratch module (one pass per head of the site with the most
+    picks: each site records one head a pass) and, with ``model_probs``, one pass of the model for its
+    own probabilities (every picked site at once)."""
     rounds: list[dict[Site, int]] = []  # pass k: site -> the k-th head picked there
     for where, head in wanted:
         free = next((r for r in rounds if where not in r), None)
@@ -148,38 +236,114 @@ def heads_steps(lm: LoadedModel, text, picks, max_length: int | None = None, *, 
             rounds.append(free := {})
         free[where] = head
     recorded: dict[tuple[Site, int], dict] = {}
-    with torch.no_grad():
-        for chosen in rounds:
-            # the from-scratch steps first (it knows the site's heads); measuring() checks the ids as
-            # every forward pass of probe does (a model with one segment type gets its segment ids dropped)
-            with measuring(lm.model, eager=False) as m, swap_attention(lm, hooks=m.hooks) as swapped:
-                modules = {where: swapped.modules[lm.sites.index(where)] for where in chosen}
-                for where, head in chosen.items():
-                    if not 0 <= head < modules[where].n_head:
-                        raise InputError(f"no head {head}: {_short(lm, where)} has heads 0-{modules[where].n_head - 1}")
-                    modules[where].step_request = head
-                forward(lm, batch)
-            recorded.update({(where, head): modules[where].steps for where, head in chosen.items()})
-        captured: dict[tuple[Site, int], torch.Tensor] = {}
-        if model_probs:
-            heads_at = {where: sorted({h for w, h in wanted if w == where}) for where, _ in wanted}
-            with attention_hooks(lm, lambda s, p: captured.update({(s, h): p[0, h] for h in heads_at[s]})
-                                 if s in heads_at else None):
-                forward(lm, batch)  # the model's own probabilities
-        return [_steps_dict(lm, batch, where, head, recorded[(where, head)], captured.get((where, head)))
-                for where, head in wanted]
+    for chosen in rounds:
+        # measuring() checks the ids as every forward pass of probe does (a model with one segment type gets
+        # its segment ids dropped)
+        with measuring(lm.model, eager=False) as m, swap_attention(lm, hooks=m.hooks) as swapped:
+            modules = {where: swapped.modules[lm.sites.index(where)] for where in chosen}
+            for where, head in chosen.items():
+                if not 0 <= head < modules[where].n_head:
+                    raise InputError(f"no head {head}: {_short(lm, where)} has heads 0-{modules[where].n_head - 1}")
+                modules[where].step_request = head
+            forward(lm, batch)
+        recorded.update({(where, head): modules[where].steps for where, head in chosen.items()})
+    captured: dict[tuple[Site, int], torch.Tensor] = {}
+    if model_probs:
+        heads_at = {where: sorted({h for w, h in wanted if w == where}) for where, _ in wanted}
+        with attention_hooks(lm, lambda s, p: captured.update({(s, h): p[0, h] for h in heads_at[s]})
+                             if s in heads_at else None):
+            forward(lm, batch)  # the model's own probabilities
+    return recorded, captured
+
+
+def _one_head(x: torch.Tensor | None, head: int, T: int, Tk: int) -> torch.Tensor | None:
+    """Batch row 0 and ``head`` of a tensor broadcastable to [batch, heads, query, key], as [1, 1, T, Tk]."""
+    if x is None:
+        return None
+    while x.dim() < 4:
+        x = x.unsqueeze(0)
+    x = x[:1]
+    if x.shape[1] > 1:
+        x = x[:, head:head + 1]
+    return x.expand(1, 1, T, Tk)
+
+
+def call_steps(call, head: int) -> dict:
+    """The steps of one query head of one call of probe's attention function (batch row 0, every query),
+    computed by the same functions the call ran (:func:`probe.capture.op.scored_attention`, the sink
+    softmax :func:`probe.capture.interface.with_sinks`), with the call's scaling, soft-capping, position
+    bias (and a float mask's bias), rounding options and sink logits.
+
+    Args:
+        call: a :class:`probe.capture.interface.Call` (whole maps: ``rows`` None).
+        head: the query head; it reads key/value head ``head * kv_heads // heads`` (transformers' ``repeat_kv``
+            order).
+
+    Returns:
+        ``q`` [T, d_qk], ``k`` [Tk, d_qk], ``v`` [Tk, d_v] (of key/value head ``kv_head``), ``score`` (q . k,
+        unscaled) [T, Tk], ``bias`` [T, Tk] (zeros where none; Falcon's inner ALiBi as inner * scale + bias),
+        ``scaled`` (softcap(score * scale) + bias, before masking) [T, Tk], ``keep`` [T, Tk] bool, ``probs``
+        [T, Tk] (this recomputation), ``model_probs`` [T, Tk] (what the call returned), ``output`` [T, d_v]
+        (the head's output the call returned, before the output projection), ``sink`` [T] (the sink logit
+        of each query row) or None, ``scale``, ``softcap``.
+    """
+    H, KV = call.query.shape[1], call.key.shape[1]
+    g = head * KV // H
+    q, k, v = call.query[:1, head:head + 1], call.key[:1, g:g + 1], call.value[:1, g:g + 1]
+    T, Tk = q.shape[2], k.shape[2]
+    kw = call.kwargs
+    scale = q.shape[-1] ** -0.5 if kw.get("scaling") is None else kw["scaling"]
+    softcap = kw.get("softcap")
+    bias = kw.get("position_bias")
+    if call.mask_bias is not None:
+        bias = call.mask_bias if bias is None else bias + call.mask_bias
+    b = _one_head(bias, head, T, Tk)
+    keep = _one_head(call.keep, head, T, Tk)
+    options = {name: kw[name] for name in ARITHMETIC if name in kw}
+    inner = _one_head(options.pop("inner_bias", None), head, T, Tk)
+    sinks = kw.get("s_aux", kw.get("sinks"))
+    sink = None
+    if sinks is None:
+        wide = q.dtype in (torch.float32, torch.float64)
+        rounding = {"softmax_dtype": q.dtype if wide else torch.float32, "upcast": not wide, **options}
+        _, probs, scores = scored_attention(q, k, v, keep, scale=scale, softcap=softcap, bias=b,
+                                            inner_bias=inner, scored=True, **rounding)
+        scaled, upcast = scores.values, rounding["upcast"]
+    else:  # a sink logit per head ([heads]) or per head and query row ([batch, heads, query, 1])
+        s = sinks[:1, head:head + 1] if sinks.dim() == 4 else sinks.reshape(-1)[head:head + 1]
+        probs = with_sinks(q, k, keep, scale, s, softcap, b).to(v.dtype)
+        scaled, upcast = scaled_scores(q.float(), k.float(), scale, softcap=softcap, bias=b), True
+        sink = s.float().reshape(-1).expand(T) if s.dim() != 4 else s[0, 0, :, 0].float()
+    work = torch.float32 if upcast else q.dtype
+    if inner is not None:
+        b = inner * scale + (0 if b is None else b)
+    return dict(
+        q=q[0, 0].detach(), k=k[0, 0].detach(), v=v[0, 0].detach(), kv_head=g,
+        score=(q.to(work) @ k.to(work).transpose(-2, -1))[0, 0].detach(),
+        bias=torch.zeros(T, Tk, device=q.device) if b is None else b[0, 0].detach(),
+        scaled=scaled[0, 0].detach(), probs=probs[0, 0].detach(),
+        keep=torch.ones(T, Tk, dtype=torch.bool, device=q.device) if keep is None else keep[0, 0].detach(),
+        model_probs=call.probs[0, head].detach(), output=call.output[0, :, head].detach(),
+        sink=None if sink is None else sink.detach(), scale=float(scale), softcap=softcap)
 
 
 def _steps_dict(lm: LoadedModel, batch, where: Site, head: int, st: dict, model_probs) -> dict:
     """One pick's arrays, cut to the text's real tokens, with its value norms (see :func:`head_steps`)."""
     q_side, k_side = sides(where, batch)
     nq, nk = int(q_side.lengths[0]), int(k_side.lengths[0])
-    norms = value_norms(lm, where, head, st["v"].to(next(lm.model.parameters()).dtype))
     f = lambda t, *shape: t[tuple(slice(0, n) for n in shape)].float().cpu().numpy()  # noqa: E731
+    try:
+        norms = f(value_norms(lm, where, head, st["v"].to(next(lm.model.parameters()).dtype)), nk)
+    except UnsupportedArchitectureError:  # no output projection found (gated or differential attention)
+        norms = np.full(nk, np.nan, dtype=np.float32)
+    output = st.get("output")
+    if output is None:  # the reference route: the head's output from its probabilities and values
+        output = st["probs"].to(st["v"].dtype) @ st["v"]
     out = dict(site=where, head=head, kv_head=int(st["kv_head"]), scale=st["scale"], softcap=st["softcap"],
                q=f(st["q"], nq), k=f(st["k"], nk), v=f(st["v"], nk), score=f(st["score"], nq, nk),
                bias=f(st["bias"], nq, nk), scaled=f(st["scaled"], nq, nk), keep=st["keep"][:nq, :nk].cpu().numpy(),
-               probs=f(st["probs"], nq, nk), value_norm=f(norms, nk),
+               probs=f(st["probs"], nq, nk), value_norm=norms, output=f(output, nq),
+               sink=None if st.get("sink") is None else f(st["sink"], nq),
                q_tokens=_tokens(lm, q_side), k_tokens=_tokens(lm, k_side))
     if model_probs is not None:
         out["model_probs"] = f(model_probs, nq, nk)
@@ -209,6 +373,7 @@ def attention_steps(lm: LoadedModel, text, *, site=0, head: int = 0, query: int 
 
     Raises:
         InputError: no such site, head or query; not one text.
+        UnsupportedArchitectureError: a capture-only model (:func:`heads_steps`).
     """
     st = head_steps(lm, text, site, head, max_length)
     nq = len(st["q_tokens"])

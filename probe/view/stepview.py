@@ -1,8 +1,8 @@
 """The attention-step view: for one site and head, pick a query token and see every key's way to its
 weight, q . k, times the scale, plus the bias (capped where the model caps), the mask, the softmax,
 and the value-weighted contribution ||alpha_ij f_h(x_j)||, with the elementwise products q_d k_d
-that make each score drawn as a heat strip. The numbers are :func:`probe.measures.steps.head_steps`' (the
-from-scratch attention on the model's own projections). Plain JavaScript in ``static/stepview.js``;
+that make each score drawn as a heat strip. The numbers are :func:`probe.measures.steps.head_steps`' (read
+from the model's own attention call). Plain JavaScript in ``static/stepview.js``;
 tokens are only ever set as text, never parsed as markup.
 """
 
@@ -26,8 +26,9 @@ STEP_MAX_TOKENS = 160
 
 
 def _rounded(a: np.ndarray) -> list:
-    """float32 values as JSON numbers, 7 significant digits (what float32 holds)."""
-    return [float(f"{v:.7g}") for v in np.asarray(a, dtype=np.float64).ravel()]
+    """float32 values as JSON numbers, 7 significant digits (what float32 holds); NaN (a value probe could
+    not compute) as null."""
+    return [None if np.isnan(v) else float(f"{v:.7g}") for v in np.asarray(a, dtype=np.float64).ravel()]
 
 
 def step_view_data(st: dict, *, encoder_decoder: bool = False, source: str | None = None,
@@ -39,6 +40,12 @@ def step_view_data(st: dict, *, encoder_decoder: bool = False, source: str | Non
         encoder_decoder: name the head with its site kind (``cross L1H3``).
         source: the id of a head view whose pinned query tokens open here (None: standalone).
         site_index: the site's position among the head view's sites. query: the query shown first.
+
+    Returns:
+        The record (version 1): its fields since the first version, and ``sink`` (each query row's sink
+        logit, one more softmax column, so that the row's probabilities sum to less than 1; null where the
+        model has none), added without changing the others. ``valueNorm`` holds null where probe found no
+        output projection (gated or differential attention).
 
     Raises:
         InputError: more than :data:`STEP_MAX_TOKENS` query or key tokens.
@@ -56,7 +63,8 @@ def step_view_data(st: dict, *, encoder_decoder: bool = False, source: str | Non
             "bias": _rounded(st["bias"]), "scaled": _rounded(st["scaled"]),
             "keep": [int(b) for b in np.asarray(st["keep"]).ravel()], "probs": _rounded(st["probs"]),
             "valueNorm": _rounded(st["value_norm"]), "source": source, "siteIndex": site_index,
-            "query": int(query), "hasBias": bool(np.abs(st["bias"]).max() > 0)}
+            "query": int(query), "hasBias": bool(np.abs(st["bias"]).max() > 0),
+            "sink": None if st.get("sink") is None else _rounded(st["sink"])}
 
 
 def render_step_view(data: dict, view_id: str | None = None) -> str:

@@ -127,12 +127,12 @@ def swap_attention(model_or_lm, mutant: str | None = None, *, hooks: Hooks | Non
     """
     model = getattr(model_or_lm, "model", model_or_lm)
     spec = get_spec(model.config)
-    refuse_capture_only(spec, "probe's from-scratch attention module (verification by swapping, attention steps, "
-                              "block capture, mutants)")
+    refuse_capture_only(spec, "probe's from-scratch attention module (verification by swapping, block capture, "
+                              "mutants)")
     if spec.discovered:
         raise UnsupportedArchitectureError(
             f"{spec.family} has no hand-written spec: probe's from-scratch attention module (verification by "
-            "swapping, attention steps, mutants) needs one; capture and statistics run through probe's attention "
+            "swapping, mutants) needs one; capture, statistics and attention steps run through probe's attention "
             "function instead")
     cls = mutant_class(mutant)
     context = ForwardContext()
