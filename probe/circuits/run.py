@@ -17,6 +17,7 @@ from ..effects.patch_run import label_texts
 from ..effects.patching import MIN_GAP
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
+from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze, merge_head_columns
 from ..sites import head_name
@@ -237,8 +238,7 @@ class _bar:
 
 def circuit_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, timings: dict | None = None,
                 started: float | None = None, say=None, progress: bool = False, **kw) -> tuple[CircuitRun, Path]:
-    """Measure (:func:`measure`, ``kw`` its options), label the heads with a short analysis, write the
-    run folder.
+    """Measure and label (:func:`circuit_analysis`, ``kw`` :func:`measure`'s options), write the run folder.
 
     Returns:
         ``(CircuitRun, run folder)``.
@@ -247,15 +247,27 @@ def circuit_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = 
         InputError: ``out`` taken (claimed before the work starts); as :func:`measure`.
     """
     with claim_run_dir(out, lm.name, force) as folder:
-        result = measure(lm, pairs, progress=progress, say=say, **kw)
-        t = time.perf_counter()
-        analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
-                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
-        result.seconds["analyze_s"] = time.perf_counter() - t
-        if say:
-            say(f"labelling analysis: done in {result.seconds['analyze_s']:.1f} s")
-        analysis.heads = merge_head_columns(analysis.heads, result.heads_frame())
-        analysis.results["circuit"] = result
-        analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+        result, analysis = circuit_analysis(lm, pairs, say=say, progress=progress, **kw)
         path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
     return result, path
+
+
+def circuit_analysis(lm, pairs: list[Pair] | None = None, *, say=None, progress: bool = False,
+                     **kw) -> tuple[CircuitRun, AnalysisResult]:
+    """Measure (:func:`measure`, ``kw`` its options) and label the heads with a short analysis:
+    ``(CircuitRun, the analysis the run folder is written from)``, no folder written.
+
+    Raises:
+        UnsupportedAnalysisError, InputError: as :func:`measure`.
+    """
+    result = measure(lm, pairs, progress=progress, say=say, **kw)
+    t = time.perf_counter()
+    analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
+                       finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
+    result.seconds["analyze_s"] = time.perf_counter() - t
+    if say:
+        say(f"labelling analysis: done in {result.seconds['analyze_s']:.1f} s")
+    analysis.heads = merge_head_columns(analysis.heads, result.heads_frame())
+    analysis.results["circuit"] = result
+    analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+    return result, analysis
