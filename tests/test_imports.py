@@ -183,7 +183,8 @@ def test_no_private_name_is_imported_across_packages():
 
 #: Modules that run a model (a forward pass, or the loop that makes them). The views draw what they
 #: are handed: probe.entries.notebook (and the commands' library functions) run the model and call them.
-MODEL_RUNNING = {"probe.capture.maps", "probe.runs.analysis", "probe.entries.analyze", "probe.measures.steps",
+MODEL_RUNNING = {"probe.capture.maps", "probe.runs.analysis", "probe.entries.analyze", "probe.entries.texts",
+                 "probe.entries.kinds", "probe.measures.steps",
                  "probe.measures.rollout", "probe.measures.flow", "probe.measures.rollout_examples",
                  "probe.capture.hooks", "probe.loading.models", "probe.loading.checkpoints", "probe.capture.blocks",
                  "probe.runs.distributed", "probe.entries.notebook", "probe.capture.reference", "probe.verification"}

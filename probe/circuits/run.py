@@ -20,13 +20,14 @@ from ..patterns import CircuitProbe, circuit_probe
 from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze, merge_head_columns
+from ..settings import CircuitSettings
 from ..sites import head_name
 from ..util import progress_bar
 from .attribution import batches, edge_scores, node_scores
 from .checked import graph_of
 from .evaluate import SHARES, Evaluator, Faithfulness, faithfulness_curve, top_edges
 from .graph import Graph, prune
-from .greedy import THRESHOLD, Greedy, greedy_circuit
+from .greedy import Greedy, greedy_circuit
 
 #: The circuit's default size: this share of all edges.
 DEFAULT_SHARE = 0.05
@@ -147,12 +148,14 @@ def circuit_sizes(n_edges: int, k: int, shares=SHARES) -> list[int]:
     return sorted({max(1, round(s * n_edges)) for s in shares} | {k})
 
 
-def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", method: str = "eap-ig",
-            steps: int = 5, edges: int | None = None, seeds: int = 5, batch_size: int = 8, progress: bool = False,
-            say=None, shares=None, select: str = "top-k", threshold: float = THRESHOLD,
-            max_passes: int | None = None, plan=None, points: str = "right", estimate=None) -> CircuitRun:
+def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | None = None, *,
+            source: str = "built-in IOI set", progress: bool = False, say=None, plan=None, estimate=None,
+            **options) -> CircuitRun:
     """Edge scores, the circuit and the faithfulness curve of ``lm`` on ``pairs`` (default the built-in
-    set); ``say``: a callable given one line per stage, or None; ``plan``: called once the graph is
+    set), as ``settings`` say (:class:`~probe.settings.CircuitSettings`: ``method``, ``steps``, ``points``,
+    ``edges``, ``select``, ``threshold``, ``max_passes``, ``seeds``, ``shares``, ``batch_size``; or those
+    fields as keyword ``options``, checked the same way; its ``pairs`` field is not read here).
+    ``say``: a callable given one line per stage, or None; ``plan``: called once the graph is
     checked, before any score, as ``plan(graph, sizes)`` (sizes: the faithfulness curve's sizes of the
     top-k circuit), or None; ``shares``: the curve's sizes as
     shares of all edges (default :data:`~probe.circuits.evaluate.SHARES`). ``select``: ``top-k`` (the
@@ -168,6 +171,9 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         InputError: pairs that do not encode (:func:`~probe.effects.pairs.encode_pairs`); ``edges``
             larger than the graph.
     """
+    s = CircuitSettings.from_mapping(options) if settings is None else settings
+    method, steps, points, edges, select = s.method, s.steps, s.points, s.edges, s.select
+    threshold, max_passes, seeds, shares, batch_size = s.threshold, s.max_passes, s.seeds, s.shares, s.batch_size
     pairs = builtin_pairs() if pairs is None else pairs
     enc = encode_pairs(lm, pairs)
     with graph_of(lm) as (wiring, graph, _):
