@@ -177,6 +177,8 @@ def setting_option(cls, name: str, *decls: str, **kw):
         annotation = str(field.type).split(" |")[0]
         if annotation in ("int", "float") and "type" not in kw:
             kw["type"] = {"int": int, "float": float}[annotation]
+    if field.default is dataclasses.MISSING:  # a required field: click says it is missing
+        return click.option(*decls, name, **kw)
     return click.option(*decls, name, default=default, **kw)
 
 

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from ..bounds import choice
 from ..errors import InputError
 
 
@@ -56,6 +57,8 @@ class Settings:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if value is None and f.default is dataclasses.MISSING:
+                raise InputError(f"{self.kind} needs {f.name}")
             checked = self.check_field(f.name, value)
             if checked is not value:
                 object.__setattr__(self, f.name, checked)
@@ -77,8 +80,6 @@ class Settings:
             checked = meta["check"](value)
             return value if checked is None else checked
         if meta.get("choices"):
-            from ..bounds import choice
-
             return choice(meta.get("option") or name, value, meta["choices"])
         return value
 
