@@ -66,9 +66,11 @@ def test_every_option_of_a_command_is_its_settings_field_with_the_same_default(k
 @pytest.mark.parametrize("kind", sorted(SETTINGS))
 def test_every_field_says_what_it_is_and_every_default_passes_its_check(kind):
     cls = SETTINGS[kind]
-    for row in cls.describe():
+    for row, f in zip(cls.describe(), dataclasses.fields(cls)):
         assert row["doc"].endswith("."), row
         assert row["option"] or row["name"] == "runs", row
+        if str(f.type).split(" |")[0] in ("int", "float") and f.metadata.get("check"):
+            assert row["bound"], f"{kind} {row['name']}: a number without its bound in words"
     for f in dataclasses.fields(cls):
         if f.default is not dataclasses.MISSING and f.default is not None:
             assert cls.check_field(f.name, f.default) == f.default, f.name

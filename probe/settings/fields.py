@@ -9,6 +9,8 @@ No heavy library: the command line builds these objects before torch is imported
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -71,7 +73,8 @@ class Settings:
         Raises:
             InputError: the field's one-line message.
         """
-        meta = _field(cls, name).metadata
+        field = _field(cls, name)
+        meta = field.metadata
         if value is None:
             return value
         if isinstance(value, list):
@@ -81,7 +84,7 @@ class Settings:
             return value if checked is None else checked
         if meta.get("choices"):
             return choice(meta.get("option") or name, value, meta["choices"])
-        return value
+        return _typed(meta.get("option") or name, value, str(field.type).split(" |")[0])
 
     def check_together(self) -> None:
         """The rules between fields (a subclass's; none here).
@@ -141,6 +144,25 @@ def _field(cls, name: str) -> dataclasses.Field:
         if f.name == name:
             return f
     raise InputError(f"unknown {cls.kind} setting {name!r}")
+
+
+def _typed(name: str, value: Any, annotation: str) -> Any:
+    """``value`` of a field without a check of its own, checked against its annotation (``bool``, ``int``,
+    ``str``; a path may be given as a ``Path``, kept as a string): a request's JSON gets the same refusal.
+
+    Raises:
+        InputError: a value of another type.
+    """
+    if annotation == "bool" and not isinstance(value, bool):
+        raise InputError(f"{name} must be true or false, got {value!r}")
+    if annotation == "int" and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise InputError(f"{name} must be an integer, got {value!r}")
+    if annotation == "str":
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if not isinstance(value, str):
+            raise InputError(f"{name} must be a string, got {value!r}")
+    return value
 
 
 def _jsonable(value: Any) -> Any:

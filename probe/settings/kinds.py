@@ -8,6 +8,8 @@ fields (tests/test_settings.py holds the two together), the library calls take t
 
 from __future__ import annotations
 
+import os
+
 from .. import bounds
 from ..errors import InputError
 from ..rules import health_thresholds
@@ -49,7 +51,9 @@ def _pairs_file():
 
 
 def _strings(value) -> tuple:
-    return (value,) if isinstance(value, str) else tuple(value)
+    """One string or path, or a sequence of them, as a tuple of strings (paths as strings)."""
+    items = (value,) if isinstance(value, (str, os.PathLike)) else tuple(value)
+    return tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in items)
 
 
 @settings_class
