@@ -171,13 +171,16 @@ def test_compare_folder_equals_the_calls_save(llama, tmp_path):
     assert len(run.tables["compare"]) == 8 and len(run.records()["heads"]) == 8
 
 
-def test_verify_prints_the_calls_record(llama):
+def test_verify_prints_the_calls_record(llama, tmp_path):
+    """probe verify writes no folder: its --json output is the call's record (save writes it as verify.json)."""
     root, model, _, _ = llama
     res = invoke_cli("verify", "--model", model, "--quick", "--json", "--no-progress")
     assert res.exit_code == 0, res.output
     run = probe.run_verify(str(model), VerifySettings(quick=True))
     assert _stable(json.load(io.StringIO(res.stdout))) == _stable(run.records())
     assert run.measured.passed and list(run.tables["cases"]["name"]) == ["sentence"]
+    saved = run.save(tmp_path / "verify")
+    assert json.loads((saved / "verify.json").read_text()) == json.loads(json.dumps(run.records()))
 
 
 def test_a_notebook_runs_every_kind_on_a_loaded_model(llama, tmp_path):

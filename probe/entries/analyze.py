@@ -85,8 +85,10 @@ def analyze_run(model, texts=None, settings: AnalyzeSettings | None = None, *, o
             in it are replaced.
         console, world: as :func:`run_analyze`. counted: the sequences of a corpus or pairs file if already
             counted (for the announcement).
-        options: :class:`~probe.settings.AnalyzeSettings` fields, or :func:`run_analyze`'s keywords
-            (``source``, ``annotated``, ``device``, ``dtype``, ``device_map``, ``accumulators``).
+        options: :class:`~probe.settings.AnalyzeSettings` fields, :func:`run_analyze`'s keywords
+            (``source``, ``annotated``, ``device``, ``dtype``, ``device_map``, ``accumulators``), or the
+            :class:`~probe.entries.result.Console` fields by their earlier names (``progress``, ``announce``,
+            ``verify_progress``, ``started``, ``timings``).
 
     Returns:
         A :class:`Run` (``result, folder = analyze_run(...)``).
@@ -97,11 +99,14 @@ def analyze_run(model, texts=None, settings: AnalyzeSettings | None = None, *, o
             UnsupportedAnalysisError: as :func:`probe.runs.analysis.analyze`.
     """
     keywords = {k: options.pop(k) for k in RUN_KEYWORDS if k in options}
+    console = Console() if console is None else console
+    talk = {CONSOLE_KEYWORDS[k]: options.pop(k) for k in list(options) if k in CONSOLE_KEYWORDS}
+    talk = {k: v for k, v in talk.items() if v is not None}
+    console = dataclasses.replace(console, **talk) if talk else console
     images = options.get("images")
     if isinstance(images, (str, os.PathLike)) and os.path.isdir(images) and options.get("image_folder") is None:
         options["images"], options["image_folder"] = (), images  # one folder: every image in it, as --images
     settings = _settings(settings, texts, options)
-    console = Console() if console is None else console
     world = distributed.detect() if world is None else world
     main = world is None or world.main
     held = []
@@ -123,6 +128,9 @@ def analyze_run(model, texts=None, settings: AnalyzeSettings | None = None, *, o
 
 #: The keywords of :func:`run_analyze` that :func:`analyze_run` passes on from its ``options``.
 RUN_KEYWORDS = ("source", "annotated", "device", "dtype", "device_map", "accumulators")
+#: :func:`analyze_run`'s earlier keywords of how a run talks, and the :class:`Console` field each sets.
+CONSOLE_KEYWORDS = {"progress": "progress", "announce": "announce", "verify_progress": "case", "started": "started",
+                    "timings": "timings"}
 
 
 def _strings(texts) -> bool:

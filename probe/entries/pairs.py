@@ -185,10 +185,8 @@ def run_circuit(model, settings: CircuitSettings | None = None, *, pairs=None, c
                      f"{n_batches} x (4 + {sizes} sizes x {1 + s.seeds}) passes for faithfulness"
                      + (f", up to {n_batches} x {s.max_passes} for greedy" if s.select == "greedy" else ""))
 
-    measured, analysis = circuit_analysis(
-        lm, pairs, source=source, method=s.method, steps=s.steps, points=s.points, edges=s.edges, seeds=s.seeds,
-        shares=s.shares, batch_size=s.batch_size, progress=console.progress, select=s.select, threshold=s.threshold,
-        max_passes=s.max_passes, plan=plan, say=None if console.progress else console.say, estimate=console.estimate)
+    measured, analysis = circuit_analysis(lm, pairs, settings=s, source=source, progress=console.progress, plan=plan,
+                                          say=None if console.progress else console.say, estimate=console.estimate)
     tables = {"heads": analysis.heads, "edges": measured.edges_frame(), "nodes": measured.nodes_frame(),
               "faithfulness": measured.faithfulness.frame}
     return folder_result("circuit", s, lm, analysis, measured, console, tables,
