@@ -17,6 +17,7 @@ Public API (the CLI is a thin layer over it)::
     attention_rollout(lm, "The cat sat.").row   # share of [CLS] (decoders: last token) from each input token
     attention_flow(lm, "The cat sat.").row      # the same by maximum flow (probe.measures.flow; <= 64 tokens)
     why(lm, "The cat sat.", "L1H0").contributions  # each score split by what built its query and key (probe.qk)
+    run_patch(lm, PatchSettings(direction="noise")).save("reports/p")  # any command as one call (probe.settings)
 """
 
 import importlib as _importlib
@@ -50,6 +51,10 @@ _PUBLIC = {
     "verify": ".verification", "why": ".qk", "Why": ".qk",
     "HeadView": ".view", "ModelView": ".view", "model_view": ".entries.notebook", "show": ".entries.notebook",
     "RolloutView": ".view.rollout", "rollout_view": ".entries.notebook", "analyze_run": ".entries.analyze",
+    "run_analyze": ".entries.kinds", "run_verify": ".entries.kinds", "run_prune": ".entries.kinds",
+    "run_effects": ".entries.kinds", "run_patch": ".entries.kinds", "run_path": ".entries.kinds",
+    "run_circuit": ".entries.kinds", "run_why": ".entries.kinds", "run_compare": ".entries.kinds",
+    "run_kind": ".entries.kinds", "RunResult": ".entries.result", "Console": ".entries.result",
 }
 
 
@@ -74,4 +79,6 @@ __all__ = [
     "Attribution", "Pair", "patch_heads", "direct_logit_attribution", "composition_scores",
     "rollout_view", "RolloutView",
     "attention_steps", "model_view", "ModelView", "why", "Why", "analyze_run",
+    "run_analyze", "run_verify", "run_prune", "run_effects", "run_patch", "run_path", "run_circuit", "run_why",
+    "run_compare", "run_kind", "RunResult", "Console",
 ]

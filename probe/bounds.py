@@ -181,3 +181,102 @@ def components(text: str) -> tuple[str, ...]:
     if not names or bad:
         raise InputError(f"--component {text!r}: comma-separated, from {', '.join(COMPONENT_NAMES)}")
     return tuple(dict.fromkeys(names))
+
+
+def int_range(name: str, value, low: int, high: int) -> int:
+    """``value`` as an int in [``low``, ``high``].
+
+    Raises:
+        InputError: not an integer, or outside the range.
+    """
+    positive_int(name, value, low)
+    if value > high:
+        raise InputError(f"{name} must be at most {high}, got {value}")
+    return int(value)
+
+
+def choice(name: str, value, choices: Sequence[str]) -> str:
+    """``value``, one of ``choices``.
+
+    Raises:
+        InputError: another value.
+    """
+    if value not in choices:
+        raise InputError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def listed(value) -> list[str]:
+    """A comma-separated string (an option as typed) or a sequence of strings, as a list of stripped items."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [str(item).strip() for item in items if str(item).strip()]
+
+
+def pruning_orders(value) -> tuple[str, ...]:
+    """``--order``: distinct orders of :data:`PRUNING_ORDERS`, comma-separated or a sequence, in the order given.
+
+    Raises:
+        InputError: none, an unknown or a repeated order.
+    """
+    orders = listed(value)
+    if not orders or any(o not in PRUNING_ORDERS for o in orders) or len(set(orders)) != len(orders):
+        shown = value if isinstance(value, str) else ",".join(map(str, value))
+        raise InputError(f"{shown!r}: a comma-separated list of distinct orders from {', '.join(PRUNING_ORDERS)}")
+    return tuple(orders)
+
+
+def shares(value) -> tuple[float, ...]:
+    """``--shares``: numbers in (0, 1], comma-separated or a sequence.
+
+    Raises:
+        InputError: none, a value that is not a number, or one outside (0, 1].
+    """
+    if isinstance(value, str):
+        try:
+            numbers_ = [float(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            numbers_ = []
+    else:
+        numbers_ = list(value)
+    if not numbers_:
+        raise InputError(f"--shares must be comma-separated numbers in (0, 1], got {value!r}")
+    return tuple(fraction("--shares", v, closed_high=True) for v in numbers_)
+
+
+#: The site kinds that may start a ``probe why --head`` (an encoder-decoder model's stacks and cross-attention).
+HEAD_PREFIXES = ("enc", "dec", "cross")
+
+
+def head_form(value: str) -> str:
+    """The form of ``probe why --head`` (L5H1, or with an encoder-decoder model's site kind first: cross
+    L5H1), before any model is loaded (whether it exists is checked once it is).
+
+    Raises:
+        InputError: another form.
+    """
+    text = value if isinstance(value, str) else ""
+    prefix, _, rest = text.strip().partition(" ")
+    name = (rest if prefix.lower() in HEAD_PREFIXES and rest else text).strip().upper()
+    if not (name.startswith("L") and "H" in name[1:] and name[1:].replace("H", "", 1).isdigit()):
+        raise InputError(f"{value!r} is not a head of the form L5H1 (layer and head, 0-based; an encoder-decoder "
+                         "model's cross-attention head: 'cross L5H1')")
+    return value
+
+
+def image_size(value) -> tuple[int, int] | None:
+    """``--image-size``: ``"224x320"`` or ``(224, 320)`` as (height, width) in pixels; None stays None.
+
+    Raises:
+        InputError: not two positive whole numbers joined by ``x``.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        if (isinstance(value, (tuple, list)) and len(value) == 2
+                and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in value)):
+            return int(value[0]), int(value[1])
+        value = "x".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
+    if not m or not int(m.group(1)) or not int(m.group(2)):
+        raise InputError(f"--image-size must be HEIGHTxWIDTH in pixels, e.g. 224x320; got {value!r}")
+    return int(m.group(1)), int(m.group(2))

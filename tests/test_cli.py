@@ -394,7 +394,7 @@ CONLLU = conllu("corpus")
 @pytest.mark.slow
 def test_corpus_file_through_cli_reaches_the_analysis(tmp_path, monkeypatch, minilm):
     """A CoNLL-U corpus with --limit reaches analyze as exactly its first '# text =' sentences."""
-    import probe.entries.analyze
+    import probe.entries.texts
     import probe.runs.analysis as pa
 
     path = tmp_path / "tiny.conllu"
@@ -410,7 +410,7 @@ def test_corpus_file_through_cli_reaches_the_analysis(tmp_path, monkeypatch, min
 
     monkeypatch.setattr(pm, "load_model", lambda name, **kw: minilm)
     monkeypatch.setattr(pa, "analyze", fake_analyze)
-    monkeypatch.setattr(probe.entries.analyze, "analyze", fake_analyze)  # the run's own reference to it
+    monkeypatch.setattr(probe.entries.texts, "analyze", fake_analyze)  # the run's own reference to it
     result = run("analyze", "--model", "minilm", "--corpus", str(path), "--limit", "2",
                  "--out", str(tmp_path / "o"))
     assert isinstance(result.exception, Stop), result.output
@@ -720,7 +720,7 @@ def test_circuit_probe_longer_than_the_model_limit_is_skipped_with_a_note(tmp_pa
     (["analyze", "--pairs", "x.tsv", "--generate", "3"], "give either --pairs (sources and targets) or --generate"),
     (["effects", "--ablation", "bogus"], "unknown ablation 'bogus'; choose from zero, mean, resample"),
     (["effects", "--corpus", "x.txt", "--pairs", "x.tsv"], "give either --corpus or --pairs, not both"),
-    (["verify", "--mutant", "nope"], "'nope' is not one of 'alibi-sign'"),
+    (["verify", "--mutant", "nope"], "--mutant must be one of alibi-sign, c2p-sign"),  # the settings' message
 ])
 def test_usage_errors_exit_with_status_2(tmp_path, args, message):
     """Issue 27 item 13: options that do not go together are usage errors (status 2, as docs/usage.md says),

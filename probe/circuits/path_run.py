@@ -24,6 +24,7 @@ from ..effects.patch_run import label_texts
 from ..effects.patching import MIN_GAP
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
+from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze
 from ..sites import head_name
@@ -146,7 +147,7 @@ def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *
 def path_run(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *, out=None, force: bool = False,
              source: str = "built-in IOI set", progress: bool = False, timings: dict | None = None,
              started: float | None = None) -> tuple[PathRun, Path]:
-    """Measure (:func:`measure`), label the heads with a short analysis, write the run folder.
+    """Measure and label (:func:`path_analysis`), write the run folder.
 
     Returns:
         ``(PathRun, run folder)``.
@@ -155,13 +156,25 @@ def path_run(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, 
         InputError: ``out`` taken (claimed before the work starts); as :func:`measure`.
     """
     with claim_run_dir(out, lm.name, force) as folder:
-        result = measure(lm, senders, receivers, pairs, source=source)
-        t = time.perf_counter()
-        analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
-                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
-        result.seconds["analyze_s"] = time.perf_counter() - t
-        analysis.results["path"] = result
-        analysis.notes += result.notes
-        analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+        result, analysis = path_analysis(lm, senders, receivers, pairs, source=source, progress=progress)
         path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
     return result, path
+
+
+def path_analysis(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *,
+                  source: str = "built-in IOI set", progress: bool = False) -> tuple[PathRun, AnalysisResult]:
+    """Measure (:func:`measure`) and label the heads with a short analysis: ``(PathRun, the analysis the run
+    folder is written from)``, no folder written.
+
+    Raises:
+        UnsupportedAnalysisError, InputError: as :func:`measure`.
+    """
+    result = measure(lm, senders, receivers, pairs, source=source)
+    t = time.perf_counter()
+    analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
+                       finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
+    result.seconds["analyze_s"] = time.perf_counter() - t
+    analysis.results["path"] = result
+    analysis.notes += result.notes
+    analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+    return result, analysis

@@ -17,15 +17,17 @@ from ..effects.patch_run import label_texts
 from ..effects.patching import MIN_GAP
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
+from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze, merge_head_columns
+from ..settings import CircuitSettings
 from ..sites import head_name
 from ..util import progress_bar
 from .attribution import batches, edge_scores, node_scores
 from .checked import graph_of
 from .evaluate import SHARES, Evaluator, Faithfulness, faithfulness_curve, top_edges
 from .graph import Graph, prune
-from .greedy import THRESHOLD, Greedy, greedy_circuit
+from .greedy import Greedy, greedy_circuit
 
 #: The circuit's default size: this share of all edges.
 DEFAULT_SHARE = 0.05
@@ -146,12 +148,14 @@ def circuit_sizes(n_edges: int, k: int, shares=SHARES) -> list[int]:
     return sorted({max(1, round(s * n_edges)) for s in shares} | {k})
 
 
-def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", method: str = "eap-ig",
-            steps: int = 5, edges: int | None = None, seeds: int = 5, batch_size: int = 8, progress: bool = False,
-            say=None, shares=None, select: str = "top-k", threshold: float = THRESHOLD,
-            max_passes: int | None = None, plan=None, points: str = "right", estimate=None) -> CircuitRun:
+def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | None = None, *,
+            source: str = "built-in IOI set", progress: bool = False, say=None, plan=None, estimate=None,
+            **options) -> CircuitRun:
     """Edge scores, the circuit and the faithfulness curve of ``lm`` on ``pairs`` (default the built-in
-    set); ``say``: a callable given one line per stage, or None; ``plan``: called once the graph is
+    set), as ``settings`` say (:class:`~probe.settings.CircuitSettings`: ``method``, ``steps``, ``points``,
+    ``edges``, ``select``, ``threshold``, ``max_passes``, ``seeds``, ``shares``, ``batch_size``; or those
+    fields as keyword ``options``, checked the same way; its ``pairs`` field is not read here).
+    ``say``: a callable given one line per stage, or None; ``plan``: called once the graph is
     checked, before any score, as ``plan(graph, sizes)`` (sizes: the faithfulness curve's sizes of the
     top-k circuit), or None; ``shares``: the curve's sizes as
     shares of all edges (default :data:`~probe.circuits.evaluate.SHARES`). ``select``: ``top-k`` (the
@@ -167,6 +171,9 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
         InputError: pairs that do not encode (:func:`~probe.effects.pairs.encode_pairs`); ``edges``
             larger than the graph.
     """
+    s = CircuitSettings.from_mapping(options) if settings is None else settings
+    method, steps, points, edges, select = s.method, s.steps, s.points, s.edges, s.select
+    threshold, max_passes, seeds, shares, batch_size = s.threshold, s.max_passes, s.seeds, s.shares, s.batch_size
     pairs = builtin_pairs() if pairs is None else pairs
     enc = encode_pairs(lm, pairs)
     with graph_of(lm) as (wiring, graph, _):
@@ -237,8 +244,7 @@ class _bar:
 
 def circuit_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, timings: dict | None = None,
                 started: float | None = None, say=None, progress: bool = False, **kw) -> tuple[CircuitRun, Path]:
-    """Measure (:func:`measure`, ``kw`` its options), label the heads with a short analysis, write the
-    run folder.
+    """Measure and label (:func:`circuit_analysis`, ``kw`` :func:`measure`'s options), write the run folder.
 
     Returns:
         ``(CircuitRun, run folder)``.
@@ -247,15 +253,27 @@ def circuit_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = 
         InputError: ``out`` taken (claimed before the work starts); as :func:`measure`.
     """
     with claim_run_dir(out, lm.name, force) as folder:
-        result = measure(lm, pairs, progress=progress, say=say, **kw)
-        t = time.perf_counter()
-        analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
-                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
-        result.seconds["analyze_s"] = time.perf_counter() - t
-        if say:
-            say(f"labelling analysis: done in {result.seconds['analyze_s']:.1f} s")
-        analysis.heads = merge_head_columns(analysis.heads, result.heads_frame())
-        analysis.results["circuit"] = result
-        analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+        result, analysis = circuit_analysis(lm, pairs, say=say, progress=progress, **kw)
         path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
     return result, path
+
+
+def circuit_analysis(lm, pairs: list[Pair] | None = None, *, say=None, progress: bool = False,
+                     **kw) -> tuple[CircuitRun, AnalysisResult]:
+    """Measure (:func:`measure`, ``kw`` its options) and label the heads with a short analysis:
+    ``(CircuitRun, the analysis the run folder is written from)``, no folder written.
+
+    Raises:
+        UnsupportedAnalysisError, InputError: as :func:`measure`.
+    """
+    result = measure(lm, pairs, progress=progress, say=say, **kw)
+    t = time.perf_counter()
+    analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
+                       finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
+    result.seconds["analyze_s"] = time.perf_counter() - t
+    if say:
+        say(f"labelling analysis: done in {result.seconds['analyze_s']:.1f} s")
+    analysis.heads = merge_head_columns(analysis.heads, result.heads_frame())
+    analysis.results["circuit"] = result
+    analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+    return result, analysis

@@ -7,9 +7,13 @@ exit status 130 (128 + SIGINT, as shells report it); what the command was writin
 (:mod:`probe.runfolder`). The library never imports click; only this package does.
 
 Modules: :mod:`.group` (the ``probe`` group, error handling, logging, the console script), then one per
-command: :mod:`.analyze`, :mod:`.verify`, :mod:`.compare`, :mod:`.prune`, :mod:`.listing`
-(``probe models``), :mod:`.patch`; :mod:`.options` holds the options several commands share. Commands import
-what they need from the library when they run (``probe --help`` stays fast), and look up
+command: :mod:`.analyze`, :mod:`.verify`, :mod:`.compare`, :mod:`.prune`, :mod:`.effects`, :mod:`.patch`,
+:mod:`.path`, :mod:`.circuit`, :mod:`.why`, :mod:`.listing` (``probe models``); :mod:`.options` holds the
+options several commands share and makes an option from a settings field (:mod:`probe.settings`: its default
+and check are the field's), :mod:`.start` what every command does around its one library call
+(:mod:`probe.entries.kinds`). A command parses its options into the kind's settings, makes the call, saves
+the result and prints: no module here loads a model or computes. Commands import what they need from the
+library when they run (``probe --help`` stays fast), and the library looks up
 ``probe.loading.models.load_model`` at that moment (tests replace it).
 """
 

@@ -7,61 +7,73 @@ import time
 
 import click
 
-from .. import IMPORT_STARTED, bounds
-from ..util import process_age
+from ..settings import AnalyzeSettings
 from .audioinput import audio_options, check_audio
 from .group import main, user_errors
-from .imageinput import image_options, parse_size
-from .options import check_files, limit_option, model_option, parse_health, parse_thresholds, placement_options, stacked
+from .imageinput import image_options
+from .options import (
+    build,
+    check_files,
+    model_option,
+    parse_health,
+    parse_thresholds,
+    placement_options,
+    setting_option,
+    stacked,
+)
+from .start import command_console, started
 from .summary import summary
 from .verify import verify_progress
 
 #: --text, --corpus, --pairs, --generate, --limit: what is analysed.
 _input_options = stacked(
-    click.option("--text", "-t", "texts", multiple=True, help="A sequence to analyze (repeatable)."),
-    click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
-                 help="Plain text (one sequence a line) or CoNLL-U (# text = lines)."),
-    click.option("--pairs", type=click.Path(dir_okay=False, path_type=str), default=None,
-                 help="Two texts a line, separated by a tab. Encoders and decoders: two segments of one input "
-                      "(sentence pairs, BERT's [SEP]-joined segments; the Kovaleva 'block' type needs them). "
-                      "Encoder-decoder models: the source the encoder reads and the target the decoder reads."),
-    click.option("--generate", type=click.IntRange(min=1), default=None, metavar="N",
-                 help="Encoder-decoder models: the model writes each source's target (greedy, at most N new "
-                      "tokens); the sources come from --text or --corpus."),
-    limit_option("Use at most N sequences (with --coref/--syntax: N of each file)."),
+    setting_option(AnalyzeSettings, "texts", "--text", "-t", multiple=True,
+                   help="A sequence to analyze (repeatable)."),
+    setting_option(AnalyzeSettings, "corpus", "--corpus", "-c", type=click.Path(dir_okay=False, path_type=str),
+                   help="Plain text (one sequence a line) or CoNLL-U (# text = lines)."),
+    setting_option(AnalyzeSettings, "pairs", "--pairs", type=click.Path(dir_okay=False, path_type=str),
+                   help="Two texts a line, separated by a tab. Encoders and decoders: two segments of one input "
+                        "(sentence pairs, BERT's [SEP]-joined segments; the Kovaleva 'block' type needs them). "
+                        "Encoder-decoder models: the source the encoder reads and the target the decoder reads."),
+    setting_option(AnalyzeSettings, "generate", "--generate", metavar="N",
+                   help="Encoder-decoder models: the model writes each source's target (greedy, at most N new "
+                        "tokens); the sources come from --text or --corpus."),
+    setting_option(AnalyzeSettings, "limit", "--limit", "-n",
+                   help="Use at most N sequences (with --coref/--syntax: N of each file)."),
 )
 
 #: --distance, --map-sequences, --circuits, --health-threshold: the pattern analyses (probe.patterns).
 _pattern_options = stacked(
-    click.option("--distance/--no-distance", default=True, show_default=True,
-                 help="Jensen-Shannon distances between heads (groups, head map, duplicate heads)."),
-    click.option("--map-sequences", type=click.IntRange(min=1), default=200, show_default=True,
-                 help="Sequences (the first of the corpus) in the all-heads distance behind the map and groups."),
-    click.option("--circuits/--no-circuits", default=True, show_default=True,
-                 help="Decoders: induction / duplicate-token probe on repeated random tokens, attention sinks."),
-    click.option("--health-threshold", "health", multiple=True, metavar="CHECK=VALUE", callback=parse_health,
-                 help="Override a health-check threshold, e.g. saturated=0.99 (saturated, uniform, collapsed, "
-                      "duplicates; repeatable)."),
+    setting_option(AnalyzeSettings, "distance", "--distance/--no-distance", show_default=True,
+                   help="Jensen-Shannon distances between heads (groups, head map, duplicate heads)."),
+    setting_option(AnalyzeSettings, "map_sequences", "--map-sequences", show_default=True,
+                   help="Sequences (the first of the corpus) in the all-heads distance behind the map and groups."),
+    setting_option(AnalyzeSettings, "circuits", "--circuits/--no-circuits", show_default=True,
+                   help="Decoders: induction / duplicate-token probe on repeated random tokens, attention sinks."),
+    setting_option(AnalyzeSettings, "health", "--health-threshold", multiple=True, metavar="CHECK=VALUE",
+                   callback=parse_health,
+                   help="Override a health-check threshold, e.g. saturated=0.99 (saturated, uniform, collapsed, "
+                        "duplicates; repeatable)."),
 )
 
 #: --norm, --labels-by: value-weighted statistics (probe.capture.values).
 _norm_options = stacked(
-    click.option("--norm/--no-norm", "value_weighted", default=True, show_default=True,
-                 help="Value-weighted statistics (Kobayashi et al. 2020): every statistic also on the attention "
-                      "map weighted by the norm of each key's value vector carried through the head's output "
-                      "projection (heads.csv: <statistic>_by_norm, norm_mass)."),
-    click.option("--labels-by", type=click.Choice(["weight", "norm"]), default="weight", show_default=True,
-                 help="Label heads by their attention statistics (weight) or by their value-weighted ones (norm)."),
+    setting_option(AnalyzeSettings, "value_weighted", "--norm/--no-norm", show_default=True,
+                   help="Value-weighted statistics (Kobayashi et al. 2020): every statistic also on the attention "
+                        "map weighted by the norm of each key's value vector carried through the head's output "
+                        "projection (heads.csv: <statistic>_by_norm, norm_mass)."),
+    setting_option(AnalyzeSettings, "labels_by", "--labels-by", show_default=True,
+                   help="Label heads by their attention statistics (weight) or by their value-weighted ones (norm)."),
 )
 
 #: --coref, --syntax: annotated text (probe.linguistic).
 _annotation_options = stacked(
-    click.option("--coref", is_flag=False, flag_value="builtin", default=None, metavar="[FILE|builtin]",
-                 help="Score coreference heads on a GAP TSV file (no value or 'builtin': the built-in probe set); "
-                      "the examples are the analysed text. Writes coref.csv."),
-    click.option("--syntax", "syntax_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-                 metavar="FILE.conllu", help="Score syntactic heads on the dependency trees of a CoNLL-U file; "
-                                             "its sentences are the analysed text. Writes syntax.csv."),
+    setting_option(AnalyzeSettings, "coref", "--coref", is_flag=False, flag_value="builtin", metavar="[FILE|builtin]",
+                   help="Score coreference heads on a GAP TSV file (no value or 'builtin': the built-in probe set); "
+                        "the examples are the analysed text. Writes coref.csv."),
+    setting_option(AnalyzeSettings, "syntax", "--syntax", type=click.Path(dir_okay=False, path_type=str),
+                   metavar="FILE.conllu", help="Score syntactic heads on the dependency trees of a CoNLL-U file; "
+                                               "its sentences are the analysed text. Writes syntax.csv."),
 )
 
 
@@ -70,40 +82,41 @@ _annotation_options = stacked(
 @_input_options
 @image_options
 @audio_options
-@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--max-length", type=click.IntRange(min=2), default=None,
-              help="Truncate sequences to this many tokens, at most the model's limit (above it: an error) "
-                   "[default: the model's limit].")
+@setting_option(AnalyzeSettings, "batch_size", "--batch-size", "-b", show_default=True)
+@setting_option(AnalyzeSettings, "max_length", "--max-length",
+                help="Truncate sequences to this many tokens, at most the model's limit (above it: an error) "
+                    "[default: the model's limit].")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run folder [default: a new reports/<model>-<time>].")
 @click.option("--force", is_flag=True,
               help="Replace probe's own files in an --out folder probe wrote; other files are kept.")
-@click.option("--examples", type=click.IntRange(min=0, max=20), default=3, show_default=True,
-              help="Sequences whose attention maps are kept for the report.")
-@click.option("--threshold", "thresholds", multiple=True, metavar="LABEL=VALUE", callback=parse_thresholds,
-              help="Override a label threshold, e.g. previous-token=0.4 (repeatable).")
-@click.option("--parse-special-tokens", is_flag=True,
-              help="Let typed special-token strings such as '[SEP]' become special tokens "
-                   "(default: typed text is text).")
-@click.option("--rollout/--no-rollout", default=True, show_default=True,
-              help="Attention rollout and flow (flow: the reported row, texts of at most 64 tokens) of the first "
-                   "3 kept examples, side by side with the weights, in the report.")
-@click.option("--verify", "run_verify", is_flag=True,
-              help="Also verify the from-scratch attention against the model and add it to the report.")
-@click.option("--query-block", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Capture attention N query rows at a time (flat memory at long lengths; docs/length.md); 0: "
-                   "whole maps always. [default: automatic: batches longer than 1024 tokens]. Analyses that need "
-                   "whole maps are left out of block-captured batches (with N >= 1: not run).")
+@setting_option(AnalyzeSettings, "examples", "--examples", show_default=True,
+                help="Sequences whose attention maps are kept for the report.")
+@setting_option(AnalyzeSettings, "thresholds", "--threshold", multiple=True, metavar="LABEL=VALUE",
+                callback=parse_thresholds,
+                help="Override a label threshold, e.g. previous-token=0.4 (repeatable).")
+@setting_option(AnalyzeSettings, "parse_special_tokens", "--parse-special-tokens", is_flag=True,
+                help="Let typed special-token strings such as '[SEP]' become special tokens "
+                    "(default: typed text is text).")
+@setting_option(AnalyzeSettings, "rollout", "--rollout/--no-rollout", show_default=True,
+                help="Attention rollout and flow (flow: the reported row, texts of at most 64 tokens) of the first "
+                    "3 kept examples, side by side with the weights, in the report.")
+@setting_option(AnalyzeSettings, "verify", "--verify", is_flag=True,
+                help="Also verify the from-scratch attention against the model and add it to the report.")
+@setting_option(AnalyzeSettings, "query_block", "--query-block", metavar="N",
+                help="Capture attention N query rows at a time (flat memory at long lengths; docs/length.md); 0: "
+                    "whole maps always. [default: automatic: batches longer than 1024 tokens]. Analyses that need "
+                    "whole maps are left out of block-captured batches (with N >= 1: not run).")
 @_pattern_options
 @_norm_options
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
 @_annotation_options
 @placement_options
 @user_errors
-def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_files, image_folder, image_size,
-                    audio_files, transcripts, batch_size, max_length, out, force, examples,
-                    thresholds, parse_special_tokens, rollout, run_verify, query_block, distance, map_sequences,
-                    circuits, health, value_weighted, labels_by, progress, coref, syntax_file, device, dtype,
+def analyze_command(model_name, texts, corpus, pairs, generate, limit, images, image_folder, image_size,
+                    audio, transcripts, batch_size, max_length, out, force, examples,
+                    thresholds, parse_special_tokens, rollout, verify, query_block, distance, map_sequences,
+                    circuits, health, value_weighted, labels_by, progress, coref, syntax, device, dtype,
                     device_map) -> None:
     """Measure every attention head on text and write an HTML report, heads.csv and run.json.
 
@@ -117,44 +130,23 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, image_fil
     value-weighted statistics; --no-distance, --no-circuits and --no-norm turn them off. Under torchrun or accelerate
     launch, each process analyses its share of the corpus and rank 0 writes the one report.
     """
-    _check_usage(texts, corpus, pairs, generate, coref, syntax_file)  # before torch is imported: at once
-    user_errors(bounds.value_weighting)(value_weighted, labels_by)  # --labels-by norm with --no-norm
-    counted = _check_input(texts, corpus, pairs, limit, audio_files)  # also before torch: a streamed file's count
+    settings = build(AnalyzeSettings, locals())  # before torch is imported: at once
+    check_files((corpus, "corpus file"), (pairs, "pairs file"), (syntax, "CoNLL-U file"),
+                (None if coref in (None, "builtin") else coref, "GAP file"))
+    counted = _check_input(texts, corpus, pairs, limit, audio)  # also before torch: a streamed file's count
     from ..entries.analyze import analyze_run, start_up_note
 
-    age = process_age()
-    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    timings = {"startup_s": time.perf_counter() - started}
-    run = analyze_run(
-        model_name, texts, corpus=corpus, pairs=pairs, coref=coref, syntax=syntax_file, images=image_files,
-        image_folder=image_folder, image_size=parse_size(image_size), audio=audio_files, transcripts=transcripts,
-        limit=limit, out=out, force=force, device=device, dtype=dtype, device_map=device_map,
-        batch_size=batch_size, max_length=max_length, examples=examples, thresholds=thresholds,
-        parse_special_tokens=parse_special_tokens, rollout=rollout, run_verify=run_verify, query_block=query_block,
-        distance=distance, map_sequences=map_sequences, circuits=circuits, health=health,
-        value_weighted=value_weighted, labels_by=labels_by, generate=generate,
-        progress=sys.stderr.isatty() if progress is None else progress, timings=timings, started=started,
-        verify_progress=verify_progress, announce=lambda line: click.echo(line, err=True), counted=counted)
+    start = started()
+    timings = {"startup_s": time.perf_counter() - start}
+    run = analyze_run(model_name, settings=settings, out=out, force=force, device=device, dtype=dtype,
+                      device_map=device_map, counted=counted,
+                      console=command_console(progress, case=verify_progress, timings=timings, start=start))
     if run.folder is None:
         return  # rank 0 writes the one report
     summary(run.result, run.result.results.get("verification"), run.annotated, run.loading_notes)
     if started_as_command() and (note := start_up_note(timings["startup_s"])):  # in a test runner or notebook
         click.echo(note)  # the "start-up" is the host process's age: only the command's own is explained
     click.echo(f"Report: {run.folder / 'index.html'}")
-
-
-def _check_usage(texts, corpus, pairs, generate, coref, syntax_file) -> None:
-    """Options that cannot go together (usage errors: exit status 2) and missing input files (exit
-    status 1), decided before any library is imported."""
-    if sum(bool(x) for x in (texts, corpus, pairs)) > 1:
-        raise click.UsageError("give either --text, --corpus or --pairs, not two of them")
-    if (coref is not None or syntax_file is not None) and (texts or corpus or pairs):
-        raise click.UsageError("--coref and --syntax analyse their own annotated text; leave out --text, --corpus "
-                               "and --pairs")
-    if generate is not None and pairs:
-        raise click.UsageError("give either --pairs (sources and targets) or --generate (sources only), not both")
-    check_files((corpus, "corpus file"), (pairs, "pairs file"), (syntax_file, "CoNLL-U file"),
-                (None if coref in (None, "builtin") else coref, "GAP file"))
 
 
 @user_errors

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import click
-
 from ..errors import InputError
-from .options import stacked
+from ..settings import AnalyzeSettings
+from .options import setting_option, stacked
 
 #: --audio, --transcript: audio clips instead of text (speech encoder-decoder models).
 audio_options = stacked(
-    click.option("--audio", "audio_files", multiple=True, metavar="FILE",
-                 help="An audio clip to analyze with a speech model (Whisper, wav2vec2, HuBERT, data2vec-audio; "
-                      "repeatable): WAV, FLAC, OGG or MP3, "
-                      "read with soundfile, mixed to mono and resampled to the model's rate. The model writes the "
-                      "transcript (greedy, at most --generate tokens, default 48) unless --transcript gives it."),
-    click.option("--transcript", "transcripts", multiple=True, metavar="TEXT",
-                 help="The transcript the decoder reads, one per --audio clip in order (default: the model's own)."),
+    setting_option(AnalyzeSettings, "audio", "--audio", multiple=True, metavar="FILE",
+                   help="An audio clip to analyze with a speech model (Whisper, wav2vec2, HuBERT, data2vec-audio; "
+                        "repeatable): WAV, FLAC, OGG or MP3, "
+                        "read with soundfile, mixed to mono and resampled to the model's rate. The model writes the "
+                        "transcript (greedy, at most --generate tokens, default 48) unless --transcript gives it."),
+    setting_option(AnalyzeSettings, "transcripts", "--transcript", multiple=True, metavar="TEXT",
+                   help="The transcript the decoder reads, one per --audio clip in order (default: the model's own)."),
 )
 
 

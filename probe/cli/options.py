@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 
@@ -10,6 +11,7 @@ from click.core import ParameterSource
 
 from .. import bounds
 from ..errors import InputError, ProbeError
+from ..settings import OptionConflict
 
 #: The default model (``probe.loading.models.DEFAULT_MODEL``, which imports torch: not read here so that
 #: ``probe --help`` starts without it; tests/test_start_up.py checks the two agree).
@@ -152,3 +154,43 @@ def parse_health(ctx, param, values: tuple[str, ...]) -> dict[str, float]:
     except ProbeError as exc:
         raise click.BadParameter(str(exc)) from None
     return out
+
+
+def setting_option(cls, name: str, *decls: str, **kw):
+    """A click option for field ``name`` of the settings class ``cls`` (:mod:`probe.settings`): its default
+    and its check are the field's (a check's InputError is a usage error, exit status 2), its choices shown
+    as the metavar; ``decls`` are the option's names, ``kw`` click's other arguments (help, flags ...).
+
+    A tuple default of an option that takes one value is shown comma-separated (``--ablation zero,mean``).
+    """
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    if "default" in kw:
+        raise TypeError(f"--{name}: the default is the settings field's")
+    default = None if field.default is dataclasses.MISSING else field.default
+    if isinstance(default, tuple) and not kw.get("multiple"):
+        default = ",".join(map(str, default))
+    meta = field.metadata
+    if meta.get("choices"):
+        kw.setdefault("metavar", "[" + "|".join(meta["choices"]) + "]")
+    if (meta.get("check") or meta.get("choices")) and "callback" not in kw and not kw.get("is_flag"):
+        kw["callback"] = click_callback(lambda v: cls.check_field(name, v))
+        annotation = str(field.type).split(" |")[0]
+        if annotation in ("int", "float") and "type" not in kw:
+            kw["type"] = {"int": int, "float": float}[annotation]
+    if field.default is dataclasses.MISSING:  # a required field: click says it is missing
+        return click.option(*decls, name, **kw)
+    return click.option(*decls, name, default=default, **kw)
+
+
+def build(cls, values: dict):
+    """The command's settings object from its parsed options (the fields of ``cls`` among ``values``):
+    options that do not go together are a usage error (exit status 2); a value out of bounds is the
+    library's one ``Error:`` line (exit status 1, :func:`probe.cli.group.user_errors`).
+
+    Raises:
+        click.UsageError: :class:`~probe.settings.OptionConflict`; InputError: another bad value.
+    """
+    try:
+        return cls(**cls.pick(values))
+    except OptionConflict as exc:
+        raise click.UsageError(str(exc)) from None

@@ -3,52 +3,39 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
 
 import click
 
-from .. import IMPORT_STARTED, bounds
-from ..util import plural, process_age
+from ..settings import PatchSettings
 from .group import main, user_errors
-from .options import click_callback, model_option, model_placement, run_folder_options
-from .pairstart import pair_input, pairs_and_model
-
-
-def _components(text: str) -> None:
-    """The --component list, checked before the model loads (a usage error: exit 2)."""
-    from ..bounds import components  # no heavy library: answered before torch is imported
-
-    components(text)
+from .options import build, model_option, model_placement, run_folder_options, setting_option
+from .start import Folder, command_console, read_pairs
 
 
 @main.command("patch")
 @model_option(default="smollm2")  # patching runs on decoders: the embedded decoder
-@click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="Tab-separated clean, corrupted, answer, wrong per line [default: the built-in IOI set].")
-@click.option("--direction", type=click.Choice(["denoise", "noise"]), default="denoise", show_default=True,
-              help="denoise: corrupted run, clean head output; noise: clean run, corrupted head output.")
-@click.option("--method", type=click.Choice(["activation", "attribution"]), default="activation", show_default=True,
-              help="attribution: also attribution patching (the gradient estimate), with its correlation to "
-                   "activation patching.")
-@click.option("--component", "component", default="z", show_default=True, metavar="C,C,...",
-              callback=click_callback(lambda v: _components(v)),
-              help="What is patched, comma-separated: z (each head's output), q (per query head), k, v (per "
+@setting_option(PatchSettings, "pairs", "--pairs", type=click.Path(dir_okay=False, path_type=str),
+                help="Tab-separated clean, corrupted, answer, wrong per line [default: the built-in IOI set].")
+@setting_option(PatchSettings, "direction", "--direction", show_default=True,
+                help="denoise: corrupted run, clean head output; noise: clean run, corrupted head output.")
+@setting_option(PatchSettings, "method", "--method", show_default=True,
+                help="attribution: also attribution patching (the gradient estimate), with its correlation to "
+                     "activation patching.")
+@setting_option(PatchSettings, "components", "--component", show_default=True, metavar="C,C,...",
+                help="What is patched, comma-separated: z (each head's output), q (per query head), k, v (per "
                    "key/value head where grouped), pattern (per head), resid (the residual stream entering each "
                    "block), mlp (each MLP's output). z is always patched; the others go to components.csv.")
-@click.option("--heads-per-pass", type=int, default=None,
-              callback=click_callback(lambda v: v if v is None else bounds.positive_int("--heads-per-pass", v)),
-              help="Patched copies of the batch in one forward pass [default: 2 x heads, one layer a pass].")
-@click.option("--rope-offsets", type=int, default=1, show_default=True,
-              callback=click_callback(lambda v: bounds.positive_int("--rope-offsets", v)),
-              help="RoPE models: average the Q- and K-composition scores over relative offsets D = 0..K-1 "
+@setting_option(PatchSettings, "heads_per_pass", "--heads-per-pass",
+                help="Patched copies of the batch in one forward pass [default: 2 x heads, one layer a pass].")
+@setting_option(PatchSettings, "rope_offsets", "--rope-offsets", show_default=True,
+                help="RoPE models: average the Q- and K-composition scores over relative offsets D = 0..K-1 "
                    "(1: the content term D = 0 only).")
 @run_folder_options
 @click.option("--json", "as_json", is_flag=True, help="Print the section's record as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
 @user_errors
-def patch_command(model_name, pairs_file, direction, method, component, heads_per_pass, rope_offsets, out, force,
+def patch_command(model_name, pairs, direction, method, components, heads_per_pass, rope_offsets, out, force,
                   as_json, progress, device=None, dtype=None) -> None:
     """Patch each head's output (before the output projection) between clean and corrupted prompts
     and measure how much of the logit difference answer - wrong it restores; with the direct logit
@@ -63,32 +50,16 @@ def patch_command(model_name, pairs_file, direction, method, component, heads_pe
     (with their leading space: " Mary"). Default: 20 indirect-object pairs written for probe,
     "When Mary and John went to the store, John gave a drink to" -> " Mary" vs " John".
     """
-    given = pair_input(pairs_file)  # before torch is imported: a bad pairs file is answered at once
-    from ..effects.components import check_components, parse_components
-    from ..effects.patch_report import component_rows
-    from ..effects.patch_run import patch_run
-    from ..effects.patching import check_patchable
+    settings = build(PatchSettings, locals())
+    given = read_pairs(settings.pairs)  # before torch is imported: a bad pairs file is answered at once
+    from ..entries.pairs import patch_components, run_patch
     from ..sites import head_name
 
-    age = process_age()
-    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    components = tuple(dict.fromkeys(("z", *parse_components(component))))
-
-    def check(lm) -> None:
-        check_patchable(lm)
-        check_components(lm, components)
-
-    # an encoder with its masked-LM head where the checkpoint has one
-    lm, pairs, source, out = pairs_and_model(model_name, pairs_file, out, force, dtype=dtype, device=device,
-                                             head="auto", given=given, check=check)
-    show = sys.stderr.isatty() if progress is None else progress
-    click.echo(f"Patching {lm.name} ({plural(len(lm.sites) * lm.geometry.n_heads, 'head')}) on {len(pairs)} pairs "
-               f"({source}), {direction}", err=True)
-    result, path = patch_run(lm, pairs, out=out, force=force, source=source, direction=direction,
-                             heads_per_pass=heads_per_pass, progress=show, rope_offsets=rope_offsets, method=method,
-                             components=components,
-                             timings={"model_load_s": lm.load_seconds}, started=started,
-                             say=None if show else lambda line: click.echo(line, err=True))  # no bars: a line a stage
+    folder = Folder(out, force)
+    run = run_patch(model_name, settings, pairs=given, console=command_console(progress, folder, say=True),
+                    device=device, dtype=dtype)
+    path = run.save(folder.path, force=force)
+    result, lm = run.measured, run.lm
     p = result.patching
     if as_json:
         record = json.loads((path / "run.json").read_text(encoding="utf-8")).get("patching")
@@ -103,7 +74,7 @@ def patch_command(model_name, pairs_file, direction, method, component, heads_pe
             a = p.attrs["attribution"]
             click.echo(f"attribution vs activation patching: correlation {_corr(a['correlation'])} (all positions), "
                        f"{_corr(a['correlation_last'])} (last position)")
-        for c in (component_rows(result.components) if result.components is not None else []):
+        for c in patch_components(run):
             corr = (f"; attribution correlation {_corr(c['correlation'])} (all positions), "
                     f"{_corr(c['correlation_last'])} (last)") if "correlation" in c else ""
             click.echo(f"component {c['component']} ({c['units']} {c['unit']} units): largest effect {c['top']} "

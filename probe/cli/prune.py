@@ -3,55 +3,35 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
+from pathlib import Path
 
 import click
-from click.core import ParameterSource
 
-from .. import IMPORT_STARTED, bounds
-from ..util import plural, process_age
+from ..settings import PruneSettings
+from ..util import plural
 from .group import hold, main, user_errors
-from .options import check_files, click_callback, limit_option, model_option, model_placement, stacked
-
-
-def _orders(ctx, param, value: str) -> list[str]:
-    """``--order``: a comma-separated list of distinct orders (:data:`probe.bounds.PRUNING_ORDERS`)."""
-    orders = [o.strip() for o in value.split(",") if o.strip()]
-    if ctx.get_parameter_source(param.name) is ParameterSource.DEFAULT:
-        return orders
-    bad = [o for o in orders if o not in bounds.PRUNING_ORDERS]
-    if bad or not orders or len(set(orders)) != len(orders):
-        raise click.BadParameter(f"{value!r}: a comma-separated list of distinct orders from "
-                                 f"{', '.join(bounds.PRUNING_ORDERS)}")
-    return orders
-
+from .options import build, check_files, model_option, model_placement, setting_option, stacked
+from .start import Folder, command_console
 
 #: --objective, --labels, --order, --steps, --fraction, --seeds: the pruning experiment.
 _experiment_options = stacked(
-    click.option("--objective", type=click.Choice(["clm", "mlm", "fidelity", "classification"]), default=None,
-                 help="What pruning must not hurt [default: chosen from the model, see above]."),
-    click.option("--labels", type=click.Path(dir_okay=False, path_type=str), default=None,
-                 help="classification: one label (class id or name) per line, in corpus order."),
-    click.option("--order", "orders", default="importance,redundancy,random", show_default=True, callback=_orders,
-                 help="Curves to run; the first one's heads are removed from the pruned copy."),
-    click.option("--steps", type=int, default=10, show_default=True,
-                 callback=click_callback(lambda v: bounds.positive_int("--steps", v)),
-                 help="Pruning steps (points after step 0)."),
-    click.option("--fraction", type=float, default=0.5, show_default=True,
-                 callback=click_callback(lambda v: bounds.fraction("--fraction", v)),
-                 help="Share of all heads pruned by the last step, in (0, 1)."),
-    click.option("--seeds", type=int, default=3, show_default=True,
-                 callback=click_callback(lambda v: bounds.positive_int("--seeds", v, 3)),
-                 help="Random orders (at least 3)."),
-)
+    setting_option(PruneSettings, "objective", "--objective",
+                   help="What pruning must not hurt [default: chosen from the model, see above]."),
+    setting_option(PruneSettings, "labels", "--labels", type=click.Path(dir_okay=False, path_type=str),
+                   help="classification: one label (class id or name) per line, in corpus order."),
+    setting_option(PruneSettings, "orders", "--order", show_default=True,
+                   help="Curves to run; the first one's heads are removed from the pruned copy."),
+    setting_option(PruneSettings, "steps", "--steps", show_default=True, help="Pruning steps (points after step 0)."),
+    setting_option(PruneSettings, "fraction", "--fraction", show_default=True,
+                   help="Share of all heads pruned by the last step, in (0, 1)."),
+    setting_option(PruneSettings, "seeds", "--seeds", show_default=True, help="Random orders (at least 3)."))
 
 
 @main.command("prune")
 @model_option
-@click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="Plain text (one sequence a line) or CoNLL-U [default: the built-in sample].")
-@limit_option()
+@setting_option(PruneSettings, "corpus", "--corpus", "-c", type=click.Path(dir_okay=False, path_type=str),
+                help="Plain text (one sequence a line) or CoNLL-U [default: the built-in sample].")
+@setting_option(PruneSettings, "limit", "--limit", "-n", help="Use at most N sequences.")
 @_experiment_options
 @click.option("--save-pruned", "save_to", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Write the model with those heads removed from its weights to this new folder.")
@@ -60,9 +40,8 @@ _experiment_options = stacked(
 @click.option("--force", is_flag=True,
               help="Replace probe's own files in an --out / --save-pruned folder probe wrote; other files are kept.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("--batch-size", type=int, default=16, show_default=True,
-              callback=click_callback(lambda v: bounds.positive_int("--batch-size", v)))
-@click.option("--max-length", type=int, default=None, help="Token limit per sequence [default: the model's].")
+@setting_option(PruneSettings, "batch_size", "--batch-size", show_default=True)
+@setting_option(PruneSettings, "max_length", "--max-length", help="Token limit per sequence [default: the model's].")
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
 @user_errors
@@ -81,42 +60,30 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
                       original model's mean-pooled sentence embedding
     Each is the loss the checkpoint was trained for, or, without a head, what its users rely on.
     """
+    settings = build(PruneSettings, locals())
     check_files((corpus, "corpus file"))  # before torch is imported: at once
-    from pathlib import Path
-
-    from ..text.corpus import check_texts, read_corpus, sample_texts
+    from ..text.corpus import corpus_input
 
     # read before torch is imported: a file that is not UTF-8 or holds no text is answered at once
-    seqs, source = (read_corpus(corpus, limit), corpus) if corpus else (check_texts(sample_texts(), limit), "sample")
+    seqs, source = corpus_input(settings.corpus, None, settings.limit)
 
-    from ..loading.models import load_model
+    from ..entries.ablation import run_prune, save_pruned_copy
     from ..pruning.experiment import SPEED_REPEATS
-    from ..pruning.run import prune_run, read_labels
     from ..pruning.saving import claim_target
-    from ..report import claim_run_dir
 
-    age = process_age()
-    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    label_list = read_labels(labels, len(seqs)) if labels else None
-    out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
-    if save_to:
-        hold(claim_target(Path(save_to), force))
-    head = {"mlm": "mlm", "classification": "classification", None: "auto"}.get(objective)
-    lm = load_model(model_name, head=head, dtype=dtype, device=device)
-    show = sys.stderr.isatty() if progress is None else progress
-    if save_to:
-        from ..errors import InputError
-        from ..pruning.removal import removal_unsupported
+    folder = Folder(out, force)
 
-        if removal_unsupported(lm):
-            raise InputError(f"--save-pruned: cannot remove heads: {removal_unsupported(lm)}")
-    click.echo(f"Pruning {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on "
-               f"{plural(len(seqs), 'sequence')} ({source}): {', '.join(orders)}, {plural(steps, 'step')} "
-               f"to {fraction:.0%}", err=True)
-    result, path = prune_run(lm, seqs, out=out, force=force, save_pruned_to=save_to, labels=label_list,
-                             objective=objective, orders=orders, steps=steps, fraction=fraction, seeds=seeds,
-                             batch_size=batch_size, max_length=max_length, progress=show,
-                             timings={"model_load_s": lm.load_seconds}, started=started)
+    def claim_both(name: str) -> None:  # both folders claimed before the model loads: one run per folder
+        folder(name)
+        if save_to:
+            hold(claim_target(Path(save_to), force))
+
+    run = run_prune(model_name, settings, texts=seqs, source=source, console=command_console(progress, claim_both),
+                    device=device, dtype=dtype, removable=bool(save_to))
+    path = run.save(folder.path, force=force)
+    if save_to:
+        save_pruned_copy(run, save_to, force=force)
+    result = run.measured
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:

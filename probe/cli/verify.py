@@ -6,18 +6,14 @@ import json
 
 import click
 
-from .. import bounds
-from ..errors import ProbeError
+from ..settings import VerifySettings
+from ..settings.kinds import FP32_RTOL, MUTANT_NAMES
 from .group import main, user_errors
-from .options import click_callback, device_option, dtype_option, model_option
+from .options import build, device_option, dtype_option, model_option, setting_option
+from .start import command_console
 
-#: The names of ``probe.capture.reference.mutants.MUTANTS`` (that module imports torch: not read here so that
-#: ``probe --help`` starts without it; tests/test_start_up.py checks the two agree).
-MUTANT_NAMES = ("alibi-sign", "c2p-sign", "causal-inverted", "merge-without-transpose", "no-causal-mask",
-                "no-padding-mask", "no-scale", "scale-d-model")
-#: ``probe.verification.FP32_RTOL``, the default relative tolerance (written here for the same reason and
-#: checked by the same test).
-FP32_RTOL = 1e-5
+#: Re-exported from :mod:`probe.settings.kinds`, where they are written (tests/test_start_up.py checks them).
+__all__ = ["FP32_RTOL", "MUTANT_NAMES", "format_table", "verify_progress"]
 
 
 def format_table(result) -> str:
@@ -61,18 +57,16 @@ def verify_progress(index: int, total: int, name: str, result) -> None:
 @main.command("verify")
 @model_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
-@click.option("--atol", type=float, default=None,
-              callback=click_callback(lambda v: bounds.tolerance("--atol", v)),
-              help="Absolute tolerance [default: 1e-05 for float32, 0.01 for bfloat16/float16].")
-@click.option("--rtol", type=float, default=FP32_RTOL, show_default=True,
-              callback=click_callback(lambda v: bounds.tolerance("--rtol", v)), help="Relative tolerance.")
-@click.option("--mutant", type=click.Choice(MUTANT_NAMES),
-              default=None, help="Verify a deliberately broken attention instead (expected to FAIL).")
+@setting_option(VerifySettings, "atol", "--atol",
+                help="Absolute tolerance [default: 1e-05 for float32, 0.01 for bfloat16/float16].")
+@setting_option(VerifySettings, "rtol", "--rtol", show_default=True, help="Relative tolerance.")
+@setting_option(VerifySettings, "mutant", "--mutant",
+                help="Verify a deliberately broken attention instead (expected to FAIL).")
 @dtype_option
 @device_option
-@click.option("--quick", is_flag=True,
-              help="Check one sentence only (the 'sentence' case): seconds instead of the whole battery's minutes "
-                   "on a large model (padding, key/value cache and the long sequence are left out).")
+@setting_option(VerifySettings, "quick", "--quick", is_flag=True,
+                help="Check one sentence only (the 'sentence' case): seconds instead of the whole battery's minutes "
+                     "on a large model (padding, key/value cache and the long sequence are left out).")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Say which case runs (on stderr).")
 @user_errors
@@ -82,21 +76,12 @@ def verify_command(model_name: str, as_json: bool, atol: float | None, rtol: flo
 
     The whole battery runs by default: on SmolLM2 (135M) it takes minutes on two CPU cores, most of it
     in the padding, 1,024-token and key/value-cache cases; --quick checks one sentence."""
-    import torch
+    settings = build(VerifySettings, locals())
+    from ..entries.checks import run_verify
 
-    from ..capture.reference import mutant_applies
-    from ..loading.models import load_model
-    from ..verification import BF16_ATOL, FP32_ATOL, verify
-
-    lm = load_model(model_name, dtype=dtype, device=device)
-    if atol is None:
-        atol = FP32_ATOL if next(lm.model.parameters()).dtype == torch.float32 else BF16_ATOL
-    if mutant is not None and not lm.spec.discovered:  # (a discovered spec refuses mutants in verify)
-        applies, why = mutant_applies(mutant, lm)
-        if not applies:
-            raise ProbeError(f"mutant {mutant!r} cannot change {model_name}: {why}")
-    result = verify(lm, atol=atol, mutant=mutant, rtol=rtol, cases=["sentence"] if quick else None,
-                    progress=verify_progress if progress else None)
+    run = run_verify(model_name, settings, console=command_console(True, case=verify_progress if progress else None),
+                     device=device, dtype=dtype)
+    result = run.measured
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else format_table(result))
     if not result.passed:
         click.get_current_context().exit(1)

@@ -2,46 +2,33 @@
 
 from __future__ import annotations
 
-import sys
-import time
-
 import click
 
-from .. import IMPORT_STARTED
-from ..util import process_age
-from .group import hold, main, user_errors
-from .options import check_files, click_callback, limit_option, model_option, model_placement, run_folder_options
-
-
-def _head_form(value: str) -> None:
-    """The form of --head (L5H1, or with an encoder-decoder model's site kind first: cross L5H1), before
-    any model is loaded (whether it exists is checked once it is)."""
-    from ..errors import InputError
-
-    prefix, _, rest = value.strip().partition(" ")
-    text = (rest if prefix.lower() in ("enc", "dec", "cross") and rest else value).strip().upper()
-    if not (text.startswith("L") and "H" in text[1:] and text[1:].replace("H", "", 1).isdigit()):
-        raise InputError(f"{value!r} is not a head of the form L5H1 (layer and head, 0-based; an encoder-decoder "
-                         "model's cross-attention head: 'cross L5H1')")
+from ..settings import WhySettings
+from .group import main, user_errors
+from .options import build, check_files, model_option, model_placement, run_folder_options, setting_option
+from .start import Folder, command_console
 
 
 @main.command("why")
 @model_option
-@click.option("--text", "-t", default=None, help="The sequence (one text; an encoder-decoder model's source).")
-@click.option("--target", default=None, help="Encoder-decoder models: the decoder's text [default: the source].")
-@click.option("--corpus", "-c", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="Instead of --text: plain text (one sequence a line) or CoNLL-U; the contributions are averaged "
-                   "over every row whose most attended key fits the head's label.")
-@click.option("--label", type=click.Choice(["previous-token", "next-token", "self", "first-token", "induction",
-                                            "duplicate-token", "sep"]), default=None,
-              help="With --corpus: the rows to average [default: the head's label in the short analysis].")
-@limit_option()
-@click.option("--head", "head", required=True, metavar="L5H1", callback=click_callback(_head_form),
-              help="The head (layer and head, 0-based); an encoder-decoder model's cross-attention head: "
-                   "'cross L5H1'.")
-@click.option("--query", type=int, default=None, help="The query row (0-based token position) [default: the last].")
-@click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Keys listed (the most attended), each with its 10 largest source pairs.")
+@setting_option(WhySettings, "text", "--text", "-t",
+                help="The sequence (one text; an encoder-decoder model's source).")
+@setting_option(WhySettings, "target", "--target",
+                help="Encoder-decoder models: the decoder's text [default: the source].")
+@setting_option(WhySettings, "corpus", "--corpus", "-c", type=click.Path(dir_okay=False, path_type=str),
+                help="Instead of --text: plain text (one sequence a line) or CoNLL-U; the contributions are averaged "
+                     "over every row whose most attended key fits the head's label.")
+@setting_option(WhySettings, "label", "--label",
+                help="With --corpus: the rows to average [default: the head's label in the short analysis].")
+@setting_option(WhySettings, "limit", "--limit", "-n", help="Use at most N sequences.")
+@setting_option(WhySettings, "head", "--head", required=True, metavar="L5H1",
+                help="The head (layer and head, 0-based); an encoder-decoder model's cross-attention head: "
+                     "'cross L5H1'.")
+@setting_option(WhySettings, "query", "--query", type=int,
+                help="The query row (0-based token position) [default: the last].")
+@setting_option(WhySettings, "top", "--top", show_default=True,
+                help="Keys listed (the most attended), each with its 10 largest source pairs.")
 @run_folder_options
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
@@ -58,28 +45,14 @@ def why_command(model_name, text, target, corpus, label, limit, head, query, top
 
     Encoder-decoder models: a cross-attention head ('cross L1H2'), its query split by the decoder's
     writers and its key by the encoder's (--text the source, --target the decoder's text)."""
-    from ..loading.models import load_model
-    from ..qk.run import why_run
-    from ..report import claim_run_dir
-    from ..text.corpus import read_corpus
-
-    if (text is None) == (corpus is None):
-        raise click.UsageError("give either --text or --corpus")
-    if corpus is None and (label is not None or limit is not None):
-        raise click.UsageError("--label and --limit go with --corpus")
-    if corpus is not None and (query is not None or target is not None):
-        raise click.UsageError("--query and --target go with --text")
+    settings = build(WhySettings, locals())
     check_files((corpus, "corpus file"))
+    from ..entries.why import run_why
 
-    age = process_age()
-    started = time.perf_counter() - age if age is not None else IMPORT_STARTED
-    out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
-    lm = load_model(model_name, dtype=dtype, device=device)
-    show = sys.stderr.isatty() if progress is None else progress
-    texts = None if corpus is None else read_corpus(corpus, limit)
-    result, path = why_run(lm, text, head, query, top=top, out=out, force=force, progress=show,
-                           timings={"model_load_s": lm.load_seconds}, started=started, corpus=texts, label=label,
-                           target=target)
+    folder = Folder(out, force)
+    run = run_why(model_name, settings, console=command_console(progress, folder), device=device, dtype=dtype)
+    path = run.save(folder.path, force=force)
+    result = run.measured
     if result.corpus is not None:
         click.echo(result.corpus.sentence(result.labels))
         click.echo(f"Report: {path / 'index.html'}")

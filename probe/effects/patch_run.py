@@ -15,6 +15,7 @@ import pandas as pd
 from ..errors import InputError, UnsupportedAnalysisError
 from ..loading.models import peek_config, preview_model
 from ..patterns import CircuitProbe, circuit_probe
+from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze, merge_head_columns
 from ..text.corpus import sample_texts
@@ -155,8 +156,8 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
               timings: dict | None = None, started: float | None = None,
               rope_offsets: int = 1, say=None, method: str = "activation",
               components: tuple[str, ...] = ("z",)) -> tuple[PatchRun, Path]:
-    """Measure (:func:`measure`), label the heads with a short analysis, write the run folder;
-    ``say``: a callable given a line as each stage ends (for a log without progress bars), or None.
+    """Measure and label (:func:`patch_analysis`), write the run folder; ``say``: a callable given a line
+    as each stage ends (for a log without progress bars), or None.
 
     Returns:
         ``(PatchRun, run folder)``.
@@ -165,26 +166,42 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
         InputError: ``out`` taken (claimed before the work starts); as :func:`measure`.
     """
     with claim_run_dir(out, lm.name, force) as folder:
-        bar = progress_bar(total=2 * lm.geometry.n_layers * lm.geometry.n_heads, desc="patching", unit="head",
-                           leave=False) if progress else None
-        try:
-            result = measure(lm, pairs, source=source, direction=direction, heads_per_pass=heads_per_pass,
-                             rope_offsets=rope_offsets, say=say, method=method, components=components,
-                             progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
-        finally:
-            if bar is not None:
-                bar.close()
-        t = time.perf_counter()
-        analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
-                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
-        result.seconds["analyze_s"] = time.perf_counter() - t
-        _said(say, result.seconds, "analyze_s")
-        analysis.heads = merge_head_columns(analysis.heads, result.heads_frame())
-        analysis.results["patching"] = result
-        analysis.notes += [n for n in result.notes if n not in analysis.notes]
-        analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+        result, analysis = patch_analysis(lm, pairs, source=source, direction=direction,
+                                          heads_per_pass=heads_per_pass, progress=progress, rope_offsets=rope_offsets,
+                                          say=say, method=method, components=components)
         path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
     return result, path
+
+
+def patch_analysis(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set",
+                   direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
+                   rope_offsets: int = 1, say=None, method: str = "activation",
+                   components: tuple[str, ...] = ("z",)) -> tuple[PatchRun, AnalysisResult]:
+    """Measure (:func:`measure`) and label the heads with a short analysis: ``(PatchRun, the analysis the run
+    folder is written from)`` (heads.csv's columns merged, ``results["patching"]``), no folder written.
+
+    Raises:
+        InputError, UnsupportedAnalysisError: as :func:`measure`.
+    """
+    bar = progress_bar(total=2 * lm.geometry.n_layers * lm.geometry.n_heads, desc="patching", unit="head",
+                       leave=False) if progress else None
+    try:
+        result = measure(lm, pairs, source=source, direction=direction, heads_per_pass=heads_per_pass,
+                         rope_offsets=rope_offsets, say=say, method=method, components=components,
+                         progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    t = time.perf_counter()
+    analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
+                       finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
+    result.seconds["analyze_s"] = time.perf_counter() - t
+    _said(say, result.seconds, "analyze_s")
+    analysis.heads = merge_head_columns(analysis.heads, result.heads_frame())
+    analysis.results["patching"] = result
+    analysis.notes += [n for n in result.notes if n not in analysis.notes]
+    analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+    return result, analysis
 
 
 def check_before_loading(name: str, pairs: list[Pair], builtin: bool, kind_check=None) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..patterns import CircuitProbe
+from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..runs.analysis import merge_head_columns
 from .ablation import check_model
@@ -21,11 +22,8 @@ from .measure import EFFECT_COLUMNS, EffectsResult, head_effects, labelled_heads
 
 def effects_run(lm, texts: list, *, out=None, force: bool = False, timings: dict | None = None,
                 started: float | None = None, induction: bool = True, **kwargs) -> tuple[EffectsResult, Path]:
-    """Analyze ``texts``, measure the ablation effects (:func:`~probe.effects.measure.head_effects`,
-    ``kwargs`` passed on) and write the run folder ``out`` (claimed before anything runs).
-
-    Args:
-        induction: on a decoder, also test the induction claim (:func:`~probe.effects.induction.induction_claim`).
+    """Analyze ``texts``, measure the ablation effects (:func:`effects_analysis`, ``kwargs`` passed on) and
+    write the run folder ``out`` (claimed before anything runs).
 
     Returns:
         ``(result, run folder)``.
@@ -35,28 +33,42 @@ def effects_run(lm, texts: list, *, out=None, force: bool = False, timings: dict
     """
     check_model(lm)
     with claim_run_dir(out, lm.name, force) as claim:
-        t = time.perf_counter()
-        decoder = CircuitProbe.refusal(lm) is None
-        analysis = labelled_heads(lm, texts, batch_size=kwargs.get("batch_size", 16),
-                                  max_length=kwargs.get("max_length"), progress=kwargs.get("progress", False))
-        analyze_s = time.perf_counter() - t
-        result = head_effects(lm, texts, heads=analysis.heads, **kwargs)
-        if induction and decoder:
-            t = time.perf_counter()
-            result.induction = induction_claim(lm, analysis.heads, result.means, seeds=kwargs.get("seeds", 10),
-                                               copies=kwargs.get("copies", 8))
-            group, _ = induction_group(analysis.heads)
-            try:
-                result.induction["icl"] = icl_claim(lm, texts, group, result.means, seeds=kwargs.get("seeds", 10))
-            except InputError as exc:
-                result.notes.append(f"icl_score not measured: {exc}")
-            result.timings["induction_s"] = round(time.perf_counter() - t, 3)
-        analysis.heads = merge_head_columns(analysis.heads, result.heads,
-                                            [c for c in EFFECT_COLUMNS if c in result.heads])
-        analysis.results["effects"] = result
-        analysis.notes += [n for n in result.notes if n not in analysis.notes]
-        analysis.timings["analyze_s"] = round(analyze_s, 4)
-        analysis.timings.update(result.timings)
+        result, analysis = effects_analysis(lm, texts, induction=induction, **kwargs)
         path = write_run(analysis, lm.tokenizer, claim.path, force=force, timings=timings, started=started)
     return result, path
 
+
+def effects_analysis(lm, texts: list, *, induction: bool = True, **kwargs) -> tuple[EffectsResult, AnalysisResult]:
+    """Analyze ``texts`` and measure the ablation effects (:func:`~probe.effects.measure.head_effects`,
+    ``kwargs`` passed on): ``(result, the analysis the run folder is written from)``, no folder written.
+
+    Args:
+        induction: on a decoder, also test the induction claim (:func:`~probe.effects.induction.induction_claim`).
+
+    Raises:
+        UnsupportedAnalysisError, InputError: as ``head_effects``.
+    """
+    check_model(lm)
+    t = time.perf_counter()
+    decoder = CircuitProbe.refusal(lm) is None
+    analysis = labelled_heads(lm, texts, batch_size=kwargs.get("batch_size", 16),
+                              max_length=kwargs.get("max_length"), progress=kwargs.get("progress", False))
+    analyze_s = time.perf_counter() - t
+    result = head_effects(lm, texts, heads=analysis.heads, **kwargs)
+    if induction and decoder:
+        t = time.perf_counter()
+        result.induction = induction_claim(lm, analysis.heads, result.means, seeds=kwargs.get("seeds", 10),
+                                           copies=kwargs.get("copies", 8))
+        group, _ = induction_group(analysis.heads)
+        try:
+            result.induction["icl"] = icl_claim(lm, texts, group, result.means, seeds=kwargs.get("seeds", 10))
+        except InputError as exc:
+            result.notes.append(f"icl_score not measured: {exc}")
+        result.timings["induction_s"] = round(time.perf_counter() - t, 3)
+    analysis.heads = merge_head_columns(analysis.heads, result.heads,
+                                        [c for c in EFFECT_COLUMNS if c in result.heads])
+    analysis.results["effects"] = result
+    analysis.notes += [n for n in result.notes if n not in analysis.notes]
+    analysis.timings["analyze_s"] = round(analyze_s, 4)
+    analysis.timings.update(result.timings)
+    return result, analysis

@@ -1,17 +1,19 @@
-"""``probe analyze`` as a function: the run a notebook gets by calling :func:`analyze_run` is the one
-the command writes, for every kind of input the command takes (texts, a corpus, pairs, annotated text,
-images, audio clips, a dual encoder's texts and images). :func:`analyze_run` reads the input, loads the
-model and dispatches on the input's kind; :func:`analyze_texts` composes the decoder circuit probe (on
-decoders), the pattern analyses, the annotated probes of ``--coref``/``--syntax``, the loop
-(:func:`probe.runs.analysis.analyze`), verification, attention rollout and flow of the first examples,
-the report's attention-step views, and the run folder (:func:`probe.report.write_run`);
-:func:`analysis_input` reads what ``--text``, ``--corpus``, ``--pairs``, ``--coref`` and ``--syntax``
-name, :func:`announcement` and :func:`start_up_note` are the lines the command prints. The command line
-only reads options, calls :func:`analyze_run` and prints.
+"""``probe analyze`` as library calls, dispatched by the kind of input: texts (given, a corpus, a pairs file,
+the built-in sample), annotated text (``coref``, ``syntax``), images (an image model), audio clips (a speech
+model), or texts and images together (a dual encoder, CLIP or SigLIP: its two towers). :func:`run_analyze`
+reads and checks the input, loads the model, turns the input into sequences and hands them to the
+composition of a text analysis (:func:`probe.entries.texts.analyze_texts`), returning a
+:class:`~probe.entries.result.RunResult` without writing anything; :func:`analyze_run` is the same run with
+its folder written, as the command writes it. :func:`analysis_input` reads what ``--text``, ``--corpus``,
+``--pairs``, ``--coref`` and ``--syntax`` name; :func:`announcement` and :func:`start_up_note` are the lines
+the command prints.
 
 Example::
 
     import probe
+    from probe.settings import AnalyzeSettings
+    run = probe.run_analyze(lm, AnalyzeSettings(texts=("The cat sat on the mat.",)))   # no folder
+    run.tables["heads"]; run.save("reports/cat")
     result, folder = probe.analyze_run("minilm", ["The cat sat on the mat."], out="reports/cat")
     result, folder = probe.analyze_run("vit", images="photos/", out="reports/photos")
 """
@@ -19,17 +21,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 
 from ..audio import MAX_NEW_TOKENS, clips, speech_accumulators
 from ..audio.batches import audio_input, check_speech_input
-from ..capture.blocks import AUTO_LENGTH
-from ..capture.maps import encode
 from ..errors import InputError
 from ..images import grid_accumulators
 from ..images.batches import check_model_input, image_input
@@ -38,21 +35,14 @@ from ..linguistic import annotated_input
 from ..loading import models as loading  # load_model and peek_config read as attributes: a test may stand in for them
 from ..loading.checkpoints import cache_dir
 from ..loading.seq2seq import as_targets, check_generate, check_generate_config, stack_depths
-from ..measures.accumulators import check_supported
-from ..measures.rollout_examples import MAX_EXAMPLES, run_rollout
-from ..measures.steps import heads_steps
-from ..patterns import CircuitProbe, circuit_probe, pattern_accumulators
-from ..patterns.circuits import SINK_TEXTS
 from ..records import AnalysisResult
-from ..report import claim_run_dir, write_run
-from ..report.page import choose_heads
+from ..report import claim_run_dir
 from ..runs import distributed
-from ..runs.analysis import analyze
-from ..sites import head_name
+from ..settings import AnalyzeSettings
 from ..text.corpus import check_texts, count_sequences, iter_corpus, iter_pairs, peek, sample_texts  # noqa: F401 (count_sequences: re-exported)
 from ..util import plural
-from ..verification import verify
-from ..view.stepview import STEP_MAX_TOKENS, STEPS_KEY, step_view_data
+from .result import Console, RunResult
+from .texts import analyze_texts, report_steps  # noqa: F401 (report_steps: re-exported)
 from .towers import analyze_towers, is_pair_model, load_towers
 
 
@@ -61,161 +51,202 @@ class Run:
     """What :func:`analyze_run` gives: unpacks as ``(result, folder)``.
 
     Attributes:
-        result: the :class:`~probe.records.AnalysisResult` (with ``run_verify``, ``results["verification"]``).
+        result: the :class:`~probe.records.AnalysisResult` (with ``verify``, ``results["verification"]``).
         folder: the run folder written; None on a process other than rank 0 of a distributed run.
         loading_notes: what loading the model said (also among ``result.notes``; the command does not repeat them).
         annotated: whether the input was annotated text (``coref``/``syntax``): the command prints its scores.
+        run: the :class:`~probe.entries.result.RunResult` that was saved.
     """
 
     result: AnalysisResult
     folder: Path | None
     loading_notes: list[str] = dataclasses.field(default_factory=list)
     annotated: bool = False
+    run: RunResult | None = None
 
     def __iter__(self):
         return iter((self.result, self.folder))
 
 
-def analyze_run(model, texts=None, *, corpus: str | None = None, pairs: str | None = None,
-                coref: str | None = None, syntax: str | None = None, images=None, image_folder=None,
-                image_size: tuple[int, int] | None = None, audio=None, transcripts=(), limit: int | None = None,
-                out=None, force: bool = False, device=None, dtype=None, device_map=None,
-                source: str | None = None, annotated=None, batch_size: int = 16, max_length: int | None = None,
-                examples: int = 3, thresholds=None, parse_special_tokens: bool = False, rollout: bool = True,
-                run_verify: bool = False, query_block: int | None = None, distance: bool = True,
-                map_sequences: int = 200, circuits: bool = True, health=None, value_weighted: bool = True,
-                labels_by: str = "weight", generate: int | None = None, progress: bool = False, world=None,
-                timings: dict | None = None, started: float | None = None,
-                verify_progress: Callable | None = None, accumulators: list | None = None,
-                announce: Callable[[str], None] | None = None, counted: int | None = None) -> Run:
-    """Analyse a model on any input ``probe analyze`` takes and write the run folder the command writes.
-
-    The kind of input decides the run: texts (given, a corpus, a pairs file, the built-in sample),
-    annotated text (``coref``, ``syntax``), images (an image model: ``images``, ``image_folder``),
-    audio clips (a speech model: ``audio``), or texts and images together (a dual encoder, CLIP or
-    SigLIP: its text tower on the texts, its vision tower on the images). Everything is checked
-    before the model loads, and the run folder is claimed before anything runs (no partial folder on
-    an error).
+def analyze_run(model, texts=None, settings: AnalyzeSettings | None = None, *, out=None, force: bool = False,
+                console: Console | None = None, world=None, counted: int | None = None, **options) -> Run:
+    """Analyse a model on any input ``probe analyze`` takes and write the run folder the command writes:
+    :func:`run_analyze`, then :meth:`~probe.entries.result.RunResult.save`, the folder claimed once the input
+    is read and before the model loads (no partial folder on an error).
 
     Args:
-        model: a model name (alias, Hub id, folder, GGUF file: :func:`probe.loading.models.load_model`)
-            or a :class:`~probe.core.LoadedModel`.
-        texts: strings (``--text``; checked, at most ``limit``) or :class:`~probe.text.inputs.Text`
-            objects or a stream of them (used as given). None with no other input: the built-in sample.
-        corpus, pairs: a plain-text or CoNLL-U corpus, a file of tab-separated pairs (read as analysed).
-        coref, syntax: a GAP file (or ``"builtin"``) and a CoNLL-U file whose trees are scored.
-        images: image files (or one folder, a ``str`` or ``Path`` naming a directory); image_folder: a
-            folder whose every image is read, by name (``--images``). Read with Pillow, checked before
-            the model loads.
-        image_size: ``(height, width)`` in pixels instead of the processor's size.
-        audio: audio clips (a path or a list); transcripts: one per clip (default: the model's own).
-        limit: at most this many sequences, images or clips (of each annotated file).
-        out, force: the run folder (default a new ``reports/<model>-<time>``) and whether probe's own
-            files in it are replaced.
-        device, dtype, device_map: where and how a named model loads (:func:`probe.loading.models.load_model`).
-        source: ``run.json``'s ``settings.input`` (default: what the input was: ``--text``, the file,
-            the folder ...). annotated: an annotated input whose texts are ``texts`` (or None).
-        announce: called with the line saying what is analysed, once the analysis will run (None: silent).
-        counted: the sequences of a corpus or pairs file if already counted (for ``announce``).
-        batch_size, max_length, examples, thresholds, parse_special_tokens: as :func:`analyze_texts`.
-        rollout, run_verify, query_block, distance, map_sequences, circuits: as :func:`analyze_texts`.
-        health, value_weighted, labels_by, generate, progress: as :func:`analyze_texts`.
-        world: as :func:`analyze_texts`; default :func:`probe.runs.distributed.detect`.
-        timings, started, verify_progress, accumulators: as :func:`analyze_texts`.
+        model: a model name (alias, Hub id, folder, GGUF file) or a :class:`~probe.core.LoadedModel`.
+        texts: strings (checked, at most ``limit``), or :class:`~probe.text.inputs.Text` objects or a stream
+            of them (used as given); None with no other input: the built-in sample.
+        settings: an :class:`~probe.settings.AnalyzeSettings`; or its fields as keyword ``options``
+            (``images=``, ``audio=``, ``generate=``, ``examples=`` ...; ``images`` naming one folder reads every
+            image in it, as ``--images``).
+        out, force: the run folder (default a new ``reports/<model>-<time>``) and whether probe's own files
+            in it are replaced.
+        console, world: as :func:`run_analyze`. counted: the sequences of a corpus or pairs file if already
+            counted (for the announcement).
+        options: :class:`~probe.settings.AnalyzeSettings` fields, :func:`run_analyze`'s keywords
+            (``source``, ``annotated``, ``device``, ``dtype``, ``device_map``, ``accumulators``), or the
+            :class:`~probe.entries.result.Console` fields by their earlier names (``progress``, ``announce``,
+            ``verify_progress``, ``started``, ``timings``).
 
     Returns:
         A :class:`Run` (``result, folder = analyze_run(...)``).
 
     Raises:
-        InputError: two kinds of input, an unreadable input, input the model does not read, a model
-            that cannot be loaded, ``out`` taken; UnsupportedAnalysisError: as :func:`analyze_texts`.
+        InputError: an unknown option, a value out of bounds, two kinds of input, an unreadable input,
+            input the model does not read, a model that cannot be loaded, ``out`` taken;
+            UnsupportedAnalysisError: as :func:`probe.runs.analysis.analyze`.
     """
+    keywords = {k: options.pop(k) for k in RUN_KEYWORDS if k in options}
+    console = Console() if console is None else console
+    talk = {CONSOLE_KEYWORDS[k]: options.pop(k) for k in list(options) if k in CONSOLE_KEYWORDS}
+    talk = {k: v for k, v in talk.items() if v is not None}
+    console = dataclasses.replace(console, **talk) if talk else console
+    images = options.get("images")
+    if isinstance(images, (str, os.PathLike)) and os.path.isdir(images) and options.get("image_folder") is None:
+        options["images"], options["image_folder"] = (), images  # one folder: every image in it, as --images
+    settings = _settings(settings, texts, options)
+    world = distributed.detect() if world is None else world
+    main = world is None or world.main
+    held = []
+
+    def claim_folder(name: str) -> None:  # once the input is read, before the model loads: one run per folder
+        if main:
+            held.append(claim_run_dir(out, name, force))
+        console.loading(name)
+
+    try:
+        run = run_analyze(model, settings, texts=None if _strings(texts) else texts, world=world, counted=counted,
+                          console=dataclasses.replace(console, before_load=claim_folder), **keywords)
+        path = run.save(held[0].path, force=force) if held else None
+    finally:
+        for claim in held:
+            claim.release()
+    return Run(run.analysis, path, run.loading_notes, run.annotated, run)
+
+
+#: The keywords of :func:`run_analyze` that :func:`analyze_run` passes on from its ``options``.
+RUN_KEYWORDS = ("source", "annotated", "device", "dtype", "device_map", "accumulators")
+#: :func:`analyze_run`'s earlier keywords of how a run talks, and the :class:`Console` field each sets.
+CONSOLE_KEYWORDS = {"progress": "progress", "announce": "announce", "verify_progress": "case", "started": "started",
+                    "timings": "timings"}
+
+
+def _strings(texts) -> bool:
+    """``texts`` given as strings (the settings' ``texts``), not as Text objects or a stream."""
+    return isinstance(texts, str) or (isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts))
+
+
+def _settings(settings, texts, options: dict) -> AnalyzeSettings:
+    """The settings of :func:`analyze_run`: ``settings`` or ``options``, with ``texts`` given as strings."""
+    if settings is not None and options:
+        raise InputError(f"give either settings or options ({', '.join(options)}), not both")
+    if texts is not None and _strings(texts):
+        options["texts"] = texts
+    if settings is None:
+        return AnalyzeSettings.from_mapping(options)
+    return settings.replace(texts=options["texts"]) if "texts" in options else settings
+
+
+def run_analyze(model, settings: AnalyzeSettings | None = None, *, texts=None, source: str | None = None,
+                annotated=None, console: Console | None = None, world=None, device=None, dtype=None,
+                device_map=None, accumulators: list | None = None, counted: int | None = None) -> RunResult:
+    """``probe analyze`` as one call, without a folder: read the input the settings name, load the model
+    (or take a loaded one), dispatch on the input's kind, measure every head.
+
+    Args:
+        model: a model name (alias, Hub id, folder, GGUF file: :func:`probe.loading.models.load_model`)
+            or a :class:`~probe.core.LoadedModel`.
+        settings: :class:`~probe.settings.AnalyzeSettings` (the input: ``texts``, ``corpus``, ``pairs``,
+            ``coref``, ``syntax``, ``images``, ``image_folder``, ``audio``; and how the run measures).
+        texts: :class:`~probe.text.inputs.Text` objects or a stream of them, used as given instead of the
+            settings' input (with ``annotated``: the annotated input whose texts these are).
+        source: ``run.json``'s ``settings.input`` (default: what the input was: ``--text``, the file ...).
+        console: progress bars, the line saying what is analysed (``announce``), the folder claim before
+            the model loads (``before_load``), the start time (:class:`~probe.entries.result.Console`).
+        world: the processes of a distributed run (default :func:`probe.runs.distributed.detect`).
+        device, dtype, device_map: where and how a named model loads.
+        accumulators: more accumulators to run beside the pattern analyses.
+        counted: the sequences of a corpus or pairs file if already counted (for the announcement).
+
+    Returns:
+        A :class:`~probe.entries.result.RunResult`: ``tables["heads"]``, ``arrays`` (the kept maps), ``notes``,
+        ``timings``, ``save(folder)``, ``records()``.
+
+    Raises:
+        InputError: two kinds of input, an unreadable input, input the model does not read, a model that
+            cannot be loaded; UnsupportedAnalysisError: as :func:`probe.runs.analysis.analyze`.
+    """
+    s = AnalyzeSettings() if settings is None else settings
+    console = Console() if console is None else console
     t = time.perf_counter()
-    timings = {} if timings is None else timings
-    name = model if isinstance(model, str) else model.name
-    texts = [texts] if isinstance(texts, str) else texts
-    if isinstance(images, (str, os.PathLike)) and os.path.isdir(images) and image_folder is None:
-        images, image_folder = (), images  # one folder: every image in it, as --images reads it
-    image_files = [images] if isinstance(images, (str, os.PathLike)) else list(images or ())
-    audio_files = [audio] if isinstance(audio, (str, os.PathLike)) else list(audio or ())
-    text_given = bool(texts or corpus or pairs)
+    timings = console.timings
+    image_files, image_folder, audio_files = list(s.images), s.image_folder, list(s.audio)
+    text_given = bool(texts is not None or s.texts or s.corpus or s.pairs)
     # a dual encoder (CLIP, SigLIP) reads text and images together; its config is read only then
-    pair = (bool((image_files or image_folder) and (texts or corpus)) and isinstance(model, str)
-            and is_pair_model(model))
-    paths = image_input(image_files, image_folder, limit, not pair and bool(text_given or coref or syntax))
-    clip_paths = audio_input(audio_files, transcripts, limit, bool(text_given or coref or syntax or paths))
-    if run_verify and (clip_paths is not None or paths is not None):  # before a model loads: verify reads text
+    pair = (bool((image_files or image_folder) and (texts is not None or s.texts or s.corpus))
+            and isinstance(model, str) and is_pair_model(model))
+    paths = image_input(image_files, image_folder, s.limit, not pair and bool(text_given or s.coref or s.syntax))
+    clip_paths = audio_input(audio_files, s.transcripts, s.limit, bool(text_given or s.coref or s.syntax or paths))
+    if s.verify and (clip_paths is not None or paths is not None):  # before a model loads: verify reads text
         raise InputError("--verify checks the attention on text; it does not run on images or audio (leave out "
                          "--verify)")
     if clip_paths is not None:
         seqs, given_source = clip_paths, "--audio"
     elif paths is None or pair:
-        seqs, given_source, annotated = _texts(texts, corpus, pairs, coref, syntax, limit, annotated)
+        seqs, given_source, annotated = _texts(texts, s, annotated)
     else:
         seqs, given_source = paths, "--image" if image_files else str(image_folder)
     source = given_source if source is None else source
     world = distributed.detect() if world is None else world
-    main = world is None or world.main
-    with claim_run_dir(out, name, force) if main else nullcontext() as claim:  # one run per folder
-        out = claim.path if main else out
-        timings["input_s"] = time.perf_counter() - t
-        if pair:
-            return _pair_run(model, seqs, source, paths, out, force=force, dtype=dtype, timings=timings,
-                             started=started, announce=announce, batch_size=batch_size, max_length=max_length,
-                             n_examples=examples, thresholds=thresholds)
-        if isinstance(model, str):
-            if generate is not None and clip_paths is None and (config := loading.peek_config(model)) is not None:
-                check_generate_config(config, model, generate)  # before the weights load
-            lm = loading.load_model(model, dtype=dtype, device=device, device_map=device_map)
-            timings["model_load_s"] = lm.load_seconds
-        else:
-            lm = model
-        check_speech_input(lm, clip_paths)
-        if clip_paths is None:
-            check_model_input(lm, paths)
-        extra = list(accumulators or [])
-        if clip_paths is not None:
-            seqs = clips(lm, clip_paths, list(transcripts) or None, generate or MAX_NEW_TOKENS)
-            extra += speech_accumulators(lm, n_clips=min(examples, 2))
-            rollout, generate = False, None  # the bound was the transcript's; the section draws the clips
-            query_block = 0 if query_block is None else query_block  # whole maps: the alignment reads them
-        if paths is not None:
-            seqs = image_batches(lm, paths, image_size)
-            rollout = False  # the image section draws its own rollout over the patches
-        if generate is not None:
-            check_generate(lm, generate)
-        if paths is not None:
-            extra += grid_accumulators(lm, n_images=min(examples, 2))
-        if announce is not None:
-            announce(announcement(lm, seqs, source, world, counted))  # only once the analysis will run
-        if pairs and lm.kind == "encoder-decoder":
-            seqs = as_targets(seqs)  # the file's second column is the decoder's target
-        show = progress and main
-        result, path = analyze_texts(
-            lm, seqs, out=out, force=force, source=source, annotated=annotated, batch_size=batch_size,
-            max_length=max_length, examples=examples, thresholds=thresholds,
-            parse_special_tokens=parse_special_tokens, rollout=rollout, run_verify=run_verify,
-            query_block=query_block, distance=distance, map_sequences=map_sequences, circuits=circuits,
-            health=health, value_weighted=value_weighted, labels_by=labels_by, generate=generate, progress=show,
-            world=world, timings=timings, started=started, verify_progress=verify_progress if show else None,
-            accumulators=extra or None)
-    return Run(result, path, list(lm.notes), annotated is not None)
+    timings["input_s"] = time.perf_counter() - t
+    console.loading(model if isinstance(model, str) else model.name)
+    if pair:
+        return _pair_run(model, seqs, source, paths, s, console, dtype)
+    if isinstance(model, str):
+        if s.generate is not None and clip_paths is None and (config := loading.peek_config(model)) is not None:
+            check_generate_config(config, model, s.generate)  # before the weights load
+        lm = loading.load_model(model, dtype=dtype, device=device, device_map=device_map)
+        timings["model_load_s"] = lm.load_seconds
+    else:
+        lm = model
+    check_speech_input(lm, clip_paths)
+    if clip_paths is None:
+        check_model_input(lm, paths)
+    extra = list(accumulators or [])
+    if clip_paths is not None:
+        seqs = clips(lm, clip_paths, list(s.transcripts) or None, s.generate or MAX_NEW_TOKENS)
+        extra += speech_accumulators(lm, n_clips=min(s.examples, 2))
+        # the bound was the transcript's; the section draws the clips; whole maps: the alignment reads them
+        s = s.replace(rollout=False, generate=None, query_block=0 if s.query_block is None else s.query_block)
+    if paths is not None:
+        seqs = image_batches(lm, paths, s.image_size)
+        s = s.replace(rollout=False)  # the image section draws its own rollout over the patches
+    if s.generate is not None:
+        check_generate(lm, s.generate)
+    if paths is not None:
+        extra += grid_accumulators(lm, n_images=min(s.examples, 2))
+    console.tell(announcement(lm, seqs, source, world, counted))  # only once the analysis will run
+    if s.pairs and lm.kind == "encoder-decoder":
+        seqs = as_targets(seqs)  # the file's second column is the decoder's target
+    return analyze_texts(lm, seqs, s, source=source, annotated=annotated, console=console, world=world,
+                         accumulators=extra or None)
 
 
-def _texts(texts, corpus, pairs, coref, syntax, limit, annotated):
-    """The texts of a run, where they come from and the annotated input (or None): strings through
-    :func:`analysis_input`, :class:`~probe.text.inputs.Text` objects or a stream as given."""
-    if annotated is not None or (texts is not None and not (isinstance(texts, (list, tuple))
-                                                            and all(isinstance(x, str) for x in texts))):
-        if corpus or pairs or coref or syntax:
+def _texts(texts, s: AnalyzeSettings, annotated):
+    """The texts of a run, where they come from and the annotated input (or None): the settings' input
+    through :func:`analysis_input`, :class:`~probe.text.inputs.Text` objects or a stream as given."""
+    if annotated is not None or texts is not None:
+        if s.texts or s.corpus or s.pairs or s.coref or s.syntax:
             raise InputError("give either texts or a file (corpus, pairs, coref, syntax), not both")
         return texts, "texts", annotated
-    return analysis_input(texts or (), corpus, pairs, coref, syntax, limit)
+    return analysis_input(s.texts, s.corpus, s.pairs, s.coref, s.syntax, s.limit)
 
 
-def _pair_run(model_name: str, texts, source: str, paths: list[str] | None, out, *, force: bool, dtype,
-              timings: dict, started: float | None, announce, **analysis) -> Run:
-    """A dual encoder's run: load the pair's towers, analyse the texts and the images, write one run folder.
+def _pair_run(model_name: str, texts, source: str, paths: list[str] | None, s: AnalyzeSettings, console: Console,
+              dtype) -> RunResult:
+    """A dual encoder's run: load the pair's towers, analyse the texts and the images.
 
     Raises:
         InputError: no image, or no text given.
@@ -225,220 +256,17 @@ def _pair_run(model_name: str, texts, source: str, paths: list[str] | None, out,
                          "and text (--text, --corpus) together")
     t = time.perf_counter()
     towers = load_towers(model_name, dtype=dtype)
-    timings["model_load_s"] = time.perf_counter() - t
+    console.timings["model_load_s"] = time.perf_counter() - t
     texts = list(texts)
-    if announce is not None:
-        announce(f"Analyzing {plural(len(texts), 'sequence')} ({source}) with the text tower and "
+    console.tell(f"Analyzing {plural(len(texts), 'sequence')} ({source}) with the text tower and "
                  f"{plural(len(paths), 'image')} with the vision tower of {model_name}: "
                  f"{towers.text.geometry.n_layers} + {towers.vision.geometry.n_layers} layers")
-    result = analyze_towers(towers, texts, paths, **analysis)
+    result = analyze_towers(towers, texts, paths, batch_size=s.batch_size, max_length=s.max_length,
+                            n_examples=s.examples, thresholds=s.thresholds)
     result.settings["input"] = f"{source} and images"
-    path = write_run(result, towers.text.tokenizer, out, force=force, timings=timings, started=started)
-    return Run(result, path, list(towers.text.notes), False)
-
-
-def analyze_texts(lm, texts, *, out=None, force: bool = False, source: str = "texts", annotated=None,
-                batch_size: int = 16, max_length: int | None = None, examples: int = 3, thresholds=None,
-                parse_special_tokens: bool = False, rollout: bool = True, run_verify: bool = False,
-                query_block: int | None = None, distance: bool = True, map_sequences: int = 200,
-                circuits: bool = True, health=None, value_weighted: bool = True, labels_by: str = "weight",
-                generate: int | None = None, progress: bool = False, world=None, timings: dict | None = None,
-                started: float | None = None, verify_progress: Callable | None = None,
-                accumulators: list | None = None) -> tuple[AnalysisResult, Path | None]:
-    """Measure every head of a loaded model on its texts and write the run folder: the composition
-    :func:`analyze_run` runs once the input is read and the model loaded (text, pairs, annotated text,
-    images or clips already turned into sequences).
-
-    Args:
-        lm: a loaded model.
-        texts: strings or :class:`~probe.text.inputs.Text` (a list, or a stream read as it is analysed).
-        out: the run folder (claimed before anything runs; default a new ``reports/<model>-<time>``).
-        force: replace probe's own files in ``out``.
-        source: where the texts come from (``run.json``'s ``settings.input``).
-        annotated: the annotated input of ``--coref``/``--syntax``
-            (:func:`probe.linguistic.annotated_input`), whose texts are ``texts``; None without.
-        rollout: add attention rollout and flow of the first
-            :data:`~probe.measures.rollout_examples.MAX_EXAMPLES` kept examples.
-        run_verify: verify the from-scratch attention against the model and add it to the report.
-        distance, map_sequences, circuits, health: the pattern analyses (``--no-distance`` ...).
-        world: the processes of a distributed run (:func:`probe.runs.distributed.detect`); rank 0 writes.
-        timings: seconds measured before this call (start-up, model load), completed here.
-        started: ``time.perf_counter()`` when the run started (for the total in ``run.json``).
-        verify_progress: called by :func:`probe.verification.verify` as its cases run (or None).
-        accumulators: more accumulators to run beside the pattern analyses (an analysis of
-            images adds its grid measures, :func:`probe.images.grid_accumulators`).
-        batch_size, max_length, examples, thresholds: as :func:`probe.runs.analysis.analyze`.
-        parse_special_tokens, query_block, value_weighted: as :func:`probe.runs.analysis.analyze`.
-        labels_by, generate, progress: as :func:`probe.runs.analysis.analyze`.
-
-    Returns:
-        ``(result, run folder)``; on a process other than rank 0, ``(its share's result, None)``. With
-        ``run_verify``, ``result.results["verification"]`` holds the verification record.
-
-    Raises:
-        InputError, UnsupportedAnalysisError: as :func:`probe.runs.analysis.analyze`; ``out`` taken.
-    """
-    main = world is None or world.main
-    timings = {} if timings is None else timings
-    with claim_run_dir(out, lm.name, force) if main else nullcontext() as claim:
-        finished, skipped, texts = _circuit_probe(lm, texts, circuits and main, timings)
-        extra = _pattern_analyses(lm, distance, map_sequences, health, query_block, skipped)
-        extra += list(accumulators or [])
-        if annotated is not None:
-            # the readers' own left-out rows are counted once, by rank 0 (the accumulators are summed over ranks)
-            extra += annotated.accumulators(lm, prior=main)
-            check_supported(lm, extra)  # --coref/--syntax on a model they do not measure: one Error line
-        with distributed.process_group(world) if world else nullcontext():
-            result = analyze(lm, distributed.shard(texts, world) if world else texts, batch_size=batch_size,
-                             max_length=max_length, n_examples=examples, thresholds=thresholds, progress=progress,
-                             parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
-                             reduce=distributed.reducer(world), generate=generate, value_weighted=value_weighted,
-                             labels_by=labels_by, query_block=query_block)
-        if not main:
-            return result, None
-        timings["analyze_s"] = result.timings["analyze_s"]
-        result.notes.extend(skipped)
-        verification = _verification(lm, verify_progress, timings) if run_verify else None
-        if verification is not None:
-            result.results["verification"] = verification
-        if rollout:
-            _add_rollout(lm, result, timings)
-        result.settings["input"] = source
-        report_steps(lm, result)
-        path = write_run(result, lm.tokenizer, claim.path, force=force, verification=verification,
-                         timings=timings, started=started)
-    return result, path
-
-
-def _pattern_analyses(lm, distance: bool, map_sequences: int, health, query_block: int | None,
-                      skipped: list[str]) -> list:
-    """The pattern accumulators that fit ``lm`` (the library's own rule; the others said in ``skipped``)."""
-    offered = pattern_accumulators(lm, distance=distance, map_sequences=map_sequences, thresholds=health)
-    refused = [(acc.title, acc.refusal(lm)) for acc in offered if acc.refusal(lm) is not None]
-    if refused:
-        skipped.append("not run: " + "; ".join(_grouped(refused)))
-    return _block_ready([acc for acc in offered if acc.refusal(lm) is None], query_block, skipped)
-
-
-def _grouped(refused: list[tuple[str, str]]) -> list[str]:
-    """Refusals (title, reason starting with the title) of the same cause said once: "head distances and
-    Kovaleva pattern types are for encoder and decoder models; M is an encoder-decoder model"."""
-    causes: dict[str, list[str]] = {}
-    for title, reason in refused:
-        cause = reason[len(title):] if reason.startswith(title + " is ") else reason
-        causes.setdefault(cause, []).append(title if cause is not reason else "")
-    said = []
-    for cause, titles in causes.items():
-        titles = [t for t in titles if t]
-        if not titles:
-            said.append(cause)
-        elif len(titles) == 1:
-            said.append(titles[0] + cause)
-        else:
-            said.append(f"{', '.join(titles[:-1])} and {titles[-1]}" + cause.replace(" is ", " are ", 1))
-    return said
-
-
-def _block_ready(extra: list, query_block: int | None, skipped: list[str]) -> list:
-    """The pattern analyses that can run: with ``query_block`` N >= 1 (every batch in blocks) those that
-    need whole attention maps are left out, with a line in ``skipped``."""
-    if not query_block:
-        return extra
-    whole = [acc for acc in extra if not getattr(acc, "row_blocks", False)]
-    if whole:
-        skipped.append(f"not run with --query-block {query_block}: " + ", ".join(a.title for a in whole)
-                       + " (they need whole attention maps)")
-    return [acc for acc in extra if acc not in whole]
-
-
-def _circuit_probe(lm, texts, wanted: bool, timings: dict):
-    """The decoder circuit probe (:func:`probe.patterns.circuit_probe`, its sinks on the corpus's first
-    texts) when wanted and the model is a decoder: ``(finished accumulators, notes, texts)``, ``texts``
-    unchanged (a stream is re-chained after its first texts were read)."""
-    if not wanted or CircuitProbe.refusal(lm) is not None:  # the probe's own rule: decoders
-        return [], [], texts
-    t = time.perf_counter()
-    sink_texts, texts = _first(texts, SINK_TEXTS)
-    finished, notes = [], []
-    try:
-        finished.append(circuit_probe(lm, sink_texts=sink_texts))
-    except InputError as exc:  # e.g. a model whose limit is below the probe's 2 x 25 tokens
-        notes.append(f"decoder circuit probe skipped: {exc}")
-    timings["circuits_s"] = time.perf_counter() - t
-    return finished, notes, texts
-
-
-def _first(texts, n: int):
-    """The first ``n`` texts of ``texts`` and ``texts`` itself, whole (a stream is re-chained)."""
-    if hasattr(texts, "__len__"):
-        return list(texts[:n]), texts
-    head = list(itertools.islice(texts, n))
-    return head, itertools.chain(head, texts)
-
-
-def _verification(lm, progress: Callable | None, timings: dict) -> dict:
-    """The verification record for the report (its time in ``timings``)."""
-    t = time.perf_counter()
-    record = verify(lm, progress=progress).to_json()
-    timings["verify_s"] = time.perf_counter() - t
-    return record
-
-
-def _add_rollout(lm, result: AnalysisResult, timings: dict) -> None:
-    """Rollout and flow of the first kept examples short enough to re-run whole (``result.results["rollout"]``)."""
-    shown = [ex for ex in result.examples if ex.n_tokens <= AUTO_LENGTH]  # rollout re-runs whole maps
-    if len(shown) < len(result.examples[:MAX_EXAMPLES]):
-        result.notes.append(f"rollout left out for examples longer than {AUTO_LENGTH} tokens: it needs every "
-                            "layer's whole attention map")
-    if shown:
-        result.results["rollout"] = run_rollout(lm, dataclasses.replace(result, examples=shown))
-        timings["rollout_s"] = result.results["rollout"].seconds
-
-
-def report_steps(lm, result: AnalysisResult, *, limit: int = 8) -> list[dict]:
-    """The report's step views: the strongest head of each primary label (as the report's chosen heads,
-    :func:`probe.report.page.choose_heads`) on the first example, cut to the tokens the analysis kept of
-    it; put into ``result.results[STEPS_KEY]`` (the section draws them) and returned.
-
-    Args:
-        lm: the model the result was measured on (the steps need it: it is not kept in the result).
-        result: :func:`probe.runs.analysis.analyze`'s result.
-        limit: most heads.
-
-    Returns:
-        :func:`probe.view.stepview.step_view_data` dicts with ``label`` and ``reason`` added ([] without
-        examples); ``name`` is the head's in the original numbering, ``head`` its slot in a physically
-        pruned layer.
-    """
-    if not result.examples or lm.spec.capture_only:  # a capture-only model hands probe no query or key
-        return []
-    ex = result.examples[0]
-    n = int(ex.probs.shape[-1])
-    text = ex.as_text()  # the input as analysed: a sentence pair's second segment, a target
-    m = min(n, STEP_MAX_TOKENS)
-    if encode(lm, [text], m).input_ids[0].tolist() != list(ex.ids[:m]):
-        result.notes.append("attention steps left out: the first example's text no longer gives the tokens "
-                            "analysed")
-        return []
-    chosen, slots = [], []
-    for layer, head, label, reason in choose_heads(result, limit=limit):
-        slot = head  # the heads table numbers heads as the original model; a pruned layer's slots differ
-        if lm.pruned is not None:
-            present = lm.pruned.layouts[layer].q
-            if head not in present:
-                continue
-            slot = present.index(head)
-        chosen.append((layer, head, label, reason))
-        slots.append((layer, slot))
-    # every head's steps from the same passes (one per head of the layer with the most chosen heads)
-    steps = heads_steps(lm, text, slots, max_length=m, model_probs=False)
-    out = []
-    for (layer, head, label, reason), st in zip(chosen, steps):
-        data = step_view_data(st, encoder_decoder=lm.kind == "encoder-decoder", site_index=layer)
-        name = head_name(lm.sites[layer] if lm.kind == "encoder-decoder" else layer, head)
-        out.append({**data, "name": name, "label": label, "reason": reason})
-    result.results[STEPS_KEY] = out
-    return out
+    return RunResult("analyze", s, result, tables={"heads": result.heads}, timings=console.timings,
+                     tokenizer=towers.text.tokenizer, started=console.started,
+                     loading_notes=list(towers.text.notes))
 
 
 def analysis_input(texts=(), corpus: str | None = None, pairs: str | None = None, coref: str | None = None,

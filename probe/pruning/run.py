@@ -10,6 +10,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from ..errors import InputError
+from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze, merge_head_columns
 from ..text.corpus import split_lines
@@ -56,7 +57,21 @@ def prune_run(lm, texts: list[str], *, out=None, force: bool = False, save_prune
 
 def _prune_and_write(lm, texts, out: Path, force: bool, save_pruned_to, labels, timings, started, kwargs):
     """The body of :func:`prune_run`, once its folders are claimed."""
+    result, analysis = prune_analysis(lm, texts, labels=labels, **kwargs)
+    path = write_run(analysis, lm.tokenizer, out, force=force, timings=timings, started=started)
+    if save_pruned_to is not None:
+        save_pruned(result.pruned_lm, save_pruned_to, force=force)
+    return result, path
 
+
+def prune_analysis(lm, texts: list[str], *, labels=None, **kwargs) -> tuple[PruneResult, AnalysisResult]:
+    """Run :func:`~probe.pruning.experiment.prune` (``kwargs`` its options; the pruned copy built) and measure
+    every head on the same texts: ``(result, the analysis the run folder is written from)``, no folder written
+    (:func:`probe.pruning.saving.save_pruned` writes ``result.pruned_lm``).
+
+    Raises:
+        InputError: as ``prune``.
+    """
     t = time.perf_counter()
     result = prune(lm, texts, labels=labels, physical=True, **kwargs)
     prune_s = time.perf_counter() - t
@@ -66,7 +81,4 @@ def _prune_and_write(lm, texts, out: Path, force: bool, save_pruned_to, labels, 
     analysis.results["pruning"] = result
     analysis.notes += [n for n in result.notes if n not in analysis.notes]
     analysis.timings["prune_s"] = round(prune_s, 4)
-    path = write_run(analysis, lm.tokenizer, out, force=force, timings=timings, started=started)
-    if save_pruned_to is not None:
-        save_pruned(result.pruned_lm, save_pruned_to, force=force)
-    return result, path
+    return result, analysis

@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
+from ..records import AnalysisResult
 from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze
 from ..sites import head_name
@@ -108,8 +109,26 @@ def why_run(lm, text: str | None, head, query: int | None = None, *, top: int = 
             progress: bool = False, timings: dict | None = None, started: float | None = None,
             corpus: list[str] | None = None, label: str | None = None,
             target: str | None = None) -> tuple[WhyRun, Path]:
-    """Measure (:func:`measure`), label the heads with a short analysis (the text and the built-in
-    sample), write the run folder.
+    """Measure and label (:func:`why_analysis`, where the arguments are described), write the run folder.
+
+    Returns:
+        ``(WhyRun, run folder)``.
+
+    Raises:
+        InputError: ``out`` taken (claimed before the work starts); as :func:`why_analysis`.
+    """
+    with claim_run_dir(out, lm.name, force) as folder:
+        result, analysis = why_analysis(lm, text, head, query, top=top, progress=progress, corpus=corpus,
+                                        label=label, target=target)
+        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
+    return result, path
+
+
+def why_analysis(lm, text: str | None, head, query: int | None = None, *, top: int = 5, progress: bool = False,
+                 corpus: list[str] | None = None, label: str | None = None,
+                 target: str | None = None) -> tuple[WhyRun, AnalysisResult]:
+    """Measure (:func:`measure`) and label the heads with a short analysis (the text and the built-in
+    sample): ``(WhyRun, the analysis the run folder is written from)``, no folder written.
 
     On an encoder-decoder model ``text`` is the source and ``target`` the decoder's text (default: the
     source); the short analysis reads each sample text as its own target.
@@ -117,31 +136,24 @@ def why_run(lm, text: str | None, head, query: int | None = None, *, top: int = 
     With ``corpus`` (texts), the contributions are averaged over the rows whose top key fits ``label``
     (default: the head's label in the short analysis; :func:`probe.qk.corpus.why_corpus`) instead.
 
-    Returns:
-        ``(WhyRun, run folder)``.
-
     Raises:
-        InputError: ``out`` taken (claimed before the work starts); as :func:`measure`; with a corpus,
-            a label (given or found) that names no key.
+        InputError: as :func:`measure`; with a corpus, a label (given or found) that names no key.
     """
     if corpus is not None:
-        return _corpus_run(lm, corpus, head, label, out=out, force=force, progress=progress, timings=timings,
-                           started=started)
-    with claim_run_dir(out, lm.name, force) as folder:
-        result = measure(lm, text, head, query, top, target)
-        t = time.perf_counter()
-        texts = [text] + sample_texts()
-        if lm.kind == "encoder-decoder":  # the analysis reads pairs: the source as its own target
-            texts = [Text(text, target=text if target is None else target)] + [Text(t, target=t) for t in texts[1:]]
-        analysis = analyze(lm, texts, progress=progress,  # labels, induction included on decoders
-                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
-        result.seconds["analyze_s"] = time.perf_counter() - t
-        result.labels = _labels(analysis)
-        analysis.results["why"] = result
-        analysis.notes += result.notes
-        analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
-        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
-    return result, path
+        return _corpus_run(lm, corpus, head, label, progress=progress)
+    result = measure(lm, text, head, query, top, target)
+    t = time.perf_counter()
+    texts = [text] + sample_texts()
+    if lm.kind == "encoder-decoder":  # the analysis reads pairs: the source as its own target
+        texts = [Text(text, target=text if target is None else target)] + [Text(t, target=t) for t in texts[1:]]
+    analysis = analyze(lm, texts, progress=progress,  # labels, induction included on decoders
+                       finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
+    result.seconds["analyze_s"] = time.perf_counter() - t
+    result.labels = _labels(analysis)
+    analysis.results["why"] = result
+    analysis.notes += result.notes
+    analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
+    return result, analysis
 
 
 def _labels(analysis) -> dict:
@@ -153,30 +165,27 @@ def _labels(analysis) -> dict:
     return {head_name(int(r.layer), int(r.head)): str(r.label) for r in heads.itertuples()}
 
 
-def _corpus_run(lm, texts: list[str], head, label: str | None, *, out, force: bool, progress: bool,
-                timings: dict | None, started: float | None) -> tuple[WhyRun, Path]:
+def _corpus_run(lm, texts: list[str], head, label: str | None, *, progress: bool) -> tuple[WhyRun, AnalysisResult]:
     layer, h = check_model(lm, head)
     if label is not None and label not in RULES:
         raise InputError(f"--label {label!r} names no key; labels with one: {', '.join(RULES)}")
-    with claim_run_dir(out, lm.name, force) as folder:
-        t = time.perf_counter()
-        analysis = analyze(lm, list(texts) + sample_texts(), progress=progress,
-                           finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
-        labels, seconds = _labels(analysis), {"analyze_s": time.perf_counter() - t}
-        name = head_name(layer, h)
-        label = label or labels.get(name)
-        if label not in RULES:
-            raise InputError(f"{name} is labelled {label!r}, which names no key to average over; give --label (one "
-                             f"of {', '.join(RULES)})")
-        c = why_corpus(lm, texts, (layer, h), label)
-        seconds["why_corpus_s"] = c.seconds
-        notes = list(c.notes)
-        if c.rows and c.residual > c.tolerance:
-            notes.append(f"the decomposition misses the model's score by {c.residual:.3g} (more than "
-                         f"{c.tolerance:.2g})")
-        result = WhyRun(None, corpus_frame(c), c.shares(), 0, labels, seconds, notes, c)
-        analysis.results["why"] = result
-        analysis.notes += notes
-        analysis.timings.update({k: round(v, 4) for k, v in seconds.items()})
-        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
-    return result, path
+    t = time.perf_counter()
+    analysis = analyze(lm, list(texts) + sample_texts(), progress=progress,
+                       finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
+    labels, seconds = _labels(analysis), {"analyze_s": time.perf_counter() - t}
+    name = head_name(layer, h)
+    label = label or labels.get(name)
+    if label not in RULES:
+        raise InputError(f"{name} is labelled {label!r}, which names no key to average over; give --label (one "
+                         f"of {', '.join(RULES)})")
+    c = why_corpus(lm, texts, (layer, h), label)
+    seconds["why_corpus_s"] = c.seconds
+    notes = list(c.notes)
+    if c.rows and c.residual > c.tolerance:
+        notes.append(f"the decomposition misses the model's score by {c.residual:.3g} (more than "
+                     f"{c.tolerance:.2g})")
+    result = WhyRun(None, corpus_frame(c), c.shares(), 0, labels, seconds, notes, c)
+    analysis.results["why"] = result
+    analysis.notes += notes
+    analysis.timings.update({k: round(v, 4) for k, v in seconds.items()})
+    return result, analysis

@@ -214,3 +214,22 @@ def count_sequences(corpus: str | None, pairs: str | None, limit: int | None) ->
     if not (corpus or pairs):
         return None
     return sum(1 for _ in (iter_corpus(corpus, limit) if corpus else iter_pairs(pairs, limit)))
+
+
+def corpus_input(corpus: str | None = None, pairs: str | None = None, limit: int | None = None, *,
+                 texts=(), sample: str = "sample") -> tuple[list, str]:
+    """The sequences of a run on a corpus (``probe effects``, ``probe prune``, ``probe compare --model``) and
+    where they come from: a corpus file's, a pairs file's (:class:`~probe.text.inputs.Text` with a second
+    segment), the ``texts`` given (``--text``) or the built-in sample's (named ``sample``), at most ``limit``.
+    No heavy library: a command reads them before torch is imported.
+
+    Raises:
+        InputError: an unreadable or empty file, a limit below 1.
+    """
+    if corpus:
+        return read_corpus(corpus, limit), corpus
+    if pairs:
+        return read_pairs(pairs, limit), pairs
+    if texts:
+        return check_texts(list(texts), limit), "--text"
+    return check_texts(sample_texts(), limit), sample

@@ -69,3 +69,17 @@ def parse_pairs(text: str, source: str) -> list[Pair]:
     if not pairs:
         raise InputError(f"{source}: no pair (clean<TAB>corrupted<TAB>answer<TAB>wrong per line)")
     return pairs
+
+
+#: Where the built-in pairs come from, as a run says it.
+BUILTIN_SOURCE = "built-in IOI set"
+
+
+def pair_input(pairs_file: str | Path | None) -> tuple[list[Pair], str]:
+    """The pairs of ``pairs_file`` (else the built-in indirect-object pairs) and where they came from; no
+    heavy library, so a command reads them first and a malformed or non-UTF-8 file is answered at once.
+
+    Raises:
+        InputError: an unreadable file, a line without four or five fields, no pair.
+    """
+    return (read_pairs(pairs_file), str(pairs_file)) if pairs_file else (builtin_pairs(), BUILTIN_SOURCE)
