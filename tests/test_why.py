@@ -272,6 +272,38 @@ def test_why_command_on_a_cross_attention_head(tmp_path):
     assert not bad.exists()
 
 
+def test_heads_the_config_rules_out_are_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """``probe why --head "enc L0H1"`` on an encoder-decoder model took 26 s on whisper-tiny-en (the model
+    loaded, then refused): what the config decides is refused before any weight loads, in the words the
+    loaded model's check uses. The loader fails if called, so a refusal here is one from the config."""
+    import probe.loading.models as models
+    from probe.loading.models import peek_config
+    from probe.qk.score import check_head_config
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    bart, gpt2 = save_tiny("bart", tmp_path / "bart"), save_tiny("gpt2", tmp_path / "gpt2")
+    monkeypatch.setattr(models, "load_model", no_loading)
+    cases = ((bart, "enc L0H1", "enc self-attention heads are not split yet"),
+             (bart, "dec L1H0", "dec self-attention heads are not split yet"),
+             (bart, "L0H1", "name a cross-attention head with its site kind"),
+             (bart, "cross L2H0", "layer 2 out of range"),
+             (gpt2, "cross L0H1", "has no cross-attention"),
+             (gpt2, "L0H7", "head L0H7 out of range"))
+    for model, head, words in cases:
+        one_error(invoke_cli("why", "--model", model, "--text", TEXT, "--head", head, "--out", tmp_path / "run"), 1,
+                  words)
+        assert not (tmp_path / "run").exists()
+    # the same heads, refused by the loaded model's check in the same words (self-attention of an encoder-decoder)
+    lm = tiny_model("bart")
+    with pytest.raises(UnsupportedAnalysisError, match="enc self-attention heads are not split yet"):
+        probe.why(lm, TEXT, "enc L0H1")
+    check_head_config("cross L1H2", peek_config(str(bart)), "bart")  # a head that exists passes
+    check_head_config("L1H1", peek_config(str(gpt2)), "gpt2")
+    check_head_config("enc L0H1", None, "not on this machine")  # nothing to read: checked once it loads
+
+
 # --------------------------------------------------------------------------- the command
 
 

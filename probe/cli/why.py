@@ -58,8 +58,9 @@ def why_command(model_name, text, target, corpus, label, limit, head, query, top
 
     Encoder-decoder models: a cross-attention head ('cross L1H2'), its query split by the decoder's
     writers and its key by the encoder's (--text the source, --target the decoder's text)."""
-    from ..loading.models import load_model
+    from ..loading.models import load_model, peek_config
     from ..qk.run import why_run
+    from ..qk.score import check_head_config
     from ..report import claim_run_dir
     from ..text.corpus import read_corpus
 
@@ -73,6 +74,7 @@ def why_command(model_name, text, target, corpus, label, limit, head, query, top
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
+    check_head_config(head, peek_config(model_name), model_name)  # what the config decides: before the weights
     out = hold(claim_run_dir(out, model_name, force))  # claimed before loading a model: one run per folder
     lm = load_model(model_name, dtype=dtype, device=device)
     show = sys.stderr.isatty() if progress is None else progress
