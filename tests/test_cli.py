@@ -731,3 +731,27 @@ def test_usage_errors_exit_with_status_2(tmp_path, args, message):
     line = assert_clean_error(result, message)
     assert line.endswith(f"{args[0]} --help')")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_long_value_is_echoed_cut_in_every_error_line(tmp_path):
+    """An 80,000-character ``--head`` was echoed whole in its one error line. Every error line (usage errors,
+    the library's errors, click's own) keeps the first characters of a long value and says how long it was."""
+    from conftest import invoke_cli, one_error
+    from probe.errors import ECHO_KEPT, InputError, cut_long
+
+    long = "L" * 80_000
+    line = one_error(invoke_cli("why", "--model", tmp_path / "none", "--text", "a b", "--head", long), 2,
+                     "is not a head of the form L5H1", "[80,002 characters]")  # the value with its quotes
+    assert len(line) < 400 and "'" + "L" * (ECHO_KEPT - 1) + "... [80,002 characters]" in line
+    line = one_error(invoke_cli("analyze", "--model", "m" * 5000, "--text", "a b", "--out", tmp_path / "run"), 1,
+                     "no model is named", "[5,002 characters] (longer than")  # no traceback from the file system
+    assert len(line) < 1000
+    line = one_error(invoke_cli("analyze", "--dtype", "x" * 9000), 2, "[9,00")  # click's own message
+    assert len(line) < 1000
+    # in the library: the exception's text, and a message of many short words keeps its start and its end
+    assert str(InputError(f"head {long!r} out of range")).endswith("[80,002 characters] out of range")
+    words = " ".join(f"w{i}" for i in range(3000))
+    cut = cut_long(words)
+    assert len(cut) <= 2100 and cut.startswith("w0 w1 ") and cut.endswith("w2998 w2999")
+    assert cut_long("a path /tmp/" + "x" * 250 + " stays") == "a path /tmp/" + "x" * 250 + " stays"
+

@@ -107,6 +107,20 @@ def test_bad_audio_is_one_line_errors(tmp_path, whisper):
         clips(lm, [empty])
 
 
+def test_a_transcript_without_audio_is_a_usage_error(tmp_path):
+    """docs/usage.md: options that do not go together exit with status 2; ``--transcript`` without
+    ``--audio`` exited 1. Refused before any model is looked for (the model folder does not exist)."""
+    from probe.audio.batches import audio_input
+    from probe.errors import UsageInputError
+
+    one_error(invoke_cli("analyze", "--model", tmp_path / "none", "--transcript", " A clip.", "--out",
+                         tmp_path / "run"), 2, "--transcript goes with --audio", "analyze --help')")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UsageInputError, match="--transcript goes with --audio"):  # an InputError to library callers
+        audio_input((), (" A clip.",), None, False)
+    assert issubclass(UsageInputError, InputError)
+
+
 def test_a_feature_extractor_that_does_not_fit_the_model_is_a_wrong_frame_count(tmp_path):
     folder = save_whisper(tmp_path / "w", chunk_length=3)  # 300 mel frames for 100 positions: stride 3
     import transformers as tr
