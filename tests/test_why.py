@@ -338,6 +338,21 @@ def test_why_command_writes_the_pairs_of_the_top_keys(saved_gpt2, tmp_path):
     assert "Why L1H2 attends where it does" in page
     for fig in ("why-row", "why-bars", "why-heat"):
         assert f'data-fig="{fig}"' in page
+    # the page is about the head's score: titled by it and opening on it (its row of attention, the bars per key,
+    # the source map), the run that labelled the heads after it (it was the 10th section of 11, 13,000 px down)
+    import re
+
+    body = page.split("<body", 1)[1]
+    name = saved_gpt2.name
+    assert f"<title>Why L1H2 of {name} attends where it does</title>" in page
+    assert re.search(r"<h1>(.*?)</h1>", body).group(1) == f"Why L1H2 of {name} attends where it does"
+    headings = re.findall(r'<h2 id="([^"]*)"|<h2>([^<]*)</h2>', body)
+    assert headings[0] == ("why", "") and headings[1] == ("labelling-run", "")
+    assert [h for h in headings if h[0] == "why"] == [("why", "")]  # once
+    first = body.index("<h2")
+    assert body.index('<h2 id="why"') == first
+    figures = max(body.index(f'data-fig="{f}"') for f in ("why-row", "why-bars", "why-heat"))
+    assert figures < body.index("<h2>Model</h2>")
     assert "http://" not in page.split("<body", 1)[1].replace("http://www.w3.org", "")
 
 
