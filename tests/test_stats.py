@@ -100,6 +100,8 @@ def reference_heads(lm, texts, max_length: int | None = None, maps=None) -> pd.D
                   return_special_tokens_mask=True, split_special_tokens=True)
         offsets = enc.pop("offset_mapping")[0].tolist()
         special = enc.pop("special_tokens_mask")[0].tolist()
+        if not getattr(model.config, "type_vocab_size", None):  # no token type table: GPT-2 would read them as tokens
+            enc.pop("token_type_ids", None)
         ids = enc["input_ids"][0].tolist()
         T = len(ids)
         kwargs = {"use_cache": False} if causal else {}

@@ -272,6 +272,45 @@ def test_why_command_on_a_cross_attention_head(tmp_path):
     assert not bad.exists()
 
 
+def test_token_types_reach_only_a_model_with_a_table_of_their_own(tmp_path):
+    """A BERT tokenizer gives token_type_ids; GPT-2's config gives them no table (no type_vocab_size), and
+    GPT-2 looks them up in its token table, adding token 0's embedding at every position: passing them
+    moved this head's attention by 0.41 on the tiny model and ``why`` folded the term into ``token
+    embedding`` silently. probe passes none there, with a note: one token embedding, no segment
+    embedding, and the pattern and the scores those of the model's own run on the same input ids
+    without token types (the scores recomputed here from the model's hidden states, ln_1 and c_attn).
+    BERT, whose config gives them a table, keeps its segment embedding as a source of its own."""
+    folder = save_tiny("gpt2", tmp_path / "gpt2", "wordpiece")
+    lm = probe.load_model(str(folder))
+    assert getattr(lm.model.config, "type_vocab_size", None) is None
+    w = probe.why(lm, TEXT, "L1H2")
+    assert w.sources.count("token embedding") == 1 and "segment embedding" not in w.sources
+    assert any("no table of their own" in n and "token 0's embedding" in n for n in lm.notes), lm.notes  # said on load
+    assert probe.capture.maps.encode(lm, [TEXT]).token_type_ids is None  # not passed, by any command
+    enc = lm.tokenizer(TEXT, return_tensors="pt")
+    assert "token_type_ids" in enc and enc["input_ids"].shape[1] == len(w.tokens)
+    model, (h, dh) = lm.model, (2, lm.geometry.d_head)
+    with torch.no_grad():
+        own = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_attentions=True,
+                    output_hidden_states=True)
+        typed = model(**enc, output_attentions=True).attentions[1][0, h, -1]
+        block = model.transformer.h[1]
+        q, k, _ = block.attn.c_attn(block.ln_1(own.hidden_states[1][0])).double().split(lm.geometry.d_model, -1)
+        scores = (k[:, h * dh:(h + 1) * dh] @ q[-1, h * dh:(h + 1) * dh]) / math.sqrt(dh)
+    np.testing.assert_allclose(w.pattern, own.attentions[1][0, h, -1].double().numpy(), atol=1e-6)
+    np.testing.assert_allclose(w.scores, scores.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w.contributions.sum((0, 1)), scores.numpy(), rtol=1e-5, atol=1e-5)
+    assert float((typed - own.attentions[1][0, h, -1]).abs().max()) > 0.05  # what passing them would have done
+    bert = probe.why(tiny_model("bert"), TEXT, "L1H2")
+    assert "segment embedding" in bert.sources
+    # a call made with them anyway (a user's own inputs) loses them in the lookup check, with the note
+    from probe.capture.hooks import measuring
+
+    with measuring(model) as measured, torch.no_grad():
+        again = model(**enc, output_attentions=True).attentions[1][0, h, -1]
+    assert torch.equal(again, own.attentions[1][0, h, -1]) and any("no table of their own" in n for n in measured.notes)
+
+
 def test_heads_the_config_rules_out_are_refused_before_the_model_loads(tmp_path, monkeypatch):
     """``probe why --head "enc L0H1"`` on an encoder-decoder model took 26 s on whisper-tiny-en (the model
     loaded, then refused): what the config decides is refused before any weight loads, in the words the

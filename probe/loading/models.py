@@ -30,6 +30,7 @@ from ..architectures.towers import is_pair
 from ..capture.discover import NoInterfaceCalls, discover
 from ..capture.eager_maps import discover_maps
 from ..capture.hooks import ensure_eager
+from ..capture.lookups import type_note
 from ..core import LoadedModel
 from ..errors import ModelLoadError, ProbeError, UnsupportedArchitectureError
 from ..util import quiet_transformers
@@ -232,7 +233,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | str | None = N
     model.eval()
     finish_tokenizer(tokenizer)
     spec = spec_for(model, tokenizer)
-    notes += [n for n in (spec.note(model.config),) if n]
+    notes += [n for n in (spec.note(model.config), type_note(model, tokenizer)) if n]
     geometry = head_geometry(model.config)
     max_length = _max_length(model.config, tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
@@ -421,7 +422,7 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
             not call transformers' ``AttentionInterface`` (or shows a structure probe cannot measure).
     """
     spec = spec_for(model, tokenizer)
-    notes = [n for n in (ensure_eager(model), spec.note(model.config)) if n]
+    notes = [n for n in (ensure_eager(model), spec.note(model.config), type_note(model, tokenizer)) if n]
     model.eval()
     finish_tokenizer(tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=head_geometry(model.config),
