@@ -115,7 +115,8 @@ def analyze_run(model, texts=None, *, corpus: str | None = None, pairs: str | No
         device, dtype, device_map: where and how a named model loads (:func:`probe.loading.models.load_model`).
         source: ``run.json``'s ``settings.input`` (default: what the input was: ``--text``, the file,
             the folder ...). annotated: an annotated input whose texts are ``texts`` (or None).
-        announce: called with the line saying what is analysed, once the analysis will run (None: silent).
+        announce: called with the line saying what is analysed, once the analysis will run, and with a long
+            batch's estimate (:class:`probe.runs.pace.Pace`) once it is known (None: silent).
         counted: the sequences of a corpus or pairs file if already counted (for ``announce``).
         batch_size, max_length, examples, thresholds, parse_special_tokens: as :func:`analyze_texts`.
         rollout, run_verify, query_block, distance, map_sequences, circuits: as :func:`analyze_texts`.
@@ -198,7 +199,7 @@ def analyze_run(model, texts=None, *, corpus: str | None = None, pairs: str | No
             query_block=query_block, distance=distance, map_sequences=map_sequences, circuits=circuits,
             health=health, value_weighted=value_weighted, labels_by=labels_by, generate=generate, progress=show,
             world=world, timings=timings, started=started, verify_progress=verify_progress if show else None,
-            accumulators=extra or None)
+            accumulators=extra or None, announce=announce if main else None)
     return Run(result, path, list(lm.notes), annotated is not None)
 
 
@@ -244,7 +245,8 @@ def analyze_texts(lm, texts, *, out=None, force: bool = False, source: str = "te
                 circuits: bool = True, health=None, value_weighted: bool = True, labels_by: str = "weight",
                 generate: int | None = None, progress: bool = False, world=None, timings: dict | None = None,
                 started: float | None = None, verify_progress: Callable | None = None,
-                accumulators: list | None = None) -> tuple[AnalysisResult, Path | None]:
+                accumulators: list | None = None,
+                announce: Callable | None = None) -> tuple[AnalysisResult, Path | None]:
     """Measure every head of a loaded model on its texts and write the run folder: the composition
     :func:`analyze_run` runs once the input is read and the model loaded (text, pairs, annotated text,
     images or clips already turned into sequences).
@@ -267,6 +269,8 @@ def analyze_texts(lm, texts, *, out=None, force: bool = False, source: str = "te
         verify_progress: called by :func:`probe.verification.verify` as its cases run (or None).
         accumulators: more accumulators to run beside the pattern analyses (an analysis of
             images adds its grid measures, :func:`probe.images.grid_accumulators`).
+        announce: told, in one line, when one batch (a long text) will take long, with its estimate
+            (:func:`probe.runs.analysis.analyze`'s ``announce``); None: silent.
         batch_size, max_length, examples, thresholds: as :func:`probe.runs.analysis.analyze`.
         parse_special_tokens, query_block, value_weighted: as :func:`probe.runs.analysis.analyze`.
         labels_by, generate, progress: as :func:`probe.runs.analysis.analyze`.
@@ -293,7 +297,7 @@ def analyze_texts(lm, texts, *, out=None, force: bool = False, source: str = "te
                              max_length=max_length, n_examples=examples, thresholds=thresholds, progress=progress,
                              parse_special_tokens=parse_special_tokens, accumulators=extra, finished=finished,
                              reduce=distributed.reducer(world), generate=generate, value_weighted=value_weighted,
-                             labels_by=labels_by, query_block=query_block)
+                             labels_by=labels_by, query_block=query_block, announce=announce)
         if not main:
             return result, None
         timings["analyze_s"] = result.timings["analyze_s"]
