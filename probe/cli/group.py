@@ -90,11 +90,25 @@ class ProbeGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler that writes to ``sys.stderr`` as it is when a record comes, not as it was when the
+    handler was made: a second command in one process (a notebook, click's test runner) prints its
+    notes on its own stderr, not on the first command's."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ sets it: the current stderr is read instead
+        pass
+
+
 def _setup_logging() -> None:
     """probe's own notes go to stderr as 'note: ...'; other libraries' log lines stay quiet."""
     log = logging.getLogger("probe")
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("note: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.WARNING)
