@@ -378,10 +378,15 @@ LONG = ["one two three four five six seven eight nine ten eleven twelve thirteen
         "alpha beta gamma delta epsilon zeta eta theta"]
 
 
+@pytest.mark.parametrize("path", ["kernel", "torch"])
 @pytest.mark.parametrize("kind,windowed", [("mistral", [0, 1]), ("qwen2-window", [1]), ("gemma3", [0])])
-def test_norm_entropy_uses_the_sliding_window(kind, windowed):
+def test_norm_entropy_uses_the_sliding_window(kind, windowed, path, monkeypatch):
     """with uniform rows, norm_entropy = entropy / ln(k_i) is exactly 1 when k_i counts the
-    keys the window lets a row see (min(i + 1, W)), in every windowed layer; label broad."""
+    keys the window lets a row see (min(i + 1, W)), in every windowed layer; label broad. On both paths
+    of the statistics: the compiled kernel (the default on the CPU) and the tensor operations (GPUs)."""
+    from probe.measures.kernel import PATH_ENV
+
+    monkeypatch.setenv(PATH_ENV, path)
     overrides = {"sliding_window": 4} if kind == "mistral" else {}
     lm = _uniform_queries(tiny_model(kind))
     for key, value in overrides.items():

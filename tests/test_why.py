@@ -266,6 +266,19 @@ def test_why_command_on_a_cross_attention_head(tmp_path):
     assert pairs["query_source"].str.match(r"^(dec|cross) ").all() and pairs["key_source"].str.startswith("enc ").all()
     record = json.loads((out / "run.json").read_text())["why"]
     assert record["head"] == "cross L1H2" and record["holds"] and record["query_token"] == w.query_token
+    # each source is named with the label of its own site's head (an encoder head's, not the decoder head's
+    # of the same layer and index), as heads.csv gives them
+    heads = pd.read_csv(out / "heads.csv")
+    kinds = {"enc": ("encoder", "self"), "dec": ("decoder", "self"), "cross": ("decoder", "cross")}
+    label = {(r.stack, r.kind, int(r.layer), int(r.head)): r.label for r in heads.itertuples()}
+    page = (out / "index.html").read_text(encoding="utf-8")
+    import re
+
+    page = page[page.index('<h2 id="why"'):page.index('<h2 id="labelling-run"')]  # the why section's tables
+    named = re.findall(r"<td>((?:enc|dec|cross) L(\d+)H(\d+))</td><td>([^<]*)</td>", page)
+    assert named, "no source named with its label on the page"
+    for name, layer, head, shown in named:
+        assert shown == label[(*kinds[name.split()[0]], int(layer), int(head))], (name, shown)
     bad = tmp_path / "bad"
     one_error(invoke_cli("why", "--model", model, "--text", TEXT, "--head", "enc L0H1", "--out", bad, "--no-progress"),
               1, "enc self-attention heads are not split yet")
