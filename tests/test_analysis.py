@@ -303,3 +303,16 @@ def test_analyze_announces_a_long_text_before_its_layers_have_run(monkeypatch, t
                    tmp_path / "run", "--no-progress")
     assert r.exit_code == 0, r.output
     assert "will take about 16 s on this machine" in r.stderr and r.stderr.count("will take about") == 1
+
+
+def test_a_long_batch_is_said_on_stderr_where_progress_is_shown_and_no_line_was_given(monkeypatch, capsys):
+    """probe why, patch and path label heads with analyze(progress=...) and give it no line to say with: on a
+    terminal (progress on) the estimate goes to stderr above the bars; without progress nothing is said."""
+    import probe.runs.pace as pace
+
+    lm = tiny_model("gpt2", layers=4)
+    monkeypatch.setattr(pace, "clock", FakeClock(step=4.0))
+    analyze(lm, ["The cat sat on the mat and looked at the dog."], n_examples=0, progress=True)
+    assert capsys.readouterr().err.count("will take about 16 s on this machine") == 1
+    analyze(lm, ["The cat sat on the mat and looked at the dog."], n_examples=0)
+    assert "will take about" not in capsys.readouterr().err

@@ -33,7 +33,7 @@ from ..records import AnalysisResult
 from ..text.inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from ..text.tokens import label_examples
 from ..util import plural, progress_bar
-from .pace import Pace
+from .pace import Pace, to_stderr
 
 
 def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
@@ -226,7 +226,8 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             without ``row_blocks`` is then refused).
         announce: called once, with one line, when a batch (one long text) is going to take
             :data:`probe.runs.pace.LONG_S` seconds or more, from the time of its second layer
-            (:class:`probe.runs.pace.Pace`; with ``progress`` a bar over its layers follows); None: silent.
+            (:class:`probe.runs.pace.Pace`; with ``progress`` a bar over its layers follows); None: on
+            stderr with ``progress`` (every command that labels heads on a terminal), else silent.
 
     Returns:
         An :class:`AnalysisResult`.
@@ -290,7 +291,7 @@ def _run_with_bar(lm: LoadedModel, batches: Iterable[Batch], accumulators: list[
     bar = None
     if progress:
         bar = progress_bar(total=total, unit="seq", desc="analyze", leave=False)
-    pace = Pace(len(lm.sites), announce, progress)
+    pace = Pace(len(lm.sites), announce if announce is not None else to_stderr if progress else None, progress)
     try:
         return run(lm, batches, accumulators, progress=bar, query_block=query_block, pace=pace)
     finally:

@@ -14,6 +14,7 @@ The clock is :data:`clock` (a module attribute, so that a test can give a fake o
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -23,6 +24,15 @@ from .. import util
 LONG_S = 10.0
 #: The clock read (seconds); tests replace it.
 clock = time.perf_counter
+
+
+def to_stderr(line: str) -> None:
+    """Print ``line`` on stderr above any progress bar (tqdm's ``write``): the estimate of a command
+    that shows progress bars but was given no line to say it with (``probe why``, ``patch``, ``path``
+    labelling a long text)."""
+    from tqdm import tqdm  # deferred: only when a long batch is said
+
+    tqdm.write(line, file=sys.stderr)
 
 
 def duration(seconds: float) -> str:
