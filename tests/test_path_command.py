@@ -108,6 +108,15 @@ def test_a_receiver_below_every_sender_is_refused_before_the_model_loads(tmp_pat
                          "--receivers", "L7H0.q", "--out", tmp_path / "run"), 1, "L7H0.q", "layers 0 .. 1")
     one_error(invoke_cli("path", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--senders", "L0H9",
                          "--receivers", "logits", "--out", tmp_path / "run"), 1, "--senders", "'L0H9'")
+    # the check imports no torch: the command answers before the seconds torch's import takes
+    import subprocess
+    import sys
+
+    code = "import sys, probe.circuits.names as n; n.check_arguments('L1H0', 'L0H2.q')"
+    run = subprocess.run([sys.executable, "-c", code + "\n"], capture_output=True, text=True)
+    assert "reads nothing the senders write" in run.stderr
+    code = "import sys, probe.circuits.names as n; n.check_arguments('L0H1', 'L1H2.q'); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
     # the library function: silent where a receiver reads a sender (or the logits)
     from probe.circuits.path_run import check_arguments
     from probe.loading.models import peek_config

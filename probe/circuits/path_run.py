@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..architectures.modules import head_geometry
 from ..bounds import HEAD_NAME, INPUT_NAME  # noqa: F401 (check_names: re-exported)
 from ..causal.parts import check_pre_ln
 from ..effects.pairs import LAST_POSITION, Pair, builtin_pairs, encode_pairs, metric_place
@@ -30,6 +29,7 @@ from ..runs.analysis import analyze
 from ..sites import head_name
 from .checked import graph_of
 from .graph import Graph
+from .names import check_arguments  # noqa: F401 (re-exported: the check before the weights)
 from .paths import path_patch
 
 
@@ -72,45 +72,6 @@ def parse_receivers(text: str, graph: Graph) -> list[tuple[str, int, int]]:
         layer, index, kind = int(m[1]), int(m[3]), m[4]
         out.append((kind, layer, index if kind == "q" or m[2] == "KV" else index // rep))
     return list(dict.fromkeys(out))
-
-
-def check_arguments(senders: str, receivers: str, config=None) -> None:
-    """Refuse what ``--senders`` and ``--receivers`` decide before any weight loads (a second where
-    loading the model and patching take minutes): a head out of the model's range (with ``config``),
-    and a receiver head that reads none of the senders. A head reads the stream as it enters its
-    layer, which holds the outputs of the layers below only, so a receiver at or below the layer of
-    every sender gets exactly 0 from each of them, in every row it is in.
-
-    Args:
-        senders, receivers: as ``--senders`` and ``--receivers`` give them (:func:`parse_senders`,
-            :func:`parse_receivers`).
-        config: the model's ``transformers`` config (:func:`probe.loading.models.peek_config`), or None
-            (the ranges are checked once the model has loaded).
-
-    Raises:
-        InputError: a name out of range (the words of :func:`parse_senders` and :func:`parse_receivers`);
-            a receiver at or below every sender's layer (naming both).
-    """
-    if config is not None:
-        try:
-            g = head_geometry(config)
-        except Exception:  # noqa: BLE001 - an architecture the config alone does not describe: checked once loaded
-            g = None
-        if g is not None:
-            names = Graph(g.n_layers, g.n_heads, g.n_kv_heads)
-            parse_senders(senders, names)
-            parse_receivers(receivers, names)
-    heads = [(int(m[1]), int(m[2])) for m in map(HEAD_NAME.fullmatch, (p.strip() for p in senders.split(","))) if m]
-    if not heads:
-        return
-    lowest = min(heads)
-    for part in (p.strip() for p in receivers.split(",")):
-        m = INPUT_NAME.fullmatch(part)
-        if m is not None and int(m[1]) <= lowest[0]:
-            raise InputError(f"--receivers: {part} reads nothing the senders write: it is at layer {int(m[1])} and the "
-                             f"lowest sender, {head_name(*lowest)}, at layer {lowest[0]} (a head reads only what the "
-                             "layers below it wrote), so every effect into it would be exactly 0; choose receivers "
-                             "above a sender, or logits")
 
 
 def receiver_name(graph: Graph, receiver: tuple[str, int, int]) -> str:

@@ -49,11 +49,11 @@ def path_command(model_name, senders, receivers, pairs_file, out, force, progres
       clean  corrupted  answer  wrong
     """
     given = pair_input(pairs_file)  # before torch is imported: a bad pairs file is answered at once
-    from ..circuits.path_run import check_arguments, path_run
-    from ..circuits.wiring import check_kind
-    from ..loading.models import peek_config
+    from ..circuits.names import check_arguments
 
-    check_arguments(senders, receivers, peek_config(model_name))  # what the names decide: before the weights
+    check_arguments(senders, receivers, model_name)  # what the names (then the config) decide: before torch
+    from ..circuits.path_run import path_run
+    from ..circuits.wiring import check_kind
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED
