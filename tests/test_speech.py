@@ -346,6 +346,7 @@ def test_cross_attention_panels_cover_the_whole_clip_thinned_by_time(tmp_path, w
     page = (write_run(res, lm.tokenizer, tmp_path / "run") / "index.html").read_text(encoding="utf-8")
     assert "<td>clips</td><td>2 clips" in page and "<td>frames</td><td>200 encoder frames" in page
     assert "truncated to" not in page and "source positions" not in page
+    assert "Cross-attention: which frames of the clip each transcript token reads" in page
 
 
 def test_views_of_an_audio_run_label_frames_by_time_without_a_tokenizer(whisper, tmp_path):

@@ -124,6 +124,8 @@ def cross_attention_section(result, tokenizer) -> Section | None:
                            rows=rows)
     record = {"heads_drawn": [{"stack": "decoder", "kind": "cross", "layer": layer, "head": head, "reason": reason}
                               for layer, head, reason in chosen_cross_heads(heads)]}
-    return Section("cross-attention", "Cross-attention: which source tokens each target token reads", html,
+    title = ("Cross-attention: which frames of the clip each transcript token reads" if clips else
+             "Cross-attention: which source tokens each target token reads")
+    return Section("cross-attention", title, html,
                    figures=figures, files={"cross.csv": cross[columns].to_csv(index=False, float_format="%.6g")},
                    record=record, order=20)
