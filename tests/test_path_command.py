@@ -112,10 +112,10 @@ def test_a_receiver_below_every_sender_is_refused_before_the_model_loads(tmp_pat
     import subprocess
     import sys
 
-    code = "import sys, probe.circuits.names as n; n.check_arguments('L1H0', 'L0H2.q')"
+    code = "import sys, probe.circuits.names as n; n.check_reads('L1H0', 'L0H2.q')"
     run = subprocess.run([sys.executable, "-c", code + "\n"], capture_output=True, text=True)
     assert "reads nothing the senders write" in run.stderr
-    code = "import sys, probe.circuits.names as n; n.check_arguments('L0H1', 'L1H2.q'); print('torch' in sys.modules)"
+    code = "import sys, probe.circuits.names as n; n.check_reads('L0H1', 'L1H2.q'); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
     # the library function: silent where a receiver reads a sender (or the logits)
     from probe.circuits.path_run import check_arguments

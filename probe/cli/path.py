@@ -49,11 +49,14 @@ def path_command(model_name, senders, receivers, pairs_file, out, force, progres
       clean  corrupted  answer  wrong
     """
     given = pair_input(pairs_file)  # before torch is imported: a bad pairs file is answered at once
-    from ..circuits.names import check_arguments
+    from ..circuits.names import check_reads
 
-    check_arguments(senders, receivers, model_name)  # what the names (then the config) decide: before torch
-    from ..circuits.path_run import path_run
+    check_reads(senders, receivers)  # what the names decide: at once, before torch is imported
+    from ..circuits.path_run import check_arguments, path_run
     from ..circuits.wiring import check_kind
+    from ..loading.models import peek_config
+
+    check_arguments(senders, receivers, peek_config(model_name))  # and the config: before the weights
 
     age = process_age()
     started = time.perf_counter() - age if age is not None else IMPORT_STARTED

@@ -151,7 +151,7 @@ def collate(lm, items: Sequence[Tokenized], texts: Sequence[Text]) -> Batch:
     special = np.zeros((B, T), dtype=bool)
     word_ids = np.full((B, T), -1, dtype=np.int64)
     # token types only for a model whose config gives them a table of their own (GPT-2 would read them as tokens)
-    has_tt = items[0].token_type_ids is not None and has_type_table(getattr(lm.model, "config", None))
+    has_tt = items[0].token_type_ids is not None and has_type_table(getattr(getattr(lm, "model", None), "config", None))
     tt = np.zeros((B, T), dtype=np.int64) if has_tt else None
     for r, t in enumerate(items):
         n = len(t)
