@@ -165,7 +165,10 @@ def test_the_first_use_conversion_is_announced_with_each_step_and_its_time(ct2_f
     time, on probe's log (the CLI's ``note:`` lines); a second load says it read the converted copy.
     The lines are read by a handler of the test's own on the logger, so each is counted once whatever
     ran before: read at the root through caplog, with "probe" made to propagate, the first line was seen
-    twice in two full runs in file order (the test passed alone and after the files before it)."""
+    twice in two full runs in file order (the test passed alone and after the files before it). pytest
+    keeps one caplog handler for the whole session, so a test that leaves it on a logger of probe's makes
+    every later record of that logger reach it twice (there and at the root); the CLI's own handler, set
+    up by the first command a process runs, also changes what reaches the root."""
     import probe.loading.models as models
 
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
