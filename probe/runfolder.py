@@ -142,13 +142,14 @@ class Claim:
         record = {"written_by": "probe", "kind": self.kind, "files": files,
                   "created": _dt.datetime.now().isoformat(timespec="seconds")}
         (tmp / MANIFEST).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        if not self.path.exists() or (self.path.is_dir() and not any(self.path.iterdir())):
+        empty = self.path.is_dir() and not any(self.path.iterdir())
+        if not self.path.exists() or (empty and not _holds_cwd(self.path)):
             try:
                 os.rename(tmp, self.path)  # atomic; replaces an empty folder
                 return
             except OSError:
                 pass  # something appeared there meanwhile: place the files one by one
-        old = self._replaceable()
+        old = set() if empty else self._replaceable()
         clash = next((f for f in files if (self.path / f).exists() and f not in old), None)
         if clash is not None:
             raise InputError(f"{self.path} holds {clash}, which probe did not write: move it or choose another "
@@ -171,6 +172,17 @@ class Claim:
             raise InputError(f"{self.path} holds files probe did not write; --force replaces only probe's own "
                              "files: choose another folder")
         return names
+
+
+def _holds_cwd(path: Path) -> bool:
+    """Whether the process's working folder is ``path`` or inside it (a folder renamed over would leave
+    the shell that ran ``--out .`` in a removed folder: the files are moved in instead)."""
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:
+        return False
+    target = path.resolve()
+    return cwd == target or target in cwd.parents
 
 
 def _new_sibling(path: Path) -> Path:
@@ -235,6 +247,8 @@ def claim(path: str | Path, *, kind: str, force: bool = False, owned: bool = Fal
             folder without ``force``, or a non-empty folder probe did not write.
     """
     path = Path(path)
+    if path.name in ("", ".", ".."):  # "." or "..": the lock and the temporary sibling go beside the folder itself
+        path = Path(os.path.abspath(path))
     held = _HELD.get(_key(path))
     if held is not None:
         held._depth += 1

@@ -568,15 +568,20 @@ def chromium():
 
 @contextlib.contextmanager
 def notes(caplog, name: str):
-    """Capture the warnings of logger ``name`` whatever the order of tests: the CLI (run in-process by other
-    tests) stops "probe" propagating to the root logger, where caplog listens."""
+    """Capture the warnings of logger ``name`` whatever the order of tests, each once: caplog's handler sits on
+    the logger itself (the CLI, run in-process by other tests, stops "probe" propagating to the root logger,
+    where caplog listens), and the logger stops propagating meanwhile (else a record would reach caplog's
+    handler twice, here and at the root, when "probe" propagates: no CLI ran before). pytest keeps one caplog
+    handler for the session: it is taken off the logger again however the block ends."""
     logger = logging.getLogger(name)
     logger.addHandler(caplog.handler)
+    propagate, logger.propagate = logger.propagate, False  # else a record also reaches caplog at the root: twice
     try:
         with caplog.at_level("WARNING", logger=name):
             yield
     finally:
         logger.removeHandler(caplog.handler)
+        logger.propagate = propagate
 
 
 def invoke_cli(*args):

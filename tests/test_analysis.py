@@ -217,3 +217,102 @@ def test_accumulators_add_columns_and_labels():
     row = heads[(heads.layer == 0) & (heads["head"] == 1)].iloc[0]
     assert row["label"] == "toy-label" and row["labels"].split(";")[0] == "toy-label"
     assert (heads["label"] == "toy-label").sum() == 1
+
+
+# --------------------------------------------------------------------------- a long batch says how long it will take
+
+
+class FakeClock:
+    """A clock that advances ``step`` seconds each time it is read (no test waits)."""
+
+    def __init__(self, times=None, step: float = 0.0):
+        self.times, self.step, self.now = list(times or []), step, 0.0
+
+    def __call__(self) -> float:
+        if self.times:
+            self.now = self.times.pop(0)
+        else:
+            self.now += self.step
+        return self.now
+
+
+def test_a_long_batch_is_announced_once_from_its_second_layer(monkeypatch):
+    """One long text (5,000 words through SmolLM2) printed nothing for 100 s. The estimate is elapsed + (layers
+    left) x (the second layer's time): the first layer carries the embeddings and a first run's kernel compile,
+    so it is not the measure. Said once per run, only where it reaches LONG_S."""
+    import probe.runs.pace as pace
+
+    lines: list[str] = []
+    # begin at 0; layer 0 ends at 20 s (a compile); layer 1 at 23.1 s: 3.1 s a layer, 28 left: 23.1 + 86.8 s
+    monkeypatch.setattr(pace, "clock", FakeClock([0.0, 20.0, 23.1] + [23.1 + 3.1 * k for k in range(1, 29)]))
+    p = pace.Pace(30, lines.append)
+    p.begin(1, 6512)
+    for _ in range(30):
+        p.site_done()
+    p.end()
+    assert lines == ["this batch (1 sequence of up to 6,512 tokens) will take about 1.8 min on this machine: 3.1 s "
+                     "per attention layer (its forward pass and statistics), 30 of them"]
+    assert abs((23.1 + 3.1 * 28) / 60 - 1.8) < 0.05
+    # a second long batch is not said again; a short one never
+    monkeypatch.setattr(pace, "clock", FakeClock(step=5.0))
+    p.begin(1, 6000)
+    for _ in range(30):
+        p.site_done()
+    assert len(lines) == 1 and len(p.said) == 2
+    quiet: list[str] = []
+    monkeypatch.setattr(pace, "clock", FakeClock(step=0.1))  # 0.1 s a layer: 3 s in all
+    short = pace.Pace(30, quiet.append)
+    short.begin(16, 40)
+    for _ in range(30):
+        short.site_done()
+    assert quiet == [] and short.said == []
+    assert [pace.duration(s) for s in (0.2, 45, 89.6, 100, 5399, 7200)] == ["1 s", "45 s", "90 s", "1.7 min",
+                                                                            "90.0 min", "2.0 h"]
+
+
+def test_analyze_announces_a_long_text_before_its_layers_have_run(monkeypatch, tmp_path):
+    """Through analyze and the command line: a clock that moves 4 s each time it is read makes one text of a
+    4-layer model a 16 s batch (8 s for two layers, 4 s for each of the two left); the line comes while the
+    batch runs, after its second layer, and the run ends as it would have."""
+    import probe.runs.pace as pace
+    from conftest import invoke_cli, save_tiny
+
+    lm = tiny_model("gpt2", layers=4)
+    seen: list[tuple[str, int]] = []
+    done = {"sites": 0}
+
+    class Count(Accumulator):
+        name = "count"
+
+        def update(self, site, probs, batch, **kw):
+            done["sites"] += 1
+
+        def result(self):
+            return done["sites"]
+
+    text = "The cat sat on the mat and looked at the dog for a long while."
+    tokens = int(capture_attention(lm, text).batch.input_ids.shape[1])
+    monkeypatch.setattr(pace, "clock", FakeClock(step=4.0))
+    result = analyze(lm, [text], n_examples=0, accumulators=[Count()],
+                     announce=lambda line: seen.append((line, done["sites"])))
+    assert seen == [(f"this batch (1 sequence of up to {tokens} tokens) will take about 16 s on this machine: 4.0 s "
+                     "per attention layer (its forward pass and statistics), 4 of them", 2)]  # after layer 1 of 4
+    assert result.results["count"] == 4
+    folder = save_tiny("gpt2", tmp_path / "gpt2", layers=4)
+    r = invoke_cli("analyze", "--model", folder, "--text", "The cat sat on the mat and looked at the dog.", "--out",
+                   tmp_path / "run", "--no-progress")
+    assert r.exit_code == 0, r.output
+    assert "will take about 16 s on this machine" in r.stderr and r.stderr.count("will take about") == 1
+
+
+def test_a_long_batch_is_said_on_stderr_where_progress_is_shown_and_no_line_was_given(monkeypatch, capsys):
+    """probe why, patch and path label heads with analyze(progress=...) and give it no line to say with: on a
+    terminal (progress on) the estimate goes to stderr above the bars; without progress nothing is said."""
+    import probe.runs.pace as pace
+
+    lm = tiny_model("gpt2", layers=4)
+    monkeypatch.setattr(pace, "clock", FakeClock(step=4.0))
+    analyze(lm, ["The cat sat on the mat and looked at the dog."], n_examples=0, progress=True)
+    assert capsys.readouterr().err.count("will take about 16 s on this machine") == 1
+    analyze(lm, ["The cat sat on the mat and looked at the dog."], n_examples=0)
+    assert "will take about" not in capsys.readouterr().err

@@ -263,11 +263,9 @@ def test_a_folder_without_weights_or_tokenizer_says_which(tmp_path, out, tiny_be
 
 
 def test_a_folder_whose_config_asks_for_flash_attention_says_what_it_is_measured_with(tmp_path, out,
-                                                                                    tiny_bert_folder, monkeypatch,
-                                                                                    caplog):
+                                                                                    tiny_bert_folder):
     """A config asking for flash_attention_2 was loaded with eager attention without a word in the command's
     output: the note says so, on probe's log as the command runs, and in run.json."""
-    import logging
     import shutil
 
     folder = tmp_path / "fa2"
@@ -275,19 +273,16 @@ def test_a_folder_whose_config_asks_for_flash_attention_says_what_it_is_measured
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "attn_implementation": "flash_attention_2"}))
     said = "the folder's config asks for flash_attention_2 attention; loaded with eager attention"
-    # on probe's log, which the command prints as note: lines (read here however an earlier test set it up)
-    monkeypatch.setattr(logging.getLogger("probe"), "propagate", True)
-    with caplog.at_level(logging.WARNING, logger="probe.loading.models"):
-        result = run("analyze", "--model", str(folder), "--text", "The cat sat on the mat.", "--out", str(out),
-                     "--no-distance", "--no-circuits", "--no-norm")
+    # on probe's log, which the command prints as note: lines on its own stderr (whatever command ran before it
+    # in this process: the log's handler writes to the stderr of the moment, not the first command's)
+    result = run("analyze", "--model", str(folder), "--text", "The cat sat on the mat.", "--out", str(out),
+                 "--no-distance", "--no-circuits", "--no-norm")
     assert result.exit_code == 0, result.output
-    assert [r.getMessage() for r in caplog.records if said in r.getMessage()]
+    assert sum(line.startswith(f"note: {said}") for line in result.stderr.splitlines()) == 1, result.stderr
     assert any(said in n for n in json.loads((out / "run.json").read_text())["notes"])
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="probe.loading.models"):
-        plain = run("analyze", "--model", str(tiny_bert_folder), "--text", "The cat sat on the mat.", "--out",
-                    str(tmp_path / "plain"), "--no-distance", "--no-circuits", "--no-norm")
-    assert plain.exit_code == 0 and not [r for r in caplog.records if "asks for" in r.getMessage()]
+    plain = run("analyze", "--model", str(tiny_bert_folder), "--text", "The cat sat on the mat.", "--out",
+                str(tmp_path / "plain"), "--no-distance", "--no-circuits", "--no-norm")
+    assert plain.exit_code == 0 and "asks for" not in plain.stderr
 
 
 def test_a_truncated_text_says_where_and_why(out, tiny_bert_folder):
@@ -730,3 +725,27 @@ def test_usage_errors_exit_with_status_2(tmp_path, args, message):
     line = assert_clean_error(result, message)
     assert line.endswith(f"{args[0]} --help')")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_long_value_is_echoed_cut_in_every_error_line(tmp_path):
+    """An 80,000-character ``--head`` was echoed whole in its one error line. Every error line (usage errors,
+    the library's errors, click's own) keeps the first characters of a long value and says how long it was."""
+    from conftest import invoke_cli, one_error
+    from probe.errors import ECHO_KEPT, InputError, cut_long
+
+    long = "L" * 80_000
+    line = one_error(invoke_cli("why", "--model", tmp_path / "none", "--text", "a b", "--head", long), 2,
+                     "is not a head of the form L5H1", "[80,002 characters]")  # the value with its quotes
+    assert len(line) < 400 and "'" + "L" * (ECHO_KEPT - 1) + "... [80,002 characters]" in line
+    line = one_error(invoke_cli("analyze", "--model", "m" * 5000, "--text", "a b", "--out", tmp_path / "run"), 1,
+                     "no model is named", "[5,002 characters] (longer than")  # no traceback from the file system
+    assert len(line) < 1000
+    line = one_error(invoke_cli("analyze", "--dtype", "x" * 9000), 2, "[9,00")  # click's own message
+    assert len(line) < 1000
+    # in the library: the exception's text, and a message of many short words keeps its start and its end
+    assert str(InputError(f"head {long!r} out of range")).endswith("[80,002 characters] out of range")
+    words = " ".join(f"w{i}" for i in range(3000))
+    cut = cut_long(words)
+    assert len(cut) <= 2100 and cut.startswith("w0 w1 ") and cut.endswith("w2998 w2999")
+    assert cut_long("a path /tmp/" + "x" * 250 + " stays") == "a path /tmp/" + "x" * 250 + " stays"
+

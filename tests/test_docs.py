@@ -182,3 +182,26 @@ def test_code_blocks_reads_fences_and_not_run_markers(tmp_path):
     heading = "Head distance and redundancy"
     assert slug(heading) == "head-distance-and-redundancy" == mkdocs_slug(heading)
     assert slug("`probe analyze`") == "probe-analyze"
+
+
+#: How far README.md's count of fast tests may lag the collected count (a share of the collected count).
+COUNT_LAG = 0.05
+
+
+def test_readme_s_count_of_fast_tests_is_within_5_percent_of_the_collected_count():
+    """README.md said "1,809 tests" for the fast tier when 2,068 were collected: its figure is held to the
+    count ``pytest --collect-only`` gives for the fast tier's marker expression, within :data:`COUNT_LAG`
+    either way (a lag of a few tests between releases is fine; a figure a tenth behind is stale)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"The fast tier alone \(no model, or tiny random ones; ([\d,]+) tests in", readme)
+    assert m is not None, "README.md's sentence on the fast tier's count of tests is gone"
+    stated = int(m.group(1).replace(",", ""))
+    assert '`python -m pytest -q -m "not slow and not browser"`' in readme[m.end():m.end() + 400]
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow and not browser",
+                          "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    counted = re.search(r"^(\d+)(?:/\d+)? tests? collected", out.stdout, re.M)
+    assert counted is not None, out.stdout[-2000:] + out.stderr[-2000:]
+    collected = int(counted.group(1))
+    assert abs(stated - collected) <= COUNT_LAG * collected, (
+        f"README.md says {stated:,} fast tests; {collected:,} are collected: set the figure (and its time) again")
+

@@ -153,3 +153,47 @@ def test_an_encoder_decoder_site_form_on_a_one_stack_model_is_not_suggested_back
                               "'encoder.0.self', or 'L0'); the 'enc', 'dec' and 'cross' forms name the sites of "
                               "encoder-decoder models")
     assert attention_steps(lm, "The cat sat.", site="L0").attrs["steps"].site == "encoder.0.self"
+
+
+def test_why_and_path_name_the_valid_heads_for_a_head_outside_the_model(gpt2, tmp_path):
+    """The entry points added since (probe.why and its corpus average, the checks before the weights load,
+    probe path's senders and receivers, why's cross-attention heads) refuse (2, 0), (0, 4) and (-1, 0) with
+    the valid ranges, never a run and never a wrapped index."""
+    import probe
+    from conftest import invoke_cli, save_tiny
+    from probe.circuits.graph import Graph
+    from probe.circuits.path_run import check_arguments, parse_receivers, parse_senders
+    from probe.loading.models import peek_config
+    from probe.qk import why_corpus
+    from probe.qk.score import check_head_config
+
+    messages = {(2, 0): f"layer 2 out of range: the model has {RANGES}",
+                (0, 4): f"head L0H4 out of range: .*{RANGES}",
+                (-1, 0): f"layer -1 out of range: the model has {RANGES}"}
+    for pair, message in messages.items():
+        with pytest.raises(InputError, match=message):
+            probe.why(gpt2, TEXTS[0], pair)
+        with pytest.raises(InputError, match=message):
+            why_corpus(gpt2, TEXTS[:2], pair, "previous-token")
+    folder = save_tiny("gpt2", tmp_path / "gpt2")
+    config, graph = peek_config(str(folder)), Graph(2, 4, 4)
+    for name, message in (("L2H0", f"layer 2 out of range: the model has {RANGES}"),
+                          ("L0H4", f"head L0H4 out of range: .*{RANGES}")):
+        with pytest.raises(InputError, match=message):
+            check_head_config(name, config, "gpt2")
+        with pytest.raises(InputError, match=r"--senders: .* is not a head of this model \(L0H0 \.\. L1H3\)"):
+            parse_senders(name, graph)
+        with pytest.raises(InputError, match=r"--receivers: .*\(layers 0 \.\. 1, heads 0 \.\. 3"):
+            parse_receivers(f"{name}.q", graph)
+        with pytest.raises(InputError, match=r"is not a head of this model|is neither logits"):
+            check_arguments(name if name == "L0H4" else "L0H0", "logits" if name == "L0H4" else f"{name}.q", config)
+    # a negative index is not a name of the form at all: a usage error on the command line
+    result = invoke_cli("why", "--model", folder, "--text", TEXTS[0], "--head", "L-1H0")
+    assert result.exit_code == 2 and "not a head of the form L5H1" in result.stderr
+    # cross-attention heads of an encoder-decoder model: layers and heads of its cross-attention
+    bart = tiny_model("bart")
+    n = sum(s.kind == "cross" for s in bart.sites)
+    for head, message in ((f"cross L{n}H0", f"layer {n} out of range"), ("cross L0H4", "head L0H4 out of range")):
+        with pytest.raises(InputError, match=message):
+            probe.why(bart, TEXTS[0], head)
+

@@ -62,9 +62,11 @@ def test_path_command_writes_each_path_and_all_together(tmp_path):
         result.output
     assert "Path patching" in (tmp_path / "run" / "index.html").read_text(encoding="utf-8")
     assert "exactly 0" not in result.output  # every path here carries something
-    below = invoke_cli("path", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--senders", "L1H0",
-                       "--receivers", "L0H2.q", "--out", tmp_path / "below", "--no-progress")
-    assert below.exit_code == 0 and ": 0 (share 0.000)" in below.output and "reads nothing the sender" in below.output
+    # one sender below the receiver, one at its layer: that path is exactly 0, said in a note, the run goes on
+    below = invoke_cli("path", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--senders", "L0H1,L1H0",
+                       "--receivers", "L1H2.q", "--out", tmp_path / "below", "--no-progress")
+    assert below.exit_code == 0, below.output
+    assert "L1H0 -> L1H2.q: 0 (share 0.000)" in below.output and "reads nothing the sender" in below.output
 
 
 def test_bad_names_are_one_error_line_before_any_run_folder(tmp_path):
@@ -80,6 +82,50 @@ def test_bad_names_are_one_error_line_before_any_run_folder(tmp_path):
         one_error(invoke_cli("path", "--model", tmp_path / "none", "--senders", names["--senders"], "--receivers",
                              names["--receivers"], "--out", tmp_path / "run"), 2, option, "not a name of that form")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_receiver_below_every_sender_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """A receiver at or below the layer of every sender reads nothing they write, so every effect into it
+    is exactly 0: refused in one line from the names (and the layer range from the config) before any
+    weight loads. Before, the command loaded the model, patched for 91 s on SmolLM2 and reported 0."""
+    import probe.loading.models as models
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    model = save_tiny("gpt2", tmp_path / "gpt2")
+    (tmp_path / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
+    monkeypatch.setattr(models, "load_model", no_loading)
+    for senders, receivers, receiver, lowest in (("L1H0", "L0H2.q", "L0H2.q", "L1H0"),
+                                                  ("L1H0", "L1H2.k", "L1H2.k", "L1H0"),  # the same layer
+                                                  ("L1H3,L1H1", "logits,L1H0.v", "L1H0.v", "L1H1")):
+        line = one_error(invoke_cli("path", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--senders", senders,
+                                    "--receivers", receivers, "--out", tmp_path / "run"), 1, "--receivers")
+        assert f"{receiver} reads nothing the senders write" in line and f"lowest sender, {lowest}," in line, line
+        assert not (tmp_path / "run").exists()
+    # out of range, from the config alone
+    one_error(invoke_cli("path", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--senders", "L0H1",
+                         "--receivers", "L7H0.q", "--out", tmp_path / "run"), 1, "L7H0.q", "layers 0 .. 1")
+    one_error(invoke_cli("path", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--senders", "L0H9",
+                         "--receivers", "logits", "--out", tmp_path / "run"), 1, "--senders", "'L0H9'")
+    # the check imports no torch: the command answers before the seconds torch's import takes
+    import subprocess
+    import sys
+
+    code = "import sys, probe.bounds as n; n.path_reads('L1H0', 'L0H2.q')"
+    run = subprocess.run([sys.executable, "-c", code + "\n"], capture_output=True, text=True)
+    assert "reads nothing the senders write" in run.stderr
+    code = "import sys, probe.bounds as n; n.path_reads('L0H1', 'L1H2.q'); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    # the library function: silent where a receiver reads a sender (or the logits)
+    from probe.circuits.path_run import check_arguments
+    from probe.loading.models import peek_config
+
+    config = peek_config(str(model))
+    check_arguments("L0H1,L1H0", "L1H2.q,logits", config)
+    check_arguments("L0H1", "L1H2.v", None)
+    with pytest.raises(InputError, match="L0H2.q reads nothing"):
+        check_arguments("L0H1", "L0H2.q", None)
 
 
 def test_a_post_norm_encoder_is_refused_by_its_kind_not_by_its_pairs(tmp_path):

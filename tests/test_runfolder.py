@@ -218,3 +218,30 @@ def test_replace_file_is_whole_or_not_at_all(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["view.html"]  # no temporary sibling left
     with pytest.raises(InputError, match="is a folder; give a file name"):
         rf.replace_file(tmp_path, "x")
+
+
+def test_an_empty_current_folder_is_a_run_folder_like_any_empty_folder(tmp_path, monkeypatch):
+    """``--out .`` in an empty folder said it "holds files probe did not write": the lock file was made
+    inside the folder itself (beside ``.`` is ``./``). The claim now sits beside the folder, the run is
+    written into it (moved in, not renamed over it: the working folder stays the same folder, so the
+    shell that ran the command sees the files), and nothing is left beside it."""
+    from conftest import invoke_cli, save_tiny
+
+    model = save_tiny("bert", tmp_path / "bert")
+    here = tmp_path / "empty"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    inode = os.stat(".").st_ino
+    result = invoke_cli("analyze", "--model", model, "--text", "The cat sat on the mat.", "--out", ".",
+                        "--no-progress", "--examples", "0")
+    assert result.exit_code == 0, result.output
+    assert {"index.html", "heads.csv", "run.json", MANIFEST} <= set(os.listdir("."))  # seen from the working folder
+    assert os.stat(here).st_ino == inode
+    assert siblings(here) == []  # no lock file or temporary folder left beside it
+    assert "did not write" not in result.output
+    again = invoke_cli("analyze", "--model", model, "--text", "The cat sat.", "--out", ".", "--no-progress")
+    assert again.exit_code == 1 and "already exists and is not empty; use --force" in again.stderr, again.output
+    with claim(".", kind="run", force=True) as folder:  # the library's claim: the same folder, by its full path
+        assert folder.path == here and (tmp_path / ".empty.probe-lock").exists()
+    assert siblings(here) == []
+

@@ -155,8 +155,9 @@ WIDE_BY_DESIGN = {"probe.measures.kernel.statistics_kernel", "probe.measures.ker
 #: The most parameters a public function of probe takes (before the settings objects: 42, analyze_run).
 MOST_PARAMETERS = 15
 #: The public functions still above it, as they are: the loop everything measures with (each option documented
-#: argument by argument) and the head view's data (not a run kind; the views are another helper's).
-ABOVE = {"probe.runs.analysis.analyze": 17, "probe.view.data.view_data": 19}
+#: argument by argument; 18 with ``announce``, the long-batch estimate's line) and the head view's data (not a run
+#: kind).
+ABOVE = {"probe.runs.analysis.analyze": 18, "probe.view.data.view_data": 19}
 
 
 def _public_functions():

@@ -107,6 +107,20 @@ def test_bad_audio_is_one_line_errors(tmp_path, whisper):
         clips(lm, [empty])
 
 
+def test_a_transcript_without_audio_is_a_usage_error(tmp_path):
+    """docs/usage.md: options that do not go together exit with status 2; ``--transcript`` without
+    ``--audio`` exited 1. Refused before any model is looked for (the model folder does not exist)."""
+    from probe.audio.batches import audio_input
+    from probe.errors import UsageInputError
+
+    one_error(invoke_cli("analyze", "--model", tmp_path / "none", "--transcript", " A clip.", "--out",
+                         tmp_path / "run"), 2, "--transcript goes with --audio", "analyze --help')")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UsageInputError, match="--transcript goes with --audio"):  # an InputError to library callers
+        audio_input((), (" A clip.",), None, False)
+    assert issubclass(UsageInputError, InputError)
+
+
 def test_a_feature_extractor_that_does_not_fit_the_model_is_a_wrong_frame_count(tmp_path):
     folder = save_whisper(tmp_path / "w", chunk_length=3)  # 300 mel frames for 100 positions: stride 3
     import transformers as tr
@@ -295,6 +309,46 @@ def test_show_speech_and_the_report_section(tmp_path, whisper):
     assert {"time_distance_s", "audio_share", "monotonicity", "alignment_head"} <= set(heads)
 
 
+def test_cross_attention_panels_cover_the_whole_clip_thinned_by_time(tmp_path, whisper, monkeypatch):
+    """The report's cross-attention panels of a speech run showed "first 48 of 64 source positions" (0-0.92 s of
+    a 2.72 s clip). Each panel now covers every frame of the clip: consecutive frames summed into at most
+    MAX_COLUMNS columns (here 16: 50 frames of the 1 s clip in 13 columns of 4, 35 of the 0.7 s clip in 12 of
+    3), each row the rows that place the transcript's tokens, equal to the model's cross-attention summed by
+    hand, and the title says how it was thinned. The run table says clips and frames, not tokens truncated."""
+    from probe.report import cross, write_run
+
+    lm, paths = whisper
+    res = analyze_audio(lm, paths, max_new_tokens=6)
+    monkeypatch.setattr(cross, "MAX_COLUMNS", 16)
+    section = cross.cross_attention_section(res, lm.tokenizer)
+    clips = res.results["speech"]
+    assert len(section.figures) == 3 * len(clips)
+    for fid, figure in section.figures.items():
+        layer, head, i = (int(x) for x in fid.split("-")[1:])
+        clip = clips[i]
+        w = clip.cross[layer, head].astype(np.float64)
+        frames = w.shape[1]
+        assert frames == round(len(clip.waveform) / clip.rate / FRAME_S)  # every frame that holds the clip
+        k = math.ceil(frames / 16)
+        expected = np.stack([w[:, j:j + k].sum(1) for j in range(0, frames, k)], axis=1)
+        assert (figure["rows"], figure["cols"]) == (len(clip.tokens) + 1, expected.shape[1])
+        assert figure["cols"] <= 16 and (figure["cols"] - 1) * k < frames <= figure["cols"] * k
+        assert figure["values"] == np.rint(expected * 1000).astype(int).ravel().tolist()
+        np.testing.assert_allclose(expected.sum(1), w.sum(1), rtol=1e-12)  # each row's mass over the clip is kept
+        last = (figure["cols"] - 1) * k * FRAME_S
+        assert figure["colLabels"][0] == "0.00 s" and figure["colLabels"][-1] == f"{last:.2f} s"
+        assert figure["rowLabels"] == [*clip.tokens, "(end)"]
+        seconds = frames * FRAME_S
+        assert (f"the whole clip (0.00-{seconds:.2f} s), {frames} frames of 20 ms in {figure['cols']} columns of {k} "
+                f"frames ({k * FRAME_S:.2f} s) each, weights summed") in figure["title"]
+        assert "first" not in figure["title"]
+    monkeypatch.undo()
+    page = (write_run(res, lm.tokenizer, tmp_path / "run") / "index.html").read_text(encoding="utf-8")
+    assert "<td>clips</td><td>2 clips" in page and "<td>frames</td><td>200 encoder frames" in page
+    assert "truncated to" not in page and "source positions" not in page
+    assert "Cross-attention: which frames of the clip each transcript token reads" in page
+
+
 def test_views_of_an_audio_run_label_frames_by_time_without_a_tokenizer(whisper, tmp_path):
     """probe.show / probe.model_view of an audio analysis, no tokenizer given: encoder frames are labelled by their
     start time (frame i: i x 0.02 s), the decoder's tokens by the model's tokenizer."""
@@ -336,7 +390,6 @@ def test_cli_analyzes_a_clip_and_refuses_bad_input(tmp_path):
              (["--audio", tmp_path / "none.wav"], "not found"),
              ([], "is a speech model"),
              (["--audio", good, "--text", "hello"], "not both"),
-             (["--transcript", "hi"], "goes with --audio"),
              (["--audio", good, "--transcript", "a", "--transcript", "b"], "one per clip"),
              (["--audio", good, "--verify"], "does not run on images or audio")]
     for args, message in cases:

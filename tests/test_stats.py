@@ -100,6 +100,8 @@ def reference_heads(lm, texts, max_length: int | None = None, maps=None) -> pd.D
                   return_special_tokens_mask=True, split_special_tokens=True)
         offsets = enc.pop("offset_mapping")[0].tolist()
         special = enc.pop("special_tokens_mask")[0].tolist()
+        if not getattr(model.config, "type_vocab_size", None):  # no token type table: GPT-2 would read them as tokens
+            enc.pop("token_type_ids", None)
         ids = enc["input_ids"][0].tolist()
         T = len(ids)
         kwargs = {"use_cache": False} if causal else {}
@@ -376,10 +378,15 @@ LONG = ["one two three four five six seven eight nine ten eleven twelve thirteen
         "alpha beta gamma delta epsilon zeta eta theta"]
 
 
+@pytest.mark.parametrize("path", ["kernel", "torch"])
 @pytest.mark.parametrize("kind,windowed", [("mistral", [0, 1]), ("qwen2-window", [1]), ("gemma3", [0])])
-def test_norm_entropy_uses_the_sliding_window(kind, windowed):
+def test_norm_entropy_uses_the_sliding_window(kind, windowed, path, monkeypatch):
     """with uniform rows, norm_entropy = entropy / ln(k_i) is exactly 1 when k_i counts the
-    keys the window lets a row see (min(i + 1, W)), in every windowed layer; label broad."""
+    keys the window lets a row see (min(i + 1, W)), in every windowed layer; label broad. On both paths
+    of the statistics: the compiled kernel (the default on the CPU) and the tensor operations (GPUs)."""
+    from probe.measures.kernel import PATH_ENV
+
+    monkeypatch.setenv(PATH_ENV, path)
     overrides = {"sliding_window": 4} if kind == "mistral" else {}
     lm = _uniform_queries(tiny_model(kind))
     for key, value in overrides.items():

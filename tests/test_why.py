@@ -266,10 +266,94 @@ def test_why_command_on_a_cross_attention_head(tmp_path):
     assert pairs["query_source"].str.match(r"^(dec|cross) ").all() and pairs["key_source"].str.startswith("enc ").all()
     record = json.loads((out / "run.json").read_text())["why"]
     assert record["head"] == "cross L1H2" and record["holds"] and record["query_token"] == w.query_token
+    # each source is named with the label of its own site's head (an encoder head's, not the decoder head's
+    # of the same layer and index), as heads.csv gives them
+    heads = pd.read_csv(out / "heads.csv")
+    kinds = {"enc": ("encoder", "self"), "dec": ("decoder", "self"), "cross": ("decoder", "cross")}
+    label = {(r.stack, r.kind, int(r.layer), int(r.head)): r.label for r in heads.itertuples()}
+    page = (out / "index.html").read_text(encoding="utf-8")
+    import re
+
+    page = page[page.index('<h2 id="why"'):page.index('<h2 id="labelling-run"')]  # the why section's tables
+    named = re.findall(r"<td>((?:enc|dec|cross) L(\d+)H(\d+))</td><td>([^<]*)</td>", page)
+    assert named, "no source named with its label on the page"
+    for name, layer, head, shown in named:
+        assert shown == label[(*kinds[name.split()[0]], int(layer), int(head))], (name, shown)
     bad = tmp_path / "bad"
     one_error(invoke_cli("why", "--model", model, "--text", TEXT, "--head", "enc L0H1", "--out", bad, "--no-progress"),
               1, "enc self-attention heads are not split yet")
     assert not bad.exists()
+
+
+def test_token_types_reach_only_a_model_with_a_table_of_their_own(tmp_path):
+    """A BERT tokenizer gives token_type_ids; GPT-2's config gives them no table (no type_vocab_size), and
+    GPT-2 looks them up in its token table, adding token 0's embedding at every position: passing them
+    moved this head's attention by 0.41 on the tiny model and ``why`` folded the term into ``token
+    embedding`` silently. probe passes none there, with a note: one token embedding, no segment
+    embedding, and the pattern and the scores those of the model's own run on the same input ids
+    without token types (the scores recomputed here from the model's hidden states, ln_1 and c_attn).
+    BERT, whose config gives them a table, keeps its segment embedding as a source of its own."""
+    folder = save_tiny("gpt2", tmp_path / "gpt2", "wordpiece")
+    lm = probe.load_model(str(folder))
+    assert getattr(lm.model.config, "type_vocab_size", None) is None
+    w = probe.why(lm, TEXT, "L1H2")
+    assert w.sources.count("token embedding") == 1 and "segment embedding" not in w.sources
+    assert any("no table of their own" in n and "token 0's embedding" in n for n in lm.notes), lm.notes  # said on load
+    assert probe.capture.maps.encode(lm, [TEXT]).token_type_ids is None  # not passed, by any command
+    enc = lm.tokenizer(TEXT, return_tensors="pt")
+    assert "token_type_ids" in enc and enc["input_ids"].shape[1] == len(w.tokens)
+    model, (h, dh) = lm.model, (2, lm.geometry.d_head)
+    with torch.no_grad():
+        own = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_attentions=True,
+                    output_hidden_states=True)
+        typed = model(**enc, output_attentions=True).attentions[1][0, h, -1]
+        block = model.transformer.h[1]
+        q, k, _ = block.attn.c_attn(block.ln_1(own.hidden_states[1][0])).double().split(lm.geometry.d_model, -1)
+        scores = (k[:, h * dh:(h + 1) * dh] @ q[-1, h * dh:(h + 1) * dh]) / math.sqrt(dh)
+    np.testing.assert_allclose(w.pattern, own.attentions[1][0, h, -1].double().numpy(), atol=1e-6)
+    np.testing.assert_allclose(w.scores, scores.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w.contributions.sum((0, 1)), scores.numpy(), rtol=1e-5, atol=1e-5)
+    assert float((typed - own.attentions[1][0, h, -1]).abs().max()) > 0.05  # what passing them would have done
+    bert = probe.why(tiny_model("bert"), TEXT, "L1H2")
+    assert "segment embedding" in bert.sources
+    # a call made with them anyway (a user's own inputs) loses them in the lookup check, with the note
+    from probe.capture.hooks import measuring
+
+    with measuring(model) as measured, torch.no_grad():
+        again = model(**enc, output_attentions=True).attentions[1][0, h, -1]
+    assert torch.equal(again, own.attentions[1][0, h, -1]) and any("no table of their own" in n for n in measured.notes)
+
+
+def test_heads_the_config_rules_out_are_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """``probe why --head "enc L0H1"`` on an encoder-decoder model took 26 s on whisper-tiny-en (the model
+    loaded, then refused): what the config decides is refused before any weight loads, in the words the
+    loaded model's check uses. The loader fails if called, so a refusal here is one from the config."""
+    import probe.loading.models as models
+    from probe.loading.models import peek_config
+    from probe.qk.score import check_head_config
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    bart, gpt2 = save_tiny("bart", tmp_path / "bart"), save_tiny("gpt2", tmp_path / "gpt2")
+    monkeypatch.setattr(models, "load_model", no_loading)
+    cases = ((bart, "enc L0H1", "enc self-attention heads are not split yet"),
+             (bart, "dec L1H0", "dec self-attention heads are not split yet"),
+             (bart, "L0H1", "name a cross-attention head with its site kind"),
+             (bart, "cross L2H0", "layer 2 out of range"),
+             (gpt2, "cross L0H1", "has no cross-attention"),
+             (gpt2, "L0H7", "head L0H7 out of range"))
+    for model, head, words in cases:
+        one_error(invoke_cli("why", "--model", model, "--text", TEXT, "--head", head, "--out", tmp_path / "run"), 1,
+                  words)
+        assert not (tmp_path / "run").exists()
+    # the same heads, refused by the loaded model's check in the same words (self-attention of an encoder-decoder)
+    lm = tiny_model("bart")
+    with pytest.raises(UnsupportedAnalysisError, match="enc self-attention heads are not split yet"):
+        probe.why(lm, TEXT, "enc L0H1")
+    check_head_config("cross L1H2", peek_config(str(bart)), "bart")  # a head that exists passes
+    check_head_config("L1H1", peek_config(str(gpt2)), "gpt2")
+    check_head_config("enc L0H1", None, "not on this machine")  # nothing to read: checked once it loads
 
 
 # --------------------------------------------------------------------------- the command
@@ -306,6 +390,21 @@ def test_why_command_writes_the_pairs_of_the_top_keys(saved_gpt2, tmp_path):
     assert "Why L1H2 attends where it does" in page
     for fig in ("why-row", "why-bars", "why-heat"):
         assert f'data-fig="{fig}"' in page
+    # the page is about the head's score: titled by it and opening on it (its row of attention, the bars per key,
+    # the source map), the run that labelled the heads after it (it was the 10th section of 11, 13,000 px down)
+    import re
+
+    body = page.split("<body", 1)[1]
+    name = saved_gpt2.name
+    assert f"<title>Why L1H2 of {name} attends where it does</title>" in page
+    assert re.search(r"<h1>(.*?)</h1>", body).group(1) == f"Why L1H2 of {name} attends where it does"
+    headings = re.findall(r'<h2 id="([^"]*)"|<h2>([^<]*)</h2>', body)
+    assert headings[0] == ("why", "") and headings[1] == ("labelling-run", "")
+    assert [h for h in headings if h[0] == "why"] == [("why", "")]  # once
+    first = body.index("<h2")
+    assert body.index('<h2 id="why"') == first
+    figures = max(body.index(f'data-fig="{f}"') for f in ("why-row", "why-bars", "why-heat"))
+    assert figures < body.index("<h2>Model</h2>")
     assert "http://" not in page.split("<body", 1)[1].replace("http://www.w3.org", "")
 
 

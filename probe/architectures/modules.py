@@ -167,3 +167,15 @@ def max_positions(config) -> int | None:
 def base_model(model: nn.Module) -> nn.Module:
     """The bare transformer inside a model with a task head (``GPT2LMHeadModel.transformer`` ...)."""
     return getattr(model, "base_model", model)
+
+
+def has_type_table(config) -> bool:
+    """Whether ``config`` gives token types (segments) a table of their own: ``type_vocab_size`` >= 1
+    (BERT, ELECTRA, ALBERT: 2; RoBERTa: 1), or ``type_vocab_sizes`` (TAPAS's several). A model without
+    one gets no ``token_type_ids``: GPT-2, GPT-Neo, GPT-J and CTRL accept them anyway and look them up
+    in their token embedding table (adding token 0's embedding at every position for ids of 0, with a
+    note that they were not passed); DeBERTa-v3 (``type_vocab_size=0``), DistilBERT, LLaMA ignore them."""
+    if config is None:
+        return True  # nothing to read: as before
+    size = getattr(config, "type_vocab_size", None)
+    return (isinstance(size, int) and size > 0) or bool(getattr(config, "type_vocab_sizes", None))

@@ -25,7 +25,7 @@ import soundfile
 import torch
 from scipy.signal import resample_poly
 
-from ..errors import InputError
+from ..errors import InputError, UsageInputError
 from ..loading.sound import SpeechProcessor
 from ..loading.waves import WaveProcessor
 from ..text.inputs import Batch, Text
@@ -224,11 +224,12 @@ def audio_input(files, transcripts, limit: int | None, other_input: bool) -> lis
     loaded; None when none was given.
 
     Raises:
-        InputError: text or images given too, a missing file, transcripts not one per clip.
+        UsageInputError: transcripts without clips. InputError: text or images given too, a missing file,
+            transcripts not one per clip.
     """
     if not files:
         if transcripts:
-            raise InputError("--transcript goes with --audio (the transcript of a clip)")
+            raise UsageInputError("--transcript goes with --audio (the transcript of a clip)")
         return None
     if other_input:
         raise InputError("give either audio (--audio) or text or images, not both")

@@ -10,7 +10,8 @@ tokenizer whose vocabulary is larger than the model's, a sequence longer than th
 * token ids (``input_ids``, and ``decoder_input_ids`` of encoder-decoder models) with the rows of
   the token embedding table the model reads them from;
 * segment ids (``token_type_ids``) with the rows of the segment embedding table
-  (``type_vocab_size``);
+  (``type_vocab_size``); a model whose config gives token types no table of their own gets none
+  (GPT-2 would look them up in its token table: see :func:`has_type_table`), with a note;
 * positions (``position_ids`` where given, else those the model derives: ``0 .. past + T - 1``
   plus the offset of the table's first used row: RoBERTa numbers positions from
   ``pad_token_id + 1`` and counts only non-padding tokens, OPT and BART start at 2) with the rows
@@ -30,12 +31,14 @@ pre-hook on the model, so there is one check for every path.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..architectures import get_spec
+from ..architectures.modules import has_type_table
 from ..errors import InputError, UnsupportedArchitectureError
 
 #: Attribute names of the position tables of the supported families (learned or sinusoidal).
@@ -94,11 +97,44 @@ class _Tables:
     segments: list  # (name, module) of the segment tables
     positions: list  # (name, module) of the position tables
     padding_row: int | None  # positions numbered RoBERTa's way from the row after this one, or None
+    typed: bool = True  # the config gives token types a table of their own (type_vocab_size > 0)
+    misread: bool = False  # without one, the forward still takes token_type_ids (GPT-2: from its token table)
 
     @classmethod
     def of(cls, model: nn.Module) -> _Tables:
         return cls(_token_tables(model), _tables(model, SEGMENT_TABLES), _tables(model, POSITION_TABLES),
-                   _padding_row(model))
+                   _padding_row(model), has_type_table(getattr(model, "config", None)), cls.misreads(model))
+
+    @staticmethod
+    def misreads(model: nn.Module) -> bool:
+        """No token type table in the config, none declared (``type_vocab_size`` absent, not 0), and a
+        forward that takes ``token_type_ids``: the model would read them some other way (GPT-2)."""
+        config = getattr(model, "config", None)
+        return (not has_type_table(config) and getattr(config, "type_vocab_size", None) is None
+                and _takes_types(model))
+
+
+def type_note(model: nn.Module, tokenizer) -> str | None:
+    """The note for a model loaded with a tokenizer that emits token types the model's config gives no
+    table of their own while its forward would still read them (GPT-2: from its token table), or None.
+    Such a model gets none (:func:`probe.text.inputs.collate`, and :func:`check_lookups` for a call
+    made with them)."""
+    names = getattr(tokenizer, "model_input_names", None) or ()
+    return NO_TYPE_TABLE if "token_type_ids" in names and _Tables.misreads(model) else None
+
+
+def _takes_types(model: nn.Module) -> bool:
+    """Whether the model's forward names ``token_type_ids`` among its parameters."""
+    try:
+        return "token_type_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+#: The note of token types dropped for a model without a table of their own.
+NO_TYPE_TABLE = ("the tokenizer gives token types (token_type_ids) but the model's config gives them no table of "
+                 "their own (no type_vocab_size): they are not passed (a GPT-2-style model would read them as "
+                 "tokens of its vocabulary, adding token 0's embedding at every position)")
 
 
 def _id_range(ids: torch.Tensor) -> tuple[int, int]:
@@ -120,9 +156,16 @@ def _check_tokens(tables: _Tables, inputs: dict) -> None:
 
 
 def _check_segments(tables: _Tables, inputs: dict, notes: list[str]) -> dict:
-    """``inputs`` with segment ids checked (dropped for a model with one segment type)."""
+    """``inputs`` with segment ids checked (dropped for a model with one segment type, or with no
+    table of their own)."""
     ids = inputs.get("token_type_ids")
-    if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or not tables.segments:
+    if not isinstance(ids, torch.Tensor) or ids.numel() == 0:
+        return inputs
+    if not tables.typed:  # a model that declares no type table (DeBERTa-v3's 0) ignores them: said only where not
+        if tables.misread and NO_TYPE_TABLE not in notes:
+            notes.append(NO_TYPE_TABLE)
+        return {k: v for k, v in inputs.items() if k != "token_type_ids"}
+    if not tables.segments:
         return inputs
     rows = min(_rows(m) for _, m in tables.segments)
     low, high = _id_range(ids)
@@ -195,7 +238,8 @@ def check_lookups(model: nn.Module, inputs: dict, notes: list[str] | None = None
 
     Returns:
         ``inputs``, or a copy without ``token_type_ids`` for a model with one segment type fed
-        segment ids above 0 (see the module docstring).
+        segment ids above 0, or a model without a token type table of its own (see the module
+        docstring).
 
     Raises:
         InputError: a token id outside the vocabulary table, a segment id outside a segment table

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..bounds import HEAD_NAME, INPUT_NAME  # noqa: F401 (check_names: re-exported)
+from ..architectures.modules import head_geometry
+from ..bounds import HEAD_NAME, INPUT_NAME, path_reads  # noqa: F401 (HEAD_NAME, INPUT_NAME: re-exported)
 from ..causal.parts import check_pre_ln
 from ..effects.pairs import LAST_POSITION, Pair, builtin_pairs, encode_pairs, metric_place
 from ..effects.patch_full import full_pass, last_logit_diffs, model_inputs
@@ -72,6 +73,32 @@ def parse_receivers(text: str, graph: Graph) -> list[tuple[str, int, int]]:
         layer, index, kind = int(m[1]), int(m[3]), m[4]
         out.append((kind, layer, index if kind == "q" or m[2] == "KV" else index // rep))
     return list(dict.fromkeys(out))
+
+
+def check_arguments(senders: str, receivers: str, config=None) -> None:
+    """Refuse what ``--senders`` and ``--receivers`` decide before any weight loads (a second where
+    loading the model and patching take minutes): a receiver that reads none of the senders
+    (:func:`probe.bounds.path_reads`), and a head out of the model's range (with ``config``).
+
+    Args:
+        senders, receivers: as :func:`parse_senders` and :func:`parse_receivers` read them.
+        config: the model's ``transformers`` config (:func:`probe.loading.models.peek_config`), or None
+            (the ranges are checked once the model has loaded).
+
+    Raises:
+        InputError: as :func:`~probe.bounds.path_reads`; a name out of range (the words of
+            :func:`parse_senders` and :func:`parse_receivers`).
+    """
+    path_reads(senders, receivers)
+    if config is None:
+        return
+    try:
+        g = head_geometry(config)
+    except Exception:  # noqa: BLE001 - an architecture the config alone does not describe: checked once loaded
+        return
+    names = Graph(g.n_layers, g.n_heads, g.n_kv_heads)
+    parse_senders(senders, names)
+    parse_receivers(receivers, names)
 
 
 def receiver_name(graph: Graph, receiver: tuple[str, int, int]) -> str:

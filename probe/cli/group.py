@@ -11,11 +11,12 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import ProbeError
+from ..errors import ProbeError, UsageInputError, cut_long
 
 
 def user_errors(fn):
-    """Turn :class:`ProbeError` into click's one-line ``Error: ...`` with exit status 1, and so an
+    """Turn :class:`ProbeError` into click's one-line ``Error: ...`` with exit status 1
+    (:class:`~probe.errors.UsageInputError`: a usage error, exit status 2), and so an
     exception raised inside the model's own forward pass that no step of probe named
     (:mod:`probe.capture.failures`; the command is the step)."""
 
@@ -23,6 +24,8 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except UsageInputError as exc:  # options that do not go together: exit status 2
+            raise click.UsageError(str(exc), click.get_current_context(silent=True)) from None
         except ProbeError as exc:
             raise click.ClickException(str(exc)) from None
         except Exception as exc:
@@ -69,9 +72,10 @@ class ProbeGroup(click.Group):
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as exc:
             where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-            click.echo(f"Error: {exc.format_message()}{where}", err=True)
+            click.echo(f"Error: {cut_long(exc.format_message())}{where}", err=True)
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
+            exc.message = cut_long(exc.message)  # a value the user typed, echoed: cut where it is long
             exc.show()
             sys.exit(exc.exit_code)
         except (_Interrupted, KeyboardInterrupt):
@@ -86,11 +90,25 @@ class ProbeGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler that writes to ``sys.stderr`` as it is when a record comes, not as it was when the
+    handler was made: a second command in one process (a notebook, click's test runner) prints its
+    notes on its own stderr, not on the first command's."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ sets it: the current stderr is read instead
+        pass
+
+
 def _setup_logging() -> None:
     """probe's own notes go to stderr as 'note: ...'; other libraries' log lines stay quiet."""
     log = logging.getLogger("probe")
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("note: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.WARNING)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..circuits.path_run import path_analysis
+from ..circuits.path_run import check_arguments, path_analysis
 from ..circuits.run import circuit_analysis
 from ..circuits.wiring import check_kind
 from ..effects.components import check_components
@@ -141,6 +141,8 @@ def run_path(model, settings: PathSettings, *, pairs=None, console: Console | No
         UnsupportedAnalysisError: a model outside the graph. InputError: bad names, pairs that do not encode.
     """
     console = Console() if console is None else console
+    if isinstance(model, str):  # the heads' ranges from the config, before the folder is claimed and weights load
+        check_arguments(settings.senders, settings.receivers, loading.peek_config(model))
     lm, pairs, source = open_pairs(model, settings.pairs, pairs, console, device=device, dtype=dtype,
                                    kind_check=lambda lm: check_kind(lm, "path patching"))  # pre-norm models
     measured, analysis = path_analysis(lm, settings.senders, settings.receivers, pairs, source=source,

@@ -78,7 +78,8 @@ def analyze_texts(lm, texts, settings: AnalyzeSettings | None = None, *, source:
                          max_length=s.max_length, n_examples=s.examples, thresholds=s.thresholds, progress=show,
                          parse_special_tokens=s.parse_special_tokens, accumulators=extra, finished=finished,
                          reduce=distributed.reducer(world), generate=s.generate, value_weighted=s.value_weighted,
-                         labels_by=s.labels_by, query_block=s.query_block)
+                         labels_by=s.labels_by, query_block=s.query_block,
+                         announce=console.announce if main else None)
     run = RunResult("analyze", s, result, tables={"heads": result.heads}, arrays=_kept_maps(result),
                     timings=timings, tokenizer=lm.tokenizer, lm=lm, started=console.started,
                     loading_notes=list(lm.notes), annotated=annotated is not None, writes=main)

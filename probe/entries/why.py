@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..loading import models as loading  # load_model read as an attribute: a test may stand in for it
 from ..qk.run import why_analysis
+from ..qk.score import check_head_config
 from ..settings import WhySettings
 from ..text.corpus import read_corpus
 from .result import Console, RunResult, folder_result
@@ -37,13 +38,15 @@ def run_why(model, settings: WhySettings, *, texts=None, console: Console | None
         ``measured`` the :class:`~probe.qk.run.WhyRun`.
 
     Raises:
-        InputError: as :func:`probe.qk.run.why_analysis`; an unreadable corpus.
+        InputError: as :func:`probe.qk.run.why_analysis`; a head the model's config does not have
+            (:func:`probe.qk.score.check_head_config`, before the weights load); an unreadable corpus.
     """
     console = Console() if console is None else console
     s = settings
     if s.corpus is not None and texts is None:
         texts = read_corpus(s.corpus, s.limit)
     if isinstance(model, str):
+        check_head_config(s.head, loading.peek_config(model), model)  # what the config decides: before the weights
         console.loading(model)
         lm = loading.load_model(model, dtype=dtype, device=device)
         console.timings["model_load_s"] = lm.load_seconds

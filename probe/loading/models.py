@@ -30,6 +30,7 @@ from ..architectures.towers import is_pair
 from ..capture.discover import NoInterfaceCalls, discover
 from ..capture.eager_maps import discover_maps
 from ..capture.hooks import ensure_eager
+from ..capture.lookups import type_note
 from ..core import LoadedModel
 from ..errors import ModelLoadError, ProbeError, UnsupportedArchitectureError
 from ..util import quiet_transformers
@@ -207,6 +208,9 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | str | None = N
     dtype = resolve_dtype(dtype)
     if not isinstance(name, str) or not name.strip():
         raise ModelLoadError("no model given; run 'probe models' for the aliases")
+    if _too_long(name):
+        raise ModelLoadError(f"no model is named {name!r} (longer than any folder, file or Hub id can be); run "
+                             "'probe models' for the aliases")
     if device_map not in (None, "auto"):
         raise ModelLoadError(f"unknown device map {device_map!r}; use 'auto'")
     device = resolve_device(device)
@@ -229,7 +233,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | str | None = N
     model.eval()
     finish_tokenizer(tokenizer)
     spec = spec_for(model, tokenizer)
-    notes += [n for n in (spec.note(model.config),) if n]
+    notes += [n for n in (spec.note(model.config), type_note(model, tokenizer)) if n]
     geometry = head_geometry(model.config)
     max_length = _max_length(model.config, tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=geometry, name=name,
@@ -323,9 +327,17 @@ def _load_ctranslate2(name: str, folder: Path, dtype, notes: list[str]):
     return load_folder(cached, dtype)
 
 
+def _too_long(name: str) -> bool:
+    """Whether ``name`` cannot be a path on any common file system (a part over 255 characters, or
+    over 4,096 in all; asking the system about it raises instead of answering no)."""
+    return len(name) > 4096 or any(len(part) > 255 for part in name.replace("\\", "/").split("/"))
+
+
 def _local_folder(name: str) -> Path | None:
     """The folder holding config.json and the tokenizer of a model on this machine (an embedded
     alias, a GGUF alias once its float32 copy is cached, a local folder), else None."""
+    if _too_long(name):
+        return None
     if name in EMBEDDED:
         emb = EMBEDDED[name]
         folder = dequantized_cache(name) if emb.gguf_file or emb.ctranslate2 else embedded_folder(name)
@@ -410,7 +422,7 @@ def from_pretrained_objects(model: nn.Module, tokenizer, name: str = "custom") -
             not call transformers' ``AttentionInterface`` (or shows a structure probe cannot measure).
     """
     spec = spec_for(model, tokenizer)
-    notes = [n for n in (ensure_eager(model), spec.note(model.config)) if n]
+    notes = [n for n in (ensure_eager(model), spec.note(model.config), type_note(model, tokenizer)) if n]
     model.eval()
     finish_tokenizer(tokenizer)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, geometry=head_geometry(model.config),

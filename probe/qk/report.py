@@ -97,7 +97,10 @@ def section(result, tokenizer) -> Section | None:
     if run is None:
         return None
     title, html, figures, files = _corpus_parts(run) if run.corpus is not None else _row_parts(run)
-    return Section(id="why", title=title, html=html, figures=figures, files=files, record=run.record(), order=47)
+    model = getattr(result, "model", {}).get("name", "")
+    head = run.corpus.name if run.corpus is not None else run.why.name
+    return Section(id="why", title=title, html=html, figures=figures, files=files, record=run.record(), order=47,
+                   lead=f"Why {head} of {model} attends where it does")
 
 
 def _row_parts(run) -> tuple:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..architectures.discovered import needs_weights
-from ..architectures.modules import site_block, site_spec
+from ..architectures.modules import head_geometry, site_block, site_spec
 from ..architectures.weights import attention_weights
 from ..capture.interface import repeat_heads
 from ..capture.maps import encode
@@ -243,16 +243,65 @@ def check_cross(lm, head) -> tuple[Site, int]:
     cross = [s for s in lm.sites if s.kind == "cross"]
     if isinstance(head, tuple) and len(head) == 2 and isinstance(head[0], Site):
         head = head_name(head[0], head[1])
+    layer, h = _cross_head(lm.name, head, len(cross), lm.geometry.n_heads)
+    return cross[layer], h
+
+
+def _cross_head(model: str, head, n_layers: int | None, n_heads: int | None) -> tuple[int, int] | None:
+    """(layer, head) of a cross-attention head named ``cross L0H1`` on the encoder-decoder model
+    ``model`` with ``n_layers`` cross-attention layers of ``n_heads`` heads (None, unknown: the form
+    alone is checked and None returned).
+
+    Raises:
+        UnsupportedAnalysisError: an encoder or decoder self-attention head (not split yet).
+        InputError: a head without its site kind, or out of range.
+    """
     prefix, _, rest = str(head).strip().partition(" ")
     if prefix.lower() in ("enc", "dec") and rest:
-        raise UnsupportedAnalysisError(f"why: on the encoder-decoder model {lm.name} probe splits the scores of "
+        raise UnsupportedAnalysisError(f"why: on the encoder-decoder model {model} probe splits the scores of "
                                        f"cross-attention heads (cross L0H1); its {prefix.lower()} self-attention "
                                        "heads are not split yet")
     if prefix.lower() != "cross" or not rest:
         raise InputError(f"head {head!r}: on an encoder-decoder model name a cross-attention head with its site kind, "
                          "as probe names them: 'cross L0H1'")
-    layer, h = parse_head(rest, len(cross), lm.geometry.n_heads)
-    return cross[layer], h
+    if n_layers is None or n_heads is None:
+        return None
+    return parse_head(rest, n_layers, n_heads)
+
+
+def check_head_config(head: str, config, model: str) -> None:
+    """Refuse a ``--head`` that the model's config alone rules out, before any weight loads (a second
+    where loading and the short analysis take half a minute): a self-attention head of an
+    encoder-decoder model (only cross-attention heads are split), a head without its site kind there,
+    a cross-attention head of a model without cross-attention, a layer or head out of range. What
+    the config cannot tell (a discovered architecture's counts) is checked once the model has loaded
+    (:func:`check_model`, :func:`check_cross`, which refuse the same heads).
+
+    Args:
+        head: as ``--head`` gives it (``L5H1``, ``cross L1H2``).
+        config: the model's ``transformers`` config (:func:`probe.loading.models.peek_config`), or None
+            (nothing is checked: the model is not on this machine yet).
+        model: the model's name, for the message.
+
+    Raises:
+        InputError, UnsupportedAnalysisError: as :func:`check_model` and :func:`check_cross` would
+            raise once the model is loaded.
+    """
+    if config is None:
+        return
+    if getattr(config, "is_encoder_decoder", False):
+        layers = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None)
+        heads = getattr(config, "decoder_attention_heads", None) or getattr(config, "num_heads", None)
+        _cross_head(model, head, layers, heads)
+        return
+    if str(head).strip().lower().startswith("cross"):
+        raise InputError(f"head {head!r}: {model} has no cross-attention (it is not an encoder-decoder model); its "
+                         "heads are named L5H1 (layer and head, 0-based)")
+    try:
+        g = head_geometry(config)
+    except Exception:  # noqa: BLE001 - an architecture the config alone does not describe: checked once loaded
+        return
+    parse_head(head, g.n_layers, g.n_heads)
 
 
 def sides(lm, batch, layer: int, h: int, rows: slice | None = None, frozen: bool = True, rec=None) -> Sides:

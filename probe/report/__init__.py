@@ -256,6 +256,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         table_cols=table_cols, table=table, verification=verification,
         examples=[_example_view(tokenizer, ex) for ex in result.examples[:EXAMPLES_DRAWN]],
         kept=len(result.examples),
+        audio=result.settings.get("input") == "--audio" or any(k in result.results for k in ("speech", "frames")),
         sections=sections,
         data_json=json_for_script({"figures": {**stat_figs, **attn_figs,
                                                 **{k: v for sec in sections for k, v in sec.figures.items()}}}),

@@ -36,6 +36,9 @@ class Section:
         files: file name -> text or bytes, written into the run folder.
         record: a JSON-ready summary for run.json, or None.
         order: position among the sections (lower first).
+        lead: the page's title when this section is what the page is about (``probe why``: the head's
+            score): the page opens on it, right under that title, and the run that labelled the heads
+            follows; None for a section among the others.
     """
 
     id: str
@@ -45,6 +48,7 @@ class Section:
     files: dict = field(default_factory=dict)
     record: dict | None = None
     order: int = 50
+    lead: str | None = None
 
 
 def render_fragment(template: str, **context) -> Markup:

@@ -33,10 +33,11 @@ from ..records import AnalysisResult
 from ..text.inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from ..text.tokens import label_examples
 from ..util import plural, progress_bar
+from .pace import Pace, to_stderr
 
 
 def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumulator], *,
-        progress=None, query_block: int | None = None) -> list[str]:
+        progress=None, query_block: int | None = None, pace: Pace | None = None) -> list[str]:
     """Run every batch through the model and hand each site's probabilities to every accumulator.
 
     Args:
@@ -48,6 +49,8 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         query_block: block capture (:mod:`probe.capture.blocks`): None: automatic (long batches,
             :func:`probe.capture.blocks.query_block_for`); 0: whole maps always; n >= 1: every batch in
             blocks of n query rows.
+        pace: told each batch's start and each site's end (:class:`probe.runs.pace.Pace`: a long batch's
+            estimate and its bar over the layers), or None.
 
     Returns:
         Notes on what capture changed (attention implementation, train mode), restored on exit,
@@ -94,6 +97,8 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         if state["seen"] is not None:
             state["seen"].add(site)
         hand(site, probs, tracker.take(site, probs) if tracker is not None else None, None)
+        if pace is not None:
+            pace.site_done()
 
     def on_block(site, probs, rows, n_query):
         if state["seen"] is not None:
@@ -102,6 +107,8 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         if tracker is not None:
             values = tracker.take_block(site, probs, (*rows, n_query))
         hand(site, probs, values, rows)
+        if pace is not None and rows[1] >= n_query:  # the site's last block
+            pace.site_done()
 
     with torch.no_grad(), attention_hooks(lm, on_site, tracker, score_tracker) as notes, Hooks() as own:
         for acc in accumulators:
@@ -113,8 +120,12 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
             state["active"] = list(accumulators) if rows is None else _block_ready(accumulators, batch, state)
             for acc in state["active"]:
                 acc.begin_batch(batch)
+            if pace is not None:
+                pace.begin(len(batch), int(batch.input_ids.shape[1]))
             with block_capture(lm, rows, on_block) if rows is not None else nullcontext():
                 forward(lm, batch, **({} if rows is None else lean_outputs(lm)))
+            if pace is not None:
+                pace.end()
             if state["seen"] is not None:  # the first batch: every site handed its probabilities
                 check_fired(lm, state["seen"])
                 state["seen"] = None
@@ -175,7 +186,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             parse_special_tokens: bool = False, accumulators: Sequence[Accumulator] = (),
             finished: Sequence[Accumulator] = (), reduce: Callable[[list[Accumulator]], None] | None = None,
             generate: int | None = None, value_weighted: bool = True, labels_by: str = "weight",
-            query_block: int | None = None) -> AnalysisResult:
+            query_block: int | None = None, announce: Callable[[str], None] | None = None) -> AnalysisResult:
     """Measure every attention head of ``lm`` on ``texts``.
 
     Sequences are sorted by length into batches; padding never enters a statistic, so batched
@@ -213,6 +224,10 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
             blocks of query rows, and accumulators that need whole maps are left out of them with a
             note; 0: whole maps always; n >= 1: every batch in blocks of n rows (an accumulator
             without ``row_blocks`` is then refused).
+        announce: called once, with one line, when a batch (one long text) is going to take
+            :data:`probe.runs.pace.LONG_S` seconds or more, from the time of its second layer
+            (:class:`probe.runs.pace.Pace`; with ``progress`` a bar over its layers follows); None: on
+            stderr with ``progress`` (every command that labels heads on a terminal), else silent.
 
     Returns:
         An :class:`AnalysisResult`.
@@ -246,7 +261,7 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
         lm, items, batch_size=batch_size, max_length=max_length, parse_special_tokens=parse_special_tokens)
     t1 = time.perf_counter()
     everything = [stats, examples, counts, sinks, *accumulators]
-    notes = _run_with_bar(lm, batches, everything, progress, len(items) if sized else None, query_block)
+    notes = _run_with_bar(lm, batches, everything, progress, len(items) if sized else None, query_block, announce)
     t_run = time.perf_counter() - t1
     if reduce is not None:
         reduce(everything)
@@ -270,15 +285,17 @@ def analyze(lm: LoadedModel, texts: Sequence[str | Text] | str, *, batch_size: i
 
 
 def _run_with_bar(lm: LoadedModel, batches: Iterable[Batch], accumulators: list[Accumulator], progress: bool,
-                  total: int | None, query_block: int | None = None) -> list[str]:
+                  total: int | None, query_block: int | None = None, announce: Callable | None = None) -> list[str]:
     """:func:`run`, with a tqdm progress bar counting sequences when ``progress`` (``total``: None
-    for a stream)."""
+    for a stream), and a long batch's estimate said to ``announce`` (:class:`probe.runs.pace.Pace`)."""
     bar = None
     if progress:
         bar = progress_bar(total=total, unit="seq", desc="analyze", leave=False)
+    pace = Pace(len(lm.sites), announce if announce is not None else to_stderr if progress else None, progress)
     try:
-        return run(lm, batches, accumulators, progress=bar, query_block=query_block)
+        return run(lm, batches, accumulators, progress=bar, query_block=query_block, pace=pace)
     finally:
+        pace.end()
         if bar is not None:
             bar.close()
 

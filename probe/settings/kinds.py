@@ -226,6 +226,14 @@ class PathSettings(Settings):
                              option="--receivers")
     pairs: str | None = _pairs_file()
 
+    def check_together(self) -> None:
+        """A receiver at or below the layer of every sender reads nothing they write: refused from the names.
+
+        Raises:
+            InputError: as :func:`probe.bounds.path_reads`.
+        """
+        bounds.path_reads(self.senders, self.receivers)
+
 
 @settings_class
 class CircuitSettings(Settings):

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .. import validate
+from ..architectures.modules import has_type_table
 from ..errors import InputError
 from .sequence import Text, as_texts, stream_texts, target_text  # noqa: F401 (as_texts, stream_texts: re-exported)
 from .targets import decoder_start_id, tokenize_pairs  # noqa: F401 (decoder_start_id: re-exported)
@@ -139,7 +140,9 @@ class Batch:
 
 def collate(lm, items: Sequence[Tokenized], texts: Sequence[Text]) -> Batch:
     """Right-pad tokenized texts into one :class:`Batch` (whatever the tokenizer's padding side:
-    the statistics need real tokens first). Filled as NumPy arrays, one tensor per field."""
+    the statistics need real tokens first). Filled as NumPy arrays, one tensor per field. Token types
+    are kept only where the model's config gives them a table of their own
+    (:func:`probe.architectures.modules.has_type_table`)."""
     B, T = len(items), max(len(t) for t in items)
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     ids = np.full((B, T), pad_id, dtype=np.int64)
@@ -147,7 +150,8 @@ def collate(lm, items: Sequence[Tokenized], texts: Sequence[Text]) -> Batch:
     offsets = np.zeros((B, T, 2), dtype=np.int64)
     special = np.zeros((B, T), dtype=bool)
     word_ids = np.full((B, T), -1, dtype=np.int64)
-    has_tt = items[0].token_type_ids is not None
+    # token types only for a model whose config gives them a table of their own (GPT-2 would read them as tokens)
+    has_tt = items[0].token_type_ids is not None and has_type_table(getattr(getattr(lm, "model", None), "config", None))
     tt = np.zeros((B, T), dtype=np.int64) if has_tt else None
     for r, t in enumerate(items):
         n = len(t)

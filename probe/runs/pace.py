@@ -1,0 +1,105 @@
+"""The pace of a long batch: an estimate said once a long batch's cost is known, and a bar per layer.
+
+One long text (5,000 words through SmolLM2) is one batch of one sequence: the bar that counts
+sequences stays at 0 for minutes. :class:`Pace` watches each site's attention arrive within a batch
+(:func:`probe.runs.analysis.run` calls :meth:`Pace.site_done` as each site's probabilities, or the
+last query block of a block-captured site, have been handed to the accumulators). From the time
+between the first two sites it projects the batch: elapsed + (sites left) x (that time). The first
+site is not the measure: it carries the embeddings and, on a machine's first run, the compile of
+the statistics kernel. Where the projection reaches :data:`LONG_S`, it says so once per run, in one
+line, and (with progress on) shows a bar over the batch's sites.
+
+The clock is :data:`clock` (a module attribute, so that a test can give a fake one: no test waits).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+from .. import util
+
+#: A batch projected to take at least this long (seconds) is announced, with a bar over its sites.
+LONG_S = 10.0
+#: The clock read (seconds); tests replace it.
+clock = time.perf_counter
+
+
+def to_stderr(line: str) -> None:
+    """Print ``line`` on stderr above any progress bar (tqdm's ``write``): the estimate of a command
+    that shows progress bars but was given no line to say it with (``probe why``, ``patch``, ``path``
+    labelling a long text)."""
+    from tqdm import tqdm  # deferred: only when a long batch is said
+
+    tqdm.write(line, file=sys.stderr)
+
+
+def duration(seconds: float) -> str:
+    """``'45 s'``, ``'3.2 min'``, ``'1.4 h'``: an estimate in the unit a person reads it in."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class Pace:
+    """Watches the sites of each batch and says when one batch will take long (module docstring).
+
+    Args:
+        sites: attention sites a forward pass of the model calls (a layer's self-attention, an
+            encoder-decoder's cross-attention ... in order).
+        say: called with the one line of the estimate (the command line prints it on stderr), or None.
+        progress: show a bar over a long batch's sites.
+        long_s: the threshold (seconds), default :data:`LONG_S`.
+    """
+
+    def __init__(self, sites: int, say: Callable[[str], None] | None = None, progress: bool = False,
+                 long_s: float = LONG_S):
+        self.sites, self.say, self.progress, self.long_s = sites, say, progress, long_s
+        self.said: list[str] = []
+        self._bar = None
+        self._start = self._first = 0.0
+        self._done = 0
+        self._shape: tuple[int, int] = (0, 0)
+
+    def begin(self, sequences: int, tokens: int) -> None:
+        """A batch of ``sequences`` rows, ``tokens`` long (padded), starts."""
+        self._close_bar()
+        self._start, self._done, self._shape = clock(), 0, (sequences, tokens)
+
+    def site_done(self) -> None:
+        """One more site of the batch has been handed to the accumulators."""
+        self._done += 1
+        now = clock()
+        if self._bar is not None:
+            self._bar.update(1)
+            return
+        if self._done == 1:
+            self._first = now
+            return
+        if self._done != 2 or self.sites < 3:
+            return
+        per = now - self._first
+        total = (now - self._start) + per * (self.sites - 2)
+        if total < self.long_s:
+            return
+        n, tokens = self._shape
+        line = (f"this batch ({util.plural(n, 'sequence')} of up to {tokens:,} tokens) will take about "
+                f"{duration(total)} on this machine: {per:.1f} s per attention layer (its forward pass and "
+                f"statistics), {self.sites} of them")
+        if not self.said and self.say is not None:
+            self.say(line)
+        self.said.append(line)
+        if self.progress:
+            self._bar = util.progress_bar(total=self.sites, initial=2, unit="layer", desc="this batch", leave=False)
+
+    def end(self) -> None:
+        """The batch is done."""
+        self._close_bar()
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,116 @@
+"""Every kind of report page at a phone's width and at a desktop's: at 390 px the page is 390 px wide
+(``document.documentElement.scrollWidth``; wide figures and tables scroll in their own boxes, side-by-side
+boxes wrap under each other), and at 1,200 px it keeps its layout (as wide as the window, side-by-side
+boxes beside each other). Each page is written by the command line on a tiny model, as a user's would be."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from test_edge_circuits import PAIRS_TSV
+
+from conftest import invoke_cli, save_tiny, watched_page
+
+TEXT = "The cat sat on the mat. When Mary and John went to the store, John gave a drink to Mary."
+SENTENCES = ["The cat sat on the mat and looked at the dog.", "When Mary and John went to the store, John gave a "
+             "drink to Mary.", "A quick brown fox jumps over the lazy dog.", "It was happy to see the sun again.",
+             "The committee approved the budget after a long debate.", "She read the letter twice before she "
+             "answered it."]
+
+#: Report kind -> the command line that writes it (``{bert}``, ``{gpt2}``, ``{vit}``, ``{whisper}``, ``{pairs}``,
+#: ``{corpus}``, ``{image}``, ``{clip}``, ``{a}``, ``{b}``: the files made by :func:`pages`).
+COMMANDS = {
+    "analyze-encoder": ("analyze", "--model", "{bert}", "--corpus", "{corpus}"),
+    "analyze-decoder": ("analyze", "--model", "{gpt2}", "--corpus", "{corpus}"),
+    "why": ("why", "--model", "{gpt2}", "--text", TEXT, "--head", "L1H1"),
+    "circuit": ("circuit", "--model", "{gpt2}", "--pairs", "{pairs}", "--method", "eap", "--shares", "0.1,0.5",
+                "--seeds", "2"),
+    "patch": ("patch", "--model", "{gpt2}", "--pairs", "{pairs}"),
+    "path": ("path", "--model", "{gpt2}", "--pairs", "{pairs}", "--senders", "L0H1,L0H2", "--receivers",
+             "logits,L1H0.q"),
+    "effects": ("effects", "--model", "{bert}", "--corpus", "{corpus}", "-n", "6"),
+    "prune": ("prune", "--model", "{bert}", "--corpus", "{corpus}", "--steps", "2"),
+    "compare": ("compare", "{a}", "{b}"),
+    "images": ("analyze", "--model", "{vit}", "--image", "{image}"),
+    "speech": ("analyze", "--model", "{whisper}", "--audio", "{clip}", "--generate", "6"),
+}
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> dict[str, Path]:
+    """Report kind -> its index.html, each written by ``probe`` on a tiny model."""
+    from speech_models import save_whisper, write_tone
+    from test_images import picture
+    from vision_models import save_vision
+
+    root = tmp_path_factory.mktemp("widths")
+    files = {"bert": save_tiny("bert", root / "bert"), "gpt2": save_tiny("gpt2", root / "gpt2"),
+             "vit": save_vision("vit", root / "vit"), "whisper": save_whisper(root / "whisper"),
+             "pairs": root / "pairs.tsv", "corpus": root / "corpus.txt", "image": root / "a.png",
+             "clip": write_tone(root / "a.wav", 1.0), "a": root / "analyze-encoder", "b": root / "a-again"}
+    files["pairs"].write_text(PAIRS_TSV, encoding="utf-8")
+    files["corpus"].write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    picture(48, 32).save(files["image"])
+    out = {}
+    for kind, command in COMMANDS.items():
+        if kind == "compare":
+            again = invoke_cli("analyze", "--model", files["bert"], "--corpus", files["corpus"], "--limit", 4,
+                               "--out", files["b"], "--no-progress")
+            assert again.exit_code == 0, again.output
+        args = [a.format(**files) for a in command]
+        result = invoke_cli(*args, "--out", root / kind, *(() if kind == "compare" else ("--no-progress",)))
+        assert result.exit_code == 0, (kind, result.output)
+        out[kind] = root / kind / "index.html"
+    return out
+
+
+#: The elements wider than the window that no scrolling box holds (tag, class, right edge in px).
+WIDE = """w => [...document.querySelectorAll('body *')].filter(e => {
+    if (e.getBoundingClientRect().right <= w + 1) return false;
+    for (let p = e.parentElement; p && p !== document.body; p = p.parentElement) {
+      const o = getComputedStyle(p).overflowX;
+      if (o === 'auto' || o === 'scroll' || o === 'hidden') return false;
+    }
+    return true;
+  }).slice(0, 8).map(e => `${e.tagName}.${e.className} ${Math.round(e.getBoundingClientRect().right)}`)"""
+
+
+def _drawn(page) -> None:
+    page.wait_for_load_state("load")
+    page.wait_for_timeout(200)  # the inline scripts draw at load; a page without figures sets no flag
+
+
+@pytest.mark.parametrize("kind", list(COMMANDS))
+def test_every_report_kind_is_as_wide_as_a_phone(pages, chromium, kind, tmp_path):
+    """At 390 px: the page is 390 px wide (before, the smollm2, why and circuit pages were 519 px, the
+    side-by-side "highest induction" and "highest duplicate" tables overlapping, and the compare page 695
+    px); no console message. At 1,200 px: 1,200 px wide, as before."""
+    path = tmp_path / "index.html"
+    shutil.copy(pages[kind], path)
+    for width in (390, 1200):
+        with watched_page(chromium, path, viewport=(width, 800)) as (page, messages, requests):
+            _drawn(page)
+            wide = page.evaluate(WIDE, width)  # what sticks out, to say where in a failure
+            assert page.evaluate("document.documentElement.scrollWidth") == width, (kind, width, wide)
+            assert messages == [], messages
+            assert [u for u in requests if not u.startswith(("data:", "file:"))] == []
+
+
+def test_side_by_side_tables_wrap_at_phone_width_and_stand_beside_each_other_at_desktop_width(pages, chromium):
+    """The decoder page's "highest induction" and "highest duplicate" tables: at 390 px one under the other,
+    neither overlapping the other nor the window's edge; at 1,200 px side by side, as before."""
+    for width, beside in ((390, False), (1200, True)):
+        with watched_page(chromium, pages["analyze-decoder"], viewport=(width, 800)) as (page, _, _):
+            _drawn(page)
+            boxes = page.evaluate("""() => [...document.querySelectorAll('h3')]
+                .filter(h => h.textContent.startsWith('highest '))
+                .map(h => { const r = h.parentElement.getBoundingClientRect();
+                            return [h.textContent, r.left, r.right, r.top, r.bottom]; })""")
+            assert [b[0] for b in boxes] == ["highest induction", "highest duplicate"], boxes
+            (_, l1, r1, t1, b1), (_, l2, r2, t2, b2) = boxes
+            assert r1 <= width and r2 <= width
+            overlap = min(r1, r2) > max(l1, l2) and min(b1, b2) > max(t1, t2)
+            assert not overlap, boxes
+            assert (abs(t1 - t2) < 1) == beside, boxes  # same top: beside each other
