@@ -81,13 +81,16 @@ def batches(n: int, size: int) -> list[slice]:
 
 @dataclass
 class Writes:
-    """The writes of one batch in the clean and the corrupted runs, [writers, batch, T, d_model], and
-    the runs' logit differences [batch]."""
+    """The writes of one batch in the clean and the corrupted runs, [writers, batch, T, d_model], the
+    runs' logit differences [batch], and the streams the inputs read in the corrupted run (``reads``:
+    :attr:`~probe.circuits.feeds.Capture.reads`; ``final``: before the final norm, [batch, T, d_model])."""
 
     clean: torch.Tensor
     corrupted: torch.Tensor
     ld_clean: torch.Tensor
     ld_corrupted: torch.Tensor
+    reads: dict | None = None
+    final: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -98,7 +101,7 @@ def capture_writes(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: sl
         feed, where = Capture(graph), metric_positions(enc, rows)
         logits = split_pass(lm, wiring, ids, enc.mask[rows], feed, positions=where)
         out += [feed.outputs(), logit_diff(logits, enc, rows, where).double().cpu()]
-    return Writes(out[0], out[2], out[1], out[3])
+    return Writes(out[0], out[2], out[1], out[3], feed.reads, feed.final)
 
 
 def input_gradients(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: slice, writes: Writes,

@@ -25,7 +25,8 @@ from ..effects.pairs import EncodedPairs
 from .attribution import batches, capture_writes, logit_diff, metric_positions
 from .feeds import Patch
 from .forward import split_pass
-from .graph import Graph
+from .graph import Graph, edge_matrix
+from .passplan import PassPlan, plan_pass
 from .wiring import Wiring
 
 #: Circuit sizes of the faithfulness curve, as shares of all edges.
@@ -38,10 +39,7 @@ def excluded_matrix(graph: Graph, included: np.ndarray) -> torch.Tensor:
     Args:
         included: [edges] boolean, True for the edges of the circuit (the graph's edge order).
     """
-    up, down = graph.edge_index
-    out = torch.zeros(len(graph.downstream), graph.n_upstream, dtype=torch.bool)
-    out[torch.as_tensor(down), torch.as_tensor(up)] = torch.as_tensor(~np.asarray(included, dtype=bool))
-    return out
+    return torch.as_tensor(edge_matrix(graph, ~np.asarray(included, dtype=bool)))
 
 
 def top_edges(scores: np.ndarray, k: int) -> np.ndarray:
@@ -60,18 +58,30 @@ def random_edges(n_edges: int, k: int, seed: int) -> np.ndarray:
 
 
 class Evaluator:
-    """Runs circuits of one model on one set of pairs; the corrupted writes are recorded once.
+    """Runs circuits of one model on one set of pairs; the clean and corrupted writes are recorded once.
+
+    Each circuit is planned first (:func:`~probe.circuits.passplan.plan_pass`): pruned to its paths,
+    each input built from the cheaper of its own and its corrupted stream; a circuit whose pruned form
+    is the clean or the corrupted run is not run (its M is that run's, bit for bit).
 
     Args:
         lm, wiring, graph: the model, its wiring and graph.
         enc: the encoded pairs; batch_size: pairs per pass.
+        writes: the :class:`~probe.circuits.attribution.Writes` of each batch of ``batch_size`` pairs,
+            when already captured (the edge scores' own), or None: two passes a batch here.
+
+    Attributes:
+        passes: circuits evaluated; runs: those that needed a pass (a pass a batch each).
     """
 
-    def __init__(self, lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, batch_size: int = 8) -> None:
+    def __init__(self, lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, batch_size: int = 8,
+                 writes: list | None = None) -> None:
         self.lm, self.wiring, self.graph, self.enc = lm, wiring, graph, enc
         self.rows = batches(len(enc), batch_size)
-        self.writes = [capture_writes(lm, wiring, graph, enc, rows) for rows in self.rows]
-        self.passes = 0
+        self.writes = writes if writes is not None else [capture_writes(lm, wiring, graph, enc, rows)
+                                                         for rows in self.rows]
+        self._diffs: list[torch.Tensor | None] = [None] * len(self.rows)
+        self.passes = self.runs = 0
 
     @property
     def ld_clean(self) -> float:
@@ -83,6 +93,12 @@ class Evaluator:
         """The corrupted run's mean logit difference."""
         return float(torch.cat([w.ld_corrupted for w in self.writes]).mean())
 
+    def plan(self, included: np.ndarray) -> PassPlan:
+        """The :class:`~probe.circuits.passplan.PassPlan` of a circuit ([edges] boolean)."""
+        corrupted = self.writes[0].corrupted
+        coupled = [layer.attn_post is not None for layer in self.wiring.layers]
+        return plan_pass(self.graph, edge_matrix(self.graph, included), corrupted.dtype, corrupted.device, coupled)
+
     @torch.no_grad()
     def metric(self, included: np.ndarray) -> float:
         """M(C): the mean logit difference of the circuit's pass (module docstring).
@@ -90,14 +106,21 @@ class Evaluator:
         Args:
             included: [edges] boolean.
         """
-        excluded = excluded_matrix(self.graph, included)
+        plan = self.plan(included)
+        self.passes += 1
+        if plan.run == "clean":
+            return self.ld_clean
+        if plan.run == "corrupted":
+            return self.ld_corrupted
+        self.runs += 1
         values = []
-        for rows, writes in zip(self.rows, self.writes):
-            feed = Patch(self.graph, writes.corrupted, excluded.to(writes.corrupted.device))
+        for b, (rows, writes) in enumerate(zip(self.rows, self.writes)):
+            if self._diffs[b] is None:
+                self._diffs[b] = torch.zeros_like(writes.corrupted)  # finite values, rewritten where needed
+            feed = Patch(self.graph, plan, writes.corrupted, writes.reads, writes.final, self._diffs[b])
             where = metric_positions(self.enc, rows)
             logits = split_pass(self.lm, self.wiring, self.enc.clean[rows], self.enc.mask[rows], feed, positions=where)
             values.append(logit_diff(logits, self.enc, rows, where).double().cpu())
-        self.passes += 1
         return float(torch.cat(values).mean())
 
 

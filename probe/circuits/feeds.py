@@ -81,71 +81,81 @@ class Gradients(Feed):
         self.leaves[(kind, layer)] = leaf
         return leaf
 
+    def listens(self, kind: str, layer: int) -> bool:
+        return False  # the gradients need no writes
+
 
 class Patch(Feed):
-    """Feed each input the stream of the current pass minus, for every edge into it that is outside
-    the circuit, its writer's current write minus its write in the corrupted run: an included edge
-    carries what its writer writes in this pass, an excluded one what it wrote in the corrupted run.
+    """Feed each input of a circuit's pass the stream its :class:`~probe.circuits.passplan.PassPlan`
+    says: the pass's own stream minus the excluded edges' (write - corrupted write), or the corrupted
+    run's stream plus the included edges' (the same stream, :mod:`probe.circuits.passplan`): an edge
+    in the circuit carries what its writer writes in this pass, one outside it what it wrote in the
+    corrupted run.
 
     Args:
         graph: the graph.
+        plan: the circuit's plan (``run == "pass"``).
         corrupted: [writers, batch, T, d_model] the corrupted run's writes (:class:`Capture`).
-        excluded: [inputs, writers] boolean, True for an edge outside the circuit (False where there is
-            no edge).
+        reads: the corrupted run's streams that the inputs read (:attr:`Capture.reads`); final: its
+            stream before the final norm [batch, T, d_model].
+        diff: [writers, batch, T, d_model] a buffer of finite values for the differences (the writers
+            the plan needs are written; the others' weights are 0), or None: a new one.
     """
 
-    def __init__(self, graph: Graph, corrupted: torch.Tensor, excluded: torch.Tensor) -> None:
-        self.graph, self.corrupted = graph, corrupted
-        self.excluded = excluded.to(corrupted.dtype)
-        self.diff = torch.zeros_like(corrupted)
-        self.rows: dict[tuple[str, int], list[int]] = {}
-        for d, (kind, layer, _) in enumerate(graph.downstream):
-            self.rows.setdefault((kind, layer), []).append(d)
-        self._ready: dict[tuple[str, int], torch.Tensor | None] = {}
+    def __init__(self, graph: Graph, plan, corrupted: torch.Tensor, reads: dict, final: torch.Tensor,
+                 diff: torch.Tensor | None = None) -> None:
+        self.graph, self.plan, self.corrupted, self.reads, self.final = graph, plan, corrupted, reads, final
+        self.diff = torch.zeros_like(corrupted) if diff is None else diff
+        self._parts: dict[tuple[str, int], torch.Tensor] = {}
+
+    def listens(self, kind: str, layer: int) -> bool:
+        g = self.graph
+        if kind == "heads":
+            return bool(self.plan.writers[g.head_node(layer, 0):g.head_node(layer, 0) + g.heads].any())
+        return kind != "mlp" or bool(self.plan.writers[g.mlp_node(layer)])
 
     def wrote(self, kind: str, layer: int, out: torch.Tensor) -> None:
         g = self.graph
-        if kind not in ("input", "mlp", "heads"):
-            return
         if kind == "input":
             self.diff[0] = out.detach() - self.corrupted[0]
-        elif kind == "mlp":
+        elif kind == "mlp" and self.plan.writers[g.mlp_node(layer)]:
             u = g.mlp_node(layer)
             self.diff[u] = out.detach() - self.corrupted[u]
-        else:
-            u = g.head_node(layer, 0)
-            self.diff[u:u + g.heads] = out.detach() - self.corrupted[u:u + g.heads]
+        elif kind == "heads":
+            for h in range(g.heads):
+                u = g.head_node(layer, h)
+                if self.plan.writers[u]:
+                    self.diff[u] = out[h].detach() - self.corrupted[u]
 
-    def delta(self, kind: str, layer: int) -> torch.Tensor | None:
-        """Minus the excluded edges' differences summed into each input of (kind, layer).
+    def _streams(self, group, own: torch.Tensor, base: torch.Tensor, part: torch.Tensor | None) -> torch.Tensor:
+        """[rows, batch, T, d_model]: each row's own or corrupted stream plus its part of the product."""
+        out = torch.stack([base if c else own for c in group.corrupted])
+        return out if part is None else out + part.reshape(out.shape).to(out.dtype)
 
-        A layer's q, k, v and MLP inputs all read writers 0 .. n - 1 (the MLP also the layer's heads),
-        so when q asks, one product over those writers serves the four; k and v take theirs as made,
-        the MLP adds the layer's heads when it asks. Reading the writes once a layer rather than four
-        times is most of what a circuit's pass costs beyond the model's own forward pass."""
-        if kind in ("k", "v", "mlp") and (kind, layer) in self._ready:
-            part = self._ready.pop((kind, layer))
-            if kind == "mlp":
-                n, m = self.graph.reads("q", layer), self.graph.reads("mlp", layer)
-                tail = self.excluded[self.rows[("mlp", layer)], n:m]
-                if bool(tail.any()):
-                    part = part - (tail @ self.diff[n:m].reshape(m - n, -1)).reshape(1, *self.diff.shape[1:])
-                return part[0] if bool(self.excluded[self.rows[("mlp", layer)], :m].any()) else None
-            return part if bool(self.excluded[self.rows[(kind, layer)]].any()) else None
-        kinds = ("q", "k", "v", "mlp") if kind == "q" else (kind,)
-        rows = [d for k in kinds for d in self.rows[(k, layer)]]
-        n = self.graph.reads(kind, None if kind == "logits" else layer)
-        weights = self.excluded[rows, :n]
-        shape = self.diff.shape[1:]
-        if kind != "q":
-            if not bool(weights.any()):
-                return None
-            out = -(weights @ self.diff[:n].reshape(n, -1)).reshape(len(rows), *shape)
-            return out if kind in ("k", "v") else out[0]
-        if bool(weights.any()):
-            out = -(weights @ self.diff[:n].reshape(n, -1)).reshape(len(rows), *shape)
+    def fed(self, kind: str, layer: int, own: torch.Tensor) -> torch.Tensor | None:
+        """The streams of (kind, layer) (:meth:`Feed.fed`). A layer's q, k, v and MLP rows share one
+        product over the writers before the layer, done when q asks; the MLP adds its layer's heads
+        (``tail``) when it asks."""
+        group = self.plan.groups[(kind, layer)]
+        if kind == "q":
+            part = None if group.product is None else group.product(self.diff)
+            sizes = {k: len(self.plan.groups[(k, layer)].rows) for k in ("q", "k", "v", "mlp")}
+            if part is not None:
+                for k, chunk in zip(("q", "k", "v", "mlp"), part.split(list(sizes.values()))):
+                    self._parts[(k, layer)] = chunk
+        if kind == "logits":
+            part = None if group.product is None else group.product(self.diff)
+            base = self.final
+        elif kind == "mlp":
+            part = self._parts.pop((kind, layer), None)
+            if group.tail is not None:
+                tail = group.tail(self.diff)
+                part = tail if part is None else part + tail
+            base = self.reads[("mlp_in", layer)]
         else:
-            out = torch.zeros(len(rows), *shape, dtype=self.diff.dtype, device=self.diff.device)
-        parts = out.split([len(self.rows[(k, layer)]) for k in kinds])
-        self._ready.update({(k, layer): part for k, part in zip(kinds[1:], parts[1:])})
-        return parts[0] if bool(self.excluded[self.rows[("q", layer)]].any()) else None
+            part = self._parts.pop((kind, layer), None)
+            base = self.reads[("stream", layer)]
+        if part is None and not group.corrupted.any():
+            return None
+        out = self._streams(group, own, base, part)
+        return out if kind in ("q", "k", "v") else out[0]
