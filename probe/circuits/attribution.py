@@ -74,6 +74,19 @@ def logit_diff(logits: torch.Tensor, enc: EncodedPairs, rows: slice, positions: 
     return at[idx, enc.answer[rows].to(at.device)] - at[idx, enc.wrong[rows].to(at.device)]
 
 
+#: Memory the writes and gradients of one batch of pairs may take (bytes), for the default batch size.
+BATCH_MEMORY = 3 * 2**30
+
+
+def pairs_per_batch(graph: Graph, enc: EncodedPairs, d_model: int, memory: int = BATCH_MEMORY) -> int:
+    """The most pairs a batch holds within ``memory`` bytes (at least 1, at most all of them): per pair,
+    the clean and corrupted writes (2 x writers) and an EAP-IG pass's gradients, their sum and the
+    autograd state (about 4 x inputs), each [T, d_model] float32. SmolLM2 on the 20 built-in pairs (16
+    tokens): 93 MB a pair, so all 20 in one batch (1.9 GB)."""
+    per_pair = (2 * graph.n_upstream + 4 * len(graph.downstream)) * enc.clean.shape[1] * d_model * 4
+    return max(1, min(len(enc), memory // per_pair))
+
+
 def batches(n: int, size: int) -> list[slice]:
     """Consecutive slices of ``size`` pairs (the last may be shorter)."""
     return [slice(i, min(n, i + size)) for i in range(0, n, size)]
@@ -91,17 +104,19 @@ class Writes:
     ld_corrupted: torch.Tensor
     reads: dict | None = None
     final: torch.Tensor | None = None
+    inputs: dict | None = None
 
 
 @torch.no_grad()
 def capture_writes(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: slice) -> Writes:
-    """Two passes (clean, corrupted prompts of ``rows``), recording every write."""
+    """Two passes (clean, corrupted prompts of ``rows``), recording every write (and, of the corrupted
+    run, the streams the inputs read and the heads' q, k and v)."""
     out = []
-    for ids in (enc.clean[rows], enc.corrupted[rows]):
-        feed, where = Capture(graph), metric_positions(enc, rows)
+    for ids, inputs in ((enc.clean[rows], False), (enc.corrupted[rows], True)):
+        feed, where = Capture(graph, inputs), metric_positions(enc, rows)
         logits = split_pass(lm, wiring, ids, enc.mask[rows], feed, positions=where)
         out += [feed.outputs(), logit_diff(logits, enc, rows, where).double().cpu()]
-    return Writes(out[0], out[2], out[1], out[3], feed.reads, feed.final)
+    return Writes(out[0], out[2], out[1], out[3], feed.reads, feed.final, feed.inputs)
 
 
 def input_gradients(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: slice, writes: Writes,
@@ -158,7 +173,7 @@ def node_scores(graph: Graph, edges: np.ndarray) -> np.ndarray:
 
 
 def edge_scores(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, *, method: str = "eap-ig", steps: int = 5,
-                batch_size: int = 8, progress=None, points: str = "right") -> np.ndarray:
+                batch_size: int = 8, progress=None, points: str = "right", keep: list | None = None) -> np.ndarray:
     """Every edge's score by EAP or EAP-IG (module docstring), summed over batches of pairs.
 
     Args:
@@ -170,6 +185,8 @@ def edge_scores(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, *, method: 
         points: EAP-IG's convention, ``"right"`` (alpha = k/m, k = 1..m) or ``"left"`` (k = 0..m-1,
             hannamw/EAP-IG's); EAP is alpha = 1 either way.
         progress: called with the number of backward passes done after each, or None.
+        keep: a list to which each batch's :class:`Writes` is appended (for the circuits' passes,
+            :class:`~probe.circuits.evaluate.Evaluator`), or None.
 
     Returns:
         [edges] float64, in logits of the mean logit difference.
@@ -184,6 +201,8 @@ def edge_scores(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, *, method: 
     total, done = np.zeros(graph.n_edges), 0
     for rows in batches(len(enc), batch_size):
         writes = capture_writes(lm, wiring, graph, enc, rows)
+        if keep is not None:
+            keep.append(writes)
         mean: dict = {}
         for alpha in points_at:
             for key, g in input_gradients(lm, wiring, graph, enc, rows, writes, alpha).items():

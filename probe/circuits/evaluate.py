@@ -26,7 +26,7 @@ from .attribution import batches, capture_writes, logit_diff, metric_positions
 from .feeds import Patch
 from .forward import split_pass
 from .graph import Graph, edge_matrix
-from .passplan import PassPlan, plan_pass
+from .passplan import PassPlan, needs_pass, plan_pass
 from .wiring import Wiring
 
 #: Circuit sizes of the faithfulness curve, as shares of all edges.
@@ -93,11 +93,20 @@ class Evaluator:
         """The corrupted run's mean logit difference."""
         return float(torch.cat([w.ld_corrupted for w in self.writes]).mean())
 
+    @property
+    def coupled(self) -> list[bool]:
+        """Layers whose heads' writes share the scale of a norm after the attention (Gemma 2's)."""
+        return [layer.attn_post is not None for layer in self.wiring.layers]
+
     def plan(self, included: np.ndarray) -> PassPlan:
         """The :class:`~probe.circuits.passplan.PassPlan` of a circuit ([edges] boolean)."""
         corrupted = self.writes[0].corrupted
-        coupled = [layer.attn_post is not None for layer in self.wiring.layers]
-        return plan_pass(self.graph, edge_matrix(self.graph, included), corrupted.dtype, corrupted.device, coupled)
+        return plan_pass(self.graph, edge_matrix(self.graph, included), corrupted.dtype, corrupted.device,
+                         self.coupled)
+
+    def needs_pass(self, included: np.ndarray) -> bool:
+        """Whether the circuit ([edges] boolean) is run (:func:`~probe.circuits.passplan.needs_pass`)."""
+        return needs_pass(self.graph, edge_matrix(self.graph, included), self.coupled)
 
     @torch.no_grad()
     def metric(self, included: np.ndarray) -> float:
@@ -117,7 +126,7 @@ class Evaluator:
         for b, (rows, writes) in enumerate(zip(self.rows, self.writes)):
             if self._diffs[b] is None:
                 self._diffs[b] = torch.zeros_like(writes.corrupted)  # finite values, rewritten where needed
-            feed = Patch(self.graph, plan, writes.corrupted, writes.reads, writes.final, self._diffs[b])
+            feed = Patch(self.graph, plan, writes.corrupted, writes.reads, writes.final, self._diffs[b], writes.inputs)
             where = metric_positions(self.enc, rows)
             logits = split_pass(self.lm, self.wiring, self.enc.clean[rows], self.enc.mask[rows], feed, positions=where)
             values.append(logit_diff(logits, self.enc, rows, where).double().cpu())
@@ -138,6 +147,18 @@ class Faithfulness:
     frame: pd.DataFrame
     m_full: float
     m_empty: float
+
+
+def curve_circuits(scores: np.ndarray, sizes: list[int], seeds: int = 5) -> list[tuple[int, int | None, np.ndarray]]:
+    """The circuits of the faithfulness curve, in the order they run: for each size k the top k edges
+    (seed None), then ``seeds`` random circuits of k edges (seeds 0 .. seeds - 1); as (k, seed,
+    [edges] boolean)."""
+    n = len(scores)
+    out = []
+    for k in sizes:
+        out.append((k, None, top_edges(scores, k)))
+        out += [(k, s, random_edges(n, k, s)) for s in range(seeds)]
+    return out
 
 
 def faithfulness_curve(evaluator: Evaluator, scores: np.ndarray, sizes: list[int], seeds: int = 5,
@@ -170,10 +191,12 @@ def faithfulness_curve(evaluator: Evaluator, scores: np.ndarray, sizes: list[int
     def faith(value):
         return (value - empty) / span if span != 0 else float("nan")
 
+    values: dict = {}
+    for k, seed, included in curve_circuits(scores, sizes, seeds):
+        values.setdefault(k, {})[seed] = run(included)
     rows = []
     for k in sizes:
-        top = run(top_edges(scores, k))
-        rand = [faith(run(random_edges(n, k, s))) for s in range(seeds)]
+        top, rand = values[k][None], [faith(values[k][s]) for s in range(seeds)]
         rows.append({"k": k, "share": k / n, "faithfulness": faith(top), "random_mean": float(np.mean(rand)),
                      "random_std": float(np.std(rand)), "metric": top})
     return Faithfulness(pd.DataFrame(rows), full, empty)

@@ -3,22 +3,30 @@ gradient at every input, checking the recomputed head inputs, patching the edges
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .forward import Feed
+from .forward import Feed, Heads
 from .graph import Graph
 
 
 class Capture(Feed):
     """Record what every writer wrote: :meth:`outputs` [writers, batch, T, d_model] (detached), in
     the graph's writer order; :attr:`final` the stream before the final norm; :attr:`reads`
-    (``"stream"`` or ``"mlp_in"``, layer) -> what a block and an MLP's norm read."""
+    (``"stream"`` or ``"mlp_in"``, layer) -> what a block and an MLP's norm read; with ``inputs``,
+    :attr:`inputs` (q, k or v, layer) -> what the attention function received there [batch, n, T,
+    d_head]."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, inputs: bool = False) -> None:
         self.graph = graph
         self._out: dict[int, torch.Tensor] = {}
         self.final: torch.Tensor | None = None
         self.reads: dict[tuple[str, int], torch.Tensor] = {}
+        self.inputs: dict[tuple[str, int], torch.Tensor] | None = {} if inputs else None
+
+    def received(self, kind: str, layer: int, tensor: torch.Tensor) -> None:
+        if self.inputs is not None:
+            self.inputs[(kind, layer)] = tensor.detach()
 
     def wrote(self, kind: str, layer: int, out: torch.Tensor) -> None:
         if kind == "final":
@@ -103,16 +111,21 @@ class Patch(Feed):
     """
 
     def __init__(self, graph: Graph, plan, corrupted: torch.Tensor, reads: dict, final: torch.Tensor,
-                 diff: torch.Tensor | None = None) -> None:
+                 diff: torch.Tensor | None = None, inputs: dict | None = None) -> None:
         self.graph, self.plan, self.corrupted, self.reads, self.final = graph, plan, corrupted, reads, final
+        self.inputs = inputs
         self.diff = torch.zeros_like(corrupted) if diff is None else diff
         self._parts: dict[tuple[str, int], torch.Tensor] = {}
 
-    def listens(self, kind: str, layer: int) -> bool:
-        g = self.graph
+    def _heads(self, layer: int) -> list[int]:
+        first = self.graph.head_node(layer, 0)
+        return [int(h) for h in np.flatnonzero(self.plan.writers[first:first + self.graph.heads])]
+
+    def listens(self, kind: str, layer: int) -> bool | list[int]:
         if kind == "heads":
-            return bool(self.plan.writers[g.head_node(layer, 0):g.head_node(layer, 0) + g.heads].any())
-        return kind != "mlp" or bool(self.plan.writers[g.mlp_node(layer)])
+            heads = self._heads(layer)
+            return heads if len(heads) < self.graph.heads else bool(heads)
+        return kind != "mlp" or bool(self.plan.writers[self.graph.mlp_node(layer)])
 
     def wrote(self, kind: str, layer: int, out: torch.Tensor) -> None:
         g = self.graph
@@ -122,10 +135,11 @@ class Patch(Feed):
             u = g.mlp_node(layer)
             self.diff[u] = out.detach() - self.corrupted[u]
         elif kind == "heads":
-            for h in range(g.heads):
+            heads = range(g.heads) if len(out) == g.heads else self._heads(layer)
+            for row, h in enumerate(heads):
                 u = g.head_node(layer, h)
                 if self.plan.writers[u]:
-                    self.diff[u] = out[h].detach() - self.corrupted[u]
+                    self.diff[u] = out[row].detach() - self.corrupted[u]
 
     def _streams(self, group, own: torch.Tensor, base: torch.Tensor, part: torch.Tensor | None) -> torch.Tensor:
         """[rows, batch, T, d_model]: each row's own or corrupted stream plus its part of the product."""
@@ -157,5 +171,22 @@ class Patch(Feed):
             base = self.reads[("stream", layer)]
         if part is None and not group.corrupted.any():
             return None
+        if kind in ("q", "k", "v") and self.inputs is not None:
+            return self._some(group, kind, layer, own, base, part)
         out = self._streams(group, own, base, part)
         return out if kind in ("q", "k", "v") else out[0]
+
+    def _some(self, group, kind: str, layer: int, own: torch.Tensor, base: torch.Tensor, part) -> Heads:
+        """The heads of a q, k or v group as :class:`~probe.circuits.forward.Heads`: a head whose input
+        has terms is recomputed from its stream; one that reads the corrupted stream alone takes what the
+        attention received in the corrupted run; one that reads its own stream alone keeps the pass's."""
+        terms = np.zeros(len(group.rows), dtype=bool) if part is None else group.terms
+        recompute = [int(j) for j in np.flatnonzero(terms)]
+        fixed = [int(j) for j in np.flatnonzero(group.corrupted & ~terms)]
+        streams = None
+        if recompute:
+            idx = torch.as_tensor(recompute, device=part.device)
+            start = torch.stack([base if group.corrupted[j] else own for j in recompute])
+            streams = start + part[idx].reshape(start.shape).to(start.dtype)
+        given = self.inputs[(kind, layer)][:, fixed] if fixed else None
+        return Heads(streams, recompute, given, fixed)

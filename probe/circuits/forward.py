@@ -24,6 +24,7 @@ probe's attention function:
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +35,19 @@ from .wiring import RERUNNING, Taken, Wiring, head_writes, recompute, rerun
 
 #: The attention function's points that carry a head's inputs, by graph input kind.
 POINT_OF = {"q": "query", "k": "key", "v": "value"}
+
+
+@dataclass
+class Heads:
+    """What some heads of one (kind, layer) read, as a feed may give it instead of every head's stream
+    (:meth:`Feed.fed`): ``streams`` [r, batch, T, d_model] for the heads ``recompute`` (recomputed from
+    them), ``given`` [batch, g, T, d_head] taken as they are for the heads ``fixed``; every other head
+    keeps what the attention received (the model's own)."""
+
+    streams: torch.Tensor | None = None
+    recompute: list[int] = field(default_factory=list)
+    given: torch.Tensor | None = None
+    fixed: list[int] = field(default_factory=list)
 
 
 class Feed:
@@ -55,10 +69,16 @@ class Feed:
             return None
         return (own[None] if kind in POINT_OF else own) + delta.to(own.dtype)  # a delta in the model's dtype
 
-    def listens(self, kind: str, layer: int) -> bool:
+    def listens(self, kind: str, layer: int) -> bool | list[int]:
         """Whether :meth:`wrote` wants the writes ``kind`` (``"heads"``, ``"mlp"``) of ``layer``: a pass
-        computes the heads' writes (z_h W_O^h, one product a layer) only for a feed that does."""
+        computes the heads' writes (z_h W_O^h, one product a layer) only for a feed that does; for
+        ``"heads"`` a list: those heads' writes only (all of them where a norm after the attention
+        scales them by their sum)."""
         return True
+
+    def received(self, kind: str, layer: int, tensor: torch.Tensor) -> None:
+        """What the attention function received at the q, k or v of ``layer`` before any feeding,
+        [batch, n, T, d_head] (the base class ignores it)."""
 
     def wrote(self, kind: str, layer: int, out: torch.Tensor) -> None:
         """``kind`` ``"input"`` (out [batch, T, d_model], the embeddings' write), ``"heads"`` ([heads,
@@ -106,9 +126,12 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
             def editor(tensor, call):
                 if RERUNNING and RERUNNING[-1] is layer.attention:
                     raise Taken({"query": call.query, "key": call.key, "value": call.value})
+                feed.received(kind, i, tensor)
                 stream = feed.fed(kind, i, streams[i])
                 if stream is None:
                     return tensor
+                if isinstance(stream, Heads):
+                    return feed.recomputed(kind, i, tensor, _some_heads(layer, kind, i, stream, tensor, streams))
                 if layer.rerun:
                     new = rerun(layer, POINT_OF[kind], stream, streams[("call", i)])
                 else:
@@ -119,8 +142,11 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
 
         def output(tensor, call, i=i, layer=layer):
             z = feed.z(i, tensor)
-            if feed.listens("heads", i):
+            wanted = feed.listens("heads", i)
+            if wanted is True or (wanted and layer.attn_post is not None):
                 feed.wrote("heads", i, head_writes(layer, z, spec))
+            elif wanted:
+                feed.wrote("heads", i, head_writes(layer, z, spec, wanted))
             return z
 
         def mlp_pre(module, args, i=i):  # OPT's MLP reads [batch * T, d_model]
@@ -161,6 +187,24 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
         else:
             hooks.forward_pre(layer.mlp, shared_norm_pre)
         hooks.forward(layer.writer, mlp_out)
+
+
+def _some_heads(layer, kind: str, i: int, fed: Heads, received: torch.Tensor, streams: dict) -> torch.Tensor:
+    """[batch, n, T, d_head]: what the attention received, with the heads of ``fed`` replaced."""
+    out = received.clone()
+    if fed.fixed:
+        out[:, fed.fixed] = fed.given.to(out.dtype)
+    if fed.recompute:
+        if layer.rerun:  # the module's own code runs one copy per head: the others read their own stream
+            n = received.shape[1]
+            full = streams[i][None].expand(n, *streams[i].shape).clone()
+            full[fed.recompute] = fed.streams.to(full.dtype)
+            new = rerun(layer, POINT_OF[kind], full, streams[("call", i)])[:, fed.recompute]
+        else:
+            new = recompute(layer, POINT_OF[kind], fed.streams.to(streams[i].dtype), streams.get(("turns", i)),
+                            fed.recompute)
+        out[:, fed.recompute] = new.to(out.dtype)
+    return out
 
 
 def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: Feed,

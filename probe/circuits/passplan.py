@@ -59,12 +59,14 @@ class Group:
     indices), ``corrupted`` [rows] boolean (the row starts from the corrupted run's stream, else from
     the pass's own), ``product`` (the weighted differences over the writers read when the group is
     asked, or None), ``tail`` (an MLP's product over its own layer's heads, added when it asks, or
-    None); ``own``: every row reads the pass's own stream unchanged."""
+    None), ``terms`` [rows] boolean (the row has a product term); ``own``: every row reads the pass's own
+    stream unchanged."""
 
     rows: list[int]
     corrupted: np.ndarray
     product: Product | None = None
     tail: Product | None = None
+    terms: np.ndarray | None = None
 
     @property
     def own(self) -> bool:
@@ -101,6 +103,37 @@ def _product(weights: np.ndarray, lo: int, hi: int, dtype, device) -> Product | 
     return Product(t, lo, hi)
 
 
+def _terms(graph: Graph, included: np.ndarray, coupled=None):
+    """(run, writers, from_corrupted [inputs], weights [inputs, writers] int8) of a circuit's pass
+    (:func:`plan_pass`); run ``"corrupted"`` or ``"clean"`` with the other three None."""
+    kept = paths(graph, included, coupled)
+    if not kept.any():
+        return "corrupted", None, None, None
+    readers, _ = _layout(graph)
+    writers = readers[kept.any(1)].any(0)  # the writers whose inputs read a difference
+    writers[0] = True
+    for layer in np.flatnonzero(np.zeros(graph.layers, dtype=bool) if coupled is None else coupled):
+        heads = slice(graph.head_node(layer, 0), graph.head_node(layer, 0) + graph.heads)
+        writers[heads] = writers[heads].any()
+    reads = np.array([graph.reads(kind, None if kind == "logits" else layer) for kind, layer, _ in graph.downstream])
+    span = np.arange(graph.n_upstream)[None, :] < reads[:, None]
+    inc = kept.sum(1)
+    exc_edges = span & writers[None, :] & ~kept
+    exc = exc_edges.sum(1)
+    from_corrupted = (inc <= exc) & (exc > 0)  # ties: the corrupted stream (a row without any term needs no sum)
+    weights = np.where(from_corrupted[:, None], kept.astype(np.int8), -exc_edges.astype(np.int8))
+    weights[exc == 0] = 0  # every edge on the paths is in: the row reads its own stream
+    if not from_corrupted.any() and not weights.any():
+        return "clean", None, None, None
+    return "pass", writers, from_corrupted, weights
+
+
+def needs_pass(graph: Graph, included: np.ndarray, coupled=None) -> bool:
+    """Whether a circuit ([inputs, writers] boolean) needs a pass: its pruned form is neither the
+    clean nor the corrupted run (:func:`plan_pass`)."""
+    return _terms(graph, included, coupled)[0] == "pass"
+
+
 def plan_pass(graph: Graph, included: np.ndarray, dtype=torch.float32, device=None, coupled=None) -> PassPlan:
     """The plan of the pass of a circuit (module docstring).
 
@@ -117,27 +150,12 @@ def plan_pass(graph: Graph, included: np.ndarray, dtype=torch.float32, device=No
         A :class:`PassPlan`.
     """
     device = torch.device("cpu") if device is None else torch.device(device)
-    kept = paths(graph, included, coupled)
-    if not kept.any():
-        return PassPlan("corrupted", writers=np.zeros(graph.n_upstream, dtype=bool))
-    readers, _ = _layout(graph)
-    writers = readers[kept.any(1)].any(0)  # the writers whose inputs read a difference
-    writers[0] = True
-    for layer in np.flatnonzero(np.zeros(graph.layers, dtype=bool) if coupled is None else coupled):
-        heads = slice(graph.head_node(layer, 0), graph.head_node(layer, 0) + graph.heads)
-        writers[heads] = writers[heads].any()
-    reads = np.array([graph.reads(kind, None if kind == "logits" else layer) for kind, layer, _ in graph.downstream])
-    span = np.arange(graph.n_upstream)[None, :] < reads[:, None]
-    inc = kept.sum(1)
-    exc_edges = span & writers[None, :] & ~kept
-    exc = exc_edges.sum(1)
-    from_corrupted = (inc <= exc) & (exc > 0)  # ties: the corrupted stream (a row without any term needs no sum)
-    weights = np.where(from_corrupted[:, None], kept.astype(np.int8), -exc_edges.astype(np.int8))
-    weights[(exc == 0)] = 0  # every edge on the paths is in: the row reads its own stream
-    if not from_corrupted.any() and not weights.any():
-        return PassPlan("clean", writers=np.zeros(graph.n_upstream, dtype=bool))
+    run, writers, from_corrupted, weights = _terms(graph, included, coupled)
+    if run != "pass":
+        return PassPlan(run, writers=np.zeros(graph.n_upstream, dtype=bool))
     groups: dict = {}
     rows_of: dict = {}
+    has = weights.any(1)
     for d, (kind, layer, _) in enumerate(graph.downstream):
         rows_of.setdefault((kind, layer), []).append(d)
     for layer in range(graph.layers):
@@ -146,9 +164,10 @@ def plan_pass(graph: Graph, included: np.ndarray, dtype=torch.float32, device=No
         w = weights[rows].astype(np.float32)
         mlp_row = rows_of[("mlp", layer)]
         q = rows_of[("q", layer)]
-        groups[("q", layer)] = Group(q, from_corrupted[q], _product(w, 0, n, dtype, device))
+        groups[("q", layer)] = Group(q, from_corrupted[q], _product(w, 0, n, dtype, device), terms=has[q])
         for kind in ("k", "v"):
-            groups[(kind, layer)] = Group(rows_of[(kind, layer)], from_corrupted[rows_of[(kind, layer)]])
+            k_rows = rows_of[(kind, layer)]
+            groups[(kind, layer)] = Group(k_rows, from_corrupted[k_rows], terms=has[k_rows])
         groups[("mlp", layer)] = Group(mlp_row, from_corrupted[mlp_row],
                                        tail=_product(weights[mlp_row].astype(np.float32), n, m, dtype, device))
     last = len(graph.downstream) - 1

@@ -59,9 +59,9 @@ def _shares(text: str) -> tuple[float, ...]:
               callback=click_callback(lambda v: v if v is None else _shares(v)),
               help="Circuit sizes of the faithfulness curve, as shares of all edges [default: 0.001, 0.002, 0.005, "
                    "0.01, 0.02, 0.05, 0.1, 0.2, 0.5].")
-@click.option("--batch-size", type=int, default=8, show_default=True,
-              callback=click_callback(lambda v: bounds.positive_int("--batch-size", v)),
-              help="Pairs per forward pass.")
+@click.option("--batch-size", type=int, default=None,
+              callback=click_callback(lambda v: v if v is None else bounds.positive_int("--batch-size", v)),
+              help="Pairs per forward pass [default: all pairs, as many as about 3 GB of writes and gradients hold].")
 @run_folder_options
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement
@@ -91,9 +91,9 @@ def circuit_command(model_name, pairs_file, method, steps, points, edges, select
                                              head="auto", given=given, kind_check=check_kind)  # pre-norm models
     show = sys.stderr.isatty() if progress is None else progress
     m = 1 if method == "eap" else steps
-    n_batches = -(-len(pairs) // batch_size)
 
-    def plan(graph, sizes: int) -> None:  # once the graph is checked: a model it does not fit gets only its error
+    def plan(graph, sizes: int, n_batches: int) -> None:  # once the graph is checked: a model it does not fit gets
+        # only its error
         click.echo(f"Circuit of {lm.name} on {plural(len(pairs), 'pair')} ({source}), {method}"
                    f"{f' m={m} ({points} points)' if method == 'eap-ig' else ''}, {graph.n_edges} edges: cost "
                    f"{n_batches * (2 + m)} forward and {n_batches * m} backward passes for the scores, about "
