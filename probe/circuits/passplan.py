@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .graph import Graph, _layout, paths
+from .rowsums import csr, weighted_rows
 
 #: A product over the writers is done sparse (one term per edge) below this many terms per writer
 #: column of the dense product (measured on 2 CPU cores: a sparse product of 16 inputs over 150
@@ -37,10 +38,12 @@ SPARSE_BELOW = 2.0
 
 @dataclass
 class Product:
-    """Signed weights of a product over writers ``lo .. hi - 1``: [rows, hi - lo] (+1: the corrupted
-    stream plus the edge's difference, -1: the own stream minus it, 0: no term), sparse (CSR) where
-    :data:`SPARSE_BELOW` says so."""
+    """Signed weights of a product over writers ``lo .. hi - 1``: ``terms`` the nonzero ones
+    (:func:`~probe.circuits.rowsums.csr`: +1, the corrupted stream plus the edge's difference; -1, the
+    own stream minus it), summed by the compiled pass of :mod:`probe.circuits.rowsums`, else by torch
+    (``weights`` [rows, hi - lo], sparse where :data:`SPARSE_BELOW` says so)."""
 
+    terms: tuple
     weights: torch.Tensor
     lo: int
     hi: int
@@ -48,6 +51,9 @@ class Product:
     def __call__(self, diff: torch.Tensor) -> torch.Tensor:
         """[rows, batch * T * d_model]: the weighted sum of ``diff`` [writers, batch, T, d_model]."""
         flat = diff[self.lo:self.hi].reshape(self.hi - self.lo, -1)
+        out = weighted_rows(self.terms, flat)
+        if out is not None:
+            return out
         if self.weights.layout == torch.sparse_csr:
             return torch.sparse.mm(self.weights, flat)
         return self.weights @ flat
@@ -100,7 +106,7 @@ def _product(weights: np.ndarray, lo: int, hi: int, dtype, device) -> Product | 
     t = torch.as_tensor(w, dtype=dtype, device=device)
     if nnz < SPARSE_BELOW * (hi - lo) and device.type == "cpu":
         t = t.to_sparse_csr()
-    return Product(t, lo, hi)
+    return Product(csr(w), t, lo, hi)
 
 
 def _terms(graph: Graph, included: np.ndarray, coupled=None):
