@@ -197,3 +197,29 @@ def test_vectorised_pruning_equals_the_edge_by_edge_sweep(graph):
         for seed in range(3):
             included = np.random.default_rng(seed).random(graph.n_edges) < share
             assert np.array_equal(prune(graph, included), _prune_edge_by_edge(graph, included)), (share, seed)
+
+
+def test_the_default_batch_holds_the_pairs_the_memory_allows():
+    from probe.circuits.attribution import pairs_per_batch
+
+    graph, enc = Graph(30, 9, 3), random_pairs(0, n=20, T=16)
+    per_pair = (2 * graph.n_upstream + 4 * len(graph.downstream)) * 16 * 576 * 4  # SmolLM2's shape: 93 MB
+    assert per_pair == 93_118_464
+    assert pairs_per_batch(graph, enc, 576) == 20  # the 20 built-in pairs in one batch (1.9 GB)
+    assert pairs_per_batch(graph, enc, 576, memory=5 * per_pair + 1) == 5
+    assert pairs_per_batch(graph, enc, 576, memory=1) == 1
+
+
+def test_circuits_that_prune_to_nothing_or_to_the_clean_run_need_no_pass(evaluated):
+    ev = evaluated
+    n = ev.graph.n_edges
+    up, down = ev.graph.edge_index
+    runs = ev.runs
+    only_logits = down == len(ev.graph.downstream) - 1
+    dangling = ~only_logits & (up == 0)  # the embeddings into every head and MLP, nothing on to the logits
+    assert not ev.needs_pass(dangling) and ev.plan(dangling).run == "corrupted"
+    assert ev.metric(dangling) == ev.ld_corrupted and ev.runs == runs
+    assert not ev.needs_pass(np.ones(n, dtype=bool)) and ev.metric(np.ones(n, dtype=bool)) == ev.ld_clean
+    assert ev.needs_pass(only_logits) and ev.runs == runs
+    ev.metric(only_logits)
+    assert ev.runs == runs + 1
