@@ -184,9 +184,14 @@ class Patch(Feed):
         recompute = [int(j) for j in np.flatnonzero(terms)]
         fixed = [int(j) for j in np.flatnonzero(group.corrupted & ~terms)]
         streams = None
-        if recompute:
-            idx = torch.as_tensor(recompute, device=part.device)
-            start = torch.stack([base if group.corrupted[j] else own for j in recompute])
-            streams = start + part[idx].reshape(start.shape).to(start.dtype)
+        if recompute:  # the terms, then each row's own or corrupted stream added in place (a + b = b + a)
+            streams = part[torch.as_tensor(recompute, device=part.device)].reshape(len(recompute), *own.shape)
+            streams = streams.to(own.dtype)
+            corrupted = group.corrupted[recompute]
+            for start, rows in ((base, corrupted), (own, ~corrupted)):
+                if rows.all():
+                    streams += start
+                elif rows.any():
+                    streams[torch.as_tensor(rows, device=streams.device)] += start
         given = self.inputs[(kind, layer)][:, fixed] if fixed else None
         return Heads(streams, recompute, given, fixed)
