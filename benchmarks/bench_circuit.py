@@ -114,6 +114,10 @@ def main() -> None:
     args = parser.parse_args()
     global clock
     clock = CLOCK[args.clock]
+    if args.clock == "cpu":  # the run's stage times (run.json's seconds) on the same clock
+        import probe.circuits.run as run_module
+
+        run_module.time = type("CpuTime", (), {"perf_counter": staticmethod(time.process_time)})
     if args.threads:
         torch.set_num_threads(args.threads)
     lm = probe.load_model("smollm2")
