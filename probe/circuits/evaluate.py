@@ -5,7 +5,9 @@ pass's stream minus, for each edge into it outside C, its writer's current write
 corrupted run's write (:class:`~probe.circuits.feeds.Patch`; the norms before each input recomputed
 from that stream). An edge in C carries what its writer writes in this pass; a writer cut off from
 the embeddings inside C writes what it wrote in the corrupted run, so it adds nothing to the edges
-it feeds. The complete graph's pass is the clean run; the empty graph's, the corrupted run.
+it feeds. The complete graph's pass is the clean run; the empty graph's, the corrupted run. Each
+pass is planned first (:mod:`probe.circuits.passplan`: the circuit pruned to its paths, each input from
+the cheaper of two equal sums), and a circuit whose plan is the clean or the corrupted run is not run.
 
 Faithfulness F(C) = (M(C) - M(empty)) / (M(full) - M(empty)), M the mean logit difference over the
 pairs: F(full) = 1 and F(empty) = 0 by construction, the two passes being run the same way as

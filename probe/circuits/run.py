@@ -49,7 +49,9 @@ class CircuitRun:
         faithfulness: the :class:`~probe.circuits.evaluate.Faithfulness` curve.
         ld_clean, ld_corrupted: the runs' mean logit differences.
         pairs, source: the pairs and where they came from; seconds: phase -> wall time; notes.
-        passes: forward passes run, by phase (``edges``, ``faithfulness``).
+        passes: forward passes, by phase (``edges``, ``faithfulness``: the circuits evaluated, a pass a batch
+            each as planned, with the clean and corrupted runs; ``circuits_run``: the circuit passes run, the
+            others pruned to the clean or the corrupted run).
         seeds: random circuits per size.
         metric_at: where the metric reads the logits, in words (:func:`~probe.effects.pairs.metric_place`).
         greedy: the :class:`~probe.circuits.greedy.Greedy` pruning when the circuit was chosen by it
