@@ -203,9 +203,10 @@ def test_the_default_batch_holds_the_pairs_the_memory_allows():
     from probe.circuits.attribution import pairs_per_batch
 
     graph, enc = Graph(30, 9, 3), random_pairs(0, n=20, T=16)
-    per_pair = (2 * graph.n_upstream + 4 * len(graph.downstream)) * 16 * 576 * 4  # SmolLM2's shape: 93 MB
-    assert per_pair == 93_118_464
-    assert pairs_per_batch(graph, enc, 576) == 20  # the 20 built-in pairs in one batch (1.9 GB)
+    per_pair = (2 * graph.n_upstream + 5 * len(graph.downstream)) * 16 * 576 * 4  # SmolLM2's shape: 111 MB
+    assert per_pair == 110_850_048
+    assert pairs_per_batch(graph, enc, 576) == 20  # the 20 built-in pairs in one batch (2.2 GB)
+    assert pairs_per_batch(graph, random_pairs(0, n=40, T=16), 576) == 29  # 3 GiB
     assert pairs_per_batch(graph, enc, 576, memory=5 * per_pair + 1) == 5
     assert pairs_per_batch(graph, enc, 576, memory=1) == 1
 
