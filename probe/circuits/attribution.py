@@ -74,6 +74,20 @@ def logit_diff(logits: torch.Tensor, enc: EncodedPairs, rows: slice, positions: 
     return at[idx, enc.answer[rows].to(at.device)] - at[idx, enc.wrong[rows].to(at.device)]
 
 
+#: Memory the writes and gradients of one batch of pairs may take (bytes), for the default batch size.
+BATCH_MEMORY = 3 * 2**30
+
+
+def pairs_per_batch(graph: Graph, enc: EncodedPairs, d_model: int, memory: int = BATCH_MEMORY) -> int:
+    """The most pairs a batch holds within ``memory`` bytes (at least 1, at most all of them): per pair,
+    the clean and corrupted writes (2 x writers) and an EAP-IG pass's gradients, their sum and the
+    autograd state (about 5 x inputs), each [T, d_model] float32. SmolLM2 on the 20 built-in pairs (16
+    tokens): 111 MB a pair, so all 20 in one batch (2.2 GB; measured: the scores raised the process's
+    peak resident memory by 2.3 GB, from 0.98 to 3.27 GB)."""
+    per_pair = (2 * graph.n_upstream + 5 * len(graph.downstream)) * enc.clean.shape[1] * d_model * 4
+    return max(1, min(len(enc), memory // per_pair))
+
+
 def batches(n: int, size: int) -> list[slice]:
     """Consecutive slices of ``size`` pairs (the last may be shorter)."""
     return [slice(i, min(n, i + size)) for i in range(0, n, size)]
@@ -81,24 +95,29 @@ def batches(n: int, size: int) -> list[slice]:
 
 @dataclass
 class Writes:
-    """The writes of one batch in the clean and the corrupted runs, [writers, batch, T, d_model], and
-    the runs' logit differences [batch]."""
+    """The writes of one batch in the clean and the corrupted runs, [writers, batch, T, d_model], the
+    runs' logit differences [batch], and the streams the inputs read in the corrupted run (``reads``:
+    :attr:`~probe.circuits.feeds.Capture.reads`; ``final``: before the final norm, [batch, T, d_model])."""
 
     clean: torch.Tensor
     corrupted: torch.Tensor
     ld_clean: torch.Tensor
     ld_corrupted: torch.Tensor
+    reads: dict | None = None
+    final: torch.Tensor | None = None
+    inputs: dict | None = None
 
 
 @torch.no_grad()
 def capture_writes(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: slice) -> Writes:
-    """Two passes (clean, corrupted prompts of ``rows``), recording every write."""
+    """Two passes (clean, corrupted prompts of ``rows``), recording every write (and, of the corrupted
+    run, the streams the inputs read and the heads' q, k and v)."""
     out = []
-    for ids in (enc.clean[rows], enc.corrupted[rows]):
-        feed, where = Capture(graph), metric_positions(enc, rows)
+    for ids, inputs in ((enc.clean[rows], False), (enc.corrupted[rows], True)):
+        feed, where = Capture(graph, inputs), metric_positions(enc, rows)
         logits = split_pass(lm, wiring, ids, enc.mask[rows], feed, positions=where)
         out += [feed.outputs(), logit_diff(logits, enc, rows, where).double().cpu()]
-    return Writes(out[0], out[2], out[1], out[3])
+    return Writes(out[0], out[2], out[1], out[3], feed.reads, feed.final, feed.inputs)
 
 
 def input_gradients(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: slice, writes: Writes,
@@ -122,29 +141,50 @@ def input_gradients(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, rows: s
     return {k: torch.zeros_like(feed.leaves[k]) if g is None else g for k, g in zip(keys, grads)}
 
 
+#: Columns (of batch x T x d_model) per block of :func:`edge_products`: a block of every writer's
+#: difference in float64 (301 writers on SmolLM2: 9.9 MB) stays in the cache while each layer's
+#: gradients multiply it.
+PRODUCT_BLOCK = 4096
+
+
 def edge_products(graph: Graph, diff: torch.Tensor, grads: dict) -> np.ndarray:
     """[edges] (o_u^corr - o_u^clean) . gradient at the edge's input, in the graph's edge order.
 
-    The writes are turned to float64 and flattened once ([writers, batch * T * d_model]); each layer's
-    q, k and v gradients are then one matrix product with the writers that reach them (a sum over
-    batch, positions and width, as an einsum over ``ubtd,hbtd->hu`` would do; converting the writes
-    once per receiver made this step ten times the cost of a gradient pass on SmolLM2).
+    The sum over batch, positions and width runs in float64, block by block of
+    :data:`PRODUCT_BLOCK` columns: each block of the writes is turned to float64 once and every
+    layer's inputs (its q, k, v and MLP gradients, then the logits') take their products with the
+    writers that reach them from it, so the writes are read from memory once (a product per layer
+    over the whole width read them 30 times on SmolLM2: the step cost 2.4 forward passes).
 
     Args:
         diff: [writers, batch, T, d_model] corrupted minus clean writes.
         grads: :func:`input_gradients`' dictionary (or a mean of several).
     """
-    flat = diff.double().reshape(diff.shape[0], -1)
-    parts = []
+    flat = diff.reshape(diff.shape[0], -1)
+    layers = []
     for layer in range(graph.layers):
+        per_kind = [grads[(kind, layer)].reshape(grads[(kind, layer)].shape[0], -1) for kind in "qkv"]
+        per_kind.append(grads[("mlp", layer)].reshape(1, -1))
+        layers.append((torch.cat(per_kind), [g.shape[0] for g in per_kind[:3]]))
+    last = grads[("logits", graph.layers)].reshape(1, -1)
+    sums = [torch.zeros(graph.reads("mlp", layer), g.shape[0], dtype=torch.float64, device=flat.device)
+            for layer, (g, _) in enumerate(layers)]
+    total = torch.zeros(graph.n_upstream, dtype=torch.float64, device=flat.device)
+    for start in range(0, flat.shape[1], PRODUCT_BLOCK):
+        block = flat[:, start:start + PRODUCT_BLOCK].double()
+        for layer, (g, _) in enumerate(layers):
+            n, m = graph.reads("q", layer), graph.reads("mlp", layer)
+            gb = g[:, start:start + PRODUCT_BLOCK].double()
+            sums[layer][:n, :-1] += block[:n] @ gb[:-1].T  # the q, k, v inputs read the writers before the layer
+            sums[layer][:m, -1] += block[:m] @ gb[-1]  # the MLP's also its heads (sequential blocks)
+        total += block @ last[0, start:start + PRODUCT_BLOCK].double()
+    parts = []
+    for layer, (_, sizes) in enumerate(layers):
         n = graph.reads("q", layer)
-        per_kind = [grads[(kind, layer)].double().reshape(grads[(kind, layer)].shape[0], -1) for kind in "qkv"]
-        products = flat[:n] @ torch.cat(per_kind).T  # [writers, q heads + k heads + v heads]
-        for block in products.split([g.shape[0] for g in per_kind], dim=1):
-            parts.append(block.T.reshape(-1))  # head-major, as the graph orders the edges
-        m = graph.reads("mlp", layer)
-        parts.append(flat[:m] @ grads[("mlp", layer)].double().reshape(-1))
-    parts.append(flat @ grads[("logits", graph.layers)].double().reshape(-1))
+        for piece in sums[layer][:n, :-1].split(sizes, dim=1):
+            parts.append(piece.T.reshape(-1))  # head-major, as the graph orders the edges
+        parts.append(sums[layer][:, -1])
+    parts.append(total)
     return torch.cat(parts).cpu().numpy()
 
 
@@ -155,7 +195,7 @@ def node_scores(graph: Graph, edges: np.ndarray) -> np.ndarray:
 
 
 def edge_scores(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, *, method: str = "eap-ig", steps: int = 5,
-                batch_size: int = 8, progress=None, points: str = "right") -> np.ndarray:
+                batch_size: int = 8, progress=None, points: str = "right", keep: list | None = None) -> np.ndarray:
     """Every edge's score by EAP or EAP-IG (module docstring), summed over batches of pairs.
 
     Args:
@@ -167,6 +207,8 @@ def edge_scores(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, *, method: 
         points: EAP-IG's convention, ``"right"`` (alpha = k/m, k = 1..m) or ``"left"`` (k = 0..m-1,
             hannamw/EAP-IG's); EAP is alpha = 1 either way.
         progress: called with the number of backward passes done after each, or None.
+        keep: a list to which each batch's :class:`Writes` is appended (for the circuits' passes,
+            :class:`~probe.circuits.evaluate.Evaluator`), or None.
 
     Returns:
         [edges] float64, in logits of the mean logit difference.
@@ -181,6 +223,8 @@ def edge_scores(lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, *, method: 
     total, done = np.zeros(graph.n_edges), 0
     for rows in batches(len(enc), batch_size):
         writes = capture_writes(lm, wiring, graph, enc, rows)
+        if keep is not None:
+            keep.append(writes)
         mean: dict = {}
         for alpha in points_at:
             for key, g in input_gradients(lm, wiring, graph, enc, rows, writes, alpha).items():

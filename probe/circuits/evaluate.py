@@ -5,7 +5,9 @@ pass's stream minus, for each edge into it outside C, its writer's current write
 corrupted run's write (:class:`~probe.circuits.feeds.Patch`; the norms before each input recomputed
 from that stream). An edge in C carries what its writer writes in this pass; a writer cut off from
 the embeddings inside C writes what it wrote in the corrupted run, so it adds nothing to the edges
-it feeds. The complete graph's pass is the clean run; the empty graph's, the corrupted run.
+it feeds. The complete graph's pass is the clean run; the empty graph's, the corrupted run. Each
+pass is planned first (:mod:`probe.circuits.passplan`: the circuit pruned to its paths, each input from
+the cheaper of two equal sums), and a circuit whose plan is the clean or the corrupted run is not run.
 
 Faithfulness F(C) = (M(C) - M(empty)) / (M(full) - M(empty)), M the mean logit difference over the
 pairs: F(full) = 1 and F(empty) = 0 by construction, the two passes being run the same way as
@@ -25,7 +27,8 @@ from ..effects.pairs import EncodedPairs
 from .attribution import batches, capture_writes, logit_diff, metric_positions
 from .feeds import Patch
 from .forward import split_pass
-from .graph import Graph
+from .graph import Graph, edge_matrix
+from .passplan import PassPlan, needs_pass, plan_pass
 from .wiring import Wiring
 
 #: Circuit sizes of the faithfulness curve, as shares of all edges.
@@ -38,10 +41,7 @@ def excluded_matrix(graph: Graph, included: np.ndarray) -> torch.Tensor:
     Args:
         included: [edges] boolean, True for the edges of the circuit (the graph's edge order).
     """
-    up, down = graph.edge_index
-    out = torch.zeros(len(graph.downstream), graph.n_upstream, dtype=torch.bool)
-    out[torch.as_tensor(down), torch.as_tensor(up)] = torch.as_tensor(~np.asarray(included, dtype=bool))
-    return out
+    return torch.as_tensor(edge_matrix(graph, ~np.asarray(included, dtype=bool)))
 
 
 def top_edges(scores: np.ndarray, k: int) -> np.ndarray:
@@ -60,18 +60,30 @@ def random_edges(n_edges: int, k: int, seed: int) -> np.ndarray:
 
 
 class Evaluator:
-    """Runs circuits of one model on one set of pairs; the corrupted writes are recorded once.
+    """Runs circuits of one model on one set of pairs; the clean and corrupted writes are recorded once.
+
+    Each circuit is planned first (:func:`~probe.circuits.passplan.plan_pass`): pruned to its paths,
+    each input built from the cheaper of its own and its corrupted stream; a circuit whose pruned form
+    is the clean or the corrupted run is not run (its M is that run's, bit for bit).
 
     Args:
         lm, wiring, graph: the model, its wiring and graph.
         enc: the encoded pairs; batch_size: pairs per pass.
+        writes: the :class:`~probe.circuits.attribution.Writes` of each batch of ``batch_size`` pairs,
+            when already captured (the edge scores' own), or None: two passes a batch here.
+
+    Attributes:
+        passes: circuits evaluated; runs: those that needed a pass (a pass a batch each).
     """
 
-    def __init__(self, lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, batch_size: int = 8) -> None:
+    def __init__(self, lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, batch_size: int = 8,
+                 writes: list | None = None) -> None:
         self.lm, self.wiring, self.graph, self.enc = lm, wiring, graph, enc
         self.rows = batches(len(enc), batch_size)
-        self.writes = [capture_writes(lm, wiring, graph, enc, rows) for rows in self.rows]
-        self.passes = 0
+        self.writes = writes if writes is not None else [capture_writes(lm, wiring, graph, enc, rows)
+                                                         for rows in self.rows]
+        self._diffs: list[torch.Tensor | None] = [None] * len(self.rows)
+        self.passes = self.runs = 0
 
     @property
     def ld_clean(self) -> float:
@@ -83,6 +95,21 @@ class Evaluator:
         """The corrupted run's mean logit difference."""
         return float(torch.cat([w.ld_corrupted for w in self.writes]).mean())
 
+    @property
+    def coupled(self) -> list[bool]:
+        """Layers whose heads' writes share the scale of a norm after the attention (Gemma 2's)."""
+        return [layer.attn_post is not None for layer in self.wiring.layers]
+
+    def plan(self, included: np.ndarray) -> PassPlan:
+        """The :class:`~probe.circuits.passplan.PassPlan` of a circuit ([edges] boolean)."""
+        corrupted = self.writes[0].corrupted
+        return plan_pass(self.graph, edge_matrix(self.graph, included), corrupted.dtype, corrupted.device,
+                         self.coupled)
+
+    def needs_pass(self, included: np.ndarray) -> bool:
+        """Whether the circuit ([edges] boolean) is run (:func:`~probe.circuits.passplan.needs_pass`)."""
+        return needs_pass(self.graph, edge_matrix(self.graph, included), self.coupled)
+
     @torch.no_grad()
     def metric(self, included: np.ndarray) -> float:
         """M(C): the mean logit difference of the circuit's pass (module docstring).
@@ -90,14 +117,21 @@ class Evaluator:
         Args:
             included: [edges] boolean.
         """
-        excluded = excluded_matrix(self.graph, included)
+        plan = self.plan(included)
+        self.passes += 1
+        if plan.run == "clean":
+            return self.ld_clean
+        if plan.run == "corrupted":
+            return self.ld_corrupted
+        self.runs += 1
         values = []
-        for rows, writes in zip(self.rows, self.writes):
-            feed = Patch(self.graph, writes.corrupted, excluded.to(writes.corrupted.device))
+        for b, (rows, writes) in enumerate(zip(self.rows, self.writes)):
+            if self._diffs[b] is None:
+                self._diffs[b] = torch.zeros_like(writes.corrupted)  # finite values, rewritten where needed
+            feed = Patch(self.graph, plan, writes.corrupted, writes.reads, writes.final, self._diffs[b], writes.inputs)
             where = metric_positions(self.enc, rows)
             logits = split_pass(self.lm, self.wiring, self.enc.clean[rows], self.enc.mask[rows], feed, positions=where)
             values.append(logit_diff(logits, self.enc, rows, where).double().cpu())
-        self.passes += 1
         return float(torch.cat(values).mean())
 
 
@@ -115,6 +149,18 @@ class Faithfulness:
     frame: pd.DataFrame
     m_full: float
     m_empty: float
+
+
+def curve_circuits(scores: np.ndarray, sizes: list[int], seeds: int = 5) -> list[tuple[int, int | None, np.ndarray]]:
+    """The circuits of the faithfulness curve, in the order they run: for each size k the top k edges
+    (seed None), then ``seeds`` random circuits of k edges (seeds 0 .. seeds - 1); as (k, seed,
+    [edges] boolean)."""
+    n = len(scores)
+    out = []
+    for k in sizes:
+        out.append((k, None, top_edges(scores, k)))
+        out += [(k, s, random_edges(n, k, s)) for s in range(seeds)]
+    return out
 
 
 def faithfulness_curve(evaluator: Evaluator, scores: np.ndarray, sizes: list[int], seeds: int = 5,
@@ -147,10 +193,12 @@ def faithfulness_curve(evaluator: Evaluator, scores: np.ndarray, sizes: list[int
     def faith(value):
         return (value - empty) / span if span != 0 else float("nan")
 
+    values: dict = {}
+    for k, seed, included in curve_circuits(scores, sizes, seeds):
+        values.setdefault(k, {})[seed] = run(included)
     rows = []
     for k in sizes:
-        top = run(top_edges(scores, k))
-        rand = [faith(run(random_edges(n, k, s))) for s in range(seeds)]
+        top, rand = values[k][None], [faith(values[k][s]) for s in range(seeds)]
         rows.append({"k": k, "share": k / n, "faithfulness": faith(top), "random_mean": float(np.mean(rand)),
                      "random_std": float(np.std(rand)), "metric": top})
     return Faithfulness(pd.DataFrame(rows), full, empty)

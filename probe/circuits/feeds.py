@@ -3,22 +3,30 @@ gradient at every input, checking the recomputed head inputs, patching the edges
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .forward import Feed
+from .forward import Feed, Heads
 from .graph import Graph
 
 
 class Capture(Feed):
     """Record what every writer wrote: :meth:`outputs` [writers, batch, T, d_model] (detached), in
     the graph's writer order; :attr:`final` the stream before the final norm; :attr:`reads`
-    (``"stream"`` or ``"mlp_in"``, layer) -> what a block and an MLP's norm read."""
+    (``"stream"`` or ``"mlp_in"``, layer) -> what a block and an MLP's norm read; with ``inputs``,
+    :attr:`inputs` (q, k or v, layer) -> what the attention function received there [batch, n, T,
+    d_head]."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, inputs: bool = False) -> None:
         self.graph = graph
         self._out: dict[int, torch.Tensor] = {}
         self.final: torch.Tensor | None = None
         self.reads: dict[tuple[str, int], torch.Tensor] = {}
+        self.inputs: dict[tuple[str, int], torch.Tensor] | None = {} if inputs else None
+
+    def received(self, kind: str, layer: int, tensor: torch.Tensor) -> None:
+        if self.inputs is not None:
+            self.inputs[(kind, layer)] = tensor.detach()
 
     def wrote(self, kind: str, layer: int, out: torch.Tensor) -> None:
         if kind == "final":
@@ -81,71 +89,109 @@ class Gradients(Feed):
         self.leaves[(kind, layer)] = leaf
         return leaf
 
+    def listens(self, kind: str, layer: int) -> bool:
+        return False  # the gradients need no writes
+
 
 class Patch(Feed):
-    """Feed each input the stream of the current pass minus, for every edge into it that is outside
-    the circuit, its writer's current write minus its write in the corrupted run: an included edge
-    carries what its writer writes in this pass, an excluded one what it wrote in the corrupted run.
+    """Feed each input of a circuit's pass the stream its :class:`~probe.circuits.passplan.PassPlan`
+    says: the pass's own stream minus the excluded edges' (write - corrupted write), or the corrupted
+    run's stream plus the included edges' (the same stream, :mod:`probe.circuits.passplan`): an edge
+    in the circuit carries what its writer writes in this pass, one outside it what it wrote in the
+    corrupted run.
 
     Args:
         graph: the graph.
+        plan: the circuit's plan (``run == "pass"``).
         corrupted: [writers, batch, T, d_model] the corrupted run's writes (:class:`Capture`).
-        excluded: [inputs, writers] boolean, True for an edge outside the circuit (False where there is
-            no edge).
+        reads: the corrupted run's streams that the inputs read (:attr:`Capture.reads`); final: its
+            stream before the final norm [batch, T, d_model].
+        diff: [writers, batch, T, d_model] a buffer of finite values for the differences (the writers
+            the plan needs are written; the others' weights are 0), or None: a new one.
     """
 
-    def __init__(self, graph: Graph, corrupted: torch.Tensor, excluded: torch.Tensor) -> None:
-        self.graph, self.corrupted = graph, corrupted
-        self.excluded = excluded.to(corrupted.dtype)
-        self.diff = torch.zeros_like(corrupted)
-        self.rows: dict[tuple[str, int], list[int]] = {}
-        for d, (kind, layer, _) in enumerate(graph.downstream):
-            self.rows.setdefault((kind, layer), []).append(d)
-        self._ready: dict[tuple[str, int], torch.Tensor | None] = {}
+    def __init__(self, graph: Graph, plan, corrupted: torch.Tensor, reads: dict, final: torch.Tensor,
+                 diff: torch.Tensor | None = None, inputs: dict | None = None) -> None:
+        self.graph, self.plan, self.corrupted, self.reads, self.final = graph, plan, corrupted, reads, final
+        self.inputs = inputs
+        self.diff = torch.zeros_like(corrupted) if diff is None else diff
+        self._parts: dict[tuple[str, int], torch.Tensor] = {}
+
+    def _heads(self, layer: int) -> list[int]:
+        first = self.graph.head_node(layer, 0)
+        return [int(h) for h in np.flatnonzero(self.plan.writers[first:first + self.graph.heads])]
+
+    def listens(self, kind: str, layer: int) -> bool | list[int]:
+        if kind == "heads":
+            heads = self._heads(layer)
+            return heads if len(heads) < self.graph.heads else bool(heads)
+        return kind != "mlp" or bool(self.plan.writers[self.graph.mlp_node(layer)])
 
     def wrote(self, kind: str, layer: int, out: torch.Tensor) -> None:
         g = self.graph
-        if kind not in ("input", "mlp", "heads"):
-            return
         if kind == "input":
             self.diff[0] = out.detach() - self.corrupted[0]
-        elif kind == "mlp":
+        elif kind == "mlp" and self.plan.writers[g.mlp_node(layer)]:
             u = g.mlp_node(layer)
             self.diff[u] = out.detach() - self.corrupted[u]
-        else:
-            u = g.head_node(layer, 0)
-            self.diff[u:u + g.heads] = out.detach() - self.corrupted[u:u + g.heads]
+        elif kind == "heads":
+            heads = range(g.heads) if len(out) == g.heads else self._heads(layer)
+            for row, h in enumerate(heads):
+                u = g.head_node(layer, h)
+                if self.plan.writers[u]:
+                    self.diff[u] = out[row].detach() - self.corrupted[u]
 
-    def delta(self, kind: str, layer: int) -> torch.Tensor | None:
-        """Minus the excluded edges' differences summed into each input of (kind, layer).
+    def _streams(self, group, own: torch.Tensor, base: torch.Tensor, part: torch.Tensor | None) -> torch.Tensor:
+        """[rows, batch, T, d_model]: each row's own or corrupted stream plus its part of the product."""
+        out = torch.stack([base if c else own for c in group.corrupted])
+        return out if part is None else out + part.reshape(out.shape).to(out.dtype)
 
-        A layer's q, k, v and MLP inputs all read writers 0 .. n - 1 (the MLP also the layer's heads),
-        so when q asks, one product over those writers serves the four; k and v take theirs as made,
-        the MLP adds the layer's heads when it asks. Reading the writes once a layer rather than four
-        times is most of what a circuit's pass costs beyond the model's own forward pass."""
-        if kind in ("k", "v", "mlp") and (kind, layer) in self._ready:
-            part = self._ready.pop((kind, layer))
-            if kind == "mlp":
-                n, m = self.graph.reads("q", layer), self.graph.reads("mlp", layer)
-                tail = self.excluded[self.rows[("mlp", layer)], n:m]
-                if bool(tail.any()):
-                    part = part - (tail @ self.diff[n:m].reshape(m - n, -1)).reshape(1, *self.diff.shape[1:])
-                return part[0] if bool(self.excluded[self.rows[("mlp", layer)], :m].any()) else None
-            return part if bool(self.excluded[self.rows[(kind, layer)]].any()) else None
-        kinds = ("q", "k", "v", "mlp") if kind == "q" else (kind,)
-        rows = [d for k in kinds for d in self.rows[(k, layer)]]
-        n = self.graph.reads(kind, None if kind == "logits" else layer)
-        weights = self.excluded[rows, :n]
-        shape = self.diff.shape[1:]
-        if kind != "q":
-            if not bool(weights.any()):
-                return None
-            out = -(weights @ self.diff[:n].reshape(n, -1)).reshape(len(rows), *shape)
-            return out if kind in ("k", "v") else out[0]
-        if bool(weights.any()):
-            out = -(weights @ self.diff[:n].reshape(n, -1)).reshape(len(rows), *shape)
+    def fed(self, kind: str, layer: int, own: torch.Tensor) -> torch.Tensor | None:
+        """The streams of (kind, layer) (:meth:`Feed.fed`). A layer's q, k, v and MLP rows share one
+        product over the writers before the layer, done when q asks; the MLP adds its layer's heads
+        (``tail``) when it asks."""
+        group = self.plan.groups[(kind, layer)]
+        if kind == "q":
+            part = None if group.product is None else group.product(self.diff)
+            sizes = {k: len(self.plan.groups[(k, layer)].rows) for k in ("q", "k", "v", "mlp")}
+            if part is not None:
+                for k, chunk in zip(("q", "k", "v", "mlp"), part.split(list(sizes.values()))):
+                    self._parts[(k, layer)] = chunk
+        if kind == "logits":
+            part = None if group.product is None else group.product(self.diff)
+            base = self.final
+        elif kind == "mlp":
+            part = self._parts.pop((kind, layer), None)
+            if group.tail is not None:
+                tail = group.tail(self.diff)
+                part = tail if part is None else part + tail
+            base = self.reads[("mlp_in", layer)]
         else:
-            out = torch.zeros(len(rows), *shape, dtype=self.diff.dtype, device=self.diff.device)
-        parts = out.split([len(self.rows[(k, layer)]) for k in kinds])
-        self._ready.update({(k, layer): part for k, part in zip(kinds[1:], parts[1:])})
-        return parts[0] if bool(self.excluded[self.rows[("q", layer)]].any()) else None
+            part = self._parts.pop((kind, layer), None)
+            base = self.reads[("stream", layer)]
+        if part is None and not group.corrupted.any():
+            return None
+        if kind in ("q", "k", "v") and self.inputs is not None:
+            return self._some(group, kind, layer, own, base, part)
+        out = self._streams(group, own, base, part)
+        return out if kind in ("q", "k", "v") else out[0]
+
+    def _some(self, group, kind: str, layer: int, own: torch.Tensor, base: torch.Tensor, part) -> Heads:
+        """The heads of a q, k or v group as :class:`~probe.circuits.forward.Heads`: a head whose input
+        has terms is recomputed from its stream; one that reads the corrupted stream alone takes what the
+        attention received in the corrupted run; one that reads its own stream alone keeps the pass's."""
+        terms = np.zeros(len(group.rows), dtype=bool) if part is None else group.terms
+        recompute = [int(j) for j in np.flatnonzero(terms)]
+        fixed = [int(j) for j in np.flatnonzero(group.corrupted & ~terms)]
+        streams = None
+        if recompute:  # the terms, then each row's own or corrupted stream added in place (a + b = b + a)
+            streams = part[torch.as_tensor(recompute, device=part.device)].reshape(len(recompute), *own.shape)
+            streams = streams.to(own.dtype)
+            corrupted = group.corrupted[recompute]
+            for start, rows in ((base, corrupted), (own, ~corrupted)):
+                if rows.all():
+                    streams += start
+                elif rows.any():
+                    streams[torch.as_tensor(rows, device=streams.device)] += start
+        given = self.inputs[(kind, layer)][:, fixed] if fixed else None
+        return Heads(streams, recompute, given, fixed)

@@ -1,27 +1,30 @@
 """One forward pass of a decoder with every downstream input of the circuit graph fed separately.
 
-A *feed* decides, input by input, what is added to the residual stream that input reads
-(:meth:`Feed.delta`): nothing (the model's own pass), a zero tensor that asks for a gradient, or the
-difference that patches some edges. It is also told what every writer wrote (:meth:`Feed.wrote`).
+A *feed* decides, input by input, what stream that input reads (:meth:`Feed.fed`; most feeds say
+what is added to the pass's own stream, :meth:`Feed.delta`): the model's own (its own pass), plus a
+zero tensor that asks for a gradient, or a stream that patches some edges. It is also told what
+every writer wrote (:meth:`Feed.wrote`) where it listens (:meth:`Feed.listens`).
 The pass itself (:func:`split_pass`) hooks, through :func:`probe.capture.hooks.measuring` and the editors of
 probe's attention function:
 
 - each block's input (the stream its heads read; block 0's input is the embeddings' write, and may
   be replaced, for integrated gradients);
-- each head's query, key and value: recomputed from the block's input plus the feed's delta for
-  that head (:func:`probe.circuits.wiring.recompute`) where the feed gives one (a model whose spec was
-  discovered: turned by the cos and sin its attention module received);
-- each head's output z (read, and replaced where the feed says: z_h W_O^h is the head's write);
-- the MLP's norm (its input plus the feed's delta) and the MLP's output (read; its post-norm's output
-  where it has one); where the MLP reads the attention's norm (one norm per parallel block: Falcon,
-  GPT-J), the MLP's input is that norm of the block's input plus the feed's delta, so the MLP and the
-  heads read streams of their own; where it reads the stream itself (OLMo2), its input plus the delta;
-- the final norm's input plus the feed's delta (the logits' input).
+- each head's query, key and value: recomputed from the stream the feed gives that head
+  (:func:`probe.circuits.wiring.recompute`) where it gives one (a model whose spec was discovered:
+  turned by the cos and sin its attention module received);
+- each head's output z (read, and replaced where the feed says: z_h W_O^h is the head's write, computed
+  only for a feed that listens);
+- the MLP's norm (the stream the feed gives, else its own input) and the MLP's output (read; its
+  post-norm's output where it has one); where the MLP reads the attention's norm (one norm per
+  parallel block: Falcon, GPT-J), the MLP's input is that norm of the stream the feed gives, so the MLP
+  and the heads read streams of their own; where it reads the stream itself (OLMo2), the fed stream;
+- the final norm's input (the logits' input): the stream the feed gives.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +37,19 @@ from .wiring import RERUNNING, Taken, Wiring, head_writes, recompute, rerun
 POINT_OF = {"q": "query", "k": "key", "v": "value"}
 
 
+@dataclass
+class Heads:
+    """What some heads of one (kind, layer) read, as a feed may give it instead of every head's stream
+    (:meth:`Feed.fed`): ``streams`` [r, batch, T, d_model] for the heads ``recompute`` (recomputed from
+    them), ``given`` [batch, g, T, d_head] taken as they are for the heads ``fixed``; every other head
+    keeps what the attention received (the model's own)."""
+
+    streams: torch.Tensor | None = None
+    recompute: list[int] = field(default_factory=list)
+    given: torch.Tensor | None = None
+    fixed: list[int] = field(default_factory=list)
+
+
 class Feed:
     """What a split pass adds at each input and what it is told of each write (the base class adds
     nothing and listens to nothing: the model's own pass)."""
@@ -43,6 +59,26 @@ class Feed:
         d_model] for ``q``/``k``/``v`` (n query or key/value heads), [batch, T, d_model] for ``mlp`` and
         ``logits``; None: the model's own stream."""
         return None
+
+    def fed(self, kind: str, layer: int, own: torch.Tensor) -> torch.Tensor | None:
+        """The stream the inputs of ``kind`` in ``layer`` read, given the pass's own stream there ``own``
+        [batch, T, d_model]: [n, batch, T, d_model] for ``q``/``k``/``v``, [batch, T, d_model] for
+        ``mlp`` and ``logits``; None: ``own`` itself. The base class adds :meth:`delta` to ``own``."""
+        delta = self.delta(kind, layer)
+        if delta is None:
+            return None
+        return (own[None] if kind in POINT_OF else own) + delta.to(own.dtype)  # a delta in the model's dtype
+
+    def listens(self, kind: str, layer: int) -> bool | list[int]:
+        """Whether :meth:`wrote` wants the writes ``kind`` (``"heads"``, ``"mlp"``) of ``layer``: a pass
+        computes the heads' writes (z_h W_O^h, one product a layer) only for a feed that does; for
+        ``"heads"`` a list: those heads' writes only (all of them where a norm after the attention
+        scales them by their sum)."""
+        return True
+
+    def received(self, kind: str, layer: int, tensor: torch.Tensor) -> None:
+        """What the attention function received at the q, k or v of ``layer`` before any feeding,
+        [batch, n, T, d_head] (the base class ignores it)."""
 
     def wrote(self, kind: str, layer: int, out: torch.Tensor) -> None:
         """``kind`` ``"input"`` (out [batch, T, d_model], the embeddings' write), ``"heads"`` ([heads,
@@ -90,10 +126,12 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
             def editor(tensor, call):
                 if RERUNNING and RERUNNING[-1] is layer.attention:
                     raise Taken({"query": call.query, "key": call.key, "value": call.value})
-                delta = feed.delta(kind, i)
-                if delta is None:
+                feed.received(kind, i, tensor)
+                stream = feed.fed(kind, i, streams[i])
+                if stream is None:
                     return tensor
-                stream = streams[i][None] + delta.to(streams[i].dtype)  # a delta in the model's dtype
+                if isinstance(stream, Heads):
+                    return feed.recomputed(kind, i, tensor, _some_heads(layer, kind, i, stream, tensor, streams))
                 if layer.rerun:
                     new = rerun(layer, POINT_OF[kind], stream, streams[("call", i)])
                 else:
@@ -104,27 +142,32 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
 
         def output(tensor, call, i=i, layer=layer):
             z = feed.z(i, tensor)
-            feed.wrote("heads", i, head_writes(layer, z, spec))
+            wanted = feed.listens("heads", i)
+            if wanted is True or (wanted and layer.attn_post is not None):
+                feed.wrote("heads", i, head_writes(layer, z, spec))
+            elif wanted:
+                feed.wrote("heads", i, head_writes(layer, z, spec, wanted))
             return z
 
         def mlp_pre(module, args, i=i):  # OPT's MLP reads [batch * T, d_model]
             x = args[0].reshape(streams[i].shape)
             feed.wrote("mlp_in", i, x)
-            delta = feed.delta("mlp", i)
-            return None if delta is None else ((x + delta.to(x.dtype)).reshape(args[0].shape), *args[1:])
+            stream = feed.fed("mlp", i, x)
+            return None if stream is None else (stream.reshape(args[0].shape), *args[1:])
 
         def shared_norm_pre(module, args, i=i, layer=layer):
             feed.wrote("mlp_in", i, streams[i])
-            delta = feed.delta("mlp", i)
-            if delta is None:
+            stream = feed.fed("mlp", i, streams[i])
+            if stream is None:
                 return None
-            new = layer.norm(streams[i] + delta.to(streams[i].dtype)).to(args[0].dtype)
+            new = layer.norm(stream).to(args[0].dtype)
             return (feed.recomputed("mlp", i, args[0], new), *args[1:])
 
         def mlp_out(module, args, out, i=i):
             out = out[0] if isinstance(out, tuple) else out
-            out = out.reshape(streams[i].shape)  # OPT's MLP writes [batch * T, d_model]
-            feed.wrote("mlp", i, out.clone())  # a copy: Falcon adds the attention's output to it in place
+            if feed.listens("mlp", i):
+                out = out.reshape(streams[i].shape)  # OPT's MLP writes [batch * T, d_model]
+                feed.wrote("mlp", i, out.clone())  # a copy: Falcon adds the attention's output to it in place
 
         def attention_pre(module, args, kwargs, i=i):
             if not RERUNNING:
@@ -144,6 +187,24 @@ def _hook_layers(hooks, wiring: Wiring, feed: Feed, streams: dict, embed: torch.
         else:
             hooks.forward_pre(layer.mlp, shared_norm_pre)
         hooks.forward(layer.writer, mlp_out)
+
+
+def _some_heads(layer, kind: str, i: int, fed: Heads, received: torch.Tensor, streams: dict) -> torch.Tensor:
+    """[batch, n, T, d_head]: what the attention received, with the heads of ``fed`` replaced."""
+    out = received.clone()
+    if fed.fixed:
+        out[:, fed.fixed] = fed.given.to(out.dtype)
+    if fed.recompute:
+        if layer.rerun:  # the module's own code runs one copy per head: the others read their own stream
+            n = received.shape[1]
+            full = streams[i][None].expand(n, *streams[i].shape).clone()
+            full[fed.recompute] = fed.streams.to(full.dtype)
+            new = rerun(layer, POINT_OF[kind], full, streams[("call", i)])[:, fed.recompute]
+        else:
+            new = recompute(layer, POINT_OF[kind], fed.streams.to(streams[i].dtype), streams.get(("turns", i)),
+                            fed.recompute)
+        out[:, fed.recompute] = new.to(out.dtype)
+    return out
 
 
 def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: Feed,
@@ -175,8 +236,8 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
 
         def final_pre(module, args):
             feed.wrote("final", len(wiring.layers), args[0])
-            delta = feed.delta("logits", len(wiring.layers))
-            return None if delta is None else (args[0] + delta.to(args[0].dtype), *args[1:])
+            stream = feed.fed("logits", len(wiring.layers), args[0])
+            return None if stream is None else (stream.to(args[0].dtype), *args[1:])
 
         m.hooks.forward_pre(wiring.final_norm, final_pre)
         kw = {"input_ids": ids.to(device), "attention_mask": mask.to(device), "use_cache": False}

@@ -153,6 +153,74 @@ def _reader_nodes(graph: Graph) -> list[list[int]]:
     return out
 
 
+def edge_matrix(graph: Graph, included: np.ndarray) -> np.ndarray:
+    """[inputs, writers] boolean: True for the edges of ``included`` ([edges] boolean, graph order)."""
+    up, down = graph.edge_index
+    out = np.zeros((len(graph.downstream), graph.n_upstream), dtype=bool)
+    out[down, up] = np.asarray(included, dtype=bool)
+    return out
+
+
+def _layout(graph: Graph) -> tuple[np.ndarray, list[tuple[np.ndarray, int]]]:
+    """([inputs, writers] boolean: the writers each input belongs to, :func:`_reader_nodes`; per layer,
+    (its head inputs' rows, its MLP input's row))."""
+    readers = np.zeros((len(graph.downstream), graph.n_upstream), dtype=bool)
+    for d, nodes in enumerate(_reader_nodes(graph)):
+        readers[d, nodes] = True
+    layers: list[tuple[list[int], int]] = [([], -1) for _ in range(graph.layers)]
+    for d, (kind, layer, _) in enumerate(graph.downstream):
+        if kind in ("q", "k", "v"):
+            layers[layer][0].append(d)
+        elif kind == "mlp":
+            layers[layer] = (layers[layer][0], d)
+    return readers, [(np.array(rows), mlp) for rows, mlp in layers]
+
+
+def paths(graph: Graph, included: np.ndarray, coupled=None) -> np.ndarray:
+    """:func:`prune` on the [inputs, writers] matrix of a circuit (:func:`edge_matrix`), a layer at a
+    time: the writers the embeddings reach inside the circuit, forward; those that reach the logits,
+    backward; the edges between the two.
+
+    Args:
+        included: [inputs, writers] boolean.
+        coupled: [layers] boolean, or None: layers whose heads' writes depend on every head of the
+            layer (a norm after the attention whose scale the heads share, Gemma 2's: each head's write
+            is scaled by the norm of their sum), so that the heads of such a layer are reached, and
+            lead to the logits, together.
+
+    Returns:
+        [inputs, writers] boolean, a subset of ``included``.
+    """
+    inc = np.asarray(included, dtype=bool)
+    readers, layers = _layout(graph)
+    reached = np.zeros(graph.n_upstream, dtype=bool)
+    reached[0] = True
+    coupled = np.zeros(graph.layers, dtype=bool) if coupled is None else np.asarray(coupled, dtype=bool)
+
+    def together(mark, layer):
+        heads = slice(graph.head_node(layer, 0), graph.head_node(layer, 0) + graph.heads)
+        if coupled[layer] and mark[heads].any():
+            mark[heads] = True
+
+    for layer, (rows, mlp) in enumerate(layers):  # a layer's head inputs read the layers before; its MLP also its heads
+        fed = (inc[rows] & reached).any(1)
+        reached |= readers[rows[fed]].any(0)
+        together(reached, layer)
+        if (inc[mlp] & reached).any():
+            reached |= readers[mlp]
+    useful = inc[-1].copy()  # what the logits read
+    for layer in reversed(range(graph.layers)):
+        rows, mlp = layers[layer]
+        if (readers[mlp] & useful).any():
+            useful |= inc[mlp]
+        together(useful, layer)
+        on = (readers[rows] & useful).any(1)
+        useful |= inc[rows[on]].any(0)
+    leads = (readers & useful).any(1)
+    leads[-1] = True
+    return inc & reached[None, :] & leads[:, None]
+
+
 def prune(graph: Graph, included: np.ndarray) -> np.ndarray:
     """The edges of a circuit that lie on a path from the embeddings to the logits inside it; the others
     carry nothing when the circuit runs (:mod:`probe.circuits.evaluate`): a writer no circuit path
@@ -166,17 +234,4 @@ def prune(graph: Graph, included: np.ndarray) -> np.ndarray:
         [edges] boolean, a subset of ``included``.
     """
     up, down = graph.edge_index
-    inc = np.asarray(included, dtype=bool)
-    readers = _reader_nodes(graph)
-    reached = np.zeros(graph.n_upstream, dtype=bool)
-    reached[0] = True
-    for e in np.flatnonzero(inc):  # edges come in forward order of their inputs: one sweep suffices
-        if reached[up[e]]:
-            reached[readers[down[e]]] = True
-    useful = np.zeros(graph.n_upstream, dtype=bool)
-    for e in np.flatnonzero(inc)[::-1]:
-        d = down[e]
-        if not readers[d] or useful[readers[d]].any():
-            useful[up[e]] = True
-    keep = inc & reached[up]
-    return keep & np.array([not readers[d] or bool(useful[readers[d]].any()) for d in down])
+    return paths(graph, edge_matrix(graph, included))[down, up]

@@ -23,14 +23,19 @@ from ..runs.analysis import analyze, merge_head_columns
 from ..settings import CircuitSettings
 from ..sites import head_name
 from ..util import progress_bar
-from .attribution import batches, edge_scores, node_scores
+from .attribution import batches, edge_scores, node_scores, pairs_per_batch
 from .checked import graph_of
-from .evaluate import SHARES, Evaluator, Faithfulness, faithfulness_curve, top_edges
-from .graph import Graph, prune
+from .evaluate import SHARES, Evaluator, Faithfulness, curve_circuits, faithfulness_curve, random_edges, top_edges
+from .forecast import Forecast
+from .graph import Graph, edge_matrix, prune
 from .greedy import Greedy, greedy_circuit
+from .passplan import needs_pass
 
 #: The circuit's default size: this share of all edges.
 DEFAULT_SHARE = 0.05
+#: The labelling analysis per token, in forward passes of the same tokens (capture and statistics: 2.7-3.7
+#: measured on SmolLM2, the 20 built-in pairs and the built-in sample, 2026-12-06).
+LABEL_COST = 3.0
 
 
 @dataclass
@@ -46,7 +51,9 @@ class CircuitRun:
         faithfulness: the :class:`~probe.circuits.evaluate.Faithfulness` curve.
         ld_clean, ld_corrupted: the runs' mean logit differences.
         pairs, source: the pairs and where they came from; seconds: phase -> wall time; notes.
-        passes: forward passes run, by phase (``edges``, ``faithfulness``).
+        passes: forward passes, by phase (``edges``, ``faithfulness``: the circuits evaluated, a pass a batch
+            each as planned, with the clean and corrupted runs; ``circuits_run``: the circuit passes run, the
+            others pruned to the clean or the corrupted run).
         seeds: random circuits per size.
         metric_at: where the metric reads the logits, in words (:func:`~probe.effects.pairs.metric_place`).
         greedy: the :class:`~probe.circuits.greedy.Greedy` pruning when the circuit was chosen by it
@@ -123,24 +130,12 @@ class CircuitRun:
         return out
 
 
-def cost_estimate(first_s: float, batches: int, m: int, circuits: int) -> str:
-    """The line announcing a circuit run's cost from its first measured pass.
-
-    The first progress call comes after a batch's two forward passes (the clean and corrupted writes) and
-    one forward and backward pass (the first integration point): about 5 forward passes, a backward pass
-    costing about two forward ones. The scores then cost ``batches`` x (2 + 3 m) forward passes and the
-    faithfulness about ``batches`` x ``circuits`` (each circuit evaluated is one pass per batch, plus the
-    full and empty runs), the labelling analysis and the report a few more seconds.
-
-    Args:
-        first_s: seconds of the first pass (from the start of the scores).
-        batches: batches of pairs; m: EAP-IG's points (1 for EAP); circuits: circuits evaluated per batch.
-    """
-    forward = first_s / 5
-    scores, faith = forward * batches * (2 + 3 * m), forward * batches * circuits
-    return (f"estimate from the first pass ({first_s:.1f} s): about {scores / 60:.1f} min for the scores and "
-            f"{faith / 60:.1f} min for faithfulness, {(scores + faith) / 60:.0f} min in all on this machine as "
-            "loaded now")
+def _label_passes(lm, pairs: list[Pair], enc, batch_size: int) -> float:
+    """The labelling analysis in forward passes of a batch of pairs (for the estimate): its texts' tokens
+    over a batch's, times :data:`LABEL_COST`."""
+    texts = label_texts(lm, pairs)
+    tokens = sum(len(lm.tokenizer(str(t))["input_ids"]) for t in texts)
+    return LABEL_COST * tokens / max(1, batch_size * enc.clean.shape[1])
 
 
 def circuit_sizes(n_edges: int, k: int, shares=SHARES) -> list[int]:
@@ -156,15 +151,17 @@ def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | Non
     ``edges``, ``select``, ``threshold``, ``max_passes``, ``seeds``, ``shares``, ``batch_size``; or those
     fields as keyword ``options``, checked the same way; its ``pairs`` field is not read here).
     ``say``: a callable given one line per stage, or None; ``plan``: called once the graph is
-    checked, before any score, as ``plan(graph, sizes)`` (sizes: the faithfulness curve's sizes of the
-    top-k circuit), or None; ``shares``: the curve's sizes as
+    checked, before any score, as ``plan(graph, sizes, batches)`` (sizes: the faithfulness curve's sizes of
+    the top-k circuit; batches: of pairs), or None; ``shares``: the curve's sizes as
     shares of all edges (default :data:`~probe.circuits.evaluate.SHARES`). ``select``: ``top-k`` (the
     ``edges`` of largest |score|) or ``greedy`` (:func:`~probe.circuits.greedy.greedy_circuit` keeping
     faithfulness >= ``threshold`` within ``max_passes`` circuit passes; the curve then includes its
     size, so the top-k circuit of the same size stands beside it). ``points``: EAP-IG's integration
     points (:func:`~probe.circuits.attribution.alphas`: ``right``, the default, or ``left``, hannamw/EAP-IG's).
-    ``estimate``: a callable given one line after the first gradient pass, the run's cost in minutes
-    from that pass's time (:func:`cost_estimate`), or None.
+    ``estimate``: a callable given one line after the first gradient pass, the run's cost from that
+    pass's time, and an updated line after each stage from the time measured so far
+    (:class:`~probe.circuits.forecast.Forecast`), or None. ``batch_size``: pairs per pass, None: as
+    many as :func:`~probe.circuits.attribution.pairs_per_batch` allows (the 20 built-in pairs in one).
 
     Raises:
         UnsupportedAnalysisError: a model outside the graph (:func:`~probe.circuits.checked.graph_of`).
@@ -180,29 +177,39 @@ def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | Non
         k = edges if edges is not None else max(1, round(DEFAULT_SHARE * graph.n_edges))
         if not 1 <= k <= graph.n_edges:
             raise InputError(f"--edges {k}: {lm.name}'s graph has {graph.n_edges} edges")
-        if plan:
-            plan(graph, len(circuit_sizes(graph.n_edges, k, shares or SHARES)))
         m = 1 if method == "eap" else steps
+        batch_size = batch_size or pairs_per_batch(graph, enc, lm.geometry.d_model)
         n_batches, seconds = len(batches(len(enc), batch_size)), {}
+        sizes_planned = circuit_sizes(graph.n_edges, k, shares or SHARES)
+        if plan:
+            plan(graph, len(sizes_planned), n_batches)
+        coupled = [layer.attn_post is not None for layer in wiring.layers]
+        # the random circuits do not depend on the scores: which of them need a pass is known now
+        random_runs = sum(needs_pass(graph, edge_matrix(graph, random_edges(graph.n_edges, size, s)), coupled)
+                          for size in sizes_planned for s in range(seeds)) if estimate is not None else 0
+        forecast = Forecast(n_batches, m, len(sizes_planned) + random_runs,
+                            (max_passes or 0) if select == "greedy" else 0,
+                            _label_passes(lm, pairs, enc, batch_size) if estimate is not None else 0.0)
         t = time.perf_counter()
-        sizes_planned = len(circuit_sizes(graph.n_edges, k, shares or SHARES))
-        circuits = 4 + sizes_planned * (1 + seeds) + ((max_passes or 0) if select == "greedy" else 0)
-        start = time.perf_counter()
 
         def first(done, bar=None) -> None:  # after the first backward pass: the whole run's cost from its time
             if done == 1 and estimate is not None:
-                estimate(cost_estimate(time.perf_counter() - start, n_batches, m, circuits))
+                estimate(forecast.first_pass())
             if bar is not None:
                 bar(done)
 
+        kept: list = []
         with _bar(progress, n_batches * m, f"{method} gradients", "backward") as bar:
             scores = edge_scores(lm, wiring, graph, enc, method=method, steps=steps, batch_size=batch_size,
-                                 progress=lambda done, bar=bar: first(done, bar), points=points)
+                                 progress=lambda done, bar=bar: first(done, bar), points=points, keep=kept)
         seconds["edges_s"] = time.perf_counter() - t
         if say:
             say(f"edge scores ({method}, {graph.n_edges} edges): done in {seconds['edges_s']:.1f} s")
+        evaluator = Evaluator(lm, wiring, graph, enc, batch_size, writes=kept)
+        if estimate is not None:
+            forecast.runs = random_runs + sum(evaluator.needs_pass(top_edges(scores, size)) for size in sizes_planned)
+            estimate(forecast.after_scores(seconds["edges_s"]))
         t = time.perf_counter()
-        evaluator = Evaluator(lm, wiring, graph, enc, batch_size)
         greedy = None
         if select == "greedy":
             with _bar(progress, max_passes, "greedy pruning", "circuit") as bar:
@@ -212,12 +219,20 @@ def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | Non
                 say(f"greedy pruning ({greedy.passes} circuits, {greedy.rounds} rounds): {k} edges kept, faithfulness "
                     f"{greedy.faithfulness:.3f}{'' if greedy.converged else ' (pass budget spent before convergence)'}")
         sizes = circuit_sizes(graph.n_edges, k, shares or SHARES)
+        if select == "greedy" and estimate is not None:
+            curve_runs = sum(evaluator.needs_pass(c) for _, _, c in curve_circuits(scores, sizes, seeds))
+            estimate(forecast.after_greedy(time.perf_counter() - t, evaluator.runs, curve_runs))
+        runs_before, t_curve = evaluator.runs, time.perf_counter()
         with _bar(progress, 2 + len(sizes) * (1 + seeds), "circuit passes", "circuit") as bar:
             curve = faithfulness_curve(evaluator, scores, sizes, seeds, progress=bar)
         seconds["faithfulness_s"] = time.perf_counter() - t
         if say:
-            say(f"faithfulness ({evaluator.passes} circuits): done in {seconds['faithfulness_s']:.1f} s")
-        passes = {"edges": n_batches * (2 + 2 * m), "faithfulness": n_batches * (2 + evaluator.passes)}
+            say(f"faithfulness ({evaluator.passes} circuits, {evaluator.runs} of them run): done in "
+                f"{seconds['faithfulness_s']:.1f} s")
+        if estimate is not None:
+            estimate(forecast.after_faithfulness(time.perf_counter() - t_curve, evaluator.runs - runs_before))
+        passes = {"edges": n_batches * (2 + 2 * m), "faithfulness": n_batches * (2 + evaluator.passes),
+                  "circuits_run": n_batches * evaluator.runs}
         circuit = greedy.circuit if greedy is not None else top_edges(scores, k)
         gap = evaluator.ld_clean - evaluator.ld_corrupted
         notes = [] if abs(gap) >= MIN_GAP else [

@@ -184,9 +184,11 @@ def wire(lm) -> Wiring:
     return Wiring(layers, last)
 
 
-def _project(layer: Layer, streams: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def _project(layer: Layer, streams: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, heads=None) -> torch.Tensor:
     """streams [n, batch, T, d_model] through the block's norm and n heads' projection W [n, d_model,
-    d_head] -> [batch, n, T, d_head]."""
+    d_head] (the heads ``heads`` of W and b, when given) -> [batch, n, T, d_head]."""
+    if heads is not None:
+        W, b = W[heads], None if b is None else b[heads]
     normed = streams if layer.norm is None else layer.norm(streams)
     out = torch.einsum("nbtd,nde->bnte", normed, W.to(normed.dtype))
     return out if b is None else out + b.to(out.dtype)[None, :, None, :]
@@ -289,16 +291,18 @@ def rerun(layer: Layer, point: str, streams: torch.Tensor, call: tuple) -> torch
     return got[own, :, own].transpose(0, 1)  # head h of copy h: [batch, n, T, d]
 
 
-def recompute(layer: Layer, point: str, streams: torch.Tensor, turns: tuple | None = None) -> torch.Tensor:
+def recompute(layer: Layer, point: str, streams: torch.Tensor, turns: tuple | None = None,
+              heads: list[int] | None = None) -> torch.Tensor:
     """A layer's queries, keys or values, each head from a residual stream of its own.
 
     Args:
         layer: the layer.
         point: ``"query"`` (one stream per query head), ``"key"`` or ``"value"`` (one per key/value head).
         streams: [n, batch, T, d_model] the stream each head reads (before the block's norm), n the
-            heads of ``point``.
+            heads of ``point`` (or of ``heads``).
         turns: (cos, sin) [batch or 1, T, d_rot] the attention module received as
             ``position_embeddings`` (used where ``layer.turn`` is set), or None.
+        heads: the heads (of ``point``) the streams are for, in order, or None: all of them.
 
     Returns:
         [batch, n, T, d_head], as probe's attention function receives it: after the norm, the
@@ -307,17 +311,17 @@ def recompute(layer: Layer, point: str, streams: torch.Tensor, turns: tuple | No
     """
     w = layer.weights
     if point == "value":
-        return _project(layer, streams, w.W_V, w.b_V)
+        return _project(layer, streams, w.W_V, w.b_V, heads)
     if point == "query":
-        x, extra = _project(layer, streams, w.W_Q, w.b_Q), layer.q_norm
+        x, extra = _project(layer, streams, w.W_Q, w.b_Q, heads), layer.q_norm
     else:
-        x, extra = _project(layer, streams, w.W_K, w.b_K), layer.k_norm
+        x, extra = _project(layer, streams, w.W_K, w.b_K, heads), layer.k_norm
     if extra is not None:
         x = extra(x)
     return _rotate(layer, x, turns)
 
 
-def head_writes(layer: Layer, z: torch.Tensor, spec=None) -> torch.Tensor:
+def head_writes(layer: Layer, z: torch.Tensor, spec=None, heads: list[int] | None = None) -> torch.Tensor:
     """What each head writes into the residual stream: z_h W_O^h (no output bias); with a norm after
     the attention (``layer.attn_post``), that norm with each token's scale frozen at the sum of the
     heads' z_h W_O^h in this pass (:func:`probe.architectures.weights.frozen_norm`), so that the writes
@@ -326,10 +330,14 @@ def head_writes(layer: Layer, z: torch.Tensor, spec=None) -> torch.Tensor:
     Args:
         z: [batch, T, heads, d_head] the heads' outputs before the output projection.
         spec: the model's spec (its norm rule; needed with ``attn_post``).
+        heads: the heads whose writes are wanted, or None: all (with ``attn_post``: always all, the
+            norm's scale is their sum's).
 
     Returns:
-        [heads, batch, T, d_model].
+        [heads, batch, T, d_model] (those of ``heads``, in order).
     """
+    if heads is not None and layer.attn_post is None:
+        return torch.einsum("bthe,hed->hbtd", z[:, :, heads], layer.weights.W_O[heads].to(z.dtype))
     x = torch.einsum("bthe,hed->hbtd", z, layer.weights.W_O.to(z.dtype))
     if layer.attn_post is None:
         return x

@@ -38,7 +38,8 @@ from .start import Folder, command_console, read_pairs
 @setting_option(CircuitSettings, "shares", "--shares", metavar="F,F,...",
                 help="Circuit sizes of the faithfulness curve, as shares of all edges [default: 0.001, 0.002, 0.005, "
                      "0.01, 0.02, 0.05, 0.1, 0.2, 0.5].")
-@setting_option(CircuitSettings, "batch_size", "--batch-size", show_default=True, help="Pairs per forward pass.")
+@setting_option(CircuitSettings, "batch_size", "--batch-size",
+                help="Pairs per forward pass [default: all pairs, as many as about 3 GB of writes and gradients hold].")
 @run_folder_options
 @click.option("--progress/--no-progress", default=None, help="Progress bars [default: on a terminal].")
 @model_placement

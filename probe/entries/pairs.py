@@ -178,9 +178,9 @@ def run_circuit(model, settings: CircuitSettings | None = None, *, pairs=None, c
     lm, pairs, source = open_pairs(model, s.pairs, pairs, console, device=device, dtype=dtype,
                                    kind_check=check_kind)  # pre-norm models
     m = 1 if s.method == "eap" else s.steps
-    n_batches = -(-len(pairs) // s.batch_size)
 
-    def plan(graph, sizes: int) -> None:  # once the graph is checked: a model it does not fit gets only its error
+    def plan(graph, sizes: int, n_batches: int) -> None:  # once the graph is checked: a model it does not fit gets
+        # only its error
         console.tell(f"Circuit of {lm.name} on {plural(len(pairs), 'pair')} ({source}), {s.method}"
                      f"{f' m={m} ({s.points} points)' if s.method == 'eap-ig' else ''}, {graph.n_edges} edges: cost "
                      f"{n_batches * (2 + m)} forward and {n_batches * m} backward passes for the scores, about "

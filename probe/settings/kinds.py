@@ -261,7 +261,8 @@ class CircuitSettings(Settings):
                          bound=">= 1", check=_count("--seeds"), option="--seeds")
     shares: tuple | None = setting(None, doc="Circuit sizes of the faithfulness curve, as shares of all edges.",
                                    bound="each in (0, 1]", check=bounds.shares, option="--shares")
-    batch_size: int = _batch_size(8, "Pairs per forward pass.")
+    batch_size: int | None = _batch_size(None, "Pairs per forward pass [default: all pairs, as many as about 3 GB of "
+                                              "writes and gradients hold].")
 
 
 @settings_class

@@ -1,0 +1,226 @@
+"""A circuit's pass as planned (probe.circuits.passplan: pruned to its paths, each input built from the
+cheaper of its own stream minus the excluded edges' differences and the corrupted stream plus the
+included edges') equals the pass as defined, written out here input by input: the pass's own stream
+minus the dense sum over every excluded edge of (write - corrupted write). On tiny GPT-2, LLaMA
+(grouped key/value heads) and Gemma 2 (norms after each sub-layer), GPT-NeoX (parallel blocks), for
+many circuits including the complete and the empty graph; and the vectorised pruning equals the
+edge-by-edge sweep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_edge_circuits import random_pairs
+
+from conftest import tiny_model
+from probe.circuits.attribution import logit_diff, metric_positions
+from probe.circuits.checked import graph_of
+from probe.circuits.evaluate import Evaluator, excluded_matrix, random_edges, top_edges
+from probe.circuits.feeds import Patch
+from probe.circuits.forward import Feed, split_pass
+from probe.circuits.graph import Graph, _reader_nodes, edge_matrix, paths, prune
+from probe.circuits.passplan import plan_pass
+
+
+class DensePatch(Feed):
+    """The definition, input by input: the pass's own stream minus sum over the edges into the input
+    outside the circuit of (the writer's write in this pass - its write in the corrupted run), every
+    writer read, in float64."""
+
+    def __init__(self, graph: Graph, corrupted: torch.Tensor, excluded: torch.Tensor) -> None:
+        self.graph, self.corrupted, self.excluded = graph, corrupted.double(), excluded
+        self.now = torch.zeros_like(self.corrupted)
+
+    def wrote(self, kind, layer, out):
+        g = self.graph
+        if kind == "input":
+            self.now[0] = out.double()
+        elif kind == "mlp":
+            self.now[g.mlp_node(layer)] = out.double()
+        elif kind == "heads":
+            u = g.head_node(layer, 0)
+            self.now[u:u + g.heads] = out.double()
+
+    def delta(self, kind, layer):
+        rows = [d for d, (k, l_, _) in enumerate(self.graph.downstream) if (k, l_) == (kind, layer)]
+        if not self.excluded[rows].any():
+            return None
+        # no edge reads a writer not yet written (its weight is 0)
+        out = -torch.einsum("ru,ubtd->rbtd", self.excluded[rows].double(), self.now - self.corrupted)
+        return out if kind in ("q", "k", "v") else out[0]
+
+
+def dense_metric(ev: Evaluator, included: np.ndarray) -> float:
+    """M of the circuit by :class:`DensePatch`, batch by batch as the evaluator batches."""
+    excluded = excluded_matrix(ev.graph, included)
+    values = []
+    for rows, writes in zip(ev.rows, ev.writes):
+        where = metric_positions(ev.enc, rows)
+        logits = split_pass(ev.lm, ev.wiring, ev.enc.clean[rows], ev.enc.mask[rows],
+                            DensePatch(ev.graph, writes.corrupted, excluded), positions=where)
+        values.append(logit_diff(logits, ev.enc, rows, where).double())
+    return float(torch.cat(values).mean())
+
+
+def circuits(graph: Graph, scores: np.ndarray) -> list[np.ndarray]:
+    """The complete and the empty graph, top-k and random circuits from 1 edge to all but one, and the
+    complete graph less one edge."""
+    n = graph.n_edges
+    out = [np.ones(n, dtype=bool), np.zeros(n, dtype=bool)]
+    for k in (1, 3, n // 50, n // 10, n // 3, n // 2, (9 * n) // 10, n - 1):
+        out += [top_edges(scores, k), random_edges(n, k, k)]
+    return out
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama", "gemma2", "gpt_neox"])
+def evaluated(request):
+    lm = tiny_model(request.param)
+    with graph_of(lm) as (wiring, graph, _):
+        yield Evaluator(lm, wiring, graph, random_pairs(11, n=5), batch_size=3)
+
+
+def test_the_planned_pass_equals_the_dense_sum_over_excluded_edges(evaluated):
+    ev = evaluated
+    scores = np.random.default_rng(0).normal(size=ev.graph.n_edges)
+    full, empty = dense_metric(ev, np.ones(ev.graph.n_edges, dtype=bool)), None
+    runs = set()
+    for included in circuits(ev.graph, scores):
+        got, want = ev.metric(included), dense_metric(ev, included)
+        assert got == pytest.approx(want, abs=1e-5), int(included.sum())
+        runs.add(ev.plan(included).run)
+        if not included.any():
+            empty = want
+    assert runs == {"clean", "corrupted", "pass"}
+    assert ev.metric(np.ones(ev.graph.n_edges, dtype=bool)) == ev.ld_clean  # the clean run itself, bit for bit
+    assert ev.metric(np.zeros(ev.graph.n_edges, dtype=bool)) == ev.ld_corrupted
+    assert full == pytest.approx(ev.ld_clean, abs=1e-5) and empty == pytest.approx(ev.ld_corrupted, abs=1e-5)
+
+
+def test_a_pass_reads_only_the_writes_on_its_circuits_paths(evaluated):
+    # a circuit of one path: input -> a last-layer head's value -> logits; the pass needs the differences of
+    # the embeddings and that head only, and its M is the dense pass's
+    ev = evaluated
+    g = ev.graph
+    up, down = g.edge_index
+    last = g.layers - 1
+    v_row = next(d for d, (k, l_, i) in enumerate(g.downstream) if (k, l_, i) == ("v", last, 0))
+    head = g.head_node(last, 0)
+    circuit = ((up == 0) & (down == v_row)) | ((up == head) & (down == len(g.downstream) - 1))
+    plan = ev.plan(circuit)
+    group = range(head, head + g.heads // g.kv_heads)  # the heads that read the value input
+    if ev.wiring.layers[last].attn_post is not None:  # Gemma 2: each head's write scaled by the norm of their sum
+        group = range(head, head + g.heads)
+    assert plan.run == "pass" and set(np.flatnonzero(plan.writers)) == {0} | set(group)
+    assert ev.metric(circuit) == pytest.approx(dense_metric(ev, circuit), abs=1e-5)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("share", [0.0, 0.03, 0.3, 0.7, 1.0])
+def test_the_planned_streams_equal_the_definition_on_every_input_on_a_path(parallel, share):
+    """Random writes: the writers off the pruned circuit's paths write what they wrote in the corrupted
+    run (as in a pass); every input on a path then reads, by the plan, the own stream minus the excluded
+    edges' differences, whichever sum the plan chose (inputs off the paths change nothing M reads)."""
+    graph = Graph(layers=3, heads=4, kv_heads=2, parallel=parallel)
+    g = torch.Generator().manual_seed(7)
+    B, T, D = 2, 5, 6
+    corrupted = torch.randn(graph.n_upstream, B, T, D, generator=g, dtype=torch.float64)
+    included = np.random.default_rng(3).random(graph.n_edges) < share
+    plan = plan_pass(graph, edge_matrix(graph, included), torch.float64)
+    if plan.run != "pass":
+        return
+    writes = torch.where(torch.as_tensor(plan.writers)[:, None, None, None],
+                         torch.randn(graph.n_upstream, B, T, D, generator=g, dtype=torch.float64), corrupted)
+    bias = torch.randn(B, T, D, generator=g, dtype=torch.float64)
+    kept = paths(graph, edge_matrix(graph, included))
+    readers = _reader_nodes(graph)
+    on_path = [d for d in range(len(graph.downstream)) if kept[d].any() or any(
+        kept[:, r].any() for r in readers[d])]
+
+    def stream(w, n):
+        return bias + w[:n].sum(0)
+
+    reads = {}
+    for layer in range(graph.layers):
+        reads[("stream", layer)] = stream(corrupted, graph.reads("q", layer))
+        reads[("mlp_in", layer)] = stream(corrupted, graph.reads("mlp", layer))
+    feed = Patch(graph, plan, corrupted, reads, stream(corrupted, graph.n_upstream))
+    excluded = excluded_matrix(graph, included).double()
+
+    def check(kind, layer, got):
+        rows = [d for d, (k, l_, _) in enumerate(graph.downstream) if (k, l_) == (kind, layer)]
+        n = graph.reads(kind, None if kind == "logits" else layer)
+        own = stream(writes, n)
+        want = own[None] - torch.einsum("ru,ubtd->rbtd", excluded[rows, :n], writes[:n] - corrupted[:n])
+        got = own[None].expand_as(want) if got is None else (got if kind in ("q", "k", "v") else got[None])
+        for i, d in enumerate(rows):
+            if d in on_path:
+                torch.testing.assert_close(got[i], want[i], rtol=1e-10, atol=1e-10)
+
+    feed.wrote("input", 0, writes[0])
+    for layer in range(graph.layers):
+        first = graph.head_node(layer, 0)
+        for kind in ("q", "k", "v"):
+            check(kind, layer, feed.fed(kind, layer, stream(writes, graph.reads("q", layer))))
+        if parallel:
+            check("mlp", layer, feed.fed("mlp", layer, stream(writes, graph.reads("mlp", layer))))
+        feed.wrote("heads", layer, writes[first:first + graph.heads])
+        if not parallel:
+            check("mlp", layer, feed.fed("mlp", layer, stream(writes, graph.reads("mlp", layer))))
+        feed.wrote("mlp", layer, writes[graph.mlp_node(layer)])
+    check("logits", graph.layers, feed.fed("logits", graph.layers, stream(writes, graph.n_upstream)))
+
+
+def _prune_edge_by_edge(graph: Graph, included: np.ndarray) -> np.ndarray:
+    """Pruning as first written: one sweep forward over the edges for what the embeddings reach, one
+    backward for what reaches the logits."""
+    up, down = graph.edge_index
+    inc = np.asarray(included, dtype=bool)
+    readers = _reader_nodes(graph)
+    reached = np.zeros(graph.n_upstream, dtype=bool)
+    reached[0] = True
+    for e in np.flatnonzero(inc):
+        if reached[up[e]]:
+            reached[readers[down[e]]] = True
+    useful = np.zeros(graph.n_upstream, dtype=bool)
+    for e in np.flatnonzero(inc)[::-1]:
+        d = down[e]
+        if not readers[d] or useful[readers[d]].any():
+            useful[up[e]] = True
+    keep = inc & reached[up]
+    return keep & np.array([not readers[d] or bool(useful[readers[d]].any()) for d in down])
+
+
+@pytest.mark.parametrize("graph", [Graph(2, 2, 1), Graph(3, 4, 2, True), Graph(4, 4, 4), Graph(6, 9, 3)])
+def test_vectorised_pruning_equals_the_edge_by_edge_sweep(graph):
+    for share in (0.0, 0.01, 0.05, 0.2, 0.5, 0.9, 1.0):
+        for seed in range(3):
+            included = np.random.default_rng(seed).random(graph.n_edges) < share
+            assert np.array_equal(prune(graph, included), _prune_edge_by_edge(graph, included)), (share, seed)
+
+
+def test_the_default_batch_holds_the_pairs_the_memory_allows():
+    from probe.circuits.attribution import pairs_per_batch
+
+    graph, enc = Graph(30, 9, 3), random_pairs(0, n=20, T=16)
+    per_pair = (2 * graph.n_upstream + 5 * len(graph.downstream)) * 16 * 576 * 4  # SmolLM2's shape: 111 MB
+    assert per_pair == 110_850_048
+    assert pairs_per_batch(graph, enc, 576) == 20  # the 20 built-in pairs in one batch (2.2 GB)
+    assert pairs_per_batch(graph, random_pairs(0, n=40, T=16), 576) == 29  # 3 GiB
+    assert pairs_per_batch(graph, enc, 576, memory=5 * per_pair + 1) == 5
+    assert pairs_per_batch(graph, enc, 576, memory=1) == 1
+
+
+def test_circuits_that_prune_to_nothing_or_to_the_clean_run_need_no_pass(evaluated):
+    ev = evaluated
+    n = ev.graph.n_edges
+    up, down = ev.graph.edge_index
+    runs = ev.runs
+    only_logits = down == len(ev.graph.downstream) - 1
+    dangling = ~only_logits & (up == 0)  # the embeddings into every head and MLP, nothing on to the logits
+    assert not ev.needs_pass(dangling) and ev.plan(dangling).run == "corrupted"
+    assert ev.metric(dangling) == ev.ld_corrupted and ev.runs == runs
+    assert not ev.needs_pass(np.ones(n, dtype=bool)) and ev.metric(np.ones(n, dtype=bool)) == ev.ld_clean
+    assert ev.needs_pass(only_logits) and ev.runs == runs
+    ev.metric(only_logits)
+    assert ev.runs == runs + 1
