@@ -8,14 +8,15 @@ exit status 130 (128 + SIGINT, as shells report it); what the command was writin
 
 Modules: :mod:`.group` (the ``probe`` group, error handling, logging, the console script), then one per
 command: :mod:`.analyze`, :mod:`.verify`, :mod:`.compare`, :mod:`.prune`, :mod:`.listing`
-(``probe models``), :mod:`.patch`; :mod:`.options` holds the options several commands share. Commands import
+(``probe models``), :mod:`.patch`, :mod:`.live` (``probe live``);
+:mod:`.options` holds the options several commands share. Commands import
 what they need from the library when they run (``probe --help`` stays fast), and look up
 ``probe.loading.models.load_model`` at that moment (tests replace it).
 """
 
 from __future__ import annotations
 
-from . import analyze, circuit, compare, effects, listing, patch, path, prune, verify, why  # noqa: F401 (each registers its command on ``main``)
+from . import analyze, circuit, compare, effects, listing, live, patch, path, prune, verify, why  # noqa: F401 (each registers its command on ``main``)
 from .group import INTERRUPTED, ProbeGroup, entry, hold, main, user_errors
 
 __all__ = ["INTERRUPTED", "ProbeGroup", "entry", "hold", "main", "user_errors"]
