@@ -50,6 +50,7 @@ _PUBLIC = {
     "verify": ".verification", "why": ".qk", "Why": ".qk",
     "HeadView": ".view", "ModelView": ".view", "model_view": ".entries.notebook", "show": ".entries.notebook",
     "RolloutView": ".view.rollout", "rollout_view": ".entries.notebook", "analyze_run": ".entries.analyze",
+    "Explorer": ".live.widget",
 }
 
 
@@ -73,5 +74,5 @@ __all__ = [
     "show", "HeadView", "load_run", "compare_runs", "prune", "head_effects", "attention_rollout", "attention_flow",
     "Attribution", "Pair", "patch_heads", "direct_logit_attribution", "composition_scores",
     "rollout_view", "RolloutView",
-    "attention_steps", "model_view", "ModelView", "why", "Why", "analyze_run",
+    "attention_steps", "model_view", "ModelView", "why", "Why", "analyze_run", "Explorer",
 ]

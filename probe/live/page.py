@@ -50,7 +50,7 @@ def page_html() -> str:
              'q.get("text") || "The cat sat on the mat because it was tired."); })();')
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            "<title>probe live</title>"
+            "<title>probe live</title><link rel=\"icon\" href=\"data:,\">"
             f"<style>body {{ margin: 8px; }}\n{styles()}</style></head>"
             f"<body><div id=\"probe-live\" class=\"probe-live\"></div><script>{scripts()}\n;\n{start}</script>"
             "</body></html>\n")
