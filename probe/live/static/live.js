@@ -27,10 +27,12 @@
   }
   function clear(e) { while (e.firstChild) e.removeChild(e.firstChild); return e; }
   function fmt(v, d) { return v === null || v === undefined ? "" : Number(v).toFixed(d === undefined ? 3 : d); }
-  function short(label) {
+  var SHORT = {"previous-token": "prev", "next-token": "next", "first-token": "1st", "broad": "brd", "self": "self",
+               "punctuation": "punc", "sep": "sep", "induction": "ind", "duplicate-token": "dup", "long-range": "long",
+               "local": "loc"};
+  function short(label) {  // a cell's label in at most 4 characters (the full label in its tooltip)
     if (!label || label === "mixed") return "\u00b7";
-    var parts = label.split("-");
-    return parts.length > 1 ? parts[0].slice(0, 2) + parts[1].slice(0, 1) : label.slice(0, 3);
+    return SHORT[label] || label.replace(/[^a-z0-9]/gi, "").slice(0, 4);
   }
   function option(text, value) { var o = el("option", null, text); o.value = value; return o; }
   function labelled(text, control) {
@@ -118,10 +120,12 @@
     root.appendChild(this.textBox);
     this.corruptBox = el("textarea", "pl-text pl-corrupt");
     this.corruptBox.rows = 1; this.corruptBox.maxLength = info.maxChars; this.corruptBox.spellcheck = false;
-    this.corruptBox.placeholder = info.patching ? "Corrupted text: patching is not available (" + info.patching + ")" :
+    this.corruptBox.placeholder = info.patching ? "Corrupted text: no patching on this model (below)" :
       "Corrupted text (same token count): turns on activation patching";
     this.corruptBox.setAttribute("aria-label", "corrupted text");
+    this.corruptBox.disabled = !!info.patching;
     root.appendChild(this.corruptBox);
+    if (info.patching) root.appendChild(el("div", "pl-note pl-nopatch", "Patching: " + info.patching));
     this.errorLine = el("div", "pl-error"); this.errorLine.style.display = "none"; this.errors = {};
     root.appendChild(this.errorLine);
     this.tokenLine = el("div", "pl-tokens"); root.appendChild(this.tokenLine);
@@ -149,8 +153,9 @@
     for (var l = 0; l < info.layers; l++) this.layerSel.appendChild(option("layer " + l, String(l)));
     vbar.appendChild(labelled("maps of", this.layerSel));
     views.appendChild(vbar);
-    this.headViewBox = el("div", "pl-view"); this.modelViewBox = el("div", "pl-view");
-    views.appendChild(this.headViewBox); views.appendChild(this.modelViewBox);
+    this.headViewBox = el("div", "pl-view"); this.ablatedBox = el("div", "pl-view");
+    this.modelViewBox = el("div", "pl-view");
+    views.appendChild(this.headViewBox); views.appendChild(this.ablatedBox); views.appendChild(this.modelViewBox);
     root.appendChild(views);
 
     this.headBox = el("div", "pl-section pl-headpanel"); root.appendChild(this.headBox);
@@ -226,7 +231,8 @@
     });
   };
   L.drawHeadView = function (box, data, key) {
-    var prev = box.firstChild && box.firstChild.probeView, S = this.S;
+    var from = key === "ablated" ? this.headViewBox : box;  // the ablated view shows the heads the clean one shows
+    var prev = from.firstChild && from.firstChild.probeView, S = this.S;
     if (prev && prev.state().layer === data.layers[0]) {  // keep the reader's choice of heads across edits
       data.initial = {layer: 0, heads: prev.state().heads.filter(function (h) { return !data.removed[0][h]; })};
     } else if (S.head !== null && S.head[0] === data.layers[0]) {
@@ -350,7 +356,10 @@
   L.ablate = function () {
     var self = this, S = this.S;
     if (!S.text.trim()) return Promise.resolve(null);
-    if (!S.off.length) { clear(this.outBox); this.last.ablate = null; return Promise.resolve(null); }
+    if (!S.off.length) {
+      clear(this.outBox); clear(this.ablatedBox); this.last.ablate = null;
+      return Promise.resolve(null);
+    }
     return this.request("ablate", {text: S.text, heads: S.off.slice(), kind: S.kind, layer: S.layer}).then(function (r) {
       if (!r) return null;
       self.last.ablate = r; self.counts.ablate += 1;
@@ -382,7 +391,8 @@
       });
       scroll.appendChild(t); box.appendChild(scroll);
     }
-    var hv = el("div", "pl-view"); box.appendChild(hv);
+    clear(this.ablatedBox).appendChild(el("div", "pl-title", "The same layer with the heads switched off"));
+    var hv = el("div"); this.ablatedBox.appendChild(hv);
     this.drawHeadView(hv, r.headView, "ablated");
   };
 
