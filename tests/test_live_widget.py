@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -185,3 +187,87 @@ def test_widget_draws_and_answers_in_a_host_harness(chromium, explorer):
             browser.close()
     assert messages == []
     assert all(u.startswith(base + "/") or u.startswith("blob:") for u in requests), requests
+
+
+def _jupyter_lab() -> str | None:
+    """The jupyter-lab executable (``PROBE_JUPYTER_LAB``, else on PATH), or None."""
+    import shutil
+
+    return os.environ.get("PROBE_JUPYTER_LAB") or shutil.which("jupyter-lab")
+
+
+def test_widget_in_jupyterlab(chromium, tmp_path):
+    """A notebook opened in JupyterLab (headless Chromium), its cell run: the Explorer draws its grid, answers a
+    typed text and a clicked head; every request stays on the JupyterLab server; no page error."""
+    lab = _jupyter_lab()
+    if lab is None:
+        pytest.skip("JupyterLab is not installed (pip install jupyterlab, or PROBE_JUPYTER_LAB=path/to/jupyter-lab)")
+    import nbformat
+
+    from probe.live.server import bind
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import probe\nfrom conftest import tiny_model\n"
+                                          f"probe.Explorer(tiny_model('gpt2'), {TEXT!r})")]
+    nbformat.write(nb, tmp_path / "live.ipynb")
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    data = [Path(sys.prefix) / "share" / "jupyter", Path(sys.base_prefix) / "share" / "jupyter"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+           "JUPYTER_PATH": os.pathsep.join(map(str, data)), "PYTHONWARNINGS": "ignore"}
+    token = "lab-token-for-tests"
+    proc = subprocess.Popen([lab, "--no-browser", f"--ServerApp.port={port}", "--ServerApp.ip=127.0.0.1",
+                             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+                             "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=", "--ServerApp.allow_root=True",
+                             "--LabApp.extension_manager=readonly",
+                             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    base = f"http://127.0.0.1:{port}"
+    sync_api, executable = chromium
+    try:
+        import httpx
+
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/api/status?token={token}", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline and proc.poll() is None, "JupyterLab did not start"
+            time.sleep(0.5)
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1200, "height": 900})
+                errors, requests = [], []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "probe" in m.text else None)
+                page.on("request", lambda r: requests.append(r.url))
+                page.goto(f"{base}/lab/tree/live.ipynb?token={token}")
+                page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')",
+                                       timeout=180_000)
+                page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], "
+                                       ".jp-Toolbar-kernelStatus", timeout=180_000)
+                page.wait_for_timeout(2000)
+                page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+                page.wait_for_selector(".probe-live[data-edits='1']", timeout=300_000)
+                page.fill(".probe-live textarea.pl-text:not(.pl-corrupt)", "A dog ran in the park.")
+                page.wait_for_selector(".probe-live[data-edits='2']", timeout=120_000)
+                page.click(".probe-live td.pl-cell[data-layer='1'][data-head='0']")
+                page.wait_for_selector(".probe-live[data-heads='1'] .probe-sv table", timeout=120_000)
+                assert "check holds" in page.inner_text(".probe-live .pl-check")
+                tokens = page.eval_on_selector_all(".probe-live .pl-tok", "ts => ts.map(t => t.textContent)")
+                assert tokens and tokens[0] != "" and len(tokens) >= 5
+            finally:
+                browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert errors == []
+    assert all(u.startswith(base + "/") or u.startswith(("blob:", "data:", "ws://127.0.0.1")) for u in requests), \
+        sorted({u for u in requests if not u.startswith(base)})[:5]
