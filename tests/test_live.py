@@ -177,6 +177,38 @@ def test_patching_effects_are_probe_patchs(dec):
     assert dec.lm.tokenizer(r["answer"], add_special_tokens=False)["input_ids"][0] in (int(top),) or r["answer"]
 
 
+def test_masked_lm_encoder_predicts_at_its_mask():
+    """An encoder with its masked-LM head: the output before and after is the prediction at the [MASK] typed,
+    each probability the model's own (plain, and with the head's gate at 0); without a [MASK] the panel says
+    how to get one; patching runs on it (the library's effects)."""
+    import transformers as tr
+
+    from conftest import make_tokenizer, tiny_config
+
+    tok = make_tokenizer("wordpiece")
+    torch.manual_seed(0)
+    lm = probe.from_pretrained_objects(tr.BertForMaskedLM(tiny_config("bert", len(tok))).eval(), tok, name="mlm")
+    s = LiveSession(lm)
+    text = "The cat sat on the [MASK] and slept."
+    r = s.ablate(text, [[1, 3]], "zero", 1)
+    batch = encode(lm, [text], parse_special_tokens=True)  # the [MASK] typed is the mask, as probe patch reads it
+    at = batch.input_ids[0].tolist().index(tok.mask_token_id)
+    gates = torch.ones(2, 4)
+    gates[1, 3] = 0
+    with torch.no_grad():
+        plain = torch.softmax(forward(lm, batch).logits[0, at].double(), -1)
+        with gated(lm, gates):
+            off = torch.softmax(forward(lm, batch).logits[0, at].double(), -1)
+    assert r["output"]["kind"] == "masked-lm" and r["output"]["position"] == at
+    for row in r["output"]["tokens"]:
+        assert row["before"] == pytest.approx(float(plain[row["id"]]), abs=1e-6)
+        assert row["after"] == pytest.approx(float(off[row["id"]]), abs=1e-6)
+    assert s.ablate(TEXT, [[1, 3]])["output"]["position"] is None
+    p = s.patch(text, "The dog sat on the [MASK] and slept.")
+    frame = patch_heads(lm, [Pair(text, "The dog sat on the [MASK] and slept.", p["answer"], p["wrong"])])
+    np.testing.assert_allclose(np.array(p["effect"]).ravel(), frame["effect"].to_numpy(), atol=1e-12)
+
+
 def test_session_refusals_name_the_value(dec, enc):
     with pytest.raises(probe.errors.InputError, match="no head 9"):
         dec.head(TEXT, 0, 9)

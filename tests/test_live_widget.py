@@ -209,6 +209,7 @@ def test_widget_in_jupyterlab(chromium, tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("import probe\nfrom conftest import tiny_model\n"
                                           f"probe.Explorer(tiny_model('gpt2'), {TEXT!r})")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "live.ipynb")
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]

@@ -115,6 +115,8 @@ class LiveSession:
             raise InputError(f"{lm.name} is an encoder-decoder model; probe live draws encoders and decoders "
                              "(use probe.show(lm, probe.Text(source, target=...)) in a notebook)")
         self.lm = lm
+        # a masked-LM encoder reads the mask token typed as its mask (as probe patch reads its prompts)
+        self.parse_special = self._output_kind(head_kind(lm)) == "masked-lm"
         self.max_chars = bounds.positive_int("max characters", max_chars)
         self.max_tokens = (min(MAX_TOKENS, lm.max_length) if max_tokens is None
                            else bounds.max_length(max_tokens, lm.max_length))
@@ -207,7 +209,7 @@ class LiveSession:
             self._analyses.move_to_end(text)
             return self._analyses[text]
         result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
-                         max_length=self.max_tokens)
+                         max_length=self.max_tokens, parse_special_tokens=self.parse_special)
         self._analyses[text] = result
         while len(self._analyses) > KEPT:
             self._analyses.popitem(last=False)
@@ -322,7 +324,7 @@ class LiveSession:
             raise InputError(f"the live page ablates with zero or mean, got {kind!r}")
         check_model(self.lm)
         means = self.means() if kind == "mean" else None
-        batch = encode(self.lm, [text], self.max_tokens)
+        batch = encode(self.lm, [text], self.max_tokens, parse_special_tokens=self.parse_special)
         pair = repeat_batch(batch, 2)
         sets = torch.zeros(2, self.n_layers, self.n_heads, dtype=torch.bool)
         for lay, h in heads:
@@ -405,7 +407,7 @@ class LiveSession:
         Raises:
             InputError: no such tokens among the 50 most probable.
         """
-        batch = encode(self.lm, [clean, corrupted], self.max_tokens)
+        batch = encode(self.lm, [clean, corrupted], self.max_tokens, parse_special_tokens=self.parse_special)
         with torch.no_grad(), attention_hooks(self.lm, lambda s, p: None):
             logits = forward(self.lm, batch).logits
         last = batch.attention_mask.sum(1) - 1
