@@ -6,7 +6,8 @@ A request is a JSON object: the route's fields, and optionally ``page`` (a strin
 ``seq`` (its request number, increasing): a request overtaken by a newer one of the same page and route
 before its turn at the model is dropped (status 409, ``{"stale": true}``). Statuses: 200 the answer;
 400 a value the session refuses (one line: an unknown head, a query position out of range, a text over
-the cap ...); 409 stale; 500 a failure inside the model (the line says which; the server keeps serving).
+the cap ...); 409 stale; 422 an analysis the model does not support (the library's line); 500 a failure
+inside the model (the line says which; the server keeps serving).
 """
 
 from __future__ import annotations
