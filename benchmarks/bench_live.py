@@ -63,9 +63,12 @@ def bare(lm, text: str) -> float:
     return time.perf_counter() - t
 
 
-def timed(fn) -> float:
+def timed(session, route: str, body: dict) -> float:
+    """Seconds of one request as the server answers it (the session's answer and its JSON)."""
+    from probe.live.api import answer
+
     t = time.perf_counter()
-    status, out = fn()
+    status, out = answer(session, route, body)
     json.dumps(out)
     assert status == 200, out
     return time.perf_counter() - t
@@ -86,11 +89,11 @@ def bench(name: str, n_tokens: int, repeats: int) -> None:
     rows = {"bare forward": [], "edit": [], "steps + why": [], "ablation (2 heads, zero)": []}
     for text in texts[:repeats]:
         rows["bare forward"].append(bare(lm, text))
-        rows["edit"].append(timed(lambda: answer(s, "edit", {"text": text, "layer": layer})))
-        rows["steps + why"].append(timed(lambda: answer(s, "head", {"text": text, "layer": layer, "head": head,
-                                                                    "query": n_tokens - 2})))
-        rows["ablation (2 heads, zero)"].append(timed(lambda: answer(s, "ablate", {
-            "text": text, "heads": [[0, 1], [1, 2]], "layer": layer})))
+        rows["edit"].append(timed(s, "edit", {"text": text, "layer": layer}))
+        rows["steps + why"].append(timed(s, "head", {"text": text, "layer": layer, "head": head,
+                                                     "query": n_tokens - 2}))
+        rows["ablation (2 heads, zero)"].append(timed(s, "ablate", {"text": text, "heads": [[0, 1], [1, 2]],
+                                                                    "layer": layer}))
         rows["bare forward"].append(bare(lm, text))
     base = statistics.median(rows["bare forward"])
     print(f"\n{name}: {n_tokens} tokens, {len(lm.sites)} layers x {lm.geometry.n_heads} heads, "
