@@ -7,7 +7,7 @@ Every number is the library's: the session only calls library functions and pack
   (:func:`probe.analyze` on the one text), the head view of one layer and the model view of every layer
   (:func:`probe.view.data.view_data`, :func:`probe.view.modelview.model_view_data`, from the maps the
   analysis kept: one forward pass).
-- :meth:`LiveSession.head`: one head's attention steps (:func:`probe.measures.steps.head_steps`, drawn by
+- :meth:`LiveSession.head`: one head's attention steps (:func:`probe.measures.steps.heads_steps`, drawn by
   the step view) and ``why`` for a query row (:func:`probe.qk.run.measure`: :func:`probe.why` and its
   table of the largest (query source, key source) pairs, with the check: their sum against the model's
   score).
@@ -43,7 +43,7 @@ from ..effects.ablation import ablating, check_model, head_means, repeat_batch
 from ..effects.patching import check_patchable, patch_heads
 from ..entries.notebook import batch_sides
 from ..errors import InputError, ProbeError
-from ..measures.steps import head_steps
+from ..measures.steps import heads_steps
 from ..qk.run import measure
 from ..records import AnalysisResult
 from ..runs.analysis import analyze
@@ -274,7 +274,8 @@ class LiveSession:
         try:
             if n > STEP_MAX_TOKENS:
                 raise InputError(f"the step view holds at most {STEP_MAX_TOKENS} tokens")
-            st = head_steps(self.lm, text, layer, head, self.max_tokens)
+            # the step view draws the from-scratch steps; the model's own probabilities (a second pass) it does not
+            st = heads_steps(self.lm, text, [(layer, head)], self.max_tokens, model_probs=False)[0]
             out["steps"] = step_view_data(st, site_index=layer, query=query)
         except ProbeError as e:  # InputError included: a type whose steps are refused says so in the panel
             out["stepsRefusal"] = str(e)
