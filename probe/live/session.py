@@ -220,7 +220,7 @@ class LiveSession:
         ``layer`` and the model view (every layer's thumbnails), from one :func:`probe.analyze` pass.
 
         Returns:
-            ``{"tokens", "grid": {"labels": [layers][heads], "statistics": {name: [layers][heads]}},
+            ``{"tokens", "grid": {"labels": layers x heads, "statistics": {name: layers x heads}},
             "headView": view_data's dict (``layer`` only), "modelView": model_view_data's dict}``.
 
         Raises:
@@ -237,7 +237,7 @@ class LiveSession:
 
     def grid(self, result: AnalysisResult) -> dict:
         """Every head's primary label, all its labels and every statistic of ``result``'s heads table,
-        as [layers][heads] arrays (NaN as None)."""
+        as layers x heads arrays (NaN as None)."""
         heads = result.heads.sort_values(["layer", "head"])
         L, H = self.n_layers, self.n_heads
 
@@ -428,7 +428,7 @@ class LiveSession:
         head's clean output; effect 1 = all of the logit difference restored).
 
         Returns:
-            ``{"effect", "effectLast", "raw", "rawLast": [layers][heads], "answer", "wrong", "ldClean",
+            ``{"effect", "effectLast", "raw", "rawLast": layers x heads, "answer", "wrong", "ldClean",
             "ldCorrupted", "normalized", "notes"}``.
 
         Raises:
