@@ -55,6 +55,7 @@ _PUBLIC = {
     "run_effects": ".entries.kinds", "run_patch": ".entries.kinds", "run_path": ".entries.kinds",
     "run_circuit": ".entries.kinds", "run_why": ".entries.kinds", "run_compare": ".entries.kinds",
     "run_kind": ".entries.kinds", "RunResult": ".entries.result", "Console": ".entries.result",
+    "Explorer": ".live.widget",
 }
 
 
@@ -80,5 +81,5 @@ __all__ = [
     "rollout_view", "RolloutView",
     "attention_steps", "model_view", "ModelView", "why", "Why", "analyze_run",
     "run_analyze", "run_verify", "run_prune", "run_effects", "run_patch", "run_path", "run_circuit", "run_why",
-    "run_compare", "run_kind", "RunResult", "Console",
+    "run_compare", "run_kind", "RunResult", "Console", "Explorer",
 ]

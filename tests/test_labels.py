@@ -138,3 +138,17 @@ def test_cluster_heads_groups_similar_profiles():
     groups = [set(ids[i:i + 4]) for i in (0, 4, 8)]
     assert all(len(g) == 1 for g in groups)
     assert len(set.union(*groups)) == 3
+
+
+def test_one_cluster_is_every_head_as_k_means_gives_it():
+    """k = 1 (asked for, or one distinct profile) skips k-means' restarts and gives what k-means gives."""
+    from sklearn.cluster import KMeans
+    from sklearn.preprocessing import StandardScaler
+
+    heads = frame(*([{"prev": 0.9}] * 4 + [{"first": 0.9}] * 4))
+    ids = cluster_heads(heads, list(STATISTICS), n_clusters=1)
+    x = heads[[c for c in STATISTICS if heads[c].notna().any()]].fillna(0).to_numpy(dtype=float)
+    want = KMeans(n_clusters=1, n_init=10, random_state=0).fit_predict(StandardScaler().fit_transform(x))
+    assert ids.tolist() == want.tolist() == [0] * 8 and ids.dtype == want.dtype
+    same = cluster_heads(frame(*([{"prev": 0.9}] * 5)), list(STATISTICS), n_clusters=6)
+    assert same.tolist() == [0] * 5

@@ -8,7 +8,7 @@ exit status 130 (128 + SIGINT, as shells report it); what the command was writin
 
 Modules: :mod:`.group` (the ``probe`` group, error handling, logging, the console script), then one per
 command: :mod:`.analyze`, :mod:`.verify`, :mod:`.compare`, :mod:`.prune`, :mod:`.effects`, :mod:`.patch`,
-:mod:`.path`, :mod:`.circuit`, :mod:`.why`, :mod:`.listing` (``probe models``); :mod:`.options` holds the
+:mod:`.path`, :mod:`.circuit`, :mod:`.why`, :mod:`.live` (``probe live``), :mod:`.listing` (``probe models``); :mod:`.options` holds the
 options several commands share and makes an option from a settings field (:mod:`probe.settings`: its default
 and check are the field's), :mod:`.start` what every command does around its one library call
 (:mod:`probe.entries.kinds`). A command parses its options into the kind's settings, makes the call, saves
@@ -19,7 +19,7 @@ library when they run (``probe --help`` stays fast), and the library looks up
 
 from __future__ import annotations
 
-from . import analyze, circuit, compare, effects, listing, patch, path, prune, verify, why  # noqa: F401 (each registers its command on ``main``)
+from . import analyze, circuit, compare, effects, listing, live, patch, path, prune, verify, why  # noqa: F401 (each registers its command on ``main``)
 from .group import INTERRUPTED, ProbeGroup, entry, hold, main, user_errors
 
 __all__ = ["INTERRUPTED", "ProbeGroup", "entry", "hold", "main", "user_errors"]

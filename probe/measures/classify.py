@@ -80,5 +80,7 @@ def cluster_heads(heads: pd.DataFrame, statistics: list[str], n_clusters: int = 
     x = heads[cols].fillna(heads[cols].mean()).to_numpy(dtype=float)
     distinct = len(np.unique(np.round(x, 12), axis=0))
     k = max(1, min(n_clusters, distinct))  # never more clusters than distinct profiles
+    if k == 1:  # one cluster: every head in it (what k-means gives, without its ten restarts)
+        return np.zeros(len(heads), dtype=np.int32)
     x = StandardScaler().fit_transform(x)
     return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(x)

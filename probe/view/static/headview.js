@@ -5,7 +5,8 @@
  * Markup (probe/view/html.py): a div of class "probe-hv" holding a style element, a JSON script element
  * of class "probe-hv-data" (the data, probe/view/data.py) and a script element with this file.
  * The script mounts the view it sits in (document.currentScript's parent), so several views on one page
- * (a notebook) each mount their own; it defines no page-level global. Token text is only ever drawn with
+ * (a notebook) each mount their own. Its one page-level name is the namespace probeViews, where it puts its
+ * draw function probeViews.headView(element, data): the live page and the notebook widget draw with it. Token text is only ever drawn with
  * canvas fillText or set as textContent, never parsed as HTML.
  *
  * Drawing: two token columns (queries left, keys right) on one canvas the height of the visible window
@@ -466,20 +467,32 @@
     return {x: rect.left + (side === "q" ? g.labelW / 2 : g.W - g.labelW / 2), y: rect.top + this.y(i)};
   };
 
-  function mount(root) {
-    if (root.probeView) return root.probeView;
-    var t0 = performance.now(), node = root.querySelector("script.probe-hv-data");
-    if (!node) return null;
-    var view = new View(root, JSON.parse(node.textContent), t0), fallback = root.querySelector(".hv-fallback");
+  // render(root, data): draw a view of data (probe/view/data.py's dict) into root, the one draw function every page
+  // (report, saved view, live page, notebook widget) calls; mount(root) reads the data beside the script first.
+  function render(root, data) {
+    var t0 = performance.now();
+    if (root.classList) root.classList.add("probe-hv");
+    var view = new View(root, data, t0), fallback = root.querySelector(".hv-fallback");
     if (fallback) root.removeChild(fallback);
     view.build(); view.buildHeads(); view.bind(); view.layout();
     view.timings.mountMs = performance.now() - t0;
     view.draw();
-    return view.api();
+    root.probeView = view.api();
+    return root.probeView;
+  }
+  function mount(root) {
+    if (root.probeView) return root.probeView;
+    var node = root.querySelector("script.probe-hv-data");
+    if (!node) return null;
+    return render(root, JSON.parse(node.textContent));
   }
 
+  var views = (typeof window !== "undefined" ? window : globalThis);
+  views = views.probeViews = views.probeViews || {};
+  views.headView = render;
+  if (typeof document === "undefined") return;
   var host = script && script.parentNode;
   if (host && host.classList && host.classList.contains("probe-hv")) { host.probeView = mount(host); return; }
   var all = document.querySelectorAll(".probe-hv");
   for (var i = 0; i < all.length; i++) if (!all[i].probeView) all[i].probeView = mount(all[i]);
-})(document.currentScript);
+})(typeof document !== "undefined" ? document.currentScript : null);

@@ -5,7 +5,8 @@
  * script, which mounts the view it sits in. One canvas per grid (site kind), its pixels written at once
  * (putImageData): a cell's colour is white for 0 and dark blue for 1, red channel = 255 - value.
  * Each thumbnail's border has its head's primary label colour (grey: none). A click opens the head in
- * the head view named by data.target (element.probeView.setLayer / setHeads). The mounted element gets
+ * the head view named by data.target (element.probeView.setLayer / setHeads) and sends the event "probe-open"
+ * ({site, head}) from the view's element (a listener that cancels it opens the head itself). Its draw function is probeViews.modelView(element, data). The mounted element gets
  * element.probeModelView (timings, cells, pixel read-back, click points) used by tests.
  */
 (function (script) {
@@ -107,6 +108,10 @@
     this.timings = {mountMs: 0, firstDrawMs: null, firstFrameMs: null};
   }
   View.prototype.open = function (site, head) {
+    if (typeof CustomEvent === "function") {  // a page that draws the head view itself (the live page) takes it
+      var ev = new CustomEvent("probe-open", {detail: {site: site, head: head}, cancelable: true});
+      if (!this.root.dispatchEvent(ev)) { this.opened = {site: site, head: head}; return; }
+    }
     var target = this.data.target && document.getElementById(this.data.target), name = this.data.sites[site].names[head];
     var at = this.data.shown.indexOf(site);
     if (!target || !target.probeView) { this.status.textContent = name + ": no head view on this page"; return; }
@@ -152,11 +157,11 @@
     };
   };
 
-  function mount(root) {
-    if (root.probeModelView) return root.probeModelView;
-    var t0 = performance.now(), node = root.querySelector("script.probe-mv-data");
-    if (!node) return null;
-    var view = new View(root, JSON.parse(node.textContent)), fallback = root.querySelector(".mv-fallback");
+  // render(root, data): the one draw function (report, saved view, live page, notebook widget).
+  function render(root, data) {
+    var t0 = performance.now();
+    if (root.classList) root.classList.add("probe-mv");
+    var view = new View(root, data), fallback = root.querySelector(".mv-fallback");
     if (fallback) root.removeChild(fallback);
     if (view.data.title) root.appendChild(el("div", "mv-title", view.data.title));
     view.data.grids.forEach(function (g) { view.grids.push(new Grid(view, g)); });
@@ -170,11 +175,22 @@
     view.timings.firstDrawMs = performance.now() - t0;
     root.setAttribute("data-drawn", "1");
     requestAnimationFrame(function () { view.timings.firstFrameMs = performance.now() - t0; });
-    return view.api();
+    root.probeModelView = view.api();
+    return root.probeModelView;
+  }
+  function mount(root) {
+    if (root.probeModelView) return root.probeModelView;
+    var node = root.querySelector("script.probe-mv-data");
+    if (!node) return null;
+    return render(root, JSON.parse(node.textContent));
   }
 
+  var views = (typeof window !== "undefined" ? window : globalThis);
+  views = views.probeViews = views.probeViews || {};
+  views.modelView = render;
+  if (typeof document === "undefined") return;
   var host = script && script.parentNode;
   if (host && host.classList && host.classList.contains("probe-mv")) { host.probeModelView = mount(host); return; }
   var all = document.querySelectorAll(".probe-mv");
   for (var i = 0; i < all.length; i++) if (!all[i].probeModelView) all[i].probeModelView = mount(all[i]);
-})(document.currentScript);
+})(typeof document !== "undefined" ? document.currentScript : null);

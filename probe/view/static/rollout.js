@@ -4,7 +4,8 @@
  *
  * Markup (probe/view/rollout.py): a div of class "probe-rv" holding a style element, a JSON script element
  * of class "probe-rv-data" and a script element with this file, which mounts the view it sits in
- * (document.currentScript's parent); it defines no page-level global. Token text is only ever set as
+ * (document.currentScript's parent); its one page-level name is the namespace probeViews, where it puts its
+ * draw function probeViews.rollout(element, data). Token text is only ever set as
  * textContent, never parsed as HTML.
  *
  * One SVG per view: a row per input token j (its label, clickable: that position becomes the chosen row),
@@ -17,9 +18,9 @@
   var SVGNS = "http://www.w3.org/2000/svg";
   var ROW = 16, LABEL_W = 150, COL_W = 170, GAP = 50, TOP = 20;
   var COLORS = { w: "#7f7f7f", r: "#1f77b4", f: "#2ca02c" };
-  var root = script.parentNode;
-  var data = JSON.parse(root.querySelector("script.probe-rv-data").textContent);
-  if (!data.examples.length) { root.setAttribute("data-draws", "0"); return; }
+  function render(root, data) {  // the one draw function (report, saved view, notebook)
+  if (root.classList) root.classList.add("probe-rv");
+  if (!data.examples.length) { root.setAttribute("data-draws", "0"); return null; }
   var state = { ex: 0, row: data.examples[0].row, layer: data.examples[0].layers.length - 1 };
 
   function el(tag, attrs, parent, svg) {
@@ -134,4 +135,12 @@
     }
   };
   root.setAttribute("data-draws", "1");
-})(document.currentScript);
+  return root.probeRollout;
+  }
+
+  var views = (typeof window !== "undefined" ? window : globalThis);
+  views = views.probeViews = views.probeViews || {};
+  views.rollout = render;
+  var host = script && script.parentNode, node = host && host.querySelector && host.querySelector("script.probe-rv-data");
+  if (node && !host.probeRollout) render(host, JSON.parse(node.textContent));
+})(typeof document !== "undefined" ? document.currentScript : null);

@@ -5,7 +5,9 @@
  * class "probe-sv-data" and this script. The numbers are the data's (the from-scratch attention's):
  * nothing is recomputed here except the elementwise products q_d * k_d drawn in the heat strip.
  * Tokens are set with textContent only. With data.source, pinning a query token of this site in that
- * head view (its "probe-pin" event) opens the token here. element.probeStepView is a small test API.
+ * head view (its "probe-pin" event) opens the token here; opening a query token sends "probe-query" ({query})
+ * from the view's element. Its draw function is probeViews.stepView(element, data).
+ * element.probeStepView is a small test API.
  */
 (function (script) {
   "use strict";
@@ -81,6 +83,7 @@
     }
     this.drawProducts();
     this.root.setAttribute("data-query", String(i));
+    if (typeof CustomEvent === "function") this.root.dispatchEvent(new CustomEvent("probe-query", {detail: {query: i}}));
   };
   V.products = function () {
     var d = this.data, i = this.query, out = [];
@@ -118,17 +121,27 @@
     };
   };
 
+  // render(root, data): the one draw function (report, saved view, live page, notebook widget).
+  function render(root, data) {
+    if (root.classList) root.classList.add("probe-sv");
+    var view = new View(root, data), fallback = root.querySelector(".sv-fallback");
+    if (fallback) root.removeChild(fallback);
+    view.build(); view.open(view.data.query);
+    root.probeStepView = view.api();
+    return root.probeStepView;
+  }
   function mount(root) {
     if (root.probeStepView) return root.probeStepView;
     var node = root.querySelector("script.probe-sv-data");
     if (!node) return null;
-    var view = new View(root, JSON.parse(node.textContent)), fallback = root.querySelector(".sv-fallback");
-    if (fallback) root.removeChild(fallback);
-    view.build(); view.open(view.data.query);
-    return view.api();
+    return render(root, JSON.parse(node.textContent));
   }
+  var views = (typeof window !== "undefined" ? window : globalThis);
+  views = views.probeViews = views.probeViews || {};
+  views.stepView = render;
+  if (typeof document === "undefined") return;
   var host = script && script.parentNode;
   if (host && host.classList && host.classList.contains("probe-sv")) { host.probeStepView = mount(host); return; }
   var all = document.querySelectorAll(".probe-sv");
   for (var i = 0; i < all.length; i++) if (!all[i].probeStepView) all[i].probeStepView = mount(all[i]);
-})(document.currentScript);
+})(typeof document !== "undefined" ? document.currentScript : null);

@@ -1,0 +1,52 @@
+"""``probe live``: a local web page on one loaded model; every edit of its text re-runs the model
+(:mod:`probe.live`)."""
+
+from __future__ import annotations
+
+import signal
+
+import click
+
+from .group import main, user_errors
+from .options import model_option, model_placement
+
+
+@main.command("live")
+@model_option
+@click.option("--port", "-p", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="The port to serve on (0: a free one).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address to serve on. Another than 127.0.0.1 or localhost lets other machines reach the "
+                   "model (with the token); a warning says so.")
+@model_placement
+@user_errors
+def live_command(model_name, port, host, device=None, dtype=None) -> None:
+    """A local web page on one model: type a text and watch every head's label and statistics, the head
+    and model views, a head's attention steps and why it attends where it does, heads switched off and
+    activation patching against a corrupted text, all redrawn at every edit. The model loads once; the
+    printed address (with its random token) opens the page; Ctrl-C stops the server."""
+    from ..live.server import bind, make_app, new_token, served_hosts, server
+    from ..live.session import LiveSession
+    from ..loading.models import load_model
+
+    sock = bind(host, port)  # a port in use fails before the model loads
+    try:
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            click.echo(f"warning: serving on {host}: other machines that reach this address can drive the model "
+                       "(the token is still required); use the default 127.0.0.1 unless you mean it", err=True)
+        real_port = sock.getsockname()[1]
+        lm = load_model(model_name, dtype=dtype, device=device)
+        session = LiveSession(lm)
+        token = new_token()
+        app = make_app(session, token, served_hosts(host, real_port))
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        shown = f"[{shown}]" if ":" in shown else shown
+        click.echo(f"probe live: {lm.name} ({lm.kind}, {len(lm.sites)} layers x {lm.geometry.n_heads} heads)")
+        click.echo(f"http://{shown}:{real_port}/?token={token}", color=False)
+        click.echo("Ctrl-C stops the server.", err=True)
+        # uvicorn catches Ctrl-C, shuts down, then raises the signal again: under Python's own handler that is a
+        # KeyboardInterrupt, which the group ends with 'Interrupted.' and status 130 (also where SIGINT was ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        server(app, sock).run(sockets=[sock])
+    finally:
+        sock.close()

@@ -1,0 +1,91 @@
+"""The live page's requests and answers, one definition for the server (HTTP, :mod:`probe.live.server`) and
+the notebook widget (its messages, :mod:`probe.live.widget`): each route's fields, their checks, the
+session method that answers, and the status of each kind of failure.
+
+A request is a JSON object: the route's fields, and optionally ``page`` (a string the page picked) and
+``seq`` (its request number, increasing): a request overtaken by a newer one of the same page and route
+before its turn at the model is dropped (status 409, ``{"stale": true}``). Statuses: 200 the answer;
+400 a value the session refuses (one line: an unknown head, a query position out of range, a text over
+the cap ...); 409 stale; 422 an analysis the model does not support (the library's line); 500 a failure
+inside the model (the line says which; the server keeps serving).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+from ..errors import InputError, ProbeError
+from .session import LiveSession
+
+log = logging.getLogger("probe")
+
+#: Each route: its required fields, its optional fields (with defaults) and the session method.
+ROUTES: dict[str, tuple[tuple[str, ...], dict, str]] = {
+    "info": ((), {}, "info"),
+    "edit": (("text",), {"layer": 0}, "edit"),
+    "head": (("text", "layer", "head"), {"query": None}, "head"),
+    "ablate": (("text", "heads"), {"kind": "zero", "layer": 0}, "ablate"),
+    "patch": (("text", "corrupted"), {"answer": None, "wrong": None}, "patch"),
+}
+#: Fields of every request that the session does not read.
+CONTROL = ("page", "seq")
+
+
+def fields(route: str, body) -> dict:
+    """The session's keyword arguments of a request to ``route``.
+
+    Raises:
+        InputError: not a JSON object, a missing or unknown field, a bad ``page`` or ``seq``.
+    """
+    required, optional, _ = ROUTES[route]
+    if not isinstance(body, dict):
+        raise InputError(f"the request body must be a JSON object, got {type(body).__name__}")
+    unknown = [k for k in body if k not in required and k not in optional and k not in CONTROL]
+    if unknown:
+        raise InputError(f"unknown field {unknown[0]!r} for /api/{route}; fields: "
+                         f"{', '.join((*required, *optional)) or '(none)'}")
+    missing = [k for k in required if k not in body]
+    if missing:
+        raise InputError(f"/api/{route} needs the field {missing[0]!r}")
+    if "seq" in body and (isinstance(body["seq"], bool) or not isinstance(body["seq"], int)):
+        raise InputError(f"seq must be an integer, got {body['seq']!r}")
+    if "page" in body and not isinstance(body["page"], str):
+        raise InputError(f"page must be a string, got {body['page']!r}")
+    args = {k: body[k] for k in required}
+    args.update({k: body.get(k, v) for k, v in optional.items()})
+    if route == "patch":
+        args["clean"] = args.pop("text")
+    return args
+
+
+def answer(session: LiveSession, route: str, body) -> tuple[int, dict]:
+    """``(status, JSON-ready dict)`` of one request: the session's answer, or ``{"error": one line}``.
+
+    The model work runs under ``session.lock`` (one forward pass at a time); a request made stale while
+    it waited is dropped before it runs.
+    """
+    if route not in ROUTES:
+        return 404, {"error": f"no route /api/{route}; routes: {', '.join('/api/' + r for r in ROUTES)}"}
+    try:
+        args = fields(route, body)
+    except InputError as e:
+        return 400, {"error": str(e)}
+    page, seq = body.get("page"), body.get("seq")
+    if page is not None and seq is not None:
+        session.latest.note(page, route, seq)
+    with session.lock:
+        if page is not None and seq is not None and session.latest.stale(page, route, seq):
+            return 409, {"stale": True, "seq": seq, "error": "a newer request of this page replaced it"}
+        try:
+            out = getattr(session, ROUTES[route][2])(**args)
+        except InputError as e:
+            return 400, {"error": str(e)}
+        except ProbeError as e:
+            return 422, {"error": str(e)}
+        except Exception as e:  # a failure inside the model: said in the page, the server goes on
+            log.debug("live: %s failed:\n%s", route, traceback.format_exc())
+            return 500, {"error": f"the model failed on /api/{route}: {type(e).__name__}: {e}".splitlines()[0]}
+    if seq is not None:
+        out = {**out, "seq": seq}
+    return 200, out

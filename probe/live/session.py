@@ -1,0 +1,476 @@
+"""A live model session: one loaded model answering, as JSON-ready records, the questions of the live page
+and the notebook explorer (:mod:`probe.live.server`, :mod:`probe.live.widget`).
+
+Every number is the library's: the session only calls library functions and packs their results.
+
+- :meth:`LiveSession.edit`: a text's tokens, every head's statistics and label for that text
+  (:func:`probe.analyze` on the one text), the head view of one layer and the model view of every layer
+  (:func:`probe.view.data.view_data`, :func:`probe.view.modelview.model_view_data`, from the maps the
+  analysis kept: one forward pass).
+- :meth:`LiveSession.head`: one head's attention steps (:func:`probe.measures.steps.heads_steps`, drawn by
+  the step view) and ``why`` for a query row (:func:`probe.qk.run.measure`: :func:`probe.why` and its
+  table of the largest (query source, key source) pairs, with the check: their sum against the model's
+  score).
+- :meth:`LiveSession.ablate`: heads switched off (zero or mean ablation, :func:`probe.effects.ablation.ablating`
+  at the heads' outputs before the output projection; Michel et al. 2019), the model's output before and
+  after in one forward pass of two copies (a decoder's next-token probabilities, a masked-LM encoder's
+  predictions at its first [MASK], a bare encoder's sentence embedding: cosine to the unablated one) and
+  the maps downstream.
+- :meth:`LiveSession.patch`: a corrupted text beside the clean one: every head's activation-patching
+  effect as ``probe patch`` computes it (:func:`probe.effects.patching.patch_heads`, denoising; Meng et
+  al. 2022), the answer and the wrong answer being the two texts' top next tokens unless given.
+
+Request values are checked with :mod:`probe.bounds` (the checks and messages of the command line); a
+value out of range raises :class:`~probe.errors.InputError` (the server answers 400 with its line).
+Model work is serialized: one forward pass at a time (:attr:`LiveSession.lock`), and :class:`Latest`
+drops a request that a newer one from the same page has made stale.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .. import bounds
+from ..capture.maps import attention_hooks, encode, forward
+from ..causal.objectives import head_kind, sentence_embedding
+from ..effects.ablation import ablating, check_model, head_means, repeat_batch
+from ..effects.patching import check_patchable, patch_heads
+from ..entries.notebook import batch_sides
+from ..errors import InputError, ProbeError
+from ..measures.steps import heads_steps
+from ..qk.run import measure
+from ..records import AnalysisResult
+from ..runs.analysis import analyze
+from ..sites import head_name
+from ..text.corpus import sample_texts
+from ..text.pairfile import Pair
+from ..view.html import example_maps, result_view, site_labels, text_view
+from ..view.modelview import model_view_data
+from ..view.stepview import STEP_MAX_TOKENS, step_view_data
+
+#: Most characters of a text the session takes (the page's box says so).
+MAX_CHARS = 2000
+#: Most tokens of a text the session runs (the step view holds at most STEP_MAX_TOKENS).
+MAX_TOKENS = 128
+#: Next-token (or [MASK]) predictions listed before and after an ablation.
+TOP_K = 8
+#: Texts whose analysis the session keeps (the last few edits: a head click or an ablation reuses it).
+KEPT = 4
+#: Columns of the heads table that are not per-head statistics.
+NOT_STATISTICS = ("stack", "kind", "layer", "head", "label", "labels", "cluster", "group", "window")
+
+
+def _finite(x) -> float | None:
+    """A float for JSON (NaN and infinities: None)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class Latest:
+    """The newest sequence number of each (page, kind) of request: a request whose number is below the
+    newest when its turn comes is stale (the page has edited since) and is dropped unanswered.
+
+    Thread-safe; a page is any string the client picks (the page's random id)."""
+
+    newest: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, page: str, kind: str, seq: int) -> None:
+        """Record that request ``seq`` of ``page``'s ``kind`` arrived."""
+        with self.lock:
+            key = (page, kind)
+            self.newest[key] = max(seq, self.newest.get(key, seq))
+            if len(self.newest) > 4096:  # forget the oldest pages
+                for old in list(self.newest)[:1024]:
+                    del self.newest[old]
+
+    def stale(self, page: str, kind: str, seq: int) -> bool:
+        """Whether a newer request of ``page``'s ``kind`` has arrived since ``seq``."""
+        with self.lock:
+            return self.newest.get((page, kind), seq) > seq
+
+
+class LiveSession:
+    """One loaded model answering the live page (every public method returns a JSON-ready dict).
+
+    Args:
+        lm: a :class:`~probe.loading.models.LoadedModel` (one-stack: an encoder or a decoder).
+        max_chars, max_tokens: the caps of a text (characters; tokens, default :data:`MAX_TOKENS` or the
+            model's limit where lower).
+
+    Raises:
+        InputError: an encoder-decoder model (the live page draws one-stack models), a cap below 1 (2 tokens)
+            or above the model's limit.
+    """
+
+    def __init__(self, lm, *, max_chars: int = MAX_CHARS, max_tokens: int | None = None) -> None:
+        if lm.kind == "encoder-decoder":
+            raise InputError(f"{lm.name} is an encoder-decoder model; probe live draws encoders and decoders "
+                             "(use probe.show(lm, probe.Text(source, target=...)) in a notebook)")
+        self.lm = lm
+        # a masked-LM encoder reads the mask token typed as its mask (as probe patch reads its prompts)
+        self.parse_special = self._output_kind(head_kind(lm)) == "masked-lm"
+        self.max_chars = bounds.positive_int("max characters", max_chars)
+        self.max_tokens = (min(MAX_TOKENS, lm.max_length) if max_tokens is None
+                           else bounds.max_length(max_tokens, lm.max_length))
+        self.lock = threading.Lock()
+        self.latest = Latest()
+        self._analyses: OrderedDict[str, AnalysisResult] = OrderedDict()
+        self._means: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ checks
+    @property
+    def n_layers(self) -> int:
+        return len(self.lm.sites)
+
+    @property
+    def n_heads(self) -> int:
+        return self.lm.geometry.n_heads
+
+    def check_text(self, text, what: str = "text") -> str:
+        """``text`` as a string of at most :attr:`max_chars` characters and :attr:`max_tokens` tokens.
+
+        Raises:
+            InputError: not a string, empty, too long (saying the cap).
+        """
+        if not isinstance(text, str):
+            raise InputError(f"{what} must be a string, got {type(text).__name__}")
+        bounds.texts([text], what)
+        if len(text) > self.max_chars:
+            raise InputError(f"the {what} is {len(text):,} characters; the live page takes at most {self.max_chars:,}")
+        n = len(self.lm.tokenizer(text)["input_ids"])
+        if n > self.max_tokens:
+            raise InputError(f"the {what} is {n} tokens; the live page takes at most {self.max_tokens}")
+        return text
+
+    def check_layer(self, layer) -> int:
+        """A layer (site index) of the model.
+
+        Raises:
+            InputError: not an integer, or out of range.
+        """
+        layer = bounds.positive_int("layer", layer, 0)
+        if layer >= self.n_layers:
+            raise InputError(f"no layer {layer}: {self.lm.name} has layers 0-{self.n_layers - 1}")
+        return layer
+
+    def check_head(self, layer, head) -> tuple[int, int]:
+        """(layer, head) of the model.
+
+        Raises:
+            InputError: either out of range or not an integer.
+        """
+        layer = self.check_layer(layer)
+        head = bounds.positive_int("head", head, 0)
+        if head >= self.n_heads:
+            raise InputError(f"no head {head}: {self.lm.name}'s layers have heads 0-{self.n_heads - 1}")
+        return layer, head
+
+    def check_heads(self, heads) -> list[tuple[int, int]]:
+        """A list of [layer, head] pairs, each checked, each once, in order.
+
+        Raises:
+            InputError: not a list of pairs, or a head out of range.
+        """
+        if not isinstance(heads, (list, tuple)):
+            raise InputError("heads must be a list of [layer, head] pairs")
+        out = []
+        for pair in heads:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise InputError(f"each head is a [layer, head] pair, got {pair!r}")
+            lh = self.check_head(*pair)
+            if lh not in out:
+                out.append(lh)
+        return out
+
+    def n_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as the model reads it (special tokens included)."""
+        return len(self.lm.tokenizer(text)["input_ids"])
+
+    # ------------------------------------------------------------------ the model's answers
+    def info(self) -> dict:
+        """What the page needs before the first edit: the model, its kind, layers, heads, caps, output."""
+        kind = head_kind(self.lm)
+        return {"model": self.lm.name, "kind": self.lm.kind, "layers": self.n_layers, "heads": self.n_heads,
+                "headNames": [[head_name(s.layer, h) for h in range(self.n_heads)] for s in self.lm.sites],
+                "maxChars": self.max_chars, "maxTokens": self.max_tokens, "output": self._output_kind(kind),
+                "patching": self._patch_refusal()}
+
+    def analysis(self, text: str) -> AnalysisResult:
+        """:func:`probe.analyze` of ``text`` alone, whole maps kept (the last :data:`KEPT` texts cached)."""
+        if text in self._analyses:
+            self._analyses.move_to_end(text)
+            return self._analyses[text]
+        result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
+                         max_length=self.max_tokens, parse_special_tokens=self.parse_special)
+        self._analyses[text] = result
+        while len(self._analyses) > KEPT:
+            self._analyses.popitem(last=False)
+        return result
+
+    def edit(self, text, layer=0) -> dict:
+        """A text's tokens, the grid (every head's label and statistics for this text), the head view of
+        ``layer`` and the model view (every layer's thumbnails), from one :func:`probe.analyze` pass.
+
+        Returns:
+            ``{"tokens", "grid": {"labels": layers x heads, "statistics": {name: layers x heads}},
+            "headView": view_data's dict (``layer`` only), "modelView": model_view_data's dict}``.
+
+        Raises:
+            InputError: a bad text or layer.
+        """
+        text, layer = self.check_text(text), self.check_layer(layer)
+        result = self.analysis(text)
+        hv = result_view(result, tokenizer=self.lm.tokenizer, layers=[layer], layer=layer)
+        hv.data["title"] = f"{self.lm.name}: layer {layer}, {len(hv.data['tokens'])} tokens"
+        maps, sites = example_maps(result.examples[0], self.lm.kind != "encoder")
+        mv = model_view_data(maps, sites, head_labels=site_labels(result.heads, sites), shown=[layer])
+        return {"text": text, "layer": layer, "tokens": hv.data["tokens"], "grid": self.grid(result),
+                "headView": hv.data, "modelView": mv}
+
+    def grid(self, result: AnalysisResult) -> dict:
+        """Every head's primary label, all its labels and every statistic of ``result``'s heads table,
+        as layers x heads arrays (NaN as None)."""
+        heads = result.heads.sort_values(["layer", "head"])
+        L, H = self.n_layers, self.n_heads
+
+        def table(column, cast):
+            out = [[None] * H for _ in range(L)]
+            for lay, h, v in zip(heads["layer"], heads["head"], heads[column]):
+                out[int(lay)][int(h)] = cast(v)
+            return out
+
+        stats = [c for c in heads.columns if c not in NOT_STATISTICS and np.issubdtype(heads[c].dtype, np.number)]
+        return {"labels": table("label", str), "allLabels": table("labels", str),
+                "statistics": {c: table(c, _finite) for c in stats}}
+
+    def head(self, text, layer, head, query=None) -> dict:
+        """One head's attention steps (every query row; the step view's record, opened at ``query``) and
+        ``why`` for ``query`` (default: the last token).
+
+        Returns:
+            ``{"steps": step_view_data's dict or None, "stepsRefusal": str or None, "why": dict or None,
+            "whyRefusal": str or None}``: a model type the steps or ``why`` do not cover gets the line
+            saying why in place of the record.
+
+        Raises:
+            InputError: a bad text, head or query position.
+        """
+        text = self.check_text(text)
+        layer, head = self.check_head(layer, head)
+        n = self.n_tokens(text)
+        query = n - 1 if query is None else bounds.positive_int("query", query, 0)
+        if query >= n:
+            raise InputError(f"query {query} out of range: the text has {n} tokens, positions 0-{n - 1}")
+        out: dict = {"layer": layer, "head": head, "query": query, "steps": None, "stepsRefusal": None,
+                     "why": None, "whyRefusal": None}
+        try:
+            if n > STEP_MAX_TOKENS:
+                raise InputError(f"the step view holds at most {STEP_MAX_TOKENS} tokens")
+            # the step view draws the from-scratch steps; the model's own probabilities (a second pass) it does not
+            st = heads_steps(self.lm, text, [(layer, head)], self.max_tokens, model_probs=False)[0]
+            out["steps"] = step_view_data(st, site_index=layer, query=query)
+        except ProbeError as e:  # InputError included: a type whose steps are refused says so in the panel
+            out["stepsRefusal"] = str(e)
+        try:
+            out["why"] = why_record(measure(self.lm, text, (layer, head), query))
+        except ProbeError as e:
+            out["whyRefusal"] = str(e)
+        return out
+
+    # ------------------------------------------------------------------ ablation
+    def _output_kind(self, kind: str | None) -> str:
+        if self.lm.kind == "decoder" and kind == "causal-lm":
+            return "next-token"
+        if kind == "masked-lm":
+            return "masked-lm"
+        return "embedding"
+
+    def means(self) -> torch.Tensor:
+        """Each head's mean output over the built-in sample text (the reference of mean ablation),
+        computed once (:func:`probe.effects.ablation.head_means`)."""
+        if self._means is None:
+            texts = [t for t in sample_texts() if self.n_tokens(t) <= self.max_tokens]
+            self._means = head_means(self.lm, [encode(self.lm, texts, self.max_tokens)])
+        return self._means
+
+    def ablate(self, text, heads, kind: str = "zero", layer=0) -> dict:
+        """``heads`` switched off: the model's output before and after and the maps of ``layer`` after,
+        from one forward pass of two copies of the text (the first unablated).
+
+        Args:
+            text: the text. heads: [[layer, head], ...] to ablate (none: the model as it is).
+            kind: ``zero`` or ``mean`` (each head's mean output over the built-in sample text).
+            layer: the layer whose maps come back (a head view record).
+
+        Returns:
+            ``{"output": {"kind", ...before / after...}, "headView": view_data's dict of ``layer`` after,
+            "heads": the ablated heads, "ablation": kind}``.
+
+        Raises:
+            InputError: a bad text, head, layer or kind.
+            UnsupportedAnalysisError: a model whose heads cannot be ablated (no output projection found).
+        """
+        text, layer = self.check_text(text), self.check_layer(layer)
+        heads = self.check_heads(heads)
+        kinds = bounds.ablation_kinds([kind])
+        if kinds != ("zero",) and kinds != ("mean",):
+            raise InputError(f"the live page ablates with zero or mean, got {kind!r}")
+        check_model(self.lm)
+        means = self.means() if kind == "mean" else None
+        batch = encode(self.lm, [text], self.max_tokens, parse_special_tokens=self.parse_special)
+        pair = repeat_batch(batch, 2)
+        sets = torch.zeros(2, self.n_layers, self.n_heads, dtype=torch.bool)
+        for lay, h in heads:
+            sets[1, lay, h] = True
+        site = self.lm.sites[layer]
+        kept: dict = {}
+
+        def keep(s, probs):
+            if s == site:
+                kept["probs"] = probs[1].float().cpu().numpy()
+
+        out_kind = self._output_kind(head_kind(self.lm))
+        with torch.no_grad(), ablating(self.lm, kind, means) as state:
+            state.arm(self.lm, sets, pair)
+            try:
+                with attention_hooks(self.lm, keep):
+                    if out_kind == "embedding":
+                        result = sentence_embedding(self.lm, pair)
+                    else:
+                        result = forward(self.lm, pair).logits
+            finally:
+                state.disarm()
+        output = self._compare(out_kind, result, batch)
+        n = int(batch.attention_mask[0].sum())
+        maps: list = [None] * self.n_layers
+        maps[layer] = kept["probs"][:, :n, :n]
+        first, _ = batch_sides(self.lm, batch)
+        hv = text_view(maps, self.lm.sites, first, None, layers=[layer], causal=self.lm.kind != "encoder",
+                       title=f"{self.lm.name}: layer {layer} with {len(heads)} head(s) ablated ({kind})")
+        return {"heads": [list(x) for x in heads], "ablation": kind, "layer": layer, "output": output,
+                "headView": hv.data}
+
+    def _compare(self, kind: str, result: torch.Tensor, batch) -> dict:
+        """The two copies' outputs side by side: top tokens with both probabilities, or the cosine."""
+        if kind == "embedding":
+            a, b = result[0].double(), result[1].double()
+            cos = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+            return {"kind": "embedding", "cosine": cos, "what": "cosine of the mean-pooled sentence embedding "
+                    "to the unablated model's"}
+        n = int(batch.attention_mask[0].sum())
+        if kind == "next-token":
+            at, what = n - 1, "next-token probabilities after the last token"
+        else:
+            ids = batch.input_ids[0, :n].tolist()
+            mask_id = self.lm.tokenizer.mask_token_id
+            if mask_id is None or mask_id not in ids:
+                return {"kind": "masked-lm", "position": None, "what": "type the mask token "
+                        f"{self.lm.tokenizer.mask_token or '[MASK]'} in the text to see its predictions"}
+            at = ids.index(mask_id)
+            what = f"predictions at the mask token (position {at})"
+        probs = torch.softmax(result[:, at].double(), dim=-1)  # [2, vocab]
+        top = lambda p: torch.topk(p, TOP_K).indices.tolist()  # noqa: E731
+        ids = list(dict.fromkeys(top(probs[0]) + top(probs[1])))
+        rows = [{"id": int(i), "token": self.lm.tokenizer.decode([int(i)]), "before": float(probs[0, i]),
+                 "after": float(probs[1, i])} for i in ids]
+        return {"kind": kind, "position": at, "what": what, "before": top(probs[0]), "after": top(probs[1]),
+                "tokens": rows}
+
+    # ------------------------------------------------------------------ patching
+    def _patch_refusal(self) -> str | None:
+        """None where ``probe patch`` runs on this model, else its line saying why not."""
+        try:
+            check_patchable(self.lm)
+        except ProbeError as e:
+            return str(e)
+        return None
+
+    def _one_token(self, ids) -> tuple[int, str] | None:
+        """The first id of ``ids`` whose text is that one token again (a pair's answers must be)."""
+        for i in ids:
+            s = self.lm.tokenizer.decode([int(i)])
+            if s.strip() and self.lm.tokenizer(s, add_special_tokens=False)["input_ids"] == [int(i)]:
+                return int(i), s
+        return None
+
+    def _answers(self, clean: str, corrupted: str) -> tuple[str, str]:
+        """The answer (the clean text's most probable next token that is one token as text) and the wrong
+        answer (the corrupted text's, or the clean text's next one when both agree).
+
+        Raises:
+            InputError: no such tokens among the 50 most probable.
+        """
+        batch = encode(self.lm, [clean, corrupted], self.max_tokens, parse_special_tokens=self.parse_special)
+        with torch.no_grad(), attention_hooks(self.lm, lambda s, p: None):
+            logits = forward(self.lm, batch).logits
+        last = batch.attention_mask.sum(1) - 1
+        if self.lm.kind == "encoder":
+            ids = batch.input_ids[0].tolist()
+            last = torch.tensor([ids.index(self.lm.tokenizer.mask_token_id)] * 2)
+        tops = [torch.topk(logits[r, int(last[r])], 50).indices.tolist() for r in range(2)]
+        answer = self._one_token(tops[0])
+        wrong = self._one_token([i for i in tops[1] if answer is None or i != answer[0]])
+        if answer is None or wrong is None:
+            raise InputError("no single-token answer among the 50 most probable next tokens; give answer and wrong")
+        return answer[1], wrong[1]
+
+    def patch(self, clean, corrupted, answer: str | None = None, wrong: str | None = None) -> dict:
+        """Every head's activation-patching effect on the pair (``clean``, ``corrupted``), as ``probe patch``
+        computes it (:func:`probe.effects.patching.patch_heads`, denoising: the corrupted run with one
+        head's clean output; effect 1 = all of the logit difference restored).
+
+        Returns:
+            ``{"effect", "effectLast", "raw", "rawLast": layers x heads, "answer", "wrong", "ldClean",
+            "ldCorrupted", "normalized", "notes"}``.
+
+        Raises:
+            InputError: bad texts, texts of different token counts, answers that are not one token.
+            UnsupportedAnalysisError: a model without logits over the vocabulary (a bare encoder).
+        """
+        clean, corrupted = self.check_text(clean), self.check_text(corrupted, "corrupted text")
+        refusal = self._patch_refusal()
+        if refusal is not None:
+            raise InputError(refusal)
+        if self.lm.kind == "encoder" and self.lm.tokenizer.mask_token not in clean:
+            raise InputError(f"patching a masked-LM encoder reads its predictions at the mask token: type "
+                             f"{self.lm.tokenizer.mask_token} in both texts")
+        if (answer is None) != (wrong is None):
+            raise InputError("give both answer and wrong, or neither")
+        if answer is None:
+            answer, wrong = self._answers(clean, corrupted)
+        frame = patch_heads(self.lm, [Pair(clean, corrupted, str(answer), str(wrong))])
+        L, H = self.n_layers, self.n_heads
+
+        def grid(col):
+            return [[_finite(v) for v in row] for row in frame[col].to_numpy().reshape(L, H)]
+
+        return {"answer": answer, "wrong": wrong, "effect": grid("effect"), "effectLast": grid("effect_last"),
+                "raw": grid("raw"), "rawLast": grid("raw_last"), "ldClean": float(frame.attrs["ld_clean"]),
+                "ldCorrupted": float(frame.attrs["ld_corrupted"]), "normalized": bool(frame.attrs["normalized"]),
+                "notes": list(frame.attrs["notes"])}
+
+
+def why_record(run) -> dict:
+    """A :class:`probe.qk.run.WhyRun` as the page draws it: its run.json record, the largest source pairs of
+    each top key (why.csv's rows) and the check (the pairs' sum against the model's score)."""
+    w = run.why
+    record = run.record()
+    rows = run.frame.to_dict("records")
+    pairs = [{k: (_finite(v) if isinstance(v, (float, np.floating)) else v.item() if isinstance(v, np.generic)
+                  else v) for k, v in r.items()} for r in rows]
+    sums = {int(j): float(w.contributions[:, :, j].sum()) for j in w.top_keys(run.top)}
+    record.update(pairs=pairs, checks=[{"key": j, "sum": s, "score": float(w.scores[j]),
+                                        "difference": s - float(w.scores[j])} for j, s in sums.items()],
+                  tokens=list(w.tokens))
+    return record
+
+
+__all__ = ["LiveSession", "Latest", "MAX_CHARS", "MAX_TOKENS", "TOP_K", "why_record"]

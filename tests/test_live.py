@@ -1,0 +1,467 @@
+"""``probe live``: the model session's answers equal the library's, the server's API through Starlette's
+TestClient (every route, every refusal, the token and Origin checks, a short load test), the command's
+one-line errors and Ctrl-C, and the page in headless Chromium on a real uvicorn server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient  # noqa: E402
+
+import probe  # noqa: E402
+from conftest import CHROMIUM_ARGS, invoke_cli, one_error, save_tiny, tiny_model  # noqa: E402
+from probe.capture.maps import capture_attention, encode, forward  # noqa: E402
+from probe.causal.gates import gated  # noqa: E402
+from probe.causal.objectives import sentence_embedding  # noqa: E402
+from probe.effects.ablation import ablating, head_means  # noqa: E402
+from probe.effects.patching import patch_heads  # noqa: E402
+from probe.live.api import answer  # noqa: E402
+from probe.live.server import MAX_BODY, make_app  # noqa: E402
+from probe.live.session import Latest, LiveSession  # noqa: E402
+from probe.measures.steps import head_steps  # noqa: E402
+from probe.qk.run import measure  # noqa: E402
+from probe.text.corpus import sample_texts  # noqa: E402
+from probe.text.pairfile import Pair  # noqa: E402
+from probe.view.data import decoded_map  # noqa: E402
+from probe.view.stepview import step_view_data  # noqa: E402
+
+TEXT = "The cat sat on the mat and then it slept."
+TOKEN = "t0k3n-for-tests"
+HEADERS = {"X-Probe-Token": TOKEN}
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return LiveSession(tiny_model("bert"))
+
+
+@pytest.fixture(scope="module")
+def dec():
+    return LiveSession(tiny_model("gpt2"))
+
+
+@pytest.fixture(scope="module")
+def client(dec):
+    return TestClient(make_app(dec, TOKEN))
+
+
+def post(client, route, body, headers=HEADERS, **kw):
+    return client.post(f"/api/{route}", json=body, headers=headers, **kw)
+
+
+# --------------------------------------------------------------------------- the session equals the library
+
+@pytest.mark.parametrize("kind", ["enc", "dec"])
+def test_edit_statistics_labels_and_maps_are_the_librarys(kind, request):
+    """The grid is probe.analyze's heads table of the one text (every label, every statistic); the head view
+    holds the layer's maps as capture_attention records them (to the view's 1/1000); the model view one
+    thumbnail per head of every layer."""
+    s = request.getfixturevalue(kind)
+    r = json.loads(json.dumps(s.edit(TEXT, 1)))  # JSON-ready
+    heads = probe.analyze(s.lm, [TEXT]).heads
+    for row in heads.itertuples():
+        assert r["grid"]["labels"][row.layer][row.head] == row.label
+        for stat in ("prev", "first", "entropy", "max_weight"):
+            assert r["grid"]["statistics"][stat][row.layer][row.head] == pytest.approx(getattr(row, stat), abs=1e-6)
+    probs = capture_attention(s.lm, [TEXT])[1][0].numpy()   # [heads, n, n]
+    hv = r["headView"]
+    assert hv["layers"] == [1] and hv["tokens"] == r["tokens"] and len(r["tokens"]) == probs.shape[-1]
+    for h in range(s.n_heads):
+        np.testing.assert_allclose(decoded_map(hv, 0, h), probs[h], atol=5e-4 + 1e-6)
+    mv = r["modelView"]
+    assert len(mv["sites"]) == s.n_layers and all(len(site["heads"]) == s.n_heads for site in mv["sites"])
+
+
+@pytest.mark.parametrize("kind", ["enc", "dec"])
+def test_head_steps_and_why_are_the_librarys(kind, request):
+    """The steps are step_view_data(head_steps(...)); why is probe.why's split at the query: every listed
+    pair's contribution is C_ij[a, b], and the check's sums equal the model's scores within tolerance."""
+    s = request.getfixturevalue(kind)
+    r = json.loads(json.dumps(s.head(TEXT, 1, 2, 4)))
+    assert r["stepsRefusal"] is None and r["whyRefusal"] is None
+    assert r["steps"] == json.loads(json.dumps(step_view_data(head_steps(s.lm, TEXT, 1, 2), site_index=1, query=4)))
+    w = probe.why(s.lm, TEXT, (1, 2), 4)
+    assert r["why"]["query"] == 4 and r["why"]["holds"] is True
+    for c in r["why"]["checks"]:
+        assert c["score"] == pytest.approx(float(w.scores[c["key"]]), abs=1e-9)
+        assert abs(c["sum"] - c["score"]) <= r["why"]["tolerance"]
+    frame = measure(s.lm, TEXT, (1, 2), 4).frame
+    assert [p["contribution"] for p in r["why"]["pairs"]] == pytest.approx(frame["contribution"].tolist(), abs=1e-12)
+    first = r["why"]["pairs"][0]
+    a, b = w.sources.index(first["query_source"]), w.sources.index(first["key_source"])
+    assert first["contribution"] == pytest.approx(float(w.contributions[a, b, first["key"]]), abs=1e-12)
+
+
+def test_zero_ablation_equals_the_gated_model(dec, enc):
+    """Zero ablation of two heads: the decoder's next-token probabilities after equal those of the model with
+    those heads' gates at 0 (probe.causal.gates), before those of the model as it is; the encoder's cosine is
+    the cosine of the gated model's sentence embedding to the plain one; the maps below the first ablated
+    layer are unchanged and those after it are the gated model's."""
+    heads = [[0, 1], [0, 3]]
+    gates = torch.ones(2, 4)
+    gates[0, 1] = gates[0, 3] = 0
+    r = dec.ablate(TEXT, heads, "zero", 1)
+    batch = encode(dec.lm, [TEXT])
+    with torch.no_grad():
+        plain = torch.softmax(forward(dec.lm, batch).logits[0, -1].double(), -1)
+        with gated(dec.lm, gates):
+            off = torch.softmax(forward(dec.lm, batch).logits[0, -1].double(), -1)
+    for row in r["output"]["tokens"]:
+        assert row["before"] == pytest.approx(float(plain[row["id"]]), abs=1e-6)
+        assert row["after"] == pytest.approx(float(off[row["id"]]), abs=1e-6)
+    assert r["output"]["after"] == torch.topk(off, len(r["output"]["after"])).indices.tolist()
+    with torch.no_grad(), gated(dec.lm, gates):
+        downstream = capture_attention(dec.lm, [TEXT])[1][0].numpy()
+    clean = capture_attention(dec.lm, [TEXT])[1][0].numpy()
+    after = np.stack([decoded_map(r["headView"], 0, h) for h in range(4)])
+    np.testing.assert_allclose(after, downstream, atol=5e-4 + 1e-6)
+    assert np.abs(after - clean).max() > 0.01  # layer 1 reads the heads switched off in layer 0
+    r0 = dec.ablate(TEXT, heads, "zero", 0)
+    np.testing.assert_allclose(np.stack([decoded_map(r0["headView"], 0, h) for h in range(4)]),
+                               capture_attention(dec.lm, [TEXT])[0][0].numpy(), atol=5e-4 + 1e-6)
+
+    e = enc.ablate(TEXT, heads, "zero", 0)
+    b = encode(enc.lm, [TEXT])
+    with torch.no_grad():
+        ref = sentence_embedding(enc.lm, b)[0].double()
+        with gated(enc.lm, gates):
+            got = sentence_embedding(enc.lm, b)[0].double()
+    assert e["output"]["kind"] == "embedding"
+    assert e["output"]["cosine"] == pytest.approx(float(torch.nn.functional.cosine_similarity(ref, got, 0)), abs=1e-7)
+    assert e["output"]["cosine"] < 0.9999
+
+
+def test_mean_ablation_uses_the_sample_texts_means(dec):
+    """Mean ablation: each head's output replaced by its mean over the built-in sample text (head_means), the
+    probabilities after equal those of the library's ablation context run on the text alone."""
+    r = dec.ablate(TEXT, [[1, 0]], "mean", 1)
+    texts = [t for t in sample_texts() if dec.n_tokens(t) <= dec.max_tokens]
+    means = head_means(dec.lm, [encode(dec.lm, texts, dec.max_tokens)])
+    batch = encode(dec.lm, [TEXT])
+    sets = torch.zeros(1, 2, 4, dtype=torch.bool)
+    sets[0, 1, 0] = True
+    with torch.no_grad(), ablating(dec.lm, "mean", means) as state:
+        state.arm(dec.lm, sets, batch)
+        p = torch.softmax(forward(dec.lm, batch).logits[0, -1].double(), -1)
+        state.disarm()
+    for row in r["output"]["tokens"]:
+        assert row["after"] == pytest.approx(float(p[row["id"]]), abs=1e-6)
+
+
+def test_patching_effects_are_probe_patchs(dec):
+    """The per-head effects are patch_heads' on the one pair, with the answers the session chose (the two
+    texts' most probable next tokens)."""
+    clean, corrupted = "The cat sat on the mat", "The dog sat on the mat"
+    r = dec.patch(clean, corrupted)
+    frame = patch_heads(dec.lm, [Pair(clean, corrupted, r["answer"], r["wrong"])])
+    np.testing.assert_allclose(np.array(r["effect"]).ravel(), frame["effect"].to_numpy(), atol=1e-12)
+    np.testing.assert_allclose(np.array(r["effectLast"]).ravel(), frame["effect_last"].to_numpy(), atol=1e-12)
+    assert r["ldClean"] == pytest.approx(frame.attrs["ld_clean"])
+    batch = encode(dec.lm, [clean])
+    with torch.no_grad():
+        top = forward(dec.lm, batch).logits[0, -1].argmax()
+    assert dec.lm.tokenizer(r["answer"], add_special_tokens=False)["input_ids"][0] in (int(top),) or r["answer"]
+
+
+def test_masked_lm_encoder_predicts_at_its_mask():
+    """An encoder with its masked-LM head: the output before and after is the prediction at the [MASK] typed,
+    each probability the model's own (plain, and with the head's gate at 0); without a [MASK] the panel says
+    how to get one; patching runs on it (the library's effects)."""
+    import transformers as tr
+
+    from conftest import make_tokenizer, tiny_config
+
+    tok = make_tokenizer("wordpiece")
+    torch.manual_seed(0)
+    lm = probe.from_pretrained_objects(tr.BertForMaskedLM(tiny_config("bert", len(tok))).eval(), tok, name="mlm")
+    s = LiveSession(lm)
+    text = "The cat sat on the [MASK] and slept."
+    r = s.ablate(text, [[1, 3]], "zero", 1)
+    batch = encode(lm, [text], parse_special_tokens=True)  # the [MASK] typed is the mask, as probe patch reads it
+    at = batch.input_ids[0].tolist().index(tok.mask_token_id)
+    gates = torch.ones(2, 4)
+    gates[1, 3] = 0
+    with torch.no_grad():
+        plain = torch.softmax(forward(lm, batch).logits[0, at].double(), -1)
+        with gated(lm, gates):
+            off = torch.softmax(forward(lm, batch).logits[0, at].double(), -1)
+    assert r["output"]["kind"] == "masked-lm" and r["output"]["position"] == at
+    for row in r["output"]["tokens"]:
+        assert row["before"] == pytest.approx(float(plain[row["id"]]), abs=1e-6)
+        assert row["after"] == pytest.approx(float(off[row["id"]]), abs=1e-6)
+    assert s.ablate(TEXT, [[1, 3]])["output"]["position"] is None
+    p = s.patch(text, "The dog sat on the [MASK] and slept.")
+    frame = patch_heads(lm, [Pair(text, "The dog sat on the [MASK] and slept.", p["answer"], p["wrong"])])
+    np.testing.assert_allclose(np.array(p["effect"]).ravel(), frame["effect"].to_numpy(), atol=1e-12)
+
+
+def test_session_refusals_name_the_value(dec, enc):
+    with pytest.raises(probe.errors.InputError, match="no head 9"):
+        dec.head(TEXT, 0, 9)
+    with pytest.raises(probe.errors.InputError, match="query 99 out of range"):
+        dec.head(TEXT, 0, 0, 99)
+    with pytest.raises(probe.errors.InputError, match="no layer 5"):
+        dec.edit(TEXT, 5)
+    with pytest.raises(probe.errors.InputError, match="at most 2,000"):
+        dec.edit("x" * 2001)
+    with pytest.raises(probe.errors.InputError, match="tokens; the live page takes at most"):
+        dec.edit("cat " * 200)
+    with pytest.raises(probe.errors.InputError, match="zero or mean"):
+        dec.ablate(TEXT, [[0, 0]], "resample")
+    with pytest.raises(probe.errors.InputError, match="without a masked-LM head"):
+        enc.patch(TEXT, TEXT)
+
+
+# --------------------------------------------------------------------------- the server's API
+
+def test_routes_answer_the_sessions_values(client, dec):
+    """Every route through HTTP answers what the session answers (JSON round trip)."""
+    info = client.get("/api/info", headers=HEADERS)
+    assert info.status_code == 200 and info.json()["layers"] == 2 and info.json()["output"] == "next-token"
+    for route, body, method in (("edit", {"text": TEXT, "layer": 1}, "edit"),
+                                ("head", {"text": TEXT, "layer": 0, "head": 1, "query": 3}, "head"),
+                                ("ablate", {"text": TEXT, "heads": [[0, 0]], "kind": "zero", "layer": 1}, "ablate")):
+        got = post(client, route, body)
+        assert got.status_code == 200, got.text
+        want = json.loads(json.dumps(getattr(dec, method)(**body)))
+        if route == "head":  # why's wall time differs from run to run
+            got_json = got.json()
+            assert got_json["why"].pop("seconds") and want["why"].pop("seconds")
+            assert got_json == want
+        else:
+            assert got.json() == want
+    page = client.get(f"/?token={TOKEN}")
+    assert page.status_code == 200 and "probeViews.live" in page.text and "default-src 'none'" in \
+        page.headers["content-security-policy"]
+    assert "http" not in page.text.replace("probeViews.httpTransport", "").replace("http://www.w3.org", "").lower() \
+        .split("<script>")[0]  # the page's markup names no outside resource
+
+
+@pytest.mark.parametrize("case", ["json", "head", "query", "long", "binary", "type", "size", "field", "route", "array"])
+def test_bad_requests_get_a_4xx_line_and_the_next_is_answered(client, case):
+    """Each bad request: a 4xx with one line saying what was wrong; the next good request is answered."""
+    raw = {"headers": {**HEADERS, "Content-Type": "application/json"}}
+    status, word, resp = {
+        "json": (400, "malformed JSON", lambda: client.post("/api/edit", content=b'{"text": ', **raw)),
+        "head": (400, "no head 7", lambda: post(client, "head", {"text": TEXT, "layer": 0, "head": 7})),
+        "query": (400, "out of range",
+                  lambda: post(client, "head", {"text": TEXT, "layer": 0, "head": 0, "query": 50})),
+        "long": (400, "at most 2,000", lambda: post(client, "edit", {"text": "a" * 3000})),
+        "binary": (400, "binary", lambda: client.post("/api/edit", content=b"\xff\xfe\x00\x81", **raw)),
+        "type": (415, "Content-Type", lambda: client.post("/api/edit", content=b"text=a", headers=HEADERS)),
+        "size": (413, "at most", lambda: client.post("/api/edit", content=b" " * (MAX_BODY + 1), **raw)),
+        "field": (400, "unknown field 'txt'", lambda: post(client, "edit", {"txt": TEXT})),
+        "route": (404, "no route /api/nope", lambda: post(client, "nope", {})),
+        "array": (400, "JSON object", lambda: post(client, "edit", [TEXT])),
+    }[case]
+    r = resp()
+    assert r.status_code == status, r.text
+    assert list(r.json()) == ["error"] and word in r.json()["error"] and "\n" not in r.json()["error"]
+    assert post(client, "edit", {"text": TEXT}).status_code == 200
+
+
+def test_token_host_and_origin_are_checked(client):
+    assert client.get("/api/info").status_code == 401
+    assert client.get("/").status_code == 401
+    assert client.get("/api/info", headers={"X-Probe-Token": "wrong"}).status_code == 403
+    assert client.get("/api/info?token=wrong").status_code == 403
+    assert client.get(f"/api/info?token={TOKEN}").status_code == 200
+    foreign = post(client, "edit", {"text": TEXT}, headers={**HEADERS, "Origin": "http://evil.example"})
+    assert foreign.status_code == 403 and "another site" in foreign.json()["error"]
+    assert post(client, "edit", {"text": TEXT}, headers={**HEADERS, "Origin": "http://127.0.0.1"}).status_code == 200
+    rebound = client.get("/api/info", headers={**HEADERS, "Host": "evil.example:8765"})
+    assert rebound.status_code == 403 and "host" in rebound.json()["error"]
+
+
+def test_a_model_error_is_answered_and_the_server_goes_on(dec, monkeypatch):
+    c = TestClient(make_app(dec, TOKEN))
+    monkeypatch.setattr(dec, "edit", lambda text, layer=0: (_ for _ in ()).throw(RuntimeError("boom\nsecond line")))
+    r = post(c, "edit", {"text": TEXT})
+    assert r.status_code == 500 and r.json()["error"] == "the model failed on /api/edit: RuntimeError: boom"
+    monkeypatch.undo()
+    assert post(c, "edit", {"text": TEXT}).status_code == 200
+
+
+def test_stale_requests_are_dropped(dec):
+    latest = Latest()
+    latest.note("p", "edit", 3)
+    latest.note("p", "edit", 2)
+    assert latest.stale("p", "edit", 2) and not latest.stale("p", "edit", 3) and not latest.stale("q", "edit", 1)
+    status, _ = answer(dec, "edit", {"text": TEXT, "page": "pg", "seq": 5})
+    assert status == 200
+    status, out = answer(dec, "edit", {"text": TEXT, "page": "pg", "seq": 4})
+    assert status == 409 and out["stale"] is True
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_load_many_clients_every_answer_right_none_lost(dec):
+    """20 clients at once, each a few edits and an ablation: every answer equals the sequential run's, none
+    is lost, and the resident memory after later rounds stays within 10% of the first round's."""
+    c = TestClient(make_app(dec, TOKEN))
+    texts = [f"The cat number {i} sat on the mat." for i in range(4)]
+    expect = {t: json.loads(json.dumps(dec.edit(t, 1))) for t in texts}
+    abl = {t: json.loads(json.dumps(dec.ablate(t, [[0, 1]], "zero", 1))) for t in texts}
+
+    def client_run(i):
+        out = []
+        for k in range(3):
+            t = texts[(i + k) % len(texts)]
+            out.append(("edit", t, post(c, "edit", {"text": t, "layer": 1})))
+        t = texts[i % len(texts)]
+        out.append(("ablate", t, post(c, "ablate", {"text": t, "heads": [[0, 1]], "layer": 1})))
+        return out
+
+    rss = []
+    for _ in range(3):
+        with ThreadPoolExecutor(20) as pool:
+            results = [r for rs in pool.map(client_run, range(20)) for r in rs]
+        rss.append(_rss())
+        assert len(results) == 80
+        for route, t, r in results:
+            assert r.status_code == 200, r.text
+            assert r.json() == (expect[t] if route == "edit" else abl[t])
+    assert max(rss[1:]) <= 1.10 * rss[0], rss
+
+
+# --------------------------------------------------------------------------- the command
+
+def test_port_in_use_and_a_model_that_fails_are_one_error_line():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        one_error(invoke_cli("live", "--port", port), 1, f"port {port} on 127.0.0.1 is in use")
+    one_error(invoke_cli("live", "--model", "/nonexistent/folder", "--port", 0), 1, "/nonexistent/folder")
+
+
+def test_serves_until_ctrl_c_with_status_130(tmp_path):
+    """A real server (a tiny model folder): the printed address answers with its token; another host prints a
+    warning; Ctrl-C ends it with 'Interrupted.' and status 130."""
+    folder = save_tiny("gpt2", tmp_path / "tiny")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "probe", "live", "--model", str(folder), "--port", "0", "--host",
+                             "0.0.0.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        proc.stdout.readline()
+        address = proc.stdout.readline().strip()
+        assert address.startswith("http://127.0.0.1:") and "/?token=" in address
+        import httpx
+
+        base, token = address.split("/?token=")
+        deadline = time.time() + 60
+        while True:
+            try:
+                r = httpx.get(f"{base}/api/info", headers={"X-Probe-Token": token}, timeout=10)
+                break
+            except httpx.TransportError:
+                assert time.time() < deadline
+                time.sleep(0.2)
+        assert r.status_code == 200 and r.json()["kind"] == "decoder"
+        assert httpx.get(f"{base}/api/info", timeout=10).status_code == 401
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.count("warning: serving on 0.0.0.0") == 1 and err.strip().endswith("Interrupted.")
+    assert "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- the page in a browser
+
+class Served:
+    """A real uvicorn server of a session on a free port, in a thread."""
+
+    def __init__(self, session):
+        import uvicorn
+
+        from probe.live.server import bind, served_hosts
+
+        self.sock = bind("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        app = make_app(session, TOKEN, served_hosts("127.0.0.1", self.port))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("width", [1200, 390])
+def test_page_types_inspects_and_switches_off_heads(chromium, dec, width):
+    """Type a sentence: the grid redraws with the labels of the library; click a head: its steps and why; switch a
+    head off: the output changes by the value the library computes; no console message, no request leaves the
+    server, and at 390 px the page does not overflow."""
+    sync_api, executable = chromium
+    with Served(dec) as base, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            messages, requests = [], []
+            page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(f"{base}/?token={TOKEN}")
+            page.wait_for_selector(".probe-live[data-edits='1']", timeout=60_000)
+            page.fill("textarea.pl-text:not(.pl-corrupt)", TEXT)
+            page.wait_for_selector(".probe-live[data-edits='2']", timeout=60_000)
+            labels = page.evaluate("document.querySelector('.probe-live').probeLive.grid()")
+            heads = probe.analyze(dec.lm, [TEXT]).heads
+            label = {(int(r["layer"]), int(r["head"])): r["label"] for r in heads.to_dict("records")}
+            assert labels == [[label[(l, h)] for h in range(4)] for l in range(2)]
+            page.click("td.pl-cell[data-layer='1'][data-head='2']")
+            page.wait_for_selector(".probe-live[data-heads='1'] .probe-sv table", timeout=60_000)
+            assert "Why L1H2" in page.inner_text(".pl-why") and "check holds" in page.inner_text(".pl-check")
+            page.select_option("select >> nth=0", "off")
+            page.click("td.pl-cell[data-layer='0'][data-head='1']")
+            page.wait_for_selector(".probe-live[data-ablations='1'] table.pl-probs", timeout=60_000)
+            rows = page.eval_on_selector_all("table.pl-probs tr[data-id]", "rs => rs.map(r => [Number(r.dataset.id), "
+                                             "Number(r.children[2].textContent)])")
+            gates = torch.ones(2, 4)
+            gates[0, 1] = 0
+            with torch.no_grad(), gated(dec.lm, gates):
+                off = torch.softmax(forward(dec.lm, encode(dec.lm, [TEXT])).logits[0, -1].double(), -1)
+            assert rows and all(abs(v - float(off[i])) <= 5e-5 for i, v in rows)
+            assert page.evaluate("document.querySelector('.probe-live').probeLive.counts().errors") == 0
+            clean_messages = list(messages)
+            if width == 1200:  # a refused text: its line in the page; the next edit is answered and clears it
+                page.fill("textarea.pl-text:not(.pl-corrupt)", "cat " * 200)
+                page.wait_for_selector(".pl-error >> text=the live page takes at most", timeout=60_000)
+                edits = page.evaluate("document.querySelector('.probe-live').probeLive.counts().edit")
+                page.fill("textarea.pl-text:not(.pl-corrupt)", TEXT + " Then it woke.")
+                page.wait_for_selector(f".probe-live[data-edits='{edits + 1}']", timeout=60_000)
+                assert not page.is_visible(".pl-error"), page.inner_text(".pl-error")
+            assert page.evaluate("document.documentElement.scrollWidth") == width
+            assert page.evaluate("document.querySelector('.probe-live').probeLive.timings().lastEditMs") > 0
+        finally:
+            browser.close()
+    assert clean_messages == []
+    # the refused text's 400 is the browser's one line about a failed resource, nothing else
+    assert all("status of 400" in m for m in messages[len(clean_messages):]), messages
+    assert requests and all(u.startswith(base + "/") for u in requests), requests
