@@ -8,7 +8,8 @@ exit status 130 (128 + SIGINT, as shells report it); what the command was writin
 
 Modules: :mod:`.group` (the ``probe`` group, error handling, logging, the console script), then one per
 command: :mod:`.analyze`, :mod:`.verify`, :mod:`.compare`, :mod:`.prune`, :mod:`.effects`, :mod:`.patch`,
-:mod:`.path`, :mod:`.circuit`, :mod:`.why`, :mod:`.live` (``probe live``), :mod:`.listing` (``probe models``); :mod:`.options` holds the
+:mod:`.path`, :mod:`.circuit`, :mod:`.why`, :mod:`.live` (``probe live``), :mod:`.listing` (``probe models``);
+:mod:`.options` holds the
 options several commands share and makes an option from a settings field (:mod:`probe.settings`: its default
 and check are the field's), :mod:`.start` what every command does around its one library call
 (:mod:`probe.entries.kinds`). A command parses its options into the kind's settings, makes the call, saves
