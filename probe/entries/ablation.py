@@ -18,7 +18,6 @@ from pathlib import Path
 
 from ..effects.run import effects_analysis
 from ..errors import InputError
-from ..loading import models as loading  # load_model read as an attribute: a test may stand in for it
 from ..loading.seq2seq import as_targets
 from ..pruning.removal import removal_unsupported
 from ..pruning.run import prune_analysis, read_labels
@@ -26,7 +25,7 @@ from ..pruning.saving import save_pruned
 from ..settings import EffectsSettings, PruneSettings
 from ..text.corpus import corpus_input
 from ..util import plural
-from .result import Console, RunResult, folder_result
+from .result import Console, RunResult, folder_result, run_model
 
 
 def run_effects(model, settings: EffectsSettings | None = None, *, texts=None, source: str | None = None,
@@ -57,7 +56,7 @@ def run_effects(model, settings: EffectsSettings | None = None, *, texts=None, s
     if texts is None:
         texts, source = corpus_input(s.corpus, s.pairs, s.limit)
     source = source or "texts"
-    lm = _load(model, console, {"mlm": "mlm"}.get(s.objective, "auto"), device, dtype)
+    lm = run_model(model, console, head={"mlm": "mlm"}.get(s.objective, "auto"), dtype=dtype, device=device)
     if lm.kind == "encoder-decoder":
         if not s.pairs and not _targets(texts):
             raise InputError(f"{lm.name} is an encoder-decoder model: give its sources and targets with --pairs FILE "
@@ -100,7 +99,7 @@ def run_prune(model, settings: PruneSettings | None = None, *, texts=None, sourc
     source = source or "texts"
     labels = read_labels(s.labels, len(texts)) if s.labels else None
     head = {"mlm": "mlm", "classification": "classification", None: "auto"}.get(s.objective)
-    lm = _load(model, console, head, device, dtype)
+    lm = run_model(model, console, head=head, dtype=dtype, device=device)
     if removable and removal_unsupported(lm):
         raise InputError(f"--save-pruned: cannot remove heads: {removal_unsupported(lm)}")
     console.tell(f"Pruning {lm.name} ({lm.geometry.n_layers} x {lm.geometry.n_heads} heads) on "
@@ -123,17 +122,6 @@ def save_pruned_copy(run: RunResult, folder: str | Path, *, force: bool = False)
     if run.measured.pruned_lm is None:
         raise InputError(f"--save-pruned: cannot remove heads: {removal_unsupported(run.lm) or 'no pruned copy'}")
     return save_pruned(run.measured.pruned_lm, folder, force=force)
-
-
-def _load(model, console: Console, head, device, dtype):
-    """The model of a run: a name loaded with ``head`` (its load time in the console's timings), or as given."""
-    if not isinstance(model, str):
-        console.loading(model.name)
-        return model
-    console.loading(model)
-    lm = loading.load_model(model, head=head, dtype=dtype, device=device)
-    console.timings["model_load_s"] = lm.load_seconds
-    return lm
 
 
 def _targets(texts) -> bool:

@@ -16,10 +16,9 @@ import torch
 
 from ..capture.reference import mutant_applies
 from ..errors import ProbeError
-from ..loading import models as loading  # load_model read as an attribute: a test may stand in for it
 from ..settings import VerifySettings
 from ..verification import BF16_ATOL, FP32_ATOL, verify
-from .result import Console, RunResult
+from .result import Console, RunResult, run_model
 
 
 def run_verify(model, settings: VerifySettings | None = None, *, console: Console | None = None, device=None,
@@ -42,13 +41,7 @@ def run_verify(model, settings: VerifySettings | None = None, *, console: Consol
     """
     s = VerifySettings() if settings is None else settings
     console = Console() if console is None else console
-    if isinstance(model, str):
-        console.loading(model)
-        lm = loading.load_model(model, dtype=dtype, device=device)
-        console.timings["model_load_s"] = lm.load_seconds
-    else:
-        console.loading(model.name)
-        lm = model
+    lm = run_model(model, console, dtype=dtype, device=device)
     atol = s.atol
     if atol is None:
         atol = FP32_ATOL if next(lm.model.parameters()).dtype == torch.float32 else BF16_ATOL

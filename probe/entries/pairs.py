@@ -27,7 +27,7 @@ from ..loading import models as loading  # load_model read as an attribute: a te
 from ..settings import CircuitSettings, PatchSettings, PathSettings
 from ..text.pairfile import pair_input
 from ..util import plural
-from .result import Console, RunResult, folder_result
+from .result import Console, RunResult, folder_result, run_model
 
 
 def open_pairs(model, pairs_file: str | None, pairs, console: Console, *, device=None, dtype=None,
@@ -61,12 +61,7 @@ def open_pairs(model, pairs_file: str | None, pairs, console: Console, *, device
         pairs, source = list(pairs), str(pairs_file or "pairs")
     if isinstance(model, str):
         check_before_loading(model, pairs, builtin=builtin, kind_check=kind_check)  # weights take minutes
-        console.loading(model)
-        lm = loading.load_model(model, dtype=dtype, device=device, head="auto")
-        console.timings["model_load_s"] = lm.load_seconds
-    else:
-        console.loading(model.name)
-        lm = model
+    lm = run_model(model, console, dtype=dtype, device=device, head="auto")
     for each in (kind_check, check):
         if each is not None:
             each(lm)

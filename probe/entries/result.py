@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compare import write_compare
+from ..loading import models as loading  # load_model read as an attribute: a test may stand in for it
 from ..records import AnalysisResult
 from ..report import build_sections, claim_run_dir, run_record, write_run
 from ..report.page import json_default
@@ -57,6 +58,23 @@ class Console:
         """``before_load(name)`` where there is one (``name``: what a default folder is named after)."""
         if self.before_load is not None:
             self.before_load(name)
+
+
+def run_model(model, console: Console, **load):
+    """The model a run works on: a name is loaded (``load``: :func:`probe.loading.models.load_model`'s keywords,
+    the load time in ``console.timings["model_load_s"]``, seconds), a loaded model is used as given; either
+    way ``console.loading`` hears the name first.
+
+    Raises:
+        as :func:`probe.loading.models.load_model` (a name it cannot load).
+    """
+    if not isinstance(model, str):
+        console.loading(model.name)
+        return model
+    console.loading(model)
+    lm = loading.load_model(model, **load)
+    console.timings["model_load_s"] = lm.load_seconds
+    return lm
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ from ..qk.run import why_analysis
 from ..qk.score import check_head_config
 from ..settings import WhySettings
 from ..text.corpus import read_corpus
-from .result import Console, RunResult, folder_result
+from .result import Console, RunResult, folder_result, run_model
 
 
 def run_why(model, settings: WhySettings, *, texts=None, console: Console | None = None, device=None,
@@ -47,12 +47,7 @@ def run_why(model, settings: WhySettings, *, texts=None, console: Console | None
         texts = read_corpus(s.corpus, s.limit)
     if isinstance(model, str):
         check_head_config(s.head, loading.peek_config(model), model)  # what the config decides: before the weights
-        console.loading(model)
-        lm = loading.load_model(model, dtype=dtype, device=device)
-        console.timings["model_load_s"] = lm.load_seconds
-    else:
-        console.loading(model.name)
-        lm = model
+    lm = run_model(model, console, dtype=dtype, device=device)
     measured, analysis = why_analysis(lm, s.text, s.head, s.query, top=s.top, progress=console.progress,
                                       corpus=None if s.corpus is None else list(texts), label=s.label,
                                       target=s.target)

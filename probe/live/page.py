@@ -6,9 +6,8 @@ to the server it came from (``connect-src 'self'``)."""
 from __future__ import annotations
 
 from functools import cache
-from importlib import resources
 
-from ..view.assets import view_static
+from ..view.assets import package_static, view_static
 
 #: The view modules the live page draws with, in load order (each registers its draw function in probeViews).
 VIEW_MODULES = ("headview", "modelview", "stepview")
@@ -18,17 +17,9 @@ PAGE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-i
             "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-@cache
 def live_static(name: str) -> str:
-    """A file of ``probe/live/static``.
-
-    Raises:
-        RuntimeError: the file holds a closing script or style tag (it could end its element).
-    """
-    text = resources.files("probe").joinpath(f"live/static/{name}").read_text(encoding="utf-8")
-    if "</script" in text.lower() or "</style" in text.lower():
-        raise RuntimeError(f"{name} must not contain a closing script/style tag")
-    return text
+    """A file of ``probe/live/static``; as :func:`probe.view.assets.package_static`."""
+    return package_static("live/static", name)
 
 
 def styles() -> str:

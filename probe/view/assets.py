@@ -15,16 +15,21 @@ VIEW_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-in
 
 
 @cache
-def view_static(name: str) -> str:
-    """A file of ``probe/view/static`` (inlined into every view).
+def package_static(folder: str, name: str) -> str:
+    """A file of ``probe/<folder>``, read as UTF-8 to be inlined into a page (views, the live page).
 
     Raises:
         RuntimeError: the file holds a closing script or style tag (it could end its element).
     """
-    text = resources.files("probe").joinpath(f"view/static/{name}").read_text(encoding="utf-8")
+    text = resources.files("probe").joinpath(f"{folder}/{name}").read_text(encoding="utf-8")
     if "</script" in text.lower() or "</style" in text.lower():
         raise RuntimeError(f"{name} must not contain a closing script/style tag")
     return text
+
+
+def view_static(name: str) -> str:
+    """A file of ``probe/view/static`` (inlined into every view); as :func:`package_static`."""
+    return package_static("view/static", name)
 
 
 def view_page(body: str, title: str) -> str:
