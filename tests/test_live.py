@@ -210,17 +210,17 @@ def test_masked_lm_encoder_predicts_at_its_mask():
 
 
 def test_session_refusals_name_the_value(dec, enc):
-    with pytest.raises(probe.errors.InputError, match="no head 9"):
+    with pytest.raises(probe.errors.InputError, match="head L0H9 out of range: layers have heads 0-3"):
         dec.head(TEXT, 0, 9)
     with pytest.raises(probe.errors.InputError, match="query 99 out of range"):
         dec.head(TEXT, 0, 0, 99)
-    with pytest.raises(probe.errors.InputError, match="no layer 5"):
+    with pytest.raises(probe.errors.InputError, match="layer 5 out of range: the model has layers 0-1 and heads 0-3"):
         dec.edit(TEXT, 5)
     with pytest.raises(probe.errors.InputError, match="at most 2,000"):
         dec.edit("x" * 2001)
     with pytest.raises(probe.errors.InputError, match="tokens; the live page takes at most"):
         dec.edit("cat " * 200)
-    with pytest.raises(probe.errors.InputError, match="zero or mean"):
+    with pytest.raises(probe.errors.InputError, match="the live page ablates with one of zero, mean, got 'resample'"):
         dec.ablate(TEXT, [[0, 0]], "resample")
     with pytest.raises(probe.errors.InputError, match="without a masked-LM head"):
         enc.patch(TEXT, TEXT)
@@ -234,7 +234,7 @@ def test_routes_answer_the_sessions_values(client, dec):
     assert info.status_code == 200 and info.json()["layers"] == 2 and info.json()["output"] == "next-token"
     for route, body, method in (("edit", {"text": TEXT, "layer": 1}, "edit"),
                                 ("head", {"text": TEXT, "layer": 0, "head": 1, "query": 3}, "head"),
-                                ("ablate", {"text": TEXT, "heads": [[0, 0]], "kind": "zero", "layer": 1}, "ablate")):
+                                ("ablate", {"text": TEXT, "heads": [[0, 0]], "ablation": "zero", "layer": 1}, "ablate")):
         got = post(client, route, body)
         assert got.status_code == 200, got.text
         want = json.loads(json.dumps(getattr(dec, method)(**body)))
@@ -257,14 +257,14 @@ def test_bad_requests_get_a_4xx_line_and_the_next_is_answered(client, case):
     raw = {"headers": {**HEADERS, "Content-Type": "application/json"}}
     status, word, resp = {
         "json": (400, "malformed JSON", lambda: client.post("/api/edit", content=b'{"text": ', **raw)),
-        "head": (400, "no head 7", lambda: post(client, "head", {"text": TEXT, "layer": 0, "head": 7})),
+        "head": (400, "head L0H7 out of range", lambda: post(client, "head", {"text": TEXT, "layer": 0, "head": 7})),
         "query": (400, "out of range",
                   lambda: post(client, "head", {"text": TEXT, "layer": 0, "head": 0, "query": 50})),
         "long": (400, "at most 2,000", lambda: post(client, "edit", {"text": "a" * 3000})),
         "binary": (400, "binary", lambda: client.post("/api/edit", content=b"\xff\xfe\x00\x81", **raw)),
         "type": (415, "Content-Type", lambda: client.post("/api/edit", content=b"text=a", headers=HEADERS)),
         "size": (413, "at most", lambda: client.post("/api/edit", content=b" " * (MAX_BODY + 1), **raw)),
-        "field": (400, "unknown field 'txt'", lambda: post(client, "edit", {"txt": TEXT})),
+        "field": (400, "unknown edit setting 'txt'; settings: text, layer", lambda: post(client, "edit", {"txt": TEXT})),
         "route": (404, "no route /api/nope", lambda: post(client, "nope", {})),
         "array": (400, "JSON object", lambda: post(client, "edit", [TEXT])),
     }[case]
