@@ -234,7 +234,8 @@ def test_routes_answer_the_sessions_values(client, dec):
     assert info.status_code == 200 and info.json()["layers"] == 2 and info.json()["output"] == "next-token"
     for route, body, method in (("edit", {"text": TEXT, "layer": 1}, "edit"),
                                 ("head", {"text": TEXT, "layer": 0, "head": 1, "query": 3}, "head"),
-                                ("ablate", {"text": TEXT, "heads": [[0, 0]], "ablation": "zero", "layer": 1}, "ablate")):
+                                ("ablate", {"text": TEXT, "heads": [[0, 0]], "ablation": "zero", "layer": 1},
+                                 "ablate")):
         got = post(client, route, body)
         assert got.status_code == 200, got.text
         want = json.loads(json.dumps(getattr(dec, method)(**body)))
@@ -264,7 +265,8 @@ def test_bad_requests_get_a_4xx_line_and_the_next_is_answered(client, case):
         "binary": (400, "binary", lambda: client.post("/api/edit", content=b"\xff\xfe\x00\x81", **raw)),
         "type": (415, "Content-Type", lambda: client.post("/api/edit", content=b"text=a", headers=HEADERS)),
         "size": (413, "at most", lambda: client.post("/api/edit", content=b" " * (MAX_BODY + 1), **raw)),
-        "field": (400, "unknown edit setting 'txt'; settings: text, layer", lambda: post(client, "edit", {"txt": TEXT})),
+        "field": (400, "unknown edit setting 'txt'; settings: text, layer",
+                  lambda: post(client, "edit", {"txt": TEXT})),
         "route": (404, "no route /api/nope", lambda: post(client, "nope", {})),
         "array": (400, "JSON object", lambda: post(client, "edit", [TEXT])),
     }[case]
