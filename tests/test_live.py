@@ -209,18 +209,130 @@ def test_masked_lm_encoder_predicts_at_its_mask():
     np.testing.assert_allclose(np.array(p["effect"]).ravel(), frame["effect"].to_numpy(), atol=1e-12)
 
 
+def _mlm_session():
+    import transformers as tr
+
+    from conftest import make_tokenizer, tiny_config
+
+    tok = make_tokenizer("wordpiece")
+    torch.manual_seed(0)
+    lm = probe.from_pretrained_objects(tr.BertForMaskedLM(tiny_config("bert", len(tok))).eval(), tok, name="mlm")
+    return LiveSession(lm)
+
+
+def test_a_masked_lm_reads_its_mask_at_one_position_in_every_panel():
+    """An encoder with its masked-LM head, a text holding [MASK]: the head panel's default query is the mask's
+    position, the position the output panel predicts at; the steps and why read the mask as one token there
+    (their tokens are the model's tokens with the mask parsed), the steps' probabilities at that row are the
+    model's own attention (capture_attention with the mask parsed), why's scores are probe.why's on the text read
+    the same way; a query given is kept, and a text without a mask opens at the last token."""
+    s = _mlm_session()
+    lm, text = s.lm, "The cat sat on the [MASK] and slept."
+    batch = encode(lm, [text], parse_special_tokens=True)
+    ids = batch.input_ids[0].tolist()
+    at = ids.index(lm.tokenizer.mask_token_id)
+    assert at == 6 and len(ids) == 11  # [CLS] the cat sat on the [MASK] and slept . [SEP]
+    out = s.ablate(text, [[0, 1]])["output"]
+    r = json.loads(json.dumps(s.head(text, 1, 2)))
+    assert r["query"] == out["position"] == at and r["queryFrom"] == "mask"
+    assert r["steps"]["query"] == at and r["steps"]["nq"] == len(ids) and r["steps"]["qTokens"][at] == "[MASK]"
+    assert r["why"]["query"] == at and r["why"]["query_token"] == "[MASK]" and len(r["why"]["tokens"]) == len(ids)
+    probs = capture_attention(lm, [text], parse_special_tokens=True)[1][0, 2].numpy()  # [T, T]
+    nk = r["steps"]["nk"]
+    np.testing.assert_allclose(r["steps"]["probs"][at * nk:(at + 1) * nk], probs[at], atol=1e-6)
+    w = probe.why(lm, probe.Text(text, parse_special_tokens=True), (1, 2), at)
+    for c in r["why"]["checks"]:
+        assert c["score"] == pytest.approx(float(w.scores[c["key"]]), abs=1e-9)
+    assert s.head(text, 1, 2, 3)["query"] == 3 and s.head(text, 1, 2, 3)["queryFrom"] == "given"
+    plain = s.head(TEXT, 1, 2)
+    assert plain["queryFrom"] == "last" and plain["query"] == len(lm.tokenizer(TEXT)["input_ids"]) - 1
+    # a decoder reads a typed special token as text (as probe.why does): its default row is the last
+    d = LiveSession(tiny_model("gpt2"))
+    assert d.mask_position(text) is None and d.head(TEXT, 0, 0)["queryFrom"] == "last"
+
+
+def test_a_text_reads_its_typed_special_tokens_only_when_asked():
+    """probe.Text(..., parse_special_tokens=True) reads a typed [MASK] as the mask token, as the call's
+    parse_special_tokens=True does; plain text keeps it as characters; one call's texts agree."""
+    lm = tiny_model("bert")
+    text = "a [MASK] b"
+    mask = lm.tokenizer.mask_token_id
+    asked = encode(lm, [probe.Text(text, parse_special_tokens=True)]).input_ids[0].tolist()
+    assert asked == encode(lm, [text], parse_special_tokens=True).input_ids[0].tolist() and mask in asked
+    assert mask not in encode(lm, [text]).input_ids[0].tolist()
+    with pytest.raises(probe.errors.InputError, match="either all read their typed special tokens"):
+        encode(lm, [probe.Text(text, parse_special_tokens=True), text])
+
+
+def test_the_step_view_record_holds_the_sink_and_its_share():
+    """gpt-oss's sink logits: the head panel's step record holds the layer's sink logit of the head at every
+    query row, and 1 - the keys' probabilities (the share the step view draws in its sink row) is the softmax
+    share of the sink column computed from the scaled scores of the kept keys."""
+    from generic_models import generic_lm
+
+    s = LiveSession(generic_lm("gpt_oss"))
+    st = s.head(TEXT, 0, 2, 4)["steps"]
+    sink = float(s.lm.model.model.layers[0].self_attn.sinks[2].detach())
+    assert st["sink"] == pytest.approx([sink] * st["nq"], rel=1e-6)
+    nk = st["nk"]
+    for i in range(st["nq"]):
+        keep = np.array(st["keep"][i * nk:(i + 1) * nk], bool)
+        scaled = np.array(st["scaled"][i * nk:(i + 1) * nk], np.float64)[keep]
+        m = max(scaled.max(), sink)
+        share = np.exp(sink - m) / (np.exp(scaled - m).sum() + np.exp(sink - m))
+        assert 1 - sum(st["probs"][i * nk:(i + 1) * nk]) == pytest.approx(share, abs=2e-6)
+
+
+def test_the_step_view_draws_the_sink_row_and_n_a_for_a_missing_value_norm(chromium, tmp_path):
+    """The head panel's step view (the live page's and the reports' stepview.js) on gpt-oss: below the keys a
+    sink row holds the sink logit and the sink column's softmax share (computed here from the scaled scores), the
+    status line says it; where the record's valueNorm is null (no output projection found) the value-norm and
+    contribution cells read n/a, not NaN, blank or 0."""
+    from generic_models import generic_lm
+
+    from conftest import watched_page
+    from probe.view.stepview import render_step_view
+
+    s = LiveSession(generic_lm("gpt_oss"))
+    st = s.head(TEXT, 0, 2, 0)["steps"]  # query 0: one key, the sink's share is large
+    nk = st["nk"]
+    sink = st["sink"][0]
+    scaled = st["scaled"][0]
+    share = np.exp(sink) / (np.exp(sink) + np.exp(scaled))
+    missing = {**st, "valueNorm": [None] * nk}
+    page_file = tmp_path / "sv.html"
+    page_file.write_text("<!doctype html><meta charset='utf-8'><body>" + render_step_view(st, "a") +
+                         render_step_view(missing, "b") + "</body>", encoding="utf-8")
+    with watched_page(chromium, page_file) as (page, messages, requests):
+        page.wait_for_selector("#b[data-query]")
+        sv = "document.getElementById('{}').probeStepView"
+        header = page.evaluate(f"{sv.format('a')}.header()")
+        col = {name: i for i, name in enumerate(header)}
+        row = page.evaluate(f"{sv.format('a')}.sink()")
+        assert row[0] == "sink" and float(row[col["scaled"]]) == pytest.approx(sink, abs=5e-5)
+        assert float(row[col["probability"]]) == pytest.approx(share, abs=5e-5) and share > 0.01
+        assert f"sink logit {sink:.4f}" in page.evaluate(f"{sv.format('a')}.status()")
+        assert len(page.evaluate(f"{sv.format('a')}.rows()")) == nk
+        keys = page.evaluate(f"{sv.format('a')}.rows()")
+        assert float(keys[0][col["||f(x_j)||"]]) == pytest.approx(st["valueNorm"][0], abs=5e-4)
+        for r in page.evaluate(f"{sv.format('b')}.rows()"):
+            assert r[col["||f(x_j)||"]] == "n/a" and r[col["||\u03b1 f(x_j)||"]] == "n/a"
+        assert "NaN" not in page.inner_text("#b")
+    assert messages == [] and len(requests) == 1
+
+
 def test_session_refusals_name_the_value(dec, enc):
-    with pytest.raises(probe.errors.InputError, match="no head 9"):
+    with pytest.raises(probe.errors.InputError, match="head L0H9 out of range: layers have heads 0-3"):
         dec.head(TEXT, 0, 9)
     with pytest.raises(probe.errors.InputError, match="query 99 out of range"):
         dec.head(TEXT, 0, 0, 99)
-    with pytest.raises(probe.errors.InputError, match="no layer 5"):
+    with pytest.raises(probe.errors.InputError, match="layer 5 out of range: the model has layers 0-1 and heads 0-3"):
         dec.edit(TEXT, 5)
     with pytest.raises(probe.errors.InputError, match="at most 2,000"):
         dec.edit("x" * 2001)
     with pytest.raises(probe.errors.InputError, match="tokens; the live page takes at most"):
         dec.edit("cat " * 200)
-    with pytest.raises(probe.errors.InputError, match="zero or mean"):
+    with pytest.raises(probe.errors.InputError, match="the live page ablates with one of zero, mean, got 'resample'"):
         dec.ablate(TEXT, [[0, 0]], "resample")
     with pytest.raises(probe.errors.InputError, match="without a masked-LM head"):
         enc.patch(TEXT, TEXT)
@@ -234,7 +346,8 @@ def test_routes_answer_the_sessions_values(client, dec):
     assert info.status_code == 200 and info.json()["layers"] == 2 and info.json()["output"] == "next-token"
     for route, body, method in (("edit", {"text": TEXT, "layer": 1}, "edit"),
                                 ("head", {"text": TEXT, "layer": 0, "head": 1, "query": 3}, "head"),
-                                ("ablate", {"text": TEXT, "heads": [[0, 0]], "kind": "zero", "layer": 1}, "ablate")):
+                                ("ablate", {"text": TEXT, "heads": [[0, 0]], "ablation": "zero", "layer": 1},
+                                 "ablate")):
         got = post(client, route, body)
         assert got.status_code == 200, got.text
         want = json.loads(json.dumps(getattr(dec, method)(**body)))
@@ -257,14 +370,15 @@ def test_bad_requests_get_a_4xx_line_and_the_next_is_answered(client, case):
     raw = {"headers": {**HEADERS, "Content-Type": "application/json"}}
     status, word, resp = {
         "json": (400, "malformed JSON", lambda: client.post("/api/edit", content=b'{"text": ', **raw)),
-        "head": (400, "no head 7", lambda: post(client, "head", {"text": TEXT, "layer": 0, "head": 7})),
+        "head": (400, "head L0H7 out of range", lambda: post(client, "head", {"text": TEXT, "layer": 0, "head": 7})),
         "query": (400, "out of range",
                   lambda: post(client, "head", {"text": TEXT, "layer": 0, "head": 0, "query": 50})),
         "long": (400, "at most 2,000", lambda: post(client, "edit", {"text": "a" * 3000})),
         "binary": (400, "binary", lambda: client.post("/api/edit", content=b"\xff\xfe\x00\x81", **raw)),
         "type": (415, "Content-Type", lambda: client.post("/api/edit", content=b"text=a", headers=HEADERS)),
         "size": (413, "at most", lambda: client.post("/api/edit", content=b" " * (MAX_BODY + 1), **raw)),
-        "field": (400, "unknown field 'txt'", lambda: post(client, "edit", {"txt": TEXT})),
+        "field": (400, "unknown edit setting 'txt'; settings: text, layer",
+                  lambda: post(client, "edit", {"txt": TEXT})),
         "route": (404, "no route /api/nope", lambda: post(client, "nope", {})),
         "array": (400, "JSON object", lambda: post(client, "edit", [TEXT])),
     }[case]

@@ -41,7 +41,7 @@ def test_messages_are_answered_by_the_session(explorer):
         del explorer.send
     assert sent[0]["id"] == 7 and sent[0]["status"] == 200
     assert sent[0]["body"] == answer(explorer.session, "edit", {"text": TEXT, "layer": 1})[1]
-    assert sent[1]["id"] == 8 and sent[1]["status"] == 400 and "no head 9" in sent[1]["body"]["error"]
+    assert sent[1]["id"] == 8 and sent[1]["status"] == 400 and "head L0H9 out of range" in sent[1]["body"]["error"]
     assert "probeViews.live" in explorer._esm and "export default" in explorer._esm
     assert "http://" not in explorer._esm.replace("http://www.w3.org/2000/svg", "")  # nothing loaded from outside
     assert explorer.text == TEXT

@@ -1,8 +1,9 @@
 """The settings of each run kind (probe.settings): the command's options take their defaults and checks from
 the settings fields (a click default that differs from its field's, or a bound checked by the command line
 and not by the settings, fails here); one bad value gives one message through every door (the command, the
-settings object, a request's mapping, ``probe.run_kind``); the settings need no heavy library; and no public
-function of probe takes more than a set number of parameters (the settings travel instead)."""
+settings object, a request's mapping, ``probe.run_kind``, and for the values the live page takes too, its
+server and its session); the settings need no heavy library; and no public function of probe takes more than a
+set number of parameters (the settings travel instead)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,26 @@ import click
 import pytest
 
 import probe
-from conftest import invoke_cli, one_error
+from conftest import invoke_cli, one_error, save_tiny
 from probe.cli import main
 from probe.errors import InputError
-from probe.settings import SETTINGS, AnalyzeSettings, OptionConflict, PatchSettings, WhySettings
+from probe.settings import (
+    REQUESTS,
+    SETTINGS,
+    AblateRequest,
+    AnalyzeSettings,
+    HeadRequest,
+    LiveSettings,
+    OptionConflict,
+    PatchSettings,
+    WhySettings,
+)
 
 #: Options of the commands that are not settings of the run: where the model comes from and sits, where the
 #: folder goes, how the command prints.
 NOT_SETTINGS = {"model_name", "out", "force", "progress", "as_json", "device", "dtype", "device_map", "save_to"}
+#: Every command with a settings class: the run kinds, and ``probe live`` (a server, not a run kind).
+COMMANDS = {**SETTINGS, "live": LiveSettings}
 
 
 def _fields(cls) -> dict:
@@ -38,9 +51,9 @@ def _shown(value, multiple: bool):
     return value
 
 
-@pytest.mark.parametrize("kind", sorted(SETTINGS))
+@pytest.mark.parametrize("kind", sorted(COMMANDS))
 def test_every_option_of_a_command_is_its_settings_field_with_the_same_default(kind):
-    cls, command = SETTINGS[kind], main.commands[kind]
+    cls, command = COMMANDS[kind], main.commands[kind]
     fields = _fields(cls)
     params = {p.name: p for p in command.params}
     assert set(fields) <= set(params), f"settings of {kind} without an option: {set(fields) - set(params)}"
@@ -63,12 +76,12 @@ def test_every_option_of_a_command_is_its_settings_field_with_the_same_default(k
                 f"probe {kind} {name}: checked by the command line, not by {cls.__name__}"
 
 
-@pytest.mark.parametrize("kind", sorted(SETTINGS))
+@pytest.mark.parametrize("kind", sorted(COMMANDS) + [f"request {r}" for r in sorted(REQUESTS)])
 def test_every_field_says_what_it_is_and_every_default_passes_its_check(kind):
-    cls = SETTINGS[kind]
+    cls = REQUESTS[kind.split()[1]] if kind.startswith("request ") else COMMANDS[kind]
     for row, f in zip(cls.describe(), dataclasses.fields(cls)):
         assert row["doc"].endswith("."), row
-        assert row["option"] or row["name"] == "runs", row
+        assert row["option"] or row["name"] == "runs" or cls in REQUESTS.values(), row
         if str(f.type).split(" |")[0] in ("int", "float") and f.metadata.get("check"):
             assert row["bound"], f"{kind} {row['name']}: a number without its bound in words"
     for f in dataclasses.fields(cls):
@@ -108,6 +121,115 @@ def test_a_bad_value_is_one_message_through_every_door(kind):
     with pytest.raises(InputError) as called:
         probe.run_kind(kind, None, mapping)  # refused before any model is read
     assert str(called.value) == str(built.value)
+
+
+LIVE_TEXT = "The cat sat on the mat and then it slept."
+LIVE_TOKEN = "t0k3n"
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """A tiny GPT-2 (2 layers x 4 heads) saved as a folder that ``probe why --model`` reads, and the live server
+    (Starlette's TestClient) on a session of the same model, its text cap 50 characters."""
+    from starlette.testclient import TestClient
+
+    from probe.live.server import make_app
+    from probe.live.session import LiveSession
+
+    folder = save_tiny("gpt2", tmp_path_factory.mktemp("live") / "gpt2")
+    session = LiveSession(probe.load_model(str(folder)), LiveSettings(max_chars=50))
+    return folder, session, TestClient(make_app(session, LIVE_TOKEN))
+
+
+def _served(client, route: str, body: dict) -> str:
+    """The one line the live server answers ``body`` with (status 400, a JSON object with ``error`` only)."""
+    r = client.post(f"/api/{route}", json=body, headers={"X-Probe-Token": LIVE_TOKEN})
+    assert r.status_code == 400 and list(r.json()) == ["error"], r.text
+    line = r.json()["error"]
+    assert "\n" not in line
+    return line
+
+
+#: One bad value of a live request that a command also takes: the command's arguments (after --model where it
+#: loads one), its exit status, the route and the request's fields, and the one line. 12 tokens: LIVE_TEXT on
+#: the tests' byte-level BPE (no special token added).
+LIVE_BAD = {
+    "head": (["why", "--head", "L0H9", "--text", LIVE_TEXT], 1, "head", {"layer": 0, "head": 9},
+             "head L0H9 out of range: layers have heads 0-3 (the model has layers 0-1 and heads 0-3)"),
+    "layer": (["why", "--head", "L5H0", "--text", LIVE_TEXT], 1, "head", {"layer": 5, "head": 0},
+              "layer 5 out of range: the model has layers 0-1 and heads 0-3"),
+    "query": (["why", "--head", "L0H1", "--text", LIVE_TEXT, "--query", "12"], 1, "head",
+              {"layer": 0, "head": 1, "query": 12}, "query 12 out of range: the text has 12 tokens, rows 0-11"),
+    "negative query": (["why", "--head", "L0H1", "--text", LIVE_TEXT, "--query", "-1"], 1, "head",
+                       {"layer": 0, "head": 1, "query": -1},
+                       "query -1 out of range: the text has 12 tokens, rows 0-11"),
+    "top": (["why", "--head", "L0H1", "--text", LIVE_TEXT, "--top", "0"], 2, "head", {"layer": 0, "head": 1, "top": 0},
+            "--top must be at least 1, got 0"),
+    "ablation": (["effects", "--ablation", "bogus"], 2, "ablate", {"heads": [[0, 1]], "ablation": "bogus"},
+                 "unknown ablation 'bogus'; choose from zero, mean, resample"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LIVE_BAD))
+def test_a_bad_value_of_the_live_page_is_the_commands_message(live, case, tmp_path):
+    """A head out of range, a query row past the text, a top below 1, an unknown ablation: the live server's
+    400 line is the command's ``Error:`` line (whole for a run's error, inside click's usage line for an option's),
+    the Python call's (the session's method, probe.why, the request's settings built from the JSON) and the
+    notebook widget's (probe.live.api.answer): one check, one message."""
+    from probe.live.api import answer
+
+    folder, session, client = live
+    args, status, route, fields, message = LIVE_BAD[case]
+    model = ["--model", folder, "--out", tmp_path / "run"] if args[0] == "why" else []
+    cli = one_error(invoke_cli(*args[:1], *model, *args[1:]), status, message)
+    body = {"text": LIVE_TEXT, **fields}
+    served = _served(client, route, body)
+    assert served == message and (cli == f"Error: {message}" if status == 1 else message in cli)
+    with pytest.raises(InputError) as called:
+        getattr(session, route)(**body)
+    assert str(called.value) == message
+    assert answer(session, route, body) == (400, {"error": message})
+    if route == "head":  # probe why's own doors: the library call, or its settings for a bound checked before it
+        head = f"L{fields['layer']}H{fields['head']}"
+        with pytest.raises(InputError) as why:
+            if "top" in fields:
+                WhySettings(head=head, text=LIVE_TEXT, top=fields["top"])
+            else:
+                probe.why(session.lm, LIVE_TEXT, head, fields.get("query"))
+        assert str(why.value) == message
+    if status == 2:  # a bound checked before the model: the request's settings say it, as the command's do
+        with pytest.raises(InputError) as built:
+            (HeadRequest if route == "head" else AblateRequest).from_mapping(body)
+        assert str(built.value) == message
+
+
+def test_the_live_caps_are_one_message_too(live):
+    """A text over the cap: the server's 400 line is the session's and the widget's; the cap's own bound:
+    ``probe live --max-chars 0``'s usage line holds LiveSettings' and LiveSession's line."""
+    from probe.live.api import answer
+    from probe.live.session import LiveSession
+
+    folder, session, client = live
+    text = "x" * 51
+    message = "the text is 51 characters; the live page takes at most 50"
+    assert _served(client, "edit", {"text": text}) == message
+    assert _served(client, "head", {"text": text, "layer": 0, "head": 0}) == message
+    with pytest.raises(InputError, match=message):
+        session.edit(text)
+    assert answer(session, "edit", {"text": text}) == (400, {"error": message})
+    capped = LiveSession(session.lm, max_chars=50, max_tokens=11)  # LIVE_TEXT: 41 characters, 12 tokens
+    assert len(session.lm.tokenizer(LIVE_TEXT)["input_ids"]) == capped.n_tokens(LIVE_TEXT) == 12
+    assert answer(capped, "edit", {"text": LIVE_TEXT}) == (
+        400, {"error": "the text is 12 tokens; the live page takes at most 11"})
+    line = one_error(invoke_cli("live", "--max-chars", "0"), 2, "--max-chars must be at least 1, got 0")
+    for make in (lambda: LiveSettings(max_chars=0), lambda: LiveSession(session.lm, max_chars=0),
+                 lambda: LiveSettings.from_mapping({"max_chars": 0})):
+        with pytest.raises(InputError) as exc:
+            make()
+        assert str(exc.value) == "--max-chars must be at least 1, got 0" and str(exc.value) in line
+    one_error(invoke_cli("live", "--port", "70000"), 2, "--port must be at most 65535, got 70000")
+    with pytest.raises(InputError, match="^unknown live setting 'max_char'; settings: host, port, max_chars"):
+        LiveSession(session.lm, max_char=10)
 
 
 def test_the_settings_copies_of_library_names_agree():

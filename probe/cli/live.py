@@ -7,36 +7,42 @@ import signal
 
 import click
 
+from ..settings import LiveSettings
 from .group import main, user_errors
-from .options import model_option, model_placement
+from .options import build, model_option, model_placement, setting_option
 
 
 @main.command("live")
 @model_option
-@click.option("--port", "-p", type=click.IntRange(0, 65535), default=8765, show_default=True,
-              help="The port to serve on (0: a free one).")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="The address to serve on. Another than 127.0.0.1 or localhost lets other machines reach the "
-                   "model (with the token); a warning says so.")
+@setting_option(LiveSettings, "port", "--port", "-p", show_default=True, help="The port to serve on (0: a free one).")
+@setting_option(LiveSettings, "host", "--host", show_default=True,
+                help="The address to serve on. Another than 127.0.0.1 or localhost lets other machines reach the "
+                     "model (with the token); a warning says so.")
+@setting_option(LiveSettings, "max_chars", "--max-chars", show_default=True,
+                help="Most characters of a text the page takes (a longer one: 400 and one line).")
+@setting_option(LiveSettings, "max_tokens", "--max-tokens",
+                help="Most tokens of a text the page runs [default: 128, or the model's limit where lower].")
 @model_placement
 @user_errors
-def live_command(model_name, port, host, device=None, dtype=None) -> None:
+def live_command(model_name, port, host, max_chars, max_tokens, device=None, dtype=None) -> None:
     """A local web page on one model: type a text and watch every head's label and statistics, the head
     and model views, a head's attention steps and why it attends where it does, heads switched off and
     activation patching against a corrupted text, all redrawn at every edit. The model loads once; the
     printed address (with its random token) opens the page; Ctrl-C stops the server."""
+    settings = build(LiveSettings, locals())
     from ..live.server import bind, make_app, new_token, served_hosts, server
     from ..live.session import LiveSession
     from ..loading.models import load_model
 
-    sock = bind(host, port)  # a port in use fails before the model loads
+    host = settings.host
+    sock = bind(host, settings.port)  # a port in use fails before the model loads
     try:
         if host not in ("127.0.0.1", "localhost", "::1"):
             click.echo(f"warning: serving on {host}: other machines that reach this address can drive the model "
                        "(the token is still required); use the default 127.0.0.1 unless you mean it", err=True)
         real_port = sock.getsockname()[1]
         lm = load_model(model_name, dtype=dtype, device=device)
-        session = LiveSession(lm)
+        session = LiveSession(lm, settings)
         token = new_token()
         app = make_app(session, token, served_hosts(host, real_port))
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host

@@ -2,58 +2,55 @@
 the notebook widget (its messages, :mod:`probe.live.widget`): each route's fields, their checks, the
 session method that answers, and the status of each kind of failure.
 
-A request is a JSON object: the route's fields, and optionally ``page`` (a string the page picked) and
+A request is a JSON object: the route's fields, checked by the route's request settings
+(:data:`probe.settings.REQUESTS`, built with ``from_mapping``: the bounds and lines ``probe why`` and
+``probe effects`` use for the same values), and optionally ``page`` (a string the page picked) and
 ``seq`` (its request number, increasing): a request overtaken by a newer one of the same page and route
 before its turn at the model is dropped (status 409, ``{"stale": true}``). Statuses: 200 the answer;
-400 a value the session refuses (one line: an unknown head, a query position out of range, a text over
-the cap ...); 409 stale; 422 an analysis the model does not support (the library's line); 500 a failure
-inside the model (the line says which; the server keeps serving).
+400 a value refused (one line, the settings' or the session's: an unknown field, an unknown head, a query
+position out of range, a text over the cap ...); 409 stale; 422 an analysis the model does not support
+(the library's line); 500 a failure inside the model (the line says which; the server keeps serving).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import traceback
 
 from ..errors import InputError, ProbeError
+from ..settings import REQUESTS
 from .session import LiveSession
 
 log = logging.getLogger("probe")
 
-#: Each route: its required fields, its optional fields (with defaults) and the session method.
-ROUTES: dict[str, tuple[tuple[str, ...], dict, str]] = {
-    "info": ((), {}, "info"),
-    "edit": (("text",), {"layer": 0}, "edit"),
-    "head": (("text", "layer", "head"), {"query": None}, "head"),
-    "ablate": (("text", "heads"), {"kind": "zero", "layer": 0}, "ablate"),
-    "patch": (("text", "corrupted"), {"answer": None, "wrong": None}, "patch"),
-}
+#: Each route and the session method that answers it (its fields: :data:`probe.settings.REQUESTS`).
+ROUTES: dict[str, str] = {"info": "info", "edit": "edit", "head": "head", "ablate": "ablate", "patch": "patch"}
 #: Fields of every request that the session does not read.
 CONTROL = ("page", "seq")
 
 
 def fields(route: str, body) -> dict:
-    """The session's keyword arguments of a request to ``route``.
+    """The session's keyword arguments of a request to ``route``, checked by the route's request settings
+    (:meth:`~probe.settings.fields.Settings.from_mapping`).
 
     Raises:
-        InputError: not a JSON object, a missing or unknown field, a bad ``page`` or ``seq``.
+        InputError: not a JSON object, a missing or unknown field, a value out of its bound (the settings'
+            line), a bad ``page`` or ``seq``.
     """
-    required, optional, _ = ROUTES[route]
     if not isinstance(body, dict):
         raise InputError(f"the request body must be a JSON object, got {type(body).__name__}")
-    unknown = [k for k in body if k not in required and k not in optional and k not in CONTROL]
-    if unknown:
-        raise InputError(f"unknown field {unknown[0]!r} for /api/{route}; fields: "
-                         f"{', '.join((*required, *optional)) or '(none)'}")
-    missing = [k for k in required if k not in body]
-    if missing:
-        raise InputError(f"/api/{route} needs the field {missing[0]!r}")
     if "seq" in body and (isinstance(body["seq"], bool) or not isinstance(body["seq"], int)):
         raise InputError(f"seq must be an integer, got {body['seq']!r}")
     if "page" in body and not isinstance(body["page"], str):
         raise InputError(f"page must be a string, got {body['page']!r}")
-    args = {k: body[k] for k in required}
-    args.update({k: body.get(k, v) for k, v in optional.items()})
+    given = {k: v for k, v in body.items() if k not in CONTROL}
+    if route not in REQUESTS:  # info
+        if given:
+            raise InputError(f"/api/{route} takes no fields, got {', '.join(map(repr, given))}")
+        return {}
+    request = REQUESTS[route].from_mapping(given)
+    args = {f.name: getattr(request, f.name) for f in dataclasses.fields(request)}
     if route == "patch":
         args["clean"] = args.pop("text")
     return args
@@ -78,7 +75,7 @@ def answer(session: LiveSession, route: str, body) -> tuple[int, dict]:
         if page is not None and seq is not None and session.latest.stale(page, route, seq):
             return 409, {"stale": True, "seq": seq, "error": "a newer request of this page replaced it"}
         try:
-            out = getattr(session, ROUTES[route][2])(**args)
+            out = getattr(session, ROUTES[route])(**args)
         except InputError as e:
             return 400, {"error": str(e)}
         except ProbeError as e:

@@ -10,7 +10,8 @@ Every number is the library's: the session only calls library functions and pack
 - :meth:`LiveSession.head`: one head's attention steps (:func:`probe.measures.steps.heads_steps`, drawn by
   the step view) and ``why`` for a query row (:func:`probe.qk.run.measure`: :func:`probe.why` and its
   table of the largest (query source, key source) pairs, with the check: their sum against the model's
-  score).
+  score). The default row is the last token's, or on an encoder with its masked-LM head whose text holds
+  the mask token, the first mask's: the position whose predictions the output panel shows.
 - :meth:`LiveSession.ablate`: heads switched off (zero or mean ablation, :func:`probe.effects.ablation.ablating`
   at the heads' outputs before the output projection; Michel et al. 2019), the model's output before and
   after in one forward pass of two copies (a decoder's next-token probabilities, a masked-LM encoder's
@@ -20,8 +21,17 @@ Every number is the library's: the session only calls library functions and pack
   effect as ``probe patch`` computes it (:func:`probe.effects.patching.patch_heads`, denoising; Meng et
   al. 2022), the answer and the wrong answer being the two texts' top next tokens unless given.
 
-Request values are checked with :mod:`probe.bounds` (the checks and messages of the command line); a
-value out of range raises :class:`~probe.errors.InputError` (the server answers 400 with its line).
+The caps are a :class:`~probe.settings.LiveSettings` (``probe live``'s options). Each method checks its
+arguments with the route's request settings (:mod:`probe.settings.live`: ``top`` and ``query`` are
+``probe why``'s fields, the ablation is checked as ``probe effects --ablation``), then what needs the model
+with the library's own lines (a layer or head out of range as :func:`probe.causal.heads.normalize_heads`
+says it, a query row past the text as :func:`probe.why` says it): a value out of range raises
+:class:`~probe.errors.InputError` (the server answers 400 with its line), the same line from the command
+line, the Python call and the server.
+
+On an encoder with its masked-LM head the mask token typed is the mask for every answer (the grid, the
+views, the output panel, the steps, ``why`` and patching: texts passed as
+``probe.Text(text, parse_special_tokens=True)``), so that a position is the same token in every panel.
 Model work is serialized: one forward pass at a time (:attr:`LiveSession.lock`), and :class:`Latest`
 drops a request that a newer one from the same page has made stale.
 """
@@ -38,6 +48,7 @@ import torch
 
 from .. import bounds
 from ..capture.maps import attention_hooks, encode, forward
+from ..causal.heads import head_ranges, normalize_heads
 from ..causal.objectives import head_kind, sentence_embedding
 from ..effects.ablation import ablating, check_model, head_means, repeat_batch
 from ..effects.patching import check_patchable, patch_heads
@@ -47,15 +58,17 @@ from ..measures.steps import heads_steps
 from ..qk.run import measure
 from ..records import AnalysisResult
 from ..runs.analysis import analyze
+from ..settings import AblateRequest, EditRequest, HeadRequest, LiveSettings, PatchRequest
 from ..sites import head_name
 from ..text.corpus import sample_texts
 from ..text.pairfile import Pair
+from ..text.sequence import Text
 from ..view.html import example_maps, result_view, site_labels, text_view
 from ..view.modelview import model_view_data
 from ..view.stepview import STEP_MAX_TOKENS, step_view_data
 
-#: Most characters of a text the session takes (the page's box says so).
-MAX_CHARS = 2000
+#: Most characters of a text the session takes (the page's box says so; ``LiveSettings.max_chars``' default).
+MAX_CHARS = LiveSettings().max_chars
 #: Most tokens of a text the session runs (the step view holds at most STEP_MAX_TOKENS).
 MAX_TOKENS = 128
 #: Next-token (or [MASK]) predictions listed before and after an ablation.
@@ -102,24 +115,28 @@ class LiveSession:
 
     Args:
         lm: a :class:`~probe.loading.models.LoadedModel` (one-stack: an encoder or a decoder).
-        max_chars, max_tokens: the caps of a text (characters; tokens, default :data:`MAX_TOKENS` or the
-            model's limit where lower).
+        settings: a :class:`~probe.settings.LiveSettings` (its caps: ``max_chars`` characters, ``max_tokens``
+            tokens, default :data:`MAX_TOKENS` or the model's limit where lower), or None and its fields as
+            keywords (``LiveSession(lm, max_chars=500)``).
 
     Raises:
         InputError: an encoder-decoder model (the live page draws one-stack models), a cap below 1 (2 tokens)
-            or above the model's limit.
+            or above the model's limit, an unknown setting.
     """
 
-    def __init__(self, lm, *, max_chars: int = MAX_CHARS, max_tokens: int | None = None) -> None:
+    def __init__(self, lm, settings: LiveSettings | None = None, **caps) -> None:
         if lm.kind == "encoder-decoder":
             raise InputError(f"{lm.name} is an encoder-decoder model; probe live draws encoders and decoders "
                              "(use probe.show(lm, probe.Text(source, target=...)) in a notebook)")
+        if settings is not None and caps:
+            raise InputError("give the live settings as a LiveSettings or as keywords, not both")
+        self.settings = settings if settings is not None else LiveSettings.from_mapping(caps)
         self.lm = lm
         # a masked-LM encoder reads the mask token typed as its mask (as probe patch reads its prompts)
         self.parse_special = self._output_kind(head_kind(lm)) == "masked-lm"
-        self.max_chars = bounds.positive_int("max characters", max_chars)
-        self.max_tokens = (min(MAX_TOKENS, lm.max_length) if max_tokens is None
-                           else bounds.max_length(max_tokens, lm.max_length))
+        self.max_chars = self.settings.max_chars
+        self.max_tokens = (min(MAX_TOKENS, lm.max_length) if self.settings.max_tokens is None
+                           else bounds.max_length(self.settings.max_tokens, lm.max_length))
         self.lock = threading.Lock()
         self.latest = Latest()
         self._analyses: OrderedDict[str, AnalysisResult] = OrderedDict()
@@ -135,7 +152,8 @@ class LiveSession:
         return self.lm.geometry.n_heads
 
     def check_text(self, text, what: str = "text") -> str:
-        """``text`` as a string of at most :attr:`max_chars` characters and :attr:`max_tokens` tokens.
+        """``text`` as a string of at most :attr:`max_chars` characters and :attr:`max_tokens` tokens
+        (``probe live --max-chars``, ``--max-tokens``).
 
         Raises:
             InputError: not a string, empty, too long (saying the cap).
@@ -145,7 +163,7 @@ class LiveSession:
         bounds.texts([text], what)
         if len(text) > self.max_chars:
             raise InputError(f"the {what} is {len(text):,} characters; the live page takes at most {self.max_chars:,}")
-        n = len(self.lm.tokenizer(text)["input_ids"])
+        n = self.n_tokens(text)
         if n > self.max_tokens:
             raise InputError(f"the {what} is {n} tokens; the live page takes at most {self.max_tokens}")
         return text
@@ -154,45 +172,54 @@ class LiveSession:
         """A layer (site index) of the model.
 
         Raises:
-            InputError: not an integer, or out of range.
+            InputError: not an integer, or out of range (as :func:`probe.causal.heads.normalize_heads` says it).
         """
         layer = bounds.positive_int("layer", layer, 0)
         if layer >= self.n_layers:
-            raise InputError(f"no layer {layer}: {self.lm.name} has layers 0-{self.n_layers - 1}")
+            raise InputError(f"layer {layer} out of range: the model has {head_ranges(self.n_layers, self.n_heads)}")
         return layer
 
     def check_head(self, layer, head) -> tuple[int, int]:
         """(layer, head) of the model.
 
         Raises:
-            InputError: either out of range or not an integer.
+            InputError: either out of range or not an integer (the line of
+                :func:`probe.causal.heads.normalize_heads`, which ``probe why --head`` gives too).
         """
-        layer = self.check_layer(layer)
-        head = bounds.positive_int("head", head, 0)
-        if head >= self.n_heads:
-            raise InputError(f"no head {head}: {self.lm.name}'s layers have heads 0-{self.n_heads - 1}")
+        layer, head = bounds.positive_int("layer", layer, 0), bounds.positive_int("head", head, 0)
+        (layer, (head,)), = normalize_heads([(layer, head)], self.n_layers, self.n_heads).items()
         return layer, head
 
     def check_heads(self, heads) -> list[tuple[int, int]]:
         """A list of [layer, head] pairs, each checked, each once, in order.
 
         Raises:
-            InputError: not a list of pairs, or a head out of range.
+            InputError: not a list of pairs (:func:`probe.settings.live.head_pairs`), or a head out of range.
         """
-        if not isinstance(heads, (list, tuple)):
-            raise InputError("heads must be a list of [layer, head] pairs")
-        out = []
-        for pair in heads:
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise InputError(f"each head is a [layer, head] pair, got {pair!r}")
-            lh = self.check_head(*pair)
-            if lh not in out:
-                out.append(lh)
-        return out
+        return [self.check_head(*pair) for pair in AblateRequest.check_field("heads", heads)]
+
+    def as_read(self, text: str) -> Text:
+        """``text`` as every answer reads it: on an encoder with its masked-LM head, its typed special tokens
+        (the mask) are special tokens (``Text(..., parse_special_tokens=True)``)."""
+        return Text(text, parse_special_tokens=self.parse_special)
+
+    def token_ids(self, text: str) -> list[int]:
+        """The token ids of ``text`` as the model reads it (special tokens included; typed ones as
+        :meth:`as_read` reads them), not truncated."""
+        return list(self.lm.tokenizer(text, split_special_tokens=not self.parse_special)["input_ids"])
 
     def n_tokens(self, text: str) -> int:
         """Tokens of ``text`` as the model reads it (special tokens included)."""
-        return len(self.lm.tokenizer(text)["input_ids"])
+        return len(self.token_ids(text))
+
+    def mask_position(self, text: str) -> int | None:
+        """The position of the first mask token of ``text`` on an encoder with its masked-LM head (None
+        elsewhere, or without one): the row the output panel predicts at."""
+        mask_id = self.lm.tokenizer.mask_token_id
+        if not self.parse_special or mask_id is None:
+            return None
+        ids = self.token_ids(text)
+        return ids.index(mask_id) if mask_id in ids else None
 
     # ------------------------------------------------------------------ the model's answers
     def info(self) -> dict:
@@ -224,9 +251,10 @@ class LiveSession:
             "headView": view_data's dict (``layer`` only), "modelView": model_view_data's dict}``.
 
         Raises:
-            InputError: a bad text or layer.
+            InputError: a bad text or layer (:class:`~probe.settings.EditRequest`, then the model's ranges).
         """
-        text, layer = self.check_text(text), self.check_layer(layer)
+        req = EditRequest(text=text, layer=layer)
+        text, layer = self.check_text(req.text), self.check_layer(req.layer)
         result = self.analysis(text)
         hv = result_view(result, tokenizer=self.lm.tokenizer, layers=[layer], layer=layer)
         hv.data["title"] = f"{self.lm.name}: layer {layer}, {len(hv.data['tokens'])} tokens"
@@ -251,36 +279,47 @@ class LiveSession:
         return {"labels": table("label", str), "allLabels": table("labels", str),
                 "statistics": {c: table(c, _finite) for c in stats}}
 
-    def head(self, text, layer, head, query=None) -> dict:
+    def head(self, text, layer, head, query=None, top: int = 5) -> dict:
         """One head's attention steps (every query row; the step view's record, opened at ``query``) and
-        ``why`` for ``query`` (default: the last token).
+        ``why`` for ``query`` with its ``top`` keys (``probe why --query``, ``--top``).
+
+        The default query is the last token's row, or on an encoder with its masked-LM head whose text holds
+        the mask token, the first mask's (:meth:`mask_position`: the row the output panel predicts at); the
+        steps and ``why`` read the mask as the mask (:meth:`as_read`), so the row is the same token in
+        every panel.
 
         Returns:
-            ``{"steps": step_view_data's dict or None, "stepsRefusal": str or None, "why": dict or None,
-            "whyRefusal": str or None}``: a model type the steps or ``why`` do not cover gets the line
-            saying why in place of the record.
+            ``{"layer", "head", "query", "queryFrom": "given" | "last" | "mask", "steps": step_view_data's dict
+            or None, "stepsRefusal": str or None, "why": dict or None, "whyRefusal": str or None}``: a model
+            type the steps or ``why`` do not cover gets the line saying why in place of the record.
 
         Raises:
-            InputError: a bad text, head or query position.
+            InputError: a bad text, head, query position or top (:class:`~probe.settings.HeadRequest`: the
+                lines of ``probe why``; then the model's ranges, as ``probe why`` says them).
         """
-        text = self.check_text(text)
-        layer, head = self.check_head(layer, head)
+        req = HeadRequest(text=text, layer=layer, head=head, query=query, top=top)
+        text = self.check_text(req.text)
+        layer, head = self.check_head(req.layer, req.head)
         n = self.n_tokens(text)
-        query = n - 1 if query is None else bounds.positive_int("query", query, 0)
-        if query >= n:
-            raise InputError(f"query {query} out of range: the text has {n} tokens, positions 0-{n - 1}")
-        out: dict = {"layer": layer, "head": head, "query": query, "steps": None, "stepsRefusal": None,
-                     "why": None, "whyRefusal": None}
+        query, where = req.query, "given"
+        if query is None:
+            mask = self.mask_position(text)
+            query, where = (n - 1, "last") if mask is None else (mask, "mask")
+        if not 0 <= query < n:  # probe.why's line (probe.qk.score.why)
+            raise InputError(f"query {query!r} out of range: the text has {n} tokens, rows 0-{n - 1}")
+        out: dict = {"layer": layer, "head": head, "query": query, "queryFrom": where, "steps": None,
+                     "stepsRefusal": None, "why": None, "whyRefusal": None}
+        read = self.as_read(text)
         try:
             if n > STEP_MAX_TOKENS:
                 raise InputError(f"the step view holds at most {STEP_MAX_TOKENS} tokens")
             # the step view draws the from-scratch steps; the model's own probabilities (a second pass) it does not
-            st = heads_steps(self.lm, text, [(layer, head)], self.max_tokens, model_probs=False)[0]
+            st = heads_steps(self.lm, read, [(layer, head)], self.max_tokens, model_probs=False)[0]
             out["steps"] = step_view_data(st, site_index=layer, query=query)
         except ProbeError as e:  # InputError included: a type whose steps are refused says so in the panel
             out["stepsRefusal"] = str(e)
         try:
-            out["why"] = why_record(measure(self.lm, text, (layer, head), query))
+            out["why"] = why_record(measure(self.lm, read, (layer, head), query, req.top))
         except ProbeError as e:
             out["whyRefusal"] = str(e)
         return out
@@ -301,28 +340,27 @@ class LiveSession:
             self._means = head_means(self.lm, [encode(self.lm, texts, self.max_tokens)])
         return self._means
 
-    def ablate(self, text, heads, kind: str = "zero", layer=0) -> dict:
+    def ablate(self, text, heads, ablation: str = "zero", layer=0) -> dict:
         """``heads`` switched off: the model's output before and after and the maps of ``layer`` after,
         from one forward pass of two copies of the text (the first unablated).
 
         Args:
             text: the text. heads: [[layer, head], ...] to ablate (none: the model as it is).
-            kind: ``zero`` or ``mean`` (each head's mean output over the built-in sample text).
+            ablation: ``zero`` or ``mean`` (each head's mean output over the built-in sample text).
             layer: the layer whose maps come back (a head view record).
 
         Returns:
             ``{"output": {"kind", ...before / after...}, "headView": view_data's dict of ``layer`` after,
-            "heads": the ablated heads, "ablation": kind}``.
+            "heads": the ablated heads, "ablation": the ablation}``.
 
         Raises:
-            InputError: a bad text, head, layer or kind.
+            InputError: a bad text, head, layer or ablation (:class:`~probe.settings.AblateRequest`: an unknown
+                ablation is ``probe effects --ablation``'s line; then the model's ranges).
             UnsupportedAnalysisError: a model whose heads cannot be ablated (no output projection found).
         """
-        text, layer = self.check_text(text), self.check_layer(layer)
-        heads = self.check_heads(heads)
-        kinds = bounds.ablation_kinds([kind])
-        if kinds != ("zero",) and kinds != ("mean",):
-            raise InputError(f"the live page ablates with zero or mean, got {kind!r}")
+        req = AblateRequest(text=text, heads=heads, ablation=ablation, layer=layer)
+        text, layer, kind = self.check_text(req.text), self.check_layer(req.layer), req.ablation
+        heads = self.check_heads(req.heads)
         check_model(self.lm)
         means = self.means() if kind == "mean" else None
         batch = encode(self.lm, [text], self.max_tokens, parse_special_tokens=self.parse_special)
@@ -432,18 +470,18 @@ class LiveSession:
             "ldCorrupted", "normalized", "notes"}``.
 
         Raises:
-            InputError: bad texts, texts of different token counts, answers that are not one token.
+            InputError: bad texts (:class:`~probe.settings.PatchRequest`), texts of different token counts,
+                answers that are not one token, one of answer and wrong without the other.
             UnsupportedAnalysisError: a model without logits over the vocabulary (a bare encoder).
         """
-        clean, corrupted = self.check_text(clean), self.check_text(corrupted, "corrupted text")
+        req = PatchRequest(text=clean, corrupted=corrupted, answer=answer, wrong=wrong)
+        clean, corrupted = self.check_text(req.text), self.check_text(req.corrupted, "corrupted text")
         refusal = self._patch_refusal()
         if refusal is not None:
             raise InputError(refusal)
         if self.lm.kind == "encoder" and self.lm.tokenizer.mask_token not in clean:
             raise InputError(f"patching a masked-LM encoder reads its predictions at the mask token: type "
                              f"{self.lm.tokenizer.mask_token} in both texts")
-        if (answer is None) != (wrong is None):
-            raise InputError("give both answer and wrong, or neither")
         if answer is None:
             answer, wrong = self._answers(clean, corrupted)
         frame = patch_heads(self.lm, [Pair(clean, corrupted, str(answer), str(wrong))])

@@ -1,5 +1,6 @@
 """The settings of every run kind as typed, frozen objects, checked once where they are built
-(:mod:`.fields` the machinery, :mod:`.kinds` the nine classes). No heavy library: the command line builds
+(:mod:`.fields` the machinery, :mod:`.kinds` the nine classes, :mod:`.live` ``probe live``'s and its
+requests'). No heavy library: the command line builds
 them before torch is imported, the live page from a request::
 
     from probe.settings import PatchSettings
@@ -20,6 +21,8 @@ from .kinds import (
     VerifySettings,
     WhySettings,
 )
+from .live import REQUESTS, AblateRequest, EditRequest, HeadRequest, LiveSettings, PatchRequest
 
-__all__ = ["SETTINGS", "AnalyzeSettings", "CircuitSettings", "CompareSettings", "EffectsSettings", "OptionConflict",
+__all__ = ["REQUESTS", "SETTINGS", "AblateRequest", "AnalyzeSettings", "CircuitSettings", "CompareSettings",
+           "EditRequest", "EffectsSettings", "HeadRequest", "LiveSettings", "OptionConflict", "PatchRequest",
            "PatchSettings", "PathSettings", "PruneSettings", "Settings", "VerifySettings", "WhySettings", "setting"]

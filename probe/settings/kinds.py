@@ -45,6 +45,19 @@ def _batch_size(default: int = 16, doc: str = "Sequences per forward pass."):
                    option="--batch-size")
 
 
+def query_setting():
+    """The query row of ``probe why --query`` and of the live page's head request: an integer, its range the
+    text's (checked with the text: ``query Q out of range: the text has T tokens, rows 0-T-1``)."""
+    return setting(None, doc="The query row [default: the last].", unit="token position",
+                   bound=">= 0, < the text's tokens", option="--query")
+
+
+def top_setting():
+    """The keys ``probe why --top`` lists, and the live page's head request (one bound, one message)."""
+    return setting(5, doc="Keys listed (the most attended).", unit="keys", bound=">= 1", check=_count("--top"),
+                   option="--top")
+
+
 def _pairs_file():
     return setting(None, doc="A file of prompt pairs: clean, corrupted, answer, wrong (tab-separated) [default: "
                              "the built-in indirect-object set, decoders].", bound="a UTF-8 file", option="--pairs")
@@ -281,10 +294,8 @@ class WhySettings(Settings):
     label: str | None = setting(None, doc="With corpus: the rows to average [default: the head's label].",
                                 choices=WHY_LABELS, option="--label")
     limit: int | None = _limit()
-    query: int | None = setting(None, doc="The query row [default: the last].", unit="token position",
-                                option="--query")
-    top: int = setting(5, doc="Keys listed (the most attended).", unit="keys", bound=">= 1", check=_count("--top"),
-                       option="--top")
+    query: int | None = query_setting()
+    top: int = top_setting()
 
     def check_together(self) -> None:
         if (self.text is None) == (self.corpus is None):

@@ -35,6 +35,9 @@ class Text:
             :func:`probe.text.inputs.iter_batches`).
         target: encoder-decoder models: the text the decoder reads (``text`` is the source the
             encoder reads); None for encoders and decoder-only models, which refuse one.
+        parse_special_tokens: this text's typed special-token strings ("[MASK]") are special tokens, as
+            ``parse_special_tokens=True`` makes them for every text of a call (for calls that take no such
+            argument: ``probe.why``, ``probe.attention_steps``); the texts of one call agree.
     """
 
     text: str
@@ -43,6 +46,7 @@ class Text:
     pair: str | None = None
     index: int | None = None
     target: str | None = None
+    parse_special_tokens: bool = False
 
     def word_spans(self) -> list[tuple[int, int]]:
         """Character spans of the words: the given ones, or the whitespace-separated runs of ``text``."""

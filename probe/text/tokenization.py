@@ -83,6 +83,11 @@ def tokenize_side(lm, texts: Sequence[Text], limit: int, *, parse_special_tokens
     generated target can be just the end-of-sequence token). ``limit`` >= 1 tokens."""
     tok = lm.tokenizer
     fast = bool(getattr(tok, "is_fast", False))
+    own = {bool(getattr(t, "parse_special_tokens", False)) for t in texts}
+    if len(own) > 1:
+        raise InputError("the texts of one call either all read their typed special tokens "
+                         "(Text(..., parse_special_tokens=True)) or none does")
+    parse_special_tokens = parse_special_tokens or own == {True}
     kw = dict(add_special_tokens=True, return_special_tokens_mask=True,
               split_special_tokens=not parse_special_tokens, return_offsets_mapping=fast)
     firsts = [t.text for t in texts]

@@ -311,7 +311,8 @@
   L.drawHead = function (r) {
     var self = this, box = clear(this.headBox), name = this.info.headNames[r.layer][r.head];
     var label = this.gridData ? this.gridData.labels[r.layer][r.head] : "";
-    box.appendChild(el("div", "pl-title", name + (label ? " \u00b7 " + label : "") + ": query " + r.query));
+    box.appendChild(el("div", "pl-title", name + (label ? " \u00b7 " + label : "") + ": query " + r.query +
+      (r.queryFrom === "mask" ? " (the mask token: the position the output panel predicts at)" : "")));
     var stepsBox = el("div", "pl-view pl-steps"); box.appendChild(stepsBox);
     if (r.steps) {
       var div = el("div"); stepsBox.appendChild(div);
@@ -360,7 +361,7 @@
       clear(this.outBox); clear(this.ablatedBox); this.last.ablate = null;
       return Promise.resolve(null);
     }
-    return this.request("ablate", {text: S.text, heads: S.off.slice(), kind: S.kind, layer: S.layer}).then(function (r) {
+    return this.request("ablate", {text: S.text, heads: S.off.slice(), ablation: S.kind, layer: S.layer}).then(function (r) {
       if (!r) return null;
       self.last.ablate = r; self.counts.ablate += 1;
       self.drawOutput(r);

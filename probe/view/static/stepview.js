@@ -7,6 +7,10 @@
  * Tokens are set with textContent only. With data.source, pinning a query token of this site in that
  * head view (its "probe-pin" event) opens the token here; opening a query token sends "probe-query" ({query})
  * from the view's element. Its draw function is probeViews.stepView(element, data).
+ * A head with sink logits (data.sink, one per query row: one more softmax column that no key holds) gets
+ * a last row "sink" (class sv-sink): its logit and its probability, 1 minus the sum of the keys' (the
+ * row's share that goes to no key), and a line saying so. A value probe could not compute (null in the
+ * data: valueNorm where no output projection was found) is drawn "n/a", never NaN or 0.
  * element.probeStepView is a small test API.
  */
 (function (script) {
@@ -18,7 +22,10 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
-  function fmt(v, d) { return v === -Infinity ? "-inf" : Number(v).toFixed(d); }
+  function fmt(v, d) {
+    if (v === null || v === undefined || (typeof v === "number" && isNaN(v))) return "n/a";
+    return v === -Infinity ? "-inf" : Number(v).toFixed(d);
+  }
 
   function View(root, data) { this.root = root; this.data = data; this.query = data.query; }
   var V = View.prototype;
@@ -55,20 +62,28 @@
     var d = this.data, i = this.query, at = i * d.nk + j;
     return {key: j, token: d.kTokens[j], score: d.score[at], bias: d.bias[at], scaled: d.scaled[at],
             masked: !d.keep[at], probability: d.probs[at], valueNorm: d.valueNorm[j],
-            contribution: d.probs[at] * d.valueNorm[j]};
+            contribution: d.valueNorm[j] === null ? null : d.probs[at] * d.valueNorm[j]};
+  };
+  // the sink of query row i: {logit, probability} (probability: 1 - the keys' sum), or null without sinks
+  V.sink = function (i) {
+    var d = this.data;
+    if (!d.sink || d.sink[i] === null || d.sink[i] === undefined) return null;
+    var sum = 0;
+    for (var j = 0; j < d.nk; j++) sum += d.probs[i * d.nk + j] || 0;
+    return {logit: d.sink[i], probability: Math.max(0, 1 - sum), keys: sum};
   };
   V.open = function (i) {
     var d = this.data, self = this;
     this.query = i; this.sel.value = String(i);
-    this.qline.textContent = "query " + i + ": " + d.qTokens[i];
     var t = this.table;
     while (t.firstChild) t.removeChild(t.firstChild);
     var head = el("tr");
     ["key", "token", "q\u00b7k", "\u00d7 scale", d.softcap ? "capped" : null, "bias", "scaled", "mask", "probability",
      "||f(x_j)||", "||\u03b1 f(x_j)||"].forEach(function (h) { if (h !== null) head.appendChild(el("th", null, h)); });
     t.appendChild(head);
-    var maxP = 0;
+    var maxP = 0, sink = this.sink(i);
     for (var j = 0; j < d.nk; j++) maxP = Math.max(maxP, d.probs[i * d.nk + j]);
+    if (sink) maxP = Math.max(maxP, sink.probability);
     for (j = 0; j < d.nk; j++) {
       var r = this.row(j), tr = el("tr", r.masked ? "sv-masked" : null), x = r.score * d.scale;
       var cells = [String(j), r.token, fmt(r.score, 4), fmt(x, 4)];
@@ -81,6 +96,18 @@
       tr.style.height = ROWH + "px";
       t.appendChild(tr);
     }
+    if (sink) {  // one more softmax column: its logit is the scaled score of no key
+      var sr = el("tr", "sv-sink"), sc = ["sink", "(no key)", "", ""];
+      if (d.softcap) sc.push("");
+      sc.push("", fmt(sink.logit, 4), "", fmt(sink.probability, 4), "", "");
+      sc.forEach(function (c, k) { sr.appendChild(el("td", k === 1 ? "sv-tok" : null, c)); });
+      var sb = el("span", "sv-bar sv-sink-bar"); sb.style.width = Math.round(40 * (maxP ? sink.probability / maxP : 0)) + "px";
+      sr.children[sr.children.length - 3].appendChild(sb);
+      t.appendChild(sr);
+    }
+    this.qline.textContent = "query " + i + ": " + d.qTokens[i] + (sink ? "; sink logit " + fmt(sink.logit, 4) +
+      ": " + fmt(sink.probability, 4) + " of this row's attention goes to no key (the keys' probabilities sum to " +
+      fmt(sink.keys, 4) + ")" : "");
     this.drawProducts();
     this.root.setAttribute("data-query", String(i));
     if (typeof CustomEvent === "function") this.root.dispatchEvent(new CustomEvent("probe-query", {detail: {query: i}}));
@@ -112,11 +139,16 @@
     return {
       data: self.data, query: function () { return self.query; }, open: function (i) { self.open(i); },
       products: function () { return self.products(); },
-      rows: function () {  // the table as drawn: its cells' text
-        return Array.prototype.slice.call(self.table.querySelectorAll("tr")).slice(1).map(function (tr) {
+      rows: function () {  // the table as drawn: its keys' cells' text (the sink row: sink())
+        return Array.prototype.slice.call(self.table.querySelectorAll("tr:not(.sv-sink)")).slice(1).map(function (tr) {
           return Array.prototype.map.call(tr.children, function (td) { return td.firstChild ? td.firstChild.textContent : ""; });
         });
       },
+      sink: function () {  // the sink row's cells' text, or null where the head has no sink
+        var tr = self.table.querySelector("tr.sv-sink");
+        return tr ? Array.prototype.map.call(tr.children, function (td) { return td.firstChild ? td.firstChild.textContent : ""; }) : null;
+      },
+      status: function () { return self.qline.textContent; },
       header: function () { return Array.prototype.map.call(self.table.querySelectorAll("th"), function (th) { return th.textContent; }); }
     };
   };
