@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 
 from .bounds import positive_int
 
@@ -114,16 +115,36 @@ def set_threads(n: int) -> int:
         InputError: ``n`` not an integer, or below 1 (one line).
     """
     n = positive_int("threads", n)
+    numba = sys.modules.get("numba")
+    if numba is not None and hasattr(numba, "set_num_threads"):  # first: it may start numba's pool (below)
+        numba.set_num_threads(max(1, min(n, int(numba.config.NUMBA_NUM_THREADS))))
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(n)
     else:
         os.environ["OMP_NUM_THREADS"] = str(n)
-    numba = sys.modules.get("numba")
-    if numba is not None and hasattr(numba, "set_num_threads"):
-        numba.set_num_threads(max(1, min(n, int(numba.config.NUMBA_NUM_THREADS))))
     _state.update(threads=str(n), source="set_threads")
     return n
+
+
+@contextmanager
+def torch_threads_kept() -> Iterator[None]:
+    """Keep torch's thread count across a block that may start numba's thread pool (its first parallel
+    call, ``numba.get_num_threads`` or ``numba.set_num_threads``).
+
+    Where torch's wheel brings its own ``libgomp.so.1`` (Linux), numba's OpenMP pool links to that same
+    runtime, and starting the pool sets the runtime's thread count to ``NUMBA_NUM_THREADS``, which torch
+    reads as its own: a run on 1 thread (``probe --threads 1``) or on 4 of 16 cores would continue on all
+    of numba's threads after its first statistics. Only the start does so (measured: numba's parallel
+    calls afterwards leave torch's count as it is), and this puts it back.
+    """
+    torch = sys.modules.get("torch")
+    n = torch.get_num_threads() if torch is not None else None
+    try:
+        yield
+    finally:
+        if n is not None and torch.get_num_threads() != n:
+            torch.set_num_threads(n)
 
 
 def policy() -> dict:
