@@ -1,13 +1,15 @@
 """The process's thread policy: OpenMP workers that sleep when they wait, and as many of them as the
 cores this process may use.
 
-torch's intra-op pool and numba's pool (the statistics' compiled pass, :mod:`probe.measures.kernel`)
-are OpenMP thread pools. By default an OpenMP worker that runs out of work spins on its core for a
-while before it sleeps, and each pool starts as many workers as the machine has cores, whatever
-share of them the process gets. On a busy machine the spinning workers take the cores the working
-ones (and the other processes) need: a run on 2 shared cores at load 11-15 took 5-20 times longer
-than its share of the CPU explains (``probe analyze``, 24 sentences on SmolLM2: 66.8 s of wall time
-with the default policy, 10.6 s with this one; ``benchmarks/bench_contention.py`` measures it).
+torch's intra-op pool and numba's pool (the statistics' compiled pass, :mod:`probe.measures.kernel`;
+numba's OpenMP threading layer, which it picks where it loads) are OpenMP thread pools, on Linux one
+runtime (torch's ``libgomp.so.1``, which numba's layer links to). By default an OpenMP worker that runs
+out of work spins on its core for a while before it sleeps, and each pool starts as many workers as the
+machine has cores, whatever share of them the process gets. On a busy machine the spinning workers take
+the cores the working ones (and the other processes) need: a run on 2 shared cores at load 11-15 took
+5-20 times longer than its share of the CPU explains (``probe analyze``, 24 sentences on SmolLM2: 66.8 s
+of wall time with the default policy, 10.6 s with this one; ``benchmarks/bench_contention.py`` measures
+it).
 
 :func:`apply_environment` runs when ``probe`` is imported, before probe imports torch or numba (the
 first line of ``probe/__init__.py``); it writes the environment variables the OpenMP runtimes read
@@ -23,8 +25,10 @@ when they are loaded:
 
 Where torch was imported before probe (a notebook that imported torch first), its pool has already read
 the environment: the wait policy cannot apply to it in this process and ``OMP_NUM_THREADS`` no longer sizes
-it. Nothing is said then (:func:`policy` reports ``late``); :func:`set_threads` still sizes both pools, and
-the variables still reach numba's pool when it is first loaded, and the processes this one starts.
+it. Nothing is said then (:func:`policy` reports ``late``); ``PROBE_THREADS`` is applied to torch directly,
+:func:`set_threads` still sizes both pools, and
+the variables still reach the processes this one starts (and numba's pool where it has a runtime of its
+own). Set ``OMP_WAIT_POLICY=PASSIVE`` before Python starts to have the policy there too.
 
 No heavy library: this module only reads ``sys.modules`` to find torch and numba where they are loaded.
 """
