@@ -138,9 +138,10 @@ def torch_threads_kept() -> Iterator[None]:
 
     Where torch's wheel brings its own ``libgomp.so.1`` (Linux), numba's OpenMP pool links to that same
     runtime, and starting the pool sets the runtime's thread count to ``NUMBA_NUM_THREADS``, which torch
-    reads as its own: a run on 1 thread (``probe --threads 1``) or on 4 of 16 cores would continue on all
-    of numba's threads after its first statistics. Only the start does so (measured: numba's parallel
-    calls afterwards leave torch's count as it is), and this puts it back.
+    reads as its own: a run on 4 threads of 16 cores would continue on 16 after its first statistics, and
+    ``numba.set_num_threads(1)`` after ``torch.set_num_threads(1)`` would leave torch on all of them. Only
+    the start does so (measured: numba's parallel calls afterwards leave torch's count as it is), and this
+    puts it back.
     """
     torch = sys.modules.get("torch")
     n = torch.get_num_threads() if torch is not None else None
