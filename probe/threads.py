@@ -8,8 +8,9 @@ out of work spins on its core for a while before it sleeps, and each pool starts
 machine has cores, whatever share of them the process gets. On a busy machine the spinning workers take
 the cores the working ones (and the other processes) need: a run on 2 shared cores at load 11-15 took
 5-20 times longer than its share of the CPU explains (``probe analyze``, 24 sentences on SmolLM2: 66.8 s
-of wall time with the default policy, 10.6 s with this one; ``benchmarks/bench_contention.py`` measures
-it).
+of wall time with the default policy, 10.6 s with this one). ``benchmarks/bench_contention.py`` measures
+it: at load 8-10, 29.9 s against 4.4 s for the same analysis, and 78.8 s against 5.7 s beside 3 busy
+processes (docs/measurements.md).
 
 :func:`apply_environment` runs when ``probe`` is imported, before probe imports torch or numba (the
 first line of ``probe/__init__.py``); it writes the environment variables the OpenMP runtimes read
@@ -24,11 +25,11 @@ when they are loaded:
   The kernel runs on as many of them as torch has threads (:meth:`probe.measures.kernel.Compiled.set_threads`).
 
 Where torch was imported before probe (a notebook that imported torch first), its pool has already read
-the environment: the wait policy cannot apply to it in this process and ``OMP_NUM_THREADS`` no longer sizes
-it. Nothing is said then (:func:`policy` reports ``late``); ``PROBE_THREADS`` is applied to torch directly,
-:func:`set_threads` still sizes both pools, and
-the variables still reach the processes this one starts (and numba's pool where it has a runtime of its
-own). Set ``OMP_WAIT_POLICY=PASSIVE`` before Python starts to have the policy there too.
+the environment: the wait policy cannot apply to it in this process and ``OMP_NUM_THREADS`` no longer
+sizes it. Nothing is said then (:func:`policy` reports ``late``); ``PROBE_THREADS`` is applied to torch
+directly, :func:`set_threads` still sizes both pools, and the variables still reach the processes this
+one starts (and numba's pool where it has a runtime of its own). Set ``OMP_WAIT_POLICY=PASSIVE`` before
+Python starts to have the policy there too.
 
 No heavy library: this module only reads ``sys.modules`` to find torch and numba where they are loaded.
 """
@@ -111,9 +112,10 @@ def set_threads(n: int) -> int:
     statistics kernel follows torch's count on every call. ``probe --threads N`` calls it before the
     command runs. Returns ``n``.
 
-    Threads beyond :func:`cores` share cores and usually slow a run down; ``n = 1`` is the cheapest
-    choice beside other busy processes. The wait policy is not changed (it is fixed when the OpenMP
-    runtimes load: :func:`apply_environment`).
+    Threads beyond :func:`cores` share cores and usually slow a run down. With waiting threads asleep, 2
+    threads on 2 cores were faster than 1 beside 1 or 3 busy processes too (docs/measurements.md, "Fair
+    under contention"). The wait policy is not changed (it is fixed when the OpenMP runtimes load:
+    :func:`apply_environment`).
 
     Raises:
         InputError: ``n`` not an integer, or below 1 (one line).
