@@ -21,8 +21,8 @@ load (``os.getloadavg``) is printed before and after: other users of the machine
 
 Workloads: ``analyze`` (``probe.analyze`` on minilm, 24 sentences of the built-in sample),
 ``analyze-smollm2`` (the same on SmolLM2, the workload of issue 49 item 7), ``patch`` (``probe.patch_heads``
-on SmolLM2, 2 built-in pairs; slow: its processes, old and new, were not ready after 6 minutes at load
-10, their warm-up a patching of one pair).
+on SmolLM2, 2 built-in pairs; slow: at load 10 its old and new processes took 6 minutes to be ready,
+their warm-up a patching of one pair, and the first rounds did not end within the next 4).
 
 Usage: python benchmarks/bench_contention.py [--quick] [--workloads analyze,patch] [--busy 0,1,3]
                                              [--policies old,new,new1] [--repeats 3]
