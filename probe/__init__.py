@@ -18,6 +18,7 @@ Public API (the CLI is a thin layer over it)::
     attention_flow(lm, "The cat sat.").row      # the same by maximum flow (probe.measures.flow; <= 64 tokens)
     why(lm, "The cat sat.", "L1H0").contributions  # each score split by what built its query and key (probe.qk)
     run_patch(lm, PatchSettings(direction="noise")).save("reports/p")  # any command as one call (probe.settings)
+    set_threads(1)                              # torch's and numba's threads (probe.threads: the thread policy)
 """
 
 import importlib as _importlib
@@ -25,6 +26,10 @@ import time as _time
 
 #: perf_counter() when probe was first imported (the CLI reports the time spent importing).
 IMPORT_STARTED = _time.perf_counter()
+
+from .threads import apply_environment as _apply_thread_policy  # noqa: E402
+
+_apply_thread_policy()  # first: OpenMP workers that sleep, sized to this process's cores (probe.threads)
 
 from .util import quiet_notebook_tqdm  # noqa: E402
 
@@ -55,7 +60,7 @@ _PUBLIC = {
     "run_effects": ".entries.kinds", "run_patch": ".entries.kinds", "run_path": ".entries.kinds",
     "run_circuit": ".entries.kinds", "run_why": ".entries.kinds", "run_compare": ".entries.kinds",
     "run_kind": ".entries.kinds", "RunResult": ".entries.result", "Console": ".entries.result",
-    "Explorer": ".live.widget",
+    "Explorer": ".live.widget", "set_threads": ".threads",
 }
 
 
@@ -81,5 +86,5 @@ __all__ = [
     "rollout_view", "RolloutView",
     "attention_steps", "model_view", "ModelView", "why", "Why", "analyze_run",
     "run_analyze", "run_verify", "run_prune", "run_effects", "run_patch", "run_path", "run_circuit", "run_why",
-    "run_compare", "run_kind", "RunResult", "Console", "Explorer",
+    "run_compare", "run_kind", "RunResult", "Console", "Explorer", "set_threads",
 ]

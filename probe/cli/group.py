@@ -11,7 +11,11 @@ import sys
 import click
 
 from .. import __version__
+from ..bounds import positive_int
 from ..errors import ProbeError, UsageInputError, cut_long
+from ..threads import ENV as THREADS_ENV
+from ..threads import set_threads
+from .options import click_callback
 
 
 def user_errors(fn):
@@ -118,9 +122,16 @@ def _setup_logging() -> None:
 
 @click.group(cls=ProbeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=__version__, prog_name="probe")
-def main() -> None:
+@click.option("--threads", type=int, default=None, envvar=THREADS_ENV, metavar="N",
+              callback=click_callback(lambda n: positive_int("--threads", n)),
+              help=f"Run on N threads, torch's and the statistics kernel's (>= 1) [default: ${THREADS_ENV}, "
+                   "else the cores this process may use]. Waiting threads sleep unless OMP_WAIT_POLICY says "
+                   "otherwise.")
+def main(threads: int | None) -> None:
     """probe: see what the attention heads of a pretrained transformer do."""
     _setup_logging()
+    if threads is not None:
+        set_threads(threads)  # before the command imports torch: OMP_NUM_THREADS, else torch's own setting
 
 
 def entry() -> None:

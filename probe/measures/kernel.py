@@ -27,6 +27,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from ..threads import torch_threads_kept
+
 #: Environment variable choosing the statistics' path: ``torch`` (the tensor operations), ``kernel``
 #: (the compiled pass where it applies) or unset (the same as ``kernel``).
 PATH_ENV = "PROBE_STATS_PATH"
@@ -72,10 +74,11 @@ def _compiled():
         # the first call compiles (or loads numba's cache): do it here, on a tiny input, and time it; the
         # parallel kernel only where torch has more than one thread (else compiled when it is first needed)
         for parallel in (False, True)[:1 + (torch.get_num_threads() > 1)]:
-            _run_kernel(fn, np.zeros((1, 1, 1, 1), np.float32), np.ones((1, 1, 1), np.float32), np.zeros(0, np.int64),
-                        np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((1, 1, 0, 1), np.float32),
-                        np.zeros(0, np.int64), np.ones((1, 1, 1), np.float32), np.ones((1, 1), np.float32), None, None,
-                        None, (0, 1, 2), parallel)
+            with torch_threads_kept():  # the first parallel call starts numba's pool (probe.threads)
+                _run_kernel(fn, np.zeros((1, 1, 1, 1), np.float32), np.ones((1, 1, 1), np.float32),
+                            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                            np.zeros((1, 1, 0, 1), np.float32), np.zeros(0, np.int64), np.ones((1, 1, 1), np.float32),
+                            np.ones((1, 1), np.float32), None, None, None, (0, 1, 2), parallel)
     except Exception as err:  # numba present but unable to compile here: the tensor operations, the same numbers
         print(f"probe: the statistics kernel did not compile ({type(err).__name__}); the statistics use "
               "the tensor operations", file=sys.stderr)
@@ -173,8 +176,9 @@ class Compiled:
     def set_threads(self, n: int) -> None:
         """Run the kernel on ``n`` threads (at most numba's pool, ``NUMBA_NUM_THREADS``; at least 1)."""
         n = max(1, min(int(n), self.numba.config.NUMBA_NUM_THREADS))
-        if self.numba.get_num_threads() != n:
-            self.numba.set_num_threads(n)
+        with torch_threads_kept():  # the first call starts numba's pool (probe.threads)
+            if self.numba.get_num_threads() != n:
+                self.numba.set_num_threads(n)
 
 
 def _jit(numba) -> Compiled:
