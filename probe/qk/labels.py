@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .. import __version__
 from ..loading.checkpoints import cache_dir
 from ..measures.accumulators import Example
 from ..measures.sinks import SinkProfileResult
@@ -99,11 +100,9 @@ def cache_key(lm) -> str:
     torch and transformers."""
     import transformers  # deferred: transformers takes ~1.5 s to import
 
-    import probe
-
     config = lm.model.config.to_json_string(use_diff=False) if hasattr(lm.model.config, "to_json_string") else ""
     p = next(lm.model.parameters())
-    parts = {"version": VERSION, "probe": probe.__version__, "torch": torch.__version__,
+    parts = {"version": VERSION, "probe": __version__, "torch": torch.__version__,
              "transformers": transformers.__version__, "class": type(lm.model).__name__, "kind": lm.kind,
              "config": hashlib.sha256(config.encode()).hexdigest(), "dtype": str(p.dtype), "device": p.device.type,
              "weights": fingerprint(lm), "texts": sample_texts(), "rules": LABEL_RULES,
