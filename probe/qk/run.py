@@ -157,7 +157,7 @@ def why_analysis(lm, text: str | None, head, query: int | None = None, *, top: i
     analysis, source = labelling(lm, progress=progress)
     result.seconds["labels_s"] = time.perf_counter() - t
     if source != "computed":
-        analysis.timings.update(analyze_s=result.seconds["labels_s"], forward_and_statistics_s=0.0)
+        analysis.timings.update(analyze_s=round(result.seconds["labels_s"], 4), forward_and_statistics_s=0.0)
     result.labels = label_map(analysis)
     analysis.results["why"] = result
     analysis.notes += result.notes + [LABELS_NOTE]
