@@ -18,7 +18,14 @@ over a 200-sentence corpus (examples/corpus.txt, the UD sample's sentences and t
 cycled to --sentences), each beside a bare forward pass of the same input (no capture, no hooks) and
 the machine's load (os.getloadavg, as uptime prints it); run it from two checkouts to compare code.
 
-Usage: PYTHONPATH=. python benchmarks/bench_why.py [--heads L17H4,L23H2,L23H7] [--rows 150,175,199] [--skip-minilm]
+With --labels: the labels' cost (issue 49 item 5), in one run on one loaded model: the code before (the split
+and the labelling analysis of the text plus the sample, on every call), the first call with no labels cached
+(computed and written), a first call of a new process once they are on disk (memory cleared), a second call on
+the same model with another text (memory), and the split alone (probe.qk.run.measure); each run_why + save of
+the folder, with its ratio to the split alone. The cache folder is a temporary one (--cache to keep one).
+
+Usage: PYTHONPATH=. python benchmarks/bench_why.py --labels [--timing-heads L23H2] [--cache DIR]
+       PYTHONPATH=. python benchmarks/bench_why.py [--heads L17H4,L23H2,L23H7] [--rows 150,175,199] [--skip-minilm]
        PYTHONPATH=. python benchmarks/bench_why.py --corpus-heads L17H4,L17H5,L18H6,L23H2 --texts 2
        PYTHONPATH=. python benchmarks/bench_why.py --timing [--timing-heads L17H4,L23H2] [--sentences 200]
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -130,8 +138,6 @@ def minilm() -> None:
 
 def corpus_sentences(n: int) -> list[str]:
     """``n`` sentences: examples/corpus.txt, the UD sample's, the built-in sample, cycled."""
-    from pathlib import Path
-
     from probe.text.corpus import read_corpus
 
     root = Path(__file__).resolve().parents[1] / "examples"
@@ -181,6 +187,99 @@ def timing(heads: list[str], sentences: int, repeats: int = 3) -> None:
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
+def labels_timing(head: str, cache: str | None, repeats: int = 5) -> None:
+    """The labels' cost: see the module docstring (--labels)."""
+    import os
+    import tempfile
+
+    import probe.qk.labels as labels
+    from probe.qk.run import measure
+    from probe.report import write_run
+    from probe.runs.analysis import analyze
+    from probe.settings import WhySettings
+
+    folder = cache or tempfile.mkdtemp(prefix="probe-labels-")
+    labels.cache_dir = lambda: Path(folder)  # the benchmark's own cache folder; the model's stays where it is
+    out = Path(tempfile.mkdtemp(prefix="probe-why-"))
+    t = time.perf_counter()
+    lm = probe.load_model("smollm2")
+    load = time.perf_counter() - t
+    texts = ["The cat sat on the mat. The cat", "When Mary and John went to the store, John gave a drink to Mary."]
+    print(f"load average before: {os.getloadavg()[0]:.2f}; {torch.get_num_threads()} threads; model load {load:.1f} s; "
+          f"label cache {folder}; probe from {probe.__file__}")
+    measure(lm, texts[0], head)  # warm: first calls
+    measure(lm, texts[1], head)
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    n = [0]
+
+    def before() -> None:  # the code before: the split, the analysis of the text and the sample, the folder
+        n[0] += 1
+        r = measure(lm, texts[1], head)
+        a = analyze(lm, [texts[1]] + sample_texts(), finished=[circuit_probe(lm)])
+        r.labels, a.results["why"] = labels.label_map(a), r
+        write_run(a, lm.tokenizer, out / f"run-{n[0]}")
+
+    t = time.perf_counter()
+    before()  # once: tens of seconds
+    old = time.perf_counter() - t
+    got = {}
+
+    def call(text: str) -> None:
+        n[0] += 1
+        t = time.perf_counter()
+        run = probe.run_why(lm, WhySettings(head=head, text=text))
+        got[text] = (run.measured.seconds["labels_s"], time.perf_counter() - t)
+        run.save(out / f"run-{n[0]}")
+
+    labels.forget()
+    for p in Path(folder).glob(f"{labels.FOLDER}/*.npz"):
+        p.unlink()
+    t = time.perf_counter()
+    call(texts[1])
+    computed = time.perf_counter() - t
+
+    def from_disk() -> None:
+        labels.forget()
+        call(texts[0])
+
+    disk = best(from_disk)
+    disk_labels = got[texts[0]]
+    split0 = best(lambda: measure(lm, texts[0], head))
+    runs, memory, split1 = [], [], []  # interleaved: the same load on each
+    for _ in range(repeats):
+        t = time.perf_counter()
+        measure(lm, texts[1], head)
+        split1.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        call(texts[1])
+        memory.append(time.perf_counter() - t)
+        runs.append(got[texts[1]][1])
+    memory_labels = got[texts[1]]
+    split, memory = [split0, min(split1)], min(memory)
+    key = best(lambda: labels.cache_key(lm))
+    rows = [("the split alone (measure), text 1", split[0], split[0]), ("the split alone (measure), text 2", split[1],
+                                                                         split[1]),
+            ("before: split + analysis of text 2 and sample + folder", old, split[1]),
+            ("first call, text 2, labels computed and written", computed, split[1]),
+            ("first call of a process, text 1, labels on disk", disk, split[0]),
+            ("second call, same model, text 2 (labels in memory)", memory, split[1]),
+            ("  of which run_why alone (no folder written)", min(runs), split[1])]
+    for name, v, base in rows:
+        print(f"{name:55s} {v:6.2f} s  x{v / base:5.2f} the split of its text")
+    print(f"labels read from disk {disk_labels[0]:.3f} s, from memory {memory_labels[0]:.3f} s (of which the key, the "
+          f"weights' fingerprint: {key:.3f} s); before / labels on disk: x{old / disk:.1f}; before / second "
+          f"call: x{old / memory:.1f}; load average after: {os.getloadavg()[0]:.2f} (best of {repeats} but the "
+          "first call and before; run_why + save of the folder)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--heads", default="L17H4,L23H2,L23H7")
@@ -193,7 +292,12 @@ def main() -> None:
     parser.add_argument("--timing", action="store_true", help="the time goal only (see the module docstring)")
     parser.add_argument("--timing-heads", default="L17H4,L23H2")
     parser.add_argument("--sentences", type=int, default=200)
+    parser.add_argument("--labels", action="store_true", help="the labels' cost only (see the module docstring)")
+    parser.add_argument("--cache", default=None, help="--labels: the label cache folder (default: a temporary one)")
     args = parser.parse_args()
+    if args.labels:
+        labels_timing(args.timing_heads.split(",")[-1], args.cache)
+        return
     if args.timing:
         timing(args.timing_heads.split(","), args.sentences)
         return

@@ -403,6 +403,18 @@ def unreproduced(kind: str = "bloom", scale: float = 1.5):
 
 # --------------------------------------------------------------------------- embedded models
 
+@pytest.fixture(scope="session", autouse=True)
+def labels_cache(tmp_path_factory):
+    """``probe why``'s label cache (probe.qk.labels) in a folder of the test session, never the user's cache
+    folder (the dequantized embedded models stay where the loader finds them)."""
+    import probe.qk.labels as labels
+
+    folder = tmp_path_factory.mktemp("probe-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(labels, "cache_dir", lambda: folder)
+        yield folder
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """The embedded all-MiniLM-L6-v2 (BertModel, 6 layers x 12 heads)."""

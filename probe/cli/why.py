@@ -38,7 +38,8 @@ def why_command(model_name, text, target, corpus, label, limit, head, query, top
     """Why a head attends where it does: each score s_ij of the query row split into C_ij[a, b] over
     the sources a of the query and b of the key (token and position embeddings, each earlier head,
     each earlier MLP, the biases), every norm frozen at the run, checked against the model's own
-    score. Writes why.csv, run.json and index.html (the heads labelled by a short analysis).
+    score. Writes why.csv, run.json and index.html (the heads labelled by the analysis of the built-in
+    sample, cached per model).
 
     With --corpus: the contributions averaged over every row whose most attended key fits the head's
     label (why_corpus.csv, why_sources.csv).

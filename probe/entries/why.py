@@ -1,7 +1,7 @@
 """``probe why`` as a library call (:func:`run_why`): one head's attention scores at one query row split
 by the sources of its query and its key (or averaged over the rows of a corpus that fit the head's label),
-the heads labelled by a short analysis, returned as a :class:`~probe.entries.result.RunResult` (no folder
-written until ``save``).
+the heads labelled by the analysis of the built-in sample (cached per model: :mod:`probe.qk.labels`),
+returned as a :class:`~probe.entries.result.RunResult` (no folder written until ``save``).
 
 Example::
 

@@ -32,7 +32,10 @@ CAPTION = ("Why {head} attends where it does at query {query} ({token!r}): each 
            "rotary positions applied per source. Check: max_j |sum_ab C_ij[a, b] - s_ij| = {residual:.2g} "
            "(scores up to {smax:.3g}; tolerance {tol:.2g}).{cap} share = C / s_ij; dA_first: the first-order change "
            "of A_ij when the pair is removed (the softmax's Jacobian), dA_exact: the row's softmax recomputed "
-           "without it; without query/key source: the writer removed from the query or the key altogether.")
+           "without it; without query/key source: the writer removed from the query or the key altogether. "
+           "'its label': the head's label in probe's analysis of its built-in sample texts (decoders: with the "
+           "circuit probe on repeated random tokens), the same for every text, since a label describes what a "
+           "head does over a corpus, not on one sentence; that analysis is the run below, and heads.csv.")
 
 
 def _fmt(v, spec: str = ".4g") -> str:

@@ -1,5 +1,6 @@
 """``probe why`` as a function: one head's scores at one query row split by source (:func:`probe.why`),
-the heads labelled by a short analysis, written as a run folder (report section, why.csv, run.json)."""
+the heads labelled by probe's analysis of its built-in sample texts (cached per model, :mod:`probe.qk.labels`),
+written as a run folder (report section, why.csv, run.json)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,17 @@ from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze
 from ..sites import head_name
 from ..text.corpus import sample_texts
-from ..text.sequence import Text
 from .corpus import RULES, CorpusWhy, why_corpus
+from .labels import label_map, labelling
 from .score import Why, check_model, why
 from .table import pairs_frame, source_shares
 
 #: Source pairs listed per key in why.csv (the rest in one row).
 PAIRS = 10
+#: The run's note on where the labels beside the sources come from.
+LABELS_NOTE = ("the heads are labelled by probe's analysis of its built-in sample texts (decoders: with the circuit "
+               "probe), not by the text: a label describes a head over a corpus, not on one sentence; computed "
+               "once per model and cached (probe.qk.labels)")
 #: why.csv's columns, in order.
 COLUMNS = ("head", "query", "key", "key_token", "attention", "score", "query_source", "key_source", "contribution",
            "share", "abs_share", "dA_first", "dA_exact", "dA_without_query_source", "dA_without_key_source")
@@ -33,7 +38,7 @@ COLUMNS = ("head", "query", "key", "key_token", "attention", "score", "query_sou
 class WhyRun:
     """What ``probe why`` measured: ``why`` (the :class:`~probe.qk.Why`), ``frame`` (why.csv),
     ``shares`` (per source, query and key side, at the top key), ``labels`` (head name -> its label in
-    the short analysis), ``top`` (keys listed), ``seconds``, ``notes``."""
+    the labelling analysis, :func:`probe.qk.labels.labelling`), ``top`` (keys listed), ``seconds``, ``notes``."""
 
     why: Why | None
     frame: pd.DataFrame
@@ -127,14 +132,20 @@ def why_run(lm, text: str | None, head, query: int | None = None, *, top: int = 
 def why_analysis(lm, text: str | None, head, query: int | None = None, *, top: int = 5, progress: bool = False,
                  corpus: list[str] | None = None, label: str | None = None,
                  target: str | None = None) -> tuple[WhyRun, AnalysisResult]:
-    """Measure (:func:`measure`) and label the heads with a short analysis (the text and the built-in
-    sample): ``(WhyRun, the analysis the run folder is written from)``, no folder written.
+    """Measure (:func:`measure`) and label the heads (:func:`probe.qk.labels.labelling`: probe's analysis
+    of its built-in sample texts, plus the circuit probe on decoders, computed once per model and cached):
+    ``(WhyRun, the analysis the run folder is written from)``, no folder written. The labels do not depend
+    on ``text``: a head's label describes its behaviour over a corpus, not on one sentence.
 
     On an encoder-decoder model ``text`` is the source and ``target`` the decoder's text (default: the
-    source); the short analysis reads each sample text as its own target.
+    source); the labelling analysis reads each sample text as its own target.
 
     With ``corpus`` (texts), the contributions are averaged over the rows whose top key fits ``label``
-    (default: the head's label in the short analysis; :func:`probe.qk.corpus.why_corpus`) instead.
+    (default: the head's label in a short analysis of the corpus and the sample;
+    :func:`probe.qk.corpus.why_corpus`) instead.
+
+    The analysis' timings: ``analyze_s`` and ``forward_and_statistics_s`` are this call's (a cached
+    labelling: the time to read it, no forward pass); ``labels_s`` the same in the why record's seconds.
 
     Raises:
         InputError: as :func:`measure`; with a corpus, a label (given or found) that names no key.
@@ -143,26 +154,15 @@ def why_analysis(lm, text: str | None, head, query: int | None = None, *, top: i
         return _corpus_run(lm, corpus, head, label, progress=progress)
     result = measure(lm, text, head, query, top, target)
     t = time.perf_counter()
-    texts = [text] + sample_texts()
-    if lm.kind == "encoder-decoder":  # the analysis reads pairs: the source as its own target
-        texts = [Text(text, target=text if target is None else target)] + [Text(t, target=t) for t in texts[1:]]
-    analysis = analyze(lm, texts, progress=progress,  # labels, induction included on decoders
-                       finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
-    result.seconds["analyze_s"] = time.perf_counter() - t
-    result.labels = _labels(analysis)
+    analysis, source = labelling(lm, progress=progress)
+    result.seconds["labels_s"] = time.perf_counter() - t
+    if source != "computed":
+        analysis.timings.update(analyze_s=round(result.seconds["labels_s"], 4), forward_and_statistics_s=0.0)
+    result.labels = label_map(analysis)
     analysis.results["why"] = result
-    analysis.notes += result.notes
+    analysis.notes += result.notes + [LABELS_NOTE]
     analysis.timings.update({k: round(v, 4) for k, v in result.seconds.items()})
     return result, analysis
-
-
-def _labels(analysis) -> dict:
-    heads = analysis.heads
-    if "layer" not in heads.columns or "label" not in heads.columns:
-        return {}
-    if "stack" in heads.columns:  # encoder-decoder: the names carry the site kind (enc, dec, cross)
-        return {head_name(r, int(r.head)): str(r.label) for r in heads.itertuples()}
-    return {head_name(int(r.layer), int(r.head)): str(r.label) for r in heads.itertuples()}
 
 
 def _corpus_run(lm, texts: list[str], head, label: str | None, *, progress: bool) -> tuple[WhyRun, AnalysisResult]:
@@ -172,7 +172,7 @@ def _corpus_run(lm, texts: list[str], head, label: str | None, *, progress: bool
     t = time.perf_counter()
     analysis = analyze(lm, list(texts) + sample_texts(), progress=progress,
                        finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])
-    labels, seconds = _labels(analysis), {"analyze_s": time.perf_counter() - t}
+    labels, seconds = label_map(analysis), {"analyze_s": time.perf_counter() - t}
     name = head_name(layer, h)
     label = label or labels.get(name)
     if label not in RULES:
