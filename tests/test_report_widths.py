@@ -114,3 +114,36 @@ def test_side_by_side_tables_wrap_at_phone_width_and_stand_beside_each_other_at_
             overlap = min(r1, r2) > max(l1, l2) and min(b1, b2) > max(t1, t2)
             assert not overlap, boxes
             assert (abs(t1 - t2) < 1) == beside, boxes  # same top: beside each other
+
+
+def test_step_view_table_keeps_its_columns_beside_the_strip_at_phone_width(chromium, tmp_path):
+    """An encoder report's attention steps at 390 px: the table is as wide as its columns (its right edge at
+    its last header's) and the heat strip starts right of it, the step view's box scrolling both together.
+    Before, the phone rule that makes every report table a scroll box let the table shrink beside the strip
+    to 164 of its 578 px on minilm: probability and the value norms sat in a box of their own, three columns
+    wide."""
+    folder = save_tiny("bert", tmp_path / "bert")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    result = invoke_cli("analyze", "--model", folder, "--corpus", corpus, "--out", tmp_path / "run", "--no-progress")
+    assert result.exit_code == 0, result.output
+    for width in (390, 1200):
+        with watched_page(chromium, tmp_path / "run" / "index.html", viewport=(width, 800)) as (page, messages, _):
+            _drawn(page)
+            views = page.evaluate("""() => [...document.querySelectorAll('.probe-sv')].map(sv => {
+                const t = sv.querySelector('.sv-scroll table'), c = sv.querySelector('.sv-scroll canvas');
+                const ths = t.querySelectorAll('th'), last = ths[ths.length - 1].getBoundingClientRect();
+                const box = sv.querySelector('.sv-scroll');
+                return {right: t.getBoundingClientRect().right, lastTh: last.right, width: t.clientWidth,
+                        scroll: t.scrollWidth, strip: c.getBoundingClientRect().left,
+                        boxScroll: box.scrollWidth, boxWidth: box.clientWidth};
+            })""")
+            assert views, "the report has no step view"
+            for v in views:
+                assert v["scroll"] <= v["width"] + 1, (width, v)  # no columns hidden in the table's own scroll
+                assert abs(v["right"] - v["lastTh"]) <= 1, (width, v)
+                assert v["strip"] >= v["right"], (width, v)
+                if width == 390:
+                    assert v["boxScroll"] > v["boxWidth"], v  # the box scrolls the table and the strip
+            assert page.evaluate("document.documentElement.scrollWidth") == width
+            assert messages == [], messages
