@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_edge_circuits import PAIRS_TSV
 
-from conftest import invoke_cli, save_tiny, watched_page
+from conftest import CHROMIUM_ARGS, invoke_cli, save_tiny, watched_page
 
 TEXT = "The cat sat on the mat. When Mary and John went to the store, John gave a drink to Mary."
 SENTENCES = ["The cat sat on the mat and looked at the dog.", "When Mary and John went to the store, John gave a "
@@ -147,3 +147,33 @@ def test_step_view_table_keeps_its_columns_beside_the_strip_at_phone_width(chrom
                     assert v["boxScroll"] > v["boxWidth"], v  # the box scrolls the table and the strip
             assert page.evaluate("document.documentElement.scrollWidth") == width
             assert messages == [], messages
+
+
+def test_a_chart_title_wider_than_its_chart_wraps(chromium):
+    """A bar chart's title wider than its plot breaks at spaces into lines each within the plot's width, and the
+    chart grows by a line's height (14 px) for each line more. Before, at 390 px ``probe why``'s "score of each top
+    key by (query source x key source)" ran off the canvas at "key sour"."""
+    from probe.report import static_text
+
+    long = "score of each top key by (query source x key source) on a phone's narrow page"
+    sync_api, executable = chromium
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 800})
+            page.set_content("<div style='width: 300px'><canvas id='c'></canvas></div><div id='tip'></div>"
+                             f"<script>{static_text('charts.js')}</script>")
+            draw = """t => { const c = document.getElementById('c');
+                window.probeCharts.bars(c, {kind: 'bars', mode: 'stack', title: t, categories: ['a', 'b'],
+                    series: [{name: 's', color: '#2c6fbb', values: [1, 2]}], vmax: 2}, document.getElementById('tip'));
+                return c.clientHeight; }"""
+            short_h, long_h = page.evaluate(draw, "short"), page.evaluate(draw, long)
+            plot_w = 300 - 62 - 10  # the bars' plot: the box's width less the left and right margins
+            lines = page.evaluate("""([t, w]) => { const ctx = document.createElement('canvas').getContext('2d');
+                const ls = window.probeCharts.titleLines(ctx, t, w); ctx.font = 'bold 12px sans-serif';
+                return ls.map(l => [l, ctx.measureText(l).width]); }""", [long, plot_w])
+        finally:
+            browser.close()
+    assert len(lines) >= 2 and " ".join(line for line, _ in lines) == long, lines
+    assert all(width <= plot_w for _, width in lines), lines
+    assert long_h - short_h == 14 * (len(lines) - 1), (short_h, long_h, lines)
