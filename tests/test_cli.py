@@ -749,3 +749,20 @@ def test_a_long_value_is_echoed_cut_in_every_error_line(tmp_path):
     assert len(cut) <= 2100 and cut.startswith("w0 w1 ") and cut.endswith("w2998 w2999")
     assert cut_long("a path /tmp/" + "x" * 250 + " stays") == "a path /tmp/" + "x" * 250 + " stays"
 
+
+
+def test_the_command_list_never_cuts_a_line_inside_parentheses():
+    """``probe --help`` lists each command with its first sentence, shortened with "..." where long; a
+    sentence ending at an abbreviation's full stop was cut inside its parenthesis ("path  Path patching
+    (Wang et al."): each line's parentheses close, or it ends with "..."."""
+    result = run("--help")
+    assert result.exit_code == 0, result.output
+    listing = result.output.split("Commands:\n", 1)[1]
+    lines = {}
+    for line in listing.splitlines():
+        name, _, text = line.strip().partition(" ")
+        lines[name] = text.strip()
+    assert set(lines) >= {"analyze", "path", "patch", "why", "live"}, lines
+    for name, text in lines.items():
+        assert text.count("(") == text.count(")") or text.endswith("..."), (name, text)
+    assert lines["path"].startswith("Path patching of sender heads into receivers")

@@ -205,3 +205,12 @@ def test_readme_s_count_of_fast_tests_is_within_5_percent_of_the_collected_count
     assert abs(stated - collected) <= COUNT_LAG * collected, (
         f"README.md says {stated:,} fast tests; {collected:,} are collected: set the figure (and its time) again")
 
+
+
+def test_live_page_s_security_policy_is_the_one_served():
+    """docs/live.md quotes the live page's Content-Security-Policy whole: the header the server sends
+    (``probe.live.page.PAGE_CSP``; the page had gained base-uri, form-action and frame-ancestors)."""
+    from probe.live.page import PAGE_CSP
+
+    text = " ".join((ROOT / "docs" / "live.md").read_text(encoding="utf-8").split())
+    assert f"Content-Security-Policy of `{PAGE_CSP}`" in text

@@ -58,6 +58,18 @@ def test_patch_writes_the_run_folder(setup):
     assert "K-composition partners" in html
 
 
+def test_the_first_line_counts_the_pairs_in_words(setup, tmp_path):
+    """One pair is "on 1 pair", two "on 2 pairs" (before: "on 1 pairs"), as probe circuit says it."""
+    root, model, _ = setup
+    for n in (1, 2):
+        pairs = tmp_path / f"{n}.tsv"
+        pairs.write_text("".join(GOOD.splitlines(keepends=True)[:n + 1]), encoding="utf-8")
+        result = run("patch", "--model", model, "--pairs", pairs, "--out", tmp_path / f"run{n}", "--no-progress")
+        assert result.exit_code == 0, result.output
+        word = "pair" if n == 1 else "pairs"
+        assert f"(8 heads) on {n} {word} ({pairs})" in result.output, result.output
+
+
 @pytest.mark.parametrize("text,fragments", [
     ("a\tb\tc\n", ["line 1: 3 tab-separated fields"]),
     ("The cat ran to\tThe big dog ran quickly to\t the\t a\n", ["pair 1", "different token counts", "big dog"]),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_edge_circuits import PAIRS_TSV
 
-from conftest import invoke_cli, save_tiny, watched_page
+from conftest import CHROMIUM_ARGS, invoke_cli, save_tiny, watched_page
 
 TEXT = "The cat sat on the mat. When Mary and John went to the store, John gave a drink to Mary."
 SENTENCES = ["The cat sat on the mat and looked at the dog.", "When Mary and John went to the store, John gave a "
@@ -114,3 +114,66 @@ def test_side_by_side_tables_wrap_at_phone_width_and_stand_beside_each_other_at_
             overlap = min(r1, r2) > max(l1, l2) and min(b1, b2) > max(t1, t2)
             assert not overlap, boxes
             assert (abs(t1 - t2) < 1) == beside, boxes  # same top: beside each other
+
+
+def test_step_view_table_keeps_its_columns_beside_the_strip_at_phone_width(chromium, tmp_path):
+    """An encoder report's attention steps at 390 px: the table is as wide as its columns (its right edge at
+    its last header's) and the heat strip starts right of it, the step view's box scrolling both together.
+    Before, the phone rule that makes every report table a scroll box let the table shrink beside the strip
+    to 164 of its 578 px on minilm: probability and the value norms sat in a box of their own, three columns
+    wide."""
+    folder = save_tiny("bert", tmp_path / "bert")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    result = invoke_cli("analyze", "--model", folder, "--corpus", corpus, "--out", tmp_path / "run", "--no-progress")
+    assert result.exit_code == 0, result.output
+    for width in (390, 1200):
+        with watched_page(chromium, tmp_path / "run" / "index.html", viewport=(width, 800)) as (page, messages, _):
+            _drawn(page)
+            views = page.evaluate("""() => [...document.querySelectorAll('.probe-sv')].map(sv => {
+                const t = sv.querySelector('.sv-scroll table'), c = sv.querySelector('.sv-scroll canvas');
+                const ths = t.querySelectorAll('th'), last = ths[ths.length - 1].getBoundingClientRect();
+                const box = sv.querySelector('.sv-scroll');
+                return {right: t.getBoundingClientRect().right, lastTh: last.right, width: t.clientWidth,
+                        scroll: t.scrollWidth, strip: c.getBoundingClientRect().left,
+                        boxScroll: box.scrollWidth, boxWidth: box.clientWidth};
+            })""")
+            assert views, "the report has no step view"
+            for v in views:
+                assert v["scroll"] <= v["width"] + 1, (width, v)  # no columns hidden in the table's own scroll
+                assert abs(v["right"] - v["lastTh"]) <= 1, (width, v)
+                assert v["strip"] >= v["right"], (width, v)
+                if width == 390:
+                    assert v["boxScroll"] > v["boxWidth"], v  # the box scrolls the table and the strip
+            assert page.evaluate("document.documentElement.scrollWidth") == width
+            assert messages == [], messages
+
+
+def test_a_chart_title_wider_than_its_chart_wraps(chromium):
+    """A bar chart's title wider than its plot breaks at spaces into lines each within the plot's width, and the
+    chart grows by a line's height (14 px) for each line more. Before, at 390 px ``probe why``'s "score of each top
+    key by (query source x key source)" ran off the canvas at "key sour"."""
+    from probe.report import static_text
+
+    long = "score of each top key by (query source x key source) on a phone's narrow page"
+    sync_api, executable = chromium
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 800})
+            page.set_content("<div style='width: 300px'><canvas id='c'></canvas></div><div id='tip'></div>"
+                             f"<script>{static_text('charts.js')}</script>")
+            draw = """t => { const c = document.getElementById('c');
+                window.probeCharts.bars(c, {kind: 'bars', mode: 'stack', title: t, categories: ['a', 'b'],
+                    series: [{name: 's', color: '#2c6fbb', values: [1, 2]}], vmax: 2}, document.getElementById('tip'));
+                return c.clientHeight; }"""
+            short_h, long_h = page.evaluate(draw, "short"), page.evaluate(draw, long)
+            plot_w = 300 - 62 - 10  # the bars' plot: the box's width less the left and right margins
+            lines = page.evaluate("""([t, w]) => { const ctx = document.createElement('canvas').getContext('2d');
+                const ls = window.probeCharts.titleLines(ctx, t, w); ctx.font = 'bold 12px sans-serif';
+                return ls.map(l => [l, ctx.measureText(l).width]); }""", [long, plot_w])
+        finally:
+            browser.close()
+    assert len(lines) >= 2 and " ".join(line for line, _ in lines) == long, lines
+    assert all(width <= plot_w for _, width in lines), lines
+    assert long_h - short_h == 14 * (len(lines) - 1), (short_h, long_h, lines)

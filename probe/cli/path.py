@@ -11,7 +11,7 @@ from .options import build, model_option, model_placement, run_folder_options, s
 from .start import Folder, command_console, read_pairs
 
 
-@main.command("path")
+@main.command("path", short_help="Path patching of sender heads into receivers (q, k, v or logits).")
 @model_option(default="smollm2")  # path patching runs on decoders: the embedded decoder
 @setting_option(PathSettings, "senders", "--senders", required=True, metavar="L5H1,L5H2",
                 help="Sender heads, comma-separated (layer and head, 0-based).")

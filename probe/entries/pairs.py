@@ -101,8 +101,8 @@ def run_patch(model, settings: PatchSettings | None = None, *, pairs=None, conso
         check_components(lm, s.components)
 
     lm, pairs, source = open_pairs(model, s.pairs, pairs, console, device=device, dtype=dtype, check=check)
-    console.tell(f"Patching {lm.name} ({plural(len(lm.sites) * lm.geometry.n_heads, 'head')}) on {len(pairs)} pairs "
-                 f"({source}), {s.direction}")
+    console.tell(f"Patching {lm.name} ({plural(len(lm.sites) * lm.geometry.n_heads, 'head')}) on "
+                 f"{plural(len(pairs), 'pair')} ({source}), {s.direction}")
     measured, analysis = patch_analysis(lm, pairs, source=source, direction=s.direction,
                                         heads_per_pass=s.heads_per_pass, progress=console.progress,
                                         rope_offsets=s.rope_offsets, method=s.method, components=s.components,

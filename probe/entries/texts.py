@@ -199,10 +199,13 @@ def report_steps(lm, result: AnalysisResult, *, limit: int = 8) -> list[dict]:
 
     Returns:
         :func:`probe.view.stepview.step_view_data` dicts with ``label`` and ``reason`` added ([] without
-        examples); ``name`` is the head's in the original numbering, ``head`` its slot in a physically
+        examples, and on an image or speech model: the steps re-run the example's text); ``name`` is the
+        head's in the original numbering, ``head`` its slot in a physically
         pruned layer.
     """
     if not result.examples or lm.spec.capture_only:  # a capture-only model hands probe no query or key
+        return []
+    if hasattr(lm.tokenizer, "discovery_inputs"):  # an image or speech processor: the steps re-read text
         return []
     ex = result.examples[0]
     n = int(ex.probs.shape[-1])

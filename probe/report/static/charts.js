@@ -26,10 +26,30 @@
     while (d < 4 && ticks.some(function (t) { var m = t * Math.pow(10, d); return Math.abs(m - Math.round(m)) > 1e-6; })) d++;
     return ticks.map(function (t) { return t.toFixed(d); });
   }
-  function title(ctx, fig, x) {
+  var TITLE_FONT = "bold 12px sans-serif", TITLE_LINE = 14;
+  // a title's lines, broken at spaces where it is wider than maxW px (a chart at a phone's width: one line was cut
+  // at the canvas's edge); a single word wider than maxW keeps its own line
+  function titleLines(ctx, text, maxW) {
+    ctx.font = TITLE_FONT;
+    var lines = [], line = "";
+    String(text).split(" ").forEach(function (word) {
+      var next = line ? line + " " + word : word;
+      if (line && ctx.measureText(next).width > maxW) { lines.push(line); line = word; } else line = next;
+    });
+    if (line) lines.push(line);
+    ctx.font = FONT;
+    return lines;
+  }
+  // the height above a chart's legend: the title's lines (or a margin without a title)
+  function titleHeight(ctx, fig, maxW) {
+    return fig.title ? 24 + TITLE_LINE * (titleLines(ctx, fig.title, maxW).length - 1) : 6;
+  }
+  function title(ctx, fig, x, maxW) {
     if (!fig.title) return;
-    ctx.fillStyle = "#222"; ctx.font = "bold 12px sans-serif"; ctx.textAlign = "left"; ctx.textBaseline = "alphabetic";
-    ctx.fillText(fig.title, x, 15); ctx.font = FONT;
+    var lines = titleLines(ctx, fig.title, maxW);
+    ctx.fillStyle = "#222"; ctx.font = TITLE_FONT; ctx.textAlign = "left"; ctx.textBaseline = "alphabetic";
+    lines.forEach(function (line, i) { ctx.fillText(line, x, 15 + TITLE_LINE * i); });
+    ctx.font = FONT;
   }
   function legend(ctx, items, x, y, maxW) {
     ctx.textAlign = "left"; ctx.textBaseline = "middle";
@@ -62,11 +82,12 @@
     var width = Math.min(canvas.parentElement.clientWidth || 480, 560);
     var ctx = setup(canvas, width, 10);
     var legendH = fig.legend ? legend(ctx, fig.legend, 0, -1000, width - 16) : 0;
-    var top = (fig.title ? 24 : 6) + legendH + (legendH ? 6 : 0), left = 44, right = 12, bottom = 34;
+    var left = 44, right = 12, bottom = 34, head = titleHeight(ctx, fig, width - left - right);
+    var top = head + legendH + (legendH ? 6 : 0);
     var plot = Math.max(120, width - left - right), H = top + plot + bottom;
     ctx = setup(canvas, width, H);
-    title(ctx, fig, left);
-    if (fig.legend) legend(ctx, fig.legend, left, (fig.title ? 24 : 6) + 5, width - left - right);
+    title(ctx, fig, left, width - left - right);
+    if (fig.legend) legend(ctx, fig.legend, left, head + 5, width - left - right);
     var n = fig.xs.length, x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
     for (var i = 0; i < n; i++) {
       x0 = Math.min(x0, fig.xs[i]); x1 = Math.max(x1, fig.xs[i]); y0 = Math.min(y0, fig.ys[i]); y1 = Math.max(y1, fig.ys[i]);
@@ -107,11 +128,11 @@
     var ctx = setup(canvas, width, 10);
     var items = fig.series.map(function (s) { return [s.name, s.color]; });
     var legendH = legend(ctx, items, 0, -1000, width - 60);
-    var top = (fig.title ? 24 : 6) + legendH + 8, left = 62, right = 10, bottom = 34, plotH = 180;
-    var H = top + plotH + bottom, plotW = width - left - right;
+    var left = 62, right = 10, bottom = 34, plotH = 180, plotW = width - left - right;
+    var head = titleHeight(ctx, fig, plotW), top = head + legendH + 8, H = top + plotH + bottom;
     ctx = setup(canvas, width, H);
-    title(ctx, fig, left);
-    legend(ctx, items, left, (fig.title ? 24 : 6) + 5, plotW);
+    title(ctx, fig, left, plotW);
+    legend(ctx, items, left, head + 5, plotW);
     var cats = fig.categories, nc = cats.length, ns = fig.series.length, stack = fig.mode !== "group";
     var vmax = fig.vmax || 1, vmin = Math.min(0, fig.vmin || 0), slot = plotW / nc, barW = Math.max(1, Math.min(stack ? 48 : 24, stack ? slot * 0.8 : slot * 0.8 / ns));
     function py(v) { return top + plotH - Math.max(0, Math.min(1, (v - vmin) / (vmax - vmin))) * plotH; }
@@ -154,5 +175,5 @@
     });
   }
 
-  window.probeCharts = {scatter: scatter, bars: bars, axisLabels: axisLabels};
+  window.probeCharts = {scatter: scatter, bars: bars, axisLabels: axisLabels, titleLines: titleLines};
 })();
