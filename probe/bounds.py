@@ -19,6 +19,14 @@ from .rules import validate_thresholds
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def shown(value) -> str:
+    """A refused value as the user typed it: JSON's spelling for true, false and null (a live request's
+    body), ``repr`` for the rest."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else repr(value)
+
+
 def positive_int(name: str, value, minimum: int = 1) -> int:
     """``value`` as an int >= ``minimum``.
 
@@ -26,7 +34,7 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
         InputError: not an integer, or below ``minimum``.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputError(f"{name} must be an integer, got {value!r}")
+        raise InputError(f"{name} must be an integer, got {shown(value)}")
     if value < minimum:
         raise InputError(f"{name} must be at least {minimum}, got {value}")
     return int(value)
@@ -58,15 +66,16 @@ def texts(items: Iterable, what: str = "text") -> list:
     """A non-empty list of non-empty texts (strings or objects with a ``text`` attribute).
 
     Raises:
-        InputError: no text, or an empty or whitespace-only one (numbered from 1).
+        InputError: no text, or an empty or whitespace-only one (numbered from 1 where a list was given).
     """
-    items = [items] if isinstance(items, str) else list(items)
+    one = isinstance(items, str)
+    items = [items] if one else list(items)
     if not items:
         raise InputError(f"no {what} given")
     for i, t in enumerate(items):
         s = t if isinstance(t, str) else getattr(t, "text", None)
         if not isinstance(s, str) or not s.strip():
-            raise InputError(f"{what} {i + 1} is empty")
+            raise InputError(f"{what} is empty" if one else f"{what} {i + 1} is empty")
     return items
 
 
@@ -77,7 +86,7 @@ def tolerance(name: str, value) -> float:
         InputError: negative, NaN, infinite or not a number.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise InputError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise InputError(f"{name} must be a finite number >= 0, got {shown(value)}")
     return float(value)
 
 

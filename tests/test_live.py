@@ -334,7 +334,7 @@ def test_session_refusals_name_the_value(dec, enc):
         dec.edit("cat " * 200)
     with pytest.raises(probe.errors.InputError, match="the live page ablates with one of zero, mean, got 'resample'"):
         dec.ablate(TEXT, [[0, 0]], "resample")
-    with pytest.raises(probe.errors.InputError, match="without a masked-LM head"):
+    with pytest.raises(probe.errors.UnsupportedAnalysisError, match="without a masked-LM head"):
         enc.patch(TEXT, TEXT)
 
 
@@ -364,7 +364,8 @@ def test_routes_answer_the_sessions_values(client, dec):
         .split("<script>")[0]  # the page's markup names no outside resource
 
 
-@pytest.mark.parametrize("case", ["json", "head", "query", "long", "binary", "type", "size", "field", "route", "array"])
+@pytest.mark.parametrize("case", ["json", "head", "query", "long", "binary", "type", "size", "field", "route", "array",
+                                  "deep", "empty", "bool", "info"])
 def test_bad_requests_get_a_4xx_line_and_the_next_is_answered(client, case):
     """Each bad request: a 4xx with one line saying what was wrong; the next good request is answered."""
     raw = {"headers": {**HEADERS, "Content-Type": "application/json"}}
@@ -381,11 +382,29 @@ def test_bad_requests_get_a_4xx_line_and_the_next_is_answered(client, case):
                   lambda: post(client, "edit", {"txt": TEXT})),
         "route": (404, "no route /api/nope", lambda: post(client, "nope", {})),
         "array": (400, "JSON object", lambda: post(client, "edit", [TEXT])),
+        "deep": (400, "malformed JSON: nested too deeply",  # deeper than the JSON parser's stack
+                 lambda: client.post("/api/edit", content=b"[" * 20000 + b"]" * 20000, **raw)),
+        "empty": (400, "text is empty", lambda: post(client, "edit", {"text": ""})),
+        "bool": (400, "layer must be an integer, got true",
+                 lambda: post(client, "edit", {"text": TEXT, "layer": True})),
+        "info": (405, "/api/info takes GET", lambda: post(client, "info", {})),
     }[case]
     r = resp()
     assert r.status_code == status, r.text
     assert list(r.json()) == ["error"] and word in r.json()["error"] and "\n" not in r.json()["error"]
     assert post(client, "edit", {"text": TEXT}).status_code == 200
+
+
+def test_a_declared_oversized_body_is_refused_with_its_size(client):
+    r = client.post("/api/edit", content=b" " * 10, headers={**HEADERS, "Content-Type": "application/json",
+                                                              "Content-Length": str(MAX_BODY + 13)})
+    assert r.status_code == 413
+    assert r.json()["error"] == f"the request body is {MAX_BODY + 13:,} bytes; at most {MAX_BODY:,}"
+
+
+def test_patching_a_model_without_logits_is_422_with_the_librarys_line(enc):
+    r = post(TestClient(make_app(enc, TOKEN)), "patch", {"text": TEXT, "corrupted": TEXT})
+    assert r.status_code == 422 and "without a masked-LM head" in r.json()["error"], r.text
 
 
 def test_token_host_and_origin_are_checked(client):
@@ -464,6 +483,22 @@ def test_port_in_use_and_a_model_that_fails_are_one_error_line():
         port = s.getsockname()[1]
         one_error(invoke_cli("live", "--port", port), 1, f"port {port} on 127.0.0.1 is in use")
     one_error(invoke_cli("live", "--model", "/nonexistent/folder", "--port", 0), 1, "/nonexistent/folder")
+    one_error(invoke_cli("live", "--host", "999.1.1.1", "--port", 0), 1, "cannot listen on 999.1.1.1 port 0")
+
+
+def test_an_encoder_decoder_is_refused_before_its_weights_load(tmp_path, monkeypatch):
+    """The config decides it: refused by the line LiveSession gives, with no weights read."""
+    import transformers
+
+    import probe.loading.models as pm
+    folder = tmp_path / "t5"
+    transformers.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2).save_pretrained(folder)
+
+    def no_load(*a, **k):
+        raise AssertionError("the weights were loaded")
+    monkeypatch.setattr(pm, "load_model", no_load)
+    one_error(invoke_cli("live", "--model", str(folder), "--port", 0), 1,
+              f"{folder} is an encoder-decoder model; probe live draws encoders and decoders")
 
 
 def test_serves_until_ctrl_c_with_status_130(tmp_path):

@@ -31,9 +31,10 @@ def live_command(model_name, port, host, max_chars, max_tokens, device=None, dty
     printed address (with its random token) opens the page; Ctrl-C stops the server."""
     settings = build(LiveSettings, locals())
     from ..live.server import bind, make_app, new_token, served_hosts, server
-    from ..live.session import LiveSession
-    from ..loading.models import load_model
+    from ..live.session import LiveSession, check_live_config
+    from ..loading.models import load_model, peek_config
 
+    check_live_config(peek_config(model_name), model_name)  # an encoder-decoder: before the weights load
     host = settings.host
     sock = bind(host, settings.port)  # a port in use fails before the model loads
     try:

@@ -100,11 +100,12 @@ async def _body(request: Request):
     """The request's JSON body.
 
     Raises:
-        BadRequest: too large (413), not JSON (415), binary (400), malformed (400).
+        BadRequest: too large (413), not JSON (415), binary (400), malformed or nested too deeply (400).
     """
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-        raise BadRequest(413, f"the request body is {length} bytes; at most {MAX_BODY:,}")
+        shown = f"{int(length):,} bytes" if length.isdigit() else f"{length[:40]!r} bytes long"
+        raise BadRequest(413, f"the request body is {shown}; at most {MAX_BODY:,}")
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise BadRequest(415, f"the request body must be JSON (Content-Type: application/json), got "
@@ -122,6 +123,8 @@ async def _body(request: Request):
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise BadRequest(400, f"malformed JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    except RecursionError:  # [[[[...]]]] deeper than the parser's stack
+        raise BadRequest(400, "malformed JSON: nested too deeply") from None
 
 
 def make_app(session: LiveSession, token: str, hosts: set[str] | None = None) -> Guard:
@@ -147,6 +150,8 @@ def make_app(session: LiveSession, token: str, hosts: set[str] | None = None) ->
             if route != "info":
                 return _error(405, f"/api/{route} takes POST with a JSON body")
             body = {}
+        elif route == "info":
+            return _error(405, "/api/info takes GET")
         else:
             try:
                 body = await _body(request)
@@ -176,8 +181,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        what = "is in use" if e.errno in (98, 48, 10048) else f"cannot be bound ({e.strerror})"
-        raise InputError(f"port {port} on {host} {what}; choose another with --port") from None
+        if e.errno in (98, 48, 10048):
+            raise InputError(f"port {port} on {host} is in use; choose another with --port") from None
+        raise InputError(f"cannot listen on {host} port {port} ({e.strerror}): check --host and --port") from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock

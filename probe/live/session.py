@@ -53,7 +53,7 @@ from ..causal.objectives import head_kind, sentence_embedding
 from ..effects.ablation import ablating, check_model, head_means, repeat_batch
 from ..effects.patching import check_patchable, patch_heads
 from ..entries.notebook import batch_sides
-from ..errors import InputError, ProbeError
+from ..errors import InputError, ProbeError, UnsupportedAnalysisError
 from ..measures.steps import heads_steps
 from ..qk.run import measure
 from ..records import AnalysisResult
@@ -77,6 +77,22 @@ TOP_K = 8
 KEPT = 4
 #: Columns of the heads table that are not per-head statistics.
 NOT_STATISTICS = ("stack", "kind", "layer", "head", "label", "labels", "cluster", "group", "window")
+
+
+def two_stack_refusal(name: str) -> str:
+    """The line that refuses an encoder-decoder model (the live page draws one-stack models)."""
+    return (f"{name} is an encoder-decoder model; probe live draws encoders and decoders "
+            "(use probe.show(lm, probe.Text(source, target=...)) in a notebook)")
+
+
+def check_live_config(config, name: str) -> None:
+    """Refuse what the config alone decides, before the weights load (``config`` None: nothing to read).
+
+    Raises:
+        InputError: an encoder-decoder model (:func:`two_stack_refusal`).
+    """
+    if config is not None and getattr(config, "is_encoder_decoder", False):
+        raise InputError(two_stack_refusal(name))
 
 
 def _finite(x) -> float | None:
@@ -126,8 +142,7 @@ class LiveSession:
 
     def __init__(self, lm, settings: LiveSettings | None = None, **caps) -> None:
         if lm.kind == "encoder-decoder":
-            raise InputError(f"{lm.name} is an encoder-decoder model; probe live draws encoders and decoders "
-                             "(use probe.show(lm, probe.Text(source, target=...)) in a notebook)")
+            raise InputError(two_stack_refusal(lm.name))
         if settings is not None and caps:
             raise InputError("give the live settings as a LiveSettings or as keywords, not both")
         self.settings = settings if settings is not None else LiveSettings.from_mapping(caps)
@@ -160,7 +175,7 @@ class LiveSession:
         """
         if not isinstance(text, str):
             raise InputError(f"{what} must be a string, got {type(text).__name__}")
-        bounds.texts([text], what)
+        bounds.texts(text, what)
         if len(text) > self.max_chars:
             raise InputError(f"the {what} is {len(text):,} characters; the live page takes at most {self.max_chars:,}")
         n = self.n_tokens(text)
@@ -478,7 +493,7 @@ class LiveSession:
         clean, corrupted = self.check_text(req.text), self.check_text(req.corrupted, "corrupted text")
         refusal = self._patch_refusal()
         if refusal is not None:
-            raise InputError(refusal)
+            raise UnsupportedAnalysisError(refusal)
         if self.lm.kind == "encoder" and self.lm.tokenizer.mask_token not in clean:
             raise InputError(f"patching a masked-LM encoder reads its predictions at the mask token: type "
                              f"{self.lm.tokenizer.mask_token} in both texts")

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from .. import bounds
 from ..bounds import choice
 from ..errors import InputError
 
@@ -154,14 +155,14 @@ def _typed(name: str, value: Any, annotation: str) -> Any:
         InputError: a value of another type.
     """
     if annotation == "bool" and not isinstance(value, bool):
-        raise InputError(f"{name} must be true or false, got {value!r}")
+        raise InputError(f"{name} must be true or false, got {bounds.shown(value)}")
     if annotation == "int" and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-        raise InputError(f"{name} must be an integer, got {value!r}")
+        raise InputError(f"{name} must be an integer, got {bounds.shown(value)}")
     if annotation == "str":
         if isinstance(value, os.PathLike):
             return os.fspath(value)
         if not isinstance(value, str):
-            raise InputError(f"{name} must be a string, got {value!r}")
+            raise InputError(f"{name} must be a string, got {bounds.shown(value)}")
     return value
 
 

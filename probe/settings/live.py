@@ -35,7 +35,7 @@ def _text(what: str):
     def check(value):
         if not isinstance(value, str):
             raise InputError(f"{what} must be a string, got {type(value).__name__}")
-        bounds.texts([value], what)
+        bounds.texts(value, what)
         return value
 
     return check

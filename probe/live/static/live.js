@@ -26,7 +26,11 @@
     return e;
   }
   function clear(e) { while (e.firstChild) e.removeChild(e.firstChild); return e; }
-  function fmt(v, d) { return v === null || v === undefined ? "" : Number(v).toFixed(d === undefined ? 3 : d); }
+  function fmt(v, d) {
+    if (v === null || v === undefined) return "";
+    var s = Number(v).toFixed(d === undefined ? 3 : d);
+    return /^-0\.?0*$/.test(s) ? s.slice(1) : s;  // a value that rounds to zero is shown without a sign
+  }
   var SHORT = {"previous-token": "prev", "next-token": "next", "first-token": "1st", "broad": "brd", "self": "self",
                "punctuation": "punc", "sep": "sep", "induction": "ind", "duplicate-token": "dup", "long-range": "long",
                "local": "loc"};
