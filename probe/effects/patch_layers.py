@@ -190,7 +190,7 @@ class PatchForecast:
 def layer_head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "corrupted", donor: str = "clean",
                            heads_per_pass: int = 16, progress=None, estimate=None,
                            clock: Callable[[], float] = time.perf_counter,
-                           reenter: bool = True) -> tuple[np.ndarray, np.ndarray, dict]:
+                           reenter: bool = True, info: dict | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """LD of patched runs, one per job (site index, head, ``all`` or ``last``), each pass re-entering the
     unpatched run at the lowest layer its jobs patch; equal bit for bit to
     :func:`~probe.effects.patch_full.full_head_logit_diffs` (module docstring).
@@ -204,6 +204,8 @@ def layer_head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "cor
         estimate: a callable given one line (:class:`PatchForecast`) after the first passes, or None.
         clock: the estimate's clock (seconds).
         reenter: False: whole passes (the same numbers; what the benchmark compares with).
+        info: a dict filled with ``reentered`` (bool), ``why`` (None, or why whole passes ran) and ``starts``
+            (the block each patched pass started at), or None.
 
     Returns:
         ``(ld_patched [jobs], ld_base [jobs], means)`` as :func:`~probe.effects.patching.head_logit_diffs`:
@@ -233,11 +235,13 @@ def layer_head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "cor
                 again = full_pass(lm, enc, inputs[run], k)[0]
             last = clock() - t0
             if not torch.equal(again, at):
-                recorded, last = None, None
-        except Exception:  # noqa: BLE001 (a block that cannot be skipped: whole passes)
-            recorded, last = None, None
+                recorded, last, why = None, None, "the unpatched run re-entered at its last block differs from it"
+        except Exception as exc:  # noqa: BLE001 (a block that cannot be skipped: whole passes)
+            recorded, last, why = None, None, f"re-entering the run failed: {type(exc).__name__}: {exc}"
     chunks = [list(range(s, min(s + k, len(jobs)))) for s in range(0, len(jobs), k)]
     starts = [min(jobs[j][0] for j in chunk) if recorded is not None else 0 for chunk in chunks]
+    if info is not None:
+        info.update(reentered=recorded is not None, why=why, starts=starts)
     if estimate is not None:
         estimate(forecast.line(whole, last, len(lm.sites), starts)[0])
     patched, bases = np.zeros(len(jobs)), np.zeros(len(jobs))
