@@ -11,16 +11,16 @@ import itertools
 
 import numpy as np
 import pytest
+from generic_models import generic_lm
+from test_patching_encdec import MLM_PAIRS, T5_PAIRS, tiny_mlm
 
 import probe.effects.patch_layers as patch_layers
 from conftest import tiny_model
-from generic_models import generic_lm
 from probe.architectures import site_block
 from probe.effects.pairs import encode_pairs
 from probe.effects.patch_full import full_head_logit_diffs
 from probe.effects.patch_layers import PatchForecast, layer_head_logit_diffs, reentry_refusal
 from probe.effects.patching import Pair, patch_heads
-from test_patching_encdec import MLM_PAIRS, T5_PAIRS, tiny_mlm
 
 PAIRS = [Pair("The cat and the dog ran to", "The dog and the cat ran to", " the", " a"),
          Pair("When Mary and John went to the store, John gave a drink to",

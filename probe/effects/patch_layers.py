@@ -132,10 +132,9 @@ def _recording_pass(lm, enc: EncodedPairs, inputs: dict, k: int):
     :class:`Recorded`, or None with the reason where a block was not called once in order or returned
     something else)."""
     order, outputs = [], {}
-    index = {id(b): j for j, b in enumerate(blocks(lm))}
     with intervening(lm) as iv:
-        for block in blocks(lm):
-            def keep(out, j=index[id(block)]):
+        for j, block in enumerate(blocks(lm)):
+            def keep(out, j=j):
                 order.append(j)
                 try:
                     outputs[j] = _pack(out, k, len(enc))
