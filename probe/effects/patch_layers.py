@@ -225,6 +225,8 @@ def layer_head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "cor
     base = lds[run].mean(1).numpy()  # [k]
     donor_at, donor_z = full_pass(lm, enc, inputs[donor], k, keep_z=True)  # the same pass shape: exact own values
     lds[donor] = last_logit_diffs(donor_at, enc, k)
+    for name in set(ids) - set(lds):  # run = donor: the other run's LD from a pass of its own
+        lds[name] = last_logit_diffs(full_pass(lm, enc, inputs[name], k)[0], enc, k)
     means = {name: float(lds[name][0].mean()) for name in ids}
     last = None
     if recorded is not None:  # the check: the unpatched run re-entered at its last block gives its own logits
