@@ -17,7 +17,7 @@ from test_patching_encdec import MLM_PAIRS, T5_PAIRS, tiny_mlm
 import probe.effects.patch_layers as patch_layers
 from conftest import tiny_model
 from probe.architectures import site_block
-from probe.effects.pairs import encode_pairs
+from probe.effects.pairs import builtin_pairs, encode_pairs
 from probe.effects.patch_full import full_head_logit_diffs
 from probe.effects.patch_layers import PatchForecast, layer_head_logit_diffs, reentry_refusal
 from probe.effects.patching import Pair, patch_heads
@@ -147,3 +147,12 @@ def test_the_estimate_is_said_once_with_the_measured_passes():
     layer_head_logit_diffs(lm, enc, _jobs(lm), heads_per_pass=8, estimate=lines.append, clock=lambda: next(reads))
     assert lines == ["estimate from the first passes (140.0 s; 2.10 s a block, 1.60 s a pass besides): about 27 s "
                      "for 4 patched passes (2.5 whole passes' blocks) on this machine as loaded now"]
+
+
+def test_smollm2_first_pair_is_reentered_with_the_same_numbers(smollm2):
+    """The embedded decoder (30 layers, 9 heads), the first built-in pair: whole passes and re-entered passes
+    agree bit for bit (slow: about 35 whole passes' work of 18 rows)."""
+    whole, layered, info = _both(smollm2, builtin_pairs()[:1], 2 * smollm2.geometry.n_heads)
+    assert info["reentered"], info["why"]
+    assert info["starts"] == list(range(30))
+    _assert_equal(whole, layered)
