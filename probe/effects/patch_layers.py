@@ -112,7 +112,9 @@ class Recorded:
 def entered(lm, recorded: Recorded, start: int):
     """Context manager: inside, blocks ``0..start-1`` answer their recorded outputs without computing (their
     ``forward`` replaced on the instance; restored on exit, also on exceptions), so a pass computes blocks
-    ``start..`` only. ``start`` 0 changes nothing."""
+    ``start..`` only. ``start`` 0 changes nothing. The model itself is changed for the context, as
+    :func:`~probe.capture.intervene.intervening` changes it: one pass at a time (``probe live`` serializes its
+    model's passes)."""
     saved = []
     try:
         for j, block in enumerate(blocks(lm)[:start]):
