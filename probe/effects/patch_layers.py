@@ -129,27 +129,51 @@ def entered(lm, recorded: Recorded, start: int):
                 block.forward = own
 
 
-def _recording_pass(lm, enc: EncodedPairs, inputs: dict, k: int):
-    """One whole pass recording each block's output: ([k * pairs, vocab] metric-position logits, the
-    :class:`Recorded`, or None with the reason where a block was not called once in order or returned
-    something else)."""
+def recording_pass(lm, k: int, n: int, forward: Callable[[], torch.Tensor]):
+    """``forward()`` (a whole pass of k copies of n pairs) recording each block's output: (what ``forward``
+    returned, the :class:`Recorded` and None, or None and the reason where a block was not called once in
+    order or returned something else)."""
     order, outputs = [], {}
     with intervening(lm) as iv:
         for j, block in enumerate(blocks(lm)):
             def keep(out, j=j):
                 order.append(j)
                 try:
-                    outputs[j] = _pack(out, k, len(enc))
+                    outputs[j] = _pack(out, k, n)
                 except TypeError as exc:
                     outputs[j] = exc
             iv.after(block, keep)
-        at = full_pass(lm, enc, inputs, k)[0]
+        at = forward()
     if order != list(range(len(lm.sites))):
         return at, None, "its blocks are not each called once a pass, in layer order"
     bad = [o for o in outputs.values() if isinstance(o, TypeError)]
     if bad:
         return at, None, str(bad[0])
     return at, Recorded([outputs[j] for j in range(len(lm.sites))], k), None
+
+
+def checked(lm, recorded: Recorded, at: torch.Tensor, forward: Callable[[], torch.Tensor]):
+    """The check of a re-entered run: ``forward()`` (the recorded unpatched pass) re-entered at the last block
+    must return ``at``, what it returned whole, bit for bit. Returns ``(recorded, None)``, or ``(None, why)``
+    where it differs or re-entering raised."""
+    try:
+        with entered(lm, recorded, len(lm.sites) - 1):
+            again = forward()
+    except Exception as exc:  # noqa: BLE001 (a block that cannot be skipped: whole passes)
+        return None, f"re-entering the run failed: {type(exc).__name__}: {exc}"
+    if not torch.equal(again, at):
+        return None, "the unpatched run re-entered at its last block differs from it"
+    return recorded, None
+
+
+@contextmanager
+def reentering(lm, recorded: Recorded | None, start: int):
+    """:func:`entered` where there is a recorded run, else nothing (a whole pass)."""
+    if recorded is None:
+        yield
+    else:
+        with entered(lm, recorded, start):
+            yield
 
 
 @dataclass
@@ -219,7 +243,7 @@ def layer_head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "cor
     why = reentry_refusal(lm) if reenter else "whole passes asked for"
     t0 = clock()
     if why is None:
-        at, recorded, why = _recording_pass(lm, enc, inputs[run], k)
+        at, recorded, why = recording_pass(lm, k, len(enc), lambda: full_pass(lm, enc, inputs[run], k)[0])
     else:
         at, recorded = full_pass(lm, enc, inputs[run], k)[0], None
     whole = clock() - t0
@@ -231,16 +255,10 @@ def layer_head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "cor
         lds[name] = last_logit_diffs(full_pass(lm, enc, inputs[name], k)[0], enc, k)
     means = {name: float(lds[name][0].mean()) for name in ids}
     last = None
-    if recorded is not None:  # the check: the unpatched run re-entered at its last block gives its own logits
+    if recorded is not None:
         t0 = clock()
-        try:
-            with entered(lm, recorded, len(lm.sites) - 1):
-                again = full_pass(lm, enc, inputs[run], k)[0]
-            last = clock() - t0
-            if not torch.equal(again, at):
-                recorded, last, why = None, None, "the unpatched run re-entered at its last block differs from it"
-        except Exception as exc:  # noqa: BLE001 (a block that cannot be skipped: whole passes)
-            recorded, last, why = None, None, f"re-entering the run failed: {type(exc).__name__}: {exc}"
+        recorded, why = checked(lm, recorded, at, lambda: full_pass(lm, enc, inputs[run], k)[0])
+        last = clock() - t0 if recorded is not None else None
     chunks = [list(range(s, min(s + k, len(jobs)))) for s in range(0, len(jobs), k)]
     starts = [min(jobs[j][0] for j in chunk) if recorded is not None else 0 for chunk in chunks]
     if info is not None:
@@ -250,7 +268,7 @@ def layer_head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "cor
     patched, bases = np.zeros(len(jobs)), np.zeros(len(jobs))
     for chunk, start in zip(chunks, starts):
         patches = job_patches(lm, enc, [jobs[j] for j in chunk], k)
-        with entered(lm, recorded, start) if recorded is not None else _nothing():
+        with reentering(lm, recorded, start):
             logits = full_pass(lm, enc, inputs[run], k, patches, donor_z)[0]
         patched[chunk] = last_logit_diffs(logits, enc, k).mean(1).numpy()[: len(chunk)]
         bases[chunk] = base[: len(chunk)]
@@ -258,7 +276,3 @@ def layer_head_logit_diffs(lm, enc: EncodedPairs, jobs: list, *, run: str = "cor
             progress(chunk[-1] + 1, len(jobs))
     return patched, bases, means
 
-
-@contextmanager
-def _nothing():
-    yield
