@@ -7,6 +7,7 @@ timed (a fake clock)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -156,3 +157,35 @@ def test_smollm2_first_pair_is_reentered_with_the_same_numbers(smollm2):
     assert info["reentered"], info["why"]
     assert info["starts"] == list(range(30))
     _assert_equal(whole, layered)
+
+
+def _spy(starts: list, own):
+    """``reentering`` noting (re-entered, start) of each pass."""
+    def spy(lm, recorded, start):
+        starts.append((recorded is not None, start))
+        return own(lm, recorded, start)
+    return spy
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gpt_neox"])
+def test_components_reentered_equal_whole_passes_bit_for_bit(kind, monkeypatch):
+    """Every component (q, k, v, pattern, the residual stream, the MLP's output), 3 jobs a pass (spanning
+    layers): re-entered passes against whole passes (re-entry refused by a stand-in refusal)."""
+    import probe.effects.components as components
+
+    lm = tiny_model(kind, layers=4)
+    enc = encode_pairs(lm, PAIRS)
+    for name in ("q", "k", "v", "pattern", "resid", "mlp"):
+        U = components.units(lm, name)[0]
+        jobs = [(i, u, w) for i in range(len(lm.sites)) for w in ("all", "last") for u in range(U)]
+        starts: list = []
+        with monkeypatch.context() as m:
+            m.setattr(components, "reentering", _spy(starts, components.reentering))
+            layered = components.component_logit_diffs(lm, enc, name, jobs, run="corrupted", donor="clean", per_pass=3)
+        assert starts == [(True, min(j[0] for j in jobs[s:s + 3])) for s in range(0, len(jobs), 3)], name
+        with monkeypatch.context() as m:
+            m.setattr(components, "reentry_refusal", lambda lm: "whole passes")
+            m.setattr(components, "reentering", lambda lm, recorded, start: contextlib.nullcontext(
+                None if recorded is None else pytest.fail("re-entered")))
+            whole = components.component_logit_diffs(lm, enc, name, jobs, run="corrupted", donor="clean", per_pass=3)
+        _assert_equal(whole, layered)
