@@ -1,9 +1,9 @@
 """probe.effects.patch_layers: patched passes that re-enter the unpatched run at the patched layer give the
 whole passes' numbers bit for bit (tiny LLaMA, GPT-2, GPT-NeoX and more families, discovered types, a masked-LM
-encoder; passes of one layer and passes spanning layers), compute only the blocks from the patched layer on
-(counted by the blocks' MLP calls), fall back to whole passes where the model cannot be re-entered (T5, BART,
-ALBERT's shared block, a re-entered run that differs), and the estimate line's numbers come from the passes it
-timed (a fake clock)."""
+encoder, SmolLM2's first pair; passes of one layer and passes spanning layers; every component: q, k, v,
+pattern, resid, mlp), compute only the blocks from the patched layer on (counted by the blocks' MLP calls),
+fall back to whole passes where the model cannot be re-entered (T5, BART, ALBERT's shared block, a re-entered
+run that differs), and the estimate line's numbers come from the passes it timed (a fake clock)."""
 
 from __future__ import annotations
 

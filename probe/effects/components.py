@@ -23,7 +23,8 @@ metric's position only (``last``; for ``pattern`` the query row, every key).
 Activation patching: the run (corrupted when denoising) with the component's unit taken from the donor
 run (clean when denoising), effects normalised as :func:`~probe.effects.patching.patch_heads` does
 (several patched copies of the batch in one pass, the baselines of the same shape: a patch with the
-run's own value gives exactly 0). Attribution patching (Nanda 2023; Syed et al. 2023): per unit, the
+run's own value gives exactly 0; each pass re-entering the unpatched run at the lowest layer it patches
+where the model allows it, :mod:`.patch_layers`). Attribution patching (Nanda 2023; Syed et al. 2023): per unit, the
 sum over its positions and features of (donor - run) * dLD/d(component) in the run, from one forward
 and one backward pass; the first-order estimate of the same raw difference.
 
