@@ -56,8 +56,8 @@ def patch_command(model_name, pairs, direction, method, components, heads_per_pa
     from ..sites import head_name
 
     folder = Folder(out, force)
-    run = run_patch(model_name, settings, pairs=given, console=command_console(progress, folder, say=True),
-                    device=device, dtype=dtype)
+    console = command_console(progress, folder, say=True, estimate=True)  # the patched passes' time, once measured
+    run = run_patch(model_name, settings, pairs=given, console=console, device=device, dtype=dtype)
     path = run.save(folder.path, force=force)
     result, lm = run.measured, run.lm
     p = result.patching

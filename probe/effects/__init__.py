@@ -6,9 +6,9 @@
   intervals (:mod:`.groups`), the induction claim on repeated random tokens (:mod:`.induction`) and
   the in-context learning score (:mod:`.icl`); ``probe effects`` is :mod:`.run` with its report
   section :mod:`.report`.
-- Activation patching (:mod:`.patching` for decoders, :mod:`.patch_full` for masked-LM encoders and
-  encoder-decoder models, on the prompt pairs of :mod:`.pairs`), direct logit attribution
-  (:mod:`.dla`) and weight-only composition scores (:mod:`.composition`); ``probe patch`` is
+- Activation patching (:mod:`.patching`; the passes of :mod:`.patch_full`, re-entered at the patched
+  layer by :mod:`.patch_layers` where the model allows it; on the prompt pairs of :mod:`.pairs`), direct
+  logit attribution (:mod:`.dla`) and weight-only composition scores (:mod:`.composition`); ``probe patch`` is
   :mod:`.patch_run` with its report section :mod:`.patch_report`.
 
 Example::

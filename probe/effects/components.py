@@ -23,7 +23,8 @@ metric's position only (``last``; for ``pattern`` the query row, every key).
 Activation patching: the run (corrupted when denoising) with the component's unit taken from the donor
 run (clean when denoising), effects normalised as :func:`~probe.effects.patching.patch_heads` does
 (several patched copies of the batch in one pass, the baselines of the same shape: a patch with the
-run's own value gives exactly 0). Attribution patching (Nanda 2023; Syed et al. 2023): per unit, the
+run's own value gives exactly 0; each pass re-entering the unpatched run at the lowest layer it patches
+where the model allows it, :mod:`.patch_layers`). Attribution patching (Nanda 2023; Syed et al. 2023): per unit, the
 sum over its positions and features of (donor - run) * dLD/d(component) in the run, from one forward
 and one backward pass; the first-order estimate of the same raw difference.
 
@@ -50,6 +51,7 @@ from ..errors import UnsupportedAnalysisError
 from .attribution import correlation
 from .pairs import EncodedPairs
 from .patch_full import last_logit_diffs, model_inputs, positions
+from .patch_layers import checked, recording_pass, reentering, reentry_refusal
 from .patching import normalise
 
 
@@ -166,13 +168,16 @@ def per_unit(t: torch.Tensor, name: str) -> torch.Tensor:
     return t.sum(tuple(range(3, t.dim())))
 
 
-def _metric(lm, enc: EncodedPairs, inputs: dict, name: str, fn, copies: int) -> torch.Tensor:
-    """[copies, pairs] LD of one pass with ``fn`` installed at ``name`` (float64)."""
+def _metric(lm, enc: EncodedPairs, inputs: dict, name: str, fn, copies: int, at: bool = False):
+    """[copies, pairs] LD of one pass with ``fn`` installed at ``name`` (float64); ``at``: (LD, [copies *
+    pairs, vocab] the metric-position logits)."""
     with intervening(lm) as iv:
         install(iv, lm, name, fn)
         logits = lm.model(**inputs).logits
     rows = torch.arange(copies * len(enc), device=logits.device)
-    return last_logit_diffs(logits[rows, enc.last.repeat(copies).to(logits.device)], enc, copies)
+    last = logits[rows, enc.last.repeat(copies).to(logits.device)]
+    ld = last_logit_diffs(last, enc, copies)
+    return (ld, last) if at else ld
 
 
 def record(store: dict):
@@ -186,8 +191,11 @@ def record(store: dict):
 @torch.no_grad()
 def component_logit_diffs(lm, enc: EncodedPairs, name: str, jobs: list, *, run: str, donor: str,
                           per_pass: int, progress=None) -> tuple[np.ndarray, np.ndarray, dict]:
-    """LD of patched runs, one per job (layer index, unit, ``all`` or ``last``), by whole passes of
-    ``per_pass`` copies; as :func:`~probe.effects.patch_full.full_head_logit_diffs` for any component.
+    """LD of patched runs, one per job (layer index, unit, ``all`` or ``last``), by passes of ``per_pass``
+    copies; as :func:`~probe.effects.patch_layers.layer_head_logit_diffs` for any component: each pass
+    re-enters the unpatched run at the lowest layer it patches where the model allows it
+    (:func:`~probe.effects.patch_layers.reentry_refusal`, checked per run), else whole passes, the same
+    numbers.
 
     Returns:
         ``(ld_patched [jobs], ld_base [jobs], means)``: ``means`` the clean and corrupted runs' mean LD.
@@ -195,7 +203,16 @@ def component_logit_diffs(lm, enc: EncodedPairs, name: str, jobs: list, *, run: 
     k = max(1, min(per_pass, len(jobs)))
     ids = {"clean": enc.clean, "corrupted": enc.corrupted}
     inputs = {n: model_inputs(lm, enc, ids[n], k) for n in ids}
-    lds = {n: _metric(lm, enc, inputs[n], name, lambda i, t: t, k) for n in ids}
+    same = lambda i, t: t  # noqa: E731
+    lds = {n: _metric(lm, enc, inputs[n], name, same, k) for n in ids if n != run}
+    recorded = None
+    if reentry_refusal(lm) is None:
+        (lds[run], at), recorded, _ = recording_pass(lm, k, len(enc),
+                                                     lambda: _metric(lm, enc, inputs[run], name, same, k, at=True))
+        if recorded is not None:
+            recorded = checked(lm, recorded, at, lambda: _metric(lm, enc, inputs[run], name, same, k, at=True)[1])[0]
+    else:
+        lds[run] = _metric(lm, enc, inputs[run], name, same, k)
     means = {n: float(v[0].mean()) for n, v in lds.items()}
     base = lds[run].mean(1).numpy()
     values: dict = {}
@@ -215,7 +232,8 @@ def component_logit_diffs(lm, enc: EncodedPairs, name: str, jobs: list, *, run: 
             if i not in sels:
                 return t
             return torch.where(to_layout(sels[i], name, t), values[i].to(t.dtype), t)
-        patched[chunk] = _metric(lm, enc, inputs[run], name, patch, k).mean(1).numpy()[: len(chunk)]
+        with reentering(lm, recorded, min(jobs[j][0] for j in chunk)):  # blocks below it: the recorded run
+            patched[chunk] = _metric(lm, enc, inputs[run], name, patch, k).mean(1).numpy()[: len(chunk)]
         bases[chunk] = base[: len(chunk)]
         if progress:
             progress(chunk[-1] + 1, len(jobs))

@@ -73,7 +73,7 @@ STAGES = {"patch_s": "activation patching", "attribution_s": "attribution patchi
 
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", direction: str = "denoise",
             heads_per_pass: int | None = None, progress=None, rope_offsets: int = 1, say=None,
-            method: str = "activation", components: tuple[str, ...] = ("z",)) -> PatchRun:
+            method: str = "activation", components: tuple[str, ...] = ("z",), estimate=None) -> PatchRun:
     """Patching, DLA and composition of ``lm`` on ``pairs`` (default the built-in set); ``rope_offsets``:
     composition's RoPE offsets (:func:`~probe.effects.composition.composition_scores`); ``say``: a
     callable given one line as each stage ends (``activation patching: done in 12.3 s``), or None;
@@ -82,7 +82,9 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     ``attribution_raw_last`` and ``attrs["attribution"]``, the correlations of the two over the heads;
     ``components``: what is patched (:data:`~probe.effects.components.COMPONENTS`): z always (the
     heatmaps and heads.csv read it), the others into ``PatchRun.components``
-    (:func:`~probe.effects.components.measure_components`), by the same method.
+    (:func:`~probe.effects.components.measure_components`), by the same method; ``estimate``: a callable given
+    one line after activation patching's first passes, the time its patched passes will take
+    (:class:`~probe.effects.patch_layers.PatchForecast`), or None.
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`~probe.effects.patching.patch_heads`.
@@ -91,7 +93,8 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     check_components(lm, components)
     seconds, notes = {}, []
     t = time.perf_counter()
-    patching = patch_heads(lm, pairs, direction=direction, heads_per_pass=heads_per_pass, progress=progress)
+    patching = patch_heads(lm, pairs, direction=direction, heads_per_pass=heads_per_pass, progress=progress,
+                           estimate=estimate)
     seconds["patch_s"] = time.perf_counter() - t
     _said(say, seconds, "patch_s")
     notes += patching.attrs["notes"]
@@ -155,9 +158,9 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
               direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
               timings: dict | None = None, started: float | None = None,
               rope_offsets: int = 1, say=None, method: str = "activation",
-              components: tuple[str, ...] = ("z",)) -> tuple[PatchRun, Path]:
+              components: tuple[str, ...] = ("z",), estimate=None) -> tuple[PatchRun, Path]:
     """Measure and label (:func:`patch_analysis`), write the run folder; ``say``: a callable given a line
-    as each stage ends (for a log without progress bars), or None.
+    as each stage ends (for a log without progress bars), or None; ``estimate``: as :func:`measure`'s.
 
     Returns:
         ``(PatchRun, run folder)``.
@@ -168,7 +171,7 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
     with claim_run_dir(out, lm.name, force) as folder:
         result, analysis = patch_analysis(lm, pairs, source=source, direction=direction,
                                           heads_per_pass=heads_per_pass, progress=progress, rope_offsets=rope_offsets,
-                                          say=say, method=method, components=components)
+                                          say=say, method=method, components=components, estimate=estimate)
         path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
     return result, path
 
@@ -176,9 +179,10 @@ def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = Fa
 def patch_analysis(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set",
                    direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
                    rope_offsets: int = 1, say=None, method: str = "activation",
-                   components: tuple[str, ...] = ("z",)) -> tuple[PatchRun, AnalysisResult]:
-    """Measure (:func:`measure`) and label the heads with a short analysis: ``(PatchRun, the analysis the run
-    folder is written from)`` (heads.csv's columns merged, ``results["patching"]``), no folder written.
+                   components: tuple[str, ...] = ("z",), estimate=None) -> tuple[PatchRun, AnalysisResult]:
+    """Measure (:func:`measure`; ``estimate`` as there) and label the heads with a short analysis: ``(PatchRun,
+    the analysis the run folder is written from)`` (heads.csv's columns merged, ``results["patching"]``), no
+    folder written.
 
     Raises:
         InputError, UnsupportedAnalysisError: as :func:`measure`.
@@ -187,7 +191,7 @@ def patch_analysis(lm, pairs: list[Pair] | None = None, *, source: str = "built-
                        leave=False) if progress else None
     try:
         result = measure(lm, pairs, source=source, direction=direction, heads_per_pass=heads_per_pass,
-                         rope_offsets=rope_offsets, say=say, method=method, components=components,
+                         rope_offsets=rope_offsets, say=say, method=method, components=components, estimate=estimate,
                          progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
     finally:
         if bar is not None:

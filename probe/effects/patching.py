@@ -19,8 +19,10 @@ difference LD_p - LD_(unpatched run) in logits instead (the result says so).
 
 Several patched copies of the batch share one forward pass; every pass, the unpatched baselines
 included, has the same shape, so a patch that changes nothing gives exactly 0. Every model kind
-runs whole passes, one engine (:mod:`.patch_full`): decoders, masked-LM encoders and
-encoder-decoder models (every encoder self, decoder self and cross head).
+runs the passes of :mod:`.patch_full`: decoders, masked-LM encoders and encoder-decoder models (every
+encoder self, decoder self and cross head); where the model allows it (:mod:`.patch_layers`: one-stack
+models), a patched pass re-enters the unpatched run at the lowest layer it patches instead of
+computing the layers below again, the same numbers bit for bit.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from ..capture.intervene import intervening
 from ..causal.objectives import head_kind
 from ..errors import InputError, UnsupportedAnalysisError
 from .pairs import EncodedPairs, Pair, builtin_pairs, encode_pairs, parse_pairs, read_pairs
-from .patch_full import full_head_logit_diffs, full_pass, last_logit_diffs, model_inputs, patched_logits
+from .patch_full import full_pass, last_logit_diffs, model_inputs, patched_logits
+from .patch_layers import layer_head_logit_diffs
 
 __all__ = ["EncodedPairs", "Pair", "builtin_pairs", "encode_pairs", "parse_pairs", "read_pairs", "MIN_GAP",
            "DIRECTIONS", "check_patchable", "logit_diffs", "run_z", "patched_pass",
@@ -132,9 +135,10 @@ def final_norm(lm) -> torch.nn.Module:
     return norm
 
 
-#: LD of patched runs, one per job, by whole passes, for every model kind (the one engine:
-#: :func:`probe.effects.patch_full.full_head_logit_diffs`).
-head_logit_diffs = full_head_logit_diffs
+#: LD of patched runs, one per job, for every model kind: passes re-entering the unpatched run at the patched
+#: layer where the model allows it, else whole passes, the same numbers
+#: (:func:`probe.effects.patch_layers.layer_head_logit_diffs`).
+head_logit_diffs = layer_head_logit_diffs
 
 
 def normalise(raw: np.ndarray, gap: float, direction: str) -> tuple[np.ndarray, bool]:
@@ -146,7 +150,7 @@ def normalise(raw: np.ndarray, gap: float, direction: str) -> tuple[np.ndarray, 
 
 
 def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denoise",
-                heads_per_pass: int | None = None, progress=None) -> pd.DataFrame:
+                heads_per_pass: int | None = None, progress=None, estimate=None) -> pd.DataFrame:
     """Activation patching of every head's z_h, all real positions and the last one.
 
     Args:
@@ -158,6 +162,8 @@ def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denois
         heads_per_pass: patched copies of the batch per forward pass (memory: copies x pairs x T tokens);
             default 2 x heads (one layer's heads, all positions and last, in one pass).
         progress: a callable ``(done, total)`` or None.
+        estimate: a callable given one line, the time the patched passes will take as measured by the first
+            passes (:class:`probe.effects.patch_layers.PatchForecast`), or None.
 
     Returns:
         One row per head of every site (``lm.sites`` order): ``stack``, ``kind``, ``layer``, ``head``,
@@ -180,7 +186,7 @@ def patch_heads(lm, pairs: list[Pair] | None = None, *, direction: str = "denois
     heads_per_pass = heads_per_pass or 2 * H
     run, donor = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
     ld_p, ld_base, means = head_logit_diffs(lm, enc, jobs, run=run, donor=donor, heads_per_pass=heads_per_pass,
-                                   progress=progress)
+                                            progress=progress, estimate=estimate)
     raw = (ld_p - ld_base).reshape(S, 2, H).transpose(1, 0, 2)  # [where, sites, heads]
     gap = means["clean"] - means["corrupted"]
     effect, normalized = normalise(raw, gap, direction)

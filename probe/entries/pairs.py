@@ -81,7 +81,8 @@ def run_patch(model, settings: PatchSettings | None = None, *, pairs=None, conso
         settings: :class:`~probe.settings.PatchSettings` (pairs file, direction, method, components, heads per
             pass, RoPE offsets).
         pairs: :class:`~probe.effects.patching.Pair` objects instead of the settings' file.
-        console: progress bars (else a line per stage through ``say``), the start line (``announce``).
+        console: progress bars (else a line per stage through ``say``), the start line (``announce``), the
+            patched passes' time after the first passes (``estimate``).
         device, dtype: where and how a named model loads.
 
     Returns:
@@ -106,7 +107,8 @@ def run_patch(model, settings: PatchSettings | None = None, *, pairs=None, conso
     measured, analysis = patch_analysis(lm, pairs, source=source, direction=s.direction,
                                         heads_per_pass=s.heads_per_pass, progress=console.progress,
                                         rope_offsets=s.rope_offsets, method=s.method, components=s.components,
-                                        say=None if console.progress else console.say)  # no bars: a line a stage
+                                        say=None if console.progress else console.say,  # no bars: a line a stage
+                                        estimate=console.estimate)
     tables = {"heads": analysis.heads, "patching": measured.patching, "dla": measured.dla,
               "composition": measured.composition, "components": measured.components}
     return folder_result("patch", s, lm, analysis, measured, console, tables)
