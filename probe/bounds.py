@@ -304,7 +304,8 @@ def path_reads(senders: str, receivers: str) -> None:
     Raises:
         InputError: a receiver at or below every sender's layer (naming both).
     """
-    heads = [(int(m[1]), int(m[2])) for m in map(HEAD_NAME.fullmatch, (p.strip() for p in senders.split(","))) if m]
+    heads = [(int(m[1]), int(m[2]), m[0])  # (layer, head, the name as typed)
+             for m in map(HEAD_NAME.fullmatch, (p.strip() for p in senders.split(","))) if m]
     if not heads:
         return
     lowest = min(heads)
@@ -312,6 +313,6 @@ def path_reads(senders: str, receivers: str) -> None:
         m = INPUT_NAME.fullmatch(part)
         if m is not None and int(m[1]) <= lowest[0]:
             raise InputError(f"--receivers: {part} reads nothing the senders write: it is at layer {int(m[1])} and "
-                             f"the lowest sender, L{lowest[0]}H{lowest[1]}, at layer {lowest[0]} (a head reads only "
+                             f"the lowest sender, {lowest[2]}, at layer {lowest[0]} (a head reads only "
                              "what the layers below it wrote), so every effect into it would be exactly 0; choose "
                              "receivers above a sender, or logits")
