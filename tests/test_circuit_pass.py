@@ -224,3 +224,22 @@ def test_circuits_that_prune_to_nothing_or_to_the_clean_run_need_no_pass(evaluat
     assert ev.needs_pass(only_logits) and ev.runs == runs
     ev.metric(only_logits)
     assert ev.runs == runs + 1
+
+
+def test_a_sparse_product_is_built_without_torchs_beta_warning():
+    """A newcomer's ``probe circuit`` printed torch's 'Sparse CSR tensor support is in beta' warning in the
+    middle of its progress lines: the product is built without it, and equals the dense product."""
+    import warnings
+
+    from probe.circuits.passplan import SPARSE_BELOW, _product
+    w = np.zeros((6, 40), dtype=np.int8)
+    w[0, 3] = w[5, 17] = 1
+    w[2, 30] = -1
+    assert np.count_nonzero(w) < SPARSE_BELOW * 40  # sparse enough to be stored as CSR
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        product = _product(w, 0, 40, torch.float64, torch.device("cpu"))
+    assert [str(c.message) for c in caught] == []
+    assert product.weights.layout == torch.sparse_csr
+    x = torch.randn(40, 3, dtype=torch.float64)
+    assert torch.equal(product.weights @ x, torch.as_tensor(w, dtype=torch.float64) @ x)

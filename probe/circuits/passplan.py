@@ -22,6 +22,7 @@ stream is the clean run.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -105,7 +106,9 @@ def _product(weights: np.ndarray, lo: int, hi: int, dtype, device) -> Product | 
         return None
     t = torch.as_tensor(w, dtype=dtype, device=device)
     if nnz < SPARSE_BELOW * (hi - lo) and device.type == "cpu":
-        t = t.to_sparse_csr()
+        with warnings.catch_warnings():  # torch calls its sparse CSR support beta: said once a process, on stderr
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
+            t = t.to_sparse_csr()
     return Product(csr(w), t, lo, hi)
 
 
