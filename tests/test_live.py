@@ -501,6 +501,38 @@ def test_an_encoder_decoder_is_refused_before_its_weights_load(tmp_path, monkeyp
               f"{folder} is an encoder-decoder model; probe live draws encoders and decoders")
 
 
+def test_any_address_accepts_the_address_each_connection_reached():
+    """--host 0.0.0.0 or ::: a Host that is the IP address (with the port) the connection reached is this server's,
+    so other machines can open the page; a name, another address or another port is not (DNS rebinding)."""
+    from starlette.requests import Request
+
+    from probe.live.server import Guard, served_hosts
+
+    def refused(guard, host, server=("192.0.2.7", 8000), origin=None):
+        headers = [(b"host", host.encode()), (b"x-probe-token", TOKEN.encode())]
+        headers += [(b"origin", origin.encode())] if origin else []
+        scope = {"type": "http", "method": "GET", "path": "/", "query_string": b"", "headers": headers,
+                 "server": server}
+        refusal = guard.refusal(Request(scope))
+        return None if refusal is None else refusal.status_code
+
+    anywhere = Guard(None, TOKEN, served_hosts("0.0.0.0", 8000), any_address=True)
+    assert refused(anywhere, "192.0.2.7:8000") is None
+    assert refused(anywhere, "192.0.2.7:8000", origin="http://192.0.2.7:8000") is None
+    assert refused(anywhere, "127.0.0.1:8000", server=("127.0.0.1", 8000)) is None
+    assert refused(anywhere, "[fd00::2]:8000", server=("fd00::2", 8000)) is None
+    assert refused(anywhere, "192.0.2.7:8000", server=("::ffff:192.0.2.7", 8000)) is None
+    assert refused(anywhere, "192.0.2.8:8000") == 403
+    assert refused(anywhere, "192.0.2.7:8001") == 403
+    assert refused(anywhere, "evil.example:8000") == 403
+    assert refused(anywhere, "192.0.2.7:8000", origin="http://evil.example") == 403
+    both = Guard(None, TOKEN, served_hosts("::", 8000), any_address=True)
+    assert refused(both, "127.0.0.1:8000", server=("::ffff:127.0.0.1", 8000)) is None
+    assert refused(both, "[::1]:8000", server=("::1", 8000)) is None
+    local = Guard(None, TOKEN, served_hosts("127.0.0.1", 8000))
+    assert refused(local, "192.0.2.7:8000") == 403
+
+
 def test_serves_until_ctrl_c_with_status_130(tmp_path):
     """A real server (a tiny model folder): the printed address answers with its token; another host prints a
     warning; Ctrl-C ends it with 'Interrupted.' and status 130."""

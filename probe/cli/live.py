@@ -30,7 +30,7 @@ def live_command(model_name, port, host, max_chars, max_tokens, device=None, dty
     activation patching against a corrupted text, all redrawn at every edit. The model loads once; the
     printed address (with its random token) opens the page; Ctrl-C stops the server."""
     settings = build(LiveSettings, locals())
-    from ..live.server import bind, make_app, new_token, served_hosts, server
+    from ..live.server import ANY_ADDRESS, bind, make_app, new_token, served_hosts, server
     from ..live.session import LiveSession, check_live_config
     from ..loading.models import load_model, peek_config
 
@@ -45,8 +45,8 @@ def live_command(model_name, port, host, max_chars, max_tokens, device=None, dty
         lm = load_model(model_name, dtype=dtype, device=device)
         session = LiveSession(lm, settings)
         token = new_token()
-        app = make_app(session, token, served_hosts(host, real_port))
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        app = make_app(session, token, served_hosts(host, real_port), any_address=host in ANY_ADDRESS)
+        shown = "127.0.0.1" if host in ANY_ADDRESS else host
         shown = f"[{shown}]" if ":" in shown else shown
         click.echo(f"probe live: {lm.name} ({lm.kind}, {len(lm.sites)} layers x {lm.geometry.n_heads} heads)")
         click.echo(f"http://{shown}:{real_port}/?token={token}", color=False)

@@ -19,6 +19,7 @@ in a worker thread, one forward pass at a time (the session's lock).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import secrets
 import socket
@@ -41,6 +42,17 @@ MAX_BODY = 64 * 1024
 TOKEN_HEADER = "x-probe-token"
 #: Hosts that need no --host option.
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
+#: Addresses that serve every address of the machine (``--host 0.0.0.0``, ``--host ::``).
+ANY_ADDRESS = ("0.0.0.0", "::")
+
+
+def _ip(text: str):
+    """``text`` as an IP address (an IPv4-mapped IPv6 address as its IPv4 one), or None for a name."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return getattr(address, "ipv4_mapped", None) or address
 
 
 def new_token() -> str:
@@ -65,11 +77,27 @@ class Guard:
 
     Args:
         app: the app it guards. token: the required token. hosts: the ``host:port`` forms the
-            ``Host`` header may take (and ``http://`` + them, an ``Origin``).
+            ``Host`` header may take (and ``http://`` + them, an ``Origin``). any_address: served on every
+            address of the machine (0.0.0.0, ::): a ``Host`` that is the IP address (not a name) the
+            connection reached, with the port served, is this server's too (a page that rebinds its name
+            sends that name, never an address literal).
     """
 
-    def __init__(self, app, token: str, hosts: set[str]) -> None:
-        self.app, self.token, self.hosts = app, token, set(hosts)
+    def __init__(self, app, token: str, hosts: set[str], any_address: bool = False) -> None:
+        self.app, self.token, self.hosts, self.any_address = app, token, set(hosts), any_address
+
+    def _reached(self, host: str, request: Request) -> bool:
+        """Whether ``host`` is the address and port this connection reached (``any_address`` only)."""
+        server = request.scope.get("server")
+        if not self.any_address or not server:
+            return False
+        name, _, port = host.rpartition(":")
+        if not port.isdigit() or int(port) != server[1]:
+            return False
+        if name.startswith("[") and name.endswith("]"):
+            name = name[1:-1]
+        here, asked = _ip(str(server[0])), _ip(name)
+        return here is not None and asked == here
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -83,10 +111,11 @@ class Guard:
     def refusal(self, request: Request) -> Response | None:
         """The response refusing ``request``, or None to let it through."""
         host = request.headers.get("host", "")
-        if host not in self.hosts:
+        hosts = self.hosts | ({host} if self._reached(host, request) else set())
+        if host not in hosts:
             return _error(403, f"host {host!r} is not this server's address")
         origin = request.headers.get("origin")
-        if origin is not None and origin not in {f"http://{h}" for h in self.hosts}:
+        if origin is not None and origin not in {f"http://{h}" for h in hosts}:
             return _error(403, f"origin {origin!r} is not this page's: another site cannot drive the model")
         given = request.headers.get(TOKEN_HEADER) or request.query_params.get("token")
         if not given:
@@ -127,13 +156,14 @@ async def _body(request: Request):
         raise BadRequest(400, "malformed JSON: nested too deeply") from None
 
 
-def make_app(session: LiveSession, token: str, hosts: set[str] | None = None) -> Guard:
+def make_app(session: LiveSession, token: str, hosts: set[str] | None = None, any_address: bool = False) -> Guard:
     """The live app for ``session``: the page and the API behind the :class:`Guard`.
 
     Args:
         session: the model session. token: the token every request must carry.
         hosts: the ``host:port`` forms of the address served (default: 127.0.0.1 and localhost with
-            no port, and ``testserver``, Starlette's TestClient's).
+            no port, and ``testserver``, Starlette's TestClient's). any_address: served on 0.0.0.0 or ::
+            (:class:`Guard`: the address each connection reached is accepted as its ``Host``).
     """
     hosts = hosts or {"127.0.0.1", "localhost", "testserver"}
 
@@ -166,7 +196,7 @@ def make_app(session: LiveSession, token: str, hosts: set[str] | None = None) ->
 
     app = Starlette(routes=[Route("/", index), Route("/api/{route}", api, methods=["GET", "POST"])],
                     exception_handlers={404: missing, 405: missing})
-    return Guard(app, token, hosts)
+    return Guard(app, token, hosts, any_address=any_address)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -191,10 +221,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 def served_hosts(host: str, port: int) -> set[str]:
     """The ``Host`` header values of ``host:port``: the host as given, and 127.0.0.1 and localhost where
-    it is one of them (or 0.0.0.0: every local address)."""
+    it is one of them (or 0.0.0.0 or ::, every address of the machine: with ::1 for ::; the machine's other
+    addresses are accepted per connection, :class:`Guard`'s ``any_address``)."""
     names = {host}
-    if host in (*LOCAL_HOSTS, "0.0.0.0"):
+    if host in (*LOCAL_HOSTS, *ANY_ADDRESS):
         names |= set(LOCAL_HOSTS)
+    if host == "::":
+        names.add("::1")
     return {f"{n}:{port}" for n in names} | {f"[{n}]:{port}" for n in names if ":" in n}
 
 
@@ -204,4 +237,5 @@ def server(app, sock: socket.socket):
     return uvicorn.Server(config)
 
 
-__all__ = ["MAX_BODY", "TOKEN_HEADER", "Guard", "bind", "make_app", "new_token", "served_hosts", "server"]
+__all__ = ["ANY_ADDRESS", "MAX_BODY", "TOKEN_HEADER", "Guard", "bind", "make_app", "new_token", "served_hosts",
+           "server"]
