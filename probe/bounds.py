@@ -45,8 +45,9 @@ def limit(value: int | None) -> int | None:
     return None if value is None else positive_int("--limit", value)
 
 
-def max_length(value: int | None, model_limit: int) -> int:
-    """The token limit per sequence: ``value`` as given (default: the model's limit), never changed.
+def max_length(value: int | None, model_limit: int, option: str = "max length") -> int:
+    """The token limit per sequence: ``value`` as given (default: the model's limit), never changed;
+    ``option`` names it in the error (``--max-tokens`` for ``probe live``).
 
     Raises:
         InputError: ``value`` below 2 (a sequence needs at least two tokens to have attention to
@@ -55,9 +56,9 @@ def max_length(value: int | None, model_limit: int) -> int:
     """
     if value is None:
         return model_limit
-    positive_int("max length (tokens)", value, 2)
+    positive_int(f"{option} (tokens)", value, 2)
     if int(value) > model_limit:
-        raise InputError(f"max length {int(value)} tokens is above the model's limit of {model_limit} tokens "
+        raise InputError(f"{option} {int(value)} tokens is above the model's limit of {model_limit} tokens "
                          "(its position table or its tokenizer's model_max_length); give at most that")
     return int(value)
 

@@ -259,6 +259,13 @@ def test_a_long_batch_is_announced_once_from_its_second_layer(monkeypatch):
     for _ in range(30):
         p.site_done()
     assert len(lines) == 1 and len(p.said) == 2
+    compiled: list[str] = []  # a short text on a first run: 10 s of compile in its first layer, 0.01 s a layer after
+    monkeypatch.setattr(pace, "clock", FakeClock([0.0, 10.0] + [10.0 + 0.01 * k for k in range(1, 6)]))
+    first_run = pace.Pace(6, compiled.append)
+    first_run.begin(1, 12)
+    for _ in range(6):
+        first_run.site_done()
+    assert compiled == [] and first_run.said == []  # the compile has passed: nothing long is left to announce
     quiet: list[str] = []
     monkeypatch.setattr(pace, "clock", FakeClock(step=0.1))  # 0.1 s a layer: 3 s in all
     short = pace.Pace(30, quiet.append)

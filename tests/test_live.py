@@ -336,6 +336,10 @@ def test_session_refusals_name_the_value(dec, enc):
         dec.ablate(TEXT, [[0, 0]], "resample")
     with pytest.raises(probe.errors.UnsupportedAnalysisError, match="without a masked-LM head"):
         enc.patch(TEXT, TEXT)
+    limit = dec.lm.max_length
+    with pytest.raises(probe.errors.InputError, match=f"--max-tokens {limit + 1} tokens is above the model's limit "
+                                                      f"of {limit} tokens"):
+        LiveSession(dec.lm, max_tokens=limit + 1)
 
 
 # --------------------------------------------------------------------------- the server's API

@@ -42,7 +42,8 @@ def test_patch_writes_the_run_folder(setup):
     assert stages == ["activation patching", "direct logit attribution", "composition scores", "labelling analysis"]
     # the patched passes' time once the first passes are timed (issue 49 item 6): 2 passes, from blocks 0 and 1
     assert re.search(r"^estimate from the first passes \(\d+\.\d s; \d+\.\d\d s a block, \d+\.\d\d s a pass besides\): "
-                     r"about \d+ s for 2 patched passes \(1\.5 whole passes' blocks\) on this machine as loaded now$",
+                     r"about \d+ s for 2 patched passes \(1\.5 whole passes' blocks\) on this machine as loaded now; "
+                     r"then DLA, the composition scores, the labelling analysis$",
                      result.stderr, re.M), result.stderr
     rows = list(csv.DictReader((out / "patch.csv").open()))
     assert [(int(r["layer"]), int(r["head"])) for r in rows] == [(layer, h) for layer in range(2) for h in range(4)]

@@ -71,6 +71,12 @@ STAGES = {"patch_s": "activation patching", "attribution_s": "attribution patchi
           "dla_s": "direct logit attribution", "composition_s": "composition scores", "analyze_s": "labelling analysis"}
 
 
+def _then(estimate, what: str, join: str = ", "):
+    """``estimate`` (a callable given one line, or None) with ``what`` added to its line: the stages that follow
+    the patched passes, which the line's figure leaves out."""
+    return None if estimate is None else (lambda line: estimate(f"{line}{join}{what}"))
+
+
 def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set", direction: str = "denoise",
             heads_per_pass: int | None = None, progress=None, rope_offsets: int = 1, say=None,
             method: str = "activation", components: tuple[str, ...] = ("z",), estimate=None) -> PatchRun:
@@ -84,7 +90,7 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     heatmaps and heads.csv read it), the others into ``PatchRun.components``
     (:func:`~probe.effects.components.measure_components`), by the same method; ``estimate``: a callable given
     one line after activation patching's first passes, the time its patched passes will take
-    (:class:`~probe.effects.patch_layers.PatchForecast`), or None.
+    (:class:`~probe.effects.patch_layers.PatchForecast`) and the stages that follow them, or None.
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`~probe.effects.patching.patch_heads`.
@@ -93,8 +99,11 @@ def measure(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI 
     check_components(lm, components)
     seconds, notes = {}, []
     t = time.perf_counter()
+    rest = [w for w, on in (("attribution patching", method == "attribution"),
+                            ("the other components", tuple(components) != ("z",)), ("DLA", True),
+                            ("the composition scores", True)) if on]
     patching = patch_heads(lm, pairs, direction=direction, heads_per_pass=heads_per_pass, progress=progress,
-                           estimate=estimate)
+                           estimate=_then(estimate, f"then {', '.join(rest)}", "; "))
     seconds["patch_s"] = time.perf_counter() - t
     _said(say, seconds, "patch_s")
     notes += patching.attrs["notes"]
@@ -191,7 +200,8 @@ def patch_analysis(lm, pairs: list[Pair] | None = None, *, source: str = "built-
                        leave=False) if progress else None
     try:
         result = measure(lm, pairs, source=source, direction=direction, heads_per_pass=heads_per_pass,
-                         rope_offsets=rope_offsets, say=say, method=method, components=components, estimate=estimate,
+                         rope_offsets=rope_offsets, say=say, method=method, components=components,
+                         estimate=_then(estimate, "the labelling analysis"),
                          progress=(lambda done, total: bar.update(done - bar.n)) if bar else None)
     finally:
         if bar is not None:

@@ -151,7 +151,7 @@ class LiveSession:
         self.parse_special = self._output_kind(head_kind(lm)) == "masked-lm"
         self.max_chars = self.settings.max_chars
         self.max_tokens = (min(MAX_TOKENS, lm.max_length) if self.settings.max_tokens is None
-                           else bounds.max_length(self.settings.max_tokens, lm.max_length))
+                           else bounds.max_length(self.settings.max_tokens, lm.max_length, "--max-tokens"))
         self.lock = threading.Lock()
         self.latest = Latest()
         self._analyses: OrderedDict[str, AnalysisResult] = OrderedDict()

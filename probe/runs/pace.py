@@ -6,8 +6,9 @@ sequences stays at 0 for minutes. :class:`Pace` watches each site's attention ar
 last query block of a block-captured site, have been handed to the accumulators). From the time
 between the first two sites it projects the batch: elapsed + (sites left) x (that time). The first
 site is not the measure: it carries the embeddings and, on a machine's first run, the compile of
-the statistics kernel. Where the projection reaches :data:`LONG_S`, it says so once per run, in one
-line, and (with progress on) shows a bar over the batch's sites.
+the statistics kernel. Where the projection reaches :data:`LONG_S`, and so would the batch's sites at the
+second site's pace (the kernel's compile on a short text is no long batch), it says so once per run, in
+one line, and (with progress on) shows a bar over the batch's sites.
 
 The clock is :data:`clock` (a module attribute, so that a test can give a fake one: no test waits).
 """
@@ -83,7 +84,7 @@ class Pace:
             return
         per = now - self._first
         total = (now - self._start) + per * (self.sites - 2)
-        if total < self.long_s:
+        if total < self.long_s or per * self.sites < self.long_s:  # a first layer's one-off compile is no long batch
             return
         n, tokens = self._shape
         line = (f"this batch ({util.plural(n, 'sequence')} of up to {tokens:,} tokens) will take about "

@@ -129,7 +129,9 @@
     this.corruptBox.setAttribute("aria-label", "corrupted text");
     this.corruptBox.disabled = !!info.patching;
     root.appendChild(this.corruptBox);
-    if (info.patching) root.appendChild(el("div", "pl-note pl-nopatch", "Patching: " + info.patching));
+    if (info.patching) {  // the library's line ends without a full stop (a one-line error); here it is a sentence
+      root.appendChild(el("div", "pl-note pl-nopatch", "Patching: " + info.patching.replace(/([^.!?])$/, "$1.")));
+    }
     this.errorLine = el("div", "pl-error"); this.errorLine.style.display = "none"; this.errors = {};
     root.appendChild(this.errorLine);
     this.tokenLine = el("div", "pl-tokens"); root.appendChild(this.tokenLine);
