@@ -622,3 +622,34 @@ def assert_same_run(a: Path, b: Path) -> None:
         record.pop("timings_s")
         record.pop("created", None)
     assert ra == rb
+
+
+class ServedApp:
+    """A real uvicorn server on a free port of 127.0.0.1, in a thread (the live page's and the widget harness's
+    browser tests); ``make_app(port)`` builds the ASGI app once the port is known; ``with`` gives the base
+    address and stops the server after."""
+
+    def __init__(self, make_app):
+        import threading
+
+        import uvicorn
+
+        from probe.live.server import bind
+
+        self.sock = bind("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(make_app(self.port), log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        import time
+
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +22,7 @@ pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
 import probe  # noqa: E402
-from conftest import CHROMIUM_ARGS, invoke_cli, one_error, save_tiny, tiny_model  # noqa: E402
+from conftest import CHROMIUM_ARGS, ServedApp, invoke_cli, one_error, save_tiny, tiny_model  # noqa: E402
 from probe.capture.maps import capture_attention, encode, forward  # noqa: E402
 from probe.causal.gates import gated  # noqa: E402
 from probe.causal.objectives import sentence_embedding  # noqa: E402
@@ -572,30 +571,11 @@ def test_serves_until_ctrl_c_with_status_130(tmp_path):
 
 # --------------------------------------------------------------------------- the page in a browser
 
-class Served:
+def Served(session) -> ServedApp:
     """A real uvicorn server of a session on a free port, in a thread."""
+    from probe.live.server import served_hosts
 
-    def __init__(self, session):
-        import uvicorn
-
-        from probe.live.server import bind, served_hosts
-
-        self.sock = bind("127.0.0.1", 0)
-        self.port = self.sock.getsockname()[1]
-        app = make_app(session, TOKEN, served_hosts("127.0.0.1", self.port))
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+    return ServedApp(lambda port: make_app(session, TOKEN, served_hosts("127.0.0.1", port)))
 
 
 @pytest.mark.parametrize("width", [1200, 390])

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("anywidget")
 
 import probe  # noqa: E402
-from conftest import CHROMIUM_ARGS, tiny_model  # noqa: E402
+from conftest import CHROMIUM_ARGS, ServedApp, tiny_model  # noqa: E402
 from probe.live.api import answer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,55 +107,37 @@ mod.default.render({model, el: document.getElementById("out")});
 </script></body></html>"""
 
 
-class Harness:
+def Harness(widget) -> ServedApp:
     """The harness page and the kernel's side (the widget's own message handler) on a free port."""
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.routing import Route
 
-    def __init__(self, widget):
-        import uvicorn
-        from starlette.applications import Starlette
-        from starlette.concurrency import run_in_threadpool
-        from starlette.requests import Request
-        from starlette.responses import HTMLResponse, JSONResponse
-        from starlette.routing import Route
+    page = HARNESS % {"css": widget._css, "esm": json.dumps(widget._esm).replace("</", "<\\/"),
+                      "text": json.dumps(widget.text)}
 
-        from probe.live.server import bind
+    async def index(request):
+        return HTMLResponse(page)
 
-        page = HARNESS % {"css": widget._css, "esm": json.dumps(widget._esm).replace("</", "<\\/"),
-                          "text": json.dumps(widget.text)}
+    lock = threading.Lock()  # the kernel answers one message at a time
 
-        async def index(request):
-            return HTMLResponse(page)
+    def kernel(content):
+        replies = []
+        with lock:
+            widget.send = replies.append
+            try:
+                widget._on_message(widget, content, [])
+            finally:
+                del widget.send
+        return replies[0]
 
-        lock = threading.Lock()  # the kernel answers one message at a time
+    async def msg(request: Request):
+        return JSONResponse(await run_in_threadpool(kernel, json.loads(await request.body())))
 
-        def kernel(content):
-            replies = []
-            with lock:
-                widget.send = replies.append
-                try:
-                    widget._on_message(widget, content, [])
-                finally:
-                    del widget.send
-            return replies[0]
-
-        async def msg(request: Request):
-            return JSONResponse(await run_in_threadpool(kernel, json.loads(await request.body())))
-
-        app = Starlette(routes=[Route("/", index), Route("/msg", msg, methods=["POST"])])
-        self.sock = bind("127.0.0.1", 0)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+    app = Starlette(routes=[Route("/", index), Route("/msg", msg, methods=["POST"])])
+    return ServedApp(lambda port: app)
 
 
 def test_widget_draws_and_answers_in_a_host_harness(chromium, explorer):
