@@ -129,6 +129,19 @@ def value_norms(lm: LoadedModel, site: Site, head: int, v: torch.Tensor) -> torc
     return values.value_norms(v[None, None], gram)[0, 0].to(v.dtype)
 
 
+def steps_refusal(lm: LoadedModel, site) -> str | None:
+    """The line :func:`heads_steps` refuses a site's steps with, known before any pass: on a capture-only
+    model, a site whose query, key and value projections probe does not find or cannot split into heads
+    (:func:`probe.architectures.own_code.own_projections`: Reformer's LSH layers); None where it runs."""
+    if not lm.spec.capture_only:
+        return None
+    try:
+        own_projections(lm.model, lm.spec, find_site(lm, site))
+    except UnsupportedArchitectureError as e:
+        return str(e)
+    return None
+
+
 def head_steps(lm: LoadedModel, text, site=0, head: int = 0, max_length: int | None = None, *,
                via: str = "function") -> dict:
     """One head's steps for every query of one text, as numpy arrays (what the step view draws).
