@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from probe.capture.maps import encode
 from probe.errors import UnsupportedArchitectureError

@@ -3,8 +3,8 @@ weight, q . k, times the scale, plus the bias (capped where the model caps), the
 and the value-weighted contribution ||alpha_ij f_h(x_j)||, with the elementwise products q_d k_d
 that make each score drawn as a heat strip. The numbers are :func:`probe.measures.steps.head_steps`' (read
 from the model's own attention call; on a capture-only type, from its projections and its maps, with
-the term of its score that probe cannot see, implied by its probabilities, as one more column). Plain JavaScript in ``static/stepview.js``;
-tokens are only ever set as text, never parsed as markup.
+the term of its score that probe cannot see, implied by its probabilities, as one more column). Plain
+JavaScript in ``static/stepview.js``; tokens are only ever set as text, never parsed as markup.
 """
 
 from __future__ import annotations
