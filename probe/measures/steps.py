@@ -21,9 +21,23 @@ whose transformers code computes attention inline (DeBERTa, BLOOM, GPT-Neo, MPNe
 rotation, the key and value heads as the model has them, the mask, the scaling and the extra terms,
 so the steps are the model's own. ``"reference"`` runs probe's from-scratch module
 (:class:`probe.capture.reference.ReferenceAttention`, hand families only), which projects q, k and v
-from the weights itself: the independent route the tests compare with. Models whose attention is their
-own code outside the interface (capture-only types: RoFormer, XGLM, ...) hand probe no query or key,
-only their maps, and are refused in one line.
+from the weights itself: the independent route the tests compare with.
+
+Models whose attention is their own code outside the interface (capture-only types: RoFormer, XGLM,
+BigBird, MPT ...) make no call to read; their steps come from one pass that hooks their query, key and
+value projections (found by name: :func:`probe.architectures.own_code.own_projections`) and reads their
+maps p (:func:`own_steps`). The score is q . k and the scaled score q . k * scale (1/sqrt(d_head) unless
+the config says otherwise: :func:`probe.architectures.own_code.own_scale`); a key whose probability is
+exactly 0 is masked. As the model's logits are log p up to a constant per row, ``implied`` = log p -
+scaled score, shifted to mean 0 over each row's unmasked keys, is the part of the model's score that
+probe cannot see it compute. Where that term is 0 within :func:`implied_tolerance` (per unit of the
+head's largest |scaled score|), the model does plain scaled dot-product attention and the steps are
+checked like any other's (the softmax of the scaled scores against its probabilities; ``implied``
+None); elsewhere (RoFormer's rotation, MPT's ALiBi, DeBERTa v1's relative terms) the implied term is
+one more column and the softmax is of scaled score + implied term. A ``note`` says which, and where q,
+k and v came from. A site whose projections probe does not find or cannot split into heads (Reformer's
+LSH layers: one shared ``query_key``) is refused in one line naming what is missing
+(:func:`steps_refusal`).
 """
 
 from __future__ import annotations
@@ -153,11 +167,13 @@ def head_steps(lm: LoadedModel, text, site=0, head: int = 0, max_length: int | N
         ``value_norm`` [Tk] (NaN where probe found no output projection); ``output`` [Tq, d_v] (the head's
         output before the output projection); ``sink`` [Tq] (the sink logit of each query row, one more
         softmax column: rows of ``probs`` then sum to less than 1) or None; ``q_tokens``, ``k_tokens``
-        (display tokens). Real tokens only (one text: no padding).
+        (display tokens). Real tokens only (one text: no padding). A capture-only model's also have
+        ``implied`` [Tq, Tk] (its own term implied by its probabilities, or None where its scaled scores
+        alone give them: :func:`own_steps`), ``implied_max`` (that term's largest |value|) and ``note``.
 
     Raises:
         InputError: no such site or head; not one text.
-        UnsupportedArchitectureError: a capture-only model (:func:`heads_steps`).
+        UnsupportedArchitectureError: a capture-only site probe cannot read (:func:`heads_steps`).
     """
     return heads_steps(lm, text, [(site, head)], max_length, via=via)[0]
 
@@ -177,15 +193,18 @@ def heads_steps(lm: LoadedModel, text, picks, max_length: int | None = None, *, 
             ``model_probs``; a hand family that probe's reference module does not reproduce as it runs
             (BLOOM with ``slow_but_exact``) falls back to ``"reference"``. ``"reference"``: probe's
             from-scratch module (hand families only), one pass per head of the site with the most picks,
-            and one pass of the model for ``model_probs`` (module docstring).
+            and one pass of the model for ``model_probs`` (module docstring). A capture-only model's steps
+            come from its projections and maps (module docstring) whatever ``via`` says, except that
+            ``"reference"`` is refused there.
 
     Returns:
         :func:`head_steps`' dicts, one per pick, in order.
 
     Raises:
         InputError: no such site or head; not one text; an unknown ``via``.
-        UnsupportedArchitectureError: a capture-only model (its own attention code: no query or key to
-            show); ``via="reference"`` on a type without a hand-written spec.
+        UnsupportedArchitectureError: a capture-only model's site whose projections probe does not find or
+            cannot split into heads (:func:`steps_refusal`); ``via="reference"`` on a type without a
+            hand-written spec (a capture-only one included).
     """
     if not isinstance(text, (str, Text)):
         raise InputError("attention steps need one text (a string or probe.Text)")
@@ -515,12 +534,14 @@ def attention_steps(lm: LoadedModel, text, *, site=0, head: int = 0, query: int 
         ``bias`` (0 where none), ``scaled_score`` (softcap(score * scale) + bias, before the mask),
         ``masked`` (bool), ``probability`` (the softmax of the unmasked scaled scores),
         ``model_probability`` (what the model returned), ``value_norm`` (||f_h(x_j)||, hidden-state
-        units), ``contribution`` (probability * value_norm = ||alpha_ij f_h(x_j)||). ``attrs["steps"]``
-        is a :class:`StepsInfo`.
+        units), ``contribution`` (probability * value_norm = ||alpha_ij f_h(x_j)||); a capture-only model
+        whose probabilities its scaled scores do not give has ``implied_term`` after ``scaled_score`` (the
+        model's own term implied by its probabilities, :func:`own_steps`; ``probability`` is then the softmax
+        of scaled_score + implied_term). ``attrs["steps"]`` is a :class:`StepsInfo`.
 
     Raises:
         InputError: no such site, head or query; not one text.
-        UnsupportedArchitectureError: a capture-only model (:func:`heads_steps`).
+        UnsupportedArchitectureError: a capture-only site probe cannot read (:func:`heads_steps`).
     """
     st = head_steps(lm, text, site, head, max_length)
     nq = len(st["q_tokens"])
