@@ -288,3 +288,35 @@ def test_the_live_head_panel_shows_the_steps_of_a_capture_only_type(lms):
         assert (st["implied"] is not None) == implied and st["note"]
         want = step_view_data(head_steps(s.lm, TEXT, 1, 2), site_index=1, query=3)
         assert st == want
+
+
+@pytest.mark.browser
+def test_the_step_view_draws_the_implied_term_column_and_the_note(lms, chromium, tmp_path):
+    """stepview.js (reports, probe.show, the live page) on RoFormer's record: an "implied term" column right after
+    "scaled" holding the record's term, the probability the softmax of scaled + implied term, the note under the
+    rule; on XGLM's (checked steps) no such column, its note; no request leaves the page."""
+    from conftest import watched_page
+    from probe.view.stepview import render_step_view
+
+    rof = step_view_data(head_steps(lms("roformer"), TEXT, 0, 1), query=2)
+    plain = step_view_data(head_steps(lms("xglm"), TEXT, 0, 1), query=2)
+    page_file = tmp_path / "sv.html"
+    page_file.write_text("<!doctype html><meta charset='utf-8'><body>" + render_step_view(rof, "a") +
+                         render_step_view(plain, "b") + "</body>", encoding="utf-8")
+    sv = "document.getElementById('{}').probeStepView"
+    with watched_page(chromium, page_file) as (page, messages, requests):
+        page.wait_for_selector("#b[data-query]")
+        header = page.evaluate(f"{sv.format('a')}.header()")
+        assert header[header.index("scaled") + 1] == "implied term"
+        col = {name: i for i, name in enumerate(header)}
+        nk = rof["nk"]
+        scaled = np.array(rof["scaled"][2 * nk:3 * nk], np.float64)
+        implied = np.array(rof["implied"][2 * nk:3 * nk], np.float64)
+        soft = np.exp(scaled + implied - (scaled + implied).max())
+        for j, r in enumerate(page.evaluate(f"{sv.format('a')}.rows()")):
+            assert float(r[col["implied term"]]) == pytest.approx(implied[j], abs=5e-5)
+            assert float(r[col["probability"]]) == pytest.approx(soft[j] / soft.sum(), abs=5e-5)
+        assert "cannot see" in page.inner_text("#a .sv-note")
+        assert "implied term" not in page.evaluate(f"{sv.format('b')}.header()")
+        assert "plain scaled dot-product attention" in page.inner_text("#b .sv-note")
+    assert messages == [] and len(requests) == 1
