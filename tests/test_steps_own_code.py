@@ -320,3 +320,27 @@ def test_the_step_view_draws_the_implied_term_column_and_the_note(lms, chromium,
         assert "implied term" not in page.evaluate(f"{sv.format('b')}.header()")
         assert "plain scaled dot-product attention" in page.inner_text("#b .sv-note")
     assert messages == [] and len(requests) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_own_steps_tell_plain_attention_from_an_added_term(dtype):
+    """own_steps on probabilities made here: softmax(q k^T * scale) with a causal mask (in the maps' dtype) has no
+    implied term and its softmax is those probabilities; adding a term b to the logits gives implied = b centred over
+    each row's kept keys (the causal keys: probability exactly 0 elsewhere)."""
+    from probe.measures.steps import own_steps
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, 8, generator=g) for _ in range(3))
+    scale = 8 ** -0.5
+    causal = torch.ones(6, 6).tril().bool()
+    logits = (q @ k.T * scale).masked_fill(~causal, float("-inf"))
+    st = own_steps(q, k, v, torch.softmax(logits, -1).to(dtype), scale)
+    assert st["implied"] is None and torch.equal(st["keep"], causal)
+    coarse = dtype != torch.float32
+    np.testing.assert_allclose(st["probs"].numpy(), torch.softmax(logits, -1).numpy(), atol=4e-3 if coarse else 1e-6)
+    b = torch.randn(6, 6, generator=g)
+    st = own_steps(q, k, v, torch.softmax(logits + b, -1).to(dtype), scale)
+    want = row_centred(b.double().numpy(), causal.numpy())
+    np.testing.assert_allclose(st["implied"].numpy(), want, atol=3e-2 if coarse else 1e-5)
+    assert (st["implied"][~causal] == 0).all() and (st["probs"][~causal] == 0).all()
+    np.testing.assert_allclose(st["output"].numpy(), (st["model_probs"].float() @ v).numpy(), atol=1e-6)

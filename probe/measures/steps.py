@@ -332,7 +332,7 @@ def own_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, probs: torch.Te
     scaled = score * scale
     p = probs.to(work)
     keep = probs > 0
-    raw = torch.where(keep, p.clamp(min=torch.finfo(work).tiny).log() - scaled, torch.zeros_like(scaled))
+    raw = torch.where(keep, torch.where(keep, p, 1).log() - scaled, torch.zeros_like(scaled))
     n = keep.sum(-1, keepdim=True).clamp(min=1)
     implied = torch.where(keep, raw - raw.sum(-1, keepdim=True) / n, torch.zeros_like(raw))
     normal = probs >= torch.finfo(probs.dtype).tiny
