@@ -1,7 +1,8 @@
 """Capture-only types: models whose attention is their own code (RoFormer, XGLM: their modules compute
 attention themselves and never call transformers' AttentionInterface). Before, probe refused them outright;
-now it measures the maps their eager path returns (statistics, views, labels) and refuses, by name,
-everything that needs more than the maps (verify, steps, block capture, interventions)."""
+now it measures the maps their eager path returns (statistics, views, labels), shows the attention steps read
+from its projections (tests/test_steps_own_code.py) and refuses, by name, everything that needs probe's own
+attention module or the interface (verify, the from-scratch steps, block capture, interventions)."""
 
 from __future__ import annotations
 
@@ -90,17 +91,21 @@ def test_analyze_measures_the_maps_and_says_what_it_left_out(own):
 
 
 def test_verify_steps_blocks_and_interventions_are_refused_by_name(own):
+    """What needs probe's own attention module or the interface is refused by name; the steps run, read from the
+    model's projections (tests/test_steps_own_code.py)."""
     from probe.capture.intervene import intervening
-    from probe.measures.steps import attention_steps
+    from probe.measures.steps import attention_steps, head_steps
     from probe.verification import verify
 
     for call, what in ((lambda: verify(own), "probe verify"),
-                       (lambda: attention_steps(own, TEXTS[0], site=0, head=0, query=1), "attention steps"),
+                       (lambda: head_steps(own, TEXTS[0], via="reference"), "attention steps"),
                        (lambda: analyze(own, TEXTS, query_block=4), "block capture"),
                        (lambda: intervening(own).__enter__(), "an intervention on heads")):
         with pytest.raises(UnsupportedArchitectureError, match=what) as err:
             call()
         assert "its attention is its own code" in str(err.value) and "\\n" not in str(err.value)
+    df = attention_steps(own, TEXTS[0], site=0, head=0, query=1)
+    assert np.isclose(df["probability"].sum(), 1) and df.attrs["steps"].note
 
 
 @pytest.mark.parametrize("model_type", ["roformer", "xglm"])

@@ -357,14 +357,18 @@ def test_windows_and_sinks_show_in_the_discovered_steps():
     assert st["kv_head"] == 1  # 4 query heads, 2 key/value heads
 
 
-def test_a_capture_only_type_is_refused_in_one_line():
-    """A model whose attention is its own code hands probe no query or key: one line, no traceback."""
+def test_a_capture_only_type_has_steps_from_its_projections_and_no_reference_route():
+    """A model whose attention is its own code (ConvBERT) hands probe no query or key through the interface: the
+    steps read them from its projections and check them against its maps (tests/test_steps_own_code.py); the
+    from-scratch route is refused in one line, no traceback."""
     from generic_models import generic_lm
 
     lm = generic_lm("convbert")
     assert lm.spec.capture_only
+    df = attention_steps(lm, TEXT, site=1, head=0, query=3)
+    assert df.attrs["steps"].max_diff <= ATOL and "plain scaled dot-product attention" in df.attrs["steps"].note
     with pytest.raises(UnsupportedArchitectureError) as err:
-        attention_steps(lm, TEXT)
+        head_steps(lm, TEXT, via="reference")
     assert "attention steps" in str(err.value) and "\n" not in str(err.value)
 
 
@@ -383,9 +387,9 @@ def test_the_step_view_record_is_extended_without_changing_its_fields():
     assert len(data["sink"]) == data["nq"] and all(isinstance(v, float) for v in data["sink"])
 
 
-def test_the_views_and_the_report_carry_steps_on_a_discovered_type_and_none_on_a_capture_only_one():
+def test_the_views_and_the_report_carry_steps_on_a_discovered_type_and_on_a_capture_only_one():
     """probe.show and the report's step views on ModernBERT hold its own steps (they were left out of
-    discovered types); a capture-only type's head view opens without a step view (no query or key)."""
+    discovered types); a capture-only type's head view opens with the steps read from its projections."""
     from generic_models import generic_lm
 
     import probe
@@ -398,4 +402,7 @@ def test_the_views_and_the_report_carry_steps_on_a_discovered_type_and_none_on_a
     out = report_steps(lm, res)
     assert out and all(d["probs"] for d in out)
     own = generic_lm("convbert")
-    assert getattr(probe.show(own, TEXT), "steps", None) is None
+    view = probe.show(own, TEXT)
+    site, head = view.steps["siteIndex"], view.steps["head"]
+    assert view.steps == step_view_data(head_steps(own, TEXT, site, head), site_index=site,
+                                        query=view.steps["query"])

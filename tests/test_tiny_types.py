@@ -70,10 +70,10 @@ OWN_CODE_SEQ2SEQ = ("fsmt", "mvp", "bigbird_pegasus")
 @pytest.mark.parametrize("model_type", OWN_CODE_SEQ2SEQ)
 def test_an_encoder_decoder_with_its_own_attention_code_is_captured_from_its_maps(model_type):
     """Every site (the encoder's self-attention, each decoder layer's self- and cross-attention) holds the map the
-    model returns for it (``encoder_attentions``, ``decoder_attentions``, ``cross_attentions``); what needs more
-    than the maps (verify, steps) is refused in one line."""
+    model returns for it (``encoder_attentions``, ``decoder_attentions``, ``cross_attentions``); the steps of every
+    site (read from its projections) hold that map, and the from-scratch route is refused in one line."""
     from probe.errors import UnsupportedArchitectureError
-    from probe.measures.steps import attention_steps
+    from probe.measures.steps import heads_steps
     from probe.text.inputs import Text
 
     lm = tiny(model_type)
@@ -90,8 +90,11 @@ def test_an_encoder_decoder_with_its_own_attention_code_is_captured_from_its_map
         want = own[site.stack, site.kind][site.layer]
         np.testing.assert_allclose(captured[i].numpy(), want.float().numpy(), atol=1e-6, err_msg=site.name)
     assert captured[2].shape[-2:] == (captured[2].shape[-1],) * 2 and captured[3].shape[-1] == captured[0].shape[-1]
+    for i, st in enumerate(heads_steps(lm, text, [(i, 1) for i in range(len(lm.sites))])):
+        np.testing.assert_array_equal(st["model_probs"], captured[i][0, 1].numpy())
+        np.testing.assert_allclose(st["probs"], st["model_probs"], atol=1e-5, err_msg=lm.sites[i].name)
     with pytest.raises(UnsupportedArchitectureError, match="attention steps"):
-        attention_steps(lm, text)
+        heads_steps(lm, text, [(0, 0)], via="reference")
 
 
 def test_maps_that_are_not_tensors_of_one_head_grid_are_refused_in_one_line():

@@ -14,7 +14,8 @@ discovered from one forward pass when it is loaded (:mod:`probe.capture.discover
 :data:`DISCOVERED` (:mod:`.discovered`), where :func:`get_spec` finds it after :data:`SPECS`.
 
 The package: :mod:`.spec` (the spec classes and behaviour rules), :mod:`.table` (the entries,
-:data:`SPECS`, :func:`get_spec`), :mod:`.discovered` (specs built from a forward pass),
+:data:`SPECS`, :func:`get_spec`), :mod:`.discovered` (specs built from a forward pass), :mod:`.own_code`
+(a capture-only type's projections found by name, for its attention steps),
 :mod:`.modules` (geometry, sites and modules of a model); a family's own rules in its module
 (:mod:`.disentangled` DeBERTa, :mod:`.falcon`, :mod:`.gpt_neo`, :mod:`.mpnet`).
 """

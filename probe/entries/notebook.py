@@ -16,7 +16,7 @@ from ..errors import InputError
 from ..loading.seq2seq import sides
 from ..measures.flow import MAX_FLOW_TOKENS
 from ..measures.rollout_examples import text_rollout
-from ..measures.steps import head_steps
+from ..measures.steps import head_steps, steps_refusal
 from ..records import AnalysisResult
 from ..text.inputs import Batch, Text
 from ..text.tokens import display_tokens
@@ -53,8 +53,10 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
         steps: a model and a text only: ``(site, head)`` adds the attention-step view of that head
             (:mod:`probe.view.stepview`; a pinned query token of that site opens there); default the
             initial layer's first selected head for texts of at most
-            :data:`~probe.view.stepview.STEP_MAX_TOKENS` tokens (none on a capture-only model, whose own
-            attention code shows probe no query or key); ``False``: none.
+            :data:`~probe.view.stepview.STEP_MAX_TOKENS` tokens (on a capture-only model, whose own attention
+            code computes the scores, the steps read from its projections and maps, :mod:`probe.measures.steps`;
+            none where its site's projections cannot be read, :func:`probe.measures.steps.steps_refusal`);
+            ``False``: none.
         rollout: a model and a text only: add the weights | attention rollout | attention flow view
             of the text below (:func:`rollout_view`; Abnar & Zuidema 2020).
 
@@ -80,9 +82,11 @@ def show(source, text=None, *, tokenizer=None, example: int = 0, layers=None, la
                      causal=source.kind != "encoder", note=note, layer=layer, heads=heads, threshold=threshold)
     if rollout:
         view.rollout = rollout_view(source, text, max_length=max_length)
-    if steps is False or (steps is None and (view.data["n"] > STEP_MAX_TOKENS or source.spec.capture_only)):
-        return view  # a capture-only model (its own attention code) hands probe no query or key to show
+    if steps is False or (steps is None and view.data["n"] > STEP_MAX_TOKENS):
+        return view
     site, head = steps if steps is not None else initial_head(view)
+    if steps is None and steps_refusal(source, site) is not None:
+        return view  # a capture-only model's site whose projections probe cannot read (Reformer's LSH layers)
     st = head_steps(source, text, site, int(head), max_length)
     where = source.sites.index(st["site"])
     data = step_view_data(st, encoder_decoder=source.kind == "encoder-decoder", site_index=where)

@@ -20,7 +20,7 @@ from ..capture.maps import encode
 from ..errors import InputError
 from ..measures.accumulators import check_supported
 from ..measures.rollout_examples import MAX_EXAMPLES, run_rollout
-from ..measures.steps import heads_steps
+from ..measures.steps import heads_steps, steps_refusal
 from ..patterns import CircuitProbe, circuit_probe, pattern_accumulators
 from ..patterns.circuits import SINK_TEXTS
 from ..records import AnalysisResult
@@ -199,11 +199,12 @@ def report_steps(lm, result: AnalysisResult, *, limit: int = 8) -> list[dict]:
 
     Returns:
         :func:`probe.view.stepview.step_view_data` dicts with ``label`` and ``reason`` added ([] without
-        examples, and on an image or speech model: the steps re-run the example's text); ``name`` is the
+        examples, and on an image or speech model: the steps re-run the example's text; a capture-only
+        model's heads at sites whose projections probe cannot read are left out); ``name`` is the
         head's in the original numbering, ``head`` its slot in a physically
         pruned layer.
     """
-    if not result.examples or lm.spec.capture_only:  # a capture-only model hands probe no query or key
+    if not result.examples:
         return []
     if hasattr(lm.tokenizer, "discovery_inputs"):  # an image or speech processor: the steps re-read text
         return []
@@ -217,6 +218,8 @@ def report_steps(lm, result: AnalysisResult, *, limit: int = 8) -> list[dict]:
         return []
     chosen, slots = [], []
     for layer, head, label, reason in choose_heads(result, limit=limit):
+        if steps_refusal(lm, layer) is not None:  # a capture-only site whose projections probe cannot read
+            continue
         slot = head  # the heads table numbers heads as the original model; a pruned layer's slots differ
         if lm.pruned is not None:
             present = lm.pruned.layouts[layer].q

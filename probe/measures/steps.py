@@ -21,9 +21,23 @@ whose transformers code computes attention inline (DeBERTa, BLOOM, GPT-Neo, MPNe
 rotation, the key and value heads as the model has them, the mask, the scaling and the extra terms,
 so the steps are the model's own. ``"reference"`` runs probe's from-scratch module
 (:class:`probe.capture.reference.ReferenceAttention`, hand families only), which projects q, k and v
-from the weights itself: the independent route the tests compare with. Models whose attention is their
-own code outside the interface (capture-only types: RoFormer, XGLM, ...) hand probe no query or key,
-only their maps, and are refused in one line.
+from the weights itself: the independent route the tests compare with.
+
+Models whose attention is their own code outside the interface (capture-only types: RoFormer, XGLM,
+BigBird, MPT ...) make no call to read; their steps come from one pass that hooks their query, key and
+value projections (found by name: :func:`probe.architectures.own_code.own_projections`) and reads their
+maps p (:func:`own_steps`). The score is q . k and the scaled score q . k * scale (1/sqrt(d_head) unless
+the config says otherwise: :func:`probe.architectures.own_code.own_scale`); a key whose probability is
+exactly 0 is masked. As the model's logits are log p up to a constant per row, ``implied`` = log p -
+scaled score, shifted to mean 0 over each row's unmasked keys, is the part of the model's score that
+probe cannot see it compute. Where that term is 0 within :func:`implied_tolerance` (per unit of the
+head's largest |scaled score|), the model does plain scaled dot-product attention and the steps are
+checked like any other's (the softmax of the scaled scores against its probabilities; ``implied``
+None); elsewhere (RoFormer's rotation, MPT's ALiBi, DeBERTa v1's relative terms) the implied term is
+one more column and the softmax is of scaled score + implied term. A ``note`` says which, and where q,
+k and v came from. A site whose projections probe does not find or cannot split into heads (Reformer's
+LSH layers: one shared ``query_key``) is refused in one line naming what is missing
+(:func:`steps_refusal`).
 """
 
 from __future__ import annotations
@@ -37,9 +51,10 @@ import torch
 
 from ..architectures import site_outputs
 from ..architectures.discovered import refuse_capture_only
+from ..architectures.own_code import OwnProjections, own_projections, own_scale
 from ..capture import values
 from ..capture.failures import forward_failures
-from ..capture.hooks import calls_function, measuring
+from ..capture.hooks import Hooks, calls_function, measuring
 from ..capture.interface import ARITHMETIC, site_listeners, with_sinks
 from ..capture.maps import attention_hooks, encode, forward
 from ..capture.op import scaled_scores, scored_attention
@@ -68,7 +83,8 @@ class StepsInfo:
         site: the site's canonical name; name: the head's display name (``L4H5``, ``cross L4H5``).
         head, kv_head: the query head and the key/value head it reads; query: the query's position.
         query_token: the query's display token; scale: the multiplier of q . k; softcap: Gemma 2's
-            cap or None; max_diff: max |softmax row - the model's own probabilities|.
+            cap or None; max_diff: max |softmax row - the model's own probabilities|; note: a capture-only
+            model's line on where q, k and v came from and what its probabilities showed (None otherwise).
     """
 
     site: str
@@ -80,6 +96,7 @@ class StepsInfo:
     scale: float
     softcap: float | None
     max_diff: float
+    note: str | None = None
 
 
 def _short(lm: LoadedModel, site: Site) -> str:
@@ -126,6 +143,19 @@ def value_norms(lm: LoadedModel, site: Site, head: int, v: torch.Tensor) -> torc
     return values.value_norms(v[None, None], gram)[0, 0].to(v.dtype)
 
 
+def steps_refusal(lm: LoadedModel, site) -> str | None:
+    """The line :func:`heads_steps` refuses a site's steps with, known before any pass: on a capture-only
+    model, a site whose query, key and value projections probe does not find or cannot split into heads
+    (:func:`probe.architectures.own_code.own_projections`: Reformer's LSH layers); None where it runs."""
+    if not lm.spec.capture_only:
+        return None
+    try:
+        own_projections(lm.model, lm.spec, find_site(lm, site))
+    except UnsupportedArchitectureError as e:
+        return str(e)
+    return None
+
+
 def head_steps(lm: LoadedModel, text, site=0, head: int = 0, max_length: int | None = None, *,
                via: str = "function") -> dict:
     """One head's steps for every query of one text, as numpy arrays (what the step view draws).
@@ -137,11 +167,13 @@ def head_steps(lm: LoadedModel, text, site=0, head: int = 0, max_length: int | N
         ``value_norm`` [Tk] (NaN where probe found no output projection); ``output`` [Tq, d_v] (the head's
         output before the output projection); ``sink`` [Tq] (the sink logit of each query row, one more
         softmax column: rows of ``probs`` then sum to less than 1) or None; ``q_tokens``, ``k_tokens``
-        (display tokens). Real tokens only (one text: no padding).
+        (display tokens). Real tokens only (one text: no padding). A capture-only model's also have
+        ``implied`` [Tq, Tk] (its own term implied by its probabilities, or None where its scaled scores
+        alone give them: :func:`own_steps`), ``implied_max`` (that term's largest |value|) and ``note``.
 
     Raises:
         InputError: no such site or head; not one text.
-        UnsupportedArchitectureError: a capture-only model (:func:`heads_steps`).
+        UnsupportedArchitectureError: a capture-only site probe cannot read (:func:`heads_steps`).
     """
     return heads_steps(lm, text, [(site, head)], max_length, via=via)[0]
 
@@ -161,23 +193,33 @@ def heads_steps(lm: LoadedModel, text, picks, max_length: int | None = None, *, 
             ``model_probs``; a hand family that probe's reference module does not reproduce as it runs
             (BLOOM with ``slow_but_exact``) falls back to ``"reference"``. ``"reference"``: probe's
             from-scratch module (hand families only), one pass per head of the site with the most picks,
-            and one pass of the model for ``model_probs`` (module docstring).
+            and one pass of the model for ``model_probs`` (module docstring). A capture-only model's steps
+            come from its projections and maps (module docstring) whatever ``via`` says, except that
+            ``"reference"`` is refused there.
 
     Returns:
         :func:`head_steps`' dicts, one per pick, in order.
 
     Raises:
         InputError: no such site or head; not one text; an unknown ``via``.
-        UnsupportedArchitectureError: a capture-only model (its own attention code: no query or key to
-            show); ``via="reference"`` on a type without a hand-written spec.
+        UnsupportedArchitectureError: a capture-only model's site whose projections probe does not find or
+            cannot split into heads (:func:`steps_refusal`); ``via="reference"`` on a type without a
+            hand-written spec (a capture-only one included).
     """
     if not isinstance(text, (str, Text)):
         raise InputError("attention steps need one text (a string or probe.Text)")
     if via not in ("function", "reference"):
         raise InputError(f"via must be 'function' or 'reference', not {via!r}")
-    refuse_capture_only(lm.spec, "attention steps (the query and key vectors, the scaled scores)")
+    if via == "reference":
+        refuse_capture_only(lm.spec, "attention steps by probe's from-scratch module (via='reference')")
     wanted = [(find_site(lm, site), int(head)) for site, head in picks]
     batch = encode(lm, [text], max_length)
+    if lm.spec.capture_only:
+        with torch.no_grad():
+            recorded = _own_code_steps(lm, batch, wanted)
+        return [_steps_dict(lm, batch, where, head, recorded[(where, head)],
+                            recorded[(where, head)]["model_probs"] if model_probs else None)
+                for where, head in wanted]
     with torch.no_grad():
         found = _function_steps(lm, batch, wanted) if via == "function" else None
         if found is None:
@@ -254,6 +296,127 @@ def _reference_steps(lm: LoadedModel, batch, wanted: list[tuple[Site, int]], mod
                              if s in heads_at else None):
             forward(lm, batch)  # the model's own probabilities
     return recorded, captured
+
+
+def implied_tolerance(dtype: torch.dtype) -> float:
+    """The largest |implied term| (logit units, per unit of the head's largest |scaled score|, at least 1)
+    that still counts as none (:func:`own_steps`): 1e-4 for float32 maps, 8 machine epsilons of a
+    coarser dtype's (float16: 7.8e-3, bfloat16: 6.3e-2), the rounding of log p and of the model's own q . k."""
+    return max(1e-4, 8 * torch.finfo(dtype).eps)
+
+
+def own_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, probs: torch.Tensor, scale: float) -> dict:
+    """One head's steps of a capture-only model (its own attention code, module docstring) from the q, k
+    and v its projections gave and the probabilities its code returned.
+
+    The content score is q . k, scaled by ``scale``. The model's own logits are log p up to a constant
+    per query row, so ``implied`` = log p - scaled, shifted to mean 0 over each row's unmasked keys, is the
+    part of its score that the content score does not explain. Where its largest |value| over keys with
+    a normal (not subnormal) probability is within :func:`implied_tolerance` of the maps' dtype times
+    max(1, the largest |scaled score|), the model does plain scaled dot-product attention here:
+    ``implied`` is None and ``probs`` is the softmax of the scaled scores (checked against
+    ``model_probs``); else ``probs`` is the softmax of scaled + implied.
+
+    Args:
+        q [Tq, d], k [Tk, d], v [Tk, d_v]: one head's (batch row 0); probs [Tq, Tk]: what the model returned.
+        scale: the multiplier of q . k (:func:`probe.architectures.own_code.own_scale`).
+
+    Returns:
+        :func:`call_steps`' keys (``bias`` zeros, ``sink`` None, ``softcap`` None; ``output`` = the model's
+        probabilities times v [Tq, d_v]) and ``implied`` [Tq, Tk] or None, ``implied_max`` (its largest
+        |value| over unmasked keys, before the tolerance decides). A key whose probability is exactly 0 is
+        masked (``keep`` False, ``implied`` 0 there).
+    """
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    score = q.to(work) @ k.to(work).transpose(-2, -1)
+    scaled = score * scale
+    p = probs.to(work)
+    keep = probs > 0
+    raw = torch.where(keep, torch.where(keep, p, 1).log() - scaled, torch.zeros_like(scaled))
+    n = keep.sum(-1, keepdim=True).clamp(min=1)
+    implied = torch.where(keep, raw - raw.sum(-1, keepdim=True) / n, torch.zeros_like(raw))
+    normal = probs >= torch.finfo(probs.dtype).tiny
+    off = float(implied[normal].abs().max()) if bool(normal.any()) else 0.0
+    size = max(1.0, float(scaled[keep].abs().max())) if bool(keep.any()) else 1.0
+    plain = off <= implied_tolerance(probs.dtype) * size
+    logits = (scaled if plain else scaled + implied).masked_fill(~keep, float("-inf"))
+    soft = torch.where(keep.any(-1, keepdim=True), torch.softmax(logits, -1), torch.zeros_like(logits))
+    return dict(q=q, k=k, v=v, kv_head=0, score=score, bias=torch.zeros_like(score), scaled=scaled, keep=keep,
+                probs=soft, model_probs=probs, output=probs.to(v.dtype) @ v, sink=None, scale=float(scale),
+                softcap=None, implied=None if plain else implied, implied_max=off)
+
+
+def _own_code_steps(lm: LoadedModel, batch, wanted: list[tuple[Site, int]]) -> dict:
+    """Every pick's steps of a capture-only model from one forward pass: its maps (:func:`attention_hooks`) and
+    the outputs of its query, key and value projections (:func:`probe.architectures.own_code.own_projections`,
+    hooked), then :func:`own_steps`, with ``note`` (what probe saw and did not).
+
+    Raises:
+        UnsupportedArchitectureError: no projections probe knows, or widths that do not split into heads.
+        InputError: no such head. CaptureError: a projection that did not run before its site's maps.
+    """
+    found: dict[Site, OwnProjections] = {}
+    for where, head in wanted:
+        if where not in found:
+            found[where] = own_projections(lm.model, lm.spec, where)
+        n = found[where].n_heads
+        if not 0 <= head < n:
+            raise InputError(f"no head {head}: {_short(lm, where)} has heads 0-{n - 1}")
+    outputs: dict[Site, dict[str, torch.Tensor]] = {where: {} for where in found}
+    taken: dict[Site, tuple] = {}
+
+    def record(where: Site, role: str):
+        def hook(module, args, output):
+            out = output[0] if isinstance(output, (tuple, list)) else output
+            if out.dim() == 3 and out.shape[0] != 1 and out.shape[1] == 1:  # time first (FSMT): [T, 1, width]
+                out = out.transpose(0, 1)
+            outputs[where][role] = out.detach()  # one text: batch 1
+        return hook
+
+    def on_probs(site: Site, probs: torch.Tensor) -> None:
+        if site not in found or site in taken:
+            return
+        own = found[site]
+        gone = [own.names[r] for r in own.modules if r not in outputs[site]]
+        if gone:
+            raise CaptureError(f"site {site.name} of {lm.name}: its projection {gone[0]} did not run before its "
+                               "attention maps: probe has no steps to show there")
+        taken[site] = (own.heads(outputs[site]), probs[:1])
+
+    with attention_hooks(lm, on_probs), Hooks() as hooks:
+        for where, own in found.items():
+            for role, module in own.modules.items():
+                hooks.forward(module, record(where, role))
+        forward(lm, batch)
+    got = {}
+    for where, head in wanted:
+        (q, k, v), probs = taken[where]
+        own, (T, Tk) = found[where], probs.shape[-2:]
+        if q.shape[2] < T or k.shape[2] < Tk:
+            raise CaptureError(f"site {where.name} of {lm.name}: its projections gave {q.shape[2]} queries and "
+                               f"{k.shape[2]} keys for maps of {T} x {Tk}: probe cannot pair them")
+        g = head * own.n_kv_heads // own.n_heads
+        scale = own_scale(lm.model.config, lm.spec.family, own.d_head)
+        st = own_steps(q[0, head, :T], k[0, g, :Tk], v[0, g, :Tk], probs[0, head], scale)
+        st["kv_head"] = g
+        st["note"] = _own_note(lm, own, st)
+        got[(where, head)] = st
+    return got
+
+
+def _own_note(lm: LoadedModel, own: OwnProjections, st: dict) -> str:
+    """The record's note on a capture-only model's steps: where q, k, v came from and what the check found."""
+    names = ", ".join(own.names.values())
+    start = (f"{lm.spec.family} computes attention in its own code: probe read q, k and v from its projection"
+             f"{'s' if len(own.names) > 1 else ''} {names} and computed q . k times {st['scale']:.6g} itself; ")
+    if st["implied"] is None:
+        diff = float((st["probs"] - st["model_probs"].float()).abs().max())
+        return (start + "the softmax of these scaled scores is the probabilities the model returned (max difference "
+                f"{diff:.1e}): it does plain scaled dot-product attention here.")
+    return (start + "its probabilities are not the softmax of these scaled scores: its score holds a term of its "
+            f"own (largest |term| {st['implied_max']:.3g}; rotary positions, relative-position terms, ALiBi, block "
+            "or hashing schemes ...) that probe cannot see it compute. The implied term column is that term read "
+            "back from the probabilities: log p - scaled score, shifted to mean 0 over each row's unmasked keys.")
 
 
 def _one_head(x: torch.Tensor | None, head: int, T: int, Tk: int) -> torch.Tensor | None:
@@ -345,6 +508,9 @@ def _steps_dict(lm: LoadedModel, batch, where: Site, head: int, st: dict, model_
                probs=f(st["probs"], nq, nk), value_norm=norms, output=f(output, nq),
                sink=None if st.get("sink") is None else f(st["sink"], nq),
                q_tokens=_tokens(lm, q_side), k_tokens=_tokens(lm, k_side))
+    if "note" in st:  # a capture-only model's: its note, and the implied term where it has one
+        out["implied"] = None if st["implied"] is None else f(st["implied"], nq, nk)
+        out["implied_max"], out["note"] = st["implied_max"], st["note"]
     if model_probs is not None:
         out["model_probs"] = f(model_probs, nq, nk)
     return out
@@ -368,12 +534,14 @@ def attention_steps(lm: LoadedModel, text, *, site=0, head: int = 0, query: int 
         ``bias`` (0 where none), ``scaled_score`` (softcap(score * scale) + bias, before the mask),
         ``masked`` (bool), ``probability`` (the softmax of the unmasked scaled scores),
         ``model_probability`` (what the model returned), ``value_norm`` (||f_h(x_j)||, hidden-state
-        units), ``contribution`` (probability * value_norm = ||alpha_ij f_h(x_j)||). ``attrs["steps"]``
-        is a :class:`StepsInfo`.
+        units), ``contribution`` (probability * value_norm = ||alpha_ij f_h(x_j)||); a capture-only model
+        whose probabilities its scaled scores do not give has ``implied_term`` after ``scaled_score`` (the
+        model's own term implied by its probabilities, :func:`own_steps`; ``probability`` is then the softmax
+        of scaled_score + implied_term). ``attrs["steps"]`` is a :class:`StepsInfo`.
 
     Raises:
         InputError: no such site, head or query; not one text.
-        UnsupportedArchitectureError: a capture-only model (:func:`heads_steps`).
+        UnsupportedArchitectureError: a capture-only site probe cannot read (:func:`heads_steps`).
     """
     st = head_steps(lm, text, site, head, max_length)
     nq = len(st["q_tokens"])
@@ -398,6 +566,8 @@ def steps_table(lm: LoadedModel, st: dict, query: int, vectors: bool = False) ->
         "probability": st["probs"][query], "model_probability": st["model_probs"][query],
         "value_norm": st["value_norm"],
     })
+    if st.get("implied") is not None:  # a capture-only model's own term, after the scaled score
+        df.insert(df.columns.get_loc("scaled_score") + 1, "implied_term", st["implied"][query])
     df["contribution"] = df["probability"] * df["value_norm"]
     if vectors:
         qv = st["q"][query]
@@ -409,5 +579,6 @@ def steps_table(lm: LoadedModel, st: dict, query: int, vectors: bool = False) ->
     df.attrs["steps"] = StepsInfo(where.name, head_name(where if lm.kind == "encoder-decoder" else where.layer,
                                                         st["head"]),
                                   st["head"], st["kv_head"], query, st["q_tokens"][query], st["scale"], st["softcap"],
-                                  float(np.abs(df["probability"] - df["model_probability"]).max()))
+                                  float(np.abs(df["probability"] - df["model_probability"]).max()),
+                                  st.get("note"))
     return df

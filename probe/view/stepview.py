@@ -2,8 +2,9 @@
 weight, q . k, times the scale, plus the bias (capped where the model caps), the mask, the softmax,
 and the value-weighted contribution ||alpha_ij f_h(x_j)||, with the elementwise products q_d k_d
 that make each score drawn as a heat strip. The numbers are :func:`probe.measures.steps.head_steps`' (read
-from the model's own attention call). Plain JavaScript in ``static/stepview.js``;
-tokens are only ever set as text, never parsed as markup.
+from the model's own attention call; on a capture-only type, from its projections and its maps, with
+the term of its score that probe cannot see, implied by its probabilities, as one more column). Plain
+JavaScript in ``static/stepview.js``; tokens are only ever set as text, never parsed as markup.
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ def step_view_data(st: dict, *, encoder_decoder: bool = False, source: str | Non
         The record (version 1): its fields since the first version, and ``sink`` (each query row's sink
         logit, one more softmax column, so that the row's probabilities sum to less than 1; null where the
         model has none), added without changing the others. ``valueNorm`` holds null where probe found no
-        output projection (gated or differential attention).
+        output projection (gated or differential attention, and every capture-only type). A capture-only
+        type's steps (its own attention code, :func:`probe.measures.steps.own_steps`) add ``implied`` (the
+        model's own term implied by its probabilities, [Tq, Tk] row-major: log p - scaled score, mean 0 over
+        each row's unmasked keys; null where its scaled scores alone give its probabilities, and for every
+        other type) and ``note`` (one line on where q, k and v came from and what the check found; null for
+        every other type); the view then draws probability = softmax(scaled + implied).
 
     Raises:
         InputError: more than :data:`STEP_MAX_TOKENS` query or key tokens.
@@ -64,7 +70,8 @@ def step_view_data(st: dict, *, encoder_decoder: bool = False, source: str | Non
             "keep": [int(b) for b in np.asarray(st["keep"]).ravel()], "probs": _rounded(st["probs"]),
             "valueNorm": _rounded(st["value_norm"]), "source": source, "siteIndex": site_index,
             "query": int(query), "hasBias": bool(np.abs(st["bias"]).max() > 0),
-            "sink": None if st.get("sink") is None else _rounded(st["sink"])}
+            "sink": None if st.get("sink") is None else _rounded(st["sink"]),
+            "implied": None if st.get("implied") is None else _rounded(st["implied"]), "note": st.get("note")}
 
 
 def render_step_view(data: dict, view_id: str | None = None) -> str:

@@ -11,6 +11,11 @@
  * a last row "sink" (class sv-sink): its logit and its probability, 1 minus the sum of the keys' (the
  * row's share that goes to no key), and a line saying so. A value probe could not compute (null in the
  * data: valueNorm where no output projection was found) is drawn "n/a", never NaN or 0.
+ * A capture-only type's head (its own attention code; data.implied, [nq * nk]) gets one more column after
+ * "scaled", "implied term": the part of the model's score that probe cannot see it compute, read back from
+ * its probabilities (log p - scaled, mean 0 over the row's unmasked keys); its probability is then
+ * softmax(scaled + implied term), as the rule line says. data.note (a line on where q, k and v came from) is
+ * shown under the rule (class sv-note).
  * element.probeStepView is a small test API.
  */
 (function (script) {
@@ -35,8 +40,10 @@
       " (keys and values from key/value head " + d.kvHead + ")" : "")));
     var rule = "scaled = " + (d.softcap ? d.softcap + " * tanh(q\u00b7k * " + d.scale.toPrecision(6) + " / " + d.softcap + ")"
       : "q\u00b7k * " + d.scale.toPrecision(6)) + (d.hasBias ? " + bias" : "") +
-      ";  probability = softmax over the unmasked keys;  contribution = probability * ||f(x_j)||";
+      (d.implied ? ";  probability = softmax of (scaled + implied term) over the unmasked keys"
+        : ";  probability = softmax over the unmasked keys") + ";  contribution = probability * ||f(x_j)||";
     root.appendChild(el("div", "sv-rule", rule));
+    if (d.note) root.appendChild(el("div", "sv-note", d.note));
     var bar = el("div", "sv-status", "query token ");
     this.sel = el("select");
     d.qTokens.forEach(function (t, i) { var o = el("option", null, i + ": " + t); o.value = String(i); self.sel.appendChild(o); });
@@ -61,7 +68,8 @@
   V.row = function (j) {
     var d = this.data, i = this.query, at = i * d.nk + j;
     return {key: j, token: d.kTokens[j], score: d.score[at], bias: d.bias[at], scaled: d.scaled[at],
-            masked: !d.keep[at], probability: d.probs[at], valueNorm: d.valueNorm[j],
+            implied: d.implied ? d.implied[at] : null, masked: !d.keep[at], probability: d.probs[at],
+            valueNorm: d.valueNorm[j],
             contribution: d.valueNorm[j] === null ? null : d.probs[at] * d.valueNorm[j]};
   };
   // the sink of query row i: {logit, probability} (probability: 1 - the keys' sum), or null without sinks
@@ -78,7 +86,8 @@
     var t = this.table;
     while (t.firstChild) t.removeChild(t.firstChild);
     var head = el("tr");
-    ["key", "token", "q\u00b7k", "\u00d7 scale", d.softcap ? "capped" : null, "bias", "scaled", "mask", "probability",
+    ["key", "token", "q\u00b7k", "\u00d7 scale", d.softcap ? "capped" : null, "bias", "scaled",
+     d.implied ? "implied term" : null, "mask", "probability",
      "||f(x_j)||", "||\u03b1 f(x_j)||"].forEach(function (h) { if (h !== null) head.appendChild(el("th", null, h)); });
     t.appendChild(head);
     var maxP = 0, sink = this.sink(i);
@@ -88,7 +97,9 @@
       var r = this.row(j), tr = el("tr", r.masked ? "sv-masked" : null), x = r.score * d.scale;
       var cells = [String(j), r.token, fmt(r.score, 4), fmt(x, 4)];
       if (d.softcap) cells.push(fmt(d.softcap * Math.tanh(x / d.softcap), 4));
-      cells.push(fmt(r.bias, 4), fmt(r.scaled, 4), r.masked ? "masked" : "", fmt(r.probability, 4),
+      cells.push(fmt(r.bias, 4), fmt(r.scaled, 4));
+      if (d.implied) cells.push(r.masked ? "" : fmt(r.implied, 4));
+      cells.push(r.masked ? "masked" : "", fmt(r.probability, 4),
                  fmt(r.valueNorm, 3), fmt(r.contribution, 3));
       cells.forEach(function (c, k) { var td = el("td", k === 1 ? "sv-tok" : null, c); tr.appendChild(td); });
       var b = el("span", "sv-bar"); b.style.width = Math.round(40 * (maxP ? r.probability / maxP : 0)) + "px";
@@ -99,7 +110,9 @@
     if (sink) {  // one more softmax column: its logit is the scaled score of no key
       var sr = el("tr", "sv-sink"), sc = ["sink", "(no key)", "", ""];
       if (d.softcap) sc.push("");
-      sc.push("", fmt(sink.logit, 4), "", fmt(sink.probability, 4), "", "");
+      sc.push("", fmt(sink.logit, 4));
+      if (d.implied) sc.push("");
+      sc.push("", fmt(sink.probability, 4), "", "");
       sc.forEach(function (c, k) { sr.appendChild(el("td", k === 1 ? "sv-tok" : null, c)); });
       var sb = el("span", "sv-bar sv-sink-bar"); sb.style.width = Math.round(40 * (maxP ? sink.probability / maxP : 0)) + "px";
       sr.children[sr.children.length - 3].appendChild(sb);
