@@ -26,12 +26,13 @@ the folder, with its ratio to the split alone. The cache folder is a temporary o
 
 With --command: the command's own time (issue 49 item 5: "probe why ... within 3 s beyond loading the
 model"), each in a fresh process from a neutral folder, this checkout beside --baseline (another checkout's
-root, e.g. ``git archive main probe | tar -x -C /tmp/base``), interleaved, the median of --repeats: ``python -c
-"import probe"``, ``probe --help``, and ``probe why --model smollm2 --head L23H2`` on the IOI sentence into a
-new folder: its wall time, run.json's model_load_s (loading the weights, the model class's import included),
-the rest (the wall time beyond the load: the interpreter, probe's, torch's and transformers' imports, the
-config read, the split, the page) and the page (report_s); beside them the floor of any process that loads
-SmolLM2 (``import torch, transformers`` and the Llama config and model modules, no probe).
+root, e.g. ``git archive main probe | tar -x -C /tmp/base``), interleaved, the best of --repeats (the machine's
+load only adds): ``python -c "import probe"``, ``probe --help``, and ``probe why --model smollm2 --head L23H2``
+on the IOI sentence into a new folder: its wall time and CPU time, run.json's model_load_s (loading the
+weights, the model class's import included), the rest (the wall time beyond the load: the interpreter,
+probe's, torch's and transformers' imports, the config read, the split, the page) and the page (report_s);
+then the same steps timed one by one in one process; beside them the floor of any process that loads SmolLM2
+(``import torch, transformers`` and the Llama config and model modules, no probe).
 
 Usage: PYTHONPATH=. python benchmarks/bench_why.py --command --baseline /tmp/base [--repeats 5]
        PYTHONPATH=. python benchmarks/bench_why.py --labels [--timing-heads L23H2] [--cache DIR]
@@ -337,7 +338,7 @@ def command_timing(baseline: str | None, repeats: int) -> None:
     """The command's own time: see the module docstring (--command)."""
     import json
     import os
-    import statistics
+    import resource
     import subprocess
     import sys
     import tempfile
@@ -347,12 +348,17 @@ def command_timing(baseline: str | None, repeats: int) -> None:
         trees["baseline"] = str(Path(baseline).resolve())
     work = Path(tempfile.mkdtemp(prefix="probe-why-command-"))  # neutral: no checkout on the path but PYTHONPATH's
 
+    cpu = [0.0]
+
     def wall(args: list[str], root: str | None, keep: list | None = None) -> float:
         env = dict(os.environ, PYTHONPATH=root) if root else {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         done = subprocess.run([sys.executable, *args], cwd=work, env=env, check=True, capture_output=True, text=True)
         if keep is not None:
             keep.append(done.stdout)
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu[0] = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime  # the process's user + system seconds
         return time.perf_counter() - t
 
     got: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
@@ -371,6 +377,7 @@ def command_timing(baseline: str | None, repeats: int) -> None:
             total = wall(["-m", "probe", *WHY_ARGS, "--out", str(out)], root)
             t = json.loads((out / "run.json").read_text())["timings_s"]
             row.setdefault("probe why: total", []).append(total)
+            row.setdefault("  its CPU time (user + system)", []).append(cpu[0])
             row.setdefault("  model load (model_load_s)", []).append(t["model_load_s"])
             row.setdefault("  beyond the load", []).append(total - t["model_load_s"])
             row.setdefault("  the split (why_s)", []).append(t["why_s"])
@@ -380,15 +387,15 @@ def command_timing(baseline: str | None, repeats: int) -> None:
             for phase, seconds in json.loads(printed[0].splitlines()[-1]).items():
                 row.setdefault(f"  step: {phase}", []).append(seconds)
         load.append(os.getloadavg()[0])
-    print(f"median of {repeats}, seconds; load average {min(load):.2f}-{max(load):.2f} (os.getloadavg, as uptime "
+    print(f"best of {repeats}, seconds; load average {min(load):.2f}-{max(load):.2f} (os.getloadavg, as uptime "
           f"prints it); {os.cpu_count()} CPUs")
     names = list(trees)
     print(f"{'':52s}" + "".join(f"{name:>10s}" for name in names) + ("     ratio" if len(names) == 2 else ""))
     for key in got["this"]:
-        vals = [statistics.median(got[name][key]) for name in names]
+        vals = [min(got[name][key]) for name in names]
         ratio = f"{vals[0] / vals[1]:10.2f}" if len(vals) == 2 and vals[1] else ""
         print(f"{key:52s}" + "".join(f"{v:10.2f}" for v in vals) + ratio)
-    print(f"{'libraries alone (no probe: torch, transformers, Llama)':52s}{statistics.median(floor):10.2f}")
+    print(f"{'libraries alone (no probe: torch, transformers, Llama)':52s}{min(floor):10.2f}")
 
 
 def main() -> None:
@@ -407,7 +414,7 @@ def main() -> None:
     parser.add_argument("--cache", default=None, help="--labels: the label cache folder (default: a temporary one)")
     parser.add_argument("--command", action="store_true", help="the command's own time (see the module docstring)")
     parser.add_argument("--baseline", default=None, help="--command: another checkout's root to compare with")
-    parser.add_argument("--repeats", type=int, default=5, help="--command: runs of each (the median is shown)")
+    parser.add_argument("--repeats", type=int, default=5, help="--command: runs of each (the best is shown)")
     args = parser.parse_args()
     if args.command:
         command_timing(args.baseline, args.repeats)
