@@ -93,14 +93,18 @@ def test_a_text_run_imports_no_image_audio_or_plotting_stack():
     the report's image and audio sections (networkx through the image maps' flow, scipy.stats and
     scipy.signal through the audio alignment). The command's modules, every section module of the page
     (:func:`probe.report.sections.load_sections`), the head view and the flow measure import none of them:
-    each section imports its stack when it has something to show, the flow networkx only for its fallback."""
+    each section imports its stack when it has something to show, the flow networkx only for its fallback.
+    The run calls' registry (``probe analyze``'s module among them, which reads images and audio) imports
+    probe's image and audio packages but not scipy's statistics and signal modules."""
     code = ("import probe.cli.why, probe.entries.why, probe.view.html, probe.measures.flow\n"
             "import probe.report.sections as s\ns.load_sections()")
-    names = ("networkx", "scipy.stats", "scipy.signal", "probe.images", "probe.audio", "matplotlib", "seaborn",
-             "sklearn", "numba", "starlette", "uvicorn")
-    assert _heavy_after(code, names) == []
-    # where the audio section draws, it imports its stack (the check can tell)
-    assert {"scipy.stats", "scipy.signal", "probe.audio"} <= set(_heavy_after("import probe.audio.view", names))
+    stacks = ("networkx", "scipy.stats", "scipy.signal", "scipy.ndimage", "matplotlib", "seaborn", "sklearn", "numba",
+              "starlette", "uvicorn")
+    assert _heavy_after(code, ("probe.images", "probe.audio", *stacks)) == []
+    assert _heavy_after("import probe.entries.kinds", stacks) == []
+    # where audio is measured, its stack is imported (the check can tell)
+    code = "import numpy as np\nfrom probe.audio.align import monotonicity\nmonotonicity(np.eye(4))"
+    assert "scipy.stats" in _heavy_after(code, stacks)
 
 
 def test_a_missing_file_says_so_before_loading(tmp_path):
