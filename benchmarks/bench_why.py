@@ -24,7 +24,18 @@ and the labelling analysis of the text plus the sample, on every call), the firs
 the same model with another text (memory), and the split alone (probe.qk.run.measure); each run_why + save of
 the folder, with its ratio to the split alone. The cache folder is a temporary one (--cache to keep one).
 
-Usage: PYTHONPATH=. python benchmarks/bench_why.py --labels [--timing-heads L23H2] [--cache DIR]
+With --command: the command's own time (issue 49 item 5: "probe why ... within 3 s beyond loading the
+model"), each in a fresh process from a neutral folder, this checkout beside --baseline (another checkout's
+root, e.g. ``git archive main probe | tar -x -C /tmp/base``), interleaved, the best of --repeats (the machine's
+load only adds): ``python -c "import probe"``, ``probe --help``, and ``probe why --model smollm2 --head L23H2``
+on the IOI sentence into a new folder: its wall time and CPU time, run.json's model_load_s (loading the
+weights, the model class's import included), the rest (the wall time beyond the load: the interpreter,
+probe's, torch's and transformers' imports, the config read, the split, the page) and the page (report_s);
+then the same steps timed one by one in one process; beside them the floor of any process that loads SmolLM2
+(``import torch, transformers`` and the Llama config and model modules, no probe).
+
+Usage: PYTHONPATH=. python benchmarks/bench_why.py --command --baseline /tmp/base [--repeats 5]
+       PYTHONPATH=. python benchmarks/bench_why.py --labels [--timing-heads L23H2] [--cache DIR]
        PYTHONPATH=. python benchmarks/bench_why.py [--heads L17H4,L23H2,L23H7] [--rows 150,175,199] [--skip-minilm]
        PYTHONPATH=. python benchmarks/bench_why.py --corpus-heads L17H4,L17H5,L18H6,L23H2 --texts 2
        PYTHONPATH=. python benchmarks/bench_why.py --timing [--timing-heads L17H4,L23H2] [--sentences 200]
@@ -280,6 +291,113 @@ def labels_timing(head: str, cache: str | None, repeats: int = 5) -> None:
           "first call and before; run_why + save of the folder)")
 
 
+WHY_ARGS = ["why", "--model", "smollm2", "--text", "When Mary and John went to the store, John gave a drink to",
+            "--head", "L23H2"]
+#: What any process that loads SmolLM2 imports (no probe): the floor under the command's start-up (ended as
+#: probe's command ends, without the interpreter's teardown).
+LIBRARIES = ("import torch, transformers; from transformers import AutoConfig, AutoTokenizer; "
+             "import transformers.models.llama.modeling_llama; import os; os._exit(0)")
+
+
+#: The command's steps in one process (what ``probe why`` does, timed one by one), printed as JSON: the
+#: interpreter and probe's command line, the run call's module (torch, pandas), the config read before the
+#: weights (transformers and the Llama config), the load (the model class's import included), the split, the page.
+PHASES = """
+import json, shutil, sys, time
+import probe.cli
+from probe.cli.start import started
+start = started()
+got = {"start-up (interpreter, probe.cli)": time.perf_counter() - start}
+last = [time.perf_counter()]
+def lap(name):
+    now = time.perf_counter(); got[name] = now - last[0]; last[0] = now
+import probe.entries.why
+lap("import the run call (torch, pandas)")
+from probe.loading import models
+models.peek_config("smollm2")
+lap("config read (transformers, its config)")
+lm = models.load_model("smollm2")
+lap("model load (model class import, weights)")
+from probe.entries.result import Console, folder_result
+from probe.qk.run import why_analysis
+from probe.settings import WhySettings
+s = WhySettings(head="L23H2", text="When Mary and John went to the store, John gave a drink to")
+measured, analysis = why_analysis(lm, s.text, s.head, s.query, top=s.top, progress=False, corpus=None, label=None,
+                                  target=None)
+lap("the split and the labels")
+run = folder_result("why", s, lm, analysis, measured, Console(), {"heads": analysis.heads, "why": measured.frame,
+                    "shares": measured.shares}, {"contributions": measured.why.contributions})
+shutil.rmtree(sys.argv[1], ignore_errors=True)
+run.save(sys.argv[1])
+lap("the page and the folder")
+print(json.dumps(got))
+"""
+
+
+def command_timing(baseline: str | None, repeats: int) -> None:
+    """The command's own time: see the module docstring (--command)."""
+    import json
+    import os
+    import resource
+    import subprocess
+    import sys
+    import tempfile
+
+    trees = {"this": str(Path(__file__).resolve().parent.parent)}
+    if baseline:
+        trees["baseline"] = str(Path(baseline).resolve())
+    work = Path(tempfile.mkdtemp(prefix="probe-why-command-"))  # neutral: no checkout on the path but PYTHONPATH's
+
+    cpu = [0.0]
+
+    def wall(args: list[str], root: str | None, keep: list | None = None) -> float:
+        env = dict(os.environ, PYTHONPATH=root) if root else {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        done = subprocess.run([sys.executable, *args], cwd=work, env=env, check=True, capture_output=True, text=True)
+        if keep is not None:
+            keep.append(done.stdout)
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu[0] = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime  # the process's user + system seconds
+        return time.perf_counter() - t
+
+    got: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
+    floor = []
+    n = 0
+    load = [os.getloadavg()[0]]
+    wall(["-m", "probe", *WHY_ARGS, "--out", str(work / "warm")], trees["this"])  # the labels cached, files warm
+    for _ in range(repeats):
+        floor.append(wall(["-c", LIBRARIES], None))
+        for name, root in trees.items():
+            n += 1
+            out = work / f"run-{n}"
+            row = got[name]
+            row.setdefault("import probe", []).append(wall(["-c", "import probe"], root))
+            row.setdefault("probe --help", []).append(wall(["-m", "probe", "--help"], root))
+            total = wall(["-m", "probe", *WHY_ARGS, "--out", str(out)], root)
+            t = json.loads((out / "run.json").read_text())["timings_s"]
+            row.setdefault("probe why: total", []).append(total)
+            row.setdefault("  its CPU time (user + system)", []).append(cpu[0])
+            row.setdefault("  model load (model_load_s)", []).append(t["model_load_s"])
+            row.setdefault("  beyond the load", []).append(total - t["model_load_s"])
+            row.setdefault("  the split (why_s)", []).append(t["why_s"])
+            row.setdefault("  the page (report_s)", []).append(t["report_s"])
+            printed: list[str] = []
+            wall(["-c", PHASES, str(work / f"phases-{n}")], root, printed)
+            for phase, seconds in json.loads(printed[0].splitlines()[-1]).items():
+                row.setdefault(f"  step: {phase}", []).append(seconds)
+        load.append(os.getloadavg()[0])
+    print(f"best of {repeats}, seconds; load average {min(load):.2f}-{max(load):.2f} (os.getloadavg, as uptime "
+          f"prints it); {os.cpu_count()} CPUs")
+    names = list(trees)
+    print(f"{'':52s}" + "".join(f"{name:>10s}" for name in names) + ("     ratio" if len(names) == 2 else ""))
+    for key in got["this"]:
+        vals = [min(got[name][key]) for name in names]
+        ratio = f"{vals[0] / vals[1]:10.2f}" if len(vals) == 2 and vals[1] else ""
+        print(f"{key:52s}" + "".join(f"{v:10.2f}" for v in vals) + ratio)
+    print(f"{'libraries alone (no probe: torch, transformers, Llama)':52s}{min(floor):10.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--heads", default="L17H4,L23H2,L23H7")
@@ -294,7 +412,13 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=200)
     parser.add_argument("--labels", action="store_true", help="the labels' cost only (see the module docstring)")
     parser.add_argument("--cache", default=None, help="--labels: the label cache folder (default: a temporary one)")
+    parser.add_argument("--command", action="store_true", help="the command's own time (see the module docstring)")
+    parser.add_argument("--baseline", default=None, help="--command: another checkout's root to compare with")
+    parser.add_argument("--repeats", type=int, default=5, help="--command: runs of each (the best is shown)")
     args = parser.parse_args()
+    if args.command:
+        command_timing(args.baseline, args.repeats)
+        return
     if args.labels:
         labels_timing(args.timing_heads.split(",")[-1], args.cache)
         return

@@ -61,6 +61,52 @@ def test_help_and_a_missing_file_import_no_heavy_library():
         assert _modules_after(code) == [], args
 
 
+#: Libraries no text command needs before its call (plotting, scikit-learn, numba, the live page's server,
+#: networkx, Pillow) and those of the call itself (torch, transformers, pandas, scipy, numpy, jinja2).
+HEAVY = ("matplotlib", "seaborn", "sklearn", "numba", "starlette", "uvicorn", "networkx", "PIL", "torch",
+         "transformers", "pandas", "scipy", "numpy", "jinja2")
+
+
+def _heavy_after(code: str, names=HEAVY) -> list[str]:
+    """Which of ``names`` (modules) a fresh interpreter has imported after running ``code``."""
+    script = f"import sys\n{code}\nprint('imported:', *(m for m in {tuple(names)!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).parent.parent)
+    return done.stdout.splitlines()[-1].split()[1:]
+
+
+def test_importing_probe_and_every_help_import_no_heavy_library():
+    """Issue 49 item 5: ``import probe`` and ``probe [COMMAND] --help`` import none of :data:`HEAVY` (the
+    public names are imported on first use: ``probe.run_why``)."""
+    assert _heavy_after("import probe") == []
+    for args in (["--help"], ["why", "--help"], ["live", "--help"], ["circuit", "--help"], ["path", "--help"],
+                 ["effects", "--help"], ["prune", "--help"], ["verify", "--help"]):
+        code = f"from probe.cli import main\ntry:\n    main({args!r}, prog_name='probe')\nexcept SystemExit:\n    pass"
+        assert _heavy_after(code) == [], args
+    after = _heavy_after("import probe\nassert probe.run_why.__module__ == 'probe.entries.why'")
+    assert "torch" in after and "pandas" in after  # the first use of a public name imports its module
+    assert not set(after) & {"matplotlib", "seaborn", "sklearn", "numba", "starlette", "uvicorn", "networkx"}, after
+
+
+def test_a_text_run_imports_no_image_audio_or_plotting_stack():
+    """Issue 49 item 5: ``probe why`` on a text model spent about 1.4 s importing what its page never shows:
+    the report's image and audio sections (networkx through the image maps' flow, scipy.stats and
+    scipy.signal through the audio alignment). The command's modules, every section module of the page
+    (:func:`probe.report.sections.load_sections`), the head view and the flow measure import none of them:
+    each section imports its stack when it has something to show, the flow networkx only for its fallback.
+    The run calls' registry (``probe analyze``'s module among them, which reads images and audio) imports
+    probe's image and audio packages but not scipy's statistics and signal modules."""
+    code = ("import probe.cli.why, probe.entries.why, probe.view.html, probe.measures.flow\n"
+            "import probe.report.sections as s\ns.load_sections()")
+    stacks = ("networkx", "scipy.stats", "scipy.signal", "scipy.ndimage", "matplotlib", "seaborn", "sklearn", "numba",
+              "starlette", "uvicorn")
+    assert _heavy_after(code, ("probe.images", "probe.audio", *stacks)) == []
+    assert _heavy_after("import probe.entries.kinds", stacks) == []
+    # where audio is measured, its stack is imported (the check can tell)
+    code = "import numpy as np\nfrom probe.audio.align import monotonicity\nmonotonicity(np.eye(4))"
+    assert "scipy.stats" in _heavy_after(code, stacks)
+
+
 def test_a_missing_file_says_so_before_loading(tmp_path):
     result = CliRunner().invoke(main, ["analyze", "--corpus", str(tmp_path / "nope.txt")])
     assert result.exit_code == 1 and f"Error: corpus file not found: {tmp_path / 'nope.txt'}" in result.output

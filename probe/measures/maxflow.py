@@ -24,11 +24,14 @@ has not converged after :data:`ROUNDS` rounds falls back to networkx's preflow-p
 
 from __future__ import annotations
 
-import networkx as nx
+from typing import TYPE_CHECKING
+
 import numpy as np
 import scipy.sparse as sp
-from networkx.algorithms.flow import preflow_push
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 #: Certified precision of every value: |returned - exact| <= ATOL + RTOL * returned.
 ATOL = 1e-15
@@ -113,6 +116,9 @@ class LayeredGraph:
         return np.asarray(flow[self.rows, self.cols]).ravel().astype(np.int64)
 
     def _networkx(self, source: int, sink: int) -> float:
+        import networkx as nx  # here: only the fallback needs it (importing networkx takes about 0.5 s)
+        from networkx.algorithms.flow import preflow_push
+
         if self._nx is None:
             G = nx.DiGraph()
             G.add_nodes_from(range(self.n))

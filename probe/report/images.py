@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 from markupsafe import Markup, escape
 
-from ..images.view import STYLE, caption, image_html
 from .sections import Section, section_builder
 
 
@@ -16,6 +15,8 @@ def image_maps_section(result, tokenizer) -> Section | None:
     examples = result.results.get("image_maps")
     if not examples:
         return None
+    from ..images.view import STYLE, caption, image_html  # here: a text model's page imports no image stack
+
     html = (STYLE + f'<div class="img-att-section"><p>{escape(caption())}</p>'
             + "".join(image_html(ex) for ex in examples) + "</div>")
     record = {"images": [_record(ex) for ex in examples]}

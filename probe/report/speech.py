@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from markupsafe import Markup, escape
 
-from ..audio.frames import caption as frames_caption
-from ..audio.frames import frames_html
-from ..audio.view import caption, speech_html
 from .sections import Section, section_builder
 
 
@@ -19,6 +16,8 @@ def speech_section(result, tokenizer) -> Section | None:
     examples = result.results.get("speech")
     if not examples:
         return None
+    from ..audio.view import caption, speech_html  # here: a text model's page imports no audio stack (scipy)
+
     html = f'<div class="speech-section"><p>{escape(caption())}</p>' + "".join(speech_html(ex) for ex in examples)
     record = {"clips": [{"name": ex.name, "seconds": round(len(ex.waveform) / ex.rate, 4), "frame_s": ex.frame_s,
                          "offset_s": ex.offset_s, "heads": [list(h) for h in ex.heads], "heads_from": ex.source,
@@ -33,6 +32,9 @@ def frames_section(result, tokenizer) -> Section | None:
     examples = result.results.get("frames")
     if not examples:
         return None
+    from ..audio.frames import caption as frames_caption
+    from ..audio.frames import frames_html
+
     html = (f'<div class="speech-section"><p>{escape(frames_caption())}</p>'
             + "".join(frames_html(ex) for ex in examples) + "</div>")
     record = {"clips": [{"name": ex.name, "seconds": round(len(ex.waveform) / ex.rate, 4), "frame_s": ex.frame_s,

@@ -18,8 +18,6 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..images.view import STYLE as IMAGE_STYLE
-from ..images.view import image_html
 from ..report.page import choose_heads, json_for_script
 from ..runfolder import replace_file
 from ..sites import Site
@@ -78,7 +76,11 @@ class HeadView:
     def to_html(self) -> str:
         """A fragment with a new element id (and the step view and the rollout view, where there are)."""
         extra = render_rollout(self.rollout.data) if self.rollout is not None else ""
-        pictures = IMAGE_STYLE + self.images if self.images is not None else ""
+        pictures = ""
+        if self.images is not None:
+            from ..images.view import STYLE as IMAGE_STYLE  # here: a text view imports no image stack
+
+            pictures = IMAGE_STYLE + self.images
         return render_views(self.data, self.steps) + extra + pictures
 
     def save(self, path: str | Path) -> Path:
@@ -214,6 +216,8 @@ def result_view(result, *, tokenizer=None, example: int = 0, layers=None, layer:
                              (shown[view.data["initial"]["layer"]], 0)))
     pictures = result.results.get("image_maps") or []  # an analysis of images: its pictures below
     if example < len(pictures):
+        from ..images.view import image_html
+
         view.images = image_html(pictures[example])
     return view
 
