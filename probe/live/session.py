@@ -281,18 +281,26 @@ class LiveSession:
     def grid(self, result: AnalysisResult) -> dict:
         """Every head's primary label, all its labels and every statistic of ``result``'s heads table,
         as layers x heads arrays (NaN as None)."""
-        heads = result.heads.sort_values(["layer", "head"])
+        heads = result.heads
         L, H = self.n_layers, self.n_heads
+        # each head's cell, read once: (layer, head) -> the row (a head twice: its last row, as before)
+        where = np.asarray(heads["layer"], dtype=np.int64) * H + np.asarray(heads["head"], dtype=np.int64)
 
-        def table(column, cast):
-            out = [[None] * H for _ in range(L)]
-            for lay, h, v in zip(heads["layer"], heads["head"], heads[column]):
-                out[int(lay)][int(h)] = cast(v)
-            return out
+        def cells(values: np.ndarray) -> np.ndarray:
+            out = np.full(L * H, None, dtype=object)
+            out[where] = values
+            return out.reshape(L, H)
+
+        def texts(column):
+            return cells(np.array([str(v) for v in heads[column]], dtype=object)).tolist()
+
+        def numbers(column):  # float64 as _finite reads them (NaN and infinities: None)
+            v = np.asarray(heads[column], dtype=np.float64)
+            return cells(np.where(np.isfinite(v), v.astype(object), None)).tolist()
 
         stats = [c for c in heads.columns if c not in NOT_STATISTICS and np.issubdtype(heads[c].dtype, np.number)]
-        return {"labels": table("label", str), "allLabels": table("labels", str),
-                "statistics": {c: table(c, _finite) for c in stats}}
+        return {"labels": texts("label"), "allLabels": texts("labels"),
+                "statistics": {c: numbers(c) for c in stats}}
 
     def head(self, text, layer, head, query=None, top: int = 5) -> dict:
         """One head's attention steps (every query row; the step view's record, opened at ``query``) and
