@@ -48,6 +48,7 @@ import torch
 
 from .. import bounds
 from ..capture.maps import attention_hooks, encode, forward
+from ..capture.values import shared_grams
 from ..causal.heads import head_ranges, normalize_heads
 from ..causal.objectives import head_kind, sentence_embedding
 from ..effects.ablation import ablating, check_model, head_means, repeat_batch
@@ -156,6 +157,7 @@ class LiveSession:
         self.latest = Latest()
         self._analyses: OrderedDict[str, AnalysisResult] = OrderedDict()
         self._means: torch.Tensor | None = None
+        self._grams: dict = {}  # each output projection's G_h, computed at the first edit (shared_grams)
 
     # ------------------------------------------------------------------ checks
     @property
@@ -250,8 +252,9 @@ class LiveSession:
         if text in self._analyses:
             self._analyses.move_to_end(text)
             return self._analyses[text]
-        result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
-                         max_length=self.max_tokens, parse_special_tokens=self.parse_special)
+        with shared_grams(self._grams):  # the value norms' G_h of every layer once, not at every edit
+            result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
+                             max_length=self.max_tokens, parse_special_tokens=self.parse_special)
         self._analyses[text] = result
         while len(self._analyses) > KEPT:
             self._analyses.popitem(last=False)
