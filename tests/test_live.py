@@ -144,6 +144,40 @@ def test_zero_ablation_equals_the_gated_model(dec, enc):
     assert e["output"]["cosine"] < 0.9999
 
 
+@pytest.mark.parametrize("kind", ["enc", "dec"])
+def test_an_ablation_reuses_the_unablated_output_of_its_texts_edit(kind, request):
+    """The output before an ablation is kept from the text's edit (the same pass of the same ids): the ablation
+    then runs the ablated copy alone, and answers what a session that never saw the text answers (both copies
+    in one pass) to float rounding; a second ablation of that fresh session reuses its first one's copy."""
+    from probe.architectures.modules import base_model
+
+    s = request.getfixturevalue(kind)
+    text, heads = "A text no other test runs, for the ablation.", [[0, 1], [1, 3]]
+    rows: list[int] = []
+    handle = base_model(s.lm.model).register_forward_pre_hook(
+        lambda m, args, kwargs: rows.append(len(kwargs.get("input_ids", args[0] if args else None))), with_kwargs=True)
+    try:
+        fresh_session = LiveSession(s.lm)
+        fresh = fresh_session.ablate(text, heads, "zero", 1)
+        again = fresh_session.ablate(text, heads[:1], "zero", 1)
+        s.edit(text, 1)
+        got = s.ablate(text, heads, "zero", 1)
+    finally:
+        handle.remove()
+    assert rows == [2, 1, 1, 1]  # both copies; then the ablated copy alone; the edit's pass; the ablated copy alone
+    assert got["output"].keys() == fresh["output"].keys()
+    if kind == "enc":
+        assert got["output"]["cosine"] == pytest.approx(fresh["output"]["cosine"], abs=1e-6)
+    else:
+        assert got["output"]["before"] == fresh["output"]["before"] == again["output"]["before"]
+        for a, b in zip(got["output"]["tokens"], fresh["output"]["tokens"]):
+            assert a["id"] == b["id"] and a["before"] == pytest.approx(b["before"], abs=1e-6)
+            assert a["after"] == pytest.approx(b["after"], abs=1e-6)
+    for h in range(s.n_heads):
+        np.testing.assert_allclose(decoded_map(got["headView"], 0, h), decoded_map(fresh["headView"], 0, h),
+                                   atol=1e-3 + 1e-6)
+
+
 def test_mean_ablation_uses_the_sample_texts_means(dec):
     """Mean ablation: each head's output replaced by its mean over the built-in sample text (head_means), the
     probabilities after equal those of the library's ablation context run on the text alone."""

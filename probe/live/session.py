@@ -47,10 +47,11 @@ import numpy as np
 import torch
 
 from .. import bounds
+from ..architectures.modules import base_model
 from ..capture.maps import attention_hooks, encode, forward
 from ..capture.values import shared_grams
 from ..causal.heads import head_ranges, normalize_heads
-from ..causal.objectives import head_kind, sentence_embedding
+from ..causal.objectives import head_kind, mean_pool, sentence_embedding
 from ..effects.ablation import ablating, check_model, head_means, repeat_batch
 from ..effects.patching import check_patchable, patch_heads
 from ..entries.notebook import batch_sides
@@ -148,14 +149,18 @@ class LiveSession:
             raise InputError("give the live settings as a LiveSettings or as keywords, not both")
         self.settings = settings if settings is not None else LiveSettings.from_mapping(caps)
         self.lm = lm
+        #: what the output panel shows: "next-token", "masked-lm" or "embedding"
+        self.output_kind = self._output_kind(head_kind(lm))
         # a masked-LM encoder reads the mask token typed as its mask (as probe patch reads its prompts)
-        self.parse_special = self._output_kind(head_kind(lm)) == "masked-lm"
+        self.parse_special = self.output_kind == "masked-lm"
         self.max_chars = self.settings.max_chars
         self.max_tokens = (min(MAX_TOKENS, lm.max_length) if self.settings.max_tokens is None
                            else bounds.max_length(self.settings.max_tokens, lm.max_length, "--max-tokens"))
         self.lock = threading.Lock()
         self.latest = Latest()
         self._analyses: OrderedDict[str, AnalysisResult] = OrderedDict()
+        # per text: (its input ids [1, T], the unablated model's output as the output panel compares it)
+        self._clean: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._means: torch.Tensor | None = None
         self._grams: dict = {}  # each output projection's G_h, computed at the first edit (shared_grams)
 
@@ -252,13 +257,62 @@ class LiveSession:
         if text in self._analyses:
             self._analyses.move_to_end(text)
             return self._analyses[text]
-        with shared_grams(self._grams):  # the value norms' G_h of every layer once, not at every edit
-            result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
-                             max_length=self.max_tokens, parse_special_tokens=self.parse_special)
+        seen: dict = {}
+        # the model's own output of the same pass, kept for an ablation of this text (its "before")
+        module = base_model(self.lm.model) if self.output_kind == "embedding" else self.lm.model
+        handle = module.register_forward_hook(lambda m, args, kwargs, out: seen.update(ids=kwargs.get("input_ids"),
+                                                                                       out=out), with_kwargs=True)
+        try:
+            with shared_grams(self._grams):  # the value norms' G_h of every layer once, not at every edit
+                result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
+                                 max_length=self.max_tokens, parse_special_tokens=self.parse_special)
+        finally:
+            handle.remove()
+        self._keep_clean(text, seen.get("ids"), seen.get("out"))
         self._analyses[text] = result
         while len(self._analyses) > KEPT:
             self._analyses.popitem(last=False)
         return result
+
+    def _keep_clean(self, text: str, ids, out) -> None:
+        """Keep the unablated model's output of ``text`` (``out``: the model's output, or the bare model's
+        for the embedding, of input ids ``ids`` [1, T]) as :meth:`ablate` compares it; nothing where the
+        pass was not one whole sequence with its whole output (a block-captured pass keeps fewer logits)."""
+        name = "last_hidden_state" if self.output_kind == "embedding" else "logits"
+        tensor = getattr(out, name, None)
+        if not isinstance(ids, torch.Tensor) or not isinstance(tensor, torch.Tensor) or ids.dim() != 2 \
+                or len(ids) != 1 or tensor.shape[:2] != ids.shape:
+            return
+        ids = ids.detach().cpu()
+        reference = self._reference(tensor.detach(), ids, torch.ones_like(ids, dtype=torch.bool))
+        if reference is not None:
+            self._clean[text] = (ids, reference.clone())
+            while len(self._clean) > KEPT:
+                self._clean.popitem(last=False)
+
+    def _reference(self, output: torch.Tensor, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor | None:
+        """What the output panel compares of each row of a pass: the logits at the position it predicts at
+        ([rows, vocab]: a decoder's last token, a masked-LM encoder's first mask token), or the sentence
+        embedding (:func:`probe.causal.objectives.mean_pool` of the last hidden states, [rows, d_model]); None:
+        a masked-LM text without its mask (nothing to compare).
+
+        Args:
+            output: [rows, T, vocab] logits, or [rows, T, d_model] the bare model's last hidden states
+                (embedding: already pooled [rows, d_model] is returned as it is).
+            ids: [rows, T] input ids (every row the same text). real: [rows, T] bool, the real tokens.
+        """
+        if self.output_kind == "embedding":
+            return output if output.dim() == 2 else mean_pool(output, real)
+        at = self._position(ids[0, : int(real[0].sum())].tolist())
+        return None if at is None else output[:, at]
+
+    def _position(self, ids: list[int]) -> int | None:
+        """The position whose predictions the output panel shows: the last token's (a decoder), the first
+        mask token's (a masked-LM encoder; None without one)."""
+        if self.output_kind == "next-token":
+            return len(ids) - 1
+        mask_id = self.lm.tokenizer.mask_token_id
+        return ids.index(mask_id) if mask_id is not None and mask_id in ids else None
 
     def edit(self, text, layer=0) -> dict:
         """A text's tokens, the grid (every head's label and statistics for this text), the head view of
@@ -390,30 +444,43 @@ class LiveSession:
         check_model(self.lm)
         means = self.means() if kind == "mean" else None
         batch = encode(self.lm, [text], self.max_tokens, parse_special_tokens=self.parse_special)
-        pair = repeat_batch(batch, 2)
-        sets = torch.zeros(2, self.n_layers, self.n_heads, dtype=torch.bool)
+        out_kind, n = self.output_kind, int(batch.attention_mask[0].sum())
+        # the unablated output: kept from this text's edit (or an earlier ablation), else the first of two copies
+        clean = self._clean.get(text)
+        if clean is not None and not torch.equal(clean[0], batch.input_ids.cpu()):
+            clean = None
+        nothing = out_kind == "masked-lm" and self._position(batch.input_ids[0, :n].tolist()) is None
+        copies = 1 if clean is not None or nothing else 2
+        run = batch if copies == 1 else repeat_batch(batch, 2)
+        sets = torch.zeros(copies, self.n_layers, self.n_heads, dtype=torch.bool)
         for lay, h in heads:
-            sets[1, lay, h] = True
+            sets[-1, lay, h] = True
         site = self.lm.sites[layer]
         kept: dict = {}
 
         def keep(s, probs):
             if s == site:
-                kept["probs"] = probs[1].float().cpu().numpy()
+                kept["probs"] = probs[-1].float().cpu().numpy()
 
-        out_kind = self._output_kind(head_kind(self.lm))
         with torch.no_grad(), ablating(self.lm, kind, means) as state:
-            state.arm(self.lm, sets, pair)
+            state.arm(self.lm, sets, run)
             try:
                 with attention_hooks(self.lm, keep):
                     if out_kind == "embedding":
-                        result = sentence_embedding(self.lm, pair)
+                        result = sentence_embedding(self.lm, run)
                     else:
-                        result = forward(self.lm, pair).logits
+                        result = forward(self.lm, run).logits
             finally:
                 state.disarm()
-        output = self._compare(out_kind, result, batch)
-        n = int(batch.attention_mask[0].sum())
+        rows = None if nothing else self._reference(result, run.input_ids, run.real)  # [copies, ...]
+        if rows is not None and clean is None:  # the first copy: the unablated output, kept for the next one
+            self._clean[text] = (batch.input_ids.cpu(), rows[:1].clone())
+            while len(self._clean) > KEPT:
+                self._clean.popitem(last=False)
+        elif rows is not None:
+            self._clean.move_to_end(text)
+            rows = torch.cat([clean[1].to(rows.device, rows.dtype), rows])
+        output = self._compare(out_kind, rows, batch)
         maps: list = [None] * self.n_layers
         maps[layer] = kept["probs"][:, :n, :n]
         first, _ = batch_sides(self.lm, batch)
@@ -422,25 +489,24 @@ class LiveSession:
         return {"heads": [list(x) for x in heads], "ablation": kind, "layer": layer, "output": output,
                 "headView": hv.data}
 
-    def _compare(self, kind: str, result: torch.Tensor, batch) -> dict:
-        """The two copies' outputs side by side: top tokens with both probabilities, or the cosine."""
+    def _compare(self, kind: str, rows: torch.Tensor | None, batch) -> dict:
+        """The outputs before and after side by side (``rows`` [2, ...]: :meth:`_reference` of the unablated
+        and the ablated model): top tokens with both probabilities, or the cosine."""
         if kind == "embedding":
-            a, b = result[0].double(), result[1].double()
+            a, b = rows[0].double(), rows[1].double()
             cos = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
             return {"kind": "embedding", "cosine": cos, "what": "cosine of the mean-pooled sentence embedding "
                     "to the unablated model's"}
         n = int(batch.attention_mask[0].sum())
+        at = self._position(batch.input_ids[0, :n].tolist())
         if kind == "next-token":
-            at, what = n - 1, "next-token probabilities after the last token"
+            what = "next-token probabilities after the last token"
+        elif at is None:
+            return {"kind": "masked-lm", "position": None, "what": "type the mask token "
+                    f"{self.lm.tokenizer.mask_token or '[MASK]'} in the text to see its predictions"}
         else:
-            ids = batch.input_ids[0, :n].tolist()
-            mask_id = self.lm.tokenizer.mask_token_id
-            if mask_id is None or mask_id not in ids:
-                return {"kind": "masked-lm", "position": None, "what": "type the mask token "
-                        f"{self.lm.tokenizer.mask_token or '[MASK]'} in the text to see its predictions"}
-            at = ids.index(mask_id)
             what = f"predictions at the mask token (position {at})"
-        probs = torch.softmax(result[:, at].double(), dim=-1)  # [2, vocab]
+        probs = torch.softmax(rows.double(), dim=-1)  # [2, vocab]
         top = lambda p: torch.topk(p, TOP_K).indices.tolist()  # noqa: E731
         ids = list(dict.fromkeys(top(probs[0]) + top(probs[1])))
         rows = [{"id": int(i), "token": self.lm.tokenizer.decode([int(i)]), "before": float(probs[0, i]),
