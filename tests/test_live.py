@@ -32,6 +32,7 @@ from probe.live.api import answer  # noqa: E402
 from probe.live.server import MAX_BODY, make_app  # noqa: E402
 from probe.live.session import Latest, LiveSession  # noqa: E402
 from probe.measures.steps import head_steps  # noqa: E402
+from probe.qk.labels import head_labels  # noqa: E402
 from probe.qk.run import measure  # noqa: E402
 from probe.text.corpus import sample_texts  # noqa: E402
 from probe.text.pairfile import Pair  # noqa: E402
@@ -103,6 +104,31 @@ def test_head_steps_and_why_are_the_librarys(kind, request):
     first = r["why"]["pairs"][0]
     a, b = w.sources.index(first["query_source"]), w.sources.index(first["key_source"])
     assert first["contribution"] == pytest.approx(float(w.contributions[a, b, first["key"]]), abs=1e-12)
+    # the labels probe why shows beside the head and its sources: the labelling analysis' (probe.qk.labels)
+    labels = head_labels(s.lm)
+    assert r["why"]["label"] == labels["L1H2"] and r["why"]["labelsRefusal"] is None and r["why"]["labelsNote"]
+    heads_named = 0
+    for p in r["why"]["pairs"]:
+        for side in ("query", "key"):
+            source = p[f"{side}_source"]
+            assert p[f"{side}_label"] == ("" if source == "(other pairs)" else labels.get(source, ""))
+            heads_named += source in labels
+    assert heads_named > 0  # layer 1's sources include layer 0's heads, each with its label
+
+
+def test_why_without_head_labels_says_why_and_still_answers(monkeypatch):
+    """A model whose labelling analysis is refused: why answers, its labels empty and the refusal's line beside."""
+    import probe.live.session as session_module
+    from probe.errors import UnsupportedAnalysisError
+
+    def refuse(lm, **kw):
+        raise UnsupportedAnalysisError("the labelling analysis does not run on this model")
+
+    monkeypatch.setattr(session_module, "head_labels", refuse)
+    s = LiveSession(tiny_model("gpt2"))
+    w = s.head(TEXT, 1, 2, 4)["why"]
+    assert w["labelsRefusal"] == "no head labels: the labelling analysis does not run on this model"
+    assert w["label"] == "" and w["labelsNote"] is None and all(p["query_label"] == "" for p in w["pairs"])
 
 
 def test_zero_ablation_equals_the_gated_model(dec, enc):
@@ -392,6 +418,10 @@ def test_routes_answer_the_sessions_values(client, dec):
             got_json = got.json()
             assert got_json["why"].pop("seconds") and want["why"].pop("seconds")
             assert got_json == want
+            labels = head_labels(dec.lm)  # the head's and its sources' labels, as probe why shows them
+            assert got_json["why"]["label"] == labels["L0H1"] and got_json["why"]["labelsNote"]
+            assert all(p["query_label"] == labels.get(p["query_source"], "") for p in got_json["why"]["pairs"]
+                       if p["query_source"] != "(other pairs)")
         else:
             assert got.json() == want
     page = client.get(f"/?token={TOKEN}")

@@ -10,7 +10,9 @@ Every number is the library's: the session only calls library functions and pack
 - :meth:`LiveSession.head`: one head's attention steps (:func:`probe.measures.steps.heads_steps`, drawn by
   the step view) and ``why`` for a query row (:func:`probe.qk.run.measure`: :func:`probe.why` and its
   table of the largest (query source, key source) pairs, with the check: their sum against the model's
-  score). The default row is the last token's, or on an encoder with its masked-LM head whose text holds
+  score), with the heads' labels beside it as ``probe why`` shows them (the head's own and each source
+  head's: :func:`probe.qk.labels.head_labels`, probe's analysis of its built-in sample texts, cached per
+  model). The default row is the last token's, or on an encoder with its masked-LM head whose text holds
   the mask token, the first mask's: the position whose predictions the output panel shows.
 - :meth:`LiveSession.ablate`: heads switched off (zero or mean ablation, :func:`probe.effects.ablation.ablating`
   at the heads' outputs before the output projection; Michel et al. 2019), the model's output before and
@@ -57,7 +59,9 @@ from ..effects.patching import check_patchable, patch_heads
 from ..entries.notebook import batch_sides
 from ..errors import InputError, ProbeError, UnsupportedAnalysisError
 from ..measures.steps import heads_steps
-from ..qk.run import measure
+from ..qk.labels import head_labels
+from ..qk.run import LABELS_NOTE, measure
+from ..qk.table import REST
 from ..records import AnalysisResult
 from ..runs.analysis import analyze
 from ..settings import AblateRequest, EditRequest, HeadRequest, LiveSettings, PatchRequest
@@ -163,6 +167,7 @@ class LiveSession:
         self._clean: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._means: torch.Tensor | None = None
         self._grams: dict = {}  # each output projection's G_h, computed at the first edit (shared_grams)
+        self._labels: tuple[dict, str | None] | None = None  # the why panel's head labels (labels, refusal)
 
     # ------------------------------------------------------------------ checks
     @property
@@ -371,7 +376,9 @@ class LiveSession:
         Returns:
             ``{"layer", "head", "query", "queryFrom": "given" | "last" | "mask", "steps": step_view_data's dict
             or None, "stepsRefusal": str or None, "why": dict or None, "whyRefusal": str or None}``: a model
-            type the steps or ``why`` do not cover gets the line saying why in place of the record.
+            type the steps or ``why`` do not cover gets the line saying why in place of the record. ``why``
+            is :func:`why_record`'s (the head's ``label``, each pair's ``query_label`` and ``key_label``:
+            :meth:`head_labels`) with ``labelsRefusal`` (None, or the line saying why there are no labels).
 
         Raises:
             InputError: a bad text, head, query position or top (:class:`~probe.settings.HeadRequest`: the
@@ -399,10 +406,26 @@ class LiveSession:
         except ProbeError as e:  # InputError included: a type whose steps are refused says so in the panel
             out["stepsRefusal"] = str(e)
         try:
-            out["why"] = why_record(measure(self.lm, read, (layer, head), query, req.top))
+            run = measure(self.lm, read, (layer, head), query, req.top)
         except ProbeError as e:
             out["whyRefusal"] = str(e)
+            return out
+        run.labels, refusal = self.head_labels()
+        out["why"] = why_record(run)
+        out["why"]["labelsRefusal"] = refusal
         return out
+
+    def head_labels(self) -> tuple[dict[str, str], str | None]:
+        """Head name -> label as ``probe why`` shows them beside the sources (:func:`probe.qk.labels.head_labels`:
+        probe's analysis of its built-in sample texts, plus the circuit probe on decoders; computed once per
+        model and cached on disk, read once per session), and None; or ``({}, the line saying why not)``
+        where that analysis is refused on this model."""
+        if self._labels is None:
+            try:
+                self._labels = head_labels(self.lm), None
+            except ProbeError as e:
+                self._labels = {}, f"no head labels: {e}"
+        return self._labels
 
     # ------------------------------------------------------------------ ablation
     def _output_kind(self, kind: str | None) -> str:
@@ -590,16 +613,23 @@ class LiveSession:
 
 def why_record(run) -> dict:
     """A :class:`probe.qk.run.WhyRun` as the page draws it: its run.json record, the largest source pairs of
-    each top key (why.csv's rows) and the check (the pairs' sum against the model's score)."""
+    each top key (why.csv's rows) and the check (the pairs' sum against the model's score), and the labels
+    ``probe why`` shows (from ``run.labels``: head name -> label): ``label`` the head's own, each pair's
+    ``query_label`` and ``key_label`` (its source's, "" for a source that is no head and for the rest row),
+    ``labelsNote`` where they come from."""
     w = run.why
     record = run.record()
     rows = run.frame.to_dict("records")
     pairs = [{k: (_finite(v) if isinstance(v, (float, np.floating)) else v.item() if isinstance(v, np.generic)
                   else v) for k, v in r.items()} for r in rows]
+    labels = run.labels or {}
+    for p in pairs:  # as probe why's table: "its label" beside each source (none beside the rest row)
+        p["query_label"] = labels.get(p["query_source"], "") if p["query_source"] != REST else ""
+        p["key_label"] = labels.get(p["key_source"], "") if p["key_source"] != REST else ""
     sums = {int(j): float(w.contributions[:, :, j].sum()) for j in w.top_keys(run.top)}
     record.update(pairs=pairs, checks=[{"key": j, "sum": s, "score": float(w.scores[j]),
                                         "difference": s - float(w.scores[j])} for j, s in sums.items()],
-                  tokens=list(w.tokens))
+                  tokens=list(w.tokens), label=labels.get(w.name, ""), labelsNote=LABELS_NOTE if labels else None)
     return record
 
 
