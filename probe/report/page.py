@@ -131,6 +131,9 @@ def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> 
     heads = result.heads
     if "stack" in heads:  # encoder-decoder: the examples' maps here are the encoder's (cross-attention has its section)
         heads = heads[(heads["stack"] == "encoder") & (heads["kind"] == "self")]
+    # only the columns read below (a heads table has dozens: filtering them all for every label is what cost)
+    read = ["layer", "head", "label", *dict.fromkeys(stat for stat, _ in LABEL_RULES.values()), "max_weight"]
+    heads = heads[[c for c in dict.fromkeys(read) if c in heads.columns]]
     chosen = []
     for label, (stat, _) in LABEL_RULES.items():
         rows = heads[heads["label"] == label]
