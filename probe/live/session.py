@@ -163,6 +163,8 @@ class LiveSession:
         self.lock = threading.Lock()
         self.latest = Latest()
         self._analyses: OrderedDict[str, AnalysisResult] = OrderedDict()
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()  # token_ids of the last texts
+        self.sites = lm.sites  # the model's sites (lm.sites builds the list at every call)
         # per text: (its input ids [1, T], the unablated model's output as the output panel compares it)
         self._clean: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._means: torch.Tensor | None = None
@@ -172,7 +174,7 @@ class LiveSession:
     # ------------------------------------------------------------------ checks
     @property
     def n_layers(self) -> int:
-        return len(self.lm.sites)
+        return len(self.sites)
 
     @property
     def n_heads(self) -> int:
@@ -232,8 +234,14 @@ class LiveSession:
 
     def token_ids(self, text: str) -> list[int]:
         """The token ids of ``text`` as the model reads it (special tokens included; typed ones as
-        :meth:`as_read` reads them), not truncated."""
-        return list(self.lm.tokenizer(text, split_special_tokens=not self.parse_special)["input_ids"])
+        :meth:`as_read` reads them), not truncated (the last texts' kept: every answer checks its text)."""
+        ids = self._ids.get(text)
+        if ids is None:
+            ids = self._ids[text] = list(self.lm.tokenizer(text, split_special_tokens=not self.parse_special)
+                                         ["input_ids"])
+            while len(self._ids) > 4 * KEPT:
+                self._ids.popitem(last=False)
+        return list(ids)
 
     def n_tokens(self, text: str) -> int:
         """Tokens of ``text`` as the model reads it (special tokens included)."""
@@ -253,7 +261,7 @@ class LiveSession:
         """What the page needs before the first edit: the model, its kind, layers, heads, caps, output."""
         kind = head_kind(self.lm)
         return {"model": self.lm.name, "kind": self.lm.kind, "layers": self.n_layers, "heads": self.n_heads,
-                "headNames": [[head_name(s.layer, h) for h in range(self.n_heads)] for s in self.lm.sites],
+                "headNames": [[head_name(s.layer, h) for h in range(self.n_heads)] for s in self.sites],
                 "maxChars": self.max_chars, "maxTokens": self.max_tokens, "output": self._output_kind(kind),
                 "patching": self._patch_refusal()}
 
@@ -478,7 +486,7 @@ class LiveSession:
         sets = torch.zeros(copies, self.n_layers, self.n_heads, dtype=torch.bool)
         for lay, h in heads:
             sets[-1, lay, h] = True
-        site = self.lm.sites[layer]
+        site = self.sites[layer]
         kept: dict = {}
 
         def keep(s, probs):
@@ -507,7 +515,7 @@ class LiveSession:
         maps: list = [None] * self.n_layers
         maps[layer] = kept["probs"][:, :n, :n]
         first, _ = batch_sides(self.lm, batch)
-        hv = text_view(maps, self.lm.sites, first, None, layers=[layer], causal=self.lm.kind != "encoder",
+        hv = text_view(maps, self.sites, first, None, layers=[layer], causal=self.lm.kind != "encoder",
                        title=f"{self.lm.name}: layer {layer} with {len(heads)} head(s) ablated ({kind})")
         return {"heads": [list(x) for x in heads], "ablation": kind, "layer": layer, "output": output,
                 "headView": hv.data}
