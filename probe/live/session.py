@@ -16,9 +16,10 @@ Every number is the library's: the session only calls library functions and pack
   the mask token, the first mask's: the position whose predictions the output panel shows.
 - :meth:`LiveSession.ablate`: heads switched off (zero or mean ablation, :func:`probe.effects.ablation.ablating`
   at the heads' outputs before the output projection; Michel et al. 2019), the model's output before and
-  after in one forward pass of two copies (a decoder's next-token probabilities, a masked-LM encoder's
-  predictions at its first [MASK], a bare encoder's sentence embedding: cosine to the unablated one) and
-  the maps downstream.
+  after (a decoder's next-token probabilities, a masked-LM encoder's predictions at its first [MASK], a
+  bare encoder's sentence embedding: cosine to the unablated one) and the maps downstream: one forward
+  pass of the ablated text, the output before kept from the text's edit (the same analyze pass) or its
+  last ablation; a text seen by neither runs two copies in one pass, the first unablated.
 - :meth:`LiveSession.patch`: a corrupted text beside the clean one: every head's activation-patching
   effect as ``probe patch`` computes it (:func:`probe.effects.patching.patch_heads`, denoising; Meng et
   al. 2022), the answer and the wrong answer being the two texts' top next tokens unless given.
@@ -453,7 +454,8 @@ class LiveSession:
 
     def ablate(self, text, heads, ablation: str = "zero", layer=0) -> dict:
         """``heads`` switched off: the model's output before and after and the maps of ``layer`` after,
-        from one forward pass of two copies of the text (the first unablated).
+        from one forward pass of the ablated text, the output before kept from the text's edit or last
+        ablation (the same ids); else one pass of two copies of the text (the first unablated).
 
         Args:
             text: the text. heads: [[layer, head], ...] to ablate (none: the model as it is).
