@@ -667,6 +667,15 @@ def test_page_types_inspects_and_switches_off_heads(chromium, dec, width):
             page.click("td.pl-cell[data-layer='1'][data-head='2']")
             page.wait_for_selector(".probe-live[data-heads='1'] .probe-sv table", timeout=60_000)
             assert "Why L1H2" in page.inner_text(".pl-why") and "check holds" in page.inner_text(".pl-check")
+            # the labels probe why shows: the head's beside its name, each source head's beside the source
+            corpus = head_labels(dec.lm)
+            assert f"Why L1H2 ({corpus['L1H2']}) attends" in page.inner_text(".pl-why")
+            cells = page.eval_on_selector_all(".pl-why table.pl-table tr", "rs => rs.map(r => Array.from("
+                                              "r.children, c => c.textContent))")
+            assert cells[0][4:8] == ["query source", "its label", "key source", "its label"]
+            assert len(cells) > 1 and all(row[5] == corpus.get(row[4], "") and row[7] == corpus.get(row[6], "")
+                                          for row in cells[1:])
+            assert any(row[5] for row in cells[1:])  # layer 0's heads among the query sources, labelled
             page.select_option("select >> nth=0", "off")
             page.click("td.pl-cell[data-layer='0'][data-head='1']")
             page.wait_for_selector(".probe-live[data-ablations='1'] table.pl-probs", timeout=60_000)
