@@ -7,7 +7,9 @@ on a new text of exactly that many tokens (so that no answer comes from the sess
     view, the model view, the grid's statistics, and the answer's JSON), through probe.live.api.answer;
   - steps + why: ``POST /api/head`` for one head and query (the step view's record and probe.why's split);
   - ablation: ``POST /api/ablate`` with two heads switched off (zero), output before and after and the maps.
-Prints each median in ms and its ratio to the bare forward, with uptime's load before and after.
+Prints each median in ms and its ratio to the bare forward, with uptime's load before and after; beside them the
+median CPU time of the process (every thread's) and its ratio to the bare forward's: on a machine other work
+shares, the CPU time of a one-thread run (``--threads 1``) moves far less with the load than the wall time.
 
 Usage: python benchmarks/bench_live.py [--repeats 7] [--models minilm:20,smollm2:60] [--threads 2]
 Goals (issue 47, on a quiet 2-core CPU): edit <= 150 ms median on minilm/20 and <= 600 ms on SmolLM2/60, within
@@ -54,24 +56,25 @@ def texts_of(lm, n_tokens: int, count: int) -> list[str]:
     return out
 
 
-def bare(lm, text: str) -> float:
+def bare(lm, text: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of the model's own forward pass of ``text`` (tokenized beforehand)."""
     inputs = lm.tokenizer([text], return_tensors="pt")
     kw = {"use_cache": False} if lm.kind != "encoder" else {}
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     with torch.no_grad():
         lm.model(**inputs, **kw)
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
-def timed(session, route: str, body: dict) -> float:
-    """Seconds of one request as the server answers it (the session's answer and its JSON)."""
+def timed(session, route: str, body: dict) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one request as the server answers it (the session's answer and its JSON)."""
     from probe.live.api import answer
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     status, out = answer(session, route, body)
     json.dumps(out)
     assert status == 200, out
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
 def bench(name: str, n_tokens: int, repeats: int) -> None:
@@ -95,12 +98,14 @@ def bench(name: str, n_tokens: int, repeats: int) -> None:
         rows["ablation (2 heads, zero)"].append(timed(s, "ablate", {"text": text, "heads": [[0, 1], [1, 2]],
                                                                     "layer": layer}))
         rows["bare forward"].append(bare(lm, text))
-    base = statistics.median(rows["bare forward"])
+    base = statistics.median(w for w, _ in rows["bare forward"])
+    base_cpu = statistics.median(c for _, c in rows["bare forward"])
     print(f"\n{name}: {n_tokens} tokens, {len(lm.sites)} layers x {lm.geometry.n_heads} heads, "
           f"{repeats} texts, torch threads {torch.get_num_threads()}")
     for what, ts in rows.items():
-        med = statistics.median(ts)
-        print(f"  {what:28s} median {1000 * med:8.1f} ms  (min {1000 * min(ts):7.1f})  {med / base:5.2f} x bare")
+        med, cpu = statistics.median(w for w, _ in ts), statistics.median(c for _, c in ts)
+        print(f"  {what:28s} median {1000 * med:8.1f} ms  (min {1000 * min(w for w, _ in ts):7.1f})  "
+              f"{med / base:5.2f} x bare   cpu {1000 * cpu:8.1f} ms  {cpu / base_cpu:5.2f} x bare")
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ from probe.live.api import answer  # noqa: E402
 from probe.live.server import MAX_BODY, make_app  # noqa: E402
 from probe.live.session import Latest, LiveSession  # noqa: E402
 from probe.measures.steps import head_steps  # noqa: E402
+from probe.qk.labels import head_labels  # noqa: E402
 from probe.qk.run import measure  # noqa: E402
 from probe.text.corpus import sample_texts  # noqa: E402
 from probe.text.pairfile import Pair  # noqa: E402
@@ -103,6 +104,31 @@ def test_head_steps_and_why_are_the_librarys(kind, request):
     first = r["why"]["pairs"][0]
     a, b = w.sources.index(first["query_source"]), w.sources.index(first["key_source"])
     assert first["contribution"] == pytest.approx(float(w.contributions[a, b, first["key"]]), abs=1e-12)
+    # the labels probe why shows beside the head and its sources: the labelling analysis' (probe.qk.labels)
+    labels = head_labels(s.lm)
+    assert r["why"]["label"] == labels["L1H2"] and r["why"]["labelsRefusal"] is None and r["why"]["labelsNote"]
+    heads_named = 0
+    for p in r["why"]["pairs"]:
+        for side in ("query", "key"):
+            source = p[f"{side}_source"]
+            assert p[f"{side}_label"] == ("" if source == "(other pairs)" else labels.get(source, ""))
+            heads_named += source in labels
+    assert heads_named > 0  # layer 1's sources include layer 0's heads, each with its label
+
+
+def test_why_without_head_labels_says_why_and_still_answers(monkeypatch):
+    """A model whose labelling analysis is refused: why answers, its labels empty and the refusal's line beside."""
+    import probe.live.session as session_module
+    from probe.errors import UnsupportedAnalysisError
+
+    def refuse(lm, **kw):
+        raise UnsupportedAnalysisError("the labelling analysis does not run on this model")
+
+    monkeypatch.setattr(session_module, "head_labels", refuse)
+    s = LiveSession(tiny_model("gpt2"))
+    w = s.head(TEXT, 1, 2, 4)["why"]
+    assert w["labelsRefusal"] == "no head labels: the labelling analysis does not run on this model"
+    assert w["label"] == "" and w["labelsNote"] is None and all(p["query_label"] == "" for p in w["pairs"])
 
 
 def test_zero_ablation_equals_the_gated_model(dec, enc):
@@ -142,6 +168,40 @@ def test_zero_ablation_equals_the_gated_model(dec, enc):
     assert e["output"]["kind"] == "embedding"
     assert e["output"]["cosine"] == pytest.approx(float(torch.nn.functional.cosine_similarity(ref, got, 0)), abs=1e-7)
     assert e["output"]["cosine"] < 0.9999
+
+
+@pytest.mark.parametrize("kind", ["enc", "dec"])
+def test_an_ablation_reuses_the_unablated_output_of_its_texts_edit(kind, request):
+    """The output before an ablation is kept from the text's edit (the same pass of the same ids): the ablation
+    then runs the ablated copy alone, and answers what a session that never saw the text answers (both copies
+    in one pass) to float rounding; a second ablation of that fresh session reuses its first one's copy."""
+    from probe.architectures.modules import base_model
+
+    s = request.getfixturevalue(kind)
+    text, heads = "A text no other test runs, for the ablation.", [[0, 1], [1, 3]]
+    rows: list[int] = []
+    handle = base_model(s.lm.model).register_forward_pre_hook(
+        lambda m, args, kwargs: rows.append(len(kwargs.get("input_ids", args[0] if args else None))), with_kwargs=True)
+    try:
+        fresh_session = LiveSession(s.lm)
+        fresh = fresh_session.ablate(text, heads, "zero", 1)
+        again = fresh_session.ablate(text, heads[:1], "zero", 1)
+        s.edit(text, 1)
+        got = s.ablate(text, heads, "zero", 1)
+    finally:
+        handle.remove()
+    assert rows == [2, 1, 1, 1]  # both copies; then the ablated copy alone; the edit's pass; the ablated copy alone
+    assert got["output"].keys() == fresh["output"].keys()
+    if kind == "enc":
+        assert got["output"]["cosine"] == pytest.approx(fresh["output"]["cosine"], abs=1e-6)
+    else:
+        assert got["output"]["before"] == fresh["output"]["before"] == again["output"]["before"]
+        for a, b in zip(got["output"]["tokens"], fresh["output"]["tokens"]):
+            assert a["id"] == b["id"] and a["before"] == pytest.approx(b["before"], abs=1e-6)
+            assert a["after"] == pytest.approx(b["after"], abs=1e-6)
+    for h in range(s.n_heads):
+        np.testing.assert_allclose(decoded_map(got["headView"], 0, h), decoded_map(fresh["headView"], 0, h),
+                                   atol=1e-3 + 1e-6)
 
 
 def test_mean_ablation_uses_the_sample_texts_means(dec):
@@ -358,6 +418,10 @@ def test_routes_answer_the_sessions_values(client, dec):
             got_json = got.json()
             assert got_json["why"].pop("seconds") and want["why"].pop("seconds")
             assert got_json == want
+            labels = head_labels(dec.lm)  # the head's and its sources' labels, as probe why shows them
+            assert got_json["why"]["label"] == labels["L0H1"] and got_json["why"]["labelsNote"]
+            assert all(p["query_label"] == labels.get(p["query_source"], "") for p in got_json["why"]["pairs"]
+                       if p["query_source"] != "(other pairs)")
         else:
             assert got.json() == want
     page = client.get(f"/?token={TOKEN}")
@@ -603,6 +667,15 @@ def test_page_types_inspects_and_switches_off_heads(chromium, dec, width):
             page.click("td.pl-cell[data-layer='1'][data-head='2']")
             page.wait_for_selector(".probe-live[data-heads='1'] .probe-sv table", timeout=60_000)
             assert "Why L1H2" in page.inner_text(".pl-why") and "check holds" in page.inner_text(".pl-check")
+            # the labels probe why shows: the head's beside its name, each source head's beside the source
+            corpus = head_labels(dec.lm)
+            assert f"Why L1H2 ({corpus['L1H2']}) attends" in page.inner_text(".pl-why")
+            cells = page.eval_on_selector_all(".pl-why table.pl-table tr", "rs => rs.map(r => Array.from("
+                                              "r.children, c => c.textContent))")
+            assert cells[0][4:8] == ["query source", "its label", "key source", "its label"]
+            assert len(cells) > 1 and all(row[5] == corpus.get(row[4], "") and row[7] == corpus.get(row[6], "")
+                                          for row in cells[1:])
+            assert any(row[5] for row in cells[1:])  # layer 0's heads among the query sources, labelled
             page.select_option("select >> nth=0", "off")
             page.click("td.pl-cell[data-layer='0'][data-head='1']")
             page.wait_for_selector(".probe-live[data-ablations='1'] table.pl-probs", timeout=60_000)

@@ -24,7 +24,7 @@ from probe.runs.analysis import analyze
 from probe.sites import Site
 from probe.text.inputs import Text
 from probe.view.assets import view_page
-from probe.view.modelview import LEVELS, model_view_data, pool_map, render_model_view
+from probe.view.modelview import LEVELS, model_view_data, pool_map, pool_maps, render_model_view
 from probe.view.stepview import STEPS_KEY
 
 NASTY = 'Look: </script><b>"bold"</b> it\u2028said \'so\' & ran </SCRIPT> away now.'
@@ -53,6 +53,10 @@ def test_thumbnails_are_block_maxima_of_the_models_maps():
         got, b = pool_map(m, cells)
         want, wb = block_max(m, cells)
         assert b == wb and np.array_equal(got, want)
+        many = np.stack([m, m[::-1], np.full_like(m, np.nan)])  # every head at once: each head's own maxima
+        pooled, pb = pool_maps(many, cells)
+        assert pb == b and all(np.array_equal(pooled[h], pool_map(many[h], cells)[0], equal_nan=True)
+                               for h in range(3))
     lm = tiny_model("llama")
     probs = capture_attention(lm, [NASTY]).probs
     data = model_view(lm, NASTY, cells=8).data

@@ -234,6 +234,44 @@ def test_removed_heads_stay_nan():
     assert heads.drop(index=(0, 1))[by_norm("first")].notna().all()
 
 
+def test_shared_grams_give_each_runs_own_values_and_follow_the_weights():
+    """Inside shared_grams a run reads the output projections' G_h filed by an earlier run: its statistics equal a
+    run without the store; a weight changed in place, replaced, or cut (heads removed) is computed again (its
+    statistics equal a fresh run's on the changed model)."""
+    from probe.capture.values import shared_grams
+    from probe.pruning.removal import remove_heads
+
+    lm = tiny_model("llama")
+    cols = [by_norm(s) for s in STATISTICS] + [NORM_MASS]
+    fresh = analyze(lm, SHORT, n_examples=0).heads[cols]
+    store: dict = {}
+    with shared_grams(store):
+        first = analyze(lm, SHORT, n_examples=0).heads[cols]
+        filed = {k: v[3] for k, v in store.items()}
+        again = analyze(lm, SHORT, n_examples=0).heads[cols]
+    assert len(filed) == len(lm.sites) and all(store[k][3] is g for k, g in filed.items())  # read, not recomputed
+    pd.testing.assert_frame_equal(first, fresh)
+    pd.testing.assert_frame_equal(again, fresh)
+    o = lm.model.model.layers[0].self_attn.o_proj
+    with torch.no_grad():
+        o.weight.mul_(3.0)  # in place: the version counter moves
+    changed = analyze(lm, SHORT, n_examples=0).heads[cols]
+    with shared_grams(store):
+        got = analyze(lm, SHORT, n_examples=0).heads[cols]
+    pd.testing.assert_frame_equal(got, changed)
+    assert not np.allclose(changed[NORM_MASS], fresh[NORM_MASS])
+    o.weight = torch.nn.Parameter(o.weight.detach() * 0.5)  # a new weight tensor
+    changed = analyze(lm, SHORT, n_examples=0).heads[cols]
+    with shared_grams(store):
+        got = analyze(lm, SHORT, n_examples=0).heads[cols]
+    pd.testing.assert_frame_equal(got, changed)
+    remove_heads(lm, {1: [1]})  # the cut weight: fewer rows
+    changed = analyze(lm, SHORT, n_examples=0).heads[cols]
+    with shared_grams(store):
+        got = analyze(lm, SHORT, n_examples=0).heads[cols]
+    pd.testing.assert_frame_equal(got, changed)
+
+
 # --------------------------------------------------------------------------- options
 
 def test_no_norm_leaves_the_columns_out_and_labels_by_norm_read_them():

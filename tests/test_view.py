@@ -429,3 +429,28 @@ def test_the_head_view_opens_on_one_head():
     layer, head = choose_heads(res)[0][:2]
     got = show(res, tokenizer=lm.tokenizer).data
     assert got["initial"] == {"layer": got["layers"].index(layer), "heads": [head]}
+
+
+def test_chosen_heads_are_the_strongest_of_each_label_in_pandas_order():
+    """choose_heads takes each label's heads in the order pandas' sort_values(ascending=False) gives them (ties and
+    NaN included: descending replays its nargsort) and names the statistic's value."""
+    import pandas as pd
+
+    from probe.measures.classify import LABEL_RULES
+    from probe.report.page import choose_heads, descending
+
+    rng = np.random.default_rng(3)
+    for trial in range(500):
+        n = int(rng.integers(1, 40))
+        v = rng.choice([0.0, 0.5, 1.0, np.nan, 0.25], size=n) if trial % 2 else rng.random(n)
+        want = pd.DataFrame({"v": v}).sort_values("v", ascending=False).index.to_numpy()
+        assert np.array_equal(descending(v), want)
+    res = analyze(tiny_model("gpt2"), ["The cat sat on the mat.", "Hello there, said the dog."], n_examples=0)
+    heads = res.heads
+    for layer, head, label, reason in choose_heads(res, per_label=2, limit=100):
+        stat = "max_weight" if label == "mixed" else LABEL_RULES[label][0]
+        rows = heads[heads["label"] == label].sort_values(stat, ascending=False)
+        top = rows.head(1 if label == "mixed" else 2)
+        assert (layer, head) in set(zip(top["layer"], top["head"]))
+        value = top[(top["layer"] == layer) & (top["head"] == head)][stat].iloc[0]
+        assert reason == f"{stat} = {value:.2f}"

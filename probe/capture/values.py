@@ -23,7 +23,10 @@ models, no output editor) instead of a second product of the probabilities with 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +66,35 @@ def output_gram(spec: ArchSpec, o: nn.Module, d_head: int) -> torch.Tensor:
     w = spec.layout.output_rows(o).float()  # [heads * d_head, d_model]
     w = w.reshape(-1, d_head, w.shape[-1])
     return w @ w.transpose(1, 2)
+
+
+#: The store of :func:`shared_grams` in force (None: each :class:`ValueTracker` computes its own).
+_SHARED: ContextVar[dict | None] = ContextVar("probe_shared_grams", default=None)
+
+
+@contextmanager
+def shared_grams(store: dict) -> Iterator[dict]:
+    """Context manager: every :class:`ValueTracker` inside reads G_h (:func:`output_gram`) from ``store``
+    and files those it computes there, so that runs after the first (the live page's edits: one
+    :func:`probe.analyze` per text) do not compute them again.
+
+    An entry is used only for the same output projection holding the same weight tensor with the same
+    data and version counter (an in-place change through the tensor, a new or cut weight: computed again);
+    a weight kept off the device (``meta``) is never filed. The caller keeps ``store`` (a dict it owns).
+    """
+    token = _SHARED.set(store)
+    try:
+        yield store
+    finally:
+        _SHARED.reset(token)
+
+
+def _weight_state(o: nn.Module, d_head: int) -> tuple | None:
+    """What a filed G_h of ``o`` must still match (None: not filed, a weight off the device)."""
+    w = getattr(o, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.is_meta:
+        return None
+    return (w._version, w.data_ptr(), tuple(w.shape), w.dtype, w.device, d_head)
 
 
 def value_norms(v: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
@@ -217,11 +249,21 @@ class ValueTracker:
         add_value_hooks(hooks, self.lm.model, self.lm.spec, self.lm.sites, self._values.__setitem__)
 
     def gram(self, site: Site) -> torch.Tensor:
-        """G_h [heads now in the module, d_head, d_head] of a site (cached)."""
+        """G_h [heads now in the module, d_head, d_head] of a site (cached for the run; across runs inside
+        :func:`shared_grams`)."""
         if site not in self._grams:
             paths = site_spec(self.lm.spec, site)
             o = site_block(self.lm.model, self.lm.spec, site).get_submodule(paths.o)
-            self._grams[site] = output_gram(self.lm.spec, o, self.d_head)
+            shared, state = _SHARED.get(), None
+            if shared is not None and (state := _weight_state(o, self.d_head)) is not None:
+                filed = shared.get(id(o))
+                if filed is not None and filed[0]() is o and filed[1]() is o.weight and filed[2] == state:
+                    self._grams[site] = filed[3]
+                    return filed[3]
+            gram = output_gram(self.lm.spec, o, self.d_head)
+            if state is not None:
+                shared[id(o)] = (weakref.ref(o), weakref.ref(o.weight), state, gram)
+            self._grams[site] = gram
         return self._grams[site]
 
     def take(self, site: Site, probs: torch.Tensor, original_numbering: bool = True) -> ValueNorms:

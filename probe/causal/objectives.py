@@ -148,8 +148,13 @@ def sentence_embedding(lm, batch) -> torch.Tensor:
     inputs = batch.model_inputs()
     if lm.kind != "encoder":
         inputs["use_cache"] = False
-    hidden = base_model(lm.model)(**inputs).last_hidden_state  # [batch, T, d_model]
-    real = batch.real.to(hidden.device)[:, :, None].to(hidden.dtype)
+    return mean_pool(base_model(lm.model)(**inputs).last_hidden_state, batch.real)
+
+
+def mean_pool(hidden: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """[batch, d_model] the mean of ``hidden`` [batch, T, d_model] over the real tokens (``real`` [batch, T]
+    bool, :attr:`probe.text.inputs.Batch.real`): :func:`sentence_embedding`'s pooling, in ``hidden``'s dtype."""
+    real = real.to(hidden.device)[:, :, None].to(hidden.dtype)
     return (hidden * real).sum(1) / real.sum(1).clamp(min=1)
 
 

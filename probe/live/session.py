@@ -10,13 +10,16 @@ Every number is the library's: the session only calls library functions and pack
 - :meth:`LiveSession.head`: one head's attention steps (:func:`probe.measures.steps.heads_steps`, drawn by
   the step view) and ``why`` for a query row (:func:`probe.qk.run.measure`: :func:`probe.why` and its
   table of the largest (query source, key source) pairs, with the check: their sum against the model's
-  score). The default row is the last token's, or on an encoder with its masked-LM head whose text holds
+  score), with the heads' labels beside it as ``probe why`` shows them (the head's own and each source
+  head's: :func:`probe.qk.labels.head_labels`, probe's analysis of its built-in sample texts, cached per
+  model). The default row is the last token's, or on an encoder with its masked-LM head whose text holds
   the mask token, the first mask's: the position whose predictions the output panel shows.
 - :meth:`LiveSession.ablate`: heads switched off (zero or mean ablation, :func:`probe.effects.ablation.ablating`
   at the heads' outputs before the output projection; Michel et al. 2019), the model's output before and
-  after in one forward pass of two copies (a decoder's next-token probabilities, a masked-LM encoder's
-  predictions at its first [MASK], a bare encoder's sentence embedding: cosine to the unablated one) and
-  the maps downstream.
+  after (a decoder's next-token probabilities, a masked-LM encoder's predictions at its first [MASK], a
+  bare encoder's sentence embedding: cosine to the unablated one) and the maps downstream: one forward
+  pass of the ablated text, the output before kept from the text's edit (the same analyze pass) or its
+  last ablation; a text seen by neither runs two copies in one pass, the first unablated.
 - :meth:`LiveSession.patch`: a corrupted text beside the clean one: every head's activation-patching
   effect as ``probe patch`` computes it (:func:`probe.effects.patching.patch_heads`, denoising; Meng et
   al. 2022), the answer and the wrong answer being the two texts' top next tokens unless given.
@@ -47,15 +50,19 @@ import numpy as np
 import torch
 
 from .. import bounds
+from ..architectures.modules import base_model
 from ..capture.maps import attention_hooks, encode, forward
+from ..capture.values import shared_grams
 from ..causal.heads import head_ranges, normalize_heads
-from ..causal.objectives import head_kind, sentence_embedding
+from ..causal.objectives import head_kind, mean_pool, sentence_embedding
 from ..effects.ablation import ablating, check_model, head_means, repeat_batch
 from ..effects.patching import check_patchable, patch_heads
 from ..entries.notebook import batch_sides
 from ..errors import InputError, ProbeError, UnsupportedAnalysisError
 from ..measures.steps import heads_steps
-from ..qk.run import measure
+from ..qk.labels import head_labels
+from ..qk.run import LABELS_NOTE, measure
+from ..qk.table import REST
 from ..records import AnalysisResult
 from ..runs.analysis import analyze
 from ..settings import AblateRequest, EditRequest, HeadRequest, LiveSettings, PatchRequest
@@ -147,20 +154,28 @@ class LiveSession:
             raise InputError("give the live settings as a LiveSettings or as keywords, not both")
         self.settings = settings if settings is not None else LiveSettings.from_mapping(caps)
         self.lm = lm
+        #: what the output panel shows: "next-token", "masked-lm" or "embedding"
+        self.output_kind = self._output_kind(head_kind(lm))
         # a masked-LM encoder reads the mask token typed as its mask (as probe patch reads its prompts)
-        self.parse_special = self._output_kind(head_kind(lm)) == "masked-lm"
+        self.parse_special = self.output_kind == "masked-lm"
         self.max_chars = self.settings.max_chars
         self.max_tokens = (min(MAX_TOKENS, lm.max_length) if self.settings.max_tokens is None
                            else bounds.max_length(self.settings.max_tokens, lm.max_length, "--max-tokens"))
         self.lock = threading.Lock()
         self.latest = Latest()
         self._analyses: OrderedDict[str, AnalysisResult] = OrderedDict()
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()  # token_ids of the last texts
+        self.sites = lm.sites  # the model's sites (lm.sites builds the list at every call)
+        # per text: (its input ids [1, T], the unablated model's output as the output panel compares it)
+        self._clean: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._means: torch.Tensor | None = None
+        self._grams: dict = {}  # each output projection's G_h, computed at the first edit (shared_grams)
+        self._labels: tuple[dict, str | None] | None = None  # the why panel's head labels (labels, refusal)
 
     # ------------------------------------------------------------------ checks
     @property
     def n_layers(self) -> int:
-        return len(self.lm.sites)
+        return len(self.sites)
 
     @property
     def n_heads(self) -> int:
@@ -220,8 +235,14 @@ class LiveSession:
 
     def token_ids(self, text: str) -> list[int]:
         """The token ids of ``text`` as the model reads it (special tokens included; typed ones as
-        :meth:`as_read` reads them), not truncated."""
-        return list(self.lm.tokenizer(text, split_special_tokens=not self.parse_special)["input_ids"])
+        :meth:`as_read` reads them), not truncated (the last texts' kept: every answer checks its text)."""
+        ids = self._ids.get(text)
+        if ids is None:
+            ids = self._ids[text] = list(self.lm.tokenizer(text, split_special_tokens=not self.parse_special)
+                                         ["input_ids"])
+            while len(self._ids) > 4 * KEPT:
+                self._ids.popitem(last=False)
+        return list(ids)
 
     def n_tokens(self, text: str) -> int:
         """Tokens of ``text`` as the model reads it (special tokens included)."""
@@ -241,7 +262,7 @@ class LiveSession:
         """What the page needs before the first edit: the model, its kind, layers, heads, caps, output."""
         kind = head_kind(self.lm)
         return {"model": self.lm.name, "kind": self.lm.kind, "layers": self.n_layers, "heads": self.n_heads,
-                "headNames": [[head_name(s.layer, h) for h in range(self.n_heads)] for s in self.lm.sites],
+                "headNames": [[head_name(s.layer, h) for h in range(self.n_heads)] for s in self.sites],
                 "maxChars": self.max_chars, "maxTokens": self.max_tokens, "output": self._output_kind(kind),
                 "patching": self._patch_refusal()}
 
@@ -250,12 +271,62 @@ class LiveSession:
         if text in self._analyses:
             self._analyses.move_to_end(text)
             return self._analyses[text]
-        result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
-                         max_length=self.max_tokens, parse_special_tokens=self.parse_special)
+        seen: dict = {}
+        # the model's own output of the same pass, kept for an ablation of this text (its "before")
+        module = base_model(self.lm.model) if self.output_kind == "embedding" else self.lm.model
+        handle = module.register_forward_hook(lambda m, args, kwargs, out: seen.update(ids=kwargs.get("input_ids"),
+                                                                                       out=out), with_kwargs=True)
+        try:
+            with shared_grams(self._grams):  # the value norms' G_h of every layer once, not at every edit
+                result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
+                                 max_length=self.max_tokens, parse_special_tokens=self.parse_special)
+        finally:
+            handle.remove()
+        self._keep_clean(text, seen.get("ids"), seen.get("out"))
         self._analyses[text] = result
         while len(self._analyses) > KEPT:
             self._analyses.popitem(last=False)
         return result
+
+    def _keep_clean(self, text: str, ids, out) -> None:
+        """Keep the unablated model's output of ``text`` (``out``: the model's output, or the bare model's
+        for the embedding, of input ids ``ids`` [1, T]) as :meth:`ablate` compares it; nothing where the
+        pass was not one whole sequence with its whole output (a block-captured pass keeps fewer logits)."""
+        name = "last_hidden_state" if self.output_kind == "embedding" else "logits"
+        tensor = getattr(out, name, None)
+        if not isinstance(ids, torch.Tensor) or not isinstance(tensor, torch.Tensor) or ids.dim() != 2 \
+                or len(ids) != 1 or tensor.shape[:2] != ids.shape:
+            return
+        ids = ids.detach().cpu()
+        reference = self._reference(tensor.detach(), ids, torch.ones_like(ids, dtype=torch.bool))
+        if reference is not None:
+            self._clean[text] = (ids, reference.clone())
+            while len(self._clean) > KEPT:
+                self._clean.popitem(last=False)
+
+    def _reference(self, output: torch.Tensor, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor | None:
+        """What the output panel compares of each row of a pass: the logits at the position it predicts at
+        ([rows, vocab]: a decoder's last token, a masked-LM encoder's first mask token), or the sentence
+        embedding (:func:`probe.causal.objectives.mean_pool` of the last hidden states, [rows, d_model]); None:
+        a masked-LM text without its mask (nothing to compare).
+
+        Args:
+            output: [rows, T, vocab] logits, or [rows, T, d_model] the bare model's last hidden states
+                (embedding: already pooled [rows, d_model] is returned as it is).
+            ids: [rows, T] input ids (every row the same text). real: [rows, T] bool, the real tokens.
+        """
+        if self.output_kind == "embedding":
+            return output if output.dim() == 2 else mean_pool(output, real)
+        at = self._position(ids[0, : int(real[0].sum())].tolist())
+        return None if at is None else output[:, at]
+
+    def _position(self, ids: list[int]) -> int | None:
+        """The position whose predictions the output panel shows: the last token's (a decoder), the first
+        mask token's (a masked-LM encoder; None without one)."""
+        if self.output_kind == "next-token":
+            return len(ids) - 1
+        mask_id = self.lm.tokenizer.mask_token_id
+        return ids.index(mask_id) if mask_id is not None and mask_id in ids else None
 
     def edit(self, text, layer=0) -> dict:
         """A text's tokens, the grid (every head's label and statistics for this text), the head view of
@@ -281,18 +352,26 @@ class LiveSession:
     def grid(self, result: AnalysisResult) -> dict:
         """Every head's primary label, all its labels and every statistic of ``result``'s heads table,
         as layers x heads arrays (NaN as None)."""
-        heads = result.heads.sort_values(["layer", "head"])
+        heads = result.heads
         L, H = self.n_layers, self.n_heads
+        # each head's cell, read once: (layer, head) -> the row (a head twice: its last row, as before)
+        where = np.asarray(heads["layer"], dtype=np.int64) * H + np.asarray(heads["head"], dtype=np.int64)
 
-        def table(column, cast):
-            out = [[None] * H for _ in range(L)]
-            for lay, h, v in zip(heads["layer"], heads["head"], heads[column]):
-                out[int(lay)][int(h)] = cast(v)
-            return out
+        def cells(values: np.ndarray) -> np.ndarray:
+            out = np.full(L * H, None, dtype=object)
+            out[where] = values
+            return out.reshape(L, H)
+
+        def texts(column):
+            return cells(np.array([str(v) for v in heads[column]], dtype=object)).tolist()
+
+        def numbers(column):  # float64 as _finite reads them (NaN and infinities: None)
+            v = np.asarray(heads[column], dtype=np.float64)
+            return cells(np.where(np.isfinite(v), v.astype(object), None)).tolist()
 
         stats = [c for c in heads.columns if c not in NOT_STATISTICS and np.issubdtype(heads[c].dtype, np.number)]
-        return {"labels": table("label", str), "allLabels": table("labels", str),
-                "statistics": {c: table(c, _finite) for c in stats}}
+        return {"labels": texts("label"), "allLabels": texts("labels"),
+                "statistics": {c: numbers(c) for c in stats}}
 
     def head(self, text, layer, head, query=None, top: int = 5) -> dict:
         """One head's attention steps (every query row; the step view's record, opened at ``query``) and
@@ -306,7 +385,9 @@ class LiveSession:
         Returns:
             ``{"layer", "head", "query", "queryFrom": "given" | "last" | "mask", "steps": step_view_data's dict
             or None, "stepsRefusal": str or None, "why": dict or None, "whyRefusal": str or None}``: a model
-            type the steps or ``why`` do not cover gets the line saying why in place of the record.
+            type the steps or ``why`` do not cover gets the line saying why in place of the record. ``why``
+            is :func:`why_record`'s (the head's ``label``, each pair's ``query_label`` and ``key_label``:
+            :meth:`head_labels`) with ``labelsRefusal`` (None, or the line saying why there are no labels).
 
         Raises:
             InputError: a bad text, head, query position or top (:class:`~probe.settings.HeadRequest`: the
@@ -334,10 +415,26 @@ class LiveSession:
         except ProbeError as e:  # InputError included: a type whose steps are refused says so in the panel
             out["stepsRefusal"] = str(e)
         try:
-            out["why"] = why_record(measure(self.lm, read, (layer, head), query, req.top))
+            run = measure(self.lm, read, (layer, head), query, req.top)
         except ProbeError as e:
             out["whyRefusal"] = str(e)
+            return out
+        run.labels, refusal = self.head_labels()
+        out["why"] = why_record(run)
+        out["why"]["labelsRefusal"] = refusal
         return out
+
+    def head_labels(self) -> tuple[dict[str, str], str | None]:
+        """Head name -> label as ``probe why`` shows them beside the sources (:func:`probe.qk.labels.head_labels`:
+        probe's analysis of its built-in sample texts, plus the circuit probe on decoders; computed once per
+        model and cached on disk, read once per session), and None; or ``({}, the line saying why not)``
+        where that analysis is refused on this model."""
+        if self._labels is None:
+            try:
+                self._labels = head_labels(self.lm), None
+            except ProbeError as e:
+                self._labels = {}, f"no head labels: {e}"
+        return self._labels
 
     # ------------------------------------------------------------------ ablation
     def _output_kind(self, kind: str | None) -> str:
@@ -357,7 +454,8 @@ class LiveSession:
 
     def ablate(self, text, heads, ablation: str = "zero", layer=0) -> dict:
         """``heads`` switched off: the model's output before and after and the maps of ``layer`` after,
-        from one forward pass of two copies of the text (the first unablated).
+        from one forward pass of the ablated text, the output before kept from the text's edit or last
+        ablation (the same ids); else one pass of two copies of the text (the first unablated).
 
         Args:
             text: the text. heads: [[layer, head], ...] to ablate (none: the model as it is).
@@ -379,57 +477,69 @@ class LiveSession:
         check_model(self.lm)
         means = self.means() if kind == "mean" else None
         batch = encode(self.lm, [text], self.max_tokens, parse_special_tokens=self.parse_special)
-        pair = repeat_batch(batch, 2)
-        sets = torch.zeros(2, self.n_layers, self.n_heads, dtype=torch.bool)
+        out_kind, n = self.output_kind, int(batch.attention_mask[0].sum())
+        # the unablated output: kept from this text's edit (or an earlier ablation), else the first of two copies
+        clean = self._clean.get(text)
+        if clean is not None and not torch.equal(clean[0], batch.input_ids.cpu()):
+            clean = None
+        nothing = out_kind == "masked-lm" and self._position(batch.input_ids[0, :n].tolist()) is None
+        copies = 1 if clean is not None or nothing else 2
+        run = batch if copies == 1 else repeat_batch(batch, 2)
+        sets = torch.zeros(copies, self.n_layers, self.n_heads, dtype=torch.bool)
         for lay, h in heads:
-            sets[1, lay, h] = True
-        site = self.lm.sites[layer]
+            sets[-1, lay, h] = True
+        site = self.sites[layer]
         kept: dict = {}
 
         def keep(s, probs):
             if s == site:
-                kept["probs"] = probs[1].float().cpu().numpy()
+                kept["probs"] = probs[-1].float().cpu().numpy()
 
-        out_kind = self._output_kind(head_kind(self.lm))
         with torch.no_grad(), ablating(self.lm, kind, means) as state:
-            state.arm(self.lm, sets, pair)
+            state.arm(self.lm, sets, run)
             try:
                 with attention_hooks(self.lm, keep):
                     if out_kind == "embedding":
-                        result = sentence_embedding(self.lm, pair)
+                        result = sentence_embedding(self.lm, run)
                     else:
-                        result = forward(self.lm, pair).logits
+                        result = forward(self.lm, run).logits
             finally:
                 state.disarm()
-        output = self._compare(out_kind, result, batch)
-        n = int(batch.attention_mask[0].sum())
+        rows = None if nothing else self._reference(result, run.input_ids, run.real)  # [copies, ...]
+        if rows is not None and clean is None:  # the first copy: the unablated output, kept for the next one
+            self._clean[text] = (batch.input_ids.cpu(), rows[:1].clone())
+            while len(self._clean) > KEPT:
+                self._clean.popitem(last=False)
+        elif rows is not None:
+            self._clean.move_to_end(text)
+            rows = torch.cat([clean[1].to(rows.device, rows.dtype), rows])
+        output = self._compare(out_kind, rows, batch)
         maps: list = [None] * self.n_layers
         maps[layer] = kept["probs"][:, :n, :n]
         first, _ = batch_sides(self.lm, batch)
-        hv = text_view(maps, self.lm.sites, first, None, layers=[layer], causal=self.lm.kind != "encoder",
+        hv = text_view(maps, self.sites, first, None, layers=[layer], causal=self.lm.kind != "encoder",
                        title=f"{self.lm.name}: layer {layer} with {len(heads)} head(s) ablated ({kind})")
         return {"heads": [list(x) for x in heads], "ablation": kind, "layer": layer, "output": output,
                 "headView": hv.data}
 
-    def _compare(self, kind: str, result: torch.Tensor, batch) -> dict:
-        """The two copies' outputs side by side: top tokens with both probabilities, or the cosine."""
+    def _compare(self, kind: str, rows: torch.Tensor | None, batch) -> dict:
+        """The outputs before and after side by side (``rows`` [2, ...]: :meth:`_reference` of the unablated
+        and the ablated model): top tokens with both probabilities, or the cosine."""
         if kind == "embedding":
-            a, b = result[0].double(), result[1].double()
+            a, b = rows[0].double(), rows[1].double()
             cos = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
             return {"kind": "embedding", "cosine": cos, "what": "cosine of the mean-pooled sentence embedding "
                     "to the unablated model's"}
         n = int(batch.attention_mask[0].sum())
+        at = self._position(batch.input_ids[0, :n].tolist())
         if kind == "next-token":
-            at, what = n - 1, "next-token probabilities after the last token"
+            what = "next-token probabilities after the last token"
+        elif at is None:
+            return {"kind": "masked-lm", "position": None, "what": "type the mask token "
+                    f"{self.lm.tokenizer.mask_token or '[MASK]'} in the text to see its predictions"}
         else:
-            ids = batch.input_ids[0, :n].tolist()
-            mask_id = self.lm.tokenizer.mask_token_id
-            if mask_id is None or mask_id not in ids:
-                return {"kind": "masked-lm", "position": None, "what": "type the mask token "
-                        f"{self.lm.tokenizer.mask_token or '[MASK]'} in the text to see its predictions"}
-            at = ids.index(mask_id)
             what = f"predictions at the mask token (position {at})"
-        probs = torch.softmax(result[:, at].double(), dim=-1)  # [2, vocab]
+        probs = torch.softmax(rows.double(), dim=-1)  # [2, vocab]
         top = lambda p: torch.topk(p, TOP_K).indices.tolist()  # noqa: E731
         ids = list(dict.fromkeys(top(probs[0]) + top(probs[1])))
         rows = [{"id": int(i), "token": self.lm.tokenizer.decode([int(i)]), "before": float(probs[0, i]),
@@ -513,16 +623,23 @@ class LiveSession:
 
 def why_record(run) -> dict:
     """A :class:`probe.qk.run.WhyRun` as the page draws it: its run.json record, the largest source pairs of
-    each top key (why.csv's rows) and the check (the pairs' sum against the model's score)."""
+    each top key (why.csv's rows) and the check (the pairs' sum against the model's score), and the labels
+    ``probe why`` shows (from ``run.labels``: head name -> label): ``label`` the head's own, each pair's
+    ``query_label`` and ``key_label`` (its source's, "" for a source that is no head and for the rest row),
+    ``labelsNote`` where they come from."""
     w = run.why
     record = run.record()
     rows = run.frame.to_dict("records")
     pairs = [{k: (_finite(v) if isinstance(v, (float, np.floating)) else v.item() if isinstance(v, np.generic)
                   else v) for k, v in r.items()} for r in rows]
+    labels = run.labels or {}
+    for p in pairs:  # as probe why's table: "its label" beside each source (none beside the rest row)
+        p["query_label"] = labels.get(p["query_source"], "") if p["query_source"] != REST else ""
+        p["key_label"] = labels.get(p["key_source"], "") if p["key_source"] != REST else ""
     sums = {int(j): float(w.contributions[:, :, j].sum()) for j in w.top_keys(run.top)}
     record.update(pairs=pairs, checks=[{"key": j, "sum": s, "score": float(w.scores[j]),
                                         "difference": s - float(w.scores[j])} for j, s in sums.items()],
-                  tokens=list(w.tokens))
+                  tokens=list(w.tokens), label=labels.get(w.name, ""), labelsNote=LABELS_NOTE if labels else None)
     return record
 
 

@@ -73,6 +73,8 @@ def cluster_heads(heads: pd.DataFrame, statistics: list[str], n_clusters: int = 
     Returns:
         [heads] int cluster ids.
     """
+    if n_clusters <= 1:  # one cluster whatever the profiles (as below with k == 1), without reading them
+        return np.zeros(len(heads), dtype=np.int32)
     from sklearn.cluster import KMeans  # deferred: scikit-learn takes ~1.5-2 s to import
     from sklearn.preprocessing import StandardScaler  # deferred: scikit-learn takes ~1.5-2 s to import
 

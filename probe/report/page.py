@@ -127,22 +127,45 @@ def claim_run_dir(out: str | Path | None, model_name: str, force: bool = False, 
 
 def choose_heads(result: AnalysisResult, per_label: int = 1, limit: int = 8) -> list[tuple[int, int, str, str]]:
     """Heads to draw: the strongest head of each primary label (statistic / threshold), then the
-    most focused ``mixed`` head. Returns (layer, head, label, reason) tuples."""
+    most focused ``mixed`` head. Returns (layer, head, label, reason) tuples.
+
+    The strongest are the first rows of the label's heads sorted by the statistic, largest first, as
+    ``DataFrame.sort_values(ascending=False)`` orders them (ties and NaN too: :func:`descending`)."""
     heads = result.heads
     if "stack" in heads:  # encoder-decoder: the examples' maps here are the encoder's (cross-attention has its section)
         heads = heads[(heads["stack"] == "encoder") & (heads["kind"] == "self")]
+    labels = np.asarray(heads["label"], dtype=object)
+    layers, numbers = np.asarray(heads["layer"]), np.asarray(heads["head"])
     chosen = []
+
+    def strongest(label: str, stat: str, k: int) -> None:
+        rows = np.flatnonzero(labels == label)
+        if len(rows) == 0:
+            return
+        column = heads[stat]  # KeyError where the column is missing, as sort_values raised
+        values = column.to_numpy()[rows]
+        if values.dtype.kind in "fiu":
+            order = descending(values)
+        else:  # an extension dtype: pandas' own order of the label's rows
+            order = np.asarray(column.iloc[rows].reset_index(drop=True).sort_values(ascending=False).index)
+        for j in order[:k]:
+            chosen.append((int(layers[rows[j]]), int(numbers[rows[j]]), label, f"{stat} = {values[j]:.2f}"))
+
     for label, (stat, _) in LABEL_RULES.items():
-        rows = heads[heads["label"] == label]
-        if rows.empty:
-            continue
-        for _, row in rows.sort_values(stat, ascending=False).head(per_label).iterrows():
-            chosen.append((int(row["layer"]), int(row["head"]), label, f"{stat} = {row[stat]:.2f}"))
-    mixed = heads[heads["label"] == MIXED]
-    if not mixed.empty:
-        row = mixed.sort_values("max_weight", ascending=False).iloc[0]
-        chosen.append((int(row["layer"]), int(row["head"]), MIXED, f"max_weight = {row['max_weight']:.2f}"))
+        strongest(label, stat, per_label)
+    strongest(MIXED, "max_weight", 1)
     return chosen[:limit]
+
+
+def descending(values: np.ndarray) -> np.ndarray:
+    """The positions of ``values`` [n] in the order ``pandas.Series.sort_values(ascending=False)`` gives
+    (pandas' ``nargsort``: the non-NaN values reversed, ``argsort(kind="quicksort")``, reversed back;
+    NaN last in their order): the same order, ties included, without building a frame per sort."""
+    values = np.asarray(values)
+    idx = np.arange(len(values))
+    nan = np.isnan(values) if values.dtype.kind == "f" else np.zeros(len(values), dtype=bool)
+    kept, kept_idx = values[~nan][::-1], idx[~nan][::-1]
+    return np.concatenate([kept_idx[kept.argsort(kind="quicksort")][::-1], idx[nan]])
 
 
 #: The columns that together name a head in a heads table (``stack`` and ``kind`` only in an

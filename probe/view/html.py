@@ -173,12 +173,13 @@ def site_labels(heads_table, sites) -> dict[tuple[int, int], str]:
         return {}
     if "stack" in heads_table:
         where = {(s.stack, s.layer, s.kind): x for x, s in enumerate(sites)}
-        key = lambda r: (r["stack"], int(r["layer"]), r["kind"])  # noqa: E731
+        keys = zip(heads_table["stack"], (int(v) for v in heads_table["layer"]), heads_table["kind"])
     else:
         where = {s.layer: x for x, s in enumerate(sites)}
-        key = lambda r: int(r["layer"])  # noqa: E731
-    return {(where[key(r)], int(r["head"])): str(r["label"]) for r in heads_table.to_dict("records")
-            if r["label"] != "mixed" and key(r) in where}
+        keys = (int(v) for v in heads_table["layer"])
+    # the three columns read as such (not the table's rows: a heads table has dozens of columns)
+    return {(where[key], int(h)): str(label) for key, h, label in zip(keys, heads_table["head"], heads_table["label"])
+            if label != "mixed" and key in where}
 
 
 def result_view(result, *, tokenizer=None, example: int = 0, layers=None, layer: int | None = None, heads=None,

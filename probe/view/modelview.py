@@ -47,6 +47,24 @@ def pool_map(m: np.ndarray, cells: int = THUMB_CELLS) -> tuple[np.ndarray, int]:
     return padded.reshape(rq, b, rk, b).max(axis=(1, 3)), b
 
 
+def pool_maps(m: np.ndarray, cells: int = THUMB_CELLS) -> tuple[np.ndarray, int]:
+    """:func:`pool_map` of every head at once: maps [heads, query, key] -> (block maxima [heads,
+    ceil(query / b), ceil(key / b)], b), each head's the same as :func:`pool_map` gives it."""
+    H, nq, nk = m.shape
+    b = max(1, math.ceil(max(nq, nk) / cells))
+    rq, rk = math.ceil(nq / b), math.ceil(nk / b)
+    if b == 1:
+        return m.astype(np.float32, copy=True), 1
+    padded = np.zeros((H, rq * b, rk * b), dtype=np.float32)
+    padded[:, :nq, :nk] = m
+    out = padded[:, ::b, ::b].copy()  # the maximum of the b x b strided views: a block's maximum, NaN kept
+    for i in range(b):
+        for j in range(b):
+            if i or j:
+                np.maximum(out, padded[:, i::b, j::b], out=out)
+    return out, b
+
+
 def model_view_data(maps, sites, *, head_labels: dict | None = None, title: str = "",
                     target: str | None = None, shown: list[int] | None = None,
                     cells: int = THUMB_CELLS) -> dict:
@@ -75,12 +93,11 @@ def model_view_data(maps, sites, *, head_labels: dict | None = None, title: str 
     out_sites, grids = [], {}
     for x, (m, site) in enumerate(zip(maps, sites)):
         m = m.float().cpu().numpy() if isinstance(m, torch.Tensor) else np.asarray(m, dtype=np.float32)
-        thumbs, block, shape = [], 1, (0, 0)
-        for h in range(m.shape[0]):
-            pooled, block = pool_map(m[h], cells)
-            shape = pooled.shape
-            cells_01 = np.nan_to_num(np.clip(pooled, 0, 1), nan=0.0)  # a removed head (NaN map) draws empty
-            thumbs.append(base64.b64encode(np.rint(cells_01 * LEVELS).astype(np.uint8).tobytes()).decode())
+        pooled, block = pool_maps(m, cells)  # [heads, rows, cols], every head at once
+        shape, block = (pooled.shape[1:], block) if len(pooled) else ((0, 0), 1)
+        cells_01 = np.nan_to_num(np.clip(pooled, 0, 1), nan=0.0)  # a removed head (NaN map) draws empty
+        levels = np.rint(cells_01 * LEVELS).astype(np.uint8)
+        thumbs = [base64.b64encode(levels[h].tobytes()).decode() for h in range(m.shape[0])]
         names = [head_name(site if prefixed else site.layer, h) for h in range(m.shape[0])]
         out_sites.append({"name": site.name, "layer": site.layer, "rows": int(shape[0]), "cols": int(shape[1]),
                           "block": int(block), "nq": int(m.shape[1]), "nk": int(m.shape[2]), "heads": thumbs,

@@ -332,8 +332,10 @@
     var whyBox = el("div", "pl-why"); box.appendChild(whyBox);
     if (!r.why) { whyBox.appendChild(el("div", "pl-refusal", "Why: " + r.whyRefusal)); return; }
     var w = r.why;
-    whyBox.appendChild(el("div", "pl-title", "Why " + w.head + " attends where it does at query " + w.query + " (" +
-      JSON.stringify(w.query_token) + "): each score split by the sources of its query and key"));
+    whyBox.appendChild(el("div", "pl-title", "Why " + w.head + (w.label ? " (" + w.label + ")" : "") +
+      " attends where it does at query " + w.query + " (" + JSON.stringify(w.query_token) +
+      "): each score split by the sources of its query and key"));
+    if (w.labelsNote || w.labelsRefusal) whyBox.appendChild(el("div", "pl-note pl-labels", w.labelsNote || w.labelsRefusal));
     var checks = el("div", "pl-check");
     checks.textContent = (w.holds ? "check holds: " : "check FAILS: ") + w.checks.map(function (c) {
       return "key " + c.key + ": sum " + fmt(c.sum, 5) + " vs score " + fmt(c.score, 5);
@@ -342,7 +344,8 @@
     whyBox.appendChild(checks);
     var scroll = el("div", "pl-scroll"), t = el("table", "pl-table");
     var hr = el("tr");
-    ["key", "token", "attention", "score", "query source", "key source", "contribution"].forEach(function (c) {
+    ["key", "token", "attention", "score", "query source", "its label", "key source", "its label",
+     "contribution"].forEach(function (c) {
       hr.appendChild(el("th", null, c)); });
     t.appendChild(hr);
     var byKey = {};
@@ -351,7 +354,8 @@
       (byKey[k.key] || []).slice(0, 4).forEach(function (p, i) {
         var tr = el("tr", i === 0 ? "pl-first" : null);
         [i === 0 ? String(p.key) : "", i === 0 ? p.key_token : "", i === 0 ? fmt(p.attention) : "",
-         i === 0 ? fmt(p.score) : "", p.query_source, p.key_source, fmt(p.contribution)].forEach(function (c) {
+         i === 0 ? fmt(p.score) : "", p.query_source, p.query_label || "", p.key_source, p.key_label || "",
+         fmt(p.contribution)].forEach(function (c) {
           tr.appendChild(el("td", null, c)); });
         t.appendChild(tr);
       });
