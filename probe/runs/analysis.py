@@ -18,7 +18,7 @@ import torch
 
 from .. import validate
 from ..capture.blocks import AUTO_LENGTH, block_capture, check_query_block, lean_outputs, longest, query_block_for
-from ..capture.hooks import Hooks
+from ..capture.hooks import Hooks, input_device
 from ..capture.maps import ScoreTracker, attention_hooks, check_fired, forward
 from ..capture.values import ValueTracker, value_weighting_for
 from ..core import LoadedModel
@@ -33,6 +33,7 @@ from ..records import AnalysisResult
 from ..text.inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from ..text.tokens import label_examples
 from ..util import plural, progress_bar
+from .overlap import QUEUED_PER_SITE, Overlap, enabled
 from .pace import Pace, to_stderr
 
 
@@ -68,6 +69,12 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     routers, :class:`probe.measures.routers.RouterLoad`) register their hooks through ``acc.hook(hooks)``,
     removed on exit.
 
+    On the CPU with torch on more than one thread, the accumulators' calls run on a worker thread, in
+    the serial loop's order, while the forward pass goes on (:mod:`probe.runs.overlap`: the same sums,
+    bit for bit; ``PROBE_OVERLAP=0`` turns it off); those that hook the model, and every block-captured
+    batch, run in the forward pass's thread. An exception raised by an accumulator leaves as it would
+    from the serial loop.
+
     Raises:
         InputError: a bad ``query_block``.
         UnsupportedAnalysisError: an accumulator that does not measure this kind of model or site
@@ -83,6 +90,18 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     tracker = ValueTracker(lm) if any(reads.values()) else None
     score_tracker = ScoreTracker(lm) if any(scored.values()) else None
 
+    # accumulators that hook the model read what their hooks keep: always in the forward pass's thread
+    own_hooks = [acc for acc in accumulators if getattr(acc, "hooks_model", False)]
+    overlap = Overlap(QUEUED_PER_SITE * len(lm.sites)) if enabled(input_device(lm.model)) and len(own_hooks) < len(
+        accumulators) else None
+    state["overlap"] = None  # the worker for the batch now running, or None (serial)
+
+    def call(acc, fn, *args, **kwargs):
+        if state["overlap"] is not None and not getattr(acc, "hooks_model", False):
+            state["overlap"].submit(fn, *args, **kwargs)
+        else:
+            fn(*args, **kwargs)
+
     def hand(site, probs, values, rows):
         scores = score_tracker.take(site, probs) if score_tracker is not None else None
         if lm.pruned is not None:
@@ -91,7 +110,7 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         for acc in state["active"]:
             more = {**extra, **({"values": values} if reads[id(acc)] else {}),
                     **({"scores": scores} if scored[id(acc)] else {})}
-            acc.update(site, probs, state["batch"], **more)
+            call(acc, acc.update, site, probs, state["batch"], **more)
 
     def on_site(site, probs):
         if state["seen"] is not None:
@@ -110,16 +129,19 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         if pace is not None and rows[1] >= n_query:  # the site's last block
             pace.site_done()
 
-    with torch.no_grad(), attention_hooks(lm, on_site, tracker, score_tracker) as notes, Hooks() as own:
-        for acc in accumulators:
-            if getattr(acc, "hooks_model", False):
-                acc.hook(own)
+    with torch.no_grad(), attention_hooks(lm, on_site, tracker, score_tracker) as notes, Hooks() as own, \
+            overlap if overlap is not None else nullcontext():
+        for acc in own_hooks:
+            acc.hook(own)
         for batch in batches:
             state["batch"] = batch
             rows = query_block_for(lm, batch, query_block)
+            if rows is not None and overlap is not None:  # a block-captured batch: serial, after the queued calls
+                overlap.join()
+            state["overlap"] = overlap if rows is None else None
             state["active"] = list(accumulators) if rows is None else _block_ready(accumulators, batch, state)
             for acc in state["active"]:
-                acc.begin_batch(batch)
+                call(acc, acc.begin_batch, batch)
             if pace is not None:
                 pace.begin(len(batch), int(batch.input_ids.shape[1]))
             with block_capture(lm, rows, on_block) if rows is not None else nullcontext():
@@ -130,7 +152,7 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
                 check_fired(lm, state["seen"])
                 state["seen"] = None
             for acc in state["active"]:
-                acc.end_batch(batch)
+                call(acc, acc.end_batch, batch)
             if progress is not None:
                 progress.update(len(batch))
     return notes + _left_out_notes(state, query_block)
