@@ -92,25 +92,31 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
 
     # accumulators that hook the model read what their hooks keep: always in the forward pass's thread
     own_hooks = [acc for acc in accumulators if getattr(acc, "hooks_model", False)]
-    overlap = Overlap(QUEUED_PER_SITE * len(lm.sites)) if enabled(input_device(lm.model)) and len(own_hooks) < len(
-        accumulators) else None
+    beside = enabled(input_device(lm.model)) and len(own_hooks) < len(accumulators)  # probe.runs.overlap
     state["overlap"] = None  # the worker for the batch now running, or None (serial)
 
-    def call(acc, fn, *args, **kwargs):
-        if state["overlap"] is not None and not getattr(acc, "hooks_model", False):
-            state["overlap"].submit(fn, *args, **kwargs)
-        else:
-            fn(*args, **kwargs)
+    def call(method: str, *args, each=None) -> None:
+        """``acc.<method>(*args, **each(acc))`` for every active accumulator, in order: those that hook the
+        model now, the others on the worker (one hand-over for all of them) where it runs."""
+        work = state["overlap"]
+        later = []
+        for acc in state["active"]:
+            bound, kwargs = getattr(acc, method), ({} if each is None else each(acc))
+            if work is None or getattr(acc, "hooks_model", False):
+                bound(*args, **kwargs)
+            else:
+                later.append((bound, kwargs))
+        if later:
+            work.submit(_in_order, later, args)
 
     def hand(site, probs, values, rows):
         scores = score_tracker.take(site, probs) if score_tracker is not None else None
         if lm.pruned is not None:
             probs = lm.pruned.expand(site.layer, probs)
         extra = {} if rows is None else {"rows": rows}
-        for acc in state["active"]:
-            more = {**extra, **({"values": values} if reads[id(acc)] else {}),
-                    **({"scores": scores} if scored[id(acc)] else {})}
-            call(acc, acc.update, site, probs, state["batch"], **more)
+        call("update", site, probs, state["batch"],
+             each=lambda acc: {**extra, **({"values": values} if reads[id(acc)] else {}),
+                               **({"scores": scores} if scored[id(acc)] else {})})
 
     def on_site(site, probs):
         if state["seen"] is not None:
@@ -130,7 +136,7 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
             pace.site_done()
 
     with torch.no_grad(), attention_hooks(lm, on_site, tracker, score_tracker) as notes, Hooks() as own, \
-            overlap if overlap is not None else nullcontext():
+            Overlap(QUEUED_PER_SITE * len(lm.sites)) if beside else nullcontext() as overlap:
         for acc in own_hooks:
             acc.hook(own)
         for batch in batches:
@@ -140,8 +146,7 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
                 overlap.join()
             state["overlap"] = overlap if rows is None else None
             state["active"] = list(accumulators) if rows is None else _block_ready(accumulators, batch, state)
-            for acc in state["active"]:
-                call(acc, acc.begin_batch, batch)
+            call("begin_batch", batch)
             if pace is not None:
                 pace.begin(len(batch), int(batch.input_ids.shape[1]))
             with block_capture(lm, rows, on_block) if rows is not None else nullcontext():
@@ -151,11 +156,16 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
             if state["seen"] is not None:  # the first batch: every site handed its probabilities
                 check_fired(lm, state["seen"])
                 state["seen"] = None
-            for acc in state["active"]:
-                call(acc, acc.end_batch, batch)
+            call("end_batch", batch)
             if progress is not None:
                 progress.update(len(batch))
     return notes + _left_out_notes(state, query_block)
+
+
+def _in_order(calls: list, args: tuple) -> None:
+    """``fn(*args, **kwargs)`` for each (fn, kwargs) of ``calls``, in order (one hand-over to the worker)."""
+    for fn, kwargs in calls:
+        fn(*args, **kwargs)
 
 
 def _block_ready(accumulators: Sequence[Accumulator], batch: Batch, state: dict) -> list[Accumulator]:
