@@ -109,6 +109,12 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         if later:
             work.submit(_in_order, later, args)
 
+    def paced(method: str, *args) -> None:
+        """``pace.<method>(*args)``, on the worker where it runs: a site is done when its statistics are."""
+        if pace is not None:
+            (state["overlap"].submit if state["overlap"] is not None else lambda fn, *a: fn(*a))(
+                getattr(pace, method), *args)
+
     def hand(site, probs, values, rows):
         scores = score_tracker.take(site, probs) if score_tracker is not None else None
         if lm.pruned is not None:
@@ -122,8 +128,7 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         if state["seen"] is not None:
             state["seen"].add(site)
         hand(site, probs, tracker.take(site, probs) if tracker is not None else None, None)
-        if pace is not None:
-            pace.site_done()
+        paced("site_done")
 
     def on_block(site, probs, rows, n_query):
         if state["seen"] is not None:
@@ -132,8 +137,8 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         if tracker is not None:
             values = tracker.take_block(site, probs, (*rows, n_query))
         hand(site, probs, values, rows)
-        if pace is not None and rows[1] >= n_query:  # the site's last block
-            pace.site_done()
+        if rows[1] >= n_query:  # the site's last block
+            paced("site_done")
 
     with torch.no_grad(), attention_hooks(lm, on_site, tracker, score_tracker) as notes, Hooks() as own, \
             Overlap(QUEUED_PER_SITE * len(lm.sites)) if beside else nullcontext() as overlap:
@@ -147,12 +152,10 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
             state["overlap"] = overlap if rows is None else None
             state["active"] = list(accumulators) if rows is None else _block_ready(accumulators, batch, state)
             call("begin_batch", batch)
-            if pace is not None:
-                pace.begin(len(batch), int(batch.input_ids.shape[1]))
+            paced("begin", len(batch), int(batch.input_ids.shape[1]))
             with block_capture(lm, rows, on_block) if rows is not None else nullcontext():
                 forward(lm, batch, **({} if rows is None else lean_outputs(lm)))
-            if pace is not None:
-                pace.end()
+            paced("end")
             if state["seen"] is not None:  # the first batch: every site handed its probabilities
                 check_fired(lm, state["seen"])
                 state["seen"] = None
