@@ -20,6 +20,14 @@ sample repeated):
 
 The machine's load average (``os.getloadavg``) is printed before and after.
 
+``--threads 1,2`` (the default: 1 and torch's default count, :func:`probe.threads.cores`) measures every
+part at each thread count in the same process, interleaved (each repeat runs every part at every count,
+:func:`probe.threads.set_threads` sizing torch's and numba's pools), prints one table per count and
+then the ratios side by side (minima of the repeats): the statistics' overlap with the forward pass
+(:mod:`probe.runs.overlap`) is meant to keep the ratios at the default count no worse than at one.
+``PROBE_OVERLAP=0`` in the environment measures the serial loop; ``--serial`` adds ``analyze() serial`` and
+``default serial``, the two parts with the serial loop, to every round, beside the overlapped ones.
+
 ``--path torch|kernel`` chooses how the per-head statistics are computed in every part
 (:func:`probe.measures.kernel.stats_path`: the tensor operations, or one compiled pass per call,
 which falls back to the tensor operations where numba is missing). After the table, the statistics'
@@ -31,9 +39,10 @@ same interleaved repeats (minimum per call, microseconds).
 still computed in float32 and summed in float64); the table's first line says the dtype.
 
 Usage: python benchmarks/bench_floor.py [--model minilm] [--n 500] [--repeats 3] [--batch-size 16]
-                                        [--threads 2] [--corpus FILE] [--json OUT] [--dtype float32]
+                                        [--threads 1,2] [--corpus FILE] [--json OUT] [--dtype float32]
                                         [--clock wall|cpu] [--path torch|kernel] [--calls 64]
-Goals (issue 19): default <= 1.15x and analyze() <= 1.05x the bare sdpa forward.
+Goals (issue 19): default <= 1.15x and analyze() <= 1.05x the bare sdpa forward; issue 49 on the way,
+at torch's default thread count: default <= 1.35x and analyze() <= 1.15x.
 """
 
 from __future__ import annotations
@@ -101,8 +110,9 @@ def sdpa_pass(lm, batches) -> None:
         lm.model.set_attn_implementation("eager")
 
 
-def parts(lm, texts: list[str], batch_size: int) -> dict:
-    """name -> zero-argument function running that part once."""
+def parts(lm, texts: list[str], batch_size: int, serial: bool = False) -> dict:
+    """name -> zero-argument function running that part once (with ``serial``, also analyze() and the
+    default analysis with the serial loop: ``analyze() serial``, ``default serial``)."""
     from probe.capture.maps import forward
     from probe.patterns import CircuitProbe, circuit_probe, pattern_accumulators
     from probe.patterns.circuits import SINK_TEXTS
@@ -132,35 +142,68 @@ def parts(lm, texts: list[str], batch_size: int) -> dict:
         extra = [a for a in pattern_accumulators(lm) if a.refusal(lm) is None]
         analyze(lm, texts, batch_size=batch_size, accumulators=extra, finished=finished)
 
-    return {"bare sdpa": bare, "eager + output_attentions": eager, "analyze()": analyze_default,
-            "default probe analyze": cli_default, "tokenize": tokenize}
+    out = {"bare sdpa": bare, "eager + output_attentions": eager, "analyze()": analyze_default,
+           "default probe analyze": cli_default, "tokenize": tokenize}
+    if serial:  # the same two parts with the accumulators in the forward pass's thread (PROBE_OVERLAP=0)
+        out["analyze() serial"] = lambda: serially(analyze_default)
+        out["default serial"] = lambda: serially(cli_default)
+    return out
+
+
+def serially(fn) -> None:
+    """``fn()`` with :data:`probe.runs.overlap.ENV` set to ``0`` (the serial loop), restored afterwards."""
+    from probe.runs.overlap import ENV
+
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "0"
+    try:
+        fn()
+    finally:
+        if before is None:
+            del os.environ[ENV]
+        else:
+            os.environ[ENV] = before
 
 
 #: Parts that tokenize their texts inside the timed call.
-TOKENIZING = ("analyze()", "default probe analyze")
+TOKENIZING = ("analyze()", "default probe analyze", "analyze() serial", "default serial")
+#: The parts in the order of the tables.
+ORDER = ("bare sdpa", "eager + output_attentions", "analyze()", "analyze() serial", "default probe analyze",
+         "default serial", "tokenize")
 
 
 def run(model: str, n: int, repeats: int, batch_size: int, corpus: str | None, dtype: str = "float32",
-        clock: str = "wall", calls: int = 64) -> dict:
+        clock: str = "wall", calls: int = 64, threads: tuple[int, ...] = (2,), serial: bool = False) -> list[dict]:
+    """One result per thread count in ``threads``, measured interleaved in this process (with ``serial``,
+    the serial loop's analyze() and default analysis beside the overlapped ones)."""
     from probe.loading.models import load_model
+    from probe.measures.kernel import PATH_ENV
+    from probe.threads import set_threads
 
     texts, source = texts_for(n, corpus)
     lm = load_model(model, dtype=dtype)
-    fns = parts(lm, texts, batch_size)
-    for fn in fns.values():  # warm-up: first-call costs (allocator, caches) out of the medians
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    fns = parts(lm, texts, batch_size, serial)
+    for t in threads:  # warm-up: first-call costs (allocator, caches, each pool's start) out of the medians
+        set_threads(t)
+        for fn in fns.values():
+            fn()
+    times = {t: {name: [] for name in fns} for t in threads}
     for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(timed(fn, clock))
-    med = {name: statistics.median(v) for name, v in times.items()}
-    from probe.measures.kernel import PATH_ENV
-
-    out = {"model": model, "dtype": dtype, "n": n, "source": source, "batch_size": batch_size, "repeats": repeats,
-           "threads": torch.get_num_threads(), "clock": clock, "path": os.environ.get(PATH_ENV, "kernel"),
-           "times": times, "median_s": med, "min_s": {name: min(v) for name, v in times.items()}}
-    if calls:
-        out["map_sums"] = per_call(lm, texts, batch_size, repeats, calls, clock)
+        for t in threads:
+            set_threads(t)
+            for name, fn in fns.items():
+                times[t][name].append(timed(fn, clock))
+    out = []
+    for t in threads:
+        set_threads(t)
+        med = {name: statistics.median(v) for name, v in times[t].items()}
+        r = {"model": model, "dtype": dtype, "n": n, "source": source, "batch_size": batch_size, "repeats": repeats,
+             "threads": torch.get_num_threads(), "clock": clock, "path": os.environ.get(PATH_ENV, "kernel"),
+             "overlap": os.environ.get("PROBE_OVERLAP", "default"),
+             "times": times[t], "median_s": med, "min_s": {name: min(v) for name, v in times[t].items()}}
+        if calls:
+            r["map_sums"] = per_call(lm, texts, batch_size, repeats, calls, clock)
+        out.append(r)
     return out
 
 
@@ -206,7 +249,7 @@ def table(r: dict, load_before, load_after) -> str:
              f"after {load_after}",
              f"{'part':<28}{'median s':>10}{'tokenizes':>11}{'x bare (with tok)':>19}{'x bare (without tok)':>22}"
              f"{'min s':>9}{'min x bare':>12}"]
-    for name in ("bare sdpa", "eager + output_attentions", "analyze()", "default probe analyze", "tokenize"):
+    for name in (n for n in ORDER if n in med):
         t = med[name]
         inside = name in TOKENIZING
         without = (t - tok) / bare if inside else t / bare
@@ -224,13 +267,36 @@ def table(r: dict, load_before, load_after) -> str:
     return "\n".join(lines)
 
 
+def side_by_side(results: list[dict]) -> str:
+    """The minima's ratios to the bare sdpa forward at each thread count, one column per count."""
+    head = "".join(f"{str(r['threads']) + ' thread' + 's' * (r['threads'] > 1):>14}" for r in results)
+    lines = [f"side by side (min x bare, with tok; overlap {results[0].get('overlap', 'default')}):",
+             f"{'part':<28}{head}"]
+    for name in (n for n in ORDER if n in results[0]["min_s"]):
+        cells = "".join(f"{r['min_s'][name] / r['min_s']['bare sdpa']:>13.2f}x" for r in results)
+        lines.append(f"{name:<28}{cells}")
+    lines.append(f"{'bare sdpa (min s)':<28}" + "".join(f"{r['min_s']['bare sdpa']:>13.3f}s" for r in results))
+    return "\n".join(lines)
+
+
+def thread_counts(text: str) -> tuple[int, ...]:
+    """``--threads``: comma-separated counts >= 1 (``default``: torch's default, :func:`probe.threads.cores`)."""
+    from probe.threads import cores
+
+    counts = tuple(cores() if x.strip() == "default" else int(x) for x in text.split(","))
+    if not counts or min(counts) < 1:
+        raise ValueError(text)
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--n", type=int, default=None, help="texts [default: 500 minilm, 200 smollm2, else 200]")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=thread_counts, default="1,default",
+                        help="thread counts measured side by side, comma-separated [default: 1,default]")
     parser.add_argument("--corpus", default=None)
     parser.add_argument("--json", default=None, help="also write the raw times here")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
@@ -239,6 +305,8 @@ def main() -> None:
                         help="wall seconds, or this process's CPU seconds (steadier on a shared machine)")
     parser.add_argument("--path", default=None, choices=("torch", "kernel"),
                         help="how the statistics are computed [default: PROBE_STATS_PATH, else kernel]")
+    parser.add_argument("--serial", action="store_true",
+                        help="also analyze() and the default analysis with the serial loop (PROBE_OVERLAP=0)")
     parser.add_argument("--calls", type=int, default=64,
                         help="statistics calls timed on both paths after the table (0: none)")
     args = parser.parse_args()
@@ -248,14 +316,17 @@ def main() -> None:
         os.environ[PATH_ENV] = args.path
     if args.repeats < 3:
         parser.error("--repeats must be at least 3 (medians of interleaved repeats)")
-    torch.set_num_threads(args.threads)
     before = tuple(round(x, 2) for x in os.getloadavg())
-    r = run(args.model, args.n or DEFAULT_N.get(args.model, 200), args.repeats, args.batch_size, args.corpus,
-            args.dtype, args.clock, args.calls)
+    results = run(args.model, args.n or DEFAULT_N.get(args.model, 200), args.repeats, args.batch_size, args.corpus,
+                  args.dtype, args.clock, args.calls, args.threads, args.serial)
     after = tuple(round(x, 2) for x in os.getloadavg())
-    print(table(r, before, after))
+    print("\n\n".join(table(r, before, after) for r in results))
+    if len(results) > 1:
+        print()
+        print(side_by_side(results))
     if args.json:
-        Path(args.json).write_text(json.dumps({**r, "load_before": before, "load_after": after}, indent=1))
+        Path(args.json).write_text(json.dumps([{**r, "load_before": before, "load_after": after} for r in results],
+                                              indent=1))
 
 
 if __name__ == "__main__":

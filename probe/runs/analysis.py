@@ -18,7 +18,7 @@ import torch
 
 from .. import validate
 from ..capture.blocks import AUTO_LENGTH, block_capture, check_query_block, lean_outputs, longest, query_block_for
-from ..capture.hooks import Hooks
+from ..capture.hooks import Hooks, input_device
 from ..capture.maps import ScoreTracker, attention_hooks, check_fired, forward
 from ..capture.values import ValueTracker, value_weighting_for
 from ..core import LoadedModel
@@ -33,6 +33,7 @@ from ..records import AnalysisResult
 from ..text.inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from ..text.tokens import label_examples
 from ..util import plural, progress_bar
+from .overlap import QUEUED_PER_SITE, Overlap, enabled
 from .pace import Pace, to_stderr
 
 
@@ -68,6 +69,12 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     routers, :class:`probe.measures.routers.RouterLoad`) register their hooks through ``acc.hook(hooks)``,
     removed on exit.
 
+    On the CPU with torch on more than one thread, the accumulators' calls run on a worker thread, in
+    the serial loop's order, while the forward pass goes on (:mod:`probe.runs.overlap`: the same sums,
+    bit for bit; ``PROBE_OVERLAP=0`` turns it off); those that hook the model, and every block-captured
+    batch, run in the forward pass's thread. An exception raised by an accumulator leaves as it would
+    from the serial loop.
+
     Raises:
         InputError: a bad ``query_block``.
         UnsupportedAnalysisError: an accumulator that does not measure this kind of model or site
@@ -83,22 +90,45 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     tracker = ValueTracker(lm) if any(reads.values()) else None
     score_tracker = ScoreTracker(lm) if any(scored.values()) else None
 
+    # accumulators that hook the model read what their hooks keep: always in the forward pass's thread
+    own_hooks = [acc for acc in accumulators if getattr(acc, "hooks_model", False)]
+    beside = enabled(input_device(lm.model)) and len(own_hooks) < len(accumulators)  # probe.runs.overlap
+    state["overlap"] = None  # the worker for the batch now running, or None (serial)
+
+    def call(method: str, *args, each=None) -> None:
+        """``acc.<method>(*args, **each(acc))`` for every active accumulator, in order: those that hook the
+        model now, the others on the worker (one hand-over for all of them) where it runs."""
+        work = state["overlap"]
+        later = []
+        for acc in state["active"]:
+            bound, kwargs = getattr(acc, method), ({} if each is None else each(acc))
+            if work is None or getattr(acc, "hooks_model", False):
+                bound(*args, **kwargs)
+            else:
+                later.append((bound, kwargs))
+        if later:
+            work.submit(_in_order, later, args)
+
+    def paced(method: str, *args) -> None:
+        """``pace.<method>(*args)``, on the worker where it runs: a site is done when its statistics are."""
+        if pace is not None:
+            (state["overlap"].submit if state["overlap"] is not None else lambda fn, *a: fn(*a))(
+                getattr(pace, method), *args)
+
     def hand(site, probs, values, rows):
         scores = score_tracker.take(site, probs) if score_tracker is not None else None
         if lm.pruned is not None:
             probs = lm.pruned.expand(site.layer, probs)
         extra = {} if rows is None else {"rows": rows}
-        for acc in state["active"]:
-            more = {**extra, **({"values": values} if reads[id(acc)] else {}),
-                    **({"scores": scores} if scored[id(acc)] else {})}
-            acc.update(site, probs, state["batch"], **more)
+        call("update", site, probs, state["batch"],
+             each=lambda acc: {**extra, **({"values": values} if reads[id(acc)] else {}),
+                               **({"scores": scores} if scored[id(acc)] else {})})
 
     def on_site(site, probs):
         if state["seen"] is not None:
             state["seen"].add(site)
         hand(site, probs, tracker.take(site, probs) if tracker is not None else None, None)
-        if pace is not None:
-            pace.site_done()
+        paced("site_done")
 
     def on_block(site, probs, rows, n_query):
         if state["seen"] is not None:
@@ -107,33 +137,38 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         if tracker is not None:
             values = tracker.take_block(site, probs, (*rows, n_query))
         hand(site, probs, values, rows)
-        if pace is not None and rows[1] >= n_query:  # the site's last block
-            pace.site_done()
+        if rows[1] >= n_query:  # the site's last block
+            paced("site_done")
 
-    with torch.no_grad(), attention_hooks(lm, on_site, tracker, score_tracker) as notes, Hooks() as own:
-        for acc in accumulators:
-            if getattr(acc, "hooks_model", False):
-                acc.hook(own)
+    with torch.no_grad(), attention_hooks(lm, on_site, tracker, score_tracker) as notes, Hooks() as own, \
+            Overlap(QUEUED_PER_SITE * len(lm.sites)) if beside else nullcontext() as overlap:
+        for acc in own_hooks:
+            acc.hook(own)
         for batch in batches:
             state["batch"] = batch
             rows = query_block_for(lm, batch, query_block)
+            if rows is not None and overlap is not None:  # a block-captured batch: serial, after the queued calls
+                overlap.join()
+            state["overlap"] = overlap if rows is None else None
             state["active"] = list(accumulators) if rows is None else _block_ready(accumulators, batch, state)
-            for acc in state["active"]:
-                acc.begin_batch(batch)
-            if pace is not None:
-                pace.begin(len(batch), int(batch.input_ids.shape[1]))
+            call("begin_batch", batch)
+            paced("begin", len(batch), int(batch.input_ids.shape[1]))
             with block_capture(lm, rows, on_block) if rows is not None else nullcontext():
                 forward(lm, batch, **({} if rows is None else lean_outputs(lm)))
-            if pace is not None:
-                pace.end()
+            paced("end")
             if state["seen"] is not None:  # the first batch: every site handed its probabilities
                 check_fired(lm, state["seen"])
                 state["seen"] = None
-            for acc in state["active"]:
-                acc.end_batch(batch)
+            call("end_batch", batch)
             if progress is not None:
                 progress.update(len(batch))
     return notes + _left_out_notes(state, query_block)
+
+
+def _in_order(calls: list, args: tuple) -> None:
+    """``fn(*args, **kwargs)`` for each (fn, kwargs) of ``calls``, in order (one hand-over to the worker)."""
+    for fn, kwargs in calls:
+        fn(*args, **kwargs)
 
 
 def _block_ready(accumulators: Sequence[Accumulator], batch: Batch, state: dict) -> list[Accumulator]:

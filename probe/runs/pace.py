@@ -3,7 +3,9 @@
 One long text (5,000 words through SmolLM2) is one batch of one sequence: the bar that counts
 sequences stays at 0 for minutes. :class:`Pace` watches each site's attention arrive within a batch
 (:func:`probe.runs.analysis.run` calls :meth:`Pace.site_done` as each site's probabilities, or the
-last query block of a block-captured site, have been handed to the accumulators). From the time
+last query block of a block-captured site, have been handed to the accumulators; where they run beside
+the forward pass, :mod:`probe.runs.overlap`, once they have run on them: its worker calls it, in order,
+so that the pace is that of the statistics where they are the slower). From the time
 between the first two sites it projects the batch: elapsed + (sites left) x (that time). The first
 site is not the measure: it carries the embeddings and, on a machine's first run, the compile of
 the statistics kernel. Where the projection reaches :data:`LONG_S`, and so would the batch's sites at the
