@@ -703,3 +703,19 @@ def test_page_types_inspects_and_switches_off_heads(chromium, dec, width):
     # the refused text's 400 is the browser's one line about a failed resource, nothing else
     assert all("status of 400" in m for m in messages[len(clean_messages):]), messages
     assert requests and all(u.startswith(base + "/") for u in requests), requests
+
+
+def test_an_image_model_is_refused_in_one_line_by_the_session_and_the_command(tmp_path):
+    """The live page reads typed text: an image model is refused when the session is made (the widget's and the
+    server's door) and by `probe live` (exit 1, one line), not by every edit after it loads."""
+    from vision_models import save_vision, tiny_vision
+
+    from probe.live.session import media_refusal
+
+    lm = tiny_vision("vit")
+    with pytest.raises(probe.errors.InputError) as err:
+        LiveSession(lm)
+    assert str(err.value) == media_refusal("tiny vit") and "\n" not in str(err.value)
+    folder = save_vision("vit", tmp_path / "vit")
+    one_error(invoke_cli("live", "--model", str(folder), "--port", 0), 1,
+              f"{folder} is an image or speech model; probe live reads typed text")

@@ -92,6 +92,12 @@ def two_stack_refusal(name: str) -> str:
             "(use probe.show(lm, probe.Text(source, target=...)) in a notebook)")
 
 
+def media_refusal(name: str) -> str:
+    """The line that refuses an image or speech model (the live page reads typed text)."""
+    return (f"{name} is an image or speech model; probe live reads typed text "
+            "(use probe analyze --image FILE or --audio FILE for its attention)")
+
+
 def check_live_config(config, name: str) -> None:
     """Refuse what the config alone decides, before the weights load (``config`` None: nothing to read).
 
@@ -143,13 +149,16 @@ class LiveSession:
             keywords (``LiveSession(lm, max_chars=500)``).
 
     Raises:
-        InputError: an encoder-decoder model (the live page draws one-stack models), a cap below 1 (2 tokens)
+        InputError: an encoder-decoder model (the live page draws one-stack models), an image or speech
+            model (it reads typed text), a cap below 1 (2 tokens)
             or above the model's limit, an unknown setting.
     """
 
     def __init__(self, lm, settings: LiveSettings | None = None, **caps) -> None:
         if lm.kind == "encoder-decoder":
             raise InputError(two_stack_refusal(lm.name))
+        if hasattr(lm.tokenizer, "discovery_inputs"):  # an image or speech processor (probe.capture.discover)
+            raise InputError(media_refusal(lm.name))
         if settings is not None and caps:
             raise InputError("give the live settings as a LiveSettings or as keywords, not both")
         self.settings = settings if settings is not None else LiveSettings.from_mapping(caps)
