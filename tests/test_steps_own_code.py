@@ -344,3 +344,35 @@ def test_own_steps_tell_plain_attention_from_an_added_term(dtype):
     np.testing.assert_allclose(st["implied"].numpy(), want, atol=3e-2 if coarse else 1e-5)
     assert (st["implied"][~causal] == 0).all() and (st["probs"][~causal] == 0).all()
     np.testing.assert_allclose(st["output"].numpy(), (st["model_probs"].float() @ v).numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["roformer", "mpt"])
+def test_loading_a_capture_only_type_logs_no_transformers_warning(model_type):
+    """Discovery asks every model to run probe's attention function; a type whose attention is its own code cannot,
+    and transformers logged so ("does not support setting its attention implementation dynamically", and on MPT "We
+    set the attention implementation for the sub-config") on every load, before probe's own note said the model is
+    read capture-only. Loading it now logs no warning from transformers, and it is still read capture-only."""
+    import logging
+
+    from transformers.utils import logging as tlog
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import tiny_models
+
+    from probe.loading.models import from_pretrained_objects
+
+    model, tok = tiny_models.build(model_type, dict(tiny_models.text_types())[model_type])
+    heard: list[str] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record):
+            heard.append(record.getMessage())
+
+    handler, root = Heard(level=logging.WARNING), tlog.get_logger("transformers")
+    root.addHandler(handler)
+    try:
+        lm = from_pretrained_objects(model, tok, name=f"tiny-{model_type}")
+    finally:
+        root.removeHandler(handler)
+    assert lm.spec.capture_only
+    assert heard == []
