@@ -376,3 +376,26 @@ def test_loading_a_capture_only_type_logs_no_transformers_warning(model_type):
         root.removeHandler(handler)
     assert lm.spec.capture_only
     assert heard == []
+
+
+@pytest.mark.parametrize("model_type", ["roformer", "gpt2"])
+def test_the_reports_steps_section_says_where_a_capture_only_types_steps_come_from(lms, model_type):
+    """The report's "Attention steps" section opens with where its numbers come from: on a capture-only type (RoFormer)
+    q, k and v read from its projections and the probabilities it returns, not "the from-scratch attention ... (its
+    probabilities equal the model's to 1e-5)", which its own rows contradict (its probabilities are not the softmax of
+    its scaled scores); on a type probe runs from scratch (GPT-2), that sentence."""
+    from probe import analyze
+    from probe.entries.texts import report_steps
+    from probe.view.section import steps_section
+
+    if model_type == "gpt2":
+        from conftest import tiny_model
+        lm = tiny_model("gpt2")
+    else:
+        lm = lms(model_type)
+    result = analyze(lm, [TEXT])
+    steps = report_steps(lm, result)
+    assert steps and all(bool(st.get("note")) == (model_type == "roformer") for st in steps)
+    intro = str(steps_section(result, lm.tokenizer).html).split("</p>")[0]
+    assert ("from-scratch" in intro) == (model_type == "gpt2")
+    assert ("read from the model's own projections" in intro.replace("&#39;", "'")) == (model_type == "roformer")
