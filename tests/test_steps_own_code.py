@@ -399,3 +399,60 @@ def test_the_reports_steps_section_says_where_a_capture_only_types_steps_come_fr
     intro = str(steps_section(result, lm.tokenizer).html).split("</p>")[0]
     assert ("from-scratch" in intro) == (model_type == "gpt2")
     assert ("read from the model's own projections" in intro.replace("&#39;", "'")) == (model_type == "roformer")
+
+
+def test_the_live_session_says_before_a_click_why_a_capture_only_type_cannot_switch_heads_off(lms):
+    """LiveSession.info() carries ``ablation``: ablation's own refusal (check_model's line) on a capture-only type, the
+    same line ablate() raises; None on a type whose heads can be switched off (its ablate() answers)."""
+    from conftest import tiny_model
+    from probe.effects.ablation import check_model
+    from probe.errors import ProbeError
+    from probe.live.session import LiveSession
+
+    s = LiveSession(lms("roformer"))
+    with pytest.raises(ProbeError) as err:
+        check_model(s.lm)
+    assert s.info()["ablation"] == str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ProbeError, match="ablation"):
+        s.ablate(TEXT, [[0, 1]])
+    plain = LiveSession(tiny_model("gpt2"))
+    assert plain.info()["ablation"] is None
+    assert plain.ablate(TEXT, [[0, 1]])["heads"] == [[0, 1]]
+
+
+@pytest.mark.browser
+def test_the_live_page_of_a_capture_only_type_greys_out_switching_heads_off(lms, chromium):
+    """probe live on RoFormer: the page says under the text boxes why heads cannot be switched off (info's line) and
+    its "switch it off" choice, the ablation kind and "all heads on" are disabled, so no click sends a request the
+    server refuses; a head clicked shows its steps with the implied term, and why's refusal reads "Why: ..." once
+    (the library's line starts with "why: "; it read "Why: why: ..."). No console message, no 4xx."""
+    from conftest import CHROMIUM_ARGS, ServedApp
+    from probe.live.server import make_app, served_hosts
+    from probe.live.session import LiveSession
+
+    s, token = LiveSession(lms("roformer")), "t0k3n"
+    line = s.info()["ablation"]
+    sync_api, executable = chromium
+    served = ServedApp(lambda port: make_app(s, token, served_hosts("127.0.0.1", port)))
+    with served as base, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            messages = []
+            page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
+            page.goto(f"{base}/?token={token}")
+            page.wait_for_selector(".probe-live[data-edits='1']", timeout=60_000)
+            assert page.inner_text(".pl-noablation") == "Switching heads off: " + line + "."
+            assert page.eval_on_selector("select >> nth=0", "s => [s.options[1].value, s.options[1].disabled]") == [
+                "off", True]
+            assert page.is_disabled("select >> nth=1") and page.is_disabled("button >> text=all heads on")
+            page.click("td.pl-cell[data-layer='1'][data-head='2']")
+            page.wait_for_selector(".probe-live[data-heads='1'] .probe-sv table", timeout=60_000)
+            assert "implied term" in page.inner_text(".pl-steps")
+            refusal = page.inner_text(".pl-why .pl-refusal")
+            assert refusal.startswith("Why: ") and not refusal.lower().startswith("why: why"), refusal
+            assert page.evaluate("document.querySelector('.probe-live').probeLive.counts().errors") == 0
+        finally:
+            browser.close()
+    assert messages == []
