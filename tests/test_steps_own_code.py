@@ -424,14 +424,16 @@ def test_the_live_session_says_before_a_click_why_a_capture_only_type_cannot_swi
 def test_the_live_page_of_a_capture_only_type_greys_out_switching_heads_off(lms, chromium):
     """probe live on RoFormer: the page says under the text boxes why heads cannot be switched off (info's line) and
     its "switch it off" choice, the ablation kind and "all heads on" are disabled, so no click sends a request the
-    server refuses; a head clicked shows its steps with the implied term, and why's refusal reads "Why: ..." once
-    (the library's line starts with "why: "; it read "Why: why: ..."). No console message, no 4xx."""
+    server refuses; a head clicked shows its steps with the implied term, and why's refusal is the library's line
+    once, capitalized (the page prefixed "Why: " to a line starting "why: ": "Why: why: ..."). No console message,
+    no 4xx."""
     from conftest import CHROMIUM_ARGS, ServedApp
     from probe.live.server import make_app, served_hosts
     from probe.live.session import LiveSession
 
     s, token = LiveSession(lms("roformer")), "t0k3n"
-    line = s.info()["ablation"]
+    line, why_line = s.info()["ablation"], s.head(TEXT, 1, 2)["whyRefusal"]
+    assert why_line.startswith("why ")
     sync_api, executable = chromium
     served = ServedApp(lambda port: make_app(s, token, served_hosts("127.0.0.1", port)))
     with served as base, sync_api.sync_playwright() as p:
@@ -451,8 +453,29 @@ def test_the_live_page_of_a_capture_only_type_greys_out_switching_heads_off(lms,
             page.wait_for_selector(".probe-live[data-heads='1'] .probe-sv table", timeout=60_000)
             assert "implied term" in page.inner_text(".pl-steps")
             refusal = page.inner_text(".pl-why .pl-refusal")
-            assert refusal.startswith("Why: ") and not refusal.lower().startswith("why: why"), refusal
+            assert refusal == why_line[0].upper() + why_line[1:], refusal
             assert page.evaluate("document.querySelector('.probe-live').probeLive.counts().errors") == 0
         finally:
             browser.close()
     assert messages == []
+
+
+def test_why_on_a_capture_only_type_is_refused_as_its_other_analyses_are(lms, tmp_path):
+    """probe why on RoFormer: the capture-only refusal every other analysis of such a type gives (naming why, the type
+    and what runs), before any forward pass; from the command, one Error: line and status 1. Before, it was "why:
+    X's attention modules do not call probe's attention function (...), where the scores are read"."""
+    from conftest import invoke_cli, one_error
+    from probe.qk.run import measure
+
+    lm = lms("roformer")
+    with pytest.raises(UnsupportedArchitectureError) as err:
+        measure(lm, TEXT, (1, 2), 3, 5)
+    line = str(err.value)
+    assert line.startswith("why (each score split by the sources of its query and key) does not run on roformer: its "
+                           "attention is its own code") and "\n" not in line
+    folder = tmp_path / "rof"
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    result = invoke_cli("why", "--model", folder, "--text", TEXT, "--head", "L1H2", "--out", tmp_path / "out")
+    assert one_error(result, 1) == "Error: " + line
+    assert result.stderr.strip() == "Error: " + line
