@@ -167,6 +167,19 @@ def test_an_answer_of_two_tokens_is_refused(llama):
         encode_pairs(llama, [Pair("The cat ran to", "The dog ran to", " she", " a")])
 
 
+def test_an_answer_that_is_the_wrong_answer_is_refused(llama):
+    """answer and wrong of one token: logit(answer) - logit(wrong) is 0 in the clean, corrupted and every patched run,
+    so every effect was 0 (a note said the pairs barely separate); now one line naming the pair and the token. The
+    same token written the same way only: ' on' and 'on' are two tokens and pass."""
+    with pytest.raises(InputError, match=r"pair 2: the answer ' a' and the wrong answer ' a' are the same token "
+                                         r"\(id \d+\); their logit difference is 0"):
+        encode_pairs(llama, [Pair("The cat ran to", "The dog ran to", " the", " a"),
+                             Pair("The cat ran to", "The dog ran to", " a", " a")])
+    ids = llama.tokenizer([" a", "a"], add_special_tokens=False)["input_ids"]
+    assert ids[0] != ids[1] and len(ids[0]) == len(ids[1]) == 1
+    encode_pairs(llama, [Pair("The cat ran to", "The dog ran to", " a", "a")])
+
+
 def test_pair_file_fields_and_the_builtin_set():
     assert parse_pairs("clean\tcorrupted\tanswer\twrong\na b\tc d\t x\t y\n", "f") == [Pair("a b", "c d", " x", " y")]
     with pytest.raises(InputError, match=r"f, line 2: 3 tab-separated fields"):

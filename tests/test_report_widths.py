@@ -177,3 +177,43 @@ def test_a_chart_title_wider_than_its_chart_wraps(chromium):
     assert len(lines) >= 2 and " ".join(line for line, _ in lines) == long, lines
     assert all(width <= plot_w for _, width in lines), lines
     assert long_h - short_h == 14 * (len(lines) - 1), (short_h, long_h, lines)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("chart", ["bars", "scatter"])
+def test_a_chart_legend_is_as_tall_as_the_rows_it_is_drawn_in(chromium, chart):
+    """A chart's legend takes the height of the rows it wraps into at the width it is drawn at (the plot's): the
+    chart with nine named series is taller than with one by 16 px a row more, the rows counted here by breaking
+    the names at the plot's width with the canvas's own text widths. Before, the legend was measured 12 px (bars)
+    or 40 px (scatter) wider than drawn: on ``probe why``'s page "other pairs" wrapped to a third row that had no
+    room and was drawn over the top of the bars."""
+    from probe.report import static_text
+
+    names = ["L20H0 x MLP11", "L20H0 x MLP18", "L20H0 x MLP20", "MLP22 x MLP15", "L20H0 x MLP10", "MLP20 x MLP18",
+             "MLP20 x MLP11", "MLP20 x L22H1", "other pairs"]
+    box, margins = 540, {"bars": 62 + 10, "scatter": 44 + 12}[chart]
+    sync_api, executable = chromium
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 800})
+            page.set_content(f"<div style='width: {box}px'><canvas id='c'></canvas></div><div id='tip'></div>"
+                             f"<script>{static_text('charts.js')}</script>")
+            draw = """([kind, names]) => { const c = document.getElementById('c'), tip = document.getElementById('tip');
+                if (kind === 'bars') window.probeCharts.bars(c, {kind, mode: 'stack', title: 't', categories: ['a'],
+                    series: names.map(n => ({name: n, color: '#2c6fbb', values: [1]})), vmax: 9}, tip);
+                else window.probeCharts.scatter(c, {kind, title: 't', xs: [0, 1], ys: [0, 1], colors: ['#111', '#222'],
+                    legend: names.map(n => [n, '#2c6fbb'])}, tip);
+                return c.clientHeight; }"""
+            one, nine = page.evaluate(draw, [chart, names[:1]]), page.evaluate(draw, [chart, names])
+            widths = page.evaluate("""names => { const ctx = document.createElement('canvas').getContext('2d');
+                ctx.font = '11px sans-serif'; return names.map(n => 16 + ctx.measureText(n).width + 12); }""", names)
+        finally:
+            browser.close()
+    plot_w, rows, x = box - margins, 1, 0.0
+    for w in widths:
+        if x + w > plot_w and x > 0:
+            rows, x = rows + 1, 0.0
+        x += w
+    assert rows >= 2, widths
+    assert nine - one == 16 * (rows - 1), (one, nine, rows, widths)

@@ -344,3 +344,138 @@ def test_own_steps_tell_plain_attention_from_an_added_term(dtype):
     np.testing.assert_allclose(st["implied"].numpy(), want, atol=3e-2 if coarse else 1e-5)
     assert (st["implied"][~causal] == 0).all() and (st["probs"][~causal] == 0).all()
     np.testing.assert_allclose(st["output"].numpy(), (st["model_probs"].float() @ v).numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["roformer", "mpt"])
+def test_loading_a_capture_only_type_logs_no_transformers_warning(model_type):
+    """Discovery asks every model to run probe's attention function; a type whose attention is its own code cannot,
+    and transformers logged so ("does not support setting its attention implementation dynamically", and on MPT "We
+    set the attention implementation for the sub-config") on every load, before probe's own note said the model is
+    read capture-only. Loading it now logs no warning from transformers, and it is still read capture-only."""
+    import logging
+
+    from transformers.utils import logging as tlog
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import tiny_models
+
+    from probe.loading.models import from_pretrained_objects
+
+    model, tok = tiny_models.build(model_type, dict(tiny_models.text_types())[model_type])
+    heard: list[str] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record):
+            heard.append(record.getMessage())
+
+    handler, root = Heard(level=logging.WARNING), tlog.get_logger("transformers")
+    root.addHandler(handler)
+    try:
+        lm = from_pretrained_objects(model, tok, name=f"tiny-{model_type}")
+    finally:
+        root.removeHandler(handler)
+    assert lm.spec.capture_only
+    assert heard == []
+
+
+@pytest.mark.parametrize("model_type", ["roformer", "gpt2"])
+def test_the_reports_steps_section_says_where_a_capture_only_types_steps_come_from(lms, model_type):
+    """The report's "Attention steps" section opens with where its numbers come from: on a capture-only type (RoFormer)
+    q, k and v read from its projections and the probabilities it returns, not "the from-scratch attention ... (its
+    probabilities equal the model's to 1e-5)", which its own rows contradict (its probabilities are not the softmax of
+    its scaled scores); on a type probe runs from scratch (GPT-2), that sentence."""
+    from probe import analyze
+    from probe.entries.texts import report_steps
+    from probe.view.section import steps_section
+
+    if model_type == "gpt2":
+        from conftest import tiny_model
+        lm = tiny_model("gpt2")
+    else:
+        lm = lms(model_type)
+    result = analyze(lm, [TEXT])
+    steps = report_steps(lm, result)
+    assert steps and all(bool(st.get("note")) == (model_type == "roformer") for st in steps)
+    intro = str(steps_section(result, lm.tokenizer).html).split("</p>")[0]
+    assert ("from-scratch" in intro) == (model_type == "gpt2")
+    assert ("read from the model's own projections" in intro.replace("&#39;", "'")) == (model_type == "roformer")
+
+
+def test_the_live_session_says_before_a_click_why_a_capture_only_type_cannot_switch_heads_off(lms):
+    """LiveSession.info() carries ``ablation``: ablation's own refusal (check_model's line) on a capture-only type, the
+    same line ablate() raises; None on a type whose heads can be switched off (its ablate() answers)."""
+    from conftest import tiny_model
+    from probe.effects.ablation import check_model
+    from probe.errors import ProbeError
+    from probe.live.session import LiveSession
+
+    s = LiveSession(lms("roformer"))
+    with pytest.raises(ProbeError) as err:
+        check_model(s.lm)
+    assert s.info()["ablation"] == str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ProbeError, match="ablation"):
+        s.ablate(TEXT, [[0, 1]])
+    plain = LiveSession(tiny_model("gpt2"))
+    assert plain.info()["ablation"] is None
+    assert plain.ablate(TEXT, [[0, 1]])["heads"] == [[0, 1]]
+
+
+@pytest.mark.browser
+def test_the_live_page_of_a_capture_only_type_greys_out_switching_heads_off(lms, chromium):
+    """probe live on RoFormer: the page says under the text boxes why heads cannot be switched off (info's line) and
+    its "switch it off" choice, the ablation kind and "all heads on" are disabled, so no click sends a request the
+    server refuses; a head clicked shows its steps with the implied term, and why's refusal is the library's line
+    once, capitalized (the page prefixed "Why: " to a line starting "why: ": "Why: why: ..."). No console message,
+    no 4xx."""
+    from conftest import CHROMIUM_ARGS, ServedApp
+    from probe.live.server import make_app, served_hosts
+    from probe.live.session import LiveSession
+
+    s, token = LiveSession(lms("roformer")), "t0k3n"
+    line, why_line = s.info()["ablation"], s.head(TEXT, 1, 2)["whyRefusal"]
+    assert why_line.startswith("why ")
+    sync_api, executable = chromium
+    served = ServedApp(lambda port: make_app(s, token, served_hosts("127.0.0.1", port)))
+    with served as base, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            messages = []
+            page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
+            page.goto(f"{base}/?token={token}")
+            page.wait_for_selector(".probe-live[data-edits='1']", timeout=60_000)
+            assert page.inner_text(".pl-noablation") == "Switching heads off: " + line + "."
+            assert page.eval_on_selector("select >> nth=0", "s => [s.options[1].value, s.options[1].disabled]") == [
+                "off", True]
+            assert page.is_disabled("select >> nth=1") and page.is_disabled("button >> text=all heads on")
+            page.click("td.pl-cell[data-layer='1'][data-head='2']")
+            page.wait_for_selector(".probe-live[data-heads='1'] .probe-sv table", timeout=60_000)
+            assert "implied term" in page.inner_text(".pl-steps")
+            refusal = page.inner_text(".pl-why .pl-refusal")
+            assert refusal == why_line[0].upper() + why_line[1:], refusal
+            assert page.evaluate("document.querySelector('.probe-live').probeLive.counts().errors") == 0
+        finally:
+            browser.close()
+    assert messages == []
+
+
+def test_why_on_a_capture_only_type_is_refused_as_its_other_analyses_are(lms, tmp_path):
+    """probe why on RoFormer: the capture-only refusal every other analysis of such a type gives (naming why, the type
+    and what runs), before any forward pass; from the command, one Error: line and status 1. Before, it was "why:
+    X's attention modules do not call probe's attention function (...), where the scores are read"."""
+    from conftest import invoke_cli, one_error
+    from probe.qk.run import measure
+
+    lm = lms("roformer")
+    with pytest.raises(UnsupportedArchitectureError) as err:
+        measure(lm, TEXT, (1, 2), 3, 5)
+    line = str(err.value)
+    assert line.startswith("why (each score split by the sources of its query and key) does not run on roformer: its "
+                           "attention is its own code") and "\n" not in line
+    folder = tmp_path / "rof"
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    result = invoke_cli("why", "--model", folder, "--text", TEXT, "--head", "L1H2", "--out", tmp_path / "out")
+    assert one_error(result, 1) == "Error: " + line
+    assert result.stderr.strip() == "Error: " + line

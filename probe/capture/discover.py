@@ -33,6 +33,7 @@ from ..architectures import base_model
 from ..architectures.discovered import Found, build_spec, model_kind, register
 from ..architectures.spec import ArchSpec
 from ..errors import InterfaceError, UnsupportedArchitectureError
+from ..util import quiet_transformers
 from .failures import forward_failures
 from .hooks import Hooks, measuring
 from .interface import NAME, Call, install, listen
@@ -371,13 +372,22 @@ def _longer_pass(model: nn.Module, tokenizer, kind: str, calls: list[Call]) -> l
     n = min([2 * need + 4] + [limit - _position_offset(model) for limit in limits])
     longer: list[Call] = []
     with measuring(model, eager=False) as m:
-        model.set_attn_implementation(NAME)
+        _use_function(model)
         m.hooks.own(listen(None, longer.append))
         model(**_inputs(model, tokenizer, kind, n))
     if len(longer) != len(calls):
         raise InterfaceError(f"a pass of {n} tokens called the attention {len(longer)} times, one of 12 tokens "
                              f"{len(calls)} times; probe cannot read the sliding windows")
     return longer
+
+
+def _use_function(model: nn.Module) -> None:
+    """Ask the model to run probe's attention function (restored by ``measuring``), transformers' warnings quiet: on a
+    model whose attention is its own code (RoFormer, MPT ...) transformers logs that it cannot switch, and on MPT that
+    it set a sub-config it could not check; discovery then finds no call and the model is read capture-only, which
+    probe's own note says, so the user saw two lines about a switch probe tried, not one they asked for."""
+    with quiet_transformers(progress_bars=True):
+        model.set_attn_implementation(NAME)
 
 
 def _position_offset(model: nn.Module) -> int:
@@ -432,7 +442,7 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
             io.setdefault(module, []).append((args[0].detach(), output.detach()))
 
     with measuring(model, eager=False) as m, forward_failures(STEP, model):
-        model.set_attn_implementation(NAME)
+        _use_function(model)
         m.hooks.own(listen(None, calls.append))
         for _, module in projections:
             m.hooks.forward(module, record)
@@ -444,7 +454,7 @@ def discover(model: nn.Module, tokenizer) -> ArchSpec:
         longer = _longer_pass(model, tokenizer, kind, calls) or [None] * len(calls)
     count: dict = {}
     with measuring(model, eager=False), forward_failures(STEP, model):
-        model.set_attn_implementation(NAME)
+        _use_function(model)
         fed = _Fed(model, inputs, calls)  # modules with equal outputs: told apart by what they feed
         found = [_found(c, w, base, io, projections, count, fed, masks) for c, w, masks
                  in zip(calls, _places(model, calls, names, kind, lengths), longer)]

@@ -130,7 +130,8 @@ def encode_pairs(lm, pairs: list[Pair]) -> EncodedPairs:
 
     Raises:
         InputError: a pair whose clean and corrupted prompts differ in token count (naming both),
-            an answer or wrong answer that is not one token, a prompt longer than the model takes,
+            an answer or wrong answer that is not one token, an answer and a wrong answer that are the
+            same token, a prompt longer than the model takes,
             a masked-LM pair without its mask at one position in both prompts, a target prefix
             for a model without a decoder reading one.
     """
@@ -142,6 +143,10 @@ def encode_pairs(lm, pairs: list[Pair]) -> EncodedPairs:
     seq2seq = lm.kind == "encoder-decoder"
     answer = torch.tensor([_one_token(lm, p.answer, n, "answer", seq2seq) for n, p in enumerate(pairs, 1)])
     wrong = torch.tensor([_one_token(lm, p.wrong, n, "wrong answer", seq2seq) for n, p in enumerate(pairs, 1)])
+    for n, (p, a, w) in enumerate(zip(pairs, answer.tolist(), wrong.tolist()), 1):
+        if a == w:  # logit(answer) - logit(wrong) of one token is 0 in every run: nothing could be measured
+            raise InputError(f"pair {n}: the answer {p.answer!r} and the wrong answer {p.wrong!r} are the same token "
+                             f"(id {a}); their logit difference is 0 whatever is patched: give two different tokens")
     if lm.kind == "encoder":
         return EncodedPairs(ids, bad, mask, _mask_positions(lm, clean, corrupted, pairs), answer, wrong,
                             source_last=source_last)

@@ -268,12 +268,14 @@ class LiveSession:
 
     # ------------------------------------------------------------------ the model's answers
     def info(self) -> dict:
-        """What the page needs before the first edit: the model, its kind, layers, heads, caps, output."""
+        """What the page needs before the first edit: the model, its kind, layers, heads, caps, output, and the line
+        saying why patching (``patching``) or switching heads off (``ablation``) does not run on it (None where it
+        does)."""
         kind = head_kind(self.lm)
         return {"model": self.lm.name, "kind": self.lm.kind, "layers": self.n_layers, "heads": self.n_heads,
                 "headNames": [[head_name(s.layer, h) for h in range(self.n_heads)] for s in self.sites],
                 "maxChars": self.max_chars, "maxTokens": self.max_tokens, "output": self._output_kind(kind),
-                "patching": self._patch_refusal()}
+                "patching": self._patch_refusal(), "ablation": self._ablation_refusal()}
 
     def analysis(self, text: str) -> AnalysisResult:
         """:func:`probe.analyze` of ``text`` alone, whole maps kept (the last :data:`KEPT` texts cached)."""
@@ -555,6 +557,15 @@ class LiveSession:
                  "after": float(probs[1, i])} for i in ids]
         return {"kind": kind, "position": at, "what": what, "before": top(probs[0]), "after": top(probs[1]),
                 "tokens": rows}
+
+    def _ablation_refusal(self) -> str | None:
+        """None where heads can be switched off on this model (:func:`probe.effects.ablation.check_model`), else its
+        line saying why not (a capture-only type, a pruned model): the page turns "switch it off" off and says why."""
+        try:
+            check_model(self.lm)
+        except ProbeError as e:
+            return str(e)
+        return None
 
     # ------------------------------------------------------------------ patching
     def _patch_refusal(self) -> str | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..architectures.discovered import needs_weights
+from ..architectures.discovered import needs_weights, refuse_capture_only
 from ..architectures.modules import head_geometry, site_block, site_spec
 from ..architectures.weights import attention_weights
 from ..capture.interface import repeat_heads
@@ -209,6 +209,7 @@ def check_model(lm, head) -> tuple[int, int]:
     Raises:
         UnsupportedAnalysisError: an encoder-decoder model (:func:`check_cross` reads its cross-attention
             heads) or a model of another kind.
+        UnsupportedArchitectureError: a capture-only type (its attention is its own code: no score to split).
     """
     if lm.kind == "encoder-decoder":
         raise UnsupportedAnalysisError(f"why: {lm.name} is an encoder-decoder model; probe splits its cross-attention "
@@ -218,6 +219,8 @@ def check_model(lm, head) -> tuple[int, int]:
         raise UnsupportedAnalysisError(f"why: {lm.name} is an {lm.kind} model; probe splits the scores of decoder-only "
                                        "and encoder-only models and the cross-attention of encoder-decoder models")
     lm.require_all_heads("why")
+    # a capture-only type (RoFormer, MPT ...): said as every other analysis it refuses says it, not as a missing call
+    refuse_capture_only(lm.spec, "why (each score split by the sources of its query and key)")
     if lm.spec.discovered:
         needs_weights(lm.spec, "why")
     g = lm.geometry

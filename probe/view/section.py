@@ -100,10 +100,16 @@ def steps_section(result, tokenizer):
     for st in steps:
         parts.append(f'<h3>{escape(st["name"])}: {escape(st["label"])} ({escape(st["reason"])})</h3>'
                      + render_step_view({**st, "source": REPORT_HEAD_VIEW}))
+    if any(st.get("note") for st in steps):  # a capture-only type: q, k, v from its projections, no from-scratch run
+        source = ('q, k and v read from the model\'s own projections and the probabilities it returns (its attention '
+                  'is its own code: the line under each rule says whether the softmax of the scaled scores is its '
+                  'probabilities, or what term it adds)')
+    else:
+        source = ('the from-scratch attention on the model\'s own projections (its probabilities equal the model\'s '
+                  'to 1e-5)')
     html = ('<p class="muted">For the strongest head of each label, on example 1: every key\'s q&middot;k, the '
             'architecture\'s scale, bias and cap, the mask, the softmax and the value-weighted contribution, from '
-            'the from-scratch attention on the model\'s own projections (its probabilities equal the model\'s to '
-            '1e-5). Pin a query token of the same layer in the head view to open it here.</p>' + "".join(parts))
+            f'{source}. Pin a query token of the same layer in the head view to open it here.</p>' + "".join(parts))
     record = {"heads": [st["name"] for st in steps]}
     return Section("attention-steps", "Attention steps", Markup(html), record=record, order=6)
 

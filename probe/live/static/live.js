@@ -38,6 +38,12 @@
     if (!label || label === "mixed") return "\u00b7";
     return SHORT[label] || label.replace(/[^a-z0-9]/gi, "").slice(0, 4);
   }
+  function titled(title, line) {  // "Why: " + a line, unless the line already names it ("why: ...", "attention steps ...")
+    var lower = String(line).toLowerCase(), t = title.toLowerCase();
+    if (lower.indexOf(t + ": ") === 0) line = String(line).slice(t.length + 2);
+    else if (lower.indexOf(t + " ") === 0) return line.charAt(0).toUpperCase() + line.slice(1);
+    return title + ": " + line;
+  }
   function option(text, value) { var o = el("option", null, text); o.value = value; return o; }
   function labelled(text, control) {
     var s = el("label", "pl-field"); s.appendChild(document.createTextNode(text + " ")); s.appendChild(control); return s;
@@ -132,6 +138,10 @@
     if (info.patching) {  // the library's line ends without a full stop (a one-line error); here it is a sentence
       root.appendChild(el("div", "pl-note pl-nopatch", "Patching: " + info.patching.replace(/([^.!?])$/, "$1.")));
     }
+    if (info.ablation) {  // a model whose heads cannot be switched off (capture-only, pruned): said before a click
+      root.appendChild(el("div", "pl-note pl-noablation", "Switching heads off: " +
+                          info.ablation.replace(/([^.!?])$/, "$1.")));
+    }
     this.errorLine = el("div", "pl-error"); this.errorLine.style.display = "none"; this.errors = {};
     root.appendChild(this.errorLine);
     this.tokenLine = el("div", "pl-tokens"); root.appendChild(this.tokenLine);
@@ -139,10 +149,12 @@
     var bar = el("div", "pl-bar");
     this.modeSel = el("select");
     this.modeSel.appendChild(option("inspect it", "inspect")); this.modeSel.appendChild(option("switch it off", "off"));
+    if (info.ablation) this.modeSel.options[1].disabled = true;
     this.kindSel = el("select");
     this.kindSel.appendChild(option("zero", "zero")); this.kindSel.appendChild(option("mean", "mean"));
     this.statSel = el("select");
     this.clearBtn = el("button", null, "all heads on"); this.clearBtn.type = "button";
+    this.kindSel.disabled = this.clearBtn.disabled = !!info.ablation;
     [labelled("click a head to", this.modeSel), labelled("ablation", this.kindSel), this.clearBtn,
      labelled("shade", this.statSel)].forEach(function (e) { bar.appendChild(e); });
     root.appendChild(bar);
@@ -327,10 +339,10 @@
         if (e.detail.query !== self.S.query && e.detail.query !== r.query) { self.S.query = e.detail.query; self.inspect(r.layer, r.head); }
       });
     } else {
-      stepsBox.appendChild(el("div", "pl-refusal", "Attention steps: " + r.stepsRefusal));
+      stepsBox.appendChild(el("div", "pl-refusal", titled("Attention steps", r.stepsRefusal)));
     }
     var whyBox = el("div", "pl-why"); box.appendChild(whyBox);
-    if (!r.why) { whyBox.appendChild(el("div", "pl-refusal", "Why: " + r.whyRefusal)); return; }
+    if (!r.why) { whyBox.appendChild(el("div", "pl-refusal", titled("Why", r.whyRefusal))); return; }
     var w = r.why;
     whyBox.appendChild(el("div", "pl-title", "Why " + w.head + (w.label ? " (" + w.label + ")" : "") +
       " attends where it does at query " + w.query + " (" + JSON.stringify(w.query_token) +

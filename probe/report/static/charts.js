@@ -81,8 +81,9 @@
   function scatter(canvas, fig, tip) {
     var width = Math.min(canvas.parentElement.clientWidth || 480, 560);
     var ctx = setup(canvas, width, 10);
-    var legendH = fig.legend ? legend(ctx, fig.legend, 0, -1000, width - 16) : 0;
     var left = 44, right = 12, bottom = 34, head = titleHeight(ctx, fig, width - left - right);
+    // the legend measured at the width it is drawn at (measured wider, a last row was drawn over the plot)
+    var legendH = fig.legend ? legend(ctx, fig.legend, 0, -1000, width - left - right) : 0;
     var top = head + legendH + (legendH ? 6 : 0);
     var plot = Math.max(120, width - left - right), H = top + plot + bottom;
     ctx = setup(canvas, width, H);
@@ -127,8 +128,10 @@
     var width = canvas.parentElement.clientWidth || 480;
     var ctx = setup(canvas, width, 10);
     var items = fig.series.map(function (s) { return [s.name, s.color]; });
-    var legendH = legend(ctx, items, 0, -1000, width - 60);
     var left = 62, right = 10, bottom = 34, plotH = 180, plotW = width - left - right;
+    // the legend measured at the width it is drawn at, the plot's: measured at width - 60, a row that wrapped
+    // only when drawn (probe why's "other pairs") was drawn over the top of the bars
+    var legendH = legend(ctx, items, 0, -1000, plotW);
     var head = titleHeight(ctx, fig, plotW), top = head + legendH + 8, H = top + plotH + bottom;
     ctx = setup(canvas, width, H);
     title(ctx, fig, left, plotW);
