@@ -182,7 +182,8 @@ def refuse_capture_only(spec: ArchSpec, what: str) -> None:
     if spec.capture_only:
         raise UnsupportedArchitectureError(
             f"{what} does not run on {spec.family}: its attention is its own code, outside transformers' "
-            "AttentionInterface, and probe only captures the maps its eager path returns (statistics, views, labels)")
+            "AttentionInterface, and probe only captures the maps its eager path returns "
+            "(statistics, views, labels, attention steps)")
 
 
 def build_maps_spec(model_type: str, kind: str, found: list[tuple[str, int, int]], layer_split: int, base: str,
