@@ -41,7 +41,7 @@ def median_filter(x: np.ndarray, width: int = MEDIAN_WIDTH) -> np.ndarray:
     than ``width`` frames is returned unchanged."""
     if x.shape[-1] < width:
         return x.copy()
-    from scipy.ndimage import median_filter as _median  # here: importing probe's audio stays light (no scipy)
+    from scipy.ndimage import median_filter as _median  # deferred: importing probe's audio stays light (no scipy)
 
     return _median(x, size=(1,) * (x.ndim - 1) + (width,), mode="mirror")
 
@@ -131,7 +131,7 @@ def monotonicity(rows: np.ndarray) -> float:
     peaks = np.asarray(rows).argmax(-1)
     if np.all(peaks == peaks[0]):
         return float("nan")
-    from scipy.stats import spearmanr  # here: scipy.stats takes about 0.5 s to import
+    from scipy.stats import spearmanr  # deferred: scipy.stats takes ~0.5 s to import
 
     return float(spearmanr(np.arange(len(peaks)), peaks).statistic)
 

@@ -43,7 +43,7 @@ def resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
     (:func:`scipy.signal.resample_poly`, up/down reduced by their greatest common divisor)."""
     if rate == target:
         return samples
-    from scipy.signal import resample_poly  # here: a text run imports no scipy.signal
+    from scipy.signal import resample_poly  # deferred: a text run imports no scipy.signal
 
     g = gcd(int(rate), int(target))
     return resample_poly(samples, int(target) // g, int(rate) // g).astype(np.float32)

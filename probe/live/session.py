@@ -51,6 +51,7 @@ import torch
 
 from .. import bounds
 from ..architectures.modules import base_model
+from ..capture.hooks import Hooks
 from ..capture.maps import attention_hooks, encode, forward
 from ..capture.values import shared_grams
 from ..causal.heads import head_ranges, normalize_heads
@@ -285,14 +286,11 @@ class LiveSession:
         seen: dict = {}
         # the model's own output of the same pass, kept for an ablation of this text (its "before")
         module = base_model(self.lm.model) if self.output_kind == "embedding" else self.lm.model
-        handle = module.register_forward_hook(lambda m, args, kwargs, out: seen.update(ids=kwargs.get("input_ids"),
-                                                                                       out=out), with_kwargs=True)
-        try:
-            with shared_grams(self._grams):  # the value norms' G_h of every layer once, not at every edit
-                result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
-                                 max_length=self.max_tokens, parse_special_tokens=self.parse_special)
-        finally:
-            handle.remove()
+        with Hooks() as hooks, shared_grams(self._grams):  # G_h of every layer once, not at every edit
+            hooks.forward(module, lambda m, args, kwargs, out: seen.update(ids=kwargs.get("input_ids"), out=out),
+                          with_kwargs=True)
+            result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
+                             max_length=self.max_tokens, parse_special_tokens=self.parse_special)
         self._keep_clean(text, seen.get("ids"), seen.get("out"))
         self._analyses[text] = result
         while len(self._analyses) > KEPT:

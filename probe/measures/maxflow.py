@@ -116,8 +116,8 @@ class LayeredGraph:
         return np.asarray(flow[self.rows, self.cols]).ravel().astype(np.int64)
 
     def _networkx(self, source: int, sink: int) -> float:
-        import networkx as nx  # here: only the fallback needs it (importing networkx takes about 0.5 s)
-        from networkx.algorithms.flow import preflow_push
+        import networkx as nx  # deferred: only the fallback needs it (networkx takes ~0.5 s to import)
+        from networkx.algorithms.flow import preflow_push  # deferred: as networkx above
 
         if self._nx is None:
             G = nx.DiGraph()

@@ -15,7 +15,7 @@ def image_maps_section(result, tokenizer) -> Section | None:
     examples = result.results.get("image_maps")
     if not examples:
         return None
-    from ..images.view import STYLE, caption, image_html  # here: a text model's page imports no image stack
+    from ..images.view import STYLE, caption, image_html  # deferred: a text model's page imports no image stack
 
     html = (STYLE + f'<div class="img-att-section"><p>{escape(caption())}</p>'
             + "".join(image_html(ex) for ex in examples) + "</div>")

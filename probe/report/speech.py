@@ -16,7 +16,7 @@ def speech_section(result, tokenizer) -> Section | None:
     examples = result.results.get("speech")
     if not examples:
         return None
-    from ..audio.view import caption, speech_html  # here: a text model's page imports no audio stack (scipy)
+    from ..audio.view import caption, speech_html  # deferred: a text model's page imports no audio stack (scipy)
 
     html = f'<div class="speech-section"><p>{escape(caption())}</p>' + "".join(speech_html(ex) for ex in examples)
     record = {"clips": [{"name": ex.name, "seconds": round(len(ex.waveform) / ex.rate, 4), "frame_s": ex.frame_s,
@@ -32,8 +32,8 @@ def frames_section(result, tokenizer) -> Section | None:
     examples = result.results.get("frames")
     if not examples:
         return None
-    from ..audio.frames import caption as frames_caption
-    from ..audio.frames import frames_html
+    from ..audio.frames import caption as frames_caption  # deferred: as the audio view above
+    from ..audio.frames import frames_html  # deferred: as the audio view above
 
     html = (f'<div class="speech-section"><p>{escape(frames_caption())}</p>'
             + "".join(frames_html(ex) for ex in examples) + "</div>")

@@ -78,7 +78,7 @@ class HeadView:
         extra = render_rollout(self.rollout.data) if self.rollout is not None else ""
         pictures = ""
         if self.images is not None:
-            from ..images.view import STYLE as IMAGE_STYLE  # here: a text view imports no image stack
+            from ..images.view import STYLE as IMAGE_STYLE  # deferred: a text view imports no image stack
 
             pictures = IMAGE_STYLE + self.images
         return render_views(self.data, self.steps) + extra + pictures
@@ -217,7 +217,7 @@ def result_view(result, *, tokenizer=None, example: int = 0, layers=None, layer:
                              (shown[view.data["initial"]["layer"]], 0)))
     pictures = result.results.get("image_maps") or []  # an analysis of images: its pictures below
     if example < len(pictures):
-        from ..images.view import image_html
+        from ..images.view import image_html  # deferred: a text view imports no image stack
 
         view.images = image_html(pictures[example])
     return view
