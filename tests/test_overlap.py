@@ -122,6 +122,9 @@ def test_serial_where_the_overlap_does_not_apply(monkeypatch, two_threads):
     for off in ("0", "off", "No", "false"):
         assert not overlap.enabled("cpu", {overlap.ENV: off})
     assert overlap.enabled("cpu", {overlap.ENV: "1"})
+    with overlap.serial():  # the live page's edits: one short text, answered serially
+        assert not overlap.enabled("cpu") and not overlap.enabled("cpu", {overlap.ENV: "1"})
+    assert overlap.enabled("cpu")
     torch.set_num_threads(1)  # one thread is one core: nothing to overlap with
     assert not overlap.enabled("cpu")
     lm = tiny_model("bert")

@@ -66,6 +66,7 @@ from ..qk.run import LABELS_NOTE, measure
 from ..qk.table import REST
 from ..records import AnalysisResult
 from ..runs.analysis import analyze
+from ..runs.overlap import serial
 from ..settings import AblateRequest, EditRequest, HeadRequest, LiveSettings, PatchRequest
 from ..sites import head_name
 from ..text.corpus import sample_texts
@@ -286,7 +287,8 @@ class LiveSession:
         seen: dict = {}
         # the model's own output of the same pass, kept for an ablation of this text (its "before")
         module = base_model(self.lm.model) if self.output_kind == "embedding" else self.lm.model
-        with Hooks() as hooks, shared_grams(self._grams):  # G_h of every layer once, not at every edit
+        # G_h of every layer once, not at every edit; one short text: the serial loop (probe.runs.overlap.serial)
+        with Hooks() as hooks, shared_grams(self._grams), serial():
             hooks.forward(module, lambda m, args, kwargs, out: seen.update(ids=kwargs.get("input_ids"), out=out),
                           with_kwargs=True)
             result = analyze(self.lm, [text], n_examples=1, example_tokens=None, n_clusters=1,
