@@ -540,10 +540,10 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 @contextlib.contextmanager
-def watched_page(chromium, path: Path, viewport=(1200, 900)):
-    """``(page, messages, requests)``: ``path`` opened in headless Chromium (the ``chromium`` fixture's
-    pair), with every console message and page error in ``messages`` ("type: text") and every
-    request's URL in ``requests``; the browser is closed on exit."""
+def watched_page(chromium, path: Path | str, viewport=(1200, 900)):
+    """``(page, messages, requests)``: ``path`` (a file, or a URL as a string) opened in headless Chromium (the
+    ``chromium`` fixture's pair), with every console message and page error in ``messages`` ("type: text") and
+    every request's URL in ``requests``; the browser is closed on exit."""
     sync_api, executable = chromium
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
@@ -553,7 +553,7 @@ def watched_page(chromium, path: Path, viewport=(1200, 900)):
             page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
             page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
             page.on("request", lambda r: requests.append(r.url))
-            page.goto(path.as_uri())
+            page.goto(path if isinstance(path, str) else path.as_uri())
             yield page, messages, requests
         finally:
             browser.close()

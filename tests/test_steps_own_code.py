@@ -427,36 +427,26 @@ def test_the_live_page_of_a_capture_only_type_greys_out_switching_heads_off(lms,
     server refuses; a head clicked shows its steps with the implied term, and why's refusal is the library's line
     once, capitalized (the page prefixed "Why: " to a line starting "why: ": "Why: why: ..."). No console message,
     no 4xx."""
-    from conftest import CHROMIUM_ARGS, ServedApp
+    from conftest import ServedApp, watched_page
     from probe.live.server import make_app, served_hosts
     from probe.live.session import LiveSession
 
     s, token = LiveSession(lms("roformer")), "t0k3n"
     line, why_line = s.info()["ablation"], s.head(TEXT, 1, 2)["whyRefusal"]
     assert why_line.startswith("why ")
-    sync_api, executable = chromium
     served = ServedApp(lambda port: make_app(s, token, served_hosts("127.0.0.1", port)))
-    with served as base, sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            messages = []
-            page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
-            page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
-            page.goto(f"{base}/?token={token}")
-            page.wait_for_selector(".probe-live[data-edits='1']", timeout=60_000)
-            assert page.inner_text(".pl-noablation") == "Switching heads off: " + line + "."
-            assert page.eval_on_selector("select >> nth=0", "s => [s.options[1].value, s.options[1].disabled]") == [
-                "off", True]
-            assert page.is_disabled("select >> nth=1") and page.is_disabled("button >> text=all heads on")
-            page.click("td.pl-cell[data-layer='1'][data-head='2']")
-            page.wait_for_selector(".probe-live[data-heads='1'] .probe-sv table", timeout=60_000)
-            assert "implied term" in page.inner_text(".pl-steps")
-            refusal = page.inner_text(".pl-why .pl-refusal")
-            assert refusal == why_line[0].upper() + why_line[1:], refusal
-            assert page.evaluate("document.querySelector('.probe-live').probeLive.counts().errors") == 0
-        finally:
-            browser.close()
+    with served as base, watched_page(chromium, f"{base}/?token={token}") as (page, messages, _):
+        page.wait_for_selector(".probe-live[data-edits='1']", timeout=60_000)
+        assert page.inner_text(".pl-noablation") == "Switching heads off: " + line + "."
+        assert page.eval_on_selector("select >> nth=0", "s => [s.options[1].value, s.options[1].disabled]") == [
+            "off", True]
+        assert page.is_disabled("select >> nth=1") and page.is_disabled("button >> text=all heads on")
+        page.click("td.pl-cell[data-layer='1'][data-head='2']")
+        page.wait_for_selector(".probe-live[data-heads='1'] .probe-sv table", timeout=60_000)
+        assert "implied term" in page.inner_text(".pl-steps")
+        refusal = page.inner_text(".pl-why .pl-refusal")
+        assert refusal == why_line[0].upper() + why_line[1:], refusal
+        assert page.evaluate("document.querySelector('.probe-live').probeLive.counts().errors") == 0
     assert messages == []
 
 
