@@ -262,11 +262,12 @@ class LiveSession:
     def mask_position(self, text: str) -> int | None:
         """The position of the first mask token of ``text`` on an encoder with its masked-LM head (None
         elsewhere, or without one): the row the output panel predicts at."""
+        return self._first_mask(self.token_ids(text)) if self.parse_special else None
+
+    def _first_mask(self, ids: list[int]) -> int | None:
+        """The index of the first mask token in ``ids`` (None: the tokenizer has none, or ``ids`` holds none)."""
         mask_id = self.lm.tokenizer.mask_token_id
-        if not self.parse_special or mask_id is None:
-            return None
-        ids = self.token_ids(text)
-        return ids.index(mask_id) if mask_id in ids else None
+        return ids.index(mask_id) if mask_id is not None and mask_id in ids else None
 
     # ------------------------------------------------------------------ the model's answers
     def info(self) -> dict:
@@ -334,10 +335,7 @@ class LiveSession:
     def _position(self, ids: list[int]) -> int | None:
         """The position whose predictions the output panel shows: the last token's (a decoder), the first
         mask token's (a masked-LM encoder; None without one)."""
-        if self.output_kind == "next-token":
-            return len(ids) - 1
-        mask_id = self.lm.tokenizer.mask_token_id
-        return ids.index(mask_id) if mask_id is not None and mask_id in ids else None
+        return len(ids) - 1 if self.output_kind == "next-token" else self._first_mask(ids)
 
     def edit(self, text, layer=0) -> dict:
         """A text's tokens, the grid (every head's label and statistics for this text), the head view of
