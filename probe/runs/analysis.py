@@ -33,7 +33,7 @@ from ..records import AnalysisResult
 from ..text.inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from ..text.tokens import label_examples
 from ..util import plural, progress_bar
-from .overlap import QUEUED_PER_SITE, Overlap, enabled
+from .overlap import QUEUED_PER_SITE, Overlap, enabled, submitter
 from .pace import Pace, to_stderr
 
 
@@ -112,8 +112,7 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     def paced(method: str, *args) -> None:
         """``pace.<method>(*args)``, on the worker where it runs: a site is done when its statistics are."""
         if pace is not None:
-            (state["overlap"].submit if state["overlap"] is not None else lambda fn, *a: fn(*a))(
-                getattr(pace, method), *args)
+            submitter(state["overlap"])(getattr(pace, method), *args)
 
     def hand(site, probs, values, rows):
         scores = score_tracker.take(site, probs) if score_tracker is not None else None
