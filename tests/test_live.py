@@ -507,6 +507,72 @@ def test_stale_requests_are_dropped(dec):
     assert status == 409 and out["stale"] is True
 
 
+def test_patching_reports_its_progress_and_equals_the_run_without_it(dec):
+    """A patch request's progress: every patched pass says its runs done of 2 x layers x heads, increasing to
+    all of them, as the request's own (``yours``) to its page and as another's to another page; the
+    estimate line after the first passes; nothing running after; the effects those of the run without it."""
+    clean, corrupted = "The cat sat on the mat", "The dog sat on the mat"
+    seen, other = [], []
+
+    def on_progress(snap):
+        seen.append(snap)
+        other.append(answer(dec, "progress", {"page": "someone-else"}))
+
+    status, r = answer(dec, "patch", {"text": clean, "corrupted": corrupted, "page": "pg", "seq": 1}, on_progress)
+    assert status == 200
+    total = 2 * dec.n_layers * dec.n_heads
+    assert [s["total"] for s in seen] == [total] * len(seen) and seen[-1]["done"] == total
+    assert [s["done"] for s in seen] == sorted(s["done"] for s in seen) and seen[0]["done"] > 0
+    assert all(s["busy"] and s["yours"] and s["route"] == "patch" and s["seconds"] >= 0 for s in seen)
+    assert all(s["estimate"].startswith("estimate from the first passes") for s in seen)
+    assert all(st == 200 and o["busy"] and not o["yours"] for st, o in other)
+    assert answer(dec, "progress", {"page": "pg"}) == (200, {"busy": False})
+    plain = dec.patch(clean, corrupted, r["answer"], r["wrong"])
+    assert plain["effect"] == r["effect"] and plain["effectLast"] == r["effectLast"]
+
+
+@pytest.mark.parametrize("newer", ["patch", "edit"])
+def test_a_patch_request_stops_when_a_newer_patch_or_edit_of_its_page_arrives(dec, newer):
+    """A newer request of the same page (another pair, or an edit of the clean text) stops the patch at its
+    next patched pass: answered 409 stale, after one pass, and the next request is answered. Another page's
+    requests do not stop it."""
+    clean, corrupted = "The cat sat on the mat", "The dog sat on the mat"
+    steps, page = [], f"stop-on-{newer}"
+
+    def arrives(snap):
+        steps.append(snap["done"])
+        dec.latest.note("other-page", newer, 99)  # another page: no effect
+        if len(steps) == 1:
+            dec.latest.note(page, newer, 50)
+
+    dec.latest.note(page, "edit", 7)  # an edit before the patch started does not stop it
+    dec.latest.note(page, "patch", 9)
+    status, out = answer(dec, "patch", {"text": clean, "corrupted": corrupted, "page": page, "seq": 10}, arrives)
+    assert status == 409 and out["stale"] is True and len(steps) == 1
+    assert steps == [dec.n_heads * 2]  # the first of the two layers' passes, then stopped
+    assert answer(dec, "progress", {})[1] == {"busy": False}
+    status, _ = answer(dec, "edit", {"text": TEXT, "page": page, "seq": 51})
+    assert status == 200
+
+
+def test_progress_is_answered_while_the_model_works(client, dec):
+    """GET /api/progress answers without the session's lock: while a request holds it, the page's own
+    request in progress (its runs done, the estimate line) or another's; POST is refused; nothing running:
+    busy false."""
+    assert client.get("/api/progress", headers=HEADERS).json() == {"busy": False}
+    with dec.lock, dec.work.running("patch", "mine"):
+        dec.work.step(36, 144)
+        dec.work.estimate("estimate from the first passes: about 3 s")
+        mine = client.get("/api/progress?page=mine", headers=HEADERS).json()
+        theirs = client.get("/api/progress?page=other", headers=HEADERS).json()
+    assert mine["busy"] and mine["yours"] and (mine["done"], mine["total"]) == (36, 144)
+    assert mine["estimate"] == "estimate from the first passes: about 3 s" and mine["route"] == "patch"
+    assert theirs["busy"] and not theirs["yours"]
+    refused = post(client, "progress", {})
+    assert refused.status_code == 405 and refused.json() == {"error": "/api/progress takes GET"}
+    assert client.get("/api/progress").status_code == 401
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -703,6 +769,33 @@ def test_page_types_inspects_and_switches_off_heads(chromium, dec, width):
     # the refused text's 400 is the browser's one line about a failed resource, nothing else
     assert all("status of 400" in m for m in messages[len(clean_messages):]), messages
     assert requests and all(u.startswith(base + "/") for u in requests), requests
+
+
+def test_the_page_shows_a_patch_requests_progress_then_its_effects(chromium, dec, monkeypatch):
+    """A patch request that takes seconds: the patch panel says its patched runs done of all, the seconds so
+    far and the estimate line while it runs (GET /api/progress), then draws the effects and drops the line."""
+    import probe.live.session as live_session
+
+    def slow(lm, pairs, progress=None, estimate=None, **kw):  # each patched pass 0.7 s longer
+        return patch_heads(lm, pairs, estimate=estimate, **kw,
+                           progress=lambda done, total: (time.sleep(0.7), progress(done, total)))
+
+    monkeypatch.setattr(live_session, "patch_heads", slow)
+    sync_api, executable = chromium
+    with Served(dec) as base, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto(f"{base}/?token={TOKEN}&text=" + "The cat sat on the mat")
+            page.wait_for_selector(".probe-live[data-edits='1']", timeout=60_000)
+            page.fill("textarea.pl-corrupt", "The dog sat on the mat")
+            line = page.wait_for_selector(".pl-progress >> text=patched runs", timeout=60_000).inner_text()
+            total = 2 * dec.n_layers * dec.n_heads
+            assert f" of {total} patched runs, " in line and "s so far; estimate from the first passes" in line
+            page.wait_for_selector(".probe-live[data-patches='1'] table.pl-effects", timeout=60_000)
+            assert page.query_selector(".pl-progress") is None
+        finally:
+            browser.close()
 
 
 def test_an_image_model_is_refused_in_one_line_by_the_session_and_the_command(tmp_path):

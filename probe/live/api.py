@@ -10,6 +10,11 @@ before its turn at the model is dropped (status 409, ``{"stale": true}``). Statu
 400 a value refused (one line, the settings' or the session's: an unknown field, an unknown head, a query
 position out of range, a text over the cap ...); 409 stale; 422 an analysis the model does not support
 (the library's line); 500 a failure inside the model (the line says which; the server keeps serving).
+
+``progress`` is answered at once, without waiting for the model (:class:`~probe.live.work.Work`): what the
+session is computing now, its steps done and its estimate. A patch request stops at its next patched pass
+when a newer patch or edit request of the same page arrives (:class:`~probe.live.work.Superseded`,
+answered 409 as a stale one).
 """
 
 from __future__ import annotations
@@ -21,11 +26,15 @@ import traceback
 from ..errors import InputError, ProbeError
 from ..settings import REQUESTS
 from .session import LiveSession
+from .work import Superseded
 
 log = logging.getLogger("probe")
 
 #: Each route and the session method that answers it (its fields: :data:`probe.settings.REQUESTS`).
-ROUTES: dict[str, str] = {"info": "info", "edit": "edit", "head": "head", "ablate": "ablate", "patch": "patch"}
+ROUTES: dict[str, str] = {"info": "info", "edit": "edit", "head": "head", "ablate": "ablate", "patch": "patch",
+                          "progress": "progress"}
+#: Routes answered without the model (no lock, no wait): read with GET.
+READS = ("info", "progress")
 #: Fields of every request that the session does not read.
 CONTROL = ("page", "seq")
 
@@ -45,7 +54,7 @@ def fields(route: str, body) -> dict:
     if "page" in body and not isinstance(body["page"], str):
         raise InputError(f"page must be a string, got {body['page']!r}")
     given = {k: v for k, v in body.items() if k not in CONTROL}
-    if route not in REQUESTS:  # info
+    if route not in REQUESTS:  # info, progress
         if given:
             raise InputError(f"/api/{route} takes no fields, got {', '.join(map(repr, given))}")
         return {}
@@ -56,11 +65,30 @@ def fields(route: str, body) -> dict:
     return args
 
 
-def answer(session: LiveSession, route: str, body) -> tuple[int, dict]:
+def _superseding(session: LiveSession, page: str | None, seq: int | None, on_progress):
+    """The patch request's ``progress(done, total)``: tells ``on_progress`` (the widget) the session's
+    progress, and raises :class:`Superseded` once a newer patch or edit request of ``page`` has arrived."""
+    edits = session.latest.seq(page, "edit") if page is not None else None
+
+    def progress(done: int, total: int) -> None:
+        if on_progress is not None:
+            on_progress(session.work.snapshot(page))
+        if page is None or seq is None:
+            return
+        edit = session.latest.seq(page, "edit")
+        if session.latest.stale(page, "patch", seq) or (edit is not None and (edits is None or edit > edits)):
+            raise Superseded
+    return progress
+
+
+def answer(session: LiveSession, route: str, body, on_progress=None) -> tuple[int, dict]:
     """``(status, JSON-ready dict)`` of one request: the session's answer, or ``{"error": one line}``.
 
     The model work runs under ``session.lock`` (one forward pass at a time); a request made stale while
-    it waited is dropped before it runs.
+    it waited is dropped before it runs, a patch request made stale while it runs is stopped at its next
+    patched pass. ``progress`` is answered at once (:meth:`~probe.live.work.Work.snapshot` for the body's
+    ``page``). ``on_progress``: a callable given the progress snapshot after each patched pass (the widget
+    sends it to the page), or None.
     """
     if route not in ROUTES:
         return 404, {"error": f"no route /api/{route}; routes: {', '.join('/api/' + r for r in ROUTES)}"}
@@ -69,13 +97,20 @@ def answer(session: LiveSession, route: str, body) -> tuple[int, dict]:
     except InputError as e:
         return 400, {"error": str(e)}
     page, seq = body.get("page"), body.get("seq")
+    if route == "progress":
+        return 200, session.work.snapshot(page)
     if page is not None and seq is not None:
         session.latest.note(page, route, seq)
     with session.lock:
         if page is not None and seq is not None and session.latest.stale(page, route, seq):
             return 409, {"stale": True, "seq": seq, "error": "a newer request of this page replaced it"}
+        if route == "patch":
+            args["progress"] = _superseding(session, page, seq, on_progress)
         try:
-            out = getattr(session, ROUTES[route])(**args)
+            with session.work.running(route, page):
+                out = getattr(session, ROUTES[route])(**args)
+        except Superseded:
+            return 409, {"stale": True, "seq": seq, "error": "a newer request of this page replaced it"}
         except InputError as e:
             return 400, {"error": str(e)}
         except ProbeError as e:

@@ -13,8 +13,9 @@
 - Every answer is JSON; every refusal one line, ``{"error": "..."}``.
 
 Routes: ``GET /`` the page (:mod:`probe.live.page`: views and app inlined, nothing loaded from outside),
-``GET /api/info``, ``POST /api/edit | head | ablate | patch`` (:mod:`probe.live.api`). Model work runs
-in a worker thread, one forward pass at a time (the session's lock).
+``GET /api/info``, ``GET /api/progress?page=...`` (what runs now, answered while the model works),
+``POST /api/edit | head | ablate | patch`` (:mod:`probe.live.api`). Model work runs in a worker thread, one
+forward pass at a time (the session's lock).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import InputError
-from .api import ROUTES, answer
+from .api import READS, ROUTES, answer
 from .page import PAGE_CSP, page_html
 from .session import LiveSession
 
@@ -177,11 +178,11 @@ def make_app(session: LiveSession, token: str, hosts: set[str] | None = None, an
         if route not in ROUTES:
             return _error(404, f"no route /api/{route}; routes: {', '.join('/api/' + r for r in ROUTES)}")
         if request.method == "GET":
-            if route != "info":
+            if route not in READS:
                 return _error(405, f"/api/{route} takes POST with a JSON body")
-            body = {}
-        elif route == "info":
-            return _error(405, "/api/info takes GET")
+            body = {"page": request.query_params["page"]} if "page" in request.query_params else {}
+        elif route in READS:
+            return _error(405, f"/api/{route} takes GET")
         else:
             try:
                 body = await _body(request)

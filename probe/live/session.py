@@ -75,6 +75,7 @@ from ..text.sequence import Text
 from ..view.html import example_maps, result_view, site_labels, text_view
 from ..view.modelview import model_view_data
 from ..view.stepview import STEP_MAX_TOKENS, step_view_data
+from .work import Work
 
 #: Most characters of a text the session takes (the page's box says so; ``LiveSettings.max_chars``' default).
 MAX_CHARS = LiveSettings().max_chars
@@ -140,6 +141,11 @@ class Latest:
         with self.lock:
             return self.newest.get((page, kind), seq) > seq
 
+    def seq(self, page: str, kind: str) -> int | None:
+        """The newest sequence number of ``page``'s ``kind`` arrived so far (None: none yet)."""
+        with self.lock:
+            return self.newest.get((page, kind))
+
 
 class LiveSession:
     """One loaded model answering the live page (every public method returns a JSON-ready dict).
@@ -174,6 +180,7 @@ class LiveSession:
                            else bounds.max_length(self.settings.max_tokens, lm.max_length, "--max-tokens"))
         self.lock = threading.Lock()
         self.latest = Latest()
+        self.work = Work()  # what runs now, read without the lock (the page's progress line)
         self._analyses: OrderedDict[str, AnalysisResult] = OrderedDict()
         self._ids: OrderedDict[str, list[int]] = OrderedDict()  # token_ids of the last texts
         self.sites = lm.sites  # the model's sites (lm.sites builds the list at every call)
@@ -603,10 +610,14 @@ class LiveSession:
             raise InputError("no single-token answer among the 50 most probable next tokens; give answer and wrong")
         return answer[1], wrong[1]
 
-    def patch(self, clean, corrupted, answer: str | None = None, wrong: str | None = None) -> dict:
+    def patch(self, clean, corrupted, answer: str | None = None, wrong: str | None = None, *,
+              progress=None) -> dict:
         """Every head's activation-patching effect on the pair (``clean``, ``corrupted``), as ``probe patch``
         computes it (:func:`probe.effects.patching.patch_heads`, denoising: the corrupted run with one
-        head's clean output; effect 1 = all of the logit difference restored).
+        head's clean output; effect 1 = all of the logit difference restored). Its progress goes to
+        :attr:`work` (patched runs done of 2 x layers x heads, the estimate line after the first passes) and to
+        ``progress``, a callable ``(done, total)`` called after each patched pass (it may raise, e.g.
+        :class:`~probe.live.work.Superseded`, to stop the run there), or None.
 
         Returns:
             ``{"effect", "effectLast", "raw", "rawLast": layers x heads, "answer", "wrong", "ldClean",
@@ -627,7 +638,13 @@ class LiveSession:
                              f"{self.lm.tokenizer.mask_token} in both texts")
         if answer is None:
             answer, wrong = self._answers(clean, corrupted)
-        frame = patch_heads(self.lm, [Pair(clean, corrupted, str(answer), str(wrong))])
+        def step(done, total):
+            self.work.step(done, total)
+            if progress is not None:
+                progress(done, total)
+
+        frame = patch_heads(self.lm, [Pair(clean, corrupted, str(answer), str(wrong))], progress=step,
+                            estimate=self.work.estimate)
         L, H = self.n_layers, self.n_heads
 
         def grid(col):

@@ -47,14 +47,17 @@ class Explorer(anywidget.AnyWidget):
         super().__init__(**kwargs)
         self.on_msg(self._on_message)
 
-    def request(self, route: str, body: dict) -> tuple[int, dict]:
-        """One request as the page sends it: ``(status, answer)`` (:func:`probe.live.api.answer`)."""
-        return answer(self.session, route, body)
+    def request(self, route: str, body: dict, on_progress=None) -> tuple[int, dict]:
+        """One request as the page sends it: ``(status, answer)`` (:func:`probe.live.api.answer`);
+        ``on_progress`` is given the progress after each patched pass, or None."""
+        return answer(self.session, route, body, on_progress)
 
     def _on_message(self, widget, content, buffers) -> None:
         if not isinstance(content, dict) or "id" not in content:
             return
-        status, out = self.request(str(content.get("route")), content.get("body") or {})
+        # the kernel is busy until the answer: the page is sent each patched pass's progress instead of asking
+        status, out = self.request(str(content.get("route")), content.get("body") or {},
+                                   lambda snap: self.send({"progress": snap}))
         self.send({"id": content["id"], "status": status, "body": out})
 
 

@@ -16,6 +16,7 @@
 (function () {
   "use strict";
   var DEBOUNCE = 150;
+  var PROGRESS_MS = 500;  // how often the page asks what a patch request has done
   var views = (typeof window !== "undefined" ? window : globalThis);
   views = views.probeViews = views.probeViews || {};
 
@@ -51,9 +52,11 @@
 
   views.httpTransport = function (base, token) {
     return function (route, body) {
-      var init = {method: route === "info" ? "GET" : "POST", headers: {"X-Probe-Token": token}, cache: "no-store"};
-      if (route !== "info") { init.headers["Content-Type"] = "application/json"; init.body = JSON.stringify(body); }
-      return fetch(base + "api/" + route, init).then(function (r) {
+      var read = route === "info" || route === "progress", url = base + "api/" + route;
+      var init = {method: read ? "GET" : "POST", headers: {"X-Probe-Token": token}, cache: "no-store"};
+      if (!read) { init.headers["Content-Type"] = "application/json"; init.body = JSON.stringify(body); }
+      else if (body && body.page) url += "?page=" + encodeURIComponent(body.page);
+      return fetch(url, init).then(function (r) {
         return r.json().then(function (b) { return {status: r.status, body: b}; },
                              function () { return {status: r.status, body: {error: "the server answered " + r.status}}; });
       });
@@ -421,16 +424,43 @@
 
   // ------------------------------------------------------------------ patching
   L.patch = function () {
-    var self = this, S = this.S;
-    if (!S.corrupted.trim() || !S.text.trim()) { clear(this.patchBox); return Promise.resolve(null); }
+    var self = this, S = this.S, key = S.text + "\u0000" + S.corrupted;
+    if (!S.corrupted.trim() || !S.text.trim()) { clear(this.patchBox); this.patched = null; return Promise.resolve(null); }
+    if (key === this.patched) return Promise.resolve(this.last.patch);  // drawn already (a layer changed, not a text)
+    var watch = this.watchProgress();
     return this.request("patch", {text: S.text, corrupted: S.corrupted}).then(function (r) {
+      watch.stop();
       if (!r) return null;
-      self.last.patch = r; self.counts.patch += 1;
+      self.last.patch = r; self.counts.patch += 1; self.patched = key;
       self.drawPatch(r);
       self.root.setAttribute("data-patches", String(self.counts.patch));
       return r;
     });
   };
+  // while a patch request runs: its progress (GET /api/progress, or the widget's last message) every PROGRESS_MS
+  L.watchProgress = function () {
+    var self = this, line = el("div", "pl-note pl-progress", "patching: starting\u2026"), timer = null, on = true;
+    var t0 = performance.now();
+    this.patchBox.insertBefore(line, this.patchBox.firstChild);
+    function poll() {
+      self.transport("progress", {page: self.page}).then(function (res) {
+        if (!on) return;
+        var p = res && res.status === 200 ? res.body : null;
+        if (p && p.busy && p.yours && p.route === "patch") line.textContent = progressLine(p);
+        else if (p && p.busy && !p.yours) line.textContent = "patching: waiting for another page's request (" +
+          ((performance.now() - t0) / 1000).toFixed(0) + " s)";
+        self.root.setAttribute("data-progress", line.textContent);
+        timer = setTimeout(poll, PROGRESS_MS);
+      }, function () { if (on) timer = setTimeout(poll, PROGRESS_MS); });
+    }
+    timer = setTimeout(poll, PROGRESS_MS);
+    return {stop: function () { on = false; if (timer) clearTimeout(timer); if (line.parentNode) line.parentNode.removeChild(line); }};
+  };
+  function progressLine(p) {
+    var s = "patching: " + (p.total ? p.done + " of " + p.total + " patched runs" : "the clean and corrupted runs") +
+      ", " + p.seconds.toFixed(0) + " s so far";
+    return p.estimate ? s + "; " + p.estimate : s;
+  }
   L.drawPatch = function (r) {
     var box = clear(this.patchBox), info = this.info, top = 0;
     box.appendChild(el("div", "pl-title", "Activation patching (denoising): each head's clean output put into the " +
