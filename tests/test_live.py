@@ -168,6 +168,12 @@ def test_zero_ablation_equals_the_gated_model(dec, enc):
     assert e["output"]["kind"] == "embedding"
     assert e["output"]["cosine"] == pytest.approx(float(torch.nn.functional.cosine_similarity(ref, got, 0)), abs=1e-7)
     assert e["output"]["cosine"] < 0.9999
+    # no head switched off: the same embedding, a cosine of 1 (not 1 + 2e-16, the rounding of the dot product,
+    # as torch gives for this vector and itself)
+    assert enc.ablate(TEXT, [], "zero", 0)["output"]["cosine"] == 1.0
+    same = torch.randn(2, 384, generator=torch.Generator().manual_seed(0), dtype=torch.float64)[1].repeat(2, 1)
+    assert float(torch.nn.functional.cosine_similarity(same[0], same[1], 0)) > 1.0
+    assert enc._compare("embedding", same, None)["cosine"] == 1.0
 
 
 @pytest.mark.parametrize("kind", ["enc", "dec"])
@@ -735,7 +741,9 @@ def test_page_types_inspects_and_switches_off_heads(chromium, dec, width):
             assert "Why L1H2" in page.inner_text(".pl-why") and "check holds" in page.inner_text(".pl-check")
             # the labels probe why shows: the head's beside its name, each source head's beside the source
             corpus = head_labels(dec.lm)
-            assert f"Why L1H2 ({corpus['L1H2']}) attends" in page.inner_text(".pl-why")
+            assert f"Why L1H2 ({corpus['L1H2']} over the sample texts) attends" in page.inner_text(".pl-why")
+            # the head's title: its label on this text (the grid's), said to be this text's
+            assert f"L1H2 \u00b7 {label[(1, 2)]} on this text: query " in page.inner_text(".pl-headpanel .pl-title")
             cells = page.eval_on_selector_all(".pl-why table.pl-table tr", "rs => rs.map(r => Array.from("
                                               "r.children, c => c.textContent))")
             assert cells[0][4:8] == ["query source", "its label", "key source", "its label"]

@@ -543,7 +543,8 @@ class LiveSession:
         and the ablated model): top tokens with both probabilities, or the cosine."""
         if kind == "embedding":
             a, b = rows[0].double(), rows[1].double()
-            cos = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+            # a cosine is in [-1, 1]; rounding of equal vectors gives 1 + 2e-16 (no head switched off)
+            cos = min(1.0, max(-1.0, float(torch.nn.functional.cosine_similarity(a, b, dim=0))))
             return {"kind": "embedding", "cosine": cos, "what": "cosine of the mean-pooled sentence embedding "
                     "to the unablated model's"}
         n = int(batch.attention_mask[0].sum())

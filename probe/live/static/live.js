@@ -332,7 +332,8 @@
   L.drawHead = function (r) {
     var self = this, box = clear(this.headBox), name = this.info.headNames[r.layer][r.head];
     var label = this.gridData ? this.gridData.labels[r.layer][r.head] : "";
-    box.appendChild(el("div", "pl-title", name + (label ? " \u00b7 " + label : "") + ": query " + r.query +
+    // two labels, said apart: the grid's is this text's; why's is probe why's (the sample texts', labelsNote)
+    box.appendChild(el("div", "pl-title", name + (label ? " \u00b7 " + label + " on this text" : "") + ": query " + r.query +
       (r.queryFrom === "mask" ? " (the mask token: the position the output panel predicts at)" : "")));
     var stepsBox = el("div", "pl-view pl-steps"); box.appendChild(stepsBox);
     if (r.steps) {
@@ -347,7 +348,7 @@
     var whyBox = el("div", "pl-why"); box.appendChild(whyBox);
     if (!r.why) { whyBox.appendChild(el("div", "pl-refusal", titled("Why", r.whyRefusal))); return; }
     var w = r.why;
-    whyBox.appendChild(el("div", "pl-title", "Why " + w.head + (w.label ? " (" + w.label + ")" : "") +
+    whyBox.appendChild(el("div", "pl-title", "Why " + w.head + (w.label ? " (" + w.label + " over the sample texts)" : "") +
       " attends where it does at query " + w.query + " (" + JSON.stringify(w.query_token) +
       "): each score split by the sources of its query and key"));
     if (w.labelsNote || w.labelsRefusal) whyBox.appendChild(el("div", "pl-note pl-labels", w.labelsNote || w.labelsRefusal));

@@ -118,9 +118,10 @@
       sr.children[sr.children.length - 3].appendChild(sb);
       t.appendChild(sr);
     }
-    this.qline.textContent = "query " + i + ": " + d.qTokens[i] + (sink ? "; sink logit " + fmt(sink.logit, 4) +
-      ": " + fmt(sink.probability, 4) + " of this row's attention goes to no key (the keys' probabilities sum to " +
-      fmt(sink.keys, 4) + ")" : "");
+    // the query token is the select's; this line says only what the row adds (a sink's share)
+    this.qline.textContent = sink ? "sink logit " + fmt(sink.logit, 4) + ": " + fmt(sink.probability, 4) +
+      " of this row's attention goes to no key (the keys' probabilities sum to " + fmt(sink.keys, 4) + ")" : "";
+    this.qline.style.display = sink ? "" : "none";
     this.drawProducts();
     this.root.setAttribute("data-query", String(i));
     if (typeof CustomEvent === "function") this.root.dispatchEvent(new CustomEvent("probe-query", {detail: {query: i}}));
