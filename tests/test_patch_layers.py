@@ -12,9 +12,11 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 from generic_models import generic_lm
 from test_patching_encdec import MLM_PAIRS, T5_PAIRS, tiny_mlm
 
+import probe.effects.patch_full as patch_full
 import probe.effects.patch_layers as patch_layers
 from conftest import tiny_model
 from probe.architectures import site_block
@@ -189,3 +191,55 @@ def test_components_reentered_equal_whole_passes_bit_for_bit(kind, monkeypatch):
                 None if recorded is None else pytest.fail("re-entered")))
             whole = components.component_logit_diffs(lm, enc, name, jobs, run="corrupted", donor="clean", per_pass=3)
         _assert_equal(whole, layered)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "gemma2", "mlm", "t5"])
+def test_logits_at_the_metric_positions_only_are_the_full_logits_rows(kind, monkeypatch):
+    """A patched pass gives its LM head the metric position's hidden state only ([B, 1, d]): the logits there
+    equal those the head computes over every position to float32's rounding (the product of one row by the
+    head, in a matrix product of another height: here bit for bit at 2 copies, 1 ulp at 1 and 3; on
+    SmolLM2's 20 built-in pairs bit for bit at 1 and 18 copies, measured), for decoders, a masked-LM
+    encoder's mask position and an encoder-decoder's last target position; patch_heads' effects the same
+    to 1e-5."""
+    lm, pairs = {"mlm": (tiny_mlm, MLM_PAIRS), "t5": (lambda: tiny_model("t5"), T5_PAIRS)}.get(
+        kind, (lambda: tiny_model(kind, layers=3), PAIRS))
+    lm = lm()
+    enc = encode_pairs(lm, pairs)
+    inputs = patch_full.model_inputs(lm, enc, enc.corrupted, 2)
+    shapes = []
+    handle = lm.model.get_output_embeddings().register_forward_hook(lambda m, a, o: shapes.append(tuple(o.shape)))
+    try:
+        picked = patch_full.full_pass(lm, enc, inputs, 2)[0]
+        monkeypatch.setattr(patch_full, "METRIC_ROWS_ONLY", False)
+        every = patch_full.full_pass(lm, enc, inputs, 2)[0]
+    finally:
+        handle.remove()
+    B, T = inputs["input_ids"].shape if enc.target is None else inputs["decoder_input_ids"].shape
+    assert shapes[0][:2] == (B, 1) and shapes[1][:2] == (B, T)  # the head ran on one position, then on all
+    assert torch.equal(picked, every) and picked.shape == (B, lm.model.get_output_embeddings().out_features)
+    plain = patch_heads(lm, pairs)
+    monkeypatch.setattr(patch_full, "METRIC_ROWS_ONLY", True)
+    new = patch_heads(lm, pairs)
+    for column in ("effect", "effect_last", "raw", "raw_last"):
+        np.testing.assert_allclose(new[column], plain[column], rtol=0, atol=1e-5)
+    # one copy of the pairs: the rows of a product of another height, equal to float32's rounding
+    one = patch_full.model_inputs(lm, enc, enc.clean, 1)
+    rows = patch_full.full_pass(lm, enc, one, 1)[0]
+    monkeypatch.setattr(patch_full, "METRIC_ROWS_ONLY", False)
+    torch.testing.assert_close(rows, patch_full.full_pass(lm, enc, one, 1)[0], rtol=1e-6, atol=5e-6)
+
+
+def test_a_head_not_called_as_a_module_gets_every_position_and_the_same_rows(monkeypatch):
+    """A model whose output embedding is never called as a module (here: no get_output_embeddings): the
+    pass computes every position's logits and takes the metric rows from them."""
+    lm = tiny_model("gpt2", layers=2)
+    enc = encode_pairs(lm, PAIRS)
+    inputs = patch_full.model_inputs(lm, enc, enc.clean, 1)
+    monkeypatch.setattr(patch_full, "METRIC_ROWS_ONLY", False)
+    want = patch_full.full_pass(lm, enc, inputs, 1)[0]
+    monkeypatch.setattr(patch_full, "METRIC_ROWS_ONLY", True)
+    monkeypatch.setattr(type(lm.model), "get_output_embeddings", lambda self: None)
+    with patch_full.metric_logits(lm, enc.last) as state:
+        pass
+    assert state == {"picked": False}
+    assert torch.equal(patch_full.full_pass(lm, enc, inputs, 1)[0], want)
