@@ -30,10 +30,11 @@ from probe.effects.ablation import ablating, head_means  # noqa: E402
 from probe.effects.patching import patch_heads  # noqa: E402
 from probe.live.api import answer  # noqa: E402
 from probe.live.server import MAX_BODY, make_app  # noqa: E402
-from probe.live.session import Latest, LiveSession  # noqa: E402
+from probe.live.session import Latest, LiveSession, open_session, two_stack_refusal  # noqa: E402
 from probe.measures.steps import head_steps  # noqa: E402
 from probe.qk.labels import head_labels  # noqa: E402
 from probe.qk.run import measure  # noqa: E402
+from probe.settings import LiveSettings  # noqa: E402
 from probe.text.corpus import sample_texts  # noqa: E402
 from probe.text.pairfile import Pair  # noqa: E402
 from probe.view.data import decoded_map  # noqa: E402
@@ -566,6 +567,20 @@ def test_an_encoder_decoder_is_refused_before_its_weights_load(tmp_path, monkeyp
     monkeypatch.setattr(pm, "load_model", no_load)
     one_error(invoke_cli("live", "--model", str(folder), "--port", 0), 1,
               f"{folder} is an encoder-decoder model; probe live draws encoders and decoders")
+    with pytest.raises(probe.errors.InputError) as err:  # the library's door: the same line, no weights read
+        open_session(str(folder))
+    assert str(err.value) == two_stack_refusal(str(folder))
+
+
+def test_open_session_loads_the_named_model_with_its_settings(tmp_path):
+    """What probe live serves, as one library call: the model of the folder loaded, the session's caps the
+    settings' (the command line loads nothing itself: tests/test_imports.py)."""
+    folder = save_tiny("gpt2", tmp_path / "gpt2")
+    session = open_session(str(folder), LiveSettings(max_chars=50, max_tokens=20))
+    assert isinstance(session, LiveSession) and session.lm.name == str(folder)
+    assert (session.max_chars, session.max_tokens) == (50, 20)
+    ids = session.token_ids("The cat sat on the mat.")
+    assert session.n_layers == 2 and ids == session.lm.tokenizer("The cat sat on the mat.")["input_ids"]
 
 
 def test_any_address_accepts_the_address_each_connection_reached():
