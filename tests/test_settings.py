@@ -82,8 +82,10 @@ def test_every_field_says_what_it_is_and_every_default_passes_its_check(kind):
     for row, f in zip(cls.describe(), dataclasses.fields(cls)):
         assert row["doc"].endswith("."), row
         assert row["option"] or row["name"] == "runs" or cls in REQUESTS.values(), row
-        if str(f.type).split(" |")[0] in ("int", "float") and f.metadata.get("check"):
-            assert row["bound"], f"{kind} {row['name']}: a number without its bound in words"
+        if str(f.type).split(" |")[0] in ("int", "float", "dict") or f.name == "shares":  # numbers, maps of them
+            assert row["unit"], f"{kind} {row['name']}: a number without its unit"
+            if f.metadata.get("check"):
+                assert row["bound"], f"{kind} {row['name']}: a number without its bound in words"
     for f in dataclasses.fields(cls):
         if f.default is not dataclasses.MISSING and f.default is not None:
             assert cls.check_field(f.name, f.default) == f.default, f.name
