@@ -734,3 +734,19 @@ def test_an_image_model_is_refused_in_one_line_by_the_session_and_the_command(tm
     folder = save_vision("vit", tmp_path / "vit")
     one_error(invoke_cli("live", "--model", str(folder), "--port", 0), 1,
               f"{folder} is an image or speech model; probe live reads typed text")
+
+
+def test_the_architecture_page_says_which_call_serves_each_route():
+    """docs/architecture.md's table of the live page's routes: every route of probe.live.api.ROUTES once, with its
+    request settings class (probe.settings.REQUESTS) and the LiveSession method that answers it."""
+    from probe.live.api import ROUTES
+    from probe.settings import REQUESTS
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = {cells[0].strip("` ")[len("/api/"):]: [c.strip() for c in cells]
+            for cells in (line.strip("|").split("|") for line in page.splitlines() if line.startswith("| `/api/"))}
+    assert set(rows) == set(ROUTES)
+    for route, (_, request, method, calls, _command) in rows.items():
+        assert request.split()[0].strip("`") == (REQUESTS[route].__name__ if route in REQUESTS else "none"), route
+        assert method == f"`{ROUTES[route]}`" and callable(getattr(LiveSession, ROUTES[route])), route
+        assert calls, route
