@@ -5,7 +5,7 @@ beside a forward pass of the same batch, in one run (SmolLM2, the 20 built-in pa
    the top 0.5% and 50%, and random circuits of 5% and 50%, the time of the circuit's pass
    (``Evaluator.metric``) beside a bare forward pass of the same batch (the model alone, no hooks,
    logits at the metric's positions), interleaved, minima of ``--repeats``.
-2. With --run: the default run (``probe.circuits.run.circuit_run``: EAP-IG m = 5 scores, the
+2. With --run: the default run (``probe.run_circuit`` and its ``save``: EAP-IG m = 5 scores, the
    faithfulness curve of 9 sizes x 6 circuits, the labelling analysis, the run folder) timed stage by
    stage, beside the bare forward passes its work needs of the same batches: (2 + 3 m) for the scores
    (a backward pass counted as two forward ones) and one per circuit of the curve, timed in the same
@@ -78,14 +78,29 @@ def passes(lm, enc, batch_size: int, repeats: int) -> None:
                   f"ratio {min(run) / min(fwd):.2f}  ({load()})", flush=True)
 
 
-def default_run(lm, enc, steps: int = 5) -> None:
-    from probe.circuits.run import circuit_run
+def circuit_command(lm, folder: str, estimate):
+    """What ``probe circuit`` runs by default, its folder written: ``probe.run_circuit`` and ``save`` (a checkout
+    from before the run calls: ``probe.circuits.run.circuit_run``); returns the :class:`CircuitRun`."""
+    try:
+        from probe.entries.kinds import run_circuit
+    except ImportError:  # before the run calls (issue 46)
+        from probe.circuits.run import circuit_run
 
+        return circuit_run(lm, out=folder, estimate=estimate)[0]
+    from probe.entries.result import Console
+    from probe.settings import CircuitSettings
+
+    run = run_circuit(lm, CircuitSettings(), console=Console(estimate=estimate))
+    run.save(folder)
+    return run.measured
+
+
+def default_run(lm, enc, steps: int = 5) -> None:
     print(f"default run: EAP-IG m = {steps}, the 20 built-in pairs, {torch.get_num_threads()} threads, "
           f"{'CPU' if clock is time.process_time else 'wall'} seconds, {load()}")
     with tempfile.TemporaryDirectory() as tmp:
         t = clock()
-        result, _ = circuit_run(lm, out=os.path.join(tmp, "run"), estimate=lambda line: print("  " + line, flush=True))
+        result = circuit_command(lm, os.path.join(tmp, "run"), lambda line: print("  " + line, flush=True))
         total = clock() - t
     s = result.seconds
     n_batches = result.passes["edges"] // (2 + 2 * steps)

@@ -209,6 +209,41 @@ def test_views_import_no_module_that_runs_a_model():
     assert running == set()
 
 
+#: What a command leaves to its library call (probe.entries, probe.live.session): loading a model or reading
+#: its config, running it, measuring. Each name is a function of probe or transformers that does one of these.
+LOADS_OR_COMPUTES = {"load_model", "peek_config", "preview_model", "from_pretrained", "from_pretrained_objects",
+                     "capture_attention", "analyze", "forward", "measure", "patch_heads", "head_effects",
+                     "prune", "verify", "why", "attention_rollout", "attention_flow", "composition_scores",
+                     "direct_logit_attribution", "LiveSession"}
+#: The libraries a model runs with: no command module imports them (its library call does).
+MODEL_LIBRARIES = {"torch", "transformers", "numpy", "pandas", "accelerate"}
+
+
+def test_no_command_module_loads_a_model_or_computes():
+    """Every ``probe <command>`` is option parsing plus one library call: no module of probe/cli (read with
+    ast, imports inside functions included) imports torch, transformers, numpy or pandas, or calls a function
+    that loads a model, reads its config, runs it or measures (``probe live`` opens its session with
+    :func:`probe.live.session.open_session`)."""
+    modules = {m: p for m, p in _modules().items() if m == "probe.cli" or m.startswith("probe.cli.")}
+    assert len(modules) >= 15
+    found = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
+                    _source(module, path, node)]
+                found += [f"{module}: imports {n}" for n in names if n.split(".")[0] in MODEL_LIBRARIES]
+                if isinstance(node, ast.ImportFrom):  # a name, not a command module of probe/cli
+                    found += [f"{module}: imports {a.name}" for a in node.names if a.name in LOADS_OR_COMPUTES
+                              and f"{_source(module, path, node)}.{a.name}" not in modules]
+            elif isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if name in LOADS_OR_COMPUTES:
+                    found.append(f"{module}:{node.lineno}: calls {name}")
+    assert found == [], "\n".join(found)
+
+
 def test_the_architecture_page_lists_every_module():
     """docs/architecture.md's layout table names every module: a top-level one in its own row, a package's
     in the package's row (``__init__.py`` of a package is the package)."""

@@ -30,10 +30,11 @@ from probe.effects.ablation import ablating, head_means  # noqa: E402
 from probe.effects.patching import patch_heads  # noqa: E402
 from probe.live.api import answer  # noqa: E402
 from probe.live.server import MAX_BODY, make_app  # noqa: E402
-from probe.live.session import Latest, LiveSession  # noqa: E402
+from probe.live.session import Latest, LiveSession, open_session, two_stack_refusal  # noqa: E402
 from probe.measures.steps import head_steps  # noqa: E402
 from probe.qk.labels import head_labels  # noqa: E402
 from probe.qk.run import measure  # noqa: E402
+from probe.settings import LiveSettings  # noqa: E402
 from probe.text.corpus import sample_texts  # noqa: E402
 from probe.text.pairfile import Pair  # noqa: E402
 from probe.view.data import decoded_map  # noqa: E402
@@ -638,6 +639,20 @@ def test_an_encoder_decoder_is_refused_before_its_weights_load(tmp_path, monkeyp
     monkeypatch.setattr(pm, "load_model", no_load)
     one_error(invoke_cli("live", "--model", str(folder), "--port", 0), 1,
               f"{folder} is an encoder-decoder model; probe live draws encoders and decoders")
+    with pytest.raises(probe.errors.InputError) as err:  # the library's door: the same line, no weights read
+        open_session(str(folder))
+    assert str(err.value) == two_stack_refusal(str(folder))
+
+
+def test_open_session_loads_the_named_model_with_its_settings(tmp_path):
+    """What probe live serves, as one library call: the model of the folder loaded, the session's caps the
+    settings' (the command line loads nothing itself: tests/test_imports.py)."""
+    folder = save_tiny("gpt2", tmp_path / "gpt2")
+    session = open_session(str(folder), LiveSettings(max_chars=50, max_tokens=20))
+    assert isinstance(session, LiveSession) and session.lm.name == str(folder)
+    assert (session.max_chars, session.max_tokens) == (50, 20)
+    ids = session.token_ids("The cat sat on the mat.")
+    assert session.n_layers == 2 and ids == session.lm.tokenizer("The cat sat on the mat.")["input_ids"]
 
 
 def test_any_address_accepts_the_address_each_connection_reached():
@@ -820,3 +835,19 @@ def test_an_image_model_is_refused_in_one_line_by_the_session_and_the_command(tm
     folder = save_vision("vit", tmp_path / "vit")
     one_error(invoke_cli("live", "--model", str(folder), "--port", 0), 1,
               f"{folder} is an image or speech model; probe live reads typed text")
+
+
+def test_the_architecture_page_says_which_call_serves_each_route():
+    """docs/architecture.md's table of the live page's routes: every route of probe.live.api.ROUTES once, with its
+    request settings class (probe.settings.REQUESTS) and the LiveSession method that answers it."""
+    from probe.live.api import ROUTES
+    from probe.settings import REQUESTS
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = {cells[0].strip("` ")[len("/api/"):]: [c.strip() for c in cells]
+            for cells in (line.strip("|").split("|") for line in page.splitlines() if line.startswith("| `/api/"))}
+    assert set(rows) == set(ROUTES)
+    for route, (_, request, method, calls, _command) in rows.items():
+        assert request.split()[0].strip("`") == (REQUESTS[route].__name__ if route in REQUESTS else "none"), route
+        assert method == f"`{ROUTES[route]}`" and callable(getattr(LiveSession, ROUTES[route])), route
+        assert calls, route

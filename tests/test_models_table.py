@@ -163,3 +163,40 @@ def test_the_whole_table_is_true(tmp_path):
     assert models_table.main(["--out", str(tmp_path)]) == 0
     fresh = models_table.status_column((tmp_path / "models.md").read_text(encoding="utf-8"))
     assert fresh == models_table.status_column(DOCS.read_text(encoding="utf-8"))
+
+
+def test_both_tools_run_types_through_the_one_worker_loop():
+    """tools/workers.py's loop, with a stand-in runner (no process): a row the tool calls stopped is tried once
+    more at the end, after a fresh worker (``stop``), in its place; the rest are kept as first tried; the
+    worker stopped at the end. models_table.py and feature_matrix.py both use this loop, not a copy."""
+    import feature_matrix
+    import workers
+
+    assert models_table.run_types is workers.run_types is feature_matrix.run_types
+    assert models_table.Runner is workers.Runner is feature_matrix.Runner
+
+    class Stand:
+        def __init__(self):
+            self.calls = []
+
+        def run(self, model_type, kind):
+            self.calls.append(("run", model_type))
+            tries = sum(c == ("run", model_type) for c in self.calls)
+            slow = model_type == "b" and tries == 1
+            return workers.Outcome(None if slow else {"n": tries}, why="timed out" if slow else None)
+
+        def stop(self):
+            self.calls.append(("stop", None))
+
+    def row_of(model_type, kind, outcome):
+        return {"type": model_type, "kind": kind, "reason": outcome.why or "", **(outcome.row or {})}
+
+    stand, said = Stand(), []
+    rows = workers.run_types([("a", "decoder"), ("b", "encoder"), ("c", "decoder")], stand, row_of,
+                             lambda r: r["reason"] == "timed out", said.append, lambda r: r["reason"] or "ok")
+    assert rows == [{"type": "a", "kind": "decoder", "reason": "", "n": 1},
+                    {"type": "b", "kind": "encoder", "reason": "", "n": 2},
+                    {"type": "c", "kind": "decoder", "reason": "", "n": 1}]
+    assert stand.calls == [("run", "a"), ("run", "b"), ("run", "c"), ("stop", None), ("run", "b"), ("stop", None)]
+    assert said == ["[1/3] a (decoder): ok", "[2/3] b (encoder): timed out", "[3/3] c (decoder): ok",
+                    "[again] b (encoder): ok"]

@@ -16,7 +16,10 @@ from test_edge_circuits import PAIRS_TSV
 
 import probe
 from conftest import invoke_cli, save_tiny, tiny_model
+from probe.entries.kinds import RUNS
+from probe.errors import InputError
 from probe.settings import (
+    SETTINGS,
     AnalyzeSettings,
     CircuitSettings,
     CompareSettings,
@@ -184,20 +187,51 @@ def test_verify_prints_the_calls_record(llama, tmp_path):
 
 
 def test_a_notebook_runs_every_kind_on_a_loaded_model(llama, tmp_path):
-    """One line a kind on one loaded model; nothing written until save."""
+    """One line a kind on one loaded model, every kind of probe.entries.kinds.RUNS (compare: the model against
+    itself, every difference 0); nothing written until save."""
     root, _, pairs, corpus = llama
     lm = tiny_model("llama")
     runs = {
         "analyze": probe.run_analyze(lm, AnalyzeSettings(texts=TEXTS[:1], rollout=False)),
         "verify": probe.run_verify(lm, VerifySettings(quick=True)),
+        "prune": probe.run_prune(lm, PruneSettings(corpus=str(corpus), steps=2, orders=("importance",))),
+        "effects": probe.run_effects(lm, EffectsSettings(corpus=str(corpus), seeds=5, ablation="zero")),
         "patch": probe.run_patch(lm, PatchSettings(pairs=str(pairs))),
         "path": probe.run_path(lm, PathSettings(senders="L0H1", receivers="logits", pairs=str(pairs))),
         "circuit": probe.run_kind("circuit", lm, {"pairs": str(pairs), "method": "eap", "seeds": 1, "edges": 4}),
         "why": probe.run_why(lm, WhySettings(head="L1H0", text=TEXTS[0])),
+        "compare": probe.run_compare(models=(lm, lm), texts=TEXTS),
     }
-    assert {k: r.kind for k, r in runs.items()} == {k: k for k in runs}
+    assert set(runs) == set(RUNS) and {k: r.kind for k, r in runs.items()} == {k: k for k in runs}
     assert not any(tmp_path.iterdir())
     for kind, run in runs.items():
         assert isinstance(run.notes, list) and run.tables, kind
         assert json.dumps(run.records(), allow_nan=True), kind
     assert runs["patch"].timings == {} and runs["patch"].lm is lm  # a loaded model: no load time
+    deltas = runs["compare"].tables["compare"].filter(like="delta_")
+    assert len(deltas) == 8 and deltas.shape[1] > 3 and (deltas.fillna(0) == 0).all().all()
+
+
+def test_compare_takes_two_loaded_models_without_settings():
+    """``run_compare(models=(a, b))``: the settings' defaults, the models named by their names; neither settings
+    nor models is one line."""
+    with pytest.raises(InputError) as err:
+        probe.run_compare()
+    assert str(err.value) == "run_compare needs its settings (CompareSettings) or two loaded models (models=)"
+    lm = tiny_model("gpt2")
+    run = probe.run_compare(models=(lm, lm), texts=TEXTS[:1])
+    assert run.settings == CompareSettings(models=(lm.name, lm.name))
+    assert run.pair[0].settings["input"] == "texts" and run.pair[0].counts["sequences"] == 1
+
+
+def test_the_api_page_runs_every_kind_in_one_line():
+    """docs/api.md's block of run calls: one line a kind of probe.entries.kinds.RUNS, each its kind's call with
+    its kind's settings class (the block is not run: every kind on SmolLM2 takes minutes; the test above runs
+    each the same way on a tiny model)."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    block = page.split("## One call per run kind", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    lines = {kind: [ln for ln in block.splitlines() if f"probe.run_{kind}(" in ln] for kind in RUNS}
+    assert {kind: len(found) for kind, found in lines.items()} == dict.fromkeys(RUNS, 1)
+    for kind, (line,) in lines.items():
+        assert f"{SETTINGS[kind].__name__}(" in line, line
+        assert line.startswith("run = probe.run_") and (kind == "compare" or f"run_{kind}(lm, " in line), line

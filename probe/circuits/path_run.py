@@ -1,7 +1,8 @@
 """``probe path`` as a function: path patching (:func:`~probe.circuits.paths.path_patch`) of sender heads
 into chosen receivers (a head's query, key or value input, or the logits) on prompt pairs, each sender
-into each receiver and all of them together, written as a run folder (report section, path.csv,
-run.json; heads.csv with the labels of a short analysis).
+into each receiver and all of them together, and the analysis a run folder is written from (report section,
+path.csv, run.json; heads.csv with the labels of a short analysis: :func:`probe.entries.pairs.run_path` and its
+``save``).
 
 Norms on a receiver's input are recomputed from the patched stream (the norm before the head's
 projection, or the final norm before the logits): nothing is frozen but the other heads' outputs in
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
@@ -26,7 +26,6 @@ from ..effects.patching import MIN_GAP
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
 from ..records import AnalysisResult
-from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze
 from ..sites import head_name
 from .checked import graph_of
@@ -169,23 +168,6 @@ def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *
             f"|LD_clean - LD_corrupted| = {abs(gap):.3g} < {MIN_GAP}: no share of the corrupted run's change"]
         return PathRun(pd.DataFrame(rows), ld["clean"], ld["corrupted"], pairs, source,
                        {"path_s": time.perf_counter() - t}, notes, metric_place(lm.kind))
-
-
-def path_run(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *, out=None, force: bool = False,
-             source: str = "built-in IOI set", progress: bool = False, timings: dict | None = None,
-             started: float | None = None) -> tuple[PathRun, Path]:
-    """Measure and label (:func:`path_analysis`), write the run folder.
-
-    Returns:
-        ``(PathRun, run folder)``.
-
-    Raises:
-        InputError: ``out`` taken (claimed before the work starts); as :func:`measure`.
-    """
-    with claim_run_dir(out, lm.name, force) as folder:
-        result, analysis = path_analysis(lm, senders, receivers, pairs, source=source, progress=progress)
-        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
-    return result, path
 
 
 def path_analysis(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *,

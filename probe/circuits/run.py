@@ -1,13 +1,13 @@
 """``probe circuit`` as a function: edge scores (EAP or EAP-IG) of one decoder on prompt pairs, the
 circuit of the top-scoring edges, its faithfulness curve against random circuits, the head labels of
-a short analysis, written as a run folder (report section, edges.csv, nodes.csv, circuit.csv,
-faithfulness.csv, heads.csv with ``circuit_score`` and ``in_circuit`` columns, run.json)."""
+a short analysis, and the analysis a run folder is written from (report section, edges.csv, nodes.csv,
+circuit.csv, faithfulness.csv, heads.csv with ``circuit_score`` and ``in_circuit`` columns, run.json:
+:func:`probe.entries.pairs.run_circuit` and its ``save``)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,6 @@ from ..effects.patching import MIN_GAP
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
 from ..records import AnalysisResult
-from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze, merge_head_columns
 from ..settings import CircuitSettings
 from ..sites import head_name
@@ -255,22 +254,6 @@ class _bar:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def circuit_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, timings: dict | None = None,
-                started: float | None = None, say=None, progress: bool = False, **kw) -> tuple[CircuitRun, Path]:
-    """Measure and label (:func:`circuit_analysis`, ``kw`` :func:`measure`'s options), write the run folder.
-
-    Returns:
-        ``(CircuitRun, run folder)``.
-
-    Raises:
-        InputError: ``out`` taken (claimed before the work starts); as :func:`measure`.
-    """
-    with claim_run_dir(out, lm.name, force) as folder:
-        result, analysis = circuit_analysis(lm, pairs, say=say, progress=progress, **kw)
-        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
-    return result, path
 
 
 def circuit_analysis(lm, pairs: list[Pair] | None = None, *, say=None, progress: bool = False,

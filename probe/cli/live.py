@@ -31,10 +31,9 @@ def live_command(model_name, port, host, max_chars, max_tokens, device=None, dty
     printed address (with its random token) opens the page; Ctrl-C stops the server."""
     settings = build(LiveSettings, locals())
     from ..live.server import ANY_ADDRESS, bind, make_app, new_token, served_hosts, server
-    from ..live.session import LiveSession, check_live_config
-    from ..loading.models import load_model, peek_config
+    from ..live.session import check_live_model, open_session
 
-    check_live_config(peek_config(model_name), model_name)  # an encoder-decoder: before the weights load
+    check_live_model(model_name)  # an encoder-decoder: before the port is bound and the weights load
     host = settings.host
     sock = bind(host, settings.port)  # a port in use fails before the model loads
     try:
@@ -42,8 +41,8 @@ def live_command(model_name, port, host, max_chars, max_tokens, device=None, dty
             click.echo(f"warning: serving on {host}: other machines that reach this address can drive the model "
                        "(the token is still required); use the default 127.0.0.1 unless you mean it", err=True)
         real_port = sock.getsockname()[1]
-        lm = load_model(model_name, dtype=dtype, device=device)
-        session = LiveSession(lm, settings)
+        session = open_session(model_name, settings, dtype=dtype, device=device)
+        lm = session.lm
         token = new_token()
         app = make_app(session, token, served_hosts(host, real_port), any_address=host in ANY_ADDRESS)
         shown = "127.0.0.1" if host in ANY_ADDRESS else host

@@ -1,13 +1,13 @@
 """``probe patch`` as a function: activation patching, direct logit attribution and composition scores
 of one decoder on prompt pairs, with the head labels of a short analysis (the pairs' clean prompts and
-the built-in sample, plus the decoder-circuit probe), written as a run folder (report section, patch.csv,
-composition.csv, heads.csv with ``effect``, ``effect_last`` and ``dla`` columns, run.json)."""
+the built-in sample, plus the decoder-circuit probe), and the analysis a run folder is written from (report
+section, patch.csv, composition.csv, heads.csv with ``effect``, ``effect_last`` and ``dla`` columns, run.json:
+:func:`probe.entries.pairs.run_patch` and its ``save``)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,7 +16,6 @@ from ..errors import InputError, UnsupportedAnalysisError
 from ..loading.models import peek_config, preview_model
 from ..patterns import CircuitProbe, circuit_probe
 from ..records import AnalysisResult
-from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze, merge_head_columns
 from ..text.corpus import sample_texts
 from ..text.inputs import Text
@@ -161,28 +160,6 @@ def label_texts(lm, pairs: list[Pair]) -> list:
     if lm.kind == "encoder-decoder":
         return [Text(p.clean, target=(p.prefix + p.answer).strip() or p.answer) for p in pairs]
     return [p.clean for p in pairs] + sample_texts()
-
-
-def patch_run(lm, pairs: list[Pair] | None = None, *, out=None, force: bool = False, source: str = "built-in IOI set",
-              direction: str = "denoise", heads_per_pass: int | None = None, progress: bool = False,
-              timings: dict | None = None, started: float | None = None,
-              rope_offsets: int = 1, say=None, method: str = "activation",
-              components: tuple[str, ...] = ("z",), estimate=None) -> tuple[PatchRun, Path]:
-    """Measure and label (:func:`patch_analysis`), write the run folder; ``say``: a callable given a line
-    as each stage ends (for a log without progress bars), or None; ``estimate``: as :func:`measure`'s.
-
-    Returns:
-        ``(PatchRun, run folder)``.
-
-    Raises:
-        InputError: ``out`` taken (claimed before the work starts); as :func:`measure`.
-    """
-    with claim_run_dir(out, lm.name, force) as folder:
-        result, analysis = patch_analysis(lm, pairs, source=source, direction=direction,
-                                          heads_per_pass=heads_per_pass, progress=progress, rope_offsets=rope_offsets,
-                                          say=say, method=method, components=components, estimate=estimate)
-        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
-    return result, path
 
 
 def patch_analysis(lm, pairs: list[Pair] | None = None, *, source: str = "built-in IOI set",

@@ -1,41 +1,22 @@
 """``probe effects`` as a function: the usual analysis of the corpus (labels; the decoder circuit
 probe on decoders), the ablation effects of every head and label group, the induction claim on
-decoders, and the run folder (report with the effects section, heads.csv with the effect columns,
-effects.csv, label_effects.csv, run.json). The command line only parses and prints.
+decoders, and the analysis a run folder is written from (report with the effects section, heads.csv with the
+effect columns, effects.csv, label_effects.csv, run.json: :func:`probe.entries.ablation.run_effects` and its
+``save``).
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from ..errors import InputError
 from ..patterns import CircuitProbe
 from ..records import AnalysisResult
-from ..report import claim_run_dir, write_run
 from ..runs.analysis import merge_head_columns
 from .ablation import check_model
 from .icl import icl_claim
 from .induction import induction_claim, induction_group
 from .measure import EFFECT_COLUMNS, EffectsResult, head_effects, labelled_heads
-
-
-def effects_run(lm, texts: list, *, out=None, force: bool = False, timings: dict | None = None,
-                started: float | None = None, induction: bool = True, **kwargs) -> tuple[EffectsResult, Path]:
-    """Analyze ``texts``, measure the ablation effects (:func:`effects_analysis`, ``kwargs`` passed on) and
-    write the run folder ``out`` (claimed before anything runs).
-
-    Returns:
-        ``(result, run folder)``.
-
-    Raises:
-        UnsupportedAnalysisError, InputError: as ``head_effects``; ``out`` taken.
-    """
-    check_model(lm)
-    with claim_run_dir(out, lm.name, force) as claim:
-        result, analysis = effects_analysis(lm, texts, induction=induction, **kwargs)
-        path = write_run(analysis, lm.tokenizer, claim.path, force=force, timings=timings, started=started)
-    return result, path
 
 
 def effects_analysis(lm, texts: list, *, induction: bool = True, **kwargs) -> tuple[EffectsResult, AnalysisResult]:

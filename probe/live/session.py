@@ -60,6 +60,7 @@ from ..effects.ablation import ablating, check_model, head_means, repeat_batch
 from ..effects.patching import check_patchable, patch_heads
 from ..entries.notebook import batch_sides
 from ..errors import InputError, ProbeError, UnsupportedAnalysisError
+from ..loading import models as loading  # load_model and peek_config read as attributes: a test may stand in for them
 from ..measures.steps import heads_steps
 from ..qk.labels import head_labels
 from ..qk.run import LABELS_NOTE, measure
@@ -109,6 +110,31 @@ def check_live_config(config, name: str) -> None:
     """
     if config is not None and getattr(config, "is_encoder_decoder", False):
         raise InputError(two_stack_refusal(name))
+
+
+def check_live_model(name: str) -> None:
+    """Refuse a model by name from its config alone, before its weights load (``probe live`` calls this before
+    it binds its port and loads the model; a name whose config cannot be read locally is checked by
+    :class:`LiveSession` once loaded).
+
+    Raises:
+        InputError: an encoder-decoder model (:func:`two_stack_refusal`).
+    """
+    check_live_config(loading.peek_config(name), name)
+
+
+def open_session(name: str, settings: LiveSettings | None = None, *, dtype: str | None = None,
+                 device: str | None = None) -> LiveSession:
+    """Load the model ``name`` (:func:`probe.loading.models.load_model` with ``dtype`` and ``device``) and open a
+    :class:`LiveSession` on it with ``settings``: what ``probe live`` serves.
+
+    Raises:
+        InputError: as :func:`check_live_model` (checked first, before the weights load), as
+            :func:`probe.loading.models.load_model` (a name it cannot load) and as :class:`LiveSession` (an image
+            or speech model, a cap out of bounds).
+    """
+    check_live_model(name)
+    return LiveSession(loading.load_model(name, dtype=dtype, device=device), settings)
 
 
 def _finite(x) -> float | None:

@@ -1,12 +1,12 @@
 """``probe why`` as a function: one head's scores at one query row split by source (:func:`probe.why`),
 the heads labelled by probe's analysis of its built-in sample texts (cached per model, :mod:`probe.qk.labels`),
-written as a run folder (report section, why.csv, run.json)."""
+and the analysis a run folder is written from (report section, why.csv, run.json:
+:func:`probe.entries.why.run_why` and its ``save``)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,7 +14,6 @@ import pandas as pd
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
 from ..records import AnalysisResult
-from ..report import claim_run_dir, write_run
 from ..runs.analysis import analyze
 from ..sites import head_name
 from ..text.corpus import sample_texts
@@ -108,25 +107,6 @@ def corpus_frame(c: CorpusWhy, pairs: int = 2 * PAIRS) -> pd.DataFrame:
     frame.insert(0, "head", c.name)
     frame["share"] = frame["contribution"] / c.mean_score if c.rows else np.nan
     return frame
-
-
-def why_run(lm, text: str | None, head, query: int | None = None, *, top: int = 5, out=None, force: bool = False,
-            progress: bool = False, timings: dict | None = None, started: float | None = None,
-            corpus: list[str] | None = None, label: str | None = None,
-            target: str | None = None) -> tuple[WhyRun, Path]:
-    """Measure and label (:func:`why_analysis`, where the arguments are described), write the run folder.
-
-    Returns:
-        ``(WhyRun, run folder)``.
-
-    Raises:
-        InputError: ``out`` taken (claimed before the work starts); as :func:`why_analysis`.
-    """
-    with claim_run_dir(out, lm.name, force) as folder:
-        result, analysis = why_analysis(lm, text, head, query, top=top, progress=progress, corpus=corpus,
-                                        label=label, target=target)
-        path = write_run(analysis, lm.tokenizer, folder.path, force=force, timings=timings, started=started)
-    return result, path
 
 
 def why_analysis(lm, text: str | None, head, query: int | None = None, *, top: int = 5, progress: bool = False,

@@ -101,7 +101,9 @@ class AnalyzeSettings(Settings):
                             bound="0 to 20", check=lambda v: bounds.int_range("--examples", v, 0, 20),
                             option="--examples")
     thresholds: dict | None = setting(None, doc="Label thresholds overriding the defaults (label -> value).",
-                                      bound="each in (0, 1]", check=bounds.thresholds, option="--threshold")
+                                      unit="the label's statistic (probe.rules.LABEL_RULES: a share of attention, "
+                                           "a normalized entropy)", bound="each in (0, 1]", check=bounds.thresholds,
+                                      option="--threshold")
     parse_special_tokens: bool = setting(False, doc="Typed special-token strings become special tokens.",
                                          option="--parse-special-tokens")
     rollout: bool = setting(True, doc="Attention rollout and flow of the first kept examples.", option="--rollout")
@@ -117,7 +119,9 @@ class AnalyzeSettings(Settings):
     circuits: bool = setting(True, doc="Decoders: the induction / duplicate-token probe, attention sinks.",
                              option="--circuits")
     health: dict | None = setting(None, doc="Health-check thresholds overriding the defaults (check -> value).",
-                                  bound="each in (0, 1]", check=lambda v: (health_thresholds(v), dict(v))[1],
+                                  unit="the check's statistic (probe.rules.HEALTH_RULES: a share of attention, a "
+                                       "normalized entropy, a distance)", bound="each in (0, 1]",
+                                  check=lambda v: (health_thresholds(v), dict(v))[1],
                                   option="--health-threshold")
     value_weighted: bool = setting(True, doc="Value-weighted statistics (Kobayashi et al. 2020).", option="--norm")
     labels_by: str = setting("weight", doc="Labels from the attention statistics or their value-weighted forms.",
@@ -141,9 +145,11 @@ class VerifySettings(Settings):
     kind = "verify"
 
     atol: float | None = setting(None, doc="Absolute tolerance [default: 1e-05 for float32, 0.01 for bfloat16/"
-                                           "float16].", bound="finite, >= 0",
+                                           "float16].", unit="the compared values' own (probabilities, outputs)",
+                                 bound="finite, >= 0",
                                  check=lambda v: bounds.tolerance("--atol", v), option="--atol")
-    rtol: float = setting(FP32_RTOL, doc="Relative tolerance.", bound="finite, >= 0",
+    rtol: float = setting(FP32_RTOL, doc="Relative tolerance.", unit="a ratio to |the model's value|",
+                          bound="finite, >= 0",
                           check=lambda v: bounds.tolerance("--rtol", v), option="--rtol")
     mutant: str | None = setting(None, doc="Verify a deliberately broken attention instead (expected to FAIL).",
                                  choices=MUTANT_NAMES, bound="a mutant's name", option="--mutant")
@@ -168,7 +174,8 @@ class PruneSettings(Settings):
                             option="--order")
     steps: int = setting(10, doc="Pruning steps (points after step 0).", unit="steps", bound=">= 1",
                          check=_count("--steps"), option="--steps")
-    fraction: float = setting(0.5, doc="Share of all heads pruned by the last step.", bound="(0, 1)",
+    fraction: float = setting(0.5, doc="Share of all heads pruned by the last step.", unit="share of heads",
+                              bound="(0, 1)",
                               check=lambda v: bounds.fraction("--fraction", v), option="--fraction")
     seeds: int = setting(3, doc="Random orders.", unit="orders", bound=">= 3", check=_count("--seeds", 3),
                          option="--seeds")
@@ -265,7 +272,8 @@ class CircuitSettings(Settings):
                                 bound=">= 1, <= the graph's edges", check=_count("--edges"), option="--edges")
     select: str = setting("top-k", doc="top-k: the largest |score|; greedy: removal while faithfulness holds.",
                           choices=("top-k", "greedy"), option="--select")
-    threshold: float = setting(0.8, doc="select greedy: the faithfulness the circuit keeps.", bound="(0, 1]",
+    threshold: float = setting(0.8, doc="select greedy: the faithfulness the circuit keeps.",
+                               unit="faithfulness: (M(C) - M(empty)) / (M(full) - M(empty))", bound="(0, 1]",
                                check=lambda v: bounds.fraction("--threshold", v, closed_high=True),
                                option="--threshold")
     max_passes: int = setting(2000, doc="select greedy: the most circuits evaluated.", unit="circuits", bound=">= 1",
@@ -273,7 +281,8 @@ class CircuitSettings(Settings):
     seeds: int = setting(5, doc="Random circuits per size for the faithfulness baseline.", unit="circuits",
                          bound=">= 1", check=_count("--seeds"), option="--seeds")
     shares: tuple | None = setting(None, doc="Circuit sizes of the faithfulness curve, as shares of all edges.",
-                                   bound="each in (0, 1]", check=bounds.shares, option="--shares")
+                                   unit="share of edges", bound="each in (0, 1]", check=bounds.shares,
+                                   option="--shares")
     batch_size: int | None = _batch_size(None, "Pairs per forward pass [default: all pairs, as many as about 3 GB of "
                                               "writes and gradients hold].")
 

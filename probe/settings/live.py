@@ -108,8 +108,8 @@ class EditRequest(Settings):
     kind = "edit"
 
     text: str = setting(doc="The text.", bound="non-empty, within the caps", check=_text("text"))
-    layer: int = setting(0, doc="The layer whose head view comes back.", bound="a layer of the model",
-                         check=_index("layer"))
+    layer: int = setting(0, doc="The layer whose head view comes back.", unit="layer index",
+                         bound="a layer of the model", check=_index("layer"))
 
 
 @settings_class
@@ -120,8 +120,10 @@ class HeadRequest(Settings):
     kind = "head"
 
     text: str = setting(doc="The text.", bound="non-empty, within the caps", check=_text("text"))
-    layer: int = setting(doc="The head's layer.", bound="a layer of the model", check=_index("layer"))
-    head: int = setting(doc="The head within its layer.", bound="a head of the model", check=_index("head"))
+    layer: int = setting(doc="The head's layer.", unit="layer index", bound="a layer of the model",
+                         check=_index("layer"))
+    head: int = setting(doc="The head within its layer.", unit="head index", bound="a head of the model",
+                        check=_index("head"))
     query: int | None = query_setting()
     top: int = top_setting()
 
@@ -137,8 +139,8 @@ class AblateRequest(Settings):
                            bound="heads of the model", check=head_pairs)
     ablation: str = setting("zero", doc="zero: the heads' outputs set to 0; mean: to their mean over the built-in "
                                         "sample text.", bound="zero or mean", check=live_ablation)
-    layer: int = setting(0, doc="The layer whose maps come back (after the ablation).", bound="a layer of the model",
-                         check=_index("layer"))
+    layer: int = setting(0, doc="The layer whose maps come back (after the ablation).", unit="layer index",
+                         bound="a layer of the model", check=_index("layer"))
 
 
 @settings_class
