@@ -97,8 +97,8 @@ def answer(session: LiveSession, route: str, body, on_progress=None) -> tuple[in
     except InputError as e:
         return 400, {"error": str(e)}
     page, seq = body.get("page"), body.get("seq")
-    if route == "progress":
-        return 200, session.work.snapshot(page)
+    if route == "progress":  # without the lock: answered while the model works
+        return 200, session.progress(page)
     if page is not None and seq is not None:
         session.latest.note(page, route, seq)
     with session.lock:

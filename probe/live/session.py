@@ -303,6 +303,11 @@ class LiveSession:
         return ids.index(mask_id) if mask_id is not None and mask_id in ids else None
 
     # ------------------------------------------------------------------ the model's answers
+    def progress(self, page: str | None = None) -> dict:
+        """What the session computes now, for ``page``'s progress line (:meth:`probe.live.work.Work.snapshot`);
+        read without :attr:`lock`, so answered while the model works."""
+        return self.work.snapshot(page)
+
     def info(self) -> dict:
         """What the page needs before the first edit: the model, its kind, layers, heads, caps, output, and the line
         saying why patching (``patching``) or switching heads off (``ablation``) does not run on it (None where it
