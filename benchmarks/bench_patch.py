@@ -1,8 +1,9 @@
 """Benchmark: ``probe patch``'s activation patching (the default: SmolLM2, every head, all positions and the
 last, one layer's 2 x heads copies a pass) by whole passes (the old path,
 :func:`probe.effects.patch_full.full_head_logit_diffs`) and by passes re-entering the run at the patched layer
-(the new path, :func:`probe.effects.patch_layers.layer_head_logit_diffs`), in one run, beside the bare
-forward work from each patched layer on.
+(the new path, :func:`probe.effects.patch_layers.layer_head_logit_diffs`, with the LM head at every position as
+before :func:`probe.effects.patch_full.metric_logits` and at the metric position only), in one run, beside the
+bare forward work from each patched layer on.
 
 The bare work: a bare forward pass F of the same batch (the model alone, no hooks, all logits: copies x
 pairs rows), timed in the same process (the minimum of ``--repeats``), times the layer-passes the patching
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 
 import probe
+import probe.effects.patch_full as patch_full
 import probe.effects.patching as patching
 from probe.effects.pairs import builtin_pairs, encode_pairs
 from probe.effects.patch_full import full_head_logit_diffs, model_inputs
@@ -101,8 +103,13 @@ def main() -> None:
     print(f"bare forward pass of the batch: {forward:.2f} s ({load()})")
     old_s, old, _ = timed_patch(lm, pairs, full_head_logit_diffs)
     print(f"old path (whole passes): {old_s:.1f} s ({load()})")
+    patch_full.METRIC_ROWS_ONLY = False
+    every_s, every, _ = timed_patch(lm, pairs, layer_head_logit_diffs)
+    print(f"re-entered, the LM head at every position (before metric_logits): {every_s:.1f} s ({load()})")
+    patch_full.METRIC_ROWS_ONLY = True
     new_s, new, info = timed_patch(lm, pairs, layer_head_logit_diffs)
-    print(f"new path (re-entered at the patched layer: {info['reentered']}): {new_s:.1f} s ({load()})")
+    print(f"new path (re-entered at the patched layer: {info['reentered']}; the LM head at the metric position): "
+          f"{new_s:.1f} s ({load()})")
     forward_after = bare_forward(lm, enc, k, args.repeats)
     f = min(forward, forward_after)
     layer_passes = sum(S - L for L in info["starts"]) / S
@@ -111,8 +118,11 @@ def main() -> None:
     print(f"bare work from each patched layer on: {layer_passes:.1f} F = {bare:.1f} s")
     print(f"{'path':<10} {'seconds':>8} {'x bare':>7} {'F':>6}")
     print(f"{'old':<10} {old_s:8.1f} {old_s / bare:7.2f} {old_s / f:6.1f}   (counts {S + 4} whole passes)")
+    print(f"{'re-entered':<10} {every_s:8.1f} {every_s / bare:7.2f} {every_s / f:6.1f}   (LM head at every position)")
     print(f"{'new':<10} {new_s:8.1f} {new_s / bare:7.2f} {new_s / f:6.1f}")
-    print(f"new / old: {new_s / old_s:.2f}")
+    print(f"new / old: {new_s / old_s:.2f}; new / re-entered: {new_s / every_s:.2f}")
+    head = np.abs(every[COLUMNS].to_numpy() - new[COLUMNS].to_numpy()).max()
+    print(f"patch.csv numbers, max |re-entered - new|: {head:.3g} (bit for bit: {every[COLUMNS].equals(new[COLUMNS])})")
     diff = np.abs(old[COLUMNS].to_numpy() - new[COLUMNS].to_numpy()).max()
     same = old[COLUMNS].equals(new[COLUMNS]) and old.attrs == new.attrs
     print(f"patch.csv numbers, max |old - new|: {diff:.3g} (bit for bit: {same})")
