@@ -11,7 +11,7 @@ import numbers
 import re
 from collections.abc import Iterable, Sequence
 
-from .errors import InputError
+from .errors import InputError, UnsupportedAnalysisError
 from .rules import validate_thresholds
 
 #: Parameter dtypes a model can be loaded in (``--dtype``, ``load_model(dtype=...)``); here, where the
@@ -271,6 +271,28 @@ def head_form(value: str) -> str:
         raise InputError(f"{value!r} is not a head of the form L5H1 (layer and head, 0-based; an encoder-decoder "
                          "model's cross-attention head: 'cross L5H1')")
     return value
+
+
+def why_head_kind(value: str) -> None:
+    """Refuse a ``probe why --head`` that names a self-attention head of an encoder-decoder model (``enc
+    L0H1``, ``dec L0H1``), from the name alone, before torch is imported and any config is read (the
+    command answers in a fraction of a second; reading the config first cost the 2 s of torch's import,
+    and loading the model 26 s on whisper-tiny-en). Such a head is refused on every model: probe why
+    splits an encoder-decoder model's cross-attention heads (``cross L0H1``) and other models' heads
+    (``L0H1``); the loaded model's check (:func:`probe.qk.score.check_cross`) says the same.
+
+    Args:
+        value: as ``--head`` gives it (its form already checked by :func:`head_form`).
+
+    Raises:
+        UnsupportedAnalysisError: an ``enc`` or ``dec`` head.
+    """
+    prefix, _, rest = str(value).strip().partition(" ")
+    kind = prefix.lower()
+    if kind in ("enc", "dec") and rest.strip():
+        raise UnsupportedAnalysisError(f"why: {value!r} is a self-attention head of an encoder-decoder model; probe "
+                                       "splits the scores of its cross-attention heads (cross L0H1), and of other "
+                                       f"models' heads (L0H1); {kind} self-attention heads are not split yet")
 
 
 def image_size(value) -> tuple[int, int] | None:

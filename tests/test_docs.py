@@ -160,6 +160,17 @@ def test_relative_links_resolve():
     assert not bad, bad
 
 
+def test_the_index_lists_every_page_once_in_the_nav_s_order():
+    """docs/index.md's table of pages listed "Rollout and flow" twice and left out the image and speech pages:
+    it links every page of docs/ but itself exactly once, as mkdocs.yml's nav does."""
+    table = re.findall(r"^\| \[[^\]]+\]\(([\w-]+\.md)\) \|", (ROOT / "docs" / "index.md").read_text(encoding="utf-8"),
+                       re.M)
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert sorted(table) == pages, (sorted(set(pages) - set(table)), [p for p in table if table.count(p) > 1])
+    nav = re.findall(r"^  - [^:]+: ([\w-]+\.md)$", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"), re.M)
+    assert sorted(p for p in nav if p != "index.md") == pages
+
+
 def test_mkdocs_build_strict(tmp_path):
     """The documentation site builds with every warning an error (broken links, missing anchors,
     pages left out of the nav), offline."""

@@ -191,6 +191,49 @@ def test_head_effects_tables():
     assert np.allclose(again.heads[list(EFFECT_COLUMNS)], r.heads[list(EFFECT_COLUMNS)], atol=1e-5)
 
 
+def test_the_ablation_passes_time_is_said_once_after_the_second_where_it_is_long(monkeypatch, tmp_path):
+    """``probe effects`` on the README's corpus printed its start line, then nothing for 44 s: once its second
+    ablation pass has run, the passes left at that pass's pace are said in one line where they reach 10 s
+    (probe.runs.pace.LONG_S), once; the first pass (one-off costs) is not the measure; the effects are the
+    same with or without the line."""
+    import time
+
+    from probe.runs import pace
+
+    lm = tiny_model("llama")
+    heads = _heads(lm, {(0, 1): "x;y", (1, 2): "y"})
+    ticks = iter(range(0, 10_000, 3))  # each reading of the clock 3 s after the last
+    monkeypatch.setattr(pace, "clock", lambda: float(next(ticks)))
+    lines: list[str] = []
+    said = head_effects(lm, TEXTS * 2, heads=heads, seeds=5, copies=3, estimate=lines.append)
+    passes = said.settings["passes"]
+    assert passes >= 6
+    assert lines == [f"ablation passes: 2 of {passes} run, 3.00 s each after the first; about "
+                     f"{pace.duration(3.0 * (passes - 2))} left on this machine as loaded now"]
+    quiet: list[str] = []
+    monkeypatch.setattr(pace, "LONG_S", 3.0 * passes)  # more than the passes left would take: nothing said
+    silent = head_effects(lm, TEXTS * 2, heads=heads, seeds=5, copies=3, estimate=quiet.append)
+    assert quiet == []
+    pd.testing.assert_frame_equal(said.heads, silent.heads)
+    pd.testing.assert_frame_equal(said.labels, silent.labels)
+    # the counter updates the bar it is given once per pass, as the bar was before
+    counted = SimpleNamespace(n=0)
+    counter = pace.Passes(4, "passes", None, SimpleNamespace(update=lambda n: setattr(counted, "n", counted.n + n)))
+    for _ in range(4):
+        counter.update(1)
+    assert counted.n == 4 and counter.said == []
+    # the command prints it on stderr (the threshold lowered: a tiny model's passes take milliseconds)
+    monkeypatch.setattr(pace, "clock", time.perf_counter)
+    monkeypatch.setattr(pace, "LONG_S", 0.0)
+    model = save_tiny("llama", tmp_path / "model")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(TEXTS * 2), encoding="utf-8")
+    res = CliRunner().invoke(main, ["effects", "--model", str(model), "--corpus", str(corpus), "--seeds", "5",
+                                    "--out", str(tmp_path / "run"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert len([ln for ln in res.stderr.splitlines() if ln.startswith("ablation passes: 2 of ")]) == 1, res.stderr
+
+
 def test_head_groups_from_the_cluster_column():
     lm = tiny_model("bert")
     heads = _heads(lm, {(0, 0): "x"})

@@ -167,3 +167,38 @@ def test_a_pre_norm_encoder_runs_path_patching_and_circuits_on_masked_pairs(tmp_
     nodes = pd.read_csv(tmp_path / "circuit" / "nodes.csv").set_index("node")["score"]
     sums = edges.groupby("upstream")["score"].sum()
     assert np.allclose(nodes.loc[sums.index], sums, rtol=1e-4, atol=1e-6)
+
+
+def test_the_other_paths_time_is_said_after_the_first_where_it_is_long(tmp_path, monkeypatch):
+    """``probe path`` said nothing while it patched (91 s on SmolLM2 for one path): after the first path it
+    says what the others will take at its pace, where that reaches 10 s (probe.runs.pace.LONG_S), once;
+    a short run says nothing, and the effects are the same with or without the line."""
+    from probe.circuits import path_run
+    from probe.runs import pace
+
+    lm = tiny_model("gpt2")
+    ticks = iter([100.0, 106.0])  # the first of 3 paths (2 senders into logits, then both together): 6 s
+
+    lines: list[str] = []
+    said = path_run.measure(lm, "L0H1,L0H2", "logits", PAIRS, estimate=lines.append, clock=lambda: next(ticks))
+    assert lines == ["path patching: the first of 3 paths took 6.0 s; the other 2 will take about 12 s on this "
+                     "machine as loaded now, then the heads are labelled"]
+    quiet: list[str] = []
+    ticks = iter([0.0, 4.9])  # 2 x 4.9 s: under 10 s
+    silent = path_run.measure(lm, "L0H1,L0H2", "logits", PAIRS, estimate=quiet.append, clock=lambda: next(ticks))
+    assert quiet == []
+    pd.testing.assert_frame_equal(said.frame, silent.frame)
+    pd.testing.assert_frame_equal(said.frame, path_run.measure(lm, "L0H1,L0H2", "logits", PAIRS).frame)
+    assert path_run.rest_line(60.0, 1) is None  # one path: nothing left to say
+    assert path_run.rest_line(2.0, 41).endswith("the other 40 will take about 80 s on this machine as loaded now, "
+                                                "then the heads are labelled")
+    assert "about 1.5 min" in path_run.rest_line(45.0, 3)
+    # the command prints it on stderr (the threshold lowered: a tiny model's paths take milliseconds)
+    model = save_tiny("gpt2", tmp_path / "gpt2")
+    (tmp_path / "pairs.tsv").write_text(PAIRS_TSV, encoding="utf-8")
+    monkeypatch.setattr(pace, "LONG_S", 0.0)
+    result = invoke_cli("path", "--model", model, "--pairs", tmp_path / "pairs.tsv", "--senders", "L0H1,L0H2",
+                        "--receivers", "logits", "--out", tmp_path / "run", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert [ln for ln in result.stderr.splitlines() if ln.startswith("path patching: the first of 3 paths took ")]
+    assert result.stdout.index("LD clean") >= 0

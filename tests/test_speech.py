@@ -383,7 +383,12 @@ def test_cli_analyzes_a_clip_and_refuses_bad_input(tmp_path):
     r = invoke_cli("analyze", "--model", folder, "--audio", good, "--transcript", "hi there", "--out", tmp_path / "r")
     assert r.exit_code == 0, r.output
     assert "Analyzing 1 clip (--audio)" in r.output
-    record = json.loads((tmp_path / "r" / "run.json").read_text())["speech-attention"]["clips"][0]
+    run = json.loads((tmp_path / "r" / "run.json").read_text())
+    frames = run["counts"]["tokens"]  # the encoder's frames of the window, as the page's run table counts them
+    window = json.loads((folder / "config.json").read_text())["max_source_positions"]  # the encoder's frames
+    assert frames == window and f" from 1 clip, {frames} encoder frames in " in r.stdout, r.stdout  # not "tokens"
+    assert f"<td>frames</td><td>{frames} encoder frames" in (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
+    record = run["speech-attention"]["clips"][0]
     assert len(record["alignment"]) == len(json.loads(json.dumps(record["alignment"])))
     (tmp_path / "bad.wav").write_text("nope")
     cases = [(["--audio", tmp_path / "bad.wav"], "cannot read audio"),

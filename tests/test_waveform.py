@@ -151,6 +151,7 @@ def test_cli_analyzes_a_clip_and_refuses_bad_input(tmp_path):
     assert r.exit_code == 0, r.output
     heads = pd.read_csv(tmp_path / "r" / "heads.csv")
     assert len(heads) == 8 and heads["time_distance_s"].notna().all()
+    assert f" from 1 clip, {frames_by_hand(6000)} encoder frames in " in r.stdout, r.stdout  # not "tokens"
     record = json.loads((tmp_path / "r" / "run.json").read_text())["speech-attention"]
     assert record["clips"] == [{"name": "a.wav", "seconds": 0.375, "frame_s": 0.00125, "frames": frames_by_hand(6000)}]
     page = (tmp_path / "r" / "index.html").read_text()

@@ -26,6 +26,7 @@ from ..effects.patching import MIN_GAP
 from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
 from ..records import AnalysisResult
+from ..runs import pace
 from ..runs.analysis import analyze
 from ..sites import head_name
 from .checked import graph_of
@@ -134,14 +135,27 @@ class PathRun:
     metric_at: str = LAST_POSITION
 
 
+def rest_line(first_s: float, paths: int) -> str | None:
+    """The estimate said after the first of ``paths`` paths took ``first_s`` seconds: the others' time
+    at that pace, where it reaches :data:`probe.runs.pace.LONG_S` (else None: nothing to say)."""
+    left = first_s * (paths - 1)
+    if paths < 2 or left < pace.LONG_S:
+        return None
+    return (f"path patching: the first of {paths} paths took {first_s:.1f} s; the other {paths - 1} will take about "
+            f"{pace.duration(left)} on this machine as loaded now, then the heads are labelled")
+
+
 def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *,
-            source: str = "built-in IOI set") -> PathRun:
+            source: str = "built-in IOI set", estimate=None, clock=None) -> PathRun:
     """Path patching of each sender into each receiver, and of all senders into all receivers together.
 
     Args:
         lm: a decoder the circuit graph fits (:func:`~probe.circuits.checked.graph_of`).
         senders, receivers: as :func:`parse_senders` and :func:`parse_receivers` read them.
         pairs: the prompt pairs (default the built-in set).
+        estimate: a callable given one line after the first path where the others will take
+            :data:`probe.runs.pace.LONG_S` or more (:func:`rest_line`), or None.
+        clock: the estimate's clock (seconds, monotonic; default ``time.perf_counter``; tests give a fake one).
 
     Raises:
         UnsupportedAnalysisError: a model outside the graph. InputError: bad names, pairs that do not encode.
@@ -158,9 +172,13 @@ def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *
         jobs = [([s], [r]) for s in send for r in receive]
         if len(jobs) > 1:
             jobs.append((send, receive))
-        rows = []
-        for s, r in jobs:
+        rows, clock = [], time.perf_counter if clock is None else clock
+        for i, (s, r) in enumerate(jobs):
+            begun = clock() if i == 0 and estimate is not None else None  # the first path is timed
             effect = path_patch(lm, wiring, graph, enc, s, r) + 0.0  # + 0.0: an exact zero is 0, not -0
+            line = None if begun is None else rest_line(clock() - begun, len(jobs))
+            if line is not None:
+                estimate(line)
             rows.append({"senders": "+".join(head_name(*h) for h in s),
                          "receivers": "+".join(receiver_name(graph, x) for x in r), "effect": effect,
                          "share": effect / gap + 0.0 if abs(gap) >= MIN_GAP else float("nan")})
@@ -171,14 +189,15 @@ def measure(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *
 
 
 def path_analysis(lm, senders: str, receivers: str, pairs: list[Pair] | None = None, *,
-                  source: str = "built-in IOI set", progress: bool = False) -> tuple[PathRun, AnalysisResult]:
-    """Measure (:func:`measure`) and label the heads with a short analysis: ``(PathRun, the analysis the run
-    folder is written from)``, no folder written.
+                  source: str = "built-in IOI set", progress: bool = False,
+                  estimate=None) -> tuple[PathRun, AnalysisResult]:
+    """Measure (:func:`measure`; ``estimate`` as it takes it) and label the heads with a short analysis:
+    ``(PathRun, the analysis the run folder is written from)``, no folder written.
 
     Raises:
         UnsupportedAnalysisError, InputError: as :func:`measure`.
     """
-    result = measure(lm, senders, receivers, pairs, source=source)
+    result = measure(lm, senders, receivers, pairs, source=source, estimate=estimate)
     t = time.perf_counter()
     analysis = analyze(lm, label_texts(lm, result.pairs), progress=progress,
                        finished=[circuit_probe(lm)] if CircuitProbe.refusal(lm) is None else [])

@@ -66,8 +66,8 @@ def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds
     from ..sites import head_name
 
     folder = Folder(out, force)
-    run = run_effects(model_name, settings, texts=seqs, source=source, console=command_console(progress, folder),
-                      device=device, dtype=dtype)
+    console = command_console(progress, folder, estimate=True)  # the ablation passes' time, after the second
+    run = run_effects(model_name, settings, texts=seqs, source=source, console=console, device=device, dtype=dtype)
     path = run.save(folder.path, force=force)
     result, lm, kinds = run.measured, run.lm, settings.ablation
     if as_json:

@@ -41,8 +41,8 @@ def path_command(model_name, senders, receivers, pairs, out, force, progress, de
     from ..entries.pairs import run_path
 
     folder = Folder(out, force)
-    run = run_path(model_name, settings, pairs=given, console=command_console(progress, folder), device=device,
-                   dtype=dtype)
+    console = command_console(progress, folder, estimate=True)  # the other paths' time, after the first
+    run = run_path(model_name, settings, pairs=given, console=console, device=device, dtype=dtype)
     path = run.save(folder.path, force=force)
     result = run.measured
     click.echo(f"LD clean {result.ld_clean:.4g}, corrupted {result.ld_corrupted:.4g}; path patching (norms on the "

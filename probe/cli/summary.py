@@ -28,9 +28,13 @@ def summary(result, verification: dict | None, annotated: bool, loading_notes: l
         parts.append(("rollout", t["rollout_s"]))
     parts += [("report", t["report_s"]), ("other", t["other_s"])]
     shown = _rounded_parts([v for _, v in parts], t["total_s"])
+    from ..report import audio_run  # deferred: the report imports torch; the command line starts without it
+
+    n, length = result.counts["sequences"], result.counts["tokens"]
+    read = (f"{plural(n, 'clip')}, {plural(length, 'encoder frame')}" if audio_run(result)  # as the page's run table
+            else f"{plural(n, 'sequence')}, {plural(length, 'token')}")
     click.echo(f"{plural(len(result.heads), 'head')} by primary label ({counts}) from "
-               f"{plural(result.counts['sequences'], 'sequence')}, "
-               f"{plural(result.counts['tokens'], 'token')}{trunc}{verdict} in {t['total_s']:.1f} s "
+               f"{read}{trunc}{verdict} in {t['total_s']:.1f} s "
                f"({', '.join(f'{name} {value:.1f} s' for (name, _), value in zip(parts, shown))})")
     from ..patterns.health import health_of, summary_line
 

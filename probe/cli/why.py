@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..bounds import why_head_kind
 from ..settings import WhySettings
 from .group import main, user_errors
 from .options import build, check_files, model_option, model_placement, run_folder_options, setting_option
@@ -47,6 +48,7 @@ def why_command(model_name, text, target, corpus, label, limit, head, query, top
     Encoder-decoder models: a cross-attention head ('cross L1H2'), its query split by the decoder's
     writers and its key by the encoder's (--text the source, --target the decoder's text)."""
     settings = build(WhySettings, locals())
+    why_head_kind(settings.head)  # what the name alone decides: before torch's import (seconds)
     check_files((corpus, "corpus file"))
     from ..entries.why import run_why
 

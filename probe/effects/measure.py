@@ -31,6 +31,7 @@ from ..errors import InputError
 from ..patterns import CircuitProbe, circuit_probe
 from ..records import AnalysisResult
 from ..runs.analysis import analyze
+from ..runs.pace import Passes
 from ..sites import head_name
 from ..text.inputs import Text, as_texts, iter_batches
 from ..util import plural, progress_bar
@@ -289,7 +290,7 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
                  objective: str | None = None, kinds: Sequence[str] = DEFAULT_KINDS, seeds: int = SEEDS,
                  held_out: float = 0.5, split_seed: int = 0, resample_seed: int = RESAMPLE_SEED, batch_size: int = 16,
                  max_length: int | None = None, copies: int = 8, clusters: bool = False,
-                 progress: bool = False) -> EffectsResult:
+                 progress: bool = False, estimate=None) -> EffectsResult:
     """Ablation effects of every head, and of every label group against random heads.
 
     Args:
@@ -312,6 +313,8 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
         copies: ablation sets per forward pass (the batch repeated ``copies`` times).
         clusters: also ablate each head group (``group`` or ``cluster`` column) against random heads.
         progress: a progress bar on stderr, counting the passes.
+        estimate: a callable given one line once the second ablation pass has run, the time the others
+            will take where it reaches 10 s (:class:`probe.runs.pace.Passes`), or None.
 
     Returns:
         An :class:`EffectsResult` (``heads`` = effects.csv, ``labels`` = label_effects.csv).
@@ -342,11 +345,12 @@ def head_effects(lm, texts: Sequence[str | Text], *, heads: pd.DataFrame | None 
     units = np.concatenate([unit_counts(obj, b) for b in held])
     passes = len(kinds) * len(held) * -(-len(sets) // copies)
     bar = progress_bar(total=passes, desc="ablation passes", leave=False) if progress else None
+    counter = Passes(passes, "ablation passes", estimate, bar)  # the bar's updates, and the time left said once
     first, frame = 1 + len(lm.sites) * lm.geometry.n_heads, _frame(lm)
     label_rows, clean = [], None
     try:
         for kind in kinds:
-            sums = evaluate_sets(lm, obj, kind, means, held, masks, copies, bar, donors)
+            sums = evaluate_sets(lm, obj, kind, means, held, masks, copies, counter, donors)
             keep = donors.keep if kind == "resample" else np.ones(len(units), dtype=bool)
             if not keep.any():
                 raise InputError("resample ablation: no held-out sequence has a reference text at least as long")

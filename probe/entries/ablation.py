@@ -66,7 +66,8 @@ def run_effects(model, settings: EffectsSettings | None = None, *, texts=None, s
                  f"{plural(len(texts), 'sequence')} ({source})")
     measured, analysis = effects_analysis(lm, texts, objective=s.objective, kinds=s.ablation, seeds=s.seeds,
                                           copies=s.copies, clusters=s.clusters, batch_size=s.batch_size,
-                                          max_length=s.max_length, progress=console.progress, induction=s.induction)
+                                          max_length=s.max_length, progress=console.progress, induction=s.induction,
+                                          estimate=console.estimate)
     return folder_result("effects", s, lm, analysis, measured, console,
                          {"heads": analysis.heads, "labels": measured.labels})
 

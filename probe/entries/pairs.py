@@ -128,7 +128,8 @@ def run_path(model, settings: PathSettings, *, pairs=None, console: Console | No
     Args:
         model: a model name or a loaded pre-norm model the circuit graph fits.
         settings: :class:`~probe.settings.PathSettings` (senders, receivers, pairs file).
-        pairs, console, device, dtype: as :func:`run_patch`.
+        pairs, console, device, dtype: as :func:`run_patch` (``console.estimate``: the other paths' time
+            after the first, :func:`probe.circuits.path_run.rest_line`).
 
     Returns:
         A :class:`~probe.entries.result.RunResult`: ``tables`` ``heads`` and ``path`` (one row per sender and
@@ -143,7 +144,7 @@ def run_path(model, settings: PathSettings, *, pairs=None, console: Console | No
     lm, pairs, source = open_pairs(model, settings.pairs, pairs, console, device=device, dtype=dtype,
                                    kind_check=lambda lm: check_kind(lm, "path patching"))  # pre-norm models
     measured, analysis = path_analysis(lm, settings.senders, settings.receivers, pairs, source=source,
-                                       progress=console.progress)
+                                       progress=console.progress, estimate=console.estimate)
     return folder_result("path", settings, lm, analysis, measured, console,
                    {"heads": analysis.heads, "path": measured.frame})
 

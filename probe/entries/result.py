@@ -32,7 +32,8 @@ class Console:
         announce: given the line that says what runs, once the run is sure to start (``Patching ...``).
         say: given one line as each stage ends (``activation patching: done in 1.2 s``), for a log without bars.
         estimate: given the cost estimate of a circuit run after its first pass, of a patch run's patched
-            passes after its first passes.
+            passes after its first passes, of a path run's other paths after its first, of an effects run's
+            ablation passes after its second.
         case: ``probe verify``'s progress, ``case(index, total, name, result or None)``.
         before_load: called once the input is read and checked, before the model loads, with the name a
             default folder is named after (the command claims its folder there, so that a taken folder

@@ -230,6 +230,12 @@ def repeat_note(label: str, ids, special) -> str:
             "for the head to copy or match, so this map is not the pattern it was labelled for")
 
 
+def audio_run(result: AnalysisResult) -> bool:
+    """Whether ``result`` read audio clips (``--audio``, a speech or waveform model's run): its sequences
+    are clips and its tokens encoder frames, as the page's run table and the command's summary say."""
+    return result.settings.get("input") == "--audio" or any(k in result.results for k in ("speech", "frames"))
+
+
 def render_html(result: AnalysisResult, tokenizer, record: dict, verification: dict | None = None,
                 sections: list | None = None) -> str:
     """The self-contained report page (data inline, heatmaps drawn by inline script, input escaped).
@@ -256,7 +262,7 @@ def render_html(result: AnalysisResult, tokenizer, record: dict, verification: d
         table_cols=table_cols, table=table, verification=verification,
         examples=[_example_view(tokenizer, ex) for ex in result.examples[:EXAMPLES_DRAWN]],
         kept=len(result.examples),
-        audio=result.settings.get("input") == "--audio" or any(k in result.results for k in ("speech", "frames")),
+        audio=audio_run(result),
         sections=sections,
         data_json=json_for_script({"figures": {**stat_figs, **attn_figs,
                                                 **{k: v for sec in sections for k, v in sec.figures.items()}}}),

@@ -106,3 +106,46 @@ class Pace:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+class Passes:
+    """Counts the passes of a run whose count is known before it starts (``update(1)`` per pass, as a
+    progress bar is updated: ``probe effects``' ablation passes) and, once the second has run, says once
+    what the rest will take at its pace, where that reaches :data:`LONG_S`. The first pass is not the
+    measure (it carries one-off costs: a kernel's compile, the first call's set-up); the second's time,
+    from the end of the first, is.
+
+    Args:
+        total: the passes the run will make.
+        what: what they are, as the line names them (``"ablation passes"``).
+        say: called with the one line, or None (nothing is said).
+        bar: a progress bar updated with each pass too, or None.
+        long_s: the threshold (seconds), default :data:`LONG_S`.
+    """
+
+    def __init__(self, total: int, what: str, say: Callable[[str], None] | None = None, bar=None,
+                 long_s: float | None = None):
+        self.total, self.what, self.say, self.bar = total, what, say, bar
+        self.long_s = LONG_S if long_s is None else long_s
+        self.said: list[str] = []
+        self._done, self._first = 0, 0.0
+
+    def update(self, n: int = 1) -> None:
+        """``n`` more passes have run."""
+        if self.bar is not None:
+            self.bar.update(n)
+        before, self._done = self._done, self._done + n
+        if self.say is None or self.said:
+            return
+        now = clock()
+        if before == 0:
+            self._first = now
+            return
+        per = (now - self._first) / (self._done - 1)
+        left = per * (self.total - self._done)
+        if left < self.long_s:
+            return
+        line = (f"{self.what}: {self._done} of {self.total:,} run, {per:.2f} s each after the first; about "
+                f"{duration(left)} left on this machine as loaded now")
+        self.said.append(line)
+        self.say(line)
