@@ -280,11 +280,12 @@ WIDE_BY_DESIGN = {"probe.measures.kernel.statistics_kernel", "probe.measures.ker
 #: 42, analyze_run).
 MOST_PARAMETERS = 12
 #: The public functions still above it, as they are: the loop everything measures with (each option documented
-#: argument by argument; 18 with ``announce``, the long-batch estimate's line), the head view's data (not a run
-#: kind), the attention maths with each model family's switch (``probe.attention``; ``scored_attention`` the same
-#: and ``scored``), the library's pruning and ablation experiments (``probe.prune``, ``probe.head_effects``: their
-#: options are PruneSettings' and EffectsSettings' fields, as keywords) and ``probe.show``.
-ABOVE = {"probe.runs.analysis.analyze": 18, "probe.view.data.view_data": 19, "probe.capture.op.attention": 14,
+#: argument by argument; 18 with ``announce``, the long-batch estimate's line), the attention maths with each model
+#: family's switch (``probe.attention``; ``scored_attention`` the same and ``scored``), the library's pruning and
+#: ablation experiments (``probe.prune``, ``probe.head_effects``: their options are PruneSettings' and
+#: EffectsSettings' fields, as keywords) and ``probe.show``. The head view's data (``view_data``, 19) takes 12: side
+#: 0's word alignment and what is shown beside the maps are records (``probe.view.data.Alignment``, ``Display``).
+ABOVE = {"probe.runs.analysis.analyze": 18, "probe.capture.op.attention": 14,
          "probe.capture.op.scored_attention": 15, "probe.pruning.experiment.prune": 15,
          "probe.effects.measure.head_effects": 14, "probe.entries.notebook.show": 13}
 

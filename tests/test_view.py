@@ -19,7 +19,10 @@ from probe.runs.analysis import analyze
 from probe.text.tokens import display_tokens
 from probe.view import VIEW_CSP, HeadView
 from probe.view.data import (
+    LINE_THRESHOLD,
     SCALE,
+    Alignment,
+    Display,
     choose_layers,
     decode_zero_runs,
     decoded_map,
@@ -87,16 +90,32 @@ def test_layer_budget_keeps_evenly_spaced_layers_and_says_so():
     assert choose_layers(30, 9, 512, 4_000_000) == [0]
     assert choose_layers(6, 12, 100, 3 * 12 * 100 * 100) == [0, 2, 5]  # round(i * 5 / 2)
     p = np.full((6, 1, 4, 4), 0.25)
-    data = view_data(p, list("abcd"), max_values=2 * 16)
+    data = view_data(p, list("abcd"), display=Display(max_values=2 * 16))
     assert data["layers"] == [0, 5] and data["values"] == 32
     assert data["notes"] and "layers 0, 5 of 6 included" in data["notes"][0]
+
+
+def test_view_data_takes_its_alignment_and_display_as_records():
+    """Side 0's words come from ``alignment`` (labelled by the text's characters), the title, note, names,
+    labels and line threshold from ``display``; defaults: no words, the module's budget and threshold."""
+    p = np.full((2, 2, 4, 4), 0.25)
+    text = "unbelievable cat"
+    tokens, offsets = ["un", "##believable", "cat", "[SEP]"], [(0, 2), (2, 12), (13, 16), (0, 0)]
+    data = view_data(p, tokens, alignment=Alignment([0, 0, 1, -1], text, offsets),
+                     display=Display(threshold=0.5, title="T", note="N", layer_names=["a", "b"],
+                                     head_labels={(1, 0): "previous-token"}))
+    assert data["units"] == [0, 0, 1, 2] and data["unitLabels"] == ["unbelievable", "cat", "[SEP]"]
+    assert (data["threshold"], data["title"], data["notes"]) == (0.5, "T", ["N"])
+    assert data["layerNames"] == ["a", "b"] and data["headLabels"] == [["", ""], ["previous-token", ""]]
+    plain = view_data(p, tokens)
+    assert plain["units"] is None and plain["threshold"] == LINE_THRESHOLD and plain["title"] == ""
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"layers": [7]}, "layers must be among"),
     ({"layer": 1, "layers": [0]}, "not among the included layers"),
     ({"heads": [4]}, "no head 4: layers have heads 0-0"),
-    ({"threshold": 0}, "line threshold"),
+    ({"display": Display(threshold=0)}, "line threshold"),
 ])
 def test_view_data_rejects_bad_selections(kwargs, fragment):
     with pytest.raises(InputError, match=fragment):

@@ -16,11 +16,11 @@ run the model on a text and hand the result to them.
 """
 
 from .assets import VIEW_CSP, view_page
-from .data import LINE_THRESHOLD, MAX_VALUES, SCALE, view_data, word_attention, word_units
+from .data import LINE_THRESHOLD, MAX_VALUES, SCALE, Alignment, Display, view_data, word_attention, word_units
 from .grid import label_grid
 from .html import HeadView, render_fragment, render_page, result_view, text_view
 from .modelview import ModelView, build_model_view, result_model_view
 
-__all__ = ["HeadView", "result_view", "text_view", "view_data", "word_attention", "word_units", "render_fragment",
-           "render_page", "view_page", "label_grid", "ModelView", "build_model_view", "result_model_view", "VIEW_CSP",
-           "SCALE", "MAX_VALUES", "LINE_THRESHOLD"]
+__all__ = ["HeadView", "result_view", "text_view", "view_data", "Alignment", "Display", "word_attention", "word_units",
+           "render_fragment", "render_page", "view_page", "label_grid", "ModelView", "build_model_view",
+           "result_model_view", "VIEW_CSP", "SCALE", "MAX_VALUES", "LINE_THRESHOLD"]

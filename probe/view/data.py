@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -247,14 +248,51 @@ def check_budget(layers: Sequence[int], values: int, max_values: int) -> None:
                          f"raise the cap with max_values={values}")
 
 
-def view_data(probs, tokens: Sequence[str], *, word_ids: Sequence[int] | None = None,
-              text: str | None = None, offsets: Sequence[tuple[int, int]] | None = None,
-              layers: Sequence[int] | None = None, layer_names: Sequence[str] | None = None,
-              head_labels: dict[tuple[int, int], str] | None = None, layer: int | None = None,
-              heads: Sequence[int] | None = None, max_values: int = MAX_VALUES,
-              threshold: float = LINE_THRESHOLD, title: str = "", note: str = "", causal: bool = False,
-              sides: Sequence[dict] | None = None, axes: Sequence[tuple[int, int]] | None = None,
-              sites: Sequence | None = None, prefixed: bool = False) -> dict:
+@dataclass(frozen=True)
+class Alignment:
+    """How side 0's tokens line up with its words and its text (:func:`view_data`'s ``alignment``).
+
+    Fields:
+        word_ids: per token (n of them), its word index (-1: none, e.g. a special token); None
+            disables word-level mode (no ``units``).
+        text: the example's text, to label each word by its characters (None: by its joined tokens).
+        offsets: per token, its (start, end) character offsets into ``text`` (end exclusive).
+    """
+
+    word_ids: Sequence[int] | None = None
+    text: str | None = None
+    offsets: Sequence[tuple[int, int]] | None = None
+
+
+@dataclass(frozen=True)
+class Display:
+    """What a head view shows beside the maps and how far it thins them (:func:`view_data`'s ``display``).
+
+    Fields:
+        max_values: a count of numbers (layers x heads x query x key) the view holds at most: without
+            explicit ``layers`` the layers that fit are chosen (evenly spaced); explicit ``layers``
+            beyond it are refused. Default :data:`MAX_VALUES`.
+        threshold: a probability: lines are drawn for attention probabilities >= this
+            (0 < threshold <= 1; the heatmap strip shows every weight). Default :data:`LINE_THRESHOLD`.
+        title, note: text shown above the view ("": none).
+        layer_names: a name per layer (site) of ``probs``, shown as a tooltip (None: the site name,
+            ``encoder.3.self``).
+        head_labels: (layer, head) -> label (e.g. ``previous-token``), shown beside each head; the
+            layer is the position in ``probs`` (the site), never a layer number of a stack.
+    """
+
+    max_values: int = MAX_VALUES
+    threshold: float = LINE_THRESHOLD
+    title: str = ""
+    note: str = ""
+    layer_names: Sequence[str] | None = None
+    head_labels: dict[tuple[int, int], str] | None = None
+
+
+def view_data(probs, tokens: Sequence[str], *, alignment: Alignment | None = None,
+              layers: Sequence[int] | None = None, layer: int | None = None, heads: Sequence[int] | None = None,
+              causal: bool = False, sides: Sequence[dict] | None = None, axes: Sequence[tuple[int, int]] | None = None,
+              sites: Sequence | None = None, prefixed: bool = False, display: Display | None = None) -> dict:
     """The JSON-ready data of one head view.
 
     Args:
@@ -263,24 +301,19 @@ def view_data(probs, tokens: Sequence[str], *, word_ids: Sequence[int] | None = 
             layers that are not included.
         tokens: n display labels (side 0: the one input of a one-stack model, an
             encoder-decoder model's source).
-        word_ids: per token, its word index (-1: none); None disables word-level mode.
-        text, offsets: the example's text and token offsets (to label words by their text).
+        alignment: side 0's word ids, text and token offsets (:class:`Alignment`); None: no
+            word-level mode.
+        layers: layers to include (default: all that fit in ``display.max_values``, :func:`choose_layers`).
+        layer, heads: the initial selection (default: the first included layer, all its heads).
+        causal: the model is a decoder (keys after the query are masked).
         sides: further token sides, each a dict with ``tokens`` and optional ``word_ids``,
             ``text``, ``offsets``, ``name`` (an encoder-decoder model's target: side 1).
         axes: per layer (site), its (query side, key side) (default (0, 0) for every site):
             encoder self-attention (0, 0), decoder self-attention (1, 1), cross-attention (1, 0).
         sites: per layer, its :class:`probe.sites.Site` (names the layers and heads).
         prefixed: name heads with their site kind (``enc L4H5``; an encoder-decoder model).
-        layers: layers to include (default: all that fit in ``max_values``, :func:`choose_layers`).
-        layer_names: a name per layer (default: the site name ``encoder.3.self``), a tooltip.
-        head_labels: (layer, head) -> label (e.g. ``previous-token``), shown beside each head;
-            the layer is the position in ``probs`` (the site), never a layer number of a stack.
-        layer, heads: the initial selection (default: the first included layer, all its heads).
-        max_values: most numbers held (layers x heads x query x key): without ``layers`` the
-            layers that fit are chosen; explicit ``layers`` beyond it are refused.
-        threshold: lines are drawn for probabilities >= this (0 < threshold <= 1).
-        title, note: shown above the view.
-        causal: the model is a decoder (keys after the query are masked).
+        display: the values budget, line threshold, title, note, layer names and head labels
+            (:class:`Display`; None: its defaults).
 
     Returns:
         A dict (see the module docstring); ``values`` counts the numbers held.
@@ -290,6 +323,9 @@ def view_data(probs, tokens: Sequence[str], *, word_ids: Sequence[int] | None = 
             sides, a layer or head out of range, explicit ``layers`` holding more than
             ``max_values`` numbers, or a threshold outside (0, 1].
     """
+    al, d = alignment or Alignment(), display or Display()
+    word_ids, text, offsets = al.word_ids, al.text, al.offsets
+    max_values, threshold, title, note = d.max_values, d.threshold, d.title, d.note
     n_layers = len(probs)
     all_sides = [_side(tokens, word_ids, text, offsets, "source" if sides else "")]
     all_sides += [_side(sd["tokens"], sd.get("word_ids"), sd.get("text"), sd.get("offsets"), sd.get("name", ""))
@@ -308,8 +344,8 @@ def view_data(probs, tokens: Sequence[str], *, word_ids: Sequence[int] | None = 
     maps, removed, values = _pack(probs, layers, axes, all_sides, n_heads)
     if explicit:
         check_budget(layers, values, max_values)
-    titles, head_names, names = _names(sites, prefixed, n_layers, n_heads, layer_names)
-    head_labels = head_labels or {}
+    titles, head_names, names = _names(sites, prefixed, n_layers, n_heads, d.layer_names)
+    head_labels = d.head_labels or {}
     side0 = all_sides[0]
     return {
         "version": 2, "n": len(side0["tokens"]), "tokens": side0["tokens"], "layers": layers, "heads": n_heads,

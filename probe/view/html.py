@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 import uuid
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,7 @@ from ..sites import Site
 from ..text.tokens import display_tokens
 from ..util import plural
 from .assets import view_page, view_static
-from .data import LINE_THRESHOLD, MAX_VALUES, view_data
+from .data import LINE_THRESHOLD, MAX_VALUES, Alignment, Display, view_data
 from .rollout import RolloutView, render_rollout
 from .stepview import render_step_view
 
@@ -103,7 +103,9 @@ class HeadView:
                 carries its labels, as examples of a loaded run folder do).
             heads_table: the run's heads DataFrame: each head's primary label is shown beside it,
                 looked up by its site (stack, layer, kind), never by (layer, head) alone.
-            **kw: passed to :func:`probe.view.data.view_data` (layers, layer, heads shown ...).
+            **kw: passed to :func:`probe.view.data.view_data` (layers, layer, heads shown ...); the fields of
+                :class:`probe.view.data.Display` (max_values, threshold, title, note, layer_names, head_labels)
+                among them make its ``display``.
 
         Raises:
             InputError: no tokenizer and no stored labels.
@@ -126,10 +128,11 @@ class HeadView:
                      + (" (cropped)" if n < example.n_tokens or len(target) < len(t["ids"]) else ""))
         kw.setdefault("title", title)
         kw.setdefault("layer_names", [site.name for site in sites])
-        return cls(view_data(probs, labels[:n], word_ids=(example.word_ids or [])[:n] or None,
-                             text=example.text, offsets=example.offsets[:n],
-                             head_labels=site_labels(heads_table, sites), sites=sites,
-                             causal=causal, **seq, **kw))
+        kw.setdefault("head_labels", site_labels(heads_table, sites))
+        shown = {f.name: kw.pop(f.name) for f in fields(Display) if f.name in kw}
+        alignment = Alignment((example.word_ids or [])[:n] or None, example.text, example.offsets[:n])
+        return cls(view_data(probs, labels[:n], alignment=alignment, sites=sites, causal=causal,
+                             display=Display(**shown), **seq, **kw))
 
 
 def example_maps(example, causal: bool = False) -> tuple[list, list[Site]]:
@@ -242,10 +245,10 @@ def text_view(maps, sites, source: dict, target: dict | None = None, *, layers, 
         InputError: bad layers or heads.
     """
     seq2seq = {} if target is None else dict(sides=[target], axes=[side_axes(s) for s in sites], prefixed=True)
-    data = view_data(maps, source["tokens"], word_ids=source["word_ids"], text=source["text"],
-                     offsets=source["offsets"], layers=list(layers), layer_names=[s.name for s in sites],
-                     causal=causal, note=note, title=title, sites=sites, layer=layer, heads=heads,
-                     threshold=threshold, **seq2seq)
+    data = view_data(maps, source["tokens"], alignment=Alignment(source["word_ids"], source["text"], source["offsets"]),
+                     layers=list(layers), causal=causal, sites=sites, layer=layer, heads=heads,
+                     display=Display(threshold=threshold, title=title, note=note,
+                                     layer_names=[s.name for s in sites]), **seq2seq)
     view = HeadView(data)
     if heads is None:
         _open_on(view, data["layers"][data["initial"]["layer"]], 0)
