@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from ..capture.hooks import input_device
+from ..capture.hooks import Hooks, input_device
 from ..capture.intervene import Cache, intervening
 from .pairs import EncodedPairs
 
@@ -102,11 +102,9 @@ def metric_logits(lm, rows_at: torch.Tensor):
         rows = torch.arange(x.shape[0], device=x.device)
         return (x[rows, rows_at.to(x.device)].unsqueeze(1), *args[1:])
 
-    handle = head.register_forward_pre_hook(pick)
-    try:
+    with Hooks() as hooks:
+        hooks.forward_pre(head, pick)
         yield state
-    finally:
-        handle.remove()
 
 
 @torch.no_grad()
