@@ -14,11 +14,38 @@ torch's operations and the compiled kernel release the GIL, so the worker's arit
 the forward pass leaves idle. Nothing is added in another order, and the worker uses torch's and numba's
 thread counts of the caller, so every sum is the one of the serial loop, bit for bit (tests/test_overlap.py).
 
-Where it applies (:func:`enabled`): maps on the CPU, torch on more than one thread (one thread is one
-core: no second one for the worker), whole maps (a block-captured batch runs serially: its blocks must
-not queue up), and not turned off by the environment variable :data:`ENV` (``0``: the serial loop
-everywhere). Accumulators that hook the model themselves (``hooks_model``: their hooks fill state that
-their calls read) always run in the forward pass's thread.
+Where it can apply (:func:`enabled`): maps on the CPU, torch on more than one thread (one thread is
+one core, and ``--threads 1`` is how a user gives probe one core: the worker would take a second), whole
+maps (a block-captured batch runs serially: its blocks must not queue up), not inside :func:`serial`, and
+not turned off by the environment variable :data:`ENV`. Accumulators that hook the model themselves
+(``hooks_model``: their hooks fill state that their calls read) always run in the forward pass's thread.
+
+Where it applies, whether it runs (:class:`Policy`, :data:`ENV`):
+
+- ``PROBE_OVERLAP=0`` (or ``off``, ``no``, ``false``): never, the serial loop everywhere;
+- ``PROBE_OVERLAP=1`` (or ``on``, ``yes``, ``true``): always;
+- unset (``auto``, the default; any other value reads as ``auto``): where torch has fewer threads than
+  the cores this process may use (:func:`probe.threads.cores`), always: the worker has a core of its own.
+  Where torch already has every core, the run measures both loops on its first whole-map batches and
+  keeps the faster: its first batch overlapped (untimed: the worker's first calls), then one batch
+  overlapped, one serial, one overlapped, each timed to the end of its calls and divided by its padded
+  tokens (the serial batch bracketed, so a trend in the batches' lengths or the machine's load cancels);
+  the serial loop is kept where its rate is lower than the overlapped batches' mean by more than
+  :data:`MARGIN`, else the overlap. A run that kept the serial loop measures again every :data:`RECHECK`
+  batches (a machine that got busy during the run); one that kept the overlap does not (its worst case, a
+  quiet machine, costs about a quarter more; the serial loop's on a busy one, several times). A run of
+  fewer than four whole-map batches ends before the measurement: it runs overlapped (three batches:
+  overlapped, overlapped, serial).
+
+Why a measurement and not a fixed rule (docs/measurements.md, "The statistics beside the forward pass";
+minilm, 500 sentences, 2 shared cores, bare sdpa forward = 1): on a quiet machine (load 0.9-1.5) at two
+threads the overlap cost time, analyze() 1.48x overlapped against 1.21x serial and the default analysis
+1.69x against 1.51x (the worker competes with torch's two threads for two cores); on a busy one (load
+4-8) the serial loop collapsed to 3.7-5.2x and the overlap did not (0.71-0.77x), and at load 2.8-3.7
+serial 1.44x against 0.36x overlapped. Where the line between them lies depends on the machine and on
+what else runs; the load average (:func:`os.getloadavg`) counts this process's own threads of the minute
+before (a notebook's previous analysis, a benchmark's previous part) and not how a virtual machine's
+cores are shared; the run's own batches measure what the run gets.
 
 An exception raised by a call in the worker is raised again, as it is, in the caller's thread at its
 next hand-over or when the batch's calls are waited for (:meth:`Overlap.join`); the calls queued after it
@@ -32,16 +59,28 @@ import contextvars
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
 
-#: Environment variable: ``0`` (or ``off``, ``no``, ``false``) runs every accumulator in the forward
-#: pass's thread (the serial loop); unset or anything else: the overlap where it applies (:func:`enabled`).
+from ..threads import cores
+
+#: Environment variable: ``0`` (or :data:`OFF`) runs every accumulator in the forward pass's thread (the
+#: serial loop); ``1`` (or :data:`ON`) the overlap wherever it applies (:func:`enabled`); unset or anything
+#: else ``auto``: the faster of the two, measured on the run's first batches (:class:`Policy`).
 ENV = "PROBE_OVERLAP"
 #: The values of :data:`ENV` that turn the overlap off.
 OFF = ("0", "off", "no", "false")
+#: The values of :data:`ENV` that turn the overlap on wherever it applies, without a measurement.
+ON = ("1", "on", "yes", "true")
+#: ``auto`` keeps the serial loop only where its time per token is below the overlapped batches' mean by more
+#: than this fraction (the overlapped batches are timed to the end of their last call, which the next batch
+#: would overlap: a bias of a few percent against them; a tie goes to the overlap, whose worst case is smaller).
+MARGIN = 0.05
+#: ``auto``, after keeping the serial loop: whole-map batches before it measures both loops again.
+RECHECK = 16
 #: At most this many hand-overs per site of the model wait in the queue (each holds its site's maps).
 QUEUED_PER_SITE = 2
 #: True inside :func:`serial` (this thread or task): the serial loop.
@@ -61,14 +100,107 @@ def serial():
         _SERIAL.reset(token)
 
 
+def mode(environ=None) -> str:
+    """:data:`ENV` read from ``environ`` (default ``os.environ``): ``"off"``, ``"on"`` or ``"auto"``."""
+    value = (os.environ if environ is None else environ).get(ENV, "").strip().lower()
+    return "off" if value in OFF else "on" if value in ON else "auto"
+
+
 def enabled(device: torch.device | str, environ=None) -> bool:
-    """Whether the accumulators' calls run on a worker thread (the module docstring): maps on the CPU
+    """Whether the accumulators' calls may run on a worker thread (the module docstring): maps on the CPU
     (``device``), torch on more than one thread, :data:`ENV` not set to one of :data:`OFF`, and not
-    inside :func:`serial`."""
-    environ = os.environ if environ is None else environ
-    if _SERIAL.get() or environ.get(ENV, "").strip().lower() in OFF:
+    inside :func:`serial`. Where it is True, :class:`Policy` says for which batches."""
+    if _SERIAL.get() or mode(environ) == "off":
         return False
     return torch.device(device).type == "cpu" and torch.get_num_threads() > 1
+
+
+#: What the last :class:`Policy` decided (:meth:`Policy.summary`; for benchmarks and diagnostics, not a result).
+LAST: dict = {}
+
+
+class Policy:
+    """Which whole-map batches of one run are overlapped, where :func:`enabled` says the overlap may run
+    (the rule: the module docstring).
+
+    Use: before each whole-map batch, :meth:`begin` (True: overlap this batch), then, once the calls queued
+    before it are done where :attr:`timing` says it is measured, :meth:`start`; after its calls (those of a
+    measured overlapped batch waited for, :meth:`Overlap.join`), :meth:`end` with its padded token count.
+    A block-captured batch calls none of them.
+
+    Args:
+        setting: ``"on"``, ``"auto"`` (:func:`mode`; ``"off"`` is no policy: :func:`enabled` is False).
+        threads: torch's intra-op threads (default :func:`torch.get_num_threads`).
+        n_cores: the cores this process may use (default :func:`probe.threads.cores`).
+        clock: seconds (default :func:`time.perf_counter`; tests give a scripted one).
+    """
+
+    #: The measurement's batches, in order: (overlapped, timed).
+    FIRST = ((True, False), (True, True), (False, True), (True, True))
+    AGAIN = ((True, True), (False, True), (True, True))
+
+    def __init__(self, setting: str = "auto", threads: int | None = None, n_cores: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.threads = torch.get_num_threads() if threads is None else threads
+        self.cores = cores() if n_cores is None else n_cores
+        self.setting = setting
+        self.clock = clock
+        #: "on" (always), "core left over" (always), "measured" (the trial decides)
+        self.reason = "on" if setting == "on" else "core left over" if self.threads < self.cores else "measured"
+        self._plan = list(self.FIRST) if self.reason == "measured" else []
+        self._chosen = True  # where no plan is left: overlap, until a measurement says otherwise
+        self._rates: dict[bool, list[float]] = {True: [], False: []}
+        self._since = 0  # whole-map batches since the last decision
+        self._now: tuple[bool, bool, float] | None = None
+        self.trials: list[dict] = []  # each measurement: its rates (s per token) and the choice
+
+    def begin(self) -> bool:
+        """Whether the next whole-map batch runs overlapped."""
+        if not self._plan and not self._chosen and self._since >= RECHECK:
+            self._plan = list(self.AGAIN)
+        overlapped, timed = self._plan[0] if self._plan else (self._chosen, False)
+        self._now = (overlapped, timed, 0.0)
+        return overlapped
+
+    def start(self) -> None:
+        """The batch begun last starts now (after the calls queued before it: a measured batch's clock)."""
+        if self._now is not None and self._now[1]:
+            self._now = (self._now[0], True, self.clock())
+
+    @property
+    def timing(self) -> bool:
+        """Whether the batch begun last is measured (an overlapped one must then be waited for before :meth:`end`)."""
+        return self._now is not None and self._now[1]
+
+    def end(self, tokens: int) -> None:
+        """The batch begun last ended (its calls done), with ``tokens`` padded tokens (batch x length)."""
+        if self._now is None:
+            return
+        overlapped, timed, t0 = self._now
+        seconds = self.clock() - t0 if timed else 0.0
+        self._now = None
+        if self._plan:
+            self._plan.pop(0)
+            if timed:
+                self._rates[overlapped].append(seconds / max(1, tokens))
+            if not self._plan:
+                self._decide()
+        else:
+            self._since += 1
+
+    def _decide(self) -> None:
+        over = sum(self._rates[True]) / len(self._rates[True])
+        ser = sum(self._rates[False]) / len(self._rates[False])
+        self._chosen = not ser < over * (1 - MARGIN)
+        self.trials.append({"overlapped_s_per_token": over, "serial_s_per_token": ser,
+                            "chose": "overlap" if self._chosen else "serial"})
+        self._rates = {True: [], False: []}
+        self._since = 0
+
+    def summary(self) -> dict:
+        """The setting, threads, cores, the reason and each measurement (JSON-ready)."""
+        return {"setting": self.setting, "threads": self.threads, "cores": self.cores, "reason": self.reason,
+                "trials": list(self.trials)}
 
 
 class Overlap:
