@@ -328,3 +328,14 @@ def test_auto_in_analyze_overlaps_every_batch_where_a_core_is_left_over(monkeypa
     analyze(tiny_model("bert"), TEXTS, batch_size=1, accumulators=[where])
     assert batch_threads(where) == [O] * 12 and overlap.LAST == {
         "setting": "on", "threads": 2, "cores": 2, "reason": "on", "trials": []}
+
+
+@pytest.mark.parametrize("mode", ["", "1"])
+def test_a_live_edit_runs_serially_whatever_the_setting(mode, monkeypatch, two_threads):
+    from probe.live.session import LiveSession
+
+    monkeypatch.setenv(overlap.ENV, mode)
+    monkeypatch.setattr(overlap, "cores", lambda: 4)  # even where a core is left over
+    LiveSession(tiny_model("bert")).analysis("The cat sat on the mat.")
+    assert overlap.LAST == {"setting": "on" if mode else "auto", "reason": "serial: no overlap applies"}
+    assert not workers()
