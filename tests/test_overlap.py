@@ -268,6 +268,14 @@ def test_auto_measures_the_first_batches_and_keeps_the_faster_loop(monkeypatch):
     assert decisions(scripted_policy(1.0, 0.5, threads=2, n_cores=2), 3) == [O, O, S]  # a short run: no choice
 
 
+def test_auto_measures_again_once_the_batches_have_grown(monkeypatch):
+    policy = scripted_policy(overlapped=1.25, serial=1.0, threads=2, n_cores=2)
+    assert decisions(policy, 6, tokens=50) == [O, O, S, O, S, S]
+    assert decisions(policy, 2, tokens=99) == [S, S]  # under GROWN (2) times the measured batches' 50
+    assert decisions(policy, 5, tokens=100) == [S, O, S, O, S]  # a batch of 100: measured again from the next
+    assert [t["tokens"] for t in policy.trials] == [50, 100] and policy._since < overlap.RECHECK
+
+
 def test_auto_overlaps_every_batch_where_a_core_is_left_over_and_on_always():
     spare = scripted_policy(overlapped=9.0, serial=1.0, threads=2, n_cores=4)
     assert decisions(spare, 20) == [O] * 20 and spare.reason == "core left over" and not spare.trials

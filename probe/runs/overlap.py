@@ -32,8 +32,10 @@ Where it applies, whether it runs (:class:`Policy`, :data:`ENV`):
   tokens (the serial batch bracketed, so a trend in the batches' lengths or the machine's load cancels);
   the serial loop is kept where its rate is lower than the overlapped batches' mean by more than
   :data:`MARGIN`, else the overlap. A run that kept the serial loop measures again every :data:`RECHECK`
-  batches (a machine that got busy during the run); one that kept the overlap does not (its worst case, a
-  quiet machine, costs about a quarter more; the serial loop's on a busy one, several times). A run of
+  batches (a machine that got busy during the run) and after a batch :data:`GROWN` times as long as the
+  measured ones (batches sorted by length: the first ones, a few tokens each, measure the per-call overheads
+  more than the statistics); one that kept the overlap does not (its worst case, a quiet machine, costs
+  about a quarter more; the serial loop's on a busy one, several times). A run of
   fewer than four whole-map batches ends before the measurement: it runs overlapped (three batches:
   overlapped, overlapped, serial).
 
@@ -81,6 +83,10 @@ ON = ("1", "on", "yes", "true")
 MARGIN = 0.05
 #: ``auto``, after keeping the serial loop: whole-map batches before it measures both loops again.
 RECHECK = 16
+#: ``auto``, after keeping the serial loop: it measures again (from the next batch) once a batch has this many
+#: times the padded tokens of the last measurement's largest (sorted batches grow, and the statistics' share
+#: with them: their maps grow as the square of the length, the forward pass nearly linearly).
+GROWN = 2
 #: At most this many hand-overs per site of the model wait in the queue (each holds its site's maps).
 QUEUED_PER_SITE = 2
 #: True inside :func:`serial` (this thread or task): the serial loop.
@@ -150,13 +156,16 @@ class Policy:
         self._plan = list(self.FIRST) if self.reason == "measured" else []
         self._chosen = True  # where no plan is left: overlap, until a measurement says otherwise
         self._rates: dict[bool, list[float]] = {True: [], False: []}
+        self._measured: list[int] = []  # the padded tokens of the measurement's timed batches so far
         self._since = 0  # whole-map batches since the last decision
+        self._tokens = 0  # the largest padded token count of the last measurement's batches
+        self._grown = False  # a batch since the last decision had GROWN times those tokens
         self._now: tuple[bool, bool, float] | None = None
         self.trials: list[dict] = []  # each measurement: its rates (s per token) and the choice
 
     def begin(self) -> bool:
         """Whether the next whole-map batch runs overlapped."""
-        if not self._plan and not self._chosen and self._since >= RECHECK:
+        if not self._plan and not self._chosen and (self._since >= RECHECK or self._grown):
             self._plan = list(self.AGAIN)
         overlapped, timed = self._plan[0] if self._plan else (self._chosen, False)
         self._now = (overlapped, timed, 0.0)
@@ -183,19 +192,23 @@ class Policy:
             self._plan.pop(0)
             if timed:
                 self._rates[overlapped].append(seconds / max(1, tokens))
+                self._measured.append(tokens)
             if not self._plan:
                 self._decide()
         else:
             self._since += 1
+            self._grown = self._grown or tokens >= GROWN * self._tokens
 
     def _decide(self) -> None:
         over = sum(self._rates[True]) / len(self._rates[True])
         ser = sum(self._rates[False]) / len(self._rates[False])
         self._chosen = not ser < over * (1 - MARGIN)
-        self.trials.append({"overlapped_s_per_token": over, "serial_s_per_token": ser,
+        self._tokens = max(self._measured)
+        self.trials.append({"overlapped_s_per_token": over, "serial_s_per_token": ser, "tokens": self._tokens,
                             "chose": "overlap" if self._chosen else "serial"})
-        self._rates = {True: [], False: []}
+        self._rates, self._measured = {True: [], False: []}, []
         self._since = 0
+        self._grown = False
 
     def summary(self) -> dict:
         """The setting, threads, cores, the reason and each measurement (JSON-ready)."""
