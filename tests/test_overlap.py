@@ -268,12 +268,16 @@ def test_auto_measures_the_first_batches_and_keeps_the_faster_loop(monkeypatch):
     assert decisions(scripted_policy(1.0, 0.5, threads=2, n_cores=2), 3) == [O, O, S]  # a short run: no choice
 
 
-def test_auto_measures_again_once_the_batches_have_grown(monkeypatch):
+def test_auto_measures_again_once_the_batches_have_grown():
     policy = scripted_policy(overlapped=1.25, serial=1.0, threads=2, n_cores=2)
     assert decisions(policy, 6, tokens=50) == [O, O, S, O, S, S]
     assert decisions(policy, 2, tokens=99) == [S, S]  # under GROWN (2) times the measured batches' 50
     assert decisions(policy, 5, tokens=100) == [S, O, S, O, S]  # a batch of 100: measured again from the next
     assert [t["tokens"] for t in policy.trials] == [50, 100] and policy._since < overlap.RECHECK
+    busy = scripted_policy(overlapped=1.0, serial=4.0, threads=2, n_cores=2)
+    assert decisions(busy, 30, tokens=50) == [O, O, S, O] + [O] * 26  # the overlap kept while the batches stay
+    assert decisions(busy, 6, tokens=100) == [O, O, S, O, O, O]  # measured again once they have grown
+    assert [t["chose"] for t in busy.trials] == ["overlap", "overlap"]
 
 
 def test_auto_overlaps_every_batch_where_a_core_is_left_over_and_on_always():
@@ -302,6 +306,7 @@ def batch_threads(acc: Where) -> list[bool]:
 def test_auto_in_analyze_switches_loops_between_batches_with_the_same_statistics(
         serial_seconds, expected, monkeypatch, two_threads):
     monkeypatch.setattr(overlap, "RECHECK", 3)
+    monkeypatch.setattr(overlap, "GROWN", 1e9)  # the texts' lengths do not measure again here (tested above)
     monkeypatch.setattr(overlap, "cores", lambda: 2)
     made = []
 

@@ -31,11 +31,13 @@ Where it applies, whether it runs (:class:`Policy`, :data:`ENV`):
   overlapped, one serial, one overlapped, each timed to the end of its calls and divided by its padded
   tokens (the serial batch bracketed, so a trend in the batches' lengths or the machine's load cancels);
   the serial loop is kept where its rate is lower than the overlapped batches' mean by more than
-  :data:`MARGIN`, else the overlap. A run that kept the serial loop measures again every :data:`RECHECK`
-  batches (a machine that got busy during the run) and after a batch :data:`GROWN` times as long as the
-  measured ones (batches sorted by length: the first ones, a few tokens each, measure the per-call overheads
-  more than the statistics); one that kept the overlap does not (its worst case, a quiet machine, costs
-  about a quarter more; the serial loop's on a busy one, several times). A run of
+  :data:`MARGIN`, else the overlap. Either way it measures again after a batch with :data:`GROWN` times the
+  padded tokens of the measured ones (batches are sorted by length, and the first ones, a few tokens each,
+  measure the per-call overheads more than the statistics: on a quiet machine they favoured the overlap,
+  0.70-0.96x the serial loop's time per token, where the whole run favoured the serial loop, and on a busy
+  one the other way round); a run that kept the serial loop also measures again every :data:`RECHECK`
+  batches (a machine that got busy during the run), one that kept the overlap does not (each measurement
+  runs a serial batch, which costs several batches' time on a busy machine). A run of
   fewer than four whole-map batches ends before the measurement: it runs overlapped (three batches:
   overlapped, overlapped, serial).
 
@@ -83,9 +85,9 @@ ON = ("1", "on", "yes", "true")
 MARGIN = 0.05
 #: ``auto``, after keeping the serial loop: whole-map batches before it measures both loops again.
 RECHECK = 16
-#: ``auto``, after keeping the serial loop: it measures again (from the next batch) once a batch has this many
-#: times the padded tokens of the last measurement's largest (sorted batches grow, and the statistics' share
-#: with them: their maps grow as the square of the length, the forward pass nearly linearly).
+#: ``auto`` measures again (from the next batch) once a batch has this many times the padded tokens of the last
+#: measurement's largest (sorted batches grow, and the statistics' share with them: their maps grow as the
+#: square of the length, the forward pass nearly linearly).
 GROWN = 2
 #: At most this many hand-overs per site of the model wait in the queue (each holds its site's maps).
 QUEUED_PER_SITE = 2
@@ -165,7 +167,7 @@ class Policy:
 
     def begin(self) -> bool:
         """Whether the next whole-map batch runs overlapped."""
-        if not self._plan and not self._chosen and (self._since >= RECHECK or self._grown):
+        if not self._plan and ((not self._chosen and self._since >= RECHECK) or self._grown):
             self._plan = list(self.AGAIN)
         overlapped, timed = self._plan[0] if self._plan else (self._chosen, False)
         self._now = (overlapped, timed, 0.0)
@@ -197,7 +199,7 @@ class Policy:
                 self._decide()
         else:
             self._since += 1
-            self._grown = self._grown or tokens >= GROWN * self._tokens
+            self._grown = self._grown or (self._tokens > 0 and tokens >= GROWN * self._tokens)  # 0: never measured
 
     def _decide(self) -> None:
         over = sum(self._rates[True]) / len(self._rates[True])
