@@ -26,7 +26,7 @@ part at each thread count in the same process, interleaved (each repeat runs eve
 then the ratios side by side (minima of the repeats): the statistics' overlap with the forward pass
 (:mod:`probe.runs.overlap`) is meant to keep the ratios at the default count no worse than at one.
 ``analyze()`` and ``default probe analyze`` run with ``PROBE_OVERLAP`` as the environment has it (unset: ``auto``,
-which measures both loops on each run's first batches and keeps the faster, :class:`probe.runs.overlap.Policy`);
+the overlap where torch leaves a core over or the machine is busy when the run starts, :class:`probe.runs.overlap.Policy`);
 ``--serial`` adds ``analyze() serial`` and ``default serial``, the two parts with the serial loop
 (``PROBE_OVERLAP=0``), and ``--overlapped`` adds ``analyze() overlapped`` and ``default overlapped``, the two parts
 always overlapped (``PROBE_OVERLAP=1``), to every round. Each thread count's table ends with what ``auto``
@@ -226,18 +226,16 @@ def run(model: str, n: int, repeats: int, batch_size: int, corpus: str | None, d
 
 def choice() -> str:
     """What the overlap policy of the analysis run last did (:data:`probe.runs.overlap.LAST`): ``serial``
-    (no overlap applies), ``overlap`` (always: on, or a core left over) or the measured choices, e.g.
-    ``measured: serial (overlapped 1.31x)`` (the overlapped batches' time per token over the serial one's;
-    one per measurement)."""
+    (no overlap applies) or the policy's choice and its reason, e.g. ``serial (quiet, load 1.2)`` or
+    ``overlap (busy, load 5.3)``."""
     from probe.runs.overlap import LAST
 
     reason = LAST.get("reason", "")
-    if not LAST.get("trials"):
-        return ("serial" if reason.startswith("serial") else "overlapped (fewer batches than the measurement)"
-                if reason == "measured" else f"overlap ({reason})")
-    ratio = "{} (overlapped {:.2f}x)"
-    return "measured: " + ", ".join(ratio.format(t["chose"], t["overlapped_s_per_token"] / t["serial_s_per_token"])
-                                    for t in LAST["trials"])
+    if reason.startswith("serial"):
+        return "serial"
+    load = LAST.get("load")
+    where = reason if load is None else f"{reason}, load {load}"
+    return f"{'overlap' if LAST.get('overlapped') else 'serial'} ({where})"
 
 
 def per_call(lm, texts: list[str], batch_size: int, repeats: int, limit: int, clock: str = "wall") -> dict:

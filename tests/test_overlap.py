@@ -1,10 +1,9 @@
 """The accumulators' calls on a worker thread, overlapped with the forward pass (probe.runs.overlap):
 every statistic equal to the serial loop's, bit for bit (``==``, not a tolerance), the calls in the
 serial order, the serial loop where it must run (one thread, PROBE_OVERLAP=0, block capture, accumulators
-that hook the model), the default policy's decisions (a core left over: always; else the faster loop on the
-first batches, measured with a scripted clock, and again every RECHECK batches after keeping the serial one)
-with the same statistics whichever batches it overlaps, and an accumulator's exception leaving as it is,
-with no thread left behind."""
+that hook the model), the default policy's decisions (a core left over or a busy machine: overlapped; a quiet
+one: serial; faked cores and load average) with the same statistics whichever it chose, and an accumulator's
+exception leaving as it is, with no thread left behind."""
 
 from __future__ import annotations
 
@@ -192,7 +191,7 @@ class Interrupting(Where):
 
 
 def test_an_interrupt_in_the_forward_pass_stops_the_worker(monkeypatch, two_threads):
-    monkeypatch.delenv(overlap.ENV, raising=False)
+    monkeypatch.setenv(overlap.ENV, "1")
     lm = tiny_model("bert")
     beside, stopper = Where(), Interrupting()
     with pytest.raises(KeyboardInterrupt):
@@ -216,131 +215,58 @@ def test_the_worker_runs_calls_in_order_and_raises_the_first_error_once():
     assert done == [0, 1, 2, 3, 4] and not workers()
 
 
-class Scripted:
-    """A clock under which each measured batch of ``policy`` takes ``seconds[overlapped]`` (start and end are
-    the clock's two calls per measured batch)."""
+def test_auto_overlaps_where_a_core_is_left_over_or_the_machine_is_busy(monkeypatch):
+    def policy(**kw):
+        return overlap.Policy("auto", **kw)
 
-    def __init__(self, overlapped: float, serial: float):
-        self.seconds = {True: overlapped, False: serial}
-        self.t = 0.0
-        self.policy = None
-        self.calls = 0
-
-    def __call__(self) -> float:
-        self.calls += 1
-        if self.calls % 2 == 0:  # the batch's end
-            self.t += self.seconds[self.policy._now[0]]
-        return self.t
-
-
-def scripted_policy(overlapped: float, serial: float, **kw) -> overlap.Policy:
-    clock = Scripted(overlapped, serial)
-    policy = overlap.Policy("auto", clock=clock, **kw)
-    clock.policy = policy
-    return policy
-
-
-def decisions(policy: overlap.Policy, n: int, tokens: int = 100) -> list[bool]:
-    """The policy's choice for ``n`` whole-map batches of ``tokens`` tokens each, as run() asks for them."""
-    out = []
-    for _ in range(n):
-        out.append(policy.begin())
-        policy.start()
-        policy.end(tokens)
-    return out
-
-
-O, S = True, False
-
-
-def test_auto_measures_the_first_batches_and_keeps_the_faster_loop(monkeypatch):
-    monkeypatch.setattr(overlap, "RECHECK", 3)
-    quiet = scripted_policy(overlapped=1.25, serial=1.0, threads=2, n_cores=2)  # the serial loop 20% faster
-    assert decisions(quiet, 14) == [O, O, S, O] + [S] * 3 + [O, S, O] + [S] * 3 + [O]  # measured again after 3
-    assert quiet.reason == "measured" and [t["chose"] for t in quiet.trials] == ["serial", "serial"]
-    assert quiet.trials[0]["overlapped_s_per_token"] == pytest.approx(0.0125)
-    assert quiet.trials[0]["serial_s_per_token"] == pytest.approx(0.01)
-    busy = scripted_policy(overlapped=1.0, serial=4.0, threads=2, n_cores=2)  # the serial loop collapsed
-    assert decisions(busy, 30) == [O, O, S, O] + [O] * 26  # kept: not measured again
-    assert [t["chose"] for t in busy.trials] == ["overlap"]
-    tie = scripted_policy(overlapped=1.0, serial=1.0 - overlap.MARGIN / 2, threads=4, n_cores=4)
-    assert decisions(tie, 6) == [O, O, S, O, O, O]  # within the margin: the overlap
-    assert decisions(scripted_policy(1.0, 0.5, threads=2, n_cores=2), 3) == [O, O, S]  # a short run: no choice
-
-
-def test_auto_measures_again_once_the_batches_have_grown():
-    policy = scripted_policy(overlapped=1.25, serial=1.0, threads=2, n_cores=2)
-    assert decisions(policy, 6, tokens=50) == [O, O, S, O, S, S]
-    assert decisions(policy, 2, tokens=99) == [S, S]  # under GROWN (2) times the measured batches' 50
-    assert decisions(policy, 5, tokens=100) == [S, O, S, O, S]  # a batch of 100: measured again from the next
-    assert [t["tokens"] for t in policy.trials] == [50, 100] and policy._since < overlap.RECHECK
-    busy = scripted_policy(overlapped=1.0, serial=4.0, threads=2, n_cores=2)
-    assert decisions(busy, 30, tokens=50) == [O, O, S, O] + [O] * 26  # the overlap kept while the batches stay
-    assert decisions(busy, 6, tokens=100) == [O, O, S, O, O, O]  # measured again once they have grown
-    assert [t["chose"] for t in busy.trials] == ["overlap", "overlap"]
-
-
-def test_auto_overlaps_every_batch_where_a_core_is_left_over_and_on_always():
-    spare = scripted_policy(overlapped=9.0, serial=1.0, threads=2, n_cores=4)
-    assert decisions(spare, 20) == [O] * 20 and spare.reason == "core left over" and not spare.trials
-    on = overlap.Policy("on", threads=2, n_cores=2, clock=Scripted(9.0, 1.0))
-    assert decisions(on, 20) == [O] * 20 and on.reason == "on" and not on.trials
+    quiet = policy(threads=2, n_cores=2, load=1.5)  # measured: the serial loop faster here (load 0.8-1.7)
+    assert not quiet.overlapped and quiet.reason == "quiet"
+    assert not policy(threads=2, n_cores=2, load=2.0).overlapped  # at one per core: still quiet
+    busy = policy(threads=2, n_cores=2, load=2.8)  # measured: the serial loop collapsed (load 2.8-8)
+    assert busy.overlapped and busy.reason == "busy"
+    assert policy(threads=8, n_cores=8, load=8.5).overlapped and not policy(threads=8, n_cores=8, load=7.9).overlapped
+    spare = policy(threads=2, n_cores=4, load=0.0)  # the worker has a core of its own
+    assert spare.overlapped and spare.reason == "core left over"
+    unknown = policy(threads=2, n_cores=2, load=None)  # no load average (Windows): the smaller worst case
+    assert unknown.overlapped and unknown.reason == "no load average"
+    on = overlap.Policy("on", threads=2, n_cores=2, load=0.0)
+    assert on.overlapped and on.reason == "on"
+    assert on.summary() == {"setting": "on", "threads": 2, "cores": 2, "load": 0.0, "reason": "on", "overlapped": True}
+    monkeypatch.setattr(overlap.os, "getloadavg", lambda: (3.25, 1.0, 1.0))
+    assert overlap.load_average() == 3.25 and policy(threads=2, n_cores=2).load == 3.25
     assert overlap.mode({}) == "auto" and overlap.mode({overlap.ENV: "anything"}) == "auto"
     assert overlap.mode({overlap.ENV: " On"}) == "on" and overlap.mode({overlap.ENV: "1"}) == "on"
     assert overlap.mode({overlap.ENV: "0"}) == "off"
 
 
-def batch_threads(acc: Where) -> list[bool]:
-    """Per batch: whether its calls ran on the worker (each batch's calls all on one thread)."""
-    out = {}
-    for c in acc.calls:
-        out.setdefault(c[2] if c[0] == "update" else c[1], set()).add(c[-1])
-    assert all(len(v) == 1 for v in out.values())
-    return [v == {"probe-accumulators"} for v in out.values()]
+def batch_threads(acc: Where) -> set[str]:
+    return {c[-1] for c in acc.calls}
 
 
-@pytest.mark.parametrize("serial_seconds, expected", [
-    (1.0, [O, O, S, O] + [S] * 3 + [O, S, O] + [S] * 2),  # the serial loop faster: kept, measured again after 3
-    (9.0, [O, O, S, O] + [O] * 8),  # the overlap faster: kept
+@pytest.mark.parametrize("load, cores, env, thread, reason", [
+    (1.0, 2, None, "MainThread", "quiet"),
+    (5.0, 2, None, "probe-accumulators", "busy"),
+    (0.0, 4, None, "probe-accumulators", "core left over"),  # torch on 2 of 4 cores
+    (0.0, 2, "1", "probe-accumulators", "on"),
 ])
-def test_auto_in_analyze_switches_loops_between_batches_with_the_same_statistics(
-        serial_seconds, expected, monkeypatch, two_threads):
-    monkeypatch.setattr(overlap, "RECHECK", 3)
-    monkeypatch.setattr(overlap, "GROWN", 1e9)  # the texts' lengths do not measure again here (tested above)
-    monkeypatch.setattr(overlap, "cores", lambda: 2)
-    made = []
-
-    def policy(setting):
-        made.append(scripted_policy(overlapped=2.0, serial=serial_seconds))
-        assert setting == "auto"
-        return made[-1]
-
-    monkeypatch.setattr("probe.runs.analysis.Policy", policy)
+def test_auto_in_analyze_decides_per_run_with_the_same_statistics(load, cores, env, thread, reason, monkeypatch,
+                                                                  two_threads):
+    monkeypatch.setattr(overlap, "load_average", lambda: load)
+    monkeypatch.setattr(overlap, "cores", lambda: cores)
+    if env is None:
+        monkeypatch.delenv(overlap.ENV, raising=False)
+    else:
+        monkeypatch.setenv(overlap.ENV, env)
     lm = tiny_model("llama")
-    monkeypatch.delenv(overlap.ENV, raising=False)
     where = Where()
     extra = [a for a in pattern_accumulators(lm) if a.refusal(lm) is None]
-    auto = analyze(lm, TEXTS, batch_size=1, accumulators=[where, *extra])  # 12 batches
-    assert batch_threads(where) == expected
-    assert overlap.LAST["reason"] == "measured" and len(overlap.LAST["trials"]) == 1 + (serial_seconds == 1.0)
+    decided = analyze(lm, TEXTS, batch_size=4, accumulators=[where, *extra])
+    assert batch_threads(where) == {thread}
+    assert overlap.LAST["reason"] == reason and overlap.LAST["load"] == load
     monkeypatch.setenv(overlap.ENV, "0")
-    serial = analyze(lm, TEXTS, batch_size=1, accumulators=[Where(), *pattern_accumulators(lm)])
-    assert_identical(serial, auto)
+    serial = analyze(lm, TEXTS, batch_size=4, accumulators=[Where(), *pattern_accumulators(lm)])
+    assert_identical(serial, decided)
     assert overlap.LAST["reason"].startswith("serial") and not workers()
-
-
-def test_auto_in_analyze_overlaps_every_batch_where_a_core_is_left_over(monkeypatch, two_threads):
-    monkeypatch.delenv(overlap.ENV, raising=False)
-    monkeypatch.setattr(overlap, "cores", lambda: 4)  # torch on 2 of 4 cores
-    where = Where()
-    analyze(tiny_model("bert"), TEXTS, batch_size=1, accumulators=[where])
-    assert batch_threads(where) == [O] * 12 and overlap.LAST["reason"] == "core left over"
-    monkeypatch.setenv(overlap.ENV, "1")
-    monkeypatch.setattr(overlap, "cores", lambda: 2)
-    where = Where()
-    analyze(tiny_model("bert"), TEXTS, batch_size=1, accumulators=[where])
-    assert batch_threads(where) == [O] * 12 and overlap.LAST == {
-        "setting": "on", "threads": 2, "cores": 2, "reason": "on", "trials": []}
 
 
 @pytest.mark.parametrize("mode", ["", "1"])

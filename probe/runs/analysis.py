@@ -71,10 +71,11 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
 
     On the CPU with torch on more than one thread, the accumulators' calls may run on a worker thread, in
     the serial loop's order, while the forward pass goes on (:mod:`probe.runs.overlap`: the same sums,
-    bit for bit). Which batches do (:class:`probe.runs.overlap.Policy`): by default all where torch leaves
-    a core over, else the faster loop as measured on the run's first batches; ``PROBE_OVERLAP=1`` all,
-    ``PROBE_OVERLAP=0`` none. Those that hook the model, and every block-captured batch, run in the
-    forward pass's thread. An exception raised by an accumulator leaves as it would from the serial loop.
+    bit for bit). Whether they do (:class:`probe.runs.overlap.Policy`): by default where torch leaves a
+    core over or the machine is busy when the run starts (load average above one per core);
+    ``PROBE_OVERLAP=1`` always, ``PROBE_OVERLAP=0`` never. Those that hook the model, and every
+    block-captured batch, run in the forward pass's thread. An exception raised by an accumulator leaves as
+    it would from the serial loop.
 
     Raises:
         InputError: a bad ``query_block``.
@@ -94,7 +95,8 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     # accumulators that hook the model read what their hooks keep: always in the forward pass's thread
     own_hooks = [acc for acc in accumulators if getattr(acc, "hooks_model", False)]
     beside = enabled(input_device(lm.model)) and len(own_hooks) < len(accumulators)  # probe.runs.overlap
-    policy = Policy(mode()) if beside else None  # which whole-map batches are overlapped
+    policy = Policy(mode()) if beside else None  # whether the whole-map batches are overlapped
+    beside = beside and policy.overlapped
     state["overlap"] = None  # the worker for the batch now running, or None (serial)
 
     def call(method: str, *args, each=None) -> None:
@@ -148,13 +150,9 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
         for batch in batches:
             state["batch"] = batch
             rows = query_block_for(lm, batch, query_block)
-            measured = policy is not None and rows is None  # a whole-map batch: the policy says which loop
-            beside_now = measured and policy.begin()
-            if overlap is not None and (not beside_now or (measured and policy.timing)):
-                overlap.join()  # serial (block-captured or chosen) after the queued calls; a measured batch from empty
-            if measured:
-                policy.start()
-            state["overlap"] = overlap if beside_now else None
+            if rows is not None and overlap is not None:  # a block-captured batch: serial, after the queued calls
+                overlap.join()
+            state["overlap"] = overlap if rows is None else None
             state["active"] = list(accumulators) if rows is None else _block_ready(accumulators, batch, state)
             call("begin_batch", batch)
             paced("begin", len(batch), int(batch.input_ids.shape[1]))
@@ -165,10 +163,6 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
                 check_fired(lm, state["seen"])
                 state["seen"] = None
             call("end_batch", batch)
-            if measured:
-                if beside_now and policy.timing:  # a measured overlapped batch ends when its calls are done
-                    overlap.join()
-                policy.end(int(batch.input_ids.numel()))
             if progress is not None:
                 progress.update(len(batch))
     LAST.clear()

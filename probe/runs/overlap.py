@@ -26,30 +26,21 @@ Where it applies, whether it runs (:class:`Policy`, :data:`ENV`):
 - ``PROBE_OVERLAP=1`` (or ``on``, ``yes``, ``true``): always;
 - unset (``auto``, the default; any other value reads as ``auto``): where torch has fewer threads than
   the cores this process may use (:func:`probe.threads.cores`), always: the worker has a core of its own.
-  Where torch already has every core, the run measures both loops on its first whole-map batches and
-  keeps the faster: its first batch overlapped (untimed: the worker's first calls), then one batch
-  overlapped, one serial, one overlapped, each timed to the end of its calls and divided by its padded
-  tokens (the serial batch bracketed, so a trend in the batches' lengths or the machine's load cancels);
-  the serial loop is kept where its rate is lower than the overlapped batches' mean by more than
-  :data:`MARGIN`, else the overlap. Either way it measures again after a batch with :data:`GROWN` times the
-  padded tokens of the measured ones (batches are sorted by length, and the first ones, a few tokens each,
-  measure the per-call overheads more than the statistics: on a quiet machine they favoured the overlap,
-  0.70-0.96x the serial loop's time per token, where the whole run favoured the serial loop, and on a busy
-  one the other way round); a run that kept the serial loop also measures again every :data:`RECHECK`
-  batches (a machine that got busy during the run), one that kept the overlap does not (each measurement
-  runs a serial batch, which costs several batches' time on a busy machine). A run of
-  fewer than four whole-map batches ends before the measurement: it runs overlapped (three batches:
-  overlapped, overlapped, serial).
+  Where torch already has every core: only where the machine is busy when the run starts, its load average
+  over the last minute (:func:`os.getloadavg`) above :data:`BUSY` per core (2 on 2 cores); where the
+  system has no load average (Windows), always.
 
-Why a measurement and not a fixed rule (docs/measurements.md, "The statistics beside the forward pass";
-minilm, 500 sentences, 2 shared cores, bare sdpa forward = 1): on a quiet machine (load 0.9-1.5) at two
-threads the overlap cost time, analyze() 1.48x overlapped against 1.21x serial and the default analysis
-1.69x against 1.51x (the worker competes with torch's two threads for two cores); on a busy one (load
-4-8) the serial loop collapsed to 3.7-5.2x and the overlap did not (0.71-0.77x), and at load 2.8-3.7
-serial 1.44x against 0.36x overlapped. Where the line between them lies depends on the machine and on
-what else runs; the load average (:func:`os.getloadavg`) counts this process's own threads of the minute
-before (a notebook's previous analysis, a benchmark's previous part) and not how a virtual machine's
-cores are shared; the run's own batches measure what the run gets.
+Why (docs/measurements.md, "The statistics beside the forward pass"; minilm, 500 sentences, 2 shared cores,
+minima over the bare sdpa forward of the same thread count): on a quiet machine (load 0.8-1.7, this
+process's own threads included) at two threads the overlap cost time, analyze() 1.48x overlapped against
+1.17-1.21x serial and the default analysis 1.69-1.81x against 1.33-1.51x (the worker competes with torch's
+two threads for two cores); on a busy one the serial loop collapsed (load 2.8-3.7: 1.44x against 0.36x
+overlapped; load 4-8: 1.8-5.2x against 0.25-0.77x). A measurement on the run's own first batches (each
+loop timed on alternate batches, the faster kept) was tried first and judged wrongly: batch by batch the
+overlapped ones were 3-14% faster per token on the quiet machine where the whole run was 20-25% slower, and
+on the busy one the short first batches favoured the serial loop. The load average counts this process's
+own recent threads too (a notebook's previous analysis: up to torch's thread count): with the threshold at
+one per core a process alone does not read its own threads as a busy machine.
 
 An exception raised by a call in the worker is raised again, as it is, in the caller's thread at its
 next hand-over or when the batch's calls are waited for (:meth:`Overlap.join`); the calls queued after it
@@ -63,7 +54,6 @@ import contextvars
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -73,22 +63,14 @@ from ..threads import cores
 
 #: Environment variable: ``0`` (or :data:`OFF`) runs every accumulator in the forward pass's thread (the
 #: serial loop); ``1`` (or :data:`ON`) the overlap wherever it applies (:func:`enabled`); unset or anything
-#: else ``auto``: the faster of the two, measured on the run's first batches (:class:`Policy`).
+#: else ``auto``: the overlap where a core is left over or the machine is busy (:class:`Policy`).
 ENV = "PROBE_OVERLAP"
 #: The values of :data:`ENV` that turn the overlap off.
 OFF = ("0", "off", "no", "false")
 #: The values of :data:`ENV` that turn the overlap on wherever it applies, without a measurement.
 ON = ("1", "on", "yes", "true")
-#: ``auto`` keeps the serial loop only where its time per token is below the overlapped batches' mean by more
-#: than this fraction (the overlapped batches are timed to the end of their last call, which the next batch
-#: would overlap: a bias of a few percent against them; a tie goes to the overlap, whose worst case is smaller).
-MARGIN = 0.05
-#: ``auto``, after keeping the serial loop: whole-map batches before it measures both loops again.
-RECHECK = 16
-#: ``auto`` measures again (from the next batch) once a batch has this many times the padded tokens of the last
-#: measurement's largest (sorted batches grow, and the statistics' share with them: their maps grow as the
-#: square of the length, the forward pass nearly linearly).
-GROWN = 2
+#: ``auto`` overlaps where the load average over the last minute is above this many per core (the machine busy).
+BUSY = 1.0
 #: At most this many hand-overs per site of the model wait in the queue (each holds its site's maps).
 QUEUED_PER_SITE = 2
 #: True inside :func:`serial` (this thread or task): the serial loop.
@@ -127,95 +109,47 @@ def enabled(device: torch.device | str, environ=None) -> bool:
 LAST: dict = {}
 
 
-class Policy:
-    """Which whole-map batches of one run are overlapped, where :func:`enabled` says the overlap may run
-    (the rule: the module docstring).
+def load_average() -> float | None:
+    """The system's load average over the last minute (:func:`os.getloadavg`), or None where it has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
-    Use: before each whole-map batch, :meth:`begin` (True: overlap this batch), then, once the calls queued
-    before it are done where :attr:`timing` says it is measured, :meth:`start`; after its calls (those of a
-    measured overlapped batch waited for, :meth:`Overlap.join`), :meth:`end` with its padded token count.
-    A block-captured batch calls none of them.
+
+class Policy:
+    """Whether the whole-map batches of one run are overlapped (:attr:`overlapped`), where :func:`enabled`
+    says the overlap may run (the rule: the module docstring), decided when the run starts.
 
     Args:
         setting: ``"on"``, ``"auto"`` (:func:`mode`; ``"off"`` is no policy: :func:`enabled` is False).
         threads: torch's intra-op threads (default :func:`torch.get_num_threads`).
         n_cores: the cores this process may use (default :func:`probe.threads.cores`).
-        clock: seconds (default :func:`time.perf_counter`; tests give a scripted one).
+        load: the load average over the last minute (default :func:`load_average`; None: unknown).
     """
 
-    #: The measurement's batches, in order: (overlapped, timed).
-    FIRST = ((True, False), (True, True), (False, True), (True, True))
-    AGAIN = ((True, True), (False, True), (True, True))
-
     def __init__(self, setting: str = "auto", threads: int | None = None, n_cores: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 load: float | None = -1.0) -> None:
+        self.setting = setting
         self.threads = torch.get_num_threads() if threads is None else threads
         self.cores = cores() if n_cores is None else n_cores
-        self.setting = setting
-        self.clock = clock
-        #: "on" (always), "core left over" (always), "measured" (the trial decides)
-        self.reason = "on" if setting == "on" else "core left over" if self.threads < self.cores else "measured"
-        self._plan = list(self.FIRST) if self.reason == "measured" else []
-        self._chosen = True  # where no plan is left: overlap, until a measurement says otherwise
-        self._rates: dict[bool, list[float]] = {True: [], False: []}
-        self._measured: list[int] = []  # the padded tokens of the measurement's timed batches so far
-        self._since = 0  # whole-map batches since the last decision
-        self._tokens = 0  # the largest padded token count of the last measurement's batches
-        self._grown = False  # a batch since the last decision had GROWN times those tokens
-        self._now: tuple[bool, bool, float] | None = None
-        self.trials: list[dict] = []  # each measurement: its rates (s per token) and the choice
-
-    def begin(self) -> bool:
-        """Whether the next whole-map batch runs overlapped."""
-        if not self._plan and ((not self._chosen and self._since >= RECHECK) or self._grown):
-            self._plan = list(self.AGAIN)
-        overlapped, timed = self._plan[0] if self._plan else (self._chosen, False)
-        self._now = (overlapped, timed, 0.0)
-        return overlapped
-
-    def start(self) -> None:
-        """The batch begun last starts now (after the calls queued before it: a measured batch's clock)."""
-        if self._now is not None and self._now[1]:
-            self._now = (self._now[0], True, self.clock())
-
-    @property
-    def timing(self) -> bool:
-        """Whether the batch begun last is measured (an overlapped one must then be waited for before :meth:`end`)."""
-        return self._now is not None and self._now[1]
-
-    def end(self, tokens: int) -> None:
-        """The batch begun last ended (its calls done), with ``tokens`` padded tokens (batch x length)."""
-        if self._now is None:
-            return
-        overlapped, timed, t0 = self._now
-        seconds = self.clock() - t0 if timed else 0.0
-        self._now = None
-        if self._plan:
-            self._plan.pop(0)
-            if timed:
-                self._rates[overlapped].append(seconds / max(1, tokens))
-                self._measured.append(tokens)
-            if not self._plan:
-                self._decide()
+        self.load = load_average() if load is not None and load < 0 else load
+        if setting == "on":
+            self.reason, self.overlapped = "on", True
+        elif self.threads < self.cores:
+            self.reason, self.overlapped = "core left over", True
+        elif self.load is None:
+            self.reason, self.overlapped = "no load average", True
+        elif self.load > BUSY * self.cores:
+            self.reason, self.overlapped = "busy", True
         else:
-            self._since += 1
-            self._grown = self._grown or (self._tokens > 0 and tokens >= GROWN * self._tokens)  # 0: never measured
-
-    def _decide(self) -> None:
-        over = sum(self._rates[True]) / len(self._rates[True])
-        ser = sum(self._rates[False]) / len(self._rates[False])
-        self._chosen = not ser < over * (1 - MARGIN)
-        self._tokens = max(self._measured)
-        self.trials.append({"overlapped_s_per_token": over, "serial_s_per_token": ser, "tokens": self._tokens,
-                            "chose": "overlap" if self._chosen else "serial"})
-        self._rates, self._measured = {True: [], False: []}, []
-        self._since = 0
-        self._grown = False
+            self.reason, self.overlapped = "quiet", False
 
     def summary(self) -> dict:
-        """The setting, threads, cores, the reason and each measurement (JSON-ready)."""
-        return {"setting": self.setting, "threads": self.threads, "cores": self.cores, "reason": self.reason,
-                "trials": list(self.trials)}
+        """The setting, threads, cores, load, the reason and the choice (JSON-ready)."""
+        return {"setting": self.setting, "threads": self.threads, "cores": self.cores,
+                "load": None if self.load is None else round(self.load, 2), "reason": self.reason,
+                "overlapped": self.overlapped}
 
 
 class Overlap:
