@@ -26,7 +26,7 @@ part at each thread count in the same process, interleaved (each repeat runs eve
 then the ratios side by side (minima of the repeats): the statistics' overlap with the forward pass
 (:mod:`probe.runs.overlap`) is meant to keep the ratios at the default count no worse than at one.
 ``analyze()`` and ``default probe analyze`` run with ``PROBE_OVERLAP`` as the environment has it (unset: ``auto``,
-the overlap where torch leaves a core over or the machine is busy when the run starts, :class:`probe.runs.overlap.Policy`);
+the overlap where torch leaves a core over or the machine is busy at the start, :class:`probe.runs.overlap.Policy`);
 ``--serial`` adds ``analyze() serial`` and ``default serial``, the two parts with the serial loop
 (``PROBE_OVERLAP=0``), and ``--overlapped`` adds ``analyze() overlapped`` and ``default overlapped``, the two parts
 always overlapped (``PROBE_OVERLAP=1``), to every round. Each thread count's table ends with what ``auto``
