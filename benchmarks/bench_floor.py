@@ -25,8 +25,12 @@ part at each thread count in the same process, interleaved (each repeat runs eve
 :func:`probe.threads.set_threads` sizing torch's and numba's pools), prints one table per count and
 then the ratios side by side (minima of the repeats): the statistics' overlap with the forward pass
 (:mod:`probe.runs.overlap`) is meant to keep the ratios at the default count no worse than at one.
-``PROBE_OVERLAP=0`` in the environment measures the serial loop; ``--serial`` adds ``analyze() serial`` and
-``default serial``, the two parts with the serial loop, to every round, beside the overlapped ones.
+``analyze()`` and ``default probe analyze`` run with ``PROBE_OVERLAP`` as the environment has it (unset: ``auto``,
+the overlap where torch leaves a core over or the machine is busy at the start, :class:`probe.runs.overlap.Policy`);
+``--serial`` adds ``analyze() serial`` and ``default serial``, the two parts with the serial loop
+(``PROBE_OVERLAP=0``), and ``--overlapped`` adds ``analyze() overlapped`` and ``default overlapped``, the two parts
+always overlapped (``PROBE_OVERLAP=1``), to every round. Each thread count's table ends with what ``auto``
+chose in each timed run of the two parts (``PROBE_OVERLAP`` unset).
 
 ``--path torch|kernel`` chooses how the per-head statistics are computed in every part
 (:func:`probe.measures.kernel.stats_path`: the tensor operations, or one compiled pass per call,
@@ -110,9 +114,10 @@ def sdpa_pass(lm, batches) -> None:
         lm.model.set_attn_implementation("eager")
 
 
-def parts(lm, texts: list[str], batch_size: int, serial: bool = False) -> dict:
+def parts(lm, texts: list[str], batch_size: int, serial: bool = False, overlapped: bool = False) -> dict:
     """name -> zero-argument function running that part once (with ``serial``, also analyze() and the
-    default analysis with the serial loop: ``analyze() serial``, ``default serial``)."""
+    default analysis with the serial loop: ``analyze() serial``, ``default serial``; with ``overlapped``,
+    always overlapped: ``analyze() overlapped``, ``default overlapped``)."""
     from probe.capture.maps import forward
     from probe.patterns import CircuitProbe, circuit_probe, pattern_accumulators
     from probe.patterns.circuits import SINK_TEXTS
@@ -145,17 +150,20 @@ def parts(lm, texts: list[str], batch_size: int, serial: bool = False) -> dict:
     out = {"bare sdpa": bare, "eager + output_attentions": eager, "analyze()": analyze_default,
            "default probe analyze": cli_default, "tokenize": tokenize}
     if serial:  # the same two parts with the accumulators in the forward pass's thread (PROBE_OVERLAP=0)
-        out["analyze() serial"] = lambda: serially(analyze_default)
-        out["default serial"] = lambda: serially(cli_default)
+        out["analyze() serial"] = lambda: with_overlap("0", analyze_default)
+        out["default serial"] = lambda: with_overlap("0", cli_default)
+    if overlapped:  # the same two parts with every whole-map batch overlapped (PROBE_OVERLAP=1)
+        out["analyze() overlapped"] = lambda: with_overlap("1", analyze_default)
+        out["default overlapped"] = lambda: with_overlap("1", cli_default)
     return out
 
 
-def serially(fn) -> None:
-    """``fn()`` with :data:`probe.runs.overlap.ENV` set to ``0`` (the serial loop), restored afterwards."""
+def with_overlap(value: str, fn) -> None:
+    """``fn()`` with :data:`probe.runs.overlap.ENV` set to ``value``, restored afterwards."""
     from probe.runs.overlap import ENV
 
     before = os.environ.get(ENV)
-    os.environ[ENV] = "0"
+    os.environ[ENV] = value
     try:
         fn()
     finally:
@@ -166,45 +174,68 @@ def serially(fn) -> None:
 
 
 #: Parts that tokenize their texts inside the timed call.
-TOKENIZING = ("analyze()", "default probe analyze", "analyze() serial", "default serial")
+TOKENIZING = ("analyze()", "default probe analyze", "analyze() serial", "default serial", "analyze() overlapped",
+              "default overlapped")
 #: The parts in the order of the tables.
-ORDER = ("bare sdpa", "eager + output_attentions", "analyze()", "analyze() serial", "default probe analyze",
-         "default serial", "tokenize")
+ORDER = ("bare sdpa", "eager + output_attentions", "analyze()", "analyze() serial", "analyze() overlapped",
+         "default probe analyze", "default serial", "default overlapped", "tokenize")
+#: The parts that run with the environment's PROBE_OVERLAP (unset: auto), whose choices are recorded.
+AUTO = ("analyze()", "default probe analyze")
 
 
 def run(model: str, n: int, repeats: int, batch_size: int, corpus: str | None, dtype: str = "float32",
-        clock: str = "wall", calls: int = 64, threads: tuple[int, ...] = (2,), serial: bool = False) -> list[dict]:
+        clock: str = "wall", calls: int = 64, threads: tuple[int, ...] = (2,), serial: bool = False,
+        overlapped: bool = False) -> list[dict]:
     """One result per thread count in ``threads``, measured interleaved in this process (with ``serial``,
-    the serial loop's analyze() and default analysis beside the overlapped ones)."""
+    the serial loop's analyze() and default analysis beside the others; with ``overlapped``, the
+    always-overlapped ones)."""
     from probe.loading.models import load_model
     from probe.measures.kernel import PATH_ENV
     from probe.threads import set_threads
 
     texts, source = texts_for(n, corpus)
     lm = load_model(model, dtype=dtype)
-    fns = parts(lm, texts, batch_size, serial)
+    fns = parts(lm, texts, batch_size, serial, overlapped)
     for t in threads:  # warm-up: first-call costs (allocator, caches, each pool's start) out of the medians
         set_threads(t)
         for fn in fns.values():
             fn()
     times = {t: {name: [] for name in fns} for t in threads}
+    chosen = {t: {name: [] for name in AUTO} for t in threads}
     for _ in range(repeats):
         for t in threads:
             set_threads(t)
             for name, fn in fns.items():
                 times[t][name].append(timed(fn, clock))
+                if name in AUTO:
+                    chosen[t][name].append(choice())
     out = []
     for t in threads:
         set_threads(t)
         med = {name: statistics.median(v) for name, v in times[t].items()}
         r = {"model": model, "dtype": dtype, "n": n, "source": source, "batch_size": batch_size, "repeats": repeats,
              "threads": torch.get_num_threads(), "clock": clock, "path": os.environ.get(PATH_ENV, "kernel"),
-             "overlap": os.environ.get("PROBE_OVERLAP", "default"),
-             "times": times[t], "median_s": med, "min_s": {name: min(v) for name, v in times[t].items()}}
+             "overlap": os.environ.get("PROBE_OVERLAP", "auto"),
+             "times": times[t], "median_s": med, "min_s": {name: min(v) for name, v in times[t].items()},
+             "auto": chosen[t]}
         if calls:
             r["map_sums"] = per_call(lm, texts, batch_size, repeats, calls, clock)
         out.append(r)
     return out
+
+
+def choice() -> str:
+    """What the overlap policy of the analysis run last did (:data:`probe.runs.overlap.LAST`): ``serial``
+    (no overlap applies) or the policy's choice and its reason, e.g. ``serial (quiet, load 1.2)`` or
+    ``overlap (busy, load 5.3)``."""
+    from probe.runs.overlap import LAST
+
+    reason = LAST.get("reason", "")
+    if reason.startswith("serial"):
+        return "serial"
+    load = LAST.get("load")
+    where = reason if load is None else f"{reason}, load {load}"
+    return f"{'overlap' if LAST.get('overlapped') else 'serial'} ({where})"
 
 
 def per_call(lm, texts: list[str], batch_size: int, repeats: int, limit: int, clock: str = "wall") -> dict:
@@ -256,6 +287,8 @@ def table(r: dict, load_before, load_after) -> str:
         low = r.get("min_s", med)
         lines.append(f"{name:<28}{t:>10.3f}{'yes' if inside else 'no':>11}{t / bare:>18.2f}x{without:>21.2f}x"
                      f"{low[name]:>9.3f}{low[name] / low['bare sdpa']:>11.2f}x")
+    for name, runs in r.get("auto", {}).items():
+        lines.append(f"auto in {name}, each timed run: " + "; ".join(runs))
     if "map_sums" in r:
         m = r["map_sums"]
         t, k = m["per_call_s"]["torch"], m["per_call_s"]["kernel"]
@@ -270,7 +303,7 @@ def table(r: dict, load_before, load_after) -> str:
 def side_by_side(results: list[dict]) -> str:
     """The minima's ratios to the bare sdpa forward at each thread count, one column per count."""
     head = "".join(f"{str(r['threads']) + ' thread' + 's' * (r['threads'] > 1):>14}" for r in results)
-    lines = [f"side by side (min x bare, with tok; overlap {results[0].get('overlap', 'default')}):",
+    lines = [f"side by side (min x bare, with tok; overlap {results[0].get('overlap', 'auto')}):",
              f"{'part':<28}{head}"]
     for name in (n for n in ORDER if n in results[0]["min_s"]):
         cells = "".join(f"{r['min_s'][name] / r['min_s']['bare sdpa']:>13.2f}x" for r in results)
@@ -307,6 +340,8 @@ def main() -> None:
                         help="how the statistics are computed [default: PROBE_STATS_PATH, else kernel]")
     parser.add_argument("--serial", action="store_true",
                         help="also analyze() and the default analysis with the serial loop (PROBE_OVERLAP=0)")
+    parser.add_argument("--overlapped", action="store_true",
+                        help="also analyze() and the default analysis always overlapped (PROBE_OVERLAP=1)")
     parser.add_argument("--calls", type=int, default=64,
                         help="statistics calls timed on both paths after the table (0: none)")
     args = parser.parse_args()
@@ -318,7 +353,7 @@ def main() -> None:
         parser.error("--repeats must be at least 3 (medians of interleaved repeats)")
     before = tuple(round(x, 2) for x in os.getloadavg())
     results = run(args.model, args.n or DEFAULT_N.get(args.model, 200), args.repeats, args.batch_size, args.corpus,
-                  args.dtype, args.clock, args.calls, args.threads, args.serial)
+                  args.dtype, args.clock, args.calls, args.threads, args.serial, args.overlapped)
     after = tuple(round(x, 2) for x in os.getloadavg())
     print("\n\n".join(table(r, before, after) for r in results))
     if len(results) > 1:

@@ -1,7 +1,9 @@
 """The accumulators' calls on a worker thread, overlapped with the forward pass (probe.runs.overlap):
 every statistic equal to the serial loop's, bit for bit (``==``, not a tolerance), the calls in the
 serial order, the serial loop where it must run (one thread, PROBE_OVERLAP=0, block capture, accumulators
-that hook the model), and an accumulator's exception leaving as it is, with no thread left behind."""
+that hook the model), the default policy's decisions (a core left over or a busy machine: overlapped; a quiet
+one: serial; faked cores and load average) with the same statistics whichever it chose, and an accumulator's
+exception leaving as it is, with no thread left behind."""
 
 from __future__ import annotations
 
@@ -189,7 +191,7 @@ class Interrupting(Where):
 
 
 def test_an_interrupt_in_the_forward_pass_stops_the_worker(monkeypatch, two_threads):
-    monkeypatch.delenv(overlap.ENV, raising=False)
+    monkeypatch.setenv(overlap.ENV, "1")
     lm = tiny_model("bert")
     beside, stopper = Where(), Interrupting()
     with pytest.raises(KeyboardInterrupt):
@@ -211,3 +213,68 @@ def test_the_worker_runs_calls_in_order_and_raises_the_first_error_once():
             work.submit(done.append, 5)
             work.join()
     assert done == [0, 1, 2, 3, 4] and not workers()
+
+
+def test_auto_overlaps_where_a_core_is_left_over_or_the_machine_is_busy(monkeypatch):
+    def policy(**kw):
+        return overlap.Policy("auto", **kw)
+
+    quiet = policy(threads=2, n_cores=2, load=1.5)  # measured: the serial loop faster here (load 0.8-1.7)
+    assert not quiet.overlapped and quiet.reason == "quiet"
+    assert not policy(threads=2, n_cores=2, load=2.0).overlapped  # at one per core: still quiet
+    busy = policy(threads=2, n_cores=2, load=2.8)  # measured: the serial loop collapsed (load 2.8-8)
+    assert busy.overlapped and busy.reason == "busy"
+    assert policy(threads=8, n_cores=8, load=8.5).overlapped and not policy(threads=8, n_cores=8, load=7.9).overlapped
+    spare = policy(threads=2, n_cores=4, load=0.0)  # the worker has a core of its own
+    assert spare.overlapped and spare.reason == "core left over"
+    unknown = policy(threads=2, n_cores=2, load=None)  # no load average (Windows): the smaller worst case
+    assert unknown.overlapped and unknown.reason == "no load average"
+    on = overlap.Policy("on", threads=2, n_cores=2, load=0.0)
+    assert on.overlapped and on.reason == "on"
+    assert on.summary() == {"setting": "on", "threads": 2, "cores": 2, "load": 0.0, "reason": "on", "overlapped": True}
+    monkeypatch.setattr(overlap.os, "getloadavg", lambda: (3.25, 1.0, 1.0))
+    assert overlap.load_average() == 3.25 and policy(threads=2, n_cores=2).load == 3.25
+    assert overlap.mode({}) == "auto" and overlap.mode({overlap.ENV: "anything"}) == "auto"
+    assert overlap.mode({overlap.ENV: " On"}) == "on" and overlap.mode({overlap.ENV: "1"}) == "on"
+    assert overlap.mode({overlap.ENV: "0"}) == "off"
+
+
+def batch_threads(acc: Where) -> set[str]:
+    return {c[-1] for c in acc.calls}
+
+
+@pytest.mark.parametrize("load, cores, env, thread, reason", [
+    (1.0, 2, None, "MainThread", "quiet"),
+    (5.0, 2, None, "probe-accumulators", "busy"),
+    (0.0, 4, None, "probe-accumulators", "core left over"),  # torch on 2 of 4 cores
+    (0.0, 2, "1", "probe-accumulators", "on"),
+])
+def test_auto_in_analyze_decides_per_run_with_the_same_statistics(load, cores, env, thread, reason, monkeypatch,
+                                                                  two_threads):
+    monkeypatch.setattr(overlap, "load_average", lambda: load)
+    monkeypatch.setattr(overlap, "cores", lambda: cores)
+    if env is None:
+        monkeypatch.delenv(overlap.ENV, raising=False)
+    else:
+        monkeypatch.setenv(overlap.ENV, env)
+    lm = tiny_model("llama")
+    where = Where()
+    extra = [a for a in pattern_accumulators(lm) if a.refusal(lm) is None]
+    decided = analyze(lm, TEXTS, batch_size=4, accumulators=[where, *extra])
+    assert batch_threads(where) == {thread}
+    assert overlap.LAST["reason"] == reason and overlap.LAST["load"] == load
+    monkeypatch.setenv(overlap.ENV, "0")
+    serial = analyze(lm, TEXTS, batch_size=4, accumulators=[Where(), *pattern_accumulators(lm)])
+    assert_identical(serial, decided)
+    assert overlap.LAST["reason"].startswith("serial") and not workers()
+
+
+@pytest.mark.parametrize("mode", ["", "1"])
+def test_a_live_edit_runs_serially_whatever_the_setting(mode, monkeypatch, two_threads):
+    from probe.live.session import LiveSession
+
+    monkeypatch.setenv(overlap.ENV, mode)
+    monkeypatch.setattr(overlap, "cores", lambda: 4)  # even where a core is left over
+    LiveSession(tiny_model("bert")).analysis("The cat sat on the mat.")
+    assert overlap.LAST == {"setting": "on" if mode else "auto", "reason": "serial: no overlap applies"}
+    assert not workers()

@@ -33,7 +33,7 @@ from ..records import AnalysisResult
 from ..text.inputs import Batch, Text, as_texts, iter_batches, stream_texts
 from ..text.tokens import label_examples
 from ..util import plural, progress_bar
-from .overlap import QUEUED_PER_SITE, Overlap, enabled, submitter
+from .overlap import LAST, QUEUED_PER_SITE, Overlap, Policy, enabled, mode, submitter
 from .pace import Pace, to_stderr
 
 
@@ -69,11 +69,13 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     routers, :class:`probe.measures.routers.RouterLoad`) register their hooks through ``acc.hook(hooks)``,
     removed on exit.
 
-    On the CPU with torch on more than one thread, the accumulators' calls run on a worker thread, in
+    On the CPU with torch on more than one thread, the accumulators' calls may run on a worker thread, in
     the serial loop's order, while the forward pass goes on (:mod:`probe.runs.overlap`: the same sums,
-    bit for bit; ``PROBE_OVERLAP=0`` turns it off); those that hook the model, and every block-captured
-    batch, run in the forward pass's thread. An exception raised by an accumulator leaves as it would
-    from the serial loop.
+    bit for bit). Whether they do (:class:`probe.runs.overlap.Policy`): by default where torch leaves a
+    core over or the machine is busy when the run starts (load average above one per core);
+    ``PROBE_OVERLAP=1`` always, ``PROBE_OVERLAP=0`` never. Those that hook the model, and every
+    block-captured batch, run in the forward pass's thread. An exception raised by an accumulator leaves as
+    it would from the serial loop.
 
     Raises:
         InputError: a bad ``query_block``.
@@ -93,6 +95,8 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
     # accumulators that hook the model read what their hooks keep: always in the forward pass's thread
     own_hooks = [acc for acc in accumulators if getattr(acc, "hooks_model", False)]
     beside = enabled(input_device(lm.model)) and len(own_hooks) < len(accumulators)  # probe.runs.overlap
+    policy = Policy(mode()) if beside else None  # whether the whole-map batches are overlapped
+    beside = beside and policy.overlapped
     state["overlap"] = None  # the worker for the batch now running, or None (serial)
 
     def call(method: str, *args, each=None) -> None:
@@ -161,6 +165,8 @@ def run(lm: LoadedModel, batches: Iterable[Batch], accumulators: Sequence[Accumu
             call("end_batch", batch)
             if progress is not None:
                 progress.update(len(batch))
+    LAST.clear()
+    LAST.update(policy.summary() if policy is not None else {"setting": mode(), "reason": "serial: no overlap applies"})
     return notes + _left_out_notes(state, query_block)
 
 
