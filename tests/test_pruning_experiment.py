@@ -236,3 +236,42 @@ def test_bad_settings_are_input_errors(kwargs, match):
         prune(lm, TEXTS, **kwargs)
     with pytest.raises(InputError, match="corpus too small to split"):
         prune(lm, TEXTS[:3])
+
+
+@pytest.mark.parametrize("orders, seeds", [(("importance", "redundancy", "random"), 3), (("random",), 4),
+                                           (("redundancy",), 3), (("importance", "random"), 3)])
+def test_the_estimate_counts_every_scoring_pass_and_evaluation_the_curves_make(orders, seeds, monkeypatch):
+    """planned_calls equals the calls the run makes (the Tally's counts at the end), and the one line says the
+    calls left once every kind still to come has a pace, each at its latest call's time, the run's first call
+    (the scoring of the model as given) not counted as a pace (a scripted clock: every call takes one tick)."""
+    from probe.pruning import curves
+    from probe.runs import pace
+
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(pace, "clock", lambda: float(next(ticks)))
+    monkeypatch.setattr(pace, "LONG_S", 0.0)
+    made = []
+    real = pace.Tally
+
+    def tally(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr("probe.pruning.experiment.Tally", tally)
+    lines = []
+    lm = tiny_model("gpt2")
+    prune(lm, TEXTS, orders=orders, steps=3, fraction=0.5, seeds=seeds, batch_size=4, physical=False,
+          estimate=lines.append)
+    (t,) = made
+    assert t.done == t.totals == curves.planned_calls(orders, 3, seeds)
+    greedy = sum(o != "random" for o in orders)
+    assert t.totals == {"scoring passes": greedy * 3 - (greedy - 1) if greedy else 1,
+                        "evaluations": 1 + 3 * (greedy + (seeds if "random" in orders else 0))}
+    assert len(lines) == 1, lines
+    # calls: scoring of the model as given (the run's first: no pace), evaluation of step 0; random only: then
+    # every kind left has a pace; greedy: evaluation after step 1, then the next step's scoring
+    left = ({"scoring passes": t.totals["scoring passes"] - 2, "evaluations": t.totals["evaluations"] - 2} if greedy
+            else {"scoring passes": 0, "evaluations": t.totals["evaluations"] - 1})
+    parts = " and ".join(f"{n:,} {k} (1.00 s each)" for k, n in left.items() if n)
+    assert lines[0] == (f"pruning curves: {parts} left, about {pace.duration(sum(left.values()))} on this machine "
+                        "as loaded now")

@@ -283,11 +283,12 @@ MOST_PARAMETERS = 12
 #: argument by argument; 18 with ``announce``, the long-batch estimate's line), the attention maths with each model
 #: family's switch (``probe.attention``; ``scored_attention`` the same and ``scored``), the library's pruning and
 #: ablation experiments (``probe.prune``, ``probe.head_effects``: their options are PruneSettings' and
-#: EffectsSettings' fields, as keywords; ``head_effects``' 15th, ``estimate``, the line saying the passes left)
+#: EffectsSettings' fields, as keywords; ``head_effects``' 15th and ``prune``'s 16th, ``estimate``, the line
+#: saying the passes left)
 #: and ``probe.show``. The head view's data (``view_data``, 19) takes 12: side 0's word alignment and what is
 #: shown beside the maps are records (``probe.view.data.Alignment``, ``Display``).
 ABOVE = {"probe.runs.analysis.analyze": 18, "probe.capture.op.attention": 14,
-         "probe.capture.op.scored_attention": 15, "probe.pruning.experiment.prune": 15,
+         "probe.capture.op.scored_attention": 15, "probe.pruning.experiment.prune": 16,
          "probe.effects.measure.head_effects": 15, "probe.entries.notebook.show": 13}
 
 

@@ -78,8 +78,9 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
         if save_to:
             hold(claim_target(Path(save_to), force))
 
-    run = run_prune(model_name, settings, texts=seqs, source=source, console=command_console(progress, claim_both),
-                    device=device, dtype=dtype, removable=bool(save_to))
+    console = command_console(progress, claim_both, estimate=True)  # the curves' time left, once it is measured
+    run = run_prune(model_name, settings, texts=seqs, source=source, console=console, device=device, dtype=dtype,
+                    removable=bool(save_to))
     path = run.save(folder.path, force=force)
     if save_to:
         save_pruned_copy(run, save_to, force=force)

@@ -108,7 +108,8 @@ def run_prune(model, settings: PruneSettings | None = None, *, texts=None, sourc
                  f"to {s.fraction:.0%}")
     measured, analysis = prune_analysis(lm, texts, labels=labels, objective=s.objective, orders=list(s.orders),
                                         steps=s.steps, fraction=s.fraction, seeds=s.seeds, batch_size=s.batch_size,
-                                        max_length=s.max_length, progress=console.progress)
+                                        max_length=s.max_length, progress=console.progress,
+                                        estimate=console.estimate)
     return folder_result("prune", s, lm, analysis, measured, console,
                          {"heads": analysis.heads, "curves": measured.curves})
 

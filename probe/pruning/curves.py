@@ -19,6 +19,7 @@ Every value of a curve is the objective on the held-out batches only.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,7 @@ from ..bounds import PRUNING_ORDERS
 from ..causal.objectives import ZERO_WITHIN
 from ..errors import InputError
 from ..patterns.distance import HeadDistances
+from ..runs.pace import Tally
 from .importance import head_importance, normalize_per_layer
 from .redundancy import redundancy_pick
 
@@ -52,6 +54,29 @@ def schedule(n_total: int, n_start: int, fraction: float, steps: int) -> list[in
     return [n_start + round(i * (target - n_start) / steps) for i in range(1, steps + 1)]
 
 
+#: The kinds of calls a :class:`~probe.runs.pace.Tally` of the experiment times: a scoring pass over the scoring
+#: batches (forward and backward, :func:`~probe.pruning.importance.head_importance`), an evaluation of the objective
+#: over the held-out batches (forward only).
+SCORING, EVALUATION = "scoring passes", "evaluations"
+
+
+def planned_calls(orders: Sequence[str], points: int, seeds: int) -> dict[str, int]:
+    """How many scoring passes and evaluations :func:`run_orders` with these orders, ``points`` steps after step 0
+    and ``seeds`` random orders, and the scoring of the model as given, will make: a greedy order scores
+    before each of its steps (the model as given once, shared by every greedy order: it is memoized) and
+    evaluates after each; random evaluates after each step of each seed; step 0 is evaluated once. Where no
+    greedy order runs, the model as given is scored once (for its importance column)."""
+    greedy = sum(order != "random" for order in orders)
+    scoring = greedy * points - (greedy - 1) if greedy else 1
+    evaluations = 1 + points * (greedy + (seeds if "random" in orders else 0))
+    return {SCORING: scoring, EVALUATION: evaluations}
+
+
+def timed(tally: Tally | None, kind: str):
+    """``tally.call(kind)``, or a context that does nothing without a tally."""
+    return nullcontext() if tally is None else tally.call(kind)
+
+
 @dataclass
 class Context:
     """What every curve of one experiment shares.
@@ -65,6 +90,8 @@ class Context:
         probes, seed: importance settings (:func:`~probe.pruning.importance.head_importance`).
         with_distances: measure distances too when scoring the model as given (they are reported).
         bar: ``bar(total, desc)`` -> a tqdm-like bar, or None.
+        tally: a :class:`~probe.runs.pace.Tally` timing the scoring passes and evaluations (its totals:
+            :func:`planned_calls`), or None.
     """
 
     lm: object
@@ -79,6 +106,7 @@ class Context:
     bar: object = None
     with_distances: bool = False
     cache: dict = field(default_factory=dict)
+    tally: object = None
 
     def progress(self, total: int, desc: str):
         return None if self.bar is None else self.bar(total, desc)
@@ -93,8 +121,9 @@ class Context:
             accs = [HeadDistances(self.lm.sites, self.lm.geometry.n_heads, map_sequences=0)] if distances else []
             bar = self.progress(len(self.score), "scoring")
             try:
-                raw = head_importance(self.lm, self.score, self.objective, self.state, mask, probes=self.probes,
-                                      seed=self.seed, accumulators=accs, progress=bar)
+                with timed(self.tally, SCORING):
+                    raw = head_importance(self.lm, self.score, self.objective, self.state, mask, probes=self.probes,
+                                          seed=self.seed, accumulators=accs, progress=bar)
             finally:
                 if bar is not None:
                     bar.close()
@@ -110,7 +139,7 @@ def evaluate(ctx: Context, mask: torch.Tensor) -> float:
     it is within float32 rounding of 0, :data:`ZERO_WITHIN`)."""
     ctx.state.values = mask.float()
     total, count = 0.0, 0
-    with torch.no_grad():
+    with torch.no_grad(), timed(ctx.tally, EVALUATION):
         for batch in ctx.held_out:
             losses = ctx.objective.losses(ctx.lm, batch)
             total += float(losses.double().sum())

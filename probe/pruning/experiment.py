@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,9 +26,10 @@ from ..causal.gates import gated, ones
 from ..causal.objectives import OBJECTIVES, default_objective, label_ids, make_objective
 from ..causal.split import split_corpus
 from ..errors import InputError, UnsupportedAnalysisError
+from ..runs.pace import Tally
 from ..text.inputs import Text, as_texts, iter_batches
 from ..util import progress_bar
-from .curves import ORDERS, Context, Curve, run_orders, schedule
+from .curves import ORDERS, Context, Curve, planned_calls, run_orders, schedule
 from .redundancy import nearest
 from .removal import parameter_count, removal_unsupported, remove_heads
 
@@ -238,7 +239,8 @@ ONE_STACK_ONLY = "head pruning covers one-stack models (encoders, decoders); {} 
 def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labels: Sequence | None = None,
           orders: Sequence[str] = ORDERS, steps: int = 10, fraction: float = 0.5, seeds: int = 3,
           held_out: float = 0.5, split_seed: int = 0, batch_size: int = 16, max_length: int | None = None,
-          probes: int = 2, physical: bool = True, progress: bool = False) -> PruneResult:
+          probes: int = 2, physical: bool = True, progress: bool = False,
+          estimate: Callable[[str], None] | None = None) -> PruneResult:
     """Run the head-pruning experiment on ``lm`` (left unchanged) and return the curves.
 
     Args:
@@ -254,6 +256,9 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
             split's seed. probes: random projections per batch (``fidelity`` importance).
         physical: remove the heads from a copy, compare it with the gated model and time both.
         progress: tqdm bars (on stderr) on scoring and on every curve.
+        estimate: given one line once a scoring pass (after the first) and an evaluation have run, where the
+            curves' other calls will take :data:`probe.runs.pace.LONG_S` or more: their counts
+            (:func:`planned_calls`), each one's latest time and the sum (seconds).
 
     Returns:
         A :class:`PruneResult`.
@@ -284,8 +289,12 @@ def prune(lm, texts: Sequence[str | Text], *, objective: str | None = None, labe
             return progress_bar(total=total, desc=desc, leave=False)
     timings["setup_s"] = time.perf_counter() - t0
     with gated(lm, start) as state:
+        tally = Tally(planned_calls(orders, len(counts), seeds), "pruning curves", estimate)
         ctx = Context(lm, obj, state, score, held, start, counts, probes=probes, seed=split_seed, bar=bar,
-                      with_distances="redundancy" in orders)
+                      with_distances="redundancy" in orders, tally=tally)
+        # the model as given scored first (memoized: the greedy orders' first step and the importance column below
+        # read it), so that the estimate has timed a scoring pass before the evaluations go on
+        ctx.score_heads(start, distances="redundancy" in orders)
         curves, _ = run_orders(ctx, orders, seeds)
         imp, raw, dist = ctx.score_heads(start, distances="redundancy" in orders)
     timings["curves_s"] = time.perf_counter() - t0 - timings["setup_s"]

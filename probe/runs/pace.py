@@ -149,3 +149,66 @@ class Passes:
                 f"{duration(left)} left on this machine as loaded now")
         self.said.append(line)
         self.say(line)
+
+
+class Tally:
+    """Times a run made of calls of a few kinds whose numbers are known before it starts (``probe prune``'s
+    scoring passes over the scoring batches, with their backward pass, and evaluations over the held-out
+    batches) and says once what the rest will take, where that reaches :data:`LONG_S`.
+
+    Each kind's pace is the time of its latest call, the run's first call excepted (it carries one-off costs:
+    the first forward pass's set-up, a kernel's compile). The line is said once every kind that has calls
+    left has a pace: (calls left of each kind) x (its pace), summed.
+
+    Args:
+        totals: the calls each kind will make, by name as the line says them (``{"scoring passes": 11,
+            "evaluations": 61}``).
+        what: what the run is, as the line names it (``"pruning curves"``).
+        say: called with the one line, or None (nothing is said).
+        long_s: the threshold (seconds), default :data:`LONG_S`.
+    """
+
+    def __init__(self, totals: dict[str, int], what: str, say: Callable[[str], None] | None = None,
+                 long_s: float | None = None):
+        self.totals, self.what, self.say = dict(totals), what, say
+        self.long_s = LONG_S if long_s is None else long_s
+        self.done = {kind: 0 for kind in self.totals}
+        self.last: dict[str, float] = {}
+        self.said: list[str] = []
+
+    def timed(self, kind: str, seconds: float) -> None:
+        """One call of ``kind`` ran, taking ``seconds``."""
+        first = not any(self.done.values())
+        self.done[kind] = self.done.get(kind, 0) + 1
+        if first:
+            return
+        self.last[kind] = seconds
+        if self.say is None or self.said:
+            return
+        left = {k: max(0, n - self.done.get(k, 0)) for k, n in self.totals.items()}
+        if any(n and k not in self.last for k, n in left.items()):
+            return
+        seconds_left = sum(n * self.last[k] for k, n in left.items() if n)
+        if not any(left.values()) or seconds_left < self.long_s:
+            return
+        parts = " and ".join(f"{n:,} {k} ({self.last[k]:.2f} s each)" for k, n in left.items() if n)
+        line = f"{self.what}: {parts} left, about {duration(seconds_left)} on this machine as loaded now"
+        self.said.append(line)
+        self.say(line)
+
+    def call(self, kind: str):
+        """A context manager timing one call of ``kind`` (:meth:`timed` on exit, also where it raised)."""
+        return _Timed(self, kind)
+
+
+class _Timed:
+    def __init__(self, tally: Tally, kind: str):
+        self.tally, self.kind = tally, kind
+
+    def __enter__(self):
+        self.t0 = clock()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.tally.timed(self.kind, clock() - self.t0)
