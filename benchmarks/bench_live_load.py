@@ -18,17 +18,19 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_capture import _rss_kib  # noqa: E402  (the same memory figure as the capture benchmark)
 
 
 def rss_mib() -> float:
-    with open("/proc/self/status", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    """This process's resident memory now (VmRSS, MiB)."""
+    return _rss_kib("VmRSS") / 1024
 
 
 def main() -> None:
