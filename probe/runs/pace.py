@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from .. import util
 
@@ -196,19 +197,10 @@ class Tally:
         self.said.append(line)
         self.say(line)
 
+    @contextmanager
     def call(self, kind: str):
-        """A context manager timing one call of ``kind`` (:meth:`timed` on exit, also where it raised)."""
-        return _Timed(self, kind)
-
-
-class _Timed:
-    def __init__(self, tally: Tally, kind: str):
-        self.tally, self.kind = tally, kind
-
-    def __enter__(self):
-        self.t0 = clock()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if exc[0] is None:
-            self.tally.timed(self.kind, clock() - self.t0)
+        """A context manager timing one call of ``kind``: :meth:`timed` once it returns (a call that raised is
+        not counted)."""
+        t0 = clock()
+        yield
+        self.timed(kind, clock() - t0)
