@@ -211,8 +211,13 @@ def test_the_default_batch_holds_the_pairs_the_memory_allows():
     assert pairs_per_batch(graph, enc, 576, memory=1) == 1
 
 
+def fresh(ev: Evaluator) -> Evaluator:
+    """An evaluator of the same model and writes that has run nothing (remembers no circuit)."""
+    return Evaluator(ev.lm, ev.wiring, ev.graph, ev.enc, batch_size=3, writes=ev.writes)
+
+
 def test_circuits_that_prune_to_nothing_or_to_the_clean_run_need_no_pass(evaluated):
-    ev = evaluated
+    ev = fresh(evaluated)
     n = ev.graph.n_edges
     up, down = ev.graph.edge_index
     runs = ev.runs
@@ -224,6 +229,29 @@ def test_circuits_that_prune_to_nothing_or_to_the_clean_run_need_no_pass(evaluat
     assert ev.needs_pass(only_logits) and ev.runs == runs
     ev.metric(only_logits)
     assert ev.runs == runs + 1
+
+
+def test_a_circuit_whose_pruned_form_ran_before_is_not_run_again(evaluated):
+    """Greedy pruning tries circuits that differ only in edges off their paths: such a circuit has the
+    pruned form, the plan and the pass of one run before, so its M is remembered, not run again; and a
+    fresh evaluator that runs it gets the same value, bit for bit."""
+    ev = fresh(evaluated)
+    g = ev.graph
+    up, down = g.edge_index
+    only_logits = down == len(g.downstream) - 1
+    first_q = next(d for d, (kind, layer, _) in enumerate(g.downstream) if kind == "q" and layer == 1)
+    off = (up == g.head_node(0, 0)) & (down == first_q)  # L0H0 into a head of layer 1: L0H0 reads nothing
+    assert off.sum() == 1
+    with_off = only_logits | off
+    assert ev.plan(with_off).key == ev.plan(only_logits).key != b""
+    value = ev.metric(only_logits)
+    runs, remembered = ev.runs, ev.remembered
+    assert not ev.needs_pass(with_off)
+    assert ev.metric(with_off) == value and (ev.runs, ev.remembered) == (runs, remembered + 1)
+    other_ev = fresh(ev)
+    assert other_ev.needs_pass(with_off) and other_ev.metric(with_off) == value and other_ev.runs == 1
+    other = only_logits | ((up == 0) & (down == first_q))  # the embeddings into that head: on a path
+    assert ev.needs_pass(other) and ev.plan(other).key != ev.plan(only_logits).key
 
 
 def test_a_sparse_product_is_built_without_torchs_beta_warning():
@@ -243,3 +271,21 @@ def test_a_sparse_product_is_built_without_torchs_beta_warning():
     assert product.weights.layout == torch.sparse_csr
     x = torch.randn(40, 3, dtype=torch.float64)
     assert torch.equal(product.weights @ x, torch.as_tensor(w, dtype=torch.float64) @ x)
+
+
+
+def test_the_compiled_sums_equal_the_product_of_the_signed_weights():
+    """The compiled sums over writers (probe.circuits.rowsums), block by block of the width, equal the
+    dense product of the signed weights in float64 (to float32's rounding); a row without a term is 0."""
+    pytest.importorskip("numba")
+    from probe.circuits import rowsums
+
+    rng = np.random.default_rng(11)
+    w = (rng.random((16, 40)) < 0.3) * rng.choice([-1, 1], size=(16, 40))
+    w[4] = 0
+    diff = torch.as_tensor(rng.standard_normal((40, 3 * rowsums.BLOCK + 123)), dtype=torch.float32)
+    got = rowsums.weighted_rows(rowsums.csr(w), diff)
+    assert got is not None
+    want = torch.as_tensor(w, dtype=torch.float64) @ diff.double()
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+    assert torch.count_nonzero(got[4]) == 0

@@ -28,7 +28,7 @@ from .attribution import batches, capture_writes, logit_diff, metric_positions
 from .feeds import Patch
 from .forward import split_pass
 from .graph import Graph, edge_matrix
-from .passplan import PassPlan, needs_pass, plan_pass
+from .passplan import PassPlan, pass_key, plan_pass
 from .wiring import Wiring
 
 #: Circuit sizes of the faithfulness curve, as shares of all edges.
@@ -64,7 +64,9 @@ class Evaluator:
 
     Each circuit is planned first (:func:`~probe.circuits.passplan.plan_pass`): pruned to its paths,
     each input built from the cheaper of its own and its corrupted stream; a circuit whose pruned form
-    is the clean or the corrupted run is not run (its M is that run's, bit for bit).
+    is the clean or the corrupted run is not run (its M is that run's, bit for bit), nor is one whose
+    pruned form was run before (its M is remembered: greedy pruning tries many circuits that differ
+    only in edges off their paths).
 
     Args:
         lm, wiring, graph: the model, its wiring and graph.
@@ -73,7 +75,8 @@ class Evaluator:
             when already captured (the edge scores' own), or None: two passes a batch here.
 
     Attributes:
-        passes: circuits evaluated; runs: those that needed a pass (a pass a batch each).
+        passes: circuits evaluated; runs: those that needed a pass (a pass a batch each); remembered:
+            those whose pruned form had been run before.
     """
 
     def __init__(self, lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, batch_size: int = 8,
@@ -83,7 +86,8 @@ class Evaluator:
         self.writes = writes if writes is not None else [capture_writes(lm, wiring, graph, enc, rows)
                                                          for rows in self.rows]
         self._diffs: list[torch.Tensor | None] = [None] * len(self.rows)
-        self.passes = self.runs = 0
+        self.passes = self.runs = self.remembered = 0
+        self._known: dict[bytes, float] = {}  # a pruned circuit's packed edges -> its M
 
     @property
     def ld_clean(self) -> float:
@@ -106,9 +110,15 @@ class Evaluator:
         return plan_pass(self.graph, edge_matrix(self.graph, included), corrupted.dtype, corrupted.device,
                          self.coupled)
 
+    def forget(self) -> None:
+        """Forget the M of every circuit run so far: the next pass of each is run again (to time it)."""
+        self._known.clear()
+
     def needs_pass(self, included: np.ndarray) -> bool:
-        """Whether the circuit ([edges] boolean) is run (:func:`~probe.circuits.passplan.needs_pass`)."""
-        return needs_pass(self.graph, edge_matrix(self.graph, included), self.coupled)
+        """Whether the circuit ([edges] boolean) is run: it needs a pass
+        (:func:`~probe.circuits.passplan.needs_pass`) and its pruned form has not been run before."""
+        key = pass_key(self.graph, edge_matrix(self.graph, included), self.coupled)
+        return key is not None and key not in self._known
 
     @torch.no_grad()
     def metric(self, included: np.ndarray) -> float:
@@ -123,6 +133,9 @@ class Evaluator:
             return self.ld_clean
         if plan.run == "corrupted":
             return self.ld_corrupted
+        if plan.key in self._known:
+            self.remembered += 1
+            return self._known[plan.key]
         self.runs += 1
         values = []
         for b, (rows, writes) in enumerate(zip(self.rows, self.writes)):
@@ -132,7 +145,8 @@ class Evaluator:
             where = metric_positions(self.enc, rows)
             logits = split_pass(self.lm, self.wiring, self.enc.clean[rows], self.enc.mask[rows], feed, positions=where)
             values.append(logit_diff(logits, self.enc, rows, where).double().cpu())
-        return float(torch.cat(values).mean())
+        self._known[plan.key] = value = float(torch.cat(values).mean())
+        return value
 
 
 @dataclass

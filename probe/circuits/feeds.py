@@ -130,16 +130,20 @@ class Patch(Feed):
     def wrote(self, kind: str, layer: int, out: torch.Tensor) -> None:
         g = self.graph
         if kind == "input":
-            self.diff[0] = out.detach() - self.corrupted[0]
+            torch.sub(out.detach(), self.corrupted[0], out=self.diff[0])
         elif kind == "mlp" and self.plan.writers[g.mlp_node(layer)]:
             u = g.mlp_node(layer)
-            self.diff[u] = out.detach() - self.corrupted[u]
+            torch.sub(out.detach(), self.corrupted[u], out=self.diff[u])
         elif kind == "heads":
+            first = g.head_node(layer, 0)
+            if len(out) == g.heads and self.plan.writers[first:first + g.heads].all():  # one subtraction
+                torch.sub(out.detach(), self.corrupted[first:first + g.heads], out=self.diff[first:first + g.heads])
+                return
             heads = range(g.heads) if len(out) == g.heads else self._heads(layer)
             for row, h in enumerate(heads):
-                u = g.head_node(layer, h)
+                u = first + h
                 if self.plan.writers[u]:
-                    self.diff[u] = out[row].detach() - self.corrupted[u]
+                    torch.sub(out[row].detach(), self.corrupted[u], out=self.diff[u])
 
     def _streams(self, group, own: torch.Tensor, base: torch.Tensor, part: torch.Tensor | None) -> torch.Tensor:
         """[rows, batch, T, d_model]: each row's own or corrupted stream plus its part of the product."""

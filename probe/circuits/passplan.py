@@ -91,12 +91,15 @@ class PassPlan:
             v and MLP inputs in that order (one product a layer, done when q asks).
         writers: [writers] boolean, the writers whose differences the pass needs.
         terms: the number of (write - corrupted write) terms summed over all inputs.
+        key: the pruned circuit's edges, packed ([inputs, writers] bits): two circuits with the same key
+            have the same plan and the same pass (b"" for a clean or corrupted run).
     """
 
     run: str
     groups: dict = field(default_factory=dict)
     writers: np.ndarray | None = None
     terms: int = 0
+    key: bytes = b""
 
 
 def _product(weights: np.ndarray, lo: int, hi: int, dtype, device) -> Product | None:
@@ -113,11 +116,12 @@ def _product(weights: np.ndarray, lo: int, hi: int, dtype, device) -> Product | 
 
 
 def _terms(graph: Graph, included: np.ndarray, coupled=None):
-    """(run, writers, from_corrupted [inputs], weights [inputs, writers] int8) of a circuit's pass
-    (:func:`plan_pass`); run ``"corrupted"`` or ``"clean"`` with the other three None."""
+    """(run, writers, from_corrupted [inputs], weights [inputs, writers] int8, kept [inputs, writers]
+    the pruned circuit) of a circuit's pass (:func:`plan_pass`); run ``"corrupted"`` or ``"clean"`` with
+    the other four None."""
     kept = paths(graph, included, coupled)
     if not kept.any():
-        return "corrupted", None, None, None
+        return "corrupted", None, None, None, None
     readers, _ = _layout(graph)
     writers = readers[kept.any(1)].any(0)  # the writers whose inputs read a difference
     writers[0] = True
@@ -133,14 +137,21 @@ def _terms(graph: Graph, included: np.ndarray, coupled=None):
     weights = np.where(from_corrupted[:, None], kept.astype(np.int8), -exc_edges.astype(np.int8))
     weights[exc == 0] = 0  # every edge on the paths is in: the row reads its own stream
     if not from_corrupted.any() and not weights.any():
-        return "clean", None, None, None
-    return "pass", writers, from_corrupted, weights
+        return "clean", None, None, None, None
+    return "pass", writers, from_corrupted, weights, kept
+
+
+def pass_key(graph: Graph, included: np.ndarray, coupled=None) -> bytes | None:
+    """The :attr:`PassPlan.key` of a circuit ([inputs, writers] boolean) that needs a pass, or None where
+    its pruned form is the clean or the corrupted run (:func:`plan_pass`)."""
+    run, *_, kept = _terms(graph, included, coupled)
+    return np.packbits(kept).tobytes() if run == "pass" else None
 
 
 def needs_pass(graph: Graph, included: np.ndarray, coupled=None) -> bool:
     """Whether a circuit ([inputs, writers] boolean) needs a pass: its pruned form is neither the
     clean nor the corrupted run (:func:`plan_pass`)."""
-    return _terms(graph, included, coupled)[0] == "pass"
+    return pass_key(graph, included, coupled) is not None
 
 
 def plan_pass(graph: Graph, included: np.ndarray, dtype=torch.float32, device=None, coupled=None) -> PassPlan:
@@ -159,7 +170,7 @@ def plan_pass(graph: Graph, included: np.ndarray, dtype=torch.float32, device=No
         A :class:`PassPlan`.
     """
     device = torch.device("cpu") if device is None else torch.device(device)
-    run, writers, from_corrupted, weights = _terms(graph, included, coupled)
+    run, writers, from_corrupted, weights, kept = _terms(graph, included, coupled)
     if run != "pass":
         return PassPlan(run, writers=np.zeros(graph.n_upstream, dtype=bool))
     groups: dict = {}
@@ -183,4 +194,4 @@ def plan_pass(graph: Graph, included: np.ndarray, dtype=torch.float32, device=No
     groups[("logits", graph.layers)] = Group([last], from_corrupted[[last]],
                                              _product(weights[[last]].astype(np.float32), 0, graph.n_upstream,
                                                       dtype, device))
-    return PassPlan("pass", groups, writers, int(np.count_nonzero(weights)))
+    return PassPlan("pass", groups, writers, int(np.count_nonzero(weights)), np.packbits(kept).tobytes())
