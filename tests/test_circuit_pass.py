@@ -252,6 +252,8 @@ def test_a_circuit_whose_pruned_form_ran_before_is_not_run_again(evaluated):
     assert other_ev.needs_pass(with_off) and other_ev.metric(with_off) == value and other_ev.runs == 1
     other = only_logits | ((up == 0) & (down == first_q))  # the embeddings into that head: on a path
     assert ev.needs_pass(other) and ev.plan(other).key != ev.plan(only_logits).key
+    ev.forget()  # to time a pass again: the next one runs
+    assert ev.needs_pass(with_off) and ev.metric(with_off) == value and ev.runs == runs + 1
 
 
 def test_a_sparse_product_is_built_without_torchs_beta_warning():
