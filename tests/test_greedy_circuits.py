@@ -57,6 +57,19 @@ def test_the_pass_budget_is_kept_and_a_lower_threshold_keeps_fewer_edges(pruned)
     assert greedy_circuit(ev, scores, 0.3).circuit.sum() <= g.circuit.sum()
 
 
+def test_each_round_is_reported_as_it_ends(pruned):
+    """A second greedy pruning on the same evaluator (its circuits remembered) chooses the same circuit,
+    and reports each round as it ends: the last report is the result's own."""
+    ev, scores, g = pruned
+    seen = []
+    again = greedy_circuit(ev, scores, 0.8, on_round=lambda *r: seen.append(r))
+    assert np.array_equal(again.circuit, g.circuit) and again.faithfulness == g.faithfulness
+    assert [r[0] for r in seen] == list(range(1, again.rounds + 1))
+    assert seen[-1] == (again.rounds, again.passes, int(again.circuit.sum()), again.faithfulness)
+    assert all(a[1] < b[1] and a[2] >= b[2] for a, b in zip(seen, seen[1:]))
+    assert again.converged and len(seen) >= 2 and seen[-1][2] == seen[-2][2]  # the last round removed nothing
+
+
 def test_pairs_that_do_not_differ_keep_the_complete_graph():
     lm = tiny_model("llama")
     wiring, graph, _ = checked_graph(lm)
@@ -80,6 +93,7 @@ def test_circuit_command_with_greedy_selection(tmp_path):
     top = pd.read_csv(tmp_path / "run" / "faithfulness.csv").set_index("k").loc[k, "faithfulness"]
     assert greedy["top_k_faithfulness"] == pytest.approx(top, abs=1e-5)  # top-k of the same size beside it
     assert f"greedy circuit of {k} edges: faithfulness {greedy['faithfulness']:.3f}" in result.output
+    assert f"greedy pruning, round {greedy['rounds']}: {greedy['passes']} circuits so far" in result.output
     assert "greedy pruning from the complete graph" in (tmp_path / "run" / "index.html").read_text(encoding="utf-8")
     bad = invoke_cli("circuit", "--model", model, "--threshold", "1.5")
     assert bad.exit_code == 2 and "--threshold" in bad.output

@@ -51,7 +51,7 @@ class Greedy:
 
 def greedy_circuit(evaluator: Evaluator, scores: np.ndarray, threshold: float = THRESHOLD,
                    max_passes: int | None = None, m_full: float | None = None, m_empty: float | None = None,
-                   progress=None) -> Greedy:
+                   progress=None, on_round=None) -> Greedy:
     """Greedy pruning (module docstring).
 
     Args:
@@ -61,6 +61,8 @@ def greedy_circuit(evaluator: Evaluator, scores: np.ndarray, threshold: float = 
         max_passes: the most circuits evaluated (None: no limit).
         m_full, m_empty: M of the complete and the empty circuit, when already measured (else two passes).
         progress: called after each pass with the passes so far, or None.
+        on_round: called after each round with (rounds so far, passes so far, edges kept, their
+            faithfulness), or None.
 
     Returns:
         The :class:`Greedy` circuit.
@@ -102,6 +104,8 @@ def greedy_circuit(evaluator: Evaluator, scores: np.ndarray, threshold: float = 
                 chunk //= 2
             else:
                 i += 1
+        if on_round is not None:
+            on_round(rounds, passes[0], int(kept.sum()), float(value))
         if not removed_any:
             converged = i >= len(order)  # a whole round without a removal
             break

@@ -212,7 +212,8 @@ def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | Non
         greedy = None
         if select == "greedy":
             with _bar(progress, max_passes, "greedy pruning", "circuit") as bar:
-                greedy = greedy_circuit(evaluator, scores, threshold, max_passes, progress=bar)
+                rounds = None if not say else lambda *r, t=t: say(_round_line(*r, evaluator, t))
+                greedy = greedy_circuit(evaluator, scores, threshold, max_passes, progress=bar, on_round=rounds)
             k = int(greedy.circuit.sum())
             if say:
                 say(f"greedy pruning ({greedy.passes} circuits, {greedy.rounds} rounds): {k} edges kept, faithfulness "
@@ -254,6 +255,12 @@ class _bar:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _round_line(rounds: int, passes: int, edges: int, faithfulness: float, evaluator: Evaluator, start: float) -> str:
+    """The line said after each round of greedy pruning (a round that removes nothing ends it)."""
+    return (f"greedy pruning, round {rounds}: {passes} circuits so far ({evaluator.runs} run), {edges} edges kept, "
+            f"faithfulness {faithfulness:.3f}, {time.perf_counter() - start:.0f} s")
 
 
 def circuit_analysis(lm, pairs: list[Pair] | None = None, *, say=None, progress: bool = False,
