@@ -87,7 +87,7 @@ class Evaluator:
                                                          for rows in self.rows]
         self._diffs: list[torch.Tensor | None] = [None] * len(self.rows)
         self.passes = self.runs = self.remembered = 0
-        self._known: dict[bytes, float] = {}  # a pruned circuit's packed edges -> its M
+        self._known: dict[bytes, float] = {}  # a pruned circuit's key (PassPlan.key) -> its M
 
     @property
     def ld_clean(self) -> float:

@@ -22,6 +22,7 @@ stream is the clean run.
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from dataclasses import dataclass, field
 
@@ -91,7 +92,7 @@ class PassPlan:
             v and MLP inputs in that order (one product a layer, done when q asks).
         writers: [writers] boolean, the writers whose differences the pass needs.
         terms: the number of (write - corrupted write) terms summed over all inputs.
-        key: the pruned circuit's edges, packed ([inputs, writers] bits): two circuits with the same key
+        key: a digest of the pruned circuit's edges (:func:`pass_key`): two circuits with the same key
             have the same plan and the same pass (b"" for a clean or corrupted run).
     """
 
@@ -145,7 +146,13 @@ def pass_key(graph: Graph, included: np.ndarray, coupled=None) -> bytes | None:
     """The :attr:`PassPlan.key` of a circuit ([inputs, writers] boolean) that needs a pass, or None where
     its pruned form is the clean or the corrupted run (:func:`plan_pass`)."""
     run, *_, kept = _terms(graph, included, coupled)
-    return np.packbits(kept).tobytes() if run == "pass" else None
+    return _key(kept) if run == "pass" else None
+
+
+def _key(kept: np.ndarray) -> bytes:
+    """A 32-byte BLAKE2b digest of the pruned circuit's [inputs, writers] bits (a few KB to a few hundred
+    KB packed, so remembering thousands of circuits keeps their digests, not their edges)."""
+    return hashlib.blake2b(np.packbits(kept).tobytes(), digest_size=32).digest()
 
 
 def needs_pass(graph: Graph, included: np.ndarray, coupled=None) -> bool:
@@ -194,4 +201,4 @@ def plan_pass(graph: Graph, included: np.ndarray, dtype=torch.float32, device=No
     groups[("logits", graph.layers)] = Group([last], from_corrupted[[last]],
                                              _product(weights[[last]].astype(np.float32), 0, graph.n_upstream,
                                                       dtype, device))
-    return PassPlan("pass", groups, writers, int(np.count_nonzero(weights)), np.packbits(kept).tobytes())
+    return PassPlan("pass", groups, writers, int(np.count_nonzero(weights)), _key(kept))
