@@ -244,13 +244,18 @@ def test_a_circuit_whose_pruned_form_ran_before_is_not_run_again(evaluated):
     assert off.sum() == 1
     with_off = only_logits | off
     assert ev.plan(with_off).key == ev.plan(only_logits).key != b""
+    other = only_logits | ((up == 0) & (down == first_q))  # the embeddings into that head: on a path
+    nothing, everything = np.zeros(g.n_edges, dtype=bool), np.ones(g.n_edges, dtype=bool)
+    # the passes a list of circuits will cost (the forecast's count): one per distinct pruned form
+    assert ev.pending([only_logits, with_off, nothing, everything, other, with_off]) == {
+        ev.plan(only_logits).key, ev.plan(other).key}
     value = ev.metric(only_logits)
+    assert ev.pending([only_logits, with_off, other]) == {ev.plan(other).key}
     runs, remembered = ev.runs, ev.remembered
     assert not ev.needs_pass(with_off)
     assert ev.metric(with_off) == value and (ev.runs, ev.remembered) == (runs, remembered + 1)
     other_ev = fresh(ev)
     assert other_ev.needs_pass(with_off) and other_ev.metric(with_off) == value and other_ev.runs == 1
-    other = only_logits | ((up == 0) & (down == first_q))  # the embeddings into that head: on a path
     assert ev.needs_pass(other) and ev.plan(other).key != ev.plan(only_logits).key
     ev.forget()  # to time a pass again: the next one runs
     assert ev.needs_pass(with_off) and ev.metric(with_off) == value and ev.runs == runs + 1

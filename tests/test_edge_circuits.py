@@ -399,6 +399,11 @@ def test_circuit_command_writes_the_run_folder(circuit_folder):
     announced = re.search(r"about (\d+) x \((\d+) \+ (\d+) sizes x (\d+)\)", output)
     batches, fixed, sizes, each = map(int, announced.groups())
     assert batches * (fixed + sizes * each) == record["passes"]["faithfulness"]
+    # the circuits the curve runs, counted once the scores are known, are those it ran (two circuits with
+    # the same pruned form are one pass: the second is remembered)
+    counted = re.search(r"estimate after the scores .* for faithfulness \((\d+) circuit passes a batch\)", output)
+    ran = re.search(r"faithfulness \(\d+ circuits, (\d+) of them run\)", output)
+    assert int(counted.group(1)) == int(ran.group(1)) == record["passes"]["circuits_run"] // batches
 
 
 def test_circuit_command_with_left_points_writes_the_librarys_left_scores(tmp_path):

@@ -120,6 +120,14 @@ class Evaluator:
         key = pass_key(self.graph, edge_matrix(self.graph, included), self.coupled)
         return key is not None and key not in self._known
 
+    def pending(self, circuits) -> set[bytes]:
+        """The keys (:attr:`~probe.circuits.passplan.PassPlan.key`) of the passes that ``circuits``
+        ([edges] boolean each) will run: their distinct pruned forms that need a pass and have not been
+        run. Two of them with the same pruned form cost one pass, so their count is ``len`` of this set,
+        not the number of circuits for which :meth:`needs_pass` is true."""
+        keys = {pass_key(self.graph, edge_matrix(self.graph, c), self.coupled) for c in circuits}
+        return {k for k in keys if k is not None and k not in self._known}
+
     @torch.no_grad()
     def metric(self, included: np.ndarray) -> float:
         """M(C): the mean logit difference of the circuit's pass (module docstring).

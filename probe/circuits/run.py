@@ -28,7 +28,7 @@ from .evaluate import SHARES, Evaluator, Faithfulness, curve_circuits, faithfuln
 from .forecast import Forecast
 from .graph import Graph, edge_matrix, prune
 from .greedy import Greedy, greedy_circuit
-from .passplan import needs_pass
+from .passplan import pass_key
 
 #: The circuit's default size: this share of all edges.
 DEFAULT_SHARE = 0.05
@@ -183,10 +183,11 @@ def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | Non
         if plan:
             plan(graph, len(sizes_planned), n_batches)
         coupled = [layer.attn_post is not None for layer in wiring.layers]
-        # the random circuits do not depend on the scores: which of them need a pass is known now
-        random_runs = sum(needs_pass(graph, edge_matrix(graph, random_edges(graph.n_edges, size, s)), coupled)
-                          for size in sizes_planned for s in range(seeds)) if estimate is not None else 0
-        forecast = Forecast(n_batches, m, len(sizes_planned) + random_runs,
+        # the random circuits do not depend on the scores: which of them need a pass is known now (one pass
+        # for each distinct pruned form: the evaluator remembers the others)
+        random_keys = {pass_key(graph, edge_matrix(graph, random_edges(graph.n_edges, size, s)), coupled)
+                       for size in sizes_planned for s in range(seeds)} - {None} if estimate is not None else set()
+        forecast = Forecast(n_batches, m, len(sizes_planned) + len(random_keys),
                             (max_passes or 0) if select == "greedy" else 0,
                             _label_passes(lm, pairs, enc, batch_size) if estimate is not None else 0.0)
         t = time.perf_counter()
@@ -206,7 +207,7 @@ def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | Non
             say(f"edge scores ({method}, {graph.n_edges} edges): done in {seconds['edges_s']:.1f} s")
         evaluator = Evaluator(lm, wiring, graph, enc, batch_size, writes=kept)
         if estimate is not None:
-            forecast.runs = random_runs + sum(evaluator.needs_pass(top_edges(scores, size)) for size in sizes_planned)
+            forecast.runs = len(random_keys | evaluator.pending(top_edges(scores, size) for size in sizes_planned))
             estimate(forecast.after_scores(seconds["edges_s"]))
         t = time.perf_counter()
         greedy = None
@@ -220,7 +221,7 @@ def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | Non
                     f"{greedy.faithfulness:.3f}{'' if greedy.converged else ' (pass budget spent before convergence)'}")
         sizes = circuit_sizes(graph.n_edges, k, shares or SHARES)
         if select == "greedy" and estimate is not None:
-            curve_runs = sum(evaluator.needs_pass(c) for _, _, c in curve_circuits(scores, sizes, seeds))
+            curve_runs = len(evaluator.pending(c for _, _, c in curve_circuits(scores, sizes, seeds)))
             estimate(forecast.after_greedy(time.perf_counter() - t, evaluator.runs, curve_runs))
         runs_before, t_curve = evaluator.runs, time.perf_counter()
         with _bar(progress, 2 + len(sizes) * (1 + seeds), "circuit passes", "circuit") as bar:

@@ -32,7 +32,8 @@ from .start import Folder, command_console, read_pairs
 @setting_option(CircuitSettings, "threshold", "--threshold", show_default=True,
                 help="--select greedy: the faithfulness the circuit keeps.")
 @setting_option(CircuitSettings, "max_passes", "--max-passes", show_default=True,
-                help="--select greedy: the most circuits evaluated (each one pass per batch of pairs).")
+                help="--select greedy: the most circuits evaluated (each at most one pass per batch of "
+                     "pairs; none for one whose pruned form was run before).")
 @setting_option(CircuitSettings, "seeds", "--seeds", show_default=True,
                 help="Random circuits per size for the faithfulness baseline.")
 @setting_option(CircuitSettings, "shares", "--shares", metavar="F,F,...",
