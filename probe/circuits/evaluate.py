@@ -115,10 +115,9 @@ class Evaluator:
         self._known.clear()
 
     def needs_pass(self, included: np.ndarray) -> bool:
-        """Whether the circuit ([edges] boolean) is run: it needs a pass
-        (:func:`~probe.circuits.passplan.needs_pass`) and its pruned form has not been run before."""
-        key = pass_key(self.graph, edge_matrix(self.graph, included), self.coupled)
-        return key is not None and key not in self._known
+        """Whether the circuit ([edges] boolean) is run: its pruned form is neither the clean nor the
+        corrupted run (:func:`~probe.circuits.passplan.pass_key`) and has not been run before."""
+        return bool(self.pending([included]))
 
     def pending(self, circuits) -> set[bytes]:
         """The keys (:attr:`~probe.circuits.passplan.PassPlan.key`) of the passes that ``circuits``

@@ -155,12 +155,6 @@ def _key(kept: np.ndarray) -> bytes:
     return hashlib.blake2b(np.packbits(kept).tobytes(), digest_size=32).digest()
 
 
-def needs_pass(graph: Graph, included: np.ndarray, coupled=None) -> bool:
-    """Whether a circuit ([inputs, writers] boolean) needs a pass: its pruned form is neither the
-    clean nor the corrupted run (:func:`plan_pass`)."""
-    return pass_key(graph, included, coupled) is not None
-
-
 def plan_pass(graph: Graph, included: np.ndarray, dtype=torch.float32, device=None, coupled=None) -> PassPlan:
     """The plan of the pass of a circuit (module docstring).
 
