@@ -8,6 +8,8 @@ edge-by-edge sweep."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -20,7 +22,7 @@ from probe.circuits.evaluate import Evaluator, excluded_matrix, random_edges, to
 from probe.circuits.feeds import Patch
 from probe.circuits.forward import Feed, split_pass
 from probe.circuits.graph import Graph, _reader_nodes, edge_matrix, paths, prune
-from probe.circuits.passplan import plan_pass
+from probe.circuits.passplan import first_change, plan_pass
 
 
 class DensePatch(Feed):
@@ -296,3 +298,83 @@ def test_the_compiled_sums_equal_the_product_of_the_signed_weights():
     want = torch.as_tensor(w, dtype=torch.float64) @ diff.double()
     torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
     assert torch.count_nonzero(got[4]) == 0
+
+
+def _greedy_like(graph: Graph, seed: int, steps: int = 10) -> list[np.ndarray]:
+    """Circuits as greedy pruning tries them: from the complete graph, each the kept circuit less a
+    few random edges, every other one kept."""
+    rng = np.random.default_rng(seed)
+    kept, out = np.ones(graph.n_edges, dtype=bool), []
+    for i in range(steps):
+        trial = kept.copy()
+        trial[rng.choice(graph.n_edges, 2, replace=False)] = False
+        out.append(trial)
+        if i % 2 == 0:
+            kept = trial
+    return out
+
+
+def whole(ev: Evaluator) -> Evaluator:
+    """A fresh evaluator that never re-enters a pass."""
+    out = fresh(ev)
+    out.reentry_refused = "whole passes (the test's reference)"
+    return out
+
+
+def test_a_pass_re_entered_at_its_first_changed_layer_equals_the_whole_pass(evaluated):
+    """Each circuit's pass re-enters the model at the lowest layer where its plan differs from the pass
+    before; its M equals a whole pass's bit for bit, circuit after circuit (the evaluator's first
+    re-entered pass is also checked whole), and some passes computed fewer layers than a whole one."""
+    ev = fresh(evaluated)
+    sequence = _greedy_like(ev.graph, 3) + circuits(ev.graph, np.random.default_rng(4).normal(size=ev.graph.n_edges))
+    got = [ev.metric(c) for c in sequence]
+    want = [whole(ev).metric(c) for c in sequence]
+    assert got == want
+    assert ev.reentry_refused is None and ev._checked
+    assert ev.layers_run < ev.runs * ev.graph.layers
+
+
+def test_first_change_is_the_lowest_layer_of_a_changed_input_or_an_unrecorded_writer():
+    graph = Graph(4, 3, 3)
+    up, down = graph.edge_index
+    layer_of = np.array([layer for _, layer, _ in graph.downstream])
+    everything = np.ones(graph.n_edges, dtype=bool)
+    base = plan_pass(graph, edge_matrix(graph, everything & ~((down == len(graph.downstream) - 1) & (up == 0))))
+    for d in range(len(graph.downstream)):  # one edge fewer into each input in turn: that input's layer
+        into = np.flatnonzero((down == d) & (up != 0))
+        if not len(into):
+            continue
+        plan = plan_pass(graph, edge_matrix(graph, everything & (np.arange(graph.n_edges) != into[0])))
+        if plan.run != "pass":
+            continue
+        assert first_change(graph, base, plan) == layer_of[d]
+        assert first_change(graph, plan, plan) == graph.layers  # nothing differs
+    # a writer the plan needs whose difference the pass before did not record: from the writer's layer on
+    unrecorded = dataclasses.replace(base, writers=base.writers.copy())
+    unrecorded.writers[graph.head_node(2, 1)] = False
+    assert first_change(graph, unrecorded, base) == 2 and first_change(graph, base, unrecorded) == graph.layers
+
+
+def test_a_re_entered_pass_that_differs_from_the_whole_one_turns_re_entry_off(evaluated, monkeypatch):
+    """The check: where the first re-entered pass does not give the whole pass's logits (here: re-entered
+    one layer too high, so a changed layer answers the pass before's output), the evaluator keeps the whole
+    pass's value and runs whole passes from then on."""
+    import probe.circuits.evaluate as evaluate
+
+    ev = fresh(evaluated)
+    sequence = _greedy_like(ev.graph, 5)
+    monkeypatch.setattr(evaluate, "first_change", lambda graph, before, plan: graph.layers)
+    got = [ev.metric(c) for c in sequence]
+    assert got == [whole(ev).metric(c) for c in sequence]
+    assert ev.reentry_refused == "a pass re-entered at a layer did not give the whole pass's logits"
+    assert ev.layers_run == ev.runs * ev.graph.layers
+
+
+def test_greedy_pruning_with_re_entered_passes_keeps_the_same_circuit(evaluated):
+    from probe.circuits.greedy import greedy_circuit
+
+    ev = fresh(evaluated)
+    scores = np.random.default_rng(6).normal(size=ev.graph.n_edges)
+    a, b = greedy_circuit(ev, scores, threshold=0.5), greedy_circuit(whole(ev), scores, threshold=0.5)
+    assert np.array_equal(a.circuit, b.circuit) and a.faithfulness == b.faithfulness and a.passes == b.passes
+    assert ev.reentry_refused is None and ev.layers_run < ev.runs * ev.graph.layers

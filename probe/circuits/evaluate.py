@@ -24,11 +24,12 @@ import pandas as pd
 import torch
 
 from ..effects.pairs import EncodedPairs
+from ..effects.patch_layers import Recorded, _pack, blocks, entered, reentry_refusal
 from .attribution import batches, capture_writes, logit_diff, metric_positions
 from .feeds import Patch
 from .forward import split_pass
 from .graph import Graph, edge_matrix
-from .passplan import PassPlan, pass_key, plan_pass
+from .passplan import PassPlan, first_change, pass_key, plan_pass
 from .wiring import Wiring
 
 #: Circuit sizes of the faithfulness curve, as shares of all edges.
@@ -68,6 +69,14 @@ class Evaluator:
     pruned form was run before (its M is remembered: greedy pruning tries many circuits that differ
     only in edges off their paths).
 
+    A pass re-enters the model at the lowest layer where its plan differs from the last pass's
+    (:func:`~probe.circuits.passplan.first_change`): the blocks below answer what they returned in that
+    pass (:func:`~probe.effects.patch_layers.entered`), and the writers there keep the differences they
+    wrote, so the pass computes its changed layers only. Greedy pruning's circuits differ from the one
+    run before by a few edges. The first pass that re-enters is also run whole, and the two must give
+    the same logits bit for bit, else the evaluator runs whole passes from then on
+    (:attr:`reentry_refused` says why).
+
     Args:
         lm, wiring, graph: the model, its wiring and graph.
         enc: the encoded pairs; batch_size: pairs per pass.
@@ -77,6 +86,8 @@ class Evaluator:
     Attributes:
         passes: circuits evaluated; runs: those that needed a pass (a pass a batch each); remembered:
             those whose pruned form had been run before.
+        layers_run: blocks computed by the runs, summed over runs (a whole pass computes every layer;
+            a batch counted once); reentry_refused: why passes are not re-entered, or None.
     """
 
     def __init__(self, lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, batch_size: int = 8,
@@ -86,8 +97,15 @@ class Evaluator:
         self.writes = writes if writes is not None else [capture_writes(lm, wiring, graph, enc, rows)
                                                          for rows in self.rows]
         self._diffs: list[torch.Tensor | None] = [None] * len(self.rows)
-        self.passes = self.runs = self.remembered = 0
+        self.passes = self.runs = self.remembered = self.layers_run = 0
         self._known: dict[bytes, float] = {}  # a pruned circuit's key (PassPlan.key) -> its M
+        self._blocks = [layer.block for layer in wiring.layers]
+        self.reentry_refused = reentry_refusal(lm)
+        if self.reentry_refused is None and [id(b) for b in self._blocks] != [id(b) for b in blocks(lm)]:
+            self.reentry_refused = "the graph's blocks are not the model's sites' blocks"
+        self._checked = False  # a re-entered pass was checked against a whole one
+        self._last: PassPlan | None = None  # the plan of the last pass, whose blocks' outputs are recorded
+        self._outputs: list[list] = [[None] * len(self._blocks) for _ in self.rows]
 
     @property
     def ld_clean(self) -> float:
@@ -111,8 +129,10 @@ class Evaluator:
                          self.coupled)
 
     def forget(self) -> None:
-        """Forget the M of every circuit run so far: the next pass of each is run again (to time it)."""
+        """Forget the M of every circuit run so far, and the last pass's blocks: the next pass of each circuit
+        is run again, whole (to time it)."""
         self._known.clear()
+        self._last = None
 
     def needs_pass(self, included: np.ndarray) -> bool:
         """Whether the circuit ([edges] boolean) is run: its pruned form is neither the clean nor the
@@ -144,16 +164,55 @@ class Evaluator:
             self.remembered += 1
             return self._known[plan.key]
         self.runs += 1
+        start = 0
+        if self.reentry_refused is None and self._last is not None:
+            start = first_change(self.graph, self._last, plan)
+        self._last = None  # until every batch has recorded this pass
         values = []
         for b, (rows, writes) in enumerate(zip(self.rows, self.writes)):
             if self._diffs[b] is None:
                 self._diffs[b] = torch.zeros_like(writes.corrupted)  # finite values, rewritten where needed
-            feed = Patch(self.graph, plan, writes.corrupted, writes.reads, writes.final, self._diffs[b], writes.inputs)
             where = metric_positions(self.enc, rows)
-            logits = split_pass(self.lm, self.wiring, self.enc.clean[rows], self.enc.mask[rows], feed, positions=where)
+            logits = self._pass(b, plan, where, start)
+            if start and not self._checked:  # the first re-entered pass: run it whole too, the same bit for bit
+                whole = self._pass(b, plan, where, 0)
+                if not torch.equal(logits, whole):
+                    self.reentry_refused = "a pass re-entered at a layer did not give the whole pass's logits"
+                    logits, start = whole, 0
+                elif b == len(self.rows) - 1:
+                    self._checked = True
             values.append(logit_diff(logits, self.enc, rows, where).double().cpu())
+        self.layers_run += len(self._blocks) - min(start, len(self._blocks))
+        if self.reentry_refused is None:
+            self._last = plan
         self._known[plan.key] = value = float(torch.cat(values).mean())
         return value
+
+    def _pass(self, b: int, plan: PassPlan, where: torch.Tensor, start: int) -> torch.Tensor:
+        """Batch ``b``'s logits at ``where`` from the circuit's pass re-entered at block ``start`` (0: whole),
+        recording what each computed block returned (a copy) for the next pass."""
+        rows, writes, outputs = self.rows[b], self.writes[b], self._outputs[b]
+        ids = self.enc.clean[rows]
+        feed = Patch(self.graph, plan, writes.corrupted, writes.reads, writes.final, self._diffs[b], writes.inputs)
+
+        def keep(i: int, out) -> None:
+            if i >= start and self.reentry_refused is None:
+                try:
+                    outputs[i] = _pack(_copied(out), 1, len(ids))
+                except TypeError as exc:  # a block that returns something else: whole passes
+                    self.reentry_refused = f"a block returned what cannot be recorded ({exc})"
+
+        with entered(self.lm, Recorded(outputs, 1), start, self._blocks):
+            return split_pass(self.lm, self.wiring, ids, self.enc.mask[rows], feed, positions=where, after_block=keep)
+
+
+def _copied(value):
+    """A block's output with its tensors copied (detached): a later block may not change a recorded one."""
+    if torch.is_tensor(value):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 @dataclass

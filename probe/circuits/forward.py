@@ -208,7 +208,8 @@ def _some_heads(layer, kind: str, i: int, fed: Heads, received: torch.Tensor, st
 
 
 def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: Feed,
-               embed: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+               embed: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+               after_block=None) -> torch.Tensor:
     """Run ``lm`` on ``ids`` with every graph input fed by ``feed`` (module docstring).
 
     Gradients flow where the caller enables them (``torch.enable_grad``) and the feed's deltas
@@ -221,6 +222,8 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
         embed: [batch, T, d_model] to use as block 0's input in place of the embeddings, or None.
         positions: [P] increasing positions whose logits are wanted (the unembedding runs on these
             only where the model's forward takes ``logits_to_keep``), or None: every position.
+        after_block: called as ``after_block(i, output)`` with what block i returned, after each block's
+            forward (a block answered by :func:`probe.effects.patch_layers.entered` included), or None.
 
     Returns:
         logits [batch, T, vocab], or [batch, P, vocab] at ``positions``.
@@ -240,6 +243,9 @@ def split_pass(lm, wiring: Wiring, ids: torch.Tensor, mask: torch.Tensor, feed: 
             return None if stream is None else (stream.to(args[0].dtype), *args[1:])
 
         m.hooks.forward_pre(wiring.final_norm, final_pre)
+        if after_block is not None:
+            for i, layer in enumerate(wiring.layers):
+                m.hooks.forward(layer.block, lambda module, args, out, i=i: after_block(i, out))
         kw = {"input_ids": ids.to(device), "attention_mask": mask.to(device), "use_cache": False}
         keep = positions is not None and "logits_to_keep" in inspect.signature(lm.model.forward).parameters
         if keep:

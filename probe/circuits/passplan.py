@@ -94,6 +94,9 @@ class PassPlan:
         terms: the number of (write - corrupted write) terms summed over all inputs.
         key: a digest of the pruned circuit's edges (:func:`pass_key`): two circuits with the same key
             have the same plan and the same pass (b"" for a clean or corrupted run).
+        weights: [inputs, writers] int8, each input's signed terms (+1: the corrupted stream plus the
+            edge's difference; -1: the own stream minus it), None for a clean or corrupted run.
+        from_corrupted: [inputs] boolean, the inputs that start from the corrupted stream (None likewise).
     """
 
     run: str
@@ -101,6 +104,8 @@ class PassPlan:
     writers: np.ndarray | None = None
     terms: int = 0
     key: bytes = b""
+    weights: np.ndarray | None = None
+    from_corrupted: np.ndarray | None = None
 
 
 def _product(weights: np.ndarray, lo: int, hi: int, dtype, device) -> Product | None:
@@ -195,4 +200,28 @@ def plan_pass(graph: Graph, included: np.ndarray, dtype=torch.float32, device=No
     groups[("logits", graph.layers)] = Group([last], from_corrupted[[last]],
                                              _product(weights[[last]].astype(np.float32), 0, graph.n_upstream,
                                                       dtype, device))
-    return PassPlan("pass", groups, writers, int(np.count_nonzero(weights)), _key(kept))
+    return PassPlan("pass", groups, writers, int(np.count_nonzero(weights)), _key(kept), weights, from_corrupted)
+
+
+def first_change(graph: Graph, before: PassPlan, plan: PassPlan) -> int:
+    """The lowest layer whose part of ``plan``'s pass may differ from ``before``'s (both ``run == "pass"``):
+    below it every input is fed the same stream by the same terms, so, the layers below being the same
+    by induction, each block returns what it returned in ``before``'s pass and each writer that ``plan``
+    needs wrote the same difference there (``before`` needed it too). ``graph.layers``: only the final
+    norm's input (the logits') differs, or nothing does.
+
+    A layer counts as changed from the first input whose terms or starting stream differ, and from the
+    layer of the first writer ``plan`` needs whose difference ``before``'s pass did not record.
+    """
+    layer_of = _input_layers(graph)
+    changed = (plan.weights != before.weights).any(1) | (plan.from_corrupted != before.from_corrupted)
+    first = int(layer_of[changed].min()) if changed.any() else graph.layers
+    unrecorded = np.flatnonzero(plan.writers & ~before.writers)
+    if len(unrecorded):  # writer 0 (the embeddings) is always recorded; writer u > 0 writes in layer (u - 1) // (H + 1)
+        first = min(first, int((unrecorded.min() - 1) // (graph.heads + 1)))
+    return first
+
+
+def _input_layers(graph: Graph) -> np.ndarray:
+    """[inputs] the layer of each input (``graph.layers`` for the logits')."""
+    return np.array([layer for _, layer, _ in graph.downstream])

@@ -111,15 +111,15 @@ class Recorded:
 
 
 @contextmanager
-def entered(lm, recorded: Recorded, start: int):
+def entered(lm, recorded: Recorded, start: int, order: list | None = None):
     """Context manager: inside, blocks ``0..start-1`` answer their recorded outputs without computing (their
     ``forward`` replaced on the instance; restored on exit, also on exceptions), so a pass computes blocks
     ``start..`` only. ``start`` 0 changes nothing. The model itself is changed for the context, as
     :func:`~probe.capture.intervene.intervening` changes it: one pass at a time (``probe live`` serializes its
-    model's passes)."""
+    model's passes). ``order``: the blocks in the order of ``recorded.outputs``, or None: :func:`blocks`."""
     saved = []
     try:
-        for j, block in enumerate(blocks(lm)[:start]):
+        for j, block in enumerate((blocks(lm) if order is None else order)[:start]):
             saved.append((block, block.__dict__.get("forward")))
             block.forward = lambda *args, _j=j, **kwargs: _unpack(recorded.outputs[_j], recorded.copies)
         yield
