@@ -64,5 +64,18 @@ def test_greedy_is_an_upper_bound_until_it_has_run_and_then_times_the_circuit_pa
     assert "greedy" not in line.split("faithfulness")[1]
 
 
+def test_greedy_times_a_whole_pass_from_the_layers_its_re_entered_passes_computed():
+    """Greedy's passes re-enter the model at their first changed layer, so they cost less than the curve's
+    whole passes: the circuit pass is timed per whole pass's worth of layers, not per run."""
+    clock = Clock()
+    f = Forecast(batches=2, m=1, runs=10, greedy=2000, label_passes=4, clock=clock)
+    clock.now += 5.0
+    f.first_pass()
+    f.after_scores(8.0)  # F = 0.8 s
+    line = f.after_greedy(120.0, runs=50, curve_runs=12, whole=25.0)  # 50 runs that computed 25 passes' layers
+    assert f.circuit_cost == pytest.approx(120.0 / (25 * 2) / 0.8)  # 2.4 s a whole circuit pass
+    assert "(120.0 s, 50 circuit passes a batch)" in line and f"about {minutes(12 * 2 * 2.4)} for faithfulness" in line
+
+
 def test_minutes_below_ninety_seconds_are_seconds():
     assert (minutes(12.4), minutes(89), minutes(90), minutes(150)) == ("12 s", "89 s", "1.5 min", "2.5 min")

@@ -87,7 +87,8 @@ class Evaluator:
         passes: circuits evaluated; runs: those that needed a pass (a pass a batch each); remembered:
             those whose pruned form had been run before.
         layers_run: blocks computed by the runs, summed over runs (a whole pass computes every layer;
-            a batch counted once); reentry_refused: why passes are not re-entered, or None.
+            a batch counted once; the check of the first re-entered pass included); reentry_refused: why
+            passes are not re-entered, or None.
     """
 
     def __init__(self, lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, batch_size: int = 8,
@@ -176,6 +177,7 @@ class Evaluator:
             logits = self._pass(b, plan, where, start)
             if start and not self._checked:  # the first re-entered pass: run it whole too, the same bit for bit
                 whole = self._pass(b, plan, where, 0)
+                self.layers_run += len(self._blocks) if b == 0 else 0
                 if not torch.equal(logits, whole):
                     self.reentry_refused = "a pass re-entered at a layer did not give the whole pass's logits"
                     logits, start = whole, 0

@@ -96,11 +96,14 @@ class Forecast:
                 f"about {minutes(faith)} for faithfulness ({self.runs} circuit passes a batch)"
                 + self._tail(greedy, label, greedy + faith + label))
 
-    def after_greedy(self, seconds: float, runs: int, curve_runs: int) -> str:
+    def after_greedy(self, seconds: float, runs: int, curve_runs: int, whole: float | None = None) -> str:
         """The line after greedy pruning (``runs`` circuits run in ``seconds``; the others needed no pass):
-        a circuit's pass re-measured from them, the faithfulness curve now ``curve_runs`` circuit passes."""
-        if runs:
-            self.circuit_cost = seconds / (runs * self.batches) / self.forward if self.forward else CIRCUIT_COST
+        a circuit's pass re-measured from them, the faithfulness curve now ``curve_runs`` circuit passes.
+        ``whole``: the layers those runs computed, in whole passes (a pass re-entered at a layer computes
+        the layers above it only: :class:`~probe.circuits.evaluate.Evaluator`), or None: ``runs``."""
+        passes = runs if whole is None else whole
+        if passes:
+            self.circuit_cost = seconds / (passes * self.batches) / self.forward if self.forward else CIRCUIT_COST
         self.greedy, self.runs = 0, curve_runs
         _, faith, label = self._stages()
         return (f"estimate after greedy pruning ({seconds:.1f} s, {runs} circuit passes a batch): about "

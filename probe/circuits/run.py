@@ -222,7 +222,8 @@ def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | Non
         sizes = circuit_sizes(graph.n_edges, k, shares or SHARES)
         if select == "greedy" and estimate is not None:
             curve_runs = len(evaluator.pending(c for _, _, c in curve_circuits(scores, sizes, seeds)))
-            estimate(forecast.after_greedy(time.perf_counter() - t, evaluator.runs, curve_runs))
+            estimate(forecast.after_greedy(time.perf_counter() - t, evaluator.runs, curve_runs,
+                                           evaluator.layers_run / graph.layers))
         runs_before, t_curve = evaluator.runs, time.perf_counter()
         with _bar(progress, 2 + len(sizes) * (1 + seeds), "circuit passes", "circuit") as bar:
             curve = faithfulness_curve(evaluator, scores, sizes, seeds, progress=bar)
