@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from ..effects.pairs import EncodedPairs
-from ..effects.patch_layers import Recorded, _pack, blocks, entered, reentry_refusal
+from ..effects.patch_layers import Recorded, blocks, copied, entered, reentry_refusal
 from .attribution import batches, capture_writes, logit_diff, metric_positions
 from .feeds import Patch
 from .forward import split_pass
@@ -200,21 +200,12 @@ class Evaluator:
         def keep(i: int, out) -> None:
             if i >= start and self.reentry_refused is None:
                 try:
-                    outputs[i] = _pack(_copied(out), 1, len(ids))
+                    outputs[i] = copied(out)
                 except TypeError as exc:  # a block that returns something else: whole passes
                     self.reentry_refused = f"a block returned what cannot be recorded ({exc})"
 
         with entered(self.lm, Recorded(outputs, 1), start, self._blocks):
             return split_pass(self.lm, self.wiring, ids, self.enc.mask[rows], feed, positions=where, after_block=keep)
-
-
-def _copied(value):
-    """A block's output with its tensors copied (detached): a later block may not change a recorded one."""
-    if torch.is_tensor(value):
-        return value.detach().clone()
-    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
-        return type(value)(_copied(v) for v in value)
-    return value
 
 
 @dataclass

@@ -87,6 +87,19 @@ def _pack(value, k: int, n: int):
     raise TypeError(f"a block returned a {type(value).__name__}")
 
 
+def copied(value):
+    """A block's output as :class:`Recorded` keeps it for a pass of one copy of the pairs (``copies`` 1):
+    its tensors copied and detached, so that a later block cannot change a recorded one. Raises TypeError
+    for anything but tensors, tuples, lists and None."""
+    if torch.is_tensor(value):
+        return value.detach().clone()
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+        return type(value)(copied(v) for v in value)
+    raise TypeError(f"a block returned a {type(value).__name__}")
+
+
 def _unpack(value, k: int):
     """The block's output as recorded (a kept copy repeated k times along the batch)."""
     if isinstance(value, tuple) and len(value) == 2 and value[0] is _REPEATED:
