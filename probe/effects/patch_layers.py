@@ -24,6 +24,10 @@ What a block returned is kept as it was, per block, as one copy of the pairs whe
 copies are bitwise equal ([pairs, T, d_model] per block; repeated when it is answered), whole
 otherwise ([copies x pairs, T, d_model] per block: n_layers times one pass's hidden states).
 
+The circuit evaluator re-enters its passes the same way (:class:`probe.circuits.evaluate.Evaluator`:
+:func:`entered` with the graph's blocks, each computed block's output kept by :func:`copied`), at the
+lowest layer where a circuit's plan differs from the last pass's.
+
 Where the pass is not re-entered (whole passes, :func:`reentry_refusal` says why): encoder-decoder
 models (the decoder's blocks read the encoder's output: two stacks), models whose blocks are shared
 between layers (ALBERT) or are not each called once a pass in layer order, block outputs that are
