@@ -378,3 +378,28 @@ def test_greedy_pruning_with_re_entered_passes_keeps_the_same_circuit(evaluated)
     a, b = greedy_circuit(ev, scores, threshold=0.5), greedy_circuit(whole(ev), scores, threshold=0.5)
     assert np.array_equal(a.circuit, b.circuit) and a.faithfulness == b.faithfulness and a.passes == b.passes
     assert ev.reentry_refused is None and ev.layers_run < ev.runs * ev.graph.layers
+
+
+def test_a_block_that_overwrites_its_input_does_not_change_the_recorded_pass():
+    """A re-entered pass hands the recorded output of the block below its first changed layer to a block
+    that computes; a block that overwrites its input in place (after reading it) must not change the record
+    that later passes re-enter from."""
+    lm = tiny_model("llama")
+    with graph_of(lm) as (wiring, graph, _):
+        block = wiring.layers[1].block
+        own = block.forward
+
+        def overwriting(hidden_states, *args, **kwargs):
+            out = own(hidden_states.clone(), *args, **kwargs)
+            hidden_states.zero_()
+            return out
+
+        block.forward = overwriting
+        try:
+            ev = Evaluator(lm, wiring, graph, random_pairs(11, n=5), batch_size=3)
+            sequence = _greedy_like(graph, 7, steps=14)
+            got = [ev.metric(c) for c in sequence]
+            assert got == [whole(ev).metric(c) for c in sequence]
+            assert ev.reentry_refused is None and ev.layers_run < ev.runs * graph.layers
+        finally:
+            del block.forward

@@ -204,7 +204,10 @@ class Evaluator:
                 except TypeError as exc:  # a block that returns something else: whole passes
                     self.reentry_refused = f"a block returned what cannot be recorded ({exc})"
 
-        with entered(self.lm, Recorded(outputs, 1), start, self._blocks):
+        answers = outputs[:start]
+        if start:  # the output that a computed block reads goes in as a copy: the record stays as it was
+            answers[-1] = copied(answers[-1])
+        with entered(self.lm, Recorded(answers, 1), start, self._blocks):
             return split_pass(self.lm, self.wiring, ids, self.enc.mask[rows], feed, positions=where, after_block=keep)
 
 
