@@ -75,6 +75,8 @@ def test_greedy_times_a_whole_pass_from_the_layers_its_re_entered_passes_compute
     line = f.after_greedy(120.0, runs=50, curve_runs=12, whole=25.0)  # 50 runs that computed 25 passes' layers
     assert f.circuit_cost == pytest.approx(120.0 / (25 * 2) / 0.8)  # 2.4 s a whole circuit pass
     assert "(120.0 s, 50 circuit passes a batch)" in line and f"about {minutes(12 * 2 * 2.4)} for faithfulness" in line
+    f.after_faithfulness(48.0, runs=12, whole=10.0)  # 12 curve circuits run, 10 whole passes' worth of layers
+    assert f.forward == pytest.approx(48.0 / (10 * 2) / 3.0)  # circuit_cost 2.4 / 0.8 = 3 F: F = 0.8 s again
 
 
 def test_minutes_below_ninety_seconds_are_seconds():

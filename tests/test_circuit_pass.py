@@ -321,17 +321,49 @@ def whole(ev: Evaluator) -> Evaluator:
     return out
 
 
-def test_a_pass_re_entered_at_its_first_changed_layer_equals_the_whole_pass(evaluated):
+@pytest.fixture(scope="module", params=["gpt2", "llama", "gemma2", "gpt_neox", "falcon", "gemma3"])
+def deep(request):
+    """An evaluator of a 4-layer model (re-entry from layers 1 to 4)."""
+    lm = tiny_model(request.param, layers=4)
+    with graph_of(lm) as (wiring, graph, _):
+        yield Evaluator(lm, wiring, graph, random_pairs(11, n=5), batch_size=3)
+
+
+def _top_only(graph: Graph) -> list[np.ndarray]:
+    """Circuits that differ in the logits' input only, then in the top layer's MLP: re-entered at
+    ``graph.layers`` (every block answered), then at the top layer."""
+    up, down = graph.edge_index
+    logits = len(graph.downstream) - 1
+    top = graph.layers - 1
+    top_mlp = next(d for d, (kind, layer, _) in enumerate(graph.downstream) if kind == "mlp" and layer == top)
+    a = np.ones(graph.n_edges, dtype=bool)
+    a[(down == logits) & (up == 1)] = False
+    b = a.copy()
+    b[(down == logits) & (up == 2)] = False
+    c = b.copy()
+    c[(down == top_mlp) & (up == 3)] = False
+    return [a, b, c]
+
+
+def test_a_pass_re_entered_at_its_first_changed_layer_equals_the_whole_pass(deep):
     """Each circuit's pass re-enters the model at the lowest layer where its plan differs from the pass
-    before; its M equals a whole pass's bit for bit, circuit after circuit (the evaluator's first
-    re-entered pass is also checked whole), and some passes computed fewer layers than a whole one."""
-    ev = fresh(evaluated)
-    sequence = _greedy_like(ev.graph, 3) + circuits(ev.graph, np.random.default_rng(4).normal(size=ev.graph.n_edges))
+    before; its M equals a whole pass's bit for bit, circuit after circuit, and the passes computed fewer
+    layers than whole ones. A check that computed no block (re-entered at the top) does not count."""
+    ev = fresh(deep)
+    top = _top_only(ev.graph)
+    assert ev.metric(top[0]) == whole(ev).metric(top[0]) and ev.layers_run == ev.graph.layers
+    assert ev.metric(top[1]) == whole(ev).metric(top[1])  # every block answered: checked, but proves nothing
+    assert not ev._checked and ev.layers_run == 2 * ev.graph.layers
+    sequence = top[2:] + _greedy_like(ev.graph, 3, steps=16)
+    sequence += circuits(ev.graph, np.random.default_rng(4).normal(size=ev.graph.n_edges))
     got = [ev.metric(c) for c in sequence]
-    want = [whole(ev).metric(c) for c in sequence]
-    assert got == want
+    assert got == [whole(ev).metric(c) for c in sequence]
     assert ev.reentry_refused is None and ev._checked
     assert ev.layers_run < ev.runs * ev.graph.layers
+    ev.forget()  # to time a pass: the next one runs whole
+    layers = ev.layers_run
+    ev.metric(sequence[-1])
+    assert ev.layers_run == layers + ev.graph.layers
 
 
 def test_first_change_is_the_lowest_layer_of_a_changed_input_or_an_unrecorded_writer():
@@ -367,7 +399,7 @@ def test_a_re_entered_pass_that_differs_from_the_whole_one_turns_re_entry_off(ev
     got = [ev.metric(c) for c in sequence]
     assert got == [whole(ev).metric(c) for c in sequence]
     assert ev.reentry_refused == "a pass re-entered at a layer did not give the whole pass's logits"
-    assert ev.layers_run == (ev.runs + 1) * ev.graph.layers  # the pass that failed its check counts too
+    assert ev.layers_run == ev.runs * ev.graph.layers  # the pass that failed its check computed no block
 
 
 def test_greedy_pruning_with_re_entered_passes_keeps_the_same_circuit(evaluated):
@@ -403,3 +435,50 @@ def test_a_block_that_overwrites_its_input_does_not_change_the_recorded_pass():
             assert ev.reentry_refused is None and ev.layers_run < ev.runs * graph.layers
         finally:
             del block.forward
+
+
+def _side_state(wiring, missing: str):
+    """Block 1 of a 2-layer model reads state that block 0 leaves in a per-forward dict (as Gemma 3n's
+    shared key/value states): re-entered above block 0 the state is missing (``"zeros"``: block 1 reads
+    zeros; ``"raise"``: KeyError). Returns the two blocks (their ``forward`` replaced)."""
+    side: dict = {}
+    b0, b1 = wiring.layers[0].block, wiring.layers[1].block
+    own0, own1 = b0.forward, b1.forward
+
+    def hidden(out):
+        return out[0] if isinstance(out, tuple) else out
+
+    def first(*args, **kwargs):
+        side.clear()
+        out = own0(*args, **kwargs)
+        side["h"] = hidden(out).detach().clone()
+        return out
+
+    def second(*args, **kwargs):
+        out = own1(*args, **kwargs)
+        h = hidden(out)
+        extra = side["h"] if missing == "raise" else side.get("h", torch.zeros_like(h))
+        h = h + 0.5 * extra
+        side.clear()
+        return (h, *out[1:]) if isinstance(out, tuple) else h
+
+    b0.forward, b1.forward = first, second
+    return b0, b1
+
+
+@pytest.mark.parametrize("missing", ["zeros", "raise"])
+def test_a_model_that_cannot_be_re_entered_is_caught_by_the_check_and_runs_whole(missing):
+    """A check that answers every block proves nothing, so the next re-entered pass is checked too; where it
+    gives other logits or raises, the evaluator keeps the whole pass's M and runs whole passes from then on."""
+    lm = tiny_model("llama")
+    with graph_of(lm) as (wiring, graph, _):
+        blocks = _side_state(wiring, missing)
+        try:
+            ev = Evaluator(lm, wiring, graph, random_pairs(11, n=5), batch_size=3)
+            sequence = _top_only(graph)  # re-entered at 2 (every block answered), then at 1
+            assert [ev.metric(c) for c in sequence] == [whole(ev).metric(c) for c in sequence]
+            assert ev.reentry_refused.startswith("re-entering a pass failed: KeyError" if missing == "raise"
+                                                 else "a pass re-entered at a layer did not give")
+        finally:
+            for block in blocks:
+                del block.forward

@@ -73,9 +73,9 @@ class Evaluator:
     (:func:`~probe.circuits.passplan.first_change`): the blocks below answer what they returned in that
     pass (:func:`~probe.effects.patch_layers.entered`), and the writers there keep the differences they
     wrote, so the pass computes its changed layers only. Greedy pruning's circuits differ from the one
-    run before by a few edges. The first pass that re-enters is also run whole, and the two must give
-    the same logits bit for bit, else the evaluator runs whole passes from then on
-    (:attr:`reentry_refused` says why).
+    run before by a few edges. Re-entered passes are also run whole until one that computed a block gave
+    the whole pass's logits bit for bit; one that differs or raises turns re-entry off, and the evaluator
+    runs whole passes from then on (:attr:`reentry_refused` says why).
 
     Args:
         lm, wiring, graph: the model, its wiring and graph.
@@ -174,21 +174,36 @@ class Evaluator:
             if self._diffs[b] is None:
                 self._diffs[b] = torch.zeros_like(writes.corrupted)  # finite values, rewritten where needed
             where = metric_positions(self.enc, rows)
-            logits = self._pass(b, plan, where, start)
-            if start and not self._checked:  # the first re-entered pass: run it whole too, the same bit for bit
-                whole = self._pass(b, plan, where, 0)
-                self.layers_run += len(self._blocks) if b == 0 else 0
-                if not torch.equal(logits, whole):
-                    self.reentry_refused = "a pass re-entered at a layer did not give the whole pass's logits"
-                    logits, start = whole, 0
-                elif b == len(self.rows) - 1:
-                    self._checked = True
+            if start and not self._checked:
+                logits, start = self._checked_pass(b, plan, where, start)
+            else:
+                logits = self._pass(b, plan, where, start)
             values.append(logit_diff(logits, self.enc, rows, where).double().cpu())
         self.layers_run += len(self._blocks) - min(start, len(self._blocks))
         if self.reentry_refused is None:
             self._last = plan
         self._known[plan.key] = value = float(torch.cat(values).mean())
         return value
+
+    def _checked_pass(self, b: int, plan: PassPlan, where: torch.Tensor, start: int) -> tuple[torch.Tensor, int]:
+        """Batch ``b``'s pass re-entered at ``start`` and run whole, until a re-entered pass that computed a block
+        gave the whole pass's logits bit for bit on every batch: (the logits, ``start``), or (the whole pass's
+        logits, 0) where re-entering raised or gave other logits (re-entry is then refused)."""
+        try:
+            logits = self._pass(b, plan, where, start)
+        except Exception as exc:  # noqa: BLE001 (a block that cannot be skipped: whole passes)
+            logits, self.reentry_refused = None, f"re-entering a pass failed: {type(exc).__name__}: {exc}"
+        whole = self._pass(b, plan, where, 0)
+        same = logits is not None and torch.equal(logits, whole)
+        if b == 0:  # the layers of both passes (the whole one, and the re-entered one where it is not kept)
+            self.layers_run += len(self._blocks) if same else len(self._blocks) - min(start, len(self._blocks))
+        if not same:
+            differs = "a pass re-entered at a layer did not give the whole pass's logits"
+            self.reentry_refused = self.reentry_refused or differs
+            return whole, 0
+        if b == len(self.rows) - 1 and start < len(self._blocks):  # a check that computed no block proves nothing
+            self._checked = True
+        return logits, start
 
     def _pass(self, b: int, plan: PassPlan, where: torch.Tensor, start: int) -> torch.Tensor:
         """Batch ``b``'s logits at ``where`` from the circuit's pass re-entered at block ``start`` (0: whole),

@@ -110,10 +110,12 @@ class Forecast:
                 f"{minutes(faith)} for faithfulness ({curve_runs} circuit passes a batch)"
                 + self._tail(0, label, faith + label))
 
-    def after_faithfulness(self, seconds: float, runs: int) -> str:
+    def after_faithfulness(self, seconds: float, runs: int, whole: float | None = None) -> str:
         """The line after the faithfulness curve (``runs`` circuit passes a batch in ``seconds``): F
-        re-measured from them."""
-        if runs:
-            self.forward = seconds / (runs * self.batches) / self.circuit_cost
+        re-measured from them (``whole``: the layers they computed, in whole passes, as in
+        :meth:`after_greedy`; None: ``runs``)."""
+        passes = runs if whole is None else whole
+        if passes:
+            self.forward = seconds / (passes * self.batches) / self.circuit_cost
         label = self.label_passes * self.forward
         return f"estimate after faithfulness ({seconds:.1f} s): about {minutes(label)} for the labelling analysis"

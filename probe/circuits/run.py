@@ -224,7 +224,7 @@ def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | Non
             curve_runs = len(evaluator.pending(c for _, _, c in curve_circuits(scores, sizes, seeds)))
             estimate(forecast.after_greedy(time.perf_counter() - t, evaluator.runs, curve_runs,
                                            evaluator.layers_run / graph.layers))
-        runs_before, t_curve = evaluator.runs, time.perf_counter()
+        runs_before, layers_before, t_curve = evaluator.runs, evaluator.layers_run, time.perf_counter()
         with _bar(progress, 2 + len(sizes) * (1 + seeds), "circuit passes", "circuit") as bar:
             curve = faithfulness_curve(evaluator, scores, sizes, seeds, progress=bar)
         seconds["faithfulness_s"] = time.perf_counter() - t
@@ -232,7 +232,8 @@ def measure(lm, pairs: list[Pair] | None = None, settings: CircuitSettings | Non
             say(f"faithfulness ({evaluator.passes} circuits, {evaluator.runs} of them run): done in "
                 f"{seconds['faithfulness_s']:.1f} s")
         if estimate is not None:
-            estimate(forecast.after_faithfulness(time.perf_counter() - t_curve, evaluator.runs - runs_before))
+            estimate(forecast.after_faithfulness(time.perf_counter() - t_curve, evaluator.runs - runs_before,
+                                                 (evaluator.layers_run - layers_before) / graph.layers))
         passes = {"edges": n_batches * (2 + 2 * m), "faithfulness": n_batches * (2 + evaluator.passes),
                   "circuits_run": n_batches * evaluator.runs}
         circuit = greedy.circuit if greedy is not None else top_edges(scores, k)
