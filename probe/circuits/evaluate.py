@@ -87,8 +87,8 @@ class Evaluator:
         passes: circuits evaluated; runs: those that needed a pass (a pass a batch each); remembered:
             those whose pruned form had been run before.
         layers_run: blocks computed by the runs, summed over runs (a whole pass computes every layer;
-            a batch counted once; the check of the first re-entered pass included); reentry_refused: why
-            passes are not re-entered, or None.
+            a batch counted once; the whole passes that checked re-entered ones included); reentry_refused:
+            why passes are not re-entered, or None.
     """
 
     def __init__(self, lm, wiring: Wiring, graph: Graph, enc: EncodedPairs, batch_size: int = 8,
