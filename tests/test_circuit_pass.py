@@ -20,7 +20,7 @@ from probe.circuits.attribution import logit_diff, metric_positions
 from probe.circuits.checked import graph_of
 from probe.circuits.evaluate import Evaluator, excluded_matrix, random_edges, top_edges
 from probe.circuits.feeds import Patch
-from probe.circuits.forward import Feed, split_pass
+from probe.circuits.forward import Feed, Heads, split_pass
 from probe.circuits.graph import Graph, _reader_nodes, edge_matrix, paths, prune
 from probe.circuits.passplan import first_change, plan_pass
 
@@ -117,12 +117,16 @@ def test_a_pass_reads_only_the_writes_on_its_circuits_paths(evaluated):
     assert ev.metric(circuit) == pytest.approx(dense_metric(ev, circuit), abs=1e-5)
 
 
+@pytest.mark.parametrize("given", [False, True])
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("share", [0.0, 0.03, 0.3, 0.7, 1.0])
-def test_the_planned_streams_equal_the_definition_on_every_input_on_a_path(parallel, share):
+def test_the_planned_streams_equal_the_definition_on_every_input_on_a_path(parallel, share, given):
     """Random writes: the writers off the pruned circuit's paths write what they wrote in the corrupted
     run (as in a pass); every input on a path then reads, by the plan, the own stream minus the excluded
-    edges' differences, whichever sum the plan chose (inputs off the paths change nothing M reads)."""
+    edges' differences, whichever sum the plan chose (inputs off the paths change nothing M reads).
+    With the corrupted run's head inputs ``given`` (as the evaluator's passes have them), a head's input
+    comes as :class:`Heads`: a head with terms gets its stream (the one above), a head that reads the
+    corrupted stream alone gets the corrupted run's input as it was, any other keeps its own."""
     graph = Graph(layers=3, heads=4, kv_heads=2, parallel=parallel)
     g = torch.Generator().manual_seed(7)
     B, T, D = 2, 5, 6
@@ -146,7 +150,12 @@ def test_the_planned_streams_equal_the_definition_on_every_input_on_a_path(paral
     for layer in range(graph.layers):
         reads[("stream", layer)] = stream(corrupted, graph.reads("q", layer))
         reads[("mlp_in", layer)] = stream(corrupted, graph.reads("mlp", layer))
-    feed = Patch(graph, plan, corrupted, reads, stream(corrupted, graph.n_upstream))
+    inputs = None
+    if given:  # what the corrupted run's attention received at each head input: [batch, n, T, d_head]
+        inputs = {(kind, layer): torch.randn(B, graph.heads if kind == "q" else graph.kv_heads, T, 3, generator=g,
+                                             dtype=torch.float64)
+                  for kind in ("q", "k", "v") for layer in range(graph.layers)}
+    feed = Patch(graph, plan, corrupted, reads, stream(corrupted, graph.n_upstream), inputs=inputs)
     excluded = excluded_matrix(graph, included).double()
 
     def check(kind, layer, got):
@@ -154,6 +163,21 @@ def test_the_planned_streams_equal_the_definition_on_every_input_on_a_path(paral
         n = graph.reads(kind, None if kind == "logits" else layer)
         own = stream(writes, n)
         want = own[None] - torch.einsum("ru,ubtd->rbtd", excluded[rows, :n], writes[:n] - corrupted[:n])
+        if isinstance(got, Heads):
+            group = plan.groups[(kind, layer)]
+            assert got.recompute == [i for i in range(len(rows)) if group.terms[i]]
+            assert got.fixed == [i for i in range(len(rows)) if group.corrupted[i] and not group.terms[i]]
+            if got.fixed:
+                assert torch.equal(got.given, inputs[(kind, layer)][:, got.fixed])
+            for i, d in enumerate(rows):  # a head without terms reads the corrupted or its own stream unchanged
+                if d in on_path and not group.terms[i]:
+                    start = reads[("stream", layer)] if group.corrupted[i] else own
+                    torch.testing.assert_close(start, want[i], rtol=1e-10, atol=1e-10)
+            full = own[None].expand_as(want).clone()
+            full[got.fixed] = reads[("stream", layer)]  # they read the corrupted stream: its input is given
+            if got.recompute:
+                full[got.recompute] = got.streams
+            got = full
         got = own[None].expand_as(want) if got is None else (got if kind in ("q", "k", "v") else got[None])
         for i, d in enumerate(rows):
             if d in on_path:

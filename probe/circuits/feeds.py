@@ -188,14 +188,10 @@ class Patch(Feed):
         recompute = [int(j) for j in np.flatnonzero(terms)]
         fixed = [int(j) for j in np.flatnonzero(group.corrupted & ~terms)]
         streams = None
-        if recompute:  # the terms, then each row's own or corrupted stream added in place (a + b = b + a)
-            streams = part[torch.as_tensor(recompute, device=part.device)].reshape(len(recompute), *own.shape)
-            streams = streams.to(own.dtype)
-            corrupted = group.corrupted[recompute]
-            for start, rows in ((base, corrupted), (own, ~corrupted)):
-                if rows.all():
-                    streams += start
-                elif rows.any():
-                    streams[torch.as_tensor(rows, device=streams.device)] += start
+        if recompute:  # each row's terms plus its own or corrupted stream, one pass a row (a + b = b + a)
+            rows = part.reshape(len(group.rows), *own.shape)
+            streams = torch.empty((len(recompute), *own.shape), dtype=own.dtype, device=own.device)
+            for k, j in enumerate(recompute):
+                torch.add(rows[j].to(own.dtype), base if group.corrupted[j] else own, out=streams[k])
         given = self.inputs[(kind, layer)][:, fixed] if fixed else None
         return Heads(streams, recompute, given, fixed)
