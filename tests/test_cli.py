@@ -716,6 +716,8 @@ def test_circuit_probe_longer_than_the_model_limit_is_skipped_with_a_note(tmp_pa
     (["effects", "--ablation", "bogus"], "unknown ablation 'bogus'; choose from zero, mean, resample"),
     (["effects", "--corpus", "x.txt", "--pairs", "x.tsv"], "give either --corpus or --pairs, not both"),
     (["verify", "--mutant", "nope"], "--mutant must be one of alibi-sign, c2p-sign"),  # the settings' message
+    (["why", "--head", "L1H0", "--text", "  "], "--text is empty"),  # before the model loads, not after
+    (["why", "--head", "L1H0", "--text", "a b", "--target", ""], "--target is empty"),
 ])
 def test_usage_errors_exit_with_status_2(tmp_path, args, message):
     """Issue 27 item 13: options that do not go together are usage errors (status 2, as docs/usage.md says),
@@ -725,6 +727,16 @@ def test_usage_errors_exit_with_status_2(tmp_path, args, message):
     line = assert_clean_error(result, message)
     assert line.endswith(f"{args[0]} --help')")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_report_line_gives_the_folder_as_an_absolute_path(tmp_path, monkeypatch, tiny_bert_folder):
+    """A run into a relative folder says where its page is from anywhere: the folder made absolute."""
+    monkeypatch.chdir(tmp_path)
+    result = run("analyze", "--model", str(tiny_bert_folder), "--text", "The cat sat on the mat.", "--out", "rel/run",
+                 "--no-progress")
+    assert result.exit_code == 0, result.output
+    page = tmp_path / "rel" / "run" / "index.html"
+    assert f"Report: {page}" in result.stdout.splitlines() and page.is_file()
 
 
 def test_a_long_value_is_echoed_cut_in_every_error_line(tmp_path):

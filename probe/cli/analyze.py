@@ -22,7 +22,7 @@ from .options import (
     stacked,
 )
 from .start import command_console, started
-from .summary import summary
+from .summary import report_line, summary
 from .verify import verify_progress
 
 #: --text, --corpus, --pairs, --generate, --limit: what is analysed.
@@ -146,7 +146,7 @@ def analyze_command(model_name, texts, corpus, pairs, generate, limit, images, i
     summary(run.result, run.result.results.get("verification"), run.annotated, run.loading_notes)
     if started_as_command() and (note := start_up_note(timings["startup_s"])):  # in a test runner or notebook
         click.echo(note)  # the "start-up" is the host process's age: only the command's own is explained
-    click.echo(f"Report: {run.folder / 'index.html'}")
+    report_line(run.folder)
 
 
 @user_errors

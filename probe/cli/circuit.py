@@ -10,6 +10,7 @@ from ..util import fixed, plural
 from .group import main, user_errors
 from .options import build, model_option, model_placement, run_folder_options, setting_option
 from .start import Folder, command_console, read_pairs
+from .summary import report_line
 
 
 @main.command("circuit")
@@ -84,4 +85,4 @@ def circuit_command(model_name, pairs, method, steps, points, edges, select, thr
                f"{chosen} (random {fixed(row.random_mean)} +- {fixed(row.random_std)})")
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
-    click.echo(f"Report: {path / 'index.html'}")
+    report_line(path)

@@ -9,6 +9,7 @@ from ..util import plural
 from .group import main, user_errors
 from .options import build, setting_option
 from .start import Folder, command_console
+from .summary import report_line
 
 
 @main.command("compare")
@@ -57,4 +58,4 @@ def compare_command(runs, models, texts, corpus, limit, batch_size, max_length, 
                f"{plural(changed, 'label')} changed, {gone} removed{biggest}")
     for note in df.attrs["notes"]:
         click.echo(f"note: {note}", err=True)
-    click.echo(f"Report: {path / 'index.html'}")
+    report_line(path)

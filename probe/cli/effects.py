@@ -12,6 +12,7 @@ from ..util import plural
 from .group import main, user_errors
 from .options import build, check_files, model_option, model_placement, run_folder_options, setting_option
 from .start import Folder, command_console
+from .summary import report_line
 
 
 @main.command("effects")
@@ -87,6 +88,6 @@ def effects_command(model_name, corpus, pairs, limit, objective, ablation, seeds
                    f"{r.verdict}")
     for line in claim_lines(result.induction) if result.induction else []:
         click.echo(line)
-    click.echo(f"Report: {path / 'index.html'}")
+    report_line(path)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)

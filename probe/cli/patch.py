@@ -10,6 +10,7 @@ from ..settings import PatchSettings
 from .group import main, user_errors
 from .options import build, model_option, model_placement, run_folder_options, setting_option
 from .start import Folder, command_console, read_pairs
+from .summary import report_line
 
 
 @main.command("patch")
@@ -67,7 +68,8 @@ def patch_command(model_name, pairs, direction, method, components, heads_per_pa
     else:
         top = p.reindex(p["effect"].abs().sort_values(ascending=False).index).head(5)
         several = lm.kind == "encoder-decoder"
-        click.echo(f"LD clean {p.attrs['ld_clean']:.4g}, corrupted {p.attrs['ld_corrupted']:.4g}; largest effects: "
+        click.echo(f"logit difference (LD) clean {p.attrs['ld_clean']:.4g}, corrupted {p.attrs['ld_corrupted']:.4g}; "
+                   "largest effects (each a share of the clean - corrupted LD; patch.csv): "
                    + ", ".join(f"{head_name(r._asdict() if several else int(r.layer), int(r.head))} {r.effect:.3g}"
                                for r in top.itertuples()))
         if "attribution" in p.attrs:
@@ -79,7 +81,7 @@ def patch_command(model_name, pairs, direction, method, components, heads_per_pa
                     f"{_corr(c['correlation_last'])} (last)") if "correlation" in c else ""
             click.echo(f"component {c['component']} ({c['units']} {c['unit']} units): largest effect {c['top']} "
                        f"{c['top_effect']:.3g}{corr}")
-        click.echo(f"Report: {path / 'index.html'}")
+        report_line(path)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
 

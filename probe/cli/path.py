@@ -9,6 +9,7 @@ from ..util import fixed
 from .group import main, user_errors
 from .options import build, model_option, model_placement, run_folder_options, setting_option
 from .start import Folder, command_console, read_pairs
+from .summary import report_line
 
 
 @main.command("path", short_help="Path patching of sender heads into receivers (q, k, v or logits).")
@@ -53,6 +54,6 @@ def path_command(model_name, senders, receivers, pairs, out, force, progress, de
     if (result.frame["effect"] == 0).any():
         click.echo("  (an effect of exactly 0: a receiver at or below its sender's layer reads nothing the sender "
                    "writes)")
-    click.echo(f"Report: {path / 'index.html'}")
+    report_line(path)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)

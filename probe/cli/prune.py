@@ -12,6 +12,7 @@ from ..util import plural
 from .group import hold, main, user_errors
 from .options import build, check_files, model_option, model_placement, setting_option, stacked
 from .start import Folder, command_console
+from .summary import report_line
 
 #: --objective, --labels, --order, --steps, --fraction, --seeds: the pruning experiment.
 _experiment_options = stacked(
@@ -100,7 +101,7 @@ def prune_command(model_name, corpus, limit, objective, labels, orders, steps, f
                        f"{result.pruned_params:,} parameters, forward {result.speedup:.2f}x (median of "
                        f"{SPEED_REPEATS} interleaved repeats, {lo:.2f}x-{hi:.2f}x), "
                        f"max |removed - gated| {result.max_abs_diff:.2g}")
-        click.echo(f"Report: {path / 'index.html'}")
+        report_line(path)
         if save_to:
             click.echo(f"Pruned model: {save_to}")
     for note in result.notes:

@@ -3,6 +3,8 @@ time went), the health and coreference/syntax lines, and the notes."""
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..util import plural
@@ -58,3 +60,9 @@ def _rounded_parts(values: list[float], total: float) -> list[float]:
     for i in sorted(range(len(values)), key=lambda i: tenths[i] - shown[i], reverse=True)[:max(0, missing)]:
         shown[i] += 1
     return [x / 10 for x in shown]
+
+
+def report_line(folder) -> None:
+    """Say where the run's page is: ``Report: <folder>/index.html``, the folder as an absolute path (a
+    relative ``reports/...`` is hard to find from another folder). Symbolic links are kept as given."""
+    click.echo(f"Report: {os.path.join(os.path.abspath(folder), 'index.html')}")

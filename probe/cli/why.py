@@ -9,6 +9,7 @@ from ..settings import WhySettings
 from .group import main, user_errors
 from .options import build, check_files, model_option, model_placement, run_folder_options, setting_option
 from .start import Folder, command_console
+from .summary import report_line
 
 
 @main.command("why")
@@ -58,17 +59,19 @@ def why_command(model_name, text, target, corpus, label, limit, head, query, top
     result = run.measured
     if result.corpus is not None:
         click.echo(result.corpus.sentence(result.labels))
-        click.echo(f"Report: {path / 'index.html'}")
+        report_line(path)
         for note in result.notes:
             click.echo(f"note: {note}", err=True)
         return
     w = result.why
     click.echo(f"{w.name} at query {w.query} ({w.query_token!r}): {len(w.sources)} sources; sum of the "
                f"contributions - the model's score: {w.residual:.2g} (tolerance {w.tolerance:.2g})")
+    click.echo("  A: attention probability; s: attention score (before the softmax); then query source x key "
+               "source: its part of s (more in why.csv)")
     for j in w.top_keys(top):
         rows = result.frame[result.frame["key"] == j].iloc[:3]
         pairs = ", ".join(f"{r.query_source} x {r.key_source} {r.contribution:.3g}" for r in rows.itertuples())
         click.echo(f"  key {j} ({w.tokens[j]!r}): A {w.pattern[j]:.3f}, s {w.scores[j]:.4g}; {pairs}")
-    click.echo(f"Report: {path / 'index.html'}")
+    report_line(path)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)

@@ -63,6 +63,12 @@ def _pairs_file():
                              "the built-in indirect-object set, decoders].", bound="a UTF-8 file", option="--pairs")
 
 
+def _text(option: str):
+    """A check of one optional text: None, or a string with more than white space (else one line naming
+    ``option``, before any model loads)."""
+    return lambda value: value if value is None else bounds.texts(value, option)[0]
+
+
 def _strings(value) -> tuple:
     """One string or path, or a sequence of them, as a tuple of strings (paths as strings)."""
     items = (value,) if isinstance(value, (str, os.PathLike)) else tuple(value)
@@ -295,9 +301,10 @@ class WhySettings(Settings):
 
     head: str = setting(doc="The head (L5H1; an encoder-decoder model's cross head: 'cross L5H1').",
                         bound="a head of the model", check=bounds.head_form, option="--head")
-    text: str | None = setting(None, doc="The sequence (an encoder-decoder model's source).", option="--text")
+    text: str | None = setting(None, doc="The sequence (an encoder-decoder model's source).", bound="not empty",
+                               check=_text("--text"), option="--text")
     target: str | None = setting(None, doc="Encoder-decoder models: the decoder's text [default: the source].",
-                                 option="--target")
+                                 bound="not empty", check=_text("--target"), option="--target")
     corpus: str | None = setting(None, doc="Instead of text: a corpus whose rows fitting the label are averaged.",
                                  option="--corpus")
     label: str | None = setting(None, doc="With corpus: the rows to average [default: the head's label].",
