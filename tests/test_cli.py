@@ -717,7 +717,6 @@ def test_circuit_probe_longer_than_the_model_limit_is_skipped_with_a_note(tmp_pa
     (["effects", "--corpus", "x.txt", "--pairs", "x.tsv"], "give either --corpus or --pairs, not both"),
     (["verify", "--mutant", "nope"], "--mutant must be one of alibi-sign, c2p-sign"),  # the settings' message
     (["why", "--head", "L1H0", "--text", "  "], "--text is empty"),  # before the model loads, not after
-    (["why", "--head", "L1H0", "--text", "a b", "--target", ""], "--target is empty"),
 ])
 def test_usage_errors_exit_with_status_2(tmp_path, args, message):
     """Issue 27 item 13: options that do not go together are usage errors (status 2, as docs/usage.md says),

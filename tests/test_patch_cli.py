@@ -36,7 +36,7 @@ def test_patch_writes_the_run_folder(setup):
     out = root / "run"
     result = run("patch", "--model", model, "--pairs", pairs, "--out", out, "--no-progress")
     assert result.exit_code == 0, result.output
-    assert "largest effects (each a share of the clean - corrupted LD; patch.csv): L" in result.output
+    assert "largest effects (each the share of the clean - corrupted LD recovered; patch.csv): L" in result.output
     assert "Report:" in result.output
     stages = re.findall(r"^(activation patching|direct logit attribution|composition scores|labelling analysis): "
                         r"done in \d+\.\d s$", result.stderr, re.M)  # issue 27 item 11: no bars, a line a stage

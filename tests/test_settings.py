@@ -261,6 +261,12 @@ def test_a_request_is_checked_by_name_and_value():
         PatchSettings.from_mapping({"directions": "noise"})
     with pytest.raises(InputError, match="why needs head"):
         WhySettings.from_mapping({"text": "a"})
+    # a text is one string with more than white space, refused before any model is read; a target may be empty
+    for text, message in ((["a b", "c"], "--text must be a string, got"), (123, "--text must be a string, got 123"),
+                          (" \n", "--text is empty")):
+        with pytest.raises(InputError, match=message):
+            WhySettings.from_mapping({"head": "L1H0", "text": text})
+    assert WhySettings.from_mapping({"head": "L1H0", "text": "a", "target": ""}).target == ""
     with pytest.raises(InputError, match="unknown run kind 'patches'"):
         probe.run_kind("patches", None, {})
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -257,7 +257,7 @@ def test_why_command_on_a_cross_attention_head(tmp_path):
                         "--top", "3", "--out", out, "--no-progress")
     assert result.exit_code == 0, result.output
     assert "cross L1H2 at query" in result.output
-    assert "  A: attention probability; s: attention score (before the softmax)" in result.output  # the lines' legend
+    assert "  A: attention probability; s: the scaled q.k that the sources split" in result.output  # the lines' legend
     assert f"Report: {out / 'index.html'}" in result.output
     frame = pd.read_csv(out / "why.csv")
     w = probe.why(probe.load_model(str(model)), TEXT, "cross L1H2", target=TARGET)

@@ -68,8 +68,14 @@ def patch_command(model_name, pairs, direction, method, components, heads_per_pa
     else:
         top = p.reindex(p["effect"].abs().sort_values(ascending=False).index).head(5)
         several = lm.kind == "encoder-decoder"
+        if not p.attrs.get("normalized", True):  # the gap too small to divide by: patch.csv holds LD changes
+            unit = "each the change of LD, in logits"
+        elif p.attrs.get("direction") == "noise":
+            unit = "each the share of the clean - corrupted LD lost"
+        else:
+            unit = "each the share of the clean - corrupted LD recovered"
         click.echo(f"logit difference (LD) clean {p.attrs['ld_clean']:.4g}, corrupted {p.attrs['ld_corrupted']:.4g}; "
-                   "largest effects (each a share of the clean - corrupted LD; patch.csv): "
+                   f"largest effects ({unit}; patch.csv): "
                    + ", ".join(f"{head_name(r._asdict() if several else int(r.layer), int(r.head))} {r.effect:.3g}"
                                for r in top.itertuples()))
         if "attribution" in p.attrs:

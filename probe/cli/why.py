@@ -66,8 +66,8 @@ def why_command(model_name, text, target, corpus, label, limit, head, query, top
     w = result.why
     click.echo(f"{w.name} at query {w.query} ({w.query_token!r}): {len(w.sources)} sources; sum of the "
                f"contributions - the model's score: {w.residual:.2g} (tolerance {w.tolerance:.2g})")
-    click.echo("  A: attention probability; s: attention score (before the softmax); then query source x key "
-               "source: its part of s (more in why.csv)")
+    click.echo("  A: attention probability; s: the scaled q.k that the sources split (before any cap, position "
+               "bias and the softmax); then query source x key source: its part of s (more in why.csv)")
     for j in w.top_keys(top):
         rows = result.frame[result.frame["key"] == j].iloc[:3]
         pairs = ", ".join(f"{r.query_source} x {r.key_source} {r.contribution:.3g}" for r in rows.itertuples())

@@ -64,9 +64,17 @@ def _pairs_file():
 
 
 def _text(option: str):
-    """A check of one optional text: None, or a string with more than white space (else one line naming
-    ``option``, before any model loads)."""
-    return lambda value: value if value is None else bounds.texts(value, option)[0]
+    """A check of one optional text: None, or a string (a path given as a ``Path`` is kept as a string)
+    with more than white space; else one line naming ``option``, before any model loads."""
+    def check(value):
+        if value is None:
+            return None
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str):
+            raise InputError(f"{option} must be a string, got {bounds.shown(value)}")
+        return bounds.texts(value, option)[0]
+    return check
 
 
 def _strings(value) -> tuple:
@@ -304,7 +312,7 @@ class WhySettings(Settings):
     text: str | None = setting(None, doc="The sequence (an encoder-decoder model's source).", bound="not empty",
                                check=_text("--text"), option="--text")
     target: str | None = setting(None, doc="Encoder-decoder models: the decoder's text [default: the source].",
-                                 bound="not empty", check=_text("--target"), option="--target")
+                                 option="--target")
     corpus: str | None = setting(None, doc="Instead of text: a corpus whose rows fitting the label are averaged.",
                                  option="--corpus")
     label: str | None = setting(None, doc="With corpus: the rows to average [default: the head's label].",
