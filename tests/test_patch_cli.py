@@ -76,6 +76,25 @@ def test_the_first_line_counts_the_pairs_in_words(setup, tmp_path):
         assert f"(8 heads) on {n} {word} ({pairs})" in result.output, result.output
 
 
+@pytest.mark.parametrize("direction,min_gap,unit", [
+    ("denoise", None, "each the share of the clean - corrupted LD recovered"),
+    ("noise", None, "each the share of the clean - corrupted LD lost"),
+    ("denoise", 1e9, "each the change of LD, in logits"),  # a gap too small to divide by: patch.csv holds LD changes
+])
+def test_the_first_line_says_what_the_effects_are(setup, tmp_path, monkeypatch, direction, min_gap, unit):
+    root, model, pairs = setup
+    if min_gap is not None:
+        import probe.effects.patching as patching
+
+        monkeypatch.setattr(patching, "MIN_GAP", min_gap)
+    out = tmp_path / "run"
+    result = run("patch", "--model", model, "--pairs", pairs, "--out", out, "--no-progress", "--direction", direction)
+    assert result.exit_code == 0, result.output
+    assert f"largest effects ({unit}; patch.csv): L" in result.output
+    record = json.loads((out / "run.json").read_text())["patching"]
+    assert record["direction"] == direction
+
+
 @pytest.mark.parametrize("text,fragments", [
     ("a\tb\tc\n", ["line 1: 3 tab-separated fields"]),
     ("The cat ran to\tThe big dog ran quickly to\t the\t a\n", ["pair 1", "different token counts", "big dog"]),
