@@ -203,7 +203,13 @@ def test_report_has_the_model_view_and_the_step_views(browser, tmp_path):
     html = (path / "index.html").read_text(encoding="utf-8")
     assert 'id="model-view"' in html and 'id="attention-steps"' in html and f'content="{CSP}"' in html.replace(
         "&#39;", "'")
+    # the step views' script and style once, after the views (it held 11 KB a view before), and every view drawn
+    assert len(steps) > 1 and html.count("/* probe attention-step view:") == 1
+    assert html.count('class="probe-sv-data"') == len(steps)
     pg = Page(browser, path / "index.html")
+    drawn = pg.ev("Array.from(document.querySelectorAll('.probe-sv')).map(e => !!e.probeStepView)")
+    assert drawn == [True] * len(steps)
+    assert pg.ev("document.querySelectorAll('.probe-sv .sv-fallback').length") == 0
     k = len(steps) - 1
     sv = SV.format(k=k)
     first = steps[k]

@@ -25,7 +25,7 @@ from ..util import plural
 from .data import MAX_VALUES, SCALE, choose_layers
 from .html import HeadView, example_maps, render_fragment, site_labels
 from .modelview import THUMB_CELLS, model_view_data, render_model_view
-from .stepview import STEPS_KEY, render_step_view
+from .stepview import STEPS_KEY, render_step_view, step_view_assets
 
 #: The element id of the report's head view (the model view and the step views open heads there).
 REPORT_HEAD_VIEW = "probe-hv-report"
@@ -97,9 +97,10 @@ def steps_section(result, tokenizer):
     if not steps:
         return None
     parts = []
-    for st in steps:
+    for st in steps:  # the views' style and script once, after them (step_view_assets, below)
         parts.append(f'<h3>{escape(st["name"])}: {escape(st["label"])} ({escape(st["reason"])})</h3>'
-                     + render_step_view({**st, "source": REPORT_HEAD_VIEW}))
+                     + render_step_view({**st, "source": REPORT_HEAD_VIEW}, assets=False))
+    parts.append(step_view_assets())
     if any(st.get("note") for st in steps):  # a capture-only type: q, k, v from its projections, no from-scratch run
         source = ('q, k and v read from the model\'s own projections and the probabilities it returns (its attention '
                   'is its own code: the line under each rule says whether the softmax of the scaled scores is its '

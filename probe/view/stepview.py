@@ -74,10 +74,19 @@ def step_view_data(st: dict, *, encoder_decoder: bool = False, source: str | Non
             "implied": None if st.get("implied") is None else _rounded(st["implied"]), "note": st.get("note")}
 
 
-def render_step_view(data: dict, view_id: str | None = None) -> str:
-    """The step view as an HTML fragment (``static/stepview.js`` mounts it)."""
+def render_step_view(data: dict, view_id: str | None = None, assets: bool = True) -> str:
+    """The step view as an HTML fragment (``static/stepview.js`` mounts it). With ``assets`` False the
+    fragment holds its data without the view's style and script: a page of several step views gives
+    :func:`step_view_assets` once, after them (a report's step views held the same 11 KB script each)."""
     view_id = view_id or f"probe-sv-{uuid.uuid4().hex[:12]}"
-    return (f'<div class="probe-sv" id="{html.escape(view_id)}"><style>{view_static("stepview.css")}</style>'
+    style, script = (f'<style>{view_static("stepview.css")}</style>',
+                     f'<script>{view_static("stepview.js")}</script>') if assets else ("", "")
+    return (f'<div class="probe-sv" id="{html.escape(view_id)}">{style}'
             f'<div class="sv-fallback">probe step view: its script has not run.</div>'
-            f'<script type="application/json" class="probe-sv-data">{json_for_script(data)}</script>'
-            f'<script>{view_static("stepview.js")}</script></div>')
+            f'<script type="application/json" class="probe-sv-data">{json_for_script(data)}</script>{script}</div>')
+
+
+def step_view_assets() -> str:
+    """The step view's style and script once, to follow fragments rendered with ``assets=False``: the
+    script, outside every view, mounts each step view on the page that is not yet mounted."""
+    return f'<style>{view_static("stepview.css")}</style><script>{view_static("stepview.js")}</script>'
