@@ -2,7 +2,8 @@
  * chosen query token. Plain JavaScript, no library, no network request, no eval; runs under
  * "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'". Markup
  * (probe/view/stepview.py): a div of class "probe-sv" with a style element, a JSON script element of
- * class "probe-sv-data" and this script. The numbers are the data's (the from-scratch attention's):
+ * class "probe-sv-data" and this script; or, where a page holds several views (a report), each div with
+ * its JSON only and the style and this script once after them, which then mounts every such div. The numbers are the data's (the from-scratch attention's):
  * nothing is recomputed here except the elementwise products q_d * k_d drawn in the heat strip.
  * Tokens are set with textContent only. With data.source, pinning a query token of this site in that
  * head view (its "probe-pin" event) opens the token here; opening a query token sends "probe-query" ({query})
