@@ -64,5 +64,6 @@ def _rounded_parts(values: list[float], total: float) -> list[float]:
 
 def report_line(folder) -> None:
     """Say where the run's page is: ``Report: <folder>/index.html``, the folder as an absolute path (a
-    relative ``reports/...`` is hard to find from another folder). Symbolic links are kept as given."""
+    relative ``reports/...`` is hard to find from another folder): joined to the current folder as the
+    operating system names it (``os.path.abspath``), links in the given path left as they are."""
     click.echo(f"Report: {os.path.join(os.path.abspath(folder), 'index.html')}")
