@@ -68,9 +68,9 @@ def patch_command(model_name, pairs, direction, method, components, heads_per_pa
     else:
         top = p.reindex(p["effect"].abs().sort_values(ascending=False).index).head(5)
         several = lm.kind == "encoder-decoder"
-        if not p.attrs.get("normalized", True):  # the gap too small to divide by: patch.csv holds LD changes
+        if not p.attrs["normalized"]:  # the gap too small to divide by: patch.csv holds LD changes
             unit = "each the change of LD, in logits"
-        elif p.attrs.get("direction") == "noise":
+        elif p.attrs["direction"] == "noise":
             unit = "each the share of the clean - corrupted LD lost"
         else:
             unit = "each the share of the clean - corrupted LD recovered"

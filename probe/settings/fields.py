@@ -85,7 +85,7 @@ class Settings:
             return value if checked is None else checked
         if meta.get("choices"):
             return choice(meta.get("option") or name, value, meta["choices"])
-        return _typed(meta.get("option") or name, value, str(field.type).split(" |")[0])
+        return typed(meta.get("option") or name, value, str(field.type).split(" |")[0])
 
     def check_together(self) -> None:
         """The rules between fields (a subclass's; none here).
@@ -147,9 +147,10 @@ def _field(cls, name: str) -> dataclasses.Field:
     raise InputError(f"unknown {cls.kind} setting {name!r}")
 
 
-def _typed(name: str, value: Any, annotation: str) -> Any:
+def typed(name: str, value: Any, annotation: str) -> Any:
     """``value`` of a field without a check of its own, checked against its annotation (``bool``, ``int``,
     ``str``; a path may be given as a ``Path``, kept as a string): a request's JSON gets the same refusal.
+    A field's own check that needs the type first calls it too (``probe.settings.kinds``' texts).
 
     Raises:
         InputError: a value of another type.

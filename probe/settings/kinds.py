@@ -13,7 +13,7 @@ import os
 from .. import bounds
 from ..errors import InputError
 from ..rules import health_thresholds
-from .fields import OptionConflict, Settings, setting, settings_class
+from .fields import OptionConflict, Settings, setting, settings_class, typed
 
 #: The names of ``probe.capture.reference.mutants.MUTANTS`` (that module imports torch: not read here so that
 #: ``probe --help`` starts without it; tests/test_start_up.py checks the two agree).
@@ -64,17 +64,9 @@ def _pairs_file():
 
 
 def _text(option: str):
-    """A check of one optional text: None, or a string (a path given as a ``Path`` is kept as a string)
-    with more than white space; else one line naming ``option``, before any model loads."""
-    def check(value):
-        if value is None:
-            return None
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if not isinstance(value, str):
-            raise InputError(f"{option} must be a string, got {bounds.shown(value)}")
-        return bounds.texts(value, option)[0]
-    return check
+    """A check of one optional text: a string (:func:`~probe.settings.fields.typed`) with more than white
+    space; else one line naming ``option``, before any model loads."""
+    return lambda value: bounds.texts(typed(option, value, "str"), option)[0]
 
 
 def _strings(value) -> tuple:
